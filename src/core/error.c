@@ -1,0 +1,127 @@
+/*
+ * error.c - per-thread error messages, propagation traces and the job abort.
+ * Owns no state but the abort hook and the thread-local message.
+ */
+#include "config.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static _Thread_local char err_msg[1024];
+static _Thread_local int err_set;
+
+static fsdp_abort_fn abort_hook;
+static void *abort_arg;
+
+const char *fsdp_strerror(int code)
+{
+    switch (code) {
+    case FSDP_OK: return "success";
+    case FSDP_ERR_INVALID: return "invalid argument";
+    case FSDP_ERR_NOMEM: return "out of memory";
+    case FSDP_ERR_IO: return "I/O error";
+    case FSDP_ERR_FORMAT: return "bad format";
+    case FSDP_ERR_TIMEOUT: return "timeout";
+    case FSDP_ERR_PEER: return "peer lost";
+    case FSDP_ERR_MISMATCH: return "ranks disagree";
+    case FSDP_ERR_UNSUPPORTED: return "not supported";
+    case FSDP_ERR_SYSTEM: return "system error";
+    case FSDP_ERR_ABORTED: return "aborted";
+    case FSDP_ERR_STALE: return "stale state from an earlier job";
+    case FSDP_ERR_INTERNAL: return "internal error";
+    case FSDP_ERR_BACKEND: return "backend library error";
+    default: return "unknown error";
+    }
+}
+
+int fsdp_err_at(const char *file, int line, int code, const char *fmt, ...)
+{
+    if (!err_set) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err_msg, sizeof(err_msg), fmt, ap);
+        va_end(ap);
+        err_set = 1;
+    }
+    if (fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_CORE)) {
+        fsdp_log_at(FSDP_LOG_DEBUG, FSDP_SUB_CORE, file, line, "error %d (%s): %s", code,
+                    fsdp_strerror(code), err_msg);
+    }
+    return code;
+}
+
+const char *fsdp_err_msg(void)
+{
+    return err_set ? err_msg : "";
+}
+
+void fsdp_err_take(char *buf, size_t len)
+{
+    if (len) {
+        snprintf(buf, len, "%s", err_set ? err_msg : "");
+    }
+    fsdp_err_clear();
+}
+
+void fsdp_err_clear(void)
+{
+    err_set = 0;
+    err_msg[0] = '\0';
+}
+
+void fsdp_err_trace(const char *file, int line, int code)
+{
+    if (fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_CORE)) {
+        fsdp_log_at(FSDP_LOG_DEBUG, FSDP_SUB_CORE, file, line, "-> %d (%s)", code,
+                    fsdp_strerror(code));
+    }
+}
+
+void fsdp_set_abort_hook(fsdp_abort_fn fn, void *arg)
+{
+    abort_hook = fn;
+    abort_arg = arg;
+}
+
+_Noreturn void fsdp_abort_job(int exit_code)
+{
+    fflush(stdout);
+    fflush(stderr);
+    if (abort_hook) {
+        fsdp_abort_fn fn = abort_hook;
+        abort_hook = NULL; /* a failing hook must not recurse */
+        fn(exit_code, abort_arg);
+    }
+    _exit(exit_code);
+}
+
+_Noreturn void fsdp_die(int code, const char *what, const char *hint)
+{
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    const char *msg = fsdp_err_msg();
+    fprintf(stderr, "fsdpc: rank %d on %s: %s%s%s (%s)\n", fsdp_log_rank(), host,
+            what ? what : "error", msg[0] ? ": " : "", msg, fsdp_strerror(code));
+    if (hint && hint[0]) {
+        fprintf(stderr, "fsdpc: hint: %s\n", hint);
+    }
+    fsdp_abort_job(1);
+}
+
+_Noreturn void fsdp_fatal(const char *fmt, ...)
+{
+    char host[256] = "?";
+    char buf[1024];
+    va_list ap;
+    gethostname(host, sizeof(host) - 1);
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "fsdpc: rank %d on %s: %s\n", fsdp_log_rank(), host, buf);
+    fsdp_abort_job(1);
+}
