@@ -1,1 +1,1 @@
-# doc fragment
+EXTRA_DIST += $(wildcard $(srcdir)/doc/*.md)

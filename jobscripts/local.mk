@@ -1,1 +1,1 @@
-# jobscripts fragment
+EXTRA_DIST += $(wildcard $(srcdir)/jobscripts/local/*.sh) $(wildcard $(srcdir)/jobscripts/slurm/*)
