@@ -31,6 +31,7 @@
 #include "core/dtype.h"
 
 struct fsdp_store;
+struct fsdp_group;
 
 enum fsdp_mem {
     FSDP_MEM_HOST = 0,
@@ -65,11 +66,14 @@ struct fsdp_group_info {
     uint64_t nonce;           /* job nonce: connections without it are refused */
     double timeout_s;         /* deadline for every blocking step inside the backend */
     struct fsdp_store *store; /* rendezvous store, prefixed for this group */
+    int local_rank;           /* rank among the processes on this host (picks the
+                                 CUDA device); -1 when unknown */
 };
 
 /* Common head of every backend's work handle. */
 struct fsdp_work {
     const struct fsdp_backend_ops *ops;
+    struct fsdp_group *group; /* set by the group layer when it issues the op */
 };
 
 struct fsdp_backend; /* opaque, defined by each backend */
