@@ -1,0 +1,550 @@
+/*
+ * model_file.c - reading HDF5 model files (layout: doc/formats.md).
+ *
+ * Owns the validation of a model file on open (attributes, the exact set of
+ * datasets under /model, their shapes, float types and storage) and the
+ * hyperslab reads that convert f16/bf16/f64 storage to f32. A file is
+ * untrusted input: every problem becomes one fsdp_err line naming the file
+ * and the field; HDF5's own error printing is off. Writing lives in
+ * model_writer.c.
+ */
+#include "config.h"
+#include "io/model_file.h"
+#include "io/h5util.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MF_CREATED_BY_MAX 512 /* kept for display */
+
+struct mf_tensor {
+    hid_t dset;
+    enum fsdp_h5_float kind; /* storage type */
+};
+
+struct fsdp_model_file {
+    char *path;
+    hid_t file;
+    hid_t f16_type;            /* little-endian binary16, the memory type for f16 reads */
+    hid_t bf16_type;           /* little-endian bfloat16, the memory type for bf16 reads */
+    struct fsdp_gpt2_spec *spec;
+    struct mf_tensor *tensors; /* (spec->n_params,) */
+    char created_by[MF_CREATED_BY_MAX];
+};
+
+// ----------------------------------------------------------------------------
+// Helpers
+
+/* Re-records the message of a failed helper with the file name in front. */
+static int mf_prefix(const char *path, int rc)
+{
+    char msg[1024];
+    fsdp_err_take(msg, sizeof(msg));
+    return fsdp_err(rc, "%s: %s", path, msg);
+}
+
+// ----------------------------------------------------------------------------
+// Root attributes
+
+/* An int attribute that must fit the config's int fields. */
+static int mf_attr_cfg_int(const char *path, hid_t file, const char *name, int *out)
+{
+    long long v;
+    FSDP_CHECK(fsdp_h5_attr_int(path, file, name, &v));
+    if (v < INT_MIN || v > INT_MAX) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute '%s' = %lld is out of range", path, name,
+                        v);
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int mf_read_attrs(const char *path, hid_t file, struct fsdp_gpt2_config *cfg,
+                         char *created_by, size_t cb_len)
+{
+    char s[FSDP_H5_STR_MAX + 1];
+    long long version;
+    double eps;
+    if (!fsdp_h5_attr_exists(file, "format")) {
+        return fsdp_err(FSDP_ERR_FORMAT,
+                        "%s: root attribute 'format' is missing: not an fsdpc model file", path);
+    }
+    FSDP_CHECK(fsdp_h5_attr_str(path, file, "format", s, sizeof(s)));
+    if (strcmp(s, FSDP_MODEL_FORMAT) != 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute 'format' is '%s', expected '%s'", path, s,
+                        FSDP_MODEL_FORMAT);
+    }
+    FSDP_CHECK(fsdp_h5_attr_int(path, file, "format_version", &version));
+    if (version != FSDP_MODEL_FORMAT_VERSION) {
+        return fsdp_err(FSDP_ERR_FORMAT,
+                        "%s: attribute 'format_version' is %lld; this build reads version %d", path,
+                        version, FSDP_MODEL_FORMAT_VERSION);
+    }
+    FSDP_CHECK(fsdp_h5_attr_str(path, file, "architecture", s, sizeof(s)));
+    if (strcmp(s, FSDP_MODEL_ARCH_GPT2) != 0) {
+        return fsdp_err(FSDP_ERR_FORMAT,
+                        "%s: attribute 'architecture' is '%s'; supported architectures: %s", path,
+                        s, FSDP_MODEL_ARCH_GPT2);
+    }
+    memset(cfg, 0, sizeof(*cfg));
+    FSDP_CHECK(mf_attr_cfg_int(path, file, "vocab_size", &cfg->vocab_size));
+    FSDP_CHECK(mf_attr_cfg_int(path, file, "context", &cfg->context));
+    FSDP_CHECK(mf_attr_cfg_int(path, file, "n_layer", &cfg->n_layer));
+    FSDP_CHECK(mf_attr_cfg_int(path, file, "n_head", &cfg->n_head));
+    FSDP_CHECK(mf_attr_cfg_int(path, file, "n_embd", &cfg->n_embd));
+    FSDP_CHECK(fsdp_h5_attr_double(path, file, "ln_eps", &eps));
+    cfg->ln_eps = (float)eps;
+    FSDP_CHECK(mf_attr_cfg_int(path, file, "tied_embeddings", &cfg->tied));
+    if (cfg->tied != 0 && cfg->tied != 1) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute 'tied_embeddings' must be 0 or 1, not %d",
+                        path, cfg->tied);
+    }
+    if (fsdp_gpt2_config_validate(cfg) < 0) {
+        return mf_prefix(path, FSDP_ERR_FORMAT);
+    }
+    if (created_by) {
+        created_by[0] = '\0';
+        if (fsdp_h5_attr_exists(file, "created_by")) {
+            FSDP_CHECK(fsdp_h5_attr_str(path, file, "created_by", created_by, cb_len));
+        }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Opening and validating
+
+/* "(V, C)" style shape text. */
+static void mf_shape_str(char *buf, size_t len, int ndim, const hsize_t *dims)
+{
+    if (ndim == 1) {
+        snprintf(buf, len, "(%llu,)", (unsigned long long)dims[0]);
+    } else if (ndim == 2) {
+        snprintf(buf, len, "(%llu, %llu)", (unsigned long long)dims[0],
+                 (unsigned long long)dims[1]);
+    } else {
+        size_t o = (size_t)snprintf(buf, len, "(");
+        for (int i = 0; i < ndim && o < len; i++) {
+            o += (size_t)snprintf(buf + o, len - o, "%s%llu", i ? ", " : "",
+                                  (unsigned long long)dims[i]);
+        }
+        if (o < len) {
+            snprintf(buf + o, len - o, ")");
+        }
+    }
+}
+
+/* Which config fields a parameter's shape follows: "vocab_size=256, n_embd=128". */
+static void mf_shape_reason(char *buf, size_t len, const struct fsdp_gpt2_config *c,
+                            const char *name)
+{
+    if (strncmp(name, "wte.", 4) == 0 || strncmp(name, "lm_head.", 8) == 0) {
+        snprintf(buf, len, "vocab_size=%d, n_embd=%d", c->vocab_size, c->n_embd);
+    } else if (strncmp(name, "wpe.", 4) == 0) {
+        snprintf(buf, len, "context=%d, n_embd=%d", c->context, c->n_embd);
+    } else {
+        snprintf(buf, len, "n_embd=%d", c->n_embd);
+    }
+}
+
+/* Does a VDS source file name resolve, as given or next to the model file? */
+static int mf_source_exists(const char *model_path, const char *src)
+{
+    if (strcmp(src, ".") == 0 || strchr(src, '%') || access(src, R_OK) == 0) {
+        return 1; /* the file itself, a printf-style pattern, or found as given */
+    }
+    const char *slash = strrchr(model_path, '/');
+    if (src[0] == '/' || !slash) {
+        return 0;
+    }
+    char buf[4096];
+    snprintf(buf, sizeof(buf), "%.*s/%s", (int)(slash - model_path), model_path, src);
+    return access(buf, R_OK) == 0;
+}
+
+/*
+ * Storage that would fail or lie only at read time is rejected on open: a
+ * filter this HDF5 build lacks, or a virtual dataset whose source file is
+ * missing (HDF5 would silently return fill values for it).
+ */
+static int mf_check_storage(const struct fsdp_model_file *mf, const char *name, hid_t dset)
+{
+    char why[256], fname[256];
+    hid_t dcpl = H5Dget_create_plist(dset);
+    int rc = 0;
+    if (dcpl < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot read the storage of /model/%s: %s", mf->path,
+                        name, fsdp_h5_reason(why, sizeof(why)));
+    }
+    int nf = H5Pget_nfilters(dcpl);
+    for (int i = 0; rc == 0 && i < nf; i++) {
+        unsigned flags = 0, cd[8];
+        size_t ncd = 8;
+        fname[0] = '\0';
+        H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof(fname),
+                                         fname, NULL);
+        /* optional or not: chunks written with it cannot be read without it */
+        if (id < 0 || H5Zfilter_avail(id) <= 0) {
+            fsdp_h5_sanitize(fname);
+            rc = fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: dataset /model/%s needs HDF5 filter '%s' "
+                          "(id %d), which this HDF5 library lacks", mf->path, name, fname,
+                          (int)id);
+        }
+    }
+    size_t nmap = 0;
+    if (rc == 0 && H5Pget_layout(dcpl) == H5D_VIRTUAL && H5Pget_virtual_count(dcpl, &nmap) >= 0) {
+        for (size_t i = 0; rc == 0 && i < nmap; i++) {
+            ssize_t n = H5Pget_virtual_filename(dcpl, i, fname, sizeof(fname));
+            if (n < 0 || (size_t)n >= sizeof(fname) || !mf_source_exists(mf->path, fname)) {
+                fsdp_h5_sanitize(fname);
+                rc = fsdp_err(FSDP_ERR_IO, "%s: virtual dataset /model/%s maps source file '%s', "
+                              "which is missing", mf->path, name, n < 0 ? "?" : fname);
+            }
+        }
+    }
+    H5Eclear2(H5E_DEFAULT);
+    H5Pclose(dcpl);
+    return rc;
+}
+
+static int mf_open_tensor(struct fsdp_model_file *mf, hid_t group, size_t idx)
+{
+    const struct fsdp_param_spec *p = &mf->spec->params[idx];
+    const char *path = mf->path;
+    char why[256], got[96], want[96], reason[96];
+    H5L_info_t li;
+    htri_t ex = H5Lexists(group, p->name, H5P_DEFAULT);
+    if (ex <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /model/%s is missing", path, p->name);
+    }
+    if (H5Lget_info(group, p->name, &li, H5P_DEFAULT) < 0 || li.type != H5L_TYPE_HARD) {
+        H5Eclear2(H5E_DEFAULT);
+        return fsdp_err(FSDP_ERR_FORMAT,
+                        "%s: /model/%s is a soft or external link; parameters must be datasets",
+                        path, p->name);
+    }
+    hid_t obj = H5Oopen(group, p->name, H5P_DEFAULT);
+    if (obj < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open /model/%s: %s", path, p->name,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    if (H5Iget_type(obj) != H5I_DATASET) {
+        H5Oclose(obj);
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: /model/%s is not a dataset", path, p->name);
+    }
+    struct mf_tensor *t = &mf->tensors[idx];
+    t->dset = obj;
+    hid_t space = H5Dget_space(obj);
+    hid_t type = H5Dget_type(obj);
+    if (space < 0 || type < 0) {
+        fsdp_h5_close(space);
+        fsdp_h5_close(type);
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot read the header of /model/%s: %s", path,
+                        p->name, fsdp_h5_reason(why, sizeof(why)));
+    }
+    hsize_t dims[H5S_MAX_RANK];
+    int ndim = H5Sget_simple_extent_type(space) == H5S_SIMPLE
+                   ? H5Sget_simple_extent_dims(space, dims, NULL)
+                   : -1;
+    H5Sclose(space);
+    int bad_shape = ndim != p->ndim || dims[0] != p->shape[0] ||
+                    (ndim == 2 && dims[1] != p->shape[1]);
+    if (bad_shape) {
+        H5Tclose(type);
+        if (ndim < 0) {
+            snprintf(got, sizeof(got), "no simple shape");
+        } else {
+            char s[80];
+            mf_shape_str(s, sizeof(s), ndim, dims);
+            snprintf(got, sizeof(got), "shape %s", s);
+        }
+        hsize_t wd[2] = {p->shape[0], p->shape[1]};
+        mf_shape_str(want, sizeof(want), p->ndim, wd);
+        mf_shape_reason(reason, sizeof(reason), &mf->spec->cfg, p->name);
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /model/%s has %s but %s needs %s", path,
+                        p->name, got, reason, want);
+    }
+    int rc = fsdp_h5_classify_float(type, &t->kind, why, sizeof(why));
+    H5Tclose(type);
+    if (rc < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /model/%s %s", path, p->name, why);
+    }
+    return mf_check_storage(mf, p->name, obj);
+}
+
+/* /model must hold exactly the spec's datasets: report the first stranger. */
+static int mf_check_no_extras(struct fsdp_model_file *mf, hid_t group)
+{
+    H5G_info_t gi;
+    char why[256], name[128];
+    if (H5Gget_info(group, &gi) < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot list group /model: %s", mf->path,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    for (hsize_t k = 0; k < gi.nlinks; k++) {
+        ssize_t n = H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, k, name,
+                                       sizeof(name), H5P_DEFAULT);
+        if (n < 0) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot list group /model: %s", mf->path,
+                            fsdp_h5_reason(why, sizeof(why)));
+        }
+        if ((size_t)n >= sizeof(name) || fsdp_gpt2_spec_find(mf->spec, name) < 0) {
+            fsdp_h5_sanitize(name);
+            return fsdp_err(FSDP_ERR_FORMAT,
+                            "%s: unexpected entry /model/%s (not a parameter of this %s model)",
+                            mf->path, name, mf->spec->cfg.tied ? "tied" : "untied");
+        }
+    }
+    return 0;
+}
+
+/* Opens the HDF5 file, telling "not HDF5" apart from "HDF5 but damaged". */
+static int mf_h5_open(const char *path, hid_t *file)
+{
+    char why[256];
+    if (access(path, R_OK) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    htri_t is = H5Fis_hdf5(path);
+    if (is == 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: not an HDF5 file (no HDF5 signature)", path);
+    }
+    *file = is > 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
+    if (*file < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open HDF5 file (truncated or damaged?): %s",
+                        path, fsdp_h5_reason(why, sizeof(why)));
+    }
+    return 0;
+}
+
+int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
+{
+    struct fsdp_gpt2_config cfg;
+    int rc;
+    hid_t group = -1;
+    fsdp_h5_quiet();
+    struct fsdp_model_file *mf = calloc(1, sizeof(*mf));
+    if (!mf || !(mf->path = strdup(path))) {
+        free(mf);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: model file handle", path);
+    }
+    mf->file = mf->f16_type = mf->bf16_type = -1;
+    FSDP_CHECK_GOTO(mf_h5_open(path, &mf->file), rc, err);
+    FSDP_CHECK_GOTO(mf_read_attrs(path, mf->file, &cfg, mf->created_by, sizeof(mf->created_by)),
+                    rc, err);
+    FSDP_CHECK_GOTO(fsdp_gpt2_spec_create(&cfg, &mf->spec), rc, err);
+    mf->tensors = calloc(mf->spec->n_params, sizeof(*mf->tensors));
+    mf->f16_type = fsdp_h5_half_type(0);
+    mf->bf16_type = fsdp_h5_half_type(1);
+    if (!mf->tensors || mf->f16_type < 0 || mf->bf16_type < 0) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "%s: model file tables", path);
+        goto err;
+    }
+    for (size_t i = 0; i < mf->spec->n_params; i++) {
+        mf->tensors[i].dset = -1;
+    }
+    htri_t ex = H5Lexists(mf->file, "model", H5P_DEFAULT);
+    group = ex > 0 ? H5Oopen(mf->file, "model", H5P_DEFAULT) : -1;
+    if (group < 0 || H5Iget_type(group) != H5I_GROUP) {
+        H5Eclear2(H5E_DEFAULT);
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: group /model is missing", path);
+        goto err;
+    }
+    for (size_t i = 0; i < mf->spec->n_params; i++) {
+        FSDP_CHECK_GOTO(mf_open_tensor(mf, group, i), rc, err);
+    }
+    FSDP_CHECK_GOTO(mf_check_no_extras(mf, group), rc, err);
+    H5Oclose(group);
+    FSDP_DEBUG(FSDP_SUB_IO, "%s: gpt2 model, %zu tensors, %zu parameters", path,
+               mf->spec->n_params, mf->spec->total_numel);
+    *out = mf;
+    return 0;
+err:
+    fsdp_h5_close(group);
+    fsdp_model_file_close(mf);
+    return rc;
+}
+
+void fsdp_model_file_close(struct fsdp_model_file *mf)
+{
+    if (!mf) {
+        return;
+    }
+    if (mf->tensors) {
+        for (size_t i = 0; i < mf->spec->n_params; i++) {
+            fsdp_h5_close(mf->tensors[i].dset);
+        }
+    }
+    free(mf->tensors);
+    fsdp_h5_close(mf->f16_type);
+    fsdp_h5_close(mf->bf16_type);
+    if (mf->file >= 0) {
+        H5Fclose(mf->file);
+    }
+    fsdp_gpt2_spec_destroy(mf->spec);
+    free(mf->path);
+    free(mf);
+}
+
+const struct fsdp_gpt2_spec *fsdp_model_file_spec(const struct fsdp_model_file *mf)
+{
+    return mf->spec;
+}
+
+const char *fsdp_model_file_path(const struct fsdp_model_file *mf)
+{
+    return mf->path;
+}
+
+const char *fsdp_model_file_created_by(const struct fsdp_model_file *mf)
+{
+    return mf->created_by;
+}
+
+const char *fsdp_model_file_tensor_dtype(const struct fsdp_model_file *mf, size_t idx)
+{
+    return idx < mf->spec->n_params ? fsdp_h5_float_name(mf->tensors[idx].kind) : "?";
+}
+
+size_t fsdp_model_file_tensor_bytes(const struct fsdp_model_file *mf, size_t idx)
+{
+    if (idx >= mf->spec->n_params) {
+        return 0;
+    }
+    return mf->spec->params[idx].numel * fsdp_h5_float_size(mf->tensors[idx].kind);
+}
+
+int fsdp_model_file_read_config(const char *path, struct fsdp_gpt2_config *cfg)
+{
+    hid_t file;
+    fsdp_h5_quiet();
+    FSDP_CHECK(mf_h5_open(path, &file));
+    int rc = mf_read_attrs(path, file, cfg, NULL, 0);
+    H5Fclose(file);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// Reading tensors
+
+int fsdp_model_file_read_block(struct fsdp_model_file *mf, size_t idx, size_t row0, size_t nrows,
+                               size_t col0, size_t ncols, float *dst)
+{
+    char why[256];
+    fsdp_h5_quiet();
+    if (idx >= mf->spec->n_params) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: parameter index %zu out of range (%zu)", mf->path,
+                        idx, mf->spec->n_params);
+    }
+    const struct fsdp_param_spec *p = &mf->spec->params[idx];
+    const struct mf_tensor *t = &mf->tensors[idx];
+    if (row0 > p->shape[0] || nrows > p->shape[0] - row0 || col0 > p->shape[1] ||
+        ncols > p->shape[1] - col0) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "%s: block rows [%zu, +%zu) x cols [%zu, +%zu) outside %s (%zu, %zu)",
+                        mf->path, row0, nrows, col0, ncols, p->name, p->shape[0], p->shape[1]);
+    }
+    if (nrows == 0 || ncols == 0) {
+        return 0;
+    }
+    hsize_t start[2] = {row0, col0}, count[2] = {nrows, ncols};
+    hid_t fspace = H5Dget_space(t->dset);
+    hid_t mspace = H5Screate_simple(p->ndim, count, NULL);
+    hid_t mtype = t->kind == FSDP_H5_F16    ? mf->f16_type
+                  : t->kind == FSDP_H5_BF16 ? mf->bf16_type
+                                       : H5T_NATIVE_FLOAT;
+    herr_t e = -1;
+    if (fspace >= 0 && mspace >= 0 &&
+        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL) >= 0) {
+        e = H5Dread(t->dset, mtype, mspace, fspace, H5P_DEFAULT, dst);
+    }
+    fsdp_h5_close(mspace);
+    fsdp_h5_close(fspace);
+    if (e < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: reading dataset /model/%s failed: %s", mf->path,
+                        p->name, fsdp_h5_reason(why, sizeof(why)));
+    }
+    if (t->kind == FSDP_H5_F16 || t->kind == FSDP_H5_BF16) {
+        /* the 16-bit values fill the front half of dst; widen in place */
+        FSDP_CHECK(fsdp_convert(dst, FSDP_F32, dst, t->kind == FSDP_H5_F16 ? FSDP_F16 : FSDP_BF16,
+                                nrows * ncols));
+    }
+    return 0;
+}
+
+int fsdp_model_file_read_rows(struct fsdp_model_file *mf, const char *name, size_t row0,
+                              size_t nrows, float *dst)
+{
+    long idx = fsdp_gpt2_spec_find(mf->spec, name);
+    if (idx < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: no parameter named '%s'", mf->path, name);
+    }
+    const struct fsdp_param_spec *p = &mf->spec->params[idx];
+    return fsdp_model_file_read_block(mf, (size_t)idx, row0, nrows, 0, p->shape[1], dst);
+}
+
+int fsdp_model_file_read_unit(struct fsdp_model_file *mf, int unit, float *buf)
+{
+    const struct fsdp_gpt2_spec *s = mf->spec;
+    if (unit < 0 || unit >= s->n_units) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: unit %d out of range (%d units)", mf->path, unit,
+                        s->n_units);
+    }
+    for (size_t i = s->unit_first[unit]; i < s->n_params && s->params[i].unit == unit; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        FSDP_CHECK(fsdp_model_file_read_block(mf, i, 0, p->shape[0], 0, p->shape[1],
+                                              buf + p->offset));
+    }
+    return 0;
+}
+
+/* The first config field in which a and b differ, or NULL. */
+static const char *mf_config_diff(const struct fsdp_gpt2_config *a,
+                                  const struct fsdp_gpt2_config *b, long long *va, long long *vb)
+{
+#define MF_FIELD(f, label)       \
+    if (a->f != b->f) {          \
+        *va = (long long)a->f;   \
+        *vb = (long long)b->f;   \
+        return label;            \
+    }
+    MF_FIELD(vocab_size, "vocab_size");
+    MF_FIELD(context, "context");
+    MF_FIELD(n_layer, "n_layer");
+    MF_FIELD(n_head, "n_head");
+    MF_FIELD(n_embd, "n_embd");
+    MF_FIELD(tied, "tied_embeddings");
+#undef MF_FIELD
+    return NULL;
+}
+
+int fsdp_model_file_read(const char *path, const struct fsdp_gpt2_spec *spec, float *const *units)
+{
+    struct fsdp_model_file *mf;
+    long long vf = 0, vs = 0;
+    int rc = 0;
+    FSDP_CHECK(fsdp_model_file_open(path, &mf));
+    const char *field = mf_config_diff(&mf->spec->cfg, &spec->cfg, &vf, &vs);
+    if (field) {
+        rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: %s is %lld in the file but the model has %lld",
+                      path, field, vf, vs);
+    } else if (mf->spec->cfg.ln_eps != spec->cfg.ln_eps) {
+        rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: ln_eps is %g in the file but the model has %g", path,
+                      (double)mf->spec->cfg.ln_eps, (double)spec->cfg.ln_eps);
+    }
+    for (int u = 0; rc == 0 && u < spec->n_units; u++) {
+        FSDP_CHECK_GOTO(fsdp_model_file_read_unit(mf, u, units[u]), rc, out);
+    }
+out:
+    fsdp_model_file_close(mf);
+    return rc;
+}
+

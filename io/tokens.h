@@ -1,0 +1,109 @@
+/*
+ * tokens.h - llm.c token files and the data loader that walks them.
+ *
+ * A token file is a 256 x int32 little-endian header (magic 20240520,
+ * version 1, token count at [2]) followed by count little-endian uint16
+ * tokens; files prepared for llm.c's GPT-2 train here unchanged. Files are
+ * read with pread, never mapped (a file truncated under a mapping would kill
+ * the process with SIGBUS) and never read whole.
+ *
+ * The data loader hands out llm.c style batches: B sequences of T inputs and
+ * the same tokens shifted by one as targets, B*T + 1 consecutive tokens per
+ * rank. A step's global batch is the B*R sequences that start at the cursor,
+ * contiguous in the stream; data-parallel rank r takes the r-th slice of B
+ * sequences, so R ranks with batch B see exactly the tokens of one rank with
+ * batch B*R (doc/formats.md has the exact rules).
+ */
+#ifndef FSDP_IO_TOKENS_H
+#define FSDP_IO_TOKENS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FSDP_TOKENS_MAGIC 20240520
+#define FSDP_TOKENS_VERSION 1
+#define FSDP_TOKENS_HEADER_INTS 256
+#define FSDP_TOKENS_HEADER_BYTES (FSDP_TOKENS_HEADER_INTS * 4)
+#define FSDP_TOKENS_MAX_COUNT 2147483647u /* the count is an int32 in the header */
+
+// ----------------------------------------------------------------------------
+// Reading
+
+struct fsdp_tokens; /* an open, validated token file */
+
+/* Opens path and checks magic, version and that the size matches the count. */
+int fsdp_tokens_open(const char *path, struct fsdp_tokens **out);
+void fsdp_tokens_close(struct fsdp_tokens *t);
+
+size_t fsdp_tokens_count(const struct fsdp_tokens *t);
+const char *fsdp_tokens_path(const struct fsdp_tokens *t);
+
+/* Reads tokens [pos, pos + n) into dst. */
+int fsdp_tokens_read(const struct fsdp_tokens *t, size_t pos, size_t n, uint16_t *dst);
+
+/* Scans the whole file; the error names the first token >= vocab_size. */
+int fsdp_tokens_check_vocab(const struct fsdp_tokens *t, int vocab_size);
+
+/* Smallest and largest token in the file (0 and 0 for an empty file). */
+int fsdp_tokens_range(const struct fsdp_tokens *t, uint16_t *min, uint16_t *max);
+
+// ----------------------------------------------------------------------------
+// Writing: to "<path>.tmp", renamed to path on commit
+
+struct fsdp_tokens_writer;
+
+int fsdp_tokens_writer_create(const char *path, struct fsdp_tokens_writer **out);
+int fsdp_tokens_writer_append(struct fsdp_tokens_writer *w, const uint16_t *tokens, size_t n);
+/* Writes the header, fsyncs and renames. Call destroy afterwards in every case. */
+int fsdp_tokens_writer_commit(struct fsdp_tokens_writer *w);
+/* Frees w; an uncommitted file is removed. */
+void fsdp_tokens_writer_destroy(struct fsdp_tokens_writer *w);
+
+/* Convenience: writes n tokens as one file. */
+int fsdp_tokens_write(const char *path, const uint16_t *tokens, size_t n);
+
+// ----------------------------------------------------------------------------
+// Data loader
+
+/* What a checkpoint stores to resume the loader exactly. */
+struct fsdp_dataloader_state {
+    uint64_t position; /* token index where the next global batch starts */
+    uint64_t epoch;    /* completed passes over the file */
+    uint64_t n_tokens; /* token count of the file it was saved on; 0: unchecked */
+};
+
+struct fsdp_dataloader {
+    struct fsdp_tokens *tokens; /* owned */
+    size_t B;                   /* sequences per rank per step */
+    size_t T;                   /* sequence length */
+    int rank;                   /* data-parallel rank */
+    int world;                  /* data-parallel size R */
+    uint64_t position;          /* token index where the next global batch starts */
+    uint64_t epoch;             /* completed passes */
+    uint64_t step_tokens;       /* B * R * T: the cursor advance per step */
+    uint16_t *stage;            /* (B*T + 1,) this rank's raw slice */
+    int *inputs;                /* (B, T) */
+    int *targets;               /* (B, T) inputs shifted by one token */
+};
+
+/*
+ * Opens the token file at path for data-parallel rank `rank` of `world`.
+ * vocab_size > 0 checks every token against it first (one pass over the file).
+ * Fails when one global batch (B*R*T + 1 tokens) does not fit the file.
+ */
+int fsdp_dataloader_create(const char *path, size_t B, size_t T, int rank, int world,
+                           int vocab_size, struct fsdp_dataloader **out);
+void fsdp_dataloader_destroy(struct fsdp_dataloader *dl);
+
+/*
+ * Fills inputs and targets with this rank's slice of the next global batch
+ * and advances the cursor by B*R*T tokens. When fewer than B*R*T + 1 tokens
+ * remain, the cursor first wraps to 0 and the epoch counter increments.
+ */
+int fsdp_dataloader_next(struct fsdp_dataloader *dl);
+
+void fsdp_dataloader_get_state(const struct fsdp_dataloader *dl, struct fsdp_dataloader_state *st);
+/* Restores a saved cursor; the error says why a state does not fit this file. */
+int fsdp_dataloader_set_state(struct fsdp_dataloader *dl, const struct fsdp_dataloader_state *st);
+
+#endif

@@ -1,0 +1,275 @@
+/*
+ * test_tokens.c - token files and the data loader: write/read round trip,
+ * every kind of bad file, the vocabulary check, batches and targets, cursor
+ * save/restore, wrap-around, and the rule that R ranks with batch B see
+ * exactly what one rank with batch B*R sees.
+ */
+#include "config.h"
+#include "core/error.h"
+#include "io/tokens.h"
+#include "tests/tap.h"
+
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char dir[64];
+
+static const char *tpath(const char *name)
+{
+    static char buf[4][128];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof(buf[k]), "%s/%s", dir, name);
+    return buf[k];
+}
+
+/* Writes a raw file: header ints h0..h2, then n tokens, then extra bytes. */
+static void write_raw(const char *path, int32_t magic, int32_t version, int32_t count,
+                      const uint16_t *tok, size_t n, size_t extra)
+{
+    int32_t hdr[256] = {0};
+    hdr[0] = magic;
+    hdr[1] = version;
+    hdr[2] = count;
+    FILE *f = fopen(path, "wb");
+    fwrite(hdr, 4, 256, f);
+    fwrite(tok, 2, n, f);
+    for (size_t i = 0; i < extra; i++) {
+        fputc(0, f);
+    }
+    fclose(f);
+}
+
+static void expect_open_error(const char *name, const char *want)
+{
+    struct fsdp_tokens *t = NULL;
+    int rc = fsdp_tokens_open(tpath(name), &t);
+    tap_ok(rc < 0 && strstr(fsdp_err_msg(), name) && strstr(fsdp_err_msg(), want),
+           "%s: %s", name, rc < 0 ? fsdp_err_msg() : "opened a bad file");
+    if (rc < 0 && !strstr(fsdp_err_msg(), want)) {
+        tap_diag("expected '%s'", want);
+    }
+    fsdp_err_clear();
+    fsdp_tokens_close(t);
+}
+
+static void test_files(void)
+{
+    uint16_t tok[1000];
+    for (size_t i = 0; i < 1000; i++) {
+        tok[i] = (uint16_t)((i * 7919) % 50257);
+    }
+    int rc = fsdp_tokens_write(tpath("good.bin"), tok, 1000);
+    tap_ok(rc == 0 && access(tpath("good.bin.tmp"), F_OK) != 0, "write 1000 tokens");
+
+    /* the on-disk bytes are llm.c's */
+    int32_t hdr[256];
+    FILE *f = fopen(tpath("good.bin"), "rb");
+    size_t got = fread(hdr, 4, 256, f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    tap_ok(got == 256 && hdr[0] == 20240520 && hdr[1] == 1 && hdr[2] == 1000 &&
+               size == 1024 + 2000,
+           "header magic/version/count and file size are llm.c's");
+
+    struct fsdp_tokens *t;
+    uint16_t back[1000], lo, hi;
+    rc = fsdp_tokens_open(tpath("good.bin"), &t);
+    tap_ok(rc == 0 && fsdp_tokens_count(t) == 1000, "open: 1000 tokens");
+    rc = fsdp_tokens_read(t, 0, 1000, back);
+    tap_ok(rc == 0 && memcmp(back, tok, sizeof(tok)) == 0, "read back identical");
+    rc = fsdp_tokens_read(t, 990, 11, back);
+    tap_ok(rc == FSDP_ERR_INVALID, "read past the end rejected: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    rc = fsdp_tokens_range(t, &lo, &hi);
+    uint16_t rlo = 65535, rhi = 0;
+    for (size_t i = 0; i < 1000; i++) {
+        rlo = tok[i] < rlo ? tok[i] : rlo;
+        rhi = tok[i] > rhi ? tok[i] : rhi;
+    }
+    tap_ok(rc == 0 && lo == rlo && hi == rhi, "range %u..%u", lo, hi);
+    tap_ok(fsdp_tokens_check_vocab(t, 50257) == 0, "all tokens < 50257");
+    /* first token >= 40000: position of the first i with (i*7919)%50257 >= 40000 */
+    size_t first = 0;
+    while (tok[first] < 40000) {
+        first++;
+    }
+    char want[96];
+    snprintf(want, sizeof(want), "token %u at position %zu is outside the vocabulary",
+             tok[first], first);
+    rc = fsdp_tokens_check_vocab(t, 40000);
+    tap_ok(rc == FSDP_ERR_FORMAT && strstr(fsdp_err_msg(), want), "vocab check: %s",
+           fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_tokens_close(t);
+
+    write_raw(tpath("magic.bin"), 20240521, 1, 1000, tok, 1000, 0);
+    expect_open_error("magic.bin", "bad magic 20240521 in header[0] (expected 20240520)");
+    write_raw(tpath("version.bin"), 20240520, 2, 1000, tok, 1000, 0);
+    expect_open_error("version.bin", "token file version 2 in header[1] is not supported");
+    write_raw(tpath("trunc.bin"), 20240520, 1, 1000, tok, 999, 0);
+    expect_open_error("trunc.bin", "truncated: header[2] says 1000 tokens (3024 bytes) but the "
+                                   "file has 3022 bytes");
+    write_raw(tpath("extra.bin"), 20240520, 1, 1000, tok, 1000, 3);
+    expect_open_error("extra.bin", "3 extra bytes after the 1000 tokens");
+    write_raw(tpath("negative.bin"), 20240520, 1, -5, tok, 0, 0);
+    expect_open_error("negative.bin", "negative token count -5");
+    f = fopen(tpath("short.bin"), "wb");
+    fputs("hello", f);
+    fclose(f);
+    expect_open_error("short.bin", "truncated: 5 bytes, shorter than the 1024-byte");
+    expect_open_error("absent.bin", "cannot open: No such file");
+
+    write_raw(tpath("empty.bin"), 20240520, 1, 0, tok, 0, 0);
+    rc = fsdp_tokens_open(tpath("empty.bin"), &t);
+    tap_ok(rc == 0 && fsdp_tokens_count(t) == 0 && fsdp_tokens_range(t, &lo, &hi) == 0 &&
+               lo == 0 && hi == 0,
+           "an empty token file is valid");
+    fsdp_tokens_close(t);
+}
+
+/* Token i of the loader test file. */
+static uint16_t tok_at(size_t i)
+{
+    return (uint16_t)((i * 40503u + 17u) % 65521u);
+}
+
+static int check_batch(const struct fsdp_dataloader *dl, size_t start, const char *what)
+{
+    size_t n = dl->B * dl->T;
+    for (size_t i = 0; i < n; i++) {
+        if (dl->inputs[i] != tok_at(start + i) || dl->targets[i] != tok_at(start + i + 1)) {
+            tap_diag("%s: first mismatch at %zu: input %d target %d, expected %u %u", what, i,
+                     dl->inputs[i], dl->targets[i], tok_at(start + i), tok_at(start + i + 1));
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void test_loader(void)
+{
+    enum { N = 1001 };
+    uint16_t tok[N];
+    for (size_t i = 0; i < N; i++) {
+        tok[i] = tok_at(i);
+    }
+    fsdp_tokens_write(tpath("stream.bin"), tok, N);
+    const char *path = tpath("stream.bin");
+
+    /* one rank: batches are consecutive B*T windows, targets shifted by one */
+    struct fsdp_dataloader *dl;
+    int rc = fsdp_dataloader_create(path, 3, 16, 0, 1, 0, &dl);
+    tap_ok(rc == 0, "create B=3 T=16 (%s)", fsdp_err_msg());
+    int ok = 1;
+    /* 1001 tokens hold floor((1001 - 1) / 48) = 20 steps per epoch */
+    for (size_t s = 0; s < 20 && ok; s++) {
+        ok = fsdp_dataloader_next(dl) == 0 && check_batch(dl, s * 48, "epoch 0") &&
+             dl->epoch == 0;
+    }
+    tap_ok(ok, "20 steps: inputs = tokens[48 s, 48 s + 48), targets shifted by one");
+    ok = fsdp_dataloader_next(dl) == 0 && dl->epoch == 1 && check_batch(dl, 0, "wrap");
+    tap_ok(ok, "step 21 wraps to token 0 and counts epoch 1");
+
+    /* save, run on, restore: the same batches again */
+    struct fsdp_dataloader_state st;
+    fsdp_dataloader_next(dl);
+    fsdp_dataloader_get_state(dl, &st);
+    int after[4][48];
+    for (int s = 0; s < 4; s++) {
+        fsdp_dataloader_next(dl);
+        memcpy(after[s], dl->inputs, sizeof(after[s]));
+    }
+    struct fsdp_dataloader *dl2;
+    rc = fsdp_dataloader_create(path, 3, 16, 0, 1, 0, &dl2);
+    rc = rc == 0 ? fsdp_dataloader_set_state(dl2, &st) : rc;
+    ok = rc == 0 && st.position == 96 && st.epoch == 1 && st.n_tokens == N;
+    for (int s = 0; s < 4 && ok; s++) {
+        ok = fsdp_dataloader_next(dl2) == 0 && memcmp(after[s], dl2->inputs, sizeof(after[s])) == 0;
+    }
+    tap_ok(ok, "restored cursor (position %llu, epoch %llu) resumes exactly",
+           (unsigned long long)st.position, (unsigned long long)st.epoch);
+    struct fsdp_dataloader_state bad = st;
+    bad.n_tokens = N + 1;
+    rc = fsdp_dataloader_set_state(dl2, &bad);
+    tap_ok(rc == FSDP_ERR_MISMATCH && strstr(fsdp_err_msg(), "saved on a file of 1002 tokens"),
+           "state from another file rejected: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    bad = st;
+    bad.position = N + 1;
+    rc = fsdp_dataloader_set_state(dl2, &bad);
+    tap_ok(rc == FSDP_ERR_INVALID && strstr(fsdp_err_msg(), "position 1002 is beyond"),
+           "position past the end rejected: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_dataloader_destroy(dl2);
+    fsdp_dataloader_destroy(dl);
+
+    /* R ranks with batch B concatenate to one rank with batch B*R, step by step */
+    for (int R = 2; R <= 4; R++) {
+        size_t B = 2, T = 8;
+        struct fsdp_dataloader *one, *ranks[4];
+        rc = fsdp_dataloader_create(path, B * (size_t)R, T, 0, 1, 0, &one);
+        for (int r = 0; r < R && rc == 0; r++) {
+            rc = fsdp_dataloader_create(path, B, T, r, R, 0, &ranks[r]);
+        }
+        ok = rc == 0;
+        /* enough steps to wrap: 1000 / (B*R*T) steps per epoch */
+        for (int s = 0; s < 70 && ok; s++) {
+            ok = fsdp_dataloader_next(one) == 0;
+            for (int r = 0; r < R && ok; r++) {
+                ok = fsdp_dataloader_next(ranks[r]) == 0 &&
+                     memcmp(ranks[r]->inputs, one->inputs + (size_t)r * B * T,
+                            B * T * sizeof(int)) == 0 &&
+                     memcmp(ranks[r]->targets, one->targets + (size_t)r * B * T,
+                            B * T * sizeof(int)) == 0 &&
+                     ranks[r]->epoch == one->epoch && ranks[r]->position == one->position;
+                if (!ok) {
+                    tap_diag("R=%d: step %d rank %d differs from slice %d of the global batch",
+                             R, s, r, r);
+                }
+            }
+        }
+        tap_ok(ok && one->epoch >= 1, "R=%d: rank slices concatenate to the 1-rank batch of "
+               "B*R for 70 steps (through %llu wraps)", R, (unsigned long long)one->epoch);
+        fsdp_dataloader_destroy(one);
+        for (int r = 0; r < R; r++) {
+            fsdp_dataloader_destroy(ranks[r]);
+        }
+    }
+
+    rc = fsdp_dataloader_create(path, 25, 41, 0, 1, 0, &dl);
+    tap_ok(rc == FSDP_ERR_INVALID && strstr(fsdp_err_msg(), "1001 tokens, but one global batch"),
+           "a file smaller than one global batch: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    rc = fsdp_dataloader_create(path, 2, 8, 2, 2, 0, &dl);
+    tap_ok(rc == FSDP_ERR_INVALID, "rank >= world rejected: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    rc = fsdp_dataloader_create(path, 2, 8, 0, 1, 50000, &dl);
+    tap_ok(rc == FSDP_ERR_FORMAT && strstr(fsdp_err_msg(), "outside the vocabulary (vocab_size "
+                                                           "50000)"),
+           "vocab check at create: %s", fsdp_err_msg());
+    fsdp_err_clear();
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/fsdpc-tok-XXXXXX");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_files();
+    test_loader();
+    const char *files[] = {"good.bin", "magic.bin", "version.bin", "trunc.bin", "extra.bin",
+                           "negative.bin", "short.bin", "empty.bin", "stream.bin"};
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        unlink(tpath(files[i]));
+    }
+    rmdir(dir);
+    return tap_done();
+}
