@@ -7,8 +7,15 @@
  * namespace ("dp[1]/...") so groups never collide.
  *
  * Implementations: tcp (a server thread on rank 0; also what MPI launches use,
- * with the address broadcast by MPI) and file (a directory on a shared file
- * system, stamped with the job nonce, every value written by atomic rename).
+ * with the address broadcast by MPI), file (a directory on a shared file
+ * system, stamped with the job nonce, every value written by atomic rename)
+ * and mem (in-process, for single-rank jobs and tests).
+ *
+ * Timeouts: a negative timeout_s means the store's default (the one given
+ * when it was created); 0 checks once. A timeout error names the key and the
+ * time waited. All calls are thread-safe; a TCP client serializes its
+ * requests, so a long get() delays other threads' requests on that store.
+ * doc/rendezvous.md describes the protocol and the file layout.
  */
 #ifndef FSDP_DIST_STORE_H
 #define FSDP_DIST_STORE_H
@@ -47,13 +54,19 @@ void fsdp_store_destroy(struct fsdp_store *s);
 int fsdp_store_prefix(struct fsdp_store *base, const char *prefix, struct fsdp_store **out);
 
 /* All `size` callers with the same key meet here (add + wait), or time out
- * with an error that says how many arrived. */
+ * with an error that says how many arrived. A key may be reused for
+ * successive barriers of the same `size` callers (generations are counted). */
 int fsdp_store_barrier(struct fsdp_store *s, const char *key, int size, double timeout_s);
+
+/* In-process store; timeout_s is the default deadline of get/wait. */
+int fsdp_store_mem_create(double timeout_s, struct fsdp_store **out);
 
 /* TCP store. The server runs in a thread of the process that calls
  * fsdp_store_tcp_serve (rank 0); *port receives the bound port when 0 is
  * asked. Every client (rank 0 included) connects with fsdp_store_tcp_connect.
- * Clients present the nonce; a connection that does not is refused. */
+ * Clients present the nonce; a connection that does not is refused. connect
+ * retries until timeout_s (the server may start late); timeout_s is also the
+ * client's default deadline. bind_host NULL means every IPv4 address. */
 struct fsdp_store_server;
 int fsdp_store_tcp_serve(const char *bind_host, int port, uint64_t nonce,
                          struct fsdp_store_server **out, int *bound_port);
@@ -62,9 +75,11 @@ int fsdp_store_tcp_connect(const char *host, int port, uint64_t nonce, double ti
                            struct fsdp_store **out);
 
 /* File store in directory `path` (created). rank 0 creates the job's
- * namespace and stamps it; other ranks only accept a stamp newer than their
- * own start or matching the launcher's job id, so a store left by an earlier
- * job is reported (FSDP_ERR_STALE) instead of being read. */
+ * namespace and stamps it; other ranks only accept a stamp that carries the
+ * launcher's job id (see dist.h) when there is one, else one written after
+ * their own process start minus $FSDPC_FILE_STORE_SLACK seconds (default
+ * 10), so a store left by an earlier job is reported (FSDP_ERR_STALE after
+ * timeout_s) instead of being read. Rank 0 replaces a stamp it finds. */
 int fsdp_store_file_open(const char *path, int rank, int world_size, double timeout_s,
                          uint64_t *nonce, struct fsdp_store **out);
 /* Removes the job's files (called at a normal end by rank 0). */
