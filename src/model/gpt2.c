@@ -1,0 +1,702 @@
+/*
+ * gpt2.c - GPT-2 (pre-LN, Hugging Face semantics) forward and backward per
+ * unit on the CPU kernels, the activation layout, activation checkpointing,
+ * deterministic sharding-independent init, the per-parameter AdamW split
+ * and the memory/FLOP accounting. It reads parameters only through the
+ * caller's unit buffers and the offsets of the parameter table; it never
+ * owns or allocates parameters or their gradients.
+ */
+#include "config.h"
+#include "model/gpt2.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    BLK_LN1W, BLK_LN1B, BLK_QKVW, BLK_QKVB, BLK_ATTPROJW, BLK_ATTPROJB,
+    BLK_LN2W, BLK_LN2B, BLK_FCW, BLK_FCB, BLK_FCPROJW, BLK_FCPROJB, BLK_COUNT,
+};
+
+/* What the model expects of each block tensor: name, rows and cols in units of C (0: 1-D). */
+static const struct {
+    const char *suffix;
+    size_t rows, cols;
+} gpt2_block_tensors[BLK_COUNT] = {
+    {"ln_1.weight", 1, 0},        {"ln_1.bias", 1, 0},          {"attn.c_attn.weight", 3, 1},
+    {"attn.c_attn.bias", 3, 0},   {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
+    {"ln_2.weight", 1, 0},        {"ln_2.bias", 1, 0},          {"mlp.c_fc.weight", 4, 1},
+    {"mlp.c_fc.bias", 4, 0},      {"mlp.c_proj.weight", 1, 4},  {"mlp.c_proj.bias", 1, 0},
+};
+
+// ----------------------------------------------------------------------------
+// parameter table lookups
+
+/* Finds name in unit u with the given shape (cols 0: 1-D); returns its offset. */
+static int gpt2_locate(const struct fsdp_gpt2_spec *s, const char *name, int u, size_t rows,
+                       size_t cols, size_t *off)
+{
+    long i = fsdp_gpt2_spec_find(s, name);
+    if (i < 0) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "parameter table has no '%s'", name);
+    }
+    const struct fsdp_param_spec *p = &s->params[i];
+    int want_ndim = cols ? 2 : 1;
+    if (p->unit != u || p->ndim != want_ndim || p->shape[0] != rows ||
+        (cols && p->shape[1] != cols)) {
+        return fsdp_err(FSDP_ERR_INTERNAL,
+                        "parameter table: '%s' is unit %d shape (%zu, %zu), model expects unit %d "
+                        "shape (%zu, %zu)",
+                        name, p->unit, p->shape[0], p->shape[1], u, rows, cols ? cols : 1);
+    }
+    *off = p->offset;
+    return 0;
+}
+
+static int gpt2_map_params(struct fsdp_gpt2 *m)
+{
+    const struct fsdp_gpt2_spec *s = m->spec;
+    const struct fsdp_gpt2_config *c = &s->cfg;
+    size_t C = (size_t)c->n_embd, V = (size_t)c->vocab_size, L = (size_t)c->n_layer;
+    char name[FSDP_PARAM_NAME_MAX + 16];
+    FSDP_CHECK(gpt2_locate(s, "wte.weight", 0, V, C, &m->emb_off[0]));
+    FSDP_CHECK(gpt2_locate(s, "wpe.weight", 0, (size_t)c->context, C, &m->emb_off[1]));
+    for (size_t l = 0; l < L; l++) {
+        for (int k = 0; k < BLK_COUNT; k++) {
+            size_t off;
+            snprintf(name, sizeof(name), "h.%zu.%s", l, gpt2_block_tensors[k].suffix);
+            FSDP_CHECK(gpt2_locate(s, name, 1 + (int)l, gpt2_block_tensors[k].rows * C,
+                                   gpt2_block_tensors[k].cols * C, &off));
+            if (l == 0) {
+                m->blk_off[k] = off;
+            } else if (off != m->blk_off[k]) {
+                return fsdp_err(FSDP_ERR_INTERNAL,
+                                "parameter table: '%s' at offset %zu, block 0 has it at %zu", name,
+                                off, m->blk_off[k]);
+            }
+        }
+    }
+    int last = c->n_layer + 1;
+    FSDP_CHECK(gpt2_locate(s, "ln_f.weight", last, C, 0, &m->head_off[0]));
+    FSDP_CHECK(gpt2_locate(s, "ln_f.bias", last, C, 0, &m->head_off[1]));
+    long lm = fsdp_gpt2_spec_find(s, "lm_head.weight");
+    if (c->tied) {
+        if (lm >= 0) {
+            return fsdp_err(FSDP_ERR_INTERNAL, "parameter table: tied model lists lm_head.weight");
+        }
+        m->head_off[2] = m->emb_off[0];
+    } else {
+        FSDP_CHECK(gpt2_locate(s, "lm_head.weight", last, V, C, &m->head_off[2]));
+    }
+    return 0;
+}
+
+void fsdp_gpt2_embed_view(const struct fsdp_gpt2 *m, float *unit0, struct fsdp_gpt2_embed_view *v)
+{
+    v->wte = unit0 + m->emb_off[0];
+    v->wpe = unit0 + m->emb_off[1];
+}
+
+void fsdp_gpt2_block_view(const struct fsdp_gpt2 *m, float *unit, struct fsdp_gpt2_block_view *v)
+{
+    const size_t *o = m->blk_off;
+    v->ln1w = unit + o[BLK_LN1W];
+    v->ln1b = unit + o[BLK_LN1B];
+    v->qkvw = unit + o[BLK_QKVW];
+    v->qkvb = unit + o[BLK_QKVB];
+    v->attprojw = unit + o[BLK_ATTPROJW];
+    v->attprojb = unit + o[BLK_ATTPROJB];
+    v->ln2w = unit + o[BLK_LN2W];
+    v->ln2b = unit + o[BLK_LN2B];
+    v->fcw = unit + o[BLK_FCW];
+    v->fcb = unit + o[BLK_FCB];
+    v->fcprojw = unit + o[BLK_FCPROJW];
+    v->fcprojb = unit + o[BLK_FCPROJB];
+}
+
+void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, float *unit_last, float *unit0,
+                         struct fsdp_gpt2_head_view *v)
+{
+    v->lnfw = unit_last + m->head_off[0];
+    v->lnfb = unit_last + m->head_off[1];
+    v->lm_head = m->spec->cfg.tied ? unit0 + m->head_off[2] : unit_last + m->head_off[2];
+}
+
+// ----------------------------------------------------------------------------
+// activation layout
+
+/* Carves n floats (64-byte aligned) from base at *off; base NULL only counts. */
+static float *gpt2_take(float *base, size_t *off, size_t n)
+{
+    float *p = base ? base + *off : NULL;
+    *off += (n + 15) & ~(size_t)15;
+    return p;
+}
+
+static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, float *base, size_t *off,
+                              size_t BT, size_t C, size_t NH)
+{
+    a->ln1 = gpt2_take(base, off, BT * C);
+    a->ln1_mean = gpt2_take(base, off, BT);
+    a->ln1_rstd = gpt2_take(base, off, BT);
+    a->qkv = gpt2_take(base, off, BT * 3 * C);
+    a->atty = gpt2_take(base, off, BT * C);
+    a->att_lse = gpt2_take(base, off, BT * NH);
+    a->res2 = gpt2_take(base, off, BT * C);
+    a->ln2 = gpt2_take(base, off, BT * C);
+    a->ln2_mean = gpt2_take(base, off, BT);
+    a->ln2_rstd = gpt2_take(base, off, BT);
+    a->fch = gpt2_take(base, off, BT * 4 * C);
+    a->fch_gelu = gpt2_take(base, off, BT * 4 * C);
+}
+
+/*
+ * Lays the activations out over base into a, or only counts them when base
+ * is NULL (a->blocks may then be NULL too); returns the floats needed.
+ */
+static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fsdp_gpt2_acts *a)
+{
+    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)c->n_embd;
+    size_t L = (size_t)c->n_layer, V = (size_t)c->vocab_size, NH = (size_t)c->n_head;
+    struct fsdp_gpt2_block_acts blk;
+    size_t off = 0;
+    int any_ckpt = 0;
+    a->residual = gpt2_take(base, &off, (L + 1) * BT * C);
+    a->lnf = gpt2_take(base, &off, BT * C);
+    a->lnf_mean = gpt2_take(base, &off, BT);
+    a->lnf_rstd = gpt2_take(base, &off, BT);
+    a->logits = gpt2_take(base, &off, BT * V);
+    a->losses = gpt2_take(base, &off, BT);
+    a->att_scratch = gpt2_take(base, &off, fsdp_cpu_attention_scratch_floats(m->max_T));
+    for (size_t l = 0; l < L; l++) {
+        if (m->checkpoint[l]) {
+            any_ckpt = 1;
+            continue;
+        }
+        gpt2_layout_block(&blk, base, &off, BT, C, NH);
+        if (a->blocks) {
+            a->blocks[l] = blk;
+        }
+    }
+    if (any_ckpt) {
+        gpt2_layout_block(&blk, base, &off, BT, C, NH); /* one set shared by all of them */
+        for (size_t l = 0; l < L && a->blocks; l++) {
+            if (m->checkpoint[l]) {
+                a->blocks[l] = blk;
+            }
+        }
+    }
+    return off;
+}
+
+static size_t gpt2_layout_grad_acts(const struct fsdp_gpt2 *m, float *base,
+                                    struct fsdp_gpt2_grad_acts *g)
+{
+    size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)m->spec->cfg.n_embd;
+    size_t off = 0;
+    g->dres = gpt2_take(base, &off, BT * C);
+    g->dbtc = gpt2_take(base, &off, BT * C);
+    g->dqkv = gpt2_take(base, &off, BT * 3 * C);
+    g->dfch = gpt2_take(base, &off, BT * 4 * C);
+    return off;
+}
+
+int fsdp_gpt2_reserve(struct fsdp_gpt2 *m)
+{
+    int fresh = 0;
+    if (!m->act_memory) {
+        m->act_floats = fsdp_gpt2_activation_bytes(m) / sizeof(float);
+        m->act_memory = fsdp_alloc(m->act_floats * sizeof(float));
+        if (!m->act_memory) {
+            return fsdp_err(FSDP_ERR_NOMEM, "gpt2 activations: %zu MiB",
+                            m->act_floats * sizeof(float) >> 20);
+        }
+        gpt2_layout_acts(m, m->act_memory, &m->acts);
+        fresh = 1;
+    }
+    if (!m->grad_act_memory) {
+        m->grad_act_floats = fsdp_gpt2_workspace_bytes(m) / sizeof(float);
+        m->grad_act_memory = fsdp_alloc(m->grad_act_floats * sizeof(float));
+        if (!m->grad_act_memory) {
+            return fsdp_err(FSDP_ERR_NOMEM, "gpt2 activation gradients: %zu MiB",
+                            m->grad_act_floats * sizeof(float) >> 20);
+        }
+        gpt2_layout_grad_acts(m, m->grad_act_memory, &m->gacts);
+        fresh = 1;
+    }
+    if (fresh) {
+        FSDP_DEBUG(FSDP_SUB_MODEL, "gpt2 activations %.1f MiB, workspace %.1f MiB (B=%d T=%d)",
+                   (double)(m->act_floats * sizeof(float)) / 1048576.0,
+                   (double)(m->grad_act_floats * sizeof(float)) / 1048576.0, m->max_B, m->max_T);
+    }
+    return 0;
+}
+
+size_t fsdp_gpt2_activation_bytes(const struct fsdp_gpt2 *m)
+{
+    struct fsdp_gpt2_acts count = {.blocks = NULL};
+    return gpt2_layout_acts(m, NULL, &count) * sizeof(float);
+}
+
+size_t fsdp_gpt2_workspace_bytes(const struct fsdp_gpt2 *m)
+{
+    struct fsdp_gpt2_grad_acts count;
+    return gpt2_layout_grad_acts(m, NULL, &count) * sizeof(float);
+}
+
+// ----------------------------------------------------------------------------
+// lifetime and settings
+
+int fsdp_gpt2_create(const struct fsdp_gpt2_spec *spec, int max_B, int max_T,
+                     struct fsdp_gpt2 **out)
+{
+    int rc;
+    const struct fsdp_gpt2_config *c = &spec->cfg;
+    if (max_B < 1 || max_T < 1 || max_T > c->context) {
+        return fsdp_err(FSDP_ERR_INVALID, "gpt2: batch %d x %d invalid (need B >= 1, 1 <= T <= %d)",
+                        max_B, max_T, c->context);
+    }
+    double floats = (double)max_B * max_T * ((double)c->vocab_size + 20.0 * c->n_embd * (c->n_layer + 2));
+    if (floats * sizeof(float) > 0x1p50) {
+        return fsdp_err(FSDP_ERR_INVALID, "gpt2: batch %d x %d needs %.3g bytes of activations",
+                        max_B, max_T, floats * sizeof(float));
+    }
+    struct fsdp_gpt2 *m = calloc(1, sizeof(*m));
+    if (!m) {
+        return fsdp_err(FSDP_ERR_NOMEM, "gpt2 model");
+    }
+    m->spec = spec;
+    m->max_B = max_B;
+    m->max_T = max_T;
+    m->ignore_index = -1;
+    m->loss_scale = 1.0f;
+    m->bwd_next = -1;
+    m->loss = NAN;
+    size_t nu = (size_t)spec->n_units, L = (size_t)c->n_layer;
+    m->unit_params = calloc(nu, sizeof(float *));
+    m->unit_grads = calloc(nu, sizeof(float *));
+    m->fwd_done = calloc(nu, 1);
+    m->checkpoint = calloc(L, 1);
+    m->acts.blocks = calloc(L, sizeof(*m->acts.blocks));
+    if (!m->unit_params || !m->unit_grads || !m->fwd_done || !m->checkpoint || !m->acts.blocks) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "gpt2 model tables");
+        goto err_free;
+    }
+    FSDP_CHECK_GOTO(gpt2_map_params(m), rc, err_free);
+    *out = m;
+    return 0;
+err_free:
+    fsdp_gpt2_destroy(m);
+    return rc;
+}
+
+void fsdp_gpt2_destroy(struct fsdp_gpt2 *m)
+{
+    if (!m) {
+        return;
+    }
+    fsdp_free(m->act_memory);
+    fsdp_free(m->grad_act_memory);
+    free(m->acts.blocks);
+    free(m->checkpoint);
+    free(m->fwd_done);
+    free(m->unit_grads);
+    free(m->unit_params);
+    free(m);
+}
+
+int fsdp_gpt2_set_checkpoint(struct fsdp_gpt2 *m, int l, int on)
+{
+    int L = m->spec->cfg.n_layer;
+    if (l >= L) {
+        return fsdp_err(FSDP_ERR_INVALID, "checkpoint: block %d out of range [0, %d)", l, L);
+    }
+    if (m->bwd_next >= 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "checkpoint flags changed between forward and backward");
+    }
+    for (int i = 0; i < L; i++) {
+        if (l < 0 || i == l) {
+            m->checkpoint[i] = on ? 1 : 0;
+        }
+    }
+    /* the saved-activation layout depends on the flags: rebuild on demand,
+     * which the next set_batch does */
+    fsdp_free(m->act_memory);
+    m->act_memory = NULL;
+    m->tokens = NULL;
+    m->targets = NULL;
+    memset(m->fwd_done, 0, (size_t)m->spec->n_units);
+    return 0;
+}
+
+int fsdp_gpt2_set_unit(struct fsdp_gpt2 *m, int u, float *params, float *grads)
+{
+    if (u < 0 || u >= m->spec->n_units) {
+        return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, m->spec->n_units);
+    }
+    m->unit_params[u] = params;
+    m->unit_grads[u] = grads;
+    return 0;
+}
+
+void fsdp_gpt2_set_ignore_index(struct fsdp_gpt2 *m, int32_t ignore_index)
+{
+    m->ignore_index = ignore_index;
+}
+
+void fsdp_gpt2_set_loss_seed(struct fsdp_gpt2 *m, double divisor, float scale)
+{
+    m->loss_divisor = divisor;
+    m->loss_scale = scale;
+}
+
+int fsdp_gpt2_zero_grad(struct fsdp_gpt2 *m, int u)
+{
+    int n = m->spec->n_units;
+    if (u >= n) {
+        return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, n);
+    }
+    for (int i = u < 0 ? 0 : u; i < (u < 0 ? n : u + 1); i++) {
+        if (!m->unit_grads[i]) {
+            return fsdp_err(FSDP_ERR_INVALID, "zero_grad: unit %d has no gradient buffer", i);
+        }
+        memset(m->unit_grads[i], 0, m->spec->unit_numel[i] * sizeof(float));
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// forward
+
+int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets,
+                        int B, int T)
+{
+    int V = m->spec->cfg.vocab_size;
+    if (B < 1 || B > m->max_B || T < 1 || T > m->max_T) {
+        return fsdp_err(FSDP_ERR_INVALID, "batch %d x %d exceeds the model's %d x %d", B, T,
+                        m->max_B, m->max_T);
+    }
+    if (!tokens) {
+        return fsdp_err(FSDP_ERR_INVALID, "batch has no tokens");
+    }
+    for (size_t i = 0; i < (size_t)B * (size_t)T; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            return fsdp_err(FSDP_ERR_INVALID, "token %d at (b=%zu, t=%zu) out of range [0, %d)",
+                            (int)tokens[i], i / (size_t)T, i % (size_t)T, V);
+        }
+        if (targets && targets[i] != m->ignore_index && (targets[i] < 0 || targets[i] >= V)) {
+            return fsdp_err(FSDP_ERR_INVALID,
+                            "target %d at (b=%zu, t=%zu) out of range [0, %d) and not the ignore "
+                            "index %d",
+                            (int)targets[i], i / (size_t)T, i % (size_t)T, V, (int)m->ignore_index);
+        }
+    }
+    FSDP_CHECK(fsdp_gpt2_reserve(m));
+    m->B = B;
+    m->T = T;
+    m->tokens = tokens;
+    m->targets = targets;
+    memset(m->fwd_done, 0, (size_t)m->spec->n_units);
+    m->bwd_next = -1;
+    m->have_dlogits = 0;
+    return 0;
+}
+
+static float *gpt2_residual(const struct fsdp_gpt2 *m, int l)
+{
+    size_t stride = (size_t)m->max_B * (size_t)m->max_T * (size_t)m->spec->cfg.n_embd;
+    return m->acts.residual + (size_t)l * stride;
+}
+
+/* Block l from residual[l]; full = 0 stops before c_proj of the MLP, which
+ * only produces residual[l+1] (what a checkpointed backward does not need). */
+static void gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
+{
+    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
+    struct fsdp_gpt2_block_view w;
+    struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
+    float *x = gpt2_residual(m, l);
+    fsdp_gpt2_block_view(m, m->unit_params[1 + l], &w);
+    fsdp_cpu_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, BT, C, c->ln_eps);
+    fsdp_cpu_matmul_forward(a->qkv, a->ln1, w.qkvw, w.qkvb, NULL, BT, C, 3 * C);
+    fsdp_cpu_attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->B, m->T,
+                               c->n_embd, c->n_head);
+    fsdp_cpu_matmul_forward(a->res2, a->atty, w.attprojw, w.attprojb, x, BT, C, C);
+    fsdp_cpu_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b, BT, C,
+                               c->ln_eps);
+    fsdp_cpu_matmul_forward(a->fch, a->ln2, w.fcw, w.fcb, NULL, BT, C, 4 * C);
+    fsdp_cpu_gelu_forward(a->fch_gelu, a->fch, BT * 4 * C);
+    if (full) {
+        fsdp_cpu_matmul_forward(gpt2_residual(m, l + 1), a->fch_gelu, w.fcprojw, w.fcprojb, a->res2,
+                                BT, 4 * C, C);
+    }
+}
+
+static int gpt2_head_forward(struct fsdp_gpt2 *m)
+{
+    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
+    struct fsdp_gpt2_acts *a = &m->acts;
+    struct fsdp_gpt2_head_view w;
+    fsdp_gpt2_head_view(m, m->unit_params[c->n_layer + 1], m->unit_params[0], &w);
+    fsdp_cpu_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt2_residual(m, c->n_layer),
+                               w.lnfw, w.lnfb, BT, C, c->ln_eps);
+    fsdp_cpu_matmul_forward(a->logits, a->lnf, w.lm_head, NULL, NULL, BT, C, V);
+    if (!m->targets) {
+        return 0;
+    }
+    /* dlogits with unit scale; the seed scale enters the head's sgemm as alpha */
+    FSDP_CHECK(fsdp_cpu_crossentropy_fused(a->losses, a->logits, a->logits, m->targets, BT, V,
+                                           m->ignore_index, 1.0f, &m->n_kept, &m->loss));
+    m->have_dlogits = 1;
+    m->bwd_next = m->spec->n_units - 1;
+    return 0;
+}
+
+int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u)
+{
+    int n = m->spec->n_units, L = m->spec->cfg.n_layer;
+    if (u < 0 || u >= n) {
+        return fsdp_err(FSDP_ERR_INVALID, "forward: unit %d out of range [0, %d)", u, n);
+    }
+    if (!m->tokens) {
+        return fsdp_err(FSDP_ERR_INVALID, "forward: no batch (fsdp_gpt2_set_batch)");
+    }
+    if (u > 0 && !m->fwd_done[u - 1]) {
+        return fsdp_err(FSDP_ERR_INVALID, "forward of unit %d before unit %d's", u, u - 1);
+    }
+    if (!m->unit_params[u] || (u == L + 1 && m->spec->cfg.tied && !m->unit_params[0])) {
+        return fsdp_err(FSDP_ERR_INVALID, "forward: unit %d's parameters are not set%s", u,
+                        u == L + 1 && m->spec->cfg.tied ? " (the tied head also reads unit 0)" : "");
+    }
+    if (u == 0) {
+        struct fsdp_gpt2_embed_view w;
+        fsdp_gpt2_embed_view(m, m->unit_params[0], &w);
+        fsdp_cpu_encoder_forward(gpt2_residual(m, 0), m->tokens, w.wte, w.wpe, m->B, m->T,
+                                 m->spec->cfg.n_embd);
+    } else if (u <= L) {
+        gpt2_block_forward(m, u - 1, 1);
+    } else {
+        FSDP_CHECK(gpt2_head_forward(m));
+    }
+    m->fwd_done[u] = 1;
+    return 0;
+}
+
+int fsdp_gpt2_forward(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B,
+                      int T, float *loss)
+{
+    FSDP_CHECK(fsdp_gpt2_set_batch(m, tokens, targets, B, T));
+    for (int u = 0; u < m->spec->n_units; u++) {
+        FSDP_CHECK(fsdp_gpt2_forward_unit(m, u));
+    }
+    if (loss) {
+        *loss = targets ? m->loss : NAN;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// backward
+
+static void gpt2_head_backward(struct fsdp_gpt2 *m)
+{
+    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
+    struct fsdp_gpt2_acts *a = &m->acts;
+    struct fsdp_gpt2_grad_acts *g = &m->gacts;
+    struct fsdp_gpt2_head_view w, dw;
+    int last = c->n_layer + 1;
+    fsdp_gpt2_head_view(m, m->unit_params[last], m->unit_params[0], &w);
+    fsdp_gpt2_head_view(m, m->unit_grads[last], m->unit_grads[0], &dw);
+    double div = m->loss_divisor > 0 ? m->loss_divisor : (double)m->n_kept;
+    /* no kept token: every dlogits row is zero, so is the gradient */
+    float alpha = div > 0 ? (float)((double)m->loss_scale / div) : 0.0f;
+    fsdp_cpu_matmul_backward(g->dbtc, dw.lm_head, NULL, a->logits, a->lnf, w.lm_head, BT, C, V,
+                             alpha, 0);
+    memset(g->dres, 0, BT * C * sizeof(float));
+    fsdp_cpu_layernorm_backward(g->dres, dw.lnfw, dw.lnfb, g->dbtc, gpt2_residual(m, c->n_layer),
+                                w.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
+}
+
+/* dres holds d(block output) on entry and d(block input) on return. */
+static void gpt2_block_backward(struct fsdp_gpt2 *m, int l)
+{
+    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
+    struct fsdp_gpt2_grad_acts *g = &m->gacts;
+    struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
+    struct fsdp_gpt2_block_view w, dw;
+    if (m->checkpoint[l]) {
+        gpt2_block_forward(m, l, 0);
+    }
+    fsdp_gpt2_block_view(m, m->unit_params[1 + l], &w);
+    fsdp_gpt2_block_view(m, m->unit_grads[1 + l], &dw);
+    /* MLP */
+    fsdp_cpu_matmul_backward(g->dfch, dw.fcprojw, dw.fcprojb, g->dres, a->fch_gelu, w.fcprojw, BT,
+                             4 * C, C, 1.0f, 0);
+    fsdp_cpu_gelu_backward(g->dfch, a->fch, g->dfch, BT * 4 * C);
+    fsdp_cpu_matmul_backward(g->dbtc, dw.fcw, dw.fcb, g->dfch, a->ln2, w.fcw, BT, C, 4 * C, 1.0f, 0);
+    fsdp_cpu_layernorm_backward(g->dres, dw.ln2w, dw.ln2b, g->dbtc, a->res2, w.ln2w, a->ln2_mean,
+                                a->ln2_rstd, BT, C);
+    /* attention */
+    fsdp_cpu_matmul_backward(g->dbtc, dw.attprojw, dw.attprojb, g->dres, a->atty, w.attprojw, BT, C,
+                             C, 1.0f, 0);
+    fsdp_cpu_attention_backward(g->dqkv, m->acts.att_scratch, g->dbtc, a->qkv, a->atty, a->att_lse,
+                                m->B, m->T, c->n_embd, c->n_head);
+    fsdp_cpu_matmul_backward(g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, a->ln1, w.qkvw, BT, C, 3 * C, 1.0f, 0);
+    fsdp_cpu_layernorm_backward(g->dres, dw.ln1w, dw.ln1b, g->dbtc, gpt2_residual(m, l), w.ln1w,
+                                a->ln1_mean, a->ln1_rstd, BT, C);
+}
+
+int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u)
+{
+    int n = m->spec->n_units, L = m->spec->cfg.n_layer;
+    if (u < 0 || u >= n) {
+        return fsdp_err(FSDP_ERR_INVALID, "backward: unit %d out of range [0, %d)", u, n);
+    }
+    if (m->bwd_next < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "backward of unit %d without a forward with targets", u);
+    }
+    if (u != m->bwd_next) {
+        return fsdp_err(FSDP_ERR_INVALID, "backward of unit %d out of order (expected unit %d)", u,
+                        m->bwd_next);
+    }
+    int tied_head = u == L + 1 && m->spec->cfg.tied;
+    if (!m->unit_params[u] || !m->unit_grads[u] ||
+        (tied_head && (!m->unit_params[0] || !m->unit_grads[0]))) {
+        return fsdp_err(FSDP_ERR_INVALID, "backward: unit %d's parameters or gradients are not set%s",
+                        u, tied_head ? " (the tied head also uses unit 0's)" : "");
+    }
+    if (u == 0) {
+        struct fsdp_gpt2_embed_view dw;
+        fsdp_gpt2_embed_view(m, m->unit_grads[0], &dw);
+        fsdp_cpu_encoder_backward(dw.wte, dw.wpe, m->gacts.dres, m->tokens, m->B, m->T,
+                                  m->spec->cfg.n_embd);
+    } else if (u <= L) {
+        gpt2_block_backward(m, u - 1);
+    } else {
+        gpt2_head_backward(m);
+    }
+    m->bwd_next = u - 1;
+    return 0;
+}
+
+int fsdp_gpt2_backward(struct fsdp_gpt2 *m)
+{
+    for (int u = m->spec->n_units - 1; u >= 0; u--) {
+        FSDP_CHECK(fsdp_gpt2_backward_unit(m, u));
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// initialisation
+
+/* Output j of SplitMix64 seeded with key (its state after j + 1 steps). */
+static uint64_t gpt2_splitmix_at(uint64_t key, uint64_t j)
+{
+    uint64_t z = key + (j + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static void gpt2_init_param(const struct fsdp_param_spec *p, uint64_t seed, size_t first,
+                            size_t count, float *dst)
+{
+    if (p->init == FSDP_INIT_ZEROS || p->init == FSDP_INIT_ONES) {
+        float v = p->init == FSDP_INIT_ONES ? 1.0f : 0.0f;
+        for (size_t i = 0; i < count; i++) {
+            dst[i] = v;
+        }
+        return;
+    }
+    uint64_t key = fsdp_hash64(p->name, strlen(p->name), seed);
+    for (size_t k = 0; k < count; k++) {
+        uint64_t i = first + k;
+        double u1 = (double)((gpt2_splitmix_at(key, 2 * i) >> 11) + 1) * 0x1p-53;
+        double u2 = (double)(gpt2_splitmix_at(key, 2 * i + 1) >> 11) * 0x1p-53;
+        dst[k] = (float)((double)p->std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+    }
+}
+
+/* Overlap of [start, start + count) with parameter p, in unit coordinates. */
+static int gpt2_piece(const struct fsdp_param_spec *p, size_t start, size_t count, size_t *lo,
+                      size_t *hi)
+{
+    *lo = start > p->offset ? start : p->offset;
+    *hi = start + count < p->offset + p->numel ? start + count : p->offset + p->numel;
+    return *lo < *hi;
+}
+
+static int gpt2_check_range(const struct fsdp_gpt2_spec *s, int u, size_t start, size_t count)
+{
+    if (u < 0 || u >= s->n_units) {
+        return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, s->n_units);
+    }
+    if (start > s->unit_numel[u] || count > s->unit_numel[u] - start) {
+        return fsdp_err(FSDP_ERR_INVALID, "range [%zu, %zu + %zu) outside unit %d's %zu elements",
+                        start, start, count, u, s->unit_numel[u]);
+    }
+    return 0;
+}
+
+int fsdp_gpt2_init_range(const struct fsdp_gpt2_spec *s, uint64_t seed, int u, size_t start,
+                         size_t count, float *dst)
+{
+    FSDP_CHECK(gpt2_check_range(s, u, start, count));
+    for (size_t i = s->unit_first[u]; i < s->n_params && s->params[i].unit == u; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        size_t lo, hi;
+        if (gpt2_piece(p, start, count, &lo, &hi)) {
+            gpt2_init_param(p, seed, lo - p->offset, hi - lo, dst + (lo - start));
+        }
+    }
+    return 0;
+}
+
+int fsdp_gpt2_init_params(const struct fsdp_gpt2_spec *s, uint64_t seed, float *const *bufs)
+{
+    for (int u = 0; u < s->n_units; u++) {
+        FSDP_CHECK(fsdp_gpt2_init_range(s, seed, u, 0, s->unit_numel[u], bufs[u]));
+    }
+    return 0;
+}
+
+int fsdp_gpt2_adamw_range(const struct fsdp_gpt2_spec *s, int u, size_t start, size_t count,
+                          float *param, const float *grad, float *m, float *v,
+                          const struct fsdp_adamw_params *hp, float grad_scale)
+{
+    FSDP_CHECK(gpt2_check_range(s, u, start, count));
+    for (size_t i = s->unit_first[u]; i < s->n_params && s->params[i].unit == u; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        size_t lo, hi;
+        if (gpt2_piece(p, start, count, &lo, &hi)) {
+            size_t o = lo - start;
+            fsdp_cpu_adamw_update(param + o, grad + o, m + o, v + o, hi - lo, hp, p->decay,
+                                  grad_scale);
+        }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// accounting
+
+double fsdp_gpt2_flops_per_token(const struct fsdp_gpt2_spec *s, int T)
+{
+    const struct fsdp_gpt2_config *c = &s->cfg;
+    double C = c->n_embd, V = c->vocab_size, L = c->n_layer;
+    double N = (double)s->total_numel - (double)c->context * C; /* no wpe: a lookup */
+    if (!c->tied) {
+        N -= V * C; /* wte is only a lookup; lm_head is the product */
+    }
+    return 6.0 * N + 12.0 * L * C * (double)T;
+}

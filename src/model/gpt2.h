@@ -1,0 +1,257 @@
+/*
+ * gpt2.h - GPT-2 forward and backward over units, on host f32 buffers.
+ *
+ * The model owns activations only. Parameters and their gradients live in
+ * per-unit contiguous buffers laid out by the parameter table (gpt2_spec.h)
+ * and owned by the CALLER, who points the model at them with
+ * fsdp_gpt2_set_unit, so that the sharding engine can hand it freshly
+ * gathered buffers for each unit:
+ *   unit 0        wte (V, C), wpe (T, C)
+ *   unit 1 + l    block l
+ *   unit 1 + L    ln_f (+ lm_head (V, C) when untied)
+ * A driver runs fsdp_gpt2_forward_unit for u = 0 .. L+1 and
+ * fsdp_gpt2_backward_unit for u = L+1 .. 0, gathering/reducing between the
+ * calls; fsdp_gpt2_forward / fsdp_gpt2_backward run all units.
+ *
+ * Tied embeddings: unit L+1's forward reads unit 0's wte, and its backward
+ * ADDS the head's gradient into unit 0's wte gradient. Unit 0's gradient
+ * buffer must therefore be zeroed (or hold the running accumulation) before
+ * the backward starts, and may be reduced only after unit 0's own backward,
+ * which adds the embedding-lookup gradient last. Unit 0's parameters must be
+ * available during unit L+1's forward and backward.
+ *
+ * Parameter gradients always accumulate (+=): zero them per step, or not,
+ * for gradient accumulation.
+ */
+#ifndef FSDP_MODEL_GPT2_H
+#define FSDP_MODEL_GPT2_H
+
+#include "model/gpt2_spec.h"
+#include "kernels/kernels.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+// ----------------------------------------------------------------------------
+// parameter views: pointers into one unit buffer (params or grads alike)
+
+struct fsdp_gpt2_embed_view {
+    float *wte; /* (V, C) */
+    float *wpe; /* (T, C) */
+};
+
+struct fsdp_gpt2_block_view {
+    float *ln1w;     /* (C) */
+    float *ln1b;     /* (C) */
+    float *qkvw;     /* (3C, C) */
+    float *qkvb;     /* (3C) */
+    float *attprojw; /* (C, C) */
+    float *attprojb; /* (C) */
+    float *ln2w;     /* (C) */
+    float *ln2b;     /* (C) */
+    float *fcw;      /* (4C, C) */
+    float *fcb;      /* (4C) */
+    float *fcprojw;  /* (C, 4C) */
+    float *fcprojb;  /* (C) */
+};
+
+struct fsdp_gpt2_head_view {
+    float *lnfw;    /* (C) */
+    float *lnfb;    /* (C) */
+    float *lm_head; /* (V, C): unit 0's wte when tied */
+};
+
+// ----------------------------------------------------------------------------
+// activations, sized for (max_B, max_T); a smaller batch uses the leading
+// part of every tensor with its own (B, T)
+
+/* What one block saves for its backward. */
+struct fsdp_gpt2_block_acts {
+    float *ln1;      /* (B, T, C) */
+    float *ln1_mean; /* (B, T) */
+    float *ln1_rstd; /* (B, T) */
+    float *qkv;      /* (B, T, 3C) */
+    float *atty;     /* (B, T, C) attention output, before c_proj */
+    float *att_lse;  /* (B, NH, T) log-sum-exp of each score row */
+    float *res2;     /* (B, T, C) residual after attention */
+    float *ln2;      /* (B, T, C) */
+    float *ln2_mean; /* (B, T) */
+    float *ln2_rstd; /* (B, T) */
+    float *fch;      /* (B, T, 4C) c_fc output, GELU input */
+    float *fch_gelu; /* (B, T, 4C) */
+};
+
+/*
+ * One contiguous buffer (act_memory). Checkpointed blocks all share one
+ * block_acts set that their backward refills by recomputing the block from
+ * its input, residual[l]; the others own a set each.
+ */
+struct fsdp_gpt2_acts {
+    float *residual;    /* (L+1, B, T, C): [l] is block l's input, [L] feeds ln_f */
+    float *lnf;         /* (B, T, C) */
+    float *lnf_mean;    /* (B, T) */
+    float *lnf_rstd;    /* (B, T) */
+    float *logits;      /* (B, T, V); after a forward with targets: d(sum of losses)/d(logits) */
+    float *losses;      /* (B, T) per-token loss, 0 where the target is ignored */
+    float *att_scratch; /* fsdp_cpu_attention_scratch_floats(T) */
+    struct fsdp_gpt2_block_acts *blocks; /* (L,) */
+};
+
+/* Gradients of activations, shared by all blocks (grad_act_memory). */
+struct fsdp_gpt2_grad_acts {
+    float *dres; /* (B, T, C) gradient of the residual stream, updated in place */
+    float *dbtc; /* (B, T, C) dln / datty */
+    float *dqkv; /* (B, T, 3C) */
+    float *dfch; /* (B, T, 4C) */
+};
+
+struct fsdp_gpt2 {
+    const struct fsdp_gpt2_spec *spec; /* not owned; outlives the model */
+    int max_B, max_T;
+
+    float **unit_params; /* (n_units,) caller-owned unit buffers */
+    float **unit_grads;  /* (n_units,) caller-owned, may be NULL for forward only */
+
+    unsigned char *checkpoint; /* (L,) 1: recompute block l in backward */
+    struct fsdp_gpt2_acts acts;
+    struct fsdp_gpt2_grad_acts gacts;
+    float *act_memory;          /* NULL until reserved */
+    size_t act_floats;
+    float *grad_act_memory;
+    size_t grad_act_floats;
+
+    /* current batch (borrowed until the backward ends) */
+    int B, T;
+    const int32_t *tokens;  /* (B, T) */
+    const int32_t *targets; /* (B, T) or NULL */
+    int32_t ignore_index;   /* targets equal to it are padding; default -1 */
+
+    /* loss of the last forward with targets */
+    float loss;      /* mean over kept tokens (NaN when none) */
+    size_t n_kept;   /* tokens whose target is not ignored */
+    double loss_divisor; /* 0: n_kept; else the divisor of the loss sum (global count) */
+    float loss_scale;    /* multiplies the seed gradient (f16 loss scaling); 1 */
+
+    /* ordering state: forward of u, then backward from L+1 down to 0 */
+    unsigned char *fwd_done; /* (n_units,) */
+    int bwd_next;            /* unit the next backward_unit must be; -1 when none */
+    int have_dlogits;
+
+    size_t blk_off[12];  /* offsets of a block's 12 tensors inside its unit */
+    size_t emb_off[2];   /* wte, wpe inside unit 0 */
+    size_t head_off[3];  /* ln_f.weight, ln_f.bias, lm_head.weight inside unit L+1 */
+};
+
+// ----------------------------------------------------------------------------
+// lifetime
+
+/*
+ * Creates a model for batches of up to (max_B, max_T) tokens (max_T <=
+ * context). Activation memory is reserved lazily (fsdp_gpt2_reserve or the
+ * first fsdp_gpt2_set_batch) so that checkpointing can be chosen first.
+ */
+int fsdp_gpt2_create(const struct fsdp_gpt2_spec *spec, int max_B, int max_T,
+                     struct fsdp_gpt2 **out);
+void fsdp_gpt2_destroy(struct fsdp_gpt2 *m);
+
+/* Marks block l (or every block when l < 0) for activation checkpointing.
+ * Re-lays out the activations (freed now, reserved again on demand);
+ * not allowed between a forward and its backward. */
+int fsdp_gpt2_set_checkpoint(struct fsdp_gpt2 *m, int l, int on);
+
+/* Allocates (pre-faulted) activation memory now if not yet done. */
+int fsdp_gpt2_reserve(struct fsdp_gpt2 *m);
+
+/* Points unit u at caller-owned buffers of spec->unit_numel[u] floats each. */
+int fsdp_gpt2_set_unit(struct fsdp_gpt2 *m, int u, float *params, float *grads);
+
+/* Targets equal to this value are padding (default -1). */
+void fsdp_gpt2_set_ignore_index(struct fsdp_gpt2 *m, int32_t ignore_index);
+
+/*
+ * The backward seeds d(objective)/d(loss_i) = scale / divisor for every kept
+ * token i. divisor 0 (the default) means this batch's n_kept, i.e. the mean
+ * loss; a data-parallel driver passes the global kept count so that N ranks
+ * equal one rank on the global batch. scale is the f16 loss scale (1).
+ */
+void fsdp_gpt2_set_loss_seed(struct fsdp_gpt2 *m, double divisor, float scale);
+
+// ----------------------------------------------------------------------------
+// views
+
+void fsdp_gpt2_embed_view(const struct fsdp_gpt2 *m, float *unit0, struct fsdp_gpt2_embed_view *v);
+void fsdp_gpt2_block_view(const struct fsdp_gpt2 *m, float *unit, struct fsdp_gpt2_block_view *v);
+/* unit0 supplies lm_head when tied */
+void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, float *unit_last, float *unit0,
+                         struct fsdp_gpt2_head_view *v);
+
+// ----------------------------------------------------------------------------
+// forward / backward
+
+/*
+ * Sets the batch: tokens (B, T) in [0, V), targets (B, T) in [0, V) or the
+ * ignore index, or NULL for forward only. Checked here; the arrays are
+ * borrowed until the backward ends.
+ */
+int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets,
+                        int B, int T);
+
+/* Unit u's forward. With targets, the last unit also computes the loss
+ * (m->loss, m->n_kept, acts.losses) and the logits' gradient in place. */
+int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u);
+/* Unit u's backward; units must run from L+1 down to 0 after a forward with
+ * targets. Needs unit_grads[u] (and unit_grads[0] for a tied head). */
+int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u);
+
+/* set_batch + every unit's forward; *loss (may be NULL) as m->loss. */
+int fsdp_gpt2_forward(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B,
+                      int T, float *loss);
+/* every unit's backward, L+1 down to 0 */
+int fsdp_gpt2_backward(struct fsdp_gpt2 *m);
+
+/* Zeroes unit u's gradient buffer (all units when u < 0). */
+int fsdp_gpt2_zero_grad(struct fsdp_gpt2 *m, int u);
+
+// ----------------------------------------------------------------------------
+// initialisation, optimizer helper, accounting
+
+/*
+ * Deterministic GPT-2 init. Element i of parameter p gets
+ *   N(0, std_p) = std_p * sqrt(-2 ln u1) * cos(2 pi u2)   (normal params)
+ *   1 or 0                                                 (norm weights, biases)
+ * where u1 = (1 + (x_{2i} >> 11)) 2^-53, u2 = (x_{2i+1} >> 11) 2^-53 and
+ * x_j is output j of SplitMix64 seeded with FNV-1a(name of p, seed). The
+ * value depends only on (seed, name, i): any sharding of the init equals
+ * the single-rank init.
+ * init_range fills elements [start, start + count) of unit u's flat buffer.
+ */
+int fsdp_gpt2_init_range(const struct fsdp_gpt2_spec *s, uint64_t seed, int u, size_t start,
+                         size_t count, float *dst);
+/* every unit: bufs[u] has spec->unit_numel[u] floats */
+int fsdp_gpt2_init_params(const struct fsdp_gpt2_spec *s, uint64_t seed, float *const *bufs);
+
+/*
+ * AdamW on elements [start, start + count) of unit u's flat buffer (a shard
+ * or all of it): split by parameter so that weight decay applies only where
+ * the table says (2-D matmul weights).
+ */
+int fsdp_gpt2_adamw_range(const struct fsdp_gpt2_spec *s, int u, size_t start, size_t count,
+                          float *param, const float *grad, float *m, float *v,
+                          const struct fsdp_adamw_params *hp, float grad_scale);
+
+/* Bytes of saved activations for the current checkpoint flags. */
+size_t fsdp_gpt2_activation_bytes(const struct fsdp_gpt2 *m);
+/* Bytes of activation gradients and scratch. */
+size_t fsdp_gpt2_workspace_bytes(const struct fsdp_gpt2 *m);
+
+/*
+ * Training FLOPs per token at sequence length T (doc/model.md):
+ *   6 N + 12 L C T
+ * N = parameters that take part in matrix products: every parameter except
+ * wpe (and wte when untied, whose lookup is not a product); the attention
+ * term counts QK^T and PV at full T (fwd 4 L C T, bwd twice that), as
+ * PaLM, nanoGPT and llm.c do.
+ */
+double fsdp_gpt2_flops_per_token(const struct fsdp_gpt2_spec *s, int T);
+
+#endif

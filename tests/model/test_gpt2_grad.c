@@ -1,0 +1,431 @@
+/*
+ * test_gpt2_grad.c - the whole GPT-2 model on a tiny config (V=32, T=8, L=2,
+ * NH=2, C=16), tied and untied:
+ *   - loss against an independent double-precision reference model built
+ *     from the parameter names (HF GPT-2 semantics), full and smaller batch;
+ *   - the loss gradient against central differences of that reference for
+ *     a sample of elements of every parameter tensor;
+ *   - activation checkpointing (all, some, none) bit-identical;
+ *   - gradient accumulation, the loss seed (divisor) and the ordering and
+ *     input errors of the unit API;
+ *   - deterministic init independent of how it is split (shards of any
+ *     world size), and the per-parameter weight decay of adamw_range.
+ */
+#include "config.h"
+#include "model/gpt2.h"
+#include "core/error.h"
+#include "tests/kernels/ref_kernels.h"
+#include "tests/tap.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TB 2
+#define TT 8
+
+static uint64_t rng = 0x243F6A8885A308D3ULL;
+
+struct bufs {
+    int n;
+    float **p, **g;  /* (n,) unit params and grads */
+    double **pd;     /* (n,) double copies of params for the reference */
+};
+
+static void bufs_alloc(struct bufs *b, const struct fsdp_gpt2_spec *s)
+{
+    b->n = s->n_units;
+    b->p = calloc((size_t)b->n, sizeof(float *));
+    b->g = calloc((size_t)b->n, sizeof(float *));
+    b->pd = calloc((size_t)b->n, sizeof(double *));
+    for (int u = 0; u < b->n; u++) {
+        b->p[u] = calloc(s->unit_numel[u], sizeof(float));
+        b->g[u] = calloc(s->unit_numel[u], sizeof(float));
+        b->pd[u] = calloc(s->unit_numel[u], sizeof(double));
+    }
+}
+
+static void bufs_free(struct bufs *b)
+{
+    for (int u = 0; u < b->n; u++) free(b->p[u]), free(b->g[u]), free(b->pd[u]);
+    free(b->p), free(b->g), free(b->pd);
+}
+
+// ----------------------------------------------------------------------------
+// double-precision reference model, addressed by parameter name
+
+static double *P(const struct fsdp_gpt2_spec *s, double *const *units, const char *name)
+{
+    long i = fsdp_gpt2_spec_find(s, name);
+    if (i < 0) {
+        fprintf(stderr, "reference: no parameter %s\n", name);
+        abort();
+    }
+    return units[s->params[i].unit] + s->params[i].offset;
+}
+
+static double ref_gpt2_loss(const struct fsdp_gpt2_spec *s, double *const *u, const int32_t *tok,
+                            const int32_t *tgt, int B, int T, int32_t ignore)
+{
+    const struct fsdp_gpt2_config *c = &s->cfg;
+    size_t BT = (size_t)B * T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
+    double *x = malloc(BT * C * sizeof(double)), *ln = malloc(BT * C * sizeof(double));
+    double *qkv = malloc(BT * 3 * C * sizeof(double)), *y = malloc(BT * C * sizeof(double));
+    double *fc = malloc(BT * 4 * C * sizeof(double)), *gl = malloc(BT * 4 * C * sizeof(double));
+    double *proj = malloc(BT * C * sizeof(double)), *logits = malloc(BT * V * sizeof(double));
+    char n1[64], n2[64];
+    ref_encoder(x, tok, P(s, u, "wte.weight"), P(s, u, "wpe.weight"), B, T, (int)C);
+    for (int l = 0; l < c->n_layer; l++) {
+#define W(suffix) (snprintf(n1, sizeof(n1), "h.%d.%s.weight", l, suffix), P(s, u, n1))
+#define Bi(suffix) (snprintf(n2, sizeof(n2), "h.%d.%s.bias", l, suffix), P(s, u, n2))
+        ref_layernorm(ln, x, W("ln_1"), Bi("ln_1"), BT, C, c->ln_eps);
+        ref_matmul(qkv, ln, W("attn.c_attn"), Bi("attn.c_attn"), BT, C, 3 * C);
+        ref_attention(y, qkv, B, T, (int)C, c->n_head);
+        ref_matmul(proj, y, W("attn.c_proj"), Bi("attn.c_proj"), BT, C, C);
+        for (size_t i = 0; i < BT * C; i++) x[i] += proj[i];
+        ref_layernorm(ln, x, W("ln_2"), Bi("ln_2"), BT, C, c->ln_eps);
+        ref_matmul(fc, ln, W("mlp.c_fc"), Bi("mlp.c_fc"), BT, C, 4 * C);
+        ref_gelu(gl, fc, BT * 4 * C);
+        ref_matmul(proj, gl, W("mlp.c_proj"), Bi("mlp.c_proj"), BT, 4 * C, C);
+        for (size_t i = 0; i < BT * C; i++) x[i] += proj[i];
+#undef W
+#undef Bi
+    }
+    ref_layernorm(ln, x, P(s, u, "ln_f.weight"), P(s, u, "ln_f.bias"), BT, C, c->ln_eps);
+    ref_matmul(logits, ln, P(s, u, c->tied ? "wte.weight" : "lm_head.weight"), NULL, BT, C, V);
+    double loss = ref_crossentropy(logits, tgt, BT, V, ignore);
+    free(x), free(ln), free(qkv), free(y), free(fc), free(gl), free(proj), free(logits);
+    return loss;
+}
+
+// ----------------------------------------------------------------------------
+
+static struct fsdp_gpt2_spec *make_spec(int tied)
+{
+    struct fsdp_gpt2_config cfg = {.vocab_size = 32, .context = TT, .n_layer = 2, .n_head = 2,
+                                   .n_embd = 16, .ln_eps = 1e-5f, .tied = tied};
+    struct fsdp_gpt2_spec *s = NULL;
+    if (fsdp_gpt2_spec_create(&cfg, &s) < 0) {
+        fprintf(stderr, "spec: %s\n", fsdp_err_msg());
+        abort();
+    }
+    return s;
+}
+
+/* init, then perturb every element so biases and norms are not trivial */
+static void fill_params(const struct fsdp_gpt2_spec *s, struct bufs *b)
+{
+    fsdp_gpt2_init_params(s, 1234, b->p);
+    for (int u = 0; u < b->n; u++) {
+        for (size_t i = 0; i < s->unit_numel[u]; i++) {
+            b->p[u][i] += (float)(0.1 * ref_rand(&rng));
+            b->pd[u][i] = b->p[u][i];
+        }
+    }
+}
+
+static int run_step(struct fsdp_gpt2 *m, struct bufs *b, const int32_t *tok, const int32_t *tgt,
+                    int B, int T, float *loss)
+{
+    for (int u = 0; u < b->n; u++) fsdp_gpt2_set_unit(m, u, b->p[u], b->g[u]);
+    FSDP_CHECK(fsdp_gpt2_zero_grad(m, -1));
+    FSDP_CHECK(fsdp_gpt2_forward(m, tok, tgt, B, T, loss));
+    return fsdp_gpt2_backward(m);
+}
+
+/* copies of all grads, for bit comparisons */
+static float **snap(const struct fsdp_gpt2_spec *s, struct bufs *b)
+{
+    float **c = calloc((size_t)b->n, sizeof(float *));
+    for (int u = 0; u < b->n; u++) {
+        c[u] = malloc(s->unit_numel[u] * sizeof(float));
+        memcpy(c[u], b->g[u], s->unit_numel[u] * sizeof(float));
+    }
+    return c;
+}
+
+static size_t diff_bits(const struct fsdp_gpt2_spec *s, float **a, float **b, float mul)
+{
+    size_t bad = 0;
+    for (int u = 0; u < s->n_units; u++) {
+        for (size_t i = 0; i < s->unit_numel[u]; i++) {
+            float want = a[u][i] * mul;
+            bad += memcmp(&want, &b[u][i], sizeof(float)) != 0;
+        }
+    }
+    return bad;
+}
+
+static void free_snap(const struct fsdp_gpt2_spec *s, float **c)
+{
+    for (int u = 0; u < s->n_units; u++) free(c[u]);
+    free(c);
+}
+
+static void test_model(int tied)
+{
+    struct fsdp_gpt2_spec *s = make_spec(tied);
+    struct bufs b;
+    bufs_alloc(&b, s);
+    fill_params(s, &b);
+    int32_t tok[TB * TT], tgt[TB * TT];
+    for (int i = 0; i < TB * TT; i++) {
+        tok[i] = (int32_t)((ref_rand(&rng) + 1.0) * 16.0) % 32;
+        tgt[i] = i % 5 == 3 ? -1 : (int32_t)((ref_rand(&rng) + 1.0) * 16.0) % 32;
+    }
+    struct fsdp_gpt2 *m = NULL;
+    int rc = fsdp_gpt2_create(s, TB, TT, &m);
+    tap_ok(rc == 0, "%s: create (B=%d T=%d)", tied ? "tied" : "untied", TB, TT);
+    float loss = 0;
+    rc = run_step(m, &b, tok, tgt, TB, TT, &loss);
+    double want = ref_gpt2_loss(s, b.pd, tok, tgt, TB, TT, -1);
+    tap_ok(rc == 0 && fabs(loss - want) <= 2e-6 * fabs(want),
+           "%s: loss %.8f vs double reference %.8f (rc %d, %zu kept tokens)", tied ? "tied" : "untied",
+           (double)loss, want, rc, m->n_kept);
+
+    /* finite differences of the reference, a sample of every tensor */
+    double worst_norm = 0;
+    for (size_t pi = 0; pi < s->n_params; pi++) {
+        const struct fsdp_param_spec *p = &s->params[pi];
+        size_t idx[8] = {0, p->numel - 1};
+        for (int k = 2; k < 8; k++) idx[k] = (size_t)((ref_rand(&rng) + 1.0) * 0.5 * (double)p->numel) % p->numel;
+        double fd[8], scale = 0, max_abs = 0, max_rel = 0;
+        float got[8];
+        size_t worst = 0;
+        for (int k = 0; k < 8; k++) {
+            double *x = b.pd[p->unit] + p->offset + idx[k];
+            double save = *x, h = 1e-5;
+            *x = save + h;
+            double lp = ref_gpt2_loss(s, b.pd, tok, tgt, TB, TT, -1);
+            *x = save - h;
+            double lm = ref_gpt2_loss(s, b.pd, tok, tgt, TB, TT, -1);
+            *x = save;
+            fd[k] = (lp - lm) / (2 * h);
+            got[k] = b.g[p->unit][p->offset + idx[k]];
+            scale = fabs(fd[k]) > scale ? fabs(fd[k]) : scale;
+        }
+        for (int k = 0; k < 8; k++) {
+            double e = fabs((double)got[k] - fd[k]);
+            if (e > max_abs || isnan(e)) max_abs = isnan(e) ? INFINITY : e, worst = idx[k];
+            if (fabs(fd[k]) > 1e-3 * scale && e / fabs(fd[k]) > max_rel) max_rel = e / fabs(fd[k]);
+        }
+        double norm = max_abs / (scale + 1e-7);
+        worst_norm = norm > worst_norm ? norm : worst_norm;
+        tap_ok(max_abs <= 1e-3 * scale + 1e-7,
+               "%s: d loss/d %s: max abs err %.3g (max |grad| %.3g), max rel err %.3g, worst element %zu",
+               tied ? "tied" : "untied", p->name, max_abs, scale, max_rel, worst);
+    }
+    tap_diag("%s: worst gradient error relative to its tensor's max |grad|: %.3g",
+             tied ? "tied" : "untied", worst_norm);
+
+    /* checkpointing: all blocks, then only block 1, must give the same bits */
+    float **g0 = snap(s, &b);
+    size_t full_bytes = fsdp_gpt2_activation_bytes(m);
+    for (int mode = 0; mode < 2; mode++) {
+        fsdp_gpt2_set_checkpoint(m, -1, 0);
+        fsdp_gpt2_set_checkpoint(m, mode == 0 ? -1 : 1, 1);
+        size_t bytes = fsdp_gpt2_activation_bytes(m);
+        float l2 = 0;
+        rc = run_step(m, &b, tok, tgt, TB, TT, &l2);
+        size_t bad = diff_bits(s, g0, b.g, 1.0f);
+        /* with L = 2 one checkpointed block costs the shared set: no saving there */
+        int smaller = mode == 0 ? bytes < full_bytes : bytes <= full_bytes;
+        tap_ok(rc == 0 && bad == 0 && memcmp(&l2, &loss, sizeof(float)) == 0 && smaller,
+               "%s: checkpointing %s: gradients and loss bit-identical (%zu differ), activations "
+               "%zu -> %zu bytes",
+               tied ? "tied" : "untied", mode == 0 ? "every block" : "block 1", bad, full_bytes, bytes);
+    }
+    fsdp_gpt2_set_checkpoint(m, -1, 0);
+
+    /* accumulation: a second backward without zeroing doubles the gradients
+     * (to rounding: per-row accumulations add in another order) */
+    run_step(m, &b, tok, tgt, TB, TT, &loss);
+    rc = fsdp_gpt2_forward(m, tok, tgt, TB, TT, NULL);
+    rc = rc ? rc : fsdp_gpt2_backward(m);
+    double acc_err = 0;
+    for (int u = 0; u < s->n_units; u++) {
+        double gmax = 0;
+        for (size_t i = 0; i < s->unit_numel[u]; i++) gmax = fmax(gmax, fabs(2.0 * g0[u][i]));
+        for (size_t i = 0; i < s->unit_numel[u]; i++) {
+            double e = fabs((double)b.g[u][i] - 2.0 * g0[u][i]) / gmax;
+            acc_err = e > acc_err || isnan(e) ? e : acc_err;
+        }
+    }
+    tap_ok(rc == 0 && acc_err < 1e-6,
+           "%s: a second backward accumulates (max err vs 2x, relative to the unit's max, %.3g)",
+           tied ? "tied" : "untied", acc_err);
+
+    /* the loss seed: divisor 2 * n_kept halves every gradient exactly */
+    fsdp_gpt2_set_loss_seed(m, 2.0 * (double)m->n_kept, 1.0f);
+    rc = run_step(m, &b, tok, tgt, TB, TT, &loss);
+    tap_ok(rc == 0 && diff_bits(s, g0, b.g, 0.5f) == 0,
+           "%s: loss seed divisor 2*n_kept halves the gradients exactly", tied ? "tied" : "untied");
+    fsdp_gpt2_set_loss_seed(m, 0.0, 1.0f);
+
+    /* a smaller batch inside the same model */
+    rc = fsdp_gpt2_forward(m, tok + 3, tgt + 3, 1, 5, &loss);
+    want = ref_gpt2_loss(s, b.pd, tok + 3, tgt + 3, 1, 5, -1);
+    tap_ok(rc == 0 && fabs(loss - want) <= 2e-6 * fabs(want),
+           "%s: smaller batch (1 x 5): loss %.8f vs reference %.8f", tied ? "tied" : "untied",
+           (double)loss, want);
+    free_snap(s, g0);
+    fsdp_gpt2_destroy(m);
+    bufs_free(&b);
+    fsdp_gpt2_spec_destroy(s);
+}
+
+static void test_errors(void)
+{
+    struct fsdp_gpt2_spec *s = make_spec(1);
+    struct bufs b;
+    bufs_alloc(&b, s);
+    fill_params(s, &b);
+    struct fsdp_gpt2 *m = NULL;
+    int rc;
+    int32_t tok[TB * TT] = {0}, tgt[TB * TT] = {0};
+    rc = fsdp_gpt2_create(s, 1, TT + 1, &m);
+    tap_ok(rc == FSDP_ERR_INVALID, "create with T > context fails: %s",
+           fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_gpt2_create(s, TB, TT, &m);
+    rc = fsdp_gpt2_forward(m, tok, tgt, TB, TT, NULL);
+    tap_ok(rc == FSDP_ERR_INVALID,
+           "forward without unit buffers fails: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    for (int u = 0; u < b.n; u++) fsdp_gpt2_set_unit(m, u, b.p[u], b.g[u]);
+    tok[5] = 32;
+    rc = fsdp_gpt2_forward(m, tok, tgt, TB, TT, NULL);
+    tap_ok(rc == FSDP_ERR_INVALID, "token 32 (V=32) rejected: %s",
+           fsdp_err_msg());
+    fsdp_err_clear();
+    tok[5] = 1;
+    tgt[7] = -5;
+    rc = fsdp_gpt2_forward(m, tok, tgt, TB, TT, NULL);
+    tap_ok(rc == FSDP_ERR_INVALID, "target -5 rejected: %s",
+           fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_gpt2_set_ignore_index(m, -5);
+    rc = fsdp_gpt2_forward(m, tok, tgt, TB, TT, NULL);
+    tap_ok(rc == 0, "target -5 accepted with ignore index -5");
+    fsdp_gpt2_set_ignore_index(m, -1);
+    tgt[7] = 0;
+    rc = fsdp_gpt2_forward(m, tok, tgt, TB + 1, TT, NULL);
+    tap_ok(rc == FSDP_ERR_INVALID,
+           "batch larger than the model's rejected: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_gpt2_forward(m, tok, NULL, TB, TT, NULL);
+    rc = fsdp_gpt2_backward_unit(m, b.n - 1);
+    tap_ok(rc == FSDP_ERR_INVALID,
+           "backward after a forward without targets fails: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_gpt2_set_batch(m, tok, tgt, TB, TT);
+    rc = fsdp_gpt2_forward_unit(m, 2);
+    tap_ok(rc == FSDP_ERR_INVALID, "forward of unit 2 before unit 1 fails: %s",
+           fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_gpt2_forward(m, tok, tgt, TB, TT, NULL);
+    rc = fsdp_gpt2_backward_unit(m, 0);
+    tap_ok(rc == FSDP_ERR_INVALID, "backward out of order fails: %s",
+           fsdp_err_msg());
+    fsdp_err_clear();
+    rc = fsdp_gpt2_set_checkpoint(m, 0, 1);
+    tap_ok(rc == FSDP_ERR_INVALID,
+           "changing checkpointing between forward and backward fails: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_gpt2_set_unit(m, 0, b.p[0], NULL);
+    rc = fsdp_gpt2_backward_unit(m, b.n - 1);
+    tap_ok(rc == FSDP_ERR_INVALID && m->bwd_next == b.n - 1, "tied head backward refuses to run without unit 0's gradient: %s",
+           fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_gpt2_destroy(m);
+    bufs_free(&b);
+    fsdp_gpt2_spec_destroy(s);
+}
+
+static void test_init(void)
+{
+    struct fsdp_gpt2_spec *s = make_spec(1), *su = make_spec(0);
+    struct bufs a, b, c;
+    bufs_alloc(&a, s), bufs_alloc(&b, s), bufs_alloc(&c, su);
+    fsdp_gpt2_init_params(s, 42, a.p);
+    /* FSDP-style shards: ceil(numel / ws) per rank, the last one short */
+    size_t bad = 0;
+    for (int ws = 1; ws <= 5; ws++) {
+        for (int u = 0; u < s->n_units; u++) {
+            size_t n = s->unit_numel[u], per = (n + (size_t)ws - 1) / (size_t)ws;
+            memset(b.p[u], 0xff, n * sizeof(float));
+            for (int r = 0; r < ws; r++) {
+                size_t lo = (size_t)r * per < n ? (size_t)r * per : n;
+                size_t hi = lo + per < n ? lo + per : n;
+                if (fsdp_gpt2_init_range(s, 42, u, lo, hi - lo, b.p[u] + lo) < 0) bad++;
+            }
+            bad += memcmp(a.p[u], b.p[u], n * sizeof(float)) != 0;
+        }
+    }
+    tap_ok(bad == 0, "init of shards for world sizes 1..5 equals the single-rank init (%zu differ)", bad);
+    fsdp_gpt2_init_params(su, 42, c.p);
+    tap_ok(memcmp(a.p[0], c.p[0], s->unit_numel[0] * sizeof(float)) == 0 &&
+               memcmp(a.p[1], c.p[1], s->unit_numel[1] * sizeof(float)) == 0,
+           "init of a parameter does not depend on the rest of the table (tied vs untied)");
+    fsdp_gpt2_init_params(s, 43, b.p);
+    tap_ok(memcmp(a.p[0], b.p[0], 64) != 0, "another seed gives other values");
+    /* statistics: wte ~ N(0, 0.02), c_proj ~ N(0, 0.02 / sqrt(2L)), norms 1, biases 0 */
+    const struct { const char *name; double std; } chk[] = {
+        {"wte.weight", 0.02}, {"h.0.attn.c_proj.weight", 0.01}, {"h.1.mlp.c_fc.weight", 0.02}};
+    for (size_t k = 0; k < sizeof(chk) / sizeof(chk[0]); k++) {
+        const struct fsdp_param_spec *p = &s->params[fsdp_gpt2_spec_find(s, chk[k].name)];
+        const float *x = a.p[p->unit] + p->offset;
+        double m = 0, v = 0;
+        for (size_t i = 0; i < p->numel; i++) m += x[i];
+        m /= (double)p->numel;
+        for (size_t i = 0; i < p->numel; i++) v += (x[i] - m) * (x[i] - m);
+        double sd = sqrt(v / (double)p->numel);
+        tap_ok(fabs(sd / chk[k].std - 1.0) < 0.15 && fabs(m) < 4 * chk[k].std / sqrt((double)p->numel),
+               "init %s: mean %.2g std %.4g (want 0, %.4g)", chk[k].name, m, sd, chk[k].std);
+    }
+    const struct fsdp_param_spec *lw = &s->params[fsdp_gpt2_spec_find(s, "h.1.ln_2.weight")];
+    const struct fsdp_param_spec *lb = &s->params[fsdp_gpt2_spec_find(s, "h.1.ln_2.bias")];
+    tap_ok(a.p[lw->unit][lw->offset] == 1.0f && a.p[lw->unit][lw->offset + 15] == 1.0f &&
+               a.p[lb->unit][lb->offset + 3] == 0.0f,
+           "init: layer-norm weights 1, biases 0");
+    int rc = fsdp_gpt2_init_range(s, 42, 0, 10, s->unit_numel[0], a.p[0]);
+    tap_ok(rc == FSDP_ERR_INVALID,
+           "init range past the unit's end rejected: %s", fsdp_err_msg());
+    fsdp_err_clear();
+
+    /* adamw_range: with zero moments and zero gradients only decay moves parameters */
+    int u = 1;
+    size_t n = s->unit_numel[u];
+    float *g = calloc(n, sizeof(float)), *mm = calloc(n, sizeof(float)), *vv = calloc(n, sizeof(float));
+    memcpy(b.p[u], a.p[u], n * sizeof(float));
+    struct fsdp_adamw_params hp = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                   .weight_decay = 0.5f, .step = 1};
+    /* in two pieces that split a parameter, as two shards would */
+    size_t cut = s->params[s->unit_first[u] + 2].offset + 7;
+    fsdp_gpt2_adamw_range(s, u, 0, cut, b.p[u], g, mm, vv, &hp, 1.0f);
+    fsdp_gpt2_adamw_range(s, u, cut, n - cut, b.p[u] + cut, g + cut, mm + cut, vv + cut, &hp, 1.0f);
+    bad = 0;
+    for (size_t pi = s->unit_first[u]; pi < s->n_params && s->params[pi].unit == u; pi++) {
+        const struct fsdp_param_spec *p = &s->params[pi];
+        float f = p->decay ? (float)(1.0 - 0.1 * 0.5) : 1.0f;
+        for (size_t i = p->offset; i < p->offset + p->numel; i++) bad += b.p[u][i] != a.p[u][i] * f;
+    }
+    tap_ok(bad == 0, "adamw_range decays exactly the 2-D weights, across a split (%zu wrong)", bad);
+    free(g), free(mm), free(vv);
+
+    double f = fsdp_gpt2_flops_per_token(s, TT);
+    double N = 2 * 12.0 * 16 * 16 + 32 * 16 + 2 * (4 * 16 + 3 * 16 + 16 + 4 * 16 + 16) + 2 * 16;
+    tap_ok(fabs(f - (6 * N + 12.0 * 2 * 16 * TT)) < 0.5, "flops per token %.0f (6N + 12LCT, N=%.0f)", f, N);
+    bufs_free(&a), bufs_free(&b), bufs_free(&c);
+    fsdp_gpt2_spec_destroy(s);
+    fsdp_gpt2_spec_destroy(su);
+}
+
+int main(void)
+{
+    test_model(1);
+    test_model(0);
+    test_errors();
+    test_init();
+    return tap_done();
+}
