@@ -4,7 +4,7 @@
 #
 #   ./quickstart.sh demo    install what is missing, build, train the tiny
 #                           built-in model on a corpus made from this source
-#                           tree (2 ranks), then print a sample
+#                           tree, then print a sample
 #   ./quickstart.sh test    install what is missing, build, run `make check`
 #                           and print "N passed, N failed, N skipped"
 #   ./quickstart.sh build   install and build only
@@ -48,27 +48,37 @@ build() {
     cd "$SRC"
 }
 
+# Adds up automake's test-suite.log counts (every TAP line is one test).
 summary() {
-    log="$BUILD_DIR/test-suite.log"
-    if [ ! -f "$log" ]; then
-        echo "quickstart: no test-suite.log: the test run did not start" >&2
-        echo "0 passed, 1 failed"
-        return 1
-    fi
-    pass=$(sed -n 's/^# PASS: *//p' "$log" | head -n 1)
-    fail=$(sed -n 's/^# FAIL: *//p' "$log" | head -n 1)
-    err=$(sed -n 's/^# ERROR: *//p' "$log" | head -n 1)
-    xpass=$(sed -n 's/^# XPASS: *//p' "$log" | head -n 1)
-    xfail=$(sed -n 's/^# XFAIL: *//p' "$log" | head -n 1)
-    skip=$(sed -n 's/^# SKIP: *//p' "$log" | head -n 1)
-    passed=$(( ${pass:-0} + ${xfail:-0} ))
-    failed=$(( ${fail:-0} + ${err:-0} + ${xpass:-0} ))
-    # failing tests' logs, so CI output shows why
-    if [ "$failed" -ne 0 ]; then
-        grep -E '^(FAIL|ERROR|XPASS):' "$log" | head -n 50 || true
-    fi
-    echo "${passed} passed, ${failed} failed, ${skip:-0} skipped"
+    passed=0 failed=0 skipped=0
+    for log in "$@"; do
+        if [ ! -f "$log" ]; then
+            echo "quickstart: $log missing: that test run did not start" >&2
+            failed=$((failed + 1))
+            continue
+        fi
+        count() { v=$(sed -n "s/^# $1: *//p" "$log" | head -n 1); echo "${v:-0}"; }
+        passed=$((passed + $(count PASS) + $(count XFAIL)))
+        failed=$((failed + $(count FAIL) + $(count ERROR) + $(count XPASS)))
+        skipped=$((skipped + $(count SKIP)))
+    done
+    echo "${passed} passed, ${failed} failed, ${skipped} skipped"
     [ "$failed" -eq 0 ]
+}
+
+# Tests that feed bad files and flags to the programs, rebuilt under
+# AddressSanitizer/UBSan: a crash or a leak there fails the run.
+SAN_TESTS="tests/io/test_model_file tests/io/test_tokens tests/io/test_ckpt_tool.sh tests/io/test_data_tool.sh"
+sanitizer_check() {
+    san="$BUILD_DIR-asan"
+    mkdir -p "$san"
+    cd "$san"
+    [ -f Makefile ] || "$SRC/configure" -q --enable-asan --disable-native CFLAGS="-g -O1"
+    rc=0
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        make -j"$JOBS" check TESTS="$SAN_TESTS" >"$san/check.out" 2>&1 || rc=$?
+    cd "$SRC"
+    return $rc
 }
 
 case "${1:-}" in
@@ -83,8 +93,17 @@ test)
     cd "$BUILD_DIR"
     rc=0
     make -j"$JOBS" check >"$BUILD_DIR/check.out" 2>&1 || rc=$?
-    grep -E '^(PASS|FAIL|ERROR|SKIP|XFAIL|XPASS):' "$BUILD_DIR/check.out" | grep -v '^PASS' | head -n 200 || true
-    summary || rc=1
+    cd "$SRC"
+    sanitizer_check || rc=1
+    # what did not pass, with the failing checks' own lines
+    for out in "$BUILD_DIR/check.out" "$BUILD_DIR-asan/check.out"; do
+        grep -E '^(FAIL|ERROR|SKIP|XPASS):' "$out" 2>/dev/null | head -n 100 || true
+    done
+    for log in $(grep -l -E '^(FAIL|ERROR)' "$BUILD_DIR"/tests/*/*.log "$BUILD_DIR-asan"/tests/*/*.log 2>/dev/null | head -n 10); do
+        echo "---- $log"
+        tail -n 30 "$log"
+    done
+    summary "$BUILD_DIR/test-suite.log" "$BUILD_DIR-asan/test-suite.log" || rc=1
     exit $rc
     ;;
 build)

@@ -1,0 +1,187 @@
+/*
+ * metrics.c - step lines, the JSONL metrics file, peak memory, and the
+ * sgemm probe of peak FLOP/s. Rank 0 alone prints and writes; the numbers
+ * are already global.
+ */
+#include "config.h"
+#include "train/metrics.h"
+#include "core/error.h"
+#include "core/util.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+struct fsdp_metrics {
+    FILE *fp; /* JSONL file, or NULL */
+    char path[1024];
+};
+
+int fsdp_metrics_open(const char *path, struct fsdp_metrics **out)
+{
+    struct fsdp_metrics *m = calloc(1, sizeof(*m));
+    if (!m) {
+        return fsdp_err(FSDP_ERR_NOMEM, "metrics");
+    }
+    if (path && path[0]) {
+        snprintf(m->path, sizeof(m->path), "%s", path);
+        m->fp = fopen(path, "a");
+        if (!m->fp) {
+            int e = errno;
+            free(m);
+            return fsdp_err(FSDP_ERR_IO, "metrics file %s: %s", path, strerror(e));
+        }
+    }
+    *out = m;
+    return 0;
+}
+
+void fsdp_metrics_close(struct fsdp_metrics *m)
+{
+    if (!m) {
+        return;
+    }
+    if (m->fp) {
+        fclose(m->fp);
+    }
+    free(m);
+}
+
+static int ndigits(long v)
+{
+    int n = 1;
+    while (v >= 10) {
+        v /= 10;
+        n++;
+    }
+    return n;
+}
+
+void fsdp_metrics_format_step(const struct fsdp_step_stats *s, char *buf, size_t len)
+{
+    char mfu[32];
+    if (s->mfu >= 0.0 && isfinite(s->mfu)) {
+        snprintf(mfu, sizeof(mfu), "%.1f%%", s->mfu);
+    } else {
+        snprintf(mfu, sizeof(mfu), "n/a");
+    }
+    snprintf(buf, len,
+             "step %*ld/%ld | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | mfu %s | mem %.0f MiB",
+             ndigits(s->steps), s->step, s->steps, s->loss, s->grad_norm, s->lr, s->ms,
+             s->tokens_per_s, mfu, s->mem_mib);
+}
+
+/* A JSON number, or null for NaN/Inf (JSON has no such numbers). */
+static void json_num(FILE *fp, const char *key, double v, int first)
+{
+    if (isfinite(v)) {
+        fprintf(fp, "%s\"%s\":%.9g", first ? "" : ",", key, v);
+    } else {
+        fprintf(fp, "%s\"%s\":null", first ? "" : ",", key);
+    }
+}
+
+static int metrics_flush(struct fsdp_metrics *m)
+{
+    if (fflush(m->fp) != 0 || ferror(m->fp)) {
+        return fsdp_err(FSDP_ERR_IO, "metrics file %s: write failed: %s", m->path,
+                        strerror(errno));
+    }
+    return 0;
+}
+
+int fsdp_metrics_step(struct fsdp_metrics *m, const struct fsdp_step_stats *s, int print)
+{
+    if (print) {
+        char line[256];
+        fsdp_metrics_format_step(s, line, sizeof(line));
+        printf("%s\n", line);
+        fflush(stdout);
+    }
+    if (!m->fp) {
+        return 0;
+    }
+    fprintf(m->fp, "{\"step\":%ld", s->step);
+    json_num(m->fp, "loss", s->loss, 0);
+    json_num(m->fp, "grad_norm", s->grad_norm, 0);
+    json_num(m->fp, "lr", s->lr, 0);
+    json_num(m->fp, "ms", s->ms, 0);
+    json_num(m->fp, "tokens_per_s", s->tokens_per_s, 0);
+    json_num(m->fp, "mfu", s->mfu >= 0.0 ? s->mfu : NAN, 0);
+    json_num(m->fp, "mem_mib", s->mem_mib, 0);
+    json_num(m->fp, "tokens", s->tokens, 0);
+    fprintf(m->fp, "}\n");
+    return metrics_flush(m);
+}
+
+int fsdp_metrics_val(struct fsdp_metrics *m, long step, long steps, double val_loss, long batches)
+{
+    printf("val  %*ld/%ld | val loss %.4f | %ld batches\n", ndigits(steps), step, steps, val_loss,
+           batches);
+    fflush(stdout);
+    if (!m->fp) {
+        return 0;
+    }
+    fprintf(m->fp, "{\"step\":%ld", step);
+    json_num(m->fp, "val_loss", val_loss, 0);
+    fprintf(m->fp, "}\n");
+    return metrics_flush(m);
+}
+
+double fsdp_peak_rss_mib(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) {
+        return NAN;
+    }
+    return (double)ru.ru_maxrss / 1024.0; /* Linux reports KiB */
+}
+
+// ----------------------------------------------------------------------------
+// peak FLOP/s probe
+//
+// What BLAS reaches on a large square product with one thread, scaled by the
+// thread count: an upper bound that the model's smaller, skinnier matmuls
+// approach but rarely reach, which is what MFU should be measured against.
+
+#define PROBE_N 1024
+#define PROBE_REPS 3
+
+int fsdp_probe_peak_flops(int threads, double *flops, char *method, size_t method_len)
+{
+    const size_t n = PROBE_N, bytes = n * n * sizeof(float);
+    float *a = fsdp_alloc(bytes), *b = fsdp_alloc(bytes), *c = fsdp_alloc(bytes);
+    int rc = 0;
+    if (!a || !b || !c) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "sgemm probe: %zu bytes", 3 * bytes);
+        goto out;
+    }
+    for (size_t i = 0; i < n * n; i++) {
+        /* small values in [-0.5, 0.5): no denormals, no overflow */
+        a[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+        b[i] = (float)((i * 40503u) % 1000) * 1e-3f - 0.5f;
+    }
+    openblas_set_num_threads(1);
+    double best = 1e30;
+    for (int r = 0; r <= PROBE_REPS; r++) { /* r == 0 warms up */
+        double t0 = fsdp_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)n, 1.0f, a,
+                    (int)n, b, (int)n, 0.0f, c, (int)n);
+        double dt = fsdp_now() - t0;
+        if (r > 0 && dt < best) {
+            best = dt;
+        }
+    }
+    openblas_set_num_threads(threads);
+    *flops = 2.0 * (double)n * (double)n * (double)n / best * (double)threads;
+    snprintf(method, method_len, "sgemm %zu^3 probe, best of %d, 1 thread x %d", n, PROBE_REPS,
+             threads);
+out:
+    fsdp_free(a);
+    fsdp_free(b);
+    fsdp_free(c);
+    return rc;
+}

@@ -1,0 +1,57 @@
+/*
+ * metrics.h - what a training step reports: the step line on stdout
+ * (llm.c / torchtitan style), the JSONL metrics file, peak memory, and the
+ * sgemm probe that estimates peak FLOP/s for MFU when none is given.
+ *
+ *   step  10/200 | loss 3.4512 | norm 1.2300 | lr 3.00e-04 | 45.1 ms | 22690 tok/s | mfu 61.2% | mem 123 MiB
+ *
+ * JSONL lines (one object each, flushed as written):
+ *   {"step":10,"loss":3.4512,"grad_norm":1.23,"lr":0.0003,"ms":45.1,
+ *    "tokens_per_s":22690,"mfu":61.2,"mem_mib":123,"tokens":81920}
+ *   {"step":10,"val_loss":3.3011}
+ * mfu is a percentage; a value that is not finite is written as null.
+ */
+#ifndef FSDP_TRAIN_METRICS_H
+#define FSDP_TRAIN_METRICS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+struct fsdp_step_stats {
+    long step;           /* 1-based */
+    long steps;          /* planned total */
+    double loss;         /* mean over every token of the global batch */
+    double grad_norm;    /* global L2 norm before clipping */
+    double lr;
+    double ms;           /* wall time of the step */
+    double tokens_per_s; /* global: all ranks */
+    double mfu;          /* percent of peak; negative when unknown */
+    double mem_mib;      /* peak resident memory of this process */
+    double tokens;       /* global tokens consumed so far */
+};
+
+struct fsdp_metrics;
+
+/* path NULL or "": no file, step lines only. The file is appended to. */
+int fsdp_metrics_open(const char *path, struct fsdp_metrics **out);
+void fsdp_metrics_close(struct fsdp_metrics *m);
+
+/* Formats the step line (no newline). */
+void fsdp_metrics_format_step(const struct fsdp_step_stats *s, char *buf, size_t len);
+/* Writes the JSONL record and, when print, the step line on stdout. */
+int fsdp_metrics_step(struct fsdp_metrics *m, const struct fsdp_step_stats *s, int print);
+/* Validation result: a line on stdout and a JSONL record. */
+int fsdp_metrics_val(struct fsdp_metrics *m, long step, long steps, double val_loss,
+                     long batches);
+
+/* Peak resident set size of this process, MiB (getrusage). */
+double fsdp_peak_rss_mib(void);
+
+/*
+ * Estimates this rank's peak FLOP/s: the best of a few single-thread
+ * sgemm runs on 1024^3 (after a warm-up), times threads. BLAS is left at
+ * `threads` threads afterwards. method gets a one-line description.
+ */
+int fsdp_probe_peak_flops(int threads, double *flops, char *method, size_t method_len);
+
+#endif

@@ -1,0 +1,460 @@
+/*
+ * options.c - the table-driven flag and config-file parser (see options.h).
+ * Owns no state: everything lives in the caller's struct fsdp_optset.
+ */
+#include "config.h"
+#include "train/options.h"
+#include "core/error.h"
+#include "core/util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OPT_LINE_MAX 4096
+
+// ----------------------------------------------------------------------------
+// lookup and "did you mean"
+
+long fsdp_opt_find(const struct fsdp_optset *s, const char *name)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        if (strcmp(s->opts[i].name, name) == 0) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+/* Levenshtein distance, capped: names are short. */
+static size_t opt_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    size_t row[64];
+    if (la >= 63 || lb >= 63) {
+        return 64;
+    }
+    for (size_t j = 0; j <= lb; j++) {
+        row[j] = j;
+    }
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (row[j] + 1 < best) {
+                best = row[j] + 1;
+            }
+            if (row[j - 1] + 1 < best) {
+                best = row[j - 1] + 1;
+            }
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static const char *opt_closest(const struct fsdp_optset *s, const char *name)
+{
+    const char *best = NULL;
+    size_t best_d = 4; /* further than 3 edits is no hint */
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->opts[i].flags & FSDP_OPT_HIDDEN) {
+            continue;
+        }
+        size_t d = opt_distance(name, s->opts[i].name);
+        if (d < best_d) {
+            best_d = d;
+            best = s->opts[i].name;
+        }
+    }
+    return best;
+}
+
+// ----------------------------------------------------------------------------
+// values
+
+/* Finds value in "a|b|c"; index or -1. */
+static int opt_choice_index(const char *choices, const char *value)
+{
+    size_t vl = strlen(value);
+    int idx = 0;
+    for (const char *p = choices; *p; idx++) {
+        size_t n = strcspn(p, "|");
+        if (n == vl && strncmp(p, value, n) == 0) {
+            return idx;
+        }
+        p += n;
+        if (*p == '|') {
+            p++;
+        }
+    }
+    return -1;
+}
+
+static void opt_choice_name(const char *choices, int index, char *buf, size_t len)
+{
+    const char *p = choices;
+    for (int i = 0; i < index && *p; i++) {
+        p += strcspn(p, "|");
+        if (*p == '|') {
+            p++;
+        }
+    }
+    snprintf(buf, len, "%.*s", (int)strcspn(p, "|"), p);
+}
+
+int fsdp_opt_set(struct fsdp_optset *s, const char *key, const char *value,
+                 enum fsdp_opt_source src, const char *where)
+{
+    const int flag = src == FSDP_SRC_FLAG;
+    long idx = fsdp_opt_find(s, key);
+    if (idx < 0) {
+        const char *hint = opt_closest(s, key);
+        if (flag && hint) {
+            return fsdp_err(FSDP_ERR_INVALID, "unknown option --%s (did you mean --%s?)", key,
+                            hint);
+        }
+        if (flag) {
+            return fsdp_err(FSDP_ERR_INVALID, "unknown option --%s (see %s --help)", key, s->prog);
+        }
+        if (hint) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s: unknown key '%s' (did you mean '%s'?)", where,
+                            key, hint);
+        }
+        return fsdp_err(FSDP_ERR_INVALID, "%s: unknown key '%s' (see %s --help)", where, key,
+                        s->prog);
+    }
+    const struct fsdp_opt *o = &s->opts[idx];
+    /* what the messages quote: "--lr 'fast'" or "run.cfg:3: lr = 'fast'" */
+    char desc[OPT_LINE_MAX + 64];
+    if (flag) {
+        snprintf(desc, sizeof(desc), "--%s '%.1000s'", key, value);
+    } else {
+        snprintf(desc, sizeof(desc), "%s: %s = '%.1000s'", where, key, value);
+    }
+    if (src == FSDP_SRC_FILE && (o->flags & FSDP_OPT_ARGV_ONLY)) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: '%s' is allowed on the command line only", where,
+                        key);
+    }
+    char *field = (char *)s->base + o->offset;
+    switch (o->type) {
+    case FSDP_OPT_STR: {
+        size_t n = strlen(value);
+        if (n >= o->size) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s%s%s: value is longer than %zu characters",
+                            flag ? "--" : where, flag ? "" : ": ", key, o->size - 1);
+        }
+        memcpy(field, value, n + 1);
+        break;
+    }
+    case FSDP_OPT_INT: {
+        long long v;
+        if (fsdp_parse_long(value, &v) < 0) {
+            fsdp_err_clear();
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not an integer", desc);
+        }
+        if ((double)v < o->min || (double)v > o->max) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s is out of range [%.15g, %.15g]", desc, o->min,
+                            o->max);
+        }
+        long lv = (long)v;
+        memcpy(field, &lv, sizeof(lv));
+        break;
+    }
+    case FSDP_OPT_FLOAT: {
+        double v;
+        if (fsdp_parse_double(value, &v) < 0 || !isfinite(v)) {
+            fsdp_err_clear();
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not a finite number", desc);
+        }
+        if (v < o->min || v > o->max) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s is out of range [%.15g, %.15g]", desc, o->min,
+                            o->max);
+        }
+        memcpy(field, &v, sizeof(v));
+        break;
+    }
+    case FSDP_OPT_CHOICE: {
+        int c = opt_choice_index(o->choices, value);
+        if (c < 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not one of %s", desc, o->choices);
+        }
+        memcpy(field, &c, sizeof(c));
+        break;
+    }
+    }
+    s->source[idx] = (unsigned char)src;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// config file
+
+static char *opt_trim(char *p)
+{
+    while (isspace((unsigned char)*p)) {
+        p++;
+    }
+    size_t n = strlen(p);
+    while (n > 0 && isspace((unsigned char)p[n - 1])) {
+        p[--n] = '\0';
+    }
+    return p;
+}
+
+/* Cuts a comment: '#' at the start or after whitespace, outside quotes. */
+static void opt_cut_comment(char *line)
+{
+    int quoted = 0;
+    for (char *p = line; *p; p++) {
+        if (*p == '"') {
+            quoted = !quoted;
+        } else if (*p == '#' && !quoted && (p == line || isspace((unsigned char)p[-1]))) {
+            *p = '\0';
+            return;
+        }
+    }
+}
+
+int fsdp_opt_load_file(struct fsdp_optset *s, const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    char line[OPT_LINE_MAX];
+    char where[OPT_LINE_MAX + 32];
+    int lineno = 0, rc = 0;
+    if (!fp) {
+        return fsdp_err(FSDP_ERR_IO, "config file %s: %s", path, strerror(errno));
+    }
+    while (fgets(line, sizeof(line), fp)) {
+        lineno++;
+        snprintf(where, sizeof(where), "%s:%d", path, lineno);
+        if (!strchr(line, '\n') && !feof(fp)) {
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: line longer than %d characters", where,
+                          OPT_LINE_MAX - 2);
+            break;
+        }
+        opt_cut_comment(line);
+        char *p = opt_trim(line);
+        if (*p == '\0') {
+            continue;
+        }
+        char *eq = strchr(p, '=');
+        if (!eq) {
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: expected 'key = value', got '%s'", where, p);
+            break;
+        }
+        *eq = '\0';
+        char *key = opt_trim(p);
+        char *value = opt_trim(eq + 1);
+        size_t vl = strlen(value);
+        if (vl >= 2 && value[0] == '"' && value[vl - 1] == '"') {
+            value[vl - 1] = '\0';
+            value++;
+        }
+        if (*key == '\0') {
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: missing key before '='", where);
+            break;
+        }
+        long idx = fsdp_opt_find(s, key);
+        if (idx >= 0 && s->source[idx] == FSDP_SRC_FILE) {
+            rc = fsdp_err(FSDP_ERR_INVALID, "%s: '%s' is set twice in the file", where, key);
+            break;
+        }
+        if ((rc = fsdp_opt_set(s, key, value, FSDP_SRC_FILE, where)) < 0) {
+            break;
+        }
+    }
+    if (rc == 0 && ferror(fp)) {
+        rc = fsdp_err(FSDP_ERR_IO, "config file %s: read error", path);
+    }
+    fclose(fp);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// command line
+
+static int opt_is_help(const char *a)
+{
+    return strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0;
+}
+
+/*
+ * Splits argv[*i] into key and value ("--k=v" or "--k v"), advancing *i
+ * past a separate value. key points into keybuf.
+ */
+static int opt_split(const struct fsdp_optset *s, int argc, char **argv, int *i, char *keybuf,
+                     size_t keylen, const char **value)
+{
+    const char *a = argv[*i];
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+        return fsdp_err(FSDP_ERR_INVALID, "unexpected argument '%s' (options are --key value; see %s --help)",
+                        a, s->prog);
+    }
+    const char *eq = strchr(a + 2, '=');
+    size_t kn = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+    if (kn >= keylen) {
+        return fsdp_err(FSDP_ERR_INVALID, "unknown option %.40s... (see %s --help)", a, s->prog);
+    }
+    memcpy(keybuf, a + 2, kn);
+    keybuf[kn] = '\0';
+    if (eq) {
+        *value = eq + 1;
+        return 0;
+    }
+    if (fsdp_opt_find(s, keybuf) < 0) {
+        return 0; /* reported as unknown by the caller, value or not */
+    }
+    if (*i + 1 >= argc) {
+        return fsdp_err(FSDP_ERR_INVALID, "--%s needs a value", keybuf);
+    }
+    *value = argv[++*i];
+    return 0;
+}
+
+int fsdp_opt_parse(struct fsdp_optset *s, int argc, char **argv, const char *config_key)
+{
+    char key[128], where[160];
+    const char *config_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (opt_is_help(argv[i])) {
+            return 1;
+        }
+    }
+    /* pass 1: the config file, so that flags given in any order override it */
+    for (int i = 1; config_key && i < argc; i++) {
+        const char *value = NULL;
+        if (opt_split(s, argc, argv, &i, key, sizeof(key), &value) < 0) {
+            fsdp_err_clear(); /* pass 2 reports it, in command-line order */
+            break;
+        }
+        if (strcmp(key, config_key) == 0 && value) {
+            if (config_path) {
+                return fsdp_err(FSDP_ERR_INVALID, "--%s is given twice", config_key);
+            }
+            config_path = value;
+        }
+    }
+    if (config_path) {
+        FSDP_CHECK(fsdp_opt_load_file(s, config_path));
+    }
+    /* pass 2: flags */
+    for (int i = 1; i < argc; i++) {
+        const char *value = NULL;
+        FSDP_CHECK(opt_split(s, argc, argv, &i, key, sizeof(key), &value));
+        snprintf(where, sizeof(where), "--%s", key);
+        if (!value) { /* an unknown key: fsdp_opt_set names it */
+            value = "";
+        }
+        FSDP_CHECK(fsdp_opt_set(s, key, value, FSDP_SRC_FLAG, where));
+    }
+    return 0;
+}
+
+int fsdp_opt_check_required(const struct fsdp_optset *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        if ((s->opts[i].flags & FSDP_OPT_REQUIRED) && s->source[i] == FSDP_SRC_DEFAULT) {
+            return fsdp_err(FSDP_ERR_INVALID, "missing required option '%s' (--%s %s, or '%s = %s' in a config file)",
+                            s->opts[i].name, s->opts[i].name, s->opts[i].arg, s->opts[i].name,
+                            s->opts[i].arg);
+        }
+    }
+    return 0;
+}
+
+int fsdp_opt_given(const struct fsdp_optset *s, const char *name)
+{
+    long i = fsdp_opt_find(s, name);
+    return i >= 0 && s->source[i] != FSDP_SRC_DEFAULT;
+}
+
+// ----------------------------------------------------------------------------
+// printing
+
+void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, size_t len)
+{
+    const struct fsdp_opt *o = &s->opts[i];
+    const char *field = (const char *)s->base + o->offset;
+    switch (o->type) {
+    case FSDP_OPT_STR: {
+        int quote = field[0] && strpbrk(field, " \t#\"") != NULL;
+        snprintf(buf, len, quote ? "\"%s\"" : "%s", field);
+        break;
+    }
+    case FSDP_OPT_INT: {
+        long v;
+        memcpy(&v, field, sizeof(v));
+        snprintf(buf, len, "%ld", v);
+        break;
+    }
+    case FSDP_OPT_FLOAT: {
+        double v;
+        memcpy(&v, field, sizeof(v));
+        /* shortest text that reads back as the same double */
+        for (int prec = 6; prec <= 17; prec++) {
+            snprintf(buf, len, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v) {
+                break;
+            }
+        }
+        break;
+    }
+    case FSDP_OPT_CHOICE: {
+        int c;
+        memcpy(&c, field, sizeof(c));
+        opt_choice_name(o->choices, c, buf, len);
+        break;
+    }
+    }
+}
+
+void fsdp_opt_print(const struct fsdp_optset *s, FILE *fp, const char *indent)
+{
+    static const char *const src_name[] = {"default", "file", "flag"};
+    size_t width = 0;
+    char value[OPT_LINE_MAX];
+    for (size_t i = 0; i < s->n; i++) {
+        size_t n = strlen(s->opts[i].name);
+        width = n > width ? n : width;
+    }
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->opts[i].flags & FSDP_OPT_HIDDEN) {
+            continue;
+        }
+        fsdp_opt_format_value(s, i, value, sizeof(value));
+        /* a key the file may not hold stays a comment, so the output reads back */
+        int comment = (s->opts[i].flags & FSDP_OPT_ARGV_ONLY) != 0;
+        fprintf(fp, "%s%s%-*s = %-12s # %s\n", indent, comment ? "# " : "", (int)width,
+                s->opts[i].name, value, src_name[s->source[i]]);
+    }
+}
+
+void fsdp_opt_usage(const struct fsdp_optset *s, FILE *fp, const char *synopsis)
+{
+    char left[96], value[256];
+    fprintf(fp, "usage: %s %s\n\noptions:\n", s->prog, synopsis);
+    for (size_t i = 0; i < s->n; i++) {
+        const struct fsdp_opt *o = &s->opts[i];
+        if (o->flags & FSDP_OPT_HIDDEN) {
+            continue;
+        }
+        snprintf(left, sizeof(left), "--%s %s", o->name, o->arg);
+        fprintf(fp, "  %-26s %s", left, o->help);
+        if (o->flags & FSDP_OPT_REQUIRED) {
+            fprintf(fp, " (required)");
+        } else {
+            fsdp_opt_format_value(s, i, value, sizeof(value));
+            if (value[0]) {
+                fprintf(fp, " [%s]", value);
+            }
+        }
+        fprintf(fp, "\n");
+    }
+    fprintf(fp, "  %-26s %s\n", "-h, --help", "this text");
+}

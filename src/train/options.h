@@ -1,0 +1,110 @@
+/*
+ * options.h - table-driven program options: long GNU-style flags
+ * ("--key value" or "--key=value"), a config file of "key = value" lines
+ * with the same keys, range and choice checks, and printing of the resolved
+ * set as a valid config file.
+ *
+ * A program describes its options once, as an array of struct fsdp_opt
+ * pointing into its own config struct; the parser fills that struct. Every
+ * problem (unknown key, malformed or out-of-range value, missing required
+ * key) is one error message that names the key and where it came from
+ * ("--lr" or "run.cfg:7"). Nothing here prints or exits: programs decide.
+ */
+#ifndef FSDP_TRAIN_OPTIONS_H
+#define FSDP_TRAIN_OPTIONS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+enum fsdp_opt_type {
+    FSDP_OPT_STR = 0, /* char[size]; "" means unset */
+    FSDP_OPT_INT,     /* long, within [min, max] */
+    FSDP_OPT_FLOAT,   /* double, finite, within [min, max] */
+    FSDP_OPT_CHOICE,  /* int: index into the '|'-separated choices */
+};
+
+enum fsdp_opt_flags {
+    FSDP_OPT_REQUIRED = 1u << 0, /* must be given by a flag or the file */
+    FSDP_OPT_ARGV_ONLY = 1u << 1, /* not allowed in a config file (e.g. "config") */
+    FSDP_OPT_HIDDEN = 1u << 2,   /* left out of --help and of the printed config */
+};
+
+/* Where a value came from; the printed config says so for each key. */
+enum fsdp_opt_source {
+    FSDP_SRC_DEFAULT = 0,
+    FSDP_SRC_FILE,
+    FSDP_SRC_FLAG,
+};
+
+struct fsdp_opt {
+    const char *name;       /* "batch-size": the flag without dashes and the file key */
+    enum fsdp_opt_type type;
+    size_t offset;          /* of the field inside the config struct */
+    size_t size;            /* FSDP_OPT_STR: buffer size, including the NUL */
+    double min, max;        /* inclusive range for INT and FLOAT */
+    const char *choices;    /* FSDP_OPT_CHOICE: "cosine|linear|constant" */
+    const char *arg;        /* placeholder in --help: "N", "FILE", "X" */
+    unsigned flags;         /* enum fsdp_opt_flags */
+    const char *help;       /* one line */
+};
+
+#define FSDP_OPT_MAX 64
+
+/* A program's options bound to its config struct. */
+struct fsdp_optset {
+    const char *prog;                     /* "fsdpc-train" */
+    const struct fsdp_opt *opts;          /* (n,) */
+    size_t n;                             /* <= FSDP_OPT_MAX */
+    void *base;                           /* the config struct being filled */
+    unsigned char source[FSDP_OPT_MAX];   /* (n,) enum fsdp_opt_source per option */
+};
+
+/* Index of the option called name, or -1. */
+long fsdp_opt_find(const struct fsdp_optset *s, const char *name);
+
+/*
+ * Parses value for key and stores it. Error messages quote the flag
+ * ("--lr 'fast' is not a finite number") or, for a file, where ("run.cfg:7")
+ * and the key ("run.cfg:7: lr = 'fast' ..."); an unknown key names the
+ * closest known one as a hint.
+ */
+int fsdp_opt_set(struct fsdp_optset *s, const char *key, const char *value,
+                 enum fsdp_opt_source src, const char *where);
+
+/*
+ * Reads "key = value" lines: '#' starts a comment at the start of a line or
+ * after whitespace; blank lines are skipped; a value may be wrapped in
+ * double quotes; an empty value unsets a string key.
+ */
+int fsdp_opt_load_file(struct fsdp_optset *s, const char *path);
+
+/*
+ * Parses argv[1..argc): first the config file named by the option
+ * config_key (when given and present on the command line), then every flag,
+ * so that flags override the file (a flag given twice: the last wins; a key
+ * set twice in the file is an error). Returns 1 when --help or -h was seen
+ * (nothing else is checked then), else 0 or an error. Positional arguments
+ * are errors.
+ */
+int fsdp_opt_parse(struct fsdp_optset *s, int argc, char **argv, const char *config_key);
+
+/* Error naming the first required option that is still unset. */
+int fsdp_opt_check_required(const struct fsdp_optset *s);
+
+/* True when the option called name was set by a flag or the file. */
+int fsdp_opt_given(const struct fsdp_optset *s, const char *name);
+
+/* Value as text ("3e-04", "cosine", "runs/m.h5"). */
+void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, size_t len);
+
+/*
+ * Prints every visible option as "key = value" with a "# default", "# file"
+ * or "# flag" comment: the output is itself a valid config file (options
+ * allowed on the command line only are printed as comments).
+ */
+void fsdp_opt_print(const struct fsdp_optset *s, FILE *fp, const char *indent);
+
+/* Prints the --help text. */
+void fsdp_opt_usage(const struct fsdp_optset *s, FILE *fp, const char *synopsis);
+
+#endif

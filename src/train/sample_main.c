@@ -1,0 +1,279 @@
+/*
+ * sample_main.c - fsdpc-sample: generates text from a model file.
+ *
+ *   fsdpc-sample --model m.h5 --prompt "int main(" --tokens 200 \
+ *                --temperature 0.8 --top-k 40 --seed 1
+ *
+ * A byte-level model (vocab 256) reads the prompt as bytes and prints bytes;
+ * any other vocabulary reads the prompt as token ids ("464 3290 318") and
+ * prints ids, one line of them. An empty prompt starts from '\n' (vocab 256)
+ * or from token V-1 (GPT-2's <|endoftext|>).
+ *
+ * Each new token runs the model's forward over the whole window of the last
+ * `context` tokens (there is no key/value cache), so generating N tokens
+ * costs about N forward passes of up to `context` tokens: fine for the
+ * small models this is for, slow for GPT-2 sized ones.
+ * The same seed gives the same text.
+ */
+#include "config.h"
+#include "train/options.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/model_file.h"
+#include "model/gpt2.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sample_config {
+    char model[1024];
+    char prompt[8192];
+    long tokens;
+    double temperature; /* 0: greedy */
+    long top_k;         /* 0: whole vocabulary */
+    long seed;
+    long threads;
+};
+
+#define F(field) offsetof(struct sample_config, field)
+#define S(field) sizeof(((struct sample_config *)0)->field)
+static const struct fsdp_opt sample_opts[] = {
+    {"model", FSDP_OPT_STR, F(model), S(model), 0, 0, NULL, "FILE", FSDP_OPT_REQUIRED,
+     "HDF5 model file"},
+    {"prompt", FSDP_OPT_STR, F(prompt), S(prompt), 0, 0, NULL, "TEXT", 0,
+     "text to continue (token ids when the vocabulary is not 256 bytes)"},
+    {"tokens", FSDP_OPT_INT, F(tokens), 0, 0, 1 << 24, NULL, "N", 0, "tokens to generate"},
+    {"temperature", FSDP_OPT_FLOAT, F(temperature), 0, 0, 100, NULL, "X", 0,
+     "softmax temperature (0: always the most likely token)"},
+    {"top-k", FSDP_OPT_INT, F(top_k), 0, 0, 1 << 24, NULL, "K", 0,
+     "sample among the K most likely tokens (0: all)"},
+    {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0, "random seed"},
+    {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS threads"},
+};
+#undef F
+#undef S
+
+// ----------------------------------------------------------------------------
+// sampling
+
+/* SplitMix64: small, fast, and the same sequence everywhere. */
+static uint64_t rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(uint64_t *state)
+{
+    return (double)(rng_next(state) >> 11) * 0x1.0p-53;
+}
+
+struct scored {
+    float logit;
+    int id;
+};
+
+static int cmp_desc(const void *a, const void *b)
+{
+    const struct scored *x = a, *y = b;
+    if (x->logit != y->logit) {
+        return x->logit > y->logit ? -1 : 1;
+    }
+    return x->id - y->id; /* ties: lower id first, deterministic */
+}
+
+/*
+ * Picks the next token from logits (V). cand and probs are (V) scratch.
+ * Temperature 0 is the argmax; otherwise softmax(logits / temperature) over
+ * the top_k largest (all when 0), sampled by inverse CDF.
+ */
+static int sample_token(const float *logits, int V, double temperature, long top_k,
+                        struct scored *cand, double *probs, uint64_t *rng)
+{
+    int n = V;
+    if (temperature == 0.0) {
+        int best = 0;
+        for (int i = 1; i < V; i++) {
+            if (logits[i] > logits[best]) {
+                best = i;
+            }
+        }
+        return best;
+    }
+    for (int i = 0; i < V; i++) {
+        cand[i].logit = logits[i];
+        cand[i].id = i;
+    }
+    if (top_k > 0 && top_k < V) {
+        qsort(cand, (size_t)V, sizeof(*cand), cmp_desc);
+        n = (int)top_k;
+    }
+    double max = -INFINITY, sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        max = fmax(max, (double)cand[i].logit);
+    }
+    for (int i = 0; i < n; i++) {
+        probs[i] = exp(((double)cand[i].logit - max) / temperature);
+        sum += probs[i];
+    }
+    double r = rng_uniform(rng) * sum, acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += probs[i];
+        if (r < acc) {
+            return cand[i].id;
+        }
+    }
+    return cand[n - 1].id;
+}
+
+// ----------------------------------------------------------------------------
+// prompt and output
+
+/* Prompt text to tokens; returns the count or an error. */
+static int parse_prompt(const char *prompt, int V, int32_t *out, size_t cap, size_t *n)
+{
+    *n = 0;
+    if (V == 256) {
+        for (const unsigned char *p = (const unsigned char *)prompt; *p && *n < cap; p++) {
+            out[(*n)++] = *p;
+        }
+    } else {
+        const char *p = prompt;
+        while (*p) {
+            char *end;
+            while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') {
+                p++;
+            }
+            if (!*p) {
+                break;
+            }
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 0 || v >= V) {
+                return fsdp_err(FSDP_ERR_INVALID,
+                                "--prompt: '%.20s' is not a token id in [0, %d) (this model's vocabulary is not byte-level)",
+                                p, V);
+            }
+            if (*n < cap) {
+                out[(*n)++] = (int32_t)v;
+            }
+            p = end;
+        }
+    }
+    if (*n == 0) {
+        out[(*n)++] = V == 256 ? '\n' : V - 1;
+    }
+    return 0;
+}
+
+static void emit(int token, int V)
+{
+    if (V == 256) {
+        putchar(token);
+    } else {
+        printf("%d ", token);
+    }
+    fflush(stdout);
+}
+
+// ----------------------------------------------------------------------------
+
+static int sample_run(const struct sample_config *c)
+{
+    struct fsdp_gpt2_config mc;
+    struct fsdp_gpt2_spec *spec = NULL;
+    struct fsdp_gpt2 *model = NULL;
+    float *params = NULL, **units = NULL;
+    int32_t *seq = NULL;
+    struct scored *cand = NULL;
+    double *probs = NULL;
+    int rc;
+
+    FSDP_CHECK(fsdp_model_file_read_config(c->model, &mc));
+    FSDP_CHECK(fsdp_gpt2_spec_create(&mc, &spec));
+    const int V = mc.vocab_size, ctx = mc.context;
+    size_t cap = strlen(c->prompt) + 1 + (size_t)c->tokens;
+    params = fsdp_alloc(spec->total_numel * sizeof(float));
+    units = calloc((size_t)spec->n_units, sizeof(*units));
+    seq = malloc(cap * sizeof(*seq));
+    cand = malloc((size_t)V * sizeof(*cand));
+    probs = malloc((size_t)V * sizeof(*probs));
+    if (!params || !units || !seq || !cand || !probs) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "sampler buffers");
+        goto out;
+    }
+    size_t off = 0;
+    for (int u = 0; u < spec->n_units; u++) {
+        units[u] = params + off;
+        off += spec->unit_numel[u];
+    }
+    FSDP_CHECK_GOTO(fsdp_model_file_read(c->model, spec, units), rc, out);
+    FSDP_CHECK_GOTO(fsdp_gpt2_create(spec, 1, ctx, &model), rc, out);
+    for (int u = 0; u < spec->n_units; u++) {
+        FSDP_CHECK_GOTO(fsdp_gpt2_set_unit(model, u, units[u], NULL), rc, out);
+    }
+
+    size_t n;
+    FSDP_CHECK_GOTO(parse_prompt(c->prompt, V, seq, cap, &n), rc, out);
+    if (c->prompt[0]) {
+        for (size_t i = 0; i < n; i++) {
+            emit(seq[i], V);
+        }
+    }
+    uint64_t rng = (uint64_t)c->seed;
+    double t0 = fsdp_now();
+    for (long i = 0; i < c->tokens; i++) {
+        size_t window = n < (size_t)ctx ? n : (size_t)ctx;
+        FSDP_CHECK_GOTO(fsdp_gpt2_forward(model, seq + n - window, NULL, 1, (int)window, NULL),
+                        rc, out);
+        const float *logits = model->acts.logits + (window - 1) * (size_t)V;
+        int tok = sample_token(logits, V, c->temperature, c->top_k, cand, probs, &rng);
+        seq[n++] = tok;
+        emit(tok, V);
+    }
+    printf("\n");
+    double dt = fsdp_now() - t0;
+    FSDP_INFO(FSDP_SUB_TRAIN, "%ld tokens in %.2f s (%.1f tok/s)", c->tokens, dt,
+              dt > 0 ? (double)c->tokens / dt : 0.0);
+    rc = 0;
+out:
+    fsdp_gpt2_destroy(model);
+    free(probs);
+    free(cand);
+    free(seq);
+    free(units);
+    fsdp_free(params);
+    fsdp_gpt2_spec_destroy(spec);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct sample_config c = {.tokens = 256, .temperature = 1.0, .seed = 1337, .threads = 1};
+    struct fsdp_optset set = {.prog = "fsdpc-sample", .opts = sample_opts,
+                              .n = sizeof(sample_opts) / sizeof(sample_opts[0]), .base = &c};
+    fsdp_log_set_rank(0);
+    int rc = fsdp_opt_parse(&set, argc, argv, NULL);
+    if (rc == 1) {
+        fsdp_opt_usage(&set, stdout, "--model FILE [--prompt TEXT] [--tokens N] [options]");
+        return 0;
+    }
+    if (rc == 0) {
+        rc = fsdp_opt_check_required(&set);
+    }
+    if (rc < 0) {
+        fsdp_die(rc, "fsdpc-sample: options", NULL);
+    }
+    openblas_set_num_threads((int)c.threads);
+    rc = sample_run(&c);
+    if (rc < 0) {
+        fsdp_die(rc, "fsdpc-sample", NULL);
+    }
+    return 0;
+}

@@ -1,0 +1,143 @@
+/*
+ * train_config.c - fsdpc-train's option table, defaults and cross-key checks.
+ * Defaults follow the GPT-2/GPT-3 recipe used by nanoGPT and torchtitan
+ * (AdamW betas 0.9/0.95, weight decay 0.1, clip 1.0).
+ */
+#include "config.h"
+#include "train/train_config.h"
+#include "core/error.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#define BIG 1e15
+#define F(field) offsetof(struct fsdp_train_config, field)
+#define S(field) sizeof(((struct fsdp_train_config *)0)->field)
+
+static const struct fsdp_opt train_opts[] = {
+    {"model", FSDP_OPT_STR, F(model), S(model), 0, 0, NULL, "FILE", FSDP_OPT_REQUIRED,
+     "HDF5 model file to train (fsdpc-ckpt init makes one)"},
+    {"data", FSDP_OPT_STR, F(data), S(data), 0, 0, NULL, "FILE", FSDP_OPT_REQUIRED,
+     "training token file (llm.c format)"},
+    {"val-data", FSDP_OPT_STR, F(val_data), S(val_data), 0, 0, NULL, "FILE", 0,
+     "validation token file"},
+    {"steps", FSDP_OPT_INT, F(steps), 0, 1, BIG, NULL, "N", FSDP_OPT_REQUIRED,
+     "optimizer steps to run"},
+    {"batch-size", FSDP_OPT_INT, F(batch_size), 0, 1, 1 << 20, NULL, "B", FSDP_OPT_REQUIRED,
+     "sequences per data-parallel rank per micro-step"},
+    {"seq-len", FSDP_OPT_INT, F(seq_len), 0, 1, 1 << 20, NULL, "T", FSDP_OPT_REQUIRED,
+     "tokens per sequence (at most the model's context)"},
+    {"grad-accum", FSDP_OPT_INT, F(grad_accum), 0, 1, 1 << 20, NULL, "K", 0,
+     "micro-steps per optimizer step (loss averaged over them)"},
+    {"lr", FSDP_OPT_FLOAT, F(lr), 0, 0, 1e3, NULL, "X", FSDP_OPT_REQUIRED,
+     "peak learning rate"},
+    {"warmup", FSDP_OPT_INT, F(warmup), 0, 0, BIG, NULL, "N", 0,
+     "linear warm-up steps"},
+    {"lr-schedule", FSDP_OPT_CHOICE, F(lr_schedule), 0, 0, 0, "cosine|linear|constant", "KIND", 0,
+     "decay after warm-up: cosine|linear|constant"},
+    {"min-lr", FSDP_OPT_FLOAT, F(min_lr), 0, 0, 1e3, NULL, "X", 0,
+     "learning rate at the end of the decay"},
+    {"weight-decay", FSDP_OPT_FLOAT, F(weight_decay), 0, 0, 1e3, NULL, "X", 0,
+     "AdamW decoupled weight decay (matmul weights only)"},
+    {"beta1", FSDP_OPT_FLOAT, F(beta1), 0, 0, 1, NULL, "X", 0, "AdamW beta1"},
+    {"beta2", FSDP_OPT_FLOAT, F(beta2), 0, 0, 1, NULL, "X", 0, "AdamW beta2"},
+    {"eps", FSDP_OPT_FLOAT, F(eps), 0, 0, 1, NULL, "X", 0, "AdamW epsilon"},
+    {"clip", FSDP_OPT_FLOAT, F(clip), 0, 0, BIG, NULL, "X", 0,
+     "clip the global gradient norm to X (0: off)"},
+    {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0,
+     "random seed, recorded with the run (the loop itself draws none)"},
+    {"log-every", FSDP_OPT_INT, F(log_every), 0, 1, BIG, NULL, "N", 0,
+     "print a step line every N steps (and the first and last)"},
+    {"val-every", FSDP_OPT_INT, F(val_every), 0, 0, BIG, NULL, "N", 0,
+     "validate every N steps (0: at the end only)"},
+    {"val-batches", FSDP_OPT_INT, F(val_batches), 0, 1, BIG, NULL, "N", 0,
+     "micro-batches per validation"},
+    {"out", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "FILE", 0,
+     "write the trained model to FILE (HDF5 model file)"},
+    {"metrics", FSDP_OPT_STR, F(metrics), S(metrics), 0, 0, NULL, "FILE", 0,
+     "append one JSON object per step and validation to FILE"},
+    {"config", FSDP_OPT_STR, F(config), S(config), 0, 0, NULL, "FILE", FSDP_OPT_ARGV_ONLY,
+     "read 'key = value' lines first; flags override them"},
+    {"peak-flops", FSDP_OPT_FLOAT, F(peak_flops), 0, 0, 1e21, NULL, "X", 0,
+     "peak FLOP/s per rank for MFU (0: measure with an sgemm probe)"},
+    {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0,
+     "BLAS threads per rank"},
+    {"init", FSDP_OPT_STR, F(init), S(init), 0, 0, NULL, "METHOD", 0,
+     "rendezvous: auto, mpi, env://, tcp://HOST:PORT, file:///PATH"},
+};
+
+#undef F
+#undef S
+
+void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set)
+{
+    memset(c, 0, sizeof(*c));
+    c->grad_accum = 1;
+    c->lr_schedule = FSDP_LR_COSINE;
+    c->weight_decay = 0.1;
+    c->beta1 = 0.9;
+    c->beta2 = 0.95;
+    c->eps = 1e-8;
+    c->clip = 1.0;
+    c->seed = 1337;
+    c->log_every = 1;
+    c->val_batches = 10;
+    c->threads = 1;
+    snprintf(c->init, sizeof(c->init), "auto");
+
+    memset(set, 0, sizeof(*set));
+    set->prog = "fsdpc-train";
+    set->opts = train_opts;
+    set->n = sizeof(train_opts) / sizeof(train_opts[0]);
+    set->base = c;
+}
+
+int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct fsdp_optset *set)
+{
+    FSDP_CHECK(fsdp_opt_check_required(set));
+    if (c->beta1 >= 1.0 || c->beta2 >= 1.0) {
+        return fsdp_err(FSDP_ERR_INVALID, "beta1 (%g) and beta2 (%g) must be below 1", c->beta1,
+                        c->beta2);
+    }
+    if (c->min_lr > c->lr) {
+        return fsdp_err(FSDP_ERR_INVALID, "min-lr %g is above lr %g", c->min_lr, c->lr);
+    }
+    if (c->warmup > c->steps) {
+        return fsdp_err(FSDP_ERR_INVALID, "warmup %ld is longer than steps %ld", c->warmup,
+                        c->steps);
+    }
+    if (c->val_every > 0 && !c->val_data[0]) {
+        return fsdp_err(FSDP_ERR_INVALID, "val-every %ld needs val-data FILE", c->val_every);
+    }
+    if ((double)c->batch_size * (double)c->seq_len * (double)c->grad_accum > 1e12) {
+        return fsdp_err(FSDP_ERR_INVALID, "grad-accum x batch-size x seq-len = %.3g tokens per step is too large",
+                        (double)c->batch_size * (double)c->seq_len * (double)c->grad_accum);
+    }
+    return 0;
+}
+
+int fsdp_train_config_parse(struct fsdp_train_config *c, struct fsdp_optset *set, int argc,
+                            char **argv)
+{
+    int rc = fsdp_opt_parse(set, argc, argv, "config");
+    if (rc != 0) {
+        return rc;
+    }
+    FSDP_CHECK(fsdp_train_config_validate(c, set));
+    return 0;
+}
+
+void fsdp_train_config_usage(const struct fsdp_optset *set, FILE *fp)
+{
+    fsdp_opt_usage(set, fp,
+                   "--model FILE --data FILE --steps N --batch-size B --seq-len T --lr X [options]");
+    fprintf(fp,
+            "\nA config file holds the same keys without dashes, one 'key = value' per line\n"
+            "('#' starts a comment); flags given on the command line override it. The\n"
+            "resolved configuration printed at start is itself a valid config file.\n");
+}
+
+size_t fsdp_train_config_step_tokens(const struct fsdp_train_config *c)
+{
+    return (size_t)c->grad_accum * (size_t)c->batch_size * (size_t)c->seq_len;
+}

@@ -1,0 +1,75 @@
+/*
+ * train_config.h - the training configuration: every fsdpc-train option, its
+ * default, its checks, and the resolved set printed at start (and later
+ * stored in checkpoints). The option table in train_config.c is the single list
+ * of keys; --help, the config file and the printout all come from it.
+ */
+#ifndef FSDP_TRAIN_TRAIN_CONFIG_H
+#define FSDP_TRAIN_TRAIN_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "train/options.h"
+
+#define FSDP_TRAIN_PATH_MAX 1024
+
+enum fsdp_lr_kind {
+    FSDP_LR_COSINE = 0, /* order matches the choice string "cosine|linear|constant" */
+    FSDP_LR_LINEAR,
+    FSDP_LR_CONSTANT,
+};
+
+struct fsdp_train_config {
+    /* files */
+    char model[FSDP_TRAIN_PATH_MAX];    /* HDF5 model file to start from */
+    char data[FSDP_TRAIN_PATH_MAX];     /* training token file */
+    char val_data[FSDP_TRAIN_PATH_MAX]; /* validation token file ("" : none) */
+    char out[FSDP_TRAIN_PATH_MAX];      /* final model file ("" : not written) */
+    char metrics[FSDP_TRAIN_PATH_MAX];  /* JSONL metrics file ("" : none) */
+    char config[FSDP_TRAIN_PATH_MAX];   /* the config file that was read */
+    char init[FSDP_TRAIN_PATH_MAX];     /* rendezvous method (see dist.h) */
+    /* batch */
+    long steps;      /* optimizer steps */
+    long batch_size; /* B: sequences per data-parallel rank per micro-step */
+    long seq_len;    /* T */
+    long grad_accum; /* K: micro-steps per optimizer step */
+    /* optimizer and schedule */
+    double lr;
+    long warmup;
+    int lr_schedule; /* enum fsdp_lr_kind */
+    double min_lr;
+    double weight_decay;
+    double beta1, beta2, eps;
+    double clip; /* max global grad norm; 0: no clipping */
+    /* run */
+    long seed;
+    long log_every;
+    long val_every;   /* 0: validate once at the end (when val-data is given) */
+    long val_batches;
+    double peak_flops; /* per rank, FLOP/s; 0: measure with a GEMM probe */
+    long threads;      /* BLAS threads per rank */
+};
+
+/* An option set bound to c, with every key at its default. */
+void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set);
+
+/*
+ * Fills c from argv (the --config file first, then flags) and checks
+ * required keys and cross-key rules. Returns 1 for --help, else 0 or an
+ * error whose message names the key.
+ */
+int fsdp_train_config_parse(struct fsdp_train_config *c, struct fsdp_optset *set, int argc,
+                            char **argv);
+
+/* Cross-key rules (the model- and data-dependent checks live in the trainer). */
+int fsdp_train_config_validate(const struct fsdp_train_config *c,
+                               const struct fsdp_optset *set);
+
+/* Prints --help. */
+void fsdp_train_config_usage(const struct fsdp_optset *set, FILE *fp);
+
+/* Tokens one optimizer step consumes on one rank: K * B * T. */
+size_t fsdp_train_config_step_tokens(const struct fsdp_train_config *c);
+
+#endif

@@ -1,0 +1,137 @@
+/*
+ * oracle_ours.c - fsdpc's side of the PyTorch comparison (test_torch_oracle.sh).
+ *
+ *   oracle_ours --dump FILE.h5 <fsdpc-train options>
+ *
+ * Runs the trainer itself (same option parser, same loop, same engine) for
+ * --steps steps and writes what torch_oracle.py's "reference" writes:
+ *   logits (B, T, V)      the first micro-batch, before any update
+ *   loss ()               its mean cross-entropy
+ *   grads/<name>          the first step's averaged gradient, before clipping
+ *   losses (steps,)       per-step loss
+ *   grad_norms (steps,)   per-step global norm before clipping
+ */
+#include "config.h"
+#include "train/trainer.h"
+#include "core/error.h"
+#include "io/tokens.h"
+#include "model/gpt2.h"
+
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int put(hid_t loc, const char *name, hid_t type, int ndim, const hsize_t *dims,
+               const void *data)
+{
+    hid_t space = ndim ? H5Screate_simple(ndim, dims, NULL) : H5Screate(H5S_SCALAR);
+    hid_t ds = H5Dcreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t st = ds < 0 ? -1 : H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+    if (ds >= 0) {
+        H5Dclose(ds);
+    }
+    H5Sclose(space);
+    return st < 0 ? fsdp_err(FSDP_ERR_IO, "writing %s failed", name) : 0;
+}
+
+/* Logits and loss of the first micro-batch, before the first step. */
+static int dump_first_batch(struct fsdp_trainer *t, hid_t f)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    struct fsdp_dataloader *dl;
+    struct fsdp_gpt2 *m = fsdp_local_engine_model(t->engine);
+    int B = (int)c->batch_size, T = (int)c->seq_len, V = t->engine->spec->cfg.vocab_size;
+    hsize_t dims[3] = {(hsize_t)B, (hsize_t)T, (hsize_t)V};
+    float loss;
+    FSDP_CHECK(fsdp_dataloader_create(c->data, (size_t)B, (size_t)T, 0, 1, V, &dl));
+    int rc = fsdp_dataloader_next(dl);
+    if (rc == 0) {
+        rc = fsdp_gpt2_forward(m, dl->inputs, NULL, B, T, NULL);
+    }
+    if (rc == 0) {
+        rc = put(f, "logits", H5T_NATIVE_FLOAT, 3, dims, m->acts.logits);
+    }
+    if (rc == 0) {
+        rc = fsdp_gpt2_forward(m, dl->inputs, dl->targets, B, T, &loss);
+    }
+    if (rc == 0) {
+        double l = loss;
+        rc = put(f, "loss", H5T_NATIVE_DOUBLE, 0, NULL, &l);
+    }
+    fsdp_dataloader_destroy(dl);
+    return rc;
+}
+
+static int dump_grads(struct fsdp_trainer *t, hid_t f)
+{
+    const struct fsdp_gpt2_spec *s = t->engine->spec;
+    hid_t g = H5Gcreate2(f, "grads", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = 0;
+    for (size_t i = 0; i < s->n_params && rc == 0; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        hsize_t dims[2] = {p->shape[0], p->shape[1]};
+        rc = put(g, p->name, H5T_NATIVE_FLOAT, p->ndim, dims,
+                 fsdp_local_engine_grads(t->engine, p->unit) + p->offset);
+    }
+    H5Gclose(g);
+    return rc;
+}
+
+static int run(struct fsdp_trainer *t, const char *path)
+{
+    long n = t->cfg->steps;
+    double *losses = calloc((size_t)n, sizeof(double)), *norms = calloc((size_t)n, sizeof(double));
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = 0;
+    if (f < 0 || !losses || !norms) {
+        rc = fsdp_err(FSDP_ERR_IO, "cannot create %s", path);
+        goto out;
+    }
+    FSDP_CHECK_GOTO(dump_first_batch(t, f), rc, out);
+    for (long s = 0; s < n; s++) {
+        struct fsdp_step_stats st;
+        FSDP_CHECK_GOTO(fsdp_trainer_step(t, &st), rc, out);
+        losses[s] = st.loss;
+        norms[s] = st.grad_norm;
+        if (s == 0) {
+            FSDP_CHECK_GOTO(dump_grads(t, f), rc, out);
+        }
+    }
+    hsize_t dims[1] = {(hsize_t)n};
+    FSDP_CHECK_GOTO(put(f, "losses", H5T_NATIVE_DOUBLE, 1, dims, losses), rc, out);
+    FSDP_CHECK_GOTO(put(f, "grad_norms", H5T_NATIVE_DOUBLE, 1, dims, norms), rc, out);
+out:
+    if (f >= 0) {
+        H5Fclose(f);
+    }
+    free(losses);
+    free(norms);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct fsdp_train_config cfg;
+    struct fsdp_optset set;
+    struct fsdp_trainer *t;
+    if (argc < 3 || strcmp(argv[1], "--dump") != 0) {
+        fprintf(stderr, "usage: oracle_ours --dump FILE.h5 <fsdpc-train options>\n");
+        return 2;
+    }
+    const char *dump = argv[2];
+    argv[2] = argv[0];
+    fsdp_train_config_init(&cfg, &set);
+    int rc = fsdp_train_config_parse(&cfg, &set, argc - 2, argv + 2);
+    if (rc != 0) {
+        fsdp_die(rc < 0 ? rc : FSDP_ERR_INVALID, "oracle_ours: options", NULL);
+    }
+    if ((rc = fsdp_trainer_create(&cfg, NULL, &t)) < 0) {
+        fsdp_die(rc, "oracle_ours", NULL);
+    }
+    if ((rc = run(t, dump)) < 0) {
+        fsdp_die(rc, "oracle_ours", NULL);
+    }
+    fsdp_trainer_destroy(t);
+    return 0;
+}
