@@ -100,13 +100,25 @@ _Noreturn void fsdp_abort_job(int exit_code)
     _exit(exit_code);
 }
 
+/* "rank 3 on node12", or "on node12" before the rank is known. */
+static void fsdp_who(char *buf, size_t len, const char *host)
+{
+    if (fsdp_log_rank() >= 0) {
+        snprintf(buf, len, "rank %d on %s", fsdp_log_rank(), host);
+    } else {
+        snprintf(buf, len, "on %s", host);
+    }
+}
+
 _Noreturn void fsdp_die(int code, const char *what, const char *hint)
 {
     char host[256] = "?";
     gethostname(host, sizeof(host) - 1);
     const char *msg = fsdp_err_msg();
-    fprintf(stderr, "fsdpc: rank %d on %s: %s%s%s (%s)\n", fsdp_log_rank(), host,
-            what ? what : "error", msg[0] ? ": " : "", msg, fsdp_strerror(code));
+    char who[300];
+    fsdp_who(who, sizeof(who), host);
+    fprintf(stderr, "fsdpc: %s: %s%s%s (%s)\n", who, what ? what : "error", msg[0] ? ": " : "",
+            msg, fsdp_strerror(code));
     if (hint && hint[0]) {
         fprintf(stderr, "fsdpc: hint: %s\n", hint);
     }
@@ -122,6 +134,8 @@ _Noreturn void fsdp_fatal(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    fprintf(stderr, "fsdpc: rank %d on %s: %s\n", fsdp_log_rank(), host, buf);
+    char who[300];
+    fsdp_who(who, sizeof(who), host);
+    fprintf(stderr, "fsdpc: %s: %s\n", who, buf);
     fsdp_abort_job(1);
 }
