@@ -179,6 +179,15 @@ int fsdp_opt_set(struct fsdp_optset *s, const char *key, const char *value,
         memcpy(field, &v, sizeof(v));
         break;
     }
+    case FSDP_OPT_FLAG: {
+        int c = opt_choice_index("off|on|0|1|false|true|no|yes", value);
+        if (c < 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not on or off", desc);
+        }
+        c &= 1;
+        memcpy(field, &c, sizeof(c));
+        break;
+    }
     case FSDP_OPT_CHOICE: {
         int c = opt_choice_index(o->choices, value);
         if (c < 0) {
@@ -307,8 +316,13 @@ static int opt_split(const struct fsdp_optset *s, int argc, char **argv, int *i,
         *value = eq + 1;
         return 0;
     }
-    if (fsdp_opt_find(s, keybuf) < 0) {
+    long idx = fsdp_opt_find(s, keybuf);
+    if (idx < 0) {
         return 0; /* reported as unknown by the caller, value or not */
+    }
+    if (s->opts[idx].type == FSDP_OPT_FLAG) {
+        *value = "on"; /* a bare flag takes no value */
+        return 0;
     }
     if (*i + 1 >= argc) {
         return fsdp_err(FSDP_ERR_INVALID, "--%s needs a value", keybuf);
@@ -409,6 +423,12 @@ void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, siz
         int c;
         memcpy(&c, field, sizeof(c));
         opt_choice_name(o->choices, c, buf, len);
+        break;
+    }
+    case FSDP_OPT_FLAG: {
+        int c;
+        memcpy(&c, field, sizeof(c));
+        snprintf(buf, len, "%s", c ? "on" : "off");
         break;
     }
     }

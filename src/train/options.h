@@ -21,6 +21,7 @@ enum fsdp_opt_type {
     FSDP_OPT_INT,     /* long, within [min, max] */
     FSDP_OPT_FLOAT,   /* double, finite, within [min, max] */
     FSDP_OPT_CHOICE,  /* int: index into the '|'-separated choices */
+    FSDP_OPT_FLAG,    /* int 0/1: a bare "--key" sets it; "--key=off", "key = on" */
 };
 
 enum fsdp_opt_flags {

@@ -5,7 +5,9 @@
  */
 #include "config.h"
 #include "train/train_config.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/util.h"
 
 #include <stddef.h>
 #include <string.h>
@@ -64,6 +66,30 @@ static const struct fsdp_opt train_opts[] = {
      "BLAS threads per rank"},
     {"init", FSDP_OPT_STR, F(init), S(init), 0, 0, NULL, "METHOD", 0,
      "rendezvous: auto, mpi, env://, tcp://HOST:PORT, file:///PATH"},
+    {"timeout", FSDP_OPT_FLOAT, F(timeout), 0, 0, 1e6, NULL, "SEC", 0,
+     "deadline of rendezvous and collectives (0: $FSDPC_TIMEOUT or 300)"},
+    {"mesh", FSDP_OPT_STR, F(mesh), S(mesh), 0, 0, NULL, "SPEC", 0,
+     "device mesh: dp=N (shard) or rdp=R,dp=N (replicate x shard); default dp=<ranks>"},
+    {"backend", FSDP_OPT_STR, F(backend), S(backend), 0, 0, NULL, "NAME", 0,
+     "collective backend: mpi, tcp, or per dimension (dp=tcp,rdp=mpi)"},
+    {"sharding", FSDP_OPT_CHOICE, F(sharding), 0, 0, 0, "full|grad-op|none", "KIND", 0,
+     "full (FSDP), grad-op (params kept from forward to backward), none (DDP)"},
+    {"reshard-after-forward", FSDP_OPT_CHOICE, F(reshard_after_forward), 0, 0, 0, "on|off",
+     "X", 0, "on|off: free each unit's gathered parameters after its forward"},
+    {"prefetch", FSDP_OPT_INT, F(prefetch), 0, 0, 64, NULL, "N", 0,
+     "units all-gathered ahead of the one computing (0: no overlap)"},
+    {"param-dtype", FSDP_OPT_CHOICE, F(param_dtype), 0, 0, 0, "f32|bf16|f16", "DTYPE", 0,
+     "dtype of gathered parameters (master weights stay f32)"},
+    {"reduce-dtype", FSDP_OPT_CHOICE, F(reduce_dtype), 0, 0, 0, "f32|bf16|f16", "DTYPE", 0,
+     "dtype of the gradient reduce-scatter"},
+    {"loss-scale", FSDP_OPT_STR, F(loss_scale), S(loss_scale), 0, 0, NULL, "dynamic|N", 0,
+     "loss scaling for f16: off, dynamic, or a fixed scale N"},
+    {"loss-scale-init", FSDP_OPT_FLOAT, F(loss_scale_init), 0, 1e-30, 1e38, NULL, "X",
+     FSDP_OPT_HIDDEN, "initial dynamic loss scale"},
+    {"no-sync-accum", FSDP_OPT_FLAG, F(no_sync_accum), 0, 0, 0, NULL, "", 0,
+     "keep unsharded gradients until the last micro-step (one reduction per step)"},
+    {"activation-checkpointing", FSDP_OPT_FLAG, F(activation_checkpointing), 0, 0, 0, NULL, "", 0,
+     "recompute each block's activations in its backward"},
 };
 
 #undef F
@@ -84,6 +110,9 @@ void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set
     c->val_batches = 10;
     c->threads = 1;
     snprintf(c->init, sizeof(c->init), "auto");
+    c->prefetch = 1;
+    snprintf(c->loss_scale, sizeof(c->loss_scale), "off");
+    c->loss_scale_init = 65536.0;
 
     memset(set, 0, sizeof(*set));
     set->prog = "fsdpc-train";
@@ -109,6 +138,9 @@ int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct f
     if (c->val_every > 0 && !c->val_data[0]) {
         return fsdp_err(FSDP_ERR_INVALID, "val-every %ld needs val-data FILE", c->val_every);
     }
+    int dynamic;
+    double scale;
+    FSDP_CHECK(fsdp_train_config_loss_scale(c, &dynamic, &scale));
     if ((double)c->batch_size * (double)c->seq_len * (double)c->grad_accum > 1e12) {
         return fsdp_err(FSDP_ERR_INVALID, "grad-accum x batch-size x seq-len = %.3g tokens per step is too large",
                         (double)c->batch_size * (double)c->seq_len * (double)c->grad_accum);
@@ -140,4 +172,38 @@ void fsdp_train_config_usage(const struct fsdp_optset *set, FILE *fp)
 size_t fsdp_train_config_step_tokens(const struct fsdp_train_config *c)
 {
     return (size_t)c->grad_accum * (size_t)c->batch_size * (size_t)c->seq_len;
+}
+
+int fsdp_train_config_dtype(int choice)
+{
+    static const int dtypes[] = {FSDP_F32, FSDP_BF16, FSDP_F16}; /* "f32|bf16|f16" */
+    return choice >= 0 && choice < 3 ? dtypes[choice] : FSDP_F32;
+}
+
+int fsdp_train_config_loss_scale(const struct fsdp_train_config *c, int *dynamic, double *scale)
+{
+    *dynamic = 0;
+    *scale = 0.0;
+    if (!c->loss_scale[0] || strcmp(c->loss_scale, "off") == 0) {
+        return 0;
+    }
+    if (strcmp(c->loss_scale, "dynamic") == 0) {
+        *dynamic = 1;
+        *scale = c->loss_scale_init;
+        return 0;
+    }
+    if (fsdp_parse_double(c->loss_scale, scale) < 0 || !(*scale > 0.0) || *scale > 1e38) {
+        fsdp_err_clear();
+        *scale = 0.0;
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "loss-scale '%s' is not off, dynamic or a positive number", c->loss_scale);
+    }
+    return 0;
+}
+
+int fsdp_train_config_wants_fsdp(const struct fsdp_train_config *c)
+{
+    return c->mesh[0] || c->param_dtype != 0 || c->reduce_dtype != 0 ||
+           strcmp(c->loss_scale, "off") != 0 || c->no_sync_accum ||
+           c->activation_checkpointing || c->sharding != 0 || c->reshard_after_forward != 0;
 }

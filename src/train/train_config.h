@@ -49,7 +49,27 @@ struct fsdp_train_config {
     long val_batches;
     double peak_flops; /* per rank, FLOP/s; 0: measure with a GEMM probe */
     long threads;      /* BLAS threads per rank */
+    double timeout;    /* seconds for rendezvous and collectives; 0: $FSDPC_TIMEOUT or 300 */
+    /* sharding (doc/sharding.md) */
+    char mesh[128];          /* "dp=4", "rdp=2,dp=2"; "": dp=<world size> */
+    char backend[128];       /* "mpi", "tcp", "dp=tcp,rdp=mpi"; "": the default */
+    int sharding;            /* enum fsdp_sharding: full|grad-op|none */
+    int reshard_after_forward; /* choice index: 0 on, 1 off */
+    long prefetch;           /* units gathered ahead */
+    int param_dtype;         /* choice index into f32|bf16|f16 */
+    int reduce_dtype;        /* choice index into f32|bf16|f16 */
+    char loss_scale[32];     /* "off", "dynamic" or a number */
+    double loss_scale_init;  /* initial dynamic scale */
+    int no_sync_accum;       /* keep full gradients until the last micro-step */
+    int activation_checkpointing;
 };
+
+/* The dtype behind a param-dtype / reduce-dtype choice index. */
+int fsdp_train_config_dtype(int choice);
+/* Loss scaling from the loss-scale keys: *dynamic, *scale (0: off). */
+int fsdp_train_config_loss_scale(const struct fsdp_train_config *c, int *dynamic, double *scale);
+/* True when the run needs the sharding engine even on one rank. */
+int fsdp_train_config_wants_fsdp(const struct fsdp_train_config *c);
 
 /* An option set bound to c, with every key at its default. */
 void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set);

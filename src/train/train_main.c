@@ -32,7 +32,7 @@ int main(int argc, char **argv)
         fsdp_die(rc, "fsdpc-train: options", NULL);
     }
 
-    rc = fsdp_dist_init(&argc, &argv, cfg.init, 0.0, &dist);
+    rc = fsdp_dist_init(&argc, &argv, cfg.init, cfg.timeout, &dist);
     if (rc < 0) {
         fsdp_die(rc, "fsdpc-train: rendezvous", NULL);
     }

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "dist/dist.h"
+#include "fsdp/fsdp.h"
 #include "io/model_file.h"
 #include "io/tokens.h"
 #include "model/gpt2_spec.h"
@@ -52,14 +53,28 @@ static int trainer_open_engine(struct fsdp_trainer *t)
         .weight_decay = (float)c->weight_decay,
         .clip = (float)c->clip,
     };
-    if (trainer_world(t) > 1) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                        "%d ranks: training on more than one rank needs the sharding engine, which this build lacks; run 1 rank",
-                        trainer_world(t));
-    }
-    int rc = fsdp_local_engine_create(c->model, (int)c->batch_size, (int)c->seq_len, &oc,
+    int rc;
+    const int sharded = trainer_world(t) > 1 || fsdp_train_config_wants_fsdp(c);
+    if (sharded) {
+        struct fsdp_engine_config ec;
+        fsdp_engine_config_init(&ec);
+        ec.mesh = c->mesh;
+        ec.backend = c->backend;
+        ec.sharding = (enum fsdp_sharding)c->sharding;
+        ec.reshard_after_forward = c->reshard_after_forward == 0;
+        ec.prefetch = (int)c->prefetch;
+        ec.param_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->param_dtype);
+        ec.reduce_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->reduce_dtype);
+        FSDP_CHECK(fsdp_train_config_loss_scale(c, &ec.loss_scale_dynamic, &ec.loss_scale));
+        ec.no_sync_accum = c->no_sync_accum;
+        ec.activation_checkpointing = c->activation_checkpointing;
+        rc = fsdp_shard_engine_create(t->dist, c->model, (int)c->batch_size, (int)c->seq_len, &oc,
+                                      &ec, &t->engine);
+    } else {
+        rc = fsdp_local_engine_create(c->model, (int)c->batch_size, (int)c->seq_len, &oc,
                                       &t->engine);
-    return rc < 0 ? trainer_blame(rc, "model") : 0;
+    }
+    return rc < 0 ? trainer_blame(rc, sharded ? "sharding engine" : "model") : 0;
 }
 
 /* Token file for the model: vocabulary checked, one global batch must fit. */
@@ -107,7 +122,7 @@ static int trainer_check_out(const char *out)
     return 0;
 }
 
-int fsdp_trainer_create(const struct fsdp_train_config *cfg, const struct fsdp_dist *dist,
+int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *dist,
                         struct fsdp_trainer **out)
 {
     struct fsdp_trainer *t = calloc(1, sizeof(*t));
@@ -209,6 +224,11 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
     fprintf(fp, "engine: %s | peak %.1f GFLOP/s per rank (%s) | %.2f MFLOP per token\n",
             t->engine->ops->name, t->peak_flops / 1e9, t->peak_method,
             t->engine->flops_per_token / 1e6);
+    if (fsdp_shard_engine_is(t->engine)) {
+        char line[512];
+        fsdp_shard_engine_describe(t->engine, line, sizeof(line));
+        fprintf(fp, "%s\n", line);
+    }
     fflush(fp);
 }
 
@@ -316,6 +336,21 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
             printf(" | model written to %s", c->out);
         }
         printf("\n");
+        struct fsdp_engine_stats st;
+        if (fsdp_shard_engine_is(t->engine)) {
+            fsdp_shard_engine_stats(t->engine, &st);
+        }
+        if (fsdp_shard_engine_is(t->engine) && (st.comm_total_s > 0.0 || st.skipped_steps > 0)) {
+            double hidden = st.comm_total_s > 0.0
+                                ? 100.0 * (1.0 - st.comm_exposed_s / st.comm_total_s) : 100.0;
+            printf("fsdp: comm %.3f s total, %.3f s exposed (%.0f%% hidden behind compute) | "
+                   "engine memory %.2f MiB per rank",
+                   st.comm_total_s, st.comm_exposed_s, hidden, (double)st.peak_bytes / 1048576.0);
+            if (st.skipped_steps > 0) {
+                printf(" | %ld steps skipped, loss scale %g", st.skipped_steps, st.loss_scale);
+            }
+            printf("\n");
+        }
         fflush(stdout);
     }
     return 0;

@@ -20,7 +20,7 @@ struct fsdp_dist;
 
 struct fsdp_trainer {
     const struct fsdp_train_config *cfg;
-    const struct fsdp_dist *dist;
+    struct fsdp_dist *dist;        /* the sharding engine builds its mesh on it */
     struct fsdp_train_engine *engine;
     struct fsdp_dataloader *train; /* this rank's slice of each global batch */
     struct fsdp_dataloader *val;   /* NULL without val-data */
@@ -36,7 +36,7 @@ struct fsdp_trainer {
 };
 
 /* Sets up the engine, loaders, metrics and peak FLOP/s; prints nothing. */
-int fsdp_trainer_create(const struct fsdp_train_config *cfg, const struct fsdp_dist *dist,
+int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *dist,
                         struct fsdp_trainer **out);
 void fsdp_trainer_destroy(struct fsdp_trainer *t);
 

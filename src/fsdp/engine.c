@@ -1,0 +1,434 @@
+/*
+ * engine.c - the sharding engine's table (train/engine.h): one optimizer
+ * step as K x (forward with all-gathers, backward with re-gathers and
+ * reduce-scatters), the global-norm clip over the gradient shards, AdamW on
+ * the shards, and f16 loss scaling.
+ *
+ * Schedule of one micro-batch (P = prefetch):
+ *   forward   for u = 0 .. L+1: issue the gathers of u .. u+P, wait for u,
+ *             compute u, release u (reshard after forward; not unit 0, the
+ *             root, nor L+1, whose backward comes next)
+ *   backward  for u = L+1 .. 0: issue the gathers of u .. u-P, finish the
+ *             reduction that last used u's gradient buffer, zero it, wait
+ *             for u's parameters, compute u, release u, issue u's
+ *             reduce-scatter (completed while the next units compute)
+ * After every unit's compute a poll (fsdp_unit_progress) notes finished
+ * collectives and moves finished reduce-scatters on to their all-reduces
+ * over the replicas. Unit 0's gradient buffer is zeroed before unit L+1's
+ * backward, which adds the tied head's gradient into it, and is reduced
+ * only after unit 0's own backward.
+ *
+ * The loss seed divides every token's loss by the global token count
+ * K * B * T * world, and the reductions SUM, so the gradient shards hold
+ * exactly the single-rank mean gradient of the global batch.
+ */
+#include "config.h"
+#include "fsdp/fsdp_impl.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "dist/dist.h"
+#include "io/tokens.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FSDP_SCALE_GROWTH_INTERVAL 2000
+#define FSDP_SCALE_GROWTH 2.0f
+#define FSDP_SCALE_BACKOFF 0.5f
+
+static struct fsdp_shard_engine *shard_impl(const struct fsdp_train_engine *e)
+{
+    return e->impl;
+}
+
+void fsdp_engine_config_init(struct fsdp_engine_config *ec)
+{
+    memset(ec, 0, sizeof(*ec));
+    ec->sharding = FSDP_SHARD_FULL;
+    ec->reshard_after_forward = 1;
+    ec->prefetch = 1;
+    ec->param_dtype = FSDP_F32;
+    ec->reduce_dtype = FSDP_F32;
+}
+
+// ----------------------------------------------------------------------------
+// one micro-batch
+
+static int shard_bind(struct fsdp_shard_engine *se, int u)
+{
+    float *p = se->pslots[fsdp_unit_pslot(se, u)].buf;
+    float *g = se->gslots[fsdp_unit_gslot(se, u)].buf;
+    return fsdp_gpt2_set_unit(se->model, u, p, g);
+}
+
+static int shard_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
+                         const int32_t *targets)
+{
+    const int last = se->n_units - 1;
+    FSDP_CHECK(fsdp_gpt2_set_batch(se->model, inputs, targets, se->B, se->T));
+    for (int u = 0; u <= last; u++) {
+        for (int j = u; j <= last && j <= u + se->ec.prefetch; j++) {
+            FSDP_CHECK(fsdp_unit_gather_issue(se, j));
+        }
+        FSDP_CHECK(fsdp_unit_gather_wait(se, u));
+        FSDP_CHECK(shard_bind(se, u));
+        FSDP_CHECK(fsdp_gpt2_forward_unit(se->model, u));
+        FSDP_CHECK(fsdp_unit_progress(se));
+        if (!se->keep_gathered && u != 0 && u != last) {
+            fsdp_unit_release(se, u);
+        }
+    }
+    return 0;
+}
+
+static void shard_zero_gslot(struct fsdp_shard_engine *se, int u)
+{
+    struct fsdp_gslot *s = &se->gslots[fsdp_unit_gslot(se, u)];
+    memset(s->buf, 0, se->units[u].numel * sizeof(float));
+}
+
+/* reduce: issue the reductions of this micro-batch; first: its grads start at zero */
+static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, int accumulate)
+{
+    const int last = se->n_units - 1;
+    if (first) {
+        FSDP_CHECK(fsdp_unit_reduce_wait_slot(se, fsdp_unit_gslot(se, 0)));
+        shard_zero_gslot(se, 0);
+    }
+    for (int u = last; u >= 0; u--) {
+        for (int j = u; j >= 0 && j >= u - se->ec.prefetch; j--) {
+            FSDP_CHECK(fsdp_unit_gather_issue(se, j));
+        }
+        if (u != 0) {
+            FSDP_CHECK(fsdp_unit_reduce_wait_slot(se, fsdp_unit_gslot(se, u)));
+            if (first) {
+                shard_zero_gslot(se, u);
+            }
+        }
+        FSDP_CHECK(fsdp_unit_gather_wait(se, u));
+        FSDP_CHECK(shard_bind(se, u));
+        FSDP_CHECK(fsdp_gpt2_backward_unit(se->model, u));
+        FSDP_CHECK(fsdp_unit_progress(se));
+        if (u != 0) {
+            fsdp_unit_release(se, u);
+        }
+        if (reduce) {
+            FSDP_CHECK(fsdp_unit_reduce_issue(se, u, accumulate));
+        }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// optimizer
+
+/* Sum of x over group g: every rank's double is all-gathered as bytes and
+ * added in rank order, so the sum is as exact as the single-rank engine's
+ * and the same on every rank. */
+static int shard_group_sum(struct fsdp_shard_engine *se, struct fsdp_group *g, double *x)
+{
+    FSDP_CHECK(fsdp_allgather_sync(g, x, se->sum_buf, sizeof(double), FSDP_U8));
+    double sum = 0.0;
+    for (int r = 0; r < g->size; r++) {
+        sum += se->sum_buf[r];
+    }
+    *x = sum;
+    return 0;
+}
+
+/* Sum of x over every data-parallel rank: the shard group, then the replicas. */
+static int shard_world_sum(struct fsdp_shard_engine *se, double *x)
+{
+    if (se->shard_g) {
+        FSDP_CHECK(shard_group_sum(se, se->shard_g, x));
+    }
+    for (int i = 0; i < se->n_rep; i++) {
+        FSDP_CHECK(shard_group_sum(se, se->rep_g[i], x));
+    }
+    return 0;
+}
+
+/* Sum of squares of the gradient shards over the shard group (replicas
+ * hold the same shards). */
+static int shard_sumsq(struct fsdp_shard_engine *se, double *out)
+{
+    double local = 0.0;
+    for (int u = 0; u < se->n_units; u++) {
+        local += fsdp_cpu_sumsq(se->units[u].grad, se->units[u].cnt);
+    }
+    *out = local;
+    return se->shard_g ? shard_group_sum(se, se->shard_g, out) : 0;
+}
+
+static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_step_result *out)
+{
+    double sumsq;
+    FSDP_CHECK(shard_sumsq(se, &sumsq));
+    const double scale = se->scale;
+    if (!isfinite(sumsq)) {
+        out->grad_norm = NAN;
+        out->clip_coef = 0.0;
+        if (se->ec.loss_scale_dynamic) {
+            float next = se->scale * FSDP_SCALE_BACKOFF;
+            if (se->world_rank == 0) {
+                FSDP_WARN(FSDP_SUB_FSDP,
+                          "step skipped: gradients overflowed at loss scale %g; scale now %g",
+                          (double)se->scale, (double)next);
+            }
+            se->scale = next;
+            se->good_steps = 0;
+            se->skipped++;
+            return 0;
+        }
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "gradient norm is %g (loss %g): parameters left unchanged; lower the learning rate or check the data",
+                        sqrt(sumsq), out->loss);
+    }
+    sumsq /= scale * scale;
+    out->grad_norm = sqrt(sumsq);
+    out->clip_coef = se->oc.clip > 0.0f ? fsdp_cpu_clip_coef(sumsq, se->oc.clip) : 1.0f;
+    if (se->ec.loss_scale_dynamic && ++se->good_steps >= FSDP_SCALE_GROWTH_INTERVAL) {
+        se->scale *= FSDP_SCALE_GROWTH;
+        se->good_steps = 0;
+    }
+    struct fsdp_adamw_params hp = {
+        .lr = (float)lr,
+        .beta1 = se->oc.beta1,
+        .beta2 = se->oc.beta2,
+        .eps = se->oc.eps,
+        .weight_decay = se->oc.weight_decay,
+        .step = ++se->adam_step,
+    };
+    float grad_scale = (float)(out->clip_coef / scale);
+    for (int u = 0; u < se->n_units; u++) {
+        const struct fsdp_unit *un = &se->units[u];
+        size_t off = 0; /* this rank's rows of each parameter, one after the other */
+        for (size_t i = un->first; i < un->first + un->nparam; i++) {
+            const struct fsdp_param_spec *p = &se->spec->params[i];
+            size_t row0, rows;
+            fsdp_shard_rows(p, se->Rs, se->rs, &row0, &rows);
+            size_t cnt = rows * p->shape[1];
+            if (cnt > 0) {
+                FSDP_CHECK(fsdp_gpt2_adamw_range(se->spec, u, p->offset + row0 * p->shape[1], cnt,
+                                                 un->master + off, un->grad + off, un->m + off,
+                                                 un->v + off, &hp, grad_scale));
+            }
+            off += cnt;
+        }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// ops
+
+static int shard_step(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, int K, double lr,
+                      struct fsdp_step_result *out)
+{
+    struct fsdp_shard_engine *se = shard_impl(e);
+    const int nosync = se->ec.no_sync_accum;
+    double loss_sum = 0.0;
+    int rc = 0;
+    fsdp_gpt2_set_loss_seed(se->model, (double)K * se->B * se->T * se->world, se->scale);
+    for (int k = 0; k < K && rc == 0; k++) {
+        FSDP_CHECK_GOTO(fsdp_dataloader_next(dl), rc, out);
+        FSDP_CHECK_GOTO(shard_forward(se, dl->inputs, dl->targets), rc, out);
+        loss_sum += se->model->loss;
+        int first = nosync ? k == 0 : 1;
+        int reduce = nosync ? k == K - 1 : 1;
+        FSDP_CHECK_GOTO(shard_backward(se, first, reduce, !nosync && k > 0), rc, out);
+    }
+    FSDP_CHECK_GOTO(fsdp_unit_reduce_wait_all(se), rc, out);
+    double loss = loss_sum / K;
+    if (se->mesh) {
+        FSDP_CHECK_GOTO(shard_world_sum(se, &loss), rc, out);
+        loss /= se->world;
+    }
+    out->loss = loss;
+    rc = shard_optimize(se, lr, out);
+out:
+    fsdp_unit_release_all(se); /* the parameters changed (or the step failed) */
+    return rc;
+}
+
+static int shard_eval(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, double *loss)
+{
+    struct fsdp_shard_engine *se = shard_impl(e);
+    int rc;
+    FSDP_CHECK(fsdp_dataloader_next(dl));
+    rc = shard_forward(se, dl->inputs, dl->targets);
+    fsdp_unit_release_all(se);
+    FSDP_CHECK(rc);
+    double l = se->model->loss;
+    if (se->mesh) {
+        FSDP_CHECK(shard_world_sum(se, &l));
+        l /= se->world;
+    }
+    *loss = l;
+    return 0;
+}
+
+static int shard_save(struct fsdp_train_engine *e, const char *path, const char *created_by)
+{
+    return fsdp_shard_save(shard_impl(e), path, created_by);
+}
+
+static void shard_destroy(struct fsdp_train_engine *e)
+{
+    if (!e) {
+        return;
+    }
+    struct fsdp_shard_engine *se = shard_impl(e);
+    if (se) {
+        fsdp_gpt2_destroy(se->model);
+        fsdp_shard_teardown(se);
+        free(se);
+    }
+    free(e);
+}
+
+static const struct fsdp_train_engine_ops shard_ops = {
+    .size = sizeof(struct fsdp_train_engine_ops),
+    .name = "fsdp (sharded)",
+    .step = shard_step,
+    .eval = shard_eval,
+    .save = shard_save,
+    .destroy = shard_destroy,
+};
+
+// ----------------------------------------------------------------------------
+// setup
+
+static int shard_check_config(const struct fsdp_engine_config *ec)
+{
+    if (ec->prefetch < 0 || ec->prefetch > 64) {
+        return fsdp_err(FSDP_ERR_INVALID, "prefetch %d is outside [0, 64]", ec->prefetch);
+    }
+    const enum fsdp_dtype ok[] = {FSDP_F32, FSDP_BF16, FSDP_F16};
+    int pd = 0, rd = 0;
+    for (size_t i = 0; i < 3; i++) {
+        pd |= ec->param_dtype == ok[i];
+        rd |= ec->reduce_dtype == ok[i];
+    }
+    if (!pd || !rd) {
+        return fsdp_err(FSDP_ERR_INVALID, "param-dtype %s / reduce-dtype %s: each must be f32, bf16 or f16",
+                        fsdp_dtype_name(ec->param_dtype), fsdp_dtype_name(ec->reduce_dtype));
+    }
+    if (ec->loss_scale < 0.0 || (ec->loss_scale_dynamic && ec->loss_scale <= 0.0)) {
+        return fsdp_err(FSDP_ERR_INVALID, "loss scale %g must be positive", ec->loss_scale);
+    }
+    return 0;
+}
+
+static void shard_log_memory(const struct fsdp_shard_engine *se)
+{
+    struct fsdp_engine_stats st;
+    struct fsdp_train_engine tmp = {.impl = (void *)se};
+    fsdp_shard_engine_stats(&tmp, &st);
+    FSDP_INFO(FSDP_SUB_FSDP,
+              "fsdp: %d-way shards x %d replicas | model states %zu bytes (shards %zu + gathered "
+              "params %zu) | unsharded grads %zu | comm %zu | activations %zu | total %zu bytes",
+              se->Rs, se->world / se->Rs, st.model_bytes, st.state_bytes, st.gathered_bytes,
+              st.grad_bytes, st.comm_bytes, st.act_bytes, st.peak_bytes);
+}
+
+int fsdp_shard_engine_create(struct fsdp_dist *d, const char *model_path, int B, int T,
+                             const struct fsdp_optim_config *oc,
+                             const struct fsdp_engine_config *ec, struct fsdp_train_engine **out)
+{
+    struct fsdp_train_engine *e = calloc(1, sizeof(*e));
+    struct fsdp_shard_engine *se = calloc(1, sizeof(*se));
+    int rc;
+    if (!e || !se) {
+        free(e);
+        free(se);
+        return fsdp_err(FSDP_ERR_NOMEM, "fsdp engine");
+    }
+    e->ops = &shard_ops;
+    e->impl = se;
+    se->oc = *oc;
+    se->ec = *ec;
+    se->ec.mesh = NULL; /* borrowed strings are not kept */
+    se->ec.backend = NULL;
+    se->B = B;
+    se->T = T;
+    se->dist = d;
+    se->scale = ec->loss_scale > 0.0 ? (float)ec->loss_scale : 1.0f;
+    FSDP_CHECK_GOTO(shard_check_config(ec), rc, err);
+    se->ec.mesh = ec->mesh;
+    se->ec.backend = ec->backend;
+    rc = fsdp_shard_setup(se, model_path);
+    se->ec.mesh = NULL;
+    se->ec.backend = NULL;
+    if (rc < 0) {
+        goto err;
+    }
+    FSDP_CHECK_GOTO(fsdp_gpt2_create(se->spec, B, T, &se->model), rc, err);
+    if (ec->activation_checkpointing) {
+        FSDP_CHECK_GOTO(fsdp_gpt2_set_checkpoint(se->model, -1, 1), rc, err);
+    }
+    FSDP_CHECK_GOTO(fsdp_gpt2_reserve(se->model), rc, err);
+    /* the root stays bound: the tied head reads and accumulates into it */
+    FSDP_CHECK_GOTO(shard_bind(se, 0), rc, err);
+    e->spec = se->spec;
+    e->flops_per_token = fsdp_gpt2_flops_per_token(se->spec, T);
+    if (se->world_rank == 0) {
+        shard_log_memory(se);
+    }
+    *out = e;
+    return 0;
+
+err:
+    shard_destroy(e);
+    return rc;
+}
+
+void fsdp_shard_engine_describe(const struct fsdp_train_engine *e, char *buf, size_t len)
+{
+    static const char *const modes[] = {"full", "grad-op", "none"};
+    const struct fsdp_shard_engine *se = shard_impl(e);
+    const struct fsdp_engine_config *ec = &se->ec;
+    char scale[48] = "off";
+    if (ec->loss_scale_dynamic) {
+        snprintf(scale, sizeof(scale), "dynamic from %g", ec->loss_scale);
+    } else if (ec->loss_scale > 0.0) {
+        snprintf(scale, sizeof(scale), "%g", ec->loss_scale);
+    }
+    snprintf(buf, len,
+             "fsdp: mesh %s (%s) | %d-way dim-0 shards x %d replicas | sharding %s, reshard after "
+             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s",
+             se->mesh ? se->mesh->spec : "single rank", se->mesh ? se->mesh->backends : "no backend",
+             se->Rs, se->world / se->Rs, modes[ec->sharding], se->keep_gathered ? "off" : "on",
+             ec->prefetch, fsdp_dtype_name(ec->param_dtype), fsdp_dtype_name(ec->reduce_dtype),
+             scale, ec->no_sync_accum ? " | no-sync accumulation" : "",
+             ec->activation_checkpointing ? " | activation checkpointing" : "");
+}
+
+int fsdp_shard_engine_is(const struct fsdp_train_engine *e)
+{
+    return e && e->ops == &shard_ops;
+}
+
+void fsdp_shard_engine_stats(const struct fsdp_train_engine *e, struct fsdp_engine_stats *st)
+{
+    const struct fsdp_shard_engine *se = shard_impl(e);
+    memset(st, 0, sizeof(*st));
+    st->comm_total_s = se->comm_total;
+    st->comm_exposed_s = se->comm_exposed;
+    st->state_bytes = se->state_bytes;
+    st->gathered_bytes = se->gathered_bytes;
+    st->model_bytes = se->state_bytes + se->gathered_bytes;
+    st->grad_bytes = se->grad_bytes;
+    st->comm_bytes = se->comm_bytes;
+    if (se->model) {
+        st->act_bytes = fsdp_gpt2_activation_bytes(se->model) +
+                        fsdp_gpt2_workspace_bytes(se->model);
+    }
+    st->peak_bytes = st->model_bytes + st->grad_bytes + st->comm_bytes + st->act_bytes;
+    st->skipped_steps = se->skipped;
+    st->loss_scale = se->scale;
+}

@@ -1,0 +1,152 @@
+/*
+ * fsdp_impl.h - the sharding engine's private state, shared by its files:
+ *   shard.c   mesh and groups, the dim-0 row layout and its packing,
+ *             every buffer, loading the shards, saving the model
+ *   unit.c    the per-unit gather / reduce state machine: buffer slots,
+ *             precision casts, replica all-reduces, polls and wait timers
+ *   engine.c  the engine table: the overlap schedule, step, eval, save,
+ *             destroy, clipping, AdamW, loss scaling
+ */
+#ifndef FSDP_FSDP_IMPL_H
+#define FSDP_FSDP_IMPL_H
+
+#include <stdint.h>
+
+#include "fsdp/fsdp.h"
+#include "dist/group.h"
+#include "dist/mesh.h"
+#include "model/gpt2.h"
+
+#define FSDP_MAX_REP_GROUPS 2
+
+/*
+ * One unit's sharded state. Rank r holds, of every parameter of the unit,
+ * the dim-0 rows fsdp_shard_rows gives, packed parameter after parameter
+ * (its "shard"); shards are padded to a common length S so that rank r's
+ * shard is block r of an all-gather.
+ */
+struct fsdp_unit {
+    size_t numel;  /* elements of the whole unit */
+    size_t first;  /* index of the unit's first parameter in the spec */
+    size_t nparam; /* parameters in the unit */
+    size_t S;      /* shard elements: the longest rank's (rounded up to 16 when sharded) */
+    size_t cnt;    /* elements in this rank's shard (<= S; 0 possible) */
+    float *master; /* (S,) f32 parameters; padding zero */
+    float *grad;   /* (S,) reduced gradient, accumulated over micro-batches */
+    float *m;      /* (S,) AdamW first moment */
+    float *v;      /* (S,) AdamW second moment */
+};
+
+/* A gathered-parameter buffer and its in-flight all-gather. */
+struct fsdp_pslot {
+    float *buf;        /* (numel,) the gathered unit in its layout, f32 for the kernels */
+    float *stage;      /* (Rs * S,) f32 param dtype: the gathered shards, packed */
+    uint16_t *send16;  /* (Smax,) 16-bit param dtype: this rank's shard */
+    uint16_t *recv16;  /* (Rs * S,) 16-bit param dtype: the gathered shards, packed */
+    struct fsdp_work *work; /* pending all-gather or NULL */
+    double issued;     /* fsdp_now() at issue */
+    double done;       /* when a progress poll first saw it complete; 0: not yet */
+    size_t floats;     /* capacity of buf */
+    size_t packed;     /* capacity of stage / recv16: Rs * S of its largest unit */
+    int unit;          /* unit held (or being gathered); -1: none */
+    int ready;         /* buf holds the unit: gathered and cast */
+};
+
+/* A full-gradient buffer and its in-flight reduce-scatter. */
+struct fsdp_gslot {
+    float *buf;        /* (numel,) the unit's unsharded gradient in its layout; when
+                          the model is saved, the packed all-gather (Rs * S) */
+    float *stage;      /* (Rs * S,) f32 reduce dtype: the gradient packed by shard */
+    float *recv;       /* (Smax,) this rank's reduced block, f32 */
+    uint16_t *send16;  /* (Rs * S,) 16-bit reduce dtype: the gradient packed by shard */
+    uint16_t *recv16;  /* (Smax,) this rank's reduced block in the reduce dtype */
+    struct fsdp_work *work; /* pending reduce-scatter or NULL */
+    double issued;
+    double done;
+    size_t floats;     /* capacity of buf */
+    size_t packed;     /* capacity of stage / send16 */
+    int unit;          /* unit whose reduction is pending; -1: none */
+    int accumulate;    /* 1: add the result into the shard; 0: overwrite */
+    int phase;         /* replica all-reduces issued after the reduce-scatter */
+};
+
+struct fsdp_shard_engine {
+    struct fsdp_gpt2_spec *spec;
+    struct fsdp_gpt2 *model;
+    struct fsdp_optim_config oc;
+    struct fsdp_engine_config ec;
+    int B, T;
+    long adam_step;
+
+    struct fsdp_dist *dist;            /* NULL: one rank, no launcher */
+    int world_rank;
+    struct fsdp_mesh *mesh;            /* NULL on one rank */
+    struct fsdp_group *shard_g;        /* NULL when Rs == 1 */
+    struct fsdp_group *rep_g[FSDP_MAX_REP_GROUPS]; /* replicas, size > 1 only */
+    int n_rep;
+    int Rs, rs;                        /* shard group size and rank */
+    int world;                         /* data-parallel ranks: Rs * replicas */
+
+    int n_units;
+    struct fsdp_unit *units;           /* (n_units,) */
+    size_t Smax;                       /* largest shard */
+
+    int keep_gathered;                 /* params stay gathered from forward to backward */
+    int n_pslots, n_gslots;
+    struct fsdp_pslot *pslots;         /* [0]: unit 0 (the root), then a ring */
+    struct fsdp_gslot *gslots;         /* [0]: unit 0, then a ring (or one per unit) */
+    int *rqueue;                       /* (n_gslots,) pending reductions, in issue order */
+    double *sum_buf;                   /* (world,) one double per rank of a group */
+    int rq_head, rq_len;
+
+    float scale;                       /* current loss scale (1 when off) */
+    long good_steps;                   /* finite steps since the last change of scale */
+    long skipped;
+
+    double comm_total, comm_exposed;   /* seconds, since creation */
+    size_t state_bytes, gathered_bytes, grad_bytes, comm_bytes;
+};
+
+/* shard.c */
+/* Rows [*row0, *row0 + *rows) of parameter p that rank r of Rs holds:
+ * split as evenly as possible, the first (rows mod Rs) ranks one more. */
+static inline void fsdp_shard_rows(const struct fsdp_param_spec *p, int Rs, int r, size_t *row0,
+                                   size_t *rows)
+{
+    size_t n = p->shape[0], base = n / (size_t)Rs, extra = n % (size_t)Rs, ur = (size_t)r;
+    *rows = base + (ur < extra);
+    *row0 = ur * base + (ur < extra ? ur : extra);
+}
+/* Unit layout <-> shards packed rank after rank (Rs blocks of S elements),
+ * converting between f32 and t (f32, bf16 or f16) on the way. */
+void fsdp_shard_unpack(const struct fsdp_shard_engine *se, int u, float *unit, const void *packed,
+                       enum fsdp_dtype t);
+void fsdp_shard_pack(const struct fsdp_shard_engine *se, int u, void *packed, const float *unit,
+                     enum fsdp_dtype t);
+int fsdp_shard_setup(struct fsdp_shard_engine *se, const char *model_path);
+void fsdp_shard_teardown(struct fsdp_shard_engine *se);
+int fsdp_shard_save(struct fsdp_shard_engine *se, const char *path, const char *created_by);
+
+/* unit.c */
+int fsdp_unit_pslot(const struct fsdp_shard_engine *se, int u);
+int fsdp_unit_gslot(const struct fsdp_shard_engine *se, int u);
+int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u);
+int fsdp_unit_gather_wait(struct fsdp_shard_engine *se, int u);
+void fsdp_unit_release(struct fsdp_shard_engine *se, int u);
+void fsdp_unit_release_all(struct fsdp_shard_engine *se);
+int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate);
+int fsdp_unit_reduce_wait_slot(struct fsdp_shard_engine *se, int g);
+int fsdp_unit_reduce_wait_all(struct fsdp_shard_engine *se);
+/* Sum (op) of n values over every data-parallel rank: shard group, then replicas. */
+int fsdp_world_allreduce(struct fsdp_shard_engine *se, void *buf, size_t n, enum fsdp_dtype t,
+                         enum fsdp_redop op);
+/* Blocking wait with the exposed/total timers; done: when a poll saw it
+ * complete (0: not seen). Frees the handle. */
+int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double issued,
+                   double done);
+/* Polls the collectives in flight (which also drives backends that progress
+ * only inside their calls), notes when each completed, and moves finished
+ * reduce-scatters on to their replica all-reduces. */
+int fsdp_unit_progress(struct fsdp_shard_engine *se);
+
+#endif

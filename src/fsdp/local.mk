@@ -1,0 +1,10 @@
+# src/fsdp: the sharding engine (FSDP2 fully_shard semantics) behind train/engine.h.
+libfsdpc_a_SOURCES += src/fsdp/shard.c src/fsdp/unit.c src/fsdp/engine.c
+noinst_HEADERS += src/fsdp/fsdp.h src/fsdp/fsdp_impl.h
+
+# tests: sharded runs against single-rank runs of the same global batch
+dist_check_SCRIPTS += tests/fsdp/test_fsdp_equiv.sh
+dist_check_DATA += tests/fsdp/compare_models.py
+TESTS += tests/fsdp/test_fsdp_equiv.sh
+
+dist_doc_DATA += doc/sharding.md

@@ -1,0 +1,385 @@
+/*
+ * shard.c - the sharding engine's layout and buffers: the mesh and its
+ * groups; the shard of every unit (of each parameter, the dim-0 rows
+ * fsdp_shard_rows assigns to this rank, packed parameter after parameter);
+ * the f32 master / gradient / AdamW shards; the gathered-parameter and
+ * full-gradient slots; packing a unit into shards and back; reading this
+ * rank's rows from the model file; and writing the model back unit by unit.
+ * Every buffer is allocated here, once.
+ */
+#include "config.h"
+#include "fsdp/fsdp_impl.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "dist/dist.h"
+#include "io/model_file.h"
+#include "kernels/kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// mesh and groups
+
+static int shard_groups(struct fsdp_shard_engine *se)
+{
+    const struct fsdp_engine_config *ec = &se->ec;
+    struct fsdp_dist *d = se->dist;
+    int want_mesh = d && (d->world_size > 1 || (ec->mesh && ec->mesh[0]));
+    se->Rs = 1;
+    se->rs = 0;
+    se->world = 1;
+    se->world_rank = d ? d->rank : 0;
+    if (!want_mesh) {
+        return 0;
+    }
+    FSDP_CHECK(fsdp_mesh_create(d, ec->mesh && ec->mesh[0] ? ec->mesh : NULL,
+                                ec->backend && ec->backend[0] ? ec->backend : NULL, &se->mesh));
+    struct fsdp_mesh *m = se->mesh;
+    for (int i = 0; i < m->ndims; i++) {
+        if (strcmp(m->dims[i].name, "dp") != 0 && strcmp(m->dims[i].name, "rdp") != 0) {
+            return fsdp_err(FSDP_ERR_INVALID,
+                            "mesh %s: dimension '%s' is not one the sharding engine uses (dp: shard, rdp: replicate)",
+                            m->spec, m->dims[i].name);
+        }
+    }
+    struct fsdp_group *dp = fsdp_mesh_group(m, "dp");
+    struct fsdp_group *rdp = fsdp_mesh_group(m, "rdp");
+    if (!dp) {
+        return fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
+                        m->spec);
+    }
+    if (ec->sharding == FSDP_SHARD_NONE) {
+        if (dp->size > 1) {
+            se->rep_g[se->n_rep++] = dp;
+        }
+    } else if (dp->size > 1) {
+        se->shard_g = dp;
+        se->Rs = dp->size;
+        se->rs = dp->rank;
+    }
+    if (rdp && rdp->size > 1) {
+        se->rep_g[se->n_rep++] = rdp;
+    }
+    se->world = d->world_size;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// buffers
+
+static size_t shard_len(const struct fsdp_shard_engine *se, const struct fsdp_unit *un, int r)
+{
+    size_t len = 0;
+    for (size_t i = un->first; i < un->first + un->nparam; i++) {
+        const struct fsdp_param_spec *p = &se->spec->params[i];
+        size_t row0, rows;
+        fsdp_shard_rows(p, se->Rs, r, &row0, &rows);
+        len += rows * p->shape[1];
+    }
+    return len;
+}
+
+static int shard_alloc_state(struct fsdp_shard_engine *se)
+{
+    const struct fsdp_gpt2_spec *spec = se->spec;
+    size_t total = 0;
+    se->n_units = spec->n_units;
+    se->units = calloc((size_t)se->n_units, sizeof(*se->units));
+    if (!se->units) {
+        return fsdp_err(FSDP_ERR_NOMEM, "fsdp: unit table");
+    }
+    for (int u = 0; u < se->n_units; u++) {
+        struct fsdp_unit *un = &se->units[u];
+        un->numel = spec->unit_numel[u];
+        un->first = spec->unit_first[u];
+        while (un->first + un->nparam < spec->n_params && spec->params[un->first + un->nparam].unit == u) {
+            un->nparam++;
+        }
+        un->S = 0;
+        for (int r = 0; r < se->Rs; r++) {
+            size_t len = shard_len(se, un, r);
+            un->S = len > un->S ? len : un->S;
+        }
+        if (se->Rs > 1) {
+            un->S = (un->S + 15) & ~(size_t)15; /* 64-byte aligned blocks */
+        }
+        un->cnt = shard_len(se, un, se->rs);
+        se->Smax = un->S > se->Smax ? un->S : se->Smax;
+        total += un->S;
+    }
+    /* one allocation for the four shards of every unit */
+    size_t bytes = 4 * total * sizeof(float);
+    float *p = fsdp_calloc(bytes);
+    if (!p) {
+        return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of parameter, gradient and AdamW shards",
+                        bytes);
+    }
+    se->state_bytes = bytes;
+    for (int u = 0; u < se->n_units; u++) {
+        struct fsdp_unit *un = &se->units[u];
+        un->master = p;
+        un->grad = p + total;
+        un->m = p + 2 * total;
+        un->v = p + 3 * total;
+        p += un->S;
+    }
+    return 0;
+}
+
+static void *shard_buf(size_t n, size_t elem, size_t *counter, int *failed)
+{
+    if (n == 0) {
+        return NULL;
+    }
+    void *p = fsdp_calloc(n * elem);
+    *counter += n * elem;
+    *failed |= p == NULL;
+    return p;
+}
+
+static int shard_alloc_slots(struct fsdp_shard_engine *se)
+{
+    const struct fsdp_engine_config *ec = &se->ec;
+    int n = se->n_units;
+    int ring_p = ec->prefetch + 1 < n - 1 ? ec->prefetch + 1 : n - 1;
+    int ring_g = 2 < n - 1 ? 2 : n - 1;
+    se->keep_gathered = ec->sharding != FSDP_SHARD_FULL || !ec->reshard_after_forward;
+    se->n_pslots = se->keep_gathered ? n : 1 + ring_p;
+    se->n_gslots = ec->no_sync_accum ? n : 1 + ring_g;
+    se->pslots = calloc((size_t)se->n_pslots, sizeof(*se->pslots));
+    se->gslots = calloc((size_t)se->n_gslots, sizeof(*se->gslots));
+    se->rqueue = calloc((size_t)se->n_gslots, sizeof(*se->rqueue));
+    se->sum_buf = calloc((size_t)se->world, sizeof(*se->sum_buf));
+    if (!se->pslots || !se->gslots || !se->rqueue || !se->sum_buf) {
+        return fsdp_err(FSDP_ERR_NOMEM, "fsdp: slot tables");
+    }
+    /* a slot holds the largest unit that maps to it; a gradient slot's
+     * buffer also receives the packed all-gather when the model is saved */
+    for (int u = 0; u < n; u++) {
+        size_t numel = se->units[u].numel, packed = (size_t)se->Rs * se->units[u].S;
+        struct fsdp_pslot *ps = &se->pslots[fsdp_unit_pslot(se, u)];
+        struct fsdp_gslot *gs = &se->gslots[fsdp_unit_gslot(se, u)];
+        ps->floats = numel > ps->floats ? numel : ps->floats;
+        ps->packed = packed > ps->packed ? packed : ps->packed;
+        gs->floats = numel > gs->floats ? numel : gs->floats;
+        gs->floats = packed > gs->floats ? packed : gs->floats;
+        gs->packed = packed > gs->packed ? packed : gs->packed;
+    }
+    const int p16 = ec->param_dtype != FSDP_F32, r16 = ec->reduce_dtype != FSDP_F32;
+    const int comm = se->shard_g != NULL;
+    const size_t shard = se->Smax;
+    int failed = 0;
+    for (int i = 0; i < se->n_pslots; i++) {
+        struct fsdp_pslot *s = &se->pslots[i];
+        s->unit = -1;
+        s->buf = shard_buf(s->floats, sizeof(float), &se->gathered_bytes, &failed);
+        s->stage = shard_buf(comm && !p16 ? s->packed : 0, sizeof(float), &se->comm_bytes, &failed);
+        s->send16 = shard_buf(p16 ? shard : 0, sizeof(uint16_t), &se->comm_bytes, &failed);
+        s->recv16 = shard_buf(comm && p16 ? s->packed : 0, sizeof(uint16_t), &se->comm_bytes,
+                              &failed);
+    }
+    for (int i = 0; i < se->n_gslots; i++) {
+        struct fsdp_gslot *s = &se->gslots[i];
+        s->unit = -1;
+        s->buf = shard_buf(s->floats, sizeof(float), &se->grad_bytes, &failed);
+        s->recv = shard_buf(shard, sizeof(float), &se->comm_bytes, &failed);
+        s->stage = shard_buf(comm && !r16 ? s->packed : 0, sizeof(float), &se->comm_bytes, &failed);
+        s->send16 = shard_buf(r16 ? s->packed : 0, sizeof(uint16_t), &se->comm_bytes, &failed);
+        s->recv16 = shard_buf(r16 ? shard : 0, sizeof(uint16_t), &se->comm_bytes, &failed);
+    }
+    if (failed) {
+        return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of gathered, gradient and communication buffers",
+                        se->gathered_bytes + se->grad_bytes + se->comm_bytes);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// packing: unit layout <-> Rs blocks of S, block r holding rank r's rows
+
+void fsdp_shard_unpack(const struct fsdp_shard_engine *se, int u, float *unit, const void *packed,
+                       enum fsdp_dtype t)
+{
+    const struct fsdp_unit *un = &se->units[u];
+    for (int r = 0; r < se->Rs; r++) {
+        size_t off = (size_t)r * un->S;
+        for (size_t i = un->first; i < un->first + un->nparam; i++) {
+            const struct fsdp_param_spec *p = &se->spec->params[i];
+            size_t row0, rows;
+            fsdp_shard_rows(p, se->Rs, r, &row0, &rows);
+            size_t cnt = rows * p->shape[1];
+            float *dst = unit + p->offset + row0 * p->shape[1];
+            if (t == FSDP_F32) {
+                memcpy(dst, (const float *)packed + off, cnt * sizeof(float));
+            } else if (t == FSDP_BF16) {
+                fsdp_cpu_bf16_to_f32(dst, (const uint16_t *)packed + off, cnt);
+            } else {
+                fsdp_cpu_f16_to_f32(dst, (const uint16_t *)packed + off, cnt);
+            }
+            off += cnt;
+        }
+    }
+}
+
+void fsdp_shard_pack(const struct fsdp_shard_engine *se, int u, void *packed, const float *unit,
+                     enum fsdp_dtype t)
+{
+    const struct fsdp_unit *un = &se->units[u];
+    const size_t esize = fsdp_dtype_size(t);
+    for (int r = 0; r < se->Rs; r++) {
+        size_t off = (size_t)r * un->S;
+        for (size_t i = un->first; i < un->first + un->nparam; i++) {
+            const struct fsdp_param_spec *p = &se->spec->params[i];
+            size_t row0, rows;
+            fsdp_shard_rows(p, se->Rs, r, &row0, &rows);
+            size_t cnt = rows * p->shape[1];
+            const float *src = unit + p->offset + row0 * p->shape[1];
+            if (t == FSDP_F32) {
+                memcpy((float *)packed + off, src, cnt * sizeof(float));
+            } else if (t == FSDP_BF16) {
+                fsdp_cpu_f32_to_bf16((uint16_t *)packed + off, src, cnt);
+            } else {
+                fsdp_cpu_f32_to_f16((uint16_t *)packed + off, src, cnt);
+            }
+            off += cnt;
+        }
+        size_t end = (size_t)(r + 1) * un->S;
+        memset((char *)packed + off * esize, 0, (end - off) * esize); /* padding */
+    }
+}
+
+// ----------------------------------------------------------------------------
+// loading: each rank reads only its rows of each parameter
+
+static int shard_load(struct fsdp_shard_engine *se, struct fsdp_model_file *mf)
+{
+    for (int u = 0; u < se->n_units; u++) {
+        const struct fsdp_unit *un = &se->units[u];
+        size_t off = 0;
+        for (size_t i = un->first; i < un->first + un->nparam; i++) {
+            const struct fsdp_param_spec *p = &se->spec->params[i];
+            size_t row0, rows;
+            fsdp_shard_rows(p, se->Rs, se->rs, &row0, &rows);
+            if (rows > 0) {
+                FSDP_CHECK(fsdp_model_file_read_rows(mf, p->name, row0, rows, un->master + off));
+            }
+            off += rows * p->shape[1];
+        }
+    }
+    return 0;
+}
+
+int fsdp_shard_setup(struct fsdp_shard_engine *se, const char *model_path)
+{
+    struct fsdp_model_file *mf = NULL;
+    int rc;
+    FSDP_CHECK(fsdp_model_file_open(model_path, &mf));
+    FSDP_CHECK_GOTO(fsdp_gpt2_spec_create(&fsdp_model_file_spec(mf)->cfg, &se->spec), rc, out);
+    FSDP_CHECK_GOTO(shard_groups(se), rc, out);
+    FSDP_CHECK_GOTO(shard_alloc_state(se), rc, out);
+    FSDP_CHECK_GOTO(shard_alloc_slots(se), rc, out);
+    FSDP_CHECK_GOTO(shard_load(se, mf), rc, out);
+out:
+    fsdp_model_file_close(mf);
+    return rc;
+}
+
+/* A collective still in flight after a failed step must finish before its
+ * buffers go; one that does not finish soon is left (and its buffers with it). */
+static int shard_drain(struct fsdp_work **w)
+{
+    if (!*w) {
+        return 1;
+    }
+    if (fsdp_work_wait(*w, 1.0) < 0) {
+        fsdp_err_clear();
+        return 0;
+    }
+    fsdp_work_free(*w);
+    *w = NULL;
+    return 1;
+}
+
+void fsdp_shard_teardown(struct fsdp_shard_engine *se)
+{
+    for (int i = 0; se->pslots && i < se->n_pslots; i++) {
+        if (!shard_drain(&se->pslots[i].work)) {
+            continue;
+        }
+        fsdp_free(se->pslots[i].buf);
+        fsdp_free(se->pslots[i].stage);
+        fsdp_free(se->pslots[i].send16);
+        fsdp_free(se->pslots[i].recv16);
+    }
+    for (int i = 0; se->gslots && i < se->n_gslots; i++) {
+        if (!shard_drain(&se->gslots[i].work)) {
+            continue;
+        }
+        fsdp_free(se->gslots[i].buf);
+        fsdp_free(se->gslots[i].recv);
+        fsdp_free(se->gslots[i].stage);
+        fsdp_free(se->gslots[i].send16);
+        fsdp_free(se->gslots[i].recv16);
+    }
+    free(se->pslots);
+    free(se->gslots);
+    free(se->rqueue);
+    free(se->sum_buf);
+    if (se->units) {
+        fsdp_free(se->units[0].master); /* the one state allocation */
+    }
+    free(se->units);
+    fsdp_mesh_destroy(se->mesh);
+    fsdp_gpt2_spec_destroy(se->spec);
+}
+
+// ----------------------------------------------------------------------------
+// saving: gather one unit at a time in f32; world rank 0 writes. A unit's
+// gradient slot receives the packed shards (no reduction is pending now).
+
+int fsdp_shard_save(struct fsdp_shard_engine *se, const char *path, const char *created_by)
+{
+    struct fsdp_model_write_opts opts = {.created_by = created_by, .dtype = FSDP_F32};
+    struct fsdp_model_writer *w = NULL;
+    const int writer = se->world_rank == 0;
+    int rc = 0;
+    int32_t ok;
+    fsdp_unit_release_all(se);
+    if (writer) {
+        rc = fsdp_model_writer_create(path, se->spec, &opts, &w);
+    }
+    for (int u = 0; u < se->n_units; u++) {
+        const struct fsdp_unit *un = &se->units[u];
+        float *full = se->pslots[fsdp_unit_pslot(se, u)].buf;
+        float *packed = se->gslots[fsdp_unit_gslot(se, u)].buf;
+        if (se->shard_g) {
+            FSDP_CHECK_GOTO(fsdp_allgather_sync(se->shard_g, un->master, packed, un->S, FSDP_F32),
+                            rc, out);
+            fsdp_shard_unpack(se, u, full, packed, FSDP_F32);
+        } else {
+            memcpy(full, un->master, un->numel * sizeof(float));
+        }
+        if (writer && rc == 0) {
+            rc = fsdp_model_writer_put_unit(w, u, full);
+        }
+    }
+    if (writer && rc == 0) {
+        rc = fsdp_model_writer_commit(w);
+    }
+out:
+    fsdp_model_writer_destroy(w);
+    /* every rank learns whether rank 0 wrote the file */
+    ok = rc == 0;
+    if (se->mesh) {
+        int arc = fsdp_world_allreduce(se, &ok, 1, FSDP_I32, FSDP_MIN);
+        if (arc < 0 && rc == 0) {
+            rc = arc;
+        }
+    }
+    if (rc == 0 && !ok) {
+        rc = fsdp_err(FSDP_ERR_IO, "model %s: rank 0 could not write it (see its error)", path);
+    }
+    return rc;
+}

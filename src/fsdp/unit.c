@@ -1,0 +1,316 @@
+/*
+ * unit.c - the per-unit state machine of the sharding engine: which buffer
+ * slot a unit's gathered parameters and full gradient use, the
+ * asynchronous all-gather of a unit (its shard cast to the param dtype
+ * before; after, the gathered shards unpacked into the unit layout and cast
+ * back to f32 in one pass), the asynchronous reduce-scatter of its gradient
+ * (packed by shard and cast to the reduce dtype in one pass before; after,
+ * cast back, all-reduced over replicas and accumulated into the gradient
+ * shard), and the wait timers.
+ *
+ * A parameter slot is "held" by a unit from the issue of its all-gather to
+ * its release; issuing a gather into a slot that another unit still holds
+ * is a scheduling bug and fails loudly rather than corrupting parameters.
+ * With one rank in the shard group there is no collective: the "gather" is
+ * the cast of the master shard and the "reduce-scatter" the cast of the
+ * gradient, so that a single rank runs the same precision policy.
+ */
+#include "config.h"
+#include "fsdp/fsdp_impl.h"
+#include "core/error.h"
+#include "core/util.h"
+#include "kernels/kernels.h"
+
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// slots
+
+int fsdp_unit_pslot(const struct fsdp_shard_engine *se, int u)
+{
+    if (u == 0 || se->keep_gathered) {
+        return u;
+    }
+    return 1 + (u - 1) % (se->n_pslots - 1);
+}
+
+int fsdp_unit_gslot(const struct fsdp_shard_engine *se, int u)
+{
+    if (u == 0 || se->ec.no_sync_accum) {
+        return u;
+    }
+    return 1 + (u - 1) % (se->n_gslots - 1);
+}
+
+int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double issued,
+                   double done)
+{
+    double t0 = fsdp_now();
+    FSDP_CHECK(fsdp_work_wait(*w, -1.0));
+    double t1 = fsdp_now();
+    se->comm_exposed += t1 - t0;
+    se->comm_total += (done > 0.0 ? done : t1) - issued;
+    fsdp_work_free(*w);
+    *w = NULL;
+    return 0;
+}
+
+static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *moved);
+
+static void unit_poll(struct fsdp_work *w, double *done, double now)
+{
+    int fin = 0;
+    if (w && *done == 0.0) {
+        if (fsdp_work_test(w, &fin) < 0) {
+            fsdp_err_clear(); /* the wait reports it */
+            fin = 1;
+        }
+        if (fin) {
+            *done = now;
+        }
+    }
+}
+
+int fsdp_unit_progress(struct fsdp_shard_engine *se)
+{
+    int moved = 1;
+    while (se->rq_len > 0 && moved) {
+        FSDP_CHECK(unit_reduce_advance(se, 0, &moved));
+    }
+    double now = fsdp_now();
+    for (int i = 0; i < se->n_pslots; i++) {
+        unit_poll(se->pslots[i].work, &se->pslots[i].done, now);
+    }
+    for (int i = 0; i < se->n_gslots; i++) {
+        unit_poll(se->gslots[i].work, &se->gslots[i].done, now);
+    }
+    return 0;
+}
+
+static void unit_to16(enum fsdp_dtype t, uint16_t *dst, const float *src, size_t n)
+{
+    if (t == FSDP_BF16) {
+        fsdp_cpu_f32_to_bf16(dst, src, n);
+    } else {
+        fsdp_cpu_f32_to_f16(dst, src, n);
+    }
+}
+
+static void unit_from16(enum fsdp_dtype t, float *dst, const uint16_t *src, size_t n)
+{
+    if (t == FSDP_BF16) {
+        fsdp_cpu_bf16_to_f32(dst, src, n);
+    } else {
+        fsdp_cpu_f16_to_f32(dst, src, n);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// parameters: all-gather
+
+int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
+{
+    struct fsdp_pslot *s = &se->pslots[fsdp_unit_pslot(se, u)];
+    const struct fsdp_unit *un = &se->units[u];
+    const enum fsdp_dtype pt = se->ec.param_dtype;
+    if (s->unit == u) {
+        return 0; /* held or in flight */
+    }
+    if (s->unit >= 0 || s->work) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: unit %d needs the buffer that unit %d still holds",
+                        u, s->unit);
+    }
+    s->unit = u;
+    s->ready = 0;
+    s->issued = fsdp_now();
+    s->done = 0.0;
+    int rc = 0;
+    if (pt == FSDP_F32) {
+        if (!se->shard_g) {
+            memcpy(s->buf, un->master, un->numel * sizeof(float));
+        } else {
+            rc = fsdp_allgather(se->shard_g, un->master, s->stage, un->S, FSDP_F32, NULL,
+                                &s->work);
+        }
+    } else {
+        unit_to16(pt, s->send16, un->master, un->S);
+        if (se->shard_g) {
+            rc = fsdp_allgather(se->shard_g, s->send16, s->recv16, un->S, pt, NULL, &s->work);
+        }
+    }
+    if (rc < 0) {
+        s->unit = -1;
+    }
+    return rc;
+}
+
+int fsdp_unit_gather_wait(struct fsdp_shard_engine *se, int u)
+{
+    struct fsdp_pslot *s = &se->pslots[fsdp_unit_pslot(se, u)];
+    const struct fsdp_unit *un = &se->units[u];
+    const enum fsdp_dtype pt = se->ec.param_dtype;
+    if (s->unit != u) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: unit %d is used before its all-gather was issued",
+                        u);
+    }
+    if (s->ready) {
+        return 0;
+    }
+    if (s->work) {
+        FSDP_CHECK(fsdp_unit_wait(se, &s->work, s->issued, s->done));
+    }
+    if (se->shard_g) {
+        fsdp_shard_unpack(se, u, s->buf, pt == FSDP_F32 ? (void *)s->stage : (void *)s->recv16,
+                          pt);
+    } else if (pt != FSDP_F32) {
+        unit_from16(pt, s->buf, s->send16, un->numel);
+    }
+    s->ready = 1;
+    return 0;
+}
+
+void fsdp_unit_release(struct fsdp_shard_engine *se, int u)
+{
+    struct fsdp_pslot *s = &se->pslots[fsdp_unit_pslot(se, u)];
+    if (s->unit == u && !s->work) {
+        s->unit = -1;
+        s->ready = 0;
+    }
+}
+
+void fsdp_unit_release_all(struct fsdp_shard_engine *se)
+{
+    for (int p = 0; p < se->n_pslots; p++) {
+        if (!se->pslots[p].work) {
+            se->pslots[p].unit = -1;
+            se->pslots[p].ready = 0;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// gradients: reduce-scatter, all-reduce over replicas, accumulate
+
+int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate)
+{
+    int g = fsdp_unit_gslot(se, u);
+    struct fsdp_gslot *s = &se->gslots[g];
+    const struct fsdp_unit *un = &se->units[u];
+    const enum fsdp_dtype rt = se->ec.reduce_dtype;
+    if (s->unit >= 0 || s->work || se->rq_len == se->n_gslots) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: unit %d's reduction needs the buffer of unit %d's",
+                        u, s->unit);
+    }
+    s->unit = u;
+    s->accumulate = accumulate;
+    s->phase = 0;
+    s->issued = fsdp_now();
+    s->done = 0.0;
+    int rc = 0;
+    if (!se->shard_g) { /* one shard: the unit itself, cast to the reduce dtype and back */
+        if (rt == FSDP_F32) {
+            memcpy(s->recv, s->buf, un->numel * sizeof(float));
+        } else {
+            unit_to16(rt, s->recv16, s->buf, un->numel);
+        }
+    } else if (rt == FSDP_F32) {
+        fsdp_shard_pack(se, u, s->stage, s->buf, FSDP_F32);
+        rc = fsdp_reduce_scatter(se->shard_g, s->stage, s->recv, un->S, FSDP_F32, FSDP_SUM, NULL,
+                                 &s->work);
+    } else {
+        fsdp_shard_pack(se, u, s->send16, s->buf, rt);
+        rc = fsdp_reduce_scatter(se->shard_g, s->send16, s->recv16, un->S, rt, FSDP_SUM, NULL,
+                                 &s->work);
+    }
+    if (rc < 0) {
+        s->unit = -1;
+        return rc;
+    }
+    se->rqueue[(se->rq_head + se->rq_len++) % se->n_gslots] = g;
+    return 0;
+}
+
+/*
+ * Moves the oldest pending reduction one stage on: once its current
+ * collective is done (waiting for it when block, else only when a test says
+ * so), it issues the next all-reduce over the replicas, or, after the last
+ * one, accumulates the result into the gradient shard and retires the
+ * reduction. Replica all-reduces are issued strictly in the order the
+ * reduce-scatters were, so that every member of a replica group issues the
+ * same sequence. *moved: whether anything happened.
+ */
+static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *moved)
+{
+    const enum fsdp_dtype rt = se->ec.reduce_dtype;
+    int g = se->rqueue[se->rq_head];
+    struct fsdp_gslot *s = &se->gslots[g];
+    struct fsdp_unit *un = &se->units[s->unit];
+    *moved = 0;
+    if (s->work) {
+        if (!block) {
+            int fin = 0;
+            if (fsdp_work_test(s->work, &fin) < 0) {
+                fsdp_err_clear(); /* the wait below reports it */
+                fin = 1;
+            }
+            if (!fin) {
+                return 0;
+            }
+        }
+        FSDP_CHECK(fsdp_unit_wait(se, &s->work, s->issued, s->done));
+    }
+    *moved = 1;
+    /* hybrid: the shard is summed over the replicas, in the reduce dtype
+     * (replicas hold the same rows, so they agree on skipping an empty shard) */
+    if (s->phase < se->n_rep && un->cnt > 0) {
+        void *buf = rt == FSDP_F32 ? (void *)s->recv : (void *)s->recv16;
+        s->issued = fsdp_now();
+        s->done = 0.0;
+        return fsdp_allreduce(se->rep_g[s->phase++], buf, buf, un->cnt, rt, FSDP_SUM, NULL,
+                              &s->work);
+    }
+    if (rt != FSDP_F32) {
+        unit_from16(rt, s->recv, s->recv16, un->cnt);
+    }
+    if (s->accumulate) {
+        for (size_t i = 0; i < un->cnt; i++) {
+            un->grad[i] += s->recv[i];
+        }
+    } else {
+        memcpy(un->grad, s->recv, un->cnt * sizeof(float));
+    }
+    s->unit = -1;
+    se->rq_head = (se->rq_head + 1) % se->n_gslots;
+    se->rq_len--;
+    return 0;
+}
+
+int fsdp_unit_reduce_wait_slot(struct fsdp_shard_engine *se, int g)
+{
+    int moved;
+    while (se->gslots[g].unit >= 0 && se->rq_len > 0) {
+        FSDP_CHECK(unit_reduce_advance(se, 1, &moved));
+    }
+    return 0;
+}
+
+int fsdp_unit_reduce_wait_all(struct fsdp_shard_engine *se)
+{
+    int moved;
+    while (se->rq_len > 0) {
+        FSDP_CHECK(unit_reduce_advance(se, 1, &moved));
+    }
+    return 0;
+}
+
+int fsdp_world_allreduce(struct fsdp_shard_engine *se, void *buf, size_t n, enum fsdp_dtype t,
+                         enum fsdp_redop op)
+{
+    if (se->shard_g) {
+        FSDP_CHECK(fsdp_allreduce_sync(se->shard_g, buf, buf, n, t, op));
+    }
+    for (int i = 0; i < se->n_rep; i++) {
+        FSDP_CHECK(fsdp_allreduce_sync(se->rep_g[i], buf, buf, n, t, op));
+    }
+    return 0;
+}

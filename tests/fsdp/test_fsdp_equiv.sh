@@ -1,0 +1,323 @@
+#!/bin/sh
+# test_fsdp_equiv.sh - the sharding engine against the single-rank engine on
+# the same global batch: per-step losses (JSONL metrics) and the final model
+# (--out) agree to rel 1e-5 (compare_models.py says how that is measured)
+# for 2, 3 and 4 ranks over tcp and mpi, tied and untied embeddings, every
+# sharding mode, prefetch depth, hybrid sharding, gradient accumulation with
+# and without no-sync, and activation checkpointing. Mixed precision and
+# loss scaling are compared with a single-rank run of the same policy.
+# Needs h5py for /usr/bin/python3 (skips without it).
+. "$top_srcdir/tests/tap.sh"
+
+BIN="$top_builddir"
+TRAIN="$BIN/fsdpc-train"
+PY=/usr/bin/python3
+CMP="$top_srcdir/tests/fsdp/compare_models.py"
+MPIEXEC=${MPIEXEC:-mpiexec.mpich}
+W=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-fsdp.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+export FSDPC_LOG=warn
+
+if ! "$PY" -c 'import h5py, numpy' > /dev/null 2>&1; then
+    tap_skip "h5py/numpy not importable by $PY"
+    # 4. mixed precision: against one rank running the same policy through the
+# sharding engine. bf16 gathers round the same f32 masters the same way, so
+# they match tightly; 16-bit reductions sum in another order and precision.
+run refbf 1 tied 4 --param-dtype bf16
+tap_ok $? "single rank, param-dtype bf16"
+run bf 2 tied 2 --param-dtype bf16 --backend tcp
+tap_ok $? "dp=2 param-dtype bf16 ran"
+same bf refbf 1e-5 "dp=2 param-dtype bf16 equals one rank with bf16 params"
+"$PY" "$CMP" models "$W/refbf.h5" "$W/ref2.h5" --tol 1e-5 > /dev/null 2>&1
+[ $? -ne 0 ]
+tap_ok $? "bf16 params change the result (the policy is applied)"
+run refbfr 1 tied 4 --param-dtype bf16 --reduce-dtype bf16
+tap_ok $? "single rank, bf16 params and reductions"
+run bfr 2 tied 2 --param-dtype bf16 --reduce-dtype bf16 --backend mpi
+tap_ok $? "dp=2 bf16 params and reductions ran"
+same bfr refbfr 5e-3 "dp=2 bf16 reductions equal one rank within 5e-3"
+run refbfr4 1 tied 8 --param-dtype bf16 --reduce-dtype bf16
+tap_ok $? "single rank, bf16 params and reductions, batch 8"
+run hbfr 4 tied 2 --param-dtype bf16 --reduce-dtype bf16 --mesh rdp=2,dp=2 --backend tcp
+tap_ok $? "rdp=2,dp=2 with bf16 reductions ran"
+same hbfr refbfr4 1e-2 "rdp=2,dp=2 bf16 reductions equal one rank within 1e-2"
+
+# 5. f16 with dynamic loss scaling from a scale that overflows: the first
+# steps are skipped on every rank, the scale backs off, training proceeds
+F16="--param-dtype f16 --reduce-dtype f16 --loss-scale dynamic --loss-scale-init 1e6"
+# shellcheck disable=SC2086
+run refls 1 tied 4 $F16 --steps 16
+tap_ok $? "single rank, f16 with dynamic loss scaling"
+# shellcheck disable=SC2086
+run ls 2 tied 2 $F16 --steps 16 --backend tcp
+tap_ok $? "dp=2 f16 with dynamic loss scaling ran"
+n1=$(grep -c "step skipped" "$W/refls.log")
+n2=$(grep -c "step skipped" "$W/ls.log")
+tap_diag "skipped steps: one rank $n1, two ranks $n2"
+[ "$n1" -gt 0 ] && [ "$n1" -lt 16 ] && [ "$n1" -eq "$n2" ]
+tap_ok $? "the first steps are skipped, then training proceeds, as on one rank"
+[ "$(grep -c '"grad_norm":null' "$W/ls.jsonl")" -eq "$n2" ]
+tap_ok $? "each skipped step has no gradient norm in the metrics"
+same ls refls 5e-3 "dp=2 f16 with loss scaling equals one rank within 5e-3"
+# shellcheck disable=SC2086
+run allskip 2 tied 2 $F16 --loss-scale-init 1e30 --steps 2 --warmup 0 --backend mpi
+tap_ok $? "dp=2 with every step overflowing ran"
+"$PY" "$CMP" models "$W/allskip.h5" "$W/tied.h5" --tol 0 > "$W/cmp" 2>&1
+tap_ok $? "skipped steps leave the parameters untouched"
+
+# 7. memory: model states per rank (shards + gathered parameters) within 10%
+# of 16 x params / 4 + the two largest units, 4 bytes per element. Model:
+# V=512 C=32 L=4 T=32 tied: unit 0 = 512*32 + 32*32 = 17408, a block 12704,
+# ln_f 64; 68288 parameters: 16 * 68288 / 4 + 4 * (17408 + 12704) = 393600.
+"$BIN/fsdpc-ckpt" init --layers 4 --heads 2 --width 32 --vocab 512 --context 32 --seed 7 \
+    -o "$W/mem.h5" > "$W/log" 2>&1
+tap_ok $? "model for memory accounting"
+FSDPC_LOG=info timeout 60 "$MPIEXEC" -n 4 "$TRAIN" --model "$W/mem.h5" --data "$W/tok.bin" \
+    --seq-len 16 --steps 1 --lr 1e-3 --batch-size 1 --peak-flops 1e11 --prefetch 0 \
+    --backend tcp > "$W/mem.log" 2>&1
+tap_ok $? "4 ranks with memory accounting ran"
+bytes=$(sed -n 's/.*model states \([0-9]*\) bytes.*/\1/p' "$W/mem.log" | head -1)
+tap_diag "model states: ${bytes:-?} bytes per rank, expected 393600 +- 10%"
+[ -n "$bytes" ] && [ "$bytes" -ge 354240 ] && [ "$bytes" -le 432960 ]
+tap_ok $? "model states per rank within 10% of 16 P / 4 + two largest units"
+grep -q "fsdp: comm .* exposed" "$W/mem.log"
+tap_ok $? "the run reports total and exposed communication time"
+
+# bad input: one clear line naming what is wrong (on one rank, where no
+# other rank's abort can cut the launcher's output short)
+bad() {
+    b_want=$1 b_n=$2
+    shift 2
+    # shellcheck disable=SC2086
+    timeout 60 "$MPIEXEC" -n "$b_n" "$TRAIN" --model "$W/tied.h5" $COMMON --batch-size 1 "$@" \
+        > "$W/bad.log" 2>&1
+    b_rc=$?
+    grep -q "$b_want" "$W/bad.log"
+    b_found=$?
+    [ $b_found -eq 0 ] || tap_diag "$(tail -3 "$W/bad.log")"
+    [ $b_rc -ne 0 ] && [ $b_rc -ne 124 ] && [ $b_found -eq 0 ]
+}
+bad "mesh 'dp=3' has 3 ranks (3) but the world has 1" 1 --mesh dp=3
+tap_ok $? "a mesh that does not fit the world is one clear error"
+bad "dimension 'tp' is not one the sharding engine uses" 1 --mesh tp=1
+tap_ok $? "an unknown mesh dimension is one clear error"
+bad "loss-scale 'abc' is not off, dynamic or a positive number" 1 --loss-scale abc
+tap_ok $? "a bad loss scale is one clear error"
+bad "param-dtype 'f64' is not one of f32|bf16|f16" 1 --param-dtype f64
+tap_ok $? "a bad param dtype is one clear error"
+
+tap_done
+    exit 0
+fi
+
+cat "$top_srcdir"/src/train/*.c "$top_srcdir"/src/model/*.c > "$W/text"
+"$BIN/fsdpc-data" tokenize "$W/text" -o "$W/tok.bin" > "$W/log" 2>&1
+tap_ok $? "token file"
+"$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --vocab 256 --context 32 --seed 5 \
+    -o "$W/tied.h5" > "$W/log" 2>&1
+tap_ok $? "tied model"
+"$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --vocab 256 --context 32 --seed 6 \
+    --untied -o "$W/untied.h5" > "$W/log" 2>&1
+tap_ok $? "untied model"
+
+COMMON="--data $W/tok.bin --seq-len 16 --steps 10 --lr 3e-3 --warmup 2 --min-lr 3e-4 \
+--weight-decay 0.1 --clip 1.0 --peak-flops 1e11 --log-every 1 --timeout 30 \
+--val-data $W/tok.bin --val-every 5 --val-batches 2"
+
+# run NAME NRANKS MODEL B EXTRA...: one training run; metrics and model in $W/NAME.*
+# (variables r_*: sh has no locals, and callers loop over n)
+run() {
+    r_name=$1 r_n=$2 r_model=$3 r_b=$4
+    shift 4
+    rm -f "$W/$r_name.jsonl"
+    if [ "$r_n" -eq 1 ]; then
+        # shellcheck disable=SC2086
+        "$TRAIN" --model "$W/$r_model.h5" $COMMON --batch-size "$r_b" \
+            --metrics "$W/$r_name.jsonl" --out "$W/$r_name.h5" "$@" > "$W/$r_name.log" 2>&1
+    else
+        # shellcheck disable=SC2086
+        timeout 60 "$MPIEXEC" -n "$r_n" "$TRAIN" --model "$W/$r_model.h5" $COMMON \
+            --batch-size "$r_b" --metrics "$W/$r_name.jsonl" --out "$W/$r_name.h5" "$@" \
+            > "$W/$r_name.log" 2>&1
+    fi
+    r_rc=$?
+    [ $r_rc -eq 0 ] || tap_diag "$(tail -5 "$W/$r_name.log")"
+    return $r_rc
+}
+
+# same NAME REF TOL DESCRIPTION: losses and final model of NAME equal REF's
+same() {
+    out=$("$PY" "$CMP" losses "$W/$1.jsonl" "$W/$2.jsonl" --tol "$3" 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        out2=$("$PY" "$CMP" models "$W/$1.h5" "$W/$2.h5" --tol "$3" 2>&1)
+        rc=$?
+        out="$out
+$out2"
+    fi
+    tap_diag "$out"
+    tap_ok $rc "$4"
+}
+
+# single-rank references, global batch 2N
+for n in 2 3 4; do
+    run "ref$n" 1 tied $((2 * n))
+    tap_ok $? "single rank, tied, batch $((2 * n))"
+done
+run refu2 1 untied 4
+tap_ok $? "single rank, untied, batch 4"
+
+# 1. full sharding: world sizes 2..4 over both backends
+for be in tcp mpi; do
+    for n in 2 3 4; do
+        run "full-$be-$n" "$n" tied 2 --mesh "dp=$n" --backend "$be"
+        tap_ok $? "dp=$n over $be ran"
+        same "full-$be-$n" "ref$n" 1e-5 "dp=$n over $be equals one rank with batch $((2 * n))"
+    done
+    run "untied-$be" 2 untied 2 --mesh dp=2 --backend "$be"
+    tap_ok $? "untied dp=2 over $be ran"
+    same "untied-$be" refu2 1e-5 "untied dp=2 over $be equals one rank"
+done
+run one 1 tied 4 --mesh dp=1
+tap_ok $? "the sharding engine on one rank ran"
+same one ref2 1e-5 "the sharding engine on one rank equals the local engine"
+
+# rows split unevenly, and parameters with fewer rows than ranks (C = 2 at 4 ranks)
+"$BIN/fsdpc-ckpt" init --layers 1 --heads 1 --width 2 --vocab 256 --context 32 --seed 9 \
+    --untied -o "$W/narrow.h5" > "$W/log" 2>&1
+tap_ok $? "narrow model (C = 2)"
+run refn 1 narrow 4
+run narrow 4 narrow 1 --backend mpi
+tap_ok $? "narrow model over 4 ranks ran"
+same narrow refn 1e-5 "parameters with fewer rows than ranks: 4 ranks equal one rank"
+
+# 2. sharding modes and prefetch depths
+for mode in "--reshard-after-forward off" "--sharding grad-op" "--sharding none" \
+    "--prefetch 0" "--prefetch 3"; do
+    tag=$(echo "$mode" | tr -c 'a-z0-9\n' '_')
+    # shellcheck disable=SC2086
+    run "mode$tag" 4 tied 2 --backend tcp $mode
+    tap_ok $? "4 ranks $mode ran"
+    same "mode$tag" ref4 1e-5 "4 ranks $mode equals one rank"
+done
+
+# 3. hybrid: shard over dp, replicate over rdp
+run hsdp 4 tied 2 --mesh rdp=2,dp=2 --backend tcp
+tap_ok $? "rdp=2,dp=2 ran"
+same hsdp ref4 1e-5 "rdp=2,dp=2 equals one rank"
+run hsdp-mpi 4 untied 1 --mesh rdp=2,dp=2 --backend mpi
+tap_ok $? "untied rdp=2,dp=2 over mpi ran"
+run refu4 1 untied 4
+same hsdp-mpi refu4 1e-5 "untied rdp=2,dp=2 over mpi equals one rank"
+
+run hsdp-none 4 tied 2 --mesh rdp=2,dp=2 --sharding none --backend tcp
+tap_ok $? "rdp=2,dp=2 with sharding none ran"
+same hsdp-none ref4 1e-5 "rdp=2,dp=2 with sharding none (all-reduce over both) equals one rank"
+
+# 6. gradient accumulation (with and without no-sync) and activation checkpointing
+run refacc 1 tied 4 --grad-accum 3
+tap_ok $? "single rank, 3 micro-steps"
+run acc 2 tied 2 --grad-accum 3 --backend tcp
+tap_ok $? "dp=2, 3 micro-steps ran"
+same acc refacc 1e-5 "dp=2 with 3 micro-steps equals one rank"
+run accns 2 tied 2 --grad-accum 3 --no-sync-accum --backend mpi
+tap_ok $? "dp=2, 3 micro-steps, no-sync ran"
+same accns refacc 1e-5 "dp=2 no-sync accumulation equals one rank"
+printf 'no-sync-accum = on\ngrad-accum = 3\nmesh = "dp=2"\n' > "$W/accns.cfg"
+run accnscfg 2 tied 2 --config "$W/accns.cfg" --backend tcp
+tap_ok $? "dp=2 with no-sync accumulation from a config file ran"
+grep -q "^no-sync-accum *= on *# file" "$W/accnscfg.log"
+tap_ok $? "the printed configuration shows no-sync-accum = on from the file"
+same accnscfg refacc 1e-5 "no-sync accumulation from a config file equals one rank"
+run ckpt 3 untied 1 --activation-checkpointing --backend tcp
+tap_ok $? "dp=3 with activation checkpointing ran"
+run refu3 1 untied 3
+same ckpt refu3 1e-5 "activation checkpointing equals one rank without it"
+
+# 4. mixed precision: against one rank running the same policy through the
+# sharding engine. bf16 gathers round the same f32 masters the same way, so
+# they match tightly; 16-bit reductions sum in another order and precision.
+run refbf 1 tied 4 --param-dtype bf16
+tap_ok $? "single rank, param-dtype bf16"
+run bf 2 tied 2 --param-dtype bf16 --backend tcp
+tap_ok $? "dp=2 param-dtype bf16 ran"
+same bf refbf 1e-5 "dp=2 param-dtype bf16 equals one rank with bf16 params"
+"$PY" "$CMP" models "$W/refbf.h5" "$W/ref2.h5" --tol 1e-5 > /dev/null 2>&1
+[ $? -ne 0 ]
+tap_ok $? "bf16 params change the result (the policy is applied)"
+run refbfr 1 tied 4 --param-dtype bf16 --reduce-dtype bf16
+tap_ok $? "single rank, bf16 params and reductions"
+run bfr 2 tied 2 --param-dtype bf16 --reduce-dtype bf16 --backend mpi
+tap_ok $? "dp=2 bf16 params and reductions ran"
+same bfr refbfr 5e-3 "dp=2 bf16 reductions equal one rank within 5e-3"
+run refbfr4 1 tied 8 --param-dtype bf16 --reduce-dtype bf16
+tap_ok $? "single rank, bf16 params and reductions, batch 8"
+run hbfr 4 tied 2 --param-dtype bf16 --reduce-dtype bf16 --mesh rdp=2,dp=2 --backend tcp
+tap_ok $? "rdp=2,dp=2 with bf16 reductions ran"
+same hbfr refbfr4 1e-2 "rdp=2,dp=2 bf16 reductions equal one rank within 1e-2"
+
+# 5. f16 with dynamic loss scaling from a scale that overflows: the first
+# steps are skipped on every rank, the scale backs off, training proceeds
+F16="--param-dtype f16 --reduce-dtype f16 --loss-scale dynamic --loss-scale-init 1e6"
+# shellcheck disable=SC2086
+run refls 1 tied 4 $F16 --steps 16
+tap_ok $? "single rank, f16 with dynamic loss scaling"
+# shellcheck disable=SC2086
+run ls 2 tied 2 $F16 --steps 16 --backend tcp
+tap_ok $? "dp=2 f16 with dynamic loss scaling ran"
+n1=$(grep -c "step skipped" "$W/refls.log")
+n2=$(grep -c "step skipped" "$W/ls.log")
+tap_diag "skipped steps: one rank $n1, two ranks $n2"
+[ "$n1" -gt 0 ] && [ "$n1" -lt 16 ] && [ "$n1" -eq "$n2" ]
+tap_ok $? "the first steps are skipped, then training proceeds, as on one rank"
+[ "$(grep -c '"grad_norm":null' "$W/ls.jsonl")" -eq "$n2" ]
+tap_ok $? "each skipped step has no gradient norm in the metrics"
+same ls refls 5e-3 "dp=2 f16 with loss scaling equals one rank within 5e-3"
+# shellcheck disable=SC2086
+run allskip 2 tied 2 $F16 --loss-scale-init 1e30 --steps 2 --warmup 0 --backend mpi
+tap_ok $? "dp=2 with every step overflowing ran"
+"$PY" "$CMP" models "$W/allskip.h5" "$W/tied.h5" --tol 0 > "$W/cmp" 2>&1
+tap_ok $? "skipped steps leave the parameters untouched"
+
+# 7. memory: model states per rank (shards + gathered parameters) within 10%
+# of 16 x params / 4 + the two largest units, 4 bytes per element. Model:
+# V=512 C=32 L=4 T=32 tied: unit 0 = 512*32 + 32*32 = 17408, a block 12704,
+# ln_f 64; 68288 parameters: 16 * 68288 / 4 + 4 * (17408 + 12704) = 393600.
+"$BIN/fsdpc-ckpt" init --layers 4 --heads 2 --width 32 --vocab 512 --context 32 --seed 7 \
+    -o "$W/mem.h5" > "$W/log" 2>&1
+tap_ok $? "model for memory accounting"
+FSDPC_LOG=info timeout 60 "$MPIEXEC" -n 4 "$TRAIN" --model "$W/mem.h5" --data "$W/tok.bin" \
+    --seq-len 16 --steps 1 --lr 1e-3 --batch-size 1 --peak-flops 1e11 --prefetch 0 \
+    --backend tcp > "$W/mem.log" 2>&1
+tap_ok $? "4 ranks with memory accounting ran"
+bytes=$(sed -n 's/.*model states \([0-9]*\) bytes.*/\1/p' "$W/mem.log" | head -1)
+tap_diag "model states: ${bytes:-?} bytes per rank, expected 393600 +- 10%"
+[ -n "$bytes" ] && [ "$bytes" -ge 354240 ] && [ "$bytes" -le 432960 ]
+tap_ok $? "model states per rank within 10% of 16 P / 4 + two largest units"
+grep -q "fsdp: comm .* exposed" "$W/mem.log"
+tap_ok $? "the run reports total and exposed communication time"
+
+# bad input: one clear line naming what is wrong (on one rank, where no
+# other rank's abort can cut the launcher's output short)
+bad() {
+    b_want=$1 b_n=$2
+    shift 2
+    # shellcheck disable=SC2086
+    timeout 60 "$MPIEXEC" -n "$b_n" "$TRAIN" --model "$W/tied.h5" $COMMON --batch-size 1 "$@" \
+        > "$W/bad.log" 2>&1
+    b_rc=$?
+    grep -q "$b_want" "$W/bad.log"
+    b_found=$?
+    [ $b_found -eq 0 ] || tap_diag "$(tail -3 "$W/bad.log")"
+    [ $b_rc -ne 0 ] && [ $b_rc -ne 124 ] && [ $b_found -eq 0 ]
+}
+bad "mesh 'dp=3' has 3 ranks (3) but the world has 1" 1 --mesh dp=3
+tap_ok $? "a mesh that does not fit the world is one clear error"
+bad "dimension 'tp' is not one the sharding engine uses" 1 --mesh tp=1
+tap_ok $? "an unknown mesh dimension is one clear error"
+bad "loss-scale 'abc' is not off, dynamic or a positive number" 1 --loss-scale abc
+tap_ok $? "a bad loss scale is one clear error"
+bad "param-dtype 'f64' is not one of f32|bf16|f16" 1 --param-dtype f64
+tap_ok $? "a bad param dtype is one clear error"
+
+tap_done
