@@ -4,7 +4,7 @@
 #
 #   ./quickstart.sh demo    install what is missing, build, train the tiny
 #                           built-in model on a corpus made from this source
-#                           tree, then print a sample
+#                           tree with 2 sharded ranks, then print a sample
 #   ./quickstart.sh test    install what is missing, build, run `make check`
 #                           and print "N passed, N failed, N skipped"
 #   ./quickstart.sh build   install and build only

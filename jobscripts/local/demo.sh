@@ -12,7 +12,9 @@
 #            (default: found on PATH, else <repo>/build, else <repo>)
 #   WORK     where the corpus, token files, models and metrics go (./demo)
 #   STEPS    optimizer steps (1000, one pass over the corpus: 2-4 minutes on 2 cores)
-#   RANKS    processes; more than 1 launches with mpiexec.mpich (1)
+#   RANKS    data-parallel ranks; more than 1 launches with mpiexec.mpich and
+#            shards the model over them (2)
+#   BATCH    sequences per rank per step (8 / RANKS: a global batch of 8)
 #   THREADS  BLAS threads per rank (cores / RANKS)
 # Nothing is downloaded: the corpus is the *.c, *.h and *.md files of the
 # tree this script sits in, concatenated at run time.
@@ -39,7 +41,8 @@ done
 BIN=$(cd "$BIN" && pwd)
 WORK=${WORK:-./demo}
 STEPS=${STEPS:-1000}
-RANKS=${RANKS:-1}
+RANKS=${RANKS:-2}
+BATCH=${BATCH:-$(( 8 / RANKS > 0 ? 8 / RANKS : 1 ))}
 cores=$(nproc 2>/dev/null || echo 2)
 THREADS=${THREADS:-$(( cores / RANKS > 0 ? cores / RANKS : 1 ))}
 mkdir -p "$WORK"
@@ -61,11 +64,11 @@ if [ "$RANKS" -gt 1 ]; then
     launch="mpiexec.mpich -n $RANKS"
 fi
 rm -f "$WORK/metrics.jsonl"
-# 8 sequences of 128 bytes per step; the learning rate warms up over 50
+# 8 sequences of 128 bytes per step (BATCH on each of RANKS ranks); the learning rate warms up over 50
 # steps and decays along a cosine to a tenth of its peak.
 $launch "$BIN/fsdpc-train" \
     --model "$WORK/tiny.h5" --data "$WORK/train.bin" --val-data "$WORK/val.bin" \
-    --steps "$STEPS" --batch-size 8 --seq-len 128 \
+    --steps "$STEPS" --batch-size "$BATCH" --seq-len 128 \
     --lr 2e-3 --warmup 50 --lr-schedule cosine --min-lr 2e-4 --weight-decay 0.1 --clip 1.0 \
     --log-every 50 --val-every 100 --val-batches 20 --threads "$THREADS" \
     --metrics "$WORK/metrics.jsonl" --out "$WORK/trained.h5"
