@@ -336,7 +336,7 @@ static int mpibe_allreduce(struct fsdp_backend *b, const void *sendbuf, void *re
                            const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
     struct mpibe *be = mpibe_of(b);
-    struct mpibe_work *w;
+    struct mpibe_work *w = NULL;
     FSDP_CHECK(mpibe_begin(be, attr, count, &w));
     const void *src = sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf;
     MPI_Datatype t = be->types[dtype];
@@ -362,7 +362,7 @@ static int mpibe_allgather(struct fsdp_backend *b, const void *sendbuf, void *re
                            struct fsdp_work **work)
 {
     struct mpibe *be = mpibe_of(b);
-    struct mpibe_work *w;
+    struct mpibe_work *w = NULL;
     FSDP_CHECK(mpibe_begin(be, attr, count, &w));
     size_t esize = fsdp_dtype_size(dtype);
     int in_place = sendbuf == (const char *)recvbuf + (size_t)be->rank * count * esize;
@@ -397,7 +397,7 @@ static int mpibe_reduce_scatter(struct fsdp_backend *b, const void *sendbuf, voi
                                 const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
     struct mpibe *be = mpibe_of(b);
-    struct mpibe_work *w;
+    struct mpibe_work *w = NULL;
     FSDP_CHECK(mpibe_begin(be, attr, count, &w));
     size_t bytes = count * fsdp_dtype_size(dtype);
     int in_place = recvbuf == (const char *)sendbuf + (size_t)be->rank * bytes;
@@ -433,7 +433,7 @@ static int mpibe_broadcast(struct fsdp_backend *b, void *buf, size_t count, enum
                            int root, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
     struct mpibe *be = mpibe_of(b);
-    struct mpibe_work *w;
+    struct mpibe_work *w = NULL;
     FSDP_CHECK(mpibe_begin(be, attr, count, &w));
     MPI_Datatype t = be->types[dtype];
     int mpirc;
@@ -452,7 +452,7 @@ static int mpibe_broadcast(struct fsdp_backend *b, void *buf, size_t count, enum
 static int mpibe_barrier(struct fsdp_backend *b, struct fsdp_work **work)
 {
     struct mpibe *be = mpibe_of(b);
-    struct mpibe_work *w;
+    struct mpibe_work *w = NULL;
     FSDP_CHECK(mpibe_begin(be, NULL, 0, &w));
     return mpibe_issue(be, w, MPI_Ibarrier(be->comm, &w->req), "MPI_Ibarrier", work);
 }
@@ -461,7 +461,7 @@ static int mpibe_send(struct fsdp_backend *b, const void *buf, size_t count, enu
                       int peer, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
     struct mpibe *be = mpibe_of(b);
-    struct mpibe_work *w;
+    struct mpibe_work *w = NULL;
     FSDP_CHECK(mpibe_begin(be, attr, count, &w));
     MPI_Datatype t = be->types[dtype];
     int mpirc;
@@ -481,7 +481,7 @@ static int mpibe_recv(struct fsdp_backend *b, void *buf, size_t count, enum fsdp
                       int peer, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
     struct mpibe *be = mpibe_of(b);
-    struct mpibe_work *w;
+    struct mpibe_work *w = NULL;
     FSDP_CHECK(mpibe_begin(be, attr, count, &w));
     MPI_Datatype t = be->types[dtype];
     int mpirc;
