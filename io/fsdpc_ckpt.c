@@ -1,8 +1,11 @@
 /*
- * fsdpc_ckpt.c - the fsdpc-ckpt program: creates and inspects model files.
+ * fsdpc_ckpt.c - the fsdpc-ckpt program: creates and inspects model files;
+ * the checkpoint subcommands live in ckpt_tool.c.
  *
  *   fsdpc-ckpt init --preset NAME [overrides] [--seed S] -o FILE
- *   fsdpc-ckpt inspect FILE
+ *   fsdpc-ckpt inspect FILE|CHECKPOINT
+ *   fsdpc-ckpt verify | consolidate | reshard | convert ...
+ *   fsdpc-ckpt export-safetensors | import-safetensors ...  (st_tool.c)
  *
  * Subcommands sit in one table (name, summary, function); each parses its own
  * flags and has its own --help. init draws the model's deterministic initial
@@ -16,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "io/ckpt_tool.h"
 #include "io/model_file.h"
 #include "model/gpt2.h"
 #include "model/gpt2_spec.h"
@@ -200,11 +204,13 @@ fail:
 static void inspect_usage(FILE *out)
 {
     fprintf(out,
-            "usage: fsdpc-ckpt inspect FILE\n"
+            "usage: fsdpc-ckpt inspect FILE|CHECKPOINT\n"
             "\n"
             "Validates a model file (attributes, every dataset's name, shape and type) and\n"
             "prints its architecture and a table of its tensors. Exit status 0 only when\n"
-            "the file is valid.\n"
+            "the file is valid. For a checkpoint (a step directory, its index.h5, or a\n"
+            "checkpoint root whose 'latest' is followed) it also prints the step, tokens\n"
+            "seen, mesh, data-loader and optimizer state and the stored configuration.\n"
             "\n"
             "  -h, --help   this text\n");
 }
@@ -226,6 +232,9 @@ static int cmd_inspect(int argc, char **argv)
     if (optind != argc - 1) {
         fsdp_fatal("fsdpc-ckpt inspect: expected one model file, got %d (see --help)",
                    argc - optind);
+    }
+    if (fsdp_ckpt_tool_is_checkpoint(argv[optind])) {
+        return fsdp_ckpt_tool_inspect(argv[optind]);
     }
     struct fsdp_model_file *mf;
     if ((rc = fsdp_model_file_open(argv[optind], &mf)) < 0) {
@@ -272,7 +281,16 @@ static int cmd_inspect(int argc, char **argv)
 
 static const struct ckpt_cmd ckpt_cmds[] = {
     {"init", "create a freshly initialised model file", cmd_init},
-    {"inspect", "validate a model file and list its tensors", cmd_inspect},
+    {"inspect", "validate a model file or checkpoint and list its tensors", cmd_inspect},
+    {"verify", "check that a checkpoint is complete and readable", fsdp_ckpt_cmd_verify},
+    {"consolidate", "write a checkpoint as one model file", fsdp_ckpt_cmd_consolidate},
+    {"reshard", "rewrite a checkpoint for another world size or mesh", fsdp_ckpt_cmd_reshard},
+    {"convert", "write a model file or checkpoint as a model file of another dtype",
+     fsdp_ckpt_cmd_convert},
+    {"export-safetensors", "write a model file or checkpoint as Hugging Face GPT-2 safetensors",
+     fsdp_ckpt_cmd_export_st},
+    {"import-safetensors", "read Hugging Face GPT-2 safetensors into a model file",
+     fsdp_ckpt_cmd_import_st},
 };
 
 static void usage(FILE *out)
@@ -280,7 +298,7 @@ static void usage(FILE *out)
     fprintf(out, "usage: fsdpc-ckpt COMMAND [options]   (fsdpc %s)\n\ncommands:\n",
             PACKAGE_VERSION);
     for (size_t i = 0; i < sizeof(ckpt_cmds) / sizeof(ckpt_cmds[0]); i++) {
-        fprintf(out, "  %-10s %s\n", ckpt_cmds[i].name, ckpt_cmds[i].summary);
+        fprintf(out, "  %-19s %s\n", ckpt_cmds[i].name, ckpt_cmds[i].summary);
     }
     fprintf(out, "\n'fsdpc-ckpt COMMAND --help' describes a command.\n");
 }

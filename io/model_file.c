@@ -154,15 +154,20 @@ static void mf_shape_reason(char *buf, size_t len, const struct fsdp_gpt2_config
     }
 }
 
-/* Does a VDS source file name resolve, as given or next to the model file? */
+/*
+ * Does a VDS source file name resolve? An absolute name as given; a relative
+ * one next to the model file, where HDF5 looks before the current directory
+ * and where checkpoint indexes keep their shards ("./shard_0.h5"): a file of
+ * that name in the current directory must not stand in for a missing one.
+ */
 static int mf_source_exists(const char *model_path, const char *src)
 {
-    if (strcmp(src, ".") == 0 || strchr(src, '%') || access(src, R_OK) == 0) {
-        return 1; /* the file itself, a printf-style pattern, or found as given */
+    if (strcmp(src, ".") == 0 || strchr(src, '%')) {
+        return 1; /* the file itself, or a printf-style pattern */
     }
     const char *slash = strrchr(model_path, '/');
     if (src[0] == '/' || !slash) {
-        return 0;
+        return access(src, R_OK) == 0;
     }
     char buf[4096];
     snprintf(buf, sizeof(buf), "%.*s/%s", (int)(slash - model_path), model_path, src);

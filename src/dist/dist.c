@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "dist/dist.h"
+#include "dist/debug.h"
 #include "dist/store.h"
 #include "dist/store_impl.h"
 #include "core/error.h"
@@ -677,6 +678,7 @@ void fsdp_dist_finalize(struct fsdp_dist *d)
     }
     struct dist_impl *im = d->impl;
     int ok = 1;
+    fsdp_debug_finalize(); /* summary and exit dump while the job is still whole */
     if (d->world_size > 1 && dist_finalize_sync(d) < 0) {
         char msg[512];
         fsdp_err_take(msg, sizeof(msg));

@@ -10,14 +10,16 @@
  * The collective calls validate what the backends rely on (dtype, op, root,
  * buffers, sizes, capabilities), number the operation (seq) and forward. They
  * are deliberately thin: a few compares on the hot path, the error text built
- * only on failure. This is where the debug layer (fingerprints, flight
- * recorder) hooks in. Handles carry their group, so fsdp_work_wait can apply
- * the group's deadline.
+ * only on failure. This is where the debug layer (debug.h: fingerprints,
+ * flight recorder, deadlines) hooks in. Handles carry their group, so
+ * fsdp_work_wait can apply the group's deadline.
  */
 #include "config.h"
 #include "dist/group.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/util.h"
+#include "dist/debug.h"
 #include "dist/dist.h"
 #include "dist/store.h"
 
@@ -32,6 +34,7 @@ struct group_impl {
     struct fsdp_group_info info;  /* lives as long as the backend instance */
     struct fsdp_backend_caps caps;
     int abort_registered;
+    int debug_id; /* index in the flight recorder's group table */
 };
 
 /* Groups created by this process so far (the k in the store prefix). */
@@ -154,11 +157,14 @@ int fsdp_group_create(struct fsdp_dist *d, const char *name, const int *world_ra
     ops->capabilities(g->be, &gi->caps);
     FSDP_CHECK_GOTO(fsdp_dist_on_abort(d, group_on_abort, g), rc, err_backend);
     gi->abort_registered = 1;
+    FSDP_CHECK_GOTO(fsdp_debug_group_add(g, &gi->debug_id), rc, err_abort);
     FSDP_DEBUG(FSDP_SUB_DIST, "group %s: rank %d of %d, backend %s", g->name, rank, size,
                ops->name);
     *out = g;
     return 0;
 
+err_abort:
+    fsdp_dist_off_abort(d, g);
 err_backend:
     ops->destroy(g->be);
 err_store:
@@ -307,9 +313,38 @@ static inline int group_args_ok(const struct fsdp_group *g, const void *sendbuf,
     return in_place || !group_overlap(sendbuf, send_bytes, recvbuf, recv_bytes);
 }
 
-static inline void group_issued(struct fsdp_group *g, struct fsdp_work *w)
+/*
+ * The debug layer's share of a collective: number it, check its fingerprint
+ * (DETAIL), record it in the flight recorder; after the backend call, tie
+ * the record to the handle. With the recorder on (the default) that is a
+ * clock read and an uncontended lock; DETAIL adds a fingerprint exchange.
+ */
+static inline int group_enter(struct fsdp_group *g, enum fsdp_coll_op op, enum fsdp_dtype dtype,
+                              size_t count, int root, int redop, uint64_t *fid)
 {
+    struct fsdp_debug_call c = {
+        .op = op, .dtype = (int)dtype, .count = count, .root = root, .redop = redop};
+    g->seq++;
+    *fid = fsdp_debug_issued(g, group_impl_of(g)->debug_id, &c);
+    if (__builtin_expect(fsdp_debug_level() == FSDP_DEBUG_DETAIL, 0)) {
+        int rc = fsdp_debug_fingerprint(g, &c);
+        if (rc < 0) {
+            fsdp_debug_refused(*fid);
+            FSDP_CHECK(rc);
+        }
+    }
+    return 0;
+}
+
+/* rc is the backend's answer to the issue. */
+static inline int group_issued(struct fsdp_group *g, int rc, uint64_t fid, struct fsdp_work *w)
+{
+    if (rc < 0) {
+        return fsdp_debug_finished(fid, rc, 0);
+    }
     w->group = g;
+    w->flight_id = fid;
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -326,9 +361,10 @@ int fsdp_allreduce(struct fsdp_group *g, const void *sendbuf, void *recvbuf, siz
         return group_bad_args(g, COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0, attr,
                               work);
     }
-    g->seq++;
-    FSDP_CHECK(g->ops->allreduce(g->be, sendbuf, recvbuf, count, dtype, op, attr, work));
-    group_issued(g, *work);
+    uint64_t fid;
+    FSDP_CHECK(group_enter(g, FSDP_COLL_ALLREDUCE, dtype, count, 0, (int)op, &fid));
+    int rc = g->ops->allreduce(g->be, sendbuf, recvbuf, count, dtype, op, attr, work);
+    FSDP_CHECK(group_issued(g, rc, fid, *work));
     return 0;
 }
 
@@ -344,9 +380,10 @@ int fsdp_allgather(struct fsdp_group *g, const void *sendbuf, void *recvbuf, siz
         return group_bad_args(g, COLL_ALLGATHER, sendbuf, recvbuf, count, dtype, -1, 0, attr,
                               work);
     }
-    g->seq++;
-    FSDP_CHECK(g->ops->allgather(g->be, sendbuf, recvbuf, count, dtype, attr, work));
-    group_issued(g, *work);
+    uint64_t fid;
+    FSDP_CHECK(group_enter(g, FSDP_COLL_ALLGATHER, dtype, count, 0, -1, &fid));
+    int rc = g->ops->allgather(g->be, sendbuf, recvbuf, count, dtype, attr, work);
+    FSDP_CHECK(group_issued(g, rc, fid, *work));
     return 0;
 }
 
@@ -362,9 +399,10 @@ int fsdp_reduce_scatter(struct fsdp_group *g, const void *sendbuf, void *recvbuf
         return group_bad_args(g, COLL_REDUCE_SCATTER, sendbuf, recvbuf, count, dtype, (int)op, 0,
                               attr, work);
     }
-    g->seq++;
-    FSDP_CHECK(g->ops->reduce_scatter(g->be, sendbuf, recvbuf, count, dtype, op, attr, work));
-    group_issued(g, *work);
+    uint64_t fid;
+    FSDP_CHECK(group_enter(g, FSDP_COLL_REDUCE_SCATTER, dtype, count, 0, (int)op, &fid));
+    int rc = g->ops->reduce_scatter(g->be, sendbuf, recvbuf, count, dtype, op, attr, work);
+    FSDP_CHECK(group_issued(g, rc, fid, *work));
     return 0;
 }
 
@@ -376,9 +414,10 @@ int fsdp_broadcast(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtyp
                          0)) {
         return group_bad_args(g, COLL_BROADCAST, buf, buf, count, dtype, -1, root, attr, work);
     }
-    g->seq++;
-    FSDP_CHECK(g->ops->broadcast(g->be, buf, count, dtype, root, attr, work));
-    group_issued(g, *work);
+    uint64_t fid;
+    FSDP_CHECK(group_enter(g, FSDP_COLL_BROADCAST, dtype, count, root, -1, &fid));
+    int rc = g->ops->broadcast(g->be, buf, count, dtype, root, attr, work);
+    FSDP_CHECK(group_issued(g, rc, fid, *work));
     return 0;
 }
 
@@ -387,9 +426,10 @@ int fsdp_barrier(struct fsdp_group *g, struct fsdp_work **work)
     if (!g || !work) {
         return fsdp_err(FSDP_ERR_INVALID, "barrier: NULL %s", g ? "work handle pointer" : "group");
     }
-    g->seq++;
-    FSDP_CHECK(g->ops->barrier(g->be, work));
-    group_issued(g, *work);
+    uint64_t fid;
+    FSDP_CHECK(group_enter(g, FSDP_COLL_BARRIER, FSDP_U8, 0, 0, -1, &fid));
+    int rc = g->ops->barrier(g->be, work);
+    FSDP_CHECK(group_issued(g, rc, fid, *work));
     return 0;
 }
 
@@ -398,6 +438,7 @@ int fsdp_barrier(struct fsdp_group *g, struct fsdp_work **work)
 
 int fsdp_work_wait(struct fsdp_work *w, double timeout_s)
 {
+    int deadline = 0;
     if (!w) {
         return fsdp_err(FSDP_ERR_INVALID, "fsdp_work_wait: NULL work handle");
     }
@@ -406,9 +447,17 @@ int fsdp_work_wait(struct fsdp_work *w, double timeout_s)
             return fsdp_err(FSDP_ERR_INVALID, "fsdp_work_wait: a negative timeout means the "
                                               "group's, but this handle has no group");
         }
-        timeout_s = w->group->timeout_s;
+        timeout_s = fsdp_debug_timeout(w->group);
+        deadline = 1;
     }
-    FSDP_CHECK(w->ops->work_wait(w, timeout_s));
+    double t0 = w->flight_id ? fsdp_now() : 0;
+    int rc = w->ops->work_wait(w, timeout_s);
+    /* a timeout shorter than the deadline is the caller's poll, not a failure */
+    if (w->flight_id && (rc != FSDP_ERR_TIMEOUT || deadline)) {
+        rc = fsdp_debug_finished(w->flight_id, rc, fsdp_now() - t0);
+        w->flight_id = 0;
+    }
+    FSDP_CHECK(rc);
     return 0;
 }
 
@@ -417,13 +466,19 @@ int fsdp_work_test(struct fsdp_work *w, int *done)
     if (!w || !done) {
         return fsdp_err(FSDP_ERR_INVALID, "fsdp_work_test: NULL argument");
     }
-    FSDP_CHECK(w->ops->work_test(w, done));
+    int rc = w->ops->work_test(w, done);
+    if (w->flight_id && (rc < 0 || *done)) {
+        rc = fsdp_debug_finished(w->flight_id, rc, 0);
+        w->flight_id = 0;
+    }
+    FSDP_CHECK(rc);
     return 0;
 }
 
 void fsdp_work_free(struct fsdp_work *w)
 {
     if (w) {
+        fsdp_debug_abandoned(w->flight_id);
         w->ops->work_free(w);
     }
 }
@@ -435,7 +490,12 @@ void fsdp_work_free(struct fsdp_work *w)
  */
 static int group_finish(struct fsdp_group *g, struct fsdp_work *w)
 {
-    int rc = w->ops->work_wait(w, g->timeout_s);
+    double timeout = fsdp_debug_timeout(g), t0 = fsdp_now();
+    int rc = w->ops->work_wait(w, timeout);
+    if (w->flight_id) {
+        rc = fsdp_debug_finished(w->flight_id, rc, fsdp_now() - t0);
+        w->flight_id = 0;
+    }
     if (rc == FSDP_ERR_TIMEOUT) {
         g->ops->abort(g->be, fsdp_err_msg());
     }

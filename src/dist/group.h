@@ -28,6 +28,7 @@ struct fsdp_group {
     struct fsdp_dist *dist;
     uint64_t seq;                    /* collectives issued so far */
     double timeout_s;
+    uint64_t monitored_barriers;     /* fsdp_monitored_barrier calls so far */
 };
 
 /* Collective over the members (world_ranks ascending, caller included). */
@@ -63,5 +64,16 @@ int fsdp_reduce_scatter_sync(struct fsdp_group *g, const void *sendbuf, void *re
 int fsdp_broadcast_sync(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtype dtype,
                         int root);
 int fsdp_barrier_sync(struct fsdp_group *g);
+
+/*
+ * A barrier through the group's store that names who is missing (torch's
+ * monitored_barrier): every member checks in, group rank 0 waits up to
+ * timeout_s (< 0: the group's deadline) and then names every rank that did
+ * not arrive (only the first when wait_all is 0); every member gets the same
+ * error. Slower than fsdp_barrier: for debugging and for the moments where a
+ * named straggler matters (startup, checkpoints). Keys accumulate in the
+ * store (a few per call), so call it occasionally, not per step.
+ */
+int fsdp_monitored_barrier(struct fsdp_group *g, double timeout_s, int wait_all);
 
 #endif

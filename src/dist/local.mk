@@ -15,3 +15,22 @@ dist_check_SCRIPTS += tests/dist/test_store_env.sh tests/dist/test_store_file.sh
 	tests/dist/test_store_mpi.sh tests/dist/test_store_bad.sh
 TESTS += tests/dist/test_store_env.sh tests/dist/test_store_file.sh \
 	tests/dist/test_store_mpi.sh tests/dist/test_store_bad.sh
+
+# the debug layer: flight recorder, watchdog, DETAIL fingerprints, monitored barrier
+libfsdpc_a_SOURCES += src/dist/debug.c src/dist/flight.c src/dist/watchdog.c \
+	src/dist/fingerprint.c src/dist/monitored_barrier.c
+noinst_HEADERS += src/dist/debug.h src/dist/flight.h
+bin_PROGRAMS += fsdpc-flight
+fsdpc_flight_SOURCES = src/dist/flight_main.c
+fsdpc_flight_LDADD =
+# tests of the debug layer
+check_PROGRAMS += tests/debug/debug_probe
+dist_check_SCRIPTS += tests/debug/test_detail.sh tests/debug/test_monitor.sh \
+	tests/debug/test_fuzz.sh tests/debug/test_watchdog.sh
+TESTS += tests/debug/test_detail.sh tests/debug/test_monitor.sh tests/debug/test_fuzz.sh \
+	tests/debug/test_watchdog.sh
+# flight recorder dumps that a failing run in the build directory may leave
+clean-local: clean-flight-dumps
+clean-flight-dumps:
+	-rm -rf fsdpc-flight-dumps
+.PHONY: clean-flight-dumps

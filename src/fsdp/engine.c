@@ -277,6 +277,23 @@ static int shard_save(struct fsdp_train_engine *e, const char *path, const char 
     return fsdp_shard_save(shard_impl(e), path, created_by);
 }
 
+static int shard_ckpt_save(struct fsdp_train_engine *e, const char *dir,
+                           const struct fsdp_ckpt_meta *meta)
+{
+    return fsdp_shard_ckpt_save(shard_impl(e), dir, meta);
+}
+
+static int shard_ckpt_load(struct fsdp_train_engine *e, struct fsdp_ckpt *ck)
+{
+    return fsdp_shard_ckpt_load(shard_impl(e), ck);
+}
+
+static int shard_agree_max(struct fsdp_train_engine *e, int32_t *v, int n)
+{
+    struct fsdp_shard_engine *se = shard_impl(e);
+    return se->mesh ? fsdp_world_allreduce(se, v, (size_t)n, FSDP_I32, FSDP_MAX) : 0;
+}
+
 static void shard_destroy(struct fsdp_train_engine *e)
 {
     if (!e) {
@@ -298,6 +315,9 @@ static const struct fsdp_train_engine_ops shard_ops = {
     .eval = shard_eval,
     .save = shard_save,
     .destroy = shard_destroy,
+    .ckpt_save = shard_ckpt_save,
+    .ckpt_load = shard_ckpt_load,
+    .agree_max = shard_agree_max,
 };
 
 // ----------------------------------------------------------------------------

@@ -127,6 +127,13 @@ int fsdp_shard_setup(struct fsdp_shard_engine *se, const char *model_path);
 void fsdp_shard_teardown(struct fsdp_shard_engine *se);
 int fsdp_shard_save(struct fsdp_shard_engine *se, const char *path, const char *created_by);
 
+/* ckpt.c */
+struct fsdp_ckpt;
+struct fsdp_ckpt_meta;
+int fsdp_shard_ckpt_save(struct fsdp_shard_engine *se, const char *dir,
+                         const struct fsdp_ckpt_meta *meta);
+int fsdp_shard_ckpt_load(struct fsdp_shard_engine *se, struct fsdp_ckpt *ck);
+
 /* unit.c */
 int fsdp_unit_pslot(const struct fsdp_shard_engine *se, int u);
 int fsdp_unit_gslot(const struct fsdp_shard_engine *se, int u);

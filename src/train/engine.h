@@ -17,7 +17,10 @@
 #define FSDP_TRAIN_ENGINE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
+struct fsdp_ckpt;
+struct fsdp_ckpt_meta;
 struct fsdp_dataloader;
 struct fsdp_gpt2_spec;
 
@@ -53,6 +56,20 @@ struct fsdp_train_engine_ops {
     /* Writes the whole model to path as an HDF5 model file (atomic rename). */
     int (*save)(struct fsdp_train_engine *e, const char *path, const char *created_by);
     void (*destroy)(struct fsdp_train_engine *e);
+    /*
+     * Writes this rank's rows of every parameter and AdamW moment into
+     * dir/shard_<r>.h5 (one writer per shard; replicas write nothing) and,
+     * on rank 0, dir/index.h5 with meta plus the engine's own counters.
+     * Files are fsynced; dir must exist. Returns this rank's status only:
+     * the caller agrees on the outcome (agree_max).
+     */
+    int (*ckpt_save)(struct fsdp_train_engine *e, const char *dir,
+                     const struct fsdp_ckpt_meta *meta);
+    /* Replaces parameters, moments and optimizer / loss-scale counters with
+     * those of ck, reading only this rank's rows, whatever ck's shard count. */
+    int (*ckpt_load)(struct fsdp_train_engine *e, struct fsdp_ckpt *ck);
+    /* Element-wise maximum of v[0..n) over every rank of the engine; blocks. */
+    int (*agree_max)(struct fsdp_train_engine *e, int32_t *v, int n);
 };
 
 struct fsdp_train_engine {

@@ -14,12 +14,14 @@
 #include "train/engine.h"
 #include "core/error.h"
 #include "core/util.h"
+#include "io/ckpt.h"
 #include "io/model_file.h"
 #include "io/tokens.h"
 #include "kernels/kernels.h"
 #include "model/gpt2.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,6 +108,61 @@ static int local_save(struct fsdp_train_engine *e, const char *path, const char 
     return fsdp_model_file_write(path, le->spec, (const float *const *)le->units, &opts);
 }
 
+/* One rank holds every row: one shard file with the whole tensors. */
+static int local_ckpt_save(struct fsdp_train_engine *e, const char *dir,
+                           const struct fsdp_ckpt_meta *meta)
+{
+    struct local_engine *le = local_impl(e);
+    const struct fsdp_gpt2_spec *s = le->spec;
+    struct fsdp_ckpt_shard_writer *w = NULL;
+    int rc;
+    FSDP_CHECK(fsdp_ckpt_shard_create(dir, 0, 1, meta->step, s, &w));
+    for (size_t i = 0; i < s->n_params; i++) {
+        size_t off = le->unit_off[s->params[i].unit] + s->params[i].offset;
+        FSDP_CHECK_GOTO(fsdp_ckpt_shard_put(w, FSDP_CKPT_MODEL, i, le->params + off), rc, out);
+        FSDP_CHECK_GOTO(fsdp_ckpt_shard_put(w, FSDP_CKPT_EXP_AVG, i, le->m + off), rc, out);
+        FSDP_CHECK_GOTO(fsdp_ckpt_shard_put(w, FSDP_CKPT_EXP_AVG_SQ, i, le->v + off), rc, out);
+    }
+    FSDP_CHECK_GOTO(fsdp_ckpt_shard_commit(w), rc, out);
+    struct fsdp_ckpt_meta m = *meta;
+    m.n_shards = 1;
+    m.world_size = 1;
+    snprintf(m.mesh, sizeof(m.mesh), "single rank");
+    snprintf(m.backends, sizeof(m.backends), "none");
+    m.adam_step = le->adam_step;
+    m.loss_scale = 1.0;
+    m.scale_good_steps = 0;
+    m.skipped_steps = 0;
+    rc = fsdp_ckpt_index_write(dir, s, &m);
+out:
+    fsdp_ckpt_shard_destroy(w);
+    return rc;
+}
+
+static int local_ckpt_load(struct fsdp_train_engine *e, struct fsdp_ckpt *ck)
+{
+    struct local_engine *le = local_impl(e);
+    const struct fsdp_gpt2_spec *s = le->spec;
+    float *dst[FSDP_CKPT_NKINDS] = {le->params, le->m, le->v};
+    for (size_t i = 0; i < s->n_params; i++) {
+        size_t off = le->unit_off[s->params[i].unit] + s->params[i].offset;
+        for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+            FSDP_CHECK(fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, 0,
+                                           s->params[i].shape[0], dst[k] + off));
+        }
+    }
+    le->adam_step = fsdp_ckpt_meta(ck)->adam_step;
+    return 0;
+}
+
+static int local_agree_max(struct fsdp_train_engine *e, int32_t *v, int n)
+{
+    (void)e;
+    (void)v;
+    (void)n;
+    return 0; /* one rank agrees with itself */
+}
+
 static void local_destroy(struct fsdp_train_engine *e)
 {
     if (!e) {
@@ -133,6 +190,9 @@ static const struct fsdp_train_engine_ops local_ops = {
     .eval = local_eval,
     .save = local_save,
     .destroy = local_destroy,
+    .ckpt_save = local_ckpt_save,
+    .ckpt_load = local_ckpt_load,
+    .agree_max = local_agree_max,
 };
 
 // ----------------------------------------------------------------------------

@@ -68,6 +68,8 @@ static const struct fsdp_opt train_opts[] = {
      "rendezvous: auto, mpi, env://, tcp://HOST:PORT, file:///PATH"},
     {"timeout", FSDP_OPT_FLOAT, F(timeout), 0, 0, 1e6, NULL, "SEC", 0,
      "deadline of rendezvous and collectives (0: $FSDPC_TIMEOUT or 300)"},
+    {"debug", FSDP_OPT_CHOICE, F(debug), 0, 0, 0, "env|off|info|detail", "LEVEL", 0,
+     "distributed debug level (env: $FSDPC_DEBUG); detail checks every collective"},
     {"mesh", FSDP_OPT_STR, F(mesh), S(mesh), 0, 0, NULL, "SPEC", 0,
      "device mesh: dp=N (shard) or rdp=R,dp=N (replicate x shard); default dp=<ranks>"},
     {"backend", FSDP_OPT_STR, F(backend), S(backend), 0, 0, NULL, "NAME", 0,
@@ -90,6 +92,16 @@ static const struct fsdp_opt train_opts[] = {
      "keep unsharded gradients until the last micro-step (one reduction per step)"},
     {"activation-checkpointing", FSDP_OPT_FLAG, F(activation_checkpointing), 0, 0, 0, NULL, "", 0,
      "recompute each block's activations in its backward"},
+    {"ckpt-dir", FSDP_OPT_STR, F(ckpt_dir), S(ckpt_dir), 0, 0, NULL, "DIR", 0,
+     "write sharded checkpoints to DIR/step_<N>/ (and at the end of training)"},
+    {"ckpt-every", FSDP_OPT_INT, F(ckpt_every), 0, 0, BIG, NULL, "N", 0,
+     "checkpoint every N steps (0: at the end and on SIGUSR1/SIGTERM only)"},
+    {"ckpt-keep", FSDP_OPT_INT, F(ckpt_keep), 0, 0, BIG, NULL, "K", 0,
+     "keep only the newest K checkpoints (0: keep all)"},
+    {"ckpt-keep-going", FSDP_OPT_FLAG, F(ckpt_keep_going), 0, 0, 0, NULL, "", 0,
+     "log a failed checkpoint save and keep training (default: stop with the error)"},
+    {"resume", FSDP_OPT_STR, F(resume), S(resume), 0, 0, NULL, "latest|PATH", 0,
+     "resume from ckpt-dir's latest checkpoint or from a step directory"},
 };
 
 #undef F
@@ -134,6 +146,12 @@ int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct f
     if (c->warmup > c->steps) {
         return fsdp_err(FSDP_ERR_INVALID, "warmup %ld is longer than steps %ld", c->warmup,
                         c->steps);
+    }
+    if ((c->ckpt_every > 0 || c->ckpt_keep > 0 || c->ckpt_keep_going) && !c->ckpt_dir[0]) {
+        return fsdp_err(FSDP_ERR_INVALID, "ckpt-every, ckpt-keep and ckpt-keep-going need ckpt-dir DIR");
+    }
+    if (strcmp(c->resume, "latest") == 0 && !c->ckpt_dir[0]) {
+        return fsdp_err(FSDP_ERR_INVALID, "resume latest needs ckpt-dir DIR");
     }
     if (c->val_every > 0 && !c->val_data[0]) {
         return fsdp_err(FSDP_ERR_INVALID, "val-every %ld needs val-data FILE", c->val_every);

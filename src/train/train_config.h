@@ -50,6 +50,7 @@ struct fsdp_train_config {
     double peak_flops; /* per rank, FLOP/s; 0: measure with a GEMM probe */
     long threads;      /* BLAS threads per rank */
     double timeout;    /* seconds for rendezvous and collectives; 0: $FSDPC_TIMEOUT or 300 */
+    int debug;         /* env|off|info|detail: 0 leaves $FSDPC_DEBUG alone (doc/debugging.md) */
     /* sharding (doc/sharding.md) */
     char mesh[128];          /* "dp=4", "rdp=2,dp=2"; "": dp=<world size> */
     char backend[128];       /* "mpi", "tcp", "dp=tcp,rdp=mpi"; "": the default */
@@ -62,6 +63,12 @@ struct fsdp_train_config {
     double loss_scale_init;  /* initial dynamic scale */
     int no_sync_accum;       /* keep full gradients until the last micro-step */
     int activation_checkpointing;
+    /* checkpoints (doc/user-guide.md, "Checkpoints") */
+    char ckpt_dir[FSDP_TRAIN_PATH_MAX]; /* root of step_<N>/ directories ("": none) */
+    long ckpt_every;         /* save every N steps (0: only at the end and on preemption) */
+    long ckpt_keep;          /* keep the newest K checkpoints (0: keep all) */
+    int ckpt_keep_going;     /* a failed save is logged and training continues */
+    char resume[FSDP_TRAIN_PATH_MAX]; /* "latest" (of ckpt-dir) or a checkpoint path ("": none) */
 };
 
 /* The dtype behind a param-dtype / reduce-dtype choice index. */

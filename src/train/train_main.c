@@ -13,6 +13,7 @@
 #include "dist/dist.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 int main(int argc, char **argv)
 {
@@ -32,6 +33,11 @@ int main(int argc, char **argv)
         fsdp_die(rc, "fsdpc-train: options", NULL);
     }
 
+    if (cfg.debug > 0) {
+        /* read by the debug layer when the first group is created */
+        static const char *const levels[] = {"", "OFF", "INFO", "DETAIL"};
+        setenv("FSDPC_DEBUG", levels[cfg.debug], 1);
+    }
     rc = fsdp_dist_init(&argc, &argv, cfg.init, cfg.timeout, &dist);
     if (rc < 0) {
         fsdp_die(rc, "fsdpc-train: rendezvous", NULL);

@@ -6,10 +6,12 @@
  */
 #include "config.h"
 #include "train/trainer.h"
+#include "train/ckpt_cadence.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
 #include "dist/dist.h"
+#include "dist/debug.h"
 #include "fsdp/fsdp.h"
 #include "io/model_file.h"
 #include "io/tokens.h"
@@ -152,8 +154,13 @@ int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *d
     FSDP_CHECK_GOTO(trainer_open_engine(t), rc, err_free);
     FSDP_CHECK_GOTO(trainer_open_data(t, cfg->data, "data", &t->train), rc, err_engine);
     FSDP_CHECK_GOTO(trainer_open_val(t), rc, err_train);
+    FSDP_CHECK_GOTO(fsdp_ckpt_cadence_create(t, &t->ckpt), rc, err_val);
+    if ((rc = fsdp_ckpt_resume(t)) < 0) {
+        rc = trainer_blame(rc, "resume");
+        goto err_ckpt;
+    }
     if (trainer_rank(t) == 0) {
-        FSDP_CHECK_GOTO(fsdp_metrics_open(cfg->metrics, &t->metrics), rc, err_val);
+        FSDP_CHECK_GOTO(fsdp_metrics_open(cfg->metrics, &t->metrics), rc, err_ckpt);
     }
     if (cfg->peak_flops > 0) {
         t->peak_flops = cfg->peak_flops;
@@ -168,6 +175,8 @@ int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *d
 
 err_metrics:
     fsdp_metrics_close(t->metrics);
+err_ckpt:
+    fsdp_ckpt_cadence_destroy(t->ckpt);
 err_val:
     fsdp_dataloader_destroy(t->val);
 err_train:
@@ -185,6 +194,7 @@ void fsdp_trainer_destroy(struct fsdp_trainer *t)
         return;
     }
     fsdp_metrics_close(t->metrics);
+    fsdp_ckpt_cadence_destroy(t->ckpt);
     fsdp_dataloader_destroy(t->val);
     fsdp_dataloader_destroy(t->train);
     t->engine->ops->destroy(t->engine);
@@ -256,6 +266,7 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
         return trainer_blame(rc, what);
     }
     t->step++;
+    fsdp_debug_mark_steady(); /* from now on collectives get the regular deadline */
     t->train_seconds += dt;
     t->last_loss = res.loss;
     if (t->train->epoch != epoch) {
@@ -315,6 +326,11 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
         if (t->val && c->val_every > 0 && t->step % c->val_every == 0) {
             FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
         }
+        int preempted;
+        FSDP_CHECK(fsdp_ckpt_cadence_after_step(t->ckpt, t, &preempted));
+        if (preempted) {
+            return 0;
+        }
     }
     if (t->val && (c->val_every == 0 || c->steps % c->val_every != 0)) {
         FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
@@ -325,6 +341,7 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
                  t->step);
         FSDP_CHECK(t->engine->ops->save(t->engine, c->out, created_by));
     }
+    FSDP_CHECK(fsdp_ckpt_cadence_final(t->ckpt, t));
     if (trainer_rank(t) == 0) {
         printf("done: %ld steps in %.1f s (%.0f tok/s) | final loss %.4f", t->step,
                t->train_seconds,

@@ -33,6 +33,7 @@ struct fsdp_trainer {
     double last_loss;
     double last_val_loss;          /* NaN until a validation ran */
     double train_seconds;          /* wall time inside steps */
+    struct fsdp_ckpt_cadence *ckpt; /* NULL without ckpt-dir */
 };
 
 /* Sets up the engine, loaders, metrics and peak FLOP/s; prints nothing. */

@@ -1,0 +1,827 @@
+/*
+ * ckpt.c - sharded HDF5 checkpoint files (see ckpt.h; layout in
+ * doc/formats.md): the shard writer, the index with its virtual datasets,
+ * and the validating reader. Owns no directory protocol: the trainer
+ * decides where files go and when a directory becomes visible.
+ */
+#include "config.h"
+#include "io/ckpt.h"
+#include "io/fileutil.h"
+#include "io/h5util.h"
+#include "io/model_file.h"
+#include "core/error.h"
+#include "core/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CK_PATH_MAX 4096
+
+static const char *const ck_groups[FSDP_CKPT_NKINDS] = {"model", "optim/exp_avg",
+                                                        "optim/exp_avg_sq"};
+
+const char *fsdp_ckpt_kind_group(enum fsdp_ckpt_kind k)
+{
+    return (unsigned)k < FSDP_CKPT_NKINDS ? ck_groups[k] : "?";
+}
+
+static int ck_fsync(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot open for fsync: %s", path, strerror(errno));
+    }
+    int e = fsync(fd), saved = errno;
+    close(fd);
+    if (e != 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: fsync failed: %s", path, strerror(saved));
+    }
+    return 0;
+}
+
+/*
+ * Reserves bytes for path before HDF5 writes into it: a full disk or a
+ * file-size limit then fails here, with the OS's reason, instead of in the
+ * middle of HDF5's own writes (where it reports poorly and may leave its
+ * state inconsistent). HDF5 truncates the file to what it used on close.
+ */
+static int ck_reserve(const char *path, size_t bytes)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    int e = posix_fallocate(fd, 0, (off_t)bytes);
+    close(fd);
+    if (e != 0 && e != EOPNOTSUPP && e != EINVAL) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot reserve %zu bytes: %s", path, bytes,
+                        strerror(e));
+    }
+    return 0;
+}
+
+/* An upper bound on a checkpoint file of n datasets and `data` bytes of tensors. */
+static size_t ck_file_bound(size_t n, size_t data)
+{
+    return data + ((size_t)64 << 10) + n * ((size_t)2 << 10);
+}
+
+/*
+ * Creates an empty HDF5 file at path, reserves `reserve` bytes for it and
+ * reopens it for writing: HDF5 then sees the reserved size as the file's end
+ * and trims the file to what it used when it is closed. No sieve buffer, so
+ * a failed write fails in H5Dwrite, where it is reported.
+ */
+static int ck_h5_create(const char *path, size_t reserve, hid_t *out)
+{
+    char why[256];
+    int rc = 0;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    }
+    close(fd);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_sieve_buf_size(fapl, 0) < 0) {
+        fsdp_h5_close(fapl);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: file access properties", path);
+    }
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (f < 0 || H5Fclose(f) < 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", path, fsdp_h5_reason(why, sizeof(why)));
+    }
+    if (rc == 0) {
+        rc = ck_reserve(path, reserve);
+    }
+    if (rc == 0 && (*out = H5Fopen(path, H5F_ACC_RDWR, fapl)) < 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot open for writing: %s", path,
+                      fsdp_h5_reason(why, sizeof(why)));
+    }
+    H5Pclose(fapl);
+    if (rc < 0) {
+        unlink(path);
+    }
+    return rc;
+}
+
+static int ck_put_i64(hid_t loc, const char *name, long long v)
+{
+    hid_t s = H5Screate(H5S_SCALAR);
+    hid_t a = s < 0 ? -1 : H5Acreate2(loc, name, H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = a < 0 || H5Awrite(a, H5T_NATIVE_LLONG, &v) < 0 ? -1 : 0;
+    fsdp_h5_close(a);
+    fsdp_h5_close(s);
+    return rc;
+}
+
+static int ck_put_f64(hid_t loc, const char *name, double v)
+{
+    hid_t s = H5Screate(H5S_SCALAR);
+    hid_t a = s < 0 ? -1 : H5Acreate2(loc, name, H5T_IEEE_F64LE, s, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = a < 0 || H5Awrite(a, H5T_NATIVE_DOUBLE, &v) < 0 ? -1 : 0;
+    fsdp_h5_close(a);
+    fsdp_h5_close(s);
+    return rc;
+}
+
+/* Creates the /model and /optim/... groups. */
+static int ck_make_groups(hid_t f)
+{
+    const char *g[] = {"model", "optim", "optim/exp_avg", "optim/exp_avg_sq"};
+    for (size_t i = 0; i < 4; i++) {
+        hid_t id = H5Gcreate2(f, g[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        if (id < 0) {
+            return -1;
+        }
+        H5Gclose(id);
+    }
+    return 0;
+}
+
+/* dir/shard_<shard>.h5; 0, or -1 when it does not fit in len. */
+static int ck_shard_path(char *buf, size_t len, const char *dir, int shard)
+{
+    int n = snprintf(buf, len, "%s/shard_%d.h5", dir, shard);
+    return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
+/* Dataset dims of `rows` rows of parameter p. */
+static int ck_dims(const struct fsdp_param_spec *p, size_t rows, hsize_t *dims)
+{
+    dims[0] = rows;
+    dims[1] = p->shape[1];
+    return p->ndim;
+}
+
+// ----------------------------------------------------------------------------
+// shard writer
+
+struct fsdp_ckpt_shard_writer {
+    char path[CK_PATH_MAX];
+    const struct fsdp_gpt2_spec *spec;
+    int shard, n_shards;
+    hid_t file;
+    unsigned char *written; /* (NKINDS * n_params,) */
+    int committed;
+};
+
+int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
+                           const struct fsdp_gpt2_spec *spec, struct fsdp_ckpt_shard_writer **out)
+{
+    char why[256];
+    int rc;
+    fsdp_h5_quiet();
+    struct fsdp_ckpt_shard_writer *w = calloc(1, sizeof(*w));
+    if (!w || !(w->written = calloc(FSDP_CKPT_NKINDS * spec->n_params, 1))) {
+        free(w);
+        return fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard writer");
+    }
+    if (ck_shard_path(w->path, sizeof(w->path), dir, shard) < 0) {
+        free(w->written);
+        free(w);
+        return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", dir);
+    }
+    w->spec = spec;
+    w->shard = shard;
+    w->n_shards = n_shards;
+    size_t data = 0;
+    for (size_t i = 0; i < spec->n_params; i++) {
+        size_t row0, rows;
+        fsdp_ckpt_rows(spec->params[i].shape[0], n_shards, shard, &row0, &rows);
+        data += FSDP_CKPT_NKINDS * rows * spec->params[i].shape[1] * sizeof(float);
+    }
+    w->file = -1;
+    FSDP_CHECK_GOTO(ck_h5_create(w->path, ck_file_bound(FSDP_CKPT_NKINDS * spec->n_params, data),
+                                 &w->file), rc, err);
+    if (fsdp_h5_put_attr_str(w->file, "format", FSDP_CKPT_SHARD_FORMAT) < 0 ||
+        fsdp_h5_put_attr_int(w->file, "format_version", FSDP_CKPT_VERSION) < 0 ||
+        ck_put_i64(w->file, "step", step) < 0 || fsdp_h5_put_attr_int(w->file, "shard", shard) < 0 ||
+        fsdp_h5_put_attr_int(w->file, "n_shards", n_shards) < 0 || ck_make_groups(w->file) < 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", w->path,
+                      fsdp_h5_reason(why, sizeof(why)));
+        goto err;
+    }
+    *out = w;
+    return 0;
+err:
+    fsdp_ckpt_shard_destroy(w);
+    return rc;
+}
+
+int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, enum fsdp_ckpt_kind kind, size_t idx,
+                        const float *data)
+{
+    const struct fsdp_param_spec *p = &w->spec->params[idx];
+    char name[256], why[256];
+    size_t row0, rows;
+    hsize_t dims[2];
+    fsdp_ckpt_rows(p->shape[0], w->n_shards, w->shard, &row0, &rows);
+    snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
+    hid_t space = H5Screate_simple(ck_dims(p, rows, dims), dims, NULL);
+    hid_t d = space < 0 ? -1 : H5Dcreate2(w->file, name, H5T_IEEE_F32LE, space, H5P_DEFAULT,
+                                          H5P_DEFAULT, H5P_DEFAULT);
+    int bad = d < 0 || (rows > 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                             data) < 0) ||
+              ck_put_i64(d, "row0", (long long)row0) < 0 ||
+              ck_put_i64(d, "rows", (long long)rows) < 0;
+    fsdp_h5_close(d);
+    fsdp_h5_close(space);
+    if (bad) {
+        return fsdp_err(FSDP_ERR_IO, "%s: writing /%s failed: %s", w->path, name,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    w->written[kind * w->spec->n_params + idx] = 1;
+    return 0;
+}
+
+int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w)
+{
+    char why[256];
+    for (size_t i = 0; i < FSDP_CKPT_NKINDS * w->spec->n_params; i++) {
+        if (!w->written[i]) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s: /%s/%s was never written", w->path,
+                            ck_groups[i / w->spec->n_params],
+                            w->spec->params[i % w->spec->n_params].name);
+        }
+    }
+    herr_t e = H5Fclose(w->file);
+    w->file = -1;
+    if (e < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: closing failed (disk full?): %s", w->path,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    FSDP_CHECK(ck_fsync(w->path));
+    w->committed = 1;
+    return 0;
+}
+
+void fsdp_ckpt_shard_destroy(struct fsdp_ckpt_shard_writer *w)
+{
+    if (!w) {
+        return;
+    }
+    if (w->file >= 0) {
+        H5Fclose(w->file);
+        H5Eclear2(H5E_DEFAULT);
+    }
+    if (!w->committed && w->path[0]) {
+        unlink(w->path);
+    }
+    free(w->written);
+    free(w);
+}
+
+// ----------------------------------------------------------------------------
+// index
+
+static int ck_write_model_attrs(hid_t f, const struct fsdp_gpt2_config *c, const char *created_by)
+{
+    return fsdp_h5_put_attr_str(f, "format", FSDP_MODEL_FORMAT) < 0 ||
+                   fsdp_h5_put_attr_int(f, "format_version", FSDP_MODEL_FORMAT_VERSION) < 0 ||
+                   fsdp_h5_put_attr_str(f, "architecture", FSDP_MODEL_ARCH_GPT2) < 0 ||
+                   fsdp_h5_put_attr_int(f, "vocab_size", c->vocab_size) < 0 ||
+                   fsdp_h5_put_attr_int(f, "context", c->context) < 0 ||
+                   fsdp_h5_put_attr_int(f, "n_layer", c->n_layer) < 0 ||
+                   fsdp_h5_put_attr_int(f, "n_head", c->n_head) < 0 ||
+                   fsdp_h5_put_attr_int(f, "n_embd", c->n_embd) < 0 ||
+                   fsdp_h5_put_attr_float(f, "ln_eps", c->ln_eps) < 0 ||
+                   fsdp_h5_put_attr_int(f, "tied_embeddings", c->tied) < 0 ||
+                   fsdp_h5_put_attr_str(f, "created_by", created_by) < 0
+               ? -1
+               : 0;
+}
+
+static int ck_write_meta(hid_t f, const struct fsdp_ckpt_meta *m)
+{
+    return fsdp_h5_put_attr_str(f, "checkpoint_format", FSDP_CKPT_FORMAT) < 0 ||
+                   fsdp_h5_put_attr_int(f, "checkpoint_version", FSDP_CKPT_VERSION) < 0 ||
+                   ck_put_i64(f, "step", m->step) < 0 ||
+                   ck_put_f64(f, "tokens_seen", m->tokens_seen) < 0 ||
+                   fsdp_h5_put_attr_int(f, "world_size", m->world_size) < 0 ||
+                   fsdp_h5_put_attr_int(f, "n_shards", m->n_shards) < 0 ||
+                   fsdp_h5_put_attr_str(f, "mesh", m->mesh) < 0 ||
+                   fsdp_h5_put_attr_str(f, "backends", m->backends) < 0 ||
+                   fsdp_h5_put_attr_str(f, "config", m->config) < 0 ||
+                   ck_put_i64(f, "data_position", (long long)m->data_position) < 0 ||
+                   ck_put_i64(f, "data_epoch", (long long)m->data_epoch) < 0 ||
+                   ck_put_i64(f, "data_n_tokens", (long long)m->data_n_tokens) < 0 ||
+                   ck_put_i64(f, "seed", m->seed) < 0 ||
+                   fsdp_h5_put_attr_str(f, "rng_state", "none (the loop draws no random numbers)") < 0 ||
+                   ck_put_i64(f, "adam_step", m->adam_step) < 0 ||
+                   ck_put_f64(f, "loss_scale", m->loss_scale) < 0 ||
+                   ck_put_i64(f, "loss_scale_good_steps", m->scale_good_steps) < 0 ||
+                   ck_put_i64(f, "skipped_steps", m->skipped_steps) < 0
+               ? -1
+               : 0;
+}
+
+/* One virtual dataset: the full tensor, row block r from ./shard_<r>.h5. */
+static int ck_write_vds(hid_t f, const struct fsdp_param_spec *p, enum fsdp_ckpt_kind kind,
+                        int n_shards)
+{
+    char name[256], src[64];
+    hsize_t dims[2], start[2] = {0, 0}, count[2];
+    int ndim = ck_dims(p, p->shape[0], dims);
+    int rc = 0;
+    snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t vspace = H5Screate_simple(ndim, dims, NULL);
+    float fill = 0.0f;
+    if (dcpl < 0 || vspace < 0 || H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &fill) < 0) {
+        rc = -1;
+    }
+    for (int r = 0; rc == 0 && r < n_shards; r++) {
+        size_t row0, rows;
+        fsdp_ckpt_rows(p->shape[0], n_shards, r, &row0, &rows);
+        if (rows == 0) {
+            continue;
+        }
+        start[0] = row0;
+        ck_dims(p, rows, count);
+        snprintf(src, sizeof(src), "./shard_%d.h5", r);
+        hid_t sspace = H5Screate_simple(ndim, count, NULL);
+        if (sspace < 0 ||
+            H5Sselect_hyperslab(vspace, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
+            H5Pset_virtual(dcpl, vspace, src, name, sspace) < 0) {
+            rc = -1;
+        }
+        fsdp_h5_close(sspace);
+    }
+    hid_t d = -1;
+    if (rc == 0 && H5Sselect_all(vspace) >= 0) {
+        d = H5Dcreate2(f, name, H5T_IEEE_F32LE, vspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    }
+    rc = d < 0 ? -1 : 0;
+    fsdp_h5_close(d);
+    fsdp_h5_close(vspace);
+    fsdp_h5_close(dcpl);
+    return rc;
+}
+
+int fsdp_ckpt_index_write(const char *dir, const struct fsdp_gpt2_spec *spec,
+                          const struct fsdp_ckpt_meta *meta)
+{
+    char path[CK_PATH_MAX], why[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, FSDP_CKPT_INDEX);
+    fsdp_h5_quiet();
+    size_t n = FSDP_CKPT_NKINDS * spec->n_params;
+    hid_t f = -1;
+    FSDP_CHECK(ck_h5_create(path, ck_file_bound(n, n * (size_t)meta->n_shards * 256), &f));
+    int bad = f < 0 || ck_write_model_attrs(f, &spec->cfg, meta->created_by) < 0 ||
+              ck_write_meta(f, meta) < 0 || ck_make_groups(f) < 0;
+    for (int k = 0; !bad && k < FSDP_CKPT_NKINDS; k++) {
+        for (size_t i = 0; !bad && i < spec->n_params; i++) {
+            bad = ck_write_vds(f, &spec->params[i], (enum fsdp_ckpt_kind)k, meta->n_shards) < 0;
+        }
+    }
+    if (f >= 0 && H5Fclose(f) < 0) {
+        bad = 1;
+    }
+    if (bad) {
+        int rc = fsdp_err(FSDP_ERR_IO, "%s: writing the checkpoint index failed: %s", path,
+                          fsdp_h5_reason(why, sizeof(why)));
+        unlink(path);
+        return rc;
+    }
+    return ck_fsync(path);
+}
+
+// ----------------------------------------------------------------------------
+// reader
+
+struct fsdp_ckpt {
+    char dir[CK_PATH_MAX];
+    struct fsdp_ckpt_meta meta;
+    struct fsdp_gpt2_spec *spec;
+    hid_t *shards; /* (n_shards,) open shard files */
+};
+
+const struct fsdp_ckpt_meta *fsdp_ckpt_meta(const struct fsdp_ckpt *ck)
+{
+    return &ck->meta;
+}
+
+const struct fsdp_gpt2_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck)
+{
+    return ck->spec;
+}
+
+const char *fsdp_ckpt_dir(const struct fsdp_ckpt *ck)
+{
+    return ck->dir;
+}
+
+static int ck_is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* path -> the step directory it names (index.h5's directory, or root/latest). */
+static int ck_resolve(const char *path, char *dir, size_t len)
+{
+    char buf[CK_PATH_MAX];
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') {
+        n--;
+    }
+    if (n >= sizeof(buf)) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: path too long", path);
+    }
+    snprintf(buf, sizeof(buf), "%.*s", (int)n, path);
+    const char *base = strrchr(buf, '/');
+    base = base ? base + 1 : buf;
+    if (strcmp(base, FSDP_CKPT_INDEX) == 0) {
+        if (base == buf) {
+            snprintf(dir, len, ".");
+        } else {
+            snprintf(dir, len, "%.*s", (int)(base - buf - 1), buf);
+        }
+        return 0;
+    }
+    if (!ck_is_dir(buf)) {
+        return fsdp_err(FSDP_ERR_IO, "%s: not a checkpoint: %s", path,
+                        access(buf, F_OK) == 0 ? "neither a directory nor an index.h5"
+                                               : strerror(errno));
+    }
+    char probe[CK_PATH_MAX + 16];
+    snprintf(probe, sizeof(probe), "%s/%s", buf, FSDP_CKPT_INDEX);
+    if (access(probe, F_OK) == 0) {
+        snprintf(dir, len, "%s", buf);
+        return 0;
+    }
+    snprintf(probe, sizeof(probe), "%s/%s", buf, FSDP_CKPT_LATEST);
+    if (ck_is_dir(probe)) {
+        int w = snprintf(dir, len, "%s", probe);
+        return w >= 0 && (size_t)w < len ? 0 : fsdp_err(FSDP_ERR_INVALID, "%s: path too long", path);
+    }
+    return fsdp_err(FSDP_ERR_FORMAT,
+                    "%s: not a checkpoint: no %s in it and no '%s' pointing to a step directory",
+                    path, FSDP_CKPT_INDEX, FSDP_CKPT_LATEST);
+}
+
+int fsdp_ckpt_is_checkpoint(const char *path)
+{
+    char dir[CK_PATH_MAX];
+    int rc = ck_resolve(path, dir, sizeof(dir));
+    fsdp_err_clear();
+    return rc == 0;
+}
+
+static int ck_read_u64(const char *path, hid_t f, const char *name, uint64_t *v)
+{
+    long long x;
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, name, &x));
+    if (x < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute '%s' is negative (%lld)", path, name, x);
+    }
+    *v = (uint64_t)x;
+    return 0;
+}
+
+/* A multi-line string attribute: newlines kept, other control bytes
+ * replaced, truncated to len - 1 bytes. */
+static int ck_read_text(const char *path, hid_t f, const char *name, char *buf, size_t len)
+{
+    char why[256];
+    char *s = NULL;
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    hid_t t = a < 0 ? -1 : H5Aget_type(a);
+    hid_t m = H5Tcopy(H5T_C_S1);
+    int ok = t >= 0 && H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) > 0 && m >= 0 &&
+             H5Tset_size(m, H5T_VARIABLE) >= 0 && H5Aread(a, m, &s) >= 0 && s;
+    if (ok) {
+        snprintf(buf, len, "%s", s);
+        for (char *p = buf; *p; p++) {
+            if ((unsigned char)*p < 0x20 && *p != '\n') {
+                *p = '?';
+            }
+        }
+        H5free_memory(s);
+    }
+    fsdp_h5_close(m);
+    fsdp_h5_close(t);
+    fsdp_h5_close(a);
+    if (!ok) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute '%s' is missing or not a string: %s", path,
+                        name, fsdp_h5_reason(why, sizeof(why)));
+    }
+    return 0;
+}
+
+static int ck_read_meta(const char *path, hid_t f, struct fsdp_ckpt_meta *m)
+{
+    char fmt[64];
+    long long x;
+    if (!fsdp_h5_attr_exists(f, "checkpoint_format")) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: not a checkpoint index (no 'checkpoint_format' "
+                        "attribute; a plain model file?)", path);
+    }
+    FSDP_CHECK(fsdp_h5_attr_str(path, f, "checkpoint_format", fmt, sizeof(fmt)));
+    if (strcmp(fmt, FSDP_CKPT_FORMAT) != 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: checkpoint_format is '%s', expected '%s'", path, fmt,
+                        FSDP_CKPT_FORMAT);
+    }
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "checkpoint_version", &x));
+    if (x != FSDP_CKPT_VERSION) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: checkpoint_version %lld; this fsdpc reads "
+                        "version %d", path, x, FSDP_CKPT_VERSION);
+    }
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "step", &x));
+    m->step = (long)x;
+    FSDP_CHECK(fsdp_h5_attr_double(path, f, "tokens_seen", &m->tokens_seen));
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "world_size", &x));
+    m->world_size = (int)x;
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "n_shards", &x));
+    if (x < 1 || x > 1 << 20) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: n_shards %lld is out of range", path, x);
+    }
+    m->n_shards = (int)x;
+    if (m->step < 0 || m->world_size < 1) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: step %ld / world_size %d out of range", path,
+                        m->step, m->world_size);
+    }
+    FSDP_CHECK(fsdp_h5_attr_str(path, f, "mesh", m->mesh, sizeof(m->mesh)));
+    FSDP_CHECK(fsdp_h5_attr_str(path, f, "backends", m->backends, sizeof(m->backends)));
+    FSDP_CHECK(ck_read_text(path, f, "config", m->config, sizeof(m->config)));
+    if (fsdp_h5_attr_exists(f, "created_by")) {
+        FSDP_CHECK(fsdp_h5_attr_str(path, f, "created_by", m->created_by, sizeof(m->created_by)));
+    }
+    FSDP_CHECK(ck_read_u64(path, f, "data_position", &m->data_position));
+    FSDP_CHECK(ck_read_u64(path, f, "data_epoch", &m->data_epoch));
+    FSDP_CHECK(ck_read_u64(path, f, "data_n_tokens", &m->data_n_tokens));
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "seed", &x));
+    m->seed = (long)x;
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "adam_step", &x));
+    m->adam_step = (long)x;
+    FSDP_CHECK(fsdp_h5_attr_double(path, f, "loss_scale", &m->loss_scale));
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "loss_scale_good_steps", &x));
+    m->scale_good_steps = (long)x;
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "skipped_steps", &x));
+    m->skipped_steps = (long)x;
+    return 0;
+}
+
+/* Shard r: present, readable, of this checkpoint and step, every tensor
+ * with the rows the split rule gives. */
+static int ck_check_shard(struct fsdp_ckpt *ck, int r)
+{
+    char path[CK_PATH_MAX], name[256], fmt[64], why[256];
+    long long x;
+    if (ck_shard_path(path, sizeof(path), ck->dir, r) < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", ck->dir);
+    }
+    if (access(path, R_OK) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: shard %d of %d is missing: %s", path, r,
+                        ck->meta.n_shards, strerror(errno));
+    }
+    if (H5Fis_hdf5(path) <= 0 ||
+        (ck->shards[r] = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open shard (truncated or damaged?): %s",
+                        path, fsdp_h5_reason(why, sizeof(why)));
+    }
+    hid_t f = ck->shards[r];
+    FSDP_CHECK(fsdp_h5_attr_str(path, f, "format", fmt, sizeof(fmt)));
+    if (strcmp(fmt, FSDP_CKPT_SHARD_FORMAT) != 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: format is '%s', expected '%s'", path, fmt,
+                        FSDP_CKPT_SHARD_FORMAT);
+    }
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "format_version", &x));
+    if (x != FSDP_CKPT_VERSION) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: format_version %lld; expected %d", path, x,
+                        FSDP_CKPT_VERSION);
+    }
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "step", &x));
+    if (x != ck->meta.step) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: shard is from step %lld but the index is step %ld "
+                        "(shards from different checkpoints)", path, x, ck->meta.step);
+    }
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "shard", &x));
+    long long ns;
+    FSDP_CHECK(fsdp_h5_attr_int(path, f, "n_shards", &ns));
+    if (x != r || ns != ck->meta.n_shards) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: shard %lld of %lld, expected %d of %d", path, x, ns,
+                        r, ck->meta.n_shards);
+    }
+    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+        for (size_t i = 0; i < ck->spec->n_params; i++) {
+            const struct fsdp_param_spec *p = &ck->spec->params[i];
+            size_t row0, rows;
+            hsize_t dims[2], want[2];
+            fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &row0, &rows);
+            snprintf(name, sizeof(name), "%s/%s", ck_groups[k], p->name);
+            if (H5Lexists(f, ck_groups[k], H5P_DEFAULT) <= 0 || H5Lexists(f, name, H5P_DEFAULT) <= 0) {
+                H5Eclear2(H5E_DEFAULT);
+                return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s is missing", path, name);
+            }
+            hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+            hid_t s = d < 0 ? -1 : H5Dget_space(d);
+            int nd = s < 0 ? -1 : H5Sget_simple_extent_dims(s, dims, NULL);
+            long long a0 = -1, an = -1;
+            int ok = nd == ck_dims(p, rows, want) && dims[0] == want[0] &&
+                     (nd == 1 || dims[1] == want[1]);
+            if (ok && (fsdp_h5_attr_int(path, d, "row0", &a0) < 0 ||
+                       fsdp_h5_attr_int(path, d, "rows", &an) < 0)) {
+                fsdp_h5_close(s);
+                fsdp_h5_close(d);
+                return FSDP_ERR_FORMAT;
+            }
+            fsdp_h5_close(s);
+            fsdp_h5_close(d);
+            H5Eclear2(H5E_DEFAULT);
+            if (!ok || a0 != (long long)row0 || an != (long long)rows) {
+                return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s does not hold rows [%zu, %zu) "
+                                "of %s as shard %d of %d must", path, name, row0, row0 + rows,
+                                p->name, r, ck->meta.n_shards);
+            }
+        }
+    }
+    return 0;
+}
+
+int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
+{
+    char index[CK_PATH_MAX + 16];
+    struct fsdp_gpt2_config cfg;
+    int rc;
+    fsdp_h5_quiet();
+    struct fsdp_ckpt *ck = calloc(1, sizeof(*ck));
+    if (!ck) {
+        return fsdp_err(FSDP_ERR_NOMEM, "checkpoint handle");
+    }
+    FSDP_CHECK_GOTO(ck_resolve(path, ck->dir, sizeof(ck->dir)), rc, err);
+    snprintf(index, sizeof(index), "%s/%s", ck->dir, FSDP_CKPT_INDEX);
+    if (access(index, R_OK) != 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", index, strerror(errno));
+        goto err;
+    }
+    FSDP_CHECK_GOTO(fsdp_model_file_read_config(index, &cfg), rc, err);
+    hid_t f = H5Fopen(index, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) {
+        char why[256];
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open HDF5 file: %s", index,
+                      fsdp_h5_reason(why, sizeof(why)));
+        goto err;
+    }
+    rc = ck_read_meta(index, f, &ck->meta);
+    H5Fclose(f);
+    if (rc < 0) {
+        goto err;
+    }
+    FSDP_CHECK_GOTO(fsdp_gpt2_spec_create(&cfg, &ck->spec), rc, err);
+    ck->shards = malloc((size_t)ck->meta.n_shards * sizeof(*ck->shards));
+    if (!ck->shards) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard table");
+        goto err;
+    }
+    for (int r = 0; r < ck->meta.n_shards; r++) {
+        ck->shards[r] = -1;
+    }
+    for (int r = 0; r < ck->meta.n_shards; r++) {
+        FSDP_CHECK_GOTO(ck_check_shard(ck, r), rc, err);
+    }
+    *out = ck;
+    return 0;
+err:
+    fsdp_ckpt_close(ck);
+    return rc;
+}
+
+void fsdp_ckpt_close(struct fsdp_ckpt *ck)
+{
+    if (!ck) {
+        return;
+    }
+    for (int r = 0; ck->shards && r < ck->meta.n_shards; r++) {
+        fsdp_h5_close(ck->shards[r]);
+    }
+    free(ck->shards);
+    fsdp_gpt2_spec_destroy(ck->spec);
+    free(ck);
+}
+
+int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx, size_t row0,
+                        size_t nrows, float *dst)
+{
+    const struct fsdp_param_spec *p = &ck->spec->params[idx];
+    const size_t cols = p->shape[1];
+    char name[256], why[256];
+    if (row0 + nrows > p->shape[0]) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: rows [%zu, %zu) of %s are out of range", ck->dir,
+                        row0, row0 + nrows, p->name);
+    }
+    snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
+    for (int r = 0; r < ck->meta.n_shards && nrows > 0; r++) {
+        size_t s0, sn;
+        fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &s0, &sn);
+        size_t lo = row0 > s0 ? row0 : s0, hi = row0 + nrows < s0 + sn ? row0 + nrows : s0 + sn;
+        if (lo >= hi) {
+            continue;
+        }
+        hsize_t start[2] = {lo - s0, 0}, count[2] = {hi - lo, cols};
+        int nd = p->ndim;
+        hid_t d = H5Dopen2(ck->shards[r], name, H5P_DEFAULT);
+        hid_t fs = d < 0 ? -1 : H5Dget_space(d);
+        hid_t ms = H5Screate_simple(nd, count, NULL);
+        int bad = fs < 0 || ms < 0 ||
+                  H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
+                  H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, dst + (lo - row0) * cols) < 0;
+        fsdp_h5_close(ms);
+        fsdp_h5_close(fs);
+        fsdp_h5_close(d);
+        if (bad) {
+            return fsdp_err(FSDP_ERR_IO, "%s/shard_%d.h5: reading /%s failed: %s", ck->dir, r,
+                            name, fsdp_h5_reason(why, sizeof(why)));
+        }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// consolidation
+
+int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
+                          fsdp_ckpt_progress_fn progress, void *arg)
+{
+    const struct fsdp_gpt2_spec *spec = ck->spec;
+    char why[256], name[256], created_by[256];
+    size_t largest = 1;
+    int rc = 0;
+    fsdp_h5_quiet();
+    for (size_t i = 0; i < spec->n_params; i++) {
+        size_t n = spec->params[i].shape[0] * spec->params[i].shape[1];
+        largest = n > largest ? n : largest;
+    }
+    char *tmp = fsdp_file_tmp_path(out);
+    float *buf = fsdp_alloc(largest * sizeof(float));
+    if (!tmp || !buf) {
+        free(tmp);
+        fsdp_free(buf);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: %zu bytes for one tensor", out,
+                        largest * sizeof(float));
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    close(fd);
+    if (snprintf(created_by, sizeof(created_by), "fsdpc-ckpt consolidate of %s (step %ld)",
+                 ck->dir, ck->meta.step) >= (int)sizeof(created_by)) {
+        snprintf(created_by, sizeof(created_by), "fsdpc-ckpt consolidate (step %ld)",
+                 ck->meta.step);
+    }
+    const int kinds = with_optim ? FSDP_CKPT_NKINDS : 1;
+    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0 || ck_write_model_attrs(f, &spec->cfg, created_by) < 0 ||
+        (with_optim ? ck_make_groups(f) : H5Gclose(H5Gcreate2(f, "model", H5P_DEFAULT, H5P_DEFAULT,
+                                                             H5P_DEFAULT))) < 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, fsdp_h5_reason(why, sizeof(why)));
+        fsdp_h5_close(f);
+        goto out_unlink;
+    }
+    size_t total = (size_t)kinds * spec->n_params, done = 0;
+    for (int k = 0; k < kinds && rc == 0; k++) {
+        for (size_t i = 0; i < spec->n_params && rc == 0; i++) {
+            const struct fsdp_param_spec *p = &spec->params[i];
+            hsize_t dims[2];
+            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, 0, p->shape[0], buf);
+            if (rc < 0) {
+                break;
+            }
+            snprintf(name, sizeof(name), "%s/%s", ck_groups[k], p->name);
+            hid_t sp = H5Screate_simple(ck_dims(p, p->shape[0], dims), dims, NULL);
+            hid_t d = sp < 0 ? -1 : H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT,
+                                               H5P_DEFAULT, H5P_DEFAULT);
+            if (d < 0 || H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+                rc = fsdp_err(FSDP_ERR_IO, "%s: writing /%s failed: %s", tmp, name,
+                              fsdp_h5_reason(why, sizeof(why)));
+            }
+            fsdp_h5_close(d);
+            fsdp_h5_close(sp);
+            if (progress && rc == 0) {
+                progress(++done, total, arg);
+            }
+        }
+    }
+    if (H5Fclose(f) < 0 && rc == 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: closing failed: %s", tmp, fsdp_h5_reason(why, sizeof(why)));
+    }
+    if (rc == 0) {
+        rc = fsdp_file_commit(tmp, out);
+    }
+out_unlink:
+    if (rc < 0) {
+        unlink(tmp);
+    }
+out:
+    free(tmp);
+    fsdp_free(buf);
+    return rc;
+}

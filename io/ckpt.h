@@ -1,0 +1,133 @@
+/*
+ * ckpt.h - sharded HDF5 checkpoints (layout: doc/formats.md, "Checkpoints").
+ *
+ * A checkpoint is a directory step_<N>/ holding one shard file per shard
+ * rank (shard_<r>.h5: that rank's dim-0 rows of every parameter and of its
+ * two AdamW moments) and index.h5, whose root attributes make it a valid
+ * model file plus the run state (step, tokens, mesh, config, data cursor,
+ * optimizer and loss-scaler counters), and whose virtual datasets stitch
+ * the shards' rows into full tensors for any HDF5 reader.
+ *
+ * This layer knows files only: no ranks, no collectives. The trainer
+ * (src/train/ckpt_cadence.c) does the directory commit protocol; engines
+ * write and read their rows through the functions below. Opening a
+ * checkpoint validates it completely (every shard present, readable, of the
+ * same step, with the expected rows) before any tensor is read; readers
+ * take rows from the shard files directly, so a rank reads only what it
+ * needs whatever the old world size was.
+ */
+#ifndef FSDP_IO_CKPT_H
+#define FSDP_IO_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/gpt2_spec.h"
+
+#define FSDP_CKPT_FORMAT "fsdpc-checkpoint"
+#define FSDP_CKPT_SHARD_FORMAT "fsdpc-checkpoint-shard"
+#define FSDP_CKPT_VERSION 1
+#define FSDP_CKPT_INDEX "index.h5"
+#define FSDP_CKPT_LATEST "latest"
+
+/* The three tensors kept per parameter. */
+enum fsdp_ckpt_kind {
+    FSDP_CKPT_MODEL = 0, /* /model/<name>: f32 master weights */
+    FSDP_CKPT_EXP_AVG,   /* /optim/exp_avg/<name>: AdamW first moment */
+    FSDP_CKPT_EXP_AVG_SQ, /* /optim/exp_avg_sq/<name>: AdamW second moment */
+    FSDP_CKPT_NKINDS,
+};
+
+/* "model", "optim/exp_avg", "optim/exp_avg_sq" */
+const char *fsdp_ckpt_kind_group(enum fsdp_ckpt_kind k);
+
+/* The run state stored in index.h5 besides the tensors. */
+struct fsdp_ckpt_meta {
+    long step;               /* optimizer steps done */
+    double tokens_seen;      /* training tokens consumed */
+    int world_size;          /* ranks of the run that wrote it */
+    int n_shards;            /* shard files (the shard group size) */
+    char mesh[128];          /* "dp=4", "rdp=2,dp=2" or "single rank" */
+    char backends[128];      /* per dimension, as the mesh reports them */
+    char config[4096];       /* the resolved training config, 'key = value' lines */
+    char created_by[128];
+    uint64_t data_position;  /* data loader cursor (global token index) */
+    uint64_t data_epoch;
+    uint64_t data_n_tokens;  /* token count of the training file */
+    long seed;               /* the run's recorded seed (the loop draws no random numbers) */
+    long adam_step;          /* AdamW bias-correction counter */
+    double loss_scale;       /* current loss scale (1: off) */
+    long scale_good_steps;   /* finite steps since the scale last changed */
+    long skipped_steps;      /* steps skipped by loss scaling */
+};
+
+/* Rows [*row0, *row0 + *rows) of an n-row tensor that shard r of R holds:
+ * as even as possible, the first (n mod R) shards one more (the sharding
+ * engine's rule). */
+static inline void fsdp_ckpt_rows(size_t n, int R, int r, size_t *row0, size_t *rows)
+{
+    size_t base = n / (size_t)R, extra = n % (size_t)R, ur = (size_t)r;
+    *rows = base + (ur < extra);
+    *row0 = ur * base + (ur < extra ? ur : extra);
+}
+
+// ----------------------------------------------------------------------------
+// Writing (into an existing directory; the caller commits the directory)
+
+struct fsdp_ckpt_shard_writer;
+
+/* Creates dir/shard_<shard>.h5 for a checkpoint of step `step` cut into n_shards. */
+int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
+                           const struct fsdp_gpt2_spec *spec, struct fsdp_ckpt_shard_writer **out);
+/* Writes this shard's rows of parameter idx (rows * cols floats); once per (kind, idx). */
+int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, enum fsdp_ckpt_kind kind, size_t idx,
+                        const float *rows);
+/* Checks that every tensor was written, closes and fsyncs the file. */
+int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w);
+/* Frees w; an uncommitted file is removed. */
+void fsdp_ckpt_shard_destroy(struct fsdp_ckpt_shard_writer *w);
+
+/* Writes and fsyncs dir/index.h5: model-file and checkpoint attributes and
+ * the virtual datasets over shard_0 .. shard_<n_shards - 1>. */
+int fsdp_ckpt_index_write(const char *dir, const struct fsdp_gpt2_spec *spec,
+                          const struct fsdp_ckpt_meta *meta);
+
+// ----------------------------------------------------------------------------
+// Reading
+
+struct fsdp_ckpt;
+
+/*
+ * Opens a checkpoint: a step directory, its index.h5, or a checkpoint root
+ * directory (whose `latest` is followed). Validates the index attributes and
+ * every shard file (present, readable, same step, expected shapes and row
+ * ranges) and fails with one line naming the file otherwise.
+ */
+int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out);
+void fsdp_ckpt_close(struct fsdp_ckpt *ck);
+
+const struct fsdp_ckpt_meta *fsdp_ckpt_meta(const struct fsdp_ckpt *ck);
+const struct fsdp_gpt2_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck);
+/* The step directory (no trailing slash). */
+const char *fsdp_ckpt_dir(const struct fsdp_ckpt *ck);
+
+/* Reads rows [row0, row0 + nrows) of tensor (kind, idx) as f32 into dst,
+ * from only the shard files that hold them. */
+int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx, size_t row0,
+                        size_t nrows, float *dst);
+
+/* Called after each tensor of a long operation: done of total. */
+typedef void (*fsdp_ckpt_progress_fn)(size_t done, size_t total, void *arg);
+
+/*
+ * Writes ck as one model file at out (via out.tmp, fsync, rename), tensor by
+ * tensor through one buffer of the largest tensor; with_optim adds
+ * /optim/exp_avg and /optim/exp_avg_sq (model readers ignore them).
+ */
+int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
+                          fsdp_ckpt_progress_fn progress, void *arg);
+
+/* Is path a checkpoint (step dir, index.h5 or a root with latest)? 1 or 0; no error recorded. */
+int fsdp_ckpt_is_checkpoint(const char *path);
+
+#endif

@@ -1,0 +1,23 @@
+/*
+ * ckpt_tool.h - fsdpc-ckpt's checkpoint subcommands (ckpt_tool.c): each takes
+ * its own argv (argv[0] the subcommand name), parses its flags, prints, and
+ * returns the exit status; errors end the program with one line.
+ */
+#ifndef FSDP_IO_CKPT_TOOL_H
+#define FSDP_IO_CKPT_TOOL_H
+
+/* Prints a checkpoint's state and tensor table; 0 on success. */
+int fsdp_ckpt_tool_inspect(const char *path);
+/* Does path name a checkpoint (a directory, or an index.h5 with checkpoint attributes)? */
+int fsdp_ckpt_tool_is_checkpoint(const char *path);
+
+int fsdp_ckpt_cmd_verify(int argc, char **argv);
+int fsdp_ckpt_cmd_consolidate(int argc, char **argv);
+int fsdp_ckpt_cmd_reshard(int argc, char **argv);
+int fsdp_ckpt_cmd_convert(int argc, char **argv);
+
+/* st_tool.c: Hugging Face GPT-2 safetensors */
+int fsdp_ckpt_cmd_export_st(int argc, char **argv);
+int fsdp_ckpt_cmd_import_st(int argc, char **argv);
+
+#endif

@@ -1,0 +1,602 @@
+/*
+ * safetensors.c - the safetensors reader and writer (see safetensors.h):
+ * a strict parser for the header's JSON subset (objects, arrays, strings,
+ * non-negative integers), the layout checks, and a streaming writer.
+ */
+#include "config.h"
+#include "io/safetensors.h"
+#include "io/fileutil.h"
+#include "core/error.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const struct {
+    const char *name;
+    enum fsdp_dtype t;
+} st_dtypes[] = {
+    {"F32", FSDP_F32}, {"F16", FSDP_F16}, {"BF16", FSDP_BF16},
+    {"I32", FSDP_I32}, {"I64", FSDP_I64}, {"U8", FSDP_U8},
+};
+
+static const char *st_dtype_name(enum fsdp_dtype t)
+{
+    for (size_t i = 0; i < sizeof(st_dtypes) / sizeof(st_dtypes[0]); i++) {
+        if (st_dtypes[i].t == t) {
+            return st_dtypes[i].name;
+        }
+    }
+    return "?";
+}
+
+// ----------------------------------------------------------------------------
+// header JSON
+
+struct st_parser {
+    const char *path;
+    const char *s, *p, *end;
+};
+
+static int st_bad(struct st_parser *ps, const char *what)
+{
+    return fsdp_err(FSDP_ERR_FORMAT, "%s: header JSON: %s at byte %zu", ps->path, what,
+                    (size_t)(ps->p - ps->s) + 8);
+}
+
+static void st_ws(struct st_parser *ps)
+{
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')) {
+        ps->p++;
+    }
+}
+
+static int st_expect(struct st_parser *ps, char c)
+{
+    st_ws(ps);
+    if (ps->p >= ps->end || *ps->p != c) {
+        char msg[32];
+        snprintf(msg, sizeof(msg), "expected '%c'", c);
+        return st_bad(ps, msg);
+    }
+    ps->p++;
+    return 0;
+}
+
+/* A string into buf (ASCII escapes only; other bytes copied as they are);
+ * longer than len - 1 bytes: an error, or with cut, kept truncated. */
+static int st_string_cut(struct st_parser *ps, char *buf, size_t len, int cut)
+{
+    size_t n = 0;
+    FSDP_CHECK(st_expect(ps, '"'));
+    while (ps->p < ps->end && *ps->p != '"') {
+        char c = *ps->p++;
+        if ((unsigned char)c < 0x20) {
+            return st_bad(ps, "control character in a string");
+        }
+        if (c == '\\') {
+            if (ps->p >= ps->end) {
+                break;
+            }
+            char e = *ps->p++;
+            const char *map = "\"\"\\\\//b\bf\fn\nr\rt\t";
+            const char *m = strchr(map, e);
+            if (e == 'u') {
+                unsigned v = 0;
+                for (int k = 0; k < 4; k++) {
+                    char h = ps->p < ps->end ? *ps->p++ : 'x';
+                    int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                          : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                    if (d < 0) {
+                        return st_bad(ps, "bad \\u escape");
+                    }
+                    v = v * 16 + (unsigned)d;
+                }
+                if (v == 0 || v >= 0x80) {
+                    return st_bad(ps, "\\u escape outside ASCII");
+                }
+                c = (char)v;
+            } else if (m && ((m - map) % 2) == 0) {
+                c = m[1];
+            } else {
+                return st_bad(ps, "bad escape");
+            }
+        }
+        if (n + 1 < len) {
+            buf[n++] = c;
+        } else if (!cut) {
+            return st_bad(ps, "string too long");
+        }
+    }
+    if (ps->p >= ps->end) {
+        return st_bad(ps, "unterminated string");
+    }
+    ps->p++;
+    buf[n] = '\0';
+    return 0;
+}
+
+static int st_string(struct st_parser *ps, char *buf, size_t len)
+{
+    return st_string_cut(ps, buf, len, 0);
+}
+
+static int st_uint(struct st_parser *ps, size_t *v)
+{
+    st_ws(ps);
+    if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') {
+        return st_bad(ps, "expected a non-negative integer");
+    }
+    uint64_t x = 0;
+    while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') {
+        if (x > (UINT64_MAX - 9) / 10) {
+            return st_bad(ps, "integer too large");
+        }
+        x = x * 10 + (uint64_t)(*ps->p++ - '0');
+    }
+    if (ps->p < ps->end && (*ps->p == '.' || *ps->p == 'e' || *ps->p == 'E')) {
+        return st_bad(ps, "expected an integer");
+    }
+    *v = (size_t)x;
+    return 0;
+}
+
+/* ',' then more, or the closing bracket: 1 more, 0 done. */
+static int st_next(struct st_parser *ps, char close, int *more)
+{
+    st_ws(ps);
+    if (ps->p < ps->end && *ps->p == ',') {
+        ps->p++;
+        *more = 1;
+        return 0;
+    }
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++;
+        *more = 0;
+        return 0;
+    }
+    return st_bad(ps, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+}
+
+static int st_empty(struct st_parser *ps, char close)
+{
+    st_ws(ps);
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++;
+        return 1;
+    }
+    return 0;
+}
+
+static int st_parse_meta(struct fsdp_safetensors *st, struct st_parser *ps)
+{
+    int more = 1;
+    FSDP_CHECK(st_expect(ps, '{'));
+    if (st_empty(ps, '}')) {
+        return 0;
+    }
+    while (more) {
+        void *m = realloc(st->meta, (st->n_meta + 1) * sizeof(*st->meta));
+        if (!m) {
+            return fsdp_err(FSDP_ERR_NOMEM, "%s: metadata", st->path);
+        }
+        st->meta = m;
+        FSDP_CHECK(st_string(ps, st->meta[st->n_meta][0], FSDP_ST_NAME_MAX));
+        FSDP_CHECK(st_expect(ps, ':'));
+        /* free-form values (licences, notes) may be long: only their start is kept */
+        FSDP_CHECK(st_string_cut(ps, st->meta[st->n_meta][1], FSDP_ST_NAME_MAX, 1));
+        st->n_meta++;
+        FSDP_CHECK(st_next(ps, '}', &more));
+    }
+    return 0;
+}
+
+static int st_parse_tensor(struct fsdp_safetensors *st, struct st_parser *ps,
+                           struct fsdp_st_tensor *t)
+{
+    char key[32], dt[16];
+    int more = 1, have = 0;
+    FSDP_CHECK(st_expect(ps, '{'));
+    while (more) {
+        FSDP_CHECK(st_string(ps, key, sizeof(key)));
+        FSDP_CHECK(st_expect(ps, ':'));
+        if (strcmp(key, "dtype") == 0 && !(have & 1)) {
+            FSDP_CHECK(st_string(ps, dt, sizeof(dt)));
+            size_t i = 0;
+            while (i < sizeof(st_dtypes) / sizeof(st_dtypes[0]) && strcmp(st_dtypes[i].name, dt)) {
+                i++;
+            }
+            if (i == sizeof(st_dtypes) / sizeof(st_dtypes[0])) {
+                return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype '%s' (supported: "
+                                "F32, F16, BF16, I32, I64, U8)", st->path, t->name, dt);
+            }
+            t->dtype = st_dtypes[i].t;
+            have |= 1;
+        } else if (strcmp(key, "shape") == 0 && !(have & 2)) {
+            int m2 = 1;
+            FSDP_CHECK(st_expect(ps, '['));
+            t->ndim = 0;
+            if (!st_empty(ps, ']')) {
+                while (m2) {
+                    if (t->ndim == FSDP_ST_RANK_MAX) {
+                        return st_bad(ps, "shape has too many dimensions");
+                    }
+                    FSDP_CHECK(st_uint(ps, &t->shape[t->ndim++]));
+                    FSDP_CHECK(st_next(ps, ']', &m2));
+                }
+            }
+            have |= 2;
+        } else if (strcmp(key, "data_offsets") == 0 && !(have & 4)) {
+            FSDP_CHECK(st_expect(ps, '['));
+            FSDP_CHECK(st_uint(ps, &t->begin));
+            FSDP_CHECK(st_expect(ps, ','));
+            FSDP_CHECK(st_uint(ps, &t->end));
+            FSDP_CHECK(st_expect(ps, ']'));
+            have |= 4;
+        } else {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s': unexpected or repeated key '%s'",
+                            st->path, t->name, key);
+        }
+        FSDP_CHECK(st_next(ps, '}', &more));
+    }
+    if (have != 7) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' lacks %s", st->path, t->name,
+                        !(have & 1) ? "dtype" : !(have & 2) ? "shape" : "data_offsets");
+    }
+    return 0;
+}
+
+static int st_parse(struct fsdp_safetensors *st, const char *hdr, size_t n)
+{
+    struct st_parser ps = {st->path, hdr, hdr, hdr + n};
+    char name[FSDP_ST_NAME_MAX];
+    int more = 1;
+    FSDP_CHECK(st_expect(&ps, '{'));
+    if (st_empty(&ps, '}')) {
+        more = 0;
+    }
+    while (more) {
+        FSDP_CHECK(st_string(&ps, name, sizeof(name)));
+        FSDP_CHECK(st_expect(&ps, ':'));
+        if (strcmp(name, "__metadata__") == 0) {
+            FSDP_CHECK(st_parse_meta(st, &ps));
+        } else {
+            if (fsdp_safetensors_find(st, name) >= 0) {
+                return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' appears twice", st->path, name);
+            }
+            void *t = realloc(st->t, (st->n + 1) * sizeof(*st->t));
+            if (!t) {
+                return fsdp_err(FSDP_ERR_NOMEM, "%s: tensor table", st->path);
+            }
+            st->t = t;
+            memset(&st->t[st->n], 0, sizeof(st->t[0]));
+            snprintf(st->t[st->n].name, sizeof(st->t[0].name), "%s", name);
+            FSDP_CHECK(st_parse_tensor(st, &ps, &st->t[st->n]));
+            st->n++;
+        }
+        FSDP_CHECK(st_next(&ps, '}', &more));
+    }
+    st_ws(&ps);
+    if (ps.p != ps.end) {
+        return st_bad(&ps, "trailing bytes after the header object");
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// layout
+
+static int st_cmp_begin(const void *a, const void *b)
+{
+    const struct fsdp_st_tensor *x = *(const struct fsdp_st_tensor *const *)a;
+    const struct fsdp_st_tensor *y = *(const struct fsdp_st_tensor *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+static int st_check_layout(struct fsdp_safetensors *st, size_t data_bytes)
+{
+    for (size_t i = 0; i < st->n; i++) {
+        struct fsdp_st_tensor *t = &st->t[i];
+        size_t bytes = fsdp_dtype_size(t->dtype);
+        for (int d = 0; d < t->ndim; d++) {
+            if (t->shape[d] != 0 && bytes > SIZE_MAX / t->shape[d]) {
+                return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s': shape overflows", st->path,
+                                t->name);
+            }
+            bytes *= t->shape[d];
+        }
+        if (t->end < t->begin || t->end - t->begin != bytes) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s': data_offsets [%zu, %zu) hold %zu "
+                            "bytes but its dtype and shape need %zu", st->path, t->name, t->begin,
+                            t->end, t->end >= t->begin ? t->end - t->begin : 0, bytes);
+        }
+        if (t->end > data_bytes) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s': data_offsets end %zu is beyond "
+                            "the %zu data bytes of the file", st->path, t->name, t->end,
+                            data_bytes);
+        }
+    }
+    struct fsdp_st_tensor **order = malloc((st->n ? st->n : 1) * sizeof(*order));
+    if (!order) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: tensor order", st->path);
+    }
+    for (size_t i = 0; i < st->n; i++) {
+        order[i] = &st->t[i];
+    }
+    qsort(order, st->n, sizeof(*order), st_cmp_begin);
+    size_t at = 0;
+    int rc = 0;
+    for (size_t i = 0; i < st->n && rc == 0; i++) {
+        if (order[i]->begin != at) {
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' starts at data byte %zu but the "
+                          "previous one ends at %zu (%s)", st->path, order[i]->name,
+                          order[i]->begin, at, order[i]->begin < at ? "overlap" : "gap");
+        }
+        at = order[i]->end;
+    }
+    free(order);
+    if (rc == 0 && at != data_bytes) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensors cover %zu data bytes but the file holds %zu",
+                      st->path, at, data_bytes);
+    }
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// reader
+
+int fsdp_safetensors_open(const char *path, struct fsdp_safetensors **out)
+{
+    unsigned char len8[8];
+    struct stat sb;
+    char *hdr = NULL;
+    int rc;
+    struct fsdp_safetensors *st = calloc(1, sizeof(*st));
+    if (!st || !(st->path = strdup(path))) {
+        free(st);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: safetensors handle", path);
+    }
+    st->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (st->fd < 0 || fstat(st->fd, &sb) != 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        goto err;
+    }
+    if (sb.st_size < 8 || pread(st->fd, len8, 8, 0) != 8) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: %lld bytes: too short for a safetensors header",
+                      path, (long long)sb.st_size);
+        goto err;
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) {
+        n = n << 8 | len8[i];
+    }
+    if (n < 2 || n > FSDP_ST_HEADER_MAX || n > (uint64_t)sb.st_size - 8) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: header length %llu is %s", path,
+                      (unsigned long long)n,
+                      n > FSDP_ST_HEADER_MAX ? "above the 100 MiB cap"
+                      : n < 2 ? "too small" : "beyond the end of the file");
+        goto err;
+    }
+    hdr = malloc((size_t)n);
+    if (!hdr) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "%s: %llu header bytes", path, (unsigned long long)n);
+        goto err;
+    }
+    if (pread(st->fd, hdr, (size_t)n, 8) != (ssize_t)n) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot read the header: %s", path, strerror(errno));
+        goto err;
+    }
+    if (hdr[0] != '{') {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: header does not start with '{'", path);
+        goto err;
+    }
+    FSDP_CHECK_GOTO(st_parse(st, hdr, (size_t)n), rc, err);
+    st->data_off = 8 + (size_t)n;
+    FSDP_CHECK_GOTO(st_check_layout(st, (size_t)sb.st_size - st->data_off), rc, err);
+    free(hdr);
+    *out = st;
+    return 0;
+err:
+    free(hdr);
+    fsdp_safetensors_close(st);
+    return rc;
+}
+
+void fsdp_safetensors_close(struct fsdp_safetensors *st)
+{
+    if (!st) {
+        return;
+    }
+    if (st->fd >= 0) {
+        close(st->fd);
+    }
+    free(st->t);
+    free(st->meta);
+    free(st->path);
+    free(st);
+}
+
+long fsdp_safetensors_find(const struct fsdp_safetensors *st, const char *name)
+{
+    for (size_t i = 0; i < st->n; i++) {
+        if (strcmp(st->t[i].name, name) == 0) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+const char *fsdp_safetensors_meta(const struct fsdp_safetensors *st, const char *key)
+{
+    for (size_t i = 0; i < st->n_meta; i++) {
+        if (strcmp(st->meta[i][0], key) == 0) {
+            return st->meta[i][1];
+        }
+    }
+    return NULL;
+}
+
+int fsdp_safetensors_read(struct fsdp_safetensors *st, size_t i, void *dst)
+{
+    const struct fsdp_st_tensor *t = &st->t[i];
+    size_t want = t->end - t->begin, got = 0;
+    while (got < want) {
+        ssize_t r = pread(st->fd, (char *)dst + got, want - got,
+                          (off_t)(st->data_off + t->begin + got));
+        if (r <= 0) {
+            return fsdp_err(FSDP_ERR_IO, "%s: reading tensor '%s' failed: %s", st->path, t->name,
+                            r < 0 ? strerror(errno) : "unexpected end of file");
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// writer
+
+struct fsdp_st_writer {
+    char *path, *tmp;
+    FILE *fp;
+    size_t *bytes; /* (n,) of each entry */
+    size_t n, next;
+    int committed;
+};
+
+static size_t st_entry_bytes(const struct fsdp_st_entry *e)
+{
+    return fsdp_dtype_size(e->dtype) * e->shape[0] * (e->ndim == 2 ? e->shape[1] : 1);
+}
+
+/* The header JSON into a malloc'd buffer, padded so that 8 + len is a multiple of 8. */
+static char *st_header(const struct fsdp_st_entry *e, size_t n, const char *const *meta,
+                       size_t n_meta, size_t *len)
+{
+    char *buf = NULL;
+    size_t cap = 0;
+    FILE *m = open_memstream(&buf, &cap);
+    size_t off = 0;
+    if (!m) {
+        return NULL;
+    }
+    fputc('{', m);
+    if (n_meta) {
+        fputs("\"__metadata__\":{", m);
+        for (size_t i = 0; i < n_meta; i++) {
+            fprintf(m, "%s\"%s\":\"%s\"", i ? "," : "", meta[2 * i], meta[2 * i + 1]);
+        }
+        fputc('}', m);
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t b = st_entry_bytes(&e[i]);
+        fprintf(m, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%zu", i || n_meta ? "," : "",
+                e[i].name, st_dtype_name(e[i].dtype), e[i].shape[0]);
+        if (e[i].ndim == 2) {
+            fprintf(m, ",%zu", e[i].shape[1]);
+        }
+        fprintf(m, "],\"data_offsets\":[%zu,%zu]}", off, off + b);
+        off += b;
+    }
+    fputc('}', m);
+    long pos = ftell(m);
+    while ((8 + pos) % 8 != 0) {
+        fputc(' ', m);
+        pos++;
+    }
+    if (fclose(m) != 0) {
+        free(buf);
+        return NULL;
+    }
+    *len = (size_t)pos;
+    return buf;
+}
+
+int fsdp_st_writer_create(const char *path, const struct fsdp_st_entry *entries, size_t n,
+                          const char *const *meta, size_t n_meta, struct fsdp_st_writer **out)
+{
+    int rc;
+    size_t len = 0;
+    struct fsdp_st_writer *w = calloc(1, sizeof(*w));
+    char *hdr = st_header(entries, n, meta, n_meta, &len);
+    if (!w || !hdr || !(w->path = strdup(path)) || !(w->tmp = fsdp_file_tmp_path(path)) ||
+        !(w->bytes = malloc((n ? n : 1) * sizeof(*w->bytes)))) {
+        free(hdr);
+        fsdp_st_writer_destroy(w);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: safetensors writer", path);
+    }
+    w->n = n;
+    for (size_t i = 0; i < n; i++) {
+        w->bytes[i] = st_entry_bytes(&entries[i]);
+    }
+    w->fp = fopen(w->tmp, "wb");
+    if (!w->fp) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
+        goto err;
+    }
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) {
+        len8[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    }
+    if (fwrite(len8, 1, 8, w->fp) != 8 || fwrite(hdr, 1, len, w->fp) != len) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+        goto err;
+    }
+    free(hdr);
+    *out = w;
+    return 0;
+err:
+    free(hdr);
+    fsdp_st_writer_destroy(w);
+    return rc;
+}
+
+int fsdp_st_writer_put(struct fsdp_st_writer *w, size_t i, const void *data)
+{
+    if (i != w->next || i >= w->n) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: tensor %zu written out of order (next is %zu)",
+                        w->tmp, i, w->next);
+    }
+    if (fwrite(data, 1, w->bytes[i], w->fp) != w->bytes[i]) {
+        return fsdp_err(FSDP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    }
+    w->next++;
+    return 0;
+}
+
+int fsdp_st_writer_commit(struct fsdp_st_writer *w)
+{
+    if (w->next != w->n) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: %zu of %zu tensors written", w->tmp, w->next, w->n);
+    }
+    int e = fflush(w->fp) != 0 || ferror(w->fp);
+    e |= fclose(w->fp) != 0;
+    w->fp = NULL;
+    if (e) {
+        return fsdp_err(FSDP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    }
+    FSDP_CHECK(fsdp_file_commit(w->tmp, w->path));
+    w->committed = 1;
+    return 0;
+}
+
+void fsdp_st_writer_destroy(struct fsdp_st_writer *w)
+{
+    if (!w) {
+        return;
+    }
+    if (w->fp) {
+        fclose(w->fp);
+    }
+    if (!w->committed && w->tmp) {
+        unlink(w->tmp);
+    }
+    free(w->bytes);
+    free(w->path);
+    free(w->tmp);
+    free(w);
+}

@@ -1,0 +1,109 @@
+/*
+ * debug.h - the distributed debug layer: FSDPC_DEBUG levels, collective
+ * deadlines, the flight recorder's process-wide instance, the watchdog and
+ * DETAIL fingerprint checks. "Hangs become named errors."
+ *
+ * The group layer (group.c) calls these hooks around every collective; the
+ * layer is set up by the first group a process creates and torn down by
+ * fsdp_dist_finalize. One debug layer per process, as there is one job per
+ * process.
+ *
+ * Environment (read once):
+ *   FSDPC_DEBUG=OFF|INFO|DETAIL  INFO: log groups and a per-collective summary
+ *                                at exit; DETAIL: also check every
+ *                                collective's fingerprint across the group
+ *   FSDPC_TIMEOUT                deadline of a collective (dist.h)
+ *   FSDPC_INIT_TIMEOUT           deadline until fsdp_debug_mark_steady (the
+ *                                first training step); default
+ *                                max(FSDPC_TIMEOUT, 600 s)
+ *   FSDPC_FLIGHT_RECORDER=N      ring size (default 2048; 0 disables the
+ *                                recorder and the watchdog; INFO and DETAIL
+ *                                keep at least 256 for their summary)
+ *   FSDPC_FLIGHT_DIR             dump directory (default ./fsdpc-flight-dumps;
+ *                                not ./fsdpc-flight, the merge tool's name)
+ *   FSDPC_FLIGHT_DUMP_AT_EXIT=1  dump at fsdp_dist_finalize too
+ * SIGUSR2 dumps the recorder of the process that receives it.
+ *
+ * The watchdog is the one place below the programs that aborts the job:
+ * a collective still pending past its deadline means some rank is stuck
+ * outside any call that could return an error (a stopped process, a
+ * kernel that never ends), and only a job-wide abort frees the others.
+ */
+#ifndef FSDP_DIST_DEBUG_H
+#define FSDP_DIST_DEBUG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dist/flight.h"
+
+struct fsdp_group;
+
+#define FSDP_FLIGHT_DEFAULT_DIR "fsdpc-flight-dumps"
+
+enum fsdp_debug_level {
+    FSDP_DEBUG_OFF = 0,
+    FSDP_DEBUG_INFO,
+    FSDP_DEBUG_DETAIL,
+};
+
+/* What a collective call looked like on this rank. */
+struct fsdp_debug_call {
+    enum fsdp_coll_op op;
+    int dtype;   /* enum fsdp_dtype */
+    size_t count;
+    int root;    /* group rank; 0 where the op has none */
+    int redop;   /* enum fsdp_redop or -1 */
+};
+
+/* The level in force (FSDP_DEBUG_OFF before the first group). */
+enum fsdp_debug_level fsdp_debug_level(void);
+
+/* Registers a new group (sets up the layer on first use); *id receives the
+ * group's index for the hooks below. */
+int fsdp_debug_group_add(struct fsdp_group *g, int *id);
+
+/* The deadline of g's collectives now: FSDPC_INIT_TIMEOUT until the first
+ * step is marked done, the group's timeout after. */
+double fsdp_debug_timeout(const struct fsdp_group *g);
+/* Init and the first step are over: use the regular deadline from now on. */
+void fsdp_debug_mark_steady(void);
+
+/* DETAIL: compares the fingerprint of collective g->seq across the group;
+ * FSDP_ERR_MISMATCH naming both ranks and calls, or FSDP_ERR_TIMEOUT naming
+ * the ranks that never reached it. */
+int fsdp_debug_fingerprint(struct fsdp_group *g, const struct fsdp_debug_call *c);
+
+/* Records collective g->seq as issued; returns its record id (0: none). */
+uint64_t fsdp_debug_issued(struct fsdp_group *g, int id, const struct fsdp_debug_call *c);
+/* The wait/test of record id ended with rc (0: complete). On error the
+ * message is rewritten to name the collective, and the recorder dumped. */
+int fsdp_debug_finished(uint64_t id, int rc, double waited_s);
+/* The collective was refused before it reached the backend (a DETAIL
+ * mismatch): recorded as failed and dumped, the message left alone. */
+void fsdp_debug_refused(uint64_t id);
+/* A handle freed before it completed. */
+void fsdp_debug_abandoned(uint64_t id);
+
+/* When the first collective error of the process was recorded (fsdp_now();
+ * 0: none yet). Collectives issued before it are its fallout: the program
+ * is already on its way to reporting the error, so the watchdog leaves them. */
+double fsdp_debug_error_time(void);
+
+/* Dumps the recorder (when there is one) with reason; errors are logged. */
+void fsdp_debug_dump(const char *reason);
+
+/* Summary at INFO, dump when FSDPC_FLIGHT_DUMP_AT_EXIT=1, threads stopped. */
+void fsdp_debug_finalize(void);
+
+/* "all_gather(bf16, 1024)", with root or reduce op where they matter. */
+void fsdp_debug_call_str(const struct fsdp_debug_call *c, char *buf, size_t len);
+
+// ----------------------------------------------------------------------------
+// watchdog.c: the thread that watches deadlines and answers SIGUSR2
+
+struct fsdp_watchdog;
+int fsdp_watchdog_start(struct fsdp_flight *f, struct fsdp_watchdog **out);
+void fsdp_watchdog_stop(struct fsdp_watchdog *w);
+
+#endif

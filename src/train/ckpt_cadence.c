@@ -1,0 +1,475 @@
+/*
+ * ckpt_cadence.c - checkpoint cadence, preemption, resume and the commit
+ * protocol (see ckpt_cadence.h; layout in doc/formats.md).
+ *
+ * Commit of step N under root D, every step agreed by all ranks through
+ * the engine's agree_max (a failure anywhere fails the save everywhere):
+ *   1. rank 0 draws a nonce and creates D/.tmp_step_<N>_<nonce>/
+ *   2. every shard writer writes and fsyncs its shard_<r>.h5, rank 0 the
+ *      index.h5; the agreement that follows is the barrier
+ *   3. rank 0 renames the directory to D/step_<N>, fsyncs D, points a new
+ *      symlink D/.tmp_latest_<nonce> at step_<N> and renames it over
+ *      D/latest (rename is atomic, so latest always names a complete
+ *      checkpoint), fsyncs D again, then applies --ckpt-keep
+ * A crash at any point leaves either the previous latest or the new one;
+ * leftover .tmp_* entries are removed by rank 0 at the next start and are
+ * never read.
+ */
+#include "config.h"
+#include "train/ckpt_cadence.h"
+#include "train/trainer.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/dist.h"
+#include "io/ckpt.h"
+#include "io/tokens.h"
+#include "model/gpt2_spec.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CAD_PATH_MAX 4096
+
+struct fsdp_ckpt_cadence {
+    char dir[FSDP_TRAIN_PATH_MAX]; /* the checkpoint root D */
+    int rank;
+    long last_saved;               /* step of the last committed checkpoint; -1: none */
+    long last_tried;               /* step of the last save attempt; -1: none */
+    long base_step;                /* step the run started from */
+    double base_tokens;            /* tokens seen at base_step */
+};
+
+static volatile sig_atomic_t cad_signalled;
+
+static void cad_on_signal(int sig)
+{
+    (void)sig;
+    cad_signalled = 1;
+}
+
+static int cad_rank(const struct fsdp_trainer *t)
+{
+    return t->dist ? t->dist->rank : 0;
+}
+
+static int cad_world(const struct fsdp_trainer *t)
+{
+    return t->dist ? t->dist->world_size : 1;
+}
+
+// ----------------------------------------------------------------------------
+// directory plumbing (rank 0)
+
+static int cad_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* rm -rf without following links. */
+static int cad_rmtree(const char *path)
+{
+    if (nftw(path, cad_rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+static int cad_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot open for fsync: %s", dir, strerror(errno));
+    }
+    int e = fsync(fd), saved = errno;
+    close(fd);
+    if (e != 0 && saved != EINVAL && saved != EBADF) {
+        return fsdp_err(FSDP_ERR_IO, "%s: fsync failed: %s", dir, strerror(saved));
+    }
+    return 0;
+}
+
+static int cad_mkdirs(const char *dir)
+{
+    char buf[FSDP_TRAIN_PATH_MAX];
+    snprintf(buf, sizeof(buf), "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+                return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot create %s: %s", dir, buf,
+                                strerror(errno));
+            }
+            *p = '/';
+        }
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+        return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot create: %s", dir, strerror(errno));
+    }
+    if (access(buf, W_OK | X_OK) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot write in it: %s", dir, strerror(errno));
+    }
+    return 0;
+}
+
+/* Step number of a "step_<N>" entry, or -1. */
+static long cad_step_of(const char *name)
+{
+    if (strncmp(name, "step_", 5) != 0 || !name[5]) {
+        return -1;
+    }
+    char *end;
+    errno = 0;
+    long n = strtol(name + 5, &end, 10);
+    return *end || errno || n < 0 ? -1 : n;
+}
+
+/* Removes leftovers of interrupted saves (.tmp_*), which are never read. */
+static int cad_clean_tmp(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[CAD_PATH_MAX];
+    if (!d) {
+        return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot list: %s", dir, strerror(errno));
+    }
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, ".tmp_", 5) == 0) {
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            FSDP_INFO(FSDP_SUB_TRAIN, "removing %s (left by an interrupted checkpoint save)", path);
+            if (cad_rmtree(path) < 0) {
+                closedir(d);
+                return FSDP_ERR_IO;
+            }
+        }
+    }
+    closedir(d);
+    return 0;
+}
+
+static int cad_cmp_desc(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Deletes all but the newest keep step directories, never `current` (which
+ * latest names, and which a run resumed from an older step may have written
+ * below newer ones). */
+static int cad_retain(const char *dir, long keep, long current)
+{
+    long steps[4096];
+    size_t n = 0;
+    char path[CAD_PATH_MAX];
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    if (!d) {
+        return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot list: %s", dir, strerror(errno));
+    }
+    while ((e = readdir(d)) && n < sizeof(steps) / sizeof(steps[0])) {
+        long s = cad_step_of(e->d_name);
+        if (s >= 0) {
+            steps[n++] = s;
+        }
+    }
+    closedir(d);
+    qsort(steps, n, sizeof(steps[0]), cad_cmp_desc);
+    for (size_t i = (size_t)keep; i < n; i++) {
+        if (steps[i] == current) {
+            continue;
+        }
+        snprintf(path, sizeof(path), "%s/step_%ld", dir, steps[i]);
+        FSDP_CHECK(cad_rmtree(path));
+    }
+    return 0;
+}
+
+/* Rank 0: tmp -> step_<N>, then latest -> step_<N>. */
+static int cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, unsigned nonce,
+                      long keep)
+{
+    char final[CAD_PATH_MAX], old[CAD_PATH_MAX], ltmp[CAD_PATH_MAX], latest[CAD_PATH_MAX];
+    char target[64];
+    snprintf(final, sizeof(final), "%s/step_%ld", c->dir, step);
+    snprintf(old, sizeof(old), "%s/.tmp_old_step_%ld_%08x", c->dir, step, nonce);
+    snprintf(ltmp, sizeof(ltmp), "%s/.tmp_latest_%08x", c->dir, nonce);
+    snprintf(latest, sizeof(latest), "%s/%s", c->dir, FSDP_CKPT_LATEST);
+    snprintf(target, sizeof(target), "step_%ld", step);
+    int had_old = access(final, F_OK) == 0;
+    if (had_old && rename(final, old) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot move the older checkpoint of this step aside: %s",
+                        final, strerror(errno));
+    }
+    if (rename(tmp, final) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: rename to %s failed: %s", tmp, final, strerror(errno));
+    }
+    FSDP_CHECK(cad_fsync_dir(c->dir));
+    unlink(ltmp);
+    if (symlink(target, ltmp) != 0 || rename(ltmp, latest) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot point it at %s: %s", latest, target,
+                        strerror(errno));
+    }
+    FSDP_CHECK(cad_fsync_dir(c->dir));
+    if (had_old) {
+        FSDP_CHECK(cad_rmtree(old));
+    }
+    return keep > 0 ? cad_retain(c->dir, keep, step) : 0;
+}
+
+// ----------------------------------------------------------------------------
+// agreement
+
+/* All ranks learn whether any failed; a rank that did not fail gets an
+ * error saying another one did. */
+static int cad_agree_ok(struct fsdp_trainer *t, int rc, long step, const char *what)
+{
+    int32_t failed = rc < 0;
+    int arc = t->engine->ops->agree_max(t->engine, &failed, 1);
+    if (arc < 0) {
+        return rc < 0 ? rc : arc;
+    }
+    if (failed && rc == 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "checkpoint step %ld: another rank failed to %s (see its error)",
+                      step, what);
+    }
+    return rc;
+}
+
+/* The resolved config as 'key = value' lines. */
+static void cad_config_text(const struct fsdp_train_config *cfg, char *buf, size_t len)
+{
+    static struct fsdp_train_config scratch;
+    struct fsdp_optset set;
+    char value[1024];
+    size_t used = 0;
+    fsdp_train_config_init(&scratch, &set);
+    set.base = (void *)cfg;
+    buf[0] = '\0';
+    for (size_t i = 0; i < set.n && used < len; i++) {
+        if (set.opts[i].flags & FSDP_OPT_HIDDEN) {
+            continue;
+        }
+        fsdp_opt_format_value(&set, i, value, sizeof(value));
+        int n = snprintf(buf + used, len - used, "%s = %s\n", set.opts[i].name, value);
+        used += n > 0 ? (size_t)n : 0;
+    }
+}
+
+static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
+{
+    const long step = t->step;
+    char tmp[CAD_PATH_MAX];
+    int32_t nonce = 0;
+    int rc = 0;
+    c->last_tried = step;
+    if (c->rank == 0) {
+        nonce = (int32_t)(((unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL) ^
+                           (unsigned)step * 40503u) & 0x7fffffffu);
+    }
+    FSDP_CHECK(t->engine->ops->agree_max(t->engine, &nonce, 1));
+    snprintf(tmp, sizeof(tmp), "%s/.tmp_step_%ld_%08x", c->dir, step, (unsigned)nonce);
+    if (c->rank == 0 && mkdir(tmp, 0755) != 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    FSDP_CHECK(cad_agree_ok(t, rc, step, "create the temporary directory"));
+
+    static struct fsdp_ckpt_meta meta;
+    struct fsdp_dataloader_state ds;
+    memset(&meta, 0, sizeof(meta));
+    meta.step = step;
+    meta.tokens_seen = c->base_tokens + (double)(step - c->base_step) *
+                                            (double)fsdp_train_config_step_tokens(t->cfg) *
+                                            (double)cad_world(t);
+    meta.seed = t->cfg->seed;
+    fsdp_dataloader_get_state(t->train, &ds);
+    meta.data_position = ds.position;
+    meta.data_epoch = ds.epoch;
+    meta.data_n_tokens = ds.n_tokens;
+    snprintf(meta.created_by, sizeof(meta.created_by), "fsdpc-train %s, step %ld",
+             PACKAGE_VERSION, step);
+    cad_config_text(t->cfg, meta.config, sizeof(meta.config));
+    rc = t->engine->ops->ckpt_save(t->engine, tmp, &meta);
+    rc = cad_agree_ok(t, rc, step, "write its shard");
+    if (rc == 0 && c->rank == 0) {
+        rc = cad_commit(c, tmp, step, (unsigned)nonce, t->cfg->ckpt_keep);
+    }
+    rc = cad_agree_ok(t, rc, step, "commit the checkpoint");
+    if (rc < 0) {
+        if (c->rank == 0) {
+            char msg[1024];
+            fsdp_err_take(msg, sizeof(msg));
+            cad_rmtree(tmp);
+            fsdp_err_clear();
+            rc = fsdp_err(rc, "%s", msg);
+        }
+        return rc;
+    }
+    c->last_saved = step;
+    if (c->rank == 0) {
+        FSDP_INFO(FSDP_SUB_TRAIN, "checkpoint step %ld written to %s/step_%ld", step, c->dir, step);
+    }
+    return 0;
+}
+
+/* A failed save: the error, or with ckpt-keep-going a warning. */
+static int cad_save_checked(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
+{
+    int rc = cad_save(c, t);
+    if (rc < 0 && t->cfg->ckpt_keep_going) {
+        char msg[1024];
+        fsdp_err_take(msg, sizeof(msg));
+        FSDP_WARN(FSDP_SUB_TRAIN, "checkpoint step %ld failed: %s; training continues "
+                  "(ckpt-keep-going)", t->step, msg);
+        return 0;
+    }
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// API
+
+int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **out)
+{
+    const struct fsdp_train_config *cfg = t->cfg;
+    *out = NULL;
+    if (!cfg->ckpt_dir[0]) {
+        return 0;
+    }
+    struct fsdp_ckpt_cadence *c = calloc(1, sizeof(*c));
+    if (!c) {
+        return fsdp_err(FSDP_ERR_NOMEM, "checkpoint cadence");
+    }
+    snprintf(c->dir, sizeof(c->dir), "%s", cfg->ckpt_dir);
+    c->rank = cad_rank(t);
+    c->last_saved = -1;
+    c->last_tried = -1;
+    int rc = 0;
+    if (c->rank == 0) {
+        rc = cad_mkdirs(c->dir);
+        if (rc == 0) {
+            rc = cad_clean_tmp(c->dir);
+        }
+    }
+    rc = cad_agree_ok(t, rc, 0, "prepare ckpt-dir");
+    if (rc < 0) {
+        free(c);
+        return rc;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = cad_on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    /* a file-size limit must fail the write (EFBIG), not kill the rank */
+    signal(SIGXFSZ, SIG_IGN);
+    *out = c;
+    return 0;
+}
+
+void fsdp_ckpt_cadence_destroy(struct fsdp_ckpt_cadence *c)
+{
+    free(c);
+}
+
+static int cad_same_model(const struct fsdp_gpt2_config *a, const struct fsdp_gpt2_config *b)
+{
+    return a->vocab_size == b->vocab_size && a->context == b->context &&
+           a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
+           a->tied == b->tied;
+}
+
+int fsdp_ckpt_resume(struct fsdp_trainer *t)
+{
+    const struct fsdp_train_config *cfg = t->cfg;
+    struct fsdp_ckpt *ck = NULL;
+    int rc;
+    if (!cfg->resume[0]) {
+        return 0;
+    }
+    const int latest = strcmp(cfg->resume, "latest") == 0;
+    const char *path = latest ? cfg->ckpt_dir : cfg->resume;
+    char link[FSDP_TRAIN_PATH_MAX + 16];
+    struct stat st;
+    snprintf(link, sizeof(link), "%s/%s", path, FSDP_CKPT_LATEST);
+    if (latest && lstat(link, &st) != 0) { /* a dangling latest is an error, below */
+        if (cad_rank(t) == 0) {
+            FSDP_INFO(FSDP_SUB_TRAIN, "resume latest: no checkpoint in %s yet; starting from %s",
+                      path, cfg->model);
+        }
+        return 0;
+    }
+    FSDP_CHECK(fsdp_ckpt_open(path, &ck));
+    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
+    const struct fsdp_gpt2_config *have = &fsdp_ckpt_spec(ck)->cfg;
+    if (!cad_same_model(have, &t->engine->spec->cfg)) {
+        rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: the checkpoint's model (L=%d C=%d V=%d) is not "
+                      "the model of %s", fsdp_ckpt_dir(ck), have->n_layer, have->n_embd,
+                      have->vocab_size, cfg->model);
+        goto out;
+    }
+    struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};
+    FSDP_CHECK_GOTO(t->engine->ops->ckpt_load(t->engine, ck), rc, out);
+    FSDP_CHECK_GOTO(fsdp_dataloader_set_state(t->train, &ds), rc, out);
+    t->step = m->step;
+    if (t->ckpt) {
+        t->ckpt->base_step = m->step;
+        t->ckpt->base_tokens = m->tokens_seen;
+        t->ckpt->last_saved = m->step;
+        t->ckpt->last_tried = m->step;
+    }
+    if (cad_rank(t) == 0) {
+        FSDP_INFO(FSDP_SUB_TRAIN, "resumed from %s: step %ld, %.0f tokens seen, written by %d "
+                  "rank%s (mesh %s, %d shard%s)", fsdp_ckpt_dir(ck), m->step, m->tokens_seen,
+                  m->world_size, m->world_size > 1 ? "s" : "", m->mesh, m->n_shards,
+                  m->n_shards > 1 ? "s" : "");
+    }
+    rc = 0;
+out:
+    fsdp_ckpt_close(ck);
+    return rc;
+}
+
+int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t, int *stop)
+{
+    *stop = 0;
+    if (!c) {
+        return 0;
+    }
+    int32_t sig = cad_signalled ? 1 : 0;
+    FSDP_CHECK(t->engine->ops->agree_max(t->engine, &sig, 1));
+    if (sig) {
+        FSDP_CHECK(cad_save(c, t));
+        if (c->rank == 0) {
+            printf("preempted: a rank received SIGUSR1 or SIGTERM; checkpoint step %ld written "
+                   "to %s/step_%ld; exiting\n", t->step, c->dir, t->step);
+            fflush(stdout);
+        }
+        *stop = 1;
+        return 0;
+    }
+    if (t->cfg->ckpt_every > 0 && t->step % t->cfg->ckpt_every == 0) {
+        return cad_save_checked(c, t);
+    }
+    return 0;
+}
+
+int fsdp_ckpt_cadence_final(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
+{
+    if (!c || c->last_tried == t->step) {
+        return 0; /* saved (or, with ckpt-keep-going, tried and logged) after this step */
+    }
+    return cad_save_checked(c, t);
+}
