@@ -1,0 +1,671 @@
+/*
+ * tcp_conn.c - connection setup of the tcp backend: settings from the
+ * environment, the advertised address, the listening socket, and the full
+ * mesh of connections built through the group's rendezvous store.
+ *
+ * Every rank listens on an ephemeral port and publishes "ip:port" under
+ * tcp/<generation>/addr/<rank> in the group's store; each rank dials every
+ * higher rank and accepts the lower ones. Both ends of a new connection
+ * exchange a hello (magic, protocol version, job nonce, group hash, ranks,
+ * algorithm settings, address). A connection that does not present a valid
+ * hello for this job and group within a few seconds is refused, closed and
+ * logged; setup carries on waiting for the real peer. Everything runs in one
+ * poll loop, so no rank waits on another's accept order, and the whole setup
+ * is bounded by the group's timeout.
+ */
+#include "config.h"
+#include "backends/tcp/tcp.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "dist/store.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+_Static_assert(sizeof(struct tcp_hello) == 128, "hello is 128 bytes on the wire");
+
+#define TCP_HELLO_TIMEOUT_S 5.0  /* an accepted connection must say hello by then */
+#define TCP_MAX_STRANGERS 32     /* unknown connections in setup at once */
+
+// ----------------------------------------------------------------------------
+// settings
+
+static int tcp_env_size(const char *name, size_t dflt, size_t lo, size_t hi, size_t *out)
+{
+    const char *s = getenv(name);
+    size_t v;
+    if (!s || !*s) {
+        *out = dflt;
+        return 0;
+    }
+    if (fsdp_parse_size(s, &v) < 0 || v < lo || v > hi) {
+        fsdp_err_clear();
+        return fsdp_err(FSDP_ERR_INVALID, "%s='%s': expected a size from %zu to %zu bytes "
+                        "(suffixes K, M, G)", name, s, lo, hi);
+    }
+    *out = v;
+    return 0;
+}
+
+int tcp_config_read(struct tcp_config *cfg)
+{
+    size_t direct = 0;
+    FSDP_CHECK(tcp_env_size("FSDPC_TCP_SMALL_BYTES", (size_t)64 << 10, 0, (size_t)1 << 30,
+                            &cfg->small_bytes));
+    FSDP_CHECK(tcp_env_size("FSDPC_TCP_CHUNK_BYTES", (size_t)512 << 10, (size_t)4 << 10,
+                            (size_t)256 << 20, &cfg->chunk_bytes));
+    FSDP_CHECK(tcp_env_size("FSDPC_TCP_SOCKBUF", 0, 0, (size_t)1 << 30, &cfg->sockbuf));
+    FSDP_CHECK(tcp_env_size("FSDPC_TCP_DIRECT_MAX", 8, 1, 4096, &direct));
+    cfg->direct_max = (int)direct;
+    const char *a = getenv("FSDPC_TCP_ALGO");
+    if (!a || !*a || strcmp(a, "auto") == 0) {
+        cfg->algo = TCP_ALGO_AUTO;
+    } else if (strcmp(a, "ring") == 0) {
+        cfg->algo = TCP_ALGO_RING;
+    } else if (strcmp(a, "small") == 0) {
+        cfg->algo = TCP_ALGO_SMALL;
+    } else {
+        return fsdp_err(FSDP_ERR_INVALID, "FSDPC_TCP_ALGO='%s': expected auto, ring or small", a);
+    }
+    return 0;
+}
+
+/* FSDPC_TCP_ADDR, else the first non-loopback IPv4 address the host name
+ * resolves to, else 127.0.0.1. */
+static int tcp_conn_pick_ip(char *ip, size_t len)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res, *ai;
+    const char *env = getenv("FSDPC_TCP_ADDR");
+    if (env && *env) {
+        int g = getaddrinfo(env, NULL, &hints, &res);
+        if (g != 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "FSDPC_TCP_ADDR='%s' is not an IPv4 address or "
+                            "a resolvable host name: %s", env, gai_strerror(g));
+        }
+        inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip, (socklen_t)len);
+        freeaddrinfo(res);
+        return 0;
+    }
+    snprintf(ip, len, "127.0.0.1");
+    char host[256];
+    if (gethostname(host, sizeof(host)) != 0 || getaddrinfo(host, NULL, &hints, &res) != 0) {
+        return 0;
+    }
+    for (ai = res; ai; ai = ai->ai_next) {
+        struct in_addr a = ((struct sockaddr_in *)ai->ai_addr)->sin_addr;
+        if ((ntohl(a.s_addr) >> 24) != 127) {
+            inet_ntop(AF_INET, &a, ip, (socklen_t)len);
+            break;
+        }
+    }
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* "ip:port" -> sockaddr. 0 or -1. */
+static int tcp_conn_parse_addr(const char *s, struct sockaddr_in *sa)
+{
+    char ip[TCP_ADDR_MAX];
+    const char *colon = strrchr(s, ':');
+    if (!colon || (size_t)(colon - s) >= sizeof(ip)) {
+        return -1;
+    }
+    memcpy(ip, s, (size_t)(colon - s));
+    ip[colon - s] = '\0';
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    memset(sa, 0, sizeof(*sa));
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    if (*end || port < 1 || port > 65535 || inet_pton(AF_INET, ip, &sa->sin_addr) != 1) {
+        return -1;
+    }
+    return 0;
+}
+
+static void tcp_conn_sockopts(const struct tcp_backend *be, int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (be->cfg.sockbuf > 0) {
+        int b = be->cfg.sockbuf > (size_t)1 << 30 ? 1 << 30 : (int)be->cfg.sockbuf;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof(b));
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof(b));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// hello
+
+static void tcp_hello_fill(const struct tcp_backend *be, struct tcp_hello *h)
+{
+    memset(h, 0, sizeof(*h));
+    h->magic = TCP_HELLO_MAGIC;
+    h->version = TCP_PROTO_VERSION;
+    h->nonce = be->nonce;
+    h->group_hash = be->group_hash;
+    h->rank = be->rank;
+    h->size = be->size;
+    h->world_rank = be->world_rank;
+    h->direct_max = be->cfg.direct_max;
+    h->small_bytes = be->cfg.small_bytes;
+    h->chunk_bytes = be->cfg.chunk_bytes;
+    h->algo = be->cfg.algo;
+    snprintf(h->addr, sizeof(h->addr), "%s", be->peers[be->rank].addr);
+}
+
+/*
+ * Checks a received hello. Returns 0 when it is the peer `expect` (or, with
+ * expect < 0, any lower rank not yet connected); 1 when the connection is to
+ * be refused (why says it); a negative error when a genuine peer of this job
+ * cannot work with this rank.
+ */
+static int tcp_hello_check(const struct tcp_backend *be, const struct tcp_hello *h, int expect,
+                           char *why, size_t wlen)
+{
+    if (h->magic != TCP_HELLO_MAGIC) {
+        snprintf(why, wlen, "not an fsdpc tcp peer (hello magic 0x%08x)", h->magic);
+        return 1;
+    }
+    if (h->nonce != be->nonce) {
+        snprintf(why, wlen, "wrong job nonce (a process of another or an earlier job)");
+        return 1;
+    }
+    if (h->version != TCP_PROTO_VERSION) {
+        return fsdp_err(FSDP_ERR_MISMATCH, "group %s: rank %d speaks tcp protocol version %u, "
+                        "this rank speaks %u: run the same fsdpc build on every rank", be->name,
+                        h->rank, h->version, TCP_PROTO_VERSION);
+    }
+    if (h->group_hash != be->group_hash || h->size != be->size) {
+        snprintf(why, wlen, "hello for another group (hash 0x%016" PRIx64 ", size %d)",
+                 h->group_hash, h->size);
+        return 1;
+    }
+    int ok_rank = expect >= 0 ? h->rank == expect : h->rank >= 0 && h->rank < be->rank;
+    if (!ok_rank || memchr(h->addr, '\0', sizeof(h->addr)) == NULL ||
+        h->world_rank != be->world_ranks[h->rank]) {
+        snprintf(why, wlen, "hello claims rank %d (world rank %d), which does not dial rank %d",
+                 h->rank, h->world_rank, be->rank);
+        return 1;
+    }
+    if (expect < 0 && be->peers[h->rank].fd != -1) {
+        snprintf(why, wlen, "hello claims rank %d, which is already connected", h->rank);
+        return 1;
+    }
+    if (h->small_bytes != be->cfg.small_bytes || h->chunk_bytes != be->cfg.chunk_bytes ||
+        h->direct_max != be->cfg.direct_max || h->algo != be->cfg.algo) {
+        return fsdp_err(FSDP_ERR_MISMATCH,
+                        "group %s: rank %d (%s) runs with FSDPC_TCP_SMALL_BYTES=%" PRIu64
+                        " FSDPC_TCP_CHUNK_BYTES=%" PRIu64 " FSDPC_TCP_DIRECT_MAX=%d "
+                        "FSDPC_TCP_ALGO=%d, this rank with %zu %zu %d %d: set the same "
+                        "FSDPC_TCP_* values on every rank",
+                        be->name, h->rank, h->addr, h->small_bytes, h->chunk_bytes, h->direct_max,
+                        h->algo, be->cfg.small_bytes, be->cfg.chunk_bytes, be->cfg.direct_max,
+                        be->cfg.algo);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// the setup loop
+
+enum tcp_pend_state { PEND_RETRY, PEND_CONNECTING, PEND_SENDING, PEND_RECEIVING };
+
+/* A connection being set up. */
+struct tcp_pend {
+    int fd;
+    int peer;     /* outgoing: the rank dialled; incoming: -1 */
+    int outgoing;
+    int state;
+    struct tcp_hello tx, rx;
+    size_t tx_off, rx_off;
+    double deadline; /* PEND_RETRY: when to dial again; incoming: hello deadline */
+    double backoff;
+    int last_errno;  /* of the last failed dial */
+    int claimed;     /* incoming: the rank its hello named, reserved until adopted; else -1 */
+    struct sockaddr_in sa; /* outgoing: where to dial */
+    char from[TCP_ADDR_MAX];
+};
+
+struct tcp_setup {
+    struct tcp_backend *be;
+    int lfd;
+    struct tcp_pend *pend; /* (cap,) dials to higher ranks, then accepted connections */
+    struct pollfd *pfd;    /* (cap + 1,) */
+    int cap;               /* size - 1 + TCP_MAX_STRANGERS */
+    int npend;
+    int connected;
+};
+
+static void tcp_pend_drop(struct tcp_setup *st, int i)
+{
+    struct tcp_pend *pd = &st->pend[i];
+    if (pd->claimed >= 0 && st->be->peers[pd->claimed].fd == -2) {
+        st->be->peers[pd->claimed].fd = -1;
+    }
+    if (pd->fd >= 0) {
+        close(pd->fd);
+    }
+    st->pend[i] = st->pend[--st->npend];
+}
+
+static void tcp_pend_refuse(struct tcp_setup *st, int i, const char *why)
+{
+    FSDP_WARN(FSDP_SUB_TCP, "group %s: refused a connection from %s: %s", st->be->name,
+              st->pend[i].from, why);
+    tcp_pend_drop(st, i);
+}
+
+static void tcp_pend_dial(struct tcp_setup *st, struct tcp_pend *pd, double now)
+{
+    pd->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (pd->fd >= 0) {
+        tcp_conn_sockopts(st->be, pd->fd);
+        if (connect(pd->fd, (struct sockaddr *)&pd->sa, sizeof(pd->sa)) == 0 ||
+            errno == EINPROGRESS) {
+            pd->state = PEND_CONNECTING;
+            return;
+        }
+    }
+    pd->last_errno = errno;
+    if (pd->fd >= 0) {
+        close(pd->fd);
+        pd->fd = -1;
+    }
+    pd->state = PEND_RETRY;
+    pd->deadline = now + pd->backoff;
+    pd->backoff = pd->backoff * 2 > 1.0 ? 1.0 : pd->backoff * 2;
+}
+
+/* The connection is established and both hellos checked: it is the peer's. */
+static void tcp_pend_adopt(struct tcp_setup *st, int i)
+{
+    struct tcp_pend *pd = &st->pend[i];
+    struct tcp_peer *p = &st->be->peers[pd->rx.rank];
+    p->fd = pd->fd;
+    snprintf(p->addr, sizeof(p->addr), "%s", pd->rx.addr);
+    pd->fd = -1;
+    pd->claimed = -1;
+    st->connected++;
+    FSDP_DEBUG(FSDP_SUB_TCP, "group %s: connected to rank %d (%s)", st->be->name, p->rank,
+               p->addr);
+    tcp_pend_drop(st, i);
+}
+
+static void tcp_setup_accept(struct tcp_setup *st, double now)
+{
+    for (;;) {
+        struct sockaddr_in sa;
+        socklen_t sl = sizeof(sa);
+        int fd = accept4(st->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            return; /* EAGAIN, or a connection that vanished before accept */
+        }
+        char ip[INET_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+        if (st->npend == st->cap) {
+            FSDP_WARN(FSDP_SUB_TCP, "group %s: refused a connection from %s:%u: too many "
+                      "connections in setup", st->be->name, ip, ntohs(sa.sin_port));
+            close(fd);
+            continue;
+        }
+        struct tcp_pend *pd = &st->pend[st->npend++];
+        memset(pd, 0, sizeof(*pd));
+        pd->fd = fd;
+        pd->peer = -1;
+        pd->claimed = -1;
+        pd->state = PEND_RECEIVING;
+        pd->deadline = now + TCP_HELLO_TIMEOUT_S;
+        snprintf(pd->from, sizeof(pd->from), "%s:%u", ip, ntohs(sa.sin_port));
+        tcp_conn_sockopts(st->be, fd);
+    }
+}
+
+/* A dial finished (poll said writable): 1 when connected, 0 when it failed
+ * and will be retried, or is still in progress. */
+static int tcp_setup_connected(struct tcp_pend *pd, double now)
+{
+    int err = 0;
+    socklen_t el = sizeof(err);
+    getsockopt(pd->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err == EINPROGRESS || err == EALREADY) {
+        return 0;
+    }
+    if (err != 0) {
+        close(pd->fd);
+        pd->fd = -1;
+        pd->last_errno = err;
+        pd->state = PEND_RETRY;
+        pd->deadline = now + pd->backoff;
+        return 0;
+    }
+    return 1;
+}
+
+/* Writes the rest of this rank's hello. 0, 1 when the entry is gone
+ * (adopted or dropped), or a negative error. */
+static int tcp_setup_send(struct tcp_setup *st, int i)
+{
+    struct tcp_pend *pd = &st->pend[i];
+    ssize_t n = send(pd->fd, (char *)&pd->tx + pd->tx_off, sizeof(pd->tx) - pd->tx_off,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        return 0;
+    }
+    if (n < 0) {
+        if (!pd->outgoing) {
+            tcp_pend_drop(st, i);
+            return 1;
+        }
+        return fsdp_err(FSDP_ERR_PEER, "group %s: sending the hello to rank %d at %s failed: %s",
+                        st->be->name, pd->peer, pd->from, strerror(errno));
+    }
+    pd->tx_off += (size_t)n;
+    if (pd->tx_off < sizeof(pd->tx)) {
+        return 0;
+    }
+    if (!pd->outgoing) {
+        tcp_pend_adopt(st, i);
+        return 1;
+    }
+    pd->state = PEND_RECEIVING;
+    return 0;
+}
+
+/* Reads more of the other side's hello and judges it once complete (a bad
+ * magic as soon as it shows). 0, 1 when the entry is gone, or an error. */
+static int tcp_setup_recv(struct tcp_setup *st, int i)
+{
+    struct tcp_backend *be = st->be;
+    struct tcp_pend *pd = &st->pend[i];
+    char why[160];
+    ssize_t n = recv(pd->fd, (char *)&pd->rx + pd->rx_off, sizeof(pd->rx) - pd->rx_off,
+                     MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        return 0;
+    }
+    if (n <= 0) {
+        if (!pd->outgoing) {
+            tcp_pend_refuse(st, i, n == 0 ? "closed before a complete hello" : strerror(errno));
+            return 1;
+        }
+        return fsdp_err(FSDP_ERR_PEER, "group %s: rank %d at %s closed the connection during "
+                        "the hello (it refused this rank or failed; see its log)", be->name,
+                        pd->peer, pd->from);
+    }
+    pd->rx_off += (size_t)n;
+    if (pd->rx_off >= sizeof(pd->rx.magic) && pd->rx.magic != TCP_HELLO_MAGIC) {
+        snprintf(why, sizeof(why), "not an fsdpc tcp peer (hello magic 0x%08x)", pd->rx.magic);
+    } else if (pd->rx_off < sizeof(pd->rx)) {
+        return 0;
+    } else {
+        int rc = tcp_hello_check(be, &pd->rx, pd->outgoing ? pd->peer : -1, why, sizeof(why));
+        if (rc < 0) {
+            return rc;
+        }
+        if (rc == 0 && pd->outgoing) {
+            tcp_pend_adopt(st, i);
+            return 1;
+        }
+        if (rc == 0) {
+            /* claim the rank at once, so that a duplicate is refused; the
+             * reply goes out next */
+            be->peers[pd->rx.rank].fd = -2;
+            pd->claimed = pd->rx.rank;
+            tcp_hello_fill(be, &pd->tx);
+            pd->state = PEND_SENDING;
+            return tcp_setup_send(st, i);
+        }
+    }
+    if (pd->outgoing) {
+        return fsdp_err(FSDP_ERR_PEER, "group %s: the address %s published for rank %d "
+                        "answered as something else: %s", be->name, pd->from, pd->peer, why);
+    }
+    tcp_pend_refuse(st, i, why);
+    return 1;
+}
+
+/* Moves pend[i] on after poll said its socket is ready. 0, 1 when the entry
+ * is gone (adopted or refused), or a negative error. */
+static int tcp_setup_step(struct tcp_setup *st, int i, double now)
+{
+    struct tcp_pend *pd = &st->pend[i];
+    if (pd->state == PEND_CONNECTING) {
+        if (!tcp_setup_connected(pd, now)) {
+            return 0;
+        }
+        tcp_hello_fill(st->be, &pd->tx);
+        pd->state = PEND_SENDING;
+    }
+    if (pd->state == PEND_SENDING) {
+        int rc = tcp_setup_send(st, i);
+        if (rc != 0 || pd->state == PEND_SENDING) {
+            return rc;
+        }
+    }
+    return tcp_setup_recv(st, i);
+}
+
+static int tcp_setup_timeout(struct tcp_setup *st, double waited)
+{
+    struct tcp_backend *be = st->be;
+    char list[384];
+    size_t used = 0;
+    list[0] = '\0';
+    for (int q = 0; q < be->size && used < sizeof(list); q++) {
+        if (q == be->rank || be->peers[q].fd >= 0) {
+            continue;
+        }
+        const char *why = "";
+        char buf[96] = "";
+        for (int i = 0; i < st->npend; i++) {
+            if (st->pend[i].outgoing && st->pend[i].peer == q && st->pend[i].last_errno) {
+                snprintf(buf, sizeof(buf), ": %s", strerror(st->pend[i].last_errno));
+                why = buf;
+            }
+        }
+        used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%d (world rank %d%s%s)%s",
+                                 used ? ", " : "", q, be->world_ranks[q],
+                                 be->peers[q].addr[0] ? ", " : "", be->peers[q].addr, why);
+    }
+    return fsdp_err(FSDP_ERR_TIMEOUT, "group %s: tcp connection setup timed out after %.1f s; "
+                    "not connected to rank %s (on several hosts, set FSDPC_TCP_ADDR to an "
+                    "address the other hosts can reach)", be->name, waited, list);
+}
+
+static int tcp_setup_loop(struct tcp_setup *st, double t0)
+{
+    struct tcp_backend *be = st->be;
+    struct pollfd *pfd = st->pfd;
+    double deadline = t0 + be->timeout_s;
+    while (st->connected < be->size - 1) {
+        double now = fsdp_now(), wake = deadline;
+        if (now >= deadline) {
+            return tcp_setup_timeout(st, now - t0);
+        }
+        for (int i = 0; i < st->npend; i++) {
+            struct tcp_pend *pd = &st->pend[i];
+            if (pd->state == PEND_RETRY && now >= pd->deadline) {
+                tcp_pend_dial(st, pd, now);
+            }
+            if (!pd->outgoing && now >= pd->deadline) {
+                tcp_pend_refuse(st, i--, "no complete hello within 5 s");
+                continue;
+            }
+            if ((pd->state == PEND_RETRY || !pd->outgoing) && pd->deadline < wake) {
+                wake = pd->deadline;
+            }
+        }
+        int np = 0;
+        pfd[np].fd = st->lfd;
+        pfd[np++].events = POLLIN;
+        for (int i = 0; i < st->npend; i++) {
+            struct tcp_pend *pd = &st->pend[i];
+            pfd[np].fd = pd->fd;
+            pfd[np].events = (short)(pd->state == PEND_RECEIVING ? POLLIN : POLLOUT);
+            if (pd->state == PEND_RETRY) {
+                pfd[np].fd = -1; /* poll ignores it */
+            }
+            np++;
+        }
+        double wait_ms = (wake - now) * 1e3;
+        int ms = wait_ms > 1000.0 ? 1000 : (int)wait_ms + 1;
+        if (poll(pfd, (nfds_t)np, ms) < 0 && errno != EINTR) {
+            return fsdp_err(FSDP_ERR_SYSTEM, "group %s: poll during tcp setup: %s", be->name,
+                            strerror(errno));
+        }
+        now = fsdp_now();
+        /* walk from the end: steps may remove entries (the last moves in) */
+        for (int i = st->npend - 1; i >= 0; i--) {
+            if (pfd[i + 1].fd >= 0 && pfd[i + 1].revents) {
+                FSDP_CHECK(tcp_setup_step(st, i, now));
+            }
+        }
+        if (pfd[0].revents & POLLIN) {
+            tcp_setup_accept(st, now);
+        }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+
+static int tcp_conn_listen(struct tcp_backend *be, int *lfd_out)
+{
+    char ip[INET_ADDRSTRLEN];
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t sl = sizeof(sa);
+    FSDP_CHECK(tcp_conn_pick_ip(ip, sizeof(ip)));
+    inet_pton(AF_INET, ip, &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return fsdp_err(FSDP_ERR_SYSTEM, "group %s: socket: %s", be->name, strerror(errno));
+    }
+    tcp_conn_sockopts(be, fd); /* accepted sockets inherit the buffer sizes */
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, be->size + 16) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl) < 0) {
+        int e = errno;
+        close(fd);
+        return fsdp_err(FSDP_ERR_SYSTEM, "group %s: cannot listen on %s: %s%s", be->name, ip,
+                        strerror(e), getenv("FSDPC_TCP_ADDR") ? " (check FSDPC_TCP_ADDR)" : "");
+    }
+    snprintf(be->peers[be->rank].addr, TCP_ADDR_MAX, "%s:%u", ip, ntohs(sa.sin_port));
+    *lfd_out = fd;
+    return 0;
+}
+
+/* Publishes this rank's address and prepares a dial to every higher rank. */
+static int tcp_conn_rendezvous(struct tcp_setup *st, struct fsdp_store *store, double t0)
+{
+    struct tcp_backend *be = st->be;
+    char key[96];
+    int64_t ticket;
+    /* a group created again under the same store prefix gets fresh keys */
+    FSDP_CHECK(fsdp_store_add(store, "tcp/gen", 1, &ticket));
+    int64_t gen = (ticket - 1) / be->size;
+    const char *mine = be->peers[be->rank].addr;
+    snprintf(key, sizeof(key), "tcp/%" PRId64 "/addr/%d", gen, be->rank);
+    FSDP_CHECK(fsdp_store_set(store, key, mine, strlen(mine)));
+    for (int q = be->rank + 1; q < be->size; q++) {
+        void *val;
+        size_t len;
+        double left = t0 + be->timeout_s - fsdp_now();
+        snprintf(key, sizeof(key), "tcp/%" PRId64 "/addr/%d", gen, q);
+        FSDP_CHECK(fsdp_store_get(store, key, &val, &len, left > 0 ? left : 0));
+        struct tcp_pend *pd = &st->pend[st->npend++];
+        memset(pd, 0, sizeof(*pd));
+        snprintf(pd->from, sizeof(pd->from), "%.*s", (int)(len < TCP_ADDR_MAX ? len : 0),
+                 (const char *)val);
+        free(val);
+        if (len >= TCP_ADDR_MAX || tcp_conn_parse_addr(pd->from, &pd->sa) < 0) {
+            return fsdp_err(FSDP_ERR_FORMAT, "group %s: store key '%s' holds no ip:port "
+                            "address", be->name, key);
+        }
+        snprintf(be->peers[q].addr, TCP_ADDR_MAX, "%s", pd->from);
+        pd->fd = -1;
+        pd->peer = q;
+        pd->claimed = -1;
+        pd->outgoing = 1;
+        pd->state = PEND_RETRY;
+        pd->backoff = 0.02;
+    }
+    return 0;
+}
+
+/* Closes whatever setup still holds (the listener, connections that never
+ * said hello) and frees it. */
+static void tcp_setup_free(struct tcp_setup *st)
+{
+    if (!st) {
+        return;
+    }
+    while (st->npend > 0) {
+        tcp_pend_drop(st, st->npend - 1);
+    }
+    if (st->lfd >= 0) {
+        close(st->lfd);
+    }
+    free(st->pfd);
+    free(st->pend);
+    free(st);
+}
+
+int tcp_conn_mesh(struct tcp_backend *be, struct fsdp_store *store)
+{
+    int rc;
+    double t0 = fsdp_now();
+    struct tcp_setup *st = calloc(1, sizeof(*st));
+    if (st) {
+        st->be = be;
+        st->lfd = -1;
+        st->cap = be->size - 1 + TCP_MAX_STRANGERS;
+        st->pend = calloc((size_t)st->cap, sizeof(*st->pend));
+        st->pfd = calloc((size_t)st->cap + 1, sizeof(*st->pfd));
+    }
+    if (!st || !st->pend || !st->pfd) {
+        tcp_setup_free(st);
+        return fsdp_err(FSDP_ERR_NOMEM, "group %s: out of memory", be->name);
+    }
+    FSDP_CHECK_GOTO(tcp_conn_listen(be, &st->lfd), rc, err_0);
+    FSDP_CHECK_GOTO(tcp_conn_rendezvous(st, store, t0), rc, err_0);
+    FSDP_CHECK_GOTO(tcp_setup_loop(st, t0), rc, err_1);
+    tcp_setup_free(st);
+    FSDP_DEBUG(FSDP_SUB_TCP, "group %s: mesh of %d ranks ready in %.3f s", be->name, be->size,
+               fsdp_now() - t0);
+    return 0;
+
+err_1:
+    tcp_conn_close(be);
+err_0:
+    tcp_setup_free(st);
+    return rc;
+}
+
+void tcp_conn_close(struct tcp_backend *be)
+{
+    char sink[4096];
+    for (int q = 0; q < be->size; q++) {
+        struct tcp_peer *p = &be->peers[q];
+        if (p->fd < 0) {
+            p->fd = -1; /* also clears a claim made during setup */
+            continue;
+        }
+        /* unread bytes would turn the close into a reset that can destroy
+         * data the peer has not read yet: discard them first (bounded) */
+        for (int i = 0; i < 64 && recv(p->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; i++) {
+        }
+        close(p->fd);
+        p->fd = -1;
+    }
+}
