@@ -368,7 +368,7 @@ p("- BLAS: %s (%s), used by fsdpc and by torch; torch %s from Debian" %
   (machine["openblas"] or "?", machine["blas"] or "?", torch_version))
 p("- fsdpc %s, tree %s" % (machine["fsdpc_version"] or "?", machine["git"] or "?"))
 p("- settings: %s; 1 BLAS/OpenMP thread per process" % machine["settings"])
-p("- peak for MFU: %s GFLOP/s per process, fsdpc-train's sgemm 1024^3 probe (1 thread, best of 3), "
+p("- peak for MFU: %s GFLOP/s per process, fsdpc-train's sgemm 1024^3 probe (1 thread), "
   "best of its %d runs' probes" % (fmt(peak and peak / 1e9, "%.1f"), len(peaks)))
 p()
 
