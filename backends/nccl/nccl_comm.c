@@ -127,6 +127,13 @@ int fsdp_nccl_check_failed(struct fsdp_backend *be)
     if (st == 0) {
         return 0;
     }
+    /* state 1: another thread is formatting the message right now; it only
+     * runs vsnprintf, so wait for it (bounded) rather than report a generic
+     * reason */
+    for (int spins = 0; st == 1 && spins < 100000; spins++) {
+        sched_yield();
+        st = atomic_load(&be->fail_state);
+    }
     if (st == 2) {
         return fsdp_err(atomic_load(&be->fail_code), "%s", be->fail_msg);
     }
