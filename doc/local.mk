@@ -1,1 +1,13 @@
-EXTRA_DIST += $(wildcard $(srcdir)/doc/*.md)
+EXTRA_DIST += \
+	doc/backend-nccl.md \
+	doc/backend-tcp.md \
+	doc/debugging.md \
+	doc/design.md \
+	doc/formats.md \
+	doc/mesh.md \
+	doc/model.md \
+	doc/performance.md \
+	doc/rendezvous.md \
+	doc/sharding.md \
+	doc/troubleshooting.md \
+	doc/user-guide.md

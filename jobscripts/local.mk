@@ -1,1 +1,2 @@
-EXTRA_DIST += $(wildcard $(srcdir)/jobscripts/local/*.sh) $(wildcard $(srcdir)/jobscripts/slurm/*)
+EXTRA_DIST += \
+	jobscripts/local/demo.sh
