@@ -250,27 +250,32 @@ static int stcp_get(struct fsdp_store *s, const char *key, void **val, size_t *l
     return rc;
 }
 
-static int stcp_add(struct fsdp_store *s, const char *key, int64_t delta, int64_t *result)
+/* One request whose reply is a number (add's new value, check's answer). */
+static int stcp_call_value(struct stcp_client *cl, int type, int64_t arg, const char *op,
+                           const char *key, int64_t *value)
 {
-    struct stcp_client *cl = (struct stcp_client *)s;
     struct stcp_hdr h;
     char *rk;
     void *rv;
     pthread_mutex_lock(&cl->mu);
-    int rc = stcp_call(cl, STCP_ADD, delta, key, NULL, 0, fsdp_now() + cl->timeout_s, &h, &rk,
-                       &rv);
+    int rc = stcp_call(cl, type, arg, key, NULL, 0, fsdp_now() + cl->timeout_s, &h, &rk, &rv);
     pthread_mutex_unlock(&cl->mu);
     if (rc) {
         return rc;
     }
     if (h.type == STCP_R_VALUE) {
-        *result = h.arg;
+        *value = h.arg;
     } else {
-        rc = stcp_reply_error(cl, "add", key, &h, rv);
+        rc = stcp_reply_error(cl, op, key, &h, rv);
     }
     free(rk);
     free(rv);
     return rc;
+}
+
+static int stcp_add(struct fsdp_store *s, const char *key, int64_t delta, int64_t *result)
+{
+    return stcp_call_value((struct stcp_client *)s, STCP_ADD, delta, "add", key, result);
 }
 
 static int stcp_wait(struct fsdp_store *s, const char *const *keys, size_t n, double timeout_s)
@@ -315,24 +320,11 @@ static int stcp_wait(struct fsdp_store *s, const char *const *keys, size_t n, do
 
 static int stcp_check(struct fsdp_store *s, const char *key, int *exists)
 {
-    struct stcp_client *cl = (struct stcp_client *)s;
-    struct stcp_hdr h;
-    char *rk;
-    void *rv;
-    pthread_mutex_lock(&cl->mu);
-    int rc = stcp_call(cl, STCP_CHECK, 0, key, NULL, 0, fsdp_now() + cl->timeout_s, &h, &rk,
-                       &rv);
-    pthread_mutex_unlock(&cl->mu);
-    if (rc) {
-        return rc;
+    int64_t v = 0;
+    int rc = stcp_call_value((struct stcp_client *)s, STCP_CHECK, 0, "check", key, &v);
+    if (rc == 0) {
+        *exists = v != 0;
     }
-    if (h.type == STCP_R_VALUE) {
-        *exists = h.arg != 0;
-    } else {
-        rc = stcp_reply_error(cl, "check", key, &h, rv);
-    }
-    free(rk);
-    free(rv);
     return rc;
 }
 
