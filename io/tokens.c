@@ -419,6 +419,7 @@ int fsdp_dataloader_create(const char *path, size_t B, size_t T, int rank, int w
     dl->rank = rank;
     dl->world = world;
     dl->step_tokens = (uint64_t)B * T * (uint64_t)world;
+    dl->wrap = 1;
     FSDP_CHECK_GOTO(fsdp_tokens_open(path, &dl->tokens), rc, err);
     size_t count = fsdp_tokens_count(dl->tokens);
     if (count < dl->step_tokens + 1) {
@@ -462,7 +463,12 @@ int fsdp_dataloader_next(struct fsdp_dataloader *dl)
 {
     size_t count = fsdp_tokens_count(dl->tokens);
     size_t n = dl->B * dl->T;
-    if (dl->position + dl->step_tokens + 1 > count) {
+    if (!dl->wrap && !fsdp_dataloader_fits(dl, 1)) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: rank %d's batch at token %llu is past the end of "
+                        "the data (%zu tokens)", fsdp_tokens_path(dl->tokens), dl->rank,
+                        (unsigned long long)dl->position, count);
+    }
+    if (dl->wrap && dl->position + dl->step_tokens + 1 > count) {
         dl->position = 0;
         dl->epoch++;
     }
@@ -474,6 +480,53 @@ int fsdp_dataloader_next(struct fsdp_dataloader *dl)
     }
     dl->position += dl->step_tokens;
     return 0;
+}
+
+/* Tokens from a pass's start that micro-batch i of this rank reads up to (exclusive). */
+static uint64_t tok_micro_end(const struct fsdp_dataloader *dl, uint64_t i)
+{
+    return i * dl->step_tokens + (uint64_t)(dl->rank + 1) * dl->B * dl->T + 1;
+}
+
+int fsdp_dataloader_fits(const struct fsdp_dataloader *dl, int K)
+{
+    uint64_t last = dl->position + (uint64_t)(K - 1) * dl->step_tokens;
+    return K >= 1 && last + (uint64_t)(dl->rank + 1) * dl->B * dl->T + 1 <=
+                         (uint64_t)fsdp_tokens_count(dl->tokens);
+}
+
+uint64_t fsdp_dataloader_steps_per_pass(const struct fsdp_dataloader *dl, int K)
+{
+    uint64_t count = fsdp_tokens_count(dl->tokens), k = (uint64_t)K;
+    uint64_t first = tok_micro_end(dl, k - 1); /* step 0 needs its last micro-batch */
+    if (K < 1 || first > count) {
+        return 0;
+    }
+    return (count - first) / (k * dl->step_tokens) + 1;
+}
+
+void fsdp_dataloader_new_pass(struct fsdp_dataloader *dl)
+{
+    dl->position = 0;
+    dl->epoch++;
+}
+
+void fsdp_dataloader_state_after(const struct fsdp_dataloader *dl, uint64_t n,
+                                 struct fsdp_dataloader_state *st)
+{
+    uint64_t count = fsdp_tokens_count(dl->tokens);
+    /* micro-batches per pass: next() wraps when the whole global batch i does
+     * not fit, (i + 1) * step_tokens + 1 > count (create checked that i = 0 fits) */
+    uint64_t per_pass = (count - 1 - dl->step_tokens) / dl->step_tokens + 1;
+    st->n_tokens = count;
+    if (n == 0) {
+        st->position = 0;
+        st->epoch = 0;
+        return;
+    }
+    /* the wrap happens lazily, at the start of the micro-batch that does not fit */
+    st->epoch = (n - 1) / per_pass;
+    st->position = (n - st->epoch * per_pass) * dl->step_tokens;
 }
 
 void fsdp_dataloader_get_state(const struct fsdp_dataloader *dl, struct fsdp_dataloader_state *st)

@@ -81,6 +81,7 @@ struct fsdp_dataloader {
     uint64_t position;          /* token index where the next global batch starts */
     uint64_t epoch;             /* completed passes */
     uint64_t step_tokens;       /* B * R * T: the cursor advance per step */
+    int wrap;                   /* 1 (default): next() wraps at the end; 0: passes (below) */
     uint16_t *stage;            /* (B*T + 1,) this rank's raw slice */
     int *inputs;                /* (B, T) */
     int *targets;               /* (B, T) inputs shifted by one token */
@@ -99,8 +100,32 @@ void fsdp_dataloader_destroy(struct fsdp_dataloader *dl);
  * Fills inputs and targets with this rank's slice of the next global batch
  * and advances the cursor by B*R*T tokens. When fewer than B*R*T + 1 tokens
  * remain, the cursor first wraps to 0 and the epoch counter increments.
+ * With wrap 0 the slice is read as long as it fits (the last global batch
+ * of a pass may cover only the first ranks) and reading past the end is an
+ * error: the caller starts the next pass.
  */
 int fsdp_dataloader_next(struct fsdp_dataloader *dl);
+
+/*
+ * Passes without wrapping (training for whole epochs, join for uneven
+ * inputs). A step is K micro-batches; this rank "has a step" when all K of
+ * its slices lie inside the file from the cursor on, so a pass never
+ * straddles the end of the file and a shorter tail is left out (llm.c and
+ * torch's drop_last do the same with a partial batch).
+ */
+/* 1 when the next K micro-batches of this rank fit before the end of the file. */
+int fsdp_dataloader_fits(const struct fsdp_dataloader *dl, int K);
+/* Steps of K micro-batches this rank gets in one pass from the start of the file. */
+uint64_t fsdp_dataloader_steps_per_pass(const struct fsdp_dataloader *dl, int K);
+/* Starts the next pass: the cursor goes to 0 and the epoch counter increments. */
+void fsdp_dataloader_new_pass(struct fsdp_dataloader *dl);
+/*
+ * The state fsdp_dataloader_next would leave after n micro-batches from the
+ * start of the file in wrapping mode (each one wraps to 0 when its slice
+ * does not fit): resumes a loader whose position was not stored.
+ */
+void fsdp_dataloader_state_after(const struct fsdp_dataloader *dl, uint64_t n,
+                                 struct fsdp_dataloader_state *st);
 
 void fsdp_dataloader_get_state(const struct fsdp_dataloader *dl, struct fsdp_dataloader_state *st);
 /* Restores a saved cursor; the error says why a state does not fit this file. */

@@ -65,18 +65,24 @@ static int shard_bind(struct fsdp_shard_engine *se, int u)
     return fsdp_gpt2_set_unit(se->model, u, p, g);
 }
 
+/* In a shadow pass (se->shadow) every collective is issued and waited for
+ * exactly as in a computing one, and the compute is left out. */
 static int shard_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
                          const int32_t *targets)
 {
     const int last = se->n_units - 1;
-    FSDP_CHECK(fsdp_gpt2_set_batch(se->model, inputs, targets, se->B, se->T));
+    if (!se->shadow) {
+        FSDP_CHECK(fsdp_gpt2_set_batch(se->model, inputs, targets, se->B, se->T));
+    }
     for (int u = 0; u <= last; u++) {
         for (int j = u; j <= last && j <= u + se->ec.prefetch; j++) {
             FSDP_CHECK(fsdp_unit_gather_issue(se, j));
         }
         FSDP_CHECK(fsdp_unit_gather_wait(se, u));
-        FSDP_CHECK(shard_bind(se, u));
-        FSDP_CHECK(fsdp_gpt2_forward_unit(se->model, u));
+        if (!se->shadow) {
+            FSDP_CHECK(shard_bind(se, u));
+            FSDP_CHECK(fsdp_gpt2_forward_unit(se->model, u));
+        }
         FSDP_CHECK(fsdp_unit_progress(se));
         if (!se->keep_gathered && u != 0 && u != last) {
             fsdp_unit_release(se, u);
@@ -110,8 +116,10 @@ static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, i
             }
         }
         FSDP_CHECK(fsdp_unit_gather_wait(se, u));
-        FSDP_CHECK(shard_bind(se, u));
-        FSDP_CHECK(fsdp_gpt2_backward_unit(se->model, u));
+        if (!se->shadow) { /* a shadow pass reduces the zeroed buffer */
+            FSDP_CHECK(shard_bind(se, u));
+            FSDP_CHECK(fsdp_gpt2_backward_unit(se->model, u));
+        }
         FSDP_CHECK(fsdp_unit_progress(se));
         if (u != 0) {
             fsdp_unit_release(se, u);
@@ -226,18 +234,32 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
 // ----------------------------------------------------------------------------
 // ops
 
-static int shard_step(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, int K, double lr,
-                      struct fsdp_step_result *out)
+/*
+ * n_contrib ranks have a batch; dl NULL: not this one. The loss seed divides
+ * by the contributing ranks' tokens and a rank without a batch reduces
+ * zeros, so the summed gradient is the mean over the batches that exist; the
+ * loss is summed over every rank (0 here) and divided the same way.
+ */
+static int shard_step_join(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, int K,
+                           double lr, int n_contrib, struct fsdp_step_result *out)
 {
     struct fsdp_shard_engine *se = shard_impl(e);
     const int nosync = se->ec.no_sync_accum;
     double loss_sum = 0.0;
     int rc = 0;
-    fsdp_gpt2_set_loss_seed(se->model, (double)K * se->B * se->T * se->world, se->scale);
+    if (n_contrib < 1 || n_contrib > se->world) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: %d contributing ranks of %d", n_contrib,
+                        se->world);
+    }
+    se->shadow = dl == NULL;
+    fsdp_gpt2_set_loss_seed(se->model, (double)K * se->B * se->T * n_contrib, se->scale);
     for (int k = 0; k < K && rc == 0; k++) {
-        FSDP_CHECK_GOTO(fsdp_dataloader_next(dl), rc, out);
-        FSDP_CHECK_GOTO(shard_forward(se, dl->inputs, dl->targets), rc, out);
-        loss_sum += se->model->loss;
+        if (dl) {
+            FSDP_CHECK_GOTO(fsdp_dataloader_next(dl), rc, out);
+        }
+        FSDP_CHECK_GOTO(shard_forward(se, dl ? dl->inputs : NULL, dl ? dl->targets : NULL), rc,
+                        out);
+        loss_sum += dl ? se->model->loss : 0.0;
         int first = nosync ? k == 0 : 1;
         int reduce = nosync ? k == K - 1 : 1;
         FSDP_CHECK_GOTO(shard_backward(se, first, reduce, !nosync && k > 0), rc, out);
@@ -246,13 +268,20 @@ static int shard_step(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, i
     double loss = loss_sum / K;
     if (se->mesh) {
         FSDP_CHECK_GOTO(shard_world_sum(se, &loss), rc, out);
-        loss /= se->world;
+        loss /= n_contrib;
     }
     out->loss = loss;
     rc = shard_optimize(se, lr, out);
 out:
+    se->shadow = 0;
     fsdp_unit_release_all(se); /* the parameters changed (or the step failed) */
     return rc;
+}
+
+static int shard_step(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, int K, double lr,
+                      struct fsdp_step_result *out)
+{
+    return shard_step_join(e, dl, K, lr, shard_impl(e)->world, out);
 }
 
 static int shard_eval(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, double *loss)
@@ -318,6 +347,7 @@ static const struct fsdp_train_engine_ops shard_ops = {
     .ckpt_save = shard_ckpt_save,
     .ckpt_load = shard_ckpt_load,
     .agree_max = shard_agree_max,
+    .step_join = shard_step_join,
 };
 
 // ----------------------------------------------------------------------------

@@ -99,6 +99,7 @@ struct fsdp_shard_engine {
     double *sum_buf;                   /* (world,) one double per rank of a group */
     int rq_head, rq_len;
 
+    int shadow;                        /* this step: no batch here (join), collectives only */
     float scale;                       /* current loss scale (1 when off) */
     long good_steps;                   /* finite steps since the last change of scale */
     long skipped;

@@ -159,7 +159,10 @@ int fsdp_unit_gather_wait(struct fsdp_shard_engine *se, int u)
     if (s->work) {
         FSDP_CHECK(fsdp_unit_wait(se, &s->work, s->issued, s->done));
     }
-    if (se->shard_g) {
+    if (se->shadow) {
+        /* a joined rank computes nothing: the gathered shards stay packed, and
+         * the step ends with release_all, so no later compute sees this slot */
+    } else if (se->shard_g) {
         fsdp_shard_unpack(se, u, s->buf, pt == FSDP_F32 ? (void *)s->stage : (void *)s->recv16,
                           pt);
     } else if (pt != FSDP_F32) {

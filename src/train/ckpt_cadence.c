@@ -18,8 +18,10 @@
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/trainer.h"
+#include "train/uneven.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/util.h"
 #include "dist/dist.h"
 #include "io/ckpt.h"
 #include "io/tokens.h"
@@ -44,8 +46,6 @@ struct fsdp_ckpt_cadence {
     int rank;
     long last_saved;               /* step of the last committed checkpoint; -1: none */
     long last_tried;               /* step of the last save attempt; -1: none */
-    long base_step;                /* step the run started from */
-    double base_tokens;            /* tokens seen at base_step */
 };
 
 static volatile sig_atomic_t cad_signalled;
@@ -61,11 +61,6 @@ static int cad_rank(const struct fsdp_trainer *t)
     return t->dist ? t->dist->rank : 0;
 }
 
-static int cad_world(const struct fsdp_trainer *t)
-{
-    return t->dist ? t->dist->world_size : 1;
-}
-
 // ----------------------------------------------------------------------------
 // directory plumbing (rank 0)
 
@@ -78,6 +73,35 @@ static int cad_rm_entry(const char *path, const struct stat *st, int flag, struc
 }
 
 /* rm -rf without following links. */
+/* Bytes of the regular files directly under dir (a checkpoint step's
+ * shards and index), for the throughput figure in the log; 0 when unreadable. */
+static double cad_dir_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    double total = 0;
+    if (!d) {
+        return 0;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char path[CAD_PATH_MAX];
+        struct stat st;
+        int n = snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (n > 0 && (size_t)n < sizeof(path) && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+            total += (double)st.st_size;
+        }
+    }
+    closedir(d);
+    return total;
+}
+
+/* "1.40 GiB in 1.75 s, 0.86 GB/s" */
+static void cad_rate_str(double bytes, double secs, char *buf, size_t n)
+{
+    snprintf(buf, n, "%.2f GiB in %.2f s, %.2f GB/s", bytes / (1024.0 * 1024 * 1024), secs,
+             secs > 0 ? bytes / secs / 1e9 : 0.0);
+}
+
 static int cad_rmtree(const char *path)
 {
     if (nftw(path, cad_rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT) {
@@ -288,9 +312,7 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
     struct fsdp_dataloader_state ds;
     memset(&meta, 0, sizeof(meta));
     meta.step = step;
-    meta.tokens_seen = c->base_tokens + (double)(step - c->base_step) *
-                                            (double)fsdp_train_config_step_tokens(t->cfg) *
-                                            (double)cad_world(t);
+    meta.tokens_seen = t->tokens_seen;
     meta.seed = t->cfg->seed;
     fsdp_dataloader_get_state(t->train, &ds);
     meta.data_position = ds.position;
@@ -299,6 +321,7 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
     snprintf(meta.created_by, sizeof(meta.created_by), "fsdpc-train %s, step %ld",
              PACKAGE_VERSION, step);
     cad_config_text(t->cfg, meta.config, sizeof(meta.config));
+    const double t_save = fsdp_now();
     rc = t->engine->ops->ckpt_save(t->engine, tmp, &meta);
     rc = cad_agree_ok(t, rc, step, "write its shard");
     if (rc == 0 && c->rank == 0) {
@@ -317,7 +340,11 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
     }
     c->last_saved = step;
     if (c->rank == 0) {
-        FSDP_INFO(FSDP_SUB_TRAIN, "checkpoint step %ld written to %s/step_%ld", step, c->dir, step);
+        char final[CAD_PATH_MAX], rate[96];
+        snprintf(final, sizeof(final), "%s/step_%ld", c->dir, step);
+        cad_rate_str(cad_dir_bytes(final), fsdp_now() - t_save, rate, sizeof(rate));
+        FSDP_INFO(FSDP_SUB_TRAIN, "checkpoint step %ld written to %s (%s, all ranks, fsync "
+                  "and commit included)", step, final, rate);
     }
     return 0;
 }
@@ -411,6 +438,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
         }
         return 0;
     }
+    const double t_load = fsdp_now();
     FSDP_CHECK(fsdp_ckpt_open(path, &ck));
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
     const struct fsdp_gpt2_config *have = &fsdp_ckpt_spec(ck)->cfg;
@@ -421,20 +449,25 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
         goto out;
     }
     struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};
+    FSDP_CHECK_GOTO(fsdp_uneven_resume_state(t, m, &ds), rc, out);
     FSDP_CHECK_GOTO(t->engine->ops->ckpt_load(t->engine, ck), rc, out);
     FSDP_CHECK_GOTO(fsdp_dataloader_set_state(t->train, &ds), rc, out);
+    /* every rank has its state when the slowest is done */
+    FSDP_CHECK_GOTO(t->engine->ops->agree_max(t->engine, &(int32_t){0}, 1), rc, out);
+    const double load_s = fsdp_now() - t_load;
     t->step = m->step;
+    t->tokens_seen = m->tokens_seen;
     if (t->ckpt) {
-        t->ckpt->base_step = m->step;
-        t->ckpt->base_tokens = m->tokens_seen;
         t->ckpt->last_saved = m->step;
         t->ckpt->last_tried = m->step;
     }
     if (cad_rank(t) == 0) {
+        char rate[96];
+        cad_rate_str(cad_dir_bytes(fsdp_ckpt_dir(ck)), load_s, rate, sizeof(rate));
         FSDP_INFO(FSDP_SUB_TRAIN, "resumed from %s: step %ld, %.0f tokens seen, written by %d "
-                  "rank%s (mesh %s, %d shard%s)", fsdp_ckpt_dir(ck), m->step, m->tokens_seen,
-                  m->world_size, m->world_size > 1 ? "s" : "", m->mesh, m->n_shards,
-                  m->n_shards > 1 ? "s" : "");
+                  "rank%s (mesh %s, %d shard%s); read %s", fsdp_ckpt_dir(ck), m->step,
+                  m->tokens_seen, m->world_size, m->world_size > 1 ? "s" : "", m->mesh,
+                  m->n_shards, m->n_shards > 1 ? "s" : "", rate);
     }
     rc = 0;
 out:
@@ -442,15 +475,19 @@ out:
     return rc;
 }
 
-int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t, int *stop)
+int fsdp_ckpt_cadence_signalled(void)
+{
+    return cad_signalled != 0;
+}
+
+int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t,
+                                 int preempt, int *stop)
 {
     *stop = 0;
     if (!c) {
         return 0;
     }
-    int32_t sig = cad_signalled ? 1 : 0;
-    FSDP_CHECK(t->engine->ops->agree_max(t->engine, &sig, 1));
-    if (sig) {
+    if (preempt) {
         FSDP_CHECK(cad_save(c, t));
         if (c->rank == 0) {
             printf("preempted: a rank received SIGUSR1 or SIGTERM; checkpoint step %ld written "

@@ -24,11 +24,17 @@ void fsdp_ckpt_cadence_destroy(struct fsdp_ckpt_cadence *c);
 /* Restores the engine, step counter and data cursor from cfg->resume. */
 int fsdp_ckpt_resume(struct fsdp_trainer *t);
 
+/* Whether this rank has received SIGUSR1 or SIGTERM (not agreed; 0 without ckpt-dir). */
+int fsdp_ckpt_cadence_signalled(void);
+
 /*
- * After each step: saves when the cadence says so or when any rank was
- * signalled; *stop becomes 1 after a preemption checkpoint. c may be NULL.
+ * After each step: saves when the cadence says so or when preempt (the
+ * ranks' agreed fsdp_ckpt_cadence_signalled, which the loop folds into its
+ * per-step agreement) is set; *stop becomes 1 after a preemption
+ * checkpoint. c may be NULL.
  */
-int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t, int *stop);
+int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t,
+                                 int preempt, int *stop);
 
 /* The save at the end of training (unless this step was just saved). */
 int fsdp_ckpt_cadence_final(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t);

@@ -70,6 +70,16 @@ struct fsdp_train_engine_ops {
     int (*ckpt_load)(struct fsdp_train_engine *e, struct fsdp_ckpt *ck);
     /* Element-wise maximum of v[0..n) over every rank of the engine; blocks. */
     int (*agree_max)(struct fsdp_train_engine *e, int32_t *v, int n);
+    /*
+     * step() when only n_contrib (1 <= n_contrib <= the engine's ranks) of
+     * the data-parallel ranks have a batch (join for uneven inputs). dl NULL:
+     * this rank has none; it issues the same collectives in the same order
+     * with a zero gradient and computes nothing. The loss and the gradient
+     * are means over the contributing ranks' tokens only; the optimizer
+     * updates every rank's shard as in step().
+     */
+    int (*step_join)(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, int K, double lr,
+                     int n_contrib, struct fsdp_step_result *out);
 };
 
 struct fsdp_train_engine {

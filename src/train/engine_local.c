@@ -163,6 +163,18 @@ static int local_agree_max(struct fsdp_train_engine *e, int32_t *v, int n)
     return 0; /* one rank agrees with itself */
 }
 
+/* One rank: it has the batch whenever a step runs (the loop ends without one). */
+static int local_step_join(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, int K,
+                           double lr, int n_contrib, struct fsdp_step_result *out)
+{
+    if (!dl || n_contrib != 1) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "local engine: a joined step with %d contributing "
+                        "rank%s and %s batch on its only rank", n_contrib,
+                        n_contrib == 1 ? "" : "s", dl ? "a" : "no");
+    }
+    return local_step(e, dl, K, lr, out);
+}
+
 static void local_destroy(struct fsdp_train_engine *e)
 {
     if (!e) {
@@ -193,6 +205,7 @@ static const struct fsdp_train_engine_ops local_ops = {
     .ckpt_save = local_ckpt_save,
     .ckpt_load = local_ckpt_load,
     .agree_max = local_agree_max,
+    .step_join = local_step_join,
 };
 
 // ----------------------------------------------------------------------------

@@ -1,17 +1,20 @@
 # src/train: the training loop and its programs (fsdpc-train, fsdpc-sample).
 libfsdpc_a_SOURCES += src/train/options.c src/train/train_config.c src/train/schedule.c \
 	src/train/metrics.c src/train/engine_local.c src/train/trainer.c \
-	src/train/ckpt_cadence.c
+	src/train/ckpt_cadence.c src/train/uneven.c
 noinst_HEADERS += src/train/options.h src/train/train_config.h src/train/schedule.h \
 	src/train/metrics.h src/train/engine.h src/train/trainer.h \
-	src/train/ckpt_cadence.h
+	src/train/ckpt_cadence.h src/train/uneven.h
 
 bin_PROGRAMS += fsdpc-train fsdpc-sample
 fsdpc_train_SOURCES = src/train/train_main.c
 fsdpc_sample_SOURCES = src/train/sample_main.c
 
-# tests: options and schedule, the loop end to end, and the PyTorch oracle (skips without torch)
-check_PROGRAMS += tests/train/oracle_ours tests/train/test_train_options
-dist_check_SCRIPTS += tests/train/test_train.sh tests/train/test_torch_oracle.sh
+# tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),
+# and join over uneven inputs against a single-rank replay (join_ref)
+check_PROGRAMS += tests/train/oracle_ours tests/train/test_train_options tests/train/join_ref
+dist_check_SCRIPTS += tests/train/test_train.sh tests/train/test_torch_oracle.sh \
+	tests/train/test_join.sh
 dist_check_DATA += tests/train/torch_oracle.py
-TESTS += tests/train/test_train_options tests/train/test_train.sh tests/train/test_torch_oracle.sh
+TESTS += tests/train/test_train_options tests/train/test_train.sh tests/train/test_torch_oracle.sh \
+	tests/train/test_join.sh

@@ -20,11 +20,15 @@ static const struct fsdp_opt train_opts[] = {
     {"model", FSDP_OPT_STR, F(model), S(model), 0, 0, NULL, "FILE", FSDP_OPT_REQUIRED,
      "HDF5 model file to train (fsdpc-ckpt init makes one)"},
     {"data", FSDP_OPT_STR, F(data), S(data), 0, 0, NULL, "FILE", FSDP_OPT_REQUIRED,
-     "training token file (llm.c format)"},
+     "training token file (llm.c format); {rank} in FILE: one file per rank"},
     {"val-data", FSDP_OPT_STR, F(val_data), S(val_data), 0, 0, NULL, "FILE", 0,
-     "validation token file"},
-    {"steps", FSDP_OPT_INT, F(steps), 0, 1, BIG, NULL, "N", FSDP_OPT_REQUIRED,
-     "optimizer steps to run"},
+     "validation token file ({rank}: one file per rank)"},
+    {"steps", FSDP_OPT_INT, F(steps), 0, 0, BIG, NULL, "N", 0,
+     "optimizer steps to run (with --epochs: at most N; 0: no cap)"},
+    {"epochs", FSDP_OPT_INT, F(epochs), 0, 0, BIG, NULL, "N", 0,
+     "train N passes over the data, ending at its end (0: --steps, wrapping around)"},
+    {"uneven", FSDP_OPT_CHOICE, F(uneven), 0, 0, 0, "join|stop", "MODE", 0,
+     "a rank out of batches in a pass: join (shadow the others) or stop (all)"},
     {"batch-size", FSDP_OPT_INT, F(batch_size), 0, 1, 1 << 20, NULL, "B", FSDP_OPT_REQUIRED,
      "sequences per data-parallel rank per micro-step"},
     {"seq-len", FSDP_OPT_INT, F(seq_len), 0, 1, 1 << 20, NULL, "T", FSDP_OPT_REQUIRED,
@@ -136,6 +140,14 @@ void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set
 int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct fsdp_optset *set)
 {
     FSDP_CHECK(fsdp_opt_check_required(set));
+    if (c->steps == 0 && c->epochs == 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "missing required option 'steps' (--steps N, or "
+                        "--epochs N for whole passes over the data)");
+    }
+    if (c->uneven != FSDP_UNEVEN_JOIN && c->epochs == 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "uneven needs epochs N: with steps alone the data "
+                        "wraps around and no rank runs out of batches");
+    }
     if (c->beta1 >= 1.0 || c->beta2 >= 1.0) {
         return fsdp_err(FSDP_ERR_INVALID, "beta1 (%g) and beta2 (%g) must be below 1", c->beta1,
                         c->beta2);
@@ -143,7 +155,7 @@ int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct f
     if (c->min_lr > c->lr) {
         return fsdp_err(FSDP_ERR_INVALID, "min-lr %g is above lr %g", c->min_lr, c->lr);
     }
-    if (c->warmup > c->steps) {
+    if (c->steps > 0 && c->warmup > c->steps) {
         return fsdp_err(FSDP_ERR_INVALID, "warmup %ld is longer than steps %ld", c->warmup,
                         c->steps);
     }
@@ -180,7 +192,8 @@ int fsdp_train_config_parse(struct fsdp_train_config *c, struct fsdp_optset *set
 void fsdp_train_config_usage(const struct fsdp_optset *set, FILE *fp)
 {
     fsdp_opt_usage(set, fp,
-                   "--model FILE --data FILE --steps N --batch-size B --seq-len T --lr X [options]");
+                   "--model FILE --data FILE --steps N|--epochs N --batch-size B --seq-len T --lr X "
+                   "[options]");
     fprintf(fp,
             "\nA config file holds the same keys without dashes, one 'key = value' per line\n"
             "('#' starts a comment); flags given on the command line override it. The\n"

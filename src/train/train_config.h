@@ -20,6 +20,14 @@ enum fsdp_lr_kind {
     FSDP_LR_CONSTANT,
 };
 
+enum fsdp_uneven_kind {
+    FSDP_UNEVEN_JOIN = 0, /* order matches the choice string "join|stop" */
+    FSDP_UNEVEN_STOP,
+};
+
+/* The placeholder in data / val-data replaced by the data-parallel rank. */
+#define FSDP_TRAIN_RANK_FIELD "{rank}"
+
 struct fsdp_train_config {
     /* files */
     char model[FSDP_TRAIN_PATH_MAX];    /* HDF5 model file to start from */
@@ -30,7 +38,9 @@ struct fsdp_train_config {
     char config[FSDP_TRAIN_PATH_MAX];   /* the config file that was read */
     char init[FSDP_TRAIN_PATH_MAX];     /* rendezvous method (see dist.h) */
     /* batch */
-    long steps;      /* optimizer steps */
+    long steps;      /* optimizer steps (with epochs: at most this many; 0: no cap) */
+    long epochs;     /* passes over the data, no wrapping (0: run steps, wrapping) */
+    int uneven;      /* enum fsdp_uneven_kind: ranks without a batch join or stop */
     long batch_size; /* B: sequences per data-parallel rank per micro-step */
     long seq_len;    /* T */
     long grad_accum; /* K: micro-steps per optimizer step */

@@ -7,6 +7,7 @@
 #include "config.h"
 #include "train/trainer.h"
 #include "train/ckpt_cadence.h"
+#include "train/uneven.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -79,14 +80,22 @@ static int trainer_open_engine(struct fsdp_trainer *t)
     return rc < 0 ? trainer_blame(rc, sharded ? "sharding engine" : "model") : 0;
 }
 
-/* Token file for the model: vocabulary checked, one global batch must fit. */
+/*
+ * Token file for the model: vocabulary checked, one batch must fit. A
+ * shared file is sliced over the ranks; with {rank} in path each rank reads
+ * its own file whole (as rank 0 of 1). *per_rank: which of the two.
+ */
 static int trainer_open_data(struct fsdp_trainer *t, const char *path, const char *what,
-                             struct fsdp_dataloader **out)
+                             struct fsdp_dataloader **out, int *per_rank)
 {
     const struct fsdp_train_config *c = t->cfg;
-    int rc = fsdp_dataloader_create(path, (size_t)c->batch_size, (size_t)c->seq_len,
-                                    trainer_rank(t), trainer_world(t),
+    char mine[FSDP_TRAIN_PATH_MAX];
+    int rc = fsdp_uneven_path(path, trainer_rank(t), mine, sizeof(mine), per_rank);
+    if (rc == 0) {
+        rc = fsdp_dataloader_create(mine, (size_t)c->batch_size, (size_t)c->seq_len,
+                                    *per_rank ? 0 : trainer_rank(t), *per_rank ? 1 : trainer_world(t),
                                     t->engine->spec->cfg.vocab_size, out);
+    }
     return rc < 0 ? trainer_blame(rc, what) : 0;
 }
 
@@ -96,11 +105,16 @@ static int trainer_open_val(struct fsdp_trainer *t)
     if (!c->val_data[0]) {
         return 0;
     }
-    FSDP_CHECK(trainer_open_data(t, c->val_data, "val-data", &t->val));
+    int per_rank = 0;
+    FSDP_CHECK(trainer_open_data(t, c->val_data, "val-data", &t->val, &per_rank));
     /* validation reads from the start of the file each time, without wrapping */
-    size_t per_batch = (size_t)c->batch_size * (size_t)c->seq_len * (size_t)trainer_world(t);
-    size_t fits = (fsdp_tokens_count(t->val->tokens) - 1) / per_batch;
+    size_t fits = (fsdp_tokens_count(t->val->tokens) - 1) / t->val->step_tokens;
     t->val_batches = c->val_batches < (long)fits ? c->val_batches : (long)fits;
+    if (per_rank) { /* every rank runs as many as the shortest file holds */
+        int32_t neg = (int32_t)-(t->val_batches < INT32_MAX ? t->val_batches : INT32_MAX);
+        FSDP_CHECK(t->engine->ops->agree_max(t->engine, &neg, 1));
+        t->val_batches = -(long)neg;
+    }
     return 0;
 }
 
@@ -152,9 +166,16 @@ int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *d
         goto err_free;
     }
     FSDP_CHECK_GOTO(trainer_open_engine(t), rc, err_free);
-    FSDP_CHECK_GOTO(trainer_open_data(t, cfg->data, "data", &t->train), rc, err_engine);
+    /* a bad per-rank file fails on its rank only: that rank's error aborts
+     * the job while the others wait in the next collective (no agreement
+     * here, so that the rank with the root cause is the first to report) */
+    FSDP_CHECK_GOTO(trainer_open_data(t, cfg->data, "data", &t->train, &t->per_rank_data), rc,
+                    err_train);
     FSDP_CHECK_GOTO(trainer_open_val(t), rc, err_train);
-    FSDP_CHECK_GOTO(fsdp_ckpt_cadence_create(t, &t->ckpt), rc, err_val);
+    FSDP_CHECK_GOTO(fsdp_uneven_create(t, &t->uneven), rc, err_val);
+    t->total_steps = t->uneven ? t->uneven->total_steps : cfg->steps;
+    t->sched.steps = t->total_steps;
+    FSDP_CHECK_GOTO(fsdp_ckpt_cadence_create(t, &t->ckpt), rc, err_uneven);
     if ((rc = fsdp_ckpt_resume(t)) < 0) {
         rc = trainer_blame(rc, "resume");
         goto err_ckpt;
@@ -177,11 +198,12 @@ err_metrics:
     fsdp_metrics_close(t->metrics);
 err_ckpt:
     fsdp_ckpt_cadence_destroy(t->ckpt);
+err_uneven:
+    fsdp_uneven_destroy(t->uneven);
 err_val:
     fsdp_dataloader_destroy(t->val);
 err_train:
     fsdp_dataloader_destroy(t->train);
-err_engine:
     t->engine->ops->destroy(t->engine);
 err_free:
     free(t);
@@ -195,6 +217,7 @@ void fsdp_trainer_destroy(struct fsdp_trainer *t)
     }
     fsdp_metrics_close(t->metrics);
     fsdp_ckpt_cadence_destroy(t->ckpt);
+    fsdp_uneven_destroy(t->uneven);
     fsdp_dataloader_destroy(t->val);
     fsdp_dataloader_destroy(t->train);
     t->engine->ops->destroy(t->engine);
@@ -218,8 +241,18 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
     fprintf(fp, "model: %s | gpt2 L=%d NH=%d C=%d V=%d context=%d %s | %.2fM parameters\n",
             c->model, mc->n_layer, mc->n_head, mc->n_embd, mc->vocab_size, mc->context,
             mc->tied ? "tied" : "untied", (double)t->engine->spec->total_numel / 1e6);
-    fprintf(fp, "data: %s | %zu tokens | %.1f steps per epoch\n", c->data, n_train,
-            (double)(n_train - 1) / (double)step_tokens);
+    if (t->per_rank_data) {
+        fprintf(fp, "data: %s, one file per rank | rank 0: %s, %zu tokens\n", c->data,
+                fsdp_tokens_path(t->train->tokens), n_train);
+    } else {
+        fprintf(fp, "data: %s | %zu tokens | %.1f steps per epoch\n", c->data, n_train,
+                (double)(n_train - 1) / (double)step_tokens);
+    }
+    if (t->uneven) {
+        char line[256];
+        fsdp_uneven_describe(t->uneven, t, line, sizeof(line));
+        fprintf(fp, "%s\n", line);
+    }
     if (t->val) {
         char when[64] = "at the end";
         if (c->val_every > 0) {
@@ -245,7 +278,7 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
 static int trainer_should_log(const struct fsdp_trainer *t)
 {
     long s = t->step; /* 1-based number of the step just done */
-    return s == 1 || s == t->cfg->steps || s % t->cfg->log_every == 0;
+    return s == 1 || s == t->total_steps || s % t->cfg->log_every == 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -254,11 +287,16 @@ static int trainer_should_log(const struct fsdp_trainer *t)
 int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
 {
     const struct fsdp_train_config *c = t->cfg;
+    const struct fsdp_uneven *u = t->uneven;
     struct fsdp_step_result res;
     double lr = fsdp_lr_at(&t->sched, t->step);
     uint64_t epoch = t->train->epoch;
+    /* with epochs the vote before this step said who has a batch */
+    int contrib = u ? u->n_contrib : trainer_world(t);
     double t0 = fsdp_now();
-    int rc = t->engine->ops->step(t->engine, t->train, (int)c->grad_accum, lr, &res);
+    int rc = u ? t->engine->ops->step_join(t->engine, u->have ? t->train : NULL,
+                                           (int)c->grad_accum, lr, contrib, &res)
+               : t->engine->ops->step(t->engine, t->train, (int)c->grad_accum, lr, &res);
     double dt = fsdp_now() - t0;
     if (rc < 0) {
         char what[32];
@@ -274,10 +312,12 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
                   (unsigned long long)t->train->epoch, c->data);
     }
 
-    double tokens = (double)trainer_step_tokens(t);
+    double tokens = (double)fsdp_train_config_step_tokens(c) * (double)contrib;
+    t->tokens_seen += tokens;
+    t->run_tokens += tokens;
     memset(stats, 0, sizeof(*stats));
     stats->step = t->step;
-    stats->steps = c->steps;
+    stats->steps = t->total_steps;
     stats->loss = res.loss;
     stats->grad_norm = res.grad_norm;
     stats->lr = lr;
@@ -287,7 +327,7 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
                                          ((double)trainer_world(t) * t->peak_flops)
                                    : -1.0;
     stats->mem_mib = fsdp_peak_rss_mib();
-    stats->tokens = tokens * (double)t->step;
+    stats->tokens = t->tokens_seen;
     if (t->metrics && trainer_should_log(t)) {
         FSDP_CHECK(fsdp_metrics_step(t->metrics, stats, 1));
     }
@@ -310,10 +350,38 @@ int fsdp_trainer_validate(struct fsdp_trainer *t, double *val_loss)
     *val_loss = sum / (double)t->val_batches;
     t->last_val_loss = *val_loss;
     if (t->metrics) {
-        FSDP_CHECK(fsdp_metrics_val(t->metrics, t->step, t->cfg->steps, *val_loss,
+        FSDP_CHECK(fsdp_metrics_val(t->metrics, t->step, t->total_steps, *val_loss,
                                     t->val_batches));
     }
     return 0;
+}
+
+/*
+ * The agreement between two steps: with epochs, who has a batch for the next
+ * step, folded with the preemption signal into one collective; otherwise
+ * the signal alone when checkpoints are on, and nothing when they are off.
+ */
+static int trainer_agree(struct fsdp_trainer *t, int *preempt)
+{
+    int sig = fsdp_ckpt_cadence_signalled();
+    *preempt = 0;
+    if (t->uneven) {
+        return fsdp_uneven_vote(t->uneven, t, sig, preempt);
+    }
+    if (t->ckpt) {
+        int32_t v = sig;
+        FSDP_CHECK(t->engine->ops->agree_max(t->engine, &v, 1));
+        *preempt = v != 0;
+    }
+    return 0;
+}
+
+static int trainer_more(const struct fsdp_trainer *t)
+{
+    if (t->uneven) {
+        return !t->uneven->done && (t->cfg->steps == 0 || t->step < t->cfg->steps);
+    }
+    return t->step < t->cfg->steps;
 }
 
 int fsdp_trainer_run(struct fsdp_trainer *t)
@@ -321,18 +389,23 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
     const struct fsdp_train_config *c = t->cfg;
     struct fsdp_step_stats stats;
     double val_loss;
-    while (t->step < c->steps) {
+    int preempt = 0;
+    if (t->uneven) { /* who has a batch for the first step (a signal waits for a step) */
+        FSDP_CHECK(fsdp_uneven_vote(t->uneven, t, 0, &preempt));
+    }
+    while (trainer_more(t)) {
         FSDP_CHECK(fsdp_trainer_step(t, &stats));
         if (t->val && c->val_every > 0 && t->step % c->val_every == 0) {
             FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
         }
-        int preempted;
-        FSDP_CHECK(fsdp_ckpt_cadence_after_step(t->ckpt, t, &preempted));
-        if (preempted) {
+        int stop;
+        FSDP_CHECK(trainer_agree(t, &preempt));
+        FSDP_CHECK(fsdp_ckpt_cadence_after_step(t->ckpt, t, preempt, &stop));
+        if (stop) {
             return 0;
         }
     }
-    if (t->val && (c->val_every == 0 || c->steps % c->val_every != 0)) {
+    if (t->val && (c->val_every == 0 || t->step % c->val_every != 0)) {
         FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
     }
     if (c->out[0]) {
@@ -344,8 +417,8 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
     FSDP_CHECK(fsdp_ckpt_cadence_final(t->ckpt, t));
     if (trainer_rank(t) == 0) {
         printf("done: %ld steps in %.1f s (%.0f tok/s) | final loss %.4f", t->step,
-               t->train_seconds,
-               (double)trainer_step_tokens(t) * (double)t->step / t->train_seconds, t->last_loss);
+               t->train_seconds, t->train_seconds > 0 ? t->run_tokens / t->train_seconds : 0.0,
+               t->last_loss);
         if (!isnan(t->last_val_loss)) {
             printf(" | val loss %.4f", t->last_val_loss);
         }

@@ -34,6 +34,11 @@ struct fsdp_trainer {
     double last_val_loss;          /* NaN until a validation ran */
     double train_seconds;          /* wall time inside steps */
     struct fsdp_ckpt_cadence *ckpt; /* NULL without ckpt-dir */
+    struct fsdp_uneven *uneven;    /* NULL without epochs: the data wraps around */
+    int per_rank_data;             /* data names one file per rank ({rank}) */
+    long total_steps;              /* steps the run plans (the schedule's length) */
+    double tokens_seen;            /* training tokens of every rank, resumed runs included */
+    double run_tokens;             /* of those, the ones this run trained on */
 };
 
 /* Sets up the engine, loaders, metrics and peak FLOP/s; prints nothing. */

@@ -192,7 +192,7 @@ expect_error "unknown flag, with a suggestion" "unknown option --bach-size (did 
 # shellcheck disable=SC2086
 expect_error "malformed number" "--lr 'fast' is not a finite number" $base --steps 2 --lr fast
 # shellcheck disable=SC2086
-expect_error "out-of-range value" "--steps '0' is out of range \[1, " $base --steps 0 --lr 1e-3
+expect_error "out-of-range value" "--steps '-1' is out of range \[0, " $base --steps -1 --lr 1e-3
 # shellcheck disable=SC2086
 expect_error "bad choice" "--lr-schedule 'step' is not one of cosine|linear|constant" $base --steps 2 \
     --lr 1e-3 --lr-schedule step
