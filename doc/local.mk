@@ -1,6 +1,7 @@
 EXTRA_DIST += \
 	doc/backend-nccl.md \
 	doc/backend-tcp.md \
+	doc/cluster.md \
 	doc/debugging.md \
 	doc/design.md \
 	doc/formats.md \
