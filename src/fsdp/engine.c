@@ -418,6 +418,7 @@ int fsdp_shard_engine_create(struct fsdp_dist *d, const char *model_path, int B,
         goto err;
     }
     FSDP_CHECK_GOTO(fsdp_gpt2_create(se->spec, B, T, &se->model), rc, err);
+    FSDP_CHECK_GOTO(fsdp_gpt2_set_head_chunk(se->model, ec->lm_head_chunk), rc, err);
     if (ec->activation_checkpointing) {
         FSDP_CHECK_GOTO(fsdp_gpt2_set_checkpoint(se->model, -1, 1), rc, err);
     }

@@ -44,6 +44,7 @@ struct fsdp_engine_config {
     double loss_scale;         /* static scale (or the initial dynamic scale); 0: none */
     int no_sync_accum;         /* 1: keep full gradients until the last micro-batch */
     int activation_checkpointing; /* 1: recompute every block in its backward */
+    int lm_head_chunk;         /* rows per LM-head chunk (0: the model's default) */
 };
 
 /* The defaults: full sharding, reshard after forward, prefetch 1, f32. */
@@ -72,7 +73,7 @@ struct fsdp_engine_stats {
     size_t gathered_bytes; /* gathered parameter buffers (root + prefetch ring) */
     size_t model_bytes;    /* model states: state_bytes + gathered_bytes */
     size_t grad_bytes;     /* unsharded gradient buffers (reduce-scatter inputs) */
-    size_t comm_bytes;     /* receive blocks and 16-bit staging buffers */
+    size_t comm_bytes;     /* packing scratch and the slots' padding for the collectives */
     size_t act_bytes;      /* activations and activation gradients */
     size_t peak_bytes;     /* all of the above: allocated once, held throughout */
     long skipped_steps;    /* steps skipped by loss scaling */

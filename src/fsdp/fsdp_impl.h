@@ -31,40 +31,46 @@ struct fsdp_unit {
     size_t nparam; /* parameters in the unit */
     size_t S;      /* shard elements: the longest rank's (rounded up to 16 when sharded) */
     size_t cnt;    /* elements in this rank's shard (<= S; 0 possible) */
+    size_t big;    /* spec index of the unit's largest parameter: moved in place when
+                      the unit is packed or unpacked, the others through se->scratch */
     float *master; /* (S,) f32 parameters; padding zero */
     float *grad;   /* (S,) reduced gradient, accumulated over micro-batches */
     float *m;      /* (S,) AdamW first moment */
     float *v;      /* (S,) AdamW second moment */
 };
 
-/* A gathered-parameter buffer and its in-flight all-gather. */
+/*
+ * A gathered-parameter buffer and its in-flight all-gather. The buffer is
+ * the all-gather's receive buffer: the shards arrive packed (Rs blocks of
+ * S, in the param dtype; a 16-bit send is cast into block rs first, in
+ * place) and are unpacked into the unit layout within the buffer.
+ */
 struct fsdp_pslot {
-    float *buf;        /* (numel,) the gathered unit in its layout, f32 for the kernels */
-    float *stage;      /* (Rs * S,) f32 param dtype: the gathered shards, packed */
-    uint16_t *send16;  /* (Smax,) 16-bit param dtype: this rank's shard */
-    uint16_t *recv16;  /* (Rs * S,) 16-bit param dtype: the gathered shards, packed */
+    float *buf;        /* (floats,) the gathered unit in its layout, f32 for the kernels;
+                          while its all-gather is in flight, the packed shards */
     struct fsdp_work *work; /* pending all-gather or NULL */
     double issued;     /* fsdp_now() at issue */
     double done;       /* when a progress poll first saw it complete; 0: not yet */
-    size_t floats;     /* capacity of buf */
-    size_t packed;     /* capacity of stage / recv16: Rs * S of its largest unit */
+    size_t numel;      /* largest unit that maps here */
+    size_t floats;     /* capacity: max(numel, Rs * S) over those units */
     int unit;          /* unit held (or being gathered); -1: none */
     int ready;         /* buf holds the unit: gathered and cast */
 };
 
-/* A full-gradient buffer and its in-flight reduce-scatter. */
+/*
+ * A full-gradient buffer and its in-flight reduce-scatter. The buffer is
+ * also the reduce-scatter's send and receive buffer: the gradient is packed
+ * by shard (and cast to the reduce dtype) within it, and block rs receives
+ * this rank's reduced shard, which the replica all-reduces also use.
+ */
 struct fsdp_gslot {
-    float *buf;        /* (numel,) the unit's unsharded gradient in its layout; when
-                          the model is saved, the packed all-gather (Rs * S) */
-    float *stage;      /* (Rs * S,) f32 reduce dtype: the gradient packed by shard */
-    float *recv;       /* (Smax,) this rank's reduced block, f32 */
-    uint16_t *send16;  /* (Rs * S,) 16-bit reduce dtype: the gradient packed by shard */
-    uint16_t *recv16;  /* (Smax,) this rank's reduced block in the reduce dtype */
+    float *buf;        /* (floats,) the unit's unsharded gradient in its layout; from its
+                          reduce-scatter's issue to its retirement, the packed gradient */
     struct fsdp_work *work; /* pending reduce-scatter or NULL */
     double issued;
     double done;
-    size_t floats;     /* capacity of buf */
-    size_t packed;     /* capacity of stage / send16 */
+    size_t numel;      /* largest unit that maps here */
+    size_t floats;     /* capacity: max(numel, Rs * S) over those units */
     int unit;          /* unit whose reduction is pending; -1: none */
     int accumulate;    /* 1: add the result into the shard; 0: overwrite */
     int phase;         /* replica all-reduces issued after the reduce-scatter */
@@ -96,6 +102,9 @@ struct fsdp_shard_engine {
     struct fsdp_pslot *pslots;         /* [0]: unit 0 (the root), then a ring */
     struct fsdp_gslot *gslots;         /* [0]: unit 0, then a ring (or one per unit) */
     int *rqueue;                       /* (n_gslots,) pending reductions, in issue order */
+    float *scratch;                    /* (scratch_floats,) a unit less its largest parameter,
+                                          for packing in place (NULL when Rs == 1) */
+    size_t scratch_floats;
     double *sum_buf;                   /* (world,) one double per rank of a group */
     int rq_head, rq_len;
 
@@ -118,12 +127,19 @@ static inline void fsdp_shard_rows(const struct fsdp_param_spec *p, int Rs, int 
     *rows = base + (ur < extra);
     *row0 = ur * base + (ur < extra ? ur : extra);
 }
-/* Unit layout <-> shards packed rank after rank (Rs blocks of S elements),
- * converting between f32 and t (f32, bf16 or f16) on the way. */
-void fsdp_shard_unpack(const struct fsdp_shard_engine *se, int u, float *unit, const void *packed,
-                       enum fsdp_dtype t);
-void fsdp_shard_pack(const struct fsdp_shard_engine *se, int u, void *packed, const float *unit,
-                     enum fsdp_dtype t);
+/*
+ * Unit layout <-> shards packed rank after rank (Rs blocks of S elements,
+ * padding zero), within buf (at least max(numel, Rs * S) floats), using
+ * se->scratch. Packing casts to t (f32, bf16 or f16) after the move: t's
+ * Rs * S values start at buf; unpacking casts from t before it.
+ */
+void fsdp_shard_unpack_inplace(const struct fsdp_shard_engine *se, int u, float *buf,
+                               enum fsdp_dtype t);
+void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *buf,
+                             enum fsdp_dtype t);
+/* The unit table, shard lengths and state shards for se->spec over se->Rs
+ * ranks as rank se->rs, and the packing scratch. */
+int fsdp_shard_layout_create(struct fsdp_shard_engine *se);
 int fsdp_shard_setup(struct fsdp_shard_engine *se, const char *model_path);
 void fsdp_shard_teardown(struct fsdp_shard_engine *se);
 int fsdp_shard_save(struct fsdp_shard_engine *se, const char *path, const char *created_by);

@@ -8,3 +8,7 @@ dist_check_DATA += tests/fsdp/compare_models.py
 TESTS += tests/fsdp/test_fsdp_equiv.sh
 
 dist_doc_DATA += doc/sharding.md
+
+# in-place packing against the row layout, every dtype, uneven splits
+check_PROGRAMS += tests/fsdp/test_shard_pack
+TESTS += tests/fsdp/test_shard_pack

@@ -81,7 +81,7 @@ static size_t shard_len(const struct fsdp_shard_engine *se, const struct fsdp_un
     return len;
 }
 
-static int shard_alloc_state(struct fsdp_shard_engine *se)
+int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
 {
     const struct fsdp_gpt2_spec *spec = se->spec;
     size_t total = 0;
@@ -108,6 +108,15 @@ static int shard_alloc_state(struct fsdp_shard_engine *se)
         un->cnt = shard_len(se, un, se->rs);
         se->Smax = un->S > se->Smax ? un->S : se->Smax;
         total += un->S;
+        un->big = un->first;
+        for (size_t i = un->first; i < un->first + un->nparam; i++) {
+            un->big = spec->params[i].numel > spec->params[un->big].numel ? i : un->big;
+        }
+        size_t rest = un->numel - spec->params[un->big].numel;
+        se->scratch_floats = rest > se->scratch_floats ? rest : se->scratch_floats;
+    }
+    if (se->Rs == 1) {
+        se->scratch_floats = 0; /* nothing is ever packed */
     }
     /* one allocation for the four shards of every unit */
     size_t bytes = 4 * total * sizeof(float);
@@ -125,16 +134,29 @@ static int shard_alloc_state(struct fsdp_shard_engine *se)
         un->v = p + 3 * total;
         p += un->S;
     }
+    if (se->scratch_floats > 0) {
+        se->scratch = fsdp_calloc(se->scratch_floats * sizeof(float));
+        if (!se->scratch) {
+            return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of packing scratch",
+                            se->scratch_floats * sizeof(float));
+        }
+        se->comm_bytes += se->scratch_floats * sizeof(float);
+    }
     return 0;
 }
 
-static void *shard_buf(size_t n, size_t elem, size_t *counter, int *failed)
+/* A slot's buffer: the largest unit counts where it belongs (gathered
+ * parameters or unsharded gradients), the rest of the capacity, the
+ * collectives' padding, as communication. */
+static float *shard_slot_buf(struct fsdp_shard_engine *se, size_t numel, size_t floats,
+                             size_t *counter, int *failed)
 {
-    if (n == 0) {
+    if (floats == 0) {
         return NULL;
     }
-    void *p = fsdp_calloc(n * elem);
-    *counter += n * elem;
+    float *p = fsdp_calloc(floats * sizeof(float));
+    *counter += numel * sizeof(float);
+    se->comm_bytes += (floats - numel) * sizeof(float);
     *failed |= p == NULL;
     return p;
 }
@@ -155,39 +177,28 @@ static int shard_alloc_slots(struct fsdp_shard_engine *se)
     if (!se->pslots || !se->gslots || !se->rqueue || !se->sum_buf) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: slot tables");
     }
-    /* a slot holds the largest unit that maps to it; a gradient slot's
-     * buffer also receives the packed all-gather when the model is saved */
+    /* a slot holds the largest unit that maps to it, and its packed shards
+     * (Rs * S: the unit plus the collectives' padding) */
     for (int u = 0; u < n; u++) {
         size_t numel = se->units[u].numel, packed = (size_t)se->Rs * se->units[u].S;
+        size_t floats = numel > packed ? numel : packed;
         struct fsdp_pslot *ps = &se->pslots[fsdp_unit_pslot(se, u)];
         struct fsdp_gslot *gs = &se->gslots[fsdp_unit_gslot(se, u)];
-        ps->floats = numel > ps->floats ? numel : ps->floats;
-        ps->packed = packed > ps->packed ? packed : ps->packed;
-        gs->floats = numel > gs->floats ? numel : gs->floats;
-        gs->floats = packed > gs->floats ? packed : gs->floats;
-        gs->packed = packed > gs->packed ? packed : gs->packed;
+        ps->numel = numel > ps->numel ? numel : ps->numel;
+        ps->floats = floats > ps->floats ? floats : ps->floats;
+        gs->numel = numel > gs->numel ? numel : gs->numel;
+        gs->floats = floats > gs->floats ? floats : gs->floats;
     }
-    const int p16 = ec->param_dtype != FSDP_F32, r16 = ec->reduce_dtype != FSDP_F32;
-    const int comm = se->shard_g != NULL;
-    const size_t shard = se->Smax;
     int failed = 0;
     for (int i = 0; i < se->n_pslots; i++) {
         struct fsdp_pslot *s = &se->pslots[i];
         s->unit = -1;
-        s->buf = shard_buf(s->floats, sizeof(float), &se->gathered_bytes, &failed);
-        s->stage = shard_buf(comm && !p16 ? s->packed : 0, sizeof(float), &se->comm_bytes, &failed);
-        s->send16 = shard_buf(p16 ? shard : 0, sizeof(uint16_t), &se->comm_bytes, &failed);
-        s->recv16 = shard_buf(comm && p16 ? s->packed : 0, sizeof(uint16_t), &se->comm_bytes,
-                              &failed);
+        s->buf = shard_slot_buf(se, s->numel, s->floats, &se->gathered_bytes, &failed);
     }
     for (int i = 0; i < se->n_gslots; i++) {
         struct fsdp_gslot *s = &se->gslots[i];
         s->unit = -1;
-        s->buf = shard_buf(s->floats, sizeof(float), &se->grad_bytes, &failed);
-        s->recv = shard_buf(shard, sizeof(float), &se->comm_bytes, &failed);
-        s->stage = shard_buf(comm && !r16 ? s->packed : 0, sizeof(float), &se->comm_bytes, &failed);
-        s->send16 = shard_buf(r16 ? s->packed : 0, sizeof(uint16_t), &se->comm_bytes, &failed);
-        s->recv16 = shard_buf(r16 ? shard : 0, sizeof(uint16_t), &se->comm_bytes, &failed);
+        s->buf = shard_slot_buf(se, s->numel, s->floats, &se->grad_bytes, &failed);
     }
     if (failed) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of gathered, gradient and communication buffers",
@@ -197,56 +208,104 @@ static int shard_alloc_slots(struct fsdp_shard_engine *se)
 }
 
 // ----------------------------------------------------------------------------
-// packing: unit layout <-> Rs blocks of S, block r holding rank r's rows
+// packing in place: unit layout <-> Rs blocks of S, block r holding rank r's
+// rows of each parameter in turn
+//
+// Every parameter but the unit's largest goes through the scratch, which
+// holds them in the unit layout less the largest one's span. The largest
+// one's Rs row blocks are moved within the buffer: their sources and
+// destinations both run in rank order, so moving the blocks that go down
+// in ascending rank order and then those that go up in descending order
+// never overwrites a block not yet moved.
 
-void fsdp_shard_unpack(const struct fsdp_shard_engine *se, int u, float *unit, const void *packed,
-                       enum fsdp_dtype t)
+/* Where rank r's rows of parameter i are: *u in the unit layout, *len
+ * elements; *poff, on entry the offset within block r of parameter i, is
+ * advanced past it. */
+static void shard_seg(const struct fsdp_shard_engine *se, size_t i, int r, size_t *u,
+                      size_t *len, size_t *poff)
 {
-    const struct fsdp_unit *un = &se->units[u];
-    for (int r = 0; r < se->Rs; r++) {
-        size_t off = (size_t)r * un->S;
-        for (size_t i = un->first; i < un->first + un->nparam; i++) {
-            const struct fsdp_param_spec *p = &se->spec->params[i];
-            size_t row0, rows;
-            fsdp_shard_rows(p, se->Rs, r, &row0, &rows);
-            size_t cnt = rows * p->shape[1];
-            float *dst = unit + p->offset + row0 * p->shape[1];
-            if (t == FSDP_F32) {
-                memcpy(dst, (const float *)packed + off, cnt * sizeof(float));
-            } else if (t == FSDP_BF16) {
-                fsdp_cpu_bf16_to_f32(dst, (const uint16_t *)packed + off, cnt);
-            } else {
-                fsdp_cpu_f16_to_f32(dst, (const uint16_t *)packed + off, cnt);
+    const struct fsdp_param_spec *p = &se->spec->params[i];
+    size_t row0, rows;
+    fsdp_shard_rows(p, se->Rs, r, &row0, &rows);
+    *u = p->offset + row0 * p->shape[1];
+    *len = rows * p->shape[1];
+    *poff += *len;
+}
+
+/* Offset in the scratch of unit position u (not inside the largest parameter). */
+static size_t shard_scratch_at(const struct fsdp_param_spec *big, size_t u)
+{
+    return u < big->offset ? u : u - big->numel;
+}
+
+/* to_unit 1: the largest parameter's blocks from packed to unit positions; 0: back. */
+static void shard_move_big(const struct fsdp_shard_engine *se, const struct fsdp_unit *un,
+                           float *buf, int to_unit)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < se->Rs; k++) {
+            int r = pass == 0 ? k : se->Rs - 1 - k;
+            size_t poff = 0, u = 0, len = 0;
+            for (size_t i = un->first; i <= un->big; i++) {
+                shard_seg(se, i, r, &u, &len, &poff);
             }
-            off += cnt;
+            size_t p = (size_t)r * un->S + poff - len;
+            size_t src = to_unit ? p : u, dst = to_unit ? u : p;
+            if (len > 0 && dst != src && (pass == 0) == (dst < src)) {
+                memmove(buf + dst, buf + src, len * sizeof(float));
+            }
         }
     }
 }
 
-void fsdp_shard_pack(const struct fsdp_shard_engine *se, int u, void *packed, const float *unit,
-                     enum fsdp_dtype t)
+void fsdp_shard_unpack_inplace(const struct fsdp_shard_engine *se, int u, float *buf,
+                               enum fsdp_dtype t)
 {
     const struct fsdp_unit *un = &se->units[u];
-    const size_t esize = fsdp_dtype_size(t);
+    const struct fsdp_param_spec *big = &se->spec->params[un->big];
+    float *x = se->scratch;
+    if (t != FSDP_F32) {
+        fsdp_cpu_widen_inplace(buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
+    }
     for (int r = 0; r < se->Rs; r++) {
-        size_t off = (size_t)r * un->S;
+        size_t poff = 0, at, len;
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
-            const struct fsdp_param_spec *p = &se->spec->params[i];
-            size_t row0, rows;
-            fsdp_shard_rows(p, se->Rs, r, &row0, &rows);
-            size_t cnt = rows * p->shape[1];
-            const float *src = unit + p->offset + row0 * p->shape[1];
-            if (t == FSDP_F32) {
-                memcpy((float *)packed + off, src, cnt * sizeof(float));
-            } else if (t == FSDP_BF16) {
-                fsdp_cpu_f32_to_bf16((uint16_t *)packed + off, src, cnt);
-            } else {
-                fsdp_cpu_f32_to_f16((uint16_t *)packed + off, src, cnt);
+            shard_seg(se, i, r, &at, &len, &poff);
+            if (i != un->big && len > 0) {
+                memcpy(x + shard_scratch_at(big, at), buf + (size_t)r * un->S + poff - len,
+                       len * sizeof(float));
             }
-            off += cnt;
         }
-        size_t end = (size_t)(r + 1) * un->S;
-        memset((char *)packed + off * esize, 0, (end - off) * esize); /* padding */
+    }
+    shard_move_big(se, un, buf, 1);
+    size_t tail = un->numel - big->offset - big->numel;
+    memcpy(buf, x, big->offset * sizeof(float));
+    memcpy(buf + big->offset + big->numel, x + big->offset, tail * sizeof(float));
+}
+
+void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *buf,
+                             enum fsdp_dtype t)
+{
+    const struct fsdp_unit *un = &se->units[u];
+    const struct fsdp_param_spec *big = &se->spec->params[un->big];
+    float *x = se->scratch;
+    size_t tail = un->numel - big->offset - big->numel;
+    memcpy(x, buf, big->offset * sizeof(float));
+    memcpy(x + big->offset, buf + big->offset + big->numel, tail * sizeof(float));
+    shard_move_big(se, un, buf, 0);
+    for (int r = 0; r < se->Rs; r++) {
+        size_t poff = 0, at, len;
+        float *block = buf + (size_t)r * un->S;
+        for (size_t i = un->first; i < un->first + un->nparam; i++) {
+            shard_seg(se, i, r, &at, &len, &poff);
+            if (i != un->big && len > 0) {
+                memcpy(block + poff - len, x + shard_scratch_at(big, at), len * sizeof(float));
+            }
+        }
+        memset(block + poff, 0, (un->S - poff) * sizeof(float)); /* padding */
+    }
+    if (t != FSDP_F32) {
+        fsdp_cpu_narrow_inplace(buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
     }
 }
 
@@ -278,7 +337,7 @@ int fsdp_shard_setup(struct fsdp_shard_engine *se, const char *model_path)
     FSDP_CHECK(fsdp_model_file_open(model_path, &mf));
     FSDP_CHECK_GOTO(fsdp_gpt2_spec_create(&fsdp_model_file_spec(mf)->cfg, &se->spec), rc, out);
     FSDP_CHECK_GOTO(shard_groups(se), rc, out);
-    FSDP_CHECK_GOTO(shard_alloc_state(se), rc, out);
+    FSDP_CHECK_GOTO(fsdp_shard_layout_create(se), rc, out);
     FSDP_CHECK_GOTO(shard_alloc_slots(se), rc, out);
     FSDP_CHECK_GOTO(shard_load(se, mf), rc, out);
 out:
@@ -309,24 +368,18 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
             continue;
         }
         fsdp_free(se->pslots[i].buf);
-        fsdp_free(se->pslots[i].stage);
-        fsdp_free(se->pslots[i].send16);
-        fsdp_free(se->pslots[i].recv16);
     }
     for (int i = 0; se->gslots && i < se->n_gslots; i++) {
         if (!shard_drain(&se->gslots[i].work)) {
             continue;
         }
         fsdp_free(se->gslots[i].buf);
-        fsdp_free(se->gslots[i].recv);
-        fsdp_free(se->gslots[i].stage);
-        fsdp_free(se->gslots[i].send16);
-        fsdp_free(se->gslots[i].recv16);
     }
     free(se->pslots);
     free(se->gslots);
     free(se->rqueue);
     free(se->sum_buf);
+    fsdp_free(se->scratch);
     if (se->units) {
         fsdp_free(se->units[0].master); /* the one state allocation */
     }
@@ -336,8 +389,8 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
 }
 
 // ----------------------------------------------------------------------------
-// saving: gather one unit at a time in f32; world rank 0 writes. A unit's
-// gradient slot receives the packed shards (no reduction is pending now).
+// saving: gather one unit at a time in f32 into its parameter slot and unpack
+// it there; world rank 0 writes.
 
 int fsdp_shard_save(struct fsdp_shard_engine *se, const char *path, const char *created_by)
 {
@@ -353,11 +406,10 @@ int fsdp_shard_save(struct fsdp_shard_engine *se, const char *path, const char *
     for (int u = 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
         float *full = se->pslots[fsdp_unit_pslot(se, u)].buf;
-        float *packed = se->gslots[fsdp_unit_gslot(se, u)].buf;
         if (se->shard_g) {
-            FSDP_CHECK_GOTO(fsdp_allgather_sync(se->shard_g, un->master, packed, un->S, FSDP_F32),
+            FSDP_CHECK_GOTO(fsdp_allgather_sync(se->shard_g, un->master, full, un->S, FSDP_F32),
                             rc, out);
-            fsdp_shard_unpack(se, u, full, packed, FSDP_F32);
+            fsdp_shard_unpack_inplace(se, u, full, FSDP_F32);
         } else {
             memcpy(full, un->master, un->numel * sizeof(float));
         }

@@ -1,12 +1,14 @@
 /*
  * unit.c - the per-unit state machine of the sharding engine: which buffer
  * slot a unit's gathered parameters and full gradient use, the
- * asynchronous all-gather of a unit (its shard cast to the param dtype
- * before; after, the gathered shards unpacked into the unit layout and cast
- * back to f32 in one pass), the asynchronous reduce-scatter of its gradient
- * (packed by shard and cast to the reduce dtype in one pass before; after,
- * cast back, all-reduced over replicas and accumulated into the gradient
- * shard), and the wait timers.
+ * asynchronous all-gather of a unit straight into its parameter slot (its
+ * shard cast to the param dtype into its block of the slot before; after,
+ * the gathered shards cast back to f32 and unpacked into the unit layout
+ * within the slot), the asynchronous reduce-scatter of its gradient within
+ * its gradient slot (packed by shard and cast to the reduce dtype in place
+ * before, this rank's block reduced in place; after, all-reduced over the
+ * replicas there and accumulated into the gradient shard as f32), and the
+ * wait timers. No staging buffer is involved.
  *
  * A parameter slot is "held" by a unit from the issue of its all-gather to
  * its release; issuing a gather into a slot that another unit still holds
@@ -105,6 +107,42 @@ static void unit_from16(enum fsdp_dtype t, float *dst, const uint16_t *src, size
     }
 }
 
+/* Block r of S elements of t in buf. */
+static void *unit_block(float *buf, int r, size_t S, enum fsdp_dtype t)
+{
+    return (char *)buf + (size_t)r * S * fsdp_dtype_size(t);
+}
+
+/* grad = (accumulate ? grad : 0) + shard, the shard in t, added as f32. */
+static void unit_accumulate(float *grad, const void *shard, size_t n, enum fsdp_dtype t,
+                            int accumulate)
+{
+    if (t == FSDP_F32) {
+        const float *x = shard;
+        if (!accumulate) {
+            memcpy(grad, x, n * sizeof(float));
+            return;
+        }
+        for (size_t i = 0; i < n; i++) {
+            grad[i] += x[i];
+        }
+        return;
+    }
+    const uint16_t *h = shard;
+    if (!accumulate) {
+        unit_from16(t, grad, h, n);
+        return;
+    }
+    float tmp[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        size_t k = n - i0 < 256 ? n - i0 : 256;
+        unit_from16(t, tmp, h + i0, k);
+        for (size_t i = 0; i < k; i++) {
+            grad[i0 + i] += tmp[i];
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // parameters: all-gather
 
@@ -129,13 +167,14 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
         if (!se->shard_g) {
             memcpy(s->buf, un->master, un->numel * sizeof(float));
         } else {
-            rc = fsdp_allgather(se->shard_g, un->master, s->stage, un->S, FSDP_F32, NULL,
-                                &s->work);
+            rc = fsdp_allgather(se->shard_g, un->master, s->buf, un->S, FSDP_F32, NULL, &s->work);
         }
     } else {
-        unit_to16(pt, s->send16, un->master, un->S);
+        /* in place: this rank's block of the 16-bit receive buffer is the send */
+        uint16_t *recv = (uint16_t *)(void *)s->buf, *mine = recv + (size_t)se->rs * un->S;
+        unit_to16(pt, mine, un->master, un->S);
         if (se->shard_g) {
-            rc = fsdp_allgather(se->shard_g, s->send16, s->recv16, un->S, pt, NULL, &s->work);
+            rc = fsdp_allgather(se->shard_g, mine, recv, un->S, pt, NULL, &s->work);
         }
     }
     if (rc < 0) {
@@ -163,10 +202,9 @@ int fsdp_unit_gather_wait(struct fsdp_shard_engine *se, int u)
         /* a joined rank computes nothing: the gathered shards stay packed, and
          * the step ends with release_all, so no later compute sees this slot */
     } else if (se->shard_g) {
-        fsdp_shard_unpack(se, u, s->buf, pt == FSDP_F32 ? (void *)s->stage : (void *)s->recv16,
-                          pt);
+        fsdp_shard_unpack_inplace(se, u, s->buf, pt);
     } else if (pt != FSDP_F32) {
-        unit_from16(pt, s->buf, s->send16, un->numel);
+        fsdp_cpu_widen_inplace(s->buf, un->numel, pt == FSDP_BF16);
     }
     s->ready = 1;
     return 0;
@@ -210,20 +248,15 @@ int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate)
     s->issued = fsdp_now();
     s->done = 0.0;
     int rc = 0;
-    if (!se->shard_g) { /* one shard: the unit itself, cast to the reduce dtype and back */
-        if (rt == FSDP_F32) {
-            memcpy(s->recv, s->buf, un->numel * sizeof(float));
-        } else {
-            unit_to16(rt, s->recv16, s->buf, un->numel);
+    if (!se->shard_g) { /* one shard: the unit itself, cast to the reduce dtype (and back later) */
+        if (rt != FSDP_F32) {
+            fsdp_cpu_narrow_inplace(s->buf, un->numel, rt == FSDP_BF16);
         }
-    } else if (rt == FSDP_F32) {
-        fsdp_shard_pack(se, u, s->stage, s->buf, FSDP_F32);
-        rc = fsdp_reduce_scatter(se->shard_g, s->stage, s->recv, un->S, FSDP_F32, FSDP_SUM, NULL,
-                                 &s->work);
     } else {
-        fsdp_shard_pack(se, u, s->send16, s->buf, rt);
-        rc = fsdp_reduce_scatter(se->shard_g, s->send16, s->recv16, un->S, rt, FSDP_SUM, NULL,
-                                 &s->work);
+        /* in place: block rs of the packed send receives this rank's shard */
+        fsdp_shard_pack_inplace(se, u, s->buf, rt);
+        rc = fsdp_reduce_scatter(se->shard_g, s->buf, unit_block(s->buf, se->rs, un->S, rt), un->S,
+                                 rt, FSDP_SUM, NULL, &s->work);
     }
     if (rc < 0) {
         s->unit = -1;
@@ -265,23 +298,15 @@ static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *mov
     *moved = 1;
     /* hybrid: the shard is summed over the replicas, in the reduce dtype
      * (replicas hold the same rows, so they agree on skipping an empty shard) */
+    void *shard = unit_block(s->buf, se->rs, un->S, rt);
     if (s->phase < se->n_rep && un->cnt > 0) {
-        void *buf = rt == FSDP_F32 ? (void *)s->recv : (void *)s->recv16;
+        void *buf = shard;
         s->issued = fsdp_now();
         s->done = 0.0;
         return fsdp_allreduce(se->rep_g[s->phase++], buf, buf, un->cnt, rt, FSDP_SUM, NULL,
                               &s->work);
     }
-    if (rt != FSDP_F32) {
-        unit_from16(rt, s->recv, s->recv16, un->cnt);
-    }
-    if (s->accumulate) {
-        for (size_t i = 0; i < un->cnt; i++) {
-            un->grad[i] += s->recv[i];
-        }
-    } else {
-        memcpy(un->grad, s->recv, un->cnt * sizeof(float));
-    }
+    unit_accumulate(un->grad, shard, un->cnt, rt, s->accumulate);
     s->unit = -1;
     se->rq_head = (se->rq_head + 1) % se->n_gslots;
     se->rq_len--;

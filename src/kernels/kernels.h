@@ -153,6 +153,26 @@ int fsdp_cpu_crossentropy_fused(float *losses,          /* (N) */
                                 size_t N, size_t V, int32_t ignore_index, float dscale,
                                 size_t *n_kept, float *mean);
 
+/*
+ * The same loss split in two, for a head that computes its logits a row
+ * chunk at a time and recomputes them for the backward:
+ *   forward   losses[i] as above; stats[i] = (max of row i, sum of
+ *             exp(row i - max)), (0, 0) for ignored rows; *n_kept as above
+ *             (no mean: the caller sums over its chunks)
+ *   backward  dlogits from the same logits and their stats, bit-identical
+ *             to the fused kernel's; dlogits may equal logits
+ */
+int fsdp_cpu_crossentropy_forward(float *losses,          /* (N) */
+                                  float *stats,           /* (N, 2) */
+                                  const float *logits,    /* (N, V) */
+                                  const int32_t *targets, /* (N) */
+                                  size_t N, size_t V, int32_t ignore_index, size_t *n_kept);
+void fsdp_cpu_crossentropy_backward(float *dlogits,         /* (N, V) */
+                                    const float *logits,    /* (N, V) */
+                                    const float *stats,     /* (N, 2) */
+                                    const int32_t *targets, /* (N) */
+                                    size_t N, size_t V, int32_t ignore_index, float dscale);
+
 // ----------------------------------------------------------------------------
 // optimizer and gradient utilities
 
@@ -195,5 +215,14 @@ void fsdp_cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void fsdp_cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 void fsdp_cpu_f32_to_f16(uint16_t *dst, const float *src, size_t n);
 void fsdp_cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n);
+
+/*
+ * The same casts within one buffer, for communication buffers that are
+ * their own staging. narrow: the n f32 values at buf become n 16-bit values
+ * at the start of buf (bf16 when bf16 is non-zero, else f16); widen: the
+ * reverse. The bytes after the 16-bit values are left undefined by narrow.
+ */
+void fsdp_cpu_narrow_inplace(void *buf, size_t n, int bf16);
+void fsdp_cpu_widen_inplace(void *buf, size_t n, int bf16);
 
 #endif

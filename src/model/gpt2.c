@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/util.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +68,7 @@ static int gpt2_map_params(struct fsdp_gpt2 *m)
     FSDP_CHECK(gpt2_locate(s, "wpe.weight", 0, (size_t)c->context, C, &m->emb_off[1]));
     for (size_t l = 0; l < L; l++) {
         for (int k = 0; k < BLK_COUNT; k++) {
-            size_t off;
+            size_t off = 0;
             snprintf(name, sizeof(name), "h.%zu.%s", l, gpt2_block_tensors[k].suffix);
             FSDP_CHECK(gpt2_locate(s, name, 1 + (int)l, gpt2_block_tensors[k].rows * C,
                                    gpt2_block_tensors[k].cols * C, &off));
@@ -154,6 +155,20 @@ static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, float *base, size_
     a->fch_gelu = gpt2_take(base, off, BT * 4 * C);
 }
 
+/* Rows of FSDP_GPT2_HEAD_BYTES of logits, at least one. */
+static int gpt2_head_default_rows(const struct fsdp_gpt2_config *c)
+{
+    size_t rows = FSDP_GPT2_HEAD_BYTES / ((size_t)c->vocab_size * sizeof(float));
+    return rows < 1 ? 1 : rows > INT_MAX ? INT_MAX : (int)rows;
+}
+
+/* Rows of one LM-head chunk: the chunk size, at most the largest batch. */
+static size_t gpt2_head_rows(const struct fsdp_gpt2 *m)
+{
+    size_t BT = (size_t)m->max_B * (size_t)m->max_T, k = (size_t)m->head_chunk;
+    return k < BT ? k : BT;
+}
+
 /*
  * Lays the activations out over base into a, or only counts them when base
  * is NULL (a->blocks may then be NULL too); returns the floats needed.
@@ -170,7 +185,8 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
     a->lnf = gpt2_take(base, &off, BT * C);
     a->lnf_mean = gpt2_take(base, &off, BT);
     a->lnf_rstd = gpt2_take(base, &off, BT);
-    a->logits = gpt2_take(base, &off, BT * V);
+    a->head_logits = gpt2_take(base, &off, gpt2_head_rows(m) * V);
+    a->ce_stats = gpt2_take(base, &off, 2 * BT);
     a->losses = gpt2_take(base, &off, BT);
     a->att_scratch = gpt2_take(base, &off, fsdp_cpu_attention_scratch_floats(m->max_T));
     for (size_t l = 0; l < L; l++) {
@@ -275,6 +291,7 @@ int fsdp_gpt2_create(const struct fsdp_gpt2_spec *spec, int max_B, int max_T,
     m->max_T = max_T;
     m->ignore_index = -1;
     m->loss_scale = 1.0f;
+    m->head_chunk = gpt2_head_default_rows(c);
     m->bwd_next = -1;
     m->loss = NAN;
     size_t nu = (size_t)spec->n_units, L = (size_t)c->n_layer;
@@ -310,6 +327,18 @@ void fsdp_gpt2_destroy(struct fsdp_gpt2 *m)
     free(m);
 }
 
+/* The saved-activation layout depends on the checkpoint flags and the head
+ * chunk: dropped here, rebuilt on demand (the next reserve or set_batch). */
+static void gpt2_relayout(struct fsdp_gpt2 *m)
+{
+    fsdp_free(m->act_memory);
+    m->act_memory = NULL;
+    m->head_logits_fresh = 0;
+    m->tokens = NULL;
+    m->targets = NULL;
+    memset(m->fwd_done, 0, (size_t)m->spec->n_units);
+}
+
 int fsdp_gpt2_set_checkpoint(struct fsdp_gpt2 *m, int l, int on)
 {
     int L = m->spec->cfg.n_layer;
@@ -324,13 +353,21 @@ int fsdp_gpt2_set_checkpoint(struct fsdp_gpt2 *m, int l, int on)
             m->checkpoint[i] = on ? 1 : 0;
         }
     }
-    /* the saved-activation layout depends on the flags: rebuild on demand,
-     * which the next set_batch does */
-    fsdp_free(m->act_memory);
-    m->act_memory = NULL;
-    m->tokens = NULL;
-    m->targets = NULL;
-    memset(m->fwd_done, 0, (size_t)m->spec->n_units);
+    gpt2_relayout(m);
+    return 0;
+}
+
+int fsdp_gpt2_set_head_chunk(struct fsdp_gpt2 *m, int rows)
+{
+    if (rows < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "LM head chunk of %d rows (need at least 1, or 0 for "
+                        "the default)", rows);
+    }
+    if (m->bwd_next >= 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "LM head chunk changed between forward and backward");
+    }
+    m->head_chunk = rows ? rows : gpt2_head_default_rows(&m->spec->cfg);
+    gpt2_relayout(m);
     return 0;
 }
 
@@ -403,7 +440,6 @@ int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_
     m->targets = targets;
     memset(m->fwd_done, 0, (size_t)m->spec->n_units);
     m->bwd_next = -1;
-    m->have_dlogits = 0;
     return 0;
 }
 
@@ -438,24 +474,75 @@ static void gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     }
 }
 
+/* logits (rows, V) of rows [r0, r0 + rows): lnf rows @ lm_head^T */
+static void gpt2_head_logits(const struct fsdp_gpt2 *m, const float *lm_head, size_t r0,
+                             size_t rows, float *out)
+{
+    size_t C = (size_t)m->spec->cfg.n_embd, V = (size_t)m->spec->cfg.vocab_size;
+    fsdp_cpu_matmul_forward(out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C, V);
+}
+
+/*
+ * ln_f, then with targets the loss one row chunk at a time: the chunk's
+ * logits, each row's loss and softmax statistics (kept for the backward);
+ * the logits are dropped. The mean adds the kept rows' losses in row order
+ * in double, as the one-pass kernel does.
+ */
 static int gpt2_head_forward(struct fsdp_gpt2 *m)
 {
     const struct fsdp_gpt2_config *c = &m->spec->cfg;
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
+    size_t chunk = gpt2_head_rows(m);
     struct fsdp_gpt2_acts *a = &m->acts;
     struct fsdp_gpt2_head_view w;
     fsdp_gpt2_head_view(m, m->unit_params[c->n_layer + 1], m->unit_params[0], &w);
+    m->head_logits_fresh = 0;
     fsdp_cpu_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt2_residual(m, c->n_layer),
                                w.lnfw, w.lnfb, BT, C, c->ln_eps);
-    fsdp_cpu_matmul_forward(a->logits, a->lnf, w.lm_head, NULL, NULL, BT, C, V);
     if (!m->targets) {
         return 0;
     }
-    /* dlogits with unit scale; the seed scale enters the head's sgemm as alpha */
-    FSDP_CHECK(fsdp_cpu_crossentropy_fused(a->losses, a->logits, a->logits, m->targets, BT, V,
-                                           m->ignore_index, 1.0f, &m->n_kept, &m->loss));
-    m->have_dlogits = 1;
+    size_t kept = 0;
+    double sum = 0.0;
+    for (size_t r0 = 0; r0 < BT; r0 += chunk) {
+        size_t rows = BT - r0 < chunk ? BT - r0 : chunk, k;
+        gpt2_head_logits(m, w.lm_head, r0, rows, a->head_logits);
+        FSDP_CHECK(fsdp_cpu_crossentropy_forward(a->losses + r0, a->ce_stats + 2 * r0,
+                                                 a->head_logits, m->targets + r0, rows, V,
+                                                 m->ignore_index, &k));
+        kept += k;
+    }
+    m->head_logits_fresh = chunk >= BT;
+    for (size_t r = 0; r < BT; r++) {
+        if (m->targets[r] != m->ignore_index) {
+            sum += a->losses[r];
+        }
+    }
+    m->n_kept = kept;
+    m->loss = kept ? (float)(sum / (double)kept) : NAN;
     m->bwd_next = m->spec->n_units - 1;
+    return 0;
+}
+
+int fsdp_gpt2_logits(struct fsdp_gpt2 *m, size_t row0, size_t rows, float *out)
+{
+    int last = m->spec->n_units - 1;
+    size_t BT = (size_t)m->B * (size_t)m->T;
+    if (!m->tokens || !m->fwd_done[last]) {
+        return fsdp_err(FSDP_ERR_INVALID, "logits: no forward of the last unit since the batch was set");
+    }
+    if (row0 > BT || rows > BT - row0) {
+        return fsdp_err(FSDP_ERR_INVALID, "logits: rows [%zu, %zu + %zu) outside the batch's %zu",
+                        row0, row0, rows, BT);
+    }
+    if (!m->unit_params[last] || (m->spec->cfg.tied && !m->unit_params[0])) {
+        return fsdp_err(FSDP_ERR_INVALID, "logits: the head's parameters are not set");
+    }
+    struct fsdp_gpt2_head_view w;
+    fsdp_gpt2_head_view(m, m->unit_params[last], m->unit_params[0], &w);
+    if (rows > 0) {
+        gpt2_head_logits(m, w.lm_head, row0, rows, out);
+    }
     return 0;
 }
 
@@ -505,10 +592,17 @@ int fsdp_gpt2_forward(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t 
 // ----------------------------------------------------------------------------
 // backward
 
+/*
+ * Per row chunk: the logits again (the forward's product, so the same
+ * bits), their gradient from the saved statistics, d(lnf) rows and the
+ * lm_head (tied: wte) gradient accumulated with the seed scale as alpha.
+ * A chunk with every target ignored has zero gradient and is skipped.
+ */
 static void gpt2_head_backward(struct fsdp_gpt2 *m)
 {
     const struct fsdp_gpt2_config *c = &m->spec->cfg;
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
+    size_t chunk = gpt2_head_rows(m);
     struct fsdp_gpt2_acts *a = &m->acts;
     struct fsdp_gpt2_grad_acts *g = &m->gacts;
     struct fsdp_gpt2_head_view w, dw;
@@ -518,8 +612,24 @@ static void gpt2_head_backward(struct fsdp_gpt2 *m)
     double div = m->loss_divisor > 0 ? m->loss_divisor : (double)m->n_kept;
     /* no kept token: every dlogits row is zero, so is the gradient */
     float alpha = div > 0 ? (float)((double)m->loss_scale / div) : 0.0f;
-    fsdp_cpu_matmul_backward(g->dbtc, dw.lm_head, NULL, a->logits, a->lnf, w.lm_head, BT, C, V,
-                             alpha, 0);
+    for (size_t r0 = 0; r0 < BT; r0 += chunk) {
+        size_t rows = BT - r0 < chunk ? BT - r0 : chunk, kept = 0;
+        for (size_t r = r0; r < r0 + rows; r++) {
+            kept += m->targets[r] != m->ignore_index;
+        }
+        if (kept == 0) {
+            memset(g->dbtc + r0 * C, 0, rows * C * sizeof(float));
+            continue;
+        }
+        if (!m->head_logits_fresh) { /* the forward's product again: the same bits */
+            gpt2_head_logits(m, w.lm_head, r0, rows, a->head_logits);
+        }
+        fsdp_cpu_crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
+                                       m->targets + r0, rows, V, m->ignore_index, 1.0f);
+        fsdp_cpu_matmul_backward(g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
+                                 a->lnf + r0 * C, w.lm_head, rows, C, V, alpha, 0);
+    }
+    m->head_logits_fresh = 0; /* they are gradients now */
     memset(g->dres, 0, BT * C * sizeof(float));
     fsdp_cpu_layernorm_backward(g->dres, dw.lnfw, dw.lnfb, g->dbtc, gpt2_residual(m, c->n_layer),
                                 w.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);

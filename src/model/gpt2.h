@@ -91,7 +91,8 @@ struct fsdp_gpt2_acts {
     float *lnf;         /* (B, T, C) */
     float *lnf_mean;    /* (B, T) */
     float *lnf_rstd;    /* (B, T) */
-    float *logits;      /* (B, T, V); after a forward with targets: d(sum of losses)/d(logits) */
+    float *head_logits; /* (chunk, V) one row chunk's logits, then their gradient */
+    float *ce_stats;    /* (B, T, 2) per row: max logit and sum of exp(logit - max) */
     float *losses;      /* (B, T) per-token loss, 0 where the target is ignored */
     float *att_scratch; /* fsdp_cpu_attention_scratch_floats(T) */
     struct fsdp_gpt2_block_acts *blocks; /* (L,) */
@@ -113,6 +114,8 @@ struct fsdp_gpt2 {
     float **unit_grads;  /* (n_units,) caller-owned, may be NULL for forward only */
 
     unsigned char *checkpoint; /* (L,) 1: recompute block l in backward */
+    int head_chunk;            /* rows of the LM head computed at a time */
+    int head_logits_fresh;     /* acts.head_logits holds the forward's logits of the whole batch */
     struct fsdp_gpt2_acts acts;
     struct fsdp_gpt2_grad_acts gacts;
     float *act_memory;          /* NULL until reserved */
@@ -135,7 +138,6 @@ struct fsdp_gpt2 {
     /* ordering state: forward of u, then backward from L+1 down to 0 */
     unsigned char *fwd_done; /* (n_units,) */
     int bwd_next;            /* unit the next backward_unit must be; -1 when none */
-    int have_dlogits;
 
     size_t blk_off[12];  /* offsets of a block's 12 tensors inside its unit */
     size_t emb_off[2];   /* wte, wpe inside unit 0 */
@@ -158,6 +160,21 @@ void fsdp_gpt2_destroy(struct fsdp_gpt2 *m);
  * Re-lays out the activations (freed now, reserved again on demand);
  * not allowed between a forward and its backward. */
 int fsdp_gpt2_set_checkpoint(struct fsdp_gpt2 *m, int l, int on);
+
+/*
+ * The LM head and its loss run over row chunks of `rows` rows of the B x T
+ * positions: a forward with targets keeps each row's loss and softmax
+ * statistics, and only a (rows, V) logits buffer is ever held. When the
+ * whole batch fits in one chunk the backward turns the forward's logits into
+ * their gradient in place; with several chunks it recomputes each chunk's
+ * logits (one more head product per step, and one more pass over the head's
+ * gradient per chunk). rows 0: the default, as many rows as fit in
+ * FSDP_GPT2_HEAD_BYTES of logits (1335 rows of gpt2's 50257 classes, so a
+ * 1 x 1024 batch is one chunk). Re-lays out the activations like
+ * fsdp_gpt2_set_checkpoint.
+ */
+#define FSDP_GPT2_HEAD_BYTES ((size_t)256 << 20)
+int fsdp_gpt2_set_head_chunk(struct fsdp_gpt2 *m, int rows);
 
 /* Allocates (pre-faulted) activation memory now if not yet done. */
 int fsdp_gpt2_reserve(struct fsdp_gpt2 *m);
@@ -197,11 +214,19 @@ int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_
                         int B, int T);
 
 /* Unit u's forward. With targets, the last unit also computes the loss
- * (m->loss, m->n_kept, acts.losses) and the logits' gradient in place. */
+ * (m->loss, m->n_kept, acts.losses), chunk by chunk (set_head_chunk). */
 int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u);
 /* Unit u's backward; units must run from L+1 down to 0 after a forward with
  * targets. Needs unit_grads[u] (and unit_grads[0] for a tied head). */
 int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u);
+
+/*
+ * Logits of positions [row0, row0 + rows) (row = b * T + t) of the last
+ * forward, into out (rows, V): the head's product of the final layer norm,
+ * recomputed here (a forward does not keep logits). Needs the last unit's
+ * forward and its parameters (unit 0's when tied) still set.
+ */
+int fsdp_gpt2_logits(struct fsdp_gpt2 *m, size_t row0, size_t rows, float *out);
 
 /* set_batch + every unit's forward; *loss (may be NULL) as m->loss. */
 int fsdp_gpt2_forward(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B,

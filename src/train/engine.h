@@ -91,9 +91,10 @@ struct fsdp_train_engine {
 
 /*
  * The single-rank engine: loads model_path, allocates the model for
- * micro-batches of (B, T) and full-size gradients and AdamW moments.
+ * micro-batches of (B, T) (LM head in chunks of head_chunk rows, 0: the
+ * model's default) and full-size gradients and AdamW moments.
  */
-int fsdp_local_engine_create(const char *model_path, int B, int T,
+int fsdp_local_engine_create(const char *model_path, int B, int T, int head_chunk,
                              const struct fsdp_optim_config *oc, struct fsdp_train_engine **out);
 
 /*

@@ -234,7 +234,7 @@ static int local_alloc(struct local_engine *le)
     return 0;
 }
 
-int fsdp_local_engine_create(const char *model_path, int B, int T,
+int fsdp_local_engine_create(const char *model_path, int B, int T, int head_chunk,
                              const struct fsdp_optim_config *oc, struct fsdp_train_engine **out)
 {
     struct fsdp_train_engine *e = calloc(1, sizeof(*e));
@@ -256,6 +256,7 @@ int fsdp_local_engine_create(const char *model_path, int B, int T,
     FSDP_CHECK_GOTO(local_alloc(le), rc, err);
     FSDP_CHECK_GOTO(fsdp_model_file_read(model_path, le->spec, le->units), rc, err);
     FSDP_CHECK_GOTO(fsdp_gpt2_create(le->spec, B, T, &le->model), rc, err);
+    FSDP_CHECK_GOTO(fsdp_gpt2_set_head_chunk(le->model, head_chunk), rc, err);
     for (int u = 0; u < le->spec->n_units; u++) {
         FSDP_CHECK_GOTO(fsdp_gpt2_set_unit(le->model, u, le->units[u], le->grads + le->unit_off[u]),
                         rc, err);

@@ -193,6 +193,7 @@ static int sample_run(const struct sample_config *c)
     int32_t *seq = NULL;
     struct scored *cand = NULL;
     double *probs = NULL;
+    float *logits = NULL;
     int rc;
 
     FSDP_CHECK(fsdp_model_file_read_config(c->model, &mc));
@@ -204,7 +205,8 @@ static int sample_run(const struct sample_config *c)
     seq = malloc(cap * sizeof(*seq));
     cand = malloc((size_t)V * sizeof(*cand));
     probs = malloc((size_t)V * sizeof(*probs));
-    if (!params || !units || !seq || !cand || !probs) {
+    logits = malloc((size_t)V * sizeof(*logits));
+    if (!params || !units || !seq || !cand || !probs || !logits) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "sampler buffers");
         goto out;
     }
@@ -232,7 +234,7 @@ static int sample_run(const struct sample_config *c)
         size_t window = n < (size_t)ctx ? n : (size_t)ctx;
         FSDP_CHECK_GOTO(fsdp_gpt2_forward(model, seq + n - window, NULL, 1, (int)window, NULL),
                         rc, out);
-        const float *logits = model->acts.logits + (window - 1) * (size_t)V;
+        FSDP_CHECK_GOTO(fsdp_gpt2_logits(model, window - 1, 1, logits), rc, out);
         int tok = sample_token(logits, V, c->temperature, c->top_k, cand, probs, &rng);
         seq[n++] = tok;
         emit(tok, V);
@@ -245,6 +247,7 @@ static int sample_run(const struct sample_config *c)
 out:
     fsdp_gpt2_destroy(model);
     free(probs);
+    free(logits);
     free(cand);
     free(seq);
     free(units);

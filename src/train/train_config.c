@@ -96,6 +96,9 @@ static const struct fsdp_opt train_opts[] = {
      "keep unsharded gradients until the last micro-step (one reduction per step)"},
     {"activation-checkpointing", FSDP_OPT_FLAG, F(activation_checkpointing), 0, 0, 0, NULL, "", 0,
      "recompute each block's activations in its backward"},
+    {"lm-head-chunk", FSDP_OPT_INT, F(lm_head_chunk), 0, 0, 1 << 30, NULL, "ROWS", 0,
+     "positions per LM-head chunk (0: as many as fit in 256 MiB of logits); smaller saves memory, "
+     "costs a recompute"},
     {"ckpt-dir", FSDP_OPT_STR, F(ckpt_dir), S(ckpt_dir), 0, 0, NULL, "DIR", 0,
      "write sharded checkpoints to DIR/step_<N>/ (and at the end of training)"},
     {"ckpt-every", FSDP_OPT_INT, F(ckpt_every), 0, 0, BIG, NULL, "N", 0,

@@ -73,6 +73,7 @@ struct fsdp_train_config {
     double loss_scale_init;  /* initial dynamic scale */
     int no_sync_accum;       /* keep full gradients until the last micro-step */
     int activation_checkpointing;
+    long lm_head_chunk;
     /* checkpoints (doc/user-guide.md, "Checkpoints") */
     char ckpt_dir[FSDP_TRAIN_PATH_MAX]; /* root of step_<N>/ directories ("": none) */
     long ckpt_every;         /* save every N steps (0: only at the end and on preemption) */

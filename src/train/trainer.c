@@ -71,11 +71,12 @@ static int trainer_open_engine(struct fsdp_trainer *t)
         FSDP_CHECK(fsdp_train_config_loss_scale(c, &ec.loss_scale_dynamic, &ec.loss_scale));
         ec.no_sync_accum = c->no_sync_accum;
         ec.activation_checkpointing = c->activation_checkpointing;
+        ec.lm_head_chunk = (int)c->lm_head_chunk;
         rc = fsdp_shard_engine_create(t->dist, c->model, (int)c->batch_size, (int)c->seq_len, &oc,
                                       &ec, &t->engine);
     } else {
-        rc = fsdp_local_engine_create(c->model, (int)c->batch_size, (int)c->seq_len, &oc,
-                                      &t->engine);
+        rc = fsdp_local_engine_create(c->model, (int)c->batch_size, (int)c->seq_len,
+                                      (int)c->lm_head_chunk, &oc, &t->engine);
     }
     return rc < 0 ? trainer_blame(rc, sharded ? "sharding engine" : "model") : 0;
 }

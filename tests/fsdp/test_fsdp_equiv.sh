@@ -210,6 +210,23 @@ tap_diag "model states: ${bytes:-?} bytes per rank, expected 393600 +- 10%"
 tap_ok $? "model states per rank within 10% of 16 P / 4 + two largest units"
 grep -q "fsdp: comm .* exposed" "$W/mem.log"
 tap_ok $? "the run reports total and exposed communication time"
+# communication buffers: the collectives run in the parameter and gradient
+# slots themselves, so all that remains is the packing scratch (a block less
+# its largest parameter, 12704 - 4096 = 8608 floats) and the padding of the
+# slots that hold a block (S = 3176 rounded up to 3184: 4 * 3184 - 12704 =
+# 32 floats; one parameter slot and two gradient slots at --prefetch 0):
+# 4 * (8608 + 3 * 32) = 34816 bytes, with 16-bit collectives too.
+comm=$(sed -n 's/.* | comm \([0-9]*\) | .*/\1/p' "$W/mem.log" | head -1)
+tap_diag "comm buffers: ${comm:-?} bytes per rank, expected 34816"
+[ "$comm" = 34816 ]
+tap_ok $? "communication buffers per rank are the packing scratch and padding only"
+FSDPC_LOG=info timeout 60 "$MPIEXEC" -n 4 "$TRAIN" --model "$W/mem.h5" --data "$W/tok.bin" \
+    --seq-len 16 --steps 1 --lr 1e-3 --batch-size 1 --peak-flops 1e11 --prefetch 0 \
+    --param-dtype bf16 --reduce-dtype f16 --backend tcp > "$W/mem16.log" 2>&1
+tap_ok $? "4 ranks with 16-bit collectives ran"
+comm=$(sed -n 's/.* | comm \([0-9]*\) | .*/\1/p' "$W/mem16.log" | head -1)
+[ "$comm" = 34816 ]
+tap_ok $? "16-bit collectives need no staging either (comm ${comm:-?} bytes)"
 
 # bad input: one clear line naming what is wrong (on one rank, where no
 # other rank's abort can cut the launcher's output short)

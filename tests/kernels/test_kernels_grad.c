@@ -382,6 +382,23 @@ static void test_crossentropy(int32_t ignore)
     rc = fsdp_cpu_crossentropy_fused(losses, inpl, inpl, tgt, N, V, ignore, 1.0f / 6.0f, &kept, &mean);
     tap_ok(rc == 0 && memcmp(inpl, d, N * V * sizeof(float)) == 0,
            "crossentropy in place (dlogits == logits) is bit-identical");
+    /* split: forward keeps (max, sum) per row, backward rebuilds the gradient */
+    float *stats = malloc(2 * N * sizeof(float)), *l2 = malloc(N * sizeof(float));
+    size_t kept2 = 0;
+    memcpy(inpl, logits, N * V * sizeof(float));
+    rc = fsdp_cpu_crossentropy_forward(l2, stats, inpl, tgt, N, V, ignore, &kept2);
+    fsdp_cpu_crossentropy_backward(inpl, inpl, stats, tgt, N, V, ignore, 1.0f / 6.0f);
+    tap_ok(rc == 0 && kept2 == kept && memcmp(l2, losses, N * sizeof(float)) == 0 &&
+               memcmp(inpl, d, N * V * sizeof(float)) == 0,
+           "crossentropy forward + backward (in place) bit-identical to the fused kernel");
+    int32_t bad[9];
+    memcpy(bad, tgt, sizeof(bad));
+    bad[3] = (int32_t)V;
+    rc = fsdp_cpu_crossentropy_forward(l2, stats, logits, bad, N, V, ignore, &kept2);
+    tap_ok(rc == FSDP_ERR_INVALID, "crossentropy forward: target V is an error: %s",
+           fsdp_err_msg());
+    fsdp_err_clear();
+    free(stats), free(l2);
     free(inpl), free(logits), free(losses), free(d), free(c.logits);
 }
 
@@ -517,6 +534,25 @@ static void test_casts(void)
     }
     tap_ok(badb == 0, "f32 -> bf16 matches core on %zu values (%zu differ, first index %zu)", n, badb,
            worst);
+    /* in place, over lengths around the stack-buffer and halving boundaries */
+    const size_t lens[] = {0, 1, 63, 64, 65, 127, 128, 129, 1000, 4097, 100003};
+    size_t badi = 0;
+    float *buf = malloc(100003 * sizeof(float)), *back = malloc(100003 * sizeof(float));
+    for (int bf = 0; bf < 2; bf++) {
+        for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+            size_t len = lens[k];
+            memcpy(buf, src + 77, len * sizeof(float));
+            fsdp_cpu_narrow_inplace(buf, len, bf);
+            (bf ? fsdp_cpu_f32_to_bf16 : fsdp_cpu_f32_to_f16)(dst, src + 77, len);
+            badi += memcmp(buf, dst, len * sizeof(uint16_t)) != 0;
+            (bf ? fsdp_cpu_bf16_to_f32 : fsdp_cpu_f16_to_f32)(back, dst, len);
+            fsdp_cpu_widen_inplace(buf, len, bf);
+            badi += memcmp(buf, back, len * sizeof(float)) != 0;
+        }
+    }
+    tap_ok(badi == 0, "narrowing and widening in place equal the two-buffer casts (%zu of 44 differ)",
+           badi);
+    free(buf), free(back);
     free(h), free(f), free(src), free(dst);
 }
 

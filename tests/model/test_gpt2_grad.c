@@ -6,6 +6,8 @@
  *   - the loss gradient against central differences of that reference for
  *     a sample of elements of every parameter tensor;
  *   - activation checkpointing (all, some, none) bit-identical;
+ *   - the LM head in row chunks (1 .. BT rows, BT not a multiple, chunks
+ *     with every target ignored) against one chunk, and its logits;
  *   - gradient accumulation, the loss seed (divisor) and the ordering and
  *     input errors of the unit API;
  *   - deterministic init independent of how it is split (shards of any
@@ -175,7 +177,10 @@ static void test_model(int tied)
     }
     struct fsdp_gpt2 *m = NULL;
     int rc = fsdp_gpt2_create(s, TB, TT, &m);
-    tap_ok(rc == 0, "%s: create (B=%d T=%d)", tied ? "tied" : "untied", TB, TT);
+    /* the head in chunks of 5 rows: 16 = 5 + 5 + 5 + 1 */
+    rc = rc ? rc : fsdp_gpt2_set_head_chunk(m, 5);
+    tap_ok(rc == 0, "%s: create (B=%d T=%d), head chunks of 5 rows", tied ? "tied" : "untied", TB,
+           TT);
     float loss = 0;
     rc = run_step(m, &b, tok, tgt, TB, TT, &loss);
     double want = ref_gpt2_loss(s, b.pd, tok, tgt, TB, TT, -1);
@@ -268,6 +273,81 @@ static void test_model(int tied)
     tap_ok(rc == 0 && fabs(loss - want) <= 2e-6 * fabs(want),
            "%s: smaller batch (1 x 5): loss %.8f vs reference %.8f", tied ? "tied" : "untied",
            (double)loss, want);
+    free_snap(s, g0);
+    fsdp_gpt2_destroy(m);
+    bufs_free(&b);
+    fsdp_gpt2_spec_destroy(s);
+}
+
+/* The head in chunks of k rows against one chunk of all BT rows. */
+static void test_head_chunks(int tied)
+{
+    const char *name = tied ? "tied" : "untied";
+    struct fsdp_gpt2_spec *s = make_spec(tied);
+    const size_t BT = TB * TT, V = (size_t)s->cfg.vocab_size;
+    struct bufs b;
+    bufs_alloc(&b, s);
+    fill_params(s, &b);
+    int32_t tok[TB * TT], tgt[TB * TT];
+    for (int i = 0; i < TB * TT; i++) {
+        tok[i] = (int32_t)((ref_rand(&rng) + 1.0) * 16.0) % 32;
+        /* rows 5..9 ignored: with chunks of 5, one chunk has no kept row */
+        tgt[i] = i >= 5 && i < 10 ? -1 : (int32_t)((ref_rand(&rng) + 1.0) * 16.0) % 32;
+    }
+    struct fsdp_gpt2 *m = NULL;
+    int rc = fsdp_gpt2_create(s, TB, TT, &m);
+    rc = rc ? rc : fsdp_gpt2_set_head_chunk(m, (int)BT);
+    float l0 = 0;
+    rc = rc ? rc : run_step(m, &b, tok, tgt, TB, TT, &l0);
+    float **g0 = snap(s, &b);
+    size_t bytes0 = fsdp_gpt2_activation_bytes(m);
+    float *all = malloc(BT * V * sizeof(float)), *part = malloc(BT * V * sizeof(float));
+    rc = rc ? rc : fsdp_gpt2_logits(m, 0, BT, all);
+    tap_ok(rc == 0, "%s: one head chunk of %zu rows ran", name, BT);
+    const int chunks[] = {1, 3, 5, 15, 64};
+    for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
+        float l = 0;
+        rc = fsdp_gpt2_set_head_chunk(m, chunks[k]);
+        rc = rc ? rc : run_step(m, &b, tok, tgt, TB, TT, &l);
+        double err = 0;
+        for (int u = 0; u < s->n_units; u++) {
+            double gmax = 0;
+            for (size_t i = 0; i < s->unit_numel[u]; i++) gmax = fmax(gmax, fabs(g0[u][i]));
+            for (size_t i = 0; i < s->unit_numel[u]; i++) {
+                double e = fabs((double)b.g[u][i] - g0[u][i]) / gmax;
+                err = e > err || isnan(e) ? e : err;
+            }
+        }
+        /* smaller than one chunk: the head buffer shrinks to k rows */
+        size_t rows = (size_t)chunks[k] < BT ? (size_t)chunks[k] : BT;
+        size_t want = bytes0 - (((BT * V + 15) & ~(size_t)15) - ((rows * V + 15) & ~(size_t)15)) * 4;
+        size_t bytes = fsdp_gpt2_activation_bytes(m);
+        tap_ok(rc == 0 && fabs(l - l0) <= 1e-6 * fabs(l0) && err < 1e-6 && bytes == want,
+               "%s: head chunks of %d rows: loss %.8f vs %.8f, max grad err %.3g relative to the "
+               "unit's max, activations %zu bytes (want %zu)",
+               name, chunks[k], (double)l, (double)l0, err, bytes, want);
+    }
+    /* logits of any row range, after a forward with or without targets */
+    rc = fsdp_gpt2_forward(m, tok, NULL, TB, TT, NULL);
+    rc = rc ? rc : fsdp_gpt2_logits(m, 3, 7, part);
+    double lerr = 0;
+    for (size_t i = 0; i < 7 * V; i++) lerr = fmax(lerr, fabs(part[i] - all[3 * V + i]));
+    tap_ok(rc == 0 && lerr <= 1e-6, "%s: logits of rows [3, 10) equal the full product's (%.3g)",
+           name, lerr);
+    rc = fsdp_gpt2_logits(m, 10, 7, part);
+    tap_ok(rc == FSDP_ERR_INVALID, "%s: logits past the batch rejected: %s", name, fsdp_err_msg());
+    fsdp_err_clear();
+    rc = fsdp_gpt2_set_head_chunk(m, -1);
+    tap_ok(rc == FSDP_ERR_INVALID, "%s: a head chunk of -1 rows rejected: %s", name, fsdp_err_msg());
+    fsdp_err_clear();
+    /* 0: the default budget, which holds this whole batch (one chunk) */
+    rc = fsdp_gpt2_set_head_chunk(m, 0);
+    rc = rc ? rc : fsdp_gpt2_reserve(m);
+    tap_ok(rc == 0 && m->head_chunk == (int)(FSDP_GPT2_HEAD_BYTES / (V * sizeof(float))) &&
+               fsdp_gpt2_activation_bytes(m) == bytes0,
+           "%s: head chunk 0 is the default of %d rows (one chunk here: %zu activation bytes, "
+           "want %zu)", name, m->head_chunk, fsdp_gpt2_activation_bytes(m), bytes0);
+    free(all), free(part);
     free_snap(s, g0);
     fsdp_gpt2_destroy(m);
     bufs_free(&b);
@@ -425,6 +505,8 @@ int main(void)
 {
     test_model(1);
     test_model(0);
+    test_head_chunks(1);
+    test_head_chunks(0);
     test_errors();
     test_init();
     return tap_done();

@@ -271,7 +271,7 @@ static int check(int world, const char *metrics, const char *model, int argc, ch
     struct fsdp_lr_schedule sched;
     fsdp_lr_schedule_init(&sched, &R.c);
     sched.steps = steps;
-    FSDP_CHECK_GOTO(fsdp_local_engine_create(R.c.model, (int)R.B, (int)R.T, &oc, &e), rc, out);
+    FSDP_CHECK_GOTO(fsdp_local_engine_create(R.c.model, (int)R.B, (int)R.T, 0, &oc, &e), rc, out);
     FSDP_CHECK_GOTO(fsdp_dataloader_create(ref_path, R.B, R.T, 0, 1, 0, &dl), rc, out);
     for (long s = 0; s < steps && rc == 0; s++) {
         struct fsdp_step_result res;

@@ -49,9 +49,15 @@ static int dump_first_batch(struct fsdp_trainer *t, hid_t f)
     if (rc == 0) {
         rc = fsdp_gpt2_forward(m, dl->inputs, NULL, B, T, NULL);
     }
+    float *logits = rc == 0 ? malloc((size_t)B * T * V * sizeof(float)) : NULL;
     if (rc == 0) {
-        rc = put(f, "logits", H5T_NATIVE_FLOAT, 3, dims, m->acts.logits);
+        rc = logits ? fsdp_gpt2_logits(m, 0, (size_t)B * T, logits)
+                    : fsdp_err(FSDP_ERR_NOMEM, "logits (%d, %d, %d)", B, T, V);
     }
+    if (rc == 0) {
+        rc = put(f, "logits", H5T_NATIVE_FLOAT, 3, dims, logits);
+    }
+    free(logits);
     if (rc == 0) {
         rc = fsdp_gpt2_forward(m, dl->inputs, dl->targets, B, T, &loss);
     }

@@ -120,3 +120,57 @@ void fsdp_cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n)
         dst[i] = fsdp_f16_to_f32(src[i]);
     }
 }
+
+/*
+ * In place, the buffer is cut into pieces whose source and destination
+ * bytes do not overlap, so each piece is an ordinary cast. Narrowing runs
+ * front to back: with i values done, values [i, i + k), k <= i, read bytes
+ * [4i, 4i + 4k) and write [2i, 2i + 2k). Widening runs back to front: with
+ * n values left, values [ceil(n/2), n) read bytes [2 ceil(n/2), 2n) and
+ * write [4 ceil(n/2), 4n), above every byte still to be read. The first
+ * (narrowing) or last (widening) few values go through a stack buffer.
+ */
+#define CPU_INPLACE_HEAD 64
+
+void fsdp_cpu_narrow_inplace(void *buf, size_t n, int bf16)
+{
+    float *src = buf;
+    uint16_t *dst = buf, head[CPU_INPLACE_HEAD];
+    size_t i = n < CPU_INPLACE_HEAD ? n : CPU_INPLACE_HEAD;
+    if (bf16) {
+        fsdp_cpu_f32_to_bf16(head, src, i);
+    } else {
+        fsdp_cpu_f32_to_f16(head, src, i);
+    }
+    memcpy(dst, head, i * sizeof(uint16_t));
+    while (i < n) {
+        size_t k = n - i < i ? n - i : i;
+        if (bf16) {
+            fsdp_cpu_f32_to_bf16(dst + i, src + i, k);
+        } else {
+            fsdp_cpu_f32_to_f16(dst + i, src + i, k);
+        }
+        i += k;
+    }
+}
+
+void fsdp_cpu_widen_inplace(void *buf, size_t n, int bf16)
+{
+    const uint16_t *src = buf;
+    float *dst = buf, head[CPU_INPLACE_HEAD];
+    while (n > CPU_INPLACE_HEAD) {
+        size_t lo = (n + 1) / 2; /* 4 lo >= 2 n: [lo, n) is disjoint from its source */
+        if (bf16) {
+            fsdp_cpu_bf16_to_f32(dst + lo, src + lo, n - lo);
+        } else {
+            fsdp_cpu_f16_to_f32(dst + lo, src + lo, n - lo);
+        }
+        n = lo;
+    }
+    if (bf16) {
+        fsdp_cpu_bf16_to_f32(head, src, n);
+    } else {
+        fsdp_cpu_f16_to_f32(head, src, n);
+    }
+    memcpy(dst, head, n * sizeof(float));
+}
