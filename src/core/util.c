@@ -57,7 +57,7 @@ void fsdp_free(void *p)
 long long fsdp_env_int(const char *name, long long dflt)
 {
     const char *s = getenv(name);
-    long long v;
+    long long v = dflt;
     if (!s || !*s) {
         return dflt;
     }
@@ -72,7 +72,7 @@ long long fsdp_env_int(const char *name, long long dflt)
 double fsdp_env_double(const char *name, double dflt)
 {
     const char *s = getenv(name);
-    double v;
+    double v = dflt;
     if (!s || !*s) {
         return dflt;
     }
