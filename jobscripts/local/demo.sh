@@ -65,11 +65,12 @@ if [ "$RANKS" -gt 1 ]; then
 fi
 rm -f "$WORK/metrics.jsonl"
 # 8 sequences of 128 bytes per step (BATCH on each of RANKS ranks); the learning rate warms up over 50
-# steps and decays along a cosine to a tenth of its peak.
+# steps (a tenth of a shorter run) and decays along a cosine to a tenth of its peak.
+warmup=$(( STEPS / 10 < 50 ? STEPS / 10 : 50 ))
 $launch "$BIN/fsdpc-train" \
     --model "$WORK/tiny.h5" --data "$WORK/train.bin" --val-data "$WORK/val.bin" \
     --steps "$STEPS" --batch-size "$BATCH" --seq-len 128 \
-    --lr 2e-3 --warmup 50 --lr-schedule cosine --min-lr 2e-4 --weight-decay 0.1 --clip 1.0 \
+    --lr 2e-3 --warmup "$warmup" --lr-schedule cosine --min-lr 2e-4 --weight-decay 0.1 --clip 1.0 \
     --log-every 50 --val-every 100 --val-batches 20 --threads "$THREADS" \
     --metrics "$WORK/metrics.jsonl" --out "$WORK/trained.h5"
 
