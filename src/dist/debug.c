@@ -277,6 +277,7 @@ void fsdp_debug_finalize(void)
     }
     fsdp_watchdog_stop(dbg.watchdog);
     dbg.watchdog = NULL;
+    fsdp_fingerprint_shutdown();
     if (dbg.flight) {
         if (dbg.level >= FSDP_DEBUG_INFO) {
             fsdp_flight_log_summary(dbg.flight);

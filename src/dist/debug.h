@@ -69,18 +69,14 @@ double fsdp_debug_timeout(const struct fsdp_group *g);
 /* Init and the first step are over: use the regular deadline from now on. */
 void fsdp_debug_mark_steady(void);
 
-/* DETAIL: compares the fingerprint of collective g->seq across the group;
- * FSDP_ERR_MISMATCH naming both ranks and calls, or FSDP_ERR_TIMEOUT naming
- * the ranks that never reached it. */
-int fsdp_debug_fingerprint(struct fsdp_group *g, const struct fsdp_debug_call *c);
-
 /* Records collective g->seq as issued; returns its record id (0: none). */
 uint64_t fsdp_debug_issued(struct fsdp_group *g, int id, const struct fsdp_debug_call *c);
 /* The wait/test of record id ended with rc (0: complete). On error the
  * message is rewritten to name the collective, and the recorder dumped. */
 int fsdp_debug_finished(uint64_t id, int rc, double waited_s);
-/* The collective was refused before it reached the backend (a DETAIL
- * mismatch): recorded as failed and dumped, the message left alone. */
+/* The collective failed its DETAIL check (a mismatch, a rank that never
+ * reached it): recorded as failed and dumped, the message, which already
+ * names the collective, left alone. */
 void fsdp_debug_refused(uint64_t id);
 /* A handle freed before it completed. */
 void fsdp_debug_abandoned(uint64_t id);
@@ -98,6 +94,44 @@ void fsdp_debug_finalize(void);
 
 /* "all_gather(bf16, 1024)", with root or reduce op where they matter. */
 void fsdp_debug_call_str(const struct fsdp_debug_call *c, char *buf, size_t len);
+
+// ----------------------------------------------------------------------------
+// fingerprint.c: DETAIL's per-group check that every member made the same call
+
+struct fsdp_work;
+struct fsdp_fingerprint;
+
+/* The group's checker; *out stays NULL when the group cannot be checked
+ * (a backend without host memory: logged). Call after the backend exists. */
+int fsdp_fingerprint_create(struct fsdp_group *g, struct fsdp_fingerprint **out);
+/* Ends exchanges nobody waited for (aborting the backend if one is pending). */
+void fsdp_fingerprint_destroy(struct fsdp_fingerprint *fp);
+/* Collective g->seq is about to be issued: issues its fingerprint exchange
+ * (and, in the strict mode, checks it: FSDP_ERR_MISMATCH naming both ranks
+ * and calls, or FSDP_ERR_TIMEOUT naming the ranks that never reached it). */
+int fsdp_fingerprint_issue(struct fsdp_fingerprint *fp, const struct fsdp_debug_call *c);
+/* The backend refused collective g->seq with rc: the mismatch of an
+ * earlier collective when one explains it (the message replaced), else rc. */
+int fsdp_fingerprint_refused(struct fsdp_fingerprint *fp, int rc);
+/* Ties collective g->seq, just issued, to its handle w. */
+void fsdp_fingerprint_bind(struct fsdp_fingerprint *fp, struct fsdp_work *w);
+/* Before w's own wait: checks the exchanges up to w's collective, waiting
+ * up to timeout_s for them (deadline: the timeout is the group's deadline;
+ * else a timeout is the caller's poll and fails nothing). On a mismatch or
+ * a failed exchange the group's backend is aborted and the error is sticky. */
+int fsdp_fingerprint_wait(struct fsdp_fingerprint *fp, struct fsdp_work *w, double timeout_s,
+                          int deadline);
+/* After w's test: finished (complete or failed) checks up to w's
+ * collective; otherwise only the exchanges already complete are checked. */
+int fsdp_fingerprint_test(struct fsdp_fingerprint *fp, struct fsdp_work *w, int finished);
+/* A collective of the group failed with rc (peer lost, aborted): the
+ * mismatch behind it when this or another member found one (the message is
+ * replaced), else rc. */
+int fsdp_fingerprint_explain(struct fsdp_fingerprint *fp, int rc);
+/* w is freed: its check is left to a later wait or to the ring. */
+void fsdp_fingerprint_release(struct fsdp_fingerprint *fp, const struct fsdp_work *w);
+/* Stops the thread that publishes the last fingerprints (debug finalize). */
+void fsdp_fingerprint_shutdown(void);
 
 // ----------------------------------------------------------------------------
 // watchdog.c: the thread that watches deadlines and answers SIGUSR2

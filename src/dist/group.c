@@ -35,6 +35,7 @@ struct group_impl {
     struct fsdp_backend_caps caps;
     int abort_registered;
     int debug_id; /* index in the flight recorder's group table */
+    struct fsdp_fingerprint *fp; /* FSDPC_DEBUG=DETAIL's checker; NULL: off */
 };
 
 /* Groups created by this process so far (the k in the store prefix). */
@@ -158,6 +159,9 @@ int fsdp_group_create(struct fsdp_dist *d, const char *name, const int *world_ra
     FSDP_CHECK_GOTO(fsdp_dist_on_abort(d, group_on_abort, g), rc, err_backend);
     gi->abort_registered = 1;
     FSDP_CHECK_GOTO(fsdp_debug_group_add(g, &gi->debug_id), rc, err_abort);
+    if (fsdp_debug_level() == FSDP_DEBUG_DETAIL && size > 1) {
+        FSDP_CHECK_GOTO(fsdp_fingerprint_create(g, &gi->fp), rc, err_abort);
+    }
     FSDP_DEBUG(FSDP_SUB_DIST, "group %s: rank %d of %d, backend %s", g->name, rank, size,
                ops->name);
     *out = g;
@@ -184,6 +188,7 @@ void fsdp_group_destroy(struct fsdp_group *g)
         return;
     }
     struct group_impl *gi = group_impl_of(g);
+    fsdp_fingerprint_destroy(gi->fp);
     if (gi->abort_registered) {
         fsdp_dist_off_abort(g->dist, g);
     }
@@ -314,20 +319,23 @@ static inline int group_args_ok(const struct fsdp_group *g, const void *sendbuf,
 }
 
 /*
- * The debug layer's share of a collective: number it, check its fingerprint
- * (DETAIL), record it in the flight recorder; after the backend call, tie
- * the record to the handle. With the recorder on (the default) that is a
- * clock read and an uncontended lock; DETAIL adds a fingerprint exchange.
+ * The debug layer's share of a collective: number it, record it in the
+ * flight recorder, issue its fingerprint exchange (DETAIL); after the
+ * backend call, tie the record and the fingerprint to the handle. With the
+ * recorder on (the default) that is a clock read and an uncontended lock;
+ * DETAIL adds a 32-byte allgather queued ahead of the collective, checked
+ * when the collective is waited on (fingerprint.c).
  */
 static inline int group_enter(struct fsdp_group *g, enum fsdp_coll_op op, enum fsdp_dtype dtype,
                               size_t count, int root, int redop, uint64_t *fid)
 {
     struct fsdp_debug_call c = {
         .op = op, .dtype = (int)dtype, .count = count, .root = root, .redop = redop};
+    struct group_impl *gi = group_impl_of(g);
     g->seq++;
-    *fid = fsdp_debug_issued(g, group_impl_of(g)->debug_id, &c);
-    if (__builtin_expect(fsdp_debug_level() == FSDP_DEBUG_DETAIL, 0)) {
-        int rc = fsdp_debug_fingerprint(g, &c);
+    *fid = fsdp_debug_issued(g, gi->debug_id, &c);
+    if (__builtin_expect(gi->fp != NULL, 0)) {
+        int rc = fsdp_fingerprint_issue(gi->fp, &c);
         if (rc < 0) {
             fsdp_debug_refused(*fid);
             FSDP_CHECK(rc);
@@ -340,10 +348,19 @@ static inline int group_enter(struct fsdp_group *g, enum fsdp_coll_op op, enum f
 static inline int group_issued(struct fsdp_group *g, int rc, uint64_t fid, struct fsdp_work *w)
 {
     if (rc < 0) {
+        struct fsdp_fingerprint *fp = group_impl_of(g)->fp;
+        int why = fp ? fsdp_fingerprint_refused(fp, rc) : rc;
+        if (why != rc) {
+            fsdp_debug_refused(fid);
+            return why;
+        }
         return fsdp_debug_finished(fid, rc, 0);
     }
     w->group = g;
     w->flight_id = fid;
+    if (__builtin_expect(group_impl_of(g)->fp != NULL, 0)) {
+        fsdp_fingerprint_bind(group_impl_of(g)->fp, w);
+    }
     return 0;
 }
 
@@ -436,6 +453,59 @@ int fsdp_barrier(struct fsdp_group *g, struct fsdp_work **work)
 // ----------------------------------------------------------------------------
 // work handles
 
+static inline struct fsdp_fingerprint *group_fp(const struct fsdp_work *w)
+{
+    return w->group ? group_impl_of(w->group)->fp : NULL;
+}
+
+/* Ends w's flight record with rc; named: the DETAIL check already wrote a
+ * message that names the collective. */
+static int group_finished(struct fsdp_work *w, int rc, int named, double waited_s)
+{
+    if (w->flight_id) {
+        if (named) {
+            fsdp_debug_refused(w->flight_id);
+        } else {
+            rc = fsdp_debug_finished(w->flight_id, rc, waited_s);
+        }
+        w->flight_id = 0;
+    }
+    return rc;
+}
+
+/*
+ * Waits up to timeout_s (deadline: that is the group's deadline). Under
+ * DETAIL the fingerprints up to w's collective are checked first, so that a
+ * mismatched collective never returns success, and one that hangs because
+ * of the mismatch still ends with it named: its exchange, issued before it
+ * on the same backend, has completed.
+ */
+static int group_wait(struct fsdp_work *w, double timeout_s, int deadline)
+{
+    struct fsdp_fingerprint *fp = group_fp(w);
+    double t0 = w->flight_id || fp ? fsdp_now() : 0;
+    int rc = 0, named = 0;
+    if (__builtin_expect(fp != NULL, 0)) {
+        rc = fsdp_fingerprint_wait(fp, w, timeout_s, deadline);
+        named = rc < 0;
+        timeout_s -= fsdp_now() - t0;
+        timeout_s = timeout_s > 0 ? timeout_s : 0;
+    }
+    if (rc == 0) {
+        rc = w->ops->work_wait(w, timeout_s);
+        if (fp && (rc == FSDP_ERR_PEER || rc == FSDP_ERR_ABORTED)) {
+            int why = fsdp_fingerprint_explain(fp, rc);
+            named = why != rc;
+            rc = why;
+        }
+    }
+    /* a timeout shorter than the deadline is the caller's poll, not a failure */
+    if (rc == FSDP_ERR_TIMEOUT && !deadline) {
+        return rc;
+    }
+    return group_finished(w, rc, named, fsdp_now() - t0);
+}
+
 int fsdp_work_wait(struct fsdp_work *w, double timeout_s)
 {
     int deadline = 0;
@@ -450,14 +520,7 @@ int fsdp_work_wait(struct fsdp_work *w, double timeout_s)
         timeout_s = fsdp_debug_timeout(w->group);
         deadline = 1;
     }
-    double t0 = w->flight_id ? fsdp_now() : 0;
-    int rc = w->ops->work_wait(w, timeout_s);
-    /* a timeout shorter than the deadline is the caller's poll, not a failure */
-    if (w->flight_id && (rc != FSDP_ERR_TIMEOUT || deadline)) {
-        rc = fsdp_debug_finished(w->flight_id, rc, fsdp_now() - t0);
-        w->flight_id = 0;
-    }
-    FSDP_CHECK(rc);
+    FSDP_CHECK(group_wait(w, timeout_s, deadline));
     return 0;
 }
 
@@ -467,9 +530,29 @@ int fsdp_work_test(struct fsdp_work *w, int *done)
         return fsdp_err(FSDP_ERR_INVALID, "fsdp_work_test: NULL argument");
     }
     int rc = w->ops->work_test(w, done);
-    if (w->flight_id && (rc < 0 || *done)) {
-        rc = fsdp_debug_finished(w->flight_id, rc, 0);
-        w->flight_id = 0;
+    int named = 0;
+    struct fsdp_fingerprint *fp = group_fp(w);
+    if (__builtin_expect(fp != NULL, 0)) {
+        /* the backend's message gives way to a mismatch found now */
+        char why[1024];
+        if (rc < 0) {
+            fsdp_err_take(why, sizeof(why));
+        }
+        int frc = fsdp_fingerprint_test(fp, w, rc < 0 || *done);
+        if (frc < 0) {
+            rc = frc;
+            named = 1;
+        } else if (rc < 0) {
+            fsdp_err(rc, "%s", why);
+        }
+        if (!named && (rc == FSDP_ERR_PEER || rc == FSDP_ERR_ABORTED)) {
+            frc = fsdp_fingerprint_explain(fp, rc);
+            named = frc != rc;
+            rc = frc;
+        }
+    }
+    if (rc < 0 || *done) {
+        rc = group_finished(w, rc, named, 0);
     }
     FSDP_CHECK(rc);
     return 0;
@@ -479,6 +562,10 @@ void fsdp_work_free(struct fsdp_work *w)
 {
     if (w) {
         fsdp_debug_abandoned(w->flight_id);
+        struct fsdp_fingerprint *fp = group_fp(w);
+        if (fp) {
+            fsdp_fingerprint_release(fp, w);
+        }
         w->ops->work_free(w);
     }
 }
@@ -490,16 +577,11 @@ void fsdp_work_free(struct fsdp_work *w)
  */
 static int group_finish(struct fsdp_group *g, struct fsdp_work *w)
 {
-    double timeout = fsdp_debug_timeout(g), t0 = fsdp_now();
-    int rc = w->ops->work_wait(w, timeout);
-    if (w->flight_id) {
-        rc = fsdp_debug_finished(w->flight_id, rc, fsdp_now() - t0);
-        w->flight_id = 0;
-    }
+    int rc = group_wait(w, fsdp_debug_timeout(g), 1);
     if (rc == FSDP_ERR_TIMEOUT) {
         g->ops->abort(g->be, fsdp_err_msg());
     }
-    w->ops->work_free(w);
+    fsdp_work_free(w);
     FSDP_CHECK(rc);
     return 0;
 }

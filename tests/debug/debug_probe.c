@@ -8,7 +8,20 @@
  *   detail FAULT RANK AT   8 x all_gather(f32, 64) on the first dimension;
  *                          on RANK the AT'th call is changed: op (a
  *                          reduce_scatter), dtype (i32), count (32), skip
- *                          (then the rank stalls), or none
+ *                          (then the rank stalls), root (the AT'th call is
+ *                          broadcast(f32, 64, root 0) everywhere, root 1 on
+ *                          RANK), or none
+ *   ahead FAULT RANK AT POLL N
+ *                          N all_gather(f32, 64) issued before any is
+ *                          waited for (as the engine prefetches), then
+ *                          completed in order: POLL 0 waits, POLL 1 tests
+ *                          until done first; FAULT as for detail (op,
+ *                          count, root or none); checks the gathered data
+ *   pace N AHEAD COUNT     N all_gather(f32, COUNT), each issued when fewer
+ *                          than AHEAD are in flight, completed in order;
+ *                          rank 0 prints the time per collective (what
+ *                          DETAIL adds to a collective: run with and
+ *                          without it)
  *   mbarrier RANK SLEEP TIMEOUT WAIT_ALL
  *                          monitored barrier on the first dimension, RANK
  *                          arrives SLEEP seconds late
@@ -75,6 +88,8 @@ static void probe_detail(struct fsdp_group *g, const char *fault, int frank, int
             PROBE_CHECK(fsdp_allgather_sync(g, sendbuf, recvbuf, 64, FSDP_I32));
         } else if (faulty && !strcmp(fault, "count")) {
             PROBE_CHECK(fsdp_allgather_sync(g, sendbuf, recvbuf, 32, FSDP_F32));
+        } else if (i == at && !strcmp(fault, "root")) {
+            PROBE_CHECK(fsdp_broadcast_sync(g, recvbuf, 64, FSDP_F32, faulty ? 1 : 0));
         } else {
             PROBE_CHECK(fsdp_allgather_sync(g, sendbuf, recvbuf, 64, FSDP_F32));
         }
@@ -87,6 +102,85 @@ static void probe_detail(struct fsdp_group *g, const char *fault, int frank, int
     }
     PROBE_CHECK(fsdp_barrier_sync(g));
     printf("rank %d: detail done\n", me);
+}
+
+#define PROBE_AHEAD_MAX 64
+
+static float ahead_send[64], ahead_recv[PROBE_AHEAD_MAX][4 * 64];
+
+/* Issues n collectives, then completes them in order, as an engine that
+ * prefetches does; the fingerprints are checked at the waits. */
+static void probe_ahead(struct fsdp_group *g, const char *fault, int frank, int at, int poll, int n)
+{
+    int me = fsdp_log_rank();
+    struct fsdp_work *w[PROBE_AHEAD_MAX];
+    if (n < 1 || n > PROBE_AHEAD_MAX || g->size > 4) {
+        fsdp_fatal("debug_probe: ahead: N must be 1..%d on at most 4 ranks", PROBE_AHEAD_MAX);
+    }
+    for (int k = 0; k < 64; k++) {
+        ahead_send[k] = (float)(g->rank * 1000 + k);
+    }
+    for (int i = 1; i <= n; i++) {
+        int faulty = me == frank && i == at;
+        float *out = ahead_recv[i - 1];
+        if (faulty && !strcmp(fault, "op")) {
+            PROBE_CHECK(fsdp_reduce_scatter(g, out, out + (size_t)g->rank * 64, 64, FSDP_F32, FSDP_SUM,
+                                            NULL, &w[i - 1]));
+        } else if (faulty && !strcmp(fault, "count")) {
+            PROBE_CHECK(fsdp_allgather(g, ahead_send, out, 32, FSDP_F32, NULL, &w[i - 1]));
+        } else if (i == at && !strcmp(fault, "root")) {
+            PROBE_CHECK(fsdp_broadcast(g, out, 64, FSDP_F32, faulty ? 1 : 0, NULL, &w[i - 1]));
+        } else {
+            PROBE_CHECK(fsdp_allgather(g, ahead_send, out, 64, FSDP_F32, NULL, &w[i - 1]));
+        }
+    }
+    int bad = 0;
+    for (int i = 1; i <= n; i++) {
+        int done = 0;
+        while (poll && !done) {
+            PROBE_CHECK(fsdp_work_test(w[i - 1], &done));
+            if (!done) {
+                usleep(200);
+            }
+        }
+        PROBE_CHECK(fsdp_work_wait(w[i - 1], -1));
+        fsdp_work_free(w[i - 1]);
+        for (int r = 0; r < g->size; r++) {
+            for (int k = 0; k < 64; k++) {
+                bad += ahead_recv[i - 1][r * 64 + k] != (float)(r * 1000 + k);
+            }
+        }
+    }
+    PROBE_CHECK(fsdp_barrier_sync(g));
+    printf("rank %d: ahead done, %d wrong values\n", me, bad);
+}
+
+static void probe_pace(struct fsdp_group *g, int n, int ahead, size_t count)
+{
+    struct fsdp_work *w[PROBE_AHEAD_MAX];
+    if (n < 1 || ahead < 1 || ahead > PROBE_AHEAD_MAX || count < 1 || count > 64 ||
+        g->size > 4) {
+        fsdp_fatal("debug_probe: pace: N >= 1, AHEAD 1..%d, COUNT 1..64, at most 4 ranks",
+                   PROBE_AHEAD_MAX);
+    }
+    PROBE_CHECK(fsdp_barrier_sync(g));
+    double t0 = fsdp_now();
+    for (int i = 0; i < n + ahead; i++) {
+        if (i >= ahead) {
+            PROBE_CHECK(fsdp_work_wait(w[i % ahead], -1));
+            fsdp_work_free(w[i % ahead]);
+        }
+        if (i < n) {
+            PROBE_CHECK(fsdp_allgather(g, ahead_send, ahead_recv[i % ahead], count, FSDP_F32,
+                                       NULL, &w[i % ahead]));
+        }
+    }
+    double us = (fsdp_now() - t0) * 1e6 / n;
+    PROBE_CHECK(fsdp_barrier_sync(g));
+    if (fsdp_log_rank() == 0) {
+        printf("pace: %s %d all_gather(f32, %zu), %d in flight: %.1f us each\n", g->ops->name, n,
+               count, ahead, us);
+    }
 }
 
 static void probe_mbarrier(struct fsdp_group *g, int srank, double sleep_s, double timeout,
@@ -202,7 +296,7 @@ int main(int argc, char **argv)
         }
     }
     if (i >= argc) {
-        fsdp_fatal("debug_probe: no mode given (detail, mbarrier, usr2, fuzz)");
+        fsdp_fatal("debug_probe: no mode given (detail, ahead, pace, mbarrier, stall, usr2, fuzz)");
     }
     const char *mode = argv[i];
     char **a = argv + i + 1;
@@ -222,6 +316,10 @@ int main(int argc, char **argv)
     struct fsdp_group *g0 = m->dims[0].group;
     if (!strcmp(mode, "detail") && na == 3) {
         probe_detail(g0, a[0], atoi(a[1]), atoi(a[2]));
+    } else if (!strcmp(mode, "ahead") && na == 5) {
+        probe_ahead(g0, a[0], atoi(a[1]), atoi(a[2]), atoi(a[3]), atoi(a[4]));
+    } else if (!strcmp(mode, "pace") && na == 3) {
+        probe_pace(g0, atoi(a[0]), atoi(a[1]), (size_t)atol(a[2]));
     } else if (!strcmp(mode, "mbarrier") && na == 4) {
         probe_mbarrier(g0, atoi(a[0]), atof(a[1]), atof(a[2]), atoi(a[3]));
     } else if (!strcmp(mode, "stall") && na == 1) {
