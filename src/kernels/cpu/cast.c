@@ -167,10 +167,10 @@ void fsdp_cpu_widen_inplace(void *buf, size_t n, int bf16)
         }
         n = lo;
     }
-    if (bf16) {
-        fsdp_cpu_bf16_to_f32(head, src, n);
-    } else {
-        fsdp_cpu_f16_to_f32(head, src, n);
+    /* the last (at most CPU_INPLACE_HEAD) values one at a time: the vector
+     * loop here would make GCC's -Wstringop-overflow misjudge head's bounds */
+    for (size_t i = 0; i < n; i++) {
+        head[i] = bf16 ? fsdp_bf16_to_f32(src[i]) : fsdp_f16_to_f32(src[i]);
     }
     memcpy(dst, head, n * sizeof(float));
 }

@@ -5,10 +5,11 @@
  *
  * Why vector extensions: the default build is -O2 without -march, where the
  * compiler does not auto-vectorise; these types compile to SSE2 on any
- * x86-64 and to AVX when the library is built with -mavx2 or -march=native,
- * with no runtime dispatch and no intrinsics in the kernels themselves. The
- * width follows the target (4 lanes on SSE2, 8 with AVX) because GCC
- * scalarises compares on vectors wider than the hardware's. Every helper is
+ * x86-64 and to AVX or AVX-512 when the library is built with -mavx2 or
+ * -march=native, with no runtime dispatch and no intrinsics in the kernels
+ * themselves. The width follows the target (4 lanes on SSE2, 8 with AVX,
+ * 16 with AVX-512F) because GCC scalarises compares on vectors wider than
+ * the hardware's. Every helper is
  * static inline; no symbol leaves this header.
  *
  * Accuracy contract of cpu_vexp: relative error below 2^-22 for inputs in
@@ -26,8 +27,10 @@
 #include <immintrin.h>
 #endif
 
-#if defined(__AVX__)
-#define CPU_VW 8 /* lanes per vector */
+#if defined(__AVX512F__)
+#define CPU_VW 16 /* lanes per vector */
+#elif defined(__AVX__)
+#define CPU_VW 8
 #else
 #define CPU_VW 4
 #endif
@@ -126,7 +129,15 @@ static inline float cpu_vhmax(cpu_vf v)
 /* min(max(x, lo), hi) that keeps a NaN x (minps/maxps return their second operand on NaN) */
 static inline cpu_vf cpu_vclamp(cpu_vf x, cpu_vf lo, cpu_vf hi)
 {
-#if defined(__AVX__)
+#if defined(__AVX512F__)
+    __m512 a, l, h;
+    memcpy(&a, &x, sizeof(a));
+    memcpy(&l, &lo, sizeof(l));
+    memcpy(&h, &hi, sizeof(h));
+    a = _mm512_min_ps(h, _mm512_max_ps(l, a));
+    memcpy(&x, &a, sizeof(a));
+    return x;
+#elif defined(__AVX__)
     __m256 a, l, h;
     memcpy(&a, &x, sizeof(a));
     memcpy(&l, &lo, sizeof(l));
@@ -174,7 +185,12 @@ static inline cpu_vf cpu_vexp(cpu_vf x)
 
 static inline cpu_vf cpu_vsqrt(cpu_vf x)
 {
-#if defined(__AVX__)
+#if defined(__AVX512F__)
+    __m512 a;
+    memcpy(&a, &x, sizeof(a));
+    a = _mm512_sqrt_ps(a);
+    memcpy(&x, &a, sizeof(a));
+#elif defined(__AVX__)
     __m256 a;
     memcpy(&a, &x, sizeof(a));
     a = _mm256_sqrt_ps(a);
