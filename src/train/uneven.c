@@ -328,9 +328,15 @@ static void unv_state_after(const struct fsdp_trainer *t, long steps,
     if (steps <= 0) {
         return;
     }
-    /* passes have pass_steps steps; the next one starts lazily, at the vote
-     * before its first step, so the last step of a pass leaves the cursor there */
+    /* passes have pass_steps steps; the vote after a pass's last step (which
+     * precedes that step's checkpoint) starts the next pass when one remains,
+     * so a boundary leaves the cursor at token 0 of the next pass; after the
+     * last pass it stays at the end */
     uint64_t s = (uint64_t)steps, L = (uint64_t)u->pass_steps;
+    if (s % L == 0 && s / L < (uint64_t)u->epochs) {
+        st->epoch = s / L;
+        return;
+    }
     uint64_t in_pass = s - (s - 1) / L * L;
     uint64_t mine = u->per_pass[u->rank];
     st->epoch = (s - 1) / L;

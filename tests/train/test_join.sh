@@ -156,6 +156,17 @@ out=$("$REF" same-model "$W/ck-b.h5" "$W/ck-a.h5" 2>&1)
 rc=$?
 tap_diag "$out"
 tap_ok $rc "the resumed run's final model is the uninterrupted run's"
+# a checkpoint at a pass boundary (13 steps per pass, 2 passes): the next
+# pass has already started when it is written, and the resume must agree
+O2="--data $W/k1_{rank}.bin --epochs 2 --backend tcp"
+# shellcheck disable=SC2086
+run ck-d 3 $O2 --ckpt-dir "$W/ck2" --ckpt-every 13 && [ -d "$W/ck2/step_13" ] &&
+    run ck-e 3 $O2 --resume "$W/ck2/step_13" && [ "$(steps_of ck-e)" = 13 ]
+tap_ok $? "per-rank files, 2 passes: resumed at the pass boundary (step 13), 13 more steps"
+out=$("$REF" same-model "$W/ck-e.h5" "$W/ck-d.h5" 2>&1)
+rc=$?
+tap_diag "$out"
+tap_ok $rc "the run resumed at the pass boundary ends with the uninterrupted run's model"
 # shellcheck disable=SC2086
 run ck-c 2 --data "$W/k1_{rank}.bin" --epochs 1 --backend tcp --resume "$W/ck/step_11"
 rc=$?
