@@ -447,15 +447,7 @@ int tcp_engine_start(struct tcp_backend *be)
 {
     /* the progress thread takes no asynchronous signals: they belong to the
      * application's threads */
-    sigset_t all, old;
-    sigfillset(&all);
-    sigdelset(&all, SIGSEGV);
-    sigdelset(&all, SIGBUS);
-    sigdelset(&all, SIGFPE);
-    sigdelset(&all, SIGILL);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&be->thread, NULL, tcp_engine_main, be);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = fsdp_thread_start(&be->thread, tcp_engine_main, be);
     if (rc != 0) {
         return fsdp_err(FSDP_ERR_SYSTEM, "group %s: cannot start the tcp progress thread: %s",
                         be->name, strerror(rc));

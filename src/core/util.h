@@ -20,6 +20,13 @@ void *fsdp_alloc(size_t bytes);
 void *fsdp_calloc(size_t bytes);
 void fsdp_free(void *p);
 
+/* pthread_create for the library's own service threads (progress, store
+ * server, watchdog): asynchronous signals stay with the application's
+ * threads, synchronous faults (SEGV, BUS, FPE, ILL) are not blocked.
+ * Returns pthread_create's result. */
+#include <pthread.h>
+int fsdp_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
+
 /*
  * Environment parameters, read when first asked for. On a malformed value
  * they return the default and log a warning naming the variable.

@@ -114,8 +114,16 @@ int fsdp_debug_group_add(struct fsdp_group *g, int *id)
     pthread_mutex_unlock(&dbg.mu);
     if (dbg.flight) {
         int k = fsdp_flight_add_group(dbg.flight, g->name, g->world_ranks, g->size);
-        FSDP_CHECK(k);
-        *id = k;
+        if (k < 0) {
+            /* the table only names groups in dumps: the group's collectives
+             * are still recorded, under "?" */
+            char why[256];
+            fsdp_err_take(why, sizeof(why));
+            FSDP_WARN(FSDP_SUB_DIST, "group %s: flight-recorder dumps will not name it: %s",
+                      g->name, why);
+        } else {
+            *id = k;
+        }
     }
     if (dbg.level >= FSDP_DEBUG_INFO) {
         char ranks[256];

@@ -549,7 +549,7 @@ static int fp_publisher_start(void)
         fp_pub.cv_ready = 1;
     }
     fp_pub.stop = 0;
-    int err = pthread_create(&fp_pub.thread, NULL, fp_publisher_main, NULL);
+    int err = fsdp_thread_start(&fp_pub.thread, fp_publisher_main, NULL);
     if (err) {
         return fsdp_err(FSDP_ERR_SYSTEM, "DETAIL: cannot start the fingerprint publisher: %s",
                         strerror(err));

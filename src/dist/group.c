@@ -503,7 +503,8 @@ static int group_wait(struct fsdp_work *w, double timeout_s, int deadline)
     if (rc == FSDP_ERR_TIMEOUT && !deadline) {
         return rc;
     }
-    return group_finished(w, rc, named, fsdp_now() - t0);
+    /* the time waited only names a failure */
+    return group_finished(w, rc, named, rc < 0 ? fsdp_now() - t0 : 0);
 }
 
 int fsdp_work_wait(struct fsdp_work *w, double timeout_s)

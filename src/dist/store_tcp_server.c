@@ -650,12 +650,7 @@ int fsdp_store_tcp_serve(const char *bind_host, int port, uint64_t nonce,
         rc = fsdp_err(FSDP_ERR_NOMEM, "store server: out of memory");
         goto err_wake;
     }
-    /* signals belong to the application's threads, not to this one */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int e = pthread_create(&srv->thread, NULL, srv_main, srv);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int e = fsdp_thread_start(&srv->thread, srv_main, srv);
     if (e != 0) {
         rc = fsdp_err(FSDP_ERR_SYSTEM, "store server: cannot start its thread: %s", strerror(e));
         goto err_kv;

@@ -125,7 +125,7 @@ int fsdp_watchdog_start(struct fsdp_flight *f, struct fsdp_watchdog **out)
         rc = fsdp_err(FSDP_ERR_SYSTEM, "watchdog: pipe: %s", strerror(errno));
         goto err_free;
     }
-    int err = pthread_create(&w->thread, NULL, watchdog_main, w);
+    int err = fsdp_thread_start(&w->thread, watchdog_main, w);
     if (err) {
         rc = fsdp_err(FSDP_ERR_SYSTEM, "watchdog: cannot start its thread: %s", strerror(err));
         goto err_pipe;

@@ -406,6 +406,21 @@ int main(int argc, char **argv)
     fsdp_mesh_destroy(m);
     expect("destroy is fast", fsdp_now() - t0 < 1.0, "fsdp_mesh_destroy took %.2f s",
            fsdp_now() - t0);
+    /* a long job creates groups over and over: more than the flight
+     * recorder's table of group names must never be refused */
+    int many = (int)fsdp_env_int("TEST_MESH_MANY", 0), made = 0;
+    for (int i = 0; i < many; i++, made++) {
+        struct fsdp_mesh *mi;
+        if (fsdp_mesh_create(d, mesh_spec, backend_spec, &mi) < 0) {
+            break;
+        }
+        fsdp_mesh_destroy(mi);
+    }
+    if (many) {
+        expect("meshes created one after another", made == many,
+               "%d of %d meshes created: %s", made, many, fsdp_err_msg());
+        fsdp_err_clear();
+    }
     rc = report(d, label);
     fsdp_dist_finalize(d);
     return rc;

@@ -102,6 +102,10 @@ mpirun 4 --mesh pp=1,dp=4,tp=1 --backend mpi,pp=tcp
 relay "3-D mesh with size-1 outer and inner dimensions"
 mpirun 3 --mesh dp=3
 relay "default backend at 3 ranks"
+export TEST_MESH_MANY=70
+mpirun 2 --mesh dp=2 --backend mpi
+unset TEST_MESH_MANY
+relay "70 more meshes after the first (more groups than the flight recorder names)"
 envrun 4 --mesh dp=2,tp=2 --backend tcp
 relay "2-D tcp mesh as plain processes (env://)"
 
