@@ -31,20 +31,6 @@ const char *fsdp_ckpt_kind_group(enum fsdp_ckpt_kind k)
     return (unsigned)k < FSDP_CKPT_NKINDS ? ck_groups[k] : "?";
 }
 
-static int ck_fsync(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return fsdp_err(FSDP_ERR_IO, "%s: cannot open for fsync: %s", path, strerror(errno));
-    }
-    int e = fsync(fd), saved = errno;
-    close(fd);
-    if (e != 0) {
-        return fsdp_err(FSDP_ERR_IO, "%s: fsync failed: %s", path, strerror(saved));
-    }
-    return 0;
-}
-
 /*
  * Reserves bytes for path before HDF5 writes into it: a full disk or a
  * file-size limit then fails here, with the OS's reason, instead of in the
@@ -107,26 +93,6 @@ static int ck_h5_create(const char *path, size_t reserve, hid_t *out)
     if (rc < 0) {
         unlink(path);
     }
-    return rc;
-}
-
-static int ck_put_i64(hid_t loc, const char *name, long long v)
-{
-    hid_t s = H5Screate(H5S_SCALAR);
-    hid_t a = s < 0 ? -1 : H5Acreate2(loc, name, H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT);
-    int rc = a < 0 || H5Awrite(a, H5T_NATIVE_LLONG, &v) < 0 ? -1 : 0;
-    fsdp_h5_close(a);
-    fsdp_h5_close(s);
-    return rc;
-}
-
-static int ck_put_f64(hid_t loc, const char *name, double v)
-{
-    hid_t s = H5Screate(H5S_SCALAR);
-    hid_t a = s < 0 ? -1 : H5Acreate2(loc, name, H5T_IEEE_F64LE, s, H5P_DEFAULT, H5P_DEFAULT);
-    int rc = a < 0 || H5Awrite(a, H5T_NATIVE_DOUBLE, &v) < 0 ? -1 : 0;
-    fsdp_h5_close(a);
-    fsdp_h5_close(s);
     return rc;
 }
 
@@ -201,7 +167,7 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
                                  &w->file), rc, err);
     if (fsdp_h5_put_attr_str(w->file, "format", FSDP_CKPT_SHARD_FORMAT) < 0 ||
         fsdp_h5_put_attr_int(w->file, "format_version", FSDP_CKPT_VERSION) < 0 ||
-        ck_put_i64(w->file, "step", step) < 0 || fsdp_h5_put_attr_int(w->file, "shard", shard) < 0 ||
+        fsdp_h5_put_attr_i64(w->file, "step", step) < 0 || fsdp_h5_put_attr_int(w->file, "shard", shard) < 0 ||
         fsdp_h5_put_attr_int(w->file, "n_shards", n_shards) < 0 || ck_make_groups(w->file) < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", w->path,
                       fsdp_h5_reason(why, sizeof(why)));
@@ -224,12 +190,14 @@ int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, enum fsdp_ckpt_kind ki
     fsdp_ckpt_rows(p->shape[0], w->n_shards, w->shard, &row0, &rows);
     snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
     hid_t space = H5Screate_simple(ck_dims(p, rows, dims), dims, NULL);
-    hid_t d = space < 0 ? -1 : H5Dcreate2(w->file, name, H5T_IEEE_F32LE, space, H5P_DEFAULT,
-                                          H5P_DEFAULT, H5P_DEFAULT);
+    hid_t dcpl = fsdp_h5_dcpl_write_once();
+    hid_t d = space < 0 || dcpl < 0 ? -1 : H5Dcreate2(w->file, name, H5T_IEEE_F32LE, space,
+                                                      H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    fsdp_h5_close(dcpl);
     int bad = d < 0 || (rows > 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                              data) < 0) ||
-              ck_put_i64(d, "row0", (long long)row0) < 0 ||
-              ck_put_i64(d, "rows", (long long)rows) < 0;
+              fsdp_h5_put_attr_i64(d, "row0", (long long)row0) < 0 ||
+              fsdp_h5_put_attr_i64(d, "rows", (long long)rows) < 0;
     fsdp_h5_close(d);
     fsdp_h5_close(space);
     if (bad) {
@@ -256,7 +224,7 @@ int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w)
         return fsdp_err(FSDP_ERR_IO, "%s: closing failed (disk full?): %s", w->path,
                         fsdp_h5_reason(why, sizeof(why)));
     }
-    FSDP_CHECK(ck_fsync(w->path));
+    FSDP_CHECK(fsdp_file_fsync(w->path, 0));
     w->committed = 1;
     return 0;
 }
@@ -301,22 +269,22 @@ static int ck_write_meta(hid_t f, const struct fsdp_ckpt_meta *m)
 {
     return fsdp_h5_put_attr_str(f, "checkpoint_format", FSDP_CKPT_FORMAT) < 0 ||
                    fsdp_h5_put_attr_int(f, "checkpoint_version", FSDP_CKPT_VERSION) < 0 ||
-                   ck_put_i64(f, "step", m->step) < 0 ||
-                   ck_put_f64(f, "tokens_seen", m->tokens_seen) < 0 ||
+                   fsdp_h5_put_attr_i64(f, "step", m->step) < 0 ||
+                   fsdp_h5_put_attr_double(f, "tokens_seen", m->tokens_seen) < 0 ||
                    fsdp_h5_put_attr_int(f, "world_size", m->world_size) < 0 ||
                    fsdp_h5_put_attr_int(f, "n_shards", m->n_shards) < 0 ||
                    fsdp_h5_put_attr_str(f, "mesh", m->mesh) < 0 ||
                    fsdp_h5_put_attr_str(f, "backends", m->backends) < 0 ||
                    fsdp_h5_put_attr_str(f, "config", m->config) < 0 ||
-                   ck_put_i64(f, "data_position", (long long)m->data_position) < 0 ||
-                   ck_put_i64(f, "data_epoch", (long long)m->data_epoch) < 0 ||
-                   ck_put_i64(f, "data_n_tokens", (long long)m->data_n_tokens) < 0 ||
-                   ck_put_i64(f, "seed", m->seed) < 0 ||
+                   fsdp_h5_put_attr_i64(f, "data_position", (long long)m->data_position) < 0 ||
+                   fsdp_h5_put_attr_i64(f, "data_epoch", (long long)m->data_epoch) < 0 ||
+                   fsdp_h5_put_attr_i64(f, "data_n_tokens", (long long)m->data_n_tokens) < 0 ||
+                   fsdp_h5_put_attr_i64(f, "seed", m->seed) < 0 ||
                    fsdp_h5_put_attr_str(f, "rng_state", "none (the loop draws no random numbers)") < 0 ||
-                   ck_put_i64(f, "adam_step", m->adam_step) < 0 ||
-                   ck_put_f64(f, "loss_scale", m->loss_scale) < 0 ||
-                   ck_put_i64(f, "loss_scale_good_steps", m->scale_good_steps) < 0 ||
-                   ck_put_i64(f, "skipped_steps", m->skipped_steps) < 0
+                   fsdp_h5_put_attr_i64(f, "adam_step", m->adam_step) < 0 ||
+                   fsdp_h5_put_attr_double(f, "loss_scale", m->loss_scale) < 0 ||
+                   fsdp_h5_put_attr_i64(f, "loss_scale_good_steps", m->scale_good_steps) < 0 ||
+                   fsdp_h5_put_attr_i64(f, "skipped_steps", m->skipped_steps) < 0
                ? -1
                : 0;
 }
@@ -389,7 +357,7 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_gpt2_spec *spec,
         unlink(path);
         return rc;
     }
-    return ck_fsync(path);
+    return fsdp_file_fsync(path, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -468,10 +436,18 @@ static int ck_resolve(const char *path, char *dir, size_t len)
 
 int fsdp_ckpt_is_checkpoint(const char *path)
 {
-    char dir[CK_PATH_MAX];
-    int rc = ck_resolve(path, dir, sizeof(dir));
-    fsdp_err_clear();
-    return rc == 0;
+    if (ck_is_dir(path)) {
+        return 1; /* opening it says what is missing, if anything */
+    }
+    const char *base = strrchr(path, '/');
+    if (strcmp(base ? base + 1 : path, FSDP_CKPT_INDEX) != 0) {
+        return 0;
+    }
+    /* an index.h5 carries checkpoint_format; a model file of that name does not */
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    int yes = f < 0 || fsdp_h5_attr_exists(f, "checkpoint_format");
+    fsdp_h5_close(f);
+    return yes;
 }
 
 static int ck_read_u64(const char *path, hid_t f, const char *name, uint64_t *v)
@@ -751,13 +727,9 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
 {
     const struct fsdp_gpt2_spec *spec = ck->spec;
     char why[256], name[256], created_by[256];
-    size_t largest = 1;
+    const size_t largest = fsdp_gpt2_spec_largest(spec);
     int rc = 0;
     fsdp_h5_quiet();
-    for (size_t i = 0; i < spec->n_params; i++) {
-        size_t n = spec->params[i].shape[0] * spec->params[i].shape[1];
-        largest = n > largest ? n : largest;
-    }
     char *tmp = fsdp_file_tmp_path(out);
     float *buf = fsdp_alloc(largest * sizeof(float));
     if (!tmp || !buf) {
@@ -797,8 +769,10 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
             }
             snprintf(name, sizeof(name), "%s/%s", ck_groups[k], p->name);
             hid_t sp = H5Screate_simple(ck_dims(p, p->shape[0], dims), dims, NULL);
-            hid_t d = sp < 0 ? -1 : H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT,
-                                               H5P_DEFAULT, H5P_DEFAULT);
+            hid_t dcpl = fsdp_h5_dcpl_write_once();
+            hid_t d = sp < 0 || dcpl < 0 ? -1 : H5Dcreate2(f, name, H5T_IEEE_F32LE, sp,
+                                                           H5P_DEFAULT, dcpl, H5P_DEFAULT);
+            fsdp_h5_close(dcpl);
             if (d < 0 || H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
                 rc = fsdp_err(FSDP_ERR_IO, "%s: writing /%s failed: %s", tmp, name,
                               fsdp_h5_reason(why, sizeof(why)));

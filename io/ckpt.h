@@ -127,7 +127,9 @@ typedef void (*fsdp_ckpt_progress_fn)(size_t done, size_t total, void *arg);
 int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
                           fsdp_ckpt_progress_fn progress, void *arg);
 
-/* Is path a checkpoint (step dir, index.h5 or a root with latest)? 1 or 0; no error recorded. */
+/* Should path be read as a checkpoint rather than a model file: a directory
+ * (step or root), or an index.h5 with checkpoint_format (an unreadable one
+ * too, so that opening it reports why)? 1 or 0; no error recorded. */
 int fsdp_ckpt_is_checkpoint(const char *path);
 
 #endif

@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static _Noreturn void tool_bad_option(const char *cmd, int c, char **argv)
+_Noreturn void fsdp_ckpt_tool_bad_option(const char *cmd, int c, char **argv)
 {
     if (c == ':') {
         fsdp_fatal("fsdpc-ckpt %s: option '%s' needs a value (see fsdpc-ckpt %s --help)", cmd,
@@ -56,16 +56,6 @@ static struct fsdp_ckpt *tool_open(const char *cmd, const char *path)
     return ck;
 }
 
-static size_t tool_largest(const struct fsdp_gpt2_spec *s)
-{
-    size_t n = 1;
-    for (size_t i = 0; i < s->n_params; i++) {
-        size_t k = s->params[i].shape[0] * s->params[i].shape[1];
-        n = k > n ? k : n;
-    }
-    return n;
-}
-
 static void tool_shape(char *buf, size_t len, const struct fsdp_param_spec *p)
 {
     if (p->ndim == 1) {
@@ -77,28 +67,6 @@ static void tool_shape(char *buf, size_t len, const struct fsdp_param_spec *p)
 
 // ----------------------------------------------------------------------------
 // inspect
-
-int fsdp_ckpt_tool_is_checkpoint(const char *path)
-{
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        return 1;
-    }
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    if (strcmp(base, FSDP_CKPT_INDEX) != 0) {
-        return 0;
-    }
-    struct fsdp_ckpt *ck;
-    if (fsdp_ckpt_open(path, &ck) < 0) {
-        char msg[1024];
-        fsdp_err_take(msg, sizeof(msg));
-        /* a plain model file that happens to be called index.h5 */
-        return strstr(msg, "not a checkpoint index") == NULL;
-    }
-    fsdp_ckpt_close(ck);
-    return 1;
-}
 
 int fsdp_ckpt_tool_inspect(const char *path)
 {
@@ -183,7 +151,7 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
         switch (c) {
         case 'n': scan = 1; break;
         case 'h': verify_usage(stdout); return 0;
-        default: tool_bad_option("verify", c, argv);
+        default: fsdp_ckpt_tool_bad_option("verify", c, argv);
         }
     }
     if (optind != argc - 1) {
@@ -200,7 +168,7 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
         fsdp_die(rc, "fsdpc-ckpt verify", NULL);
     }
     fsdp_model_file_close(mf);
-    float *buf = fsdp_alloc(tool_largest(s) * sizeof(float));
+    float *buf = fsdp_alloc(fsdp_gpt2_spec_largest(s) * sizeof(float));
     if (!buf) {
         fsdp_fatal("fsdpc-ckpt verify: out of memory for one tensor");
     }
@@ -263,7 +231,7 @@ int fsdp_ckpt_cmd_consolidate(int argc, char **argv)
         case 'o': out = optarg; break;
         case 'w': with = 1; break;
         case 'h': consolidate_usage(stdout); return 0;
-        default: tool_bad_option("consolidate", c, argv);
+        default: fsdp_ckpt_tool_bad_option("consolidate", c, argv);
         }
     }
     if (optind != argc - 1 || !out) {
@@ -302,7 +270,10 @@ static void reshard_usage(FILE *out)
 static int reshard_parse_mesh(const char *spec, int *shards, int *world)
 {
     char buf[128];
-    snprintf(buf, sizeof(buf), "%s", spec);
+    int seen_rdp = 0;
+    if (snprintf(buf, sizeof(buf), "%s", spec) >= (int)sizeof(buf)) {
+        return -1;
+    }
     *shards = 0;
     *world = 1;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
@@ -313,10 +284,13 @@ static int reshard_parse_mesh(const char *spec, int *shards, int *world)
             return -1;
         }
         *eq = '\0';
-        if (strcmp(tok, "dp") == 0) {
+        if (strcmp(tok, "dp") == 0 && !*shards) {
             *shards = (int)v;
-        } else if (strcmp(tok, "rdp") != 0) {
-            return -1;
+        } else if (strcmp(tok, "rdp") != 0 || seen_rdp++) {
+            return -1; /* another name, or a name given twice */
+        }
+        if (*world > 65536 / v) {
+            return -1; /* more ranks than any mesh fsdpc builds */
         }
         *world *= (int)v;
     }
@@ -396,7 +370,7 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
         case 'm': mesh = optarg; break;
         case 'o': out = optarg; break;
         case 'h': reshard_usage(stdout); return 0;
-        default: tool_bad_option("reshard", c, argv);
+        default: fsdp_ckpt_tool_bad_option("reshard", c, argv);
         }
     }
     if (optind != argc - 1 || !out || !mesh) {
@@ -404,7 +378,8 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
                    "SPEC, and -o DIR (see --help)");
     }
     if (reshard_parse_mesh(mesh, &shards, &world) < 0) {
-        fsdp_fatal("fsdpc-ckpt reshard: --mesh '%s' must be dp=N or rdp=R,dp=N", mesh);
+        fsdp_fatal("fsdpc-ckpt reshard: --mesh '%s' must be dp=N or rdp=R,dp=N (each name once, "
+                   "at most 65536 ranks in all)", mesh);
     }
     if (access(out, F_OK) == 0) {
         fsdp_fatal("fsdpc-ckpt reshard: %s already exists", out);
@@ -416,7 +391,7 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
     if (mkdir(tmp, 0755) != 0) {
         fsdp_fatal("fsdpc-ckpt reshard: %s: cannot create: %s", tmp, strerror(errno));
     }
-    float *buf = fsdp_alloc(tool_largest(s) * sizeof(float));
+    float *buf = fsdp_alloc(fsdp_gpt2_spec_largest(s) * sizeof(float));
     if (!buf) {
         fsdp_fatal("fsdpc-ckpt reshard: out of memory for one tensor");
     }
@@ -477,7 +452,7 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
         case 'd': dt = optarg; break;
         case 'o': out = optarg; break;
         case 'h': convert_usage(stdout); return 0;
-        default: tool_bad_option("convert", c, argv);
+        default: fsdp_ckpt_tool_bad_option("convert", c, argv);
         }
     }
     if (optind != argc - 1 || !out || !dt) {
@@ -497,7 +472,7 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
     struct fsdp_ckpt *ck = NULL;
     struct fsdp_model_file *mf = NULL;
     const struct fsdp_gpt2_spec *s;
-    if (fsdp_ckpt_tool_is_checkpoint(in)) {
+    if (fsdp_ckpt_is_checkpoint(in)) {
         ck = tool_open("convert", in);
         s = fsdp_ckpt_spec(ck);
     } else {
@@ -510,7 +485,7 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
     snprintf(created_by, sizeof(created_by), "fsdpc-ckpt convert %s to %s", in, dt);
     struct fsdp_model_write_opts wo = {.created_by = created_by, .dtype = dtype};
     struct fsdp_model_writer *w = NULL;
-    float *buf = fsdp_alloc(tool_largest(s) * sizeof(float));
+    float *buf = fsdp_alloc(fsdp_gpt2_spec_largest(s) * sizeof(float));
     if (!buf) {
         fsdp_fatal("fsdpc-ckpt convert: out of memory for one tensor");
     }

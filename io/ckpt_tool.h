@@ -6,10 +6,11 @@
 #ifndef FSDP_IO_CKPT_TOOL_H
 #define FSDP_IO_CKPT_TOOL_H
 
+/* Exits naming the option getopt refused (c: its return, '?' or ':'). */
+_Noreturn void fsdp_ckpt_tool_bad_option(const char *cmd, int c, char **argv);
+
 /* Prints a checkpoint's state and tensor table; 0 on success. */
 int fsdp_ckpt_tool_inspect(const char *path);
-/* Does path name a checkpoint (a directory, or an index.h5 with checkpoint attributes)? */
-int fsdp_ckpt_tool_is_checkpoint(const char *path);
 
 int fsdp_ckpt_cmd_verify(int argc, char **argv);
 int fsdp_ckpt_cmd_consolidate(int argc, char **argv);

@@ -22,7 +22,7 @@ char *fsdp_file_tmp_path(const char *path)
     return tmp;
 }
 
-static int file_fsync(const char *path, int dir)
+int fsdp_file_fsync(const char *path, int dir)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | (dir ? O_DIRECTORY : 0));
     if (fd < 0) {
@@ -40,7 +40,7 @@ static int file_fsync(const char *path, int dir)
 
 int fsdp_file_commit(const char *tmp, const char *path)
 {
-    FSDP_CHECK(file_fsync(tmp, 0));
+    FSDP_CHECK(fsdp_file_fsync(tmp, 0));
     if (rename(tmp, path) != 0) {
         return fsdp_err(FSDP_ERR_IO, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
     }
@@ -54,7 +54,7 @@ int fsdp_file_commit(const char *tmp, const char *path)
     } else if (slash) {
         *slash = '\0';
     }
-    int rc = file_fsync(slash ? dir : ".", 1);
+    int rc = fsdp_file_fsync(slash ? dir : ".", 1);
     free(dir);
     return rc;
 }

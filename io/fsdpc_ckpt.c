@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "io/ckpt.h"
 #include "io/ckpt_tool.h"
 #include "io/model_file.h"
 #include "model/gpt2.h"
@@ -35,16 +36,6 @@ struct ckpt_cmd {
     const char *summary;
     int (*run)(int argc, char **argv);
 };
-
-static _Noreturn void bad_option(const char *cmd, int c, char **argv)
-{
-    if (c == ':') {
-        fsdp_fatal("fsdpc-ckpt %s: option '%s' needs a value (see fsdpc-ckpt %s --help)", cmd,
-                   argv[optind - 1], cmd);
-    }
-    fsdp_fatal("fsdpc-ckpt %s: unknown option '%s' (see fsdpc-ckpt %s --help)", cmd,
-               argv[optind - 1], cmd);
-}
 
 static int parse_int_flag(const char *flag, const char *s, long long lo, long long hi)
 {
@@ -135,7 +126,7 @@ static int cmd_init(int argc, char **argv)
             break;
         case 'o': out = optarg; break;
         case 'h': init_usage(stdout); return 0;
-        default: bad_option("init", c, argv);
+        default: fsdp_ckpt_tool_bad_option("init", c, argv);
         }
     }
     if (optind != argc) {
@@ -226,14 +217,14 @@ static int cmd_inspect(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'h': inspect_usage(stdout); return 0;
-        default: bad_option("inspect", c, argv);
+        default: fsdp_ckpt_tool_bad_option("inspect", c, argv);
         }
     }
     if (optind != argc - 1) {
         fsdp_fatal("fsdpc-ckpt inspect: expected one model file, got %d (see --help)",
                    argc - optind);
     }
-    if (fsdp_ckpt_tool_is_checkpoint(argv[optind])) {
+    if (fsdp_ckpt_is_checkpoint(argv[optind])) {
         return fsdp_ckpt_tool_inspect(argv[optind]);
     }
     struct fsdp_model_file *mf;

@@ -325,6 +325,28 @@ int fsdp_h5_put_attr_float(hid_t loc, const char *name, float v)
     return h5_put_attr(loc, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &v);
 }
 
+hid_t fsdp_h5_dcpl_write_once(void)
+{
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    if (dcpl >= 0 && (H5Pset_layout(dcpl, H5D_CONTIGUOUS) < 0 ||
+                      H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0 ||
+                      H5Pset_obj_track_times(dcpl, 0) < 0)) {
+        H5Pclose(dcpl);
+        return -1;
+    }
+    return dcpl;
+}
+
+int fsdp_h5_put_attr_i64(hid_t loc, const char *name, long long v)
+{
+    return h5_put_attr(loc, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, &v);
+}
+
+int fsdp_h5_put_attr_double(hid_t loc, const char *name, double v)
+{
+    return h5_put_attr(loc, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
+}
+
 int fsdp_h5_put_attr_str(hid_t loc, const char *name, const char *v)
 {
     /* variable-length UTF-8: what h5py writes and reads back as str */

@@ -70,6 +70,12 @@ int fsdp_h5_attr_str(const char *path, hid_t loc, const char *name, char *buf, s
 /* Writers: int32 LE, f32 LE, variable-length UTF-8. 0 or -1 (HDF5 stack set). */
 int fsdp_h5_put_attr_int(hid_t loc, const char *name, int v);
 int fsdp_h5_put_attr_float(hid_t loc, const char *name, float v);
+/* Creation properties of a dataset written once in full: contiguous, no fill
+ * pass before the data, no modification times (the same tensors always give
+ * the same bytes). Close with fsdp_h5_close; -1 on failure. */
+hid_t fsdp_h5_dcpl_write_once(void);
+int fsdp_h5_put_attr_i64(hid_t loc, const char *name, long long v);
+int fsdp_h5_put_attr_double(hid_t loc, const char *name, double v);
 int fsdp_h5_put_attr_str(hid_t loc, const char *name, const char *v);
 
 #endif

@@ -163,14 +163,7 @@ int fsdp_model_writer_put(struct fsdp_model_writer *w, size_t idx, const float *
     }
     hsize_t dims[2] = {p->shape[0], p->shape[1]};
     hid_t space = H5Screate_simple(p->ndim, dims, NULL);
-    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    /* contiguous, written once in full: no fill pass before our data; no
-     * modification times, so the same model always gives the same bytes */
-    if (dcpl >= 0) {
-        H5Pset_layout(dcpl, H5D_CONTIGUOUS);
-        H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
-        H5Pset_obj_track_times(dcpl, 0);
-    }
+    hid_t dcpl = fsdp_h5_dcpl_write_once();
     hid_t d = space >= 0 && dcpl >= 0
                   ? H5Dcreate2(w->group, p->name, w->store_type, space, H5P_DEFAULT, dcpl,
                                H5P_DEFAULT)

@@ -20,16 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Noreturn void st_bad_option(const char *cmd, int c, char **argv)
-{
-    if (c == ':') {
-        fsdp_fatal("fsdpc-ckpt %s: option '%s' needs a value (see fsdpc-ckpt %s --help)", cmd,
-                   argv[optind - 1], cmd);
-    }
-    fsdp_fatal("fsdpc-ckpt %s: unknown option '%s' (see fsdpc-ckpt %s --help)", cmd,
-               argv[optind - 1], cmd);
-}
-
 static enum fsdp_dtype st_parse_dtype(const char *cmd, const char *s)
 {
     if (strcmp(s, "f32") == 0) {
@@ -67,16 +57,6 @@ static void st_transpose(float *dst, const float *src, size_t rows, size_t cols)
     }
 }
 
-static size_t st_largest(const struct fsdp_gpt2_spec *s)
-{
-    size_t n = 1;
-    for (size_t i = 0; i < s->n_params; i++) {
-        size_t k = s->params[i].shape[0] * s->params[i].shape[1];
-        n = k > n ? k : n;
-    }
-    return n;
-}
-
 // ----------------------------------------------------------------------------
 // export
 
@@ -112,7 +92,7 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
         case 'd': dtype = st_parse_dtype("export-safetensors", optarg); break;
         case 'o': out = optarg; break;
         case 'h': export_usage(stdout); return 0;
-        default: st_bad_option("export-safetensors", c, argv);
+        default: fsdp_ckpt_tool_bad_option("export-safetensors", c, argv);
         }
     }
     if (optind != argc - 1 || !out) {
@@ -122,7 +102,7 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
     struct fsdp_ckpt *ck = NULL;
     struct fsdp_model_file *mf = NULL;
     const struct fsdp_gpt2_spec *s;
-    if (fsdp_ckpt_tool_is_checkpoint(in)) {
+    if (fsdp_ckpt_is_checkpoint(in)) {
         if ((rc = fsdp_ckpt_open(in, &ck)) < 0) {
             fsdp_die(rc, "fsdpc-ckpt export-safetensors", NULL);
         }
@@ -135,7 +115,7 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
     }
     struct fsdp_st_entry *e = calloc(s->n_params, sizeof(*e));
     char (*names)[FSDP_ST_NAME_MAX] = calloc(s->n_params, sizeof(*names));
-    size_t big = st_largest(s);
+    size_t big = fsdp_gpt2_spec_largest(s);
     float *a = fsdp_alloc(big * sizeof(float)), *b = fsdp_alloc(big * sizeof(float));
     uint16_t *h = fsdp_alloc(big * sizeof(uint16_t));
     if (!e || !names || !a || !b || !h) {
@@ -173,10 +153,7 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
         }
         if (dtype == FSDP_F32) {
             rc = fsdp_st_writer_put(w, i, src);
-        } else {
-            for (size_t k = 0; k < n; k++) {
-                h[k] = dtype == FSDP_BF16 ? fsdp_f32_to_bf16(src[k]) : fsdp_f32_to_f16(src[k]);
-            }
+        } else if ((rc = fsdp_convert(h, dtype, src, FSDP_F32, n)) == 0) {
             rc = fsdp_st_writer_put(w, i, h);
         }
     }
@@ -232,22 +209,11 @@ static long st_lookup(const struct fsdp_safetensors *st, const char *name)
 static int st_to_f32(const struct fsdp_safetensors *st, const struct fsdp_st_tensor *t,
                      const void *raw, float *dst, size_t n)
 {
-    switch (t->dtype) {
-    case FSDP_F32: memcpy(dst, raw, n * sizeof(float)); return 0;
-    case FSDP_F16:
-        for (size_t k = 0; k < n; k++) {
-            dst[k] = fsdp_f16_to_f32(((const uint16_t *)raw)[k]);
-        }
-        return 0;
-    case FSDP_BF16:
-        for (size_t k = 0; k < n; k++) {
-            dst[k] = fsdp_bf16_to_f32(((const uint16_t *)raw)[k]);
-        }
-        return 0;
-    default:
+    if (!fsdp_dtype_is_float(t->dtype)) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has integer dtype; parameters must be "
                         "F32, F16 or BF16", st->path, t->name);
     }
+    return fsdp_convert(dst, FSDP_F32, raw, t->dtype, n);
 }
 
 /* The architecture from the tensor shapes (and n_head from heads or metadata). */
@@ -277,8 +243,15 @@ static int st_infer(const struct fsdp_safetensors *st, int heads, double eps,
         return fsdp_err(FSDP_ERR_INVALID, "%s: n_head is not in the file: pass --heads N "
                         "(GPT-2 small: 12)", st->path);
     }
-    if (eps <= 0.0) {
-        eps = me ? strtod(me, NULL) : 1e-5;
+    if (eps <= 0.0 && me) {
+        char *end;
+        eps = strtod(me, &end);
+        if (end == me || *end || !(eps > 0.0 && eps < 1.0)) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: metadata fsdpc_ln_eps '%s' is not a number "
+                            "in (0, 1); pass --ln-eps X", st->path, me);
+        }
+    } else if (eps <= 0.0) {
+        eps = 1e-5;
     }
     memset(cfg, 0, sizeof(*cfg));
     cfg->vocab_size = (int)st->t[wte].shape[0];
@@ -381,7 +354,7 @@ int fsdp_ckpt_cmd_import_st(int argc, char **argv)
         case 'd': dtype = st_parse_dtype("import-safetensors", optarg); break;
         case 'o': out = optarg; break;
         case 'h': import_usage(stdout); return 0;
-        default: st_bad_option("import-safetensors", c, argv);
+        default: fsdp_ckpt_tool_bad_option("import-safetensors", c, argv);
         }
     }
     if (optind != argc - 1 || !out) {

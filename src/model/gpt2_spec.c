@@ -138,6 +138,16 @@ int fsdp_gpt2_spec_create(const struct fsdp_gpt2_config *c, struct fsdp_gpt2_spe
     return 0;
 }
 
+size_t fsdp_gpt2_spec_largest(const struct fsdp_gpt2_spec *s)
+{
+    size_t n = 1;
+    for (size_t i = 0; i < s->n_params; i++) {
+        size_t k = s->params[i].shape[0] * s->params[i].shape[1];
+        n = k > n ? k : n;
+    }
+    return n;
+}
+
 void fsdp_gpt2_spec_destroy(struct fsdp_gpt2_spec *s)
 {
     if (!s) {

@@ -62,6 +62,8 @@ int fsdp_gpt2_preset(const char *name, struct fsdp_gpt2_config *out);
 int fsdp_gpt2_config_validate(const struct fsdp_gpt2_config *c);
 int fsdp_gpt2_spec_create(const struct fsdp_gpt2_config *c, struct fsdp_gpt2_spec **out);
 void fsdp_gpt2_spec_destroy(struct fsdp_gpt2_spec *s);
+/* Elements of the spec's largest parameter (at least 1): one tensor's buffer. */
+size_t fsdp_gpt2_spec_largest(const struct fsdp_gpt2_spec *s);
 /* Index of the parameter called name, or -1. */
 long fsdp_gpt2_spec_find(const struct fsdp_gpt2_spec *s, const char *name);
 

@@ -48,3 +48,4 @@ write("unknown", edit(lambda h: h.update({"transformer.h.0.mlp.c_gate.weight": h
 write("notransp", edit(lambda h: h["transformer.h.0.attn.c_attn.weight"].update(
     shape=h["transformer.h.0.attn.c_attn.weight"]["shape"][::-1])))
 write("noheads", edit(lambda h: h.pop("__metadata__")))
+write("badeps", edit(lambda h: h["__metadata__"].update(fsdpc_ln_eps="1e-5x")))

@@ -107,6 +107,7 @@ bad negative 'expected a non-negative integer'
 bad unknown 'tensor transformer.h.0.mlp.c_fc.weight is missing'
 bad notransp "c_attn.weight' has 2 dims (96, 32) but the model needs (32, 96) (Conv1D layout"
 bad noheads 'n_head is not in the file: pass --heads N'
+bad badeps "metadata fsdpc_ln_eps '1e-5x' is not a number in (0, 1); pass --ln-eps X"
 
 "$CKPT" import-safetensors "$W/bad/noheads.safetensors" --heads 2 -o "$W/nh.h5" > /dev/null 2>&1 &&
     "$CKPT" inspect "$W/nh.h5" > /dev/null 2>&1
