@@ -40,32 +40,6 @@ static int64_t bench_data_g(uint32_t seed, int rank, int off)
     return (int64_t)((seed + 3u * (uint32_t)rank) & 7u) - 4 + off;
 }
 
-static void bench_data_put(void *buf, enum fsdp_dtype t, size_t k, int64_t v)
-{
-    switch (t) {
-    case FSDP_F32: ((float *)buf)[k] = (float)v; break;
-    case FSDP_F16: ((uint16_t *)buf)[k] = fsdp_f32_to_f16((float)v); break;
-    case FSDP_BF16: ((uint16_t *)buf)[k] = fsdp_f32_to_bf16((float)v); break;
-    case FSDP_I32: ((int32_t *)buf)[k] = (int32_t)v; break;
-    case FSDP_I64: ((int64_t *)buf)[k] = v; break;
-    case FSDP_U8: ((uint8_t *)buf)[k] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static double bench_data_get(const void *buf, enum fsdp_dtype t, size_t k)
-{
-    switch (t) {
-    case FSDP_F32: return ((const float *)buf)[k];
-    case FSDP_F16: return fsdp_f16_to_f32(((const uint16_t *)buf)[k]);
-    case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)buf)[k]);
-    case FSDP_I32: return ((const int32_t *)buf)[k];
-    case FSDP_I64: return (double)((const int64_t *)buf)[k];
-    case FSDP_U8: return ((const uint8_t *)buf)[k];
-    default: return NAN;
-    }
-}
-
 /* Half an ulp of the type at 1.0, doubled for the one rounding of AVG. */
 static double bench_data_tolerance(enum fsdp_dtype t)
 {
@@ -84,7 +58,7 @@ static int bench_data_wrong(const void *buf, enum fsdp_dtype t, size_t k, double
     if (t == FSDP_I64) {
         return ((const int64_t *)buf)[k] != (int64_t)expected;
     }
-    double a = bench_data_get(buf, t, k);
+    double a = fsdp_dtype_get(buf, t, k);
     double tol = bench_data_tolerance(t) * (1.0 + fabs(expected));
     return !(fabs(a - expected) <= tol);
 }
@@ -105,7 +79,7 @@ void fsdp_bench_fill_rank(void *buf, enum fsdp_dtype t, size_t n, size_t index0,
         return;
     }
     for (size_t k = 0; k < n; k++) {
-        bench_data_put(buf, t, k, bench_data_f(seed, index0 + k, off) + g);
+        fsdp_dtype_set(buf, t, k, (double)(bench_data_f(seed, index0 + k, off) + g));
     }
 }
 

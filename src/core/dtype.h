@@ -41,6 +41,35 @@ float fsdp_f16_to_f32(uint16_t h);
 uint16_t fsdp_f32_to_bf16(float f);
 float fsdp_bf16_to_f32(uint16_t h);
 
+/* Element i of buf (of type t) as a double, and back (rounded to t; integer
+ * types truncate). For tests, tools and reference code, not hot loops; an
+ * unknown type reads as NaN and writes nothing. */
+static inline double fsdp_dtype_get(const void *buf, enum fsdp_dtype t, size_t i)
+{
+    switch (t) {
+    case FSDP_F32: return ((const float *)buf)[i];
+    case FSDP_F16: return fsdp_f16_to_f32(((const uint16_t *)buf)[i]);
+    case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case FSDP_I32: return ((const int32_t *)buf)[i];
+    case FSDP_I64: return (double)((const int64_t *)buf)[i];
+    case FSDP_U8: return ((const uint8_t *)buf)[i];
+    default: return __builtin_nan("");
+    }
+}
+
+static inline void fsdp_dtype_set(void *buf, enum fsdp_dtype t, size_t i, double v)
+{
+    switch (t) {
+    case FSDP_F32: ((float *)buf)[i] = (float)v; break;
+    case FSDP_F16: ((uint16_t *)buf)[i] = fsdp_f32_to_f16((float)v); break;
+    case FSDP_BF16: ((uint16_t *)buf)[i] = fsdp_f32_to_bf16((float)v); break;
+    case FSDP_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case FSDP_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case FSDP_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    default: break;
+    }
+}
+
 /* Converts n elements between float types (f32, f16, bf16); 0 or error. */
 int fsdp_convert(void *dst, enum fsdp_dtype dst_type, const void *src, enum fsdp_dtype src_type,
                  size_t n);

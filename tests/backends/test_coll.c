@@ -91,32 +91,6 @@ static inline __attribute__((always_inline)) double gen(enum fsdp_dtype t, uint6
     }
 }
 
-static inline __attribute__((always_inline)) void put(void *buf, size_t i, enum fsdp_dtype t, double v)
-{
-    switch (t) {
-    case FSDP_F32: ((float *)buf)[i] = (float)v; break;
-    case FSDP_F16: ((uint16_t *)buf)[i] = fsdp_f32_to_f16((float)v); break;
-    case FSDP_BF16: ((uint16_t *)buf)[i] = fsdp_f32_to_bf16((float)v); break;
-    case FSDP_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case FSDP_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case FSDP_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static inline __attribute__((always_inline)) double get(const void *buf, size_t i, enum fsdp_dtype t)
-{
-    switch (t) {
-    case FSDP_F32: return ((const float *)buf)[i];
-    case FSDP_F16: return fsdp_f16_to_f32(((const uint16_t *)buf)[i]);
-    case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case FSDP_I32: return ((const int32_t *)buf)[i];
-    case FSDP_I64: return (double)((const int64_t *)buf)[i];
-    case FSDP_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
-    }
-}
-
 /* The per-element helpers are inlined into one loop per dtype (the switch
  * below), so the large cases cost little beyond the hashing. */
 #define DTYPE_DISPATCH(t, CALL)                                               \
@@ -136,7 +110,7 @@ static inline __attribute__((always_inline)) void fill_impl(void *buf, size_t n,
                                                             uint64_t seed, int r, size_t first)
 {
     for (size_t i = 0; i < n; i++) {
-        put(buf, i, t, gen(t, seed, r, first + i));
+        fsdp_dtype_set(buf, t, i, gen(t, seed, r, first + i));
     }
 }
 
@@ -214,7 +188,7 @@ check_impl(struct ctx *c, const char *what, const void *buf, size_t n, enum fsdp
                       (t == FSDP_F16 ? N * 0x1p-24 : 1e-30);
             }
         }
-        double got = get(buf, i, t);
+        double got = fsdp_dtype_get(buf, t, i);
         double err = fabs(got - want);
         if (!(err <= tol)) {
             if (bad++ == 0) {

@@ -58,32 +58,6 @@ static double val(enum fsdp_dtype t, int r, size_t i)
     }
 }
 
-static void put(void *buf, enum fsdp_dtype t, size_t i, double v)
-{
-    switch (t) {
-    case FSDP_F32: ((float *)buf)[i] = (float)v; break;
-    case FSDP_F16: ((uint16_t *)buf)[i] = fsdp_f32_to_f16((float)v); break;
-    case FSDP_BF16: ((uint16_t *)buf)[i] = fsdp_f32_to_bf16((float)v); break;
-    case FSDP_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case FSDP_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case FSDP_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static double get(const void *buf, enum fsdp_dtype t, size_t i)
-{
-    switch (t) {
-    case FSDP_F32: return ((const float *)buf)[i];
-    case FSDP_F16: return fsdp_f16_to_f32(((const uint16_t *)buf)[i]);
-    case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case FSDP_I32: return ((const int32_t *)buf)[i];
-    case FSDP_I64: return (double)((const int64_t *)buf)[i];
-    case FSDP_U8: return ((const uint8_t *)buf)[i];
-    default: return NAN;
-    }
-}
-
 /* op over ranks 0..n-1 of element i; integer AVG truncates like C division. */
 static double reduce_ref(enum fsdp_dtype t, enum fsdp_redop op, size_t i, int n)
 {
@@ -142,7 +116,7 @@ static int compare(const void *got, size_t n, const struct expect *e, char *diag
     size_t bad = 0, first = 0;
     double max_abs = 0, max_rel = 0, first_got = 0, first_want = 0;
     for (size_t i = 0; i < n; i++) {
-        double want = expected(e, i), g = get(got, e->t, i), d = fabs(g - want);
+        double want = expected(e, i), g = fsdp_dtype_get(got, e->t, i), d = fabs(g - want);
         if (!(d <= tolerance(e->t, e->op, want))) {
             if (bad++ == 0) {
                 first = i;
@@ -346,7 +320,7 @@ static int run_case(struct rank_ctx *c, const struct tcase *tc, int caller_strea
     }
     if (tc->kind != C_BROADCAST || c->rank == root) {
         for (size_t i = 0; i < in_n; i++) {
-            put(c->h_a, tc->t, i, val(tc->t, c->rank, i));
+            fsdp_dtype_set(c->h_a, tc->t, i, val(tc->t, c->rank, i));
         }
         CU(cudaMemcpyAsync(in, c->h_a, in_n * es, cudaMemcpyHostToDevice, s));
     }
@@ -396,7 +370,7 @@ static int run_sendrecv(struct rank_ctx *c, char *diag)
         return 1; /* odd one out */
     }
     for (size_t i = 0; i < COUNT; i++) {
-        put(c->h_a, FSDP_I32, i, val(FSDP_I32, c->rank, i));
+        fsdp_dtype_set(c->h_a, FSDP_I32, i, val(FSDP_I32, c->rank, i));
     }
     CU(cudaMemcpy(c->d_a, c->h_a, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemset(c->d_b, 0x5A, bytes));
@@ -477,7 +451,7 @@ static int check_short_wait(struct rank_ctx *c, char *diag)
     int done = -1, rc, rc_short, ok;
 
     for (size_t i = 0; i < COUNT; i++) {
-        put(c->h_a, FSDP_F32, i, val(FSDP_F32, 0, i));
+        fsdp_dtype_set(c->h_a, FSDP_F32, i, val(FSDP_F32, 0, i));
     }
     CU(cudaMemcpy(c->d_a, c->h_a, COUNT * 4, cudaMemcpyHostToDevice));
     CU(cudaLaunchHostFunc(c->stream, gate_hold, &g));

@@ -161,19 +161,6 @@ static void put(void *buf, enum fsdp_dtype t, size_t k, int q, size_t i)
     }
 }
 
-static double get_f(const void *buf, enum fsdp_dtype t, size_t k)
-{
-    switch (t) {
-    case FSDP_F32: return ((const float *)buf)[k];
-    case FSDP_F16: return fsdp_f16_to_f32(((const uint16_t *)buf)[k]);
-    case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)buf)[k]);
-    case FSDP_I32: return ((const int32_t *)buf)[k];
-    case FSDP_I64: return (double)((const int64_t *)buf)[k];
-    case FSDP_U8: return ((const uint8_t *)buf)[k];
-    default: return 0;
-    }
-}
-
 /* The value rank q contributes at element i, after rounding to t. */
 static double stored(int q, size_t i, enum fsdp_dtype t)
 {
@@ -182,7 +169,7 @@ static double stored(int q, size_t i, enum fsdp_dtype t)
     }
     uint64_t cell = 0;
     put(&cell, t, 0, q, i);
-    return get_f(&cell, t, 0);
+    return fsdp_dtype_get(&cell, t, 0);
 }
 
 static double unit_roundoff(enum fsdp_dtype t)
@@ -228,7 +215,7 @@ static long check_range(const void *got, size_t k0, size_t i0, size_t len, enum 
     double u = fsdp_dtype_is_float(t) ? unit_roundoff(t) * (n + 1) : 0;
     for (size_t j = 0; j < len; j++) {
         double mag, r = reference(i0 + j, t, op, n, &mag);
-        double g = get_f(got, t, k0 + j), e = g > r ? g - r : r - g;
+        double g = fsdp_dtype_get(got, t, k0 + j), e = g > r ? g - r : r - g;
         if (!(e <= u * mag)) {
             *gv = g;
             *want = r;
