@@ -15,6 +15,7 @@
 #include "fsdp/fsdp.h"
 #include "dist/group.h"
 #include "dist/mesh.h"
+#include "io/ckpt.h"
 #include "model/gpt2.h"
 
 #define FSDP_MAX_REP_GROUPS 2
@@ -118,14 +119,13 @@ struct fsdp_shard_engine {
 };
 
 /* shard.c */
-/* Rows [*row0, *row0 + *rows) of parameter p that rank r of Rs holds:
- * split as evenly as possible, the first (rows mod Rs) ranks one more. */
+/* Rows [*row0, *row0 + *rows) of parameter p that rank r of Rs holds: the
+ * checkpoint format's row split (fsdp_ckpt_rows), so that a rank's shard is
+ * exactly its piece of a checkpoint of the same mesh. */
 static inline void fsdp_shard_rows(const struct fsdp_param_spec *p, int Rs, int r, size_t *row0,
                                    size_t *rows)
 {
-    size_t n = p->shape[0], base = n / (size_t)Rs, extra = n % (size_t)Rs, ur = (size_t)r;
-    *rows = base + (ur < extra);
-    *row0 = ur * base + (ur < extra ? ur : extra);
+    fsdp_ckpt_rows(p->shape[0], Rs, r, row0, rows);
 }
 /*
  * Unit layout <-> shards packed rank after rank (Rs blocks of S elements,

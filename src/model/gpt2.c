@@ -333,7 +333,6 @@ static void gpt2_relayout(struct fsdp_gpt2 *m)
 {
     fsdp_free(m->act_memory);
     m->act_memory = NULL;
-    m->head_logits_fresh = 0;
     m->tokens = NULL;
     m->targets = NULL;
     memset(m->fwd_done, 0, (size_t)m->spec->n_units);
@@ -496,7 +495,6 @@ static int gpt2_head_forward(struct fsdp_gpt2 *m)
     struct fsdp_gpt2_acts *a = &m->acts;
     struct fsdp_gpt2_head_view w;
     fsdp_gpt2_head_view(m, m->unit_params[c->n_layer + 1], m->unit_params[0], &w);
-    m->head_logits_fresh = 0;
     fsdp_cpu_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt2_residual(m, c->n_layer),
                                w.lnfw, w.lnfb, BT, C, c->ln_eps);
     if (!m->targets) {
@@ -512,7 +510,6 @@ static int gpt2_head_forward(struct fsdp_gpt2 *m)
                                                  m->ignore_index, &k));
         kept += k;
     }
-    m->head_logits_fresh = chunk >= BT;
     for (size_t r = 0; r < BT; r++) {
         if (m->targets[r] != m->ignore_index) {
             sum += a->losses[r];
@@ -621,7 +618,7 @@ static void gpt2_head_backward(struct fsdp_gpt2 *m)
             memset(g->dbtc + r0 * C, 0, rows * C * sizeof(float));
             continue;
         }
-        if (!m->head_logits_fresh) { /* the forward's product again: the same bits */
+        if (chunk < BT) { /* one chunk still holds the forward's logits; else recompute: same bits */
             gpt2_head_logits(m, w.lm_head, r0, rows, a->head_logits);
         }
         fsdp_cpu_crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
@@ -629,7 +626,6 @@ static void gpt2_head_backward(struct fsdp_gpt2 *m)
         fsdp_cpu_matmul_backward(g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
                                  a->lnf + r0 * C, w.lm_head, rows, C, V, alpha, 0);
     }
-    m->head_logits_fresh = 0; /* they are gradients now */
     memset(g->dres, 0, BT * C * sizeof(float));
     fsdp_cpu_layernorm_backward(g->dres, dw.lnfw, dw.lnfb, g->dbtc, gpt2_residual(m, c->n_layer),
                                 w.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);

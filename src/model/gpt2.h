@@ -115,7 +115,6 @@ struct fsdp_gpt2 {
 
     unsigned char *checkpoint; /* (L,) 1: recompute block l in backward */
     int head_chunk;            /* rows of the LM head computed at a time */
-    int head_logits_fresh;     /* acts.head_logits holds the forward's logits of the whole batch */
     struct fsdp_gpt2_acts acts;
     struct fsdp_gpt2_grad_acts gacts;
     float *act_memory;          /* NULL until reserved */

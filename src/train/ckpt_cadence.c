@@ -72,7 +72,6 @@ static int cad_rm_entry(const char *path, const struct stat *st, int flag, struc
     return remove(path) == 0 || errno == ENOENT ? 0 : -1;
 }
 
-/* rm -rf without following links. */
 /* Bytes of the regular files directly under dir (a checkpoint step's
  * shards and index), for the throughput figure in the log; 0 when unreadable. */
 static double cad_dir_bytes(const char *dir)
@@ -102,6 +101,7 @@ static void cad_rate_str(double bytes, double secs, char *buf, size_t n)
              secs > 0 ? bytes / secs / 1e9 : 0.0);
 }
 
+/* rm -rf without following links. */
 static int cad_rmtree(const char *path)
 {
     if (nftw(path, cad_rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT) {
@@ -201,11 +201,17 @@ static int cad_retain(const char *dir, long keep, long current)
     if (!d) {
         return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot list: %s", dir, strerror(errno));
     }
-    while ((e = readdir(d)) && n < sizeof(steps) / sizeof(steps[0])) {
+    while ((e = readdir(d))) {
         long s = cad_step_of(e->d_name);
-        if (s >= 0) {
-            steps[n++] = s;
+        if (s < 0) {
+            continue;
         }
+        if (n == sizeof(steps) / sizeof(steps[0])) {
+            closedir(d);
+            return fsdp_err(FSDP_ERR_INVALID, "ckpt-dir %s: more than %zu step directories; "
+                            "ckpt-keep leaves them all (remove old ones by hand)", dir, n);
+        }
+        steps[n++] = s;
     }
     closedir(d);
     qsort(steps, n, sizeof(steps[0]), cad_cmp_desc);
