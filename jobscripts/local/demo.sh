@@ -42,6 +42,12 @@ BIN=$(cd "$BIN" && pwd)
 WORK=${WORK:-./demo}
 STEPS=${STEPS:-1000}
 RANKS=${RANKS:-2}
+for v in STEPS RANKS; do
+    eval "x=\$$v"
+    case $x in
+    '' | *[!0-9]* | 0) echo "demo.sh: $v=$x is not a positive integer" >&2; exit 1 ;;
+    esac
+done
 BATCH=${BATCH:-$(( 8 / RANKS > 0 ? 8 / RANKS : 1 ))}
 cores=$(nproc 2>/dev/null || echo 2)
 THREADS=${THREADS:-$(( cores / RANKS > 0 ? cores / RANKS : 1 ))}

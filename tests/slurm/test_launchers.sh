@@ -138,4 +138,11 @@ for s in train.sbatch train-env.sbatch convert.sbatch; do
     bad "$s outside Slurm" "$s: not inside a Slurm job (SLURM_JOB_ID is unset)" bash "$JS/slurm/$s"
 done
 
+# the env:// rank starter is written out twice (a batch job runs a spooled
+# copy of its script and cannot source a neighbour): both copies must agree
+body() { sed -n '/^fsdpc_run_ranks() {/,/^}/p' "$1"; }
+[ -n "$(body "$JS/local/train-env.sh")" ] &&
+    [ "$(body "$JS/local/train-env.sh")" = "$(body "$JS/slurm/train-env.sbatch")" ]
+tap_ok $? "fsdpc_run_ranks is the same in local/train-env.sh and slurm/train-env.sbatch"
+
 tap_done

@@ -102,6 +102,10 @@ port_free() {
 port=$((30000 + $$ % 20000))
 while ! port_free $port || ! port_free $((port + 1)); do
     port=$((port + 2))
+    if [ $port -gt 65000 ]; then
+        echo "Bail out! no two free adjacent TCP ports above 30000 for slurmctld and slurmd"
+        exit 1
+    fi
 done
 
 # ---------------------------------------------------------------------------
