@@ -66,17 +66,23 @@ tap_ok $? "a finished run is not trained again"
 # resumes and ends with the losses of the uninterrupted run.
 RUN_DIR="$W/pre" STEPS=120 EXTRA_ARGS="--peak-flops 1e11" "$JS/local/train-env.sh" > "$W/pre1.out" 2>&1 &
 lp=$!
+# signal only once the ranks are training (their handlers are in place);
+# the deadline is generous because a loaded machine (make -j check) starts slowly
 i=0
-while [ "$(losses "$W/pre/metrics.jsonl" 2> /dev/null | wc -l)" -lt 10 ] && [ $i -lt 400 ]; do
+while [ "$(losses "$W/pre/metrics.jsonl" 2> /dev/null | wc -l)" -lt 10 ] && [ $i -lt 1800 ]; do
     sleep 0.05
     i=$((i + 1))
 done
+[ $i -lt 1800 ] || tap_diag "no 10 logged steps after 90 s: $(tail -n 5 "$W/pre1.out")"
 kill -USR1 $lp
 wait $lp
 rc=$?
 s=$(readlink "$W/pre/ckpt/latest" | sed 's/step_//')
 [ $rc -eq 0 ] && grep -q "^preempted: .*checkpoint step $s written" "$W/pre1.out" && [ "${s:-0}" -ge 10 ] &&
     [ "$s" -lt 120 ]
+r=$?
+[ $r -eq 0 ] || tap_diag "$(tail -n 8 "$W/pre1.out")"
+(exit $r)
 tap_ok $? "SIGUSR1 to train-env.sh reaches the ranks: checkpoint at step ${s:-?} of 120, exit 0 (rc $rc)"
 
 RUN_DIR="$W/full" STEPS=120 EXTRA_ARGS="--peak-flops 1e11" "$JS/local/train-mpiexec.sh" > "$W/full.out" 2>&1 &&
