@@ -161,23 +161,31 @@ static int shard_world_sum(struct fsdp_shard_engine *se, double *x)
 }
 
 /* Sum of squares of the gradient shards over the shard group (replicas
- * hold the same shards). */
-static int shard_sumsq(struct fsdp_shard_engine *se, double *out)
+ * hold the same shards); local: this rank's shard alone. */
+static int shard_sumsq(struct fsdp_shard_engine *se, double *local, double *out)
 {
-    double local = 0.0;
+    *local = 0.0;
     for (int u = 0; u < se->n_units; u++) {
-        local += fsdp_cpu_sumsq(se->units[u].grad, se->units[u].cnt);
+        *local += fsdp_cpu_sumsq(se->units[u].grad, se->units[u].cnt);
     }
-    *out = local;
+    *out = *local;
     return se->shard_g ? shard_group_sum(se, se->shard_g, out) : 0;
 }
 
 static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_step_result *out)
 {
-    double sumsq;
-    FSDP_CHECK(shard_sumsq(se, &sumsq));
+    double local, sumsq;
+    FSDP_CHECK(shard_sumsq(se, &local, &sumsq));
     const double scale = se->scale;
-    if (!isfinite(sumsq)) {
+    out->loss_scale = se->ec.loss_scale_dynamic || se->ec.loss_scale > 0.0 ? scale : 0.0;
+    /* The decision is the group's: an overflow in some shards only must
+     * skip the step on every rank. Each rank says what it saw and decided
+     * (tests read these lines from every rank). */
+    const int skip = !isfinite(sumsq);
+    FSDP_DEBUG(FSDP_SUB_FSDP, "update %ld: local gradient shard %s, shard group %s: step %s",
+               se->adam_step + se->skipped + 1, isfinite(local) ? "finite" : "overflowed",
+               isfinite(sumsq) ? "finite" : "overflowed", skip ? "skipped" : "applied");
+    if (skip) {
         out->grad_norm = NAN;
         out->clip_coef = 0.0;
         if (se->ec.loss_scale_dynamic) {

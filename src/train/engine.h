@@ -36,6 +36,7 @@ struct fsdp_step_result {
     double loss;      /* mean cross-entropy over every token of the global batch */
     double grad_norm; /* global L2 norm of the averaged gradient, before clipping */
     double clip_coef; /* factor the gradient was scaled by (1: not clipped) */
+    double loss_scale; /* f16 loss scale the step's backward used; 0: no loss scaling */
 };
 
 struct fsdp_train_engine;
@@ -105,6 +106,9 @@ int fsdp_local_engine_create(const char *model_path, int B, int T, int head_chun
 const float *fsdp_local_engine_grads(const struct fsdp_train_engine *e, int unit);
 /* The parameters of unit u. */
 const float *fsdp_local_engine_params(const struct fsdp_train_engine *e, int unit);
+/* The AdamW first and second moments of unit u, laid out as its parameters. */
+void fsdp_local_engine_moments(const struct fsdp_train_engine *e, int unit, const float **m,
+                               const float **v);
 /* The model the engine drives (its units point at the engine's buffers). */
 struct fsdp_gpt2 *fsdp_local_engine_model(const struct fsdp_train_engine *e);
 

@@ -284,6 +284,14 @@ const float *fsdp_local_engine_params(const struct fsdp_train_engine *e, int uni
     return le->units[unit];
 }
 
+void fsdp_local_engine_moments(const struct fsdp_train_engine *e, int unit, const float **m,
+                               const float **v)
+{
+    const struct local_engine *le = local_impl(e);
+    *m = le->m + le->unit_off[unit];
+    *v = le->v + le->unit_off[unit];
+}
+
 struct fsdp_gpt2 *fsdp_local_engine_model(const struct fsdp_train_engine *e)
 {
     return local_impl(e)->model;

@@ -113,6 +113,9 @@ int fsdp_metrics_step(struct fsdp_metrics *m, const struct fsdp_step_stats *s, i
     json_num(m->fp, "mfu", s->mfu >= 0.0 ? s->mfu : NAN, 0);
     json_num(m->fp, "mem_mib", s->mem_mib, 0);
     json_num(m->fp, "tokens", s->tokens, 0);
+    if (s->loss_scale > 0.0) {
+        json_num(m->fp, "loss_scale", s->loss_scale, 0);
+    }
     fprintf(m->fp, "}\n");
     return metrics_flush(m);
 }

@@ -8,6 +8,8 @@
  * JSONL lines (one object each, flushed as written):
  *   {"step":10,"loss":3.4512,"grad_norm":1.23,"lr":0.0003,"ms":45.1,
  *    "tokens_per_s":22690,"mfu":61.2,"mem_mib":123,"tokens":81920}
+ * With f16 loss scaling the record also has "loss_scale" (the scale the
+ * step's backward used); a skipped step has "grad_norm":null.
  *   {"step":10,"val_loss":3.3011}
  * mfu is a percentage; a value that is not finite is written as null.
  */
@@ -28,6 +30,7 @@ struct fsdp_step_stats {
     double mfu;          /* percent of peak; negative when unknown */
     double mem_mib;      /* peak resident memory of this process */
     double tokens;       /* global tokens consumed so far */
+    double loss_scale;   /* scale the step's backward used; 0: no loss scaling */
 };
 
 struct fsdp_metrics;

@@ -289,7 +289,7 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
 {
     const struct fsdp_train_config *c = t->cfg;
     const struct fsdp_uneven *u = t->uneven;
-    struct fsdp_step_result res;
+    struct fsdp_step_result res = {0};
     double lr = fsdp_lr_at(&t->sched, t->step);
     uint64_t epoch = t->train->epoch;
     /* with epochs the vote before this step said who has a batch */
@@ -321,6 +321,7 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     stats->steps = t->total_steps;
     stats->loss = res.loss;
     stats->grad_norm = res.grad_norm;
+    stats->loss_scale = res.loss_scale;
     stats->lr = lr;
     stats->ms = dt * 1e3;
     stats->tokens_per_s = tokens / dt;

@@ -65,7 +65,7 @@ with h5py.File(sys.argv[1], "r+") as f:
     f.attrs["checkpoint_version"] = np.int32(99)' "$W/version/index.h5"
     bad "wrong format version" "$W/version" 'checkpoint_version 99; this fsdpc reads version 1'
 else
-    tap_skip "h5py not available (format version)"
+    tap_skip_dep h5py "not importable by /usr/bin/python3 (format version)"
 fi
 
 # index.h5 with a missing virtual source, opened as a model file

@@ -54,7 +54,7 @@ PY
     tap_diag "$(cat "$W/tr.out")"
     tap_ok $r "safetensors bytes equal the model's tensors (Conv1D transposed); import is exact"
 else
-    tap_skip "h5py not available"
+    tap_skip_dep h5py "not importable by /usr/bin/python3"
 fi
 
 "$CKPT" init --layers 1 --heads 4 --width 32 --context 16 --untied -o "$W/u.h5" > /dev/null 2>&1 &&

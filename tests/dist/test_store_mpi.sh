@@ -5,7 +5,7 @@
 . "$top_srcdir/tests/dist/store_lib.sh"
 
 if [ -z "$MPIEXEC" ] || [ "$MPIEXEC" = no ]; then
-    tap_skip "no MPI launcher"
+    tap_skip_dep mpiexec "no MPI launcher"
     tap_done
     exit 0
 fi

@@ -30,7 +30,7 @@ if command -v h5diff >/dev/null 2>&1; then
     [ $? -eq 1 ] && h5diff -q good.h5 other.h5 /model/h.0.ln_1.weight /model/h.0.ln_1.weight
     tap_ok $? "another seed changes random tensors, not the constant ones"
 else
-    tap_skip "h5diff not installed"
+    tap_skip_dep hdf5-tools "h5diff not installed"
 fi
 "$CKPT" inspect untied.h5 | grep -q "^lm_head.weight .*(256, 64)"
 tap_ok $? "untied file has lm_head.weight (256, 64)"

@@ -34,12 +34,12 @@ have_slurm() {
 }
 export PATH=$PATH:/usr/sbin:/sbin
 if ! have_slurm; then
-    command -v apt-get > /dev/null 2>&1 || skip_all "Slurm and munge are not installed and there is no apt-get"
+    command -v apt-get > /dev/null 2>&1 || skip_all "missing dependency: slurm (Slurm and munge are not installed and there is no apt-get)"
     echo "# installing slurmctld slurmd slurm-client munge"
     { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
         slurmctld slurmd slurm-client munge; } > "${TMPDIR:-/tmp}/fsdpc-slurm-apt.log" 2>&1 ||
-        skip_all "apt-get could not install slurmctld slurmd slurm-client munge (${TMPDIR:-/tmp}/fsdpc-slurm-apt.log)"
-    have_slurm || skip_all "Slurm programs still missing after apt-get install"
+        skip_all "missing dependency: slurm (apt-get could not install slurmctld slurmd slurm-client munge (${TMPDIR:-/tmp}/fsdpc-slurm-apt.log))"
+    have_slurm || skip_all "missing dependency: slurm (Slurm programs still missing after apt-get install)"
 fi
 
 JS="$top_srcdir/jobscripts/slurm"

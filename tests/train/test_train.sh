@@ -73,7 +73,7 @@ assert len(recs) == 33, len(recs)
 assert all(("loss" in r) != ("val_loss" in r) for r in recs)' "$W/m.jsonl"
     tap_ok $? "metrics file is valid JSONL (30 steps + 3 validations)"
 else
-    tap_skip "no python3 to parse JSON"
+    tap_skip_dep python3 "to parse JSON"
 fi
 
 # ---------------------------------------------------------------------------
@@ -163,8 +163,8 @@ if [ -n "$MPIEXEC" ] && [ -x "$MPIEXEC" ]; then
     [ $rc -eq 0 ] && grep -q '^step 2/2 ' "$W/mpi2.out" && grep -q '^engine: fsdp' "$W/mpi2.out"
     tap_ok $? "mpiexec -n 2 trains with the sharding engine (rc $rc)"
 else
-    tap_skip "no MPIEXEC"
-    tap_skip "no MPIEXEC"
+    tap_skip_dep mpiexec "no MPIEXEC"
+    tap_skip_dep mpiexec "no MPIEXEC"
 fi
 
 # ---------------------------------------------------------------------------
