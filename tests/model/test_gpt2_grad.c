@@ -422,6 +422,54 @@ static void test_errors(void)
     fsdp_gpt2_spec_destroy(s);
 }
 
+/*
+ * The decay policy of GPT-2 / nanoGPT's optimizer groups, stated here
+ * independently of the parameter table under test: the weights of matmuls
+ * decay; biases, layer norms and the embeddings do not (the head decays
+ * only when it is not tied to wte, as it then is a matmul weight of its own).
+ */
+static int expect_decay(const char *name)
+{
+    size_t n = strlen(name);
+    if (n < 7 || strcmp(name + n - 7, ".weight") != 0) {
+        return 0; /* biases */
+    }
+    if (strncmp(name, "wte.", 4) == 0 || strncmp(name, "wpe.", 4) == 0) {
+        return 0;
+    }
+    return strstr(name, "ln_") == NULL;
+}
+
+/* One AdamW step on unit u of p0 (copied into p) with zero gradient and
+ * moments, applied in two pieces that split a parameter as two shards would:
+ * only decay can move a value. Counts wrong elements; returns how many
+ * tensors moved. */
+static size_t adamw_decay_check(const struct fsdp_gpt2_spec *s, int u, const float *p0, float *p,
+                                size_t *wrong)
+{
+    size_t n = s->unit_numel[u], moved = 0;
+    float *g = calloc(n, sizeof(float)), *mm = calloc(n, sizeof(float));
+    float *vv = calloc(n, sizeof(float));
+    struct fsdp_adamw_params hp = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                   .weight_decay = 0.5f, .step = 1};
+    memcpy(p, p0, n * sizeof(float));
+    size_t cut = n / 2 + 1 < n ? n / 2 + 1 : n;
+    fsdp_gpt2_adamw_range(s, u, 0, cut, p, g, mm, vv, &hp, 1.0f);
+    fsdp_gpt2_adamw_range(s, u, cut, n - cut, p + cut, g + cut, mm + cut, vv + cut, &hp, 1.0f);
+    for (size_t pi = s->unit_first[u]; pi < s->n_params && s->params[pi].unit == u; pi++) {
+        const struct fsdp_param_spec *q = &s->params[pi];
+        float f = expect_decay(q->name) ? (float)(1.0 - 0.1 * 0.5) : 1.0f;
+        int any = 0;
+        for (size_t i = q->offset; i < q->offset + q->numel; i++) {
+            *wrong += p[i] != p0[i] * f;
+            any |= p[i] != p0[i];
+        }
+        moved += any;
+    }
+    free(g), free(mm), free(vv);
+    return moved;
+}
+
 static void test_init(void)
 {
     struct fsdp_gpt2_spec *s = make_spec(1), *su = make_spec(0);
@@ -473,25 +521,25 @@ static void test_init(void)
            "init range past the unit's end rejected: %s", fsdp_err_msg());
     fsdp_err_clear();
 
-    /* adamw_range: with zero moments and zero gradients only decay moves parameters */
-    int u = 1;
-    size_t n = s->unit_numel[u];
-    float *g = calloc(n, sizeof(float)), *mm = calloc(n, sizeof(float)), *vv = calloc(n, sizeof(float));
-    memcpy(b.p[u], a.p[u], n * sizeof(float));
-    struct fsdp_adamw_params hp = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                                   .weight_decay = 0.5f, .step = 1};
-    /* in two pieces that split a parameter, as two shards would */
-    size_t cut = s->params[s->unit_first[u] + 2].offset + 7;
-    fsdp_gpt2_adamw_range(s, u, 0, cut, b.p[u], g, mm, vv, &hp, 1.0f);
-    fsdp_gpt2_adamw_range(s, u, cut, n - cut, b.p[u] + cut, g + cut, mm + cut, vv + cut, &hp, 1.0f);
-    bad = 0;
-    for (size_t pi = s->unit_first[u]; pi < s->n_params && s->params[pi].unit == u; pi++) {
-        const struct fsdp_param_spec *p = &s->params[pi];
-        float f = p->decay ? (float)(1.0 - 0.1 * 0.5) : 1.0f;
-        for (size_t i = p->offset; i < p->offset + p->numel; i++) bad += b.p[u][i] != a.p[u][i] * f;
+    /* adamw_range: with zero moments and zero gradients only decay moves
+     * parameters; every unit of the tied and the untied table */
+    size_t wrong = 0, decayed = 0;
+    const struct fsdp_gpt2_spec *tabs[2] = {s, su};
+    struct bufs *orig[2] = {&a, &c};
+    for (int t = 0; t < 2; t++) {
+        const struct fsdp_gpt2_spec *sp = tabs[t];
+        struct bufs d;
+        bufs_alloc(&d, sp);
+        for (int u = 0; u < sp->n_units; u++) {
+            decayed += adamw_decay_check(sp, u, orig[t]->p[u], d.p[u], &wrong);
+        }
+        bufs_free(&d);
     }
-    tap_ok(bad == 0, "adamw_range decays exactly the 2-D weights, across a split (%zu wrong)", bad);
-    free(g), free(mm), free(vv);
+    /* per block 4 matmul weights; untied: the head too */
+    size_t want = 2 * (size_t)(4 * s->cfg.n_layer) + 1;
+    tap_ok(wrong == 0 && decayed == want,
+           "adamw_range decays the matmul weights and nothing else, across a split "
+           "(%zu elements wrong, %zu tensors decayed, %zu expected)", wrong, decayed, want);
 
     double f = fsdp_gpt2_flops_per_token(s, TT);
     double N = 2 * 12.0 * 16 * 16 + 32 * 16 + 2 * (4 * 16 + 3 * 16 + 16 + 4 * 16 + 16) + 2 * 16;

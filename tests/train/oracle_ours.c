@@ -10,6 +10,9 @@
  *   grads/<name>          the first step's averaged gradient, before clipping
  *   losses (steps,)       per-step loss
  *   grad_norms (steps,)   per-step global norm before clipping
+ *   params/<name>         every parameter after the last step
+ *   exp_avg/<name>        AdamW's first moment after the last step
+ *   exp_avg_sq/<name>     and its second moment
  */
 #include "config.h"
 #include "train/trainer.h"
@@ -69,18 +72,30 @@ static int dump_first_batch(struct fsdp_trainer *t, hid_t f)
     return rc;
 }
 
-static int dump_grads(struct fsdp_trainer *t, hid_t f)
+enum dump_what { DUMP_GRADS, DUMP_PARAMS, DUMP_EXP_AVG, DUMP_EXP_AVG_SQ };
+
+/* One group of full tensors, by parameter name, from the local engine. */
+static int dump_tensors(struct fsdp_trainer *t, hid_t f, const char *group, enum dump_what what)
 {
     const struct fsdp_gpt2_spec *s = t->engine->spec;
-    hid_t g = H5Gcreate2(f, "grads", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    int rc = 0;
+    hid_t g = H5Gcreate2(f, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = g < 0 ? fsdp_err(FSDP_ERR_IO, "cannot create group %s", group) : 0;
     for (size_t i = 0; i < s->n_params && rc == 0; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
         hsize_t dims[2] = {p->shape[0], p->shape[1]};
-        rc = put(g, p->name, H5T_NATIVE_FLOAT, p->ndim, dims,
-                 fsdp_local_engine_grads(t->engine, p->unit) + p->offset);
+        const float *m, *v, *src;
+        fsdp_local_engine_moments(t->engine, p->unit, &m, &v);
+        switch (what) {
+        case DUMP_GRADS: src = fsdp_local_engine_grads(t->engine, p->unit); break;
+        case DUMP_PARAMS: src = fsdp_local_engine_params(t->engine, p->unit); break;
+        case DUMP_EXP_AVG: src = m; break;
+        default: src = v; break;
+        }
+        rc = put(g, p->name, H5T_NATIVE_FLOAT, p->ndim, dims, src + p->offset);
     }
-    H5Gclose(g);
+    if (g >= 0) {
+        H5Gclose(g);
+    }
     return rc;
 }
 
@@ -101,12 +116,15 @@ static int run(struct fsdp_trainer *t, const char *path)
         losses[s] = st.loss;
         norms[s] = st.grad_norm;
         if (s == 0) {
-            FSDP_CHECK_GOTO(dump_grads(t, f), rc, out);
+            FSDP_CHECK_GOTO(dump_tensors(t, f, "grads", DUMP_GRADS), rc, out);
         }
     }
     hsize_t dims[1] = {(hsize_t)n};
     FSDP_CHECK_GOTO(put(f, "losses", H5T_NATIVE_DOUBLE, 1, dims, losses), rc, out);
     FSDP_CHECK_GOTO(put(f, "grad_norms", H5T_NATIVE_DOUBLE, 1, dims, norms), rc, out);
+    FSDP_CHECK_GOTO(dump_tensors(t, f, "params", DUMP_PARAMS), rc, out);
+    FSDP_CHECK_GOTO(dump_tensors(t, f, "exp_avg", DUMP_EXP_AVG), rc, out);
+    FSDP_CHECK_GOTO(dump_tensors(t, f, "exp_avg_sq", DUMP_EXP_AVG_SQ), rc, out);
 out:
     if (f >= 0) {
         H5Fclose(f);
