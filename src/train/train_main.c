@@ -15,6 +15,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/*
+ * A setup failure every rank agreed on (FSDP_ERR_ABORTED from
+ * fsdp_trainer_create): the one rank with a message reports it, then all
+ * leave through an orderly finalize. An abort here could let the launcher
+ * tear the job down before that line has reached it.
+ */
+static _Noreturn void main_fail_together(struct fsdp_dist *dist, const char *what)
+{
+    const char *msg = fsdp_err_msg();
+    if (msg[0]) {
+        fprintf(stderr, "fsdpc: rank %d on %s: %s: %s\n", dist->rank, dist->host, what, msg);
+        fflush(stderr);
+    }
+    fflush(stdout);
+    fsdp_dist_finalize(dist);
+    exit(1);
+}
+
 int main(int argc, char **argv)
 {
     struct fsdp_train_config cfg;
@@ -49,6 +67,9 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     rc = fsdp_trainer_create(&cfg, dist, &t);
+    if (rc == FSDP_ERR_ABORTED) {
+        main_fail_together(dist, "fsdpc-train");
+    }
     if (rc < 0) {
         fsdp_die(rc, "fsdpc-train", NULL);
     }

@@ -43,6 +43,9 @@ static int trainer_blame(int rc, const char *what)
 {
     char msg[1024];
     fsdp_err_take(msg, sizeof(msg));
+    if (rc == FSDP_ERR_ABORTED && !msg[0]) {
+        return rc; /* another rank reports it (fsdp_trainer_create) */
+    }
     return fsdp_err(rc, "%s: %s", what, msg);
 }
 
@@ -100,6 +103,49 @@ static int trainer_open_data(struct fsdp_trainer *t, const char *path, const cha
     return rc < 0 ? trainer_blame(rc, what) : 0;
 }
 
+/*
+ * Setup that can fail on some ranks only (each opens its own data file),
+ * rc being this rank's outcome: every rank learns which failed, so that all
+ * end together instead of leaving the others in the next collective, and
+ * the lowest failing rank alone keeps its message (one line, not one per
+ * rank). Any failure comes back as FSDP_ERR_ABORTED on every rank (see
+ * fsdp_trainer_create).
+ */
+static int trainer_agree_setup(struct fsdp_trainer *t, int rc, const char *what)
+{
+    const int world = trainer_world(t);
+    int32_t *failed = calloc((size_t)world, sizeof(*failed));
+    if (!failed) {
+        return rc < 0 ? rc : fsdp_err(FSDP_ERR_NOMEM, "agreement on %s", what);
+    }
+    failed[trainer_rank(t)] = rc < 0;
+    int arc = t->engine->ops->agree_max(t->engine, failed, world);
+    int first = -1, n = 0;
+    for (int r = 0; arc == 0 && r < world; r++) {
+        first = failed[r] && first < 0 ? r : first;
+        n += failed[r] != 0;
+    }
+    free(failed);
+    if (arc < 0) { /* nobody knows who failed: the job aborts on this rank's error */
+        return rc < 0 ? rc : arc;
+    }
+    if (n == 0) {
+        return 0;
+    }
+    if (first != trainer_rank(t)) {
+        fsdp_err_clear();
+        FSDP_INFO(FSDP_SUB_TRAIN, "rank %d could not %s; it reports why", first, what);
+        return FSDP_ERR_ABORTED;
+    }
+    char msg[900];
+    fsdp_err_take(msg, sizeof(msg));
+    if (n == 1) {
+        return fsdp_err(FSDP_ERR_ABORTED, "%s (%s)", msg, fsdp_strerror(rc));
+    }
+    return fsdp_err(FSDP_ERR_ABORTED, "%s (%s; %d of %d ranks failed here, this is the lowest)",
+                    msg, fsdp_strerror(rc), n, world);
+}
+
 static int trainer_open_val(struct fsdp_trainer *t)
 {
     const struct fsdp_train_config *c = t->cfg;
@@ -107,7 +153,8 @@ static int trainer_open_val(struct fsdp_trainer *t)
         return 0;
     }
     int per_rank = 0;
-    FSDP_CHECK(trainer_open_data(t, c->val_data, "val-data", &t->val, &per_rank));
+    int rc = trainer_open_data(t, c->val_data, "val-data", &t->val, &per_rank);
+    FSDP_CHECK(trainer_agree_setup(t, rc, "open its val-data file"));
     /* validation reads from the start of the file each time, without wrapping */
     size_t fits = (fsdp_tokens_count(t->val->tokens) - 1) / t->val->step_tokens;
     t->val_batches = c->val_batches < (long)fits ? c->val_batches : (long)fits;
@@ -167,12 +214,9 @@ int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *d
         goto err_free;
     }
     FSDP_CHECK_GOTO(trainer_open_engine(t), rc, err_free);
-    /* a bad per-rank file fails on its rank only: that rank's error aborts
-     * the job while the others wait in the next collective (no agreement
-     * here, so that the rank with the root cause is the first to report) */
-    FSDP_CHECK_GOTO(trainer_open_data(t, cfg->data, "data", &t->train, &t->per_rank_data), rc,
-                    err_train);
-    FSDP_CHECK_GOTO(trainer_open_val(t), rc, err_train);
+    rc = trainer_open_data(t, cfg->data, "data", &t->train, &t->per_rank_data);
+    FSDP_CHECK_GOTO(trainer_agree_setup(t, rc, "open its data file"), rc, err_train);
+    FSDP_CHECK_GOTO(trainer_open_val(t), rc, err_val);
     FSDP_CHECK_GOTO(fsdp_uneven_create(t, &t->uneven), rc, err_val);
     t->total_steps = t->uneven ? t->uneven->total_steps : cfg->steps;
     t->sched.steps = t->total_steps;

@@ -41,7 +41,15 @@ struct fsdp_trainer {
     double run_tokens;             /* of those, the ones this run trained on */
 };
 
-/* Sets up the engine, loaders, metrics and peak FLOP/s; prints nothing. */
+/*
+ * Sets up the engine, loaders, metrics and peak FLOP/s; prints nothing.
+ * A failure that every rank knows of (a data file that fails on some ranks,
+ * a checkpoint that does not fit the per-rank data files) is FSDP_ERR_ABORTED
+ * on every rank, with a message on one rank only (the one to report it)
+ * and none elsewhere; no collective is left pending, so the ranks can end
+ * in order. Other errors keep their own code and need not have happened on
+ * every rank.
+ */
 int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *dist,
                         struct fsdp_trainer **out);
 void fsdp_trainer_destroy(struct fsdp_trainer *t);

@@ -352,7 +352,11 @@ int fsdp_uneven_resume_state(struct fsdp_trainer *t, const struct fsdp_ckpt_meta
         return 0;
     }
     if (m->world_size != unv_world(t)) {
-        return fsdp_err(FSDP_ERR_MISMATCH, "per-rank data files (%s): the checkpoint was "
+        /* every rank finds this alike; rank 0 alone reports it (trainer.h) */
+        if (unv_rank(t) != 0) {
+            return FSDP_ERR_ABORTED;
+        }
+        return fsdp_err(FSDP_ERR_ABORTED, "per-rank data files (%s): the checkpoint was "
                         "written by %d rank%s and this run has %d; each rank's cursor is only "
                         "known for the same ranks and files", c->data, m->world_size,
                         m->world_size > 1 ? "s" : "", unv_world(t));
@@ -373,12 +377,9 @@ int fsdp_uneven_resume_state(struct fsdp_trainer *t, const struct fsdp_ckpt_meta
     }
     int32_t failed = rc < 0;
     FSDP_CHECK(t->engine->ops->agree_max(t->engine, &failed, 1));
-    if (rc == 0 && failed) {
-        rc = fsdp_err(FSDP_ERR_MISMATCH, "per-rank data files (%s): rank 0 refused the "
-                      "checkpoint's data cursor (see its error)", c->data);
+    if (failed) { /* every rank knows now; rank 0, the one with the message, reports it */
+        return FSDP_ERR_ABORTED;
     }
-    if (rc == 0) {
-        *ds = st;
-    }
-    return rc;
+    *ds = st;
+    return 0;
 }

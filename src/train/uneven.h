@@ -74,7 +74,8 @@ void fsdp_uneven_describe(const struct fsdp_uneven *u, const struct fsdp_trainer
  * deterministic), after checking that the checkpoint's rank count is this
  * run's and that rank 0's recomputed cursor is the stored one (same files,
  * batch-size, seq-len and grad-accum). Replaces *ds; a no-op for a shared
- * data file, whose global cursor is stored whole. Collective.
+ * data file, whose global cursor is stored whole. Collective; a refusal is
+ * FSDP_ERR_ABORTED on every rank with the message on rank 0 only.
  */
 int fsdp_uneven_resume_state(struct fsdp_trainer *t, const struct fsdp_ckpt_meta *m,
                              struct fsdp_dataloader_state *ds);

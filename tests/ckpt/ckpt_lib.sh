@@ -39,6 +39,14 @@ train() {
     return $rc
 }
 
+# readback MODEL OUT: the weights fsdpc-train loads from MODEL, written back to
+# OUT unchanged (lr 0 makes AdamW's update, decay included, exactly zero) by
+# the code path that writes every final model; two readbacks are the same
+# bytes exactly when the two loads gave the same weights
+readback() {
+    train 1 --batch-size 4 --steps 2 --lr 0 --model "$1" --out "$2" --metrics "$2.jsonl"
+}
+
 # losses FILE: "step loss" per step line of a metrics file
 losses() {
     sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"
