@@ -10,5 +10,6 @@ EXTRA_DIST += \
 	doc/performance.md \
 	doc/rendezvous.md \
 	doc/sharding.md \
+	doc/testing.md \
 	doc/troubleshooting.md \
 	doc/user-guide.md

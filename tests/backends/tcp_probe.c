@@ -6,25 +6,37 @@
  * prints one line naming the cause and exits non-zero.
  *
  *   tcp_probe [--count N] [--iters K] [--timeout S] [--ready PATH]
- *             [--delay S] [--addr-file PATH]
+ *             [--delay S] [--addr-file PATH] [--knock FLIP]
  *   --iters 0      loop until the job is killed or fails
  *   --ready PATH   PATH.<rank> is created once the first allreduce completed
  *   --delay S      sleep before creating the backend (rank 0 only)
  *   --addr-file P  (rank 1) write rank 1's tcp listening address to P as
  *                  soon as it is published, for a foreign client to knock on
+ *   --knock FLIP   (rank 0) before dialling, knock once on rank 1 with the
+ *                  hello rank 0 would send but with the job nonce XOR FLIP
+ *                  (hex), and say whether rank 1 refused it. FLIP 0 keeps
+ *                  the right nonce and claims world rank 99 instead, the one
+ *                  check after the nonce that refuses: it shows that the
+ *                  hello gets past everything but what the knock changes.
  */
 #include "config.h"
 #include "backends/backend.h"
+#include "backends/tcp/tcp.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
 #include "dist/dist.h"
 #include "dist/store.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static const struct fsdp_backend_ops *ops = &fsdp_tcp_ops;
@@ -36,12 +48,14 @@ struct probe_opts {
     const char *ready;
     double delay_s;
     const char *addr_file;
+    int knock;
+    uint64_t knock_flip;
 };
 
 static void probe_usage(void)
 {
     fprintf(stderr, "usage: tcp_probe [--count N] [--iters K] [--timeout S] [--ready PATH] "
-                    "[--delay S] [--addr-file PATH]\n");
+                    "[--delay S] [--addr-file PATH] [--knock FLIP]\n");
     exit(2);
 }
 
@@ -66,6 +80,14 @@ static void probe_parse(int argc, char **argv, struct probe_opts *o)
             o->ready = v;
         } else if (strcmp(a, "--addr-file") == 0) {
             o->addr_file = v;
+        } else if (strcmp(a, "--knock") == 0) {
+            char *end;
+            errno = 0;
+            o->knock_flip = strtoull(v, &end, 16);
+            if (errno || end == v || *end) {
+                probe_usage();
+            }
+            o->knock = 1;
         } else {
             probe_usage();
         }
@@ -78,38 +100,116 @@ struct addr_job {
     double timeout_s;
 };
 
-/* Publishes rank 1's listening address (the backend's first-generation key
- * in the group's store) to a file, atomically. */
-static void *probe_addr_writer(void *p)
+/* Rank 1's listening address "ip:port" (the backend's first-generation key
+ * in the group's store), once published. 0, or -1 when it never was. */
+static int probe_rank1_addr(struct fsdp_store *store, double timeout_s, char *addr, size_t cap)
 {
-    struct addr_job *aj = p;
     void *val;
     size_t len;
-    char tmp[1024];
     int exists = 0;
     double t0 = fsdp_now();
     /* poll: a blocking get would hold the store client that the backend's
      * own rendezvous needs (a client serializes its requests) */
-    while (!exists && fsdp_now() - t0 < aj->timeout_s) {
-        if (fsdp_store_check(aj->store, "tcp/0/addr/1", &exists) < 0) {
-            return NULL;
+    while (!exists && fsdp_now() - t0 < timeout_s) {
+        if (fsdp_store_check(store, "tcp/0/addr/1", &exists) < 0) {
+            return -1;
         }
         if (!exists) {
             usleep(20000);
         }
     }
-    if (!exists || fsdp_store_get(aj->store, "tcp/0/addr/1", &val, &len, 1.0) < 0) {
+    if (!exists || fsdp_store_get(store, "tcp/0/addr/1", &val, &len, 1.0) < 0) {
+        return -1;
+    }
+    snprintf(addr, cap, "%.*s", (int)len, (char *)val);
+    free(val);
+    return 0;
+}
+
+/* Publishes rank 1's listening address to a file, atomically. */
+static void *probe_addr_writer(void *p)
+{
+    struct addr_job *aj = p;
+    char addr[TCP_ADDR_MAX], tmp[1024];
+    if (probe_rank1_addr(aj->store, aj->timeout_s, addr, sizeof(addr)) < 0) {
         return NULL;
     }
     snprintf(tmp, sizeof(tmp), "%s.tmp", aj->path);
     FILE *f = fopen(tmp, "w");
     if (f) {
-        fprintf(f, "%.*s\n", (int)len, (char *)val);
+        fprintf(f, "%s\n", addr);
         fclose(f);
         rename(tmp, aj->path);
     }
-    free(val);
     return NULL;
+}
+
+/* The hello rank 0 of group "world" sends. The group hash is recomputed as
+ * tcp_ops.c does; the knock with FLIP 0 tells when the two drift apart. */
+static void probe_hello(const struct fsdp_dist *d, const int *world, struct tcp_hello *h)
+{
+    struct tcp_config cfg;
+    int rc = tcp_config_read(&cfg);
+    if (rc < 0) {
+        fsdp_die(rc, "reading the FSDPC_TCP_* settings", NULL);
+    }
+    memset(h, 0, sizeof(*h));
+    h->magic = TCP_HELLO_MAGIC;
+    h->version = TCP_PROTO_VERSION;
+    h->nonce = d->nonce;
+    h->group_hash = fsdp_hash64("world", strlen("world"), 0x7463700000000000ull);
+    h->group_hash = fsdp_hash64(world, (size_t)d->world_size * sizeof(int), h->group_hash);
+    h->rank = 0;
+    h->size = d->world_size;
+    h->world_rank = 0;
+    h->direct_max = cfg.direct_max;
+    h->small_bytes = cfg.small_bytes;
+    h->chunk_bytes = cfg.chunk_bytes;
+    h->algo = cfg.algo;
+    snprintf(h->addr, sizeof(h->addr), "127.0.0.1:9");
+}
+
+/* Says hello to rank 1 with a near miss and reports how rank 1 answered:
+ * a refusal closes the connection, a hello let in is answered with rank
+ * 1's own. */
+static void probe_knock(struct fsdp_store *gs, const struct fsdp_dist *d, const int *world,
+                        uint64_t flip, double timeout_s)
+{
+    struct tcp_hello h;
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    char addr[TCP_ADDR_MAX], buf[sizeof(h)];
+    const char *how;
+    probe_hello(d, world, &h);
+    h.nonce ^= flip;
+    if (flip == 0) {
+        h.world_rank = 99;
+    }
+    if (probe_rank1_addr(gs, timeout_s, addr, sizeof(addr)) < 0) {
+        fsdp_fatal("rank 0: rank 1 published no address to knock on within %.1f s", timeout_s);
+    }
+    char *colon = strrchr(addr, ':');
+    if (colon) {
+        *colon = '\0';
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (!colon || inet_pton(AF_INET, addr, &sa.sin_addr) != 1 || fd < 0) {
+        fsdp_fatal("rank 0: cannot knock on rank 1's address '%s'", addr);
+    }
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+        write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
+        fsdp_fatal("rank 0: knocking on rank 1 at %s:%s: %s", addr, colon + 1, strerror(errno));
+    }
+    ssize_t n = read(fd, buf, sizeof(buf));
+    how = n == 0 || (n < 0 && errno == ECONNRESET) ? "refused"
+          : n > 0 ? "let in (rank 1 answered with its hello)"
+                  : "no answer within 3 s";
+    close(fd);
+    printf("rank 0: knock with nonce %016" PRIx64 " (job nonce xor %016" PRIx64 ")%s: %s\n",
+           h.nonce, flip, flip ? "" : " claiming world rank 99", how);
+    fflush(stdout);
 }
 
 static void probe_abort_cb(void *arg, const char *why)
@@ -178,6 +278,9 @@ int main(int argc, char **argv)
     struct addr_job aj = {.store = gs, .path = o.addr_file, .timeout_s = o.timeout_s};
     if (o.addr_file && d->rank == 1) {
         have_writer = pthread_create(&writer, NULL, probe_addr_writer, &aj) == 0;
+    }
+    if (d->rank == 0 && o.knock && d->world_size > 1) {
+        probe_knock(gs, d, world, o.knock_flip, o.timeout_s);
     }
     if (d->rank == 0 && o.delay_s > 0) {
         usleep((useconds_t)(o.delay_s * 1e6));

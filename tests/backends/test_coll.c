@@ -13,8 +13,17 @@
  * plus the AVG divide. Out-of-place send buffers must come back untouched
  * and receive buffers start poisoned, so unwritten elements are caught.
  *
- * One TAP line per (op, dtype, reduce op), printed by rank 0 after gathering
- * every rank's failure counts and first bad element through the store.
+ * That bound admits results that differ in their last bits from rank to
+ * rank, yet every backend promises each rank the same bytes from allreduce,
+ * allgather and broadcast (replicated parameters must not drift apart), so
+ * those results are also compared with rank 0's, bitwise, through the store.
+ * Float inputs span several binades, so most sums round and a reduction
+ * order that depended on the rank would change the bytes.
+ *
+ * One TAP line per (op, dtype, reduce op), and with more than one rank a
+ * second ("...: same bytes on every rank") for each of those whose results
+ * must be identical, printed by rank 0 after gathering every rank's failure
+ * counts and first bad element through the store.
  */
 #include "config.h"
 #include "core/dtype.h"
@@ -33,7 +42,10 @@
 #include <time.h>
 
 #define LARGE_COUNT ((size_t)(1u << 20) + 3)
-#define MAX_LINES 128
+#define MAX_LINES 192
+/* Results up to this size are compared byte for byte, larger ones by
+ * fingerprint (the large counts: a few MB per case through the store). */
+#define IDENT_BYTES ((size_t)64 << 10)
 
 static const size_t small_counts[] = {0, 1, 7, 1000};
 
@@ -57,6 +69,8 @@ struct ctx {
     size_t buf_bytes;
     struct line lines[MAX_LINES];
     int nlines;
+    int cur;               /* line the current cases' failures count against */
+    int ident;             /* line of their identity check, -1: none */
     uint64_t case_id;
 };
 
@@ -74,12 +88,16 @@ static inline uint64_t mix64(uint64_t x)
 }
 
 /* Rank r's element i of case `seed`, as an exact double. Integer ranges keep
- * every sum exact (u8: 4 ranks x 63 < 256). */
+ * every sum exact (u8: 4 ranks x 63 < 256). Floats are scaled by 2^-4..2^3
+ * (exactly: a power of two), so sums of a few of them rarely fit the
+ * format and their rounding depends on the order; the largest f16 sum stays
+ * far from overflow. */
 static inline __attribute__((always_inline)) double gen(enum fsdp_dtype t, uint64_t seed, int r,
                                                        size_t i)
 {
     uint64_t b = mix64(seed + ((uint64_t)r << 40) + i);
     float u = (float)(b >> 40) * 0x1p-23f - 1.0f; /* [-1, 1) */
+    u *= (float)(1u << ((b >> 8) & 7)) * 0x1p-4f;
     switch (t) {
     case FSDP_F32: return u;
     case FSDP_F16: return fsdp_f16_to_f32(fsdp_f32_to_f16(u));
@@ -133,17 +151,33 @@ static double unit_roundoff(enum fsdp_dtype t)
 // ----------------------------------------------------------------------------
 // checking
 
-/* Records one failure of the current line (the first one with its detail). */
+/* Records one failure of a line (the first one with its detail). */
+static void vfail_at(struct ctx *c, int line, const char *fmt, va_list ap)
+{
+    struct line *l = &c->lines[line];
+    if (l->fails++ == 0) {
+        vsnprintf(l->diag, sizeof(l->diag), fmt, ap);
+    }
+}
+
+/* ... of the current line */
 static void fail(struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(struct ctx *c, const char *fmt, ...)
 {
-    struct line *l = &c->lines[c->nlines - 1];
-    if (l->fails++ == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(l->diag, sizeof(l->diag), fmt, ap);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    vfail_at(c, c->cur, fmt, ap);
+    va_end(ap);
+}
+
+/* ... of the current identity line */
+static void fail_ident(struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_ident(struct ctx *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail_at(c, c->ident, fmt, ap);
+    va_end(ap);
 }
 
 /*
@@ -219,6 +253,97 @@ static void check(struct ctx *c, const char *what, const void *buf, size_t n, en
     DTYPE_DISPATCH(t, check_impl(c, what, buf, n, T_, op, src, seed, first));
 }
 
+/* Bitwise fingerprint (word-wise, so the large counts cost little). */
+static uint64_t fingerprint(const void *buf, size_t bytes)
+{
+    const unsigned char *p = buf;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    for (size_t i = bytes & ~(size_t)7; i < bytes; i++) {
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* Element i's bits, for a diff that shows a last-bit difference. */
+static unsigned long long elem_bits(const void *buf, size_t i, size_t es)
+{
+    const char *p = (const char *)buf + i * es;
+    uint8_t b1;
+    uint16_t b2;
+    uint32_t b4;
+    uint64_t b8;
+    switch (es) {
+    case 1: memcpy(&b1, p, 1); return b1;
+    case 2: memcpy(&b2, p, 2); return b2;
+    case 4: memcpy(&b4, p, 4); return b4;
+    default: memcpy(&b8, p, 8); return b8;
+    }
+}
+
+/*
+ * Rank 0 publishes the n elements of its result (or their fingerprint),
+ * the others compare theirs with it. The store, not the backend under test,
+ * carries them; every rank takes part in every case even after an error, so
+ * keys stay in step.
+ */
+static void check_identical(struct ctx *c, const char *what, const void *buf, size_t n,
+                            enum fsdp_dtype t)
+{
+    size_t es = fsdp_dtype_size(t), bytes = n * es;
+    int whole = bytes <= IDENT_BYTES;
+    if (c->ident < 0 || c->size == 1 || n == 0) {
+        return;
+    }
+    uint64_t h = fingerprint(buf, bytes);
+    char key[96];
+    snprintf(key, sizeof(key), "test_coll/%s/ident/%llu", c->backend,
+             (unsigned long long)c->case_id);
+    if (c->rank == 0) {
+        int rc = fsdp_store_set(c->d->store, key, whole ? buf : (const void *)&h,
+                                whole ? bytes : sizeof(h));
+        if (rc < 0) {
+            fsdp_die(rc, "publishing rank 0's result", key);
+        }
+        return;
+    }
+    void *val;
+    size_t len;
+    int rc = fsdp_store_get(c->d->store, key, &val, &len, -1);
+    if (rc < 0) {
+        fsdp_die(rc, "reading rank 0's result", key);
+    }
+    if (len != (whole ? bytes : sizeof(h))) {
+        fail_ident(c, "rank %d %s: rank 0 published %zu bytes, want %zu", c->rank, what, len,
+                   whole ? bytes : sizeof(h));
+    } else if (whole && memcmp(val, buf, bytes) != 0) {
+        size_t bad = 0, first = SIZE_MAX;
+        for (size_t i = 0; i < n; i++) {
+            if (memcmp((char *)val + i * es, (const char *)buf + i * es, es) != 0 &&
+                bad++ == 0) {
+                first = i;
+            }
+        }
+        fail_ident(c, "rank %d %s: %zu of %zu elements differ bitwise from rank 0's, first at "
+                      "index %zu: %.9g (0x%0*llx) vs rank 0's %.9g (0x%0*llx)",
+                   c->rank, what, bad, n, first, fsdp_dtype_get(buf, t, first), (int)(2 * es),
+                   elem_bits(buf, first, es), fsdp_dtype_get(val, t, first), (int)(2 * es),
+                   elem_bits(val, first, es));
+    } else if (!whole && memcmp(val, &h, sizeof(h)) != 0) {
+        uint64_t h0;
+        memcpy(&h0, val, sizeof(h0));
+        fail_ident(c, "rank %d %s: differs bitwise from rank 0's (fingerprint %016llx vs "
+                      "%016llx over %zu elements)",
+                   c->rank, what, (unsigned long long)h, (unsigned long long)h0, n);
+    }
+    free(val);
+}
+
 /* Issues through the async API, waits with the group deadline, frees. */
 static void finish(struct ctx *c, const char *what, int rc, struct fsdp_work **wp)
 {
@@ -274,6 +399,9 @@ static void run_reduction(struct ctx *c, enum coll coll, enum fsdp_dtype t, enum
     finish(c, what, rc, &w);
     size_t first = coll == ALLREDUCE ? 0 : (size_t)R * n;
     check(c, what, recv, n, t, (int)op, 0, seed, first);
+    if (coll == ALLREDUCE) {
+        check_identical(c, what, recv, n, t);
+    }
     if (!in_place && n && n < LARGE_COUNT) {
         char w2[128];
         snprintf(w2, sizeof(w2), "%s (send buffer changed)", what);
@@ -308,6 +436,7 @@ static void run_allgather(struct ctx *c, enum fsdp_dtype t, size_t n, int in_pla
         snprintf(w2, sizeof(w2), "%s block %d", what, r);
         check(c, w2, (char *)recv + (size_t)r * n * es, n, t, -1, r, seed, 0);
     }
+    check_identical(c, what, recv, n * (size_t)N, t);
     if (!in_place && n && n < LARGE_COUNT) {
         char w2[128];
         snprintf(w2, sizeof(w2), "%s (send buffer changed)", what);
@@ -331,23 +460,53 @@ static void run_broadcast(struct ctx *c, enum fsdp_dtype t, size_t n, int root)
     int rc = fsdp_broadcast(c->g, buf, n, t, root, NULL, &w);
     finish(c, what, rc, &w);
     check(c, what, buf, n, t, -1, root, seed, 0);
+    check_identical(c, what, buf, n, t);
 }
 
-static void new_line(struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void new_line(struct ctx *c, const char *fmt, ...)
+static void vnew_line(struct ctx *c, const char *suffix, const char *fmt, va_list ap)
 {
     if (c->nlines == MAX_LINES) {
         fsdp_fatal("test_coll: more than %d lines", MAX_LINES);
     }
     struct line *l = &c->lines[c->nlines++];
-    int k = snprintf(l->desc, sizeof(l->desc), "%s n=%d init=%s ", c->backend, c->size,
-                     fsdp_dist_method_name(c->d));
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(l->desc + k, sizeof(l->desc) - (size_t)k, fmt, ap);
-    va_end(ap);
+    size_t k = (size_t)snprintf(l->desc, sizeof(l->desc), "%s n=%d init=%s ", c->backend,
+                                c->size, fsdp_dist_method_name(c->d));
+    k += (size_t)vsnprintf(l->desc + k, sizeof(l->desc) - k, fmt, ap);
+    if (k < sizeof(l->desc)) {
+        snprintf(l->desc + k, sizeof(l->desc) - k, "%s", suffix);
+    }
     l->fails = 0;
     l->diag[0] = '\0';
+}
+
+/* Starts the line the following cases' failures count against; ends the
+ * identity line of earlier cases. */
+static void new_line(struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void new_line(struct ctx *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vnew_line(c, "", fmt, ap);
+    va_end(ap);
+    c->cur = c->nlines - 1;
+    c->ident = -1;
+}
+
+/* After new_line: the same cases' results must also be bitwise identical on
+ * every rank (a separate line, so a rank-dependent rounding inside the bound
+ * is named as such). Nothing to compare with one rank. */
+static void new_ident_line(struct ctx *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void new_ident_line(struct ctx *c, const char *fmt, ...)
+{
+    if (c->size == 1) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vnew_line(c, ": same bytes on every rank", fmt, ap);
+    va_end(ap);
+    c->ident = c->nlines - 1;
 }
 
 static size_t ncounts(const struct ctx *c, enum fsdp_dtype t)
@@ -365,8 +524,12 @@ static void run_matrix(struct ctx *c)
     for (int coll = ALLREDUCE; coll <= REDUCE_SCATTER; coll++) {
         for (int t = 0; t < FSDP_DTYPE_COUNT; t++) {
             for (int op = 0; op < FSDP_REDOP_COUNT; op++) {
-                new_line(c, "%s %s %s", coll_names[coll], fsdp_dtype_name((enum fsdp_dtype)t),
-                         fsdp_redop_name((enum fsdp_redop)op));
+                const char *tn = fsdp_dtype_name((enum fsdp_dtype)t);
+                const char *on = fsdp_redop_name((enum fsdp_redop)op);
+                new_line(c, "%s %s %s", coll_names[coll], tn, on);
+                if (coll == ALLREDUCE) {
+                    new_ident_line(c, "%s %s %s", coll_names[coll], tn, on);
+                }
                 for (size_t k = 0; k < ncounts(c, (enum fsdp_dtype)t); k++) {
                     for (int ip = 0; ip < 2; ip++) {
                         run_reduction(c, (enum coll)coll, (enum fsdp_dtype)t,
@@ -378,6 +541,7 @@ static void run_matrix(struct ctx *c)
     }
     for (int t = 0; t < FSDP_DTYPE_COUNT; t++) {
         new_line(c, "allgather %s", fsdp_dtype_name((enum fsdp_dtype)t));
+        new_ident_line(c, "allgather %s", fsdp_dtype_name((enum fsdp_dtype)t));
         for (size_t k = 0; k < ncounts(c, (enum fsdp_dtype)t); k++) {
             for (int ip = 0; ip < 2; ip++) {
                 run_allgather(c, (enum fsdp_dtype)t, count_at(k), ip);
@@ -386,6 +550,7 @@ static void run_matrix(struct ctx *c)
     }
     for (int t = 0; t < FSDP_DTYPE_COUNT; t++) {
         new_line(c, "broadcast %s (every root)", fsdp_dtype_name((enum fsdp_dtype)t));
+        new_ident_line(c, "broadcast %s (every root)", fsdp_dtype_name((enum fsdp_dtype)t));
         for (size_t k = 0; k < ncounts(c, (enum fsdp_dtype)t); k++) {
             for (int root = 0; root < c->size; root++) {
                 run_broadcast(c, (enum fsdp_dtype)t, count_at(k), root);

@@ -7,7 +7,9 @@
 #   SIGSTOP of rank 1: the others time out, naming rank 1;
 #   a foreign client knocking on a rank's listening port during setup with
 #     garbage, and one that says nothing: refused, and the job's results are
-#     correct.
+#     correct;
+#   a hello like rank 0's whose job nonce differs in one 32-bit half or one
+#     bit: refused, naming the nonce, and the job's results are correct.
 . "$top_srcdir/tests/tap.sh"
 
 PROBE="$top_builddir/tests/backends/tcp_probe"
@@ -196,5 +198,39 @@ grep -q "garbage connection closed by the backend: True" "$T/intruder.log" 2>/de
 st=$?
 [ $st = 0 ] || tap_diag "$(cat "$T/intruder.log" 2>/dev/null)"
 tap_ok $st "both foreign connections are closed by the backend"
+
+# ---------------------------------------------------------------------------
+# near-miss nonces: before it dials, rank 0 knocks on rank 1 with the hello it
+# would send, the nonce changed in one 32-bit half or one bit, so a check of
+# part of the nonce is named by the half it ignores. One job per knock: a
+# hello let in takes rank 0's place and ends that job.
+
+# knock FLIP REASON DESCRIPTION: rank 0 must see the knock refused, rank 1
+# must log REASON for it, and the job must then run correctly.
+knock() {
+    start 2 --count 1000 --iters 1 --knock "$1"
+    finish 2
+    ok=0
+    grep -q "^rank 0: knock with nonce .*: refused$" "$T/r0.log" &&
+        grep -q "refused a connection from 127.0.0.1:[0-9]*: $2" "$T/r1.log" || ok=1
+    for r in 0 1; do
+        [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" ||
+            ok=1
+    done
+    [ "$ok" = 0 ] || show_logs
+    tap_diag "$(grep "knock with" "$T/r0.log")"
+    tap_ok $ok "$3"
+}
+
+# First the right nonce with one flaw that is checked after it: the knocks
+# below differ from a genuine hello in their nonce alone.
+knock 0 "hello claims rank 0 (world rank 99)" \
+    "knock with the right nonce (world rank 99): past the nonce check, refused for its rank"
+knock ffffffff00000000 "wrong job nonce" "knock whose nonce differs only in the high 32-bit half: refused"
+knock 00000000ffffffff "wrong job nonce" "knock whose nonce differs only in the low 32-bit half: refused"
+knock 8000000000000000 "wrong job nonce" "knock whose nonce differs only in bit 63: refused"
+knock 0000000100000000 "wrong job nonce" "knock whose nonce differs only in bit 32: refused"
+knock 0000000080000000 "wrong job nonce" "knock whose nonce differs only in bit 31: refused"
+knock 0000000000000001 "wrong job nonce" "knock whose nonce differs only in bit 0: refused"
 
 tap_done

@@ -5,8 +5,9 @@
  * status is 0 only when every check passed. The test scripts launch several
  * of these (plain processes, mpiexec) and read the results.
  *
- *   store_probe [--init M] [--timeout S] [--big BYTES] [--mode full|init|hold]
- *               [--expect-size N] [--conflict] [--abort-log PATH]
+ *   store_probe [--init M] [--timeout S] [--big BYTES]
+ *               [--mode full|init|hold|abort|nonce] [--expect-size N] [--conflict]
+ *               [--abort-log PATH]
  *   full   the checks below, then finalize
  *   init   init, print the identity line, finalize (bad-input tests)
  *   hold   init, write "conflict" = "old", then sleep until killed (leaves
@@ -14,6 +15,8 @@
  *   abort  registers three abort callbacks (removes the second); the last
  *          rank dies with fsdp_fatal, the others wait in a barrier that only
  *          the job-wide abort can end early
+ *   nonce  no job: serves a TCP store of its own and knocks on it with hellos
+ *          whose nonce differs from the server's in one half or one bit
  */
 #include "config.h"
 #include "dist/dist.h"
@@ -235,6 +238,67 @@ static void probe_big(struct fsdp_dist *d, size_t big, double t)
     }
 }
 
+/*
+ * A server that compared only part of the 64-bit hello nonce (one 32-bit
+ * half, or all but the top bit) would let one of these hellos in: each must
+ * be refused at once, with the reason, and the right nonce must still
+ * connect. The client is the real one, so the hellos differ in the nonce
+ * alone.
+ */
+static const struct nonce_case {
+    uint64_t flip;
+    const char *what;
+} nonce_cases[] = {
+    {0xffffffff00000000ull, "only the high 32-bit half differs"},
+    {0x00000000ffffffffull, "only the low 32-bit half differs"},
+    {1ull << 63, "only bit 63 differs"},
+    {1ull << 32, "only bit 32 differs"},
+    {1ull << 31, "only bit 31 differs"},
+    {1ull, "only bit 0 differs"},
+};
+
+static int nonce_connects(int port, uint64_t nonce, double t)
+{
+    struct fsdp_store *s = NULL;
+    int ok = fsdp_store_tcp_connect("127.0.0.1", port, nonce, t, &s) == 0 &&
+             fsdp_store_set(s, "probe/nonce-ok", "1", 1) == 0 && get_is(s, "probe/nonce-ok", "1", t);
+    if (s) {
+        fsdp_store_destroy(s);
+    }
+    return ok;
+}
+
+static int probe_nonce_halves(double t)
+{
+    const uint64_t nonce = 0x9e3779b97f4a7c15ull; /* both halves, top bit set */
+    struct fsdp_store_server *srv = NULL;
+    int port = 0;
+    int rc = fsdp_store_tcp_serve("127.0.0.1", 0, nonce, &srv, &port);
+    check(rc == 0, "serve a store on 127.0.0.1 with nonce %016" PRIx64, nonce);
+    if (rc < 0) {
+        return 1;
+    }
+    check(nonce_connects(port, nonce, t), "the right nonce connects");
+    for (size_t i = 0; i < sizeof(nonce_cases) / sizeof(nonce_cases[0]); i++) {
+        uint64_t wrong = nonce ^ nonce_cases[i].flip;
+        struct fsdp_store *s = NULL;
+        double t0 = fsdp_now();
+        rc = fsdp_store_tcp_connect("127.0.0.1", port, wrong, t, &s);
+        double dt = fsdp_now() - t0;
+        if (rc == 0) {
+            fsdp_err(FSDP_ERR_INTERNAL, "the server accepted the hello");
+            fsdp_store_destroy(s);
+        }
+        check(rc == FSDP_ERR_MISMATCH && strstr(fsdp_err_msg(), "wrong job nonce") && dt < t / 2,
+              "hello with nonce %016" PRIx64 " (%s) is refused at once (%.2f s)", wrong,
+              nonce_cases[i].what, dt);
+    }
+    check(nonce_connects(port, nonce, t), "the right nonce still connects after the refusals");
+    fsdp_store_tcp_server_stop(srv);
+    printf("FINALIZED, %d failures\n", failures);
+    return failures ? 1 : 0;
+}
+
 static int abort_fd = STDOUT_FILENO;
 
 static void abort_cb(void *arg, const char *why)
@@ -304,6 +368,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "store_probe: unknown argument '%s'\n", argv[i]);
             return 2;
         }
+    }
+    if (strcmp(mode, "nonce") == 0) {
+        return probe_nonce_halves(t);
     }
     struct fsdp_dist *d = NULL;
     int fds_before = count_fds();

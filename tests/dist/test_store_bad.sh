@@ -1,7 +1,8 @@
 #!/bin/sh
 # test_store_bad.sh - bad --init strings, launcher variables and addresses:
 # each must end the process quickly with one clear line naming the problem,
-# never a hang or a crash.
+# never a hang or a crash. Then hellos that miss the store's nonce by one
+# 32-bit half or one bit: each must be refused.
 . "$top_srcdir/tests/dist/store_lib.sh"
 
 # expect_fail DESCRIPTION PATTERN MAX_SECONDS [VAR=VALUE...] -- PROBE ARGS...
@@ -89,5 +90,25 @@ done
 expect_fail "a second job on the same MASTER_PORT" "another job uses this address" 5 \
     RANK=1 WORLD_SIZE=2 MASTER_PORT=$port -- --init env:// --mode init
 kill -9 $pids 2>/dev/null
+
+# Hellos whose nonce differs from the server's in one 32-bit half, or in one
+# bit, knock on a store the probe serves itself (the hello nonce of a job
+# is a hash, so a job cannot be made to present such a near miss): each is
+# its own line, so a server that compares part of the nonce is named by the
+# half it ignores.
+timeout 60 "$PROBE" --mode nonce --timeout 5 >"$T/nonce.log" 2>"$T/nonce.err"
+rc=$?
+while IFS= read -r line; do
+    case $line in
+    "PASS "*) tap_ok 0 "store nonce: ${line#PASS }" ;;
+    "FAIL "*) tap_ok 1 "store nonce: ${line#FAIL }" ;;
+    esac
+done <"$T/nonce.log"
+[ "$(grep -c '^PASS hello with nonce .* refused' "$T/nonce.log")" -eq 6 ] && [ "$rc" -eq 0 ]
+st=$?
+[ $st -eq 0 ] || tap_diag "$(cat "$T/nonce.log" "$T/nonce.err")"
+tap_ok $st "store nonce: all 6 near-miss hellos refused, probe exit $rc"
+[ "$(grep -c 'refused connection from 127.0.0.1:[0-9]*: wrong job nonce' "$T/nonce.err")" -eq 6 ]
+tap_ok $? "store nonce: the server logs each of the 6 refusals with its reason"
 
 tap_done
