@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "dist/store.h"
+#include "rendezvous/store.h"
 
 #include <sched.h>
 #include <stdarg.h>

@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "dist/store.h"
+#include "rendezvous/store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -27,9 +27,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "dist/dist.h"
+#include "rendezvous/dist.h"
 #include "io/tokens.h"
-#include "kernels/kernels.h"
+#include "compute/kernels.h"
 
 #include <math.h>
 #include <stdio.h>

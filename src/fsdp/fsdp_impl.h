@@ -13,8 +13,8 @@
 #include <stdint.h>
 
 #include "fsdp/fsdp.h"
-#include "dist/group.h"
-#include "dist/mesh.h"
+#include "comm/group.h"
+#include "comm/mesh.h"
 #include "io/ckpt.h"
 #include "model/gpt2.h"
 

@@ -12,9 +12,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "dist/dist.h"
+#include "rendezvous/dist.h"
 #include "io/model_file.h"
-#include "kernels/kernels.h"
+#include "compute/kernels.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -21,7 +21,7 @@
 #include "fsdp/fsdp_impl.h"
 #include "core/error.h"
 #include "core/util.h"
-#include "kernels/kernels.h"
+#include "compute/kernels.h"
 
 #include <string.h>
 

@@ -27,7 +27,7 @@
 #define FSDP_MODEL_GPT2_H
 
 #include "model/gpt2_spec.h"
-#include "kernels/kernels.h"
+#include "compute/kernels.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -22,7 +22,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "dist/dist.h"
+#include "rendezvous/dist.h"
 #include "io/ckpt.h"
 #include "io/tokens.h"
 #include "model/gpt2_spec.h"

@@ -17,7 +17,7 @@
 #include "io/ckpt.h"
 #include "io/model_file.h"
 #include "io/tokens.h"
-#include "kernels/kernels.h"
+#include "compute/kernels.h"
 #include "model/gpt2.h"
 
 #include <math.h>

@@ -1,14 +1,10 @@
-# src/train: the training loop and its programs (fsdpc-train, fsdpc-sample).
+# src/train: the composition root and the training loop.
 libfsdpc_a_SOURCES += src/train/options.c src/train/train_config.c src/train/schedule.c \
 	src/train/metrics.c src/train/engine_local.c src/train/trainer.c \
 	src/train/ckpt_cadence.c src/train/uneven.c
 noinst_HEADERS += src/train/options.h src/train/train_config.h src/train/schedule.h \
 	src/train/metrics.h src/train/engine.h src/train/trainer.h \
 	src/train/ckpt_cadence.h src/train/uneven.h
-
-bin_PROGRAMS += fsdpc-train fsdpc-sample
-fsdpc_train_SOURCES = src/train/train_main.c
-fsdpc_sample_SOURCES = src/train/sample_main.c
 
 # tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),
 # and join over uneven inputs against a single-rank replay (join_ref)

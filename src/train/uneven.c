@@ -12,7 +12,7 @@
 #include "train/trainer.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/dist.h"
+#include "rendezvous/dist.h"
 #include "io/ckpt.h"
 #include "io/tokens.h"
 

@@ -25,8 +25,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "dist/dist.h"
-#include "dist/store.h"
+#include "rendezvous/dist.h"
+#include "rendezvous/store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

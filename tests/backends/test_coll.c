@@ -29,9 +29,9 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
-#include "dist/dist.h"
-#include "dist/group.h"
-#include "dist/store.h"
+#include "rendezvous/dist.h"
+#include "comm/group.h"
+#include "rendezvous/store.h"
 #include "tests/tap.h"
 
 #include <math.h>

@@ -16,7 +16,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
-#include "dist/store.h"
+#include "rendezvous/store.h"
 #include "tests/backends/nccl_sim.h"
 #include "tests/tap.h"
 

@@ -18,7 +18,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
-#include "dist/store.h"
+#include "rendezvous/store.h"
 #include "tests/tap.h"
 
 #include <arpa/inet.h>

@@ -9,7 +9,7 @@
  * be caught. Also checks the allgather side (values of one rank).
  */
 #include "config.h"
-#include "bench/bench.h"
+#include "programs/bench/bench.h"
 #include "core/dtype.h"
 #include "tests/tap.h"
 

@@ -13,7 +13,7 @@ W=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-ckpt.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 export FSDPC_LOG=warn
 
-cat "$top_srcdir"/src/*/*.c > "$W/text"
+sh "$top_srcdir/tests/corpus.sh" 500000 > "$W/text"
 "$BIN/fsdpc-data" tokenize "$W/text" -o "$W/train.bin" > /dev/null 2>&1 &&
 "$CKPT" init --layers 2 --heads 2 --width 32 --context 64 --seed 1 -o "$W/m.h5" > /dev/null 2>&1
 tap_ok $? "fixtures: token file and a 2-layer model"

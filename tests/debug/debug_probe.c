@@ -41,9 +41,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "dist/debug.h"
-#include "dist/dist.h"
-#include "dist/mesh.h"
+#include "comm/debug.h"
+#include "rendezvous/dist.h"
+#include "comm/mesh.h"
 
 #include <signal.h>
 #include <stdio.h>

@@ -108,7 +108,7 @@ done
 # the training engine (prefetched all-gathers, polled reduce-scatters) under
 # DETAIL: the same losses as without it, on both backends
 BIN="$top_builddir"
-cat "$top_srcdir"/src/dist/*.c > "$T/text"
+sh "$top_srcdir/tests/corpus.sh" 96000 > "$T/text"
 "$BIN/fsdpc-data" tokenize "$T/text" -o "$T/train.bin" > /dev/null 2>&1 &&
     "$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --context 64 --seed 1 \
         -o "$T/m.h5" > /dev/null 2>&1

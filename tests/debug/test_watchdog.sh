@@ -20,7 +20,7 @@ export FSDPC_LOG=warn FSDPC_FLIGHT_DIR="$T/flight"
 DEADLINE=5
 LIMIT=60
 
-cat "$top_srcdir"/src/*/*.c > "$T/text"
+sh "$top_srcdir/tests/corpus.sh" 500000 > "$T/text"
 "$BIN/fsdpc-data" tokenize "$T/text" -o "$T/train.bin" > /dev/null 2>&1 &&
     "$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --context 64 --seed 1 \
         -o "$T/m.h5" > /dev/null 2>&1

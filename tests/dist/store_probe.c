@@ -19,8 +19,8 @@
  *          whose nonce differs from the server's in one half or one bit
  */
 #include "config.h"
-#include "dist/dist.h"
-#include "dist/store.h"
+#include "rendezvous/dist.h"
+#include "rendezvous/store.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"

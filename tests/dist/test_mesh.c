@@ -14,9 +14,9 @@
 #include "config.h"
 #include "core/error.h"
 #include "core/util.h"
-#include "dist/dist.h"
-#include "dist/mesh.h"
-#include "dist/store.h"
+#include "rendezvous/dist.h"
+#include "comm/mesh.h"
+#include "rendezvous/store.h"
 #include "tests/tap.h"
 
 #include <stdarg.h>

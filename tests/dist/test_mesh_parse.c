@@ -6,8 +6,8 @@
  */
 #include "config.h"
 #include "core/error.h"
-#include "dist/dist.h"
-#include "dist/mesh.h"
+#include "rendezvous/dist.h"
+#include "comm/mesh.h"
 #include "tests/tap.h"
 
 #include <string.h>

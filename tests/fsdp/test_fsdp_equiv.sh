@@ -25,7 +25,7 @@ if ! "$PY" -c 'import h5py, numpy' > /dev/null 2>&1; then
     exit 0
 fi
 
-cat "$top_srcdir"/src/train/*.c "$top_srcdir"/src/model/*.c > "$W/text"
+sh "$top_srcdir/tests/corpus.sh" 133000 > "$W/text"
 "$BIN/fsdpc-data" tokenize "$W/text" -o "$W/tok.bin" > "$W/log" 2>&1
 tap_ok $? "token file"
 "$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --vocab 256 --context 32 --seed 5 \
@@ -216,11 +216,13 @@ tap_ok $? "dp=2 with every step overflowing ran"
 "$PY" "$CMP" models "$W/allskip.h5" "$W/tied.h5" --tol 0 > "$W/cmp" 2>&1
 tap_ok $? "skipped steps leave the parameters untouched"
 
-# 5b. an overflow in some ranks' gradient shards only: at this initial
-# scale the f16 reduce-scatter overflows in rank 0's rows at update 1 (dp=2)
-# and in rank 1's (dp=3), the other shards stay finite. The skip is the
-# group's decision: every rank must skip that step, as one rank does. Each
-# rank logs what it saw and decided (fsdp=debug, every rank).
+# 5b. an overflow in some ranks' gradient shards only: at a high enough
+# initial scale the f16 reduce-scatter overflows in some ranks' rows while
+# the other shards stay finite. Which scale does it depends on the data and
+# the kernels' rounding, so the run tries a few scales and asserts that one
+# of them did it. The skip is the group's decision: every rank must skip
+# that step, as one rank does. Each rank logs what it saw and decided
+# (fsdp=debug, every rank).
 # skips NAME: "update rank local decision" per line, from every rank's log
 skips() {
     sed -n 's/.*fsdpc r\([0-9]*\) .*update \([0-9]*\): local gradient shard \([a-z]*\),.*step \([a-z]*\)$/\2 \1 \3 \4/p' \
@@ -239,21 +241,27 @@ agree() {
                   { print "update " u ": " seen[u] " ranks, " d[u " skipped"] + 0 " skipped"; exit 1 }
               exit 0 }' "$1"
 }
-F16P="--param-dtype f16 --reduce-dtype f16 --loss-scale dynamic --loss-scale-init 2e5"
+F16P="--param-dtype f16 --reduce-dtype f16 --loss-scale dynamic"
 export FSDPC_LOG=warn,fsdp=debug FSDPC_LOG_RANKS=all
 for n in 2 3; do
     be=tcp
     [ "$n" -eq 3 ] && be=mpi
+    u="" ok=1
+    for init in 5e5 3e5 2e5 7e5 1e6; do
+        # shellcheck disable=SC2086
+        run "part$n" "$n" tied 2 $F16P --loss-scale-init "$init" --steps 16 --backend "$be"
+        ok=$?
+        [ $ok -eq 0 ] || break
+        skips "part$n" > "$W/part$n.skips"
+        u=$(partial "$W/part$n.skips" "$n") && break
+    done
+    tap_ok $ok "dp=$n over $be, f16 with dynamic loss scaling ran"
+    [ -n "$u" ]
+    tap_ok $? "dp=$n: an overflow in some ranks' shards only (update ${u:-none}, initial scale $init)"
     # shellcheck disable=SC2086
-    run "refpart$n" 1 tied $((2 * n)) $F16P --steps 16
-    tap_ok $? "single rank, batch $((2 * n)), f16 from loss scale 2e5"
-    # shellcheck disable=SC2086
-    run "part$n" "$n" tied 2 $F16P --steps 16 --backend "$be"
-    tap_ok $? "dp=$n over $be, f16 from loss scale 2e5 ran"
+    run "refpart$n" 1 tied $((2 * n)) $F16P --loss-scale-init "$init" --steps 16
+    tap_ok $? "single rank, batch $((2 * n)), f16 from loss scale $init"
     skips "refpart$n" > "$W/refpart$n.skips"
-    skips "part$n" > "$W/part$n.skips"
-    u=$(partial "$W/part$n.skips" "$n")
-    tap_ok $? "dp=$n: an overflow in some ranks' shards only (update ${u:-none})"
     why=$(agree "$W/part$n.skips" "$n")
     rc=$?
     [ $rc -eq 0 ] || tap_diag "$why"
@@ -263,7 +271,10 @@ for n in 2 3; do
     tap_diag "skipped updates: one rank [$ref], dp=$n [$got]"
     [ -n "$ref" ] && [ "$ref" = "$got" ]
     tap_ok $? "dp=$n skips the same updates as one rank"
-    same "part$n" "refpart$n" 5e-3 "dp=$n with a partial overflow equals one rank within 5e-3"
+    # f16 sums in another order over 16 steps: the largest element has
+    # come within 0.5% of max |w| here; the skip-decision bug this guards
+    # against moved it by 14% (doc/testing.md)
+    same "part$n" "refpart$n" 1e-2 "dp=$n with a partial overflow equals one rank within 1e-2"
 done
 export FSDPC_LOG=warn
 unset FSDPC_LOG_RANKS

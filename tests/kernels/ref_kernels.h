@@ -2,7 +2,7 @@
  * ref_kernels.h - naive double-precision GPT-2 building blocks, written
  * straight from the PyTorch / Hugging Face definitions, for the gradient
  * checks of the kernels and the model. Clarity over speed; no shared code
- * with src/kernels.
+ * with src/compute.
  */
 #ifndef FSDP_TESTS_REF_KERNELS_H
 #define FSDP_TESTS_REF_KERNELS_H

@@ -9,8 +9,8 @@
  * against core/dtype.c bit for bit, and the vector exp's accuracy.
  */
 #include "config.h"
-#include "kernels/kernels.h"
-#include "kernels/cpu/simd.h"
+#include "compute/kernels.h"
+#include "compute/cpu/simd.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "tests/kernels/ref_kernels.h"

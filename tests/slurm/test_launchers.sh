@@ -14,10 +14,10 @@ trap 'rm -rf "$W"' EXIT
 unset SLURM_JOB_ID RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
 export FSDPC_LOG=warn FSDPC_TIMEOUT=30
 
-cat "$top_srcdir"/src/train/*.c > "$W/text"
+sh "$top_srcdir/tests/corpus.sh" 95000 > "$W/text"
 "$BIN/fsdpc-data" tokenize "$W/text" -o "$W/train.bin" > /dev/null 2>&1 &&
     "$BIN/fsdpc-ckpt" init --preset tiny --seed 1 -o "$W/tiny.h5" > /dev/null 2>&1
-tap_ok $? "fixtures: the tiny preset and a token file of src/train/*.c"
+tap_ok $? "fixtures: the tiny preset and a token file of the test corpus"
 
 # what every run shares: 40 steps of 2 x 32 tokens per rank
 export BIN MODEL="$W/tiny.h5" DATA="$W/train.bin" RANKS=2 STEPS=40 BATCH=2 SEQ_LEN=32 LR=1e-3 \

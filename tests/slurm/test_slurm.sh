@@ -195,7 +195,7 @@ fi
 # ---------------------------------------------------------------------------
 # fixtures
 
-cat "$top_srcdir"/src/train/*.c > "$W/text"
+sh "$top_srcdir/tests/corpus.sh" 95000 > "$W/text"
 "$BIN/fsdpc-data" tokenize "$W/text" -o "$W/train.bin" > /dev/null 2>&1 &&
     "$BIN/fsdpc-ckpt" init --preset tiny --seed 1 -o "$W/tiny.h5" > /dev/null 2>&1
 tap_ok $? "fixtures: the tiny preset and a token file"

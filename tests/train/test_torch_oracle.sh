@@ -31,10 +31,10 @@ W=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-oracle.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 export FSDPC_LOG=warn
 
-# byte-level text: the project's own sources
-cat "$top_srcdir"/src/train/*.c "$top_srcdir"/src/model/*.c > "$W/text"
+# byte-level text: the test corpus
+sh "$top_srcdir/tests/corpus.sh" 133000 > "$W/text"
 "$BIN/fsdpc-data" tokenize "$W/text" -o "$W/tok.bin" > "$W/log" 2>&1
-tap_ok $? "token file from the sources"
+tap_ok $? "token file from the test corpus"
 
 # variant name, init flags, training flags
 oracle() {

@@ -15,7 +15,7 @@ export FSDPC_LOG=warn
 # ---------------------------------------------------------------------------
 # fixtures: text from the project's sources, a 2-layer byte-level model
 
-cat "$top_srcdir"/src/*/*.c "$top_srcdir"/src/*/*.h > "$W/text"
+sh "$top_srcdir/tests/corpus.sh" 610000 > "$W/text"
 "$BIN/fsdpc-data" tokenize "$W/text" -o "$W/train.bin" --val-fraction 0.1 \
     --val-out "$W/val.bin" > /dev/null 2>&1 &&
 "$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --context 64 --seed 1 \

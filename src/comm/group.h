@@ -1,0 +1,79 @@
+/*
+ * group.h - process groups and the collective calls the upper layers use.
+ *
+ * A group is a set of world ranks served by one backend instance. The calls
+ * below validate arguments (dtype, op, count, capabilities), number each
+ * collective (seq) and forward to the backend; they are where the debug
+ * layer (fingerprints, flight recorder, timeouts) hooks in. Everything is
+ * asynchronous; the *_sync helpers issue and wait with the group deadline.
+ */
+#ifndef FSDP_COMM_GROUP_H
+#define FSDP_COMM_GROUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+
+struct fsdp_dist;
+
+struct fsdp_group {
+    char name[64];                   /* "dp[1]" */
+    int rank;                        /* rank in the group */
+    int size;
+    int *world_ranks;                /* (size,) */
+    const struct fsdp_backend_ops *ops;
+    struct fsdp_backend *be;
+    struct fsdp_store *store;        /* prefixed view for this group */
+    struct fsdp_dist *dist;
+    uint64_t seq;                    /* collectives issued so far */
+    double timeout_s;
+    uint64_t monitored_barriers;     /* fsdp_monitored_barrier calls so far */
+};
+
+/* Collective over the members (world_ranks ascending, caller included). */
+int fsdp_group_create(struct fsdp_dist *d, const char *name, const int *world_ranks, int size,
+                      const struct fsdp_backend_ops *ops, struct fsdp_group **out);
+void fsdp_group_destroy(struct fsdp_group *g);
+
+int fsdp_allreduce(struct fsdp_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                   enum fsdp_dtype dtype, enum fsdp_redop op, const struct fsdp_coll_attr *attr,
+                   struct fsdp_work **work);
+int fsdp_allgather(struct fsdp_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                   enum fsdp_dtype dtype, const struct fsdp_coll_attr *attr,
+                   struct fsdp_work **work);
+int fsdp_reduce_scatter(struct fsdp_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                        enum fsdp_dtype dtype, enum fsdp_redop op,
+                        const struct fsdp_coll_attr *attr, struct fsdp_work **work);
+int fsdp_broadcast(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtype dtype, int root,
+                   const struct fsdp_coll_attr *attr, struct fsdp_work **work);
+int fsdp_barrier(struct fsdp_group *g, struct fsdp_work **work);
+
+/* timeout_s < 0 means the group's deadline. */
+int fsdp_work_wait(struct fsdp_work *w, double timeout_s);
+int fsdp_work_test(struct fsdp_work *w, int *done);
+void fsdp_work_free(struct fsdp_work *w);
+
+/* Issue, wait with the group deadline, free. */
+int fsdp_allreduce_sync(struct fsdp_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                        enum fsdp_dtype dtype, enum fsdp_redop op);
+int fsdp_allgather_sync(struct fsdp_group *g, const void *sendbuf, void *recvbuf, size_t count,
+                        enum fsdp_dtype dtype);
+int fsdp_reduce_scatter_sync(struct fsdp_group *g, const void *sendbuf, void *recvbuf,
+                             size_t count, enum fsdp_dtype dtype, enum fsdp_redop op);
+int fsdp_broadcast_sync(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtype dtype,
+                        int root);
+int fsdp_barrier_sync(struct fsdp_group *g);
+
+/*
+ * A barrier through the group's store that names who is missing (torch's
+ * monitored_barrier): every member checks in, group rank 0 waits up to
+ * timeout_s (< 0: the group's deadline) and then names every rank that did
+ * not arrive (only the first when wait_all is 0); every member gets the same
+ * error. Slower than fsdp_barrier: for debugging and for the moments where a
+ * named straggler matters (startup, checkpoints). Keys accumulate in the
+ * store (a few per call), so call it occasionally, not per step.
+ */
+int fsdp_monitored_barrier(struct fsdp_group *g, double timeout_s, int wait_all);
+
+#endif

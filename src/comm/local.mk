@@ -1,0 +1,23 @@
+# src/comm: process groups, the device mesh, and the debug layer (flight
+# recorder, watchdog, DETAIL fingerprints, monitored barrier). Above the
+# backends.
+libfsdpc_a_SOURCES += src/comm/group.c src/comm/mesh.c
+noinst_HEADERS += src/comm/group.h src/comm/mesh.h
+check_PROGRAMS += tests/dist/test_mesh tests/dist/test_mesh_parse
+dist_check_SCRIPTS += tests/dist/test_mesh.sh
+TESTS += tests/dist/test_mesh.sh tests/dist/test_mesh_parse
+
+libfsdpc_a_SOURCES += src/comm/debug.c src/comm/flight.c src/comm/watchdog.c \
+	src/comm/fingerprint.c src/comm/monitored_barrier.c
+noinst_HEADERS += src/comm/debug.h src/comm/flight.h
+# tests of the debug layer
+check_PROGRAMS += tests/debug/debug_probe
+dist_check_SCRIPTS += tests/debug/test_detail.sh tests/debug/test_monitor.sh \
+	tests/debug/test_fuzz.sh tests/debug/test_watchdog.sh
+TESTS += tests/debug/test_detail.sh tests/debug/test_monitor.sh tests/debug/test_fuzz.sh \
+	tests/debug/test_watchdog.sh
+# flight recorder dumps that a failing run in the build directory may leave
+clean-local: clean-flight-dumps
+clean-flight-dumps:
+	-rm -rf fsdpc-flight-dumps
+.PHONY: clean-flight-dumps

@@ -1,0 +1,228 @@
+/*
+ * kernels.h - the compute layer's public API: the GPT-2 building blocks
+ * (forward and backward), the loss, the optimizer update, gradient norms and
+ * 16-bit casts, on host f32 buffers.
+ *
+ * Conventions (all kernels):
+ *   - tensors are dense, row-major, f32; shapes are given in the comments as
+ *     (rows, cols) with N = B * T rows of activations;
+ *   - weights are (out_features, in_features) like torch.nn.Linear, so a
+ *     linear layer is out = inp @ W^T + b;
+ *   - backward kernels ACCUMULATE into parameter gradients (+=) so that
+ *     gradient accumulation and tied weights need no extra pass; what they do
+ *     to activation gradients is stated per kernel;
+ *   - no kernel allocates: scratch space is passed in by the caller and
+ *     sized by the matching *_scratch_floats function;
+ *   - matrix products go through cblas_sgemm (OpenBLAS); its thread count is
+ *     the only parallelism unless the library is built with -fopenmp.
+ * A CUDA implementation of the same operations would sit beside these under
+ * the fsdp_cuda_ prefix.
+ */
+#ifndef FSDP_COMPUTE_KERNELS_H
+#define FSDP_COMPUTE_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// ----------------------------------------------------------------------------
+// embeddings
+
+/* out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. Tokens must be in [0, V). */
+void fsdp_cpu_encoder_forward(float *out,            /* (B, T, C) */
+                              const int32_t *tokens, /* (B, T) */
+                              const float *wte,      /* (V, C) */
+                              const float *wpe,      /* (>= T, C) */
+                              int B, int T, int C);
+
+/* dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]. */
+void fsdp_cpu_encoder_backward(float *dwte,           /* (V, C) */
+                               float *dwpe,           /* (>= T, C) */
+                               const float *dout,     /* (B, T, C) */
+                               const int32_t *tokens, /* (B, T) */
+                               int B, int T, int C);
+
+// ----------------------------------------------------------------------------
+// layer norm (torch.nn.LayerNorm: biased variance, eps inside the sqrt)
+
+/* out = (inp - mean) * rstd * weight + bias per row; saves mean and rstd. */
+void fsdp_cpu_layernorm_forward(float *out,          /* (N, C) */
+                                float *mean,         /* (N) */
+                                float *rstd,         /* (N) */
+                                const float *inp,    /* (N, C) */
+                                const float *weight, /* (C) */
+                                const float *bias,   /* (C) */
+                                size_t N, size_t C, float eps);
+
+/* dinp += d(inp); dweight += ..; dbias += ... */
+void fsdp_cpu_layernorm_backward(float *dinp,         /* (N, C) */
+                                 float *dweight,      /* (C) */
+                                 float *dbias,        /* (C) */
+                                 const float *dout,   /* (N, C) */
+                                 const float *inp,    /* (N, C) */
+                                 const float *weight, /* (C) */
+                                 const float *mean,   /* (N) */
+                                 const float *rstd,   /* (N) */
+                                 size_t N, size_t C);
+
+// ----------------------------------------------------------------------------
+// linear layer
+
+/*
+ * out = residual + inp @ weight^T + bias. bias and residual may be NULL;
+ * residual may equal out (accumulate in place). The bias and residual are
+ * written first and the product is accumulated onto them by sgemm (beta = 1),
+ * so they cost no separate pass.
+ */
+void fsdp_cpu_matmul_forward(float *out,            /* (N, OC) */
+                             const float *inp,      /* (N, C) */
+                             const float *weight,   /* (OC, C) */
+                             const float *bias,     /* (OC) or NULL */
+                             const float *residual, /* (N, OC) or NULL */
+                             size_t N, size_t C, size_t OC);
+
+/*
+ * With G = alpha * dout:
+ *   dinp     = G @ weight        (overwrites, or adds when accumulate_dinp)
+ *   dweight += G^T @ inp
+ *   dbias   += column sums of G
+ * Any of dinp, dweight, dbias may be NULL to skip it.
+ */
+void fsdp_cpu_matmul_backward(float *dinp,         /* (N, C) */
+                              float *dweight,      /* (OC, C) */
+                              float *dbias,        /* (OC) */
+                              const float *dout,   /* (N, OC) */
+                              const float *inp,    /* (N, C) */
+                              const float *weight, /* (OC, C) */
+                              size_t N, size_t C, size_t OC, float alpha, int accumulate_dinp);
+
+// ----------------------------------------------------------------------------
+// causal multi-head self-attention
+//
+// qkv rows hold [q | k | v], each C = NH * hs wide, head h at columns
+// h*hs .. (h+1)*hs of its block (HF GPT-2's split + view). Scores are
+// q.k / sqrt(hs), key j > query i is masked, softmax over j <= i, then @ v.
+// Only the row log-sum-exp of the scores is saved; backward recomputes the
+// probabilities block by block (as flash attention does), so the saved state
+// is (B, NH, T) rather than (B, NH, T, T).
+
+/* Floats of scratch the attention kernels need for sequence length T. */
+size_t fsdp_cpu_attention_scratch_floats(int T);
+
+void fsdp_cpu_attention_forward(float *out,       /* (B, T, C) */
+                                float *lse,       /* (B, NH, T) */
+                                float *scratch,   /* fsdp_cpu_attention_scratch_floats(T) */
+                                const float *qkv, /* (B, T, 3C) */
+                                int B, int T, int C, int NH);
+
+/* dqkv is overwritten. */
+void fsdp_cpu_attention_backward(float *dqkv,       /* (B, T, 3C) */
+                                 float *scratch,    /* fsdp_cpu_attention_scratch_floats(T) */
+                                 const float *dout, /* (B, T, C) */
+                                 const float *qkv,  /* (B, T, 3C) */
+                                 const float *out,  /* (B, T, C) forward output */
+                                 const float *lse,  /* (B, NH, T) */
+                                 int B, int T, int C, int NH);
+
+// ----------------------------------------------------------------------------
+// element-wise
+
+/* GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+void fsdp_cpu_gelu_forward(float *out, const float *inp, size_t n);
+/* dinp = dout * gelu'(inp); dinp may equal dout. */
+void fsdp_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+/* out = a + b; out may equal a or b. */
+void fsdp_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
+
+// ----------------------------------------------------------------------------
+// loss
+
+/*
+ * Softmax cross-entropy over the rows of logits, fused with its gradient:
+ *   losses[i]  = logsumexp(logits[i,:]) - logits[i, targets[i]]
+ *   dlogits[i] = dscale * (softmax(logits[i,:]) - onehot(targets[i]))
+ * Rows whose target equals ignore_index get loss 0 and a zero gradient row.
+ * dlogits may be NULL (no gradient) or equal logits (overwrite in place).
+ * *n_kept is the number of other rows and *mean the mean of their losses
+ * (torch's reduction='mean'; NaN when no row is kept, as in torch).
+ * A target outside [0, V) that is not ignore_index is an error naming it.
+ */
+int fsdp_cpu_crossentropy_fused(float *losses,          /* (N) */
+                                float *dlogits,         /* (N, V) or NULL */
+                                const float *logits,    /* (N, V) */
+                                const int32_t *targets, /* (N) */
+                                size_t N, size_t V, int32_t ignore_index, float dscale,
+                                size_t *n_kept, float *mean);
+
+/*
+ * The same loss split in two, for a head that computes its logits a row
+ * chunk at a time and recomputes them for the backward:
+ *   forward   losses[i] as above; stats[i] = (max of row i, sum of
+ *             exp(row i - max)), (0, 0) for ignored rows; *n_kept as above
+ *             (no mean: the caller sums over its chunks)
+ *   backward  dlogits from the same logits and their stats, bit-identical
+ *             to the fused kernel's; dlogits may equal logits
+ */
+int fsdp_cpu_crossentropy_forward(float *losses,          /* (N) */
+                                  float *stats,           /* (N, 2) */
+                                  const float *logits,    /* (N, V) */
+                                  const int32_t *targets, /* (N) */
+                                  size_t N, size_t V, int32_t ignore_index, size_t *n_kept);
+void fsdp_cpu_crossentropy_backward(float *dlogits,         /* (N, V) */
+                                    const float *logits,    /* (N, V) */
+                                    const float *stats,     /* (N, 2) */
+                                    const int32_t *targets, /* (N) */
+                                    size_t N, size_t V, int32_t ignore_index, float dscale);
+
+// ----------------------------------------------------------------------------
+// optimizer and gradient utilities
+
+/* torch.optim.AdamW hyper-parameters; step counts from 1. */
+struct fsdp_adamw_params {
+    float lr;
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay;
+    long step;
+};
+
+/*
+ * One AdamW step on a flat range, with torch's arithmetic:
+ *   g = grad * grad_scale            (unscaling and clipping fused here)
+ *   p *= 1 - lr * weight_decay        (only when decay != 0)
+ *   m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g^2
+ *   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+ */
+void fsdp_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
+                           const struct fsdp_adamw_params *hp, int decay, float grad_scale);
+
+/* Sum of squares of x (partial sums in f32 lanes, blocks added in double). */
+double fsdp_cpu_sumsq(const float *x, size_t n);
+
+/* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (sqrt(sumsq) + 1e-6)). */
+float fsdp_cpu_clip_coef(double sumsq, float max_norm);
+
+/* x *= s */
+void fsdp_cpu_scale(float *x, size_t n, float s);
+
+// ----------------------------------------------------------------------------
+// 16-bit storage <-> f32 compute. Bit-identical to core/dtype.h's scalar
+// conversions (round to nearest even, NaN kept quiet, overflow to Inf,
+// subnormals kept) but branch-free and vectorised. dst and src must not
+// overlap.
+
+void fsdp_cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void fsdp_cpu_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+void fsdp_cpu_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+void fsdp_cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n);
+
+/*
+ * The same casts within one buffer, for communication buffers that are
+ * their own staging. narrow: the n f32 values at buf become n 16-bit values
+ * at the start of buf (bf16 when bf16 is non-zero, else f16); widen: the
+ * reverse. The bytes after the 16-bit values are left undefined by narrow.
+ */
+void fsdp_cpu_narrow_inplace(void *buf, size_t n, int bf16);
+void fsdp_cpu_widen_inplace(void *buf, size_t n, int bf16);
+
+#endif

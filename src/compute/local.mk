@@ -1,0 +1,13 @@
+# src/compute: the compute layer: host kernels (f32 compute, OpenBLAS sgemm).
+libfsdpc_a_SOURCES += \
+	src/compute/cpu/layers.c \
+	src/compute/cpu/matmul.c \
+	src/compute/cpu/attention.c \
+	src/compute/cpu/loss.c \
+	src/compute/cpu/optim.c \
+	src/compute/cpu/cast.c
+noinst_HEADERS += src/compute/kernels.h src/compute/cpu/simd.h
+
+check_PROGRAMS += tests/kernels/test_kernels_grad
+TESTS += tests/kernels/test_kernels_grad
+noinst_HEADERS += tests/kernels/ref_kernels.h

@@ -1,0 +1,158 @@
+/*
+ * bench_mem.c - the memory spaces fsdpc-bench runs collectives in.
+ *
+ * Host buffers come from fsdp_alloc (64-byte aligned, pre-faulted), so no
+ * timed iteration pays a page fault. CUDA buffers are device memory on the
+ * current device; the harness fills and checks them through host images,
+ * outside the timed loops. Only this file talks to the CUDA runtime.
+ */
+#include "config.h"
+#include "programs/bench/bench.h"
+#include "core/error.h"
+#include "core/util.h"
+
+#include <string.h>
+
+#if HAVE_CUDA
+#include <cuda_runtime.h>
+
+static int bench_mem_cuda_err(cudaError_t e, const char *what)
+{
+    return fsdp_err(FSDP_ERR_BACKEND, "%s: %s", what, cudaGetErrorString(e));
+}
+#endif
+
+const char *fsdp_bench_mem_name(enum fsdp_mem mem)
+{
+    return mem == FSDP_MEM_CUDA ? "cuda" : "host";
+}
+
+void *fsdp_bench_mem_alloc(enum fsdp_mem mem, size_t bytes)
+{
+    if (mem == FSDP_MEM_HOST) {
+        void *p = fsdp_alloc(bytes);
+        if (!p) {
+            fsdp_err(FSDP_ERR_NOMEM, "cannot allocate %zu bytes of host memory", bytes);
+        }
+        return p;
+    }
+#if HAVE_CUDA
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
+    if (e != cudaSuccess) {
+        bench_mem_cuda_err(e, "cudaMalloc");
+        return NULL;
+    }
+    return p;
+#else
+    fsdp_err(FSDP_ERR_UNSUPPORTED, "CUDA memory requested but fsdpc was built without CUDA");
+    return NULL;
+#endif
+}
+
+void fsdp_bench_mem_free(enum fsdp_mem mem, void *p)
+{
+    if (!p) {
+        return;
+    }
+    if (mem == FSDP_MEM_HOST) {
+        fsdp_free(p);
+        return;
+    }
+#if HAVE_CUDA
+    cudaFree(p);
+#endif
+}
+
+int fsdp_bench_mem_upload(enum fsdp_mem mem, void *dst, const void *host, size_t bytes)
+{
+    if (bytes == 0 || dst == host) {
+        return 0;
+    }
+    if (mem == FSDP_MEM_HOST) {
+        memcpy(dst, host, bytes);
+        return 0;
+    }
+#if HAVE_CUDA
+    /* from pageable memory cudaMemcpy may return before the DMA lands;
+     * the collective runs on a non-blocking stream, so wait for it here */
+    cudaError_t e = cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) {
+        e = cudaDeviceSynchronize();
+    }
+    if (e != cudaSuccess) {
+        return bench_mem_cuda_err(e, "cudaMemcpy to device");
+    }
+    return 0;
+#else
+    return fsdp_err(FSDP_ERR_UNSUPPORTED, "CUDA memory requested but fsdpc was built without CUDA");
+#endif
+}
+
+int fsdp_bench_mem_download(enum fsdp_mem mem, void *host, const void *src, size_t bytes)
+{
+    if (bytes == 0 || src == host) {
+        return 0;
+    }
+    if (mem == FSDP_MEM_HOST) {
+        memcpy(host, src, bytes);
+        return 0;
+    }
+#if HAVE_CUDA
+    /* cudaMemcpy orders after the legacy default stream only, not after the
+     * non-blocking stream the collective ran on */
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) {
+        e = cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost);
+    }
+    if (e != cudaSuccess) {
+        return bench_mem_cuda_err(e, "cudaMemcpy to host");
+    }
+    return 0;
+#else
+    return fsdp_err(FSDP_ERR_UNSUPPORTED, "CUDA memory requested but fsdpc was built without CUDA");
+#endif
+}
+
+int fsdp_bench_mem_stream_create(enum fsdp_mem mem, int local_rank, void **stream)
+{
+    *stream = NULL;
+    if (mem == FSDP_MEM_HOST) {
+        return 0;
+    }
+#if HAVE_CUDA
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess) {
+        return bench_mem_cuda_err(e, "cudaGetDeviceCount");
+    }
+    if (ndev <= 0) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "no CUDA device visible to this rank");
+    }
+    /* the same device the nccl backend picks: local rank modulo devices */
+    e = cudaSetDevice(local_rank % ndev);
+    if (e != cudaSuccess) {
+        return bench_mem_cuda_err(e, "cudaSetDevice");
+    }
+    cudaStream_t s;
+    e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        return bench_mem_cuda_err(e, "cudaStreamCreate");
+    }
+    *stream = s;
+    return 0;
+#else
+    (void)local_rank;
+    return fsdp_err(FSDP_ERR_UNSUPPORTED, "CUDA memory requested but fsdpc was built without CUDA");
+#endif
+}
+
+void fsdp_bench_mem_stream_destroy(enum fsdp_mem mem, void *stream)
+{
+    if (mem == FSDP_MEM_HOST || !stream) {
+        return;
+    }
+#if HAVE_CUDA
+    cudaStreamDestroy((cudaStream_t)stream);
+#endif
+}

@@ -1,0 +1,314 @@
+/*
+ * fsdpc_ckpt.c - the fsdpc-ckpt program: creates and inspects model files;
+ * the checkpoint subcommands live in ckpt_tool.c.
+ *
+ *   fsdpc-ckpt init --preset NAME [overrides] [--seed S] -o FILE
+ *   fsdpc-ckpt inspect FILE|CHECKPOINT
+ *   fsdpc-ckpt verify | consolidate | reshard | convert ...
+ *   fsdpc-ckpt export-safetensors | import-safetensors ...  (st_tool.c)
+ *
+ * Subcommands sit in one table (name, summary, function); each parses its own
+ * flags and has its own --help. init draws the model's deterministic initial
+ * values (fsdp_gpt2_init_range) and streams them unit by unit through one
+ * reused buffer, so even gpt2-xl (6 GB in f32) never sits in memory whole,
+ * and the file appears under its name only once complete (tmp + rename).
+ * Errors end the program with one line and a non-zero exit status.
+ */
+#include "config.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/ckpt.h"
+#include "programs/ckpt_tool.h"
+#include "io/model_file.h"
+#include "model/gpt2.h"
+#include "model/gpt2_spec.h"
+
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ckpt_cmd {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+};
+
+static int parse_int_flag(const char *flag, const char *s, long long lo, long long hi)
+{
+    long long v;
+    if (fsdp_parse_long(s, &v) < 0 || v < lo || v > hi) {
+        fsdp_fatal("fsdpc-ckpt init: %s '%s' must be an integer in [%lld, %lld]", flag, s, lo, hi);
+    }
+    return (int)v;
+}
+
+static void human_bytes(char *buf, size_t len, double b)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024.0 && u < 4) {
+        b /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
+}
+
+// ----------------------------------------------------------------------------
+// init
+
+static void init_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt init [--preset NAME] [overrides] [--seed S] [--dtype T] -o FILE\n"
+            "\n"
+            "Creates a freshly initialised GPT-2 model file: weights N(0, 0.02) (residual\n"
+            "projections N(0, 0.02/sqrt(2*n_layer))), layer-norm weights 1, biases 0.\n"
+            "The file is written to FILE.tmp and renamed to FILE when complete.\n"
+            "\n"
+            "      --preset NAME   tiny (default), bench-small, gpt2, gpt2-medium, gpt2-large,\n"
+            "                      gpt2-xl\n"
+            "      --layers N      override n_layer\n"
+            "      --heads N       override n_head\n"
+            "      --width N       override n_embd (divisible by n_head)\n"
+            "      --vocab N       override vocab_size\n"
+            "      --context N     override the maximum sequence length\n"
+            "      --untied        separate lm_head.weight instead of reusing wte.weight\n"
+            "      --seed S        RNG seed (default 0); same seed, same values\n"
+            "      --dtype T       stored type: f32 (default), bf16 or f16\n"
+            "  -o, --output FILE   the model file to create\n"
+            "  -h, --help          this text\n");
+}
+
+static int cmd_init(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"preset", required_argument, NULL, 'p'},
+        {"layers", required_argument, NULL, 'L'},
+        {"heads", required_argument, NULL, 'H'},
+        {"width", required_argument, NULL, 'C'},
+        {"vocab", required_argument, NULL, 'V'},
+        {"context", required_argument, NULL, 'T'},
+        {"untied", no_argument, NULL, 'u'},
+        {"seed", required_argument, NULL, 's'},
+        {"dtype", required_argument, NULL, 'd'},
+        {"output", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *preset = "tiny", *out = NULL;
+    int layers = 0, heads = 0, width = 0, vocab = 0, context = 0, untied = 0, c, rc;
+    long long seed = 0;
+    enum fsdp_dtype dtype = FSDP_F32;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'p': preset = optarg; break;
+        case 'L': layers = parse_int_flag("--layers", optarg, 1, 1 << 20); break;
+        case 'H': heads = parse_int_flag("--heads", optarg, 1, 1 << 20); break;
+        case 'C': width = parse_int_flag("--width", optarg, 1, 1 << 20); break;
+        case 'V': vocab = parse_int_flag("--vocab", optarg, 1, 1 << 20); break;
+        case 'T': context = parse_int_flag("--context", optarg, 1, 1 << 20); break;
+        case 'u': untied = 1; break;
+        case 's':
+            if (fsdp_parse_long(optarg, &seed) < 0 || seed < 0) {
+                fsdp_fatal("fsdpc-ckpt init: --seed '%s' must be a non-negative integer", optarg);
+            }
+            break;
+        case 'd':
+            if (fsdp_dtype_parse(optarg, &dtype) < 0 ||
+                (dtype != FSDP_F32 && dtype != FSDP_BF16 && dtype != FSDP_F16)) {
+                fsdp_fatal("fsdpc-ckpt init: --dtype '%s' must be f32, bf16 or f16", optarg);
+            }
+            break;
+        case 'o': out = optarg; break;
+        case 'h': init_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("init", c, argv);
+        }
+    }
+    if (optind != argc) {
+        fsdp_fatal("fsdpc-ckpt init: unexpected argument '%s' (see --help)", argv[optind]);
+    }
+    if (!out) {
+        fsdp_fatal("fsdpc-ckpt init: missing -o FILE (see --help)");
+    }
+    struct fsdp_gpt2_config cfg;
+    struct fsdp_gpt2_spec *spec;
+    if (fsdp_gpt2_preset(preset, &cfg) < 0) {
+        fsdp_die(FSDP_ERR_INVALID, "fsdpc-ckpt init: --preset", NULL);
+    }
+    cfg.n_layer = layers ? layers : cfg.n_layer;
+    cfg.n_head = heads ? heads : cfg.n_head;
+    cfg.n_embd = width ? width : cfg.n_embd;
+    cfg.vocab_size = vocab ? vocab : cfg.vocab_size;
+    cfg.context = context ? context : cfg.context;
+    cfg.tied = untied ? 0 : cfg.tied;
+    if ((rc = fsdp_gpt2_spec_create(&cfg, &spec)) < 0) {
+        fsdp_die(rc, "fsdpc-ckpt init: model config", NULL);
+    }
+
+    size_t widest = 0;
+    for (int u = 0; u < spec->n_units; u++) {
+        widest = spec->unit_numel[u] > widest ? spec->unit_numel[u] : widest;
+    }
+    float *buf = fsdp_alloc(widest * sizeof(float));
+    if (!buf) {
+        fsdp_fatal("fsdpc-ckpt init: cannot allocate the %zu-float unit buffer", widest);
+    }
+    char created_by[256];
+    snprintf(created_by, sizeof(created_by), "fsdpc-ckpt init %s (preset %s, seed %lld)",
+             PACKAGE_VERSION, preset, seed);
+    struct fsdp_model_write_opts wopts = {.created_by = created_by, .dtype = dtype};
+    struct fsdp_model_writer *w;
+    double t0 = fsdp_now();
+    if ((rc = fsdp_model_writer_create(out, spec, &wopts, &w)) < 0) {
+        fsdp_die(rc, "fsdpc-ckpt init", NULL);
+    }
+    for (int u = 0; u < spec->n_units; u++) {
+        FSDP_CHECK_GOTO(fsdp_gpt2_init_range(spec, (uint64_t)seed, u, 0, spec->unit_numel[u], buf),
+                        rc, fail);
+        FSDP_CHECK_GOTO(fsdp_model_writer_put_unit(w, u, buf), rc, fail);
+    }
+    FSDP_CHECK_GOTO(fsdp_model_writer_commit(w), rc, fail);
+    fsdp_model_writer_destroy(w);
+    char hb[32];
+    human_bytes(hb, sizeof(hb), (double)spec->total_numel * (double)fsdp_dtype_size(dtype));
+    printf("%s: gpt2 n_layer=%d n_head=%d n_embd=%d vocab_size=%d context=%d %s, "
+           "%zu parameters, %s %s, seed %lld (%.1f s)\n",
+           out, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.context,
+           cfg.tied ? "tied" : "untied", spec->total_numel, hb, fsdp_dtype_name(dtype), seed,
+           fsdp_now() - t0);
+    fsdp_free(buf);
+    fsdp_gpt2_spec_destroy(spec);
+    return 0;
+fail:
+    fsdp_model_writer_destroy(w);
+    fsdp_die(rc, "fsdpc-ckpt init", NULL);
+}
+
+// ----------------------------------------------------------------------------
+// inspect
+
+static void inspect_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt inspect FILE|CHECKPOINT\n"
+            "\n"
+            "Validates a model file (attributes, every dataset's name, shape and type) and\n"
+            "prints its architecture and a table of its tensors. Exit status 0 only when\n"
+            "the file is valid. For a checkpoint (a step directory, its index.h5, or a\n"
+            "checkpoint root whose 'latest' is followed) it also prints the step, tokens\n"
+            "seen, mesh, data-loader and optimizer state and the stored configuration.\n"
+            "\n"
+            "  -h, --help   this text\n");
+}
+
+static int cmd_inspect(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c, rc;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h': inspect_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("inspect", c, argv);
+        }
+    }
+    if (optind != argc - 1) {
+        fsdp_fatal("fsdpc-ckpt inspect: expected one model file, got %d (see --help)",
+                   argc - optind);
+    }
+    if (fsdp_ckpt_is_checkpoint(argv[optind])) {
+        return fsdp_ckpt_tool_inspect(argv[optind]);
+    }
+    struct fsdp_model_file *mf;
+    if ((rc = fsdp_model_file_open(argv[optind], &mf)) < 0) {
+        fsdp_die(rc, "fsdpc-ckpt inspect", NULL);
+    }
+    const struct fsdp_gpt2_spec *s = fsdp_model_file_spec(mf);
+    const struct fsdp_gpt2_config *cfg = &s->cfg;
+    const char *cb = fsdp_model_file_created_by(mf);
+    printf("file          %s\n", argv[optind]);
+    printf("format        %s version %d\n", FSDP_MODEL_FORMAT, FSDP_MODEL_FORMAT_VERSION);
+    if (cb[0]) {
+        printf("created by    %s\n", cb);
+    }
+    printf("architecture  gpt2: vocab_size %d, context %d, n_layer %d, n_head %d, n_embd %d, "
+           "ln_eps %g, %s embeddings\n",
+           cfg->vocab_size, cfg->context, cfg->n_layer, cfg->n_head, cfg->n_embd,
+           (double)cfg->ln_eps, cfg->tied ? "tied" : "untied");
+    printf("units         %d (embeddings, %d blocks, head)\n\n", s->n_units, cfg->n_layer);
+    printf("%-28s %5s  %-14s %-5s %14s\n", "tensor", "unit", "shape", "dtype", "bytes");
+    size_t bytes = 0;
+    for (size_t i = 0; i < s->n_params; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        char shape[48];
+        if (p->ndim == 1) {
+            snprintf(shape, sizeof(shape), "(%zu,)", p->shape[0]);
+        } else {
+            snprintf(shape, sizeof(shape), "(%zu, %zu)", p->shape[0], p->shape[1]);
+        }
+        size_t b = fsdp_model_file_tensor_bytes(mf, i);
+        bytes += b;
+        printf("%-28s %5d  %-14s %-5s %14zu\n", p->name, p->unit, shape,
+               fsdp_model_file_tensor_dtype(mf, i), b);
+    }
+    char hb[32];
+    human_bytes(hb, sizeof(hb), (double)bytes);
+    printf("\ntotal         %zu tensors, %zu parameters, %zu bytes (%s)\n", s->n_params,
+           s->total_numel, bytes, hb);
+    fsdp_model_file_close(mf);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// main
+
+static const struct ckpt_cmd ckpt_cmds[] = {
+    {"init", "create a freshly initialised model file", cmd_init},
+    {"inspect", "validate a model file or checkpoint and list its tensors", cmd_inspect},
+    {"verify", "check that a checkpoint is complete and readable", fsdp_ckpt_cmd_verify},
+    {"consolidate", "write a checkpoint as one model file", fsdp_ckpt_cmd_consolidate},
+    {"reshard", "rewrite a checkpoint for another world size or mesh", fsdp_ckpt_cmd_reshard},
+    {"convert", "write a model file or checkpoint as a model file of another dtype",
+     fsdp_ckpt_cmd_convert},
+    {"export-safetensors", "write a model file or checkpoint as Hugging Face GPT-2 safetensors",
+     fsdp_ckpt_cmd_export_st},
+    {"import-safetensors", "read Hugging Face GPT-2 safetensors into a model file",
+     fsdp_ckpt_cmd_import_st},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: fsdpc-ckpt COMMAND [options]   (fsdpc %s)\n\ncommands:\n",
+            PACKAGE_VERSION);
+    for (size_t i = 0; i < sizeof(ckpt_cmds) / sizeof(ckpt_cmds[0]); i++) {
+        fprintf(out, "  %-19s %s\n", ckpt_cmds[i].name, ckpt_cmds[i].summary);
+    }
+    fprintf(out, "\n'fsdpc-ckpt COMMAND --help' describes a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    fsdp_log_set_rank(0);
+    if (argc < 2) {
+        usage(stderr);
+        fsdp_fatal("fsdpc-ckpt: missing command");
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(ckpt_cmds) / sizeof(ckpt_cmds[0]); i++) {
+        if (strcmp(argv[1], ckpt_cmds[i].name) == 0) {
+            return ckpt_cmds[i].run(argc - 1, argv + 1);
+        }
+    }
+    fsdp_fatal("fsdpc-ckpt: unknown command '%s' (see fsdpc-ckpt --help)", argv[1]);
+}

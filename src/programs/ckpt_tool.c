@@ -1,0 +1,516 @@
+/*
+ * ckpt_tool.c - fsdpc-ckpt's checkpoint subcommands: inspect (for
+ * checkpoints), verify, consolidate, reshard and convert. Every command
+ * streams tensor by tensor through buffers sized by the largest tensor (or
+ * shard piece), prints one progress line on stderr while it works, and
+ * writes its output under a temporary name that is renamed into place only
+ * when complete. Errors end the program with one line (fsdp_die/fatal).
+ */
+#include "config.h"
+#include "programs/ckpt_tool.h"
+#include "io/ckpt.h"
+#include "io/model_file.h"
+#include "core/error.h"
+#include "core/util.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+_Noreturn void fsdp_ckpt_tool_bad_option(const char *cmd, int c, char **argv)
+{
+    if (c == ':') {
+        fsdp_fatal("fsdpc-ckpt %s: option '%s' needs a value (see fsdpc-ckpt %s --help)", cmd,
+                   argv[optind - 1], cmd);
+    }
+    fsdp_fatal("fsdpc-ckpt %s: unknown option '%s' (see fsdpc-ckpt %s --help)", cmd,
+               argv[optind - 1], cmd);
+}
+
+static void tool_progress(size_t done, size_t total, void *arg)
+{
+    const char *what = arg;
+    if (isatty(STDERR_FILENO) || done == total) {
+        fprintf(stderr, "\r%s: %zu/%zu tensors", what, done, total);
+        if (done == total) {
+            fprintf(stderr, "\n");
+        }
+        fflush(stderr);
+    }
+}
+
+static struct fsdp_ckpt *tool_open(const char *cmd, const char *path)
+{
+    struct fsdp_ckpt *ck;
+    char what[64];
+    int rc = fsdp_ckpt_open(path, &ck);
+    if (rc < 0) {
+        snprintf(what, sizeof(what), "fsdpc-ckpt %s", cmd);
+        fsdp_die(rc, what, NULL);
+    }
+    return ck;
+}
+
+static void tool_shape(char *buf, size_t len, const struct fsdp_param_spec *p)
+{
+    if (p->ndim == 1) {
+        snprintf(buf, len, "(%zu,)", p->shape[0]);
+    } else {
+        snprintf(buf, len, "(%zu, %zu)", p->shape[0], p->shape[1]);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// inspect
+
+int fsdp_ckpt_tool_inspect(const char *path)
+{
+    struct fsdp_ckpt *ck = tool_open("inspect", path);
+    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
+    const struct fsdp_gpt2_spec *s = fsdp_ckpt_spec(ck);
+    const struct fsdp_gpt2_config *c = &s->cfg;
+    printf("checkpoint    %s\n", fsdp_ckpt_dir(ck));
+    printf("format        %s version %d\n", FSDP_CKPT_FORMAT, FSDP_CKPT_VERSION);
+    if (m->created_by[0]) {
+        printf("created by    %s\n", m->created_by);
+    }
+    printf("step          %ld (%.0f tokens seen)\n", m->step, m->tokens_seen);
+    printf("written by    %d rank%s, mesh %s, backends %s, %d shard file%s\n", m->world_size,
+           m->world_size > 1 ? "s" : "", m->mesh, m->backends, m->n_shards,
+           m->n_shards > 1 ? "s" : "");
+    printf("data loader   position %llu, epoch %llu, file of %llu tokens\n",
+           (unsigned long long)m->data_position, (unsigned long long)m->data_epoch,
+           (unsigned long long)m->data_n_tokens);
+    printf("optimizer     AdamW step %ld | loss scale %g (%ld good steps, %ld skipped)\n",
+           m->adam_step, m->loss_scale, m->scale_good_steps, m->skipped_steps);
+    printf("architecture  gpt2: vocab_size %d, context %d, n_layer %d, n_head %d, n_embd %d, "
+           "ln_eps %g, %s embeddings\n", c->vocab_size, c->context, c->n_layer, c->n_head,
+           c->n_embd, (double)c->ln_eps, c->tied ? "tied" : "untied");
+    printf("\nconfig:\n");
+    for (const char *line = m->config; *line;) {
+        const char *nl = strchr(line, '\n');
+        int n = nl ? (int)(nl - line) : (int)strlen(line);
+        printf("  %.*s\n", n, line);
+        line += n + (nl != NULL);
+    }
+    printf("\n%-28s %-14s %-6s %s\n", "tensor", "shape", "dtype", "rows per shard");
+    for (size_t i = 0; i < s->n_params; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        char shape[48];
+        size_t r0, lo, hi;
+        tool_shape(shape, sizeof(shape), p);
+        fsdp_ckpt_rows(p->shape[0], m->n_shards, m->n_shards - 1, &r0, &lo);
+        fsdp_ckpt_rows(p->shape[0], m->n_shards, 0, &r0, &hi);
+        if (lo == hi) {
+            printf("%-28s %-14s %-6s %zu\n", p->name, shape, "f32", lo);
+        } else {
+            printf("%-28s %-14s %-6s %zu..%zu\n", p->name, shape, "f32", lo, hi);
+        }
+    }
+    double b = (double)s->total_numel * 4.0;
+    printf("\ntotal         %zu tensors x 3 (weights, exp_avg, exp_avg_sq), %zu parameters, "
+           "%.0f bytes of weights + %.0f bytes of optimizer state\n", s->n_params,
+           s->total_numel, b, 2.0 * b);
+    fsdp_ckpt_close(ck);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// verify
+
+static void verify_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt verify PATH [--scan-nan]\n"
+            "\n"
+            "Checks a checkpoint (a step directory, its index.h5, or a checkpoint root\n"
+            "whose 'latest' is followed): index attributes, every shard file present,\n"
+            "readable, of the same step and with the expected rows, every virtual source\n"
+            "of index.h5 present, and every tensor readable in full. Exit status 0 only\n"
+            "when all of it holds.\n"
+            "\n"
+            "      --scan-nan   also fail on any NaN or infinity in weights or moments\n"
+            "  -h, --help       this text\n");
+}
+
+int fsdp_ckpt_cmd_verify(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"scan-nan", no_argument, NULL, 'n'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c, scan = 0, rc;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'n': scan = 1; break;
+        case 'h': verify_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("verify", c, argv);
+        }
+    }
+    if (optind != argc - 1) {
+        fsdp_fatal("fsdpc-ckpt verify: expected one checkpoint path, got %d (see --help)",
+                   argc - optind);
+    }
+    struct fsdp_ckpt *ck = tool_open("verify", argv[optind]);
+    const struct fsdp_gpt2_spec *s = fsdp_ckpt_spec(ck);
+    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
+    char index[4200];
+    snprintf(index, sizeof(index), "%s/%s", fsdp_ckpt_dir(ck), FSDP_CKPT_INDEX);
+    struct fsdp_model_file *mf;
+    if ((rc = fsdp_model_file_open(index, &mf)) < 0) { /* virtual sources, as a model file */
+        fsdp_die(rc, "fsdpc-ckpt verify", NULL);
+    }
+    fsdp_model_file_close(mf);
+    float *buf = fsdp_alloc(fsdp_gpt2_spec_largest(s) * sizeof(float));
+    if (!buf) {
+        fsdp_fatal("fsdpc-ckpt verify: out of memory for one tensor");
+    }
+    size_t total = FSDP_CKPT_NKINDS * s->n_params, done = 0;
+    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+        for (size_t i = 0; i < s->n_params; i++) {
+            const struct fsdp_param_spec *p = &s->params[i];
+            if ((rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, 0, p->shape[0], buf)) < 0) {
+                fsdp_die(rc, "fsdpc-ckpt verify", NULL);
+            }
+            size_t n = p->shape[0] * p->shape[1];
+            for (size_t j = 0; scan && j < n; j++) {
+                if (!isfinite(buf[j])) {
+                    fsdp_fatal("fsdpc-ckpt verify: %s: /%s/%s holds %g at element %zu",
+                               fsdp_ckpt_dir(ck), fsdp_ckpt_kind_group((enum fsdp_ckpt_kind)k),
+                               p->name, (double)buf[j], j);
+                }
+            }
+            tool_progress(++done, total, "verify");
+        }
+    }
+    printf("ok: %s: step %ld, %d shard%s, %zu tensors x 3 readable%s\n", fsdp_ckpt_dir(ck),
+           m->step, m->n_shards, m->n_shards > 1 ? "s" : "", s->n_params,
+           scan ? ", all finite" : "");
+    fsdp_free(buf);
+    fsdp_ckpt_close(ck);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// consolidate
+
+static void consolidate_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt consolidate PATH -o MODEL.h5 [--with-optimizer]\n"
+            "\n"
+            "Writes a checkpoint's full tensors into one model file (f32), tensor by tensor:\n"
+            "memory is about one tensor's worth. The file is written to MODEL.h5.tmp and\n"
+            "renamed when complete.\n"
+            "\n"
+            "  -o, --output FILE      the model file to write\n"
+            "      --with-optimizer   also write /optim/exp_avg and /optim/exp_avg_sq\n"
+            "  -h, --help             this text\n");
+}
+
+int fsdp_ckpt_cmd_consolidate(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"with-optimizer", no_argument, NULL, 'w'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *out = NULL;
+    int c, with = 0, rc;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 'w': with = 1; break;
+        case 'h': consolidate_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("consolidate", c, argv);
+        }
+    }
+    if (optind != argc - 1 || !out) {
+        fsdp_fatal("fsdpc-ckpt consolidate: expected one checkpoint path and -o FILE (see --help)");
+    }
+    struct fsdp_ckpt *ck = tool_open("consolidate", argv[optind]);
+    if ((rc = fsdp_ckpt_consolidate(ck, out, with, tool_progress, "consolidate")) < 0) {
+        fsdp_die(rc, "fsdpc-ckpt consolidate", NULL);
+    }
+    printf("%s: step %ld consolidated into %s%s\n", fsdp_ckpt_dir(ck), fsdp_ckpt_meta(ck)->step,
+           out, with ? " (with optimizer state)" : "");
+    fsdp_ckpt_close(ck);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// reshard
+
+static void reshard_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt reshard PATH (--world-size N | --mesh SPEC) -o OUTDIR\n"
+            "\n"
+            "Rewrites a checkpoint for another world size or mesh, offline (no MPI):\n"
+            "OUTDIR gets one shard file per shard rank and an index.h5, with the same\n"
+            "step, data cursor and optimizer state. Each output shard is streamed tensor\n"
+            "by tensor. OUTDIR must not exist; it appears only when complete.\n"
+            "\n"
+            "      --world-size N   shard over N ranks (mesh dp=N)\n"
+            "      --mesh SPEC      dp=N or rdp=R,dp=N (N shards, R x N ranks)\n"
+            "  -o, --output DIR     the new step directory\n"
+            "  -h, --help           this text\n");
+}
+
+/* "dp=4" or "rdp=2,dp=2": shards and world size; 0 on success. */
+static int reshard_parse_mesh(const char *spec, int *shards, int *world)
+{
+    char buf[128];
+    int seen_rdp = 0;
+    if (snprintf(buf, sizeof(buf), "%s", spec) >= (int)sizeof(buf)) {
+        return -1;
+    }
+    *shards = 0;
+    *world = 1;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        long long v;
+        if (!eq || fsdp_parse_long(eq + 1, &v) < 0 || v < 1 || v > 65536) {
+            return -1;
+        }
+        *eq = '\0';
+        if (strcmp(tok, "dp") == 0 && !*shards) {
+            *shards = (int)v;
+        } else if (strcmp(tok, "rdp") != 0 || seen_rdp++) {
+            return -1; /* another name, or a name given twice */
+        }
+        if (*world > 65536 / v) {
+            return -1; /* more ranks than any mesh fsdpc builds */
+        }
+        *world *= (int)v;
+    }
+    return *shards > 0 ? 0 : -1;
+}
+
+static int reshard_write(struct fsdp_ckpt *ck, const char *dir, int shards, float *buf,
+                         size_t *done, size_t total)
+{
+    const struct fsdp_gpt2_spec *s = fsdp_ckpt_spec(ck);
+    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
+    for (int r = 0; r < shards; r++) {
+        struct fsdp_ckpt_shard_writer *w;
+        int rc;
+        FSDP_CHECK(fsdp_ckpt_shard_create(dir, r, shards, m->step, s, &w));
+        for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+            for (size_t i = 0; i < s->n_params; i++) {
+                size_t row0, rows;
+                fsdp_ckpt_rows(s->params[i].shape[0], shards, r, &row0, &rows);
+                rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, row0, rows, buf);
+                if (rc == 0) {
+                    rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)k, i, buf);
+                }
+                if (rc < 0) {
+                    fsdp_ckpt_shard_destroy(w);
+                    return rc;
+                }
+                tool_progress(++*done, total, "reshard");
+            }
+        }
+        rc = fsdp_ckpt_shard_commit(w);
+        fsdp_ckpt_shard_destroy(w);
+        FSDP_CHECK(rc);
+    }
+    return 0;
+}
+
+static int reshard_rm(const char *dir, int shards)
+{
+    char p[4200];
+    for (int r = 0; r < shards; r++) {
+        if (snprintf(p, sizeof(p), "%s/shard_%d.h5", dir, r) < (int)sizeof(p)) {
+            unlink(p);
+        }
+    }
+    if (snprintf(p, sizeof(p), "%s/%s", dir, FSDP_CKPT_INDEX) < (int)sizeof(p)) {
+        unlink(p);
+    }
+    return rmdir(dir);
+}
+
+int fsdp_ckpt_cmd_reshard(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"world-size", required_argument, NULL, 'n'},
+        {"mesh", required_argument, NULL, 'm'},
+        {"output", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *out = NULL, *mesh = NULL;
+    char mesh_buf[64];
+    int c, rc, shards = 0, world = 0;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'n': {
+            long long v;
+            if (fsdp_parse_long(optarg, &v) < 0 || v < 1 || v > 65536) {
+                fsdp_fatal("fsdpc-ckpt reshard: --world-size '%s' must be an integer in [1, 65536]",
+                           optarg);
+            }
+            snprintf(mesh_buf, sizeof(mesh_buf), "dp=%lld", v);
+            mesh = mesh_buf;
+            break;
+        }
+        case 'm': mesh = optarg; break;
+        case 'o': out = optarg; break;
+        case 'h': reshard_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("reshard", c, argv);
+        }
+    }
+    if (optind != argc - 1 || !out || !mesh) {
+        fsdp_fatal("fsdpc-ckpt reshard: expected one checkpoint path, --world-size N or --mesh "
+                   "SPEC, and -o DIR (see --help)");
+    }
+    if (reshard_parse_mesh(mesh, &shards, &world) < 0) {
+        fsdp_fatal("fsdpc-ckpt reshard: --mesh '%s' must be dp=N or rdp=R,dp=N (each name once, "
+                   "at most 65536 ranks in all)", mesh);
+    }
+    if (access(out, F_OK) == 0) {
+        fsdp_fatal("fsdpc-ckpt reshard: %s already exists", out);
+    }
+    struct fsdp_ckpt *ck = tool_open("reshard", argv[optind]);
+    const struct fsdp_gpt2_spec *s = fsdp_ckpt_spec(ck);
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp_%d", out, (int)getpid());
+    if (mkdir(tmp, 0755) != 0) {
+        fsdp_fatal("fsdpc-ckpt reshard: %s: cannot create: %s", tmp, strerror(errno));
+    }
+    float *buf = fsdp_alloc(fsdp_gpt2_spec_largest(s) * sizeof(float));
+    if (!buf) {
+        fsdp_fatal("fsdpc-ckpt reshard: out of memory for one tensor");
+    }
+    size_t done = 0, total = (size_t)shards * FSDP_CKPT_NKINDS * s->n_params;
+    rc = reshard_write(ck, tmp, shards, buf, &done, total);
+    static struct fsdp_ckpt_meta m;
+    m = *fsdp_ckpt_meta(ck);
+    m.n_shards = shards;
+    m.world_size = world;
+    snprintf(m.mesh, sizeof(m.mesh), "%s", mesh);
+    snprintf(m.created_by, sizeof(m.created_by), "fsdpc-ckpt reshard to %s", mesh);
+    if (rc == 0) {
+        rc = fsdp_ckpt_index_write(tmp, s, &m);
+    }
+    if (rc == 0 && rename(tmp, out) != 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: rename to %s failed: %s", tmp, out, strerror(errno));
+    }
+    if (rc < 0) {
+        reshard_rm(tmp, shards);
+        fsdp_die(rc, "fsdpc-ckpt reshard", NULL);
+    }
+    printf("%s: step %ld resharded to %s (%d shard%s) in %s\n", fsdp_ckpt_dir(ck), m.step, mesh,
+           shards, shards > 1 ? "s" : "", out);
+    fsdp_free(buf);
+    fsdp_ckpt_close(ck);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// convert
+
+static void convert_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt convert PATH --dtype bf16|f16|f32 -o MODEL.h5\n"
+            "\n"
+            "Writes the weights of a model file or a checkpoint as a model file stored in\n"
+            "the given dtype (round to nearest even), tensor by tensor.\n"
+            "\n"
+            "      --dtype T     bf16, f16 or f32\n"
+            "  -o, --output F    the model file to write\n"
+            "  -h, --help        this text\n");
+}
+
+int fsdp_ckpt_cmd_convert(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"dtype", required_argument, NULL, 'd'},
+        {"output", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *out = NULL, *dt = NULL;
+    int c, rc;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'd': dt = optarg; break;
+        case 'o': out = optarg; break;
+        case 'h': convert_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("convert", c, argv);
+        }
+    }
+    if (optind != argc - 1 || !out || !dt) {
+        fsdp_fatal("fsdpc-ckpt convert: expected one input, --dtype T and -o FILE (see --help)");
+    }
+    enum fsdp_dtype dtype;
+    if (strcmp(dt, "f32") == 0) {
+        dtype = FSDP_F32;
+    } else if (strcmp(dt, "bf16") == 0) {
+        dtype = FSDP_BF16;
+    } else if (strcmp(dt, "f16") == 0) {
+        dtype = FSDP_F16;
+    } else {
+        fsdp_fatal("fsdpc-ckpt convert: --dtype '%s' must be bf16, f16 or f32", dt);
+    }
+    const char *in = argv[optind];
+    struct fsdp_ckpt *ck = NULL;
+    struct fsdp_model_file *mf = NULL;
+    const struct fsdp_gpt2_spec *s;
+    if (fsdp_ckpt_is_checkpoint(in)) {
+        ck = tool_open("convert", in);
+        s = fsdp_ckpt_spec(ck);
+    } else {
+        if ((rc = fsdp_model_file_open(in, &mf)) < 0) {
+            fsdp_die(rc, "fsdpc-ckpt convert", NULL);
+        }
+        s = fsdp_model_file_spec(mf);
+    }
+    char created_by[256];
+    snprintf(created_by, sizeof(created_by), "fsdpc-ckpt convert %s to %s", in, dt);
+    struct fsdp_model_write_opts wo = {.created_by = created_by, .dtype = dtype};
+    struct fsdp_model_writer *w = NULL;
+    float *buf = fsdp_alloc(fsdp_gpt2_spec_largest(s) * sizeof(float));
+    if (!buf) {
+        fsdp_fatal("fsdpc-ckpt convert: out of memory for one tensor");
+    }
+    rc = fsdp_model_writer_create(out, s, &wo, &w);
+    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        rc = ck ? fsdp_ckpt_read_rows(ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], buf)
+                : fsdp_model_file_read_block(mf, i, 0, p->shape[0], 0, p->shape[1], buf);
+        if (rc == 0) {
+            rc = fsdp_model_writer_put(w, i, buf);
+        }
+        if (rc == 0) {
+            tool_progress(i + 1, s->n_params, "convert");
+        }
+    }
+    if (rc == 0) {
+        rc = fsdp_model_writer_commit(w);
+    }
+    fsdp_model_writer_destroy(w);
+    if (rc < 0) {
+        fsdp_die(rc, "fsdpc-ckpt convert", NULL);
+    }
+    printf("%s: %zu tensors written to %s as %s\n", in, s->n_params, out, dt);
+    fsdp_free(buf);
+    fsdp_ckpt_close(ck);
+    fsdp_model_file_close(mf);
+    return 0;
+}

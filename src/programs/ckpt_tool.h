@@ -1,0 +1,24 @@
+/*
+ * ckpt_tool.h - fsdpc-ckpt's checkpoint subcommands (ckpt_tool.c): each takes
+ * its own argv (argv[0] the subcommand name), parses its flags, prints, and
+ * returns the exit status; errors end the program with one line.
+ */
+#ifndef FSDP_PROGRAMS_CKPT_TOOL_H
+#define FSDP_PROGRAMS_CKPT_TOOL_H
+
+/* Exits naming the option getopt refused (c: its return, '?' or ':'). */
+_Noreturn void fsdp_ckpt_tool_bad_option(const char *cmd, int c, char **argv);
+
+/* Prints a checkpoint's state and tensor table; 0 on success. */
+int fsdp_ckpt_tool_inspect(const char *path);
+
+int fsdp_ckpt_cmd_verify(int argc, char **argv);
+int fsdp_ckpt_cmd_consolidate(int argc, char **argv);
+int fsdp_ckpt_cmd_reshard(int argc, char **argv);
+int fsdp_ckpt_cmd_convert(int argc, char **argv);
+
+/* st_tool.c: Hugging Face GPT-2 safetensors */
+int fsdp_ckpt_cmd_export_st(int argc, char **argv);
+int fsdp_ckpt_cmd_import_st(int argc, char **argv);
+
+#endif

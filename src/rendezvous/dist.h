@@ -1,0 +1,105 @@
+/*
+ * dist.h - the process's place in the job: rank, world size, host, the
+ * rendezvous store, the job nonce, and the job-wide abort.
+ *
+ * Init methods (--init):
+ *   mpi               rank/size from MPI (mpiexec, srun --mpi=pmi2), local
+ *                     rank from MPI_Comm_split_type(SHARED); rank 0 serves a
+ *                     TCP store on an ephemeral port and MPI_Bcast's the
+ *                     random job nonce and "host:port" ($FSDPC_STORE_HOST,
+ *                     else an address of rank 0's host; 127.0.0.1 when all
+ *                     ranks share one host). MPI_Init_thread(FUNNELED) is
+ *                     called only when MPI is not initialized yet.
+ *   env://            RANK, WORLD_SIZE, MASTER_ADDR (default 127.0.0.1),
+ *                     MASTER_PORT (required when WORLD_SIZE > 1), as torchrun;
+ *                     SLURM_PROCID/SLURM_NTASKS when RANK/WORLD_SIZE unset;
+ *                     rank 0 serves the TCP store on MASTER_PORT
+ *   tcp://HOST:PORT   as env:// with the store address given
+ *   file:///PATH      rank/size as env://; the store is a directory on a
+ *                     shared file system (stale stores: see store.h)
+ * Default (NULL or "auto"): mpi when an MPI launcher started more than one
+ * rank (PMI_SIZE, OMPI_COMM_WORLD_SIZE, or PMI_FD/PMI_RANK/PMIX_RANK with
+ * SLURM_NTASKS > 1), else env:// when RANK/WORLD_SIZE are set (or
+ * SLURM_PROCID with SLURM_NTASKS > 1), else a single-rank job with an
+ * in-process store.
+ *
+ * Nonces. A TCP store only talks to clients that present its hello nonce.
+ * Under mpi that is the job nonce, broadcast by MPI. Under env:// and tcp://
+ * a rank must know it before it can reach the store, so it is a hash of what
+ * every rank shares: the store address, WORLD_SIZE and the launcher's job id
+ * ($FSDPC_JOB_ID, else $SLURM_JOB_ID.$SLURM_STEP_ID, else
+ * $TORCHELASTIC_RUN_ID); rank 0 then publishes a random job nonce under the
+ * key "fsdpc/nonce", and that is d->nonce. Under file:// the nonce names
+ * the job's namespace in the directory.
+ *
+ * Local rank and size without MPI: LOCAL_RANK (or SLURM_LOCALID) and
+ * LOCAL_WORLD_SIZE where set, else counted from the host names that every
+ * rank publishes in the store.
+ *
+ * Environment: FSDPC_TIMEOUT (default deadline when timeout_s <= 0; 300 s),
+ * FSDPC_FINALIZE_TIMEOUT (bound of the finalize rendezvous; 10 s),
+ * FSDPC_STORE_HOST, FSDPC_STORE_PORT (mpi: the store's address and port),
+ * FSDPC_JOB_ID, FSDPC_FILE_STORE_SLACK (store.h).
+ */
+#ifndef FSDP_RENDEZVOUS_DIST_H
+#define FSDP_RENDEZVOUS_DIST_H
+
+#include <stdint.h>
+
+struct fsdp_store;
+
+enum fsdp_init_method {
+    FSDP_INIT_SINGLE = 0, /* one rank, no launcher */
+    FSDP_INIT_MPI,
+    FSDP_INIT_ENV,
+    FSDP_INIT_TCP,
+    FSDP_INIT_FILE,
+};
+
+struct fsdp_dist {
+    enum fsdp_init_method method;
+    int rank;
+    int world_size;
+    int local_rank; /* rank among the processes on this host */
+    int local_size;
+    char host[256];
+    uint64_t nonce;           /* same on every rank of the job, random per job */
+    double timeout_s;         /* default deadline for rendezvous and collectives */
+    struct fsdp_store *store; /* the job's store (unprefixed) */
+    int mpi_initialized;      /* this layer called MPI_Init and must finalize */
+    void *impl;               /* private: store server, file store handle */
+};
+
+/* Sets up rank, size, store and nonce. init may be NULL for the default;
+ * timeout_s <= 0 means $FSDPC_TIMEOUT or 300 s. One per process. On failure
+ * an MPI that this call started stays initialized, so that the program's
+ * fsdp_die can still take the whole job down. */
+int fsdp_dist_init(int *argc, char ***argv, const char *init, double timeout_s,
+                   struct fsdp_dist **out);
+/* Orderly shutdown: a rendezvous of all ranks bounded by
+ * FSDPC_FINALIZE_TIMEOUT (a dead peer costs that long, never a hang), rank 0
+ * waits until the others are done with the store, then removes a file
+ * store, stops its server, and MPI_Finalize runs if init started MPI (not
+ * when some rank never arrived: that could block). */
+void fsdp_dist_finalize(struct fsdp_dist *d);
+/* Human name of the init method ("mpi", "env://", ...). */
+const char *fsdp_dist_method_name(const struct fsdp_dist *d);
+/* True when MPI is initialized in this process (the mpi backend needs it). */
+int fsdp_dist_mpi_available(void);
+
+/* Called, in registration order, when the job aborts (fsdp_die and friends,
+ * before MPI_Abort or _exit): backends close sockets so that peers notice at
+ * once. A callback must not allocate or block; why is the error message.
+ * At most 64 callbacks; off_abort removes every callback registered with arg. */
+typedef void (*fsdp_dist_abort_cb)(void *arg, const char *why);
+int fsdp_dist_on_abort(struct fsdp_dist *d, fsdp_dist_abort_cb cb, void *arg);
+void fsdp_dist_off_abort(struct fsdp_dist *d, void *arg);
+
+/* Called, in registration order, at the start of fsdp_dist_finalize while
+ * the job is still whole (the layers above, e.g. the debug layer's summary
+ * and exit dump, register here rather than being called by name). At most
+ * 8; registering the same (cb, arg) twice keeps one. */
+typedef void (*fsdp_dist_finalize_cb)(void *arg);
+int fsdp_dist_on_finalize(struct fsdp_dist *d, fsdp_dist_finalize_cb cb, void *arg);
+
+#endif

@@ -1,0 +1,700 @@
+/*
+ * store_tcp_server.c - the TCP store server: one thread around poll(), run
+ * by rank 0 (fsdp_store_tcp_serve / fsdp_store_tcp_server_stop).
+ *
+ * Non-blocking sockets, a read state machine and an output buffer per
+ * connection, so one slow or silent client never delays another. get and
+ * wait wait on the server side: the connection is parked until its keys
+ * exist or its deadline passes, then answered, so a client's request/reply
+ * stream never gets out of step. A connection that does not open with a
+ * hello carrying the right magic, version and nonce (or that sends garbage
+ * later) is refused and closed; the server logs a warning and carries on.
+ * Stopping wakes the thread through an eventfd, joins it and closes every
+ * socket, whatever the clients are doing.
+ *
+ * Owns: the listening socket, the accepted sockets, the server thread and
+ * the key-value table.
+ */
+#include "config.h"
+#include "rendezvous/store.h"
+#include "rendezvous/store_impl.h"
+#include "rendezvous/store_tcp.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define STCP_READ_BUDGET (8u << 20) /* bytes read from one client per loop turn */
+
+static void sock_peer_name(int fd, char *buf, size_t len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char host[INET6_ADDRSTRLEN] = "?", port[16] = "?";
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV);
+    }
+    snprintf(buf, len, "%s:%s", host, port);
+}
+
+struct stcp_conn {
+    int fd;                  /* -1 once closed */
+    int authed;              /* said hello with the right nonce */
+    int closing;             /* refused: close once the output is flushed */
+    char peer[64];           /* "addr:port" */
+    double hello_deadline;
+    unsigned char hbuf[STCP_HDR];
+    size_t hgot;
+    struct stcp_hdr hdr;     /* valid once hgot == STCP_HDR */
+    char *key;               /* (klen + 1,) */
+    unsigned char *val;      /* (vlen,) */
+    size_t kgot, vgot;
+    int parked;              /* a get/wait waiting for keys */
+    double park_deadline;
+    unsigned char *out;      /* (out_cap,) replies not yet written */
+    size_t out_len, out_off, out_cap;
+};
+
+struct fsdp_store_server {
+    pthread_t thread;
+    int listen_fd;
+    int wake_fd; /* eventfd: stop request */
+    atomic_int stop;
+    uint64_t nonce;
+    int port;
+    struct fsdp_kv kv;
+    int kv_changed; /* a set/add happened this turn: re-check parked requests */
+    struct stcp_conn **conns;
+    size_t nconns, cap;
+    struct pollfd *pfds;
+    size_t pfd_cap;
+};
+
+static void conn_reset_request(struct stcp_conn *c)
+{
+    free(c->key);
+    free(c->val);
+    c->key = NULL;
+    c->val = NULL;
+    c->hgot = c->kgot = c->vgot = 0;
+    c->parked = 0;
+}
+
+static void conn_close(struct stcp_conn *c)
+{
+    if (c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+    conn_reset_request(c);
+    free(c->out);
+    c->out = NULL;
+    c->out_len = c->out_off = c->out_cap = 0;
+}
+
+/* Writes what the socket takes now; closes the connection on error. */
+static void conn_flush(struct stcp_conn *c)
+{
+    while (c->fd >= 0 && c->out_off < c->out_len) {
+        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+        if (n > 0) {
+            c->out_off += (size_t)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return;
+        } else {
+            FSDP_DEBUG(FSDP_SUB_DIST, "store server: client %s: send: %s", c->peer,
+                       strerror(errno));
+            conn_close(c);
+            return;
+        }
+    }
+    if (c->fd >= 0) {
+        c->out_off = c->out_len = 0;
+        if (c->out_cap > (1u << 20)) { /* do not keep a big reply's buffer */
+            free(c->out);
+            c->out = NULL;
+            c->out_cap = 0;
+        }
+        if (c->closing) {
+            conn_close(c);
+        }
+    }
+}
+
+static void conn_reply(struct stcp_conn *c, int type, int64_t arg, const void *key, size_t klen,
+                       const void *val, size_t vlen)
+{
+    size_t need = c->out_len + STCP_HDR + klen + vlen;
+    if (need > c->out_cap) {
+        size_t cap = c->out_cap ? c->out_cap : 256;
+        while (cap < need) {
+            cap *= 2;
+        }
+        unsigned char *p = realloc(c->out, cap);
+        if (!p) {
+            FSDP_WARN(FSDP_SUB_DIST, "store server: out of memory replying to %s (%zu bytes); "
+                      "closing it", c->peer, need);
+            conn_close(c);
+            return;
+        }
+        c->out = p;
+        c->out_cap = cap;
+    }
+    unsigned char *o = c->out + c->out_len;
+    stcp_pack(o, type, arg, klen, vlen);
+    if (klen) {
+        memcpy(o + STCP_HDR, key, klen);
+    }
+    if (vlen) {
+        memcpy(o + STCP_HDR + klen, val, vlen);
+    }
+    c->out_len = need;
+    conn_flush(c);
+}
+
+static void conn_refuse(struct stcp_conn *c, const char *why, int tell)
+{
+    FSDP_WARN(FSDP_SUB_DIST, "store server: refused connection from %s: %s", c->peer, why);
+    if (tell) {
+        c->closing = 1;
+        conn_reply(c, STCP_R_ERR, FSDP_ERR_MISMATCH, NULL, 0, why, strlen(why));
+    } else {
+        conn_close(c);
+    }
+}
+
+/* The first key of a WAIT request that does not exist yet, or NULL. */
+static const char *srv_first_missing(const struct fsdp_store_server *srv, const struct stcp_conn *c)
+{
+    const char *p = (const char *)c->val;
+    const char *end = p + c->hdr.vlen;
+    while (p < end) {
+        if (!fsdp_kv_find(&srv->kv, p)) {
+            return p;
+        }
+        p += strlen(p) + 1;
+    }
+    return NULL;
+}
+
+/* Answers a parked get/wait if its keys exist or its deadline passed. */
+static void srv_try_parked(struct fsdp_store_server *srv, struct stcp_conn *c, double now)
+{
+    if (c->hdr.type == STCP_GET) {
+        struct fsdp_kv_entry *e = fsdp_kv_find(&srv->kv, c->key);
+        if (e) {
+            conn_reply(c, STCP_R_VALUE, 0, NULL, 0, e->val, e->len);
+        } else if (now >= c->park_deadline) {
+            conn_reply(c, STCP_R_TIMEOUT, 0, c->key, strlen(c->key), NULL, 0);
+        } else {
+            c->parked = 1;
+            return;
+        }
+    } else {
+        const char *missing = srv_first_missing(srv, c);
+        if (!missing) {
+            conn_reply(c, STCP_R_OK, 0, NULL, 0, NULL, 0);
+        } else if (now >= c->park_deadline) {
+            conn_reply(c, STCP_R_TIMEOUT, 0, missing, strlen(missing), NULL, 0);
+        } else {
+            c->parked = 1;
+            return;
+        }
+    }
+    conn_reset_request(c);
+}
+
+static void srv_handle_hello(struct fsdp_store_server *srv, struct stcp_conn *c)
+{
+    if ((uint64_t)c->hdr.arg != srv->nonce) {
+        conn_refuse(c, "wrong job nonce (this store serves another job)", 1);
+        return;
+    }
+    c->authed = 1;
+    FSDP_DEBUG(FSDP_SUB_DIST, "store server: client %s (%s) joined", c->peer, c->key);
+    conn_reply(c, STCP_R_OK, 0, NULL, 0, NULL, 0);
+    conn_reset_request(c);
+}
+
+/* A complete request is in c->hdr, c->key, c->val. */
+static void srv_handle(struct fsdp_store_server *srv, struct stcp_conn *c)
+{
+    int64_t result;
+    int rc;
+    switch (c->hdr.type) {
+    case STCP_HELLO:
+        srv_handle_hello(srv, c);
+        return;
+    case STCP_SET:
+        rc = FSDP_ERR_NOMEM;
+        if (!c->val) {
+            c->val = malloc(1); /* the table never holds NULL */
+        }
+        if (c->val) {
+            rc = fsdp_kv_set(&srv->kv, c->key, c->val, (size_t)c->hdr.vlen);
+            c->val = NULL; /* the table owns it now */
+            srv->kv_changed = 1;
+        }
+        if (rc < 0) {
+            conn_reply(c, STCP_R_ERR, FSDP_ERR_NOMEM, NULL, 0, "out of memory", 13);
+        } else {
+            conn_reply(c, STCP_R_OK, 0, NULL, 0, NULL, 0);
+        }
+        break;
+    case STCP_GET:
+    case STCP_WAIT:
+        c->park_deadline = fsdp_now() + (double)c->hdr.arg * 1e-3;
+        srv_try_parked(srv, c, fsdp_now());
+        return;
+    case STCP_ADD:
+        rc = fsdp_kv_add(&srv->kv, c->key, c->hdr.arg, &result);
+        if (rc == 0) {
+            srv->kv_changed = 1;
+            conn_reply(c, STCP_R_VALUE, result, NULL, 0, NULL, 0);
+        } else {
+            const char *why = rc == FSDP_ERR_FORMAT ? "the key holds a value that is not an integer"
+                              : rc == FSDP_ERR_INVALID ? "int64 overflow"
+                                                       : "out of memory";
+            conn_reply(c, STCP_R_ERR, rc, NULL, 0, why, strlen(why));
+        }
+        break;
+    case STCP_CHECK:
+        conn_reply(c, STCP_R_VALUE, fsdp_kv_find(&srv->kv, c->key) != NULL, NULL, 0, NULL, 0);
+        break;
+    default:
+        break; /* rejected by srv_check_header */
+    }
+    conn_reset_request(c);
+}
+
+/* Validates a complete header and allocates the body. 0, or -1 when the
+ * connection was refused or closed. */
+static int srv_check_header(struct stcp_conn *c)
+{
+    struct stcp_hdr *h = &c->hdr;
+    char why[160];
+    stcp_unpack(c->hbuf, h);
+    if (h->magic != STCP_MAGIC) {
+        conn_refuse(c, "bad magic (the stream is out of step)", 0);
+        return -1;
+    }
+    if (h->version != STCP_VERSION) {
+        snprintf(why, sizeof(why), "store protocol version %u, this server speaks %d",
+                 h->version, STCP_VERSION);
+        conn_refuse(c, why, 1);
+        return -1;
+    }
+    if (!c->authed && (h->type != STCP_HELLO || h->vlen || h->klen > STCP_HELLO_KEY_MAX)) {
+        conn_refuse(c, "the first message is not a valid hello", 1);
+        return -1;
+    }
+    int ok = h->reserved == 0 && h->klen <= FSDP_STORE_MAX_KEY && h->vlen <= FSDP_STORE_MAX_VALUE;
+    switch (h->type) {
+    case STCP_HELLO: ok = ok && !c->authed; break;
+    case STCP_SET: ok = ok && h->klen > 0; break;
+    case STCP_GET: ok = ok && h->klen > 0 && h->vlen == 0 && h->arg >= 0; break;
+    case STCP_ADD: ok = ok && h->klen > 0 && h->vlen == 0; break;
+    case STCP_CHECK: ok = ok && h->klen > 0 && h->vlen == 0; break;
+    case STCP_WAIT: ok = ok && h->klen == 0 && h->vlen > 0 && h->arg >= 0; break;
+    default: ok = 0; break;
+    }
+    if (!ok) {
+        snprintf(why, sizeof(why), "malformed request (type %u, key %u bytes, value %" PRIu64
+                 " bytes)", h->type, h->klen, h->vlen);
+        conn_refuse(c, why, 1);
+        return -1;
+    }
+    c->key = malloc((size_t)h->klen + 1);
+    c->val = h->vlen ? malloc((size_t)h->vlen) : NULL;
+    if (!c->key || (h->vlen && !c->val)) {
+        FSDP_WARN(FSDP_SUB_DIST, "store server: out of memory for a %" PRIu64 "-byte value "
+                  "from %s; closing it", h->vlen, c->peer);
+        conn_close(c);
+        return -1;
+    }
+    c->key[h->klen] = '\0';
+    return 0;
+}
+
+/* Keys must not hold NUL; a WAIT list must be NUL-terminated keys. */
+static int srv_check_body(struct stcp_conn *c)
+{
+    if (strlen(c->key) != c->hdr.klen) {
+        conn_refuse(c, "key holds a NUL byte", 1);
+        return -1;
+    }
+    if (c->hdr.type == STCP_WAIT) {
+        const char *p = (const char *)c->val;
+        size_t left = (size_t)c->hdr.vlen;
+        if (p[left - 1] != '\0') {
+            conn_refuse(c, "malformed wait list", 1);
+            return -1;
+        }
+        while (left) {
+            size_t n = strlen(p);
+            if (n == 0 || n > FSDP_STORE_MAX_KEY) {
+                conn_refuse(c, "malformed wait list", 1);
+                return -1;
+            }
+            p += n + 1;
+            left -= n + 1;
+        }
+    }
+    return 0;
+}
+
+/* Reads into buf[*got..want); 1 when complete, 0 when the socket is drained,
+ * -1 when the connection ended. */
+static int conn_read_part(struct stcp_conn *c, void *buf, size_t want, size_t *got,
+                          size_t *budget)
+{
+    while (*got < want) {
+        size_t ask = want - *got;
+        if (ask > *budget) {
+            ask = *budget;
+        }
+        if (ask == 0) {
+            return 0;
+        }
+        ssize_t n = recv(c->fd, (char *)buf + *got, ask, 0);
+        if (n > 0) {
+            *got += (size_t)n;
+            *budget -= (size_t)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return 0;
+        } else {
+            return -1;
+        }
+    }
+    return 1;
+}
+
+static void srv_read(struct fsdp_store_server *srv, struct stcp_conn *c)
+{
+    size_t budget = STCP_READ_BUDGET;
+    while (c->fd >= 0 && !c->parked && !c->closing) {
+        int r;
+        if (c->hgot < STCP_HDR) {
+            r = conn_read_part(c, c->hbuf, STCP_HDR, &c->hgot, &budget);
+            if (!c->authed && c->hgot >= 4 && stcp_get_le(c->hbuf, 4) != STCP_MAGIC) {
+                conn_refuse(c, "not an fsdpc store client (bad magic)", 0);
+                return;
+            }
+            if (r == 1 && srv_check_header(c) < 0) {
+                return;
+            }
+        } else if (c->kgot < c->hdr.klen) {
+            r = conn_read_part(c, c->key, c->hdr.klen, &c->kgot, &budget);
+        } else {
+            r = conn_read_part(c, c->val, (size_t)c->hdr.vlen, &c->vgot, &budget);
+        }
+        if (r < 0) {
+            if (c->authed) {
+                FSDP_DEBUG(FSDP_SUB_DIST, "store server: client %s left", c->peer);
+            } else if (c->hgot) {
+                FSDP_WARN(FSDP_SUB_DIST, "store server: connection from %s closed during "
+                          "its hello", c->peer);
+            }
+            conn_close(c);
+            return;
+        }
+        if (r == 0) {
+            return;
+        }
+        if (c->hgot == STCP_HDR && c->kgot == c->hdr.klen && c->vgot == c->hdr.vlen) {
+            if (srv_check_body(c) == 0) {
+                srv_handle(srv, c);
+            }
+        }
+    }
+}
+
+static void srv_accept(struct fsdp_store_server *srv)
+{
+    for (;;) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) {
+                continue;
+            }
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                FSDP_WARN(FSDP_SUB_DIST, "store server: accept: %s", strerror(errno));
+            }
+            return;
+        }
+        if (srv->nconns == srv->cap) {
+            size_t cap = srv->cap ? 2 * srv->cap : 16;
+            struct stcp_conn **p = realloc(srv->conns, cap * sizeof(*p));
+            if (!p) {
+                close(fd);
+                return;
+            }
+            srv->conns = p;
+            srv->cap = cap;
+        }
+        struct stcp_conn *c = calloc(1, sizeof(*c));
+        if (!c) {
+            close(fd);
+            return;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        c->fd = fd;
+        c->hello_deadline = fsdp_now() + STCP_HELLO_TIMEOUT_S;
+        sock_peer_name(fd, c->peer, sizeof(c->peer));
+        srv->conns[srv->nconns++] = c;
+    }
+}
+
+/* Deadlines: unanswered hellos and parked requests. Returns poll's timeout. */
+static int srv_timers(struct fsdp_store_server *srv, double now)
+{
+    double next = now + 1.0;
+    int changed = srv->kv_changed;
+    srv->kv_changed = 0;
+    for (size_t i = 0; i < srv->nconns; i++) {
+        struct stcp_conn *c = srv->conns[i];
+        if (c->fd < 0) {
+            continue;
+        }
+        if (!c->authed && now >= c->hello_deadline) {
+            if (c->closing) {
+                conn_close(c); /* refused, and does not even read the reason */
+            } else {
+                conn_refuse(c, "no hello within 10 s", 0);
+            }
+            continue;
+        }
+        if (c->parked && (changed || now >= c->park_deadline)) {
+            srv_try_parked(srv, c, now);
+            if (c->fd >= 0 && !c->parked) {
+                srv_read(srv, c); /* a request may have queued behind it */
+            }
+        }
+        if (c->fd >= 0 && !c->authed && c->hello_deadline < next) {
+            next = c->hello_deadline;
+        }
+        if (c->fd >= 0 && c->parked && c->park_deadline < next) {
+            next = c->park_deadline;
+        }
+    }
+    if (srv->kv_changed) {
+        return 0; /* requests read above changed keys: look at the parked again */
+    }
+    double ms = (next - now) * 1e3;
+    return ms < 0 ? 0 : (int)ms + 1;
+}
+
+static void srv_compact(struct fsdp_store_server *srv)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < srv->nconns; i++) {
+        if (srv->conns[i]->fd >= 0) {
+            srv->conns[j++] = srv->conns[i];
+        } else {
+            free(srv->conns[i]);
+        }
+    }
+    srv->nconns = j;
+}
+
+static void *srv_main(void *arg)
+{
+    struct fsdp_store_server *srv = arg;
+    int timeout_ms = 1000;
+    while (!atomic_load(&srv->stop)) {
+        size_t n = srv->nconns + 2;
+        if (n > srv->pfd_cap) {
+            struct pollfd *p = realloc(srv->pfds, n * 2 * sizeof(*p));
+            if (!p) {
+                usleep(10000);
+                continue;
+            }
+            srv->pfds = p;
+            srv->pfd_cap = n * 2;
+        }
+        struct pollfd *pf = srv->pfds;
+        pf[0] = (struct pollfd){.fd = srv->wake_fd, .events = POLLIN};
+        pf[1] = (struct pollfd){.fd = srv->listen_fd, .events = POLLIN};
+        for (size_t i = 0; i < srv->nconns; i++) {
+            struct stcp_conn *c = srv->conns[i];
+            short ev = (c->parked || c->closing) ? POLLRDHUP : POLLIN;
+            if (c->out_off < c->out_len) {
+                ev |= POLLOUT;
+            }
+            pf[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
+        }
+        size_t npoll = srv->nconns;
+        int r = poll(pf, npoll + 2, timeout_ms);
+        if (r < 0 && errno != EINTR) {
+            FSDP_ERROR(FSDP_SUB_DIST, "store server: poll: %s", strerror(errno));
+            usleep(10000);
+        }
+        if (atomic_load(&srv->stop)) {
+            break;
+        }
+        for (size_t i = 0; r > 0 && i < npoll; i++) {
+            struct stcp_conn *c = srv->conns[i];
+            short re = pf[i + 2].revents;
+            if (c->fd < 0 || !re) {
+                continue;
+            }
+            if (re & POLLOUT) {
+                conn_flush(c);
+            }
+            if (c->fd >= 0 && (re & (POLLERR | POLLHUP | POLLRDHUP | POLLNVAL)) &&
+                (c->parked || c->closing || (re & (POLLERR | POLLNVAL)))) {
+                FSDP_DEBUG(FSDP_SUB_DIST, "store server: client %s hung up", c->peer);
+                conn_close(c);
+                continue;
+            }
+            if (c->fd >= 0 && (re & (POLLIN | POLLHUP | POLLRDHUP))) {
+                srv_read(srv, c);
+            }
+        }
+        if (r > 0 && (pf[1].revents & POLLIN)) {
+            srv_accept(srv);
+        }
+        timeout_ms = srv_timers(srv, fsdp_now());
+        srv_compact(srv);
+    }
+    return NULL;
+}
+
+static int srv_listen(const char *bind_host, int port, int *fd_out, int *bound_port)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    char ports[16];
+    const char *host = bind_host && bind_host[0] ? bind_host : "0.0.0.0";
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(ports, sizeof(ports), "%d", port);
+    int g = getaddrinfo(host, ports, &hints, &res);
+    if (g != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "store server: cannot resolve bind address '%s': %s",
+                        host, gai_strerror(g));
+    }
+    int fd = socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        freeaddrinfo(res);
+        return fsdp_err(FSDP_ERR_SYSTEM, "store server: socket: %s", strerror(errno));
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, res->ai_addr, res->ai_addrlen) < 0) {
+        int e = errno;
+        close(fd);
+        freeaddrinfo(res);
+        return fsdp_err(e == EADDRINUSE ? FSDP_ERR_IO : FSDP_ERR_SYSTEM,
+                        "store server: cannot bind %s:%d: %s%s", host, port, strerror(e),
+                        e == EADDRINUSE ? " (another job or store on this port?)" : "");
+    }
+    freeaddrinfo(res);
+    if (listen(fd, 1024) < 0) {
+        int e = errno;
+        close(fd);
+        return fsdp_err(FSDP_ERR_SYSTEM, "store server: listen on port %d: %s", port,
+                        strerror(e));
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    *fd_out = fd;
+    return 0;
+}
+
+int fsdp_store_tcp_serve(const char *bind_host, int port, uint64_t nonce,
+                         struct fsdp_store_server **out, int *bound_port)
+{
+    int rc;
+    if (port < 0 || port > 65535) {
+        return fsdp_err(FSDP_ERR_INVALID, "store server: port %d out of range", port);
+    }
+    struct fsdp_store_server *srv = calloc(1, sizeof(*srv));
+    if (!srv) {
+        return fsdp_err(FSDP_ERR_NOMEM, "store server: out of memory");
+    }
+    srv->nonce = nonce;
+    srv->wake_fd = -1;
+    FSDP_CHECK_GOTO(srv_listen(bind_host, port, &srv->listen_fd, &srv->port), rc, err_free);
+    srv->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (srv->wake_fd < 0) {
+        rc = fsdp_err(FSDP_ERR_SYSTEM, "store server: eventfd: %s", strerror(errno));
+        goto err_listen;
+    }
+    if (fsdp_kv_init(&srv->kv) < 0) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "store server: out of memory");
+        goto err_wake;
+    }
+    int e = fsdp_thread_start(&srv->thread, srv_main, srv);
+    if (e != 0) {
+        rc = fsdp_err(FSDP_ERR_SYSTEM, "store server: cannot start its thread: %s", strerror(e));
+        goto err_kv;
+    }
+    FSDP_DEBUG(FSDP_SUB_DIST, "store server listening on %s:%d",
+               bind_host ? bind_host : "0.0.0.0", srv->port);
+    if (bound_port) {
+        *bound_port = srv->port;
+    }
+    *out = srv;
+    return 0;
+
+err_kv:
+    fsdp_kv_free(&srv->kv);
+err_wake:
+    close(srv->wake_fd);
+err_listen:
+    close(srv->listen_fd);
+err_free:
+    free(srv);
+    return rc;
+}
+
+void fsdp_store_tcp_server_stop(struct fsdp_store_server *srv)
+{
+    if (!srv) {
+        return;
+    }
+    uint64_t one = 1;
+    atomic_store(&srv->stop, 1);
+    if (write(srv->wake_fd, &one, sizeof(one)) < 0) {
+        FSDP_WARN(FSDP_SUB_DIST, "store server: wake-up write: %s", strerror(errno));
+    }
+    pthread_join(srv->thread, NULL);
+    for (size_t i = 0; i < srv->nconns; i++) {
+        struct stcp_conn *c = srv->conns[i];
+        conn_flush(c); /* last replies that the socket takes now; never waits */
+        conn_close(c);
+        free(c);
+    }
+    free(srv->conns);
+    free(srv->pfds);
+    fsdp_kv_free(&srv->kv);
+    close(srv->listen_fd);
+    close(srv->wake_fd);
+    free(srv);
+}

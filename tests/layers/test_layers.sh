@@ -1,0 +1,46 @@
+#!/bin/sh
+# test_layers.sh - the include directions of doc/design.md ("Layers"): no
+# library file includes a header of a layer above its own, beyond the
+# shrinking list in allowed.txt; and the check does fail on a planted
+# upward include, an unlisted one, and a listed one that is gone.
+. "$top_srcdir/tests/tap.sh"
+
+CHECK="$top_srcdir/tests/layers/check_layers.sh"
+ALLOWED="$top_srcdir/tests/layers/allowed.txt"
+W=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-layers.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+
+out=$(sh "$CHECK" "$top_srcdir" "$ALLOWED" 2>&1)
+rc=$?
+[ $rc -eq 0 ] || tap_diag "$out"
+tap_ok $rc "no include reaches a layer above, beyond allowed.txt ($(grep -vc '^#' "$ALLOWED") left)"
+
+# a small tree: core below model below train
+mkdir -p "$W/t/src/core" "$W/t/src/model" "$W/t/src/train" "$W/t/io" "$W/t/backends"
+printf '#include "core/a.h"\n' > "$W/t/src/model/m.c"
+printf '#include "model/m.h"\n#include "core/a.h"\n' > "$W/t/src/train/t.c"
+printf '/* nothing */\n' > "$W/t/src/core/a.h"
+sh "$CHECK" "$W/t" > "$W/out" 2>&1
+tap_ok $? "a tree whose includes point down passes"
+printf '#include "train/t.h"\n' > "$W/t/src/core/up.c"
+sh "$CHECK" "$W/t" > "$W/out" 2>&1
+rc=$?
+grep -q "src/core/up.c -> train/t.h" "$W/out"
+[ $rc -ne 0 ] && [ $? -eq 0 ]
+tap_ok $? "a planted upward include (core -> train) fails and is named"
+echo "src/core/up.c -> train/t.h" > "$W/allowed"
+sh "$CHECK" "$W/t" "$W/allowed" > "$W/out" 2>&1
+tap_ok $? "the same include passes when it is listed as allowed"
+rm "$W/t/src/core/up.c"
+sh "$CHECK" "$W/t" "$W/allowed" > "$W/out" 2>&1
+rc=$?
+grep -q "no longer there" "$W/out"
+[ $rc -ne 0 ] && [ $? -eq 0 ]
+tap_ok $? "an allowed include that is gone fails until the list shrinks"
+mkdir -p "$W/t/src/fsdp"
+printf '#include "io/f.h"\n' > "$W/t/src/fsdp/e.c"
+sh "$CHECK" "$W/t" > "$W/out" 2>&1
+[ $? -ne 0 ]
+tap_ok $? "the sharding engine including io/ fails (it never opens files)"
+
+tap_done
