@@ -130,7 +130,7 @@ static int ck_dims(const struct fsdp_param_spec *p, size_t rows, hsize_t *dims)
 
 struct fsdp_ckpt_shard_writer {
     char path[CK_PATH_MAX];
-    const struct fsdp_gpt2_spec *spec;
+    const struct fsdp_model_spec *spec;
     int shard, n_shards;
     hid_t file;
     unsigned char *written; /* (NKINDS * n_params,) */
@@ -138,7 +138,7 @@ struct fsdp_ckpt_shard_writer {
 };
 
 int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
-                           const struct fsdp_gpt2_spec *spec, struct fsdp_ckpt_shard_writer **out)
+                           const struct fsdp_model_spec *spec, struct fsdp_ckpt_shard_writer **out)
 {
     char why[256];
     int rc;
@@ -248,23 +248,6 @@ void fsdp_ckpt_shard_destroy(struct fsdp_ckpt_shard_writer *w)
 // ----------------------------------------------------------------------------
 // index
 
-static int ck_write_model_attrs(hid_t f, const struct fsdp_gpt2_config *c, const char *created_by)
-{
-    return fsdp_h5_put_attr_str(f, "format", FSDP_MODEL_FORMAT) < 0 ||
-                   fsdp_h5_put_attr_int(f, "format_version", FSDP_MODEL_FORMAT_VERSION) < 0 ||
-                   fsdp_h5_put_attr_str(f, "architecture", FSDP_MODEL_ARCH_GPT2) < 0 ||
-                   fsdp_h5_put_attr_int(f, "vocab_size", c->vocab_size) < 0 ||
-                   fsdp_h5_put_attr_int(f, "context", c->context) < 0 ||
-                   fsdp_h5_put_attr_int(f, "n_layer", c->n_layer) < 0 ||
-                   fsdp_h5_put_attr_int(f, "n_head", c->n_head) < 0 ||
-                   fsdp_h5_put_attr_int(f, "n_embd", c->n_embd) < 0 ||
-                   fsdp_h5_put_attr_float(f, "ln_eps", c->ln_eps) < 0 ||
-                   fsdp_h5_put_attr_int(f, "tied_embeddings", c->tied) < 0 ||
-                   fsdp_h5_put_attr_str(f, "created_by", created_by) < 0
-               ? -1
-               : 0;
-}
-
 static int ck_write_meta(hid_t f, const struct fsdp_ckpt_meta *m)
 {
     return fsdp_h5_put_attr_str(f, "checkpoint_format", FSDP_CKPT_FORMAT) < 0 ||
@@ -332,7 +315,7 @@ static int ck_write_vds(hid_t f, const struct fsdp_param_spec *p, enum fsdp_ckpt
     return rc;
 }
 
-int fsdp_ckpt_index_write(const char *dir, const struct fsdp_gpt2_spec *spec,
+int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
                           const struct fsdp_ckpt_meta *meta)
 {
     char path[CK_PATH_MAX], why[256];
@@ -341,7 +324,7 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_gpt2_spec *spec,
     size_t n = FSDP_CKPT_NKINDS * spec->n_params;
     hid_t f = -1;
     FSDP_CHECK(ck_h5_create(path, ck_file_bound(n, n * (size_t)meta->n_shards * 256), &f));
-    int bad = f < 0 || ck_write_model_attrs(f, &spec->cfg, meta->created_by) < 0 ||
+    int bad = f < 0 || fsdp_h5_put_model_attrs(f, spec, meta->created_by) < 0 ||
               ck_write_meta(f, meta) < 0 || ck_make_groups(f) < 0;
     for (int k = 0; !bad && k < FSDP_CKPT_NKINDS; k++) {
         for (size_t i = 0; !bad && i < spec->n_params; i++) {
@@ -366,7 +349,7 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_gpt2_spec *spec,
 struct fsdp_ckpt {
     char dir[CK_PATH_MAX];
     struct fsdp_ckpt_meta meta;
-    struct fsdp_gpt2_spec *spec;
+    struct fsdp_model_spec *spec;
     hid_t *shards; /* (n_shards,) open shard files */
 };
 
@@ -375,7 +358,7 @@ const struct fsdp_ckpt_meta *fsdp_ckpt_meta(const struct fsdp_ckpt *ck)
     return &ck->meta;
 }
 
-const struct fsdp_gpt2_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck)
+const struct fsdp_model_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck)
 {
     return ck->spec;
 }
@@ -624,7 +607,6 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
 int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
 {
     char index[CK_PATH_MAX + 16];
-    struct fsdp_gpt2_config cfg;
     int rc;
     fsdp_h5_quiet();
     struct fsdp_ckpt *ck = calloc(1, sizeof(*ck));
@@ -637,7 +619,7 @@ int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", index, strerror(errno));
         goto err;
     }
-    FSDP_CHECK_GOTO(fsdp_model_file_read_config(index, &cfg), rc, err);
+    FSDP_CHECK_GOTO(fsdp_model_file_read_spec(index, &ck->spec), rc, err);
     hid_t f = H5Fopen(index, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) {
         char why[256];
@@ -650,7 +632,6 @@ int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
     if (rc < 0) {
         goto err;
     }
-    FSDP_CHECK_GOTO(fsdp_gpt2_spec_create(&cfg, &ck->spec), rc, err);
     ck->shards = malloc((size_t)ck->meta.n_shards * sizeof(*ck->shards));
     if (!ck->shards) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard table");
@@ -678,7 +659,7 @@ void fsdp_ckpt_close(struct fsdp_ckpt *ck)
         fsdp_h5_close(ck->shards[r]);
     }
     free(ck->shards);
-    fsdp_gpt2_spec_destroy(ck->spec);
+    fsdp_model_spec_destroy(ck->spec);
     free(ck);
 }
 
@@ -725,9 +706,9 @@ int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t i
 int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
                           fsdp_ckpt_progress_fn progress, void *arg)
 {
-    const struct fsdp_gpt2_spec *spec = ck->spec;
+    const struct fsdp_model_spec *spec = ck->spec;
     char why[256], name[256], created_by[256];
-    const size_t largest = fsdp_gpt2_spec_largest(spec);
+    const size_t largest = fsdp_model_spec_largest(spec);
     int rc = 0;
     fsdp_h5_quiet();
     char *tmp = fsdp_file_tmp_path(out);
@@ -751,7 +732,7 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
     }
     const int kinds = with_optim ? FSDP_CKPT_NKINDS : 1;
     hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0 || ck_write_model_attrs(f, &spec->cfg, created_by) < 0 ||
+    if (f < 0 || fsdp_h5_put_model_attrs(f, spec, created_by) < 0 ||
         (with_optim ? ck_make_groups(f) : H5Gclose(H5Gcreate2(f, "model", H5P_DEFAULT, H5P_DEFAULT,
                                                              H5P_DEFAULT))) < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, fsdp_h5_reason(why, sizeof(why)));

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/gpt2_spec.h"
+#include "core/spec.h"
 
 #define FSDP_CKPT_FORMAT "fsdpc-checkpoint"
 #define FSDP_CKPT_SHARD_FORMAT "fsdpc-checkpoint-shard"
@@ -78,7 +78,7 @@ struct fsdp_ckpt_shard_writer;
 
 /* Creates dir/shard_<shard>.h5 for a checkpoint of step `step` cut into n_shards. */
 int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
-                           const struct fsdp_gpt2_spec *spec, struct fsdp_ckpt_shard_writer **out);
+                           const struct fsdp_model_spec *spec, struct fsdp_ckpt_shard_writer **out);
 /* Writes this shard's rows of parameter idx (rows * cols floats); once per (kind, idx). */
 int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, enum fsdp_ckpt_kind kind, size_t idx,
                         const float *rows);
@@ -89,7 +89,7 @@ void fsdp_ckpt_shard_destroy(struct fsdp_ckpt_shard_writer *w);
 
 /* Writes and fsyncs dir/index.h5: model-file and checkpoint attributes and
  * the virtual datasets over shard_0 .. shard_<n_shards - 1>. */
-int fsdp_ckpt_index_write(const char *dir, const struct fsdp_gpt2_spec *spec,
+int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
                           const struct fsdp_ckpt_meta *meta);
 
 // ----------------------------------------------------------------------------
@@ -107,7 +107,7 @@ int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out);
 void fsdp_ckpt_close(struct fsdp_ckpt *ck);
 
 const struct fsdp_ckpt_meta *fsdp_ckpt_meta(const struct fsdp_ckpt *ck);
-const struct fsdp_gpt2_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck);
+const struct fsdp_model_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck);
 /* The step directory (no trailing slash). */
 const char *fsdp_ckpt_dir(const struct fsdp_ckpt *ck);
 

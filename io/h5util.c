@@ -7,6 +7,8 @@
  */
 #include "config.h"
 #include "io/h5util.h"
+#include "io/model_file.h"
+#include "core/spec.h"
 #include "core/error.h"
 
 #include <ctype.h>
@@ -358,4 +360,24 @@ int fsdp_h5_put_attr_str(hid_t loc, const char *name, const char *v)
     int rc = h5_put_attr(loc, name, t, t, &v);
     H5Tclose(t);
     return rc;
+}
+
+int fsdp_h5_put_model_attrs(hid_t loc, const struct fsdp_model_spec *spec, const char *created_by)
+{
+    const struct fsdp_arch *arch = spec->arch;
+    if (fsdp_h5_put_attr_str(loc, "format", FSDP_MODEL_FORMAT) < 0 ||
+        fsdp_h5_put_attr_int(loc, "format_version", FSDP_MODEL_FORMAT_VERSION) < 0 ||
+        fsdp_h5_put_attr_str(loc, "architecture", arch->name) < 0) {
+        return -1;
+    }
+    for (size_t i = 0; i < arch->n_attrs; i++) {
+        const struct fsdp_attr_desc *a = &arch->attrs[i];
+        double v = fsdp_attr_get(a, spec->cfg);
+        int rc = a->type == FSDP_ATTR_FLOAT ? fsdp_h5_put_attr_float(loc, a->name, (float)v)
+                                            : fsdp_h5_put_attr_int(loc, a->name, (int)v);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return created_by && fsdp_h5_put_attr_str(loc, "created_by", created_by) < 0 ? -1 : 0;
 }

@@ -78,4 +78,13 @@ int fsdp_h5_put_attr_i64(hid_t loc, const char *name, long long v);
 int fsdp_h5_put_attr_double(hid_t loc, const char *name, double v);
 int fsdp_h5_put_attr_str(hid_t loc, const char *name, const char *v);
 
+/*
+ * The root attributes that make loc a model file of spec: format, version,
+ * architecture, the architecture's config attributes (walked from its
+ * attribute table) and created_by (NULL: none). Model files and checkpoint
+ * indexes both write them here. Returns -1 on an HDF5 failure (no message).
+ */
+struct fsdp_model_spec;
+int fsdp_h5_put_model_attrs(hid_t loc, const struct fsdp_model_spec *spec, const char *created_by);
+
 #endif

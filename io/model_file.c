@@ -13,6 +13,7 @@
 #include "io/h5util.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/spec.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -34,7 +35,7 @@ struct fsdp_model_file {
     hid_t file;
     hid_t f16_type;            /* little-endian binary16, the memory type for f16 reads */
     hid_t bf16_type;           /* little-endian bfloat16, the memory type for bf16 reads */
-    struct fsdp_gpt2_spec *spec;
+    struct fsdp_model_spec *spec;
     struct mf_tensor *tensors; /* (spec->n_params,) */
     char created_by[MF_CREATED_BY_MAX];
 };
@@ -53,25 +54,16 @@ static int mf_prefix(const char *path, int rc)
 // ----------------------------------------------------------------------------
 // Root attributes
 
-/* An int attribute that must fit the config's int fields. */
-static int mf_attr_cfg_int(const char *path, hid_t file, const char *name, int *out)
-{
-    long long v;
-    FSDP_CHECK(fsdp_h5_attr_int(path, file, name, &v));
-    if (v < INT_MIN || v > INT_MAX) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute '%s' = %lld is out of range", path, name,
-                        v);
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int mf_read_attrs(const char *path, hid_t file, struct fsdp_gpt2_config *cfg,
-                         char *created_by, size_t cb_len)
+/*
+ * The root attributes: format, version, the architecture (one registered in
+ * core's table) and its config attributes, walked from the architecture's
+ * attribute table; then the parameter table of that config.
+ */
+static int mf_read_spec(const char *path, hid_t file, struct fsdp_model_spec **spec,
+                        char *created_by, size_t cb_len)
 {
     char s[FSDP_H5_STR_MAX + 1];
     long long version;
-    double eps;
     if (!fsdp_h5_attr_exists(file, "format")) {
         return fsdp_err(FSDP_ERR_FORMAT,
                         "%s: root attribute 'format' is missing: not an fsdpc model file", path);
@@ -88,34 +80,48 @@ static int mf_read_attrs(const char *path, hid_t file, struct fsdp_gpt2_config *
                         version, FSDP_MODEL_FORMAT_VERSION);
     }
     FSDP_CHECK(fsdp_h5_attr_str(path, file, "architecture", s, sizeof(s)));
-    if (strcmp(s, FSDP_MODEL_ARCH_GPT2) != 0) {
+    const struct fsdp_arch *arch = fsdp_arch_find(s);
+    if (!arch) {
+        char known[256];
+        fsdp_arch_names(known, sizeof(known));
+        fsdp_h5_sanitize(s);
         return fsdp_err(FSDP_ERR_FORMAT,
                         "%s: attribute 'architecture' is '%s'; supported architectures: %s", path,
-                        s, FSDP_MODEL_ARCH_GPT2);
+                        s, known);
     }
-    memset(cfg, 0, sizeof(*cfg));
-    FSDP_CHECK(mf_attr_cfg_int(path, file, "vocab_size", &cfg->vocab_size));
-    FSDP_CHECK(mf_attr_cfg_int(path, file, "context", &cfg->context));
-    FSDP_CHECK(mf_attr_cfg_int(path, file, "n_layer", &cfg->n_layer));
-    FSDP_CHECK(mf_attr_cfg_int(path, file, "n_head", &cfg->n_head));
-    FSDP_CHECK(mf_attr_cfg_int(path, file, "n_embd", &cfg->n_embd));
-    FSDP_CHECK(fsdp_h5_attr_double(path, file, "ln_eps", &eps));
-    cfg->ln_eps = (float)eps;
-    FSDP_CHECK(mf_attr_cfg_int(path, file, "tied_embeddings", &cfg->tied));
-    if (cfg->tied != 0 && cfg->tied != 1) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute 'tied_embeddings' must be 0 or 1, not %d",
-                        path, cfg->tied);
+    void *cfg = calloc(1, arch->cfg_size);
+    if (!cfg) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: config", path);
     }
-    if (fsdp_gpt2_config_validate(cfg) < 0) {
-        return mf_prefix(path, FSDP_ERR_FORMAT);
-    }
-    if (created_by) {
-        created_by[0] = '\0';
-        if (fsdp_h5_attr_exists(file, "created_by")) {
-            FSDP_CHECK(fsdp_h5_attr_str(path, file, "created_by", created_by, cb_len));
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < arch->n_attrs; i++) {
+        const struct fsdp_attr_desc *a = &arch->attrs[i];
+        double v;
+        if (a->type == FSDP_ATTR_FLOAT) {
+            rc = fsdp_h5_attr_double(path, file, a->name, &v);
+        } else {
+            long long iv;
+            rc = fsdp_h5_attr_int(path, file, a->name, &iv);
+            v = (double)iv;
+        }
+        if (rc == 0 && fsdp_attr_set(a, cfg, v) < 0) {
+            rc = mf_prefix(path, FSDP_ERR_FORMAT);
         }
     }
-    return 0;
+    if (rc == 0 && arch->validate(cfg) < 0) {
+        rc = mf_prefix(path, FSDP_ERR_FORMAT);
+    }
+    if (rc == 0 && created_by) {
+        created_by[0] = '\0';
+        if (fsdp_h5_attr_exists(file, "created_by")) {
+            rc = fsdp_h5_attr_str(path, file, "created_by", created_by, cb_len);
+        }
+    }
+    if (rc == 0) {
+        rc = arch->spec_create(cfg, spec);
+    }
+    free(cfg);
+    return rc;
 }
 
 // ----------------------------------------------------------------------------
@@ -141,16 +147,15 @@ static void mf_shape_str(char *buf, size_t len, int ndim, const hsize_t *dims)
     }
 }
 
-/* Which config fields a parameter's shape follows: "vocab_size=256, n_embd=128". */
-static void mf_shape_reason(char *buf, size_t len, const struct fsdp_gpt2_config *c,
+/* Which config fields a parameter's shape follows: the architecture says
+ * ("vocab_size=256, n_embd=128"), or else the whole config. */
+static void mf_shape_reason(char *buf, size_t len, const struct fsdp_model_spec *s,
                             const char *name)
 {
-    if (strncmp(name, "wte.", 4) == 0 || strncmp(name, "lm_head.", 8) == 0) {
-        snprintf(buf, len, "vocab_size=%d, n_embd=%d", c->vocab_size, c->n_embd);
-    } else if (strncmp(name, "wpe.", 4) == 0) {
-        snprintf(buf, len, "context=%d, n_embd=%d", c->context, c->n_embd);
+    if (s->arch->shape_reason) {
+        s->arch->shape_reason(s->cfg, name, buf, len);
     } else {
-        snprintf(buf, len, "n_embd=%d", c->n_embd);
+        fsdp_attrs_format(s->arch, s->cfg, buf, len);
     }
 }
 
@@ -273,7 +278,7 @@ static int mf_open_tensor(struct fsdp_model_file *mf, hid_t group, size_t idx)
         }
         hsize_t wd[2] = {p->shape[0], p->shape[1]};
         mf_shape_str(want, sizeof(want), p->ndim, wd);
-        mf_shape_reason(reason, sizeof(reason), &mf->spec->cfg, p->name);
+        mf_shape_reason(reason, sizeof(reason), mf->spec, p->name);
         return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /model/%s has %s but %s needs %s", path,
                         p->name, got, reason, want);
     }
@@ -301,11 +306,13 @@ static int mf_check_no_extras(struct fsdp_model_file *mf, hid_t group)
             return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot list group /model: %s", mf->path,
                             fsdp_h5_reason(why, sizeof(why)));
         }
-        if ((size_t)n >= sizeof(name) || fsdp_gpt2_spec_find(mf->spec, name) < 0) {
+        if ((size_t)n >= sizeof(name) || fsdp_model_spec_find(mf->spec, name) < 0) {
+            char cfg[256];
             fsdp_h5_sanitize(name);
+            fsdp_arch_describe(mf->spec->arch, mf->spec->cfg, cfg, sizeof(cfg));
             return fsdp_err(FSDP_ERR_FORMAT,
-                            "%s: unexpected entry /model/%s (not a parameter of this %s model)",
-                            mf->path, name, mf->spec->cfg.tied ? "tied" : "untied");
+                            "%s: unexpected entry /model/%s (not a parameter of this %s model: %s)",
+                            mf->path, name, mf->spec->arch->name, cfg);
         }
     }
     return 0;
@@ -332,7 +339,6 @@ static int mf_h5_open(const char *path, hid_t *file)
 
 int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
 {
-    struct fsdp_gpt2_config cfg;
     int rc;
     hid_t group = -1;
     fsdp_h5_quiet();
@@ -343,9 +349,9 @@ int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
     }
     mf->file = mf->f16_type = mf->bf16_type = -1;
     FSDP_CHECK_GOTO(mf_h5_open(path, &mf->file), rc, err);
-    FSDP_CHECK_GOTO(mf_read_attrs(path, mf->file, &cfg, mf->created_by, sizeof(mf->created_by)),
+    FSDP_CHECK_GOTO(mf_read_spec(path, mf->file, &mf->spec, mf->created_by,
+                                 sizeof(mf->created_by)),
                     rc, err);
-    FSDP_CHECK_GOTO(fsdp_gpt2_spec_create(&cfg, &mf->spec), rc, err);
     mf->tensors = calloc(mf->spec->n_params, sizeof(*mf->tensors));
     mf->f16_type = fsdp_h5_half_type(0);
     mf->bf16_type = fsdp_h5_half_type(1);
@@ -368,8 +374,8 @@ int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
     }
     FSDP_CHECK_GOTO(mf_check_no_extras(mf, group), rc, err);
     H5Oclose(group);
-    FSDP_DEBUG(FSDP_SUB_IO, "%s: gpt2 model, %zu tensors, %zu parameters", path,
-               mf->spec->n_params, mf->spec->total_numel);
+    FSDP_DEBUG(FSDP_SUB_IO, "%s: %s model, %zu tensors, %zu parameters", path,
+               mf->spec->arch->name, mf->spec->n_params, mf->spec->total_numel);
     *out = mf;
     return 0;
 err:
@@ -394,12 +400,12 @@ void fsdp_model_file_close(struct fsdp_model_file *mf)
     if (mf->file >= 0) {
         H5Fclose(mf->file);
     }
-    fsdp_gpt2_spec_destroy(mf->spec);
+    fsdp_model_spec_destroy(mf->spec);
     free(mf->path);
     free(mf);
 }
 
-const struct fsdp_gpt2_spec *fsdp_model_file_spec(const struct fsdp_model_file *mf)
+const struct fsdp_model_spec *fsdp_model_file_spec(const struct fsdp_model_file *mf)
 {
     return mf->spec;
 }
@@ -427,12 +433,12 @@ size_t fsdp_model_file_tensor_bytes(const struct fsdp_model_file *mf, size_t idx
     return mf->spec->params[idx].numel * fsdp_h5_float_size(mf->tensors[idx].kind);
 }
 
-int fsdp_model_file_read_config(const char *path, struct fsdp_gpt2_config *cfg)
+int fsdp_model_file_read_spec(const char *path, struct fsdp_model_spec **out)
 {
     hid_t file;
     fsdp_h5_quiet();
     FSDP_CHECK(mf_h5_open(path, &file));
-    int rc = mf_read_attrs(path, file, cfg, NULL, 0);
+    int rc = mf_read_spec(path, file, out, NULL, 0);
     H5Fclose(file);
     return rc;
 }
@@ -488,7 +494,7 @@ int fsdp_model_file_read_block(struct fsdp_model_file *mf, size_t idx, size_t ro
 int fsdp_model_file_read_rows(struct fsdp_model_file *mf, const char *name, size_t row0,
                               size_t nrows, float *dst)
 {
-    long idx = fsdp_gpt2_spec_find(mf->spec, name);
+    long idx = fsdp_model_spec_find(mf->spec, name);
     if (idx < 0) {
         return fsdp_err(FSDP_ERR_INVALID, "%s: no parameter named '%s'", mf->path, name);
     }
@@ -498,7 +504,7 @@ int fsdp_model_file_read_rows(struct fsdp_model_file *mf, const char *name, size
 
 int fsdp_model_file_read_unit(struct fsdp_model_file *mf, int unit, float *buf)
 {
-    const struct fsdp_gpt2_spec *s = mf->spec;
+    const struct fsdp_model_spec *s = mf->spec;
     if (unit < 0 || unit >= s->n_units) {
         return fsdp_err(FSDP_ERR_INVALID, "%s: unit %d out of range (%d units)", mf->path, unit,
                         s->n_units);
@@ -511,39 +517,20 @@ int fsdp_model_file_read_unit(struct fsdp_model_file *mf, int unit, float *buf)
     return 0;
 }
 
-/* The first config field in which a and b differ, or NULL. */
-static const char *mf_config_diff(const struct fsdp_gpt2_config *a,
-                                  const struct fsdp_gpt2_config *b, long long *va, long long *vb)
-{
-#define MF_FIELD(f, label)       \
-    if (a->f != b->f) {          \
-        *va = (long long)a->f;   \
-        *vb = (long long)b->f;   \
-        return label;            \
-    }
-    MF_FIELD(vocab_size, "vocab_size");
-    MF_FIELD(context, "context");
-    MF_FIELD(n_layer, "n_layer");
-    MF_FIELD(n_head, "n_head");
-    MF_FIELD(n_embd, "n_embd");
-    MF_FIELD(tied, "tied_embeddings");
-#undef MF_FIELD
-    return NULL;
-}
-
-int fsdp_model_file_read(const char *path, const struct fsdp_gpt2_spec *spec, float *const *units)
+int fsdp_model_file_read(const char *path, const struct fsdp_model_spec *spec, float *const *units)
 {
     struct fsdp_model_file *mf;
-    long long vf = 0, vs = 0;
     int rc = 0;
     FSDP_CHECK(fsdp_model_file_open(path, &mf));
-    const char *field = mf_config_diff(&mf->spec->cfg, &spec->cfg, &vf, &vs);
-    if (field) {
-        rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: %s is %lld in the file but the model has %lld",
-                      path, field, vf, vs);
-    } else if (mf->spec->cfg.ln_eps != spec->cfg.ln_eps) {
-        rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: ln_eps is %g in the file but the model has %g", path,
-                      (double)mf->spec->cfg.ln_eps, (double)spec->cfg.ln_eps);
+    const struct fsdp_model_spec *fs = mf->spec;
+    int k = fs->arch == spec->arch ? fsdp_attrs_diff(spec->arch, fs->cfg, spec->cfg) : -2;
+    if (k == -2) {
+        rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: a %s model in the file but the model is %s", path,
+                      fs->arch->name, spec->arch->name);
+    } else if (k >= 0) {
+        const struct fsdp_attr_desc *a = &spec->arch->attrs[k];
+        rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: %s is %g in the file but the model has %g", path,
+                      a->name, fsdp_attr_get(a, fs->cfg), fsdp_attr_get(a, spec->cfg));
     }
     for (int u = 0; rc == 0 && u < spec->n_units; u++) {
         FSDP_CHECK_GOTO(fsdp_model_file_read_unit(mf, u, units[u]), rc, out);
@@ -552,4 +539,3 @@ out:
     fsdp_model_file_close(mf);
     return rc;
 }
-

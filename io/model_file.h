@@ -23,11 +23,10 @@
 #include <stddef.h>
 
 #include "core/dtype.h"
-#include "model/gpt2_spec.h"
+#include "core/spec.h"
 
 #define FSDP_MODEL_FORMAT "fsdpc-model"
 #define FSDP_MODEL_FORMAT_VERSION 1
-#define FSDP_MODEL_ARCH_GPT2 "gpt2"
 
 /* ---------------------------------------------------------------------------
  * Reading
@@ -43,7 +42,7 @@ int fsdp_model_file_open(const char *path, struct fsdp_model_file **out);
 void fsdp_model_file_close(struct fsdp_model_file *mf);
 
 /* The parameter table of the file's architecture (owned by mf). */
-const struct fsdp_gpt2_spec *fsdp_model_file_spec(const struct fsdp_model_file *mf);
+const struct fsdp_model_spec *fsdp_model_file_spec(const struct fsdp_model_file *mf);
 const char *fsdp_model_file_path(const struct fsdp_model_file *mf);
 /* The optional free-form "created_by" attribute ("" when absent). */
 const char *fsdp_model_file_created_by(const struct fsdp_model_file *mf);
@@ -69,16 +68,17 @@ int fsdp_model_file_read_block(struct fsdp_model_file *mf, size_t idx, size_t ro
 /* Reads every parameter of unit `unit` into buf at the spec offsets. */
 int fsdp_model_file_read_unit(struct fsdp_model_file *mf, int unit, float *buf);
 
-/* Reads and validates only the root attributes. */
-int fsdp_model_file_read_config(const char *path, struct fsdp_gpt2_config *cfg);
+/* Reads and validates only the root attributes and builds the parameter
+ * table of the file's architecture (one registered in core/spec.h). */
+int fsdp_model_file_read_spec(const char *path, struct fsdp_model_spec **out);
 
 /*
- * Opens path, checks that its config equals spec->cfg (the error names the
- * first field that differs) and reads every parameter into
+ * Opens path, checks that its architecture and config equal spec's (the
+ * error names the first attribute that differs) and reads every parameter into
  * units[unit] + offset, units being (spec->n_units,) buffers of
  * spec->unit_numel[u] floats each.
  */
-int fsdp_model_file_read(const char *path, const struct fsdp_gpt2_spec *spec, float *const *units);
+int fsdp_model_file_read(const char *path, const struct fsdp_model_spec *spec, float *const *units);
 
 /* ---------------------------------------------------------------------------
  * Writing
@@ -92,10 +92,11 @@ struct fsdp_model_write_opts {
 struct fsdp_model_writer;
 
 /*
- * Starts "<path>.tmp" with the root attributes of spec->cfg; opts may be
+ * Starts "<path>.tmp" with the root attributes of spec (architecture and
+ * config, from the architecture's attribute table); opts may be
  * NULL. spec is borrowed and must outlive the writer.
  */
-int fsdp_model_writer_create(const char *path, const struct fsdp_gpt2_spec *spec,
+int fsdp_model_writer_create(const char *path, const struct fsdp_model_spec *spec,
                              const struct fsdp_model_write_opts *opts,
                              struct fsdp_model_writer **out);
 /* Writes parameter idx from data (numel f32 values, row-major). Once each. */
@@ -112,7 +113,7 @@ int fsdp_model_writer_commit(struct fsdp_model_writer *w);
 void fsdp_model_writer_destroy(struct fsdp_model_writer *w);
 
 /* Convenience: writes a whole model held in unit buffers (see fsdp_model_file_read). */
-int fsdp_model_file_write(const char *path, const struct fsdp_gpt2_spec *spec,
+int fsdp_model_file_write(const char *path, const struct fsdp_model_spec *spec,
                           const float *const *units, const struct fsdp_model_write_opts *opts);
 
 #endif

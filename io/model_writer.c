@@ -27,7 +27,7 @@
 struct fsdp_model_writer {
     char *path;
     char *tmp_path;
-    const struct fsdp_gpt2_spec *spec; /* borrowed until destroy */
+    const struct fsdp_model_spec *spec; /* borrowed until destroy */
     enum fsdp_dtype dtype;             /* stored type */
     hid_t file;
     hid_t group;                       /* /model */
@@ -40,19 +40,7 @@ struct fsdp_model_writer {
 
 static int mw_write_attrs(struct fsdp_model_writer *w, const char *created_by)
 {
-    const struct fsdp_gpt2_config *c = &w->spec->cfg;
-    hid_t f = w->file;
-    if (fsdp_h5_put_attr_str(f, "format", FSDP_MODEL_FORMAT) < 0 ||
-        fsdp_h5_put_attr_int(f, "format_version", FSDP_MODEL_FORMAT_VERSION) < 0 ||
-        fsdp_h5_put_attr_str(f, "architecture", FSDP_MODEL_ARCH_GPT2) < 0 ||
-        fsdp_h5_put_attr_int(f, "vocab_size", c->vocab_size) < 0 ||
-        fsdp_h5_put_attr_int(f, "context", c->context) < 0 ||
-        fsdp_h5_put_attr_int(f, "n_layer", c->n_layer) < 0 ||
-        fsdp_h5_put_attr_int(f, "n_head", c->n_head) < 0 ||
-        fsdp_h5_put_attr_int(f, "n_embd", c->n_embd) < 0 ||
-        fsdp_h5_put_attr_float(f, "ln_eps", c->ln_eps) < 0 ||
-        fsdp_h5_put_attr_int(f, "tied_embeddings", c->tied) < 0 ||
-        (created_by && fsdp_h5_put_attr_str(f, "created_by", created_by) < 0)) {
+    if (fsdp_h5_put_model_attrs(w->file, w->spec, created_by) < 0) {
         char why[256];
         return fsdp_err(FSDP_ERR_IO, "%s: writing root attributes failed: %s", w->tmp_path,
                         fsdp_h5_reason(why, sizeof(why)));
@@ -60,7 +48,7 @@ static int mw_write_attrs(struct fsdp_model_writer *w, const char *created_by)
     return 0;
 }
 
-int fsdp_model_writer_create(const char *path, const struct fsdp_gpt2_spec *spec,
+int fsdp_model_writer_create(const char *path, const struct fsdp_model_spec *spec,
                              const struct fsdp_model_write_opts *opts,
                              struct fsdp_model_writer **out)
 {
@@ -192,7 +180,7 @@ int fsdp_model_writer_put(struct fsdp_model_writer *w, size_t idx, const float *
 
 int fsdp_model_writer_put_unit(struct fsdp_model_writer *w, int unit, const float *buf)
 {
-    const struct fsdp_gpt2_spec *s = w->spec;
+    const struct fsdp_model_spec *s = w->spec;
     if (unit < 0 || unit >= s->n_units) {
         return fsdp_err(FSDP_ERR_INVALID, "%s: unit %d out of range (%d units)", w->path, unit,
                         s->n_units);
@@ -249,7 +237,7 @@ void fsdp_model_writer_destroy(struct fsdp_model_writer *w)
     free(w);
 }
 
-int fsdp_model_file_write(const char *path, const struct fsdp_gpt2_spec *spec,
+int fsdp_model_file_write(const char *path, const struct fsdp_model_spec *spec,
                           const float *const *units, const struct fsdp_model_write_opts *opts)
 {
     struct fsdp_model_writer *w;

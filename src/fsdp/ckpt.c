@@ -62,7 +62,7 @@ int fsdp_shard_ckpt_save(struct fsdp_shard_engine *se, const char *dir,
         m.world_size = se->world;
         snprintf(m.mesh, sizeof(m.mesh), "%s", se->mesh ? se->mesh->spec : "single rank");
         snprintf(m.backends, sizeof(m.backends), "%s", se->mesh ? se->mesh->backends : "none");
-        m.adam_step = se->adam_step;
+        m.adam_step = se->opt.step;
         m.loss_scale = se->scale;
         m.scale_good_steps = se->good_steps;
         m.skipped_steps = se->skipped;
@@ -93,7 +93,7 @@ int fsdp_shard_ckpt_load(struct fsdp_shard_engine *se, struct fsdp_ckpt *ck)
             off += rows * p->shape[1];
         }
     }
-    se->adam_step = m->adam_step;
+    se->opt.step = m->adam_step;
     se->skipped = m->skipped_steps;
     if (se->ec.loss_scale_dynamic) {
         se->scale = (float)m->loss_scale;

@@ -36,10 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FSDP_SCALE_GROWTH_INTERVAL 2000
-#define FSDP_SCALE_GROWTH 2.0f
-#define FSDP_SCALE_BACKOFF 0.5f
-
 static struct fsdp_shard_engine *shard_impl(const struct fsdp_train_engine *e)
 {
     return e->impl;
@@ -183,7 +179,7 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
      * (tests read these lines from every rank). */
     const int skip = !isfinite(sumsq);
     FSDP_DEBUG(FSDP_SUB_FSDP, "update %ld: local gradient shard %s, shard group %s: step %s",
-               se->adam_step + se->skipped + 1, isfinite(local) ? "finite" : "overflowed",
+               se->opt.step + se->skipped + 1, isfinite(local) ? "finite" : "overflowed",
                isfinite(sumsq) ? "finite" : "overflowed", skip ? "skipped" : "applied");
     if (skip) {
         out->grad_norm = NAN;
@@ -206,19 +202,12 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
     }
     sumsq /= scale * scale;
     out->grad_norm = sqrt(sumsq);
-    out->clip_coef = se->oc.clip > 0.0f ? fsdp_cpu_clip_coef(sumsq, se->oc.clip) : 1.0f;
+    out->clip_coef = se->opt.oc.clip > 0.0f ? fsdp_cpu_clip_coef(sumsq, se->opt.oc.clip) : 1.0f;
     if (se->ec.loss_scale_dynamic && ++se->good_steps >= FSDP_SCALE_GROWTH_INTERVAL) {
         se->scale *= FSDP_SCALE_GROWTH;
         se->good_steps = 0;
     }
-    struct fsdp_adamw_params hp = {
-        .lr = (float)lr,
-        .beta1 = se->oc.beta1,
-        .beta2 = se->oc.beta2,
-        .eps = se->oc.eps,
-        .weight_decay = se->oc.weight_decay,
-        .step = ++se->adam_step,
-    };
+    fsdp_optimizer_begin(&se->opt, lr);
     float grad_scale = (float)(out->clip_coef / scale);
     for (int u = 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
@@ -229,9 +218,10 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
             fsdp_shard_rows(p, se->Rs, se->rs, &row0, &rows);
             size_t cnt = rows * p->shape[1];
             if (cnt > 0) {
-                FSDP_CHECK(fsdp_gpt2_adamw_range(se->spec, u, p->offset + row0 * p->shape[1], cnt,
-                                                 un->master + off, un->grad + off, un->m + off,
-                                                 un->v + off, &hp, grad_scale));
+                float *state[2] = {un->m + off, un->v + off};
+                FSDP_CHECK(fsdp_optimizer_update(&se->opt, u, p->offset + row0 * p->shape[1], cnt,
+                                                 un->master + off, un->grad + off, state,
+                                                 grad_scale));
             }
             off += cnt;
         }
@@ -408,7 +398,6 @@ int fsdp_shard_engine_create(struct fsdp_dist *d, const char *model_path, int B,
     }
     e->ops = &shard_ops;
     e->impl = se;
-    se->oc = *oc;
     se->ec = *ec;
     se->ec.mesh = NULL; /* borrowed strings are not kept */
     se->ec.backend = NULL;
@@ -433,6 +422,7 @@ int fsdp_shard_engine_create(struct fsdp_dist *d, const char *model_path, int B,
     FSDP_CHECK_GOTO(fsdp_gpt2_reserve(se->model), rc, err);
     /* the root stays bound: the tied head reads and accumulates into it */
     FSDP_CHECK_GOTO(shard_bind(se, 0), rc, err);
+    fsdp_adamw_init(&se->opt, oc, se->spec);
     e->spec = se->spec;
     e->flops_per_token = fsdp_gpt2_flops_per_token(se->spec, T);
     if (se->world_rank == 0) {

@@ -17,6 +17,7 @@
 #include "comm/mesh.h"
 #include "io/ckpt.h"
 #include "model/gpt2.h"
+#include "optim/optim.h"
 
 #define FSDP_MAX_REP_GROUPS 2
 
@@ -78,12 +79,11 @@ struct fsdp_gslot {
 };
 
 struct fsdp_shard_engine {
-    struct fsdp_gpt2_spec *spec;
+    struct fsdp_model_spec *spec;
     struct fsdp_gpt2 *model;
-    struct fsdp_optim_config oc;
+    struct fsdp_optimizer opt;         /* AdamW over this rank's shard ranges */
     struct fsdp_engine_config ec;
     int B, T;
-    long adam_step;
 
     struct fsdp_dist *dist;            /* NULL: one rank, no launcher */
     int world_rank;

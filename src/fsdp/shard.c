@@ -83,7 +83,7 @@ static size_t shard_len(const struct fsdp_shard_engine *se, const struct fsdp_un
 
 int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
 {
-    const struct fsdp_gpt2_spec *spec = se->spec;
+    const struct fsdp_model_spec *spec = se->spec;
     size_t total = 0;
     se->n_units = spec->n_units;
     se->units = calloc((size_t)se->n_units, sizeof(*se->units));
@@ -335,7 +335,7 @@ int fsdp_shard_setup(struct fsdp_shard_engine *se, const char *model_path)
     struct fsdp_model_file *mf = NULL;
     int rc;
     FSDP_CHECK(fsdp_model_file_open(model_path, &mf));
-    FSDP_CHECK_GOTO(fsdp_gpt2_spec_create(&fsdp_model_file_spec(mf)->cfg, &se->spec), rc, out);
+    FSDP_CHECK_GOTO(fsdp_model_file_read_spec(model_path, &se->spec), rc, out);
     FSDP_CHECK_GOTO(shard_groups(se), rc, out);
     FSDP_CHECK_GOTO(fsdp_shard_layout_create(se), rc, out);
     FSDP_CHECK_GOTO(shard_alloc_slots(se), rc, out);
@@ -385,7 +385,7 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
     }
     free(se->units);
     fsdp_mesh_destroy(se->mesh);
-    fsdp_gpt2_spec_destroy(se->spec);
+    fsdp_model_spec_destroy(se->spec);
 }
 
 // ----------------------------------------------------------------------------

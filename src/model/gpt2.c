@@ -18,30 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-    BLK_LN1W, BLK_LN1B, BLK_QKVW, BLK_QKVB, BLK_ATTPROJW, BLK_ATTPROJB,
-    BLK_LN2W, BLK_LN2B, BLK_FCW, BLK_FCB, BLK_FCPROJW, BLK_FCPROJB, BLK_COUNT,
-};
-
-/* What the model expects of each block tensor: name, rows and cols in units of C (0: 1-D). */
-static const struct {
-    const char *suffix;
-    size_t rows, cols;
-} gpt2_block_tensors[BLK_COUNT] = {
-    {"ln_1.weight", 1, 0},        {"ln_1.bias", 1, 0},          {"attn.c_attn.weight", 3, 1},
-    {"attn.c_attn.bias", 3, 0},   {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
-    {"ln_2.weight", 1, 0},        {"ln_2.bias", 1, 0},          {"mlp.c_fc.weight", 4, 1},
-    {"mlp.c_fc.bias", 4, 0},      {"mlp.c_proj.weight", 1, 4},  {"mlp.c_proj.bias", 1, 0},
-};
-
 // ----------------------------------------------------------------------------
 // parameter table lookups
 
 /* Finds name in unit u with the given shape (cols 0: 1-D); returns its offset. */
-static int gpt2_locate(const struct fsdp_gpt2_spec *s, const char *name, int u, size_t rows,
+static int gpt2_locate(const struct fsdp_model_spec *s, const char *name, int u, size_t rows,
                        size_t cols, size_t *off)
 {
-    long i = fsdp_gpt2_spec_find(s, name);
+    long i = fsdp_model_spec_find(s, name);
     if (i < 0) {
         return fsdp_err(FSDP_ERR_INTERNAL, "parameter table has no '%s'", name);
     }
@@ -60,31 +44,31 @@ static int gpt2_locate(const struct fsdp_gpt2_spec *s, const char *name, int u, 
 
 static int gpt2_map_params(struct fsdp_gpt2 *m)
 {
-    const struct fsdp_gpt2_spec *s = m->spec;
-    const struct fsdp_gpt2_config *c = &s->cfg;
+    const struct fsdp_model_spec *s = m->spec;
+    const struct fsdp_gpt2_config *c = m->cfg;
     size_t C = (size_t)c->n_embd, V = (size_t)c->vocab_size, L = (size_t)c->n_layer;
     char name[FSDP_PARAM_NAME_MAX + 16];
     FSDP_CHECK(gpt2_locate(s, "wte.weight", 0, V, C, &m->emb_off[0]));
     FSDP_CHECK(gpt2_locate(s, "wpe.weight", 0, (size_t)c->context, C, &m->emb_off[1]));
     for (size_t l = 0; l < L; l++) {
-        for (int k = 0; k < BLK_COUNT; k++) {
-            size_t off = 0;
-            snprintf(name, sizeof(name), "h.%zu.%s", l, gpt2_block_tensors[k].suffix);
-            FSDP_CHECK(gpt2_locate(s, name, 1 + (int)l, gpt2_block_tensors[k].rows * C,
-                                   gpt2_block_tensors[k].cols * C, &off));
-            if (l == 0) {
-                m->blk_off[k] = off;
-            } else if (off != m->blk_off[k]) {
-                return fsdp_err(FSDP_ERR_INTERNAL,
-                                "parameter table: '%s' at offset %zu, block 0 has it at %zu", name,
-                                off, m->blk_off[k]);
-            }
+        size_t off;
+#define FSDP_GPT2_X(id, field, suffix, rows, cols, init, std, decay, tp)                      \
+        snprintf(name, sizeof(name), "h.%zu.%s", l, suffix);                              \
+        FSDP_CHECK(gpt2_locate(s, name, 1 + (int)l, (rows) * C, (cols) * C, &off));       \
+        if (l == 0) {                                                                     \
+            m->blk_off[FSDP_GPT2_BLK_##id] = off;                                         \
+        } else if (off != m->blk_off[FSDP_GPT2_BLK_##id]) {                               \
+            return fsdp_err(FSDP_ERR_INTERNAL,                                            \
+                            "parameter table: '%s' at offset %zu, block 0 has it at %zu", \
+                            name, off, m->blk_off[FSDP_GPT2_BLK_##id]);                   \
         }
+        FSDP_GPT2_BLOCK_TENSORS(FSDP_GPT2_X)
+#undef FSDP_GPT2_X
     }
     int last = c->n_layer + 1;
     FSDP_CHECK(gpt2_locate(s, "ln_f.weight", last, C, 0, &m->head_off[0]));
     FSDP_CHECK(gpt2_locate(s, "ln_f.bias", last, C, 0, &m->head_off[1]));
-    long lm = fsdp_gpt2_spec_find(s, "lm_head.weight");
+    long lm = fsdp_model_spec_find(s, "lm_head.weight");
     if (c->tied) {
         if (lm >= 0) {
             return fsdp_err(FSDP_ERR_INTERNAL, "parameter table: tied model lists lm_head.weight");
@@ -104,19 +88,10 @@ void fsdp_gpt2_embed_view(const struct fsdp_gpt2 *m, float *unit0, struct fsdp_g
 
 void fsdp_gpt2_block_view(const struct fsdp_gpt2 *m, float *unit, struct fsdp_gpt2_block_view *v)
 {
-    const size_t *o = m->blk_off;
-    v->ln1w = unit + o[BLK_LN1W];
-    v->ln1b = unit + o[BLK_LN1B];
-    v->qkvw = unit + o[BLK_QKVW];
-    v->qkvb = unit + o[BLK_QKVB];
-    v->attprojw = unit + o[BLK_ATTPROJW];
-    v->attprojb = unit + o[BLK_ATTPROJB];
-    v->ln2w = unit + o[BLK_LN2W];
-    v->ln2b = unit + o[BLK_LN2B];
-    v->fcw = unit + o[BLK_FCW];
-    v->fcb = unit + o[BLK_FCB];
-    v->fcprojw = unit + o[BLK_FCPROJW];
-    v->fcprojb = unit + o[BLK_FCPROJB];
+#define FSDP_GPT2_X(id, field, suffix, rows, cols, init, std, decay, tp) \
+    v->field = unit + m->blk_off[FSDP_GPT2_BLK_##id];
+    FSDP_GPT2_BLOCK_TENSORS(FSDP_GPT2_X)
+#undef FSDP_GPT2_X
 }
 
 void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, float *unit_last, float *unit0,
@@ -124,7 +99,7 @@ void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, float *unit_last, float *uni
 {
     v->lnfw = unit_last + m->head_off[0];
     v->lnfb = unit_last + m->head_off[1];
-    v->lm_head = m->spec->cfg.tied ? unit0 + m->head_off[2] : unit_last + m->head_off[2];
+    v->lm_head = m->cfg->tied ? unit0 + m->head_off[2] : unit_last + m->head_off[2];
 }
 
 // ----------------------------------------------------------------------------
@@ -175,7 +150,7 @@ static size_t gpt2_head_rows(const struct fsdp_gpt2 *m)
  */
 static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fsdp_gpt2_acts *a)
 {
-    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)c->n_embd;
     size_t L = (size_t)c->n_layer, V = (size_t)c->vocab_size, NH = (size_t)c->n_head;
     struct fsdp_gpt2_block_acts blk;
@@ -213,7 +188,7 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
 static size_t gpt2_layout_grad_acts(const struct fsdp_gpt2 *m, float *base,
                                     struct fsdp_gpt2_grad_acts *g)
 {
-    size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)m->spec->cfg.n_embd;
+    size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)m->cfg->n_embd;
     size_t off = 0;
     g->dres = gpt2_take(base, &off, BT * C);
     g->dbtc = gpt2_take(base, &off, BT * C);
@@ -268,11 +243,15 @@ size_t fsdp_gpt2_workspace_bytes(const struct fsdp_gpt2 *m)
 // ----------------------------------------------------------------------------
 // lifetime and settings
 
-int fsdp_gpt2_create(const struct fsdp_gpt2_spec *spec, int max_B, int max_T,
+int fsdp_gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
                      struct fsdp_gpt2 **out)
 {
     int rc;
-    const struct fsdp_gpt2_config *c = &spec->cfg;
+    if (spec->arch != &fsdp_gpt2_arch) {
+        return fsdp_err(FSDP_ERR_INVALID, "gpt2: the spec is of architecture %s",
+                        spec->arch ? spec->arch->name : "(none)");
+    }
+    const struct fsdp_gpt2_config *c = fsdp_gpt2_cfg(spec);
     if (max_B < 1 || max_T < 1 || max_T > c->context) {
         return fsdp_err(FSDP_ERR_INVALID, "gpt2: batch %d x %d invalid (need B >= 1, 1 <= T <= %d)",
                         max_B, max_T, c->context);
@@ -286,7 +265,10 @@ int fsdp_gpt2_create(const struct fsdp_gpt2_spec *spec, int max_B, int max_T,
     if (!m) {
         return fsdp_err(FSDP_ERR_NOMEM, "gpt2 model");
     }
+    m->base.ops = &fsdp_gpt2_ops;
+    m->base.spec = spec;
     m->spec = spec;
+    m->cfg = c;
     m->max_B = max_B;
     m->max_T = max_T;
     m->ignore_index = -1;
@@ -340,7 +322,7 @@ static void gpt2_relayout(struct fsdp_gpt2 *m)
 
 int fsdp_gpt2_set_checkpoint(struct fsdp_gpt2 *m, int l, int on)
 {
-    int L = m->spec->cfg.n_layer;
+    int L = m->cfg->n_layer;
     if (l >= L) {
         return fsdp_err(FSDP_ERR_INVALID, "checkpoint: block %d out of range [0, %d)", l, L);
     }
@@ -365,7 +347,7 @@ int fsdp_gpt2_set_head_chunk(struct fsdp_gpt2 *m, int rows)
     if (m->bwd_next >= 0) {
         return fsdp_err(FSDP_ERR_INVALID, "LM head chunk changed between forward and backward");
     }
-    m->head_chunk = rows ? rows : gpt2_head_default_rows(&m->spec->cfg);
+    m->head_chunk = rows ? rows : gpt2_head_default_rows(m->cfg);
     gpt2_relayout(m);
     return 0;
 }
@@ -412,7 +394,7 @@ int fsdp_gpt2_zero_grad(struct fsdp_gpt2 *m, int u)
 int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets,
                         int B, int T)
 {
-    int V = m->spec->cfg.vocab_size;
+    int V = m->cfg->vocab_size;
     if (B < 1 || B > m->max_B || T < 1 || T > m->max_T) {
         return fsdp_err(FSDP_ERR_INVALID, "batch %d x %d exceeds the model's %d x %d", B, T,
                         m->max_B, m->max_T);
@@ -444,7 +426,7 @@ int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_
 
 static float *gpt2_residual(const struct fsdp_gpt2 *m, int l)
 {
-    size_t stride = (size_t)m->max_B * (size_t)m->max_T * (size_t)m->spec->cfg.n_embd;
+    size_t stride = (size_t)m->max_B * (size_t)m->max_T * (size_t)m->cfg->n_embd;
     return m->acts.residual + (size_t)l * stride;
 }
 
@@ -452,7 +434,7 @@ static float *gpt2_residual(const struct fsdp_gpt2 *m, int l)
  * only produces residual[l+1] (what a checkpointed backward does not need). */
 static void gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
 {
-    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
     struct fsdp_gpt2_block_view w;
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
@@ -477,7 +459,7 @@ static void gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
 static void gpt2_head_logits(const struct fsdp_gpt2 *m, const float *lm_head, size_t r0,
                              size_t rows, float *out)
 {
-    size_t C = (size_t)m->spec->cfg.n_embd, V = (size_t)m->spec->cfg.vocab_size;
+    size_t C = (size_t)m->cfg->n_embd, V = (size_t)m->cfg->vocab_size;
     fsdp_cpu_matmul_forward(out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C, V);
 }
 
@@ -489,7 +471,7 @@ static void gpt2_head_logits(const struct fsdp_gpt2 *m, const float *lm_head, si
  */
 static int gpt2_head_forward(struct fsdp_gpt2 *m)
 {
-    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
     size_t chunk = gpt2_head_rows(m);
     struct fsdp_gpt2_acts *a = &m->acts;
@@ -532,7 +514,7 @@ int fsdp_gpt2_logits(struct fsdp_gpt2 *m, size_t row0, size_t rows, float *out)
         return fsdp_err(FSDP_ERR_INVALID, "logits: rows [%zu, %zu + %zu) outside the batch's %zu",
                         row0, row0, rows, BT);
     }
-    if (!m->unit_params[last] || (m->spec->cfg.tied && !m->unit_params[0])) {
+    if (!m->unit_params[last] || (m->cfg->tied && !m->unit_params[0])) {
         return fsdp_err(FSDP_ERR_INVALID, "logits: the head's parameters are not set");
     }
     struct fsdp_gpt2_head_view w;
@@ -545,7 +527,7 @@ int fsdp_gpt2_logits(struct fsdp_gpt2 *m, size_t row0, size_t rows, float *out)
 
 int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u)
 {
-    int n = m->spec->n_units, L = m->spec->cfg.n_layer;
+    int n = m->spec->n_units, L = m->cfg->n_layer;
     if (u < 0 || u >= n) {
         return fsdp_err(FSDP_ERR_INVALID, "forward: unit %d out of range [0, %d)", u, n);
     }
@@ -555,15 +537,15 @@ int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u)
     if (u > 0 && !m->fwd_done[u - 1]) {
         return fsdp_err(FSDP_ERR_INVALID, "forward of unit %d before unit %d's", u, u - 1);
     }
-    if (!m->unit_params[u] || (u == L + 1 && m->spec->cfg.tied && !m->unit_params[0])) {
+    if (!m->unit_params[u] || (u == L + 1 && m->cfg->tied && !m->unit_params[0])) {
         return fsdp_err(FSDP_ERR_INVALID, "forward: unit %d's parameters are not set%s", u,
-                        u == L + 1 && m->spec->cfg.tied ? " (the tied head also reads unit 0)" : "");
+                        u == L + 1 && m->cfg->tied ? " (the tied head also reads unit 0)" : "");
     }
     if (u == 0) {
         struct fsdp_gpt2_embed_view w;
         fsdp_gpt2_embed_view(m, m->unit_params[0], &w);
         fsdp_cpu_encoder_forward(gpt2_residual(m, 0), m->tokens, w.wte, w.wpe, m->B, m->T,
-                                 m->spec->cfg.n_embd);
+                                 m->cfg->n_embd);
     } else if (u <= L) {
         gpt2_block_forward(m, u - 1, 1);
     } else {
@@ -597,7 +579,7 @@ int fsdp_gpt2_forward(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t 
  */
 static void gpt2_head_backward(struct fsdp_gpt2 *m)
 {
-    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
     size_t chunk = gpt2_head_rows(m);
     struct fsdp_gpt2_acts *a = &m->acts;
@@ -634,7 +616,7 @@ static void gpt2_head_backward(struct fsdp_gpt2 *m)
 /* dres holds d(block output) on entry and d(block input) on return. */
 static void gpt2_block_backward(struct fsdp_gpt2 *m, int l)
 {
-    const struct fsdp_gpt2_config *c = &m->spec->cfg;
+    const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
     struct fsdp_gpt2_grad_acts *g = &m->gacts;
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
@@ -663,7 +645,7 @@ static void gpt2_block_backward(struct fsdp_gpt2 *m, int l)
 
 int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u)
 {
-    int n = m->spec->n_units, L = m->spec->cfg.n_layer;
+    int n = m->spec->n_units, L = m->cfg->n_layer;
     if (u < 0 || u >= n) {
         return fsdp_err(FSDP_ERR_INVALID, "backward: unit %d out of range [0, %d)", u, n);
     }
@@ -674,7 +656,7 @@ int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u)
         return fsdp_err(FSDP_ERR_INVALID, "backward of unit %d out of order (expected unit %d)", u,
                         m->bwd_next);
     }
-    int tied_head = u == L + 1 && m->spec->cfg.tied;
+    int tied_head = u == L + 1 && m->cfg->tied;
     if (!m->unit_params[u] || !m->unit_grads[u] ||
         (tied_head && (!m->unit_params[0] || !m->unit_grads[0]))) {
         return fsdp_err(FSDP_ERR_INVALID, "backward: unit %d's parameters or gradients are not set%s",
@@ -684,7 +666,7 @@ int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u)
         struct fsdp_gpt2_embed_view dw;
         fsdp_gpt2_embed_view(m, m->unit_grads[0], &dw);
         fsdp_cpu_encoder_backward(dw.wte, dw.wpe, m->gacts.dres, m->tokens, m->B, m->T,
-                                  m->spec->cfg.n_embd);
+                                  m->cfg->n_embd);
     } else if (u <= L) {
         gpt2_block_backward(m, u - 1);
     } else {
@@ -703,102 +685,11 @@ int fsdp_gpt2_backward(struct fsdp_gpt2 *m)
 }
 
 // ----------------------------------------------------------------------------
-// initialisation
-
-/* Output j of SplitMix64 seeded with key (its state after j + 1 steps). */
-static uint64_t gpt2_splitmix_at(uint64_t key, uint64_t j)
-{
-    uint64_t z = key + (j + 1) * 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-static void gpt2_init_param(const struct fsdp_param_spec *p, uint64_t seed, size_t first,
-                            size_t count, float *dst)
-{
-    if (p->init == FSDP_INIT_ZEROS || p->init == FSDP_INIT_ONES) {
-        float v = p->init == FSDP_INIT_ONES ? 1.0f : 0.0f;
-        for (size_t i = 0; i < count; i++) {
-            dst[i] = v;
-        }
-        return;
-    }
-    uint64_t key = fsdp_hash64(p->name, strlen(p->name), seed);
-    for (size_t k = 0; k < count; k++) {
-        uint64_t i = first + k;
-        double u1 = (double)((gpt2_splitmix_at(key, 2 * i) >> 11) + 1) * 0x1p-53;
-        double u2 = (double)(gpt2_splitmix_at(key, 2 * i + 1) >> 11) * 0x1p-53;
-        dst[k] = (float)((double)p->std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
-    }
-}
-
-/* Overlap of [start, start + count) with parameter p, in unit coordinates. */
-static int gpt2_piece(const struct fsdp_param_spec *p, size_t start, size_t count, size_t *lo,
-                      size_t *hi)
-{
-    *lo = start > p->offset ? start : p->offset;
-    *hi = start + count < p->offset + p->numel ? start + count : p->offset + p->numel;
-    return *lo < *hi;
-}
-
-static int gpt2_check_range(const struct fsdp_gpt2_spec *s, int u, size_t start, size_t count)
-{
-    if (u < 0 || u >= s->n_units) {
-        return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, s->n_units);
-    }
-    if (start > s->unit_numel[u] || count > s->unit_numel[u] - start) {
-        return fsdp_err(FSDP_ERR_INVALID, "range [%zu, %zu + %zu) outside unit %d's %zu elements",
-                        start, start, count, u, s->unit_numel[u]);
-    }
-    return 0;
-}
-
-int fsdp_gpt2_init_range(const struct fsdp_gpt2_spec *s, uint64_t seed, int u, size_t start,
-                         size_t count, float *dst)
-{
-    FSDP_CHECK(gpt2_check_range(s, u, start, count));
-    for (size_t i = s->unit_first[u]; i < s->n_params && s->params[i].unit == u; i++) {
-        const struct fsdp_param_spec *p = &s->params[i];
-        size_t lo, hi;
-        if (gpt2_piece(p, start, count, &lo, &hi)) {
-            gpt2_init_param(p, seed, lo - p->offset, hi - lo, dst + (lo - start));
-        }
-    }
-    return 0;
-}
-
-int fsdp_gpt2_init_params(const struct fsdp_gpt2_spec *s, uint64_t seed, float *const *bufs)
-{
-    for (int u = 0; u < s->n_units; u++) {
-        FSDP_CHECK(fsdp_gpt2_init_range(s, seed, u, 0, s->unit_numel[u], bufs[u]));
-    }
-    return 0;
-}
-
-int fsdp_gpt2_adamw_range(const struct fsdp_gpt2_spec *s, int u, size_t start, size_t count,
-                          float *param, const float *grad, float *m, float *v,
-                          const struct fsdp_adamw_params *hp, float grad_scale)
-{
-    FSDP_CHECK(gpt2_check_range(s, u, start, count));
-    for (size_t i = s->unit_first[u]; i < s->n_params && s->params[i].unit == u; i++) {
-        const struct fsdp_param_spec *p = &s->params[i];
-        size_t lo, hi;
-        if (gpt2_piece(p, start, count, &lo, &hi)) {
-            size_t o = lo - start;
-            fsdp_cpu_adamw_update(param + o, grad + o, m + o, v + o, hi - lo, hp, p->decay,
-                                  grad_scale);
-        }
-    }
-    return 0;
-}
-
-// ----------------------------------------------------------------------------
 // accounting
 
-double fsdp_gpt2_flops_per_token(const struct fsdp_gpt2_spec *s, int T)
+double fsdp_gpt2_flops_per_token(const struct fsdp_model_spec *s, int T)
 {
-    const struct fsdp_gpt2_config *c = &s->cfg;
+    const struct fsdp_gpt2_config *c = fsdp_gpt2_cfg(s);
     double C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     double N = (double)s->total_numel - (double)c->context * C; /* no wpe: a lookup */
     if (!c->tied) {
@@ -806,3 +697,116 @@ double fsdp_gpt2_flops_per_token(const struct fsdp_gpt2_spec *s, int T)
     }
     return 6.0 * N + 12.0 * L * C * (double)T;
 }
+
+// ----------------------------------------------------------------------------
+// the generic interface (model.h)
+
+static struct fsdp_gpt2 *gpt2_of(struct fsdp_model *m)
+{
+    return (struct fsdp_gpt2 *)m;
+}
+
+static int gpt2_op_create(const struct fsdp_model_spec *spec, const struct fsdp_model_opts *o,
+                          struct fsdp_model **out)
+{
+    struct fsdp_gpt2 *m = NULL;
+    FSDP_CHECK(fsdp_gpt2_create(spec, o->max_B, o->max_T, &m));
+    if (o->head_chunk > 0) {
+        int rc = fsdp_gpt2_set_head_chunk(m, o->head_chunk);
+        if (rc < 0) {
+            fsdp_gpt2_destroy(m);
+            return rc;
+        }
+    }
+    *out = &m->base;
+    return 0;
+}
+
+static void gpt2_op_destroy(struct fsdp_model *m)
+{
+    fsdp_gpt2_destroy(gpt2_of(m));
+}
+
+/* Units are blocks from 1 to L; -1: every block. The embedding and the
+ * head keep their activations (they are small next to a block's). */
+static int gpt2_op_set_checkpoint(struct fsdp_model *m, int u, int on)
+{
+    struct fsdp_gpt2 *g = gpt2_of(m);
+    if (u < 0) {
+        return fsdp_gpt2_set_checkpoint(g, -1, on);
+    }
+    if (u < 1 || u > g->cfg->n_layer) {
+        return 0;
+    }
+    return fsdp_gpt2_set_checkpoint(g, u - 1, on);
+}
+
+static int gpt2_op_reserve(struct fsdp_model *m)
+{
+    return fsdp_gpt2_reserve(gpt2_of(m));
+}
+
+static int gpt2_op_set_unit(struct fsdp_model *m, int u, float *params, float *grads)
+{
+    return fsdp_gpt2_set_unit(gpt2_of(m), u, params, grads);
+}
+
+static void gpt2_op_set_loss_seed(struct fsdp_model *m, double divisor, float scale)
+{
+    fsdp_gpt2_set_loss_seed(gpt2_of(m), divisor, scale);
+}
+
+static int gpt2_op_set_batch(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets,
+                             int B, int T)
+{
+    return fsdp_gpt2_set_batch(gpt2_of(m), tokens, targets, B, T);
+}
+
+static int gpt2_op_forward_unit(struct fsdp_model *m, int u)
+{
+    return fsdp_gpt2_forward_unit(gpt2_of(m), u);
+}
+
+static int gpt2_op_backward_unit(struct fsdp_model *m, int u)
+{
+    return fsdp_gpt2_backward_unit(gpt2_of(m), u);
+}
+
+static float gpt2_op_loss(const struct fsdp_model *m)
+{
+    return ((const struct fsdp_gpt2 *)m)->loss;
+}
+
+static int gpt2_op_logits(struct fsdp_model *m, size_t row0, size_t rows, float *out)
+{
+    return fsdp_gpt2_logits(gpt2_of(m), row0, rows, out);
+}
+
+static size_t gpt2_op_activation_bytes(const struct fsdp_model *m)
+{
+    return fsdp_gpt2_activation_bytes((const struct fsdp_gpt2 *)m);
+}
+
+static size_t gpt2_op_workspace_bytes(const struct fsdp_model *m)
+{
+    return fsdp_gpt2_workspace_bytes((const struct fsdp_gpt2 *)m);
+}
+
+const struct fsdp_model_ops fsdp_gpt2_ops = {
+    .size = sizeof(struct fsdp_model_ops),
+    .name = FSDP_MODEL_ARCH_GPT2,
+    .create = gpt2_op_create,
+    .destroy = gpt2_op_destroy,
+    .set_checkpoint = gpt2_op_set_checkpoint,
+    .reserve = gpt2_op_reserve,
+    .set_unit = gpt2_op_set_unit,
+    .set_loss_seed = gpt2_op_set_loss_seed,
+    .set_batch = gpt2_op_set_batch,
+    .forward_unit = gpt2_op_forward_unit,
+    .backward_unit = gpt2_op_backward_unit,
+    .loss = gpt2_op_loss,
+    .logits = gpt2_op_logits,
+    .activation_bytes = gpt2_op_activation_bytes,
+    .workspace_bytes = gpt2_op_workspace_bytes,
+    .flops_per_token = fsdp_gpt2_flops_per_token,
+};

@@ -27,6 +27,7 @@
 #define FSDP_MODEL_GPT2_H
 
 #include "model/gpt2_spec.h"
+#include "model/model.h"
 #include "compute/kernels.h"
 
 #include <stddef.h>
@@ -40,19 +41,11 @@ struct fsdp_gpt2_embed_view {
     float *wpe; /* (T, C) */
 };
 
+/* A block's tensors (shapes: FSDP_GPT2_BLOCK_TENSORS, e.g. qkvw (3C, C)) */
 struct fsdp_gpt2_block_view {
-    float *ln1w;     /* (C) */
-    float *ln1b;     /* (C) */
-    float *qkvw;     /* (3C, C) */
-    float *qkvb;     /* (3C) */
-    float *attprojw; /* (C, C) */
-    float *attprojb; /* (C) */
-    float *ln2w;     /* (C) */
-    float *ln2b;     /* (C) */
-    float *fcw;      /* (4C, C) */
-    float *fcb;      /* (4C) */
-    float *fcprojw;  /* (C, 4C) */
-    float *fcprojb;  /* (C) */
+#define FSDP_GPT2_X(id, field, suffix, rows, cols, init, std, decay, tp) float *field;
+    FSDP_GPT2_BLOCK_TENSORS(FSDP_GPT2_X)
+#undef FSDP_GPT2_X
 };
 
 struct fsdp_gpt2_head_view {
@@ -107,7 +100,9 @@ struct fsdp_gpt2_grad_acts {
 };
 
 struct fsdp_gpt2 {
-    const struct fsdp_gpt2_spec *spec; /* not owned; outlives the model */
+    struct fsdp_model base;            /* ops and spec for the generic interface */
+    const struct fsdp_model_spec *spec; /* not owned; outlives the model */
+    const struct fsdp_gpt2_config *cfg; /* spec's */
     int max_B, max_T;
 
     float **unit_params; /* (n_units,) caller-owned unit buffers */
@@ -138,7 +133,7 @@ struct fsdp_gpt2 {
     unsigned char *fwd_done; /* (n_units,) */
     int bwd_next;            /* unit the next backward_unit must be; -1 when none */
 
-    size_t blk_off[12];  /* offsets of a block's 12 tensors inside its unit */
+    size_t blk_off[FSDP_GPT2_BLK_COUNT]; /* offsets of a block's tensors inside its unit */
     size_t emb_off[2];   /* wte, wpe inside unit 0 */
     size_t head_off[3];  /* ln_f.weight, ln_f.bias, lm_head.weight inside unit L+1 */
 };
@@ -151,7 +146,7 @@ struct fsdp_gpt2 {
  * context). Activation memory is reserved lazily (fsdp_gpt2_reserve or the
  * first fsdp_gpt2_set_batch) so that checkpointing can be chosen first.
  */
-int fsdp_gpt2_create(const struct fsdp_gpt2_spec *spec, int max_B, int max_T,
+int fsdp_gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
                      struct fsdp_gpt2 **out);
 void fsdp_gpt2_destroy(struct fsdp_gpt2 *m);
 
@@ -237,31 +232,7 @@ int fsdp_gpt2_backward(struct fsdp_gpt2 *m);
 int fsdp_gpt2_zero_grad(struct fsdp_gpt2 *m, int u);
 
 // ----------------------------------------------------------------------------
-// initialisation, optimizer helper, accounting
-
-/*
- * Deterministic GPT-2 init. Element i of parameter p gets
- *   N(0, std_p) = std_p * sqrt(-2 ln u1) * cos(2 pi u2)   (normal params)
- *   1 or 0                                                 (norm weights, biases)
- * where u1 = (1 + (x_{2i} >> 11)) 2^-53, u2 = (x_{2i+1} >> 11) 2^-53 and
- * x_j is output j of SplitMix64 seeded with FNV-1a(name of p, seed). The
- * value depends only on (seed, name, i): any sharding of the init equals
- * the single-rank init.
- * init_range fills elements [start, start + count) of unit u's flat buffer.
- */
-int fsdp_gpt2_init_range(const struct fsdp_gpt2_spec *s, uint64_t seed, int u, size_t start,
-                         size_t count, float *dst);
-/* every unit: bufs[u] has spec->unit_numel[u] floats */
-int fsdp_gpt2_init_params(const struct fsdp_gpt2_spec *s, uint64_t seed, float *const *bufs);
-
-/*
- * AdamW on elements [start, start + count) of unit u's flat buffer (a shard
- * or all of it): split by parameter so that weight decay applies only where
- * the table says (2-D matmul weights).
- */
-int fsdp_gpt2_adamw_range(const struct fsdp_gpt2_spec *s, int u, size_t start, size_t count,
-                          float *param, const float *grad, float *m, float *v,
-                          const struct fsdp_adamw_params *hp, float grad_scale);
+// accounting
 
 /* Bytes of saved activations for the current checkpoint flags. */
 size_t fsdp_gpt2_activation_bytes(const struct fsdp_gpt2 *m);
@@ -276,6 +247,9 @@ size_t fsdp_gpt2_workspace_bytes(const struct fsdp_gpt2 *m);
  * term counts QK^T and PV at full T (fwd 4 L C T, bwd twice that), as
  * PaLM, nanoGPT and llm.c do.
  */
-double fsdp_gpt2_flops_per_token(const struct fsdp_gpt2_spec *s, int T);
+double fsdp_gpt2_flops_per_token(const struct fsdp_model_spec *s, int T);
+
+/* The ops of the generic interface (model.h) over the functions above. */
+extern const struct fsdp_model_ops fsdp_gpt2_ops;
 
 #endif

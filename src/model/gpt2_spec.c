@@ -1,11 +1,14 @@
 /*
- * gpt2_spec.c - presets, config validation and the parameter table.
+ * gpt2_spec.c - presets, config validation, the parameter table and the
+ * registration of the architecture.
  */
 #include "config.h"
 #include "model/gpt2_spec.h"
+#include "model/gpt2.h"
 #include "core/error.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,110 +64,111 @@ int fsdp_gpt2_config_validate(const struct fsdp_gpt2_config *c)
     return 0;
 }
 
-static void add_param(struct fsdp_gpt2_spec *s, size_t *n, int unit, const char *name, size_t rows,
-                      size_t cols, int ndim, enum fsdp_init_kind init, float std, int decay)
+static int gpt2_validate(const void *cfg)
 {
-    struct fsdp_param_spec *p = &s->params[*n];
-    snprintf(p->name, sizeof(p->name), "%s", name);
-    p->unit = unit;
-    p->ndim = ndim;
-    p->shape[0] = rows;
-    p->shape[1] = ndim == 2 ? cols : 1;
-    p->numel = rows * p->shape[1];
-    p->offset = s->unit_numel[unit];
-    p->init = init;
-    p->std = std;
-    p->decay = decay;
-    if (s->unit_numel[unit] == 0) {
-        s->unit_first[unit] = *n;
-    }
-    s->unit_numel[unit] += p->numel;
-    s->total_numel += p->numel;
-    (*n)++;
+    return fsdp_gpt2_config_validate(cfg);
 }
 
-int fsdp_gpt2_spec_create(const struct fsdp_gpt2_config *c, struct fsdp_gpt2_spec **out)
+static int gpt2_spec_create(const void *cfg, struct fsdp_model_spec **out)
+{
+    return fsdp_gpt2_spec_create(cfg, out);
+}
+
+static int gpt2_preset(const char *name, void *cfg)
+{
+    return fsdp_gpt2_preset(name, cfg);
+}
+
+int fsdp_gpt2_spec_create(const struct fsdp_gpt2_config *c, struct fsdp_model_spec **out)
 {
     FSDP_CHECK(fsdp_gpt2_config_validate(c));
-    struct fsdp_gpt2_spec *s = calloc(1, sizeof(*s));
     size_t L = (size_t)c->n_layer, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
     size_t T = (size_t)c->context;
-    size_t cap = 2 + 12 * L + 3;
-    if (!s) {
-        return fsdp_err(FSDP_ERR_NOMEM, "gpt2 spec");
-    }
-    s->cfg = *c;
-    s->n_units = c->n_layer + 2;
-    s->params = calloc(cap, sizeof(*s->params));
-    s->unit_numel = calloc((size_t)s->n_units, sizeof(size_t));
-    s->unit_first = calloc((size_t)s->n_units, sizeof(size_t));
-    if (!s->params || !s->unit_numel || !s->unit_first) {
-        fsdp_gpt2_spec_destroy(s);
-        return fsdp_err(FSDP_ERR_NOMEM, "gpt2 spec");
-    }
+    struct fsdp_model_spec *s;
+    FSDP_CHECK(fsdp_model_spec_alloc(&fsdp_gpt2_arch, c->n_layer + 2,
+                                     2 + FSDP_GPT2_BLK_COUNT * L + 3, &s));
+    memcpy(s->cfg, c, sizeof(*c));
+    s->vocab_size = c->vocab_size;
+    s->context = c->context;
     /* GPT-2 init: N(0, 0.02); residual projections scaled by 1/sqrt(2L) */
-    const float std = 0.02f, res_std = 0.02f / sqrtf(2.0f * (float)L);
-    size_t n = 0;
+    const float STD = 0.02f, RES = 0.02f / sqrtf(2.0f * (float)L);
     char name[FSDP_PARAM_NAME_MAX];
-    add_param(s, &n, 0, "wte.weight", V, C, 2, FSDP_INIT_NORMAL, std, 0);
-    add_param(s, &n, 0, "wpe.weight", T, C, 2, FSDP_INIT_NORMAL, std, 0);
+    int rc = 0;
+    rc |= fsdp_model_spec_add(s, 0, "wte.weight", V, C, 2, FSDP_INIT_NORMAL, STD, 0, FSDP_TP_VOCAB);
+    rc |= fsdp_model_spec_add(s, 0, "wpe.weight", T, C, 2, FSDP_INIT_NORMAL, STD, 0,
+                              FSDP_TP_REPLICATE);
     for (size_t l = 0; l < L; l++) {
-        int u = 1 + (int)l;
-#define P(suffix, rows, cols, ndim, init, sd, decay)                       \
-        snprintf(name, sizeof(name), "h.%zu.%s", l, suffix);               \
-        add_param(s, &n, u, name, rows, cols, ndim, init, sd, decay)
-        P("ln_1.weight", C, 1, 1, FSDP_INIT_ONES, 0.0f, 0);
-        P("ln_1.bias", C, 1, 1, FSDP_INIT_ZEROS, 0.0f, 0);
-        P("attn.c_attn.weight", 3 * C, C, 2, FSDP_INIT_NORMAL, std, 1);
-        P("attn.c_attn.bias", 3 * C, 1, 1, FSDP_INIT_ZEROS, 0.0f, 0);
-        P("attn.c_proj.weight", C, C, 2, FSDP_INIT_NORMAL, res_std, 1);
-        P("attn.c_proj.bias", C, 1, 1, FSDP_INIT_ZEROS, 0.0f, 0);
-        P("ln_2.weight", C, 1, 1, FSDP_INIT_ONES, 0.0f, 0);
-        P("ln_2.bias", C, 1, 1, FSDP_INIT_ZEROS, 0.0f, 0);
-        P("mlp.c_fc.weight", 4 * C, C, 2, FSDP_INIT_NORMAL, std, 1);
-        P("mlp.c_fc.bias", 4 * C, 1, 1, FSDP_INIT_ZEROS, 0.0f, 0);
-        P("mlp.c_proj.weight", C, 4 * C, 2, FSDP_INIT_NORMAL, res_std, 1);
-        P("mlp.c_proj.bias", C, 1, 1, FSDP_INIT_ZEROS, 0.0f, 0);
-#undef P
+#define FSDP_GPT2_X(id, field, suffix, rows, cols, init, std, decay, tp)                  \
+        snprintf(name, sizeof(name), "h.%zu.%s", l, suffix);                          \
+        rc |= fsdp_model_spec_add(s, 1 + (int)l, name, (rows) * C, (cols) * C, (cols) ? 2 : 1, \
+                                  init, std, decay, tp);
+        FSDP_GPT2_BLOCK_TENSORS(FSDP_GPT2_X)
+#undef FSDP_GPT2_X
     }
-    int last = 1 + c->n_layer;
-    add_param(s, &n, last, "ln_f.weight", C, 1, 1, FSDP_INIT_ONES, 0.0f, 0);
-    add_param(s, &n, last, "ln_f.bias", C, 1, 1, FSDP_INIT_ZEROS, 0.0f, 0);
-    if (!c->tied) {
-        add_param(s, &n, last, "lm_head.weight", V, C, 2, FSDP_INIT_NORMAL, std, 1);
+    int last = c->n_layer + 1;
+    rc |= fsdp_model_spec_add(s, last, "ln_f.weight", C, 1, 1, FSDP_INIT_ONES, 0.0f, 0,
+                              FSDP_TP_REPLICATE);
+    rc |= fsdp_model_spec_add(s, last, "ln_f.bias", C, 1, 1, FSDP_INIT_ZEROS, 0.0f, 0,
+                              FSDP_TP_REPLICATE);
+    if (c->tied) {
+        rc |= fsdp_model_spec_tie(s, last, "wte.weight");
+    } else {
+        rc |= fsdp_model_spec_add(s, last, "lm_head.weight", V, C, 2, FSDP_INIT_NORMAL, STD, 1,
+                                  FSDP_TP_VOCAB);
     }
-    s->n_params = n;
+    if (rc != 0) {
+        fsdp_model_spec_destroy(s);
+        return FSDP_ERR_INTERNAL;
+    }
     *out = s;
     return 0;
 }
 
-size_t fsdp_gpt2_spec_largest(const struct fsdp_gpt2_spec *s)
+/* Which config fields a parameter's shape follows: "vocab_size=256, n_embd=128". */
+static void gpt2_shape_reason(const void *cfg, const char *name, char *buf, size_t len)
 {
-    size_t n = 1;
-    for (size_t i = 0; i < s->n_params; i++) {
-        size_t k = s->params[i].shape[0] * s->params[i].shape[1];
-        n = k > n ? k : n;
+    const struct fsdp_gpt2_config *c = cfg;
+    if (strncmp(name, "wte.", 4) == 0 || strncmp(name, "lm_head.", 8) == 0) {
+        snprintf(buf, len, "vocab_size=%d, n_embd=%d", c->vocab_size, c->n_embd);
+    } else if (strncmp(name, "wpe.", 4) == 0) {
+        snprintf(buf, len, "context=%d, n_embd=%d", c->context, c->n_embd);
+    } else {
+        snprintf(buf, len, "n_embd=%d", c->n_embd);
     }
-    return n;
 }
 
-void fsdp_gpt2_spec_destroy(struct fsdp_gpt2_spec *s)
+static void gpt2_describe(const void *cfg, char *buf, size_t len)
 {
-    if (!s) {
-        return;
-    }
-    free(s->params);
-    free(s->unit_numel);
-    free(s->unit_first);
-    free(s);
+    const struct fsdp_gpt2_config *c = cfg;
+    snprintf(buf, len, "L=%d NH=%d C=%d V=%d context=%d %s", c->n_layer, c->n_head, c->n_embd,
+             c->vocab_size, c->context, c->tied ? "tied" : "untied");
 }
 
-long fsdp_gpt2_spec_find(const struct fsdp_gpt2_spec *s, const char *name)
-{
-    for (size_t i = 0; i < s->n_params; i++) {
-        if (strcmp(s->params[i].name, name) == 0) {
-            return (long)i;
-        }
-    }
-    return -1;
-}
+// ----------------------------------------------------------------------------
+// registration
+
+#define GPT2_ATTR(field, name, type) {name, type, offsetof(struct fsdp_gpt2_config, field)}
+static const struct fsdp_attr_desc gpt2_attrs[] = {
+    GPT2_ATTR(vocab_size, "vocab_size", FSDP_ATTR_INT),
+    GPT2_ATTR(context, "context", FSDP_ATTR_INT),
+    GPT2_ATTR(n_layer, "n_layer", FSDP_ATTR_INT),
+    GPT2_ATTR(n_head, "n_head", FSDP_ATTR_INT),
+    GPT2_ATTR(n_embd, "n_embd", FSDP_ATTR_INT),
+    GPT2_ATTR(ln_eps, "ln_eps", FSDP_ATTR_FLOAT),
+    GPT2_ATTR(tied, "tied_embeddings", FSDP_ATTR_BOOL),
+};
+#undef GPT2_ATTR
+
+const struct fsdp_arch fsdp_gpt2_arch = {
+    .size = sizeof(struct fsdp_arch),
+    .name = FSDP_MODEL_ARCH_GPT2,
+    .cfg_size = sizeof(struct fsdp_gpt2_config),
+    .attrs = gpt2_attrs,
+    .n_attrs = sizeof(gpt2_attrs) / sizeof(gpt2_attrs[0]),
+    .validate = gpt2_validate,
+    .spec_create = gpt2_spec_create,
+    .preset = gpt2_preset,
+    .ops = &fsdp_gpt2_ops,
+    .shape_reason = gpt2_shape_reason,
+    .describe = gpt2_describe,
+};

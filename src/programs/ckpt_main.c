@@ -9,7 +9,7 @@
  *
  * Subcommands sit in one table (name, summary, function); each parses its own
  * flags and has its own --help. init draws the model's deterministic initial
- * values (fsdp_gpt2_init_range) and streams them unit by unit through one
+ * values (fsdp_model_init_range) and streams them unit by unit through one
  * reused buffer, so even gpt2-xl (6 GB in f32) never sits in memory whole,
  * and the file appears under its name only once complete (tmp + rename).
  * Errors end the program with one line and a non-zero exit status.
@@ -22,6 +22,7 @@
 #include "io/ckpt.h"
 #include "programs/ckpt_tool.h"
 #include "io/model_file.h"
+#include "model/model.h"
 #include "model/gpt2.h"
 #include "model/gpt2_spec.h"
 
@@ -136,7 +137,7 @@ static int cmd_init(int argc, char **argv)
         fsdp_fatal("fsdpc-ckpt init: missing -o FILE (see --help)");
     }
     struct fsdp_gpt2_config cfg;
-    struct fsdp_gpt2_spec *spec;
+    struct fsdp_model_spec *spec;
     if (fsdp_gpt2_preset(preset, &cfg) < 0) {
         fsdp_die(FSDP_ERR_INVALID, "fsdpc-ckpt init: --preset", NULL);
     }
@@ -168,7 +169,7 @@ static int cmd_init(int argc, char **argv)
         fsdp_die(rc, "fsdpc-ckpt init", NULL);
     }
     for (int u = 0; u < spec->n_units; u++) {
-        FSDP_CHECK_GOTO(fsdp_gpt2_init_range(spec, (uint64_t)seed, u, 0, spec->unit_numel[u], buf),
+        FSDP_CHECK_GOTO(fsdp_model_init_range(spec, (uint64_t)seed, u, 0, spec->unit_numel[u], buf),
                         rc, fail);
         FSDP_CHECK_GOTO(fsdp_model_writer_put_unit(w, u, buf), rc, fail);
     }
@@ -182,7 +183,7 @@ static int cmd_init(int argc, char **argv)
            cfg.tied ? "tied" : "untied", spec->total_numel, hb, fsdp_dtype_name(dtype), seed,
            fsdp_now() - t0);
     fsdp_free(buf);
-    fsdp_gpt2_spec_destroy(spec);
+    fsdp_model_spec_destroy(spec);
     return 0;
 fail:
     fsdp_model_writer_destroy(w);
@@ -231,19 +232,17 @@ static int cmd_inspect(int argc, char **argv)
     if ((rc = fsdp_model_file_open(argv[optind], &mf)) < 0) {
         fsdp_die(rc, "fsdpc-ckpt inspect", NULL);
     }
-    const struct fsdp_gpt2_spec *s = fsdp_model_file_spec(mf);
-    const struct fsdp_gpt2_config *cfg = &s->cfg;
+    const struct fsdp_model_spec *s = fsdp_model_file_spec(mf);
     const char *cb = fsdp_model_file_created_by(mf);
+    char attrs[512];
+    fsdp_attrs_format(s->arch, s->cfg, attrs, sizeof(attrs));
     printf("file          %s\n", argv[optind]);
     printf("format        %s version %d\n", FSDP_MODEL_FORMAT, FSDP_MODEL_FORMAT_VERSION);
     if (cb[0]) {
         printf("created by    %s\n", cb);
     }
-    printf("architecture  gpt2: vocab_size %d, context %d, n_layer %d, n_head %d, n_embd %d, "
-           "ln_eps %g, %s embeddings\n",
-           cfg->vocab_size, cfg->context, cfg->n_layer, cfg->n_head, cfg->n_embd,
-           (double)cfg->ln_eps, cfg->tied ? "tied" : "untied");
-    printf("units         %d (embeddings, %d blocks, head)\n\n", s->n_units, cfg->n_layer);
+    printf("architecture  %s: %s\n", s->arch->name, attrs);
+    printf("units         %d\n\n", s->n_units);
     printf("%-28s %5s  %-14s %-5s %14s\n", "tensor", "unit", "shape", "dtype", "bytes");
     size_t bytes = 0;
     for (size_t i = 0; i < s->n_params; i++) {
@@ -297,6 +296,9 @@ static void usage(FILE *out)
 int main(int argc, char **argv)
 {
     fsdp_log_set_rank(0);
+    if (fsdp_model_registry_init() < 0) {
+        fsdp_die(FSDP_ERR_INTERNAL, "fsdpc-ckpt: model registry", NULL);
+    }
     if (argc < 2) {
         usage(stderr);
         fsdp_fatal("fsdpc-ckpt: missing command");

@@ -72,8 +72,9 @@ int fsdp_ckpt_tool_inspect(const char *path)
 {
     struct fsdp_ckpt *ck = tool_open("inspect", path);
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
-    const struct fsdp_gpt2_spec *s = fsdp_ckpt_spec(ck);
-    const struct fsdp_gpt2_config *c = &s->cfg;
+    const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
+    char attrs[512];
+    fsdp_attrs_format(s->arch, s->cfg, attrs, sizeof(attrs));
     printf("checkpoint    %s\n", fsdp_ckpt_dir(ck));
     printf("format        %s version %d\n", FSDP_CKPT_FORMAT, FSDP_CKPT_VERSION);
     if (m->created_by[0]) {
@@ -88,9 +89,7 @@ int fsdp_ckpt_tool_inspect(const char *path)
            (unsigned long long)m->data_n_tokens);
     printf("optimizer     AdamW step %ld | loss scale %g (%ld good steps, %ld skipped)\n",
            m->adam_step, m->loss_scale, m->scale_good_steps, m->skipped_steps);
-    printf("architecture  gpt2: vocab_size %d, context %d, n_layer %d, n_head %d, n_embd %d, "
-           "ln_eps %g, %s embeddings\n", c->vocab_size, c->context, c->n_layer, c->n_head,
-           c->n_embd, (double)c->ln_eps, c->tied ? "tied" : "untied");
+    printf("architecture  %s: %s\n", s->arch->name, attrs);
     printf("\nconfig:\n");
     for (const char *line = m->config; *line;) {
         const char *nl = strchr(line, '\n');
@@ -159,7 +158,7 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
                    argc - optind);
     }
     struct fsdp_ckpt *ck = tool_open("verify", argv[optind]);
-    const struct fsdp_gpt2_spec *s = fsdp_ckpt_spec(ck);
+    const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
     char index[4200];
     snprintf(index, sizeof(index), "%s/%s", fsdp_ckpt_dir(ck), FSDP_CKPT_INDEX);
@@ -168,7 +167,7 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
         fsdp_die(rc, "fsdpc-ckpt verify", NULL);
     }
     fsdp_model_file_close(mf);
-    float *buf = fsdp_alloc(fsdp_gpt2_spec_largest(s) * sizeof(float));
+    float *buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
     if (!buf) {
         fsdp_fatal("fsdpc-ckpt verify: out of memory for one tensor");
     }
@@ -300,7 +299,7 @@ static int reshard_parse_mesh(const char *spec, int *shards, int *world)
 static int reshard_write(struct fsdp_ckpt *ck, const char *dir, int shards, float *buf,
                          size_t *done, size_t total)
 {
-    const struct fsdp_gpt2_spec *s = fsdp_ckpt_spec(ck);
+    const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
     for (int r = 0; r < shards; r++) {
         struct fsdp_ckpt_shard_writer *w;
@@ -385,13 +384,13 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
         fsdp_fatal("fsdpc-ckpt reshard: %s already exists", out);
     }
     struct fsdp_ckpt *ck = tool_open("reshard", argv[optind]);
-    const struct fsdp_gpt2_spec *s = fsdp_ckpt_spec(ck);
+    const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
     char tmp[4200];
     snprintf(tmp, sizeof(tmp), "%s.tmp_%d", out, (int)getpid());
     if (mkdir(tmp, 0755) != 0) {
         fsdp_fatal("fsdpc-ckpt reshard: %s: cannot create: %s", tmp, strerror(errno));
     }
-    float *buf = fsdp_alloc(fsdp_gpt2_spec_largest(s) * sizeof(float));
+    float *buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
     if (!buf) {
         fsdp_fatal("fsdpc-ckpt reshard: out of memory for one tensor");
     }
@@ -471,7 +470,7 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
     const char *in = argv[optind];
     struct fsdp_ckpt *ck = NULL;
     struct fsdp_model_file *mf = NULL;
-    const struct fsdp_gpt2_spec *s;
+    const struct fsdp_model_spec *s;
     if (fsdp_ckpt_is_checkpoint(in)) {
         ck = tool_open("convert", in);
         s = fsdp_ckpt_spec(ck);
@@ -485,7 +484,7 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
     snprintf(created_by, sizeof(created_by), "fsdpc-ckpt convert %s to %s", in, dt);
     struct fsdp_model_write_opts wo = {.created_by = created_by, .dtype = dtype};
     struct fsdp_model_writer *w = NULL;
-    float *buf = fsdp_alloc(fsdp_gpt2_spec_largest(s) * sizeof(float));
+    float *buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
     if (!buf) {
         fsdp_fatal("fsdpc-ckpt convert: out of memory for one tensor");
     }

@@ -21,7 +21,7 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "io/model_file.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -186,9 +186,8 @@ static void emit(int token, int V)
 
 static int sample_run(const struct sample_config *c)
 {
-    struct fsdp_gpt2_config mc;
-    struct fsdp_gpt2_spec *spec = NULL;
-    struct fsdp_gpt2 *model = NULL;
+    struct fsdp_model_spec *spec = NULL;
+    struct fsdp_model *model = NULL;
     float *params = NULL, **units = NULL;
     int32_t *seq = NULL;
     struct scored *cand = NULL;
@@ -196,9 +195,9 @@ static int sample_run(const struct sample_config *c)
     float *logits = NULL;
     int rc;
 
-    FSDP_CHECK(fsdp_model_file_read_config(c->model, &mc));
-    FSDP_CHECK(fsdp_gpt2_spec_create(&mc, &spec));
-    const int V = mc.vocab_size, ctx = mc.context;
+    FSDP_CHECK(fsdp_model_registry_init());
+    FSDP_CHECK(fsdp_model_file_read_spec(c->model, &spec));
+    const int V = spec->vocab_size, ctx = spec->context;
     size_t cap = strlen(c->prompt) + 1 + (size_t)c->tokens;
     params = fsdp_alloc(spec->total_numel * sizeof(float));
     units = calloc((size_t)spec->n_units, sizeof(*units));
@@ -216,9 +215,10 @@ static int sample_run(const struct sample_config *c)
         off += spec->unit_numel[u];
     }
     FSDP_CHECK_GOTO(fsdp_model_file_read(c->model, spec, units), rc, out);
-    FSDP_CHECK_GOTO(fsdp_gpt2_create(spec, 1, ctx, &model), rc, out);
+    struct fsdp_model_opts mo = {.max_B = 1, .max_T = ctx};
+    FSDP_CHECK_GOTO(fsdp_model_create(spec, &mo, &model), rc, out);
     for (int u = 0; u < spec->n_units; u++) {
-        FSDP_CHECK_GOTO(fsdp_gpt2_set_unit(model, u, units[u], NULL), rc, out);
+        FSDP_CHECK_GOTO(model->ops->set_unit(model, u, units[u], NULL), rc, out);
     }
 
     size_t n;
@@ -232,9 +232,9 @@ static int sample_run(const struct sample_config *c)
     double t0 = fsdp_now();
     for (long i = 0; i < c->tokens; i++) {
         size_t window = n < (size_t)ctx ? n : (size_t)ctx;
-        FSDP_CHECK_GOTO(fsdp_gpt2_forward(model, seq + n - window, NULL, 1, (int)window, NULL),
+        FSDP_CHECK_GOTO(fsdp_model_forward(model, seq + n - window, NULL, 1, (int)window, NULL),
                         rc, out);
-        FSDP_CHECK_GOTO(fsdp_gpt2_logits(model, window - 1, 1, logits), rc, out);
+        FSDP_CHECK_GOTO(model->ops->logits(model, window - 1, 1, logits), rc, out);
         int tok = sample_token(logits, V, c->temperature, c->top_k, cand, probs, &rng);
         seq[n++] = tok;
         emit(tok, V);
@@ -245,14 +245,14 @@ static int sample_run(const struct sample_config *c)
               dt > 0 ? (double)c->tokens / dt : 0.0);
     rc = 0;
 out:
-    fsdp_gpt2_destroy(model);
+    fsdp_model_destroy(model);
     free(probs);
     free(logits);
     free(cand);
     free(seq);
     free(units);
     fsdp_free(params);
-    fsdp_gpt2_spec_destroy(spec);
+    fsdp_model_spec_destroy(spec);
     return rc;
 }
 

@@ -10,6 +10,7 @@
 #include "io/ckpt.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
+#include "model/gpt2_spec.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
@@ -101,7 +102,7 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
     const char *in = argv[optind];
     struct fsdp_ckpt *ck = NULL;
     struct fsdp_model_file *mf = NULL;
-    const struct fsdp_gpt2_spec *s;
+    const struct fsdp_model_spec *s;
     if (fsdp_ckpt_is_checkpoint(in)) {
         if ((rc = fsdp_ckpt_open(in, &ck)) < 0) {
             fsdp_die(rc, "fsdpc-ckpt export-safetensors", NULL);
@@ -113,9 +114,13 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
         }
         s = fsdp_model_file_spec(mf);
     }
+    if (s->arch != &fsdp_gpt2_arch) {
+        fsdp_fatal("fsdpc-ckpt export-safetensors: %s is a %s model; the Hugging Face names are "
+                   "known for gpt2 only", in, s->arch->name);
+    }
     struct fsdp_st_entry *e = calloc(s->n_params, sizeof(*e));
     char (*names)[FSDP_ST_NAME_MAX] = calloc(s->n_params, sizeof(*names));
-    size_t big = fsdp_gpt2_spec_largest(s);
+    size_t big = fsdp_model_spec_largest(s);
     float *a = fsdp_alloc(big * sizeof(float)), *b = fsdp_alloc(big * sizeof(float));
     uint16_t *h = fsdp_alloc(big * sizeof(uint16_t));
     if (!e || !names || !a || !b || !h) {
@@ -131,9 +136,9 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
         e[i].shape[1] = st_is_conv1d(p) ? p->shape[0] : p->shape[1];
     }
     char nh[32], eps[32], ctx[32];
-    snprintf(nh, sizeof(nh), "%d", s->cfg.n_head);
-    snprintf(eps, sizeof(eps), "%.9g", (double)s->cfg.ln_eps);
-    snprintf(ctx, sizeof(ctx), "%d", s->cfg.context);
+    snprintf(nh, sizeof(nh), "%d", fsdp_gpt2_cfg(s)->n_head);
+    snprintf(eps, sizeof(eps), "%.9g", (double)fsdp_gpt2_cfg(s)->ln_eps);
+    snprintf(ctx, sizeof(ctx), "%d", fsdp_gpt2_cfg(s)->context);
     const char *meta[] = {"format", "pt", "fsdpc_n_head", nh, "fsdpc_ln_eps", eps,
                           "fsdpc_context", ctx};
     struct fsdp_st_writer *w = NULL;
@@ -284,7 +289,7 @@ static int st_tied(struct fsdp_safetensors *st, void *x, void *y, int *tied)
     return 0;
 }
 
-static int st_check_tensors(const struct fsdp_safetensors *st, const struct fsdp_gpt2_spec *s)
+static int st_check_tensors(const struct fsdp_safetensors *st, const struct fsdp_model_spec *s)
 {
     for (size_t i = 0; i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
@@ -309,7 +314,7 @@ static int st_check_tensors(const struct fsdp_safetensors *st, const struct fsdp
         size_t bl = strlen(bare);
         int buffer = (bl > 10 && strcmp(bare + bl - 10, ".attn.bias") == 0) ||
                      (bl > 17 && strcmp(bare + bl - 17, ".attn.masked_bias") == 0);
-        if (!buffer && strcmp(n, "lm_head.weight") != 0 && fsdp_gpt2_spec_find(s, bare) < 0) {
+        if (!buffer && strcmp(n, "lm_head.weight") != 0 && fsdp_model_spec_find(s, bare) < 0) {
             return fsdp_err(FSDP_ERR_FORMAT, "%s: unexpected tensor '%s' (not a GPT-2 parameter)",
                             st->path, n);
         }
@@ -362,7 +367,7 @@ int fsdp_ckpt_cmd_import_st(int argc, char **argv)
     }
     struct fsdp_safetensors *st;
     struct fsdp_gpt2_config cfg;
-    struct fsdp_gpt2_spec *s = NULL;
+    struct fsdp_model_spec *s = NULL;
     const char *what = "fsdpc-ckpt import-safetensors";
     if ((rc = fsdp_safetensors_open(argv[optind], &st)) < 0 ||
         (rc = st_infer(st, heads, eps, &cfg)) < 0) {
@@ -418,7 +423,7 @@ int fsdp_ckpt_cmd_import_st(int argc, char **argv)
     fsdp_free(raw);
     fsdp_free(a);
     fsdp_free(b);
-    fsdp_gpt2_spec_destroy(s);
+    fsdp_model_spec_destroy(s);
     fsdp_safetensors_close(st);
     return 0;
 }

@@ -417,13 +417,6 @@ void fsdp_ckpt_cadence_destroy(struct fsdp_ckpt_cadence *c)
     free(c);
 }
 
-static int cad_same_model(const struct fsdp_gpt2_config *a, const struct fsdp_gpt2_config *b)
-{
-    return a->vocab_size == b->vocab_size && a->context == b->context &&
-           a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
-           a->tied == b->tied;
-}
-
 int fsdp_ckpt_resume(struct fsdp_trainer *t)
 {
     const struct fsdp_train_config *cfg = t->cfg;
@@ -447,11 +440,22 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     const double t_load = fsdp_now();
     FSDP_CHECK(fsdp_ckpt_open(path, &ck));
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
-    const struct fsdp_gpt2_config *have = &fsdp_ckpt_spec(ck)->cfg;
-    if (!cad_same_model(have, &t->engine->spec->cfg)) {
-        rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: the checkpoint's model (L=%d C=%d V=%d) is not "
-                      "the model of %s", fsdp_ckpt_dir(ck), have->n_layer, have->n_embd,
-                      have->vocab_size, cfg->model);
+    const struct fsdp_model_spec *have = fsdp_ckpt_spec(ck), *want = t->engine->spec;
+    int k = have->arch == want->arch ? fsdp_attrs_diff(want->arch, have->cfg, want->cfg) : -2;
+    if (k != -1) {
+        char hs[256];
+        fsdp_arch_describe(have->arch, have->cfg, hs, sizeof(hs));
+        if (k >= 0) {
+            const struct fsdp_attr_desc *a = &want->arch->attrs[k];
+            rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: the checkpoint's model (%s %s) is not the "
+                          "model of %s: %s is %g in the checkpoint and %g in the model",
+                          fsdp_ckpt_dir(ck), have->arch->name, hs, cfg->model, a->name,
+                          fsdp_attr_get(a, have->cfg), fsdp_attr_get(a, want->cfg));
+        } else {
+            rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: the checkpoint's model (%s %s) is not the "
+                          "model of %s (%s)", fsdp_ckpt_dir(ck), have->arch->name, hs, cfg->model,
+                          want->arch->name);
+        }
         goto out;
     }
     struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};

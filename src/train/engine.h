@@ -19,17 +19,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "optim/optim.h"
+
 struct fsdp_ckpt;
 struct fsdp_ckpt_meta;
 struct fsdp_dataloader;
-struct fsdp_gpt2_spec;
+struct fsdp_model_spec;
 
-/* AdamW and clipping settings an engine needs (the learning rate comes per step). */
-struct fsdp_optim_config {
-    float beta1, beta2, eps;
-    float weight_decay; /* applied where the parameter table says decay */
-    float clip;         /* max global gradient norm; 0: no clipping */
-};
 
 /* What one optimizer step reports. */
 struct fsdp_step_result {
@@ -85,7 +81,7 @@ struct fsdp_train_engine_ops {
 
 struct fsdp_train_engine {
     const struct fsdp_train_engine_ops *ops;
-    const struct fsdp_gpt2_spec *spec; /* the model's parameter table (engine-owned) */
+    const struct fsdp_model_spec *spec; /* the model's parameter table (engine-owned) */
     double flops_per_token;            /* training FLOPs per token at the engine's (B, T) */
     void *impl;
 };

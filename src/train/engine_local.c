@@ -19,6 +19,7 @@
 #include "io/tokens.h"
 #include "compute/kernels.h"
 #include "model/gpt2.h"
+#include "optim/optim.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -26,11 +27,10 @@
 #include <string.h>
 
 struct local_engine {
-    struct fsdp_gpt2_spec *spec;
+    struct fsdp_model_spec *spec;
     struct fsdp_gpt2 *model;
-    struct fsdp_optim_config oc;
+    struct fsdp_optimizer opt; /* AdamW over whole units */
     int B, T;
-    long adam_step; /* AdamW steps taken (bias correction counts from 1) */
     float *params;  /* (N,) all units, unit after unit */
     float *grads;   /* (N,) */
     float *m;       /* (N,) first moment */
@@ -51,7 +51,7 @@ static int local_step(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, i
                       struct fsdp_step_result *out)
 {
     struct local_engine *le = local_impl(e);
-    const struct fsdp_gpt2_spec *s = le->spec;
+    const struct fsdp_model_spec *s = le->spec;
     double loss_sum = 0.0;
 
     FSDP_CHECK(fsdp_gpt2_zero_grad(le->model, -1));
@@ -72,21 +72,13 @@ static int local_step(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, i
                         "gradient norm is %g (loss %g): parameters left unchanged; lower the learning rate or check the data",
                         out->grad_norm, out->loss);
     }
-    out->clip_coef = le->oc.clip > 0.0f ? fsdp_cpu_clip_coef(sumsq, le->oc.clip) : 1.0f;
-
-    struct fsdp_adamw_params hp = {
-        .lr = (float)lr,
-        .beta1 = le->oc.beta1,
-        .beta2 = le->oc.beta2,
-        .eps = le->oc.eps,
-        .weight_decay = le->oc.weight_decay,
-        .step = ++le->adam_step,
-    };
+    out->clip_coef = le->opt.oc.clip > 0.0f ? fsdp_cpu_clip_coef(sumsq, le->opt.oc.clip) : 1.0f;
+    fsdp_optimizer_begin(&le->opt, lr);
     for (int u = 0; u < s->n_units; u++) {
         size_t off = le->unit_off[u];
-        FSDP_CHECK(fsdp_gpt2_adamw_range(s, u, 0, s->unit_numel[u], le->params + off,
-                                         le->grads + off, le->m + off, le->v + off, &hp,
-                                         (float)out->clip_coef));
+        float *state[2] = {le->m + off, le->v + off};
+        FSDP_CHECK(fsdp_optimizer_update(&le->opt, u, 0, s->unit_numel[u], le->params + off,
+                                         le->grads + off, state, (float)out->clip_coef));
     }
     return 0;
 }
@@ -113,7 +105,7 @@ static int local_ckpt_save(struct fsdp_train_engine *e, const char *dir,
                            const struct fsdp_ckpt_meta *meta)
 {
     struct local_engine *le = local_impl(e);
-    const struct fsdp_gpt2_spec *s = le->spec;
+    const struct fsdp_model_spec *s = le->spec;
     struct fsdp_ckpt_shard_writer *w = NULL;
     int rc;
     FSDP_CHECK(fsdp_ckpt_shard_create(dir, 0, 1, meta->step, s, &w));
@@ -129,7 +121,7 @@ static int local_ckpt_save(struct fsdp_train_engine *e, const char *dir,
     m.world_size = 1;
     snprintf(m.mesh, sizeof(m.mesh), "single rank");
     snprintf(m.backends, sizeof(m.backends), "none");
-    m.adam_step = le->adam_step;
+    m.adam_step = le->opt.step;
     m.loss_scale = 1.0;
     m.scale_good_steps = 0;
     m.skipped_steps = 0;
@@ -142,7 +134,7 @@ out:
 static int local_ckpt_load(struct fsdp_train_engine *e, struct fsdp_ckpt *ck)
 {
     struct local_engine *le = local_impl(e);
-    const struct fsdp_gpt2_spec *s = le->spec;
+    const struct fsdp_model_spec *s = le->spec;
     float *dst[FSDP_CKPT_NKINDS] = {le->params, le->m, le->v};
     for (size_t i = 0; i < s->n_params; i++) {
         size_t off = le->unit_off[s->params[i].unit] + s->params[i].offset;
@@ -151,7 +143,7 @@ static int local_ckpt_load(struct fsdp_train_engine *e, struct fsdp_ckpt *ck)
                                            s->params[i].shape[0], dst[k] + off));
         }
     }
-    le->adam_step = fsdp_ckpt_meta(ck)->adam_step;
+    le->opt.step = fsdp_ckpt_meta(ck)->adam_step;
     return 0;
 }
 
@@ -189,7 +181,7 @@ static void local_destroy(struct fsdp_train_engine *e)
         fsdp_free(le->v);
         free(le->units);
         free(le->unit_off);
-        fsdp_gpt2_spec_destroy(le->spec);
+        fsdp_model_spec_destroy(le->spec);
         free(le);
     }
     free(e);
@@ -213,7 +205,7 @@ static const struct fsdp_train_engine_ops local_ops = {
 
 static int local_alloc(struct local_engine *le)
 {
-    const struct fsdp_gpt2_spec *s = le->spec;
+    const struct fsdp_model_spec *s = le->spec;
     size_t bytes = s->total_numel * sizeof(float);
     le->units = calloc((size_t)s->n_units, sizeof(*le->units));
     le->unit_off = calloc((size_t)s->n_units, sizeof(*le->unit_off));
@@ -239,7 +231,6 @@ int fsdp_local_engine_create(const char *model_path, int B, int T, int head_chun
 {
     struct fsdp_train_engine *e = calloc(1, sizeof(*e));
     struct local_engine *le = calloc(1, sizeof(*le));
-    struct fsdp_gpt2_config mc;
     int rc;
     if (!e || !le) {
         free(e);
@@ -248,11 +239,10 @@ int fsdp_local_engine_create(const char *model_path, int B, int T, int head_chun
     }
     e->ops = &local_ops;
     e->impl = le;
-    le->oc = *oc;
     le->B = B;
     le->T = T;
-    FSDP_CHECK_GOTO(fsdp_model_file_read_config(model_path, &mc), rc, err);
-    FSDP_CHECK_GOTO(fsdp_gpt2_spec_create(&mc, &le->spec), rc, err);
+    FSDP_CHECK_GOTO(fsdp_model_file_read_spec(model_path, &le->spec), rc, err);
+    fsdp_adamw_init(&le->opt, oc, le->spec);
     FSDP_CHECK_GOTO(local_alloc(le), rc, err);
     FSDP_CHECK_GOTO(fsdp_model_file_read(model_path, le->spec, le->units), rc, err);
     FSDP_CHECK_GOTO(fsdp_gpt2_create(le->spec, B, T, &le->model), rc, err);

@@ -16,7 +16,7 @@
 #include "fsdp/fsdp.h"
 #include "io/model_file.h"
 #include "io/tokens.h"
-#include "model/gpt2_spec.h"
+#include "model/model.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -98,7 +98,7 @@ static int trainer_open_data(struct fsdp_trainer *t, const char *path, const cha
     if (rc == 0) {
         rc = fsdp_dataloader_create(mine, (size_t)c->batch_size, (size_t)c->seq_len,
                                     *per_rank ? 0 : trainer_rank(t), *per_rank ? 1 : trainer_world(t),
-                                    t->engine->spec->cfg.vocab_size, out);
+                                    t->engine->spec->vocab_size, out);
     }
     return rc < 0 ? trainer_blame(rc, what) : 0;
 }
@@ -201,16 +201,19 @@ int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *d
     fsdp_lr_schedule_init(&t->sched, cfg);
     openblas_set_num_threads((int)cfg->threads);
 
-    struct fsdp_gpt2_config mc;
+    struct fsdp_model_spec *ms = NULL;
     FSDP_CHECK_GOTO(trainer_check_out(cfg->out), rc, err_free);
-    rc = fsdp_model_file_read_config(cfg->model, &mc);
+    FSDP_CHECK_GOTO(fsdp_model_registry_init(), rc, err_free);
+    rc = fsdp_model_file_read_spec(cfg->model, &ms);
     if (rc < 0) {
         rc = trainer_blame(rc, "model");
         goto err_free;
     }
-    if (cfg->seq_len > mc.context) {
+    int context = ms->context;
+    fsdp_model_spec_destroy(ms);
+    if (cfg->seq_len > context) {
         rc = fsdp_err(FSDP_ERR_INVALID, "seq-len %ld is longer than the context %d of model %s",
-                      cfg->seq_len, mc.context, cfg->model);
+                      cfg->seq_len, context, cfg->model);
         goto err_free;
     }
     FSDP_CHECK_GOTO(trainer_open_engine(t), rc, err_free);
@@ -280,12 +283,13 @@ static size_t trainer_step_tokens(const struct fsdp_trainer *t)
 void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
 {
     const struct fsdp_train_config *c = t->cfg;
-    const struct fsdp_gpt2_config *mc = &t->engine->spec->cfg;
+    const struct fsdp_model_spec *ms = t->engine->spec;
     size_t step_tokens = trainer_step_tokens(t);
     size_t n_train = fsdp_tokens_count(t->train->tokens);
-    fprintf(fp, "model: %s | gpt2 L=%d NH=%d C=%d V=%d context=%d %s | %.2fM parameters\n",
-            c->model, mc->n_layer, mc->n_head, mc->n_embd, mc->vocab_size, mc->context,
-            mc->tied ? "tied" : "untied", (double)t->engine->spec->total_numel / 1e6);
+    char arch[256];
+    fsdp_arch_describe(ms->arch, ms->cfg, arch, sizeof(arch));
+    fprintf(fp, "model: %s | %s %s | %.2fM parameters\n", c->model, ms->arch->name, arch,
+            (double)ms->total_numel / 1e6);
     if (t->per_rank_data) {
         fprintf(fp, "data: %s, one file per rank | rank 0: %s, %zu tokens\n", c->data,
                 fsdp_tokens_path(t->train->tokens), n_train);

@@ -84,7 +84,7 @@ expect shape shape:h.0.ln_1.weight "dataset /model/h.0.ln_1.weight has shape (12
 expect shape2 shape:wte.weight "dataset /model/wte.weight has shape (255, 128) but vocab_size=256, n_embd=128 needs (256, 128)"
 expect missing missing:h.1.attn.c_attn.bias "dataset /model/h.1.attn.c_attn.bias is missing"
 expect extra extra:h.0.attn.bias "unexpected entry /model/h.0.attn.bias"
-expect lm-head-tied extra:lm_head.weight "unexpected entry /model/lm_head.weight (not a parameter of this tied model)"
+expect lm-head-tied extra:lm_head.weight "unexpected entry /model/lm_head.weight (not a parameter of this gpt2 model: L=2 NH=4 C=128 V=256 context=128 tied)"
 expect int int:h.0.mlp.c_fc.weight "dataset /model/h.0.mlp.c_fc.weight has integer type; parameters must be floating point"
 expect group group:ln_f.bias "/model/ln_f.bias is not a dataset"
 expect no-model no-model "group /model is missing"

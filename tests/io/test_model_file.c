@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "io/model_file.h"
 #include "model/gpt2_spec.h"
+#include "model/model.h"
 #include "tests/tap.h"
 
 #include <hdf5.h>
@@ -57,7 +58,7 @@ static float rnd_float(size_t i)
 }
 
 struct model {
-    struct fsdp_gpt2_spec *spec;
+    struct fsdp_model_spec *spec;
     float **units; /* (n_units,) */
 };
 
@@ -132,10 +133,13 @@ static void test_round_trip(int tied)
     tap_ok(access(tpath(tied ? "tied.h5.tmp" : "untied.h5.tmp"), F_OK) != 0,
            "%s: no .tmp left after commit", tied ? "tied" : "untied");
 
-    struct fsdp_gpt2_config cfg;
-    rc = fsdp_model_file_read_config(path, &cfg);
-    tap_ok(rc == 0 && memcmp(&cfg, &m.spec->cfg, sizeof(cfg)) == 0, "%s: read_config",
-           tied ? "tied" : "untied");
+    struct fsdp_model_spec *rs = NULL;
+    rc = fsdp_model_file_read_spec(path, &rs);
+    tap_ok(rc == 0 && rs->arch == m.spec->arch &&
+               memcmp(rs->cfg, m.spec->cfg, sizeof(struct fsdp_gpt2_config)) == 0 &&
+               rs->n_params == m.spec->n_params,
+           "%s: read_spec", tied ? "tied" : "untied");
+    fsdp_model_spec_destroy(rs);
 
     float **got = units_like(&m);
     rc = fsdp_model_file_read(path, m.spec, got);
@@ -149,23 +153,23 @@ static void test_round_trip(int tied)
         fsdp_err_clear();
         return;
     }
-    const struct fsdp_gpt2_spec *fs = fsdp_model_file_spec(mf);
+    const struct fsdp_model_spec *fs = fsdp_model_file_spec(mf);
     tap_ok(fs->n_params == m.spec->n_params && fs->total_numel == m.spec->total_numel &&
-               (fsdp_gpt2_spec_find(fs, "lm_head.weight") >= 0) == !tied,
+               (fsdp_model_spec_find(fs, "lm_head.weight") >= 0) == !tied,
            "%s: file spec has %zu tensors", tied ? "tied" : "untied", fs->n_params);
     tap_ok(strcmp(fsdp_model_file_created_by(mf), "test_model_file") == 0 &&
                strcmp(fsdp_model_file_tensor_dtype(mf, 0), "f32") == 0,
            "created_by and dtype");
 
     /* rows of a 2-D and a 1-D tensor, a column block, and bad ranges */
-    long wi = fsdp_gpt2_spec_find(fs, "h.1.mlp.c_fc.weight");
+    long wi = fsdp_model_spec_find(fs, "h.1.mlp.c_fc.weight");
     const struct fsdp_param_spec *p = &fs->params[wi];
     const float *ref = m.units[p->unit] + p->offset;
     float buf[4096];
     rc = fsdp_model_file_read_rows(mf, p->name, 5, 7, buf);
     tap_ok(rc == 0 && same_bits(ref + 5 * p->shape[1], buf, 7 * p->shape[1], "rows"),
            "read_rows 2-D rows [5, 12)");
-    long bi = fsdp_gpt2_spec_find(fs, "h.0.attn.c_attn.bias");
+    long bi = fsdp_model_spec_find(fs, "h.0.attn.c_attn.bias");
     const struct fsdp_param_spec *pb = &fs->params[bi];
     rc = fsdp_model_file_read_rows(mf, pb->name, 10, pb->shape[0] - 10, buf);
     tap_ok(rc == 0 &&
@@ -188,18 +192,18 @@ static void test_round_trip(int tied)
     fsdp_model_file_close(mf);
 
     /* a spec that disagrees with the file */
-    struct fsdp_gpt2_config c2 = m.spec->cfg;
-    struct fsdp_gpt2_spec *s2;
+    struct fsdp_gpt2_config c2 = *fsdp_gpt2_cfg(m.spec);
+    struct fsdp_model_spec *s2;
     c2.n_layer = 3;
     fsdp_gpt2_spec_create(&c2, &s2);
     rc = fsdp_model_file_read(path, s2, got);
     tap_ok(rc == FSDP_ERR_MISMATCH && strstr(fsdp_err_msg(), "n_layer is 2 in the file"),
            "config mismatch named: %s", fsdp_err_msg());
     fsdp_err_clear();
-    fsdp_gpt2_spec_destroy(s2);
+    fsdp_model_spec_destroy(s2);
     units_free(&m, got);
     units_free(&m, m.units);
-    fsdp_gpt2_spec_destroy(m.spec);
+    fsdp_model_spec_destroy(m.spec);
 }
 
 /* f16 / bf16 stored by our writer: reads give exactly the rounded values. */
@@ -241,7 +245,7 @@ static void test_half_storage(enum fsdp_dtype dt)
     fsdp_model_file_close(mf);
     units_free(&m, got);
     units_free(&m, m.units);
-    fsdp_gpt2_spec_destroy(m.spec);
+    fsdp_model_spec_destroy(m.spec);
 }
 
 static hid_t make_16bit(hid_t base, size_t mant, size_t exp, size_t bias)
@@ -286,7 +290,7 @@ static void test_foreign_types(void)
                       H5Tcopy(H5T_IEEE_F64BE)};
     const char *want[3] = {"f16", "bf16", "f64"};
     for (int k = 0; k < 3; k++) {
-        const struct fsdp_param_spec *p = &m.spec->params[fsdp_gpt2_spec_find(m.spec, names[k])];
+        const struct fsdp_param_spec *p = &m.spec->params[fsdp_model_spec_find(m.spec, names[k])];
         float *v = m.units[p->unit] + p->offset;
         for (size_t i = 0; i < p->numel; i++) {
             v[i] = (float)((int)(rnd() % 511) - 255) / 64.0f; /* 8 bits: exact in bf16 */
@@ -294,7 +298,7 @@ static void test_foreign_types(void)
     }
     int rc = fsdp_model_file_write(path, m.spec, (const float *const *)m.units, NULL);
     for (int k = 0; k < 3 && rc == 0; k++) {
-        const struct fsdp_param_spec *p = &m.spec->params[fsdp_gpt2_spec_find(m.spec, names[k])];
+        const struct fsdp_param_spec *p = &m.spec->params[fsdp_model_spec_find(m.spec, names[k])];
         rc = rewrite(path, names[k], types[k], m.units[p->unit] + p->offset);
         H5Tclose(types[k]);
     }
@@ -307,7 +311,7 @@ static void test_foreign_types(void)
         return;
     }
     for (int k = 0; k < 3; k++) {
-        long i = fsdp_gpt2_spec_find(m.spec, names[k]);
+        long i = fsdp_model_spec_find(m.spec, names[k]);
         const struct fsdp_param_spec *p = &m.spec->params[i];
         float *buf = malloc(p->numel * sizeof(float));
         rc = fsdp_model_file_read_rows(mf, names[k], 0, p->shape[0], buf);
@@ -318,7 +322,7 @@ static void test_foreign_types(void)
     }
     fsdp_model_file_close(mf);
     units_free(&m, m.units);
-    fsdp_gpt2_spec_destroy(m.spec);
+    fsdp_model_spec_destroy(m.spec);
 }
 
 static void test_writer_commit(void)
@@ -347,11 +351,12 @@ static void test_writer_commit(void)
     tap_ok(rc == FSDP_ERR_INVALID, "writer: i32 storage rejected: %s", fsdp_err_msg());
     fsdp_err_clear();
     units_free(&m, m.units);
-    fsdp_gpt2_spec_destroy(m.spec);
+    fsdp_model_spec_destroy(m.spec);
 }
 
 int main(void)
 {
+    fsdp_model_registry_init();
     snprintf(dir, sizeof(dir), "/tmp/fsdpc-mf-XXXXXX");
     if (!mkdtemp(dir)) {
         perror("mkdtemp");

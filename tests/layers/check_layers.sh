@@ -21,9 +21,10 @@ layer_of() {
     src/comm/*) echo 4 ;;
     src/compute/*) echo 5 ;;
     src/model/*) echo 6 ;;
-    src/fsdp/*) echo 7 ;;
-    src/train/*) echo 8 ;;
-    src/programs/*) echo 9 ;;
+    src/optim/*) echo 7 ;;
+    src/fsdp/*) echo 8 ;;
+    src/train/*) echo 9 ;;
+    src/programs/*) echo 10 ;;
     *) echo "" ;;
     esac
 }
@@ -44,7 +45,7 @@ for f in $(find src io backends -name '*.[ch]' -o -name '*.cu' | sort); do
         lh=$(layer_of "$hp")
         if [ -n "$lh" ] && [ "$lh" -gt "$lf" ]; then
             echo "$f -> $h"
-        elif [ "$lf" -eq 7 ] && [ "$lh" = 1 ]; then
+        elif [ "$lf" -eq 8 ] && [ "$lh" = 1 ]; then
             echo "$f -> $h"
         fi
     done

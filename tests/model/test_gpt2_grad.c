@@ -15,6 +15,7 @@
  */
 #include "config.h"
 #include "model/gpt2.h"
+#include "optim/optim.h"
 #include "core/error.h"
 #include "tests/kernels/ref_kernels.h"
 #include "tests/tap.h"
@@ -34,7 +35,7 @@ struct bufs {
     double **pd;     /* (n,) double copies of params for the reference */
 };
 
-static void bufs_alloc(struct bufs *b, const struct fsdp_gpt2_spec *s)
+static void bufs_alloc(struct bufs *b, const struct fsdp_model_spec *s)
 {
     b->n = s->n_units;
     b->p = calloc((size_t)b->n, sizeof(float *));
@@ -56,9 +57,9 @@ static void bufs_free(struct bufs *b)
 // ----------------------------------------------------------------------------
 // double-precision reference model, addressed by parameter name
 
-static double *P(const struct fsdp_gpt2_spec *s, double *const *units, const char *name)
+static double *P(const struct fsdp_model_spec *s, double *const *units, const char *name)
 {
-    long i = fsdp_gpt2_spec_find(s, name);
+    long i = fsdp_model_spec_find(s, name);
     if (i < 0) {
         fprintf(stderr, "reference: no parameter %s\n", name);
         abort();
@@ -66,10 +67,10 @@ static double *P(const struct fsdp_gpt2_spec *s, double *const *units, const cha
     return units[s->params[i].unit] + s->params[i].offset;
 }
 
-static double ref_gpt2_loss(const struct fsdp_gpt2_spec *s, double *const *u, const int32_t *tok,
+static double ref_gpt2_loss(const struct fsdp_model_spec *s, double *const *u, const int32_t *tok,
                             const int32_t *tgt, int B, int T, int32_t ignore)
 {
-    const struct fsdp_gpt2_config *c = &s->cfg;
+    const struct fsdp_gpt2_config *c = fsdp_gpt2_cfg(s);
     size_t BT = (size_t)B * T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
     double *x = malloc(BT * C * sizeof(double)), *ln = malloc(BT * C * sizeof(double));
     double *qkv = malloc(BT * 3 * C * sizeof(double)), *y = malloc(BT * C * sizeof(double));
@@ -102,11 +103,11 @@ static double ref_gpt2_loss(const struct fsdp_gpt2_spec *s, double *const *u, co
 
 // ----------------------------------------------------------------------------
 
-static struct fsdp_gpt2_spec *make_spec(int tied)
+static struct fsdp_model_spec *make_spec(int tied)
 {
     struct fsdp_gpt2_config cfg = {.vocab_size = 32, .context = TT, .n_layer = 2, .n_head = 2,
                                    .n_embd = 16, .ln_eps = 1e-5f, .tied = tied};
-    struct fsdp_gpt2_spec *s = NULL;
+    struct fsdp_model_spec *s = NULL;
     if (fsdp_gpt2_spec_create(&cfg, &s) < 0) {
         fprintf(stderr, "spec: %s\n", fsdp_err_msg());
         abort();
@@ -115,9 +116,9 @@ static struct fsdp_gpt2_spec *make_spec(int tied)
 }
 
 /* init, then perturb every element so biases and norms are not trivial */
-static void fill_params(const struct fsdp_gpt2_spec *s, struct bufs *b)
+static void fill_params(const struct fsdp_model_spec *s, struct bufs *b)
 {
-    fsdp_gpt2_init_params(s, 1234, b->p);
+    fsdp_model_init_params(s, 1234, b->p);
     for (int u = 0; u < b->n; u++) {
         for (size_t i = 0; i < s->unit_numel[u]; i++) {
             b->p[u][i] += (float)(0.1 * ref_rand(&rng));
@@ -136,7 +137,7 @@ static int run_step(struct fsdp_gpt2 *m, struct bufs *b, const int32_t *tok, con
 }
 
 /* copies of all grads, for bit comparisons */
-static float **snap(const struct fsdp_gpt2_spec *s, struct bufs *b)
+static float **snap(const struct fsdp_model_spec *s, struct bufs *b)
 {
     float **c = calloc((size_t)b->n, sizeof(float *));
     for (int u = 0; u < b->n; u++) {
@@ -146,7 +147,7 @@ static float **snap(const struct fsdp_gpt2_spec *s, struct bufs *b)
     return c;
 }
 
-static size_t diff_bits(const struct fsdp_gpt2_spec *s, float **a, float **b, float mul)
+static size_t diff_bits(const struct fsdp_model_spec *s, float **a, float **b, float mul)
 {
     size_t bad = 0;
     for (int u = 0; u < s->n_units; u++) {
@@ -158,7 +159,7 @@ static size_t diff_bits(const struct fsdp_gpt2_spec *s, float **a, float **b, fl
     return bad;
 }
 
-static void free_snap(const struct fsdp_gpt2_spec *s, float **c)
+static void free_snap(const struct fsdp_model_spec *s, float **c)
 {
     for (int u = 0; u < s->n_units; u++) free(c[u]);
     free(c);
@@ -166,7 +167,7 @@ static void free_snap(const struct fsdp_gpt2_spec *s, float **c)
 
 static void test_model(int tied)
 {
-    struct fsdp_gpt2_spec *s = make_spec(tied);
+    struct fsdp_model_spec *s = make_spec(tied);
     struct bufs b;
     bufs_alloc(&b, s);
     fill_params(s, &b);
@@ -276,15 +277,15 @@ static void test_model(int tied)
     free_snap(s, g0);
     fsdp_gpt2_destroy(m);
     bufs_free(&b);
-    fsdp_gpt2_spec_destroy(s);
+    fsdp_model_spec_destroy(s);
 }
 
 /* The head in chunks of k rows against one chunk of all BT rows. */
 static void test_head_chunks(int tied)
 {
     const char *name = tied ? "tied" : "untied";
-    struct fsdp_gpt2_spec *s = make_spec(tied);
-    const size_t BT = TB * TT, V = (size_t)s->cfg.vocab_size;
+    struct fsdp_model_spec *s = make_spec(tied);
+    const size_t BT = TB * TT, V = (size_t)s->vocab_size;
     struct bufs b;
     bufs_alloc(&b, s);
     fill_params(s, &b);
@@ -351,12 +352,12 @@ static void test_head_chunks(int tied)
     free_snap(s, g0);
     fsdp_gpt2_destroy(m);
     bufs_free(&b);
-    fsdp_gpt2_spec_destroy(s);
+    fsdp_model_spec_destroy(s);
 }
 
 static void test_errors(void)
 {
-    struct fsdp_gpt2_spec *s = make_spec(1);
+    struct fsdp_model_spec *s = make_spec(1);
     struct bufs b;
     bufs_alloc(&b, s);
     fill_params(s, &b);
@@ -419,7 +420,7 @@ static void test_errors(void)
     fsdp_err_clear();
     fsdp_gpt2_destroy(m);
     bufs_free(&b);
-    fsdp_gpt2_spec_destroy(s);
+    fsdp_model_spec_destroy(s);
 }
 
 /*
@@ -444,18 +445,22 @@ static int expect_decay(const char *name)
  * moments, applied in two pieces that split a parameter as two shards would:
  * only decay can move a value. Counts wrong elements; returns how many
  * tensors moved. */
-static size_t adamw_decay_check(const struct fsdp_gpt2_spec *s, int u, const float *p0, float *p,
+static size_t adamw_decay_check(const struct fsdp_model_spec *s, int u, const float *p0, float *p,
                                 size_t *wrong)
 {
     size_t n = s->unit_numel[u], moved = 0;
     float *g = calloc(n, sizeof(float)), *mm = calloc(n, sizeof(float));
     float *vv = calloc(n, sizeof(float));
-    struct fsdp_adamw_params hp = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                                   .weight_decay = 0.5f, .step = 1};
+    struct fsdp_optim_config oc = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                   .weight_decay = 0.5f};
+    struct fsdp_optimizer opt;
+    fsdp_adamw_init(&opt, &oc, s);
+    fsdp_optimizer_begin(&opt, 0.1);
     memcpy(p, p0, n * sizeof(float));
     size_t cut = n / 2 + 1 < n ? n / 2 + 1 : n;
-    fsdp_gpt2_adamw_range(s, u, 0, cut, p, g, mm, vv, &hp, 1.0f);
-    fsdp_gpt2_adamw_range(s, u, cut, n - cut, p + cut, g + cut, mm + cut, vv + cut, &hp, 1.0f);
+    float *st0[2] = {mm, vv}, *st1[2] = {mm + cut, vv + cut};
+    fsdp_optimizer_update(&opt, u, 0, cut, p, g, st0, 1.0f);
+    fsdp_optimizer_update(&opt, u, cut, n - cut, p + cut, g + cut, st1, 1.0f);
     for (size_t pi = s->unit_first[u]; pi < s->n_params && s->params[pi].unit == u; pi++) {
         const struct fsdp_param_spec *q = &s->params[pi];
         float f = expect_decay(q->name) ? (float)(1.0 - 0.1 * 0.5) : 1.0f;
@@ -472,10 +477,10 @@ static size_t adamw_decay_check(const struct fsdp_gpt2_spec *s, int u, const flo
 
 static void test_init(void)
 {
-    struct fsdp_gpt2_spec *s = make_spec(1), *su = make_spec(0);
+    struct fsdp_model_spec *s = make_spec(1), *su = make_spec(0);
     struct bufs a, b, c;
     bufs_alloc(&a, s), bufs_alloc(&b, s), bufs_alloc(&c, su);
-    fsdp_gpt2_init_params(s, 42, a.p);
+    fsdp_model_init_params(s, 42, a.p);
     /* FSDP-style shards: ceil(numel / ws) per rank, the last one short */
     size_t bad = 0;
     for (int ws = 1; ws <= 5; ws++) {
@@ -485,23 +490,23 @@ static void test_init(void)
             for (int r = 0; r < ws; r++) {
                 size_t lo = (size_t)r * per < n ? (size_t)r * per : n;
                 size_t hi = lo + per < n ? lo + per : n;
-                if (fsdp_gpt2_init_range(s, 42, u, lo, hi - lo, b.p[u] + lo) < 0) bad++;
+                if (fsdp_model_init_range(s, 42, u, lo, hi - lo, b.p[u] + lo) < 0) bad++;
             }
             bad += memcmp(a.p[u], b.p[u], n * sizeof(float)) != 0;
         }
     }
     tap_ok(bad == 0, "init of shards for world sizes 1..5 equals the single-rank init (%zu differ)", bad);
-    fsdp_gpt2_init_params(su, 42, c.p);
+    fsdp_model_init_params(su, 42, c.p);
     tap_ok(memcmp(a.p[0], c.p[0], s->unit_numel[0] * sizeof(float)) == 0 &&
                memcmp(a.p[1], c.p[1], s->unit_numel[1] * sizeof(float)) == 0,
            "init of a parameter does not depend on the rest of the table (tied vs untied)");
-    fsdp_gpt2_init_params(s, 43, b.p);
+    fsdp_model_init_params(s, 43, b.p);
     tap_ok(memcmp(a.p[0], b.p[0], 64) != 0, "another seed gives other values");
     /* statistics: wte ~ N(0, 0.02), c_proj ~ N(0, 0.02 / sqrt(2L)), norms 1, biases 0 */
     const struct { const char *name; double std; } chk[] = {
         {"wte.weight", 0.02}, {"h.0.attn.c_proj.weight", 0.01}, {"h.1.mlp.c_fc.weight", 0.02}};
     for (size_t k = 0; k < sizeof(chk) / sizeof(chk[0]); k++) {
-        const struct fsdp_param_spec *p = &s->params[fsdp_gpt2_spec_find(s, chk[k].name)];
+        const struct fsdp_param_spec *p = &s->params[fsdp_model_spec_find(s, chk[k].name)];
         const float *x = a.p[p->unit] + p->offset;
         double m = 0, v = 0;
         for (size_t i = 0; i < p->numel; i++) m += x[i];
@@ -511,12 +516,12 @@ static void test_init(void)
         tap_ok(fabs(sd / chk[k].std - 1.0) < 0.15 && fabs(m) < 4 * chk[k].std / sqrt((double)p->numel),
                "init %s: mean %.2g std %.4g (want 0, %.4g)", chk[k].name, m, sd, chk[k].std);
     }
-    const struct fsdp_param_spec *lw = &s->params[fsdp_gpt2_spec_find(s, "h.1.ln_2.weight")];
-    const struct fsdp_param_spec *lb = &s->params[fsdp_gpt2_spec_find(s, "h.1.ln_2.bias")];
+    const struct fsdp_param_spec *lw = &s->params[fsdp_model_spec_find(s, "h.1.ln_2.weight")];
+    const struct fsdp_param_spec *lb = &s->params[fsdp_model_spec_find(s, "h.1.ln_2.bias")];
     tap_ok(a.p[lw->unit][lw->offset] == 1.0f && a.p[lw->unit][lw->offset + 15] == 1.0f &&
                a.p[lb->unit][lb->offset + 3] == 0.0f,
            "init: layer-norm weights 1, biases 0");
-    int rc = fsdp_gpt2_init_range(s, 42, 0, 10, s->unit_numel[0], a.p[0]);
+    int rc = fsdp_model_init_range(s, 42, 0, 10, s->unit_numel[0], a.p[0]);
     tap_ok(rc == FSDP_ERR_INVALID,
            "init range past the unit's end rejected: %s", fsdp_err_msg());
     fsdp_err_clear();
@@ -524,10 +529,10 @@ static void test_init(void)
     /* adamw_range: with zero moments and zero gradients only decay moves
      * parameters; every unit of the tied and the untied table */
     size_t wrong = 0, decayed = 0;
-    const struct fsdp_gpt2_spec *tabs[2] = {s, su};
+    const struct fsdp_model_spec *tabs[2] = {s, su};
     struct bufs *orig[2] = {&a, &c};
     for (int t = 0; t < 2; t++) {
-        const struct fsdp_gpt2_spec *sp = tabs[t];
+        const struct fsdp_model_spec *sp = tabs[t];
         struct bufs d;
         bufs_alloc(&d, sp);
         for (int u = 0; u < sp->n_units; u++) {
@@ -536,7 +541,7 @@ static void test_init(void)
         bufs_free(&d);
     }
     /* per block 4 matmul weights; untied: the head too */
-    size_t want = 2 * (size_t)(4 * s->cfg.n_layer) + 1;
+    size_t want = 2 * (size_t)(4 * fsdp_gpt2_cfg(s)->n_layer) + 1;
     tap_ok(wrong == 0 && decayed == want,
            "adamw_range decays the matmul weights and nothing else, across a split "
            "(%zu elements wrong, %zu tensors decayed, %zu expected)", wrong, decayed, want);
@@ -545,8 +550,8 @@ static void test_init(void)
     double N = 2 * 12.0 * 16 * 16 + 32 * 16 + 2 * (4 * 16 + 3 * 16 + 16 + 4 * 16 + 16) + 2 * 16;
     tap_ok(fabs(f - (6 * N + 12.0 * 2 * 16 * TT)) < 0.5, "flops per token %.0f (6N + 12LCT, N=%.0f)", f, N);
     bufs_free(&a), bufs_free(&b), bufs_free(&c);
-    fsdp_gpt2_spec_destroy(s);
-    fsdp_gpt2_spec_destroy(su);
+    fsdp_model_spec_destroy(s);
+    fsdp_model_spec_destroy(su);
 }
 
 int main(void)

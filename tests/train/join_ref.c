@@ -40,7 +40,7 @@
 #include "core/error.h"
 #include "io/model_file.h"
 #include "io/tokens.h"
-#include "model/gpt2_spec.h"
+#include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -121,7 +121,7 @@ static int take_block(const struct ref *R, int r, uint64_t j, int k, uint16_t *o
 }
 
 /* Reads a model file into one buffer of spec->total_numel floats, unit after unit. */
-static int read_model(const char *path, const struct fsdp_gpt2_spec *spec, float **out)
+static int read_model(const char *path, const struct fsdp_model_spec *spec, float **out)
 {
     float *units[64];
     float *w = malloc(spec->total_numel * sizeof(float));
@@ -144,7 +144,7 @@ static int read_model(const char *path, const struct fsdp_gpt2_spec *spec, float
 }
 
 /* Prints the whole-model differences of w (unit after unit) from ref; 1 when above tolerance. */
-static int compare_weights(const struct fsdp_gpt2_spec *spec, const float *w,
+static int compare_weights(const struct fsdp_model_spec *spec, const float *w,
                            const float *const *ref_units)
 {
     double dsq = 0, bsq = 0, dmax = 0, bmax = 0;
@@ -176,13 +176,11 @@ static int compare_weights(const struct fsdp_gpt2_spec *spec, const float *w,
 /* Two model files of the same architecture, compared as above. */
 static int same_model(const char *a, const char *b)
 {
-    struct fsdp_gpt2_config mc;
-    struct fsdp_gpt2_spec *spec = NULL;
+    struct fsdp_model_spec *spec = NULL;
     float *wa = NULL, *wb = NULL;
     const float *ref_units[64];
     int rc;
-    FSDP_CHECK(fsdp_model_file_read_config(a, &mc));
-    FSDP_CHECK(fsdp_gpt2_spec_create(&mc, &spec));
+    FSDP_CHECK(fsdp_model_file_read_spec(a, &spec));
     FSDP_CHECK_GOTO(read_model(a, spec, &wa), rc, out);
     FSDP_CHECK_GOTO(read_model(b, spec, &wb), rc, out);
     size_t off = 0;
@@ -194,7 +192,7 @@ static int same_model(const char *a, const char *b)
 out:
     free(wa);
     free(wb);
-    fsdp_gpt2_spec_destroy(spec);
+    fsdp_model_spec_destroy(spec);
     return rc;
 }
 
@@ -324,6 +322,7 @@ out:
 
 int main(int argc, char **argv)
 {
+    fsdp_model_registry_init();
     int rc;
     if (argc == 6 && strcmp(argv[1], "gen") == 0) {
         rc = gen(argv[2], (size_t)atol(argv[3]), (unsigned)atoi(argv[4]), (size_t)atol(argv[5]));

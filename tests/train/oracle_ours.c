@@ -44,7 +44,7 @@ static int dump_first_batch(struct fsdp_trainer *t, hid_t f)
     const struct fsdp_train_config *c = t->cfg;
     struct fsdp_dataloader *dl;
     struct fsdp_gpt2 *m = fsdp_local_engine_model(t->engine);
-    int B = (int)c->batch_size, T = (int)c->seq_len, V = t->engine->spec->cfg.vocab_size;
+    int B = (int)c->batch_size, T = (int)c->seq_len, V = t->engine->spec->vocab_size;
     hsize_t dims[3] = {(hsize_t)B, (hsize_t)T, (hsize_t)V};
     float loss;
     FSDP_CHECK(fsdp_dataloader_create(c->data, (size_t)B, (size_t)T, 0, 1, V, &dl));
@@ -77,7 +77,7 @@ enum dump_what { DUMP_GRADS, DUMP_PARAMS, DUMP_EXP_AVG, DUMP_EXP_AVG_SQ };
 /* One group of full tensors, by parameter name, from the local engine. */
 static int dump_tensors(struct fsdp_trainer *t, hid_t f, const char *group, enum dump_what what)
 {
-    const struct fsdp_gpt2_spec *s = t->engine->spec;
+    const struct fsdp_model_spec *s = t->engine->spec;
     hid_t g = H5Gcreate2(f, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     int rc = g < 0 ? fsdp_err(FSDP_ERR_IO, "cannot create group %s", group) : 0;
     for (size_t i = 0; i < s->n_params && rc == 0; i++) {

@@ -1,0 +1,122 @@
+/*
+ * model.h - the interface every architecture implements, and the registry.
+ *
+ * An architecture registers a struct fsdp_arch (core/spec.h: name, config
+ * attributes, its parameter table) whose ops point at a struct
+ * fsdp_model_ops: what a driver (the sharding engine, the single-rank
+ * oracle, the sampler) calls to run the model unit by unit. The model owns
+ * activations only. Parameters and gradients live in per-unit buffers laid
+ * out by the spec and owned by the caller, who points the model at them
+ * with set_unit, so a sharding engine can hand it freshly gathered buffers
+ * for each unit.
+ *
+ * The driver runs forward_unit for u = 0 .. n_units-1 and backward_unit for
+ * u = n_units-1 .. 0, gathering and reducing between the calls. A tie
+ * (spec->ties) says that a unit also reads another unit's parameter and
+ * adds into its gradient: the driver keeps the owner's buffers set while
+ * the user computes. Parameter gradients always accumulate (+=).
+ *
+ * Ops are written out longhand; members are only ever added at the end.
+ */
+#ifndef FSDP_MODEL_MODEL_H
+#define FSDP_MODEL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/spec.h"
+
+struct fsdp_model;
+
+/* What an instance is sized for. */
+struct fsdp_model_opts {
+    int max_B, max_T;  /* the largest batch (max_T <= spec->context) */
+    int head_chunk;    /* rows of the output head computed at a time; 0: the model's default */
+};
+
+struct fsdp_model_ops {
+    size_t size; /* sizeof(struct fsdp_model_ops) of the implementation */
+    const char *name;
+    /* An instance for spec (borrowed: it must outlive the model). */
+    int (*create)(const struct fsdp_model_spec *spec, const struct fsdp_model_opts *opts,
+                  struct fsdp_model **out);
+    void (*destroy)(struct fsdp_model *m);
+    /* Recompute unit u's activations in its backward (u < 0: every unit
+     * that can); not between a forward and its backward. */
+    int (*set_checkpoint)(struct fsdp_model *m, int u, int on);
+    /* Allocates (pre-faulted) activation memory now if not yet done. */
+    int (*reserve)(struct fsdp_model *m);
+    /* Points unit u at buffers of spec->unit_numel[u] floats (grads may be
+     * NULL for a forward only). */
+    int (*set_unit)(struct fsdp_model *m, int u, float *params, float *grads);
+    /* The backward seeds d(objective)/d(loss_i) = scale / divisor for every
+     * kept token (divisor 0: this batch's kept count). */
+    void (*set_loss_seed)(struct fsdp_model *m, double divisor, float scale);
+    /* tokens (B, T) in [0, V); targets (B, T) or NULL for a forward only;
+     * borrowed until the backward ends. Checked here. */
+    int (*set_batch)(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets, int B,
+                     int T);
+    int (*forward_unit)(struct fsdp_model *m, int u);
+    int (*backward_unit)(struct fsdp_model *m, int u);
+    /* Mean loss of the last forward with targets (NaN when no token counted). */
+    float (*loss)(const struct fsdp_model *m);
+    /* Logits of positions [row0, row0 + rows) of the last forward, (rows, V). */
+    int (*logits)(struct fsdp_model *m, size_t row0, size_t rows, float *out);
+    /* Bytes of saved activations (current checkpoint flags), and of
+     * activation gradients and scratch. */
+    size_t (*activation_bytes)(const struct fsdp_model *m);
+    size_t (*workspace_bytes)(const struct fsdp_model *m);
+    /* Training FLOPs per token at sequence length T (for MFU). */
+    double (*flops_per_token)(const struct fsdp_model_spec *spec, int T);
+};
+
+/* Every instance starts with this. */
+struct fsdp_model {
+    const struct fsdp_model_ops *ops;
+    const struct fsdp_model_spec *spec;
+};
+
+static inline const struct fsdp_model_ops *fsdp_model_ops_of(const struct fsdp_model_spec *spec)
+{
+    return (const struct fsdp_model_ops *)spec->arch->ops;
+}
+
+// ----------------------------------------------------------------------------
+// the registry
+
+/* Registers the built-in architectures (gpt2) in core's table; idempotent.
+ * Every program calls it before it opens a model. */
+int fsdp_model_registry_init(void);
+/* Registers another architecture (tests define one at run time). */
+int fsdp_model_register(const struct fsdp_arch *arch);
+/* The architecture called name; an unknown one is an error listing those known. */
+int fsdp_model_arch(const char *name, const struct fsdp_arch **out);
+
+// ----------------------------------------------------------------------------
+// conveniences over the ops
+
+int fsdp_model_create(const struct fsdp_model_spec *spec, const struct fsdp_model_opts *opts,
+                      struct fsdp_model **out);
+void fsdp_model_destroy(struct fsdp_model *m);
+/* set_batch + every unit's forward; *loss (may be NULL) as ops->loss. */
+int fsdp_model_forward(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets, int B,
+                       int T, float *loss);
+/* every unit's backward, last to first */
+int fsdp_model_backward(struct fsdp_model *m);
+
+/*
+ * Deterministic init of any spec. Element i of parameter p gets
+ *   N(0, std_p) = std_p * sqrt(-2 ln u1) * cos(2 pi u2)   (FSDP_INIT_NORMAL)
+ *   1 or 0                                                 (ONES, ZEROS)
+ * where u1 = (1 + (x_{2i} >> 11)) 2^-53, u2 = (x_{2i+1} >> 11) 2^-53 and
+ * x_j is output j of SplitMix64 seeded with FNV-1a(name of p, seed). The
+ * value depends only on (seed, name, i): any sharding of the init equals
+ * the single-rank init. init_range fills elements [start, start + count)
+ * of unit u's flat buffer.
+ */
+int fsdp_model_init_range(const struct fsdp_model_spec *s, uint64_t seed, int u, size_t start,
+                          size_t count, float *dst);
+/* every unit: bufs[u] has spec->unit_numel[u] floats */
+int fsdp_model_init_params(const struct fsdp_model_spec *s, uint64_t seed, float *const *bufs);
+
+#endif

@@ -1,0 +1,4 @@
+# src/optim: the optimizer (AdamW over ranges of a unit) and the f16 loss
+# scaler, used by the parallelisms and the single-rank oracle.
+libfsdpc_a_SOURCES += src/optim/optim.c
+noinst_HEADERS += src/optim/optim.h
