@@ -7,3 +7,16 @@ EXTRA_DIST += tests/peers/run_train_bench.sh tests/peers/torch_train_bench.py \
 dist_check_SCRIPTS += tests/layers/test_layers.sh
 dist_check_DATA += tests/layers/check_layers.sh tests/layers/allowed.txt
 TESTS += tests/layers/test_layers.sh
+
+# tests/model: "mlp", a test-only second architecture behind the model
+# interface; other tests link tests/model/mlp_model.c the same way.
+noinst_HEADERS += tests/model/mlp_model.h
+check_PROGRAMS += tests/model/test_mlp_model
+tests_model_test_mlp_model_SOURCES = tests/model/test_mlp_model.c tests/model/mlp_model.c
+TESTS += tests/model/test_mlp_model
+# the same architecture trained by the unchanged trainer and sharding engine
+check_PROGRAMS += tests/model/mlp_train
+tests_model_mlp_train_SOURCES = tests/model/mlp_train.c tests/model/mlp_model.c \
+	src/programs/train_program.c
+dist_check_SCRIPTS += tests/model/test_mlp_sharded.sh
+TESTS += tests/model/test_mlp_sharded.sh

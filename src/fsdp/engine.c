@@ -1,5 +1,5 @@
 /*
- * engine.c - the sharding engine's table (train/engine.h): one optimizer
+ * engine.c - the sharding engine's table (engine.h): one optimizer
  * step as K x (forward with all-gathers, backward with re-gathers and
  * reduce-scatters), the global-norm clip over the gradient shards, AdamW on
  * the shards, and f16 loss scaling.
@@ -27,8 +27,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "rendezvous/dist.h"
-#include "io/tokens.h"
 #include "compute/kernels.h"
 
 #include <math.h>
@@ -36,19 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static struct fsdp_shard_engine *shard_impl(const struct fsdp_train_engine *e)
+static struct fsdp_shard_engine *shard_impl(const struct fsdp_engine *e)
 {
     return e->impl;
-}
-
-void fsdp_engine_config_init(struct fsdp_engine_config *ec)
-{
-    memset(ec, 0, sizeof(*ec));
-    ec->sharding = FSDP_SHARD_FULL;
-    ec->reshard_after_forward = 1;
-    ec->prefetch = 1;
-    ec->param_dtype = FSDP_F32;
-    ec->reduce_dtype = FSDP_F32;
 }
 
 // ----------------------------------------------------------------------------
@@ -58,7 +46,7 @@ static int shard_bind(struct fsdp_shard_engine *se, int u)
 {
     float *p = se->pslots[fsdp_unit_pslot(se, u)].buf;
     float *g = se->gslots[fsdp_unit_gslot(se, u)].buf;
-    return fsdp_gpt2_set_unit(se->model, u, p, g);
+    return se->model->ops->set_unit(se->model, u, p, g);
 }
 
 /* In a shadow pass (se->shadow) every collective is issued and waited for
@@ -68,7 +56,7 @@ static int shard_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
 {
     const int last = se->n_units - 1;
     if (!se->shadow) {
-        FSDP_CHECK(fsdp_gpt2_set_batch(se->model, inputs, targets, se->B, se->T));
+        FSDP_CHECK(se->model->ops->set_batch(se->model, inputs, targets, se->ec.B, se->ec.T));
     }
     for (int u = 0; u <= last; u++) {
         for (int j = u; j <= last && j <= u + se->ec.prefetch; j++) {
@@ -77,7 +65,7 @@ static int shard_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
         FSDP_CHECK(fsdp_unit_gather_wait(se, u));
         if (!se->shadow) {
             FSDP_CHECK(shard_bind(se, u));
-            FSDP_CHECK(fsdp_gpt2_forward_unit(se->model, u));
+            FSDP_CHECK(se->model->ops->forward_unit(se->model, u));
         }
         FSDP_CHECK(fsdp_unit_progress(se));
         if (!se->keep_gathered && u != 0 && u != last) {
@@ -114,7 +102,7 @@ static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, i
         FSDP_CHECK(fsdp_unit_gather_wait(se, u));
         if (!se->shadow) { /* a shadow pass reduces the zeroed buffer */
             FSDP_CHECK(shard_bind(se, u));
-            FSDP_CHECK(fsdp_gpt2_backward_unit(se->model, u));
+            FSDP_CHECK(se->model->ops->backward_unit(se->model, u));
         }
         FSDP_CHECK(fsdp_unit_progress(se));
         if (u != 0) {
@@ -172,41 +160,35 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
 {
     double local, sumsq;
     FSDP_CHECK(shard_sumsq(se, &local, &sumsq));
-    const double scale = se->scale;
-    out->loss_scale = se->ec.loss_scale_dynamic || se->ec.loss_scale > 0.0 ? scale : 0.0;
+    const double scale = se->scaler.scale;
+    out->loss_scale = se->scaler.on ? scale : 0.0;
     /* The decision is the group's: an overflow in some shards only must
      * skip the step on every rank. Each rank says what it saw and decided
      * (tests read these lines from every rank). */
-    const int skip = !isfinite(sumsq);
+    const int finite = isfinite(sumsq);
     FSDP_DEBUG(FSDP_SUB_FSDP, "update %ld: local gradient shard %s, shard group %s: step %s",
-               se->opt.step + se->skipped + 1, isfinite(local) ? "finite" : "overflowed",
-               isfinite(sumsq) ? "finite" : "overflowed", skip ? "skipped" : "applied");
-    if (skip) {
+               se->opt.step + se->scaler.skipped + 1, isfinite(local) ? "finite" : "overflowed",
+               finite ? "finite" : "overflowed", finite ? "applied" : "skipped");
+    if (!finite) {
         out->grad_norm = NAN;
         out->clip_coef = 0.0;
-        if (se->ec.loss_scale_dynamic) {
-            float next = se->scale * FSDP_SCALE_BACKOFF;
-            if (se->world_rank == 0) {
-                FSDP_WARN(FSDP_SUB_FSDP,
-                          "step skipped: gradients overflowed at loss scale %g; scale now %g",
-                          (double)se->scale, (double)next);
-            }
-            se->scale = next;
-            se->good_steps = 0;
-            se->skipped++;
-            return 0;
+        if (!se->scaler.dynamic) {
+            return fsdp_err(FSDP_ERR_INVALID,
+                            "gradient norm is %g (loss %g): parameters left unchanged; lower the learning rate or check the data",
+                            sqrt(sumsq), out->loss);
         }
-        return fsdp_err(FSDP_ERR_INVALID,
-                        "gradient norm is %g (loss %g): parameters left unchanged; lower the learning rate or check the data",
-                        sqrt(sumsq), out->loss);
+        fsdp_loss_scaler_update(&se->scaler, 0);
+        if (se->world_rank == 0) {
+            FSDP_WARN(FSDP_SUB_FSDP,
+                      "step skipped: gradients overflowed at loss scale %g; scale now %g", scale,
+                      (double)se->scaler.scale);
+        }
+        return 0;
     }
     sumsq /= scale * scale;
     out->grad_norm = sqrt(sumsq);
     out->clip_coef = se->opt.oc.clip > 0.0f ? fsdp_cpu_clip_coef(sumsq, se->opt.oc.clip) : 1.0f;
-    if (se->ec.loss_scale_dynamic && ++se->good_steps >= FSDP_SCALE_GROWTH_INTERVAL) {
-        se->scale *= FSDP_SCALE_GROWTH;
-        se->good_steps = 0;
-    }
+    fsdp_loss_scaler_update(&se->scaler, 1);
     fsdp_optimizer_begin(&se->opt, lr);
     float grad_scale = (float)(out->clip_coef / scale);
     for (int u = 0; u < se->n_units; u++) {
@@ -233,42 +215,44 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
 // ops
 
 /*
- * n_contrib ranks have a batch; dl NULL: not this one. The loss seed divides
+ * n_contrib ranks have a batch; b->inputs NULL: not this one. The loss seed divides
  * by the contributing ranks' tokens and a rank without a batch reduces
  * zeros, so the summed gradient is the mean over the batches that exist; the
  * loss is summed over every rank (0 here) and divided the same way.
  */
-static int shard_step_join(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, int K,
-                           double lr, int n_contrib, struct fsdp_step_result *out)
+static int shard_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
+                      int n_contrib, struct fsdp_step_result *out)
 {
     struct fsdp_shard_engine *se = shard_impl(e);
     const int nosync = se->ec.no_sync_accum;
+    const int K = b->K, have = b->inputs != NULL;
+    const size_t bt = (size_t)se->ec.B * (size_t)se->ec.T;
     double loss_sum = 0.0;
     int rc = 0;
-    if (n_contrib < 1 || n_contrib > se->world) {
-        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: %d contributing ranks of %d", n_contrib,
-                        se->world);
+    if (n_contrib < 1 || n_contrib > se->world || K < 1) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: %d contributing ranks of %d, %d micro-batches",
+                        n_contrib, se->world, K);
     }
-    se->shadow = dl == NULL;
-    fsdp_gpt2_set_loss_seed(se->model, (double)K * se->B * se->T * n_contrib, se->scale);
+    if (b->B != se->ec.B || b->T != se->ec.T) {
+        return fsdp_err(FSDP_ERR_INVALID, "fsdp: batch %d x %d, the engine was made for %d x %d",
+                        b->B, b->T, se->ec.B, se->ec.T);
+    }
+    se->shadow = !have;
+    se->model->ops->set_loss_seed(se->model, (double)K * (double)bt * n_contrib,
+                                  se->scaler.scale);
     for (int k = 0; k < K && rc == 0; k++) {
-        if (dl) {
-            FSDP_CHECK_GOTO(fsdp_dataloader_next(dl), rc, out);
-        }
-        FSDP_CHECK_GOTO(shard_forward(se, dl ? dl->inputs : NULL, dl ? dl->targets : NULL), rc,
-                        out);
-        loss_sum += dl ? se->model->loss : 0.0;
+        FSDP_CHECK_GOTO(shard_forward(se, have ? b->inputs + k * bt : NULL,
+                                      have ? b->targets + k * bt : NULL),
+                        rc, out);
+        loss_sum += have ? se->model->ops->loss(se->model) : 0.0;
         int first = nosync ? k == 0 : 1;
         int reduce = nosync ? k == K - 1 : 1;
         FSDP_CHECK_GOTO(shard_backward(se, first, reduce, !nosync && k > 0), rc, out);
     }
     FSDP_CHECK_GOTO(fsdp_unit_reduce_wait_all(se), rc, out);
     double loss = loss_sum / K;
-    if (se->mesh) {
-        FSDP_CHECK_GOTO(shard_world_sum(se, &loss), rc, out);
-        loss /= n_contrib;
-    }
-    out->loss = loss;
+    FSDP_CHECK_GOTO(shard_world_sum(se, &loss), rc, out);
+    out->loss = loss / n_contrib;
     rc = shard_optimize(se, lr, out);
 out:
     se->shadow = 0;
@@ -276,83 +260,130 @@ out:
     return rc;
 }
 
-static int shard_step(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, int K, double lr,
-                      struct fsdp_step_result *out)
-{
-    return shard_step_join(e, dl, K, lr, shard_impl(e)->world, out);
-}
-
-static int shard_eval(struct fsdp_train_engine *e, struct fsdp_dataloader *dl, double *loss)
+static int shard_eval(struct fsdp_engine *e, const int32_t *inputs, const int32_t *targets,
+                      double *loss)
 {
     struct fsdp_shard_engine *se = shard_impl(e);
-    int rc;
-    FSDP_CHECK(fsdp_dataloader_next(dl));
-    rc = shard_forward(se, dl->inputs, dl->targets);
+    int rc = shard_forward(se, inputs, targets);
     fsdp_unit_release_all(se);
     FSDP_CHECK(rc);
-    double l = se->model->loss;
-    if (se->mesh) {
-        FSDP_CHECK(shard_world_sum(se, &l));
-        l /= se->world;
-    }
-    *loss = l;
+    double l = se->model->ops->loss(se->model);
+    FSDP_CHECK(shard_world_sum(se, &l));
+    *loss = l / se->world;
     return 0;
 }
 
-static int shard_save(struct fsdp_train_engine *e, const char *path, const char *created_by)
+static size_t shard_n_pieces(const struct fsdp_engine *e)
 {
-    return fsdp_shard_save(shard_impl(e), path, created_by);
+    return fsdp_shard_n_pieces(shard_impl(e));
 }
 
-static int shard_ckpt_save(struct fsdp_train_engine *e, const char *dir,
-                           const struct fsdp_ckpt_meta *meta)
+static void shard_piece(struct fsdp_engine *e, size_t k, struct fsdp_state_piece *out)
 {
-    return fsdp_shard_ckpt_save(shard_impl(e), dir, meta);
+    fsdp_shard_piece(shard_impl(e), k, out);
 }
 
-static int shard_ckpt_load(struct fsdp_train_engine *e, struct fsdp_ckpt *ck)
+static int shard_state_changed(struct fsdp_engine *e)
 {
-    return fsdp_shard_ckpt_load(shard_impl(e), ck);
+    fsdp_unit_release_all(shard_impl(e));
+    return 0;
 }
 
-static int shard_agree_max(struct fsdp_train_engine *e, int32_t *v, int n)
+static int shard_gather_unit(struct fsdp_engine *e, int u, const float **full)
 {
     struct fsdp_shard_engine *se = shard_impl(e);
-    return se->mesh ? fsdp_world_allreduce(se, v, (size_t)n, FSDP_I32, FSDP_MAX) : 0;
+    if (u < 0 || u >= se->n_units) {
+        return fsdp_err(FSDP_ERR_INVALID, "fsdp: unit %d out of range [0, %d)", u, se->n_units);
+    }
+    return fsdp_shard_gather_unit(se, u, full);
 }
 
-static void shard_destroy(struct fsdp_train_engine *e)
+static void shard_get_counters(const struct fsdp_engine *e, struct fsdp_engine_counters *c)
+{
+    const struct fsdp_shard_engine *se = shard_impl(e);
+    c->opt_step = se->opt.step;
+    c->loss_scale = se->scaler.scale;
+    c->scale_good_steps = se->scaler.good_steps;
+    c->skipped_steps = se->scaler.skipped;
+}
+
+/* A static scale stays what this run was given; a dynamic one continues. */
+static void shard_set_counters(struct fsdp_engine *e, const struct fsdp_engine_counters *c)
+{
+    struct fsdp_shard_engine *se = shard_impl(e);
+    se->opt.step = c->opt_step;
+    se->scaler.skipped = c->skipped_steps;
+    if (se->scaler.dynamic) {
+        se->scaler.scale = (float)c->loss_scale;
+        se->scaler.good_steps = c->scale_good_steps;
+    }
+}
+
+static void shard_describe(const struct fsdp_engine *e, char *buf, size_t len)
+{
+    static const char *const modes[] = {"full", "grad-op", "none"};
+    const struct fsdp_shard_engine *se = shard_impl(e);
+    const struct fsdp_shard_config *ec = &se->ec;
+    char scale[48] = "off";
+    if (ec->loss_scale_dynamic) {
+        snprintf(scale, sizeof(scale), "dynamic from %g", ec->loss_scale);
+    } else if (ec->loss_scale > 0.0) {
+        snprintf(scale, sizeof(scale), "%g", ec->loss_scale);
+    }
+    snprintf(buf, len,
+             "fsdp: mesh %s (%s) | %d-way dim-0 shards x %d replicas | sharding %s, reshard after "
+             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s",
+             se->mesh, se->backends, se->Rs, se->world / se->Rs, modes[ec->sharding],
+             se->keep_gathered ? "off" : "on", ec->prefetch, fsdp_dtype_name(ec->param_dtype),
+             fsdp_dtype_name(ec->reduce_dtype), scale,
+             ec->no_sync_accum ? " | no-sync accumulation" : "",
+             ec->activation_checkpointing ? " | activation checkpointing" : "");
+}
+
+static void shard_destroy(struct fsdp_engine *e)
 {
     if (!e) {
         return;
     }
     struct fsdp_shard_engine *se = shard_impl(e);
-    if (se) {
-        fsdp_gpt2_destroy(se->model);
-        fsdp_shard_teardown(se);
-        free(se);
-    }
-    free(e);
+    fsdp_model_destroy(se->model);
+    fsdp_shard_teardown(se);
+    free(se);
 }
 
-static const struct fsdp_train_engine_ops shard_ops = {
-    .size = sizeof(struct fsdp_train_engine_ops),
+static const struct fsdp_engine_ops shard_ops = {
+    .size = sizeof(struct fsdp_engine_ops),
     .name = "fsdp (sharded)",
     .step = shard_step,
     .eval = shard_eval,
-    .save = shard_save,
+    .n_pieces = shard_n_pieces,
+    .piece = shard_piece,
+    .state_changed = shard_state_changed,
+    .gather_unit = shard_gather_unit,
+    .get_counters = shard_get_counters,
+    .set_counters = shard_set_counters,
+    .describe = shard_describe,
     .destroy = shard_destroy,
-    .ckpt_save = shard_ckpt_save,
-    .ckpt_load = shard_ckpt_load,
-    .agree_max = shard_agree_max,
-    .step_join = shard_step_join,
 };
 
 // ----------------------------------------------------------------------------
 // setup
 
-static int shard_check_config(const struct fsdp_engine_config *ec)
+void fsdp_shard_config_init(struct fsdp_shard_config *sc)
 {
+    memset(sc, 0, sizeof(*sc));
+    sc->sharding = FSDP_SHARD_FULL;
+    sc->reshard_after_forward = true;
+    sc->prefetch = 1;
+    sc->param_dtype = FSDP_F32;
+    sc->reduce_dtype = FSDP_F32;
+}
+
+static int shard_check_config(const struct fsdp_shard_config *ec)
+{
+    if (ec->B < 1 || ec->T < 1) {
+        return fsdp_err(FSDP_ERR_INVALID, "micro-batch %d x %d is empty", ec->B, ec->T);
+    }
     if (ec->prefetch < 0 || ec->prefetch > 64) {
         return fsdp_err(FSDP_ERR_INVALID, "prefetch %d is outside [0, 64]", ec->prefetch);
     }
@@ -375,8 +406,7 @@ static int shard_check_config(const struct fsdp_engine_config *ec)
 static void shard_log_memory(const struct fsdp_shard_engine *se)
 {
     struct fsdp_engine_stats st;
-    struct fsdp_train_engine tmp = {.impl = (void *)se};
-    fsdp_shard_engine_stats(&tmp, &st);
+    fsdp_shard_engine_stats(&se->base, &st);
     FSDP_INFO(FSDP_SUB_FSDP,
               "fsdp: %d-way shards x %d replicas | model states %zu bytes (shards %zu + gathered "
               "params %zu) | unsharded grads %zu | comm %zu | activations %zu | total %zu bytes",
@@ -384,47 +414,49 @@ static void shard_log_memory(const struct fsdp_shard_engine *se)
               st.grad_bytes, st.comm_bytes, st.act_bytes, st.peak_bytes);
 }
 
-int fsdp_shard_engine_create(struct fsdp_dist *d, const char *model_path, int B, int T,
-                             const struct fsdp_optim_config *oc,
-                             const struct fsdp_engine_config *ec, struct fsdp_train_engine **out)
+/* The model instance: activations for (B, T), checkpointing, the root bound. */
+static int shard_model(struct fsdp_shard_engine *se)
 {
-    struct fsdp_train_engine *e = calloc(1, sizeof(*e));
+    const struct fsdp_shard_config *ec = &se->ec;
+    struct fsdp_model_opts mo = {.max_B = ec->B, .max_T = ec->T, .head_chunk = ec->lm_head_chunk};
+    FSDP_CHECK(fsdp_model_create(se->spec, &mo, &se->model));
+    if (ec->activation_checkpointing) {
+        FSDP_CHECK(se->model->ops->set_checkpoint(se->model, -1, 1));
+    }
+    FSDP_CHECK(se->model->ops->reserve(se->model));
+    /* the root stays bound: a tied unit reads and accumulates into it */
+    return shard_bind(se, 0);
+}
+
+int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
+                             const struct fsdp_optim_config *oc,
+                             const struct fsdp_shard_config *sc, struct fsdp_engine **out)
+{
+    FSDP_CHECK(shard_check_config(sc));
     struct fsdp_shard_engine *se = calloc(1, sizeof(*se));
     int rc;
-    if (!e || !se) {
-        free(e);
-        free(se);
+    if (!se) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp engine");
     }
+    struct fsdp_engine *e = &se->base;
     e->ops = &shard_ops;
     e->impl = se;
-    se->ec = *ec;
-    se->ec.mesh = NULL; /* borrowed strings are not kept */
-    se->ec.backend = NULL;
-    se->B = B;
-    se->T = T;
-    se->dist = d;
-    se->scale = ec->loss_scale > 0.0 ? (float)ec->loss_scale : 1.0f;
-    FSDP_CHECK_GOTO(shard_check_config(ec), rc, err);
-    se->ec.mesh = ec->mesh;
-    se->ec.backend = ec->backend;
-    rc = fsdp_shard_setup(se, model_path);
-    se->ec.mesh = NULL;
-    se->ec.backend = NULL;
-    if (rc < 0) {
-        goto err;
+    e->spec = spec;
+    se->spec = spec;
+    se->ec = *sc;
+    fsdp_loss_scaler_init(&se->scaler, sc->loss_scale_dynamic, sc->loss_scale);
+    fsdp_adamw_init(&se->opt, oc, spec);
+    FSDP_CHECK_GOTO(fsdp_shard_setup(se, g), rc, err);
+    FSDP_CHECK_GOTO(shard_model(se), rc, err);
+    e->flops_per_token = se->model->ops->flops_per_token(spec, sc->T);
+    e->n_state = se->opt.n_state;
+    e->state_names = se->opt.state_names;
+    e->shard = se->rs;
+    e->n_shards = se->Rs;
+    e->writes_state = 1;
+    for (int i = 0; i < se->n_rep; i++) {
+        e->writes_state &= se->rep_g[i]->rank == 0; /* the first replica writes */
     }
-    FSDP_CHECK_GOTO(fsdp_gpt2_create(se->spec, B, T, &se->model), rc, err);
-    FSDP_CHECK_GOTO(fsdp_gpt2_set_head_chunk(se->model, ec->lm_head_chunk), rc, err);
-    if (ec->activation_checkpointing) {
-        FSDP_CHECK_GOTO(fsdp_gpt2_set_checkpoint(se->model, -1, 1), rc, err);
-    }
-    FSDP_CHECK_GOTO(fsdp_gpt2_reserve(se->model), rc, err);
-    /* the root stays bound: the tied head reads and accumulates into it */
-    FSDP_CHECK_GOTO(shard_bind(se, 0), rc, err);
-    fsdp_adamw_init(&se->opt, oc, se->spec);
-    e->spec = se->spec;
-    e->flops_per_token = fsdp_gpt2_flops_per_token(se->spec, T);
     if (se->world_rank == 0) {
         shard_log_memory(se);
     }
@@ -436,33 +468,12 @@ err:
     return rc;
 }
 
-void fsdp_shard_engine_describe(const struct fsdp_train_engine *e, char *buf, size_t len)
-{
-    static const char *const modes[] = {"full", "grad-op", "none"};
-    const struct fsdp_shard_engine *se = shard_impl(e);
-    const struct fsdp_engine_config *ec = &se->ec;
-    char scale[48] = "off";
-    if (ec->loss_scale_dynamic) {
-        snprintf(scale, sizeof(scale), "dynamic from %g", ec->loss_scale);
-    } else if (ec->loss_scale > 0.0) {
-        snprintf(scale, sizeof(scale), "%g", ec->loss_scale);
-    }
-    snprintf(buf, len,
-             "fsdp: mesh %s (%s) | %d-way dim-0 shards x %d replicas | sharding %s, reshard after "
-             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s",
-             se->mesh ? se->mesh->spec : "single rank", se->mesh ? se->mesh->backends : "no backend",
-             se->Rs, se->world / se->Rs, modes[ec->sharding], se->keep_gathered ? "off" : "on",
-             ec->prefetch, fsdp_dtype_name(ec->param_dtype), fsdp_dtype_name(ec->reduce_dtype),
-             scale, ec->no_sync_accum ? " | no-sync accumulation" : "",
-             ec->activation_checkpointing ? " | activation checkpointing" : "");
-}
-
-int fsdp_shard_engine_is(const struct fsdp_train_engine *e)
+int fsdp_shard_engine_is(const struct fsdp_engine *e)
 {
     return e && e->ops == &shard_ops;
 }
 
-void fsdp_shard_engine_stats(const struct fsdp_train_engine *e, struct fsdp_engine_stats *st)
+void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_stats *st)
 {
     const struct fsdp_shard_engine *se = shard_impl(e);
     memset(st, 0, sizeof(*st));
@@ -474,10 +485,10 @@ void fsdp_shard_engine_stats(const struct fsdp_train_engine *e, struct fsdp_engi
     st->grad_bytes = se->grad_bytes;
     st->comm_bytes = se->comm_bytes;
     if (se->model) {
-        st->act_bytes = fsdp_gpt2_activation_bytes(se->model) +
-                        fsdp_gpt2_workspace_bytes(se->model);
+        st->act_bytes = se->model->ops->activation_bytes(se->model) +
+                        se->model->ops->workspace_bytes(se->model);
     }
     st->peak_bytes = st->model_bytes + st->grad_bytes + st->comm_bytes + st->act_bytes;
-    st->skipped_steps = se->skipped;
-    st->loss_scale = se->scale;
+    st->skipped_steps = se->scaler.skipped;
+    st->loss_scale = se->scaler.scale;
 }

@@ -1,11 +1,11 @@
 /*
  * fsdp_impl.h - the sharding engine's private state, shared by its files:
- *   shard.c   mesh and groups, the dim-0 row layout and its packing,
- *             every buffer, loading the shards, saving the model
+ *   shard.c   groups, the dim-0 row layout and its packing, every buffer,
+ *             the state pieces and whole units gathered for saving
  *   unit.c    the per-unit gather / reduce state machine: buffer slots,
  *             precision casts, replica all-reduces, polls and wait timers
- *   engine.c  the engine table: the overlap schedule, step, eval, save,
- *             destroy, clipping, AdamW, loss scaling
+ *   engine.c  the engine table: the overlap schedule, step, eval, clipping,
+ *             the optimizer update and loss scaling
  */
 #ifndef FSDP_FSDP_IMPL_H
 #define FSDP_FSDP_IMPL_H
@@ -14,9 +14,7 @@
 
 #include "fsdp/fsdp.h"
 #include "comm/group.h"
-#include "comm/mesh.h"
-#include "io/ckpt.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 #include "optim/optim.h"
 
 #define FSDP_MAX_REP_GROUPS 2
@@ -79,15 +77,15 @@ struct fsdp_gslot {
 };
 
 struct fsdp_shard_engine {
-    struct fsdp_model_spec *spec;
-    struct fsdp_gpt2 *model;
+    struct fsdp_engine base;           /* the table the training layer sees */
+    const struct fsdp_model_spec *spec;
+    struct fsdp_model *model;
     struct fsdp_optimizer opt;         /* AdamW over this rank's shard ranges */
-    struct fsdp_engine_config ec;
-    int B, T;
+    struct fsdp_loss_scaler scaler;
+    struct fsdp_shard_config ec;
+    char mesh[128], backends[128];     /* for describe */
 
-    struct fsdp_dist *dist;            /* NULL: one rank, no launcher */
     int world_rank;
-    struct fsdp_mesh *mesh;            /* NULL on one rank */
     struct fsdp_group *shard_g;        /* NULL when Rs == 1 */
     struct fsdp_group *rep_g[FSDP_MAX_REP_GROUPS]; /* replicas, size > 1 only */
     int n_rep;
@@ -110,9 +108,6 @@ struct fsdp_shard_engine {
     int rq_head, rq_len;
 
     int shadow;                        /* this step: no batch here (join), collectives only */
-    float scale;                       /* current loss scale (1 when off) */
-    long good_steps;                   /* finite steps since the last change of scale */
-    long skipped;
 
     double comm_total, comm_exposed;   /* seconds, since creation */
     size_t state_bytes, gathered_bytes, grad_bytes, comm_bytes;
@@ -120,12 +115,14 @@ struct fsdp_shard_engine {
 
 /* shard.c */
 /* Rows [*row0, *row0 + *rows) of parameter p that rank r of Rs holds: the
- * checkpoint format's row split (fsdp_ckpt_rows), so that a rank's shard is
- * exactly its piece of a checkpoint of the same mesh. */
+ * checkpoint format's row split, so that a rank's shard is exactly its
+ * piece of a checkpoint of the same mesh. */
 static inline void fsdp_shard_rows(const struct fsdp_param_spec *p, int Rs, int r, size_t *row0,
                                    size_t *rows)
 {
-    fsdp_ckpt_rows(p->shape[0], Rs, r, row0, rows);
+    size_t n = p->shape[0], base = n / (size_t)Rs, extra = n % (size_t)Rs, ur = (size_t)r;
+    *rows = base + (ur < extra);
+    *row0 = ur * base + (ur < extra ? ur : extra);
 }
 /*
  * Unit layout <-> shards packed rank after rank (Rs blocks of S elements,
@@ -140,16 +137,13 @@ void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *b
 /* The unit table, shard lengths and state shards for se->spec over se->Rs
  * ranks as rank se->rs, and the packing scratch. */
 int fsdp_shard_layout_create(struct fsdp_shard_engine *se);
-int fsdp_shard_setup(struct fsdp_shard_engine *se, const char *model_path);
+/* Groups from g, the layout and every slot. */
+int fsdp_shard_setup(struct fsdp_shard_engine *se, const struct fsdp_shard_groups *g);
 void fsdp_shard_teardown(struct fsdp_shard_engine *se);
-int fsdp_shard_save(struct fsdp_shard_engine *se, const char *path, const char *created_by);
-
-/* ckpt.c */
-struct fsdp_ckpt;
-struct fsdp_ckpt_meta;
-int fsdp_shard_ckpt_save(struct fsdp_shard_engine *se, const char *dir,
-                         const struct fsdp_ckpt_meta *meta);
-int fsdp_shard_ckpt_load(struct fsdp_shard_engine *se, struct fsdp_ckpt *ck);
+/* The state pieces (engine.h) and whole units gathered for saving. */
+size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se);
+void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out);
+int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full);
 
 /* unit.c */
 int fsdp_unit_pslot(const struct fsdp_shard_engine *se, int u);
@@ -161,9 +155,6 @@ void fsdp_unit_release_all(struct fsdp_shard_engine *se);
 int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate);
 int fsdp_unit_reduce_wait_slot(struct fsdp_shard_engine *se, int g);
 int fsdp_unit_reduce_wait_all(struct fsdp_shard_engine *se);
-/* Sum (op) of n values over every data-parallel rank: shard group, then replicas. */
-int fsdp_world_allreduce(struct fsdp_shard_engine *se, void *buf, size_t n, enum fsdp_dtype t,
-                         enum fsdp_redop op);
 /* Blocking wait with the exposed/total timers; done: when a poll saw it
  * complete (0: not seen). Frees the handle. */
 int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double issued,

@@ -1,5 +1,5 @@
 # src/fsdp: the sharding engine (FSDP2 fully_shard semantics) behind train/engine.h.
-libfsdpc_a_SOURCES += src/fsdp/shard.c src/fsdp/unit.c src/fsdp/engine.c src/fsdp/ckpt.c
+libfsdpc_a_SOURCES += src/fsdp/shard.c src/fsdp/unit.c src/fsdp/engine.c
 noinst_HEADERS += src/fsdp/fsdp.h src/fsdp/fsdp_impl.h
 
 # tests: sharded runs against single-rank runs of the same global batch

@@ -1,69 +1,51 @@
 /*
- * shard.c - the sharding engine's layout and buffers: the mesh and its
- * groups; the shard of every unit (of each parameter, the dim-0 rows
- * fsdp_shard_rows assigns to this rank, packed parameter after parameter);
- * the f32 master / gradient / AdamW shards; the gathered-parameter and
- * full-gradient slots; packing a unit into shards and back; reading this
- * rank's rows from the model file; and writing the model back unit by unit.
- * Every buffer is allocated here, once.
+ * shard.c - the sharding engine's layout and buffers: its groups; the shard
+ * of every unit (of each parameter, the dim-0 rows fsdp_shard_rows assigns
+ * to this rank, packed parameter after parameter); the f32 master /
+ * gradient / optimizer-state shards; the gathered-parameter and
+ * full-gradient slots; packing a unit into shards and back; the state as
+ * pieces (row ranges) for the training layer to fill and save; and whole
+ * units gathered for the final model file. Every buffer is allocated here,
+ * once.
  */
 #include "config.h"
 #include "fsdp/fsdp_impl.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "rendezvous/dist.h"
-#include "io/model_file.h"
 #include "compute/kernels.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 // ----------------------------------------------------------------------------
 // mesh and groups
 
-static int shard_groups(struct fsdp_shard_engine *se)
+/* The shard group and the replica groups: with sharding none the dp
+ * dimension replicates as well (DDP). */
+static void shard_groups(struct fsdp_shard_engine *se, const struct fsdp_shard_groups *g)
 {
-    const struct fsdp_engine_config *ec = &se->ec;
-    struct fsdp_dist *d = se->dist;
-    int want_mesh = d && (d->world_size > 1 || (ec->mesh && ec->mesh[0]));
     se->Rs = 1;
     se->rs = 0;
     se->world = 1;
-    se->world_rank = d ? d->rank : 0;
-    if (!want_mesh) {
-        return 0;
-    }
-    FSDP_CHECK(fsdp_mesh_create(d, ec->mesh && ec->mesh[0] ? ec->mesh : NULL,
-                                ec->backend && ec->backend[0] ? ec->backend : NULL, &se->mesh));
-    struct fsdp_mesh *m = se->mesh;
-    for (int i = 0; i < m->ndims; i++) {
-        if (strcmp(m->dims[i].name, "dp") != 0 && strcmp(m->dims[i].name, "rdp") != 0) {
-            return fsdp_err(FSDP_ERR_INVALID,
-                            "mesh %s: dimension '%s' is not one the sharding engine uses (dp: shard, rdp: replicate)",
-                            m->spec, m->dims[i].name);
+    se->world_rank = g->world_rank;
+    if (g->dp && g->dp->size > 1) {
+        if (se->ec.sharding == FSDP_SHARD_NONE) {
+            se->rep_g[se->n_rep++] = g->dp;
+        } else {
+            se->shard_g = g->dp;
+            se->Rs = g->dp->size;
+            se->rs = g->dp->rank;
         }
+        se->world *= g->dp->size;
     }
-    struct fsdp_group *dp = fsdp_mesh_group(m, "dp");
-    struct fsdp_group *rdp = fsdp_mesh_group(m, "rdp");
-    if (!dp) {
-        return fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
-                        m->spec);
+    if (g->rdp && g->rdp->size > 1) {
+        se->rep_g[se->n_rep++] = g->rdp;
+        se->world *= g->rdp->size;
     }
-    if (ec->sharding == FSDP_SHARD_NONE) {
-        if (dp->size > 1) {
-            se->rep_g[se->n_rep++] = dp;
-        }
-    } else if (dp->size > 1) {
-        se->shard_g = dp;
-        se->Rs = dp->size;
-        se->rs = dp->rank;
-    }
-    if (rdp && rdp->size > 1) {
-        se->rep_g[se->n_rep++] = rdp;
-    }
-    se->world = d->world_size;
-    return 0;
+    snprintf(se->mesh, sizeof(se->mesh), "%s", g->mesh ? g->mesh : "single rank");
+    snprintf(se->backends, sizeof(se->backends), "%s", g->backends ? g->backends : "no backend");
 }
 
 // ----------------------------------------------------------------------------
@@ -163,7 +145,7 @@ static float *shard_slot_buf(struct fsdp_shard_engine *se, size_t numel, size_t 
 
 static int shard_alloc_slots(struct fsdp_shard_engine *se)
 {
-    const struct fsdp_engine_config *ec = &se->ec;
+    const struct fsdp_shard_config *ec = &se->ec;
     int n = se->n_units;
     int ring_p = ec->prefetch + 1 < n - 1 ? ec->prefetch + 1 : n - 1;
     int ring_g = 2 < n - 1 ? 2 : n - 1;
@@ -309,40 +291,11 @@ void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *b
     }
 }
 
-// ----------------------------------------------------------------------------
-// loading: each rank reads only its rows of each parameter
-
-static int shard_load(struct fsdp_shard_engine *se, struct fsdp_model_file *mf)
+int fsdp_shard_setup(struct fsdp_shard_engine *se, const struct fsdp_shard_groups *g)
 {
-    for (int u = 0; u < se->n_units; u++) {
-        const struct fsdp_unit *un = &se->units[u];
-        size_t off = 0;
-        for (size_t i = un->first; i < un->first + un->nparam; i++) {
-            const struct fsdp_param_spec *p = &se->spec->params[i];
-            size_t row0, rows;
-            fsdp_shard_rows(p, se->Rs, se->rs, &row0, &rows);
-            if (rows > 0) {
-                FSDP_CHECK(fsdp_model_file_read_rows(mf, p->name, row0, rows, un->master + off));
-            }
-            off += rows * p->shape[1];
-        }
-    }
-    return 0;
-}
-
-int fsdp_shard_setup(struct fsdp_shard_engine *se, const char *model_path)
-{
-    struct fsdp_model_file *mf = NULL;
-    int rc;
-    FSDP_CHECK(fsdp_model_file_open(model_path, &mf));
-    FSDP_CHECK_GOTO(fsdp_model_file_read_spec(model_path, &se->spec), rc, out);
-    FSDP_CHECK_GOTO(shard_groups(se), rc, out);
-    FSDP_CHECK_GOTO(fsdp_shard_layout_create(se), rc, out);
-    FSDP_CHECK_GOTO(shard_alloc_slots(se), rc, out);
-    FSDP_CHECK_GOTO(shard_load(se, mf), rc, out);
-out:
-    fsdp_model_file_close(mf);
-    return rc;
+    shard_groups(se, g);
+    FSDP_CHECK(fsdp_shard_layout_create(se));
+    return shard_alloc_slots(se);
 }
 
 /* A collective still in flight after a failed step must finish before its
@@ -384,54 +337,50 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
         fsdp_free(se->units[0].master); /* the one state allocation */
     }
     free(se->units);
-    fsdp_mesh_destroy(se->mesh);
-    fsdp_model_spec_destroy(se->spec);
 }
 
 // ----------------------------------------------------------------------------
-// saving: gather one unit at a time in f32 into its parameter slot and unpack
-// it there; world rank 0 writes.
+// the state as pieces: per kind (parameters, then each optimizer state), this
+// rank's rows of every parameter, in spec order; the rows of a unit's
+// parameters sit one after the other in its shard
 
-int fsdp_shard_save(struct fsdp_shard_engine *se, const char *path, const char *created_by)
+size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se)
 {
-    struct fsdp_model_write_opts opts = {.created_by = created_by, .dtype = FSDP_F32};
-    struct fsdp_model_writer *w = NULL;
-    const int writer = se->world_rank == 0;
-    int rc = 0;
-    int32_t ok;
+    return (size_t)(1 + se->opt.n_state) * se->spec->n_params;
+}
+
+void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out)
+{
+    const struct fsdp_model_spec *s = se->spec;
+    size_t i = k % s->n_params;
+    const struct fsdp_param_spec *p = &s->params[i];
+    const struct fsdp_unit *un = &se->units[p->unit];
+    size_t off = 0, row0, rows;
+    for (size_t j = un->first; j < i; j++) {
+        fsdp_shard_rows(&s->params[j], se->Rs, se->rs, &row0, &rows);
+        off += rows * s->params[j].shape[1];
+    }
+    fsdp_shard_rows(p, se->Rs, se->rs, &row0, &rows);
+    float *const base[3] = {un->master, un->m, un->v};
+    out->kind = (int)(k / s->n_params);
+    out->param = i;
+    out->row0 = row0;
+    out->rows = rows;
+    out->data = base[out->kind] + off;
+}
+
+/* Gathers unit u in f32 into its parameter slot and unpacks it there. */
+int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full)
+{
+    const struct fsdp_unit *un = &se->units[u];
     fsdp_unit_release_all(se);
-    if (writer) {
-        rc = fsdp_model_writer_create(path, se->spec, &opts, &w);
+    if (!se->shard_g) {
+        *full = un->master;
+        return 0;
     }
-    for (int u = 0; u < se->n_units; u++) {
-        const struct fsdp_unit *un = &se->units[u];
-        float *full = se->pslots[fsdp_unit_pslot(se, u)].buf;
-        if (se->shard_g) {
-            FSDP_CHECK_GOTO(fsdp_allgather_sync(se->shard_g, un->master, full, un->S, FSDP_F32),
-                            rc, out);
-            fsdp_shard_unpack_inplace(se, u, full, FSDP_F32);
-        } else {
-            memcpy(full, un->master, un->numel * sizeof(float));
-        }
-        if (writer && rc == 0) {
-            rc = fsdp_model_writer_put_unit(w, u, full);
-        }
-    }
-    if (writer && rc == 0) {
-        rc = fsdp_model_writer_commit(w);
-    }
-out:
-    fsdp_model_writer_destroy(w);
-    /* every rank learns whether rank 0 wrote the file */
-    ok = rc == 0;
-    if (se->mesh) {
-        int arc = fsdp_world_allreduce(se, &ok, 1, FSDP_I32, FSDP_MIN);
-        if (arc < 0 && rc == 0) {
-            rc = arc;
-        }
-    }
-    if (rc == 0 && !ok) {
-        rc = fsdp_err(FSDP_ERR_IO, "model %s: rank 0 could not write it (see its error)", path);
-    }
-    return rc;
+    float *buf = se->pslots[fsdp_unit_pslot(se, u)].buf;
+    FSDP_CHECK(fsdp_allgather_sync(se->shard_g, un->master, buf, un->S, FSDP_F32));
+    fsdp_shard_unpack_inplace(se, u, buf, FSDP_F32);
+    *full = buf;
+    return 0;
 }

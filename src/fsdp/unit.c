@@ -331,14 +331,3 @@ int fsdp_unit_reduce_wait_all(struct fsdp_shard_engine *se)
     return 0;
 }
 
-int fsdp_world_allreduce(struct fsdp_shard_engine *se, void *buf, size_t n, enum fsdp_dtype t,
-                         enum fsdp_redop op)
-{
-    if (se->shard_g) {
-        FSDP_CHECK(fsdp_allreduce_sync(se->shard_g, buf, buf, n, t, op));
-    }
-    for (int i = 0; i < se->n_rep; i++) {
-        FSDP_CHECK(fsdp_allreduce_sync(se->rep_g[i], buf, buf, n, t, op));
-    }
-    return 0;
-}

@@ -73,11 +73,11 @@ static int merge_add_group(struct merge *m, const char *line)
         return -1;
     }
     struct merge_group *g = &m->groups[m->ngroups];
-    const char *p = strchr(line, '[');
-    p = p ? strchr(p + 1, '[') : NULL; /* the one after "ranks": (names contain '[') */
+    const char *p = strstr(line, "\",\"ranks\":["); /* past the name, which may hold '[' */
     if (!p) {
         return -1;
     }
+    p += strlen("\",\"ranks\":");
     g->ranks = calloc((size_t)m->world_size, sizeof(int));
     if (!g->ranks) {
         return -1;

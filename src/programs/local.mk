@@ -1,7 +1,8 @@
 # src/programs: the mains and their command code (argument parsing,
 # printing, exit codes): the only place that ends the process on an error.
 bin_PROGRAMS += fsdpc-train fsdpc-sample fsdpc-data fsdpc-ckpt fsdpc-flight
-fsdpc_train_SOURCES = src/programs/train_main.c
+fsdpc_train_SOURCES = src/programs/train_main.c src/programs/train_program.c
+noinst_HEADERS += src/programs/train_program.h
 fsdpc_sample_SOURCES = src/programs/sample_main.c
 fsdpc_data_SOURCES = src/programs/data_main.c
 fsdpc_ckpt_SOURCES = src/programs/ckpt_main.c src/programs/ckpt_tool.c \

@@ -3,7 +3,7 @@
  * protocol (see ckpt_cadence.h; layout in doc/formats.md).
  *
  * Commit of step N under root D, every step agreed by all ranks through
- * the engine's agree_max (a failure anywhere fails the save everywhere):
+ * the trainer's world group (a failure anywhere fails the save everywhere):
  *   1. rank 0 draws a nonce and creates D/.tmp_step_<N>_<nonce>/
  *   2. every shard writer writes and fsyncs its shard_<r>.h5, rank 0 the
  *      index.h5; the agreement that follows is the barrier
@@ -23,9 +23,10 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "rendezvous/dist.h"
+#include "comm/mesh.h"
 #include "io/ckpt.h"
 #include "io/tokens.h"
-#include "model/gpt2_spec.h"
+#include "fsdp/engine.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -264,8 +265,8 @@ static int cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, u
  * error saying another one did. */
 static int cad_agree_ok(struct fsdp_trainer *t, int rc, long step, const char *what)
 {
-    int32_t failed = rc < 0;
-    int arc = t->engine->ops->agree_max(t->engine, &failed, 1);
+    int failed;
+    int arc = fsdp_world_any_failed(t->world, rc, &failed);
     if (arc < 0) {
         return rc < 0 ? rc : arc;
     }
@@ -276,14 +277,92 @@ static int cad_agree_ok(struct fsdp_trainer *t, int rc, long step, const char *w
     return rc;
 }
 
-/* The resolved config as 'key = value' lines. */
-static void cad_config_text(const struct fsdp_train_config *cfg, char *buf, size_t len)
+// ----------------------------------------------------------------------------
+// the engine's state in and out of checkpoint files, as row ranges
+
+/*
+ * This rank's shard file (when it writes one: the first replica's ranks)
+ * from the engine's pieces, straight from its shards (no gather), and on
+ * rank 0 the index with meta and the engine's counters. Returns this rank's
+ * status only: the caller agrees on the outcome.
+ */
+static int cad_write_state(struct fsdp_trainer *t, const char *dir,
+                           const struct fsdp_ckpt_meta *meta)
 {
-    static struct fsdp_train_config scratch;
+    struct fsdp_engine *e = t->engine;
+    FSDP_CHECK(e->ops->state_changed(e));
+    if (e->writes_state) {
+        struct fsdp_ckpt_shard_writer *w = NULL;
+        FSDP_CHECK(fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, t->spec, &w));
+        int rc = 0;
+        size_t n = e->ops->n_pieces(e);
+        for (size_t k = 0; k < n && rc == 0; k++) {
+            struct fsdp_state_piece pc;
+            e->ops->piece(e, k, &pc);
+            rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.data);
+        }
+        if (rc == 0) {
+            rc = fsdp_ckpt_shard_commit(w);
+        }
+        fsdp_ckpt_shard_destroy(w);
+        FSDP_CHECK(rc);
+    }
+    if (cad_rank(t) == 0) {
+        struct fsdp_ckpt_meta m = *meta;
+        struct fsdp_engine_counters cn;
+        e->ops->get_counters(e, &cn);
+        m.n_shards = e->n_shards;
+        m.world_size = t->world->size;
+        snprintf(m.mesh, sizeof(m.mesh), "%s", t->mesh ? t->mesh->spec : "single rank");
+        snprintf(m.backends, sizeof(m.backends), "%s", t->mesh ? t->mesh->backends : "none");
+        m.adam_step = cn.opt_step;
+        m.loss_scale = cn.loss_scale;
+        m.scale_good_steps = cn.scale_good_steps;
+        m.skipped_steps = cn.skipped_steps;
+        FSDP_CHECK(fsdp_ckpt_index_write(dir, t->spec, &m));
+    }
+    return 0;
+}
+
+/* Every piece this rank holds, from whatever shard count ck was written
+ * with, and the counters. */
+static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
+{
+    struct fsdp_engine *e = t->engine;
+    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
+    if (e->n_state + 1 != FSDP_CKPT_NKINDS) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: the checkpoint keeps %d optimizer tensors per "
+                        "parameter, the optimizer %d", fsdp_ckpt_dir(ck), FSDP_CKPT_NKINDS - 1,
+                        e->n_state);
+    }
+    size_t n = e->ops->n_pieces(e);
+    for (size_t k = 0; k < n; k++) {
+        struct fsdp_state_piece pc;
+        e->ops->piece(e, k, &pc);
+        if (pc.rows > 0) {
+            FSDP_CHECK(fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0,
+                                           pc.rows, pc.data));
+        }
+    }
+    struct fsdp_engine_counters cn = {.opt_step = m->adam_step, .loss_scale = m->loss_scale,
+                                      .scale_good_steps = m->scale_good_steps,
+                                      .skipped_steps = m->skipped_steps};
+    e->ops->set_counters(e, &cn);
+    return e->ops->state_changed(e);
+}
+
+/* The resolved config as 'key = value' lines. */
+static int cad_config_text(const struct fsdp_train_config *cfg, char *buf, size_t len)
+{
+    /* the option table comes with a config to point at; cfg's values are read */
+    struct fsdp_train_config *scratch = malloc(sizeof(*scratch));
     struct fsdp_optset set;
     char value[1024];
     size_t used = 0;
-    fsdp_train_config_init(&scratch, &set);
+    if (!scratch) {
+        return fsdp_err(FSDP_ERR_NOMEM, "checkpoint config text");
+    }
+    fsdp_train_config_init(scratch, &set);
     set.base = (void *)cfg;
     buf[0] = '\0';
     for (size_t i = 0; i < set.n && used < len; i++) {
@@ -294,6 +373,24 @@ static void cad_config_text(const struct fsdp_train_config *cfg, char *buf, size
         int n = snprintf(buf + used, len - used, "%s = %s\n", set.opts[i].name, value);
         used += n > 0 ? (size_t)n : 0;
     }
+    free(scratch);
+    return 0;
+}
+
+/* What index.h5 records besides the tensors and the engine's counters. */
+static int cad_meta(const struct fsdp_trainer *t, long step, struct fsdp_ckpt_meta *meta)
+{
+    struct fsdp_dataloader_state ds;
+    meta->step = step;
+    meta->tokens_seen = t->tokens_seen;
+    meta->seed = t->cfg->seed;
+    fsdp_dataloader_get_state(t->train, &ds);
+    meta->data_position = ds.position;
+    meta->data_epoch = ds.epoch;
+    meta->data_n_tokens = ds.n_tokens;
+    snprintf(meta->created_by, sizeof(meta->created_by), "fsdpc-train %s, step %ld",
+             PACKAGE_VERSION, step);
+    return cad_config_text(t->cfg, meta->config, sizeof(meta->config));
 }
 
 static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
@@ -307,28 +404,20 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
         nonce = (int32_t)(((unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL) ^
                            (unsigned)step * 40503u) & 0x7fffffffu);
     }
-    FSDP_CHECK(t->engine->ops->agree_max(t->engine, &nonce, 1));
+    FSDP_CHECK(fsdp_world_broadcast(t->world, &nonce, 0));
     snprintf(tmp, sizeof(tmp), "%s/.tmp_step_%ld_%08x", c->dir, step, (unsigned)nonce);
     if (c->rank == 0 && mkdir(tmp, 0755) != 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     }
     FSDP_CHECK(cad_agree_ok(t, rc, step, "create the temporary directory"));
 
-    static struct fsdp_ckpt_meta meta;
-    struct fsdp_dataloader_state ds;
-    memset(&meta, 0, sizeof(meta));
-    meta.step = step;
-    meta.tokens_seen = t->tokens_seen;
-    meta.seed = t->cfg->seed;
-    fsdp_dataloader_get_state(t->train, &ds);
-    meta.data_position = ds.position;
-    meta.data_epoch = ds.epoch;
-    meta.data_n_tokens = ds.n_tokens;
-    snprintf(meta.created_by, sizeof(meta.created_by), "fsdpc-train %s, step %ld",
-             PACKAGE_VERSION, step);
-    cad_config_text(t->cfg, meta.config, sizeof(meta.config));
+    struct fsdp_ckpt_meta *meta = calloc(1, sizeof(*meta));
+    rc = meta ? cad_meta(t, step, meta) : fsdp_err(FSDP_ERR_NOMEM, "checkpoint metadata");
     const double t_save = fsdp_now();
-    rc = t->engine->ops->ckpt_save(t->engine, tmp, &meta);
+    if (rc == 0) {
+        rc = cad_write_state(t, tmp, meta);
+    }
+    free(meta);
     rc = cad_agree_ok(t, rc, step, "write its shard");
     if (rc == 0 && c->rank == 0) {
         rc = cad_commit(c, tmp, step, (unsigned)nonce, t->cfg->ckpt_keep);
@@ -440,7 +529,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     const double t_load = fsdp_now();
     FSDP_CHECK(fsdp_ckpt_open(path, &ck));
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
-    const struct fsdp_model_spec *have = fsdp_ckpt_spec(ck), *want = t->engine->spec;
+    const struct fsdp_model_spec *have = fsdp_ckpt_spec(ck), *want = t->spec;
     int k = have->arch == want->arch ? fsdp_attrs_diff(want->arch, have->cfg, want->cfg) : -2;
     if (k != -1) {
         char hs[256];
@@ -460,10 +549,10 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     }
     struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};
     FSDP_CHECK_GOTO(fsdp_uneven_resume_state(t, m, &ds), rc, out);
-    FSDP_CHECK_GOTO(t->engine->ops->ckpt_load(t->engine, ck), rc, out);
+    FSDP_CHECK_GOTO(cad_read_state(t, ck), rc, out);
     FSDP_CHECK_GOTO(fsdp_dataloader_set_state(t->train, &ds), rc, out);
     /* every rank has its state when the slowest is done */
-    FSDP_CHECK_GOTO(t->engine->ops->agree_max(t->engine, &(int32_t){0}, 1), rc, out);
+    FSDP_CHECK_GOTO(fsdp_world_barrier(t->world), rc, out);
     const double load_s = fsdp_now() - t_load;
     t->step = m->step;
     t->tokens_seen = m->tokens_seen;

@@ -1,14 +1,17 @@
 # src/train: the composition root and the training loop.
 libfsdpc_a_SOURCES += src/train/options.c src/train/train_config.c src/train/schedule.c \
-	src/train/metrics.c src/train/engine_local.c src/train/trainer.c \
+	src/train/metrics.c src/train/world.c src/train/trainer.c \
 	src/train/ckpt_cadence.c src/train/uneven.c
 noinst_HEADERS += src/train/options.h src/train/train_config.h src/train/schedule.h \
-	src/train/metrics.h src/train/engine.h src/train/trainer.h \
+	src/train/metrics.h src/train/world.h src/train/trainer.h \
 	src/train/ckpt_cadence.h src/train/uneven.h
 
 # tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),
 # and join over uneven inputs against a single-rank replay (join_ref)
 check_PROGRAMS += tests/train/oracle_ours tests/train/test_train_options tests/train/join_ref
+tests_train_join_ref_SOURCES = tests/train/join_ref.c tests/train/oracle_engine.c
+tests_train_oracle_ours_SOURCES = tests/train/oracle_ours.c tests/train/oracle_engine.c
+noinst_HEADERS += tests/train/oracle_engine.h
 dist_check_SCRIPTS += tests/train/test_train.sh tests/train/test_torch_oracle.sh \
 	tests/train/test_join.sh
 dist_check_DATA += tests/train/torch_oracle.py

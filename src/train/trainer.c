@@ -1,8 +1,10 @@
 /*
- * trainer.c - the training loop around an engine (see trainer.h).
- * Owns the loaders, the schedule, metrics and the run's cadence; never
- * touches parameters itself. Every rank runs the same sequence of engine
- * calls; only rank 0 prints and writes metrics.
+ * trainer.c - the composition root and the training loop (see trainer.h).
+ * Builds the mesh, the world group, the model's table and the engine, and
+ * owns the loaders, the schedule, metrics and the run's cadence; it moves
+ * parameters only between files and the engine's state pieces. Every rank
+ * runs the same sequence of engine calls; only rank 0 prints and writes
+ * metrics.
  */
 #include "config.h"
 #include "train/trainer.h"
@@ -13,6 +15,7 @@
 #include "core/util.h"
 #include "rendezvous/dist.h"
 #include "comm/debug.h"
+#include "comm/mesh.h"
 #include "fsdp/fsdp.h"
 #include "io/model_file.h"
 #include "io/tokens.h"
@@ -49,7 +52,41 @@ static int trainer_blame(int rc, const char *what)
     return fsdp_err(rc, "%s: %s", what, msg);
 }
 
-static int trainer_open_engine(struct fsdp_trainer *t)
+// ----------------------------------------------------------------------------
+// the mesh, the world group and the engine
+
+/*
+ * The mesh over every rank (when launched with more than one, or asked for
+ * one), with the dimensions this build trains with: dp shards, rdp
+ * replicates. The world group uses the dp dimension's backend.
+ */
+static int trainer_build_mesh(struct fsdp_trainer *t)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    struct fsdp_dist *d = t->dist;
+    const struct fsdp_backend_ops *ops = NULL;
+    if (d && (d->world_size > 1 || c->mesh[0])) {
+        FSDP_CHECK(fsdp_mesh_create(d, c->mesh[0] ? c->mesh : NULL,
+                                    c->backend[0] ? c->backend : NULL, &t->mesh));
+        struct fsdp_mesh *m = t->mesh;
+        for (int i = 0; i < m->ndims; i++) {
+            if (strcmp(m->dims[i].name, "dp") != 0 && strcmp(m->dims[i].name, "rdp") != 0) {
+                return fsdp_err(FSDP_ERR_INVALID,
+                                "mesh %s: dimension '%s' is not one the sharding engine uses (dp: shard, rdp: replicate)",
+                                m->spec, m->dims[i].name);
+            }
+        }
+        int dp = fsdp_mesh_dim_index(m, "dp");
+        if (dp < 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
+                            m->spec);
+        }
+        ops = m->dims[dp].ops;
+    }
+    return fsdp_world_create(d, ops, &t->world);
+}
+
+int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 {
     const struct fsdp_train_config *c = t->cfg;
     struct fsdp_optim_config oc = {
@@ -59,29 +96,81 @@ static int trainer_open_engine(struct fsdp_trainer *t)
         .weight_decay = (float)c->weight_decay,
         .clip = (float)c->clip,
     };
-    int rc;
-    const int sharded = trainer_world(t) > 1 || fsdp_train_config_wants_fsdp(c);
-    if (sharded) {
-        struct fsdp_engine_config ec;
-        fsdp_engine_config_init(&ec);
-        ec.mesh = c->mesh;
-        ec.backend = c->backend;
-        ec.sharding = (enum fsdp_sharding)c->sharding;
-        ec.reshard_after_forward = c->reshard_after_forward == 0;
-        ec.prefetch = (int)c->prefetch;
-        ec.param_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->param_dtype);
-        ec.reduce_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->reduce_dtype);
-        FSDP_CHECK(fsdp_train_config_loss_scale(c, &ec.loss_scale_dynamic, &ec.loss_scale));
-        ec.no_sync_accum = c->no_sync_accum;
-        ec.activation_checkpointing = c->activation_checkpointing;
-        ec.lm_head_chunk = (int)c->lm_head_chunk;
-        rc = fsdp_shard_engine_create(t->dist, c->model, (int)c->batch_size, (int)c->seq_len, &oc,
-                                      &ec, &t->engine);
-    } else {
-        rc = fsdp_local_engine_create(c->model, (int)c->batch_size, (int)c->seq_len,
-                                      (int)c->lm_head_chunk, &oc, &t->engine);
+    struct fsdp_shard_config sc;
+    fsdp_shard_config_init(&sc);
+    sc.B = (int)c->batch_size;
+    sc.T = (int)c->seq_len;
+    sc.sharding = (enum fsdp_sharding)c->sharding;
+    sc.reshard_after_forward = c->reshard_after_forward == 0; /* choice 0: on */
+    sc.prefetch = (int)c->prefetch;
+    sc.param_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->param_dtype);
+    sc.reduce_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->reduce_dtype);
+    int dynamic;
+    FSDP_CHECK(fsdp_train_config_loss_scale(c, &dynamic, &sc.loss_scale));
+    sc.loss_scale_dynamic = dynamic != 0;
+    sc.no_sync_accum = c->no_sync_accum != 0;
+    sc.activation_checkpointing = c->activation_checkpointing != 0;
+    sc.lm_head_chunk = (int)c->lm_head_chunk;
+    struct fsdp_shard_groups g = {
+        .dp = t->mesh ? fsdp_mesh_group(t->mesh, "dp") : NULL,
+        .rdp = t->mesh ? fsdp_mesh_group(t->mesh, "rdp") : NULL,
+        .world_rank = trainer_rank(t),
+        .mesh = t->mesh ? t->mesh->spec : "single rank",
+        .backends = t->mesh ? t->mesh->backends : "no backend",
+    };
+    return fsdp_shard_engine_create(t->spec, &g, &oc, &sc, out);
+}
+
+/* Every rank reads its rows of every parameter from the model file into
+ * the engine's pieces of kind 0. */
+static int trainer_load_model(struct fsdp_trainer *t)
+{
+    struct fsdp_engine *e = t->engine;
+    struct fsdp_model_file *mf;
+    int rc = 0;
+    FSDP_CHECK(fsdp_model_file_open(t->cfg->model, &mf));
+    size_t n = e->ops->n_pieces(e);
+    for (size_t k = 0; k < n && rc == 0; k++) {
+        struct fsdp_state_piece pc;
+        e->ops->piece(e, k, &pc);
+        if (pc.kind == 0 && pc.rows > 0) {
+            rc = fsdp_model_file_read_rows(mf, t->spec->params[pc.param].name, pc.row0, pc.rows,
+                                           pc.data);
+        }
     }
-    return rc < 0 ? trainer_blame(rc, sharded ? "sharding engine" : "model") : 0;
+    fsdp_model_file_close(mf);
+    FSDP_CHECK(rc);
+    return e->ops->state_changed(e);
+}
+
+/* The model's table, the mesh and the engine, its parameters loaded. */
+static int trainer_open_engine(struct fsdp_trainer *t, fsdp_engine_factory factory)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    int rc = fsdp_model_file_read_spec(c->model, &t->spec);
+    if (rc < 0) {
+        return trainer_blame(rc, "model");
+    }
+    if (c->seq_len > t->spec->context) {
+        return fsdp_err(FSDP_ERR_INVALID, "seq-len %ld is longer than the context %d of model %s",
+                        c->seq_len, t->spec->context, c->model);
+    }
+    if ((rc = trainer_build_mesh(t)) < 0) {
+        return trainer_blame(rc, "sharding engine");
+    }
+    if ((rc = (factory ? factory : fsdp_trainer_shard_engine)(t, &t->engine)) < 0) {
+        return trainer_blame(rc, "sharding engine");
+    }
+    size_t n = (size_t)c->grad_accum * (size_t)c->batch_size * (size_t)c->seq_len;
+    t->batch_in = malloc(n * sizeof(int32_t));
+    t->batch_tgt = malloc(n * sizeof(int32_t));
+    if (!t->batch_in || !t->batch_tgt) {
+        return fsdp_err(FSDP_ERR_NOMEM, "batch of %zu tokens", n);
+    }
+    if ((rc = trainer_load_model(t)) < 0) {
+        return trainer_blame(rc, "model");
+    }
+    return 0;
 }
 
 /*
@@ -98,7 +187,7 @@ static int trainer_open_data(struct fsdp_trainer *t, const char *path, const cha
     if (rc == 0) {
         rc = fsdp_dataloader_create(mine, (size_t)c->batch_size, (size_t)c->seq_len,
                                     *per_rank ? 0 : trainer_rank(t), *per_rank ? 1 : trainer_world(t),
-                                    t->engine->spec->vocab_size, out);
+                                    t->spec->vocab_size, out);
     }
     return rc < 0 ? trainer_blame(rc, what) : 0;
 }
@@ -118,8 +207,7 @@ static int trainer_agree_setup(struct fsdp_trainer *t, int rc, const char *what)
     if (!failed) {
         return rc < 0 ? rc : fsdp_err(FSDP_ERR_NOMEM, "agreement on %s", what);
     }
-    failed[trainer_rank(t)] = rc < 0;
-    int arc = t->engine->ops->agree_max(t->engine, failed, world);
+    int arc = fsdp_world_allgather(t->world, rc < 0, failed);
     int first = -1, n = 0;
     for (int r = 0; arc == 0 && r < world; r++) {
         first = failed[r] && first < 0 ? r : first;
@@ -159,9 +247,9 @@ static int trainer_open_val(struct fsdp_trainer *t)
     size_t fits = (fsdp_tokens_count(t->val->tokens) - 1) / t->val->step_tokens;
     t->val_batches = c->val_batches < (long)fits ? c->val_batches : (long)fits;
     if (per_rank) { /* every rank runs as many as the shortest file holds */
-        int32_t neg = (int32_t)-(t->val_batches < INT32_MAX ? t->val_batches : INT32_MAX);
-        FSDP_CHECK(t->engine->ops->agree_max(t->engine, &neg, 1));
-        t->val_batches = -(long)neg;
+        int32_t n = (int32_t)(t->val_batches < INT32_MAX ? t->val_batches : INT32_MAX);
+        FSDP_CHECK(fsdp_world_min(t->world, &n, 1));
+        t->val_batches = n;
     }
     return 0;
 }
@@ -186,8 +274,20 @@ static int trainer_check_out(const char *out)
     return 0;
 }
 
+static void trainer_close_engine(struct fsdp_trainer *t)
+{
+    if (t->engine) {
+        t->engine->ops->destroy(t->engine);
+    }
+    free(t->batch_in);
+    free(t->batch_tgt);
+    fsdp_world_destroy(t->world);
+    fsdp_mesh_destroy(t->mesh);
+    fsdp_model_spec_destroy(t->spec);
+}
+
 int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *dist,
-                        struct fsdp_trainer **out)
+                        fsdp_engine_factory factory, struct fsdp_trainer **out)
 {
     struct fsdp_trainer *t = calloc(1, sizeof(*t));
     int rc;
@@ -201,22 +301,9 @@ int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *d
     fsdp_lr_schedule_init(&t->sched, cfg);
     openblas_set_num_threads((int)cfg->threads);
 
-    struct fsdp_model_spec *ms = NULL;
     FSDP_CHECK_GOTO(trainer_check_out(cfg->out), rc, err_free);
     FSDP_CHECK_GOTO(fsdp_model_registry_init(), rc, err_free);
-    rc = fsdp_model_file_read_spec(cfg->model, &ms);
-    if (rc < 0) {
-        rc = trainer_blame(rc, "model");
-        goto err_free;
-    }
-    int context = ms->context;
-    fsdp_model_spec_destroy(ms);
-    if (cfg->seq_len > context) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "seq-len %ld is longer than the context %d of model %s",
-                      cfg->seq_len, context, cfg->model);
-        goto err_free;
-    }
-    FSDP_CHECK_GOTO(trainer_open_engine(t), rc, err_free);
+    FSDP_CHECK_GOTO(trainer_open_engine(t, factory), rc, err_engine);
     rc = trainer_open_data(t, cfg->data, "data", &t->train, &t->per_rank_data);
     FSDP_CHECK_GOTO(trainer_agree_setup(t, rc, "open its data file"), rc, err_train);
     FSDP_CHECK_GOTO(trainer_open_val(t), rc, err_val);
@@ -252,7 +339,8 @@ err_val:
     fsdp_dataloader_destroy(t->val);
 err_train:
     fsdp_dataloader_destroy(t->train);
-    t->engine->ops->destroy(t->engine);
+err_engine:
+    trainer_close_engine(t);
 err_free:
     free(t);
     return rc;
@@ -268,7 +356,7 @@ void fsdp_trainer_destroy(struct fsdp_trainer *t)
     fsdp_uneven_destroy(t->uneven);
     fsdp_dataloader_destroy(t->val);
     fsdp_dataloader_destroy(t->train);
-    t->engine->ops->destroy(t->engine);
+    trainer_close_engine(t);
     free(t);
 }
 
@@ -316,9 +404,9 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
     fprintf(fp, "engine: %s | peak %.1f GFLOP/s per rank (%s) | %.2f MFLOP per token\n",
             t->engine->ops->name, t->peak_flops / 1e9, t->peak_method,
             t->engine->flops_per_token / 1e6);
-    if (fsdp_shard_engine_is(t->engine)) {
-        char line[512];
-        fsdp_shard_engine_describe(t->engine, line, sizeof(line));
+    char line[512];
+    t->engine->ops->describe(t->engine, line, sizeof(line));
+    if (line[0]) {
         fprintf(fp, "%s\n", line);
     }
     fflush(fp);
@@ -333,6 +421,20 @@ static int trainer_should_log(const struct fsdp_trainer *t)
 // ----------------------------------------------------------------------------
 // the loop
 
+/* This rank's K micro-batches from the loader into the batch arrays. */
+static int trainer_next_batch(struct fsdp_trainer *t, struct fsdp_batch *b)
+{
+    const size_t bt = (size_t)b->B * (size_t)b->T;
+    for (int k = 0; k < b->K; k++) {
+        FSDP_CHECK(fsdp_dataloader_next(t->train));
+        memcpy(t->batch_in + k * bt, t->train->inputs, bt * sizeof(int32_t));
+        memcpy(t->batch_tgt + k * bt, t->train->targets, bt * sizeof(int32_t));
+    }
+    b->inputs = t->batch_in;
+    b->targets = t->batch_tgt;
+    return 0;
+}
+
 int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
 {
     const struct fsdp_train_config *c = t->cfg;
@@ -343,9 +445,14 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     /* with epochs the vote before this step said who has a batch */
     int contrib = u ? u->n_contrib : trainer_world(t);
     double t0 = fsdp_now();
-    int rc = u ? t->engine->ops->step_join(t->engine, u->have ? t->train : NULL,
-                                           (int)c->grad_accum, lr, contrib, &res)
-               : t->engine->ops->step(t->engine, t->train, (int)c->grad_accum, lr, &res);
+    struct fsdp_batch b = {.K = (int)c->grad_accum, .B = (int)c->batch_size, .T = (int)c->seq_len};
+    int rc = 0;
+    if (!u || u->have) {
+        rc = trainer_next_batch(t, &b);
+    }
+    if (rc == 0) {
+        rc = t->engine->ops->step(t->engine, &b, lr, contrib, &res);
+    }
     double dt = fsdp_now() - t0;
     if (rc < 0) {
         char what[32];
@@ -394,7 +501,8 @@ int fsdp_trainer_validate(struct fsdp_trainer *t, double *val_loss)
     FSDP_CHECK(fsdp_dataloader_set_state(t->val, &start));
     for (long i = 0; i < t->val_batches; i++) {
         double loss;
-        FSDP_CHECK(t->engine->ops->eval(t->engine, t->val, &loss));
+        FSDP_CHECK(fsdp_dataloader_next(t->val));
+        FSDP_CHECK(t->engine->ops->eval(t->engine, t->val->inputs, t->val->targets, &loss));
         sum += loss;
     }
     *val_loss = sum / (double)t->val_batches;
@@ -420,10 +528,42 @@ static int trainer_agree(struct fsdp_trainer *t, int *preempt)
     }
     if (t->ckpt) {
         int32_t v = sig;
-        FSDP_CHECK(t->engine->ops->agree_max(t->engine, &v, 1));
+        FSDP_CHECK(fsdp_world_max(t->world, &v, 1));
         *preempt = v != 0;
     }
     return 0;
+}
+
+/* The whole model into path: the engine gathers unit by unit, rank 0
+ * writes, and every rank learns whether the file was written. */
+static int trainer_save_model(struct fsdp_trainer *t, const char *path, const char *created_by)
+{
+    struct fsdp_model_write_opts opts = {.created_by = created_by, .dtype = FSDP_F32};
+    struct fsdp_model_writer *w = NULL;
+    const int writer = trainer_rank(t) == 0;
+    int rc = writer ? fsdp_model_writer_create(path, t->spec, &opts, &w) : 0;
+    for (int u = 0; u < t->spec->n_units; u++) {
+        const float *full;
+        int grc = t->engine->ops->gather_unit(t->engine, u, &full);
+        if (grc < 0) {
+            fsdp_model_writer_destroy(w);
+            return grc; /* a collective failed: every rank hears of it */
+        }
+        if (writer && rc == 0) {
+            rc = fsdp_model_writer_put_unit(w, u, full);
+        }
+    }
+    if (writer && rc == 0) {
+        rc = fsdp_model_writer_commit(w);
+    }
+    fsdp_model_writer_destroy(w);
+    FSDP_CHECK(t->engine->ops->state_changed(t->engine));
+    int any;
+    FSDP_CHECK(fsdp_world_any_failed(t->world, rc, &any));
+    if (rc == 0 && any) {
+        rc = fsdp_err(FSDP_ERR_IO, "model %s: rank 0 could not write it (see its error)", path);
+    }
+    return rc;
 }
 
 static int trainer_more(const struct fsdp_trainer *t)
@@ -462,7 +602,7 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
         char created_by[128];
         snprintf(created_by, sizeof(created_by), "fsdpc-train %s, %ld steps", PACKAGE_VERSION,
                  t->step);
-        FSDP_CHECK(t->engine->ops->save(t->engine, c->out, created_by));
+        FSDP_CHECK(trainer_save_model(t, c->out, created_by));
     }
     FSDP_CHECK(fsdp_ckpt_cadence_final(t->ckpt, t));
     if (trainer_rank(t) == 0) {

@@ -1,7 +1,12 @@
 /*
- * trainer.h - the training loop: the data loaders, the learning-rate
- * schedule, step lines and metrics, validation cadence and the final
- * model file, around an engine (engine.h) that runs each optimizer step.
+ * trainer.h - the composition root and the training loop. The trainer
+ * builds the mesh and its groups (and a world group for its own votes and
+ * barriers), the model's parameter table (by the file's architecture, from
+ * the registry), the engine that holds the model state (the sharding
+ * engine, fsdp.h), whose parameters it loads from the model file through
+ * the engine's state pieces, and the data loaders; then it runs the loop:
+ * the learning-rate schedule, batches handed to the engine as arrays, step
+ * lines and metrics, validation, checkpoints and the final model file.
  *
  * Model- and data-dependent checks happen at create: seq-len against the
  * model's context, every token against the model's vocabulary, one global
@@ -12,16 +17,26 @@
 #define FSDP_TRAIN_TRAINER_H
 
 #include "train/train_config.h"
-#include "train/engine.h"
+#include "fsdp/engine.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
+#include "train/world.h"
 
 struct fsdp_dist;
+struct fsdp_mesh;
+struct fsdp_trainer;
+
+/* Makes the engine for t (t->spec, t->mesh are set). */
+typedef int (*fsdp_engine_factory)(struct fsdp_trainer *t, struct fsdp_engine **out);
 
 struct fsdp_trainer {
     const struct fsdp_train_config *cfg;
-    struct fsdp_dist *dist;        /* the sharding engine builds its mesh on it */
-    struct fsdp_train_engine *engine;
+    struct fsdp_dist *dist;        /* NULL: one rank, no launcher */
+    struct fsdp_mesh *mesh;        /* NULL on one rank without a --mesh */
+    struct fsdp_world *world;      /* the loop's own collectives */
+    struct fsdp_model_spec *spec;  /* the model's parameter table */
+    struct fsdp_engine *engine;
+    int32_t *batch_in, *batch_tgt; /* (K, B, T) this step's micro-batches */
     struct fsdp_dataloader *train; /* this rank's slice of each global batch */
     struct fsdp_dataloader *val;   /* NULL without val-data */
     struct fsdp_metrics *metrics;  /* rank 0 only; NULL elsewhere */
@@ -51,7 +66,9 @@ struct fsdp_trainer {
  * every rank.
  */
 int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *dist,
-                        struct fsdp_trainer **out);
+                        fsdp_engine_factory factory, struct fsdp_trainer **out);
+/* The sharding engine over t's mesh (the default factory). */
+int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out);
 void fsdp_trainer_destroy(struct fsdp_trainer *t);
 
 /* Prints the run header on rank 0: model, data, batch, peak FLOP/s. */

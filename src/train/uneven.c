@@ -68,9 +68,7 @@ int fsdp_uneven_path(const char *tmpl, int rank, char *out, size_t len, int *per
 /* Every rank's value of x in v[0..world) (world x int32, one collective). */
 static int unv_gather(struct fsdp_trainer *t, int32_t *v, int32_t x)
 {
-    memset(v, 0, (size_t)unv_world(t) * sizeof(*v));
-    v[unv_rank(t)] = x;
-    return t->engine->ops->agree_max(t->engine, v, unv_world(t));
+    return fsdp_world_allgather(t->world, x, v);
 }
 
 int fsdp_uneven_create(struct fsdp_trainer *t, struct fsdp_uneven **out)
@@ -224,7 +222,7 @@ static int unv_agree(struct fsdp_uneven *u, struct fsdp_trainer *t, int signalle
     memset(u->vote, 0, ((size_t)u->world + 1) * sizeof(*u->vote));
     u->vote[0] = signalled != 0;
     u->vote[1 + u->rank] = fsdp_dataloader_fits(t->train, u->K);
-    return t->engine->ops->agree_max(t->engine, u->vote, u->world + 1);
+    return fsdp_world_max(t->world, u->vote, u->world + 1);
 }
 
 /* Rank 0's line when ranks run out in the middle of a pass (join). */
@@ -376,7 +374,7 @@ int fsdp_uneven_resume_state(struct fsdp_trainer *t, const struct fsdp_ckpt_meta
                       (unsigned long long)st.n_tokens);
     }
     int32_t failed = rc < 0;
-    FSDP_CHECK(t->engine->ops->agree_max(t->engine, &failed, 1));
+    FSDP_CHECK(fsdp_world_max(t->world, &failed, 1));
     if (failed) { /* every rank knows now; rank 0, the one with the message, reports it */
         return FSDP_ERR_ABORTED;
     }

@@ -1,5 +1,6 @@
 #!/bin/sh
-# test_fsdp_equiv.sh - the sharding engine against the single-rank engine on
+# test_fsdp_equiv.sh - the sharding engine against the single-rank oracle
+# engine (tests/train/oracle_engine.c, run by oracle_ours --run) on
 # the same global batch: per-step losses (JSONL metrics) and the final model
 # (--out) agree to rel 1e-5 (compare_models.py says how that is measured;
 # it compares each step's gradient norm and loss scale as well as its loss)
@@ -12,6 +13,10 @@
 
 BIN="$top_builddir"
 TRAIN="$BIN/fsdpc-train"
+# single-rank references: the oracle engine, or for options only the
+# sharding engine has (16-bit dtypes, loss scaling, ...) the sharding engine
+# on one rank
+ORACLE="$BIN/tests/train/oracle_ours"
 PY=/usr/bin/python3
 CMP="$top_srcdir/tests/fsdp/compare_models.py"
 MPIEXEC=${MPIEXEC:-mpiexec.mpich}
@@ -47,7 +52,7 @@ run() {
     rm -f "$W/$r_name.jsonl"
     if [ "$r_n" -eq 1 ]; then
         # shellcheck disable=SC2086
-        "$TRAIN" --model "$W/$r_model.h5" $COMMON --batch-size "$r_b" \
+        "$ORACLE" --run --model "$W/$r_model.h5" $COMMON --batch-size "$r_b" \
             --metrics "$W/$r_name.jsonl" --out "$W/$r_name.h5" "$@" > "$W/$r_name.log" 2>&1
     else
         # shellcheck disable=SC2086

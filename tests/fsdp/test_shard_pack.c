@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "fsdp/fsdp_impl.h"
+#include "model/gpt2_spec.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
@@ -47,15 +48,18 @@ static size_t check_model(int tied, int Rs, size_t *scratch_want, size_t *scratc
     struct fsdp_gpt2_config cfg = {.vocab_size = 37, .context = 11, .n_layer = 2, .n_head = 2,
                                    .n_embd = 6, .ln_eps = 1e-5f, .tied = tied};
     struct fsdp_shard_engine *se = calloc(1, sizeof(*se));
+    struct fsdp_model_spec *spec = NULL;
     size_t bad = 0;
-    if (!se || fsdp_gpt2_spec_create(&cfg, &se->spec) < 0) {
+    if (!se || fsdp_gpt2_spec_create(&cfg, &spec) < 0) {
         free(se);
         return 1;
     }
+    se->spec = spec;
     se->Rs = Rs;
     se->rs = Rs - 1;
     if (fsdp_shard_layout_create(se) < 0) {
         fsdp_shard_teardown(se);
+        fsdp_model_spec_destroy(spec);
         free(se);
         return 1;
     }
@@ -97,6 +101,7 @@ static size_t check_model(int tied, int Rs, size_t *scratch_want, size_t *scratc
         free(unit), free(want), free(buf);
     }
     fsdp_shard_teardown(se);
+    fsdp_model_spec_destroy(spec);
     free(se);
     return bad;
 }

@@ -34,7 +34,7 @@
  */
 #include "config.h"
 #include "train/train_config.h"
-#include "train/engine.h"
+#include "tests/train/oracle_engine.h"
 #include "train/schedule.h"
 #include "train/uneven.h"
 #include "core/error.h"
@@ -196,13 +196,33 @@ out:
     return rc;
 }
 
+/* The model file's parameters into the engine's pieces of kind 0. */
+static int load_params(struct fsdp_engine *e, const char *path)
+{
+    struct fsdp_model_file *mf;
+    int rc = 0;
+    FSDP_CHECK(fsdp_model_file_open(path, &mf));
+    for (size_t k = 0; k < e->ops->n_pieces(e) && rc == 0; k++) {
+        struct fsdp_state_piece pc;
+        e->ops->piece(e, k, &pc);
+        if (pc.kind == 0) {
+            rc = fsdp_model_file_read_rows(mf, e->spec->params[pc.param].name, pc.row0, pc.rows,
+                                           pc.data);
+        }
+    }
+    fsdp_model_file_close(mf);
+    return rc;
+}
+
 static int check(int world, const char *metrics, const char *model, int argc, char **argv)
 {
     static struct ref R;
     static double want[MAX_STEPS], got[MAX_STEPS];
     static int contrib[MAX_STEPS];
     struct fsdp_optset set;
-    struct fsdp_train_engine *e = NULL;
+    struct fsdp_engine *e = NULL;
+    struct fsdp_model_spec *spec = NULL;
+    int32_t *in = NULL, *tgt = NULL;
     uint16_t *stream = NULL;
     int rc;
     fsdp_train_config_init(&R.c, &set);
@@ -269,11 +289,27 @@ static int check(int world, const char *metrics, const char *model, int argc, ch
     struct fsdp_lr_schedule sched;
     fsdp_lr_schedule_init(&sched, &R.c);
     sched.steps = steps;
-    FSDP_CHECK_GOTO(fsdp_local_engine_create(R.c.model, (int)R.B, (int)R.T, 0, &oc, &e), rc, out);
+    FSDP_CHECK_GOTO(fsdp_model_file_read_spec(R.c.model, &spec), rc, out);
+    FSDP_CHECK_GOTO(fsdp_oracle_engine_create(spec, (int)R.B, (int)R.T, 0, &oc, &e), rc, out);
+    FSDP_CHECK_GOTO(load_params(e, R.c.model), rc, out);
     FSDP_CHECK_GOTO(fsdp_dataloader_create(ref_path, R.B, R.T, 0, 1, 0, &dl), rc, out);
+    in = malloc((size_t)R.K * (size_t)world * R.BT * sizeof(int32_t));
+    tgt = malloc((size_t)R.K * (size_t)world * R.BT * sizeof(int32_t));
+    if (!in || !tgt) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "batch");
+    }
     for (long s = 0; s < steps && rc == 0; s++) {
         struct fsdp_step_result res;
-        rc = e->ops->step(e, dl, R.K * contrib[s], fsdp_lr_at(&sched, s), &res);
+        struct fsdp_batch b = {.K = R.K * contrib[s], .B = (int)R.B, .T = (int)R.T,
+                               .inputs = in, .targets = tgt};
+        for (int k = 0; k < b.K && rc == 0; k++) {
+            rc = fsdp_dataloader_next(dl);
+            memcpy(in + k * R.BT, dl->inputs, R.BT * sizeof(int32_t));
+            memcpy(tgt + k * R.BT, dl->targets, R.BT * sizeof(int32_t));
+        }
+        if (rc == 0) {
+            rc = e->ops->step(e, &b, fsdp_lr_at(&sched, s), 1, &res);
+        }
         want[s] = res.loss;
     }
     fsdp_dataloader_destroy(dl);
@@ -304,16 +340,19 @@ static int check(int world, const char *metrics, const char *model, int argc, ch
     FSDP_CHECK_GOTO(read_model(model, e->spec, &w), rc, out);
     const float *ref_units[64];
     for (int u = 0; u < e->spec->n_units; u++) {
-        ref_units[u] = fsdp_local_engine_params(e, u);
+        ref_units[u] = fsdp_oracle_engine_params(e, u);
     }
     bad |= compare_weights(e->spec, w, ref_units);
     free(w);
     rc = bad ? 1 : 0;
 out:
     free(stream);
+    free(in);
+    free(tgt);
     if (e) {
         e->ops->destroy(e);
     }
+    fsdp_model_spec_destroy(spec);
     for (int r = 0; r < world; r++) {
         fsdp_tokens_close(R.files[r]);
     }

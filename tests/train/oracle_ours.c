@@ -1,9 +1,18 @@
 /*
- * oracle_ours.c - fsdpc's side of the PyTorch comparison (test_torch_oracle.sh).
+ * oracle_ours.c - fsdpc's trainer on the single-rank oracle engine
+ * (oracle_engine.h), for the tests that compare against it.
  *
+ *   oracle_ours --run <fsdpc-train options>
+ *       the whole run, as fsdpc-train on one rank (metrics, --out, ...),
+ *       with the oracle engine; with options only the sharding engine
+ *       implements (a mesh, 16-bit dtypes, loss scaling, sharding modes,
+ *       no-sync accumulation, activation checkpointing) the sharding
+ *       engine on one rank instead, as the single-rank references of the
+ *       equivalence tests need
  *   oracle_ours --dump FILE.h5 <fsdpc-train options>
+ *       fsdpc's side of the PyTorch comparison (test_torch_oracle.sh)
  *
- * Runs the trainer itself (same option parser, same loop, same engine) for
+ * --dump runs the trainer itself (same option parser, same loop) for
  * --steps steps and writes what torch_oracle.py's "reference" writes:
  *   logits (B, T, V)      the first micro-batch, before any update
  *   loss ()               its mean cross-entropy
@@ -16,9 +25,12 @@
  */
 #include "config.h"
 #include "train/trainer.h"
+#include "tests/train/oracle_engine.h"
+#include "fsdp/fsdp.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "io/tokens.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 
 #include <hdf5.h>
 #include <stdio.h>
@@ -43,18 +55,18 @@ static int dump_first_batch(struct fsdp_trainer *t, hid_t f)
 {
     const struct fsdp_train_config *c = t->cfg;
     struct fsdp_dataloader *dl;
-    struct fsdp_gpt2 *m = fsdp_local_engine_model(t->engine);
+    struct fsdp_model *m = fsdp_oracle_engine_model(t->engine);
     int B = (int)c->batch_size, T = (int)c->seq_len, V = t->engine->spec->vocab_size;
     hsize_t dims[3] = {(hsize_t)B, (hsize_t)T, (hsize_t)V};
     float loss;
     FSDP_CHECK(fsdp_dataloader_create(c->data, (size_t)B, (size_t)T, 0, 1, V, &dl));
     int rc = fsdp_dataloader_next(dl);
     if (rc == 0) {
-        rc = fsdp_gpt2_forward(m, dl->inputs, NULL, B, T, NULL);
+        rc = fsdp_model_forward(m, dl->inputs, NULL, B, T, NULL);
     }
     float *logits = rc == 0 ? malloc((size_t)B * T * V * sizeof(float)) : NULL;
     if (rc == 0) {
-        rc = logits ? fsdp_gpt2_logits(m, 0, (size_t)B * T, logits)
+        rc = logits ? m->ops->logits(m, 0, (size_t)B * T, logits)
                     : fsdp_err(FSDP_ERR_NOMEM, "logits (%d, %d, %d)", B, T, V);
     }
     if (rc == 0) {
@@ -62,7 +74,7 @@ static int dump_first_batch(struct fsdp_trainer *t, hid_t f)
     }
     free(logits);
     if (rc == 0) {
-        rc = fsdp_gpt2_forward(m, dl->inputs, dl->targets, B, T, &loss);
+        rc = fsdp_model_forward(m, dl->inputs, dl->targets, B, T, &loss);
     }
     if (rc == 0) {
         double l = loss;
@@ -84,10 +96,10 @@ static int dump_tensors(struct fsdp_trainer *t, hid_t f, const char *group, enum
         const struct fsdp_param_spec *p = &s->params[i];
         hsize_t dims[2] = {p->shape[0], p->shape[1]};
         const float *m, *v, *src;
-        fsdp_local_engine_moments(t->engine, p->unit, &m, &v);
+        fsdp_oracle_engine_moments(t->engine, p->unit, &m, &v);
         switch (what) {
-        case DUMP_GRADS: src = fsdp_local_engine_grads(t->engine, p->unit); break;
-        case DUMP_PARAMS: src = fsdp_local_engine_params(t->engine, p->unit); break;
+        case DUMP_GRADS: src = fsdp_oracle_engine_grads(t->engine, p->unit); break;
+        case DUMP_PARAMS: src = fsdp_oracle_engine_params(t->engine, p->unit); break;
         case DUMP_EXP_AVG: src = m; break;
         default: src = v; break;
         }
@@ -134,26 +146,53 @@ out:
     return rc;
 }
 
+static int oracle_factory(struct fsdp_trainer *t, struct fsdp_engine **out)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    if (fsdp_train_config_wants_fsdp(c)) {
+        return fsdp_trainer_shard_engine(t, out);
+    }
+    struct fsdp_optim_config oc = {
+        .beta1 = (float)c->beta1,
+        .beta2 = (float)c->beta2,
+        .eps = (float)c->eps,
+        .weight_decay = (float)c->weight_decay,
+        .clip = (float)c->clip,
+    };
+    return fsdp_oracle_engine_create(t->spec, (int)c->batch_size, (int)c->seq_len,
+                                     (int)c->lm_head_chunk, &oc, out);
+}
+
 int main(int argc, char **argv)
 {
     struct fsdp_train_config cfg;
     struct fsdp_optset set;
     struct fsdp_trainer *t;
-    if (argc < 3 || strcmp(argv[1], "--dump") != 0) {
-        fprintf(stderr, "usage: oracle_ours --dump FILE.h5 <fsdpc-train options>\n");
+    int dump = argc >= 3 && strcmp(argv[1], "--dump") == 0;
+    if (argc < 2 || (!dump && strcmp(argv[1], "--run") != 0)) {
+        fprintf(stderr, "usage: oracle_ours --run|--dump FILE.h5 <fsdpc-train options>\n");
         return 2;
     }
-    const char *dump = argv[2];
-    argv[2] = argv[0];
+    const char *path = dump ? argv[2] : NULL;
+    fsdp_log_set_rank(0);
+    int skip = dump ? 2 : 1;
+    argv[skip] = argv[0];
     fsdp_train_config_init(&cfg, &set);
-    int rc = fsdp_train_config_parse(&cfg, &set, argc - 2, argv + 2);
+    int rc = fsdp_train_config_parse(&cfg, &set, argc - skip, argv + skip);
     if (rc != 0) {
         fsdp_die(rc < 0 ? rc : FSDP_ERR_INVALID, "oracle_ours: options", NULL);
     }
-    if ((rc = fsdp_trainer_create(&cfg, NULL, &t)) < 0) {
+    if ((rc = fsdp_trainer_create(&cfg, NULL, oracle_factory, &t)) < 0) {
         fsdp_die(rc, "oracle_ours", NULL);
     }
-    if ((rc = run(t, dump)) < 0) {
+    if (dump && fsdp_shard_engine_is(t->engine)) {
+        fsdp_die(FSDP_ERR_INVALID, "oracle_ours --dump", "options that need the sharding engine");
+    }
+    if (!dump) {
+        fsdp_trainer_print_header(t, stdout);
+    }
+    rc = dump ? run(t, path) : fsdp_trainer_run(t);
+    if (rc < 0) {
         fsdp_die(rc, "oracle_ours", NULL);
     }
     fsdp_trainer_destroy(t);

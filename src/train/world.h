@@ -1,0 +1,39 @@
+/*
+ * world.h - the training loop's own collectives over every rank: the
+ * per-step vote, the checkpoint nonce and outcome, barriers, gathers of
+ * one value per rank. A process group of its own ("world"), apart from the
+ * engine's groups, so that the loop never borrows the model-state engine to
+ * talk. With one rank (no group) every call is local.
+ */
+#ifndef FSDP_TRAIN_WORLD_H
+#define FSDP_TRAIN_WORLD_H
+
+#include <stdint.h>
+
+struct fsdp_dist;
+struct fsdp_group;
+struct fsdp_backend_ops;
+
+struct fsdp_world {
+    int rank, size;
+    struct fsdp_group *g; /* NULL with one rank */
+};
+
+/* Collective over d's world (d NULL: one rank), served by backend ops. */
+int fsdp_world_create(struct fsdp_dist *d, const struct fsdp_backend_ops *ops,
+                      struct fsdp_world **out);
+void fsdp_world_destroy(struct fsdp_world *w);
+
+/* Element-wise maximum of v[0..n) over every rank, in place. */
+int fsdp_world_max(struct fsdp_world *w, int32_t *v, int n);
+/* Element-wise minimum of v[0..n) over every rank, in place. */
+int fsdp_world_min(struct fsdp_world *w, int32_t *v, int n);
+/* Every rank's x, in rank order, into v[0..size). */
+int fsdp_world_allgather(struct fsdp_world *w, int32_t x, int32_t *v);
+/* root's *x on every rank. */
+int fsdp_world_broadcast(struct fsdp_world *w, int32_t *x, int root);
+int fsdp_world_barrier(struct fsdp_world *w);
+/* Whether any rank failed (rc < 0 there): 1 on every rank if so. */
+int fsdp_world_any_failed(struct fsdp_world *w, int rc, int *any);
+
+#endif
