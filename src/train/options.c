@@ -108,6 +108,16 @@ static void opt_choice_name(const char *choices, int index, char *buf, size_t le
     snprintf(buf, len, "%.*s", (int)strcspn(p, "|"), p);
 }
 
+/* The value a key given without one takes, or NULL when it needs one. */
+static const char *opt_implied(const struct fsdp_opt *o)
+{
+    if (!(o->flags & FSDP_OPT_OPTIONAL_VALUE) || o->type == FSDP_OPT_CHOICE ||
+        o->type == FSDP_OPT_FLAG) {
+        return NULL;
+    }
+    return o->choices;
+}
+
 int fsdp_opt_set(struct fsdp_optset *s, const char *key, const char *value,
                  enum fsdp_opt_source src, const char *where)
 {
@@ -261,6 +271,7 @@ int fsdp_opt_load_file(struct fsdp_optset *s, const char *path)
         char *key = opt_trim(p);
         char *value = opt_trim(eq + 1);
         size_t vl = strlen(value);
+        const int bare = vl == 0; /* "key =": an implied value applies; 'key = ""' is empty */
         if (vl >= 2 && value[0] == '"' && value[vl - 1] == '"') {
             value[vl - 1] = '\0';
             value++;
@@ -270,11 +281,13 @@ int fsdp_opt_load_file(struct fsdp_optset *s, const char *path)
             break;
         }
         long idx = fsdp_opt_find(s, key);
+        const char *implied = idx >= 0 ? opt_implied(&s->opts[idx]) : NULL;
         if (idx >= 0 && s->source[idx] == FSDP_SRC_FILE) {
             rc = fsdp_err(FSDP_ERR_INVALID, "%s: '%s' is set twice in the file", where, key);
             break;
         }
-        if ((rc = fsdp_opt_set(s, key, value, FSDP_SRC_FILE, where)) < 0) {
+        if ((rc = fsdp_opt_set(s, key, bare && implied ? implied : value, FSDP_SRC_FILE,
+                               where)) < 0) {
             break;
         }
     }
@@ -295,7 +308,10 @@ static int opt_is_help(const char *a)
 
 /*
  * Splits argv[*i] into key and value ("--k=v" or "--k v"), advancing *i
- * past a separate value. key points into keybuf.
+ * past a separate value. key points into keybuf. A flag takes no separate
+ * value; an option with an implied value takes one only when the next word
+ * does not start with '-' (that word is another option), else the implied
+ * value.
  */
 static int opt_split(const struct fsdp_optset *s, int argc, char **argv, int *i, char *keybuf,
                      size_t keylen, const char **value)
@@ -322,6 +338,11 @@ static int opt_split(const struct fsdp_optset *s, int argc, char **argv, int *i,
     }
     if (s->opts[idx].type == FSDP_OPT_FLAG) {
         *value = "on"; /* a bare flag takes no value */
+        return 0;
+    }
+    const char *implied = opt_implied(&s->opts[idx]);
+    if (implied && (*i + 1 >= argc || argv[*i + 1][0] == '-')) {
+        *value = implied; /* "--resume" at the end or before "--steps 10" */
         return 0;
     }
     if (*i + 1 >= argc) {
@@ -397,7 +418,8 @@ void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, siz
     const char *field = (const char *)s->base + o->offset;
     switch (o->type) {
     case FSDP_OPT_STR: {
-        int quote = field[0] && strpbrk(field, " \t#\"") != NULL;
+        /* an empty value of a key with an implied value: "key =" would read back as that */
+        int quote = field[0] ? strpbrk(field, " \t#\"") != NULL : opt_implied(o) != NULL;
         snprintf(buf, len, quote ? "\"%s\"" : "%s", field);
         break;
     }
@@ -464,13 +486,13 @@ void fsdp_opt_usage(const struct fsdp_optset *s, FILE *fp, const char *synopsis)
         if (o->flags & FSDP_OPT_HIDDEN) {
             continue;
         }
-        snprintf(left, sizeof(left), "--%s %s", o->name, o->arg);
+        snprintf(left, sizeof(left), opt_implied(o) ? "--%s [%s]" : "--%s %s", o->name, o->arg);
         fprintf(fp, "  %-26s %s", left, o->help);
         if (o->flags & FSDP_OPT_REQUIRED) {
             fprintf(fp, " (required)");
         } else {
             fsdp_opt_format_value(s, i, value, sizeof(value));
-            if (value[0]) {
+            if (value[0] && strcmp(value, "\"\"") != 0) {
                 fprintf(fp, " [%s]", value);
             }
         }

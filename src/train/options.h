@@ -1,8 +1,9 @@
 /*
  * options.h - table-driven program options: long GNU-style flags
- * ("--key value" or "--key=value"), a config file of "key = value" lines
- * with the same keys, range and choice checks, and printing of the resolved
- * set as a valid config file.
+ * ("--key value" or "--key=value", or a bare "--key" for an option whose
+ * value is optional), a config file of "key = value" lines with the same
+ * keys, range and choice checks, and printing of the resolved set as a valid
+ * config file.
  *
  * A program describes its options once, as an array of struct fsdp_opt
  * pointing into its own config struct; the parser fills that struct. Every
@@ -28,6 +29,16 @@ enum fsdp_opt_flags {
     FSDP_OPT_REQUIRED = 1u << 0, /* must be given by a flag or the file */
     FSDP_OPT_ARGV_ONLY = 1u << 1, /* not allowed in a config file (e.g. "config") */
     FSDP_OPT_HIDDEN = 1u << 2,   /* left out of --help and of the printed config */
+    /*
+     * STR, INT and FLOAT options: the value may be left out, like getopt's
+     * optional_argument; the key then takes its implied value, the option's
+     * 'choices' string. A bare "--key" at the end of argv or followed by a
+     * word starting with '-' (another option) takes it; "--key WORD" (WORD
+     * not starting with '-') and "--key=WORD" still give WORD, and "--key="
+     * an empty value. In a config file "key =" with nothing after '=' takes
+     * it, while 'key = ""' is an empty value.
+     */
+    FSDP_OPT_OPTIONAL_VALUE = 1u << 3,
 };
 
 /* Where a value came from; the printed config says so for each key. */
@@ -43,7 +54,8 @@ struct fsdp_opt {
     size_t offset;          /* of the field inside the config struct */
     size_t size;            /* FSDP_OPT_STR: buffer size, including the NUL */
     double min, max;        /* inclusive range for INT and FLOAT */
-    const char *choices;    /* FSDP_OPT_CHOICE: "cosine|linear|constant" */
+    const char *choices;    /* FSDP_OPT_CHOICE: "cosine|linear|constant";
+                               FSDP_OPT_OPTIONAL_VALUE: the implied value */
     const char *arg;        /* placeholder in --help: "N", "FILE", "X" */
     unsigned flags;         /* enum fsdp_opt_flags */
     const char *help;       /* one line */
@@ -75,7 +87,9 @@ int fsdp_opt_set(struct fsdp_optset *s, const char *key, const char *value,
 /*
  * Reads "key = value" lines: '#' starts a comment at the start of a line or
  * after whitespace; blank lines are skipped; a value may be wrapped in
- * double quotes; an empty value unsets a string key.
+ * double quotes; an empty value unsets a string key, except that a key with
+ * an implied value takes that value when nothing follows '=' (a quoted ""
+ * is still an empty value).
  */
 int fsdp_opt_load_file(struct fsdp_optset *s, const char *path);
 
@@ -95,7 +109,10 @@ int fsdp_opt_check_required(const struct fsdp_optset *s);
 /* True when the option called name was set by a flag or the file. */
 int fsdp_opt_given(const struct fsdp_optset *s, const char *name);
 
-/* Value as text ("3e-04", "cosine", "runs/m.h5"). */
+/*
+ * Value as text ("3e-04", "cosine", "runs/m.h5"); an empty string value of a
+ * key with an implied value is '""', which a config file reads back as empty.
+ */
 void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, size_t len);
 
 /*

@@ -107,8 +107,10 @@ static const struct fsdp_opt train_opts[] = {
      "keep only the newest K checkpoints (0: keep all)"},
     {"ckpt-keep-going", FSDP_OPT_FLAG, F(ckpt_keep_going), 0, 0, 0, NULL, "", 0,
      "log a failed checkpoint save and keep training (default: stop with the error)"},
-    {"resume", FSDP_OPT_STR, F(resume), S(resume), 0, 0, NULL, "latest|PATH", 0,
-     "resume from ckpt-dir's latest checkpoint or from a step directory"},
+    /* a bare --resume (or "resume =" in a file) means latest */
+    {"resume", FSDP_OPT_STR, F(resume), S(resume), 0, 0, "latest", "latest|PATH",
+     FSDP_OPT_OPTIONAL_VALUE,
+     "resume from ckpt-dir's latest checkpoint (also a bare --resume) or from a step directory"},
 };
 
 #undef F

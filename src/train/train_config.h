@@ -79,7 +79,8 @@ struct fsdp_train_config {
     long ckpt_every;         /* save every N steps (0: only at the end and on preemption) */
     long ckpt_keep;          /* keep the newest K checkpoints (0: keep all) */
     int ckpt_keep_going;     /* a failed save is logged and training continues */
-    char resume[FSDP_TRAIN_PATH_MAX]; /* "latest" (of ckpt-dir) or a checkpoint path ("": none) */
+    char resume[FSDP_TRAIN_PATH_MAX]; /* "latest" (of ckpt-dir; also a bare --resume), a checkpoint
+                                         path, or "": none */
 };
 
 /* The dtype behind a param-dtype / reduce-dtype choice index. */

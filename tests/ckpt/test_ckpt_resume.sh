@@ -1,7 +1,8 @@
 #!/bin/sh
 # test_ckpt_resume.sh - sharded checkpoints round trip through training:
 # 10 steps + save + resume + 10 steps equals 20 steps bitwise (per-step
-# losses and final weights) on one rank and on 2 ranks over tcp and mpi;
+# losses and final weights) on one rank and on 2 ranks over tcp and mpi; a
+# bare --resume resumes exactly as --resume latest;
 # resuming on another world size or mesh (2 -> 3, 4 -> 2, dp=4 -> rdp=2,dp=2,
 # and an offline reshard) matches the uninterrupted run to float tolerance;
 # index.h5 is a model file (fsdpc-train --model loads the trainer's saved
@@ -41,6 +42,31 @@ same mpi2 2 --batch-size 2 --backend mpi
 same hsdp 4 --batch-size 1 --backend tcp --mesh rdp=2,dp=2
 same f16scaled 2 --batch-size 2 --backend tcp --param-dtype f16 --reduce-dtype f16 \
     --loss-scale dynamic --loss-scale-init 1e6
+
+# a bare --resume is --resume latest: three copies of one 10-step checkpoint
+# directory, resumed with --resume latest, a bare --resume at the end of the
+# command line and a bare --resume followed by another option, end alike
+d="$W/bare"
+mkdir -p "$d"
+train 1 --batch-size 4 --steps 10 --ckpt-dir "$d/ck1" &&
+    cp -R "$d/ck1" "$d/ck2" && cp -R "$d/ck1" "$d/ck3" &&
+    train 1 --batch-size 4 --steps 20 --ckpt-dir "$d/ck1" --resume latest \
+        --metrics "$d/1.jsonl" --out "$d/1.h5" &&
+    train 1 --batch-size 4 --steps 20 --ckpt-dir "$d/ck2" --metrics "$d/2.jsonl" \
+        --out "$d/2.h5" --resume &&
+    grep -qE '^resume += latest +# flag$' "$W/last.out" &&
+    train 1 --batch-size 4 --resume --steps 20 --ckpt-dir "$d/ck3" --metrics "$d/3.jsonl" \
+        --out "$d/3.h5"
+tap_ok $? "bare --resume: runs, at the end and before --steps; printed as 'resume = latest'"
+for i in 1 2 3; do
+    losses "$d/$i.jsonl" > "$d/$i.loss"
+done
+[ "$(wc -l < "$d/1.loss")" -eq 10 ] && [ "$(head -n 1 "$d/1.loss" | cut -d' ' -f1)" = 11 ] &&
+    cmp -s "$d/1.loss" "$d/2.loss" && cmp -s "$d/1.loss" "$d/3.loss" &&
+    cmp -s "$d/1.h5" "$d/2.h5" && cmp -s "$d/1.h5" "$d/3.h5"
+r=$?
+[ $r -eq 0 ] || tap_diag "$(diff "$d/1.loss" "$d/2.loss" | head -n 4; diff "$d/1.loss" "$d/3.loss" | head -n 4)"
+tap_ok $r "bare --resume continues from step 11 exactly as --resume latest (losses and model bitwise)"
 
 d="$W/local/ck"
 [ "$(readlink "$d/latest")" = step_20 ] && [ -f "$d/step_10/index.h5" ] &&

@@ -157,6 +157,165 @@ static void test_flags_and_file(void)
     tap_ok(parse(&c, &s, help) == 1, "--help wins over everything else");
 }
 
+/* The line of fsdp_opt_print's output for key, trailing spaces squeezed: "resume = latest # flag". */
+static int printed_line(const struct fsdp_optset *s, const char *key, char *out, size_t len)
+{
+    char path[256], line[4096];
+    int found = 0;
+    snprintf(path, sizeof(path), "%s/print.txt", tmpdir);
+    FILE *fp = fopen(path, "w+");
+    if (!fp) {
+        return 0;
+    }
+    fsdp_opt_print(s, fp, "");
+    rewind(fp);
+    while (!found && fgets(line, sizeof(line), fp)) {
+        size_t kl = strlen(key);
+        if (strncmp(line, key, kl) != 0 || (line[kl] != ' ' && line[kl] != '=')) {
+            continue;
+        }
+        size_t o = 0;
+        for (const char *p = line; *p && *p != '\n' && o + 1 < len; p++) {
+            if (*p != ' ' || (o > 0 && out[o - 1] != ' ')) {
+                out[o++] = *p;
+            }
+        }
+        out[o] = '\0';
+        found = 1;
+    }
+    fclose(fp);
+    return found;
+}
+
+static void test_resume_optional_value(void)
+{
+    struct fsdp_train_config c;
+    struct fsdp_optset s;
+    char line[4096];
+#define REQ "--model", "m.h5", "--data", "d.bin", "--batch-size", "2", "--seq-len", "8", \
+            "--lr", "1e-3", "--ckpt-dir", "ck"
+    const char *end[] = {REQ, "--steps", "5", "--resume", NULL};
+    int rc = parse(&c, &s, end);
+    tap_ok(rc == 0 && !strcmp(c.resume, "latest") && fsdp_opt_given(&s, "resume"),
+           "bare --resume at the end means latest (rc %d %s)", rc, fsdp_err_msg());
+    tap_ok(printed_line(&s, "resume", line, sizeof(line)) && !strcmp(line, "resume = latest # flag"),
+           "the printed configuration shows 'resume = latest' for a bare --resume ('%s')", line);
+
+    const char *before[] = {REQ, "--resume", "--steps", "10", NULL};
+    rc = parse(&c, &s, before);
+    tap_ok(rc == 0 && !strcmp(c.resume, "latest") && c.steps == 10,
+           "bare --resume before another option means latest and the option keeps its value "
+           "(rc %d %s)", rc, fsdp_err_msg());
+    const char *before_eq[] = {REQ, "--resume", "--steps=7", NULL};
+    rc = parse(&c, &s, before_eq);
+    tap_ok(rc == 0 && !strcmp(c.resume, "latest") && c.steps == 7,
+           "bare --resume before --key=value (rc %d %s)", rc, fsdp_err_msg());
+
+    const char *eq[] = {REQ, "--steps", "5", "--resume=ck/step_3", NULL};
+    rc = parse(&c, &s, eq);
+    tap_ok(rc == 0 && !strcmp(c.resume, "ck/step_3"), "--resume=PATH gives the path (rc %d %s)",
+           rc, fsdp_err_msg());
+    const char *sep[] = {REQ, "--resume", "ck/step_3", "--steps", "5", NULL};
+    rc = parse(&c, &s, sep);
+    tap_ok(rc == 0 && !strcmp(c.resume, "ck/step_3") && c.steps == 5,
+           "--resume PATH gives the path (rc %d %s)", rc, fsdp_err_msg());
+    const char *word[] = {REQ, "--steps", "5", "--resume", "latest", NULL};
+    rc = parse(&c, &s, word);
+    tap_ok(rc == 0 && !strcmp(c.resume, "latest"), "--resume latest still means latest");
+    const char *dashpath[] = {REQ, "--steps", "5", "--resume=-odd/step_3", NULL};
+    rc = parse(&c, &s, dashpath);
+    tap_ok(rc == 0 && !strcmp(c.resume, "-odd/step_3"),
+           "--resume=PATH takes a path that starts with '-' (rc %d %s)", rc, fsdp_err_msg());
+    const char *empty[] = {REQ, "--steps", "5", "--resume=", NULL};
+    rc = parse(&c, &s, empty);
+    tap_ok(rc == 0 && c.resume[0] == '\0', "--resume= is an empty value: no resume (rc %d %s)",
+           rc, fsdp_err_msg());
+    const char *nodir[] = {"--model", "m.h5", "--data", "d.bin", "--batch-size", "2",
+                           "--seq-len", "8", "--lr", "1e-3", "--steps", "5", "--resume", NULL};
+    tap_ok(parse(&c, &s, nodir) < 0 && err_has("resume latest needs ckpt-dir"),
+           "bare --resume without --ckpt-dir is refused like --resume latest");
+    const char *stray[] = {REQ, "--steps", "5", "--resume", "ck/a", "ck/b", NULL};
+    tap_ok(parse(&c, &s, stray) < 0 && err_has("unexpected argument 'ck/b'"),
+           "--resume takes one word at most");
+
+    /* config files */
+    const char *base = "model = m.h5\ndata = d.bin\nbatch-size = 2\nseq-len = 8\nlr = 1e-3\n"
+                       "steps = 5\nckpt-dir = ck\n";
+    char text[512];
+    snprintf(text, sizeof(text), "%sresume =\n", base);
+    const char *f1[] = {"--config", write_file("r1.cfg", text), NULL};
+    rc = parse(&c, &s, f1);
+    tap_ok(rc == 0 && !strcmp(c.resume, "latest"), "config file: 'resume =' means latest (rc %d %s)",
+           rc, fsdp_err_msg());
+    tap_ok(printed_line(&s, "resume", line, sizeof(line)) && !strcmp(line, "resume = latest # file"),
+           "config file: printed as 'resume = latest' ('%s')", line);
+    snprintf(text, sizeof(text), "%sresume =    # latest, with a comment\n", base);
+    const char *f2[] = {"--config", write_file("r2.cfg", text), NULL};
+    rc = parse(&c, &s, f2);
+    tap_ok(rc == 0 && !strcmp(c.resume, "latest"),
+           "config file: 'resume =' and a comment means latest (rc %d %s)", rc, fsdp_err_msg());
+    snprintf(text, sizeof(text), "%sresume = latest\n", base);
+    const char *f3[] = {"--config", write_file("r3.cfg", text), NULL};
+    rc = parse(&c, &s, f3);
+    tap_ok(rc == 0 && !strcmp(c.resume, "latest"), "config file: 'resume = latest' (rc %d %s)", rc,
+           fsdp_err_msg());
+    snprintf(text, sizeof(text), "%sresume = ck/step_3\n", base);
+    const char *f4[] = {"--config", write_file("r4.cfg", text), NULL};
+    rc = parse(&c, &s, f4);
+    tap_ok(rc == 0 && !strcmp(c.resume, "ck/step_3"), "config file: 'resume = PATH' (rc %d %s)",
+           rc, fsdp_err_msg());
+    snprintf(text, sizeof(text), "%sresume = \"\"\n", base);
+    const char *f5[] = {"--config", write_file("r5.cfg", text), NULL};
+    rc = parse(&c, &s, f5);
+    tap_ok(rc == 0 && c.resume[0] == '\0', "config file: 'resume = \"\"' is empty: no resume "
+           "(rc %d %s)", rc, fsdp_err_msg());
+    const char *f6[] = {"--config", write_file("r6.cfg", text), "--resume", NULL};
+    rc = parse(&c, &s, f6);
+    tap_ok(rc == 0 && !strcmp(c.resume, "latest"), "a bare --resume overrides the file (rc %d %s)",
+           rc, fsdp_err_msg());
+    const char *f7[] = {"--resume", "--config", f1[1], NULL};
+    rc = parse(&c, &s, f7);
+    tap_ok(rc == 0 && !strcmp(c.resume, "latest") && c.steps == 5 && !strcmp(c.config, f1[1]),
+           "bare --resume before --config: the file is still read (rc %d %s)", rc, fsdp_err_msg());
+
+    /* the printout reads back: unset as "", bare as latest */
+    const char *unset[] = {REQ, "--steps", "5", NULL};
+    rc = parse(&c, &s, unset);
+    tap_ok(rc == 0 && printed_line(&s, "resume", line, sizeof(line)) &&
+               !strcmp(line, "resume = \"\" # default"),
+           "an unset resume prints as 'resume = \"\"' ('%s')", line);
+    for (int bare = 0; bare < 2; bare++) {
+        struct fsdp_train_config c2;
+        struct fsdp_optset s2;
+        const char *args[] = {REQ, "--steps", "5", bare ? "--resume" : NULL, NULL};
+        parse(&c, &s, args);
+        char path[256];
+        snprintf(path, sizeof(path), "%s/printed.cfg", tmpdir);
+        FILE *fp = fopen(path, "w");
+        fsdp_opt_print(&s, fp, "");
+        fclose(fp);
+        const char *again[] = {"--config", path, NULL};
+        rc = parse(&c2, &s2, again);
+        tap_ok(rc == 0 && !strcmp(c.resume, c2.resume),
+               "the printed configuration reads back with resume '%s' (rc %d %s)", c.resume, rc,
+               fsdp_err_msg());
+    }
+
+    /* --help */
+    char path[256], help[8192];
+    snprintf(path, sizeof(path), "%s/help.txt", tmpdir);
+    FILE *fp = fopen(path, "w+");
+    fsdp_train_config_init(&c, &s);
+    fsdp_train_config_usage(&s, fp);
+    rewind(fp);
+    size_t n = fread(help, 1, sizeof(help) - 1, fp);
+    help[n] = '\0';
+    fclose(fp);
+    tap_ok(strstr(help, "--resume [latest|PATH]") && !strstr(help, "[\"\"]"),
+           "--help shows the value of --resume as optional");
+#undef REQ
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) {
@@ -165,7 +324,11 @@ int main(void)
     }
     test_schedule();
     test_flags_and_file();
-    static const char *const files[] = {"a.cfg", "printed.cfg", "dup.cfg", "nest.cfg", "unk.cfg"};
+    test_resume_optional_value();
+    static const char *const files[] = {"a.cfg",  "printed.cfg", "dup.cfg", "nest.cfg",
+                                        "unk.cfg", "print.txt",  "help.txt", "r1.cfg",
+                                        "r2.cfg",  "r3.cfg",     "r4.cfg",   "r5.cfg",
+                                        "r6.cfg"};
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         char path[256];
         snprintf(path, sizeof(path), "%s/%s", tmpdir, files[i]);
