@@ -118,6 +118,10 @@ struct fsdp_backend_ops {
     int (*work_test)(struct fsdp_work *work, int *done);
     /* Frees a completed (or aborted) handle. */
     void (*work_free)(struct fsdp_work *work);
+    /* FSDP_CAP_MEM_* of the memory its collectives take, known before any
+     * instance exists, so that a wrong choice is refused before a
+     * communicator is made. */
+    uint32_t mem_caps;
 };
 
 /* Registry: the backends compiled into this build, by name. */

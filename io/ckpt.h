@@ -8,13 +8,13 @@
  * optimizer and loss-scaler counters), and whose virtual datasets stitch
  * the shards' rows into full tensors for any HDF5 reader.
  *
- * This layer knows files only: no ranks, no collectives. The trainer
- * (src/train/ckpt_cadence.c) does the directory commit protocol; engines
- * write and read their rows through the functions below. Opening a
- * checkpoint validates it completely (every shard present, readable, of the
- * same step, with the expected rows) before any tensor is read; readers
- * take rows from the shard files directly, so a rank reads only what it
- * needs whatever the old world size was.
+ * This layer knows files only: no ranks, no collectives. A finished step
+ * directory becomes visible through ckpt_commit.h (the trainer and
+ * fsdpc-ckpt decide when); engines write and read their rows through the
+ * functions below. Opening a checkpoint validates it completely (every
+ * shard present, readable, of the same step, with the expected rows) before
+ * any tensor is read; readers take rows from the shard files directly, so a
+ * rank reads only what it needs whatever the old world size was.
  */
 #ifndef FSDP_IO_CKPT_H
 #define FSDP_IO_CKPT_H
@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "core/spec.h"
+#include "core/util.h"
 
 #define FSDP_CKPT_FORMAT "fsdpc-checkpoint"
 #define FSDP_CKPT_SHARD_FORMAT "fsdpc-checkpoint-shard"
@@ -62,13 +63,12 @@ struct fsdp_ckpt_meta {
 };
 
 /* Rows [*row0, *row0 + *rows) of an n-row tensor that shard r of R holds:
- * as even as possible, the first (n mod R) shards one more (the sharding
- * engine's rule). */
+ * the format's row split is fsdp_split_even (the first n mod R shards one
+ * row more), named here because doc/formats.md and the sharding engine
+ * refer to it by this name. */
 static inline void fsdp_ckpt_rows(size_t n, int R, int r, size_t *row0, size_t *rows)
 {
-    size_t base = n / (size_t)R, extra = n % (size_t)R, ur = (size_t)r;
-    *rows = base + (ur < extra);
-    *row0 = ur * base + (ur < extra ? ur : extra);
+    fsdp_split_even(n, (size_t)R, (size_t)r, row0, rows);
 }
 
 // ----------------------------------------------------------------------------

@@ -225,8 +225,8 @@ static int mpibe_create(const struct fsdp_group_info *info, struct fsdp_backend 
     be->rank = info->rank;
     be->size = info->size;
     be->comm = MPI_COMM_NULL;
-    FSDP_CHECK_GOTO(mpibe_types_acquire(), rc, err_free);
-    mpibe_types_fill(be->types, be->ops);
+    FSDP_CHECK_GOTO(fsdp_mpi_types_acquire(), rc, err_free);
+    fsdp_mpi_types_fill(be->types, be->ops);
     FSDP_CHECK_GOTO(mpibe_slab_add(be), rc, err_types);
 
     MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
@@ -270,7 +270,7 @@ err_comm:
 err_slabs:
     mpibe_slabs_free(be);
 err_types:
-    mpibe_types_release();
+    fsdp_mpi_types_release();
 err_free:
     free(be);
     return rc;
@@ -290,7 +290,7 @@ static void mpibe_destroy(struct fsdp_backend *b)
         MPI_Comm_free(&be->comm);
     }
     be->comm = MPI_COMM_NULL;
-    mpibe_types_release();
+    fsdp_mpi_types_release();
     if (be->outstanding > 0) {
         /* Keep the handles valid: the last work_free releases the rest. */
         FSDP_WARN(FSDP_SUB_MPI, "group %s destroyed with %zu work handles not freed",
@@ -645,4 +645,5 @@ const struct fsdp_backend_ops fsdp_mpi_ops = {
     .work_wait = mpibe_work_wait,
     .work_test = mpibe_work_test,
     .work_free = mpibe_work_free,
+    .mem_caps = FSDP_CAP_MEM_HOST,
 };

@@ -11,7 +11,9 @@
  *
  * MPI runs with MPI_THREAD_FUNNELED: every function here is called on the
  * thread that initialized MPI. Nothing outside backends/mpi includes this file.
- * Internal symbols carry the prefix mpibe_: mpi_ and MPI_ belong to MPI.
+ * File-local symbols and types carry the prefix mpibe_ (mpi_ and MPI_ belong
+ * to MPI); the calls shared between the backend's files carry fsdp_mpi_ and
+ * are FSDP_PRIVATE, so that only fsdp_mpi_ops leaves the backend.
  */
 #ifndef FSDP_BACKENDS_MPI_PRIV_H
 #define FSDP_BACKENDS_MPI_PRIV_H
@@ -21,20 +23,21 @@
 
 #include "backends/backend.h"
 #include "core/dtype.h"
+#include "core/util.h"
 
 // ----------------------------------------------------------------------------
 // datatypes and reduce ops (mpi_types.c)
 
 /* Creates the f16/bf16 datatypes and their user ops on first use; every
  * successful acquire is paired with one release (the last frees them). */
-int mpibe_types_acquire(void);
-void mpibe_types_release(void);
+FSDP_PRIVATE int fsdp_mpi_types_acquire(void);
+FSDP_PRIVATE void fsdp_mpi_types_release(void);
 
 /* Fills the lookup tables of an instance (valid between acquire and
  * release): the MPI datatype of every dtype, and the MPI op of every (dtype,
  * op) pair, AVG mapping to SUM (the divide is the backend's). */
-void mpibe_types_fill(MPI_Datatype types[FSDP_DTYPE_COUNT],
-                      MPI_Op ops[FSDP_DTYPE_COUNT][FSDP_REDOP_COUNT]);
+FSDP_PRIVATE void fsdp_mpi_types_fill(MPI_Datatype types[FSDP_DTYPE_COUNT],
+                                      MPI_Op ops[FSDP_DTYPE_COUNT][FSDP_REDOP_COUNT]);
 
 // ----------------------------------------------------------------------------
 // backend instance and work handles (mpi_ops.c)

@@ -120,7 +120,7 @@ static void mpibe_types_free_all(void)
     }
 }
 
-int mpibe_types_acquire(void)
+int fsdp_mpi_types_acquire(void)
 {
     int rc;
     if (mpibe_types.refs > 0) {
@@ -153,7 +153,7 @@ err_free:
     return rc;
 }
 
-void mpibe_types_release(void)
+void fsdp_mpi_types_release(void)
 {
     if (mpibe_types.refs <= 0) {
         return;
@@ -196,8 +196,8 @@ static MPI_Op mpibe_types_op(enum fsdp_dtype t, enum fsdp_redop op)
     return hop == HOP_SUM ? MPI_SUM : hop == HOP_MAX ? MPI_MAX : MPI_MIN;
 }
 
-void mpibe_types_fill(MPI_Datatype types[FSDP_DTYPE_COUNT],
-                      MPI_Op ops[FSDP_DTYPE_COUNT][FSDP_REDOP_COUNT])
+void fsdp_mpi_types_fill(MPI_Datatype types[FSDP_DTYPE_COUNT],
+                         MPI_Op ops[FSDP_DTYPE_COUNT][FSDP_REDOP_COUNT])
 {
     for (int t = 0; t < FSDP_DTYPE_COUNT; t++) {
         types[t] = mpibe_types_datatype((enum fsdp_dtype)t);

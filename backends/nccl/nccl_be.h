@@ -12,7 +12,9 @@
  * communicator itself if it gets the lock within a bounded time, otherwise
  * the next lock holder does it.
  *
- * Nothing here is visible outside backends/nccl except fsdp_nccl_ops.
+ * Nothing here is visible outside backends/nccl except fsdp_nccl_ops:
+ * symbols local to a file carry the prefix nccl_, the calls shared between
+ * the two files carry fsdp_nccl_ and are FSDP_PRIVATE.
  */
 #ifndef FSDP_BACKENDS_NCCL_BE_H
 #define FSDP_BACKENDS_NCCL_BE_H
@@ -26,6 +28,7 @@
 
 #include "backends/backend.h"
 #include "core/dtype.h"
+#include "core/util.h"
 
 /* ncclCommInitRankConfig, ncclConfig_t and ncclCommFinalize arrived in 2.14. */
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
@@ -84,35 +87,35 @@ struct fsdp_backend {
 };
 
 /* ---- nccl_comm.c ---- */
-int fsdp_nccl_create(const struct fsdp_group_info *info, struct fsdp_backend **out);
-void fsdp_nccl_destroy(struct fsdp_backend *be);
-void fsdp_nccl_abort(struct fsdp_backend *be, const char *why);
-void fsdp_nccl_capabilities(struct fsdp_backend *be, struct fsdp_backend_caps *caps);
+FSDP_PRIVATE int fsdp_nccl_create(const struct fsdp_group_info *info, struct fsdp_backend **out);
+FSDP_PRIVATE void fsdp_nccl_destroy(struct fsdp_backend *be);
+FSDP_PRIVATE void fsdp_nccl_abort(struct fsdp_backend *be, const char *why);
+FSDP_PRIVATE void fsdp_nccl_capabilities(struct fsdp_backend *be, struct fsdp_backend_caps *caps);
 
 /* Records the first failure (later ones are ignored) and asks for the
  * communicator to be aborted; returns code. No allocation. */
-int fsdp_nccl_fail(struct fsdp_backend *be, int code, const char *fmt, ...)
+FSDP_PRIVATE int fsdp_nccl_fail(struct fsdp_backend *be, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* 0, or records the sticky error in this thread's message and returns it. */
-int fsdp_nccl_check_failed(struct fsdp_backend *be);
+FSDP_PRIVATE int fsdp_nccl_check_failed(struct fsdp_backend *be);
 /* With mu held: aborts the communicator when a failure asked for it. */
-void fsdp_nccl_reap_locked(struct fsdp_backend *be);
+FSDP_PRIVATE void fsdp_nccl_reap_locked(struct fsdp_backend *be);
 /* fsdp error code for an NCCL result. */
-int fsdp_nccl_code(ncclResult_t r);
+FSDP_PRIVATE int fsdp_nccl_code(ncclResult_t r);
 /* Records "what failed on cuda:N" for a CUDA error and returns FSDP_ERR_BACKEND. */
-int fsdp_nccl_cuda_err(struct fsdp_backend *be, const char *what, cudaError_t ce);
+FSDP_PRIVATE int fsdp_nccl_cuda_err(struct fsdp_backend *be, const char *what, cudaError_t ce);
 
 /* Work pool, with mu held. get reuses a free handle or makes one and hands
  * it over PENDING; put takes a handle back (a second put is ignored). */
-int fsdp_nccl_work_get_locked(struct fsdp_backend *be, struct nccl_work **out);
-void fsdp_nccl_work_put_locked(struct fsdp_backend *be, struct nccl_work *w);
+FSDP_PRIVATE int fsdp_nccl_work_get_locked(struct fsdp_backend *be, struct nccl_work **out);
+FSDP_PRIVATE void fsdp_nccl_work_put_locked(struct fsdp_backend *be, struct nccl_work *w);
 
 /* Makes be->device current for this thread; *saved receives the previous
  * device to give to fsdp_nccl_device_leave. */
-int fsdp_nccl_device_enter(struct fsdp_backend *be, int *saved);
-void fsdp_nccl_device_leave(struct fsdp_backend *be, int saved);
+FSDP_PRIVATE int fsdp_nccl_device_enter(struct fsdp_backend *be, int *saved);
+FSDP_PRIVATE void fsdp_nccl_device_leave(struct fsdp_backend *be, int saved);
 
 /* Sleeps a little longer on each round (spins first): polling back-off. */
-void fsdp_nccl_pause(unsigned *round);
+FSDP_PRIVATE void fsdp_nccl_pause(unsigned *round);
 
 #endif

@@ -526,4 +526,5 @@ const struct fsdp_backend_ops fsdp_nccl_ops = {
     .work_wait = nccl_work_wait,        /* polls event + async error; never past the deadline */
     .work_test = nccl_work_test,        /* non-blocking */
     .work_free = nccl_work_free,        /* back to the pool */
+    .mem_caps = FSDP_CAP_MEM_CUDA,      /* device memory only */
 };

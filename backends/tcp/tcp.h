@@ -15,6 +15,10 @@
  *   tcp_conn.c    connection setup through the rendezvous store: listen,
  *                 publish, connect, hello handshake, socket options
  *
+ * File-local symbols carry the prefix tcp_; the calls below, shared between
+ * the backend's files, carry fsdp_tcp_ and are FSDP_PRIVATE, so that only
+ * fsdp_tcp_ops leaves the backend (tests/backends/test_symbols.sh).
+ *
  * The wire format and the protocol are described in doc/backend-tcp.md.
  */
 #ifndef FSDP_BACKENDS_TCP_H
@@ -27,6 +31,7 @@
 
 #include "backends/backend.h"
 #include "core/dtype.h"
+#include "core/util.h"
 
 // ----------------------------------------------------------------------------
 // wire format (host byte order; all supported hosts are little-endian)
@@ -265,71 +270,68 @@ struct tcp_backend {
 // tcp_conn.c
 
 /* Reads FSDPC_TCP_* into cfg. 0 or FSDP_ERR_INVALID for malformed values. */
-int tcp_config_read(struct tcp_config *cfg);
+FSDP_PRIVATE int fsdp_tcp_config_read(struct tcp_config *cfg);
 /* Builds the full mesh: listen, publish through be's store, connect, hello.
  * Fills be->peers[*].fd (non-blocking, TCP_NODELAY). */
-int tcp_conn_mesh(struct tcp_backend *be, struct fsdp_store *store);
+FSDP_PRIVATE int fsdp_tcp_conn_mesh(struct tcp_backend *be, struct fsdp_store *store);
 /* Closes every peer socket, discarding unread bytes without blocking. */
-void tcp_conn_close(struct tcp_backend *be);
+FSDP_PRIVATE void fsdp_tcp_conn_close(struct tcp_backend *be);
 
 // ----------------------------------------------------------------------------
 // tcp_xfer.c
 
 /* "rank 2 (world rank 5, 10.0.0.3:40123)" */
-const char *tcp_peer_name(const struct tcp_backend *be, int rank, char *buf, size_t len);
-const char *tcp_coll_name(int coll);
+FSDP_PRIVATE const char *fsdp_tcp_peer_name(const struct tcp_backend *be, int rank, char *buf,
+                                             size_t len);
+FSDP_PRIVATE const char *fsdp_tcp_coll_name(int coll);
 /* Resets per-op frame counters before an op starts. */
-void tcp_xfer_op_begin(struct tcp_backend *be, struct tcp_op *op);
+FSDP_PRIVATE void fsdp_tcp_xfer_op_begin(struct tcp_backend *be, struct tcp_op *op);
 /* Makes ch's next message current when its gate allows; *progressed set on change. */
-int tcp_xfer_activate(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *chans,
-                      struct tcp_chan *ch, int *progressed);
+FSDP_PRIVATE int fsdp_tcp_xfer_activate(struct tcp_backend *be, struct tcp_op *op,
+                                        struct tcp_chan *chans, struct tcp_chan *ch,
+                                        int *progressed);
 /* Writes to peer p (control bytes, then the current frame) until EAGAIN. */
-int tcp_xfer_push(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *chans,
-                  struct tcp_peer *p, int *progressed);
+FSDP_PRIVATE int fsdp_tcp_xfer_push(struct tcp_backend *be, struct tcp_op *op,
+                                    struct tcp_chan *chans, struct tcp_peer *p, int *progressed);
 /* Reads from peer p until EAGAIN or one message completes. */
-int tcp_xfer_pull(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *chans,
-                  struct tcp_peer *p, int *progressed);
+FSDP_PRIVATE int fsdp_tcp_xfer_pull(struct tcp_backend *be, struct tcp_op *op,
+                                    struct tcp_chan *chans, struct tcp_peer *p, int *progressed);
 /* 1 when p has bytes to write now / wants its socket read now. */
-int tcp_xfer_wants_write(const struct tcp_peer *p);
-int tcp_xfer_wants_read(const struct tcp_peer *p);
+FSDP_PRIVATE int fsdp_tcp_xfer_wants_write(const struct tcp_peer *p);
+FSDP_PRIVATE int fsdp_tcp_xfer_wants_read(const struct tcp_peer *p);
 /* Queues a keepalive to p if nothing is being written to it; note (may be
  * empty) says whom this rank is stuck on. */
-void tcp_xfer_keepalive(struct tcp_backend *be, struct tcp_peer *p, const char *note);
+FSDP_PRIVATE void fsdp_tcp_xfer_keepalive(struct tcp_backend *be, struct tcp_peer *p,
+                                          const char *note);
 /* Best effort, never blocks: completes p's current frame with zeros, sends an
  * ERROR frame carrying msg, then shuts the socket down. */
-void tcp_xfer_notify_error(struct tcp_backend *be, struct tcp_peer *p, const char *msg);
+FSDP_PRIVATE void fsdp_tcp_xfer_notify_error(struct tcp_backend *be, struct tcp_peer *p,
+                                             const char *msg);
 
 // ----------------------------------------------------------------------------
 // tcp_engine.c
 
-int tcp_engine_start(struct tcp_backend *be);
+FSDP_PRIVATE int fsdp_tcp_engine_start(struct tcp_backend *be);
 /* Asks the thread to stop, fails queued ops, joins. */
-void tcp_engine_stop(struct tcp_backend *be);
+FSDP_PRIVATE void fsdp_tcp_engine_stop(struct tcp_backend *be);
 /* Queues w (takes it over); wakes the thread. */
-int tcp_engine_submit(struct tcp_backend *be, struct tcp_work *w);
+FSDP_PRIVATE int fsdp_tcp_engine_submit(struct tcp_backend *be, struct tcp_work *w);
 /* Runs one op to completion on the calling thread (engine thread, or the
  * caller for a group of one). 0 or the op's error (sticky). */
-int tcp_engine_run_op(struct tcp_backend *be, struct tcp_op *op);
+FSDP_PRIVATE int fsdp_tcp_engine_run_op(struct tcp_backend *be, struct tcp_op *op);
 /* Records the first sticky error (formatted) and returns code. Engine thread. */
-int tcp_engine_fail(struct tcp_backend *be, int code, const char *fmt, ...)
+FSDP_PRIVATE int fsdp_tcp_engine_fail(struct tcp_backend *be, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Returns scratch of at least bytes, growing it if needed (contents lost). */
-char *tcp_engine_scratch(struct tcp_backend *be, size_t bytes);
+FSDP_PRIVATE char *fsdp_tcp_engine_scratch(struct tcp_backend *be, size_t bytes);
 /* Wakes the engine thread (async-signal-safe). */
-void tcp_engine_wake(struct tcp_backend *be);
+FSDP_PRIVATE void fsdp_tcp_engine_wake(struct tcp_backend *be);
 
 // ----------------------------------------------------------------------------
 // tcp_algo.c
 
 /* Chooses the algorithm for op from its size, the group size and cfg. */
-const struct tcp_algo *tcp_algo_select(const struct tcp_backend *be, const struct tcp_op *op);
-
-/* Splits total into parts as evenly as possible: part i is [*lo, *lo + *n). */
-static inline void tcp_split(size_t total, size_t parts, size_t i, size_t *lo, size_t *n)
-{
-    size_t q = total / parts, r = total % parts;
-    *lo = i * q + (i < r ? i : r);
-    *n = q + (i < r ? 1 : 0);
-}
+FSDP_PRIVATE const struct tcp_algo *fsdp_tcp_algo_select(const struct tcp_backend *be,
+                                                          const struct tcp_op *op);
 
 #endif

@@ -79,7 +79,7 @@ static void tcp_copy(void *dst, const void *src, size_t bytes)
 
 static int tcp_scratch_for(struct tcp_backend *be, size_t bytes, char **out)
 {
-    *out = tcp_engine_scratch(be, bytes ? bytes : 64);
+    *out = fsdp_tcp_engine_scratch(be, bytes ? bytes : 64);
     if (!*out) {
         return fsdp_err(FSDP_ERR_NOMEM, "cannot allocate %zu bytes of scratch", bytes);
     }
@@ -124,8 +124,8 @@ static int ring_phase(struct tcp_backend *be, struct tcp_op *op, int phase, stru
 static void ring_chunk(const struct tcp_op *op, int n, int seg, size_t c, size_t *lo, size_t *len)
 {
     size_t slo, sn, clo;
-    tcp_split(op->count, (size_t)n, (size_t)seg, &slo, &sn);
-    tcp_split(sn, op->nchunks, c, &clo, len);
+    fsdp_split_even(op->count, (size_t)n, (size_t)seg, &slo, &sn);
+    fsdp_split_even(sn, op->nchunks, c, &clo, len);
     *lo = slo + clo;
 }
 
@@ -206,7 +206,7 @@ static void ring_allgather_msg(struct tcp_backend *be, struct tcp_op *op, const 
     int s = (int)(j / op->nchunks);
     int blk = ch->send ? tcp_mod(r - s, n) : tcp_mod(r - s - 1, n);
     size_t lo, len;
-    tcp_split(op->count, op->nchunks, j % op->nchunks, &lo, &len);
+    fsdp_split_even(op->count, op->nchunks, j % op->nchunks, &lo, &len);
     tcp_msg_set(m, tcp_at(op->recvbuf, (size_t)blk * op->count + lo, op->esize), len * op->esize);
     if (ch->send && j >= op->nchunks) {
         m->gate_chan = 1;
@@ -249,7 +249,7 @@ static void ring_rs_msg(struct tcp_backend *be, struct tcp_op *op, const struct 
     int n = be->size, r = be->rank;
     int s = (int)(j / op->nchunks);
     size_t lo, len;
-    tcp_split(op->count, op->nchunks, j % op->nchunks, &lo, &len);
+    fsdp_split_even(op->count, op->nchunks, j % op->nchunks, &lo, &len);
     if (ch->send) {
         const char *src = s == 0 ? tcp_at(op->sendbuf, (size_t)tcp_mod(r - 1, n) * op->count,
                                           op->esize)
@@ -276,7 +276,7 @@ static void ring_rs_recv(struct tcp_backend *be, struct tcp_op *op, const struct
     int s = (int)(j / op->nchunks);
     int blk = tcp_mod(r - s - 2, n);
     size_t lo, len;
-    tcp_split(op->count, op->nchunks, j % op->nchunks, &lo, &len);
+    fsdp_split_even(op->count, op->nchunks, j % op->nchunks, &lo, &len);
     const char *own = tcp_at(op->sendbuf, (size_t)blk * op->count + lo, op->esize);
     char *dst = s == n - 2 ? tcp_at(op->recvbuf, lo, op->esize)
                            : tcp_at(ring_rs_acc(op, s), lo, op->esize);
@@ -565,7 +565,7 @@ static void tree_msg(struct tcp_backend *be, struct tcp_op *op, const struct tcp
                      uint32_t j, struct tcp_msg *m)
 {
     size_t lo, len;
-    tcp_split(op->count, op->nchunks, j, &lo, &len);
+    fsdp_split_even(op->count, op->nchunks, j, &lo, &len);
     tcp_msg_set(m, tcp_at(op->recvbuf, lo, op->esize), len * op->esize);
     if (ch->send && be->rank != op->root) {
         m->gate_chan = 0;
@@ -652,7 +652,7 @@ static const struct tcp_algo tcp_algo_p2p = {
 
 // ----------------------------------------------------------------------------
 
-const struct tcp_algo *tcp_algo_select(const struct tcp_backend *be, const struct tcp_op *op)
+const struct tcp_algo *fsdp_tcp_algo_select(const struct tcp_backend *be, const struct tcp_op *op)
 {
     int n = be->size;
     size_t bytes = op->count * op->esize;

@@ -58,7 +58,7 @@ static int tcp_env_size(const char *name, size_t dflt, size_t lo, size_t hi, siz
     return 0;
 }
 
-int tcp_config_read(struct tcp_config *cfg)
+int fsdp_tcp_config_read(struct tcp_config *cfg)
 {
     size_t direct = 0;
     FSDP_CHECK(tcp_env_size("FSDPC_TCP_SMALL_BYTES", (size_t)64 << 10, 0, (size_t)1 << 30,
@@ -621,7 +621,7 @@ static void tcp_setup_free(struct tcp_setup *st)
     free(st);
 }
 
-int tcp_conn_mesh(struct tcp_backend *be, struct fsdp_store *store)
+int fsdp_tcp_conn_mesh(struct tcp_backend *be, struct fsdp_store *store)
 {
     int rc;
     double t0 = fsdp_now();
@@ -646,13 +646,13 @@ int tcp_conn_mesh(struct tcp_backend *be, struct fsdp_store *store)
     return 0;
 
 err_1:
-    tcp_conn_close(be);
+    fsdp_tcp_conn_close(be);
 err_0:
     tcp_setup_free(st);
     return rc;
 }
 
-void tcp_conn_close(struct tcp_backend *be)
+void fsdp_tcp_conn_close(struct tcp_backend *be)
 {
     char sink[4096];
     for (int q = 0; q < be->size; q++) {

@@ -36,7 +36,7 @@
 // ----------------------------------------------------------------------------
 // sticky errors, scratch, wake-ups
 
-int tcp_engine_fail(struct tcp_backend *be, int code, const char *fmt, ...)
+int fsdp_tcp_engine_fail(struct tcp_backend *be, int code, const char *fmt, ...)
 {
     char msg[TCP_ERRMSG_MAX];
     va_list ap;
@@ -60,13 +60,13 @@ int tcp_engine_fail(struct tcp_backend *be, int code, const char *fmt, ...)
     if (first) {
         FSDP_WARN(FSDP_SUB_TCP, "group %s: %s", be->name, msg);
         for (int q = 0; q < be->size; q++) {
-            tcp_xfer_notify_error(be, &be->peers[q], msg);
+            fsdp_tcp_xfer_notify_error(be, &be->peers[q], msg);
         }
     }
     return code;
 }
 
-char *tcp_engine_scratch(struct tcp_backend *be, size_t bytes)
+char *fsdp_tcp_engine_scratch(struct tcp_backend *be, size_t bytes)
 {
     if (bytes <= be->scratch_bytes) {
         return be->scratch;
@@ -82,7 +82,7 @@ char *tcp_engine_scratch(struct tcp_backend *be, size_t bytes)
     return be->scratch;
 }
 
-void tcp_engine_wake(struct tcp_backend *be)
+void fsdp_tcp_engine_wake(struct tcp_backend *be)
 {
     uint64_t one = 1;
     if (be->wake_fd >= 0) {
@@ -102,12 +102,12 @@ static void tcp_engine_drain_wake(struct tcp_backend *be)
 static int tcp_engine_interrupted(struct tcp_backend *be)
 {
     if (atomic_load(&be->aborted)) {
-        return tcp_engine_fail(be, FSDP_ERR_ABORTED, "aborted: %s", be->abort_why);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_ABORTED, "aborted: %s", be->abort_why);
     }
     if (atomic_load(&be->stop)) {
-        return tcp_engine_fail(be, FSDP_ERR_ABORTED,
-                               "the backend of group %s was destroyed with operations pending",
-                               be->name);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_ABORTED,
+                                    "the backend of group %s was destroyed with operations pending",
+                                    be->name);
     }
     return 0;
 }
@@ -125,10 +125,10 @@ static int tcp_waits_on(const struct tcp_peer *p)
 static const char *tcp_engine_label(const struct tcp_op *op, char *buf, size_t len)
 {
     if (op->coll == TCP_COLL_SEND || op->coll == TCP_COLL_RECV) {
-        snprintf(buf, len, "%s #%" PRIu64 " with rank %d", tcp_coll_name(op->coll), op->seq,
+        snprintf(buf, len, "%s #%" PRIu64 " with rank %d", fsdp_tcp_coll_name(op->coll), op->seq,
                  op->peer);
     } else {
-        snprintf(buf, len, "%s #%" PRIu64, tcp_coll_name(op->coll), op->seq);
+        snprintf(buf, len, "%s #%" PRIu64, fsdp_tcp_coll_name(op->coll), op->seq);
     }
     return buf;
 }
@@ -157,7 +157,7 @@ static int tcp_engine_culprit(const struct tcp_backend *be, double since, double
         double last = p->last_rx > since ? p->last_rx : since;
         if (now - last > 3.0 * be->ka_interval) {
             snprintf(culprit, clen, "%s, silent for %.1f s",
-                     tcp_peer_name(be, q, name, sizeof(name)), now - last);
+                     fsdp_tcp_peer_name(be, q, name, sizeof(name)), now - last);
             *sending = p->tx_chan && p->tx_blocked && !p->rx_chan && !p->rx_wait;
             return 1;
         }
@@ -167,7 +167,7 @@ static int tcp_engine_culprit(const struct tcp_backend *be, double since, double
         }
         if (used < llen) {
             used += (size_t)snprintf(live + used, llen - used, "%s%s", used ? ", " : "",
-                                     tcp_peer_name(be, q, name, sizeof(name)));
+                                     fsdp_tcp_peer_name(be, q, name, sizeof(name)));
         }
     }
     return found;
@@ -201,8 +201,8 @@ static int tcp_engine_stalled(struct tcp_backend *be, struct tcp_op *op, double 
     char label[64], why[400];
     tcp_engine_label(op, label, sizeof(label));
     tcp_engine_diagnose(be, since, fsdp_now(), why, sizeof(why));
-    return tcp_engine_fail(be, FSDP_ERR_TIMEOUT, "timed out after %.1f s in %s %s", idle, label,
-                           why);
+    return fsdp_tcp_engine_fail(be, FSDP_ERR_TIMEOUT, "timed out after %.1f s in %s %s", idle,
+                                label, why);
 }
 
 /* Lets a caller whose own wait runs out say what the op is stuck on. */
@@ -236,7 +236,7 @@ static void tcp_engine_keepalives(struct tcp_backend *be, const struct tcp_chan 
                 }
                 have_note = 1;
             }
-            tcp_xfer_keepalive(be, p, note);
+            fsdp_tcp_xfer_keepalive(be, p, note);
         }
     }
 }
@@ -253,8 +253,8 @@ static int tcp_engine_poll(struct tcp_backend *be, struct tcp_op *op, double wai
     be->pfd_peer[n++] = -1;
     for (int q = 0; q < be->size; q++) {
         struct tcp_peer *p = &be->peers[q];
-        short ev = (short)((tcp_xfer_wants_write(p) ? POLLOUT : 0) |
-                           (tcp_xfer_wants_read(p) ? POLLIN : 0));
+        short ev = (short)((fsdp_tcp_xfer_wants_write(p) ? POLLOUT : 0) |
+                           (fsdp_tcp_xfer_wants_read(p) ? POLLIN : 0));
         if (ev) {
             pfds[n].fd = p->fd;
             pfds[n].events = ev;
@@ -267,8 +267,8 @@ static int tcp_engine_poll(struct tcp_backend *be, struct tcp_op *op, double wai
         if (errno == EINTR) {
             return 0;
         }
-        return tcp_engine_fail(be, FSDP_ERR_SYSTEM, "poll in %s #%" PRIu64 " failed: %s",
-                               tcp_coll_name(op->coll), op->seq, strerror(errno));
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_SYSTEM, "poll in %s #%" PRIu64 " failed: %s",
+                                    fsdp_tcp_coll_name(op->coll), op->seq, strerror(errno));
     }
     for (int i = 0; i < n && rc > 0; i++) {
         short re = pfds[i].revents;
@@ -311,7 +311,7 @@ static int tcp_engine_run_phase(struct tcp_backend *be, struct tcp_op *op, struc
         for (int i = 0; i < nch; i++) {
             if (chans[i].done < chans[i].nmsg) {
                 open++;
-                FSDP_CHECK(tcp_xfer_activate(be, op, chans, &chans[i], &progressed));
+                FSDP_CHECK(fsdp_tcp_xfer_activate(be, op, chans, &chans[i], &progressed));
             }
         }
         if (!open) {
@@ -319,11 +319,11 @@ static int tcp_engine_run_phase(struct tcp_backend *be, struct tcp_op *op, struc
         }
         for (int q = 0; q < be->size; q++) {
             struct tcp_peer *p = &be->peers[q];
-            if (tcp_xfer_wants_write(p) && !p->tx_blocked) {
-                FSDP_CHECK(tcp_xfer_push(be, op, chans, p, &progressed));
+            if (fsdp_tcp_xfer_wants_write(p) && !p->tx_blocked) {
+                FSDP_CHECK(fsdp_tcp_xfer_push(be, op, chans, p, &progressed));
             }
-            if (tcp_xfer_wants_read(p) && !p->rx_blocked) {
-                FSDP_CHECK(tcp_xfer_pull(be, op, chans, p, &progressed));
+            if (fsdp_tcp_xfer_wants_read(p) && !p->rx_blocked) {
+                FSDP_CHECK(fsdp_tcp_xfer_pull(be, op, chans, p, &progressed));
             }
         }
         if (progressed) {
@@ -350,19 +350,19 @@ static int tcp_engine_run_phase(struct tcp_backend *be, struct tcp_op *op, struc
     }
 }
 
-int tcp_engine_run_op(struct tcp_backend *be, struct tcp_op *op)
+int fsdp_tcp_engine_run_op(struct tcp_backend *be, struct tcp_op *op)
 {
     if (be->err) {
         return be->err;
     }
     FSDP_CHECK(tcp_engine_interrupted(be));
     op->esize = fsdp_dtype_size(op->dtype);
-    tcp_xfer_op_begin(be, op);
-    op->algo = tcp_algo_select(be, op);
+    fsdp_tcp_xfer_op_begin(be, op);
+    op->algo = fsdp_tcp_algo_select(be, op);
     int rc = op->algo->start(be, op);
     if (rc < 0) {
-        return tcp_engine_fail(be, rc, "%s #%" PRIu64 ": %s", tcp_coll_name(op->coll), op->seq,
-                               fsdp_err_msg());
+        return fsdp_tcp_engine_fail(be, rc, "%s #%" PRIu64 ": %s", fsdp_tcp_coll_name(op->coll),
+                                    op->seq, fsdp_err_msg());
     }
     for (int ph = 0; ph < op->nphases; ph++) {
         op->phase = ph;
@@ -426,7 +426,7 @@ static void *tcp_engine_main(void *arg)
         }
         struct tcp_work *w = be->head;
         pthread_mutex_unlock(&be->mu);
-        int rc = tcp_engine_run_op(be, &w->op);
+        int rc = fsdp_tcp_engine_run_op(be, &w->op);
         pthread_mutex_lock(&be->mu);
         tcp_engine_complete(be, w, rc);
     }
@@ -443,7 +443,7 @@ static void *tcp_engine_main(void *arg)
     return NULL;
 }
 
-int tcp_engine_start(struct tcp_backend *be)
+int fsdp_tcp_engine_start(struct tcp_backend *be)
 {
     /* the progress thread takes no asynchronous signals: they belong to the
      * application's threads */
@@ -456,18 +456,18 @@ int tcp_engine_start(struct tcp_backend *be)
     return 0;
 }
 
-void tcp_engine_stop(struct tcp_backend *be)
+void fsdp_tcp_engine_stop(struct tcp_backend *be)
 {
     if (!be->thread_started) {
         return;
     }
     atomic_store(&be->stop, 1);
-    tcp_engine_wake(be);
+    fsdp_tcp_engine_wake(be);
     pthread_join(be->thread, NULL);
     be->thread_started = 0;
 }
 
-int tcp_engine_submit(struct tcp_backend *be, struct tcp_work *w)
+int fsdp_tcp_engine_submit(struct tcp_backend *be, struct tcp_work *w)
 {
     pthread_mutex_lock(&be->mu);
     if (be->err || atomic_load(&be->aborted) || atomic_load(&be->stop)) {
@@ -485,6 +485,6 @@ int tcp_engine_submit(struct tcp_backend *be, struct tcp_work *w)
     }
     be->tail = w;
     pthread_mutex_unlock(&be->mu);
-    tcp_engine_wake(be);
+    fsdp_tcp_engine_wake(be);
     return 0;
 }

@@ -134,7 +134,7 @@ static int tcp_create(const struct fsdp_group_info *info, struct fsdp_backend **
     double t0 = fsdp_now();
     FSDP_CHECK(tcp_check_info(info));
     FSDP_CHECK(tcp_alloc(info, &be));
-    FSDP_CHECK_GOTO(tcp_config_read(&be->cfg), rc, err_0);
+    FSDP_CHECK_GOTO(fsdp_tcp_config_read(&be->cfg), rc, err_0);
     FSDP_CHECK_GOTO(tcp_sync_init(be), rc, err_0);
     if (be->size > 1) {
         be->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -142,8 +142,8 @@ static int tcp_create(const struct fsdp_group_info *info, struct fsdp_backend **
             rc = fsdp_err(FSDP_ERR_SYSTEM, "group %s: eventfd: %s", be->name, strerror(errno));
             goto err_1;
         }
-        FSDP_CHECK_GOTO(tcp_conn_mesh(be, info->store), rc, err_2);
-        FSDP_CHECK_GOTO(tcp_engine_start(be), rc, err_3);
+        FSDP_CHECK_GOTO(fsdp_tcp_conn_mesh(be, info->store), rc, err_2);
+        FSDP_CHECK_GOTO(fsdp_tcp_engine_start(be), rc, err_3);
     }
     FSDP_INFO(FSDP_SUB_TCP, "group %s: tcp backend ready, rank %d of %d, %s, in %.3f s "
               "(small %zu B, chunk %zu B, socket buffers %s)", be->name, be->rank, be->size,
@@ -154,7 +154,7 @@ static int tcp_create(const struct fsdp_group_info *info, struct fsdp_backend **
     return 0;
 
 err_3:
-    tcp_conn_close(be);
+    fsdp_tcp_conn_close(be);
 err_2:
     close(be->wake_fd);
 err_1:
@@ -171,8 +171,8 @@ static void tcp_destroy(struct fsdp_backend *b)
     if (!be) {
         return;
     }
-    tcp_engine_stop(be);
-    tcp_conn_close(be);
+    fsdp_tcp_engine_stop(be);
+    fsdp_tcp_conn_close(be);
     if (be->wake_fd >= 0) {
         close(be->wake_fd);
     }
@@ -200,7 +200,7 @@ static void tcp_abort(struct fsdp_backend *b, const char *why)
             shutdown(be->peers[q].fd, SHUT_RDWR);
         }
     }
-    tcp_engine_wake(be);
+    fsdp_tcp_engine_wake(be);
 }
 
 static void tcp_capabilities(struct fsdp_backend *b, struct fsdp_backend_caps *caps)
@@ -251,20 +251,20 @@ static int tcp_issue(struct tcp_backend *be, const struct tcp_op *op, struct fsd
     struct tcp_work *w = calloc(1, sizeof(*w));
     if (!w) {
         return fsdp_err(FSDP_ERR_NOMEM, "tcp %s on group %s: out of memory",
-                        tcp_coll_name(op->coll), be->name);
+                        fsdp_tcp_coll_name(op->coll), be->name);
     }
     w->base.ops = &fsdp_tcp_ops;
     w->be = be;
     w->op = *op;
     atomic_init(&w->done, 0);
     if (be->size == 1) {
-        w->rc = tcp_engine_run_op(be, &w->op);
+        w->rc = fsdp_tcp_engine_run_op(be, &w->op);
         if (w->rc < 0) {
             snprintf(w->msg, sizeof(w->msg), "%s", be->errmsg);
         }
         atomic_store(&w->done, 1);
     } else {
-        int rc = tcp_engine_submit(be, w);
+        int rc = fsdp_tcp_engine_submit(be, w);
         if (rc < 0) {
             free(w);
             return rc;
@@ -367,7 +367,7 @@ static int tcp_p2p(struct tcp_backend *be, int coll, void *buf, size_t count,
                    struct fsdp_work **work)
 {
     size_t bytes = 0;
-    const char *what = tcp_coll_name(coll);
+    const char *what = fsdp_tcp_coll_name(coll);
     FSDP_CHECK(tcp_check_op(be, what, count, dtype, -1, 1, attr, &bytes));
     if (peer < 0 || peer >= be->size || peer == be->rank) {
         return fsdp_err(FSDP_ERR_INVALID, "tcp %s on group %s: peer %d is not another rank of "
@@ -436,7 +436,7 @@ static int tcp_work_wait(struct fsdp_work *fw, double timeout_s)
             }
             pthread_mutex_unlock(&be->mu);
             return fsdp_err(FSDP_ERR_TIMEOUT, "group %s: %s still pending after %.1f s: %s",
-                            be->name, tcp_coll_name(w->op.coll), timeout_s, why);
+                            be->name, fsdp_tcp_coll_name(w->op.coll), timeout_s, why);
         }
     }
     pthread_mutex_unlock(&be->mu);
@@ -499,4 +499,5 @@ const struct fsdp_backend_ops fsdp_tcp_ops = {
     .work_test = tcp_work_test,
     /* any time, also after destroy(); a pending op is freed when it ends */
     .work_free = tcp_work_free,
+    .mem_caps = FSDP_CAP_MEM_HOST,
 };

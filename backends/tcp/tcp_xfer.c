@@ -31,7 +31,7 @@
 
 _Static_assert(sizeof(struct tcp_frame) == 32, "frame header is 32 bytes on the wire");
 
-const char *tcp_coll_name(int coll)
+const char *fsdp_tcp_coll_name(int coll)
 {
     switch (coll) {
     case TCP_COLL_ALLREDUCE: return "allreduce";
@@ -45,7 +45,7 @@ const char *tcp_coll_name(int coll)
     }
 }
 
-const char *tcp_peer_name(const struct tcp_backend *be, int rank, char *buf, size_t len)
+const char *fsdp_tcp_peer_name(const struct tcp_backend *be, int rank, char *buf, size_t len)
 {
     const struct tcp_peer *p = &be->peers[rank];
     snprintf(buf, len, "rank %d (world rank %d, %s)", rank, p->world_rank,
@@ -70,7 +70,7 @@ static const char *tcp_op_label(int coll, uint64_t seq, char *buf, size_t len)
     if (tcp_is_p2p(coll)) {
         snprintf(buf, len, "point-to-point message #%" PRIu64, seq);
     } else {
-        snprintf(buf, len, "%s #%" PRIu64, tcp_coll_name(coll), seq);
+        snprintf(buf, len, "%s #%" PRIu64, fsdp_tcp_coll_name(coll), seq);
     }
     return buf;
 }
@@ -89,7 +89,7 @@ static void tcp_frame_fill(const struct tcp_backend *be, struct tcp_frame *f, in
     f->len = len;
 }
 
-void tcp_xfer_op_begin(struct tcp_backend *be, struct tcp_op *op)
+void fsdp_tcp_xfer_op_begin(struct tcp_backend *be, struct tcp_op *op)
 {
     for (int q = 0; q < be->size; q++) {
         be->peers[q].tx_step = 0;
@@ -135,9 +135,9 @@ static int tcp_peer_last_words(struct tcp_backend *be, struct tcp_peer *p)
             return 0;
         }
         if (f.kind == TCP_FRAME_ERROR) {
-            tcp_engine_fail(be, FSDP_ERR_PEER, "peer %s failed: %.*s",
-                            tcp_peer_name(be, p->rank, name, sizeof(name)), (int)f.len,
-                            buf + off + TCP_HDR);
+            fsdp_tcp_engine_fail(be, FSDP_ERR_PEER, "peer %s failed: %.*s",
+                                 fsdp_tcp_peer_name(be, p->rank, name, sizeof(name)), (int)f.len,
+                                 buf + off + TCP_HDR);
             return 1;
         }
         off += TCP_HDR + (size_t)f.len;
@@ -152,22 +152,22 @@ static int tcp_io_error(struct tcp_backend *be, struct tcp_op *op, struct tcp_pe
     if (tcp_peer_last_words(be, p)) {
         return be->err;
     }
-    tcp_peer_name(be, p->rank, name, sizeof(name));
+    fsdp_tcp_peer_name(be, p->rank, name, sizeof(name));
     tcp_op_label(op->coll, op->seq, label, sizeof(label));
     if (err == 0) {
-        return tcp_engine_fail(be, FSDP_ERR_PEER,
-                               "peer %s closed the connection during %s (the process exited or "
-                               "its backend failed; see its log)",
-                               name, label);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_PEER,
+                                    "peer %s closed the connection during %s (the process exited "
+                                    "or its backend failed; see its log)",
+                                    name, label);
     }
     if (err == ECONNRESET || err == EPIPE) {
-        return tcp_engine_fail(be, FSDP_ERR_PEER,
-                               "connection to peer %s was reset during %s (the process died or "
-                               "aborted)",
-                               name, label);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_PEER,
+                                    "connection to peer %s was reset during %s (the process died "
+                                    "or aborted)",
+                                    name, label);
     }
-    return tcp_engine_fail(be, FSDP_ERR_PEER, "%s peer %s failed during %s: %s", what, name, label,
-                           strerror(err));
+    return fsdp_tcp_engine_fail(be, FSDP_ERR_PEER, "%s peer %s failed during %s: %s", what, name,
+                                label, strerror(err));
 }
 
 /* Checks what every frame must have, whatever its kind. */
@@ -175,33 +175,36 @@ static int tcp_check_frame(struct tcp_backend *be, struct tcp_op *op, struct tcp
                            const struct tcp_frame *f)
 {
     char name[160], label[64];
-    tcp_peer_name(be, p->rank, name, sizeof(name));
+    fsdp_tcp_peer_name(be, p->rank, name, sizeof(name));
     tcp_op_label(op->coll, op->seq, label, sizeof(label));
     if (f->magic != TCP_FRAME_MAGIC || f->version != TCP_PROTO_VERSION) {
-        return tcp_engine_fail(be, FSDP_ERR_PEER,
-                               "peer %s sent a corrupt frame header during %s (magic 0x%08x, "
-                               "version %u): the byte stream is out of step",
-                               name, label, f->magic, f->version);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_PEER,
+                                    "peer %s sent a corrupt frame header during %s (magic 0x%08x, "
+                                    "version %u): the byte stream is out of step",
+                                    name, label, f->magic, f->version);
     }
     if (f->group != (uint32_t)be->group_hash) {
-        return tcp_engine_fail(be, FSDP_ERR_PEER,
-                               "peer %s sent a frame of another group (hash 0x%08x, group %s has "
-                               "0x%08x) during %s",
-                               name, f->group, be->name, (uint32_t)be->group_hash, label);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_PEER,
+                                    "peer %s sent a frame of another group (hash 0x%08x, group %s "
+                                    "has 0x%08x) during %s",
+                                    name, f->group, be->name, (uint32_t)be->group_hash, label);
     }
     if (f->kind == TCP_FRAME_KEEPALIVE && f->len >= TCP_NOTE_MAX) {
-        return tcp_engine_fail(be, FSDP_ERR_PEER, "peer %s sent a keepalive frame with %" PRIu64
-                               " payload bytes during %s", name, f->len, label);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_PEER,
+                                    "peer %s sent a keepalive frame with %" PRIu64
+                                    " payload bytes during %s", name, f->len, label);
     }
     if (f->kind == TCP_FRAME_ERROR && f->len >= TCP_ERRMSG_MAX) {
-        return tcp_engine_fail(be, FSDP_ERR_PEER, "peer %s sent an error frame of %" PRIu64
-                               " bytes (at most %d) during %s", name, f->len, TCP_ERRMSG_MAX - 1,
-                               label);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_PEER,
+                                    "peer %s sent an error frame of %" PRIu64
+                                    " bytes (at most %d) during %s", name, f->len,
+                                    TCP_ERRMSG_MAX - 1, label);
     }
     if (f->kind != TCP_FRAME_DATA && f->kind != TCP_FRAME_KEEPALIVE &&
         f->kind != TCP_FRAME_ERROR) {
-        return tcp_engine_fail(be, FSDP_ERR_PEER, "peer %s sent a frame of unknown kind %u "
-                               "during %s", name, f->kind, label);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_PEER,
+                                    "peer %s sent a frame of unknown kind %u during %s", name,
+                                    f->kind, label);
     }
     return 0;
 }
@@ -212,39 +215,39 @@ static int tcp_check_data(struct tcp_backend *be, struct tcp_op *op, struct tcp_
 {
     char name[160], mine[64], theirs[64];
     int coll = tcp_wire_coll(op);
-    tcp_peer_name(be, p->rank, name, sizeof(name));
+    fsdp_tcp_peer_name(be, p->rank, name, sizeof(name));
     tcp_op_label(op->coll, op->seq, mine, sizeof(mine));
     tcp_op_label(f->coll, f->seq, theirs, sizeof(theirs));
     if (tcp_is_p2p(f->coll) != tcp_is_p2p(coll)) {
-        return tcp_engine_fail(be, FSDP_ERR_MISMATCH,
-                               "peer %s sent a frame of %s while this rank runs %s: ranks issued "
-                               "operations in different orders",
-                               name, theirs, mine);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_MISMATCH,
+                                    "peer %s sent a frame of %s while this rank runs %s: ranks "
+                                    "issued operations in different orders",
+                                    name, theirs, mine);
     }
     if (f->seq != op->seq) {
-        return tcp_engine_fail(be, FSDP_ERR_MISMATCH,
-                               "peer %s sent a frame for %s while this rank expects %s: ranks "
-                               "issued different numbers of operations",
-                               name, theirs, mine);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_MISMATCH,
+                                    "peer %s sent a frame for %s while this rank expects %s: ranks "
+                                    "issued different numbers of operations",
+                                    name, theirs, mine);
     }
     if (f->coll != coll) {
-        return tcp_engine_fail(be, FSDP_ERR_MISMATCH,
-                               "peer %s runs %s as its operation #%" PRIu64 " while this rank "
-                               "runs %s: ranks issued different collectives",
-                               name, tcp_coll_name(f->coll), f->seq, mine);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_MISMATCH,
+                                    "peer %s runs %s as its operation #%" PRIu64 " while this rank "
+                                    "runs %s: ranks issued different collectives",
+                                    name, fsdp_tcp_coll_name(f->coll), f->seq, mine);
     }
     if (f->step != p->rx_step) {
-        return tcp_engine_fail(be, FSDP_ERR_MISMATCH,
-                               "peer %s sent frame %u of %s while this rank expects frame %u: "
-                               "ranks chose different algorithms (counts, roots or FSDPC_TCP_* "
-                               "settings differ)",
-                               name, f->step, mine, p->rx_step);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_MISMATCH,
+                                    "peer %s sent frame %u of %s while this rank expects frame %u: "
+                                    "ranks chose different algorithms (counts, roots or "
+                                    "FSDPC_TCP_* settings differ)",
+                                    name, f->step, mine, p->rx_step);
     }
     if (f->len != ch->msg.len) {
-        return tcp_engine_fail(be, FSDP_ERR_MISMATCH,
-                               "peer %s sent %" PRIu64 " bytes in frame %u of %s while this rank "
-                               "expects %zu: counts, dtypes or roots differ across ranks",
-                               name, f->len, f->step, mine, ch->msg.len);
+        return fsdp_tcp_engine_fail(be, FSDP_ERR_MISMATCH,
+                                    "peer %s sent %" PRIu64 " bytes in frame %u of %s while this "
+                                    "rank expects %zu: counts, dtypes or roots differ across ranks",
+                                    name, f->len, f->step, mine, ch->msg.len);
     }
     return 0;
 }
@@ -264,8 +267,8 @@ static int tcp_claim(struct tcp_backend *be, struct tcp_op *op, struct tcp_peer 
     return 0;
 }
 
-int tcp_xfer_activate(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *chans,
-                      struct tcp_chan *ch, int *progressed)
+int fsdp_tcp_xfer_activate(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *chans,
+                           struct tcp_chan *ch, int *progressed)
 {
     struct tcp_msg m;
     if (ch->active || ch->done >= ch->nmsg) {
@@ -296,18 +299,18 @@ int tcp_xfer_activate(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan
     return 0;
 }
 
-int tcp_xfer_wants_write(const struct tcp_peer *p)
+int fsdp_tcp_xfer_wants_write(const struct tcp_peer *p)
 {
     return p->fd >= 0 && (p->tx_ctl_off < p->tx_ctl_len || p->tx_chan != NULL);
 }
 
-int tcp_xfer_wants_read(const struct tcp_peer *p)
+int fsdp_tcp_xfer_wants_read(const struct tcp_peer *p)
 {
     return p->fd >= 0 && !p->rx_eof && (p->rx_chan != NULL || p->rx_ctl_kind || !p->rx_stashed);
 }
 
-int tcp_xfer_push(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *chans,
-                  struct tcp_peer *p, int *progressed)
+int fsdp_tcp_xfer_push(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *chans,
+                       struct tcp_peer *p, int *progressed)
 {
     while (!p->tx_blocked) {
         struct iovec iov[2];
@@ -364,7 +367,7 @@ int tcp_xfer_push(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *ch
             ch->done++;
             p->tx_chan = NULL;
             p->tx_step++;
-            FSDP_CHECK(tcp_xfer_activate(be, op, chans, ch, progressed));
+            FSDP_CHECK(fsdp_tcp_xfer_activate(be, op, chans, ch, progressed));
         }
     }
     return 0;
@@ -414,7 +417,7 @@ static int tcp_recv_complete(struct tcp_backend *be, struct tcp_op *op, struct t
     p->rx_chan = NULL;
     p->rx_step++;
     *progressed = 1;
-    return tcp_xfer_activate(be, op, chans, ch, progressed);
+    return fsdp_tcp_xfer_activate(be, op, chans, ch, progressed);
 }
 
 /* The header in p->rx_hdr is complete: act on its kind. Returns 1 when the
@@ -440,8 +443,8 @@ static int tcp_header_done(struct tcp_backend *be, struct tcp_op *op, struct tcp
     }
 }
 
-int tcp_xfer_pull(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *chans,
-                  struct tcp_peer *p, int *progressed)
+int fsdp_tcp_xfer_pull(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *chans,
+                       struct tcp_peer *p, int *progressed)
 {
     while (!p->rx_blocked && !p->rx_eof) {
         ssize_t n;
@@ -463,8 +466,8 @@ int tcp_xfer_pull(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *ch
             }
             char name[160];
             p->rx_ctl_kind = 0;
-            return tcp_engine_fail(be, FSDP_ERR_PEER, "peer %s failed: %s",
-                                   tcp_peer_name(be, p->rank, name, sizeof(name)), p->rx_ctl);
+            fsdp_tcp_peer_name(be, p->rank, name, sizeof(name));
+            return fsdp_tcp_engine_fail(be, FSDP_ERR_PEER, "peer %s failed: %s", name, p->rx_ctl);
         }
         if (p->rx_chan) {
             struct tcp_chan *ch = p->rx_chan;
@@ -505,7 +508,7 @@ int tcp_xfer_pull(struct tcp_backend *be, struct tcp_op *op, struct tcp_chan *ch
 // ----------------------------------------------------------------------------
 // control frames
 
-void tcp_xfer_keepalive(struct tcp_backend *be, struct tcp_peer *p, const char *note)
+void fsdp_tcp_xfer_keepalive(struct tcp_backend *be, struct tcp_peer *p, const char *note)
 {
     if (p->fd < 0 || p->tx_chan || p->tx_ctl_len) {
         return;
@@ -538,7 +541,7 @@ static int tcp_send_now(int fd, const void *buf, size_t len)
     return 0;
 }
 
-void tcp_xfer_notify_error(struct tcp_backend *be, struct tcp_peer *p, const char *msg)
+void fsdp_tcp_xfer_notify_error(struct tcp_backend *be, struct tcp_peer *p, const char *msg)
 {
     static const char zeros[65536];
     if (p->fd < 0) {

@@ -1,6 +1,8 @@
 /*
- * mesh.c - the N-dimensional device mesh: parsing "--mesh" and "--backend",
- * the cross-rank agreement check, and one process group per dimension.
+ * mesh.c - the N-dimensional device mesh: its dimensions from "--mesh"
+ * (parsed by mesh_spec.c) and the world size, a backend per dimension from
+ * "--backend", the cross-rank agreement check, and one process group per
+ * dimension.
  *
  * Ranks are laid out row-major like torch's init_device_mesh: the last
  * dimension varies fastest, so with dp=2,tp=2 the tp groups are {0,1} {2,3}
@@ -24,7 +26,7 @@
 #include "rendezvous/store.h"
 
 #include <ctype.h>
-#include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,127 +35,20 @@
 static unsigned mesh_created;
 
 // ----------------------------------------------------------------------------
-// parsing
+// parsing (the syntax is mesh_spec.c's)
 
-/* Copies the token [b, e) without surrounding blanks into out. */
-static void mesh_token(const char *b, const char *e, char *out, size_t len)
+/* The dimensions of mesh_spec, which must cover the world exactly. */
+static int mesh_parse_dims(const char *spec, int world_size, struct fsdp_mesh *m)
 {
-    while (b < e && isspace((unsigned char)*b)) {
-        b++;
+    struct fsdp_mesh_dims dims;
+    FSDP_CHECK(fsdp_mesh_parse(spec, &dims));
+    FSDP_CHECK(fsdp_mesh_check_world(spec, &dims, world_size));
+    m->ndims = dims.ndims;
+    for (int i = 0; i < dims.ndims; i++) {
+        snprintf(m->dims[i].name, sizeof(m->dims[i].name), "%s", dims.name[i]);
+        m->dims[i].size = dims.size[i];
     }
-    while (e > b && isspace((unsigned char)e[-1])) {
-        e--;
-    }
-    size_t n = (size_t)(e - b) < len - 1 ? (size_t)(e - b) : len - 1;
-    memcpy(out, b, n);
-    out[n] = '\0';
-}
-
-static int mesh_name_ok(const char *s)
-{
-    if (!(*s >= 'a' && *s <= 'z') || strlen(s) >= FSDP_MESH_NAME_MAX) {
-        return 0;
-    }
-    for (; *s; s++) {
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_')) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* Splits "name=value" in place; 0 when there is no '='. */
-static int mesh_split(char *tok, char **name, char **value)
-{
-    char *eq = strchr(tok, '=');
-    if (!eq) {
-        return 0;
-    }
-    *eq = '\0';
-    char tmp[64];
-    mesh_token(tok, eq, tmp, sizeof(tmp));
-    memmove(tok, tmp, strlen(tmp) + 1);
-    *name = tok;
-    *value = eq + 1;
-    while (isspace((unsigned char)**value)) {
-        (*value)++;
-    }
-    return 1;
-}
-
-int fsdp_mesh_parse(const char *spec, int world_size, struct fsdp_mesh *m)
-{
-    if (!spec || !m) {
-        return fsdp_err(FSDP_ERR_INVALID, "fsdp_mesh_parse: NULL argument");
-    }
-    memset(m->dims, 0, sizeof(m->dims));
-    m->ndims = 0;
-    m->spec[0] = '\0';
-    long long product = 1;
-    const char *p = spec;
-    for (int pos = 1;; pos++) {
-        const char *end = strchr(p, ',');
-        if (!end) {
-            end = p + strlen(p);
-        }
-        char tok[64], *name, *value;
-        mesh_token(p, end, tok, sizeof(tok));
-        if (!tok[0]) {
-            return fsdp_err(FSDP_ERR_INVALID, "mesh '%s': dimension %d is empty (want NAME=SIZE)",
-                            spec, pos);
-        }
-        if (!mesh_split(tok, &name, &value)) {
-            return fsdp_err(FSDP_ERR_INVALID, "mesh '%s': '%s' is not NAME=SIZE (e.g. dp=4,tp=2)",
-                            spec, tok);
-        }
-        if (!mesh_name_ok(name)) {
-            return fsdp_err(FSDP_ERR_INVALID,
-                            "mesh '%s': dimension name '%s' must match [a-z][a-z0-9_]* and be at "
-                            "most %d characters",
-                            spec, name, FSDP_MESH_NAME_MAX - 1);
-        }
-        char *stop;
-        errno = 0;
-        long size = strtol(value, &stop, 10);
-        if (errno || stop == value || *stop || size < 1 || size > (1L << 24)) {
-            return fsdp_err(FSDP_ERR_INVALID,
-                            "mesh '%s': size '%s' of dimension '%s' is not a positive integer", spec,
-                            value, name);
-        }
-        for (int i = 0; i < m->ndims; i++) {
-            if (strcmp(m->dims[i].name, name) == 0) {
-                return fsdp_err(FSDP_ERR_INVALID, "mesh '%s': dimension '%s' appears twice", spec,
-                                name);
-            }
-        }
-        if (m->ndims == FSDP_MESH_MAX_DIMS) {
-            return fsdp_err(FSDP_ERR_INVALID, "mesh '%s': more than %d dimensions", spec,
-                            FSDP_MESH_MAX_DIMS);
-        }
-        struct fsdp_mesh_dim *dim = &m->dims[m->ndims++];
-        snprintf(dim->name, sizeof(dim->name), "%s", name);
-        dim->size = (int)size;
-        product *= size;
-        if (product > (1LL << 30)) {
-            return fsdp_err(FSDP_ERR_INVALID, "mesh '%s': more than 2^30 ranks", spec);
-        }
-        size_t used = strlen(m->spec);
-        snprintf(m->spec + used, sizeof(m->spec) - used, "%s%s=%d", used ? "," : "", dim->name,
-                 dim->size);
-        if (!*end) {
-            break;
-        }
-        p = end + 1;
-    }
-    if (world_size > 0 && product != world_size) {
-        char sizes[96] = "";
-        for (int i = 0; i < m->ndims; i++) {
-            size_t used = strlen(sizes);
-            snprintf(sizes + used, sizeof(sizes) - used, "%s%d", i ? " x " : "", m->dims[i].size);
-        }
-        return fsdp_err(FSDP_ERR_INVALID, "mesh '%s' has %lld ranks (%s) but the world has %d",
-                        spec, product, sizes, world_size);
-    }
+    snprintf(m->spec, sizeof(m->spec), "%s", dims.spec);
     return 0;
 }
 
@@ -180,17 +75,13 @@ static int mesh_parse_backends(const char *spec, const struct fsdp_backend_ops *
     const struct fsdp_backend_ops *chosen[FSDP_MESH_MAX_DIMS] = {NULL};
     int have_default = 0, rc = 0;
     const char *p = spec;
-    for (int pos = 1;; pos++) {
-        const char *end = strchr(p, ',');
-        if (!end) {
-            end = p + strlen(p);
-        }
+    for (int pos = 1; p; pos++) {
         char tok[64], *name, *value;
-        mesh_token(p, end, tok, sizeof(tok));
-        if (!tok[0]) {
+        p = fsdp_mesh_spec_entry(p, tok, sizeof(tok), &name, &value);
+        if (!value && !tok[0]) {
             return fsdp_err(FSDP_ERR_INVALID, "--backend '%s': entry %d is empty", spec, pos);
         }
-        if (!mesh_split(tok, &name, &value)) {
+        if (!value) {
             if (have_default++) {
                 return fsdp_err(FSDP_ERR_INVALID,
                                 "--backend '%s': two defaults; name dimensions as DIM=BACKEND",
@@ -214,10 +105,6 @@ static int mesh_parse_backends(const char *spec, const struct fsdp_backend_ops *
                 return rc;
             }
         }
-        if (!*end) {
-            break;
-        }
-        p = end + 1;
     }
     int uniform = 1;
     for (int i = 0; i < m->ndims; i++) {
@@ -414,8 +301,40 @@ static int mesh_create_groups(struct fsdp_mesh *m)
 // ----------------------------------------------------------------------------
 // create / destroy
 
+static const char *mesh_mem_name(uint32_t caps)
+{
+    return caps & FSDP_CAP_MEM_CUDA ? (caps & FSDP_CAP_MEM_HOST ? "host or CUDA" : "CUDA device")
+                                    : "host";
+}
+
+/* Every dimension's backend must take the memory the caller's buffers are in. */
+static int mesh_check_mem(const struct fsdp_mesh *m, const char *backend_spec, uint32_t mem_cap)
+{
+    for (int i = 0; mem_cap && i < m->ndims; i++) {
+        const struct fsdp_backend_ops *ops = m->dims[i].ops;
+        uint32_t caps = ops->size >= offsetof(struct fsdp_backend_ops, mem_caps) +
+                                         sizeof(ops->mem_caps)
+                            ? ops->mem_caps
+                            : FSDP_CAP_MEM_HOST;
+        if (!(caps & mem_cap)) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                            "--backend %s: backend %s (dimension %s) takes %s memory only, and "
+                            "this run's buffers are in %s memory: choose another backend for %s",
+                            backend_spec, ops->name, m->dims[i].name, mesh_mem_name(caps),
+                            mesh_mem_name(mem_cap), m->dims[i].name);
+        }
+    }
+    return 0;
+}
+
 int fsdp_mesh_create(struct fsdp_dist *d, const char *mesh_spec, const char *backend_spec,
                      struct fsdp_mesh **out)
+{
+    return fsdp_mesh_create_for(d, mesh_spec, backend_spec, 0, out);
+}
+
+int fsdp_mesh_create_for(struct fsdp_dist *d, const char *mesh_spec, const char *backend_spec,
+                         uint32_t mem_cap, struct fsdp_mesh **out)
 {
     if (!d || !out) {
         return fsdp_err(FSDP_ERR_INVALID, "fsdp_mesh_create: NULL argument");
@@ -443,9 +362,12 @@ int fsdp_mesh_create(struct fsdp_dist *d, const char *mesh_spec, const char *bac
     /* A spec this rank cannot parse still takes part in the agreement (as
      * written), so that one bad rank fails all ranks instead of hanging them. */
     char err[512] = "", mine[512];
-    int rc, parse_rc = fsdp_mesh_parse(mesh_spec, d->world_size, m);
+    int rc, parse_rc = mesh_parse_dims(mesh_spec, d->world_size, m);
     if (parse_rc == 0) {
         parse_rc = mesh_parse_backends(backend_spec, dflt, m);
+    }
+    if (parse_rc == 0) {
+        parse_rc = mesh_check_mem(m, backend_spec, mem_cap);
     }
     if (parse_rc < 0) {
         fsdp_err_take(err, sizeof(err));

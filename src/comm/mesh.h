@@ -10,14 +10,13 @@
  * dp=tcp,tp=mpi" chooses per dimension (unnamed dimensions get the default).
  * At creation every rank checks that all ranks agree on names, sizes and
  * backends; a disagreement fails on every rank, naming a disagreeing rank.
+ * The spec syntax (and a parser that needs no ranks) is in mesh_spec.h.
  */
 #ifndef FSDP_COMM_MESH_H
 #define FSDP_COMM_MESH_H
 
 #include "comm/group.h"
-
-#define FSDP_MESH_MAX_DIMS 4
-#define FSDP_MESH_NAME_MAX 16
+#include "comm/mesh_spec.h"
 
 struct fsdp_mesh_dim {
     char name[FSDP_MESH_NAME_MAX];
@@ -39,14 +38,16 @@ struct fsdp_mesh {
  * MPI is up, else "tcp". Collective over the whole world. */
 int fsdp_mesh_create(struct fsdp_dist *d, const char *mesh_spec, const char *backend_spec,
                      struct fsdp_mesh **out);
+/* As fsdp_mesh_create, refusing (on every rank, before any group or
+ * communicator exists) a backend that cannot take mem_cap memory
+ * (FSDP_CAP_MEM_*; 0: no requirement). */
+int fsdp_mesh_create_for(struct fsdp_dist *d, const char *mesh_spec, const char *backend_spec,
+                         uint32_t mem_cap, struct fsdp_mesh **out);
 void fsdp_mesh_destroy(struct fsdp_mesh *m);
 
 /* The group of dimension `name`, or NULL. */
 struct fsdp_group *fsdp_mesh_group(struct fsdp_mesh *m, const char *name);
 /* Index of dimension `name`, or -1. */
 int fsdp_mesh_dim_index(const struct fsdp_mesh *m, const char *name);
-
-/* Parsing only (no communication): fills dims' names and sizes. */
-int fsdp_mesh_parse(const char *spec, int world_size, struct fsdp_mesh *m);
 
 #endif

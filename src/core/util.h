@@ -1,12 +1,23 @@
 /*
  * util.h - small helpers every layer uses: clocks, buffers that are
- * allocated once and pre-faulted, environment parameters, number parsing.
+ * allocated once and pre-faulted, environment parameters, number parsing,
+ * the even split of n items over parts, and the visibility of private
+ * symbols.
  */
 #ifndef FSDP_CORE_UTIL_H
 #define FSDP_CORE_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/*
+ * Marks a symbol that a layer's files share among themselves but that is no
+ * part of the library's interface (a backend's internal calls): it links
+ * between objects as usual but is never exported should the library be built
+ * as a shared object, so it cannot collide with or be bound by another
+ * library's symbols. Goes on the declaration in the private header.
+ */
+#define FSDP_PRIVATE __attribute__((visibility("hidden")))
 
 /* Monotonic seconds. */
 double fsdp_now(void);
@@ -40,6 +51,21 @@ int fsdp_parse_size(const char *s, size_t *out);
 /* Strict integer / double parse of a whole string. 0 or FSDP_ERR_INVALID. */
 int fsdp_parse_long(const char *s, long long *out);
 int fsdp_parse_double(const char *s, double *out);
+
+/*
+ * The one rule for cutting n items into `parts` contiguous pieces as evenly
+ * as possible: piece `part` is [*first, *first + *count), and the first
+ * n % parts pieces hold one item more. Checkpoint shards (doc/formats.md)
+ * and the tcp backend's segments and chunks both follow it, so it must not
+ * change. parts > 0, part < parts.
+ */
+static inline void fsdp_split_even(size_t n, size_t parts, size_t part, size_t *first,
+                                   size_t *count)
+{
+    size_t base = n / parts, extra = n % parts;
+    *count = base + (part < extra ? 1 : 0);
+    *first = part * base + (part < extra ? part : extra);
+}
 
 /* 64-bit FNV-1a, for agreement hashes. */
 uint64_t fsdp_hash64(const void *data, size_t len, uint64_t seed);

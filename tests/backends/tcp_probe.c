@@ -149,7 +149,7 @@ static void *probe_addr_writer(void *p)
 static void probe_hello(const struct fsdp_dist *d, const int *world, struct tcp_hello *h)
 {
     struct tcp_config cfg;
-    int rc = tcp_config_read(&cfg);
+    int rc = fsdp_tcp_config_read(&cfg);
     if (rc < 0) {
         fsdp_die(rc, "reading the FSDPC_TCP_* settings", NULL);
     }

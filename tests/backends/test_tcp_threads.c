@@ -305,7 +305,7 @@ static void test_allreduce(struct rank_ctx *x, const struct scenario *sc, enum f
             }
             /* each rank checks its slice; equal hashes extend it to all */
             size_t lo, len;
-            tcp_split(count, (size_t)x->n, (size_t)x->rank, &lo, &len);
+            fsdp_split_even(count, (size_t)x->n, (size_t)x->rank, &lo, &len);
             double g, want, err;
             long bad = check_range(dst, lo, lo, len, t, op, x->n, &g, &want, &err);
             if (bad >= 0) {
@@ -383,7 +383,7 @@ static void test_allgather(struct rank_ctx *x, const struct scenario *sc, enum f
             }
             h = fingerprint(dst, count * es * (size_t)x->n, h);
             size_t lo, len;
-            tcp_split(count * (size_t)x->n, (size_t)x->n, (size_t)x->rank, &lo, &len);
+            fsdp_split_even(count * (size_t)x->n, (size_t)x->n, (size_t)x->rank, &lo, &len);
             for (int q = 0; q < x->n && ok; q++) {
                 for (size_t i = 0; i < count; i++) {
                     uint64_t cell = 0;
@@ -428,7 +428,7 @@ static void test_broadcast(struct rank_ctx *x, const struct scenario *sc, enum f
             }
             h = fingerprint(x->a, count * es, h);
             size_t lo, len;
-            tcp_split(count, (size_t)x->n, (size_t)x->rank, &lo, &len);
+            fsdp_split_even(count, (size_t)x->n, (size_t)x->rank, &lo, &len);
             for (size_t i = lo; i < lo + len; i++) {
                 uint64_t cell = 0;
                 put(&cell, t, 0, root, i);

@@ -12,27 +12,32 @@
 
 #include <string.h>
 
+/* The spec as fsdp_mesh_create takes it: parsed, then held against the world. */
+static int parse(const char *spec, int world, struct fsdp_mesh_dims *dims)
+{
+    int rc = fsdp_mesh_parse(spec, dims);
+    return rc < 0 ? rc : fsdp_mesh_check_world(spec, dims, world);
+}
+
 static void parse_ok(const char *spec, int world, const char *norm, int ndims)
 {
-    struct fsdp_mesh m;
-    memset(&m, 0, sizeof(m));
-    int rc = fsdp_mesh_parse(spec, world, &m);
+    struct fsdp_mesh_dims m;
+    int rc = parse(spec, world, &m);
+    int ok = rc == 0 && strcmp(m.spec, norm) == 0 && m.ndims == ndims && m.nranks == world;
     if (rc < 0) {
         tap_diag("'%s': %s", spec, fsdp_err_msg());
-    } else if (strcmp(m.spec, norm) != 0 || m.ndims != ndims) {
-        tap_diag("'%s': normalized to '%s' (%d dims), want '%s' (%d)", spec, m.spec, m.ndims, norm,
-                 ndims);
+    } else if (!ok) {
+        tap_diag("'%s': normalized to '%s' (%d dims, %lld ranks), want '%s' (%d, %d)", spec,
+                 m.spec, m.ndims, m.nranks, norm, ndims, world);
     }
-    tap_ok(rc == 0 && strcmp(m.spec, norm) == 0 && m.ndims == ndims, "mesh '%s' parses as %s",
-           spec, norm);
+    tap_ok(ok, "mesh '%s' parses as %s", spec, norm);
     fsdp_err_clear();
 }
 
 static void parse_bad(const char *spec, int world, const char *needle)
 {
-    struct fsdp_mesh m;
-    memset(&m, 0, sizeof(m));
-    int rc = fsdp_mesh_parse(spec, world, &m);
+    struct fsdp_mesh_dims m;
+    int rc = parse(spec, world, &m);
     const char *msg = fsdp_err_msg();
     int ok = rc == FSDP_ERR_INVALID && strstr(msg, needle) != NULL;
     if (!ok) {
