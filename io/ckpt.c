@@ -1,8 +1,9 @@
 /*
  * ckpt.c - sharded HDF5 checkpoint files (see ckpt.h; layout in
  * doc/formats.md): the shard writer, the index with its virtual datasets,
- * and the validating reader. Owns no directory protocol: the trainer
- * decides where files go and when a directory becomes visible.
+ * the validating reader, and consolidation into one model file. Owns no
+ * directory commit (ckpt_commit.c): callers decide where files go and when
+ * a directory becomes visible.
  */
 #include "config.h"
 #include "io/ckpt.h"
@@ -224,7 +225,7 @@ int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w)
         return fsdp_err(FSDP_ERR_IO, "%s: closing failed (disk full?): %s", w->path,
                         fsdp_h5_reason(why, sizeof(why)));
     }
-    FSDP_CHECK(fsdp_file_fsync(w->path, 0));
+    FSDP_CHECK(fsdp_file_fsync(w->path));
     w->committed = 1;
     return 0;
 }
@@ -340,7 +341,7 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
         unlink(path);
         return rc;
     }
-    return fsdp_file_fsync(path, 0);
+    return fsdp_file_fsync(path);
 }
 
 // ----------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 /*
- * fileutil.h - durable file replacement for the io layer's writers: data is
- * written under "<path>.tmp" and becomes visible under <path> only once it
- * is complete and on disk (fsync, rename, fsync of the directory), so a crash
- * never leaves a half-written file under the real name.
+ * fileutil.h - durability primitives for the io layer's writers: the one
+ * fsync of a file and of a directory that every commit uses, durable file
+ * replacement (data is written under "<path>.tmp" and becomes visible under
+ * <path> only once it is complete and on disk: fsync, rename, fsync of the
+ * directory), and removal of a directory tree. Directory commits built on
+ * these live in ckpt_commit.h.
  */
 #ifndef FSDP_IO_FILEUTIL_H
 #define FSDP_IO_FILEUTIL_H
@@ -10,11 +12,23 @@
 /* A malloc'd "<path>.tmp" (NULL when out of memory). */
 char *fsdp_file_tmp_path(const char *path);
 
-/* fsync of a file, or of a directory (dir 1; a file system that cannot
- * fsync directories is not an error). 0 or FSDP_ERR_IO naming path. */
-int fsdp_file_fsync(const char *path, int dir);
+/* fsync of a regular file by name (data and size). 0 or FSDP_ERR_IO naming path. */
+int fsdp_file_fsync(const char *path);
+
+/* fsync of a directory: makes the entries created, renamed or removed in it
+ * durable. A file system that cannot fsync directories is not an error.
+ * 0 or FSDP_ERR_IO naming dir. */
+int fsdp_file_fsync_dir(const char *dir);
+
+/* fsdp_file_fsync_dir of the directory that holds path ("." for a bare
+ * name): the one a rename to path changed. */
+int fsdp_file_fsync_parent(const char *path);
 
 /* fsync tmp, rename it to path, fsync path's directory. 0 or FSDP_ERR_IO. */
 int fsdp_file_commit(const char *tmp, const char *path);
+
+/* rm -rf path without following symbolic links; a missing path is no error.
+ * 0 or FSDP_ERR_IO. */
+int fsdp_file_rmtree(const char *path);
 
 #endif

@@ -5,8 +5,9 @@ libfsdpc_a_SOURCES += \
 	src/compute/cpu/attention.c \
 	src/compute/cpu/loss.c \
 	src/compute/cpu/optim.c \
-	src/compute/cpu/cast.c
-noinst_HEADERS += src/compute/kernels.h src/compute/cpu/simd.h
+	src/compute/cpu/cast.c \
+	src/compute/device_cpu.c
+noinst_HEADERS += src/compute/kernels.h src/compute/device.h src/compute/cpu/simd.h
 
 check_PROGRAMS += tests/kernels/test_kernels_grad
 TESTS += tests/kernels/test_kernels_grad

@@ -42,10 +42,12 @@ static struct fsdp_shard_engine *shard_impl(const struct fsdp_engine *e)
 // ----------------------------------------------------------------------------
 // one micro-batch
 
+/* The model computes unit u in its slots; on one rank without a precision
+ * policy or replicas, on the shards themselves (nothing to gather or reduce). */
 static int shard_bind(struct fsdp_shard_engine *se, int u)
 {
-    float *p = se->pslots[fsdp_unit_pslot(se, u)].buf;
-    float *g = se->gslots[fsdp_unit_gslot(se, u)].buf;
+    float *p = se->direct ? se->units[u].master : se->pslots[fsdp_unit_pslot(se, u)].buf;
+    float *g = se->direct ? se->units[u].grad : se->gslots[fsdp_unit_gslot(se, u)].buf;
     return se->model->ops->set_unit(se->model, u, p, g);
 }
 
@@ -81,10 +83,20 @@ static void shard_zero_gslot(struct fsdp_shard_engine *se, int u)
     memset(s->buf, 0, se->units[u].numel * sizeof(float));
 }
 
-/* reduce: issue the reductions of this micro-batch; first: its grads start at zero */
+/* reduce: issue the reductions of this micro-batch; first: its grads start
+ * at zero; accumulate: the reduced result adds to the gradient shard. A
+ * direct engine's backward adds into the gradient shard itself, which only
+ * the step's first micro-batch zeroes. */
 static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, int accumulate)
 {
     const int last = se->n_units - 1;
+    if (se->direct) {
+        for (int u = 0; first && !accumulate && u <= last; u++) {
+            memset(se->units[u].grad, 0, se->units[u].numel * sizeof(float));
+        }
+        reduce = 0;
+        first = 0;
+    }
     if (first) {
         FSDP_CHECK(fsdp_unit_reduce_wait_slot(se, fsdp_unit_gslot(se, 0)));
         shard_zero_gslot(se, 0);
@@ -150,7 +162,7 @@ static int shard_sumsq(struct fsdp_shard_engine *se, double *local, double *out)
 {
     *local = 0.0;
     for (int u = 0; u < se->n_units; u++) {
-        *local += fsdp_cpu_sumsq(se->units[u].grad, se->units[u].cnt);
+        *local += se->dev->k->sumsq(se->units[u].grad, se->units[u].cnt);
     }
     *out = *local;
     return se->shard_g ? shard_group_sum(se, se->shard_g, out) : 0;
@@ -193,19 +205,15 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
     float grad_scale = (float)(out->clip_coef / scale);
     for (int u = 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
-        size_t off = 0; /* this rank's rows of each parameter, one after the other */
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
-            const struct fsdp_param_spec *p = &se->spec->params[i];
-            size_t row0, rows;
-            fsdp_shard_rows(p, se->Rs, se->rs, &row0, &rows);
-            size_t cnt = rows * p->shape[1];
-            if (cnt > 0) {
+            const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
+            if (g->len > 0) {
+                size_t off = g->block_off;
                 float *state[2] = {un->m + off, un->v + off};
-                FSDP_CHECK(fsdp_optimizer_update(&se->opt, u, p->offset + row0 * p->shape[1], cnt,
+                FSDP_CHECK(fsdp_optimizer_update(&se->opt, u, g->unit_at, g->len,
                                                  un->master + off, un->grad + off, state,
                                                  grad_scale));
             }
-            off += cnt;
         }
     }
     return 0;
@@ -418,7 +426,8 @@ static void shard_log_memory(const struct fsdp_shard_engine *se)
 static int shard_model(struct fsdp_shard_engine *se)
 {
     const struct fsdp_shard_config *ec = &se->ec;
-    struct fsdp_model_opts mo = {.max_B = ec->B, .max_T = ec->T, .head_chunk = ec->lm_head_chunk};
+    struct fsdp_model_opts mo = {.max_B = ec->B, .max_T = ec->T, .head_chunk = ec->lm_head_chunk,
+                                 .dev = se->dev};
     FSDP_CHECK(fsdp_model_create(se->spec, &mo, &se->model));
     if (ec->activation_checkpointing) {
         FSDP_CHECK(se->model->ops->set_checkpoint(se->model, -1, 1));
@@ -428,8 +437,32 @@ static int shard_model(struct fsdp_shard_engine *se)
     return shard_bind(se, 0);
 }
 
+/* Each group's backend must take the device's memory in its collectives. */
+static int shard_check_backends(const struct fsdp_shard_engine *se)
+{
+    struct fsdp_group *gs[1 + FSDP_MAX_REP_GROUPS] = {se->shard_g};
+    int n = 1;
+    for (int i = 0; i < se->n_rep; i++) {
+        gs[n++] = se->rep_g[i];
+    }
+    for (int i = 0; i < n; i++) {
+        struct fsdp_backend_caps caps;
+        if (!gs[i]) {
+            continue;
+        }
+        gs[i]->ops->capabilities(gs[i]->be, &caps);
+        if (!(caps.flags & fsdp_device_mem_cap(se->dev))) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED, "group %s: backend %s cannot take %s memory, "
+                            "where this engine's buffers live (device %s)", gs[i]->name,
+                            gs[i]->ops->name, se->dev->mem == FSDP_MEM_CUDA ? "CUDA" : "host",
+                            se->dev->ops->name);
+        }
+    }
+    return 0;
+}
+
 int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
-                             const struct fsdp_optim_config *oc,
+                             struct fsdp_device *dev, const struct fsdp_optim_config *oc,
                              const struct fsdp_shard_config *sc, struct fsdp_engine **out)
 {
     FSDP_CHECK(shard_check_config(sc));
@@ -444,9 +477,13 @@ int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fs
     e->spec = spec;
     se->spec = spec;
     se->ec = *sc;
+    se->dev = dev;
+    se->attr.mem = dev->mem;
     fsdp_loss_scaler_init(&se->scaler, sc->loss_scale_dynamic, sc->loss_scale);
-    fsdp_adamw_init(&se->opt, oc, spec);
-    FSDP_CHECK_GOTO(fsdp_shard_setup(se, g), rc, err);
+    fsdp_adamw_init(&se->opt, oc, spec, dev->k);
+    fsdp_shard_groups_set(se, g);
+    FSDP_CHECK_GOTO(shard_check_backends(se), rc, err);
+    FSDP_CHECK_GOTO(fsdp_shard_setup(se), rc, err);
     FSDP_CHECK_GOTO(shard_model(se), rc, err);
     e->flops_per_token = se->model->ops->flops_per_token(spec, sc->T);
     e->n_state = se->opt.n_state;

@@ -31,6 +31,7 @@
 #include "optim/optim.h"
 
 struct fsdp_group;
+struct fsdp_device;
 
 enum fsdp_sharding {
     FSDP_SHARD_FULL = 0, /* order matches the choice string "full|grad-op|none" */
@@ -66,12 +67,14 @@ struct fsdp_shard_groups {
 
 /*
  * The sharding engine for spec (borrowed; it must outlive the engine) over
- * g's groups, with AdamW settings oc. Allocates every buffer the steps will
+ * g's groups, on device dev (borrowed), with AdamW settings oc. Every
+ * group's backend must take the device's memory (refused with one line
+ * naming the backend otherwise). Allocates every buffer the steps will
  * use; the parameters are zero until the caller writes the pieces of kind 0
  * and calls state_changed. Collective over the groups' ranks.
  */
 int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
-                             const struct fsdp_optim_config *oc,
+                             struct fsdp_device *dev, const struct fsdp_optim_config *oc,
                              const struct fsdp_shard_config *sc, struct fsdp_engine **out);
 
 /* True when e is a sharding engine. */

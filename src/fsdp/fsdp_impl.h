@@ -14,6 +14,8 @@
 
 #include "fsdp/fsdp.h"
 #include "comm/group.h"
+#include "core/util.h"
+#include "compute/device.h"
 #include "model/model.h"
 #include "optim/optim.h"
 
@@ -76,8 +78,22 @@ struct fsdp_gslot {
     int phase;         /* replica all-reduces issued after the reduce-scatter */
 };
 
+/*
+ * Where rank r's rows of parameter i are, computed once for every (r, i)
+ * (fsdp_shard_seg): every walk over shards (packing, the optimizer, the
+ * state pieces) reads this table instead of redoing the row split.
+ */
+struct fsdp_shard_seg {
+    size_t row0, rows;  /* rows [row0, row0 + rows) of the parameter */
+    size_t unit_at;     /* where they start in the unit layout */
+    size_t len;         /* rows * cols elements */
+    size_t block_off;   /* where they start within rank r's block of the unit */
+};
+
 struct fsdp_shard_engine {
     struct fsdp_engine base;           /* the table the training layer sees */
+    struct fsdp_device *dev;           /* where every buffer lives and the kernels run */
+    struct fsdp_coll_attr attr;        /* the unit collectives' memory kind */
     const struct fsdp_model_spec *spec;
     struct fsdp_model *model;
     struct fsdp_optimizer opt;         /* AdamW over this rank's shard ranges */
@@ -94,9 +110,12 @@ struct fsdp_shard_engine {
 
     int n_units;
     struct fsdp_unit *units;           /* (n_units,) */
+    struct fsdp_shard_seg *segs;       /* (Rs, n_params) */
     size_t Smax;                       /* largest shard */
 
     int keep_gathered;                 /* params stay gathered from forward to backward */
+    int direct;                        /* one rank, f32, no replicas: the model computes on the
+                                          shards themselves and the slots hold no buffers */
     int n_pslots, n_gslots;
     struct fsdp_pslot *pslots;         /* [0]: unit 0 (the root), then a ring */
     struct fsdp_gslot *gslots;         /* [0]: unit 0, then a ring (or one per unit) */
@@ -120,9 +139,13 @@ struct fsdp_shard_engine {
 static inline void fsdp_shard_rows(const struct fsdp_param_spec *p, int Rs, int r, size_t *row0,
                                    size_t *rows)
 {
-    size_t n = p->shape[0], base = n / (size_t)Rs, extra = n % (size_t)Rs, ur = (size_t)r;
-    *rows = base + (ur < extra);
-    *row0 = ur * base + (ur < extra ? ur : extra);
+    fsdp_split_even(p->shape[0], Rs, r, row0, rows);
+}
+/* Rank r's segment of parameter i (the table above). */
+static inline const struct fsdp_shard_seg *fsdp_shard_seg(const struct fsdp_shard_engine *se,
+                                                          int r, size_t i)
+{
+    return &se->segs[(size_t)r * se->spec->n_params + i];
 }
 /*
  * Unit layout <-> shards packed rank after rank (Rs blocks of S elements,
@@ -137,8 +160,10 @@ void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *b
 /* The unit table, shard lengths and state shards for se->spec over se->Rs
  * ranks as rank se->rs, and the packing scratch. */
 int fsdp_shard_layout_create(struct fsdp_shard_engine *se);
-/* Groups from g, the layout and every slot. */
-int fsdp_shard_setup(struct fsdp_shard_engine *se, const struct fsdp_shard_groups *g);
+/* The shard group, the replica groups and the mesh names from g. */
+void fsdp_shard_groups_set(struct fsdp_shard_engine *se, const struct fsdp_shard_groups *g);
+/* The layout and every slot, on se->dev. */
+int fsdp_shard_setup(struct fsdp_shard_engine *se);
 void fsdp_shard_teardown(struct fsdp_shard_engine *se);
 /* The state pieces (engine.h) and whole units gathered for saving. */
 size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se);

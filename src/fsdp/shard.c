@@ -24,7 +24,7 @@
 
 /* The shard group and the replica groups: with sharding none the dp
  * dimension replicates as well (DDP). */
-static void shard_groups(struct fsdp_shard_engine *se, const struct fsdp_shard_groups *g)
+void fsdp_shard_groups_set(struct fsdp_shard_engine *se, const struct fsdp_shard_groups *g)
 {
     se->Rs = 1;
     se->rs = 0;
@@ -51,22 +51,45 @@ static void shard_groups(struct fsdp_shard_engine *se, const struct fsdp_shard_g
 // ----------------------------------------------------------------------------
 // buffers
 
+/* The segment table: every rank's rows of every parameter, and where they
+ * sit in the unit layout and in that rank's block. */
+static int shard_segs_create(struct fsdp_shard_engine *se)
+{
+    const struct fsdp_model_spec *spec = se->spec;
+    se->segs = calloc((size_t)se->Rs * spec->n_params, sizeof(*se->segs));
+    if (!se->segs) {
+        return fsdp_err(FSDP_ERR_NOMEM, "fsdp: shard table");
+    }
+    for (int r = 0; r < se->Rs; r++) {
+        size_t off = 0;
+        for (size_t i = 0; i < spec->n_params; i++) {
+            const struct fsdp_param_spec *p = &spec->params[i];
+            struct fsdp_shard_seg *g = &se->segs[(size_t)r * spec->n_params + i];
+            if (i == spec->unit_first[p->unit]) {
+                off = 0; /* a unit's block starts over */
+            }
+            fsdp_shard_rows(p, se->Rs, r, &g->row0, &g->rows);
+            g->unit_at = p->offset + g->row0 * p->shape[1];
+            g->len = g->rows * p->shape[1];
+            g->block_off = off;
+            off += g->len;
+        }
+    }
+    return 0;
+}
+
+/* Elements of rank r's shard of unit un. */
 static size_t shard_len(const struct fsdp_shard_engine *se, const struct fsdp_unit *un, int r)
 {
-    size_t len = 0;
-    for (size_t i = un->first; i < un->first + un->nparam; i++) {
-        const struct fsdp_param_spec *p = &se->spec->params[i];
-        size_t row0, rows;
-        fsdp_shard_rows(p, se->Rs, r, &row0, &rows);
-        len += rows * p->shape[1];
-    }
-    return len;
+    const struct fsdp_shard_seg *last = fsdp_shard_seg(se, r, un->first + un->nparam - 1);
+    return un->nparam ? last->block_off + last->len : 0;
 }
 
 int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
 {
     const struct fsdp_model_spec *spec = se->spec;
     size_t total = 0;
+    FSDP_CHECK(shard_segs_create(se));
     se->n_units = spec->n_units;
     se->units = calloc((size_t)se->n_units, sizeof(*se->units));
     if (!se->units) {
@@ -102,7 +125,7 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
     }
     /* one allocation for the four shards of every unit */
     size_t bytes = 4 * total * sizeof(float);
-    float *p = fsdp_calloc(bytes);
+    float *p = se->dev->ops->alloc(se->dev, bytes);
     if (!p) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of parameter, gradient and AdamW shards",
                         bytes);
@@ -117,7 +140,7 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
         p += un->S;
     }
     if (se->scratch_floats > 0) {
-        se->scratch = fsdp_calloc(se->scratch_floats * sizeof(float));
+        se->scratch = se->dev->ops->alloc(se->dev, se->scratch_floats * sizeof(float));
         if (!se->scratch) {
             return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of packing scratch",
                             se->scratch_floats * sizeof(float));
@@ -136,7 +159,7 @@ static float *shard_slot_buf(struct fsdp_shard_engine *se, size_t numel, size_t 
     if (floats == 0) {
         return NULL;
     }
-    float *p = fsdp_calloc(floats * sizeof(float));
+    float *p = se->dev->ops->alloc(se->dev, floats * sizeof(float));
     *counter += numel * sizeof(float);
     se->comm_bytes += (floats - numel) * sizeof(float);
     *failed |= p == NULL;
@@ -150,6 +173,8 @@ static int shard_alloc_slots(struct fsdp_shard_engine *se)
     int ring_p = ec->prefetch + 1 < n - 1 ? ec->prefetch + 1 : n - 1;
     int ring_g = 2 < n - 1 ? 2 : n - 1;
     se->keep_gathered = ec->sharding != FSDP_SHARD_FULL || !ec->reshard_after_forward;
+    se->direct = !se->shard_g && se->n_rep == 0 && ec->param_dtype == FSDP_F32 &&
+                 ec->reduce_dtype == FSDP_F32;
     se->n_pslots = se->keep_gathered ? n : 1 + ring_p;
     se->n_gslots = ec->no_sync_accum ? n : 1 + ring_g;
     se->pslots = calloc((size_t)se->n_pslots, sizeof(*se->pslots));
@@ -171,16 +196,19 @@ static int shard_alloc_slots(struct fsdp_shard_engine *se)
         gs->numel = numel > gs->numel ? numel : gs->numel;
         gs->floats = floats > gs->floats ? floats : gs->floats;
     }
+    /* a direct engine's slots keep only the schedule's bookkeeping */
     int failed = 0;
     for (int i = 0; i < se->n_pslots; i++) {
         struct fsdp_pslot *s = &se->pslots[i];
         s->unit = -1;
-        s->buf = shard_slot_buf(se, s->numel, s->floats, &se->gathered_bytes, &failed);
+        s->buf = se->direct ? NULL
+                            : shard_slot_buf(se, s->numel, s->floats, &se->gathered_bytes, &failed);
     }
     for (int i = 0; i < se->n_gslots; i++) {
         struct fsdp_gslot *s = &se->gslots[i];
         s->unit = -1;
-        s->buf = shard_slot_buf(se, s->numel, s->floats, &se->grad_bytes, &failed);
+        s->buf = se->direct ? NULL
+                            : shard_slot_buf(se, s->numel, s->floats, &se->grad_bytes, &failed);
     }
     if (failed) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of gathered, gradient and communication buffers",
@@ -200,20 +228,6 @@ static int shard_alloc_slots(struct fsdp_shard_engine *se)
 // in ascending rank order and then those that go up in descending order
 // never overwrites a block not yet moved.
 
-/* Where rank r's rows of parameter i are: *u in the unit layout, *len
- * elements; *poff, on entry the offset within block r of parameter i, is
- * advanced past it. */
-static void shard_seg(const struct fsdp_shard_engine *se, size_t i, int r, size_t *u,
-                      size_t *len, size_t *poff)
-{
-    const struct fsdp_param_spec *p = &se->spec->params[i];
-    size_t row0, rows;
-    fsdp_shard_rows(p, se->Rs, r, &row0, &rows);
-    *u = p->offset + row0 * p->shape[1];
-    *len = rows * p->shape[1];
-    *poff += *len;
-}
-
 /* Offset in the scratch of unit position u (not inside the largest parameter). */
 static size_t shard_scratch_at(const struct fsdp_param_spec *big, size_t u)
 {
@@ -227,11 +241,8 @@ static void shard_move_big(const struct fsdp_shard_engine *se, const struct fsdp
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < se->Rs; k++) {
             int r = pass == 0 ? k : se->Rs - 1 - k;
-            size_t poff = 0, u = 0, len = 0;
-            for (size_t i = un->first; i <= un->big; i++) {
-                shard_seg(se, i, r, &u, &len, &poff);
-            }
-            size_t p = (size_t)r * un->S + poff - len;
+            const struct fsdp_shard_seg *g = fsdp_shard_seg(se, r, un->big);
+            size_t u = g->unit_at, len = g->len, p = (size_t)r * un->S + g->block_off;
             size_t src = to_unit ? p : u, dst = to_unit ? u : p;
             if (len > 0 && dst != src && (pass == 0) == (dst < src)) {
                 memmove(buf + dst, buf + src, len * sizeof(float));
@@ -247,15 +258,14 @@ void fsdp_shard_unpack_inplace(const struct fsdp_shard_engine *se, int u, float 
     const struct fsdp_param_spec *big = &se->spec->params[un->big];
     float *x = se->scratch;
     if (t != FSDP_F32) {
-        fsdp_cpu_widen_inplace(buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
+        se->dev->k->widen_inplace(buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
     }
     for (int r = 0; r < se->Rs; r++) {
-        size_t poff = 0, at, len;
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
-            shard_seg(se, i, r, &at, &len, &poff);
-            if (i != un->big && len > 0) {
-                memcpy(x + shard_scratch_at(big, at), buf + (size_t)r * un->S + poff - len,
-                       len * sizeof(float));
+            const struct fsdp_shard_seg *g = fsdp_shard_seg(se, r, i);
+            if (i != un->big && g->len > 0) {
+                memcpy(x + shard_scratch_at(big, g->unit_at),
+                       buf + (size_t)r * un->S + g->block_off, g->len * sizeof(float));
             }
         }
     }
@@ -276,24 +286,24 @@ void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *b
     memcpy(x + big->offset, buf + big->offset + big->numel, tail * sizeof(float));
     shard_move_big(se, un, buf, 0);
     for (int r = 0; r < se->Rs; r++) {
-        size_t poff = 0, at, len;
         float *block = buf + (size_t)r * un->S;
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
-            shard_seg(se, i, r, &at, &len, &poff);
-            if (i != un->big && len > 0) {
-                memcpy(block + poff - len, x + shard_scratch_at(big, at), len * sizeof(float));
+            const struct fsdp_shard_seg *g = fsdp_shard_seg(se, r, i);
+            if (i != un->big && g->len > 0) {
+                memcpy(block + g->block_off, x + shard_scratch_at(big, g->unit_at),
+                       g->len * sizeof(float));
             }
         }
-        memset(block + poff, 0, (un->S - poff) * sizeof(float)); /* padding */
+        size_t used = shard_len(se, un, r);
+        memset(block + used, 0, (un->S - used) * sizeof(float)); /* padding */
     }
     if (t != FSDP_F32) {
-        fsdp_cpu_narrow_inplace(buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
+        se->dev->k->narrow_inplace(buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
     }
 }
 
-int fsdp_shard_setup(struct fsdp_shard_engine *se, const struct fsdp_shard_groups *g)
+int fsdp_shard_setup(struct fsdp_shard_engine *se)
 {
-    shard_groups(se, g);
     FSDP_CHECK(fsdp_shard_layout_create(se));
     return shard_alloc_slots(se);
 }
@@ -320,23 +330,26 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
         if (!shard_drain(&se->pslots[i].work)) {
             continue;
         }
-        fsdp_free(se->pslots[i].buf);
+        se->dev->ops->free(se->dev, se->pslots[i].buf);
     }
     for (int i = 0; se->gslots && i < se->n_gslots; i++) {
         if (!shard_drain(&se->gslots[i].work)) {
             continue;
         }
-        fsdp_free(se->gslots[i].buf);
+        se->dev->ops->free(se->dev, se->gslots[i].buf);
     }
     free(se->pslots);
     free(se->gslots);
     free(se->rqueue);
     free(se->sum_buf);
-    fsdp_free(se->scratch);
+    if (se->scratch) {
+        se->dev->ops->free(se->dev, se->scratch);
+    }
     if (se->units) {
-        fsdp_free(se->units[0].master); /* the one state allocation */
+        se->dev->ops->free(se->dev, se->units[0].master); /* the one state allocation */
     }
     free(se->units);
+    free(se->segs);
 }
 
 // ----------------------------------------------------------------------------
@@ -353,20 +366,14 @@ void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_
 {
     const struct fsdp_model_spec *s = se->spec;
     size_t i = k % s->n_params;
-    const struct fsdp_param_spec *p = &s->params[i];
-    const struct fsdp_unit *un = &se->units[p->unit];
-    size_t off = 0, row0, rows;
-    for (size_t j = un->first; j < i; j++) {
-        fsdp_shard_rows(&s->params[j], se->Rs, se->rs, &row0, &rows);
-        off += rows * s->params[j].shape[1];
-    }
-    fsdp_shard_rows(p, se->Rs, se->rs, &row0, &rows);
+    const struct fsdp_unit *un = &se->units[s->params[i].unit];
+    const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
     float *const base[3] = {un->master, un->m, un->v};
     out->kind = (int)(k / s->n_params);
     out->param = i;
-    out->row0 = row0;
-    out->rows = rows;
-    out->data = base[out->kind] + off;
+    out->row0 = g->row0;
+    out->rows = g->rows;
+    out->data = base[out->kind] + g->block_off;
 }
 
 /* Gathers unit u in f32 into its parameter slot and unpacks it there. */
@@ -379,7 +386,11 @@ int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **fu
         return 0;
     }
     float *buf = se->pslots[fsdp_unit_pslot(se, u)].buf;
-    FSDP_CHECK(fsdp_allgather_sync(se->shard_g, un->master, buf, un->S, FSDP_F32));
+    struct fsdp_work *w;
+    FSDP_CHECK(fsdp_allgather(se->shard_g, un->master, buf, un->S, FSDP_F32, &se->attr, &w));
+    int rc = fsdp_work_wait(w, -1.0);
+    fsdp_work_free(w);
+    FSDP_CHECK(rc);
     fsdp_shard_unpack_inplace(se, u, buf, FSDP_F32);
     *full = buf;
     return 0;

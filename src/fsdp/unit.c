@@ -89,21 +89,23 @@ int fsdp_unit_progress(struct fsdp_shard_engine *se)
     return 0;
 }
 
-static void unit_to16(enum fsdp_dtype t, uint16_t *dst, const float *src, size_t n)
+static void unit_to16(const struct fsdp_shard_engine *se, enum fsdp_dtype t, uint16_t *dst,
+                      const float *src, size_t n)
 {
     if (t == FSDP_BF16) {
-        fsdp_cpu_f32_to_bf16(dst, src, n);
+        se->dev->k->f32_to_bf16(dst, src, n);
     } else {
-        fsdp_cpu_f32_to_f16(dst, src, n);
+        se->dev->k->f32_to_f16(dst, src, n);
     }
 }
 
-static void unit_from16(enum fsdp_dtype t, float *dst, const uint16_t *src, size_t n)
+static void unit_from16(const struct fsdp_shard_engine *se, enum fsdp_dtype t, float *dst,
+                        const uint16_t *src, size_t n)
 {
     if (t == FSDP_BF16) {
-        fsdp_cpu_bf16_to_f32(dst, src, n);
+        se->dev->k->bf16_to_f32(dst, src, n);
     } else {
-        fsdp_cpu_f16_to_f32(dst, src, n);
+        se->dev->k->f16_to_f32(dst, src, n);
     }
 }
 
@@ -114,8 +116,8 @@ static void *unit_block(float *buf, int r, size_t S, enum fsdp_dtype t)
 }
 
 /* grad = (accumulate ? grad : 0) + shard, the shard in t, added as f32. */
-static void unit_accumulate(float *grad, const void *shard, size_t n, enum fsdp_dtype t,
-                            int accumulate)
+static void unit_accumulate(const struct fsdp_shard_engine *se, float *grad, const void *shard,
+                            size_t n, enum fsdp_dtype t, int accumulate)
 {
     if (t == FSDP_F32) {
         const float *x = shard;
@@ -130,13 +132,13 @@ static void unit_accumulate(float *grad, const void *shard, size_t n, enum fsdp_
     }
     const uint16_t *h = shard;
     if (!accumulate) {
-        unit_from16(t, grad, h, n);
+        unit_from16(se, t, grad, h, n);
         return;
     }
     float tmp[256];
     for (size_t i0 = 0; i0 < n; i0 += 256) {
         size_t k = n - i0 < 256 ? n - i0 : 256;
-        unit_from16(t, tmp, h + i0, k);
+        unit_from16(se, t, tmp, h + i0, k);
         for (size_t i = 0; i < k; i++) {
             grad[i0 + i] += tmp[i];
         }
@@ -163,18 +165,22 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
     s->issued = fsdp_now();
     s->done = 0.0;
     int rc = 0;
+    if (se->direct) {
+        return 0; /* the model reads the master shard itself */
+    }
     if (pt == FSDP_F32) {
         if (!se->shard_g) {
             memcpy(s->buf, un->master, un->numel * sizeof(float));
         } else {
-            rc = fsdp_allgather(se->shard_g, un->master, s->buf, un->S, FSDP_F32, NULL, &s->work);
+            rc = fsdp_allgather(se->shard_g, un->master, s->buf, un->S, FSDP_F32, &se->attr,
+                               &s->work);
         }
     } else {
         /* in place: this rank's block of the 16-bit receive buffer is the send */
         uint16_t *recv = (uint16_t *)(void *)s->buf, *mine = recv + (size_t)se->rs * un->S;
-        unit_to16(pt, mine, un->master, un->S);
+        unit_to16(se, pt, mine, un->master, un->S);
         if (se->shard_g) {
-            rc = fsdp_allgather(se->shard_g, mine, recv, un->S, pt, NULL, &s->work);
+            rc = fsdp_allgather(se->shard_g, mine, recv, un->S, pt, &se->attr, &s->work);
         }
     }
     if (rc < 0) {
@@ -204,7 +210,7 @@ int fsdp_unit_gather_wait(struct fsdp_shard_engine *se, int u)
     } else if (se->shard_g) {
         fsdp_shard_unpack_inplace(se, u, s->buf, pt);
     } else if (pt != FSDP_F32) {
-        fsdp_cpu_widen_inplace(s->buf, un->numel, pt == FSDP_BF16);
+        se->dev->k->widen_inplace(s->buf, un->numel, pt == FSDP_BF16);
     }
     s->ready = 1;
     return 0;
@@ -250,13 +256,13 @@ int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate)
     int rc = 0;
     if (!se->shard_g) { /* one shard: the unit itself, cast to the reduce dtype (and back later) */
         if (rt != FSDP_F32) {
-            fsdp_cpu_narrow_inplace(s->buf, un->numel, rt == FSDP_BF16);
+            se->dev->k->narrow_inplace(s->buf, un->numel, rt == FSDP_BF16);
         }
     } else {
         /* in place: block rs of the packed send receives this rank's shard */
         fsdp_shard_pack_inplace(se, u, s->buf, rt);
         rc = fsdp_reduce_scatter(se->shard_g, s->buf, unit_block(s->buf, se->rs, un->S, rt), un->S,
-                                 rt, FSDP_SUM, NULL, &s->work);
+                                 rt, FSDP_SUM, &se->attr, &s->work);
     }
     if (rc < 0) {
         s->unit = -1;
@@ -303,10 +309,10 @@ static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *mov
         void *buf = shard;
         s->issued = fsdp_now();
         s->done = 0.0;
-        return fsdp_allreduce(se->rep_g[s->phase++], buf, buf, un->cnt, rt, FSDP_SUM, NULL,
+        return fsdp_allreduce(se->rep_g[s->phase++], buf, buf, un->cnt, rt, FSDP_SUM, &se->attr,
                               &s->work);
     }
-    unit_accumulate(un->grad, shard, un->cnt, rt, s->accumulate);
+    unit_accumulate(se, un->grad, shard, un->cnt, rt, s->accumulate);
     s->unit = -1;
     se->rq_head = (se->rq_head + 1) % se->n_gslots;
     se->rq_len--;

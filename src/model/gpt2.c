@@ -163,7 +163,7 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
     a->head_logits = gpt2_take(base, &off, gpt2_head_rows(m) * V);
     a->ce_stats = gpt2_take(base, &off, 2 * BT);
     a->losses = gpt2_take(base, &off, BT);
-    a->att_scratch = gpt2_take(base, &off, fsdp_cpu_attention_scratch_floats(m->max_T));
+    a->att_scratch = gpt2_take(base, &off, m->k->attention_scratch_floats(m->max_T));
     for (size_t l = 0; l < L; l++) {
         if (m->checkpoint[l]) {
             any_ckpt = 1;
@@ -197,12 +197,27 @@ static size_t gpt2_layout_grad_acts(const struct fsdp_gpt2 *m, float *base,
     return off;
 }
 
+/* Activation memory from the model's device (host memory without one). */
+static void *gpt2_alloc(const struct fsdp_gpt2 *m, size_t bytes)
+{
+    return m->dev ? m->dev->ops->alloc(m->dev, bytes) : fsdp_alloc(bytes);
+}
+
+static void gpt2_free(const struct fsdp_gpt2 *m, void *p)
+{
+    if (m->dev) {
+        m->dev->ops->free(m->dev, p);
+    } else {
+        fsdp_free(p);
+    }
+}
+
 int fsdp_gpt2_reserve(struct fsdp_gpt2 *m)
 {
     int fresh = 0;
     if (!m->act_memory) {
         m->act_floats = fsdp_gpt2_activation_bytes(m) / sizeof(float);
-        m->act_memory = fsdp_alloc(m->act_floats * sizeof(float));
+        m->act_memory = gpt2_alloc(m, m->act_floats * sizeof(float));
         if (!m->act_memory) {
             return fsdp_err(FSDP_ERR_NOMEM, "gpt2 activations: %zu MiB",
                             m->act_floats * sizeof(float) >> 20);
@@ -212,7 +227,7 @@ int fsdp_gpt2_reserve(struct fsdp_gpt2 *m)
     }
     if (!m->grad_act_memory) {
         m->grad_act_floats = fsdp_gpt2_workspace_bytes(m) / sizeof(float);
-        m->grad_act_memory = fsdp_alloc(m->grad_act_floats * sizeof(float));
+        m->grad_act_memory = gpt2_alloc(m, m->grad_act_floats * sizeof(float));
         if (!m->grad_act_memory) {
             return fsdp_err(FSDP_ERR_NOMEM, "gpt2 activation gradients: %zu MiB",
                             m->grad_act_floats * sizeof(float) >> 20);
@@ -267,6 +282,7 @@ int fsdp_gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
     }
     m->base.ops = &fsdp_gpt2_ops;
     m->base.spec = spec;
+    m->k = fsdp_cpu_kernels();
     m->spec = spec;
     m->cfg = c;
     m->max_B = max_B;
@@ -299,8 +315,8 @@ void fsdp_gpt2_destroy(struct fsdp_gpt2 *m)
     if (!m) {
         return;
     }
-    fsdp_free(m->act_memory);
-    fsdp_free(m->grad_act_memory);
+    gpt2_free(m, m->act_memory);
+    gpt2_free(m, m->grad_act_memory);
     free(m->acts.blocks);
     free(m->checkpoint);
     free(m->fwd_done);
@@ -440,17 +456,17 @@ static void gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
     float *x = gpt2_residual(m, l);
     fsdp_gpt2_block_view(m, m->unit_params[1 + l], &w);
-    fsdp_cpu_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, BT, C, c->ln_eps);
-    fsdp_cpu_matmul_forward(a->qkv, a->ln1, w.qkvw, w.qkvb, NULL, BT, C, 3 * C);
-    fsdp_cpu_attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->B, m->T,
+    m->k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, BT, C, c->ln_eps);
+    m->k->matmul_forward(a->qkv, a->ln1, w.qkvw, w.qkvb, NULL, BT, C, 3 * C);
+    m->k->attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->B, m->T,
                                c->n_embd, c->n_head);
-    fsdp_cpu_matmul_forward(a->res2, a->atty, w.attprojw, w.attprojb, x, BT, C, C);
-    fsdp_cpu_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b, BT, C,
+    m->k->matmul_forward(a->res2, a->atty, w.attprojw, w.attprojb, x, BT, C, C);
+    m->k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b, BT, C,
                                c->ln_eps);
-    fsdp_cpu_matmul_forward(a->fch, a->ln2, w.fcw, w.fcb, NULL, BT, C, 4 * C);
-    fsdp_cpu_gelu_forward(a->fch_gelu, a->fch, BT * 4 * C);
+    m->k->matmul_forward(a->fch, a->ln2, w.fcw, w.fcb, NULL, BT, C, 4 * C);
+    m->k->gelu_forward(a->fch_gelu, a->fch, BT * 4 * C);
     if (full) {
-        fsdp_cpu_matmul_forward(gpt2_residual(m, l + 1), a->fch_gelu, w.fcprojw, w.fcprojb, a->res2,
+        m->k->matmul_forward(gpt2_residual(m, l + 1), a->fch_gelu, w.fcprojw, w.fcprojb, a->res2,
                                 BT, 4 * C, C);
     }
 }
@@ -460,7 +476,7 @@ static void gpt2_head_logits(const struct fsdp_gpt2 *m, const float *lm_head, si
                              size_t rows, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd, V = (size_t)m->cfg->vocab_size;
-    fsdp_cpu_matmul_forward(out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C, V);
+    m->k->matmul_forward(out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C, V);
 }
 
 /*
@@ -477,7 +493,7 @@ static int gpt2_head_forward(struct fsdp_gpt2 *m)
     struct fsdp_gpt2_acts *a = &m->acts;
     struct fsdp_gpt2_head_view w;
     fsdp_gpt2_head_view(m, m->unit_params[c->n_layer + 1], m->unit_params[0], &w);
-    fsdp_cpu_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt2_residual(m, c->n_layer),
+    m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt2_residual(m, c->n_layer),
                                w.lnfw, w.lnfb, BT, C, c->ln_eps);
     if (!m->targets) {
         return 0;
@@ -487,7 +503,7 @@ static int gpt2_head_forward(struct fsdp_gpt2 *m)
     for (size_t r0 = 0; r0 < BT; r0 += chunk) {
         size_t rows = BT - r0 < chunk ? BT - r0 : chunk, k;
         gpt2_head_logits(m, w.lm_head, r0, rows, a->head_logits);
-        FSDP_CHECK(fsdp_cpu_crossentropy_forward(a->losses + r0, a->ce_stats + 2 * r0,
+        FSDP_CHECK(m->k->crossentropy_forward(a->losses + r0, a->ce_stats + 2 * r0,
                                                  a->head_logits, m->targets + r0, rows, V,
                                                  m->ignore_index, &k));
         kept += k;
@@ -544,7 +560,7 @@ int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u)
     if (u == 0) {
         struct fsdp_gpt2_embed_view w;
         fsdp_gpt2_embed_view(m, m->unit_params[0], &w);
-        fsdp_cpu_encoder_forward(gpt2_residual(m, 0), m->tokens, w.wte, w.wpe, m->B, m->T,
+        m->k->encoder_forward(gpt2_residual(m, 0), m->tokens, w.wte, w.wpe, m->B, m->T,
                                  m->cfg->n_embd);
     } else if (u <= L) {
         gpt2_block_forward(m, u - 1, 1);
@@ -603,13 +619,13 @@ static void gpt2_head_backward(struct fsdp_gpt2 *m)
         if (chunk < BT) { /* one chunk still holds the forward's logits; else recompute: same bits */
             gpt2_head_logits(m, w.lm_head, r0, rows, a->head_logits);
         }
-        fsdp_cpu_crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
+        m->k->crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
                                        m->targets + r0, rows, V, m->ignore_index, 1.0f);
-        fsdp_cpu_matmul_backward(g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
+        m->k->matmul_backward(g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
                                  a->lnf + r0 * C, w.lm_head, rows, C, V, alpha, 0);
     }
     memset(g->dres, 0, BT * C * sizeof(float));
-    fsdp_cpu_layernorm_backward(g->dres, dw.lnfw, dw.lnfb, g->dbtc, gpt2_residual(m, c->n_layer),
+    m->k->layernorm_backward(g->dres, dw.lnfw, dw.lnfb, g->dbtc, gpt2_residual(m, c->n_layer),
                                 w.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
 }
 
@@ -627,19 +643,19 @@ static void gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     fsdp_gpt2_block_view(m, m->unit_params[1 + l], &w);
     fsdp_gpt2_block_view(m, m->unit_grads[1 + l], &dw);
     /* MLP */
-    fsdp_cpu_matmul_backward(g->dfch, dw.fcprojw, dw.fcprojb, g->dres, a->fch_gelu, w.fcprojw, BT,
+    m->k->matmul_backward(g->dfch, dw.fcprojw, dw.fcprojb, g->dres, a->fch_gelu, w.fcprojw, BT,
                              4 * C, C, 1.0f, 0);
-    fsdp_cpu_gelu_backward(g->dfch, a->fch, g->dfch, BT * 4 * C);
-    fsdp_cpu_matmul_backward(g->dbtc, dw.fcw, dw.fcb, g->dfch, a->ln2, w.fcw, BT, C, 4 * C, 1.0f, 0);
-    fsdp_cpu_layernorm_backward(g->dres, dw.ln2w, dw.ln2b, g->dbtc, a->res2, w.ln2w, a->ln2_mean,
+    m->k->gelu_backward(g->dfch, a->fch, g->dfch, BT * 4 * C);
+    m->k->matmul_backward(g->dbtc, dw.fcw, dw.fcb, g->dfch, a->ln2, w.fcw, BT, C, 4 * C, 1.0f, 0);
+    m->k->layernorm_backward(g->dres, dw.ln2w, dw.ln2b, g->dbtc, a->res2, w.ln2w, a->ln2_mean,
                                 a->ln2_rstd, BT, C);
     /* attention */
-    fsdp_cpu_matmul_backward(g->dbtc, dw.attprojw, dw.attprojb, g->dres, a->atty, w.attprojw, BT, C,
+    m->k->matmul_backward(g->dbtc, dw.attprojw, dw.attprojb, g->dres, a->atty, w.attprojw, BT, C,
                              C, 1.0f, 0);
-    fsdp_cpu_attention_backward(g->dqkv, m->acts.att_scratch, g->dbtc, a->qkv, a->atty, a->att_lse,
+    m->k->attention_backward(g->dqkv, m->acts.att_scratch, g->dbtc, a->qkv, a->atty, a->att_lse,
                                 m->B, m->T, c->n_embd, c->n_head);
-    fsdp_cpu_matmul_backward(g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, a->ln1, w.qkvw, BT, C, 3 * C, 1.0f, 0);
-    fsdp_cpu_layernorm_backward(g->dres, dw.ln1w, dw.ln1b, g->dbtc, gpt2_residual(m, l), w.ln1w,
+    m->k->matmul_backward(g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, a->ln1, w.qkvw, BT, C, 3 * C, 1.0f, 0);
+    m->k->layernorm_backward(g->dres, dw.ln1w, dw.ln1b, g->dbtc, gpt2_residual(m, l), w.ln1w,
                                 a->ln1_mean, a->ln1_rstd, BT, C);
 }
 
@@ -665,7 +681,7 @@ int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u)
     if (u == 0) {
         struct fsdp_gpt2_embed_view dw;
         fsdp_gpt2_embed_view(m, m->unit_grads[0], &dw);
-        fsdp_cpu_encoder_backward(dw.wte, dw.wpe, m->gacts.dres, m->tokens, m->B, m->T,
+        m->k->encoder_backward(dw.wte, dw.wpe, m->gacts.dres, m->tokens, m->B, m->T,
                                   m->cfg->n_embd);
     } else if (u <= L) {
         gpt2_block_backward(m, u - 1);
@@ -711,6 +727,10 @@ static int gpt2_op_create(const struct fsdp_model_spec *spec, const struct fsdp_
 {
     struct fsdp_gpt2 *m = NULL;
     FSDP_CHECK(fsdp_gpt2_create(spec, o->max_B, o->max_T, &m));
+    if (o->dev) {
+        m->dev = o->dev;
+        m->k = o->dev->k;
+    }
     if (o->head_chunk > 0) {
         int rc = fsdp_gpt2_set_head_chunk(m, o->head_chunk);
         if (rc < 0) {

@@ -28,7 +28,7 @@
 
 #include "model/gpt2_spec.h"
 #include "model/model.h"
-#include "compute/kernels.h"
+#include "compute/device.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -103,6 +103,8 @@ struct fsdp_gpt2 {
     struct fsdp_model base;            /* ops and spec for the generic interface */
     const struct fsdp_model_spec *spec; /* not owned; outlives the model */
     const struct fsdp_gpt2_config *cfg; /* spec's */
+    struct fsdp_device *dev;            /* where activations live; NULL: host memory */
+    const struct fsdp_kernels *k;       /* the device's kernels (the CPU's without one) */
     int max_B, max_T;
 
     float **unit_params; /* (n_units,) caller-owned unit buffers */

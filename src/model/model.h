@@ -28,10 +28,13 @@
 
 struct fsdp_model;
 
-/* What an instance is sized for. */
+struct fsdp_device;
+
+/* What an instance is sized for, and where it computes. */
 struct fsdp_model_opts {
     int max_B, max_T;  /* the largest batch (max_T <= spec->context) */
     int head_chunk;    /* rows of the output head computed at a time; 0: the model's default */
+    struct fsdp_device *dev; /* activations and kernels (compute/device.h); NULL: the CPU */
 };
 
 struct fsdp_model_ops {

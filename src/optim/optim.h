@@ -28,18 +28,21 @@ struct fsdp_optim_config {
 
 #define FSDP_OPTIM_MAX_STATE 2
 
+struct fsdp_kernels;
+
 struct fsdp_optimizer {
     struct fsdp_optim_config oc;
     const struct fsdp_model_spec *spec;
+    const struct fsdp_kernels *k;               /* the device's update kernel */
     int n_state;                                /* state buffers per element */
     const char *state_names[FSDP_OPTIM_MAX_STATE]; /* "exp_avg", "exp_avg_sq" */
     long step;                                  /* updates taken (bias correction counts from 1) */
     double lr;                                  /* of the current update */
 };
 
-/* AdamW over spec's parameters. */
+/* AdamW over spec's parameters, with kernels k (NULL: the CPU's). */
 void fsdp_adamw_init(struct fsdp_optimizer *o, const struct fsdp_optim_config *oc,
-                     const struct fsdp_model_spec *spec);
+                     const struct fsdp_model_spec *spec, const struct fsdp_kernels *k);
 /* Starts an update at learning rate lr (counts the step). */
 void fsdp_optimizer_begin(struct fsdp_optimizer *o, double lr);
 /*

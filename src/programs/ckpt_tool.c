@@ -3,12 +3,17 @@
  * checkpoints), verify, consolidate, reshard and convert. Every command
  * streams tensor by tensor through buffers sized by the largest tensor (or
  * shard piece), prints one progress line on stderr while it works, and
- * writes its output under a temporary name that is renamed into place only
- * when complete. Errors end the program with one line (fsdp_die/fatal).
+ * writes its output under a temporary name beside it that the io layer
+ * commits (fsync, rename, fsync of the directory: fsdp_file_commit for a
+ * file, fsdp_ckpt_commit_dir for a step directory) only when complete.
+ * Errors end the program with one line (fsdp_die/fatal).
  */
 #include "config.h"
 #include "programs/ckpt_tool.h"
+#include "comm/mesh_spec.h"
 #include "io/ckpt.h"
+#include "io/ckpt_commit.h"
+#include "io/fileutil.h"
 #include "io/model_file.h"
 #include "core/error.h"
 #include "core/util.h"
@@ -265,34 +270,28 @@ static void reshard_usage(FILE *out)
             "  -h, --help           this text\n");
 }
 
-/* "dp=4" or "rdp=2,dp=2": shards and world size; 0 on success. */
-static int reshard_parse_mesh(const char *spec, int *shards, int *world)
+/* "dp=4" or "rdp=2,dp=2" (in either order), read by the mesh parser every
+ * program shares: shards and world size, the normalized spec in dims; 0 on
+ * success. */
+static int reshard_parse_mesh(const char *spec, struct fsdp_mesh_dims *dims, int *shards,
+                              int *world)
 {
-    char buf[128];
-    int seen_rdp = 0;
-    if (snprintf(buf, sizeof(buf), "%s", spec) >= (int)sizeof(buf)) {
+    if (fsdp_mesh_parse(spec, dims) < 0) {
+        fsdp_err_clear(); /* the caller's message says what reshard takes */
         return -1;
     }
     *shards = 0;
-    *world = 1;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(tok, '=');
-        long long v;
-        if (!eq || fsdp_parse_long(eq + 1, &v) < 0 || v < 1 || v > 65536) {
-            return -1;
+    for (int i = 0; i < dims->ndims; i++) {
+        if (strcmp(dims->name[i], "dp") == 0) {
+            *shards = dims->size[i];
+        } else if (strcmp(dims->name[i], "rdp") != 0) {
+            return -1; /* a dimension that does not shard or replicate */
         }
-        *eq = '\0';
-        if (strcmp(tok, "dp") == 0 && !*shards) {
-            *shards = (int)v;
-        } else if (strcmp(tok, "rdp") != 0 || seen_rdp++) {
-            return -1; /* another name, or a name given twice */
-        }
-        if (*world > 65536 / v) {
-            return -1; /* more ranks than any mesh fsdpc builds */
-        }
-        *world *= (int)v;
     }
+    if (dims->nranks > 65536) {
+        return -1; /* more ranks than any mesh fsdpc builds */
+    }
+    *world = (int)dims->nranks;
     return *shards > 0 ? 0 : -1;
 }
 
@@ -327,20 +326,6 @@ static int reshard_write(struct fsdp_ckpt *ck, const char *dir, int shards, floa
     return 0;
 }
 
-static int reshard_rm(const char *dir, int shards)
-{
-    char p[4200];
-    for (int r = 0; r < shards; r++) {
-        if (snprintf(p, sizeof(p), "%s/shard_%d.h5", dir, r) < (int)sizeof(p)) {
-            unlink(p);
-        }
-    }
-    if (snprintf(p, sizeof(p), "%s/%s", dir, FSDP_CKPT_INDEX) < (int)sizeof(p)) {
-        unlink(p);
-    }
-    return rmdir(dir);
-}
-
 int fsdp_ckpt_cmd_reshard(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -352,6 +337,7 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
     };
     const char *out = NULL, *mesh = NULL;
     char mesh_buf[64];
+    struct fsdp_mesh_dims dims;
     int c, rc, shards = 0, world = 0;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
@@ -376,7 +362,7 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
         fsdp_fatal("fsdpc-ckpt reshard: expected one checkpoint path, --world-size N or --mesh "
                    "SPEC, and -o DIR (see --help)");
     }
-    if (reshard_parse_mesh(mesh, &shards, &world) < 0) {
+    if (reshard_parse_mesh(mesh, &dims, &shards, &world) < 0) {
         fsdp_fatal("fsdpc-ckpt reshard: --mesh '%s' must be dp=N or rdp=R,dp=N (each name once, "
                    "at most 65536 ranks in all)", mesh);
     }
@@ -396,24 +382,24 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
     }
     size_t done = 0, total = (size_t)shards * FSDP_CKPT_NKINDS * s->n_params;
     rc = reshard_write(ck, tmp, shards, buf, &done, total);
-    static struct fsdp_ckpt_meta m;
-    m = *fsdp_ckpt_meta(ck);
+    struct fsdp_ckpt_meta m = *fsdp_ckpt_meta(ck);
     m.n_shards = shards;
     m.world_size = world;
-    snprintf(m.mesh, sizeof(m.mesh), "%s", mesh);
-    snprintf(m.created_by, sizeof(m.created_by), "fsdpc-ckpt reshard to %s", mesh);
+    snprintf(m.mesh, sizeof(m.mesh), "%s", dims.spec);
+    /* a normalized spec is at most 4 x "name15=16777216" with commas: 99 characters */
+    snprintf(m.created_by, sizeof(m.created_by), "fsdpc-ckpt reshard to %.99s", dims.spec);
     if (rc == 0) {
         rc = fsdp_ckpt_index_write(tmp, s, &m);
     }
-    if (rc == 0 && rename(tmp, out) != 0) {
-        rc = fsdp_err(FSDP_ERR_IO, "%s: rename to %s failed: %s", tmp, out, strerror(errno));
+    if (rc == 0) {
+        rc = fsdp_ckpt_commit_dir(tmp, out);
     }
     if (rc < 0) {
-        reshard_rm(tmp, shards);
+        fsdp_file_rmtree(tmp); /* a failure here leaves the recorded cause in place */
         fsdp_die(rc, "fsdpc-ckpt reshard", NULL);
     }
-    printf("%s: step %ld resharded to %s (%d shard%s) in %s\n", fsdp_ckpt_dir(ck), m.step, mesh,
-           shards, shards > 1 ? "s" : "", out);
+    printf("%s: step %ld resharded to %s (%d shard%s) in %s\n", fsdp_ckpt_dir(ck), m.step,
+           dims.spec, shards, shards > 1 ? "s" : "", out);
     fsdp_free(buf);
     fsdp_ckpt_close(ck);
     return 0;

@@ -1,16 +1,15 @@
 /*
- * ckpt_cadence.c - checkpoint cadence, preemption, resume and the commit
- * protocol (see ckpt_cadence.h; layout in doc/formats.md).
- *
- * Commit of step N under root D, every step agreed by all ranks through
- * the trainer's world group (a failure anywhere fails the save everywhere):
+ * ckpt_cadence.c - checkpoint cadence, preemption, resume, and the
+ * agreement around each save (see ckpt_cadence.h; layout in
+ * doc/formats.md). The directory commit itself (renames, fsyncs, latest)
+ * is io/ckpt_commit.c's; this file decides when it runs and makes every
+ * rank agree on each step of a save, so a failure anywhere fails the save
+ * everywhere:
  *   1. rank 0 draws a nonce and creates D/.tmp_step_<N>_<nonce>/
  *   2. every shard writer writes and fsyncs its shard_<r>.h5, rank 0 the
  *      index.h5; the agreement that follows is the barrier
- *   3. rank 0 renames the directory to D/step_<N>, fsyncs D, points a new
- *      symlink D/.tmp_latest_<nonce> at step_<N> and renames it over
- *      D/latest (rename is atomic, so latest always names a complete
- *      checkpoint), fsyncs D again, then applies --ckpt-keep
+ *   3. rank 0 commits the directory as D/step_<N> and moves D/latest to it
+ *      (fsdp_ckpt_commit_step), then applies --ckpt-keep
  * A crash at any point leaves either the previous latest or the new one;
  * leftover .tmp_* entries are removed by rank 0 at the next start and are
  * never read.
@@ -25,13 +24,13 @@
 #include "rendezvous/dist.h"
 #include "comm/mesh.h"
 #include "io/ckpt.h"
+#include "io/ckpt_commit.h"
+#include "io/fileutil.h"
 #include "io/tokens.h"
 #include "fsdp/engine.h"
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,14 +64,6 @@ static int cad_rank(const struct fsdp_trainer *t)
 // ----------------------------------------------------------------------------
 // directory plumbing (rank 0)
 
-static int cad_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path) == 0 || errno == ENOENT ? 0 : -1;
-}
-
 /* Bytes of the regular files directly under dir (a checkpoint step's
  * shards and index), for the throughput figure in the log; 0 when unreadable. */
 static double cad_dir_bytes(const char *dir)
@@ -100,29 +91,6 @@ static void cad_rate_str(double bytes, double secs, char *buf, size_t n)
 {
     snprintf(buf, n, "%.2f GiB in %.2f s, %.2f GB/s", bytes / (1024.0 * 1024 * 1024), secs,
              secs > 0 ? bytes / secs / 1e9 : 0.0);
-}
-
-/* rm -rf without following links. */
-static int cad_rmtree(const char *path)
-{
-    if (nftw(path, cad_rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT) {
-        return fsdp_err(FSDP_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
-    }
-    return 0;
-}
-
-static int cad_fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        return fsdp_err(FSDP_ERR_IO, "%s: cannot open for fsync: %s", dir, strerror(errno));
-    }
-    int e = fsync(fd), saved = errno;
-    close(fd);
-    if (e != 0 && saved != EINVAL && saved != EBADF) {
-        return fsdp_err(FSDP_ERR_IO, "%s: fsync failed: %s", dir, strerror(saved));
-    }
-    return 0;
 }
 
 static int cad_mkdirs(const char *dir)
@@ -170,10 +138,10 @@ static int cad_clean_tmp(const char *dir)
         return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot list: %s", dir, strerror(errno));
     }
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, ".tmp_", 5) == 0) {
+        if (strncmp(e->d_name, FSDP_CKPT_TMP_PREFIX, strlen(FSDP_CKPT_TMP_PREFIX)) == 0) {
             snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
             FSDP_INFO(FSDP_SUB_TRAIN, "removing %s (left by an interrupted checkpoint save)", path);
-            if (cad_rmtree(path) < 0) {
+            if (fsdp_file_rmtree(path) < 0) {
                 closedir(d);
                 return FSDP_ERR_IO;
             }
@@ -221,40 +189,16 @@ static int cad_retain(const char *dir, long keep, long current)
             continue;
         }
         snprintf(path, sizeof(path), "%s/step_%ld", dir, steps[i]);
-        FSDP_CHECK(cad_rmtree(path));
+        FSDP_CHECK(fsdp_file_rmtree(path));
     }
     return 0;
 }
 
-/* Rank 0: tmp -> step_<N>, then latest -> step_<N>. */
+/* Rank 0: tmp -> step_<N>, latest -> step_<N>, then retention. */
 static int cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, unsigned nonce,
                       long keep)
 {
-    char final[CAD_PATH_MAX], old[CAD_PATH_MAX], ltmp[CAD_PATH_MAX], latest[CAD_PATH_MAX];
-    char target[64];
-    snprintf(final, sizeof(final), "%s/step_%ld", c->dir, step);
-    snprintf(old, sizeof(old), "%s/.tmp_old_step_%ld_%08x", c->dir, step, nonce);
-    snprintf(ltmp, sizeof(ltmp), "%s/.tmp_latest_%08x", c->dir, nonce);
-    snprintf(latest, sizeof(latest), "%s/%s", c->dir, FSDP_CKPT_LATEST);
-    snprintf(target, sizeof(target), "step_%ld", step);
-    int had_old = access(final, F_OK) == 0;
-    if (had_old && rename(final, old) != 0) {
-        return fsdp_err(FSDP_ERR_IO, "%s: cannot move the older checkpoint of this step aside: %s",
-                        final, strerror(errno));
-    }
-    if (rename(tmp, final) != 0) {
-        return fsdp_err(FSDP_ERR_IO, "%s: rename to %s failed: %s", tmp, final, strerror(errno));
-    }
-    FSDP_CHECK(cad_fsync_dir(c->dir));
-    unlink(ltmp);
-    if (symlink(target, ltmp) != 0 || rename(ltmp, latest) != 0) {
-        return fsdp_err(FSDP_ERR_IO, "%s: cannot point it at %s: %s", latest, target,
-                        strerror(errno));
-    }
-    FSDP_CHECK(cad_fsync_dir(c->dir));
-    if (had_old) {
-        FSDP_CHECK(cad_rmtree(old));
-    }
+    FSDP_CHECK(fsdp_ckpt_commit_step(c->dir, tmp, step, nonce));
     return keep > 0 ? cad_retain(c->dir, keep, step) : 0;
 }
 
@@ -405,8 +349,8 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
                            (unsigned)step * 40503u) & 0x7fffffffu);
     }
     FSDP_CHECK(fsdp_world_broadcast(t->world, &nonce, 0));
-    snprintf(tmp, sizeof(tmp), "%s/.tmp_step_%ld_%08x", c->dir, step, (unsigned)nonce);
-    if (c->rank == 0 && mkdir(tmp, 0755) != 0) {
+    rc = fsdp_ckpt_commit_tmp_path(tmp, sizeof(tmp), c->dir, step, (unsigned)nonce);
+    if (rc == 0 && c->rank == 0 && mkdir(tmp, 0755) != 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     }
     FSDP_CHECK(cad_agree_ok(t, rc, step, "create the temporary directory"));
@@ -427,7 +371,7 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
         if (c->rank == 0) {
             char msg[1024];
             fsdp_err_take(msg, sizeof(msg));
-            cad_rmtree(tmp);
+            fsdp_file_rmtree(tmp);
             fsdp_err_clear();
             rc = fsdp_err(rc, "%s", msg);
         }

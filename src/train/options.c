@@ -15,6 +15,11 @@
 
 #define OPT_LINE_MAX 4096
 
+/* Spellings of an on/off value, "off" first so that the index is the value
+ * (a FLAG's odd index is on). */
+#define OPT_FLAG_WORDS "off|on|0|1|false|true|no|yes"
+#define OPT_BOOL_WORDS "off|on"
+
 // ----------------------------------------------------------------------------
 // lookup and "did you mean"
 
@@ -112,7 +117,7 @@ static void opt_choice_name(const char *choices, int index, char *buf, size_t le
 static const char *opt_implied(const struct fsdp_opt *o)
 {
     if (!(o->flags & FSDP_OPT_OPTIONAL_VALUE) || o->type == FSDP_OPT_CHOICE ||
-        o->type == FSDP_OPT_FLAG) {
+        o->type == FSDP_OPT_FLAG || o->type == FSDP_OPT_BOOL) {
         return NULL;
     }
     return o->choices;
@@ -190,11 +195,19 @@ int fsdp_opt_set(struct fsdp_optset *s, const char *key, const char *value,
         break;
     }
     case FSDP_OPT_FLAG: {
-        int c = opt_choice_index("off|on|0|1|false|true|no|yes", value);
+        int c = opt_choice_index(OPT_FLAG_WORDS, value);
         if (c < 0) {
             return fsdp_err(FSDP_ERR_INVALID, "%s is not on or off", desc);
         }
         c &= 1;
+        memcpy(field, &c, sizeof(c));
+        break;
+    }
+    case FSDP_OPT_BOOL: {
+        int c = opt_choice_index(OPT_BOOL_WORDS, value);
+        if (c < 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not one of on|off", desc);
+        }
         memcpy(field, &c, sizeof(c));
         break;
     }
@@ -447,7 +460,8 @@ void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, siz
         opt_choice_name(o->choices, c, buf, len);
         break;
     }
-    case FSDP_OPT_FLAG: {
+    case FSDP_OPT_FLAG:
+    case FSDP_OPT_BOOL: {
         int c;
         memcpy(&c, field, sizeof(c));
         snprintf(buf, len, "%s", c ? "on" : "off");

@@ -23,6 +23,8 @@ enum fsdp_opt_type {
     FSDP_OPT_FLOAT,   /* double, finite, within [min, max] */
     FSDP_OPT_CHOICE,  /* int: index into the '|'-separated choices */
     FSDP_OPT_FLAG,    /* int 0/1: a bare "--key" sets it; "--key=off", "key = on" */
+    FSDP_OPT_BOOL,    /* int 0/1 from a value that must be given: "--key on|off",
+                         "--key=off", "key = on"; printed on or off */
 };
 
 enum fsdp_opt_flags {

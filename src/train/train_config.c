@@ -80,8 +80,8 @@ static const struct fsdp_opt train_opts[] = {
      "collective backend: mpi, tcp, or per dimension (dp=tcp,rdp=mpi)"},
     {"sharding", FSDP_OPT_CHOICE, F(sharding), 0, 0, 0, "full|grad-op|none", "KIND", 0,
      "full (FSDP), grad-op (params kept from forward to backward), none (DDP)"},
-    {"reshard-after-forward", FSDP_OPT_CHOICE, F(reshard_after_forward), 0, 0, 0, "on|off",
-     "X", 0, "on|off: free each unit's gathered parameters after its forward"},
+    {"reshard-after-forward", FSDP_OPT_BOOL, F(reshard_after_forward), 0, 0, 0, NULL, "X", 0,
+     "on|off: free each unit's gathered parameters after its forward"},
     {"prefetch", FSDP_OPT_INT, F(prefetch), 0, 0, 64, NULL, "N", 0,
      "units all-gathered ahead of the one computing (0: no overlap)"},
     {"param-dtype", FSDP_OPT_CHOICE, F(param_dtype), 0, 0, 0, "f32|bf16|f16", "DTYPE", 0,
@@ -131,6 +131,7 @@ void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set
     c->val_batches = 10;
     c->threads = 1;
     snprintf(c->init, sizeof(c->init), "auto");
+    c->reshard_after_forward = 1;
     c->prefetch = 1;
     snprintf(c->loss_scale, sizeof(c->loss_scale), "off");
     c->loss_scale_init = 65536.0;
@@ -241,5 +242,5 @@ int fsdp_train_config_wants_fsdp(const struct fsdp_train_config *c)
 {
     return c->mesh[0] || c->param_dtype != 0 || c->reduce_dtype != 0 ||
            strcmp(c->loss_scale, "off") != 0 || c->no_sync_accum ||
-           c->activation_checkpointing || c->sharding != 0 || c->reshard_after_forward != 0;
+           c->activation_checkpointing || c->sharding != 0 || !c->reshard_after_forward;
 }

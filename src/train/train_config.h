@@ -65,7 +65,7 @@ struct fsdp_train_config {
     char mesh[128];          /* "dp=4", "rdp=2,dp=2"; "": dp=<world size> */
     char backend[128];       /* "mpi", "tcp", "dp=tcp,rdp=mpi"; "": the default */
     int sharding;            /* enum fsdp_sharding: full|grad-op|none */
-    int reshard_after_forward; /* choice index: 0 on, 1 off */
+    int reshard_after_forward; /* 1: free each unit's gathered parameters after its forward */
     long prefetch;           /* units gathered ahead */
     int param_dtype;         /* choice index into f32|bf16|f16 */
     int reduce_dtype;        /* choice index into f32|bf16|f16 */

@@ -16,6 +16,7 @@
 #include "rendezvous/dist.h"
 #include "comm/debug.h"
 #include "comm/mesh.h"
+#include "compute/device.h"
 #include "fsdp/fsdp.h"
 #include "io/model_file.h"
 #include "io/tokens.h"
@@ -66,8 +67,9 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
     struct fsdp_dist *d = t->dist;
     const struct fsdp_backend_ops *ops = NULL;
     if (d && (d->world_size > 1 || c->mesh[0])) {
-        FSDP_CHECK(fsdp_mesh_create(d, c->mesh[0] ? c->mesh : NULL,
-                                    c->backend[0] ? c->backend : NULL, &t->mesh));
+        FSDP_CHECK(fsdp_mesh_create_for(d, c->mesh[0] ? c->mesh : NULL,
+                                        c->backend[0] ? c->backend : NULL,
+                                        fsdp_device_mem_cap(t->dev), &t->mesh));
         struct fsdp_mesh *m = t->mesh;
         for (int i = 0; i < m->ndims; i++) {
             if (strcmp(m->dims[i].name, "dp") != 0 && strcmp(m->dims[i].name, "rdp") != 0) {
@@ -101,7 +103,7 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
     sc.B = (int)c->batch_size;
     sc.T = (int)c->seq_len;
     sc.sharding = (enum fsdp_sharding)c->sharding;
-    sc.reshard_after_forward = c->reshard_after_forward == 0; /* choice 0: on */
+    sc.reshard_after_forward = c->reshard_after_forward != 0;
     sc.prefetch = (int)c->prefetch;
     sc.param_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->param_dtype);
     sc.reduce_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->reduce_dtype);
@@ -118,7 +120,7 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
         .mesh = t->mesh ? t->mesh->spec : "single rank",
         .backends = t->mesh ? t->mesh->backends : "no backend",
     };
-    return fsdp_shard_engine_create(t->spec, &g, &oc, &sc, out);
+    return fsdp_shard_engine_create(t->spec, &g, t->dev, &oc, &sc, out);
 }
 
 /* Every rank reads its rows of every parameter from the model file into
@@ -154,6 +156,9 @@ static int trainer_open_engine(struct fsdp_trainer *t, fsdp_engine_factory facto
     if (c->seq_len > t->spec->context) {
         return fsdp_err(FSDP_ERR_INVALID, "seq-len %ld is longer than the context %d of model %s",
                         c->seq_len, t->spec->context, c->model);
+    }
+    if ((rc = fsdp_device_create("cpu", t->dist ? t->dist->local_rank : 0, &t->dev)) < 0) {
+        return trainer_blame(rc, "device");
     }
     if ((rc = trainer_build_mesh(t)) < 0) {
         return trainer_blame(rc, "sharding engine");
@@ -283,6 +288,7 @@ static void trainer_close_engine(struct fsdp_trainer *t)
     free(t->batch_tgt);
     fsdp_world_destroy(t->world);
     fsdp_mesh_destroy(t->mesh);
+    fsdp_device_destroy(t->dev);
     fsdp_model_spec_destroy(t->spec);
 }
 

@@ -24,6 +24,7 @@
 
 struct fsdp_dist;
 struct fsdp_mesh;
+struct fsdp_device;
 struct fsdp_trainer;
 
 /* Makes the engine for t (t->spec, t->mesh are set). */
@@ -35,6 +36,7 @@ struct fsdp_trainer {
     struct fsdp_mesh *mesh;        /* NULL on one rank without a --mesh */
     struct fsdp_world *world;      /* the loop's own collectives */
     struct fsdp_model_spec *spec;  /* the model's parameter table */
+    struct fsdp_device *dev;       /* where the engine's state lives and computes */
     struct fsdp_engine *engine;
     int32_t *batch_in, *batch_tgt; /* (K, B, T) this step's micro-batches */
     struct fsdp_dataloader *train; /* this rank's slice of each global batch */

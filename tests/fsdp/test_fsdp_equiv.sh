@@ -341,5 +341,19 @@ bad "loss-scale 'abc' is not off, dynamic or a positive number" 1 --loss-scale a
 tap_ok $? "a bad loss scale is one clear error"
 bad "param-dtype 'f64' is not one of f32|bf16|f16" 1 --param-dtype f64
 tap_ok $? "a bad param dtype is one clear error"
+# a backend that takes device memory only, for a trainer whose buffers are
+# on the host: refused while the mesh is parsed, before any group (and so
+# any communicator) exists; without NCCL in the build the name is unknown
+if grep -q "^#define HAVE_NCCL 1" "$top_builddir/config.h"; then
+    want="backend nccl (dimension dp) takes CUDA device memory only, and this run's buffers are in host memory"
+else
+    want="backend 'nccl' (in --backend 'nccl') is unknown"
+fi
+FSDPC_LOG=info bad "$want" 1 --mesh dp=1 --backend nccl
+rc=$?
+# the nccl backend logs as subsystem "nccl": it must never have run
+grep -Eq "(INFO|WARN|ERROR|DEBUG) nccl" "$W/bad.log" && rc=1
+[ "$(grep -c "$want" "$W/bad.log")" -eq 1 ] || rc=1
+tap_ok $rc "--backend nccl with host buffers: one line, before any communicator"
 
 tap_done

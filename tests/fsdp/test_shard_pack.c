@@ -55,10 +55,16 @@ static size_t check_model(int tied, int Rs, size_t *scratch_want, size_t *scratc
         return 1;
     }
     se->spec = spec;
+    if (fsdp_device_create("cpu", 0, &se->dev) < 0) {
+        fsdp_model_spec_destroy(spec);
+        free(se);
+        return 1;
+    }
     se->Rs = Rs;
     se->rs = Rs - 1;
     if (fsdp_shard_layout_create(se) < 0) {
         fsdp_shard_teardown(se);
+        fsdp_device_destroy(se->dev);
         fsdp_model_spec_destroy(spec);
         free(se);
         return 1;
@@ -101,6 +107,7 @@ static size_t check_model(int tied, int Rs, size_t *scratch_want, size_t *scratc
         free(unit), free(want), free(buf);
     }
     fsdp_shard_teardown(se);
+    fsdp_device_destroy(se->dev);
     fsdp_model_spec_destroy(spec);
     free(se);
     return bad;

@@ -454,7 +454,7 @@ static size_t adamw_decay_check(const struct fsdp_model_spec *s, int u, const fl
     struct fsdp_optim_config oc = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                                    .weight_decay = 0.5f};
     struct fsdp_optimizer opt;
-    fsdp_adamw_init(&opt, &oc, s);
+    fsdp_adamw_init(&opt, &oc, s, NULL);
     fsdp_optimizer_begin(&opt, 0.1);
     memcpy(p, p0, n * sizeof(float));
     size_t cut = n / 2 + 1 < n ? n / 2 + 1 : n;

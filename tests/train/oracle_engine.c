@@ -206,7 +206,7 @@ int fsdp_oracle_engine_create(const struct fsdp_model_spec *spec, int B, int T, 
     oe->spec = spec;
     oe->B = B;
     oe->T = T;
-    fsdp_adamw_init(&oe->opt, oc, spec);
+    fsdp_adamw_init(&oe->opt, oc, spec, NULL);
     e->n_state = oe->opt.n_state;
     e->state_names = oe->opt.state_names;
     FSDP_CHECK_GOTO(oracle_alloc(oe), rc, err);

@@ -316,6 +316,42 @@ static void test_resume_optional_value(void)
 #undef REQ
 }
 
+/* An on/off option that takes a value (reshard-after-forward): stored 1 for
+ * on, the spellings on and off only, a value always needed, printed on/off. */
+static void test_bool_option(void)
+{
+    struct fsdp_train_config c;
+    struct fsdp_optset s;
+    char line[4096];
+#define REQ "--model", "m.h5", "--data", "d.bin", "--batch-size", "2", "--seq-len", "8", \
+            "--lr", "1e-3", "--steps", "5"
+    const char *dflt[] = {REQ, NULL};
+    tap_ok(parse(&c, &s, dflt) == 0 && c.reshard_after_forward == 1 &&
+               !fsdp_train_config_wants_fsdp(&c),
+           "reshard-after-forward defaults to on (1) and alone needs no sharding engine");
+    const char *sep[] = {REQ, "--reshard-after-forward", "off", NULL};
+    int rc = parse(&c, &s, sep);
+    tap_ok(rc == 0 && c.reshard_after_forward == 0 && fsdp_train_config_wants_fsdp(&c),
+           "--reshard-after-forward off stores 0 and asks for the sharding engine (rc %d %s)", rc,
+           fsdp_err_msg());
+    tap_ok(printed_line(&s, "reshard-after-forward", line, sizeof(line)) &&
+               !strcmp(line, "reshard-after-forward = off # flag"),
+           "printed as 'reshard-after-forward = off' ('%s')", line);
+    const char *eq[] = {REQ, "--reshard-after-forward=on", NULL};
+    tap_ok(parse(&c, &s, eq) == 0 && c.reshard_after_forward == 1, "--reshard-after-forward=on");
+    const char *cfg = write_file("b1.cfg", "reshard-after-forward = off\n");
+    const char *file[] = {REQ, "--config", cfg, NULL};
+    tap_ok(parse(&c, &s, file) == 0 && c.reshard_after_forward == 0,
+           "'reshard-after-forward = off' in a config file");
+    const char *yes[] = {REQ, "--reshard-after-forward", "yes", NULL};
+    tap_ok(parse(&c, &s, yes) < 0 && err_has("--reshard-after-forward 'yes' is not one of on|off"),
+           "only on and off are accepted");
+    const char *bare[] = {REQ, "--reshard-after-forward", NULL};
+    tap_ok(parse(&c, &s, bare) < 0 && err_has("--reshard-after-forward needs a value"),
+           "a bare --reshard-after-forward needs a value");
+#undef REQ
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) {
@@ -325,10 +361,11 @@ int main(void)
     test_schedule();
     test_flags_and_file();
     test_resume_optional_value();
+    test_bool_option();
     static const char *const files[] = {"a.cfg",  "printed.cfg", "dup.cfg", "nest.cfg",
                                         "unk.cfg", "print.txt",  "help.txt", "r1.cfg",
                                         "r2.cfg",  "r3.cfg",     "r4.cfg",   "r5.cfg",
-                                        "r6.cfg"};
+                                        "r6.cfg",  "b1.cfg"};
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         char path[256];
         snprintf(path, sizeof(path), "%s/%s", tmpdir, files[i]);
