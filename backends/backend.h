@@ -75,6 +75,7 @@ struct fsdp_work {
     const struct fsdp_backend_ops *ops;
     struct fsdp_group *group; /* set by the group layer when it issues the op */
     uint64_t flight_id;       /* the group layer's flight record (0: none) */
+    int done;                 /* the group layer saw it complete (fsdp_group_progress) */
 };
 
 struct fsdp_backend; /* opaque, defined by each backend */

@@ -29,10 +29,16 @@
 #include <string.h>
 
 /* The public struct followed by what only this file needs. */
+#define GROUP_MAX_INFLIGHT 64
+
 struct group_impl {
     struct fsdp_group g;          /* must stay first */
     struct fsdp_group_info info;  /* lives as long as the backend instance */
     struct fsdp_backend_caps caps;
+    /* collectives issued and not yet freed, for fsdp_group_progress; more
+     * than fit are left to their waits */
+    struct fsdp_work *inflight[GROUP_MAX_INFLIGHT];
+    int n_inflight;
     int abort_registered;
     int debug_id; /* index in the flight recorder's group table */
     struct fsdp_fingerprint *fp; /* FSDPC_DEBUG=DETAIL's checker; NULL: off */
@@ -358,6 +364,11 @@ static inline int group_issued(struct fsdp_group *g, int rc, uint64_t fid, struc
     }
     w->group = g;
     w->flight_id = fid;
+    w->done = 0;
+    struct group_impl *gi = group_impl_of(g);
+    if (gi->n_inflight < GROUP_MAX_INFLIGHT) {
+        gi->inflight[gi->n_inflight++] = w;
+    }
     if (__builtin_expect(group_impl_of(g)->fp != NULL, 0)) {
         fsdp_fingerprint_bind(group_impl_of(g)->fp, w);
     }
@@ -559,9 +570,60 @@ int fsdp_work_test(struct fsdp_work *w, int *done)
     return 0;
 }
 
+/* w leaves its group's in-flight list (freed, or about to be). */
+static void group_forget(struct fsdp_work *w)
+{
+    if (!w->group) {
+        return;
+    }
+    struct group_impl *gi = group_impl_of(w->group);
+    for (int i = 0; i < gi->n_inflight; i++) {
+        if (gi->inflight[i] == w) {
+            gi->inflight[i] = gi->inflight[--gi->n_inflight];
+            return;
+        }
+    }
+}
+
+void fsdp_group_progress(struct fsdp_group *g)
+{
+    struct group_impl *gi = g ? group_impl_of(g) : NULL;
+    if (!gi || (gi->caps.flags & FSDP_CAP_ASYNC_PROGRESS)) {
+        return;
+    }
+    for (int i = 0; i < gi->n_inflight; i++) {
+        struct fsdp_work *w = gi->inflight[i];
+        int fin = 0;
+        if (!w->done && w->ops->work_test(w, &fin) < 0) {
+            fsdp_err_clear(); /* the wait reports it */
+            fin = 1;
+        }
+        w->done |= fin;
+    }
+}
+
+int fsdp_work_done(struct fsdp_work *w)
+{
+    if (!w || w->done) {
+        return 1;
+    }
+    const struct group_impl *gi = w->group ? group_impl_of(w->group) : NULL;
+    if (gi && !(gi->caps.flags & FSDP_CAP_ASYNC_PROGRESS)) {
+        return 0; /* only fsdp_group_progress moves it */
+    }
+    int fin = 0;
+    if (w->ops->work_test(w, &fin) < 0) {
+        fsdp_err_clear(); /* the wait reports it */
+        fin = 1;
+    }
+    w->done = fin;
+    return fin;
+}
+
 void fsdp_work_free(struct fsdp_work *w)
 {
     if (w) {
+        group_forget(w);
         fsdp_debug_abandoned(w->flight_id);
         struct fsdp_fingerprint *fp = group_fp(w);
         if (fp) {

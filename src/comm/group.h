@@ -49,6 +49,20 @@ int fsdp_broadcast(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtyp
                    const struct fsdp_coll_attr *attr, struct fsdp_work **work);
 int fsdp_barrier(struct fsdp_group *g, struct fsdp_work **work);
 
+/*
+ * Progress is the group layer's job. fsdp_group_progress drives the group's
+ * collectives in flight on a backend that moves data only inside its calls
+ * (mpi): a caller that computes between collectives calls it once per group
+ * now and then. With a backend that has a progress thread (tcp; nccl's
+ * streams) it does nothing. It never blocks and never reports an error:
+ * errors surface at the work's wait. fsdp_work_done then says, without any
+ * I/O, whether a collective is complete, for bookkeeping (when it ended,
+ * what to issue next); it is current after a progress call on its group, or
+ * at any time with a progressing backend.
+ */
+void fsdp_group_progress(struct fsdp_group *g);
+int fsdp_work_done(struct fsdp_work *w);
+
 /* timeout_s < 0 means the group's deadline. */
 int fsdp_work_wait(struct fsdp_work *w, double timeout_s);
 int fsdp_work_test(struct fsdp_work *w, int *done);

@@ -12,9 +12,9 @@
  *             reduction that last used u's gradient buffer, zero it, wait
  *             for u's parameters, compute u, release u, issue u's
  *             reduce-scatter (completed while the next units compute)
- * After every unit's compute a poll (fsdp_unit_progress) notes finished
- * collectives and moves finished reduce-scatters on to their all-reduces
- * over the replicas. Unit 0's gradient buffer is zeroed before unit L+1's
+ * After every unit's compute fsdp_unit_progress has the group layer drive
+ * what is in flight, notes finished collectives and moves finished
+ * reduce-scatters on to their all-reduces over the replicas. Unit 0's gradient buffer is zeroed before unit L+1's
  * backward, which adds the tied head's gradient into it, and is reduced
  * only after unit 0's own backward.
  *
@@ -461,11 +461,33 @@ static int shard_check_backends(const struct fsdp_shard_engine *se)
     return 0;
 }
 
+/*
+ * Unit 0 is the root: its parameters stay gathered and its gradient slot
+ * stays its own from the start of the backward to its reduction after its
+ * own backward, as FSDP2 keeps the root module's. A unit that uses another
+ * unit's parameter (a tie) is served by that alone, so the parameter must
+ * be the root's.
+ */
+static int shard_check_ties(const struct fsdp_model_spec *spec)
+{
+    for (int i = 0; i < spec->n_ties; i++) {
+        const struct fsdp_tie *t = &spec->ties[i];
+        if (t->owner != 0) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: unit %d uses %s of unit %d; the sharding "
+                            "engine keeps only unit 0's parameters across units",
+                            spec->arch ? spec->arch->name : "model", t->user,
+                            spec->params[t->param].name, t->owner);
+        }
+    }
+    return 0;
+}
+
 int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
                              struct fsdp_device *dev, const struct fsdp_optim_config *oc,
                              const struct fsdp_shard_config *sc, struct fsdp_engine **out)
 {
     FSDP_CHECK(shard_check_config(sc));
+    FSDP_CHECK(shard_check_ties(spec));
     struct fsdp_shard_engine *se = calloc(1, sizeof(*se));
     int rc;
     if (!se) {

@@ -184,9 +184,9 @@ int fsdp_unit_reduce_wait_all(struct fsdp_shard_engine *se);
  * complete (0: not seen). Frees the handle. */
 int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double issued,
                    double done);
-/* Polls the collectives in flight (which also drives backends that progress
- * only inside their calls), notes when each completed, and moves finished
- * reduce-scatters on to their replica all-reduces. */
+/* Has the group layer drive the collectives in flight, notes when each
+ * completed, and moves finished reduce-scatters on to their replica
+ * all-reduces. */
 int fsdp_unit_progress(struct fsdp_shard_engine *se);
 
 #endif

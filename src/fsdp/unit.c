@@ -59,32 +59,35 @@ int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double is
 
 static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *moved);
 
-static void unit_poll(struct fsdp_work *w, double *done, double now)
+/* When a collective was first seen complete, for the exposed-time report. */
+static void unit_note(struct fsdp_work *w, double *done, double now)
 {
-    int fin = 0;
-    if (w && *done == 0.0) {
-        if (fsdp_work_test(w, &fin) < 0) {
-            fsdp_err_clear(); /* the wait reports it */
-            fin = 1;
-        }
-        if (fin) {
-            *done = now;
-        }
+    if (w && *done == 0.0 && fsdp_work_done(w)) {
+        *done = now;
     }
 }
 
+/*
+ * Between two units' compute: the group layer drives what is in flight
+ * (on a backend without a progress thread), then finished reduce-scatters
+ * move on to their replica all-reduces and completion times are noted.
+ */
 int fsdp_unit_progress(struct fsdp_shard_engine *se)
 {
+    fsdp_group_progress(se->shard_g);
+    for (int i = 0; i < se->n_rep; i++) {
+        fsdp_group_progress(se->rep_g[i]);
+    }
     int moved = 1;
     while (se->rq_len > 0 && moved) {
         FSDP_CHECK(unit_reduce_advance(se, 0, &moved));
     }
     double now = fsdp_now();
     for (int i = 0; i < se->n_pslots; i++) {
-        unit_poll(se->pslots[i].work, &se->pslots[i].done, now);
+        unit_note(se->pslots[i].work, &se->pslots[i].done, now);
     }
     for (int i = 0; i < se->n_gslots; i++) {
-        unit_poll(se->gslots[i].work, &se->gslots[i].done, now);
+        unit_note(se->gslots[i].work, &se->gslots[i].done, now);
     }
     return 0;
 }
@@ -289,15 +292,8 @@ static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *mov
     struct fsdp_unit *un = &se->units[s->unit];
     *moved = 0;
     if (s->work) {
-        if (!block) {
-            int fin = 0;
-            if (fsdp_work_test(s->work, &fin) < 0) {
-                fsdp_err_clear(); /* the wait below reports it */
-                fin = 1;
-            }
-            if (!fin) {
-                return 0;
-            }
+        if (!block && !fsdp_work_done(s->work)) {
+            return 0;
         }
         FSDP_CHECK(fsdp_unit_wait(se, &s->work, s->issued, s->done));
     }

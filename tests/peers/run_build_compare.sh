@@ -1,8 +1,9 @@
 #!/bin/bash
 # run_build_compare.sh - tokens/s of two fsdpc builds on the bench-small
 # preset, in one run, interleaved: 1 rank x 1 thread and 2 ranks x 1 thread
-# (--mesh dp=2, tcp), ROUNDS rounds, each round running the old build then
-# the new one; a run's figure is its median step time after WARMUP steps,
+# (--mesh dp=2 --backend BACKEND), ROUNDS rounds, each round running the
+# old build then the new one; a run's figure is its median step time after
+# WARMUP steps,
 # the table gives the median over rounds and new/old. For checking that a
 # change of the code's shape costs no speed (doc/performance.md).
 #
@@ -10,7 +11,7 @@
 #
 # Settings: OLD, NEW (build directories with fsdpc-train, fsdpc-ckpt,
 # fsdpc-data), ROUNDS [5], STEPS [20], WARMUP [4], BATCH [4], SEQ [256],
-# MPIEXEC [mpiexec.mpich].
+# BACKEND [tcp], MPIEXEC [mpiexec.mpich].
 set -u
 old=${OLD:?set OLD to the old build directory}
 new=${NEW:?set NEW to the new build directory}
@@ -20,6 +21,7 @@ warmup=${WARMUP:-4}
 batch=${BATCH:-4}
 seq=${SEQ:-256}
 mpiexec=${MPIEXEC:-mpiexec.mpich}
+backend=${BACKEND:-tcp}
 srcdir=$(cd "$(dirname "$0")/../.." && pwd)
 w=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-cmp.XXXXXX")
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 FSDPC_LOG=warn
@@ -49,7 +51,7 @@ run() {
         "$1/fsdpc-train" $args --metrics "$m" > "$w/$3.$4.log" 2>&1
     else
         # shellcheck disable=SC2086
-        "$mpiexec" -n "$2" "$1/fsdpc-train" $args --mesh "dp=$2" --backend tcp --metrics "$m" \
+        "$mpiexec" -n "$2" "$1/fsdpc-train" $args --mesh "dp=$2" --backend "$backend" --metrics "$m" \
             > "$w/$3.$4.log" 2>&1
     fi
     median_ms "$m"

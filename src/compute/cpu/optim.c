@@ -2,7 +2,7 @@
  * optim.c - the AdamW update on a flat f32 range and the gradient-norm
  * helpers (sum of squares, clip coefficient, scaling). The sharding engine
  * calls these on its local shards; which ranges decay is the model's
- * business (fsdp_gpt2_adamw_range splits a unit range by parameter).
+ * business (fsdp_optimizer_update in src/optim splits a unit range by parameter).
  */
 #include "config.h"
 #include "compute/kernels.h"
