@@ -420,7 +420,10 @@ static int dist_init_mpi(struct fsdp_dist *d, int *argc, char ***argv, struct di
         long long want = fsdp_env_int("FSDPC_STORE_PORT", 0);
         a.nonce = fsdp_store_random64();
         dist_store_host(d, a.host, sizeof(a.host));
-        a.status = fsdp_store_tcp_serve("0.0.0.0", (int)want, a.nonce, &im->server, &a.port);
+        /* the store listens where the others are told to connect, not on
+         * every interface ($FSDPC_STORE_BIND names another address) */
+        a.status = fsdp_store_tcp_serve(fsdp_env_str("FSDPC_STORE_BIND", a.host), (int)want,
+                                        a.nonce, &im->server, &a.port);
         if (a.status < 0) {
             fsdp_err_take(a.err, sizeof(a.err));
         }
@@ -433,8 +436,7 @@ static int dist_init_mpi(struct fsdp_dist *d, int *argc, char ***argv, struct di
     a.host[sizeof(a.host) - 1] = '\0';
     d->nonce = a.nonce;
     snprintf(im->store_desc, sizeof(im->store_desc), "tcp %s:%d", a.host, a.port);
-    FSDP_CHECK(fsdp_store_tcp_connect(d->rank == 0 ? "127.0.0.1" : a.host, a.port, a.nonce,
-                                      d->timeout_s, &d->store));
+    FSDP_CHECK(fsdp_store_tcp_connect(a.host, a.port, a.nonce, d->timeout_s, &d->store));
     return 0;
 }
 
@@ -465,13 +467,16 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
     snprintf(seed, sizeof(seed), "fsdpc-store|%s|%d|%d|%s", host, port, d->world_size, job);
     uint64_t hello = fsdp_hash64(seed, strlen(seed), 0);
 
+    /* a one-rank job without a port keeps its store to itself */
+    const int private_store = port == 0;
     if (d->rank == 0) {
-        /* a one-rank job without a port keeps its store to itself */
-        const char *bind = port == 0 ? "127.0.0.1" : "0.0.0.0";
+        /* the store listens on the address the others connect to, not on
+         * every interface ($FSDPC_STORE_BIND names another) */
+        const char *bind = private_store ? "127.0.0.1" : fsdp_env_str("FSDPC_STORE_BIND", host);
         FSDP_CHECK(fsdp_store_tcp_serve(bind, port, hello, &im->server, &port));
     }
     snprintf(im->store_desc, sizeof(im->store_desc), "tcp %s:%d", host, port);
-    FSDP_CHECK(fsdp_store_tcp_connect(d->rank == 0 ? "127.0.0.1" : host, port, hello,
+    FSDP_CHECK(fsdp_store_tcp_connect(private_store ? "127.0.0.1" : host, port, hello,
                                       d->timeout_s, &d->store));
     /* a second job that reuses this address (and its size, and has no job
      * id) gets past the hello; it must not mingle with the first */

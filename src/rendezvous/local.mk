@@ -6,8 +6,8 @@ noinst_HEADERS += src/rendezvous/store.h src/rendezvous/dist.h src/rendezvous/st
 	src/rendezvous/store_tcp.h
 
 check_PROGRAMS += tests/dist/store_probe
-dist_check_DATA += tests/dist/store_lib.sh
+dist_check_DATA += tests/dist/store_lib.sh tests/dist/store_flood.py
 dist_check_SCRIPTS += tests/dist/test_store_env.sh tests/dist/test_store_file.sh \
-	tests/dist/test_store_mpi.sh tests/dist/test_store_bad.sh
+	tests/dist/test_store_mpi.sh tests/dist/test_store_bad.sh tests/dist/test_store_limits.sh
 TESTS += tests/dist/test_store_env.sh tests/dist/test_store_file.sh \
-	tests/dist/test_store_mpi.sh tests/dist/test_store_bad.sh
+	tests/dist/test_store_mpi.sh tests/dist/test_store_bad.sh tests/dist/test_store_limits.sh

@@ -12,6 +12,16 @@
  * Stopping wakes the thread through an eventfd, joins it and closes every
  * socket, whatever the clients are doing.
  *
+ * Limits, so that no client, in or out of the job, can exhaust rank 0: at
+ * most STCP_MAX_PENDING connections may be in their hello at once (a new
+ * one closes the oldest), each must say hello within STCP_HELLO_TIMEOUT_S,
+ * a connection's net stored bytes stay within a quota
+ * (FSDPC_STORE_QUOTA_MB, 256 MiB) and the table within four quotas, both
+ * checked against a value's announced length before anything is
+ * allocated, and when descriptors run out accepting pauses instead of
+ * spinning. Past a burst of 8, warnings from the server print at most once
+ * a second, with a count of the ones held back.
+ *
  * Owns: the listening socket, the accepted sockets, the server thread and
  * the key-value table.
  */
@@ -32,6 +42,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +52,10 @@
 #include <unistd.h>
 
 #define STCP_READ_BUDGET (8u << 20) /* bytes read from one client per loop turn */
+#define STCP_MAX_PENDING 128        /* connections still in their hello */
+#define STCP_WAIT_LIST_MAX (1u << 20) /* bytes of keys in one WAIT */
+#define STCP_ACCEPT_PAUSE_S 0.1     /* out of descriptors: accept again after this */
+#define STCP_WARN_BURST 8.0         /* warning lines that may print at once */
 
 static void sock_peer_name(int fd, char *buf, size_t len)
 {
@@ -54,7 +69,10 @@ static void sock_peer_name(int fd, char *buf, size_t len)
     snprintf(buf, len, "%s:%s", host, port);
 }
 
+struct fsdp_store_server;
+
 struct stcp_conn {
+    struct fsdp_store_server *srv;
     int fd;                  /* -1 once closed */
     int authed;              /* said hello with the right nonce */
     int closing;             /* refused: close once the output is flushed */
@@ -70,6 +88,7 @@ struct stcp_conn {
     double park_deadline;
     unsigned char *out;      /* (out_cap,) replies not yet written */
     size_t out_len, out_off, out_cap;
+    int64_t stored;          /* net bytes of values this connection's sets added */
 };
 
 struct fsdp_store_server {
@@ -85,7 +104,43 @@ struct fsdp_store_server {
     size_t nconns, cap;
     struct pollfd *pfds;
     size_t pfd_cap;
+    int64_t quota;           /* per connection, bytes */
+    int64_t table_bytes;     /* bytes of every value held */
+    double accept_paused_until;
+    double last_warn;        /* fsdp_now() of the last warning asked for */
+    double warn_tokens;      /* lines that may print now (refilled 1 a second) */
+    long warns_held;         /* warnings not printed since the last printed one */
 };
+
+/* A server warning. A burst of STCP_WARN_BURST lines prints; beyond that at
+ * most one line a second, so a flood of connections cannot flood the log:
+ * the lines held back are counted and the count rides on the next one. */
+static void srv_warn(struct fsdp_store_server *srv, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void srv_warn(struct fsdp_store_server *srv, const char *fmt, ...)
+{
+    double now = fsdp_now();
+    srv->warn_tokens += now - srv->last_warn;
+    srv->warn_tokens = srv->warn_tokens > STCP_WARN_BURST ? STCP_WARN_BURST : srv->warn_tokens;
+    srv->last_warn = now;
+    if (srv->warn_tokens < 1.0) {
+        srv->warns_held++;
+        return;
+    }
+    srv->warn_tokens -= 1.0;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (srv->warns_held) {
+        FSDP_WARN(FSDP_SUB_DIST, "store server: %s (%ld similar warnings held back)", msg,
+                  srv->warns_held);
+    } else {
+        FSDP_WARN(FSDP_SUB_DIST, "store server: %s", msg);
+    }
+    srv->warns_held = 0;
+}
 
 static void conn_reset_request(struct stcp_conn *c)
 {
@@ -151,8 +206,8 @@ static void conn_reply(struct stcp_conn *c, int type, int64_t arg, const void *k
         }
         unsigned char *p = realloc(c->out, cap);
         if (!p) {
-            FSDP_WARN(FSDP_SUB_DIST, "store server: out of memory replying to %s (%zu bytes); "
-                      "closing it", c->peer, need);
+            srv_warn(c->srv, "out of memory replying to %s (%zu bytes); closing it", c->peer,
+                     need);
             conn_close(c);
             return;
         }
@@ -173,7 +228,7 @@ static void conn_reply(struct stcp_conn *c, int type, int64_t arg, const void *k
 
 static void conn_refuse(struct stcp_conn *c, const char *why, int tell)
 {
-    FSDP_WARN(FSDP_SUB_DIST, "store server: refused connection from %s: %s", c->peer, why);
+    srv_warn(c->srv, "refused connection from %s: %s", c->peer, why);
     if (tell) {
         c->closing = 1;
         conn_reply(c, STCP_R_ERR, FSDP_ERR_MISMATCH, NULL, 0, why, strlen(why));
@@ -250,9 +305,15 @@ static void srv_handle(struct fsdp_store_server *srv, struct stcp_conn *c)
             c->val = malloc(1); /* the table never holds NULL */
         }
         if (c->val) {
+            const struct fsdp_kv_entry *old = fsdp_kv_find(&srv->kv, c->key);
+            int64_t delta = (int64_t)c->hdr.vlen - (old ? (int64_t)old->len : 0);
             rc = fsdp_kv_set(&srv->kv, c->key, c->val, (size_t)c->hdr.vlen);
             c->val = NULL; /* the table owns it now */
             srv->kv_changed = 1;
+            if (rc == 0) {
+                c->stored += delta;
+                srv->table_bytes += delta;
+            }
         }
         if (rc < 0) {
             conn_reply(c, STCP_R_ERR, FSDP_ERR_NOMEM, NULL, 0, "out of memory", 13);
@@ -284,6 +345,35 @@ static void srv_handle(struct fsdp_store_server *srv, struct stcp_conn *c)
         break; /* rejected by srv_check_header */
     }
     conn_reset_request(c);
+}
+
+/* Whether the request announced in h would take more memory than the
+ * connection's quota, the table's, or a wait list's limit allows, judged
+ * before anything is allocated; why says which. */
+static int srv_over_quota(const struct fsdp_store_server *srv, const struct stcp_conn *c,
+                          const struct stcp_hdr *h, char *why, size_t len)
+{
+    if (h->type == STCP_WAIT && h->vlen > STCP_WAIT_LIST_MAX) {
+        snprintf(why, len, "a wait list of %" PRIu64 " bytes (at most %u)", h->vlen,
+                 STCP_WAIT_LIST_MAX);
+        return 1;
+    }
+    if (h->type != STCP_SET) {
+        return 0;
+    }
+    int64_t v = (int64_t)h->vlen; /* at most FSDP_STORE_MAX_VALUE: no overflow */
+    if (c->stored + v > srv->quota) {
+        snprintf(why, len, "a %" PRIu64 "-byte value would take this connection past its store "
+                 "quota (%" PRId64 " of %" PRId64 " bytes held; FSDPC_STORE_QUOTA_MB)", h->vlen,
+                 c->stored, srv->quota);
+        return 1;
+    }
+    if (srv->table_bytes + v > 4 * srv->quota) {
+        snprintf(why, len, "a %" PRIu64 "-byte value would take the store past %" PRId64
+                 " bytes", h->vlen, 4 * srv->quota);
+        return 1;
+    }
+    return 0;
 }
 
 /* Validates a complete header and allocates the body. 0, or -1 when the
@@ -323,11 +413,15 @@ static int srv_check_header(struct stcp_conn *c)
         conn_refuse(c, why, 1);
         return -1;
     }
+    if (srv_over_quota(c->srv, c, h, why, sizeof(why))) {
+        conn_refuse(c, why, 1);
+        return -1;
+    }
     c->key = malloc((size_t)h->klen + 1);
     c->val = h->vlen ? malloc((size_t)h->vlen) : NULL;
     if (!c->key || (h->vlen && !c->val)) {
-        FSDP_WARN(FSDP_SUB_DIST, "store server: out of memory for a %" PRIu64 "-byte value "
-                  "from %s; closing it", h->vlen, c->peer);
+        srv_warn(c->srv, "out of memory for a %" PRIu64 "-byte value from %s; closing it",
+                 h->vlen, c->peer);
         conn_close(c);
         return -1;
     }
@@ -413,8 +507,7 @@ static void srv_read(struct fsdp_store_server *srv, struct stcp_conn *c)
             if (c->authed) {
                 FSDP_DEBUG(FSDP_SUB_DIST, "store server: client %s left", c->peer);
             } else if (c->hgot) {
-                FSDP_WARN(FSDP_SUB_DIST, "store server: connection from %s closed during "
-                          "its hello", c->peer);
+                srv_warn(srv, "connection from %s closed during its hello", c->peer);
             }
             conn_close(c);
             return;
@@ -430,6 +523,21 @@ static void srv_read(struct fsdp_store_server *srv, struct stcp_conn *c)
     }
 }
 
+/* The connection longest in its hello when STCP_MAX_PENDING are, else NULL. */
+static struct stcp_conn *srv_oldest_pending(const struct fsdp_store_server *srv)
+{
+    struct stcp_conn *oldest = NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < srv->nconns; i++) {
+        struct stcp_conn *c = srv->conns[i];
+        if (c->fd >= 0 && !c->authed) {
+            n++;
+            oldest = !oldest || c->hello_deadline < oldest->hello_deadline ? c : oldest;
+        }
+    }
+    return n >= STCP_MAX_PENDING ? oldest : NULL;
+}
+
 static void srv_accept(struct fsdp_store_server *srv)
 {
     for (;;) {
@@ -439,9 +547,22 @@ static void srv_accept(struct fsdp_store_server *srv)
                 continue;
             }
             if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                FSDP_WARN(FSDP_SUB_DIST, "store server: accept: %s", strerror(errno));
+                /* out of descriptors: the pending connection stays in the
+                 * backlog; poll would report it at once, so look away a while */
+                srv->accept_paused_until = fsdp_now() + STCP_ACCEPT_PAUSE_S;
+                srv_warn(srv, "accept: %s; accepting again in %.1f s", strerror(errno),
+                         STCP_ACCEPT_PAUSE_S);
             }
             return;
+        }
+        struct stcp_conn *oldest = srv_oldest_pending(srv);
+        if (oldest) {
+            /* the one that has idled longest goes: a flood must keep
+             * connecting to keep others out, and a client that says hello
+             * at once gets in */
+            srv_warn(srv, "closed connection from %s: %d connections are in their hello, this "
+                     "was the oldest", oldest->peer, STCP_MAX_PENDING);
+            conn_close(oldest);
         }
         if (srv->nconns == srv->cap) {
             size_t cap = srv->cap ? 2 * srv->cap : 16;
@@ -460,6 +581,7 @@ static void srv_accept(struct fsdp_store_server *srv)
         }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        c->srv = srv;
         c->fd = fd;
         c->hello_deadline = fsdp_now() + STCP_HELLO_TIMEOUT_S;
         sock_peer_name(fd, c->peer, sizeof(c->peer));
@@ -536,7 +658,13 @@ static void *srv_main(void *arg)
         }
         struct pollfd *pf = srv->pfds;
         pf[0] = (struct pollfd){.fd = srv->wake_fd, .events = POLLIN};
-        pf[1] = (struct pollfd){.fd = srv->listen_fd, .events = POLLIN};
+        double now = fsdp_now();
+        int paused = now < srv->accept_paused_until;
+        pf[1] = (struct pollfd){.fd = paused ? -1 : srv->listen_fd, .events = POLLIN};
+        if (paused) {
+            int ms = (int)((srv->accept_paused_until - now) * 1e3) + 1;
+            timeout_ms = timeout_ms < ms ? timeout_ms : ms;
+        }
         for (size_t i = 0; i < srv->nconns; i++) {
             struct stcp_conn *c = srv->conns[i];
             short ev = (c->parked || c->closing) ? POLLRDHUP : POLLIN;
@@ -548,7 +676,7 @@ static void *srv_main(void *arg)
         size_t npoll = srv->nconns;
         int r = poll(pf, npoll + 2, timeout_ms);
         if (r < 0 && errno != EINTR) {
-            FSDP_ERROR(FSDP_SUB_DIST, "store server: poll: %s", strerror(errno));
+            srv_warn(srv, "poll: %s", strerror(errno));
             usleep(10000);
         }
         if (atomic_load(&srv->stop)) {
@@ -640,6 +768,14 @@ int fsdp_store_tcp_serve(const char *bind_host, int port, uint64_t nonce,
     }
     srv->nonce = nonce;
     srv->wake_fd = -1;
+    long long mb = fsdp_env_int("FSDPC_STORE_QUOTA_MB", 256);
+    if (mb < 1 || mb > (1LL << 20)) {
+        free(srv);
+        return fsdp_err(FSDP_ERR_INVALID, "FSDPC_STORE_QUOTA_MB=%lld: expected 1..1048576", mb);
+    }
+    srv->quota = (int64_t)mb << 20;
+    srv->last_warn = fsdp_now();
+    srv->warn_tokens = STCP_WARN_BURST;
     FSDP_CHECK_GOTO(srv_listen(bind_host, port, &srv->listen_fd, &srv->port), rc, err_free);
     srv->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (srv->wake_fd < 0) {
@@ -685,6 +821,10 @@ void fsdp_store_tcp_server_stop(struct fsdp_store_server *srv)
         FSDP_WARN(FSDP_SUB_DIST, "store server: wake-up write: %s", strerror(errno));
     }
     pthread_join(srv->thread, NULL);
+    if (srv->warns_held) {
+        FSDP_WARN(FSDP_SUB_DIST, "store server: %ld similar warnings held back before it stopped",
+                  srv->warns_held);
+    }
     for (size_t i = 0; i < srv->nconns; i++) {
         struct stcp_conn *c = srv->conns[i];
         conn_flush(c); /* last replies that the socket takes now; never waits */

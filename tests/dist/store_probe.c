@@ -6,7 +6,7 @@
  * of these (plain processes, mpiexec) and read the results.
  *
  *   store_probe [--init M] [--timeout S] [--big BYTES]
- *               [--mode full|init|hold|abort|nonce] [--expect-size N] [--conflict]
+ *               [--mode full|init|hold|abort|nonce|serve] [--expect-size N] [--conflict]
  *               [--abort-log PATH]
  *   full   the checks below, then finalize
  *   init   init, print the identity line, finalize (bad-input tests)
@@ -299,6 +299,37 @@ static int probe_nonce_halves(double t)
     return failures ? 1 : 0;
 }
 
+/* A store server with the fixed nonce on 127.0.0.1, for seconds: prints
+ * "PORT n" and "RSS-KB n" (its resident set) every 0.2 s, for clients the
+ * test drives by hand (flood, quota). */
+static int probe_serve(double seconds)
+{
+    const uint64_t nonce = 0x9e3779b97f4a7c15ull;
+    struct fsdp_store_server *srv = NULL;
+    int port = 0;
+    if (fsdp_store_tcp_serve("127.0.0.1", 0, nonce, &srv, &port) < 0) {
+        printf("SERVE-FAILED %s\n", fsdp_err_msg());
+        return 1;
+    }
+    printf("PORT %d\n", port);
+    fflush(stdout);
+    for (double t0 = fsdp_now(); fsdp_now() - t0 < seconds;) {
+        long rss = 0;
+        FILE *f = fopen("/proc/self/statm", "r");
+        if (f && fscanf(f, "%*ld %ld", &rss) == 1) {
+            printf("RSS-KB %ld\n", rss * (sysconf(_SC_PAGESIZE) / 1024));
+            fflush(stdout);
+        }
+        if (f) {
+            fclose(f);
+        }
+        usleep(200000);
+    }
+    fsdp_store_tcp_server_stop(srv);
+    printf("FINALIZED\n");
+    return 0;
+}
+
 static int abort_fd = STDOUT_FILENO;
 
 static void abort_cb(void *arg, const char *why)
@@ -368,6 +399,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "store_probe: unknown argument '%s'\n", argv[i]);
             return 2;
         }
+    }
+    if (strcmp(mode, "serve") == 0) {
+        return probe_serve(t);
     }
     if (strcmp(mode, "nonce") == 0) {
         return probe_nonce_halves(t);

@@ -89,6 +89,14 @@ for i in $(seq 100); do
 done
 expect_fail "a second job on the same MASTER_PORT" "another job uses this address" 5 \
     RANK=1 WORLD_SIZE=2 MASTER_PORT=$port -- --init env:// --mode init
+# the store listens on MASTER_ADDR (127.0.0.1 by default), not on every
+# interface: /proc/net/tcp lists the listening socket (state 0A) by address
+hexport=$(printf '%04X' "$port")
+listen=$(awk -v p=":$hexport" '$4 == "0A" && $2 ~ p"$" { print $2 }' /proc/net/tcp /proc/net/tcp6 \
+    2>/dev/null | head -1)
+tap_diag "store on port $port listens on ${listen:-?} (hex address:port)"
+[ "$listen" = "0100007F:$hexport" ]
+tap_ok $? "the env:// store binds to MASTER_ADDR 127.0.0.1, not to every interface"
 kill -9 $pids 2>/dev/null
 
 # Hellos whose nonce differs from the server's in one 32-bit half, or in one
