@@ -40,7 +40,7 @@ const char *fsdp_ckpt_kind_group(enum fsdp_ckpt_kind k)
  */
 static int ck_reserve(const char *path, size_t bytes)
 {
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
         return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     }
@@ -60,27 +60,31 @@ static size_t ck_file_bound(size_t n, size_t data)
 }
 
 /*
- * Creates an empty HDF5 file at path, reserves `reserve` bytes for it and
+ * Creates a new HDF5 file at path, reserves `reserve` bytes for it and
  * reopens it for writing: HDF5 then sees the reserved size as the file's end
  * and trims the file to what it used when it is closed. No sieve buffer, so
- * a failed write fails in H5Dwrite, where it is reported.
+ * a failed write fails in H5Dwrite, where it is reported. The create is
+ * exclusive (the probe gives the OS's reason, H5F_ACC_EXCL the guarantee):
+ * an entry already at path, a planted link included, fails it rather than
+ * being truncated or written through.
  */
 static int ck_h5_create(const char *path, size_t reserve, hid_t *out)
 {
     char why[256];
     int rc = 0;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        return fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    }
-    close(fd);
+    FSDP_CHECK(fsdp_file_probe_create(path));
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl < 0 || H5Pset_sieve_buf_size(fapl, 0) < 0) {
         fsdp_h5_close(fapl);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: file access properties", path);
     }
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    if (f < 0 || H5Fclose(f) < 0) {
+    hid_t f = H5Fcreate(path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
+    if (f < 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", path, fsdp_h5_reason(why, sizeof(why)));
+        H5Pclose(fapl);
+        return rc; /* whatever is at path is not ours to remove */
+    }
+    if (H5Fclose(f) < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", path, fsdp_h5_reason(why, sizeof(why)));
     }
     if (rc == 0) {
@@ -135,6 +139,7 @@ struct fsdp_ckpt_shard_writer {
     int shard, n_shards;
     hid_t file;
     unsigned char *written; /* (NKINDS * n_params,) */
+    int created;            /* path is ours: remove it unless committed */
     int committed;
 };
 
@@ -166,6 +171,7 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
     w->file = -1;
     FSDP_CHECK_GOTO(ck_h5_create(w->path, ck_file_bound(FSDP_CKPT_NKINDS * spec->n_params, data),
                                  &w->file), rc, err);
+    w->created = 1;
     if (fsdp_h5_put_attr_str(w->file, "format", FSDP_CKPT_SHARD_FORMAT) < 0 ||
         fsdp_h5_put_attr_int(w->file, "format_version", FSDP_CKPT_VERSION) < 0 ||
         fsdp_h5_put_attr_i64(w->file, "step", step) < 0 || fsdp_h5_put_attr_int(w->file, "shard", shard) < 0 ||
@@ -239,7 +245,7 @@ void fsdp_ckpt_shard_destroy(struct fsdp_ckpt_shard_writer *w)
         H5Fclose(w->file);
         H5Eclear2(H5E_DEFAULT);
     }
-    if (!w->committed && w->path[0]) {
+    if (w->created && !w->committed) {
         unlink(w->path);
     }
     free(w->written);
@@ -427,6 +433,10 @@ int fsdp_ckpt_is_checkpoint(const char *path)
     if (strcmp(base ? base + 1 : path, FSDP_CKPT_INDEX) != 0) {
         return 0;
     }
+    if (fsdp_h5_check_regular(path) < 0) {
+        fsdp_err_clear(); /* opening it says why (HDF5 would block on a FIFO) */
+        return 1;
+    }
     /* an index.h5 carries checkpoint_format; a model file of that name does not */
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     int yes = f < 0 || fsdp_h5_attr_exists(f, "checkpoint_format");
@@ -445,8 +455,8 @@ static int ck_read_u64(const char *path, hid_t f, const char *name, uint64_t *v)
     return 0;
 }
 
-/* A multi-line string attribute: newlines kept, other control bytes
- * replaced, truncated to len - 1 bytes. */
+/* A multi-line string attribute, printable (newlines kept, other control
+ * and non-ASCII bytes replaced), cut to len - 1 bytes. */
 static int ck_read_text(const char *path, hid_t f, const char *name, char *buf, size_t len)
 {
     char why[256];
@@ -457,12 +467,7 @@ static int ck_read_text(const char *path, hid_t f, const char *name, char *buf, 
     int ok = t >= 0 && H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) > 0 && m >= 0 &&
              H5Tset_size(m, H5T_VARIABLE) >= 0 && H5Aread(a, m, &s) >= 0 && s;
     if (ok) {
-        snprintf(buf, len, "%s", s);
-        for (char *p = buf; *p; p++) {
-            if ((unsigned char)*p < 0x20 && *p != '\n') {
-                *p = '?';
-            }
-        }
+        fsdp_str_printable(buf, len, s, 1);
         H5free_memory(s);
     }
     fsdp_h5_close(m);
@@ -541,6 +546,8 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
         return fsdp_err(FSDP_ERR_IO, "%s: shard %d of %d is missing: %s", path, r,
                         ck->meta.n_shards, strerror(errno));
     }
+    FSDP_CHECK(fsdp_h5_check_regular(path));
+    FSDP_CHECK(fsdp_h5_check_heaps(path));
     if (H5Fis_hdf5(path) <= 0 ||
         (ck->shards[r] = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open shard (truncated or damaged?): %s",
@@ -573,15 +580,25 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
         for (size_t i = 0; i < ck->spec->n_params; i++) {
             const struct fsdp_param_spec *p = &ck->spec->params[i];
             size_t row0, rows;
-            hsize_t dims[2], want[2];
+            hsize_t dims[H5S_MAX_RANK], want[2];
+            enum fsdp_h5_float kind;
             fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &row0, &rows);
             snprintf(name, sizeof(name), "%s/%s", ck_groups[k], p->name);
-            if (H5Lexists(f, ck_groups[k], H5P_DEFAULT) <= 0 || H5Lexists(f, name, H5P_DEFAULT) <= 0) {
-                H5Eclear2(H5E_DEFAULT);
-                return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s is missing", path, name);
+            hid_t d;
+            FSDP_CHECK(fsdp_h5_open_dataset(path, f, name, H5P_DEFAULT, &d));
+            int rc = fsdp_h5_check_storage(path, name, d);
+            hid_t t = rc < 0 ? -1 : H5Dget_type(d);
+            if (rc == 0 && (t < 0 || fsdp_h5_classify_float(t, &kind, why, sizeof(why)) < 0)) {
+                rc = fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s %s", path, name,
+                              t < 0 ? "has an unreadable type" : why);
             }
-            hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
-            hid_t s = d < 0 ? -1 : H5Dget_space(d);
+            fsdp_h5_close(t);
+            if (rc < 0) {
+                H5Dclose(d);
+                H5Eclear2(H5E_DEFAULT);
+                return rc;
+            }
+            hid_t s = H5Dget_space(d);
             int nd = s < 0 ? -1 : H5Sget_simple_extent_dims(s, dims, NULL);
             long long a0 = -1, an = -1;
             int ok = nd == ck_dims(p, rows, want) && dims[0] == want[0] &&
@@ -600,6 +617,30 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
                                 "of %s as shard %d of %d must", path, name, row0, row0 + rows,
                                 p->name, r, ck->meta.n_shards);
             }
+        }
+    }
+    return 0;
+}
+
+/*
+ * Every dataset of index.h5 is a virtual dataset over exactly the rows of
+ * the shards just checked: this reader takes rows from the shards, but
+ * HDF5 tools and --model index.h5 read through the index, and both must see
+ * the same tensors, never another file's bytes nor fill values.
+ */
+static int ck_check_index(struct fsdp_ckpt *ck, const char *index, hid_t f)
+{
+    char name[256];
+    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+        for (size_t i = 0; i < ck->spec->n_params; i++) {
+            const struct fsdp_param_spec *p = &ck->spec->params[i];
+            hid_t d;
+            snprintf(name, sizeof(name), "%s/%s", ck_groups[k], p->name);
+            FSDP_CHECK(fsdp_h5_open_dataset(index, f, name, H5P_DEFAULT, &d));
+            int rc = fsdp_h5_check_shard_vds(index, name, d, p->ndim, p->shape[0], p->shape[1],
+                                             ck->meta.n_shards, ck->shards);
+            H5Dclose(d);
+            FSDP_CHECK(rc);
         }
     }
     return 0;
@@ -629,20 +670,21 @@ int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
         goto err;
     }
     rc = ck_read_meta(index, f, &ck->meta);
+    if (rc == 0 && !(ck->shards = malloc((size_t)ck->meta.n_shards * sizeof(*ck->shards)))) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard table");
+    }
+    for (int r = 0; rc == 0 && r < ck->meta.n_shards; r++) {
+        ck->shards[r] = -1;
+    }
+    for (int r = 0; rc == 0 && r < ck->meta.n_shards; r++) {
+        rc = ck_check_shard(ck, r);
+    }
+    if (rc == 0) {
+        rc = ck_check_index(ck, index, f);
+    }
     H5Fclose(f);
     if (rc < 0) {
         goto err;
-    }
-    ck->shards = malloc((size_t)ck->meta.n_shards * sizeof(*ck->shards));
-    if (!ck->shards) {
-        rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard table");
-        goto err;
-    }
-    for (int r = 0; r < ck->meta.n_shards; r++) {
-        ck->shards[r] = -1;
-    }
-    for (int r = 0; r < ck->meta.n_shards; r++) {
-        FSDP_CHECK_GOTO(ck_check_shard(ck, r), rc, err);
     }
     *out = ck;
     return 0;
@@ -712,32 +754,30 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
     const size_t largest = fsdp_model_spec_largest(spec);
     int rc = 0;
     fsdp_h5_quiet();
-    char *tmp = fsdp_file_tmp_path(out);
+    char *tmp = NULL;
     float *buf = fsdp_alloc(largest * sizeof(float));
-    if (!tmp || !buf) {
-        free(tmp);
-        fsdp_free(buf);
+    if (!buf) {
         return fsdp_err(FSDP_ERR_NOMEM, "%s: %zu bytes for one tensor", out,
                         largest * sizeof(float));
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out;
-    }
-    close(fd);
+    FSDP_CHECK_GOTO(fsdp_file_tmp_name(out, &tmp), rc, out);
     if (snprintf(created_by, sizeof(created_by), "fsdpc-ckpt consolidate of %s (step %ld)",
                  ck->dir, ck->meta.step) >= (int)sizeof(created_by)) {
         snprintf(created_by, sizeof(created_by), "fsdpc-ckpt consolidate (step %ld)",
                  ck->meta.step);
     }
     const int kinds = with_optim ? FSDP_CKPT_NKINDS : 1;
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0 || fsdp_h5_put_model_attrs(f, spec, created_by) < 0 ||
+    hid_t f = H5Fcreate(tmp, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) {
+        /* whatever is at tmp now is not ours to remove */
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, fsdp_h5_reason(why, sizeof(why)));
+        goto out;
+    }
+    if (fsdp_h5_put_model_attrs(f, spec, created_by) < 0 ||
         (with_optim ? ck_make_groups(f) : H5Gclose(H5Gcreate2(f, "model", H5P_DEFAULT, H5P_DEFAULT,
                                                              H5P_DEFAULT))) < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, fsdp_h5_reason(why, sizeof(why)));
-        fsdp_h5_close(f);
+        H5Fclose(f);
         goto out_unlink;
     }
     size_t total = (size_t)kinds * spec->n_params, done = 0;

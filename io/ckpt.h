@@ -120,9 +120,10 @@ int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t i
 typedef void (*fsdp_ckpt_progress_fn)(size_t done, size_t total, void *arg);
 
 /*
- * Writes ck as one model file at out (via out.tmp, fsync, rename), tensor by
- * tensor through one buffer of the largest tensor; with_optim adds
- * /optim/exp_avg and /optim/exp_avg_sq (model readers ignore them).
+ * Writes ck as one model file at out (via a fresh out.tmp.XXXXXX, fsync,
+ * rename), tensor by tensor through one buffer of the largest tensor;
+ * with_optim adds /optim/exp_avg and /optim/exp_avg_sq (model readers
+ * ignore them).
  */
 int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
                           fsdp_ckpt_progress_fn progress, void *arg);

@@ -1,6 +1,8 @@
 /*
  * h5util.c - HDF5 helpers for the io layer: quiet errors with one reason
- * string, float-type recognition, 16-bit float types, checked attributes.
+ * string, containment (hard links only, data in the file itself, virtual
+ * datasets only over a checkpoint's own shards), float-type recognition,
+ * 16-bit float types, checked attributes.
  *
  * Owns no state. Every function leaves HDF5's error stack clear when it
  * reports through fsdp_err, so the next call starts from a clean stack.
@@ -10,11 +12,16 @@
 #include "io/model_file.h"
 #include "core/spec.h"
 #include "core/error.h"
+#include "core/util.h"
 
-#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 // ----------------------------------------------------------------------------
 // Errors and ids
@@ -45,8 +52,8 @@ const char *fsdp_h5_reason(char *buf, size_t len)
     /* upward: the innermost (most specific) entry comes first */
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5_walk_cb, &w);
     H5Eclear2(H5E_DEFAULT);
-    snprintf(buf, len, "%s", w.desc[0] ? w.desc : "unknown HDF5 error");
-    return buf;
+    /* HDF5 quotes names from the file (link targets, dataset names) */
+    return fsdp_str_printable(buf, len, w.desc[0] ? w.desc : "unknown HDF5 error", 0);
 }
 
 void fsdp_h5_close(hid_t id)
@@ -73,17 +80,487 @@ const char *fsdp_h5_class_name(H5T_class_t c)
     }
 }
 
-void fsdp_h5_sanitize(char *s)
+
+// ----------------------------------------------------------------------------
+// Containment
+
+int fsdp_h5_check_regular(const char *path)
 {
-    size_t n = strlen(s);
-    for (size_t i = 0; i < n; i++) {
-        if (!isprint((unsigned char)s[i])) {
-            s[i] = '?';
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        return fsdp_err(FSDP_ERR_IO, "%s: not a regular file (%s)", path,
+                        S_ISDIR(st.st_mode)    ? "a directory"
+                        : S_ISFIFO(st.st_mode) ? "a FIFO"
+                        : S_ISSOCK(st.st_mode) ? "a socket"
+                                               : "a device");
+    }
+    return 0;
+}
+
+static const char *h5_link_kind(H5L_type_t t)
+{
+    return t == H5L_TYPE_SOFT       ? "a soft link"
+           : t == H5L_TYPE_EXTERNAL ? "an external link (to another file)"
+                                    : "a user-defined link";
+}
+
+/* Every link from the root to name is a hard link; what ("dataset",
+ * "group") words the message for a missing one. Checked prefix by prefix, so
+ * that no soft or external link is ever followed, not even on the way. */
+static int h5_walk_hard(const char *path, hid_t file, const char *name, const char *what)
+{
+    char prefix[1024], show[FSDP_H5_SHOW];
+    size_t n = strlen(name);
+    if (n == 0 || n >= sizeof(prefix)) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: bad HDF5 path '%s'", path,
+                        fsdp_str_printable(show, sizeof(show), name, 0));
+    }
+    for (size_t i = 1; i <= n; i++) {
+        if (name[i] != '/' && name[i] != '\0') {
+            continue;
+        }
+        H5L_info_t li;
+        memcpy(prefix, name, i);
+        prefix[i] = '\0';
+        if (H5Lexists(file, prefix, H5P_DEFAULT) <= 0) {
+            H5Eclear2(H5E_DEFAULT);
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: %s /%s is missing", path, what, name);
+        }
+        if (H5Lget_info(file, prefix, &li, H5P_DEFAULT) < 0) {
+            char why[256];
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot look up /%s: %s", path, prefix,
+                            fsdp_h5_reason(why, sizeof(why)));
+        }
+        if (li.type != H5L_TYPE_HARD) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: /%s is %s; fsdpc reads only what is stored in "
+                            "the file itself", path, prefix, h5_link_kind(li.type));
         }
     }
-    if (n > 64) {
-        strcpy(s + 61, "...");
+    return 0;
+}
+
+/* name's object, opened through hard links only, must be of type want. */
+static int h5_open_hard(const char *path, hid_t file, const char *name, H5I_type_t want,
+                        hid_t *out)
+{
+    const char *what = want == H5I_DATASET ? "dataset" : "group";
+    char why[256];
+    FSDP_CHECK(h5_walk_hard(path, file, name, what));
+    hid_t obj = H5Oopen(file, name, H5P_DEFAULT);
+    if (obj < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open /%s: %s", path, name,
+                        fsdp_h5_reason(why, sizeof(why)));
     }
+    if (H5Iget_type(obj) != want) {
+        H5Oclose(obj);
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: /%s is not a %s", path, name, what);
+    }
+    *out = obj;
+    return 0;
+}
+
+int fsdp_h5_open_dataset(const char *path, hid_t file, const char *name, hid_t dapl, hid_t *out)
+{
+    char why[256];
+    FSDP_CHECK(h5_open_hard(path, file, name, H5I_DATASET, out));
+    if (dapl == H5P_DEFAULT) {
+        return 0;
+    }
+    /* access properties (a virtual source prefix) take effect only on open */
+    H5Oclose(*out);
+    *out = H5Dopen2(file, name, dapl);
+    if (*out < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open /%s: %s", path, name,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    return 0;
+}
+
+int fsdp_h5_open_group(const char *path, hid_t file, const char *name, hid_t *out)
+{
+    return h5_open_hard(path, file, name, H5I_GROUP, out);
+}
+
+int fsdp_h5_is_virtual(hid_t dset)
+{
+    hid_t dcpl = H5Dget_create_plist(dset);
+    int v = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_VIRTUAL;
+    fsdp_h5_close(dcpl);
+    H5Eclear2(H5E_DEFAULT);
+    return v;
+}
+
+/* Filters of dcpl that this library lacks: chunks written with one (optional
+ * or not) cannot be read. */
+static int h5_check_filters(const char *path, const char *name, hid_t dcpl)
+{
+    int nf = H5Pget_nfilters(dcpl);
+    for (int i = 0; i < nf; i++) {
+        unsigned flags = 0, cd[8];
+        size_t ncd = 8;
+        char fname[256] = "";
+        H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof(fname),
+                                         fname, NULL);
+        if (id < 0 || H5Zfilter_avail(id) <= 0) {
+            H5Eclear2(H5E_DEFAULT);
+            return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: dataset /%s needs HDF5 filter '%s' (id "
+                            "%d), which this HDF5 library lacks", path, name,
+                            fsdp_str_printable(fname, FSDP_H5_SHOW, fname, 0), (int)id);
+        }
+    }
+    return 0;
+}
+
+int fsdp_h5_check_storage(const char *path, const char *name, hid_t dset)
+{
+    char why[256], ext[256] = "";
+    hid_t dcpl = H5Dget_create_plist(dset);
+    if (dcpl < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot read the storage of /%s: %s", path, name,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    int rc = 0;
+    int next = H5Pget_external_count(dcpl);
+    H5D_layout_t layout = H5Pget_layout(dcpl);
+    if (next != 0) {
+        off_t off;
+        hsize_t size;
+        if (next < 0 || H5Pget_external(dcpl, 0, sizeof(ext), ext, &off, &size) < 0) {
+            snprintf(ext, sizeof(ext), "?");
+        }
+        ext[sizeof(ext) - 1] = '\0';
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s keeps its data in external file '%s'; "
+                      "fsdpc reads only data stored in the file itself", path, name,
+                      fsdp_str_printable(ext, FSDP_H5_SHOW, ext, 0));
+    } else if (layout == H5D_VIRTUAL) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s is a virtual dataset (its data would come "
+                      "from other files); only a checkpoint's index.h5 holds those, over its own "
+                      "shard files", path, name);
+    } else if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED && layout != H5D_COMPACT) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s has an unknown storage layout", path,
+                      name);
+    } else {
+        rc = h5_check_filters(path, name, dcpl);
+    }
+    H5Eclear2(H5E_DEFAULT);
+    H5Pclose(dcpl);
+    return rc;
+}
+
+/* Does the selection of space cover exactly the block [row0, row0 + rows) x
+ * [0, cols) of an ndim-dimensional extent? A source selection of "all" does:
+ * HDF5 does not store the source extent (it is a scalar placeholder here),
+ * and h5_check_source checks that the source dataset is that block. */
+static int h5_is_block(hid_t space, int src, int ndim, size_t row0, size_t rows, size_t cols)
+{
+    hsize_t lo[H5S_MAX_RANK], hi[H5S_MAX_RANK];
+    if (src && space >= 0 && rows > 0 && H5Sget_select_type(space) == H5S_SEL_ALL) {
+        return 1;
+    }
+    if (space < 0 || H5Sget_simple_extent_ndims(space) != ndim || rows == 0 ||
+        H5Sget_select_npoints(space) != (hssize_t)(rows * cols) ||
+        H5Sget_select_bounds(space, lo, hi) < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return 0;
+    }
+    /* as many points as the bounding box holds: the box itself */
+    return lo[0] == row0 && hi[0] == row0 + rows - 1 &&
+           (ndim == 1 || (lo[1] == 0 && hi[1] == cols - 1));
+}
+
+/* The shard number r of a source file name that is exactly ./shard_<r>.h5, else -1. */
+static int h5_shard_of(const char *fname, int n_shards)
+{
+    char want[64];
+    const char *digits = fname + strlen("./shard_");
+    if (strncmp(fname, "./shard_", strlen("./shard_")) != 0 || *digits < '0' || *digits > '9') {
+        return -1;
+    }
+    long r = strtol(digits, NULL, 10);
+    if (r < 0 || r >= n_shards) {
+        return -1;
+    }
+    snprintf(want, sizeof(want), FSDP_H5_SHARD_SOURCE, (int)r);
+    return strcmp(fname, want) == 0 ? (int)r : -1;
+}
+
+struct h5_vds_want {
+    const char *path, *name;
+    int ndim, n_shards;
+    size_t rows, cols;
+};
+
+/* Mapping i of dcpl: shard *r's own row block, from the same-named dataset. */
+static int h5_check_mapping(const struct h5_vds_want *w, hid_t dcpl, size_t i, int *r)
+{
+    char fname[64], dname[1100], show[FSDP_H5_SHOW];
+    ssize_t fn = H5Pget_virtual_filename(dcpl, i, fname, sizeof(fname));
+    ssize_t dn = H5Pget_virtual_dsetname(dcpl, i, dname, sizeof(dname));
+    H5Eclear2(H5E_DEFAULT);
+    fname[fn < 0 ? 0 : sizeof(fname) - 1] = '\0';
+    dname[dn < 0 ? 0 : sizeof(dname) - 1] = '\0';
+    *r = fn > 0 && (size_t)fn < sizeof(fname) ? h5_shard_of(fname, w->n_shards) : -1;
+    if (*r < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: virtual dataset /%s maps file '%s'; an index maps "
+                        "only its own shard files ./shard_0.h5 .. ./shard_%d.h5", w->path, w->name,
+                        fsdp_str_printable(show, sizeof(show), fname, 0), w->n_shards - 1);
+    }
+    const char *d = dname[0] == '/' ? dname + 1 : dname;
+    if (dn <= 0 || (size_t)dn >= sizeof(dname) || strcmp(d, w->name) != 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: virtual dataset /%s maps dataset '%s' of %s; "
+                        "expected /%s", w->path, w->name,
+                        fsdp_str_printable(show, sizeof(show), dname, 0), fname, w->name);
+    }
+    size_t row0, rows;
+    fsdp_split_even(w->rows, (size_t)w->n_shards, (size_t)*r, &row0, &rows);
+    hid_t vs = H5Pget_virtual_vspace(dcpl, i), ss = H5Pget_virtual_srcspace(dcpl, i);
+    int ok = h5_is_block(vs, 0, w->ndim, row0, rows, w->cols) &&
+             h5_is_block(ss, 1, w->ndim, 0, rows, w->cols);
+    fsdp_h5_close(vs);
+    fsdp_h5_close(ss);
+    if (!ok) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: virtual dataset /%s does not take exactly rows "
+                        "[%zu, %zu) from %s, the rows shard %d holds", w->path, w->name, row0,
+                        row0 + rows, fname, *r);
+    }
+    return 0;
+}
+
+/* Source dataset of shard r: a regular HDF5 file beside the index, a plain
+ * dataset of the shard's rows and a float type. */
+static int h5_check_source(const struct h5_vds_want *w, int r, hid_t *sf)
+{
+    char sp[4200], src[64], why[256];
+    const char *slash = strrchr(w->path, '/');
+    size_t row0, rows;
+    enum fsdp_h5_float kind;
+    snprintf(src, sizeof(src), FSDP_H5_SHARD_SOURCE, r);
+    snprintf(sp, sizeof(sp), "%.*s%s", slash ? (int)(slash - w->path + 1) : 0, w->path, src + 2);
+    if (*sf < 0) {
+        struct stat st;
+        if (stat(sp, &st) != 0 || !S_ISREG(st.st_mode)) {
+            return fsdp_err(FSDP_ERR_IO, "%s: virtual dataset /%s maps source file '%s', which is "
+                            "%s", w->path, w->name, src,
+                            access(sp, F_OK) == 0 ? "not a regular file" : "missing");
+        }
+        FSDP_CHECK(fsdp_h5_check_heaps(sp));
+        if (H5Fis_hdf5(sp) <= 0 || (*sf = H5Fopen(sp, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open shard (truncated or damaged?): %s",
+                            sp, fsdp_h5_reason(why, sizeof(why)));
+        }
+    }
+    hid_t d;
+    FSDP_CHECK(fsdp_h5_open_dataset(sp, *sf, w->name, H5P_DEFAULT, &d));
+    int rc = fsdp_h5_check_storage(sp, w->name, d);
+    hid_t s = H5Dget_space(d), t = H5Dget_type(d);
+    hsize_t dims[H5S_MAX_RANK];
+    int nd = s < 0 ? -1 : H5Sget_simple_extent_dims(s, dims, NULL);
+    fsdp_split_even(w->rows, (size_t)w->n_shards, (size_t)r, &row0, &rows);
+    if (rc == 0 && (nd != w->ndim || dims[0] != rows || (nd == 2 && dims[1] != w->cols))) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s does not hold the %zu rows shard %d of "
+                      "%d must", sp, w->name, rows, r, w->n_shards);
+    }
+    if (rc == 0 && (t < 0 || fsdp_h5_classify_float(t, &kind, why, sizeof(why)) < 0)) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s %s", sp, w->name,
+                      t < 0 ? "has an unreadable type" : why);
+    }
+    fsdp_h5_close(t);
+    fsdp_h5_close(s);
+    fsdp_h5_close(d);
+    H5Eclear2(H5E_DEFAULT);
+    return rc;
+}
+
+int fsdp_h5_check_shard_vds(const char *path, const char *name, hid_t dset, int ndim, size_t rows,
+                            size_t cols, int n_shards, hid_t *shards)
+{
+    const struct h5_vds_want w = {path, name, ndim, n_shards, rows, ndim == 2 ? cols : 1};
+    size_t count = 0;
+    hid_t dcpl = H5Dget_create_plist(dset);
+    int rc = 0;
+    if (dcpl < 0 || H5Pget_layout(dcpl) != H5D_VIRTUAL || H5Pget_virtual_count(dcpl, &count) < 0) {
+        fsdp_h5_close(dcpl);
+        H5Eclear2(H5E_DEFAULT);
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s is not a virtual dataset over the "
+                        "checkpoint's shard files", path, name);
+    }
+    unsigned char *seen = calloc((size_t)n_shards, 1);
+    if (!seen) {
+        H5Pclose(dcpl);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: shard table", path);
+    }
+    for (size_t i = 0; rc == 0 && i < count; i++) {
+        int r;
+        rc = h5_check_mapping(&w, dcpl, i, &r);
+        if (rc == 0 && seen[r]++) {
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: virtual dataset /%s maps shard %d twice", path,
+                          name, r);
+        }
+    }
+    for (int r = 0; rc == 0 && r < n_shards; r++) {
+        size_t row0, nr;
+        fsdp_split_even(w.rows, (size_t)n_shards, (size_t)r, &row0, &nr);
+        if (nr > 0 && !seen[r]) {
+            /* HDF5 would return fill values (zeros) for the unmapped rows */
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: virtual dataset /%s does not map rows [%zu, %zu) "
+                          "(shard %d)", path, name, row0, row0 + nr, r);
+        }
+    }
+    for (int r = 0; rc == 0 && r < n_shards; r++) {
+        if (seen[r]) {
+            rc = h5_check_source(&w, r, &shards[r]);
+        }
+    }
+    free(seen);
+    H5Pclose(dcpl);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// Global heaps, checked before HDF5 reads them
+
+/* A forward-only buffered reader over the file: heap walks only move ahead. */
+struct h5_scan {
+    int fd;
+    size_t size;          /* file bytes */
+    unsigned char *buf;   /* (H5_SCAN_BUF,) */
+    size_t at, len;       /* buf holds file bytes [at, at + len) */
+};
+
+#define H5_SCAN_BUF ((size_t)1 << 22)
+
+/* Points *p at n bytes from file offset off (n <= 64), or returns -1 past the end. */
+static int h5_scan_get(struct h5_scan *s, size_t off, size_t n, const unsigned char **p)
+{
+    if (off > s->size || n > s->size - off) {
+        return -1;
+    }
+    if (off < s->at || off + n > s->at + s->len) {
+        size_t want = s->size - off < H5_SCAN_BUF ? s->size - off : H5_SCAN_BUF;
+        ssize_t r = pread(s->fd, s->buf, want, (off_t)off);
+        if (r < (ssize_t)n) {
+            return -1;
+        }
+        s->at = off;
+        s->len = (size_t)r;
+    }
+    *p = s->buf + (off - s->at);
+    return 0;
+}
+
+static uint64_t h5_le(const unsigned char *p, size_t n)
+{
+    uint64_t v = 0;
+    for (size_t i = n; i > 0; i--) {
+        v = v << 8 | p[i - 1];
+    }
+    return v;
+}
+
+/* Size of lengths (2, 4 or 8) from the superblock, or 0 when there is none
+ * (HDF5 looks for it at 0 and at 512 * 2^k). */
+static size_t h5_sizeof_lengths(struct h5_scan *s)
+{
+    static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    for (size_t off = 0; off < s->size; off = off ? off * 2 : 512) {
+        const unsigned char *p;
+        if (h5_scan_get(s, off, 16, &p) < 0) {
+            return 0;
+        }
+        if (memcmp(p, sig, 8) == 0) {
+            size_t n = p[8] < 2 ? p[14] : p[10];
+            return n == 2 || n == 4 || n == 8 ? n : 0;
+        }
+    }
+    return 0;
+}
+
+/*
+ * The collection at off, walked as HDF5 1.10 walks it on load: 1 when it is
+ * sound or is no collection HDF5 would load (a chance "GCOL" in tensor
+ * bytes), 0 when HDF5 would loop forever on it (a free-space object smaller
+ * than its own header) or copy past it (an object larger than what is left).
+ */
+static int h5_heap_ok(struct h5_scan *s, size_t off, size_t L, char *why, size_t len)
+{
+    const unsigned char *p;
+    const size_t hdr = 8 + L, objhdr = 8 + L;
+    if (h5_scan_get(s, off, hdr, &p) < 0 || p[4] != 1) {
+        return 1; /* HDF5 refuses other versions itself */
+    }
+    uint64_t size = h5_le(p + 8, L);
+    if (size < hdr || size > s->size - off) {
+        return 1; /* HDF5 cannot load it: past the end of the file */
+    }
+    size_t at = off + hdr, end = off + (size_t)size;
+    while (end - at >= objhdr) {
+        if (h5_scan_get(s, at, objhdr, &p) < 0) {
+            return 1;
+        }
+        unsigned idx = (unsigned)h5_le(p, 2);
+        uint64_t osz = h5_le(p + 8, L);
+        if (idx == 0 ? osz < objhdr || osz > end - at : osz > end - at - objhdr) {
+            snprintf(why, len, "%s of %llu bytes at byte %zu does not fit its %llu-byte "
+                     "collection at byte %zu", idx ? "an object" : "free space",
+                     (unsigned long long)osz, at, (unsigned long long)size, off);
+            return 0;
+        }
+        at += idx == 0 ? (size_t)osz : objhdr + (((size_t)osz + 7) & ~(size_t)7);
+        if (at > end) {
+            break; /* the last object's padding: HDF5 stops here too */
+        }
+    }
+    return 1;
+}
+
+int fsdp_h5_check_heaps(const char *path)
+{
+    struct stat st;
+    struct h5_scan s = {.fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)};
+    char why[160];
+    int rc = 0;
+    if (s.fd < 0 || fstat(s.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = s.fd < 0 ? fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno))
+                      : fsdp_err(FSDP_ERR_IO, "%s: not a regular file", path);
+        goto out;
+    }
+    s.size = (size_t)st.st_size;
+    unsigned char *chunk = malloc(H5_SCAN_BUF);
+    s.buf = malloc(H5_SCAN_BUF);
+    if (!chunk || !s.buf) {
+        free(chunk);
+        rc = fsdp_err(FSDP_ERR_NOMEM, "%s: heap scan buffers", path);
+        goto out;
+    }
+    size_t L = h5_sizeof_lengths(&s);
+    /* every "GCOL" in the file: HDF5 loads a collection wherever a
+     * variable-length value points, tensor bytes included */
+    for (size_t base = 0; L && rc == 0 && base < s.size; base += H5_SCAN_BUF - 3) {
+        ssize_t n = pread(s.fd, chunk, H5_SCAN_BUF, (off_t)base);
+        if (n < 4) {
+            break;
+        }
+        const unsigned char *p = chunk, *e = chunk + n;
+        while (rc == 0 && (p = memmem(p, (size_t)(e - p), "GCOL", 4)) != NULL) {
+            if (!h5_heap_ok(&s, base + (size_t)(p - chunk), L, why, sizeof(why))) {
+                rc = fsdp_err(FSDP_ERR_FORMAT, "%s: damaged HDF5 global heap: %s", path, why);
+            }
+            p++;
+        }
+        if ((size_t)n < H5_SCAN_BUF) {
+            break;
+        }
+    }
+    free(chunk);
+out:
+    free(s.buf);
+    if (s.fd >= 0) {
+        close(s.fd);
+    }
+    return rc;
 }
 
 // ----------------------------------------------------------------------------
@@ -174,8 +651,8 @@ static void h5_attr_label(hid_t loc, const char *name, char *buf, size_t len)
         H5Eclear2(H5E_DEFAULT);
         snprintf(buf, len, "root attribute '%s'", name);
     } else {
-        fsdp_h5_sanitize(obj);
-        snprintf(buf, len, "attribute '%s' of %s", name, obj);
+        snprintf(buf, len, "attribute '%s' of %s", name,
+                 fsdp_str_printable(obj, FSDP_H5_SHOW, obj, 0));
     }
 }
 
@@ -302,7 +779,7 @@ int fsdp_h5_attr_str(const char *path, hid_t loc, const char *name, char *buf, s
     H5Tclose(t);
     H5Aclose(a);
     if (rc == 0) {
-        fsdp_h5_sanitize(buf);
+        fsdp_str_printable(buf, len, buf, 0);
     }
     return rc;
 }

@@ -1,7 +1,9 @@
 /*
  * h5util.h - HDF5 plumbing shared by the io layer's HDF5 files (model files,
  * checkpoints): quiet error handling that turns HDF5's error stack into one
- * reason string, checked scalar attributes, the f16/bf16 float types and the
+ * reason string, the containment checks every reader applies before it
+ * reads (what a file may reference, regular files only, sound global
+ * heaps), checked scalar attributes, the f16/bf16 float types and the
  * classification of a dataset's float type by bit layout.
  *
  * io-internal: only io/ includes this header (it brings in hdf5.h).
@@ -29,8 +31,75 @@ void fsdp_h5_close(hid_t id);
 /* "integer", "float", "string", ... */
 const char *fsdp_h5_class_name(H5T_class_t c);
 
-/* Replaces unprintable bytes of untrusted text and caps it for messages. */
-void fsdp_h5_sanitize(char *s);
+/* Longest name from a file quoted in a message: longer ones end in "...". */
+#define FSDP_H5_SHOW 65
+
+// ----------------------------------------------------------------------------
+// Containment: which bytes a file may make the library read
+//
+// HDF5 follows soft and external links, reads a dataset's raw data from the
+// files its external storage list names (any file: /etc/shadow as well) and
+// stitches virtual datasets from other HDF5 files. fsdpc files use none of
+// that except a checkpoint's index.h5, whose virtual datasets take row
+// blocks from that checkpoint's own shard files; everything else is refused
+// before a byte is read, with one line naming the file and the dataset.
+
+/*
+ * 0 when path (links followed) is a regular file. HDF5 opens files with a
+ * blocking open(): a FIFO would wait for a writer forever, a device or a
+ * directory fails obscurely, so they are refused first.
+ */
+int fsdp_h5_check_regular(const char *path);
+
+/*
+ * Opens dataset `name` (from the root, "model/wte.weight") of file when
+ * every link on the way is a hard link and the object is a dataset: a
+ * missing, soft, external or user-defined link, or another kind of object,
+ * is one error naming path and /name. dapl: H5P_DEFAULT or access
+ * properties (a virtual dataset's source prefix). The storage is not
+ * checked here (fsdp_h5_check_storage, fsdp_h5_check_shard_vds).
+ */
+int fsdp_h5_open_dataset(const char *path, hid_t file, const char *name, hid_t dapl, hid_t *out);
+
+/* Like fsdp_h5_open_dataset for a group ("model", "optim/exp_avg"). */
+int fsdp_h5_open_group(const char *path, hid_t file, const char *name, hid_t *out);
+
+/* 1 when dset is a virtual dataset, 0 otherwise (also on error). */
+int fsdp_h5_is_virtual(hid_t dset);
+
+/*
+ * The bytes of dset lie in its own file: refuses external raw storage, a
+ * virtual dataset and a filter this HDF5 library lacks (chunks written with
+ * it could not be read). name ("model/x") and path are for the message.
+ */
+int fsdp_h5_check_storage(const char *path, const char *name, hid_t dset);
+
+/*
+ * HDF5 1.10 trusts the global heap collections of a file (where
+ * variable-length strings and virtual-dataset mappings live): a free-space
+ * object smaller than its header makes it loop forever, an object larger
+ * than its collection makes it copy past the collection's buffer. This walks
+ * every collection in path (every "GCOL" signature) as HDF5 would, before
+ * HDF5 opens the file: one read of the file, about 0.2 s per 500 MB cached.
+ * Other damage HDF5 does not survive remains (doc/troubleshooting.md).
+ */
+int fsdp_h5_check_heaps(const char *path);
+
+/* Source file of shard r in an index's virtual datasets: "./shard_<r>.h5". */
+#define FSDP_H5_SHARD_SOURCE "./shard_%d.h5"
+
+/*
+ * Virtual dataset `name` of the checkpoint index at path, of shape (rows,
+ * cols) or (rows,) as ndim says: it must be exactly the row blocks of the
+ * even split of rows over n_shards (fsdp_split_even), block r taken whole
+ * from dataset `name` of ./shard_<r>.h5 beside path; no other file, no
+ * other dataset, no gap, no overlap. Each source must be a regular file
+ * whose dataset is a plain one (hard links, bytes in that file) of shape
+ * (rows_r, cols) and a float type. shards (n_shards,) caches the source
+ * files' ids: -1 entries are opened here and left for the caller to close.
+ */
+int fsdp_h5_check_shard_vds(const char *path, const char *name, hid_t dset, int ndim, size_t rows,
+                            size_t cols, int n_shards, hid_t *shards);
 
 // ----------------------------------------------------------------------------
 // Float types

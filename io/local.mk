@@ -5,9 +5,11 @@ noinst_HEADERS += io/model_file.h io/h5util.h io/fileutil.h io/tokens.h io/ckpt.
 	io/safetensors.h
 
 check_PROGRAMS += tests/io/bad_model tests/io/test_model_file tests/io/test_tokens \
-	tests/io/test_ckpt_commit
-TESTS += tests/io/test_model_file tests/io/test_tokens tests/io/test_ckpt_commit
+	tests/io/test_ckpt_commit tests/io/test_fileutil
+TESTS += tests/io/test_model_file tests/io/test_tokens tests/io/test_ckpt_commit \
+	tests/io/test_fileutil
 # the commit test wraps fsync/rename/symlink and reaches libc's through dlsym
 tests_io_test_ckpt_commit_LDADD = $(LDADD) -ldl
-dist_check_SCRIPTS += tests/io/test_ckpt_tool.sh tests/io/test_data_tool.sh
-TESTS += tests/io/test_ckpt_tool.sh tests/io/test_data_tool.sh
+dist_check_SCRIPTS += tests/io/test_ckpt_tool.sh tests/io/test_data_tool.sh \
+	tests/io/test_output_files.sh
+TESTS += tests/io/test_ckpt_tool.sh tests/io/test_data_tool.sh tests/io/test_output_files.sh

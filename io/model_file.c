@@ -5,7 +5,10 @@
  * datasets under /model, their shapes, float types and storage) and the
  * hyperslab reads that convert f16/bf16/f64 storage to f32. A file is
  * untrusted input: every problem becomes one fsdp_err line naming the file
- * and the field; HDF5's own error printing is off. Writing lives in
+ * and the field; HDF5's own error printing is off. Nothing is read from
+ * another file: links must be hard links, data must be stored in the file,
+ * and only a checkpoint's index.h5 may hold virtual datasets, over exactly
+ * its own shard files (h5util.h, "Containment"). Writing lives in
  * model_writer.c.
  */
 #include "config.h"
@@ -14,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/spec.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -38,6 +42,9 @@ struct fsdp_model_file {
     struct fsdp_model_spec *spec;
     struct mf_tensor *tensors; /* (spec->n_params,) */
     char created_by[MF_CREATED_BY_MAX];
+    int n_shards;              /* a checkpoint index: its shard count; else 0 */
+    hid_t *shards;             /* (n_shards,) shard files, open while validating */
+    hid_t dapl;                /* an index's datasets: their sources beside the file */
 };
 
 // ----------------------------------------------------------------------------
@@ -70,8 +77,8 @@ static int mf_read_spec(const char *path, hid_t file, struct fsdp_model_spec **s
     }
     FSDP_CHECK(fsdp_h5_attr_str(path, file, "format", s, sizeof(s)));
     if (strcmp(s, FSDP_MODEL_FORMAT) != 0) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute 'format' is '%s', expected '%s'", path, s,
-                        FSDP_MODEL_FORMAT);
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute 'format' is '%s', expected '%s'", path,
+                        fsdp_str_printable(s, FSDP_H5_SHOW, s, 0), FSDP_MODEL_FORMAT);
     }
     FSDP_CHECK(fsdp_h5_attr_int(path, file, "format_version", &version));
     if (version != FSDP_MODEL_FORMAT_VERSION) {
@@ -84,10 +91,9 @@ static int mf_read_spec(const char *path, hid_t file, struct fsdp_model_spec **s
     if (!arch) {
         char known[256];
         fsdp_arch_names(known, sizeof(known));
-        fsdp_h5_sanitize(s);
         return fsdp_err(FSDP_ERR_FORMAT,
                         "%s: attribute 'architecture' is '%s'; supported architectures: %s", path,
-                        s, known);
+                        fsdp_str_printable(s, FSDP_H5_SHOW, s, 0), known);
     }
     void *cfg = calloc(1, arch->cfg_size);
     if (!cfg) {
@@ -160,100 +166,78 @@ static void mf_shape_reason(char *buf, size_t len, const struct fsdp_model_spec 
 }
 
 /*
- * Does a VDS source file name resolve? An absolute name as given; a relative
- * one next to the model file, where HDF5 looks before the current directory
- * and where checkpoint indexes keep their shards ("./shard_0.h5"): a file of
- * that name in the current directory must not stand in for a missing one.
+ * A checkpoint's index.h5 is a model file whose datasets are virtual, over
+ * its shard files; any other model file keeps its data in itself. The index
+ * names its shard count, which bounds the sources its mappings may name.
  */
-static int mf_source_exists(const char *model_path, const char *src)
+static int mf_index_shards(struct fsdp_model_file *mf)
 {
-    if (strcmp(src, ".") == 0 || strchr(src, '%')) {
-        return 1; /* the file itself, or a printf-style pattern */
+    long long n;
+    if (!fsdp_h5_attr_exists(mf->file, "checkpoint_format")) {
+        return 0;
     }
-    const char *slash = strrchr(model_path, '/');
-    if (src[0] == '/' || !slash) {
-        return access(src, R_OK) == 0;
+    FSDP_CHECK(fsdp_h5_attr_int(mf->path, mf->file, "n_shards", &n));
+    if (n < 1 || n > 1 << 20) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: n_shards %lld is out of range", mf->path, n);
     }
-    char buf[4096];
-    snprintf(buf, sizeof(buf), "%.*s/%s", (int)(slash - model_path), model_path, src);
-    return access(buf, R_OK) == 0;
+    mf->shards = malloc((size_t)n * sizeof(*mf->shards));
+    mf->dapl = H5Pcreate(H5P_DATASET_ACCESS);
+    if (!mf->shards || mf->dapl < 0) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: shard table", mf->path);
+    }
+    mf->n_shards = (int)n;
+    for (int r = 0; r < mf->n_shards; r++) {
+        mf->shards[r] = -1;
+    }
+    /* HDF5 looks for a relative source in this prefix before the current
+     * directory, where a stranger's shard_0.h5 must not stand in */
+    char dir[4096];
+    const char *slash = strrchr(mf->path, '/');
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - mf->path) : 1,
+             slash ? mf->path : ".");
+    if (H5Pset_virtual_prefix(mf->dapl, dir[0] ? dir : "/") < 0) {
+        char why[256];
+        return fsdp_err(FSDP_ERR_INVALID, "%s: virtual source prefix: %s", mf->path,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    return 0;
 }
 
-/*
- * Storage that would fail or lie only at read time is rejected on open: a
- * filter this HDF5 build lacks, or a virtual dataset whose source file is
- * missing (HDF5 would silently return fill values for it).
- */
-static int mf_check_storage(const struct fsdp_model_file *mf, const char *name, hid_t dset)
+/* The shard files opened to check an index's sources; HDF5 reopens them by
+ * name when it reads. */
+static void mf_close_shards(struct fsdp_model_file *mf)
 {
-    char why[256], fname[256];
-    hid_t dcpl = H5Dget_create_plist(dset);
-    int rc = 0;
-    if (dcpl < 0) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot read the storage of /model/%s: %s", mf->path,
-                        name, fsdp_h5_reason(why, sizeof(why)));
+    for (int r = 0; mf->shards && r < mf->n_shards; r++) {
+        fsdp_h5_close(mf->shards[r]);
+        mf->shards[r] = -1;
     }
-    int nf = H5Pget_nfilters(dcpl);
-    for (int i = 0; rc == 0 && i < nf; i++) {
-        unsigned flags = 0, cd[8];
-        size_t ncd = 8;
-        fname[0] = '\0';
-        H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof(fname),
-                                         fname, NULL);
-        /* optional or not: chunks written with it cannot be read without it */
-        if (id < 0 || H5Zfilter_avail(id) <= 0) {
-            fsdp_h5_sanitize(fname);
-            rc = fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: dataset /model/%s needs HDF5 filter '%s' "
-                          "(id %d), which this HDF5 library lacks", mf->path, name, fname,
-                          (int)id);
-        }
-    }
-    size_t nmap = 0;
-    if (rc == 0 && H5Pget_layout(dcpl) == H5D_VIRTUAL && H5Pget_virtual_count(dcpl, &nmap) >= 0) {
-        for (size_t i = 0; rc == 0 && i < nmap; i++) {
-            ssize_t n = H5Pget_virtual_filename(dcpl, i, fname, sizeof(fname));
-            if (n < 0 || (size_t)n >= sizeof(fname) || !mf_source_exists(mf->path, fname)) {
-                fsdp_h5_sanitize(fname);
-                rc = fsdp_err(FSDP_ERR_IO, "%s: virtual dataset /model/%s maps source file '%s', "
-                              "which is missing", mf->path, name, n < 0 ? "?" : fname);
-            }
-        }
-    }
-    H5Eclear2(H5E_DEFAULT);
-    H5Pclose(dcpl);
-    return rc;
 }
 
-static int mf_open_tensor(struct fsdp_model_file *mf, hid_t group, size_t idx)
+/* Where the bytes of parameter p come from, checked before anything (its
+ * extent included: HDF5 may open a virtual dataset's sources to compute it)
+ * is read. */
+static int mf_check_storage(struct fsdp_model_file *mf, const struct fsdp_param_spec *p,
+                            const char *name, hid_t dset)
+{
+    if (mf->n_shards > 0 && fsdp_h5_is_virtual(dset)) {
+        return fsdp_h5_check_shard_vds(mf->path, name, dset, p->ndim, p->shape[0], p->shape[1],
+                                       mf->n_shards, mf->shards);
+    }
+    return fsdp_h5_check_storage(mf->path, name, dset);
+}
+
+static int mf_open_tensor(struct fsdp_model_file *mf, size_t idx)
 {
     const struct fsdp_param_spec *p = &mf->spec->params[idx];
     const char *path = mf->path;
-    char why[256], got[96], want[96], reason[96];
-    H5L_info_t li;
-    htri_t ex = H5Lexists(group, p->name, H5P_DEFAULT);
-    if (ex <= 0) {
-        H5Eclear2(H5E_DEFAULT);
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /model/%s is missing", path, p->name);
-    }
-    if (H5Lget_info(group, p->name, &li, H5P_DEFAULT) < 0 || li.type != H5L_TYPE_HARD) {
-        H5Eclear2(H5E_DEFAULT);
-        return fsdp_err(FSDP_ERR_FORMAT,
-                        "%s: /model/%s is a soft or external link; parameters must be datasets",
-                        path, p->name);
-    }
-    hid_t obj = H5Oopen(group, p->name, H5P_DEFAULT);
-    if (obj < 0) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open /model/%s: %s", path, p->name,
-                        fsdp_h5_reason(why, sizeof(why)));
-    }
-    if (H5Iget_type(obj) != H5I_DATASET) {
-        H5Oclose(obj);
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: /model/%s is not a dataset", path, p->name);
-    }
+    char why[256], got[96], want[96], reason[96], name[320];
+    snprintf(name, sizeof(name), "model/%s", p->name);
     struct mf_tensor *t = &mf->tensors[idx];
-    t->dset = obj;
-    hid_t space = H5Dget_space(obj);
-    hid_t type = H5Dget_type(obj);
+    FSDP_CHECK(fsdp_h5_open_dataset(path, mf->file, name, mf->n_shards ? mf->dapl : H5P_DEFAULT,
+                                    &t->dset));
+    FSDP_CHECK(mf_check_storage(mf, p, name, t->dset));
+    hid_t space = H5Dget_space(t->dset);
+    hid_t type = H5Dget_type(t->dset);
     if (space < 0 || type < 0) {
         fsdp_h5_close(space);
         fsdp_h5_close(type);
@@ -287,7 +271,7 @@ static int mf_open_tensor(struct fsdp_model_file *mf, hid_t group, size_t idx)
     if (rc < 0) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /model/%s %s", path, p->name, why);
     }
-    return mf_check_storage(mf, p->name, obj);
+    return 0;
 }
 
 /* /model must hold exactly the spec's datasets: report the first stranger. */
@@ -308,7 +292,7 @@ static int mf_check_no_extras(struct fsdp_model_file *mf, hid_t group)
         }
         if ((size_t)n >= sizeof(name) || fsdp_model_spec_find(mf->spec, name) < 0) {
             char cfg[256];
-            fsdp_h5_sanitize(name);
+            fsdp_str_printable(name, FSDP_H5_SHOW, name, 0);
             fsdp_arch_describe(mf->spec->arch, mf->spec->cfg, cfg, sizeof(cfg));
             return fsdp_err(FSDP_ERR_FORMAT,
                             "%s: unexpected entry /model/%s (not a parameter of this %s model: %s)",
@@ -325,6 +309,8 @@ static int mf_h5_open(const char *path, hid_t *file)
     if (access(path, R_OK) != 0) {
         return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     }
+    FSDP_CHECK(fsdp_h5_check_regular(path));
+    FSDP_CHECK(fsdp_h5_check_heaps(path));
     htri_t is = H5Fis_hdf5(path);
     if (is == 0) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: not an HDF5 file (no HDF5 signature)", path);
@@ -347,7 +333,7 @@ int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
         free(mf);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: model file handle", path);
     }
-    mf->file = mf->f16_type = mf->bf16_type = -1;
+    mf->file = mf->f16_type = mf->bf16_type = mf->dapl = -1;
     FSDP_CHECK_GOTO(mf_h5_open(path, &mf->file), rc, err);
     FSDP_CHECK_GOTO(mf_read_spec(path, mf->file, &mf->spec, mf->created_by,
                                  sizeof(mf->created_by)),
@@ -362,18 +348,14 @@ int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
     for (size_t i = 0; i < mf->spec->n_params; i++) {
         mf->tensors[i].dset = -1;
     }
-    htri_t ex = H5Lexists(mf->file, "model", H5P_DEFAULT);
-    group = ex > 0 ? H5Oopen(mf->file, "model", H5P_DEFAULT) : -1;
-    if (group < 0 || H5Iget_type(group) != H5I_GROUP) {
-        H5Eclear2(H5E_DEFAULT);
-        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: group /model is missing", path);
-        goto err;
-    }
+    FSDP_CHECK_GOTO(mf_index_shards(mf), rc, err);
+    FSDP_CHECK_GOTO(fsdp_h5_open_group(path, mf->file, "model", &group), rc, err);
     for (size_t i = 0; i < mf->spec->n_params; i++) {
-        FSDP_CHECK_GOTO(mf_open_tensor(mf, group, i), rc, err);
+        FSDP_CHECK_GOTO(mf_open_tensor(mf, i), rc, err);
     }
     FSDP_CHECK_GOTO(mf_check_no_extras(mf, group), rc, err);
     H5Oclose(group);
+    mf_close_shards(mf);
     FSDP_DEBUG(FSDP_SUB_IO, "%s: %s model, %zu tensors, %zu parameters", path,
                mf->spec->arch->name, mf->spec->n_params, mf->spec->total_numel);
     *out = mf;
@@ -395,6 +377,9 @@ void fsdp_model_file_close(struct fsdp_model_file *mf)
         }
     }
     free(mf->tensors);
+    mf_close_shards(mf);
+    free(mf->shards);
+    fsdp_h5_close(mf->dapl);
     fsdp_h5_close(mf->f16_type);
     fsdp_h5_close(mf->bf16_type);
     if (mf->file >= 0) {

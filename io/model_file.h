@@ -9,9 +9,9 @@
  * floating-point type (f32; f16, bf16 and f64 are converted to f32 on read).
  * Every problem is one error line that names the file and the field.
  *
- * Writing goes to "<path>.tmp" and becomes visible under <path> only on
- * commit (fsync, then rename), so a crash never leaves a half-written model
- * under the real name. Tensors are written one at a time, so a caller can
+ * Writing goes to a fresh "<path>.tmp.XXXXXX" (io/fileutil.h) and becomes
+ * visible under <path> only on commit (fsync, then rename), so a crash never
+ * leaves a half-written model under the real name. Tensors are written one at a time, so a caller can
  * stream a model much larger than its memory unit by unit.
  *
  * HDF5 is used serially here (default property lists, sec2 driver); no HDF5
@@ -92,9 +92,9 @@ struct fsdp_model_write_opts {
 struct fsdp_model_writer;
 
 /*
- * Starts "<path>.tmp" with the root attributes of spec (architecture and
- * config, from the architecture's attribute table); opts may be
- * NULL. spec is borrowed and must outlive the writer.
+ * Starts a fresh "<path>.tmp.XXXXXX" with the root attributes of spec
+ * (architecture and config, from the architecture's attribute table); opts
+ * may be NULL. spec is borrowed and must outlive the writer.
  */
 int fsdp_model_writer_create(const char *path, const struct fsdp_model_spec *spec,
                              const struct fsdp_model_write_opts *opts,

@@ -4,8 +4,9 @@
  * Owns the write side: root attributes, one contiguous dataset per
  * parameter (f32, or f16/bf16 converted here with round-to-nearest-even),
  * and the commit that makes the file appear under its name only when it is
- * complete (write "<path>.tmp", fsync, rename). Tensors go one at a time, so
- * a caller can stream a model larger than its memory.
+ * complete (write a fresh "<path>.tmp.XXXXXX", fsync, rename: fileutil.h).
+ * Tensors go one at a time, so a caller can stream a model larger than its
+ * memory.
  */
 #include "config.h"
 #include "io/model_file.h"
@@ -14,8 +15,6 @@
 #include "core/error.h"
 #include "core/util.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +25,7 @@
 
 struct fsdp_model_writer {
     char *path;
-    char *tmp_path;
+    char *tmp_path;                    /* set once HDF5 has created it: then ours to remove */
     const struct fsdp_model_spec *spec; /* borrowed until destroy */
     enum fsdp_dtype dtype;             /* stored type */
     hid_t file;
@@ -68,9 +67,8 @@ int fsdp_model_writer_create(const char *path, const struct fsdp_model_spec *spe
     w->spec = spec;
     w->dtype = dtype;
     w->path = strdup(path);
-    w->tmp_path = fsdp_file_tmp_path(path);
     w->written = calloc(spec->n_params ? spec->n_params : 1, 1);
-    if (!w->path || !w->tmp_path || !w->written) {
+    if (!w->path || !w->written) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "%s: model writer", path);
         goto err;
     }
@@ -89,19 +87,20 @@ int fsdp_model_writer_create(const char *path, const struct fsdp_model_spec *spe
             goto err;
         }
     }
-    /* the OS says why a file cannot be created more plainly than HDF5 does */
-    int fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", w->tmp_path, strerror(errno));
+    if (w->store_type < 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", path, fsdp_h5_reason(why, sizeof(why)));
         goto err;
     }
-    close(fd);
-    w->file = H5Fcreate(w->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (w->file < 0 || w->store_type < 0) {
-        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", w->tmp_path,
-                      fsdp_h5_reason(why, sizeof(why)));
+    char *tmp;
+    FSDP_CHECK_GOTO(fsdp_file_tmp_name(path, &tmp), rc, err);
+    w->file = H5Fcreate(tmp, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
+    if (w->file < 0) {
+        /* whatever is at tmp now is not ours to remove */
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, fsdp_h5_reason(why, sizeof(why)));
+        free(tmp);
         goto err;
     }
+    w->tmp_path = tmp;
     FSDP_CHECK_GOTO(mw_write_attrs(w, opts ? opts->created_by : NULL), rc, err);
     w->group = H5Gcreate2(w->file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (w->group < 0) {

@@ -1,12 +1,16 @@
 /*
  * safetensors.c - the safetensors reader and writer (see safetensors.h):
  * a strict parser for the header's JSON subset (objects, arrays, strings,
- * non-negative integers), the layout checks, and a streaming writer.
+ * non-negative integers), the layout checks, and a streaming writer. The
+ * reader keeps the header and points into it (names, metadata), so a
+ * header costs about twice its size in memory, and finds names through a
+ * sorted index, so a header of any number of names opens in O(n log n).
  */
 #include "config.h"
 #include "io/safetensors.h"
 #include "io/fileutil.h"
 #include "core/error.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -38,9 +42,12 @@ static const char *st_dtype_name(enum fsdp_dtype t)
 // ----------------------------------------------------------------------------
 // header JSON
 
+/* Names from the file quoted in messages are cut to this (with "..."). */
+#define ST_SHOW 80
+
 struct st_parser {
     const char *path;
-    const char *s, *p, *end;
+    char *s, *p, *end; /* the header; strings are unescaped in place */
 };
 
 static int st_bad(struct st_parser *ps, const char *what)
@@ -68,12 +75,46 @@ static int st_expect(struct st_parser *ps, char c)
     return 0;
 }
 
-/* A string into buf (ASCII escapes only; other bytes copied as they are);
- * longer than len - 1 bytes: an error, or with cut, kept truncated. */
-static int st_string_cut(struct st_parser *ps, char *buf, size_t len, int cut)
+/* One escape after the backslash at ps->p; the byte it stands for. */
+static int st_escape(struct st_parser *ps, char *c)
 {
-    size_t n = 0;
+    static const char map[] = "\"\"\\\\//b\bf\fn\nr\rt\t";
+    char e = *ps->p++;
+    const char *m = e ? strchr(map, e) : NULL;
+    if (e == 'u') {
+        unsigned v = 0;
+        for (int k = 0; k < 4; k++) {
+            char h = ps->p < ps->end ? *ps->p++ : 'x';
+            int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                  : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+            if (d < 0) {
+                return st_bad(ps, "bad \\u escape");
+            }
+            v = v * 16 + (unsigned)d;
+        }
+        if (v == 0 || v >= 0x80) {
+            return st_bad(ps, "\\u escape outside ASCII");
+        }
+        *c = (char)v;
+        return 0;
+    }
+    if (m && ((m - map) % 2) == 0) {
+        *c = m[1];
+        return 0;
+    }
+    return st_bad(ps, "bad escape");
+}
+
+/*
+ * A string, unescaped in place (an escape is never shorter than the byte it
+ * stands for) and NUL-terminated where it began: *out points into the
+ * header, so names cost no copy. Longer than max bytes (0: no limit) is an
+ * error. ASCII escapes only; other bytes are kept as they are.
+ */
+static int st_string(struct st_parser *ps, char **out, size_t max)
+{
     FSDP_CHECK(st_expect(ps, '"'));
+    char *w = ps->p, *start = ps->p;
     while (ps->p < ps->end && *ps->p != '"') {
         char c = *ps->p++;
         if ((unsigned char)c < 0x20) {
@@ -83,47 +124,20 @@ static int st_string_cut(struct st_parser *ps, char *buf, size_t len, int cut)
             if (ps->p >= ps->end) {
                 break;
             }
-            char e = *ps->p++;
-            const char *map = "\"\"\\\\//b\bf\fn\nr\rt\t";
-            const char *m = strchr(map, e);
-            if (e == 'u') {
-                unsigned v = 0;
-                for (int k = 0; k < 4; k++) {
-                    char h = ps->p < ps->end ? *ps->p++ : 'x';
-                    int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                          : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
-                    if (d < 0) {
-                        return st_bad(ps, "bad \\u escape");
-                    }
-                    v = v * 16 + (unsigned)d;
-                }
-                if (v == 0 || v >= 0x80) {
-                    return st_bad(ps, "\\u escape outside ASCII");
-                }
-                c = (char)v;
-            } else if (m && ((m - map) % 2) == 0) {
-                c = m[1];
-            } else {
-                return st_bad(ps, "bad escape");
-            }
+            FSDP_CHECK(st_escape(ps, &c));
         }
-        if (n + 1 < len) {
-            buf[n++] = c;
-        } else if (!cut) {
-            return st_bad(ps, "string too long");
-        }
+        *w++ = c;
     }
     if (ps->p >= ps->end) {
         return st_bad(ps, "unterminated string");
     }
+    if (max && (size_t)(w - start) > max) {
+        return st_bad(ps, "string too long");
+    }
     ps->p++;
-    buf[n] = '\0';
+    *w = '\0'; /* at or before the closing quote, which is consumed */
+    *out = start;
     return 0;
-}
-
-static int st_string(struct st_parser *ps, char *buf, size_t len)
-{
-    return st_string_cut(ps, buf, len, 0);
 }
 
 static int st_uint(struct st_parser *ps, size_t *v)
@@ -173,7 +187,24 @@ static int st_empty(struct st_parser *ps, char close)
     return 0;
 }
 
-static int st_parse_meta(struct fsdp_safetensors *st, struct st_parser *ps)
+/* Room for one more of *n elements of size sz in *arr (capacity *cap):
+ * doubling keeps a header of a million entries linear. */
+static int st_grow(void **arr, size_t *cap, size_t n, size_t sz)
+{
+    if (n < *cap) {
+        return 0;
+    }
+    size_t c = *cap ? 2 * *cap : 64;
+    void *a = c <= SIZE_MAX / sz ? realloc(*arr, c * sz) : NULL;
+    if (!a) {
+        return -1;
+    }
+    *arr = a;
+    *cap = c;
+    return 0;
+}
+
+static int st_parse_meta(struct fsdp_safetensors *st, struct st_parser *ps, size_t *cap)
 {
     int more = 1;
     FSDP_CHECK(st_expect(ps, '{'));
@@ -181,16 +212,15 @@ static int st_parse_meta(struct fsdp_safetensors *st, struct st_parser *ps)
         return 0;
     }
     while (more) {
-        void *m = realloc(st->meta, (st->n_meta + 1) * sizeof(*st->meta));
-        if (!m) {
+        if (st_grow((void **)&st->meta, cap, st->n_meta, sizeof(*st->meta)) < 0) {
             return fsdp_err(FSDP_ERR_NOMEM, "%s: metadata", st->path);
         }
-        st->meta = m;
-        FSDP_CHECK(st_string(ps, st->meta[st->n_meta][0], FSDP_ST_NAME_MAX));
+        char *key, *value;
+        FSDP_CHECK(st_string(ps, &key, FSDP_ST_NAME_MAX - 1));
         FSDP_CHECK(st_expect(ps, ':'));
-        /* free-form values (licences, notes) may be long: only their start is kept */
-        FSDP_CHECK(st_string_cut(ps, st->meta[st->n_meta][1], FSDP_ST_NAME_MAX, 1));
-        st->n_meta++;
+        /* free-form values (licences, notes) may be long; they cost no copy */
+        FSDP_CHECK(st_string(ps, &value, 0));
+        st->meta[st->n_meta++] = (struct fsdp_st_meta){key, value};
         FSDP_CHECK(st_next(ps, '}', &more));
     }
     return 0;
@@ -199,21 +229,24 @@ static int st_parse_meta(struct fsdp_safetensors *st, struct st_parser *ps)
 static int st_parse_tensor(struct fsdp_safetensors *st, struct st_parser *ps,
                            struct fsdp_st_tensor *t)
 {
-    char key[32], dt[16];
+    char show[ST_SHOW], show2[ST_SHOW];
+    char *key, *dt;
     int more = 1, have = 0;
     FSDP_CHECK(st_expect(ps, '{'));
     while (more) {
-        FSDP_CHECK(st_string(ps, key, sizeof(key)));
+        FSDP_CHECK(st_string(ps, &key, 0));
         FSDP_CHECK(st_expect(ps, ':'));
         if (strcmp(key, "dtype") == 0 && !(have & 1)) {
-            FSDP_CHECK(st_string(ps, dt, sizeof(dt)));
+            FSDP_CHECK(st_string(ps, &dt, 0));
             size_t i = 0;
             while (i < sizeof(st_dtypes) / sizeof(st_dtypes[0]) && strcmp(st_dtypes[i].name, dt)) {
                 i++;
             }
             if (i == sizeof(st_dtypes) / sizeof(st_dtypes[0])) {
                 return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype '%s' (supported: "
-                                "F32, F16, BF16, I32, I64, U8)", st->path, t->name, dt);
+                                "F32, F16, BF16, I32, I64, U8)", st->path,
+                                fsdp_str_printable(show, sizeof(show), t->name, 0),
+                                fsdp_str_printable(show2, sizeof(show2), dt, 0));
             }
             t->dtype = st_dtypes[i].t;
             have |= 1;
@@ -240,42 +273,43 @@ static int st_parse_tensor(struct fsdp_safetensors *st, struct st_parser *ps,
             have |= 4;
         } else {
             return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s': unexpected or repeated key '%s'",
-                            st->path, t->name, key);
+                            st->path, fsdp_str_printable(show, sizeof(show), t->name, 0),
+                            fsdp_str_printable(show2, sizeof(show2), key, 0));
         }
         FSDP_CHECK(st_next(ps, '}', &more));
     }
     if (have != 7) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' lacks %s", st->path, t->name,
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' lacks %s", st->path,
+                        fsdp_str_printable(show, sizeof(show), t->name, 0),
                         !(have & 1) ? "dtype" : !(have & 2) ? "shape" : "data_offsets");
     }
     return 0;
 }
 
-static int st_parse(struct fsdp_safetensors *st, const char *hdr, size_t n)
+static int st_parse(struct fsdp_safetensors *st, char *hdr, size_t n)
 {
     struct st_parser ps = {st->path, hdr, hdr, hdr + n};
-    char name[FSDP_ST_NAME_MAX];
-    int more = 1;
+    size_t cap = 0, meta_cap = 0;
+    int more = 1, had_meta = 0;
     FSDP_CHECK(st_expect(&ps, '{'));
     if (st_empty(&ps, '}')) {
         more = 0;
     }
     while (more) {
-        FSDP_CHECK(st_string(&ps, name, sizeof(name)));
+        char *name;
+        FSDP_CHECK(st_string(&ps, &name, FSDP_ST_NAME_MAX - 1));
         FSDP_CHECK(st_expect(&ps, ':'));
         if (strcmp(name, "__metadata__") == 0) {
-            FSDP_CHECK(st_parse_meta(st, &ps));
-        } else {
-            if (fsdp_safetensors_find(st, name) >= 0) {
-                return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' appears twice", st->path, name);
+            if (had_meta++) {
+                return st_bad(&ps, "second __metadata__");
             }
-            void *t = realloc(st->t, (st->n + 1) * sizeof(*st->t));
-            if (!t) {
+            FSDP_CHECK(st_parse_meta(st, &ps, &meta_cap));
+        } else {
+            if (st_grow((void **)&st->t, &cap, st->n, sizeof(*st->t)) < 0) {
                 return fsdp_err(FSDP_ERR_NOMEM, "%s: tensor table", st->path);
             }
-            st->t = t;
             memset(&st->t[st->n], 0, sizeof(st->t[0]));
-            snprintf(st->t[st->n].name, sizeof(st->t[0].name), "%s", name);
+            st->t[st->n].name = name;
             FSDP_CHECK(st_parse_tensor(st, &ps, &st->t[st->n]));
             st->n++;
         }
@@ -289,7 +323,37 @@ static int st_parse(struct fsdp_safetensors *st, const char *hdr, size_t n)
 }
 
 // ----------------------------------------------------------------------------
-// layout
+// names and layout
+
+static int st_cmp_name(const void *a, const void *b)
+{
+    const struct fsdp_st_tensor *x = *(const struct fsdp_st_tensor *const *)a;
+    const struct fsdp_st_tensor *y = *(const struct fsdp_st_tensor *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+/* The tensors sorted by name, for lookups: O(n log n) whatever names a file
+ * chooses (a hash table's worst case would be the file's to pick), and a
+ * name that appears twice sits next to itself. */
+static int st_index_names(struct fsdp_safetensors *st)
+{
+    char show[ST_SHOW];
+    st->by_name = malloc((st->n ? st->n : 1) * sizeof(*st->by_name));
+    if (!st->by_name) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: name index", st->path);
+    }
+    for (size_t i = 0; i < st->n; i++) {
+        st->by_name[i] = &st->t[i];
+    }
+    qsort(st->by_name, st->n, sizeof(*st->by_name), st_cmp_name);
+    for (size_t i = 1; i < st->n; i++) {
+        if (strcmp(st->by_name[i - 1]->name, st->by_name[i]->name) == 0) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' appears twice", st->path,
+                            fsdp_str_printable(show, sizeof(show), st->by_name[i]->name, 0));
+        }
+    }
+    return 0;
+}
 
 static int st_cmp_begin(const void *a, const void *b)
 {
@@ -298,29 +362,39 @@ static int st_cmp_begin(const void *a, const void *b)
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-static int st_check_layout(struct fsdp_safetensors *st, size_t data_bytes)
+static int st_check_sizes(struct fsdp_safetensors *st, size_t data_bytes)
 {
+    char show[ST_SHOW];
     for (size_t i = 0; i < st->n; i++) {
         struct fsdp_st_tensor *t = &st->t[i];
         size_t bytes = fsdp_dtype_size(t->dtype);
         for (int d = 0; d < t->ndim; d++) {
             if (t->shape[d] != 0 && bytes > SIZE_MAX / t->shape[d]) {
                 return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s': shape overflows", st->path,
-                                t->name);
+                                fsdp_str_printable(show, sizeof(show), t->name, 0));
             }
             bytes *= t->shape[d];
         }
         if (t->end < t->begin || t->end - t->begin != bytes) {
             return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s': data_offsets [%zu, %zu) hold %zu "
-                            "bytes but its dtype and shape need %zu", st->path, t->name, t->begin,
-                            t->end, t->end >= t->begin ? t->end - t->begin : 0, bytes);
+                            "bytes but its dtype and shape need %zu", st->path,
+                            fsdp_str_printable(show, sizeof(show), t->name, 0), t->begin, t->end,
+                            t->end >= t->begin ? t->end - t->begin : 0, bytes);
         }
         if (t->end > data_bytes) {
             return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s': data_offsets end %zu is beyond "
-                            "the %zu data bytes of the file", st->path, t->name, t->end,
+                            "the %zu data bytes of the file", st->path,
+                            fsdp_str_printable(show, sizeof(show), t->name, 0), t->end,
                             data_bytes);
         }
     }
+    return 0;
+}
+
+static int st_check_layout(struct fsdp_safetensors *st, size_t data_bytes)
+{
+    char show[ST_SHOW];
+    FSDP_CHECK(st_check_sizes(st, data_bytes));
     struct fsdp_st_tensor **order = malloc((st->n ? st->n : 1) * sizeof(*order));
     if (!order) {
         return fsdp_err(FSDP_ERR_NOMEM, "%s: tensor order", st->path);
@@ -334,7 +408,8 @@ static int st_check_layout(struct fsdp_safetensors *st, size_t data_bytes)
     for (size_t i = 0; i < st->n && rc == 0; i++) {
         if (order[i]->begin != at) {
             rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' starts at data byte %zu but the "
-                          "previous one ends at %zu (%s)", st->path, order[i]->name,
+                          "previous one ends at %zu (%s)", st->path,
+                          fsdp_str_printable(show, sizeof(show), order[i]->name, 0),
                           order[i]->begin, at, order[i]->begin < at ? "overlap" : "gap");
         }
         at = order[i]->end;
@@ -350,59 +425,65 @@ static int st_check_layout(struct fsdp_safetensors *st, size_t data_bytes)
 // ----------------------------------------------------------------------------
 // reader
 
-int fsdp_safetensors_open(const char *path, struct fsdp_safetensors **out)
+/* The header bytes after the 8-byte length, read whole (it is capped). */
+static int st_read_header(struct fsdp_safetensors *st, const struct stat *sb, size_t *len)
 {
     unsigned char len8[8];
+    if (sb->st_size < 8 || pread(st->fd, len8, 8, 0) != 8) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: %lld bytes: too short for a safetensors header",
+                        st->path, (long long)sb->st_size);
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) {
+        n = n << 8 | len8[i];
+    }
+    if (n < 2 || n > FSDP_ST_HEADER_MAX || n > (uint64_t)sb->st_size - 8) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: header length %llu is %s", st->path,
+                        (unsigned long long)n,
+                        n > FSDP_ST_HEADER_MAX ? "above the 100 MiB cap"
+                        : n < 2 ? "too small" : "beyond the end of the file");
+    }
+    if (!(st->hdr = malloc((size_t)n))) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: %llu header bytes", st->path, (unsigned long long)n);
+    }
+    if (pread(st->fd, st->hdr, (size_t)n, 8) != (ssize_t)n) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot read the header: %s", st->path, strerror(errno));
+    }
+    if (st->hdr[0] != '{') {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: header does not start with '{'", st->path);
+    }
+    *len = (size_t)n;
+    return 0;
+}
+
+int fsdp_safetensors_open(const char *path, struct fsdp_safetensors **out)
+{
     struct stat sb;
-    char *hdr = NULL;
+    size_t n = 0;
     int rc;
     struct fsdp_safetensors *st = calloc(1, sizeof(*st));
     if (!st || !(st->path = strdup(path))) {
         free(st);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: safetensors handle", path);
     }
-    st->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO would otherwise block open() until a writer came */
+    st->fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (st->fd < 0 || fstat(st->fd, &sb) != 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         goto err;
     }
-    if (sb.st_size < 8 || pread(st->fd, len8, 8, 0) != 8) {
-        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: %lld bytes: too short for a safetensors header",
-                      path, (long long)sb.st_size);
+    if (!S_ISREG(sb.st_mode)) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: not a regular file", path);
         goto err;
     }
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) {
-        n = n << 8 | len8[i];
-    }
-    if (n < 2 || n > FSDP_ST_HEADER_MAX || n > (uint64_t)sb.st_size - 8) {
-        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: header length %llu is %s", path,
-                      (unsigned long long)n,
-                      n > FSDP_ST_HEADER_MAX ? "above the 100 MiB cap"
-                      : n < 2 ? "too small" : "beyond the end of the file");
-        goto err;
-    }
-    hdr = malloc((size_t)n);
-    if (!hdr) {
-        rc = fsdp_err(FSDP_ERR_NOMEM, "%s: %llu header bytes", path, (unsigned long long)n);
-        goto err;
-    }
-    if (pread(st->fd, hdr, (size_t)n, 8) != (ssize_t)n) {
-        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot read the header: %s", path, strerror(errno));
-        goto err;
-    }
-    if (hdr[0] != '{') {
-        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: header does not start with '{'", path);
-        goto err;
-    }
-    FSDP_CHECK_GOTO(st_parse(st, hdr, (size_t)n), rc, err);
-    st->data_off = 8 + (size_t)n;
+    FSDP_CHECK_GOTO(st_read_header(st, &sb, &n), rc, err);
+    FSDP_CHECK_GOTO(st_parse(st, st->hdr, n), rc, err);
+    FSDP_CHECK_GOTO(st_index_names(st), rc, err);
+    st->data_off = 8 + n;
     FSDP_CHECK_GOTO(st_check_layout(st, (size_t)sb.st_size - st->data_off), rc, err);
-    free(hdr);
     *out = st;
     return 0;
 err:
-    free(hdr);
     fsdp_safetensors_close(st);
     return rc;
 }
@@ -416,16 +497,26 @@ void fsdp_safetensors_close(struct fsdp_safetensors *st)
         close(st->fd);
     }
     free(st->t);
+    free(st->by_name);
     free(st->meta);
+    free(st->hdr);
     free(st->path);
     free(st);
 }
 
 long fsdp_safetensors_find(const struct fsdp_safetensors *st, const char *name)
 {
-    for (size_t i = 0; i < st->n; i++) {
-        if (strcmp(st->t[i].name, name) == 0) {
-            return (long)i;
+    size_t lo = 0, hi = st->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(st->by_name[mid]->name, name);
+        if (c == 0) {
+            return (long)(st->by_name[mid] - st->t);
+        }
+        if (c < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
         }
     }
     return -1;
@@ -434,8 +525,8 @@ long fsdp_safetensors_find(const struct fsdp_safetensors *st, const char *name)
 const char *fsdp_safetensors_meta(const struct fsdp_safetensors *st, const char *key)
 {
     for (size_t i = 0; i < st->n_meta; i++) {
-        if (strcmp(st->meta[i][0], key) == 0) {
-            return st->meta[i][1];
+        if (strcmp(st->meta[i].key, key) == 0) {
+            return st->meta[i].value;
         }
     }
     return NULL;
@@ -449,7 +540,9 @@ int fsdp_safetensors_read(struct fsdp_safetensors *st, size_t i, void *dst)
         ssize_t r = pread(st->fd, (char *)dst + got, want - got,
                           (off_t)(st->data_off + t->begin + got));
         if (r <= 0) {
-            return fsdp_err(FSDP_ERR_IO, "%s: reading tensor '%s' failed: %s", st->path, t->name,
+            char show[ST_SHOW];
+            return fsdp_err(FSDP_ERR_IO, "%s: reading tensor '%s' failed: %s", st->path,
+                            fsdp_str_printable(show, sizeof(show), t->name, 0),
                             r < 0 ? strerror(errno) : "unexpected end of file");
         }
         got += (size_t)r;
@@ -523,7 +616,7 @@ int fsdp_st_writer_create(const char *path, const struct fsdp_st_entry *entries,
     size_t len = 0;
     struct fsdp_st_writer *w = calloc(1, sizeof(*w));
     char *hdr = st_header(entries, n, meta, n_meta, &len);
-    if (!w || !hdr || !(w->path = strdup(path)) || !(w->tmp = fsdp_file_tmp_path(path)) ||
+    if (!w || !hdr || !(w->path = strdup(path)) ||
         !(w->bytes = malloc((n ? n : 1) * sizeof(*w->bytes)))) {
         free(hdr);
         fsdp_st_writer_destroy(w);
@@ -533,9 +626,12 @@ int fsdp_st_writer_create(const char *path, const struct fsdp_st_entry *entries,
     for (size_t i = 0; i < n; i++) {
         w->bytes[i] = st_entry_bytes(&entries[i]);
     }
-    w->fp = fopen(w->tmp, "wb");
+    int fd;
+    FSDP_CHECK_GOTO(fsdp_file_tmp_create(path, &w->tmp, &fd), rc, err);
+    w->fp = fdopen(fd, "wb");
     if (!w->fp) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
+        close(fd);
         goto err;
     }
     unsigned char len8[8];

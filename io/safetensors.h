@@ -10,7 +10,8 @@
  * known dtypes, shape x dtype size equal to the byte range, ranges inside
  * the data, non-overlapping, contiguous and covering it all, no duplicate
  * names. Every violation is one error naming the file and the tensor or
- * byte. Tensors are read one at a time (pread), so nothing is held whole.
+ * byte (names from the file made printable). Tensors are read one at a time
+ * (pread), so nothing is held whole but the header.
  */
 #ifndef FSDP_IO_SAFETENSORS_H
 #define FSDP_IO_SAFETENSORS_H
@@ -20,15 +21,21 @@
 #include "core/dtype.h"
 
 #define FSDP_ST_HEADER_MAX ((size_t)100 << 20) /* as the reference implementation */
-#define FSDP_ST_NAME_MAX 256
+#define FSDP_ST_NAME_MAX 256 /* longest tensor name or metadata key, NUL included */
 #define FSDP_ST_RANK_MAX 8
 
+/* Strings below point into the handle's copy of the header and may hold any
+ * byte but NUL: print them through fsdp_str_printable (core/util.h). */
 struct fsdp_st_tensor {
-    char name[FSDP_ST_NAME_MAX];
+    const char *name;
     enum fsdp_dtype dtype; /* f32, f16, bf16, i32, i64, u8 */
     int ndim;
     size_t shape[FSDP_ST_RANK_MAX];
     size_t begin, end;     /* byte range relative to the data start */
+};
+
+struct fsdp_st_meta {
+    const char *key, *value;
 };
 
 struct fsdp_safetensors {
@@ -36,11 +43,15 @@ struct fsdp_safetensors {
     int fd;
     size_t data_off;       /* 8 + N */
     size_t n;              /* tensors */
-    struct fsdp_st_tensor *t; /* (n,) in header order */
+    struct fsdp_st_tensor *t;          /* (n,) in header order */
+    struct fsdp_st_tensor **by_name;   /* (n,) sorted by name, for lookups */
     size_t n_meta;
-    char (*meta)[2][FSDP_ST_NAME_MAX]; /* (n_meta,) key, value */
+    struct fsdp_st_meta *meta;         /* (n_meta,) in header order */
+    char *hdr;             /* the header JSON, strings unescaped in place */
 };
 
+/* Opens and validates path, which must be a regular file (a FIFO is refused,
+ * not waited on). */
 int fsdp_safetensors_open(const char *path, struct fsdp_safetensors **out);
 void fsdp_safetensors_close(struct fsdp_safetensors *st);
 /* Index of name, or -1. */
@@ -61,9 +72,10 @@ struct fsdp_st_entry {
 struct fsdp_st_writer;
 
 /*
- * Starts "<path>.tmp" with the header for entries (in that order, contiguous)
- * and the metadata pairs meta[0..2*n_meta) (key, value, ...). The header is
- * padded with spaces so that the data starts 8-byte aligned.
+ * Starts a fresh "<path>.tmp.XXXXXX" with the header for entries (in that
+ * order, contiguous) and the metadata pairs meta[0..2*n_meta) (key, value,
+ * ...). The header is padded with spaces so that the data starts 8-byte
+ * aligned.
  */
 int fsdp_st_writer_create(const char *path, const struct fsdp_st_entry *entries, size_t n,
                           const char *const *meta, size_t n_meta, struct fsdp_st_writer **out);

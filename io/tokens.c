@@ -103,7 +103,9 @@ int fsdp_tokens_open(const char *path, struct fsdp_tokens **out)
         free(t);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: token file handle", path);
     }
-    t->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO would otherwise block open() until a writer came;
+     * reads of the regular file that fstat then requires ignore the flag */
+    t->fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (t->fd < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         goto err;
@@ -299,17 +301,12 @@ int fsdp_tokens_writer_create(const char *path, struct fsdp_tokens_writer **out)
     }
     w->fd = -1;
     w->path = strdup(path);
-    w->tmp_path = fsdp_file_tmp_path(path);
     w->stage = malloc(TOK_CHUNK * sizeof(uint16_t));
-    if (!w->path || !w->tmp_path || !w->stage) {
+    if (!w->path || !w->stage) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "%s: token writer", path);
         goto err;
     }
-    w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0) {
-        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", w->tmp_path, strerror(errno));
-        goto err;
-    }
+    FSDP_CHECK_GOTO(fsdp_file_tmp_create(path, &w->tmp_path, &w->fd), rc, err);
     /* a placeholder header (magic 0) until commit knows the count */
     if (tok_pwrite_full(w->fd, hdr, sizeof(hdr), 0) < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: write failed: %s", w->tmp_path, strerror(errno));

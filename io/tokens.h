@@ -48,7 +48,7 @@ int fsdp_tokens_check_vocab(const struct fsdp_tokens *t, int vocab_size);
 int fsdp_tokens_range(const struct fsdp_tokens *t, uint16_t *min, uint16_t *max);
 
 // ----------------------------------------------------------------------------
-// Writing: to "<path>.tmp", renamed to path on commit
+// Writing: to a fresh "<path>.tmp.XXXXXX" beside path, renamed to path on commit
 
 struct fsdp_tokens_writer;
 

@@ -155,6 +155,22 @@ int fsdp_parse_size(const char *s, size_t *out)
     return 0;
 }
 
+char *fsdp_str_printable(char *dst, size_t len, const char *src, int keep_nl)
+{
+    size_t i = 0;
+    /* forward copy: dst == src is safe since i never passes the read index */
+    for (; src[i] && i + 1 < len; i++) {
+        unsigned char c = (unsigned char)src[i];
+        dst[i] = (c >= 0x20 && c < 0x7f) || (keep_nl && c == '\n') ? (char)c : '?';
+    }
+    int cut = src[i] != '\0';
+    dst[i] = '\0';
+    if (cut && len > 4) {
+        memcpy(dst + len - 4, "...", 4);
+    }
+    return dst;
+}
+
 uint64_t fsdp_hash64(const void *data, size_t len, uint64_t seed)
 {
     const unsigned char *p = data;

@@ -1,8 +1,8 @@
 /*
  * util.h - small helpers every layer uses: clocks, buffers that are
  * allocated once and pre-faulted, environment parameters, number parsing,
- * the even split of n items over parts, and the visibility of private
- * symbols.
+ * the even split of n items over parts, printable copies of untrusted text,
+ * and the visibility of private symbols.
  */
 #ifndef FSDP_CORE_UTIL_H
 #define FSDP_CORE_UTIL_H
@@ -66,6 +66,16 @@ static inline void fsdp_split_even(size_t n, size_t parts, size_t part, size_t *
     *count = base + (part < extra ? 1 : 0);
     *first = part * base + (part < extra ? part : extra);
 }
+
+/*
+ * Text read from a file (tensor and dataset names, attributes, HDF5's own
+ * messages about the file) made fit to print: every byte outside printable
+ * ASCII becomes '?' (newlines too, unless keep_nl), so that an escape
+ * sequence, a carriage return or an 8-bit control cannot reach a terminal
+ * or a log. The result goes to dst (len > 4 bytes; dst may be src); text
+ * longer than len - 1 bytes is cut and ends in "...". Returns dst.
+ */
+char *fsdp_str_printable(char *dst, size_t len, const char *src, int keep_nl);
 
 /* 64-bit FNV-1a, for agreement hashes. */
 uint64_t fsdp_hash64(const void *data, size_t len, uint64_t seed);

@@ -18,13 +18,11 @@
 #include "core/error.h"
 #include "core/util.h"
 
-#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 _Noreturn void fsdp_ckpt_tool_bad_option(const char *cmd, int c, char **argv)
@@ -211,8 +209,8 @@ static void consolidate_usage(FILE *out)
             "usage: fsdpc-ckpt consolidate PATH -o MODEL.h5 [--with-optimizer]\n"
             "\n"
             "Writes a checkpoint's full tensors into one model file (f32), tensor by tensor:\n"
-            "memory is about one tensor's worth. The file is written to MODEL.h5.tmp and\n"
-            "renamed when complete.\n"
+            "memory is about one tensor's worth. The file is written under a fresh\n"
+            "temporary name beside it (MODEL.h5.tmp.XXXXXX) and renamed when complete.\n"
             "\n"
             "  -o, --output FILE      the model file to write\n"
             "      --with-optimizer   also write /optim/exp_avg and /optim/exp_avg_sq\n"
@@ -371,14 +369,13 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
     }
     struct fsdp_ckpt *ck = tool_open("reshard", argv[optind]);
     const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp_%d", out, (int)getpid());
-    if (mkdir(tmp, 0755) != 0) {
-        fsdp_fatal("fsdpc-ckpt reshard: %s: cannot create: %s", tmp, strerror(errno));
-    }
     float *buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
     if (!buf) {
         fsdp_fatal("fsdpc-ckpt reshard: out of memory for one tensor");
+    }
+    char *tmp;
+    if ((rc = fsdp_file_tmp_mkdir(out, &tmp)) < 0) {
+        fsdp_die(rc, "fsdpc-ckpt reshard", NULL);
     }
     size_t done = 0, total = (size_t)shards * FSDP_CKPT_NKINDS * s->n_params;
     rc = reshard_write(ck, tmp, shards, buf, &done, total);
@@ -400,6 +397,7 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
     }
     printf("%s: step %ld resharded to %s (%d shard%s) in %s\n", fsdp_ckpt_dir(ck), m.step,
            dims.spec, shards, shards > 1 ? "s" : "", out);
+    free(tmp);
     fsdp_free(buf);
     fsdp_ckpt_close(ck);
     return 0;

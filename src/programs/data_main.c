@@ -60,7 +60,7 @@ static void tokenize_usage(FILE *out)
             "Byte-level tokenization (vocabulary 256: every byte is one token) into an llm.c\n"
             "token file (256 x int32 header, magic 20240520, version 1, then uint16 tokens).\n"
             "\n"
-            "  -o, --output FILE       training tokens (written to FILE.tmp, then renamed)\n"
+            "  -o, --output FILE       training tokens (written to FILE.tmp.XXXXXX, then renamed)\n"
             "      --val-fraction X    0 < X < 1: the last floor(X * bytes) bytes of TEXT\n"
             "                          become the validation split\n"
             "      --val-out FILE      where the validation tokens go (needs --val-fraction)\n"

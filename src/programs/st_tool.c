@@ -4,6 +4,7 @@
  * doc/formats.md, "Mapping to Hugging Face GPT-2"): "transformer." prefix,
  * Conv1D weights (c_attn, c_proj, c_fc) transposed, the tied lm_head left
  * out. Streamed tensor by tensor through two buffers of the largest tensor.
+ * Names and metadata from a file are printed only through fsdp_str_printable.
  */
 #include "config.h"
 #include "programs/ckpt_tool.h"
@@ -211,12 +212,37 @@ static long st_lookup(const struct fsdp_safetensors *st, const char *name)
     return i >= 0 ? i : fsdp_safetensors_find(st, name);
 }
 
+/* A tensor name from the file, fit to print. */
+#define ST_SHOW 80
+
+/*
+ * Each tensor once: a file holding both "transformer.X" and "X" names one
+ * tensor twice, and the lookups below would take one spelling for some
+ * purposes (lm_head: import) and the other for others (validation).
+ */
+static int st_check_aliases(const struct fsdp_safetensors *st)
+{
+    char a[ST_SHOW], b[ST_SHOW];
+    for (size_t i = 0; i < st->n; i++) {
+        const char *n = st->t[i].name;
+        if (strncmp(n, "transformer.", 12) == 0 && fsdp_safetensors_find(st, n + 12) >= 0) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: both '%s' and '%s' are present: one tensor "
+                            "under two names (keep one spelling)", st->path,
+                            fsdp_str_printable(a, sizeof(a), n, 0),
+                            fsdp_str_printable(b, sizeof(b), n + 12, 0));
+        }
+    }
+    return 0;
+}
+
 static int st_to_f32(const struct fsdp_safetensors *st, const struct fsdp_st_tensor *t,
                      const void *raw, float *dst, size_t n)
 {
+    char show[ST_SHOW];
     if (!fsdp_dtype_is_float(t->dtype)) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has integer dtype; parameters must be "
-                        "F32, F16 or BF16", st->path, t->name);
+                        "F32, F16 or BF16", st->path, fsdp_str_printable(show, sizeof(show),
+                                                                         t->name, 0));
     }
     return fsdp_convert(dst, FSDP_F32, raw, t->dtype, n);
 }
@@ -252,8 +278,10 @@ static int st_infer(const struct fsdp_safetensors *st, int heads, double eps,
         char *end;
         eps = strtod(me, &end);
         if (end == me || *end || !(eps > 0.0 && eps < 1.0)) {
+            char show[ST_SHOW];
             return fsdp_err(FSDP_ERR_FORMAT, "%s: metadata fsdpc_ln_eps '%s' is not a number "
-                            "in (0, 1); pass --ln-eps X", st->path, me);
+                            "in (0, 1); pass --ln-eps X", st->path,
+                            fsdp_str_printable(show, sizeof(show), me, 0));
         }
     } else if (eps <= 0.0) {
         eps = 1e-5;
@@ -289,37 +317,55 @@ static int st_tied(struct fsdp_safetensors *st, void *x, void *y, int *tied)
     return 0;
 }
 
+/* The attention-mask buffers of older Hugging Face files: not parameters. */
+static int st_is_buffer(const char *bare)
+{
+    size_t bl = strlen(bare);
+    return (bl > 10 && strcmp(bare + bl - 10, ".attn.bias") == 0) ||
+           (bl > 17 && strcmp(bare + bl - 17, ".attn.masked_bias") == 0);
+}
+
+/* Every parameter of s present with its shape, and nothing else but the
+ * buffers and lm_head.weight; linear in the file's tensors (a mark per
+ * tensor found), whatever their number. */
 static int st_check_tensors(const struct fsdp_safetensors *st, const struct fsdp_model_spec *s)
 {
-    for (size_t i = 0; i < s->n_params; i++) {
+    char show[ST_SHOW];
+    unsigned char *used = calloc(st->n ? st->n : 1, 1);
+    int rc = 0;
+    if (!used) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: tensor marks", st->path);
+    }
+    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
         long k = st_lookup(st, p->name);
         if (k < 0) {
-            return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor transformer.%s is missing", st->path,
-                            p->name);
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor transformer.%s is missing", st->path,
+                          p->name);
+            break;
         }
         const struct fsdp_st_tensor *t = &st->t[k];
         size_t r = st_is_conv1d(p) ? p->shape[1] : p->shape[0];
         size_t c = st_is_conv1d(p) ? p->shape[0] : p->shape[1];
+        used[k] = 1;
         if (t->ndim != p->ndim || t->shape[0] != r || (p->ndim == 2 && t->shape[1] != c)) {
-            return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has %d dims (%zu, %zu) but the "
-                            "model needs (%zu, %zu)%s", st->path, t->name, t->ndim, t->shape[0],
-                            t->ndim > 1 ? t->shape[1] : 1, r, p->ndim > 1 ? c : 1,
-                            st_is_conv1d(p) ? " (Conv1D layout: in, out)" : "");
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has %d dims (%zu, %zu) but the "
+                          "model needs (%zu, %zu)%s", st->path,
+                          fsdp_str_printable(show, sizeof(show), t->name, 0), t->ndim,
+                          t->shape[0], t->ndim > 1 ? t->shape[1] : 1, r, p->ndim > 1 ? c : 1,
+                          st_is_conv1d(p) ? " (Conv1D layout: in, out)" : "");
         }
     }
-    for (size_t i = 0; i < st->n; i++) {
+    for (size_t i = 0; rc == 0 && i < st->n; i++) {
         const char *n = st->t[i].name;
         const char *bare = strncmp(n, "transformer.", 12) == 0 ? n + 12 : n;
-        size_t bl = strlen(bare);
-        int buffer = (bl > 10 && strcmp(bare + bl - 10, ".attn.bias") == 0) ||
-                     (bl > 17 && strcmp(bare + bl - 17, ".attn.masked_bias") == 0);
-        if (!buffer && strcmp(n, "lm_head.weight") != 0 && fsdp_model_spec_find(s, bare) < 0) {
-            return fsdp_err(FSDP_ERR_FORMAT, "%s: unexpected tensor '%s' (not a GPT-2 parameter)",
-                            st->path, n);
+        if (!used[i] && !st_is_buffer(bare) && strcmp(n, "lm_head.weight") != 0) {
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: unexpected tensor '%s' (not a GPT-2 parameter)",
+                          st->path, fsdp_str_printable(show, sizeof(show), n, 0));
         }
     }
-    return 0;
+    free(used);
+    return rc;
 }
 
 int fsdp_ckpt_cmd_import_st(int argc, char **argv)
@@ -370,7 +416,7 @@ int fsdp_ckpt_cmd_import_st(int argc, char **argv)
     struct fsdp_model_spec *s = NULL;
     const char *what = "fsdpc-ckpt import-safetensors";
     if ((rc = fsdp_safetensors_open(argv[optind], &st)) < 0 ||
-        (rc = st_infer(st, heads, eps, &cfg)) < 0) {
+        (rc = st_check_aliases(st)) < 0 || (rc = st_infer(st, heads, eps, &cfg)) < 0) {
         fsdp_die(rc, what, NULL);
     }
     size_t big = (size_t)cfg.vocab_size * (size_t)cfg.n_embd;

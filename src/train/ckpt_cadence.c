@@ -9,10 +9,11 @@
  *   2. every shard writer writes and fsyncs its shard_<r>.h5, rank 0 the
  *      index.h5; the agreement that follows is the barrier
  *   3. rank 0 commits the directory as D/step_<N> and moves D/latest to it
- *      (fsdp_ckpt_commit_step), then applies --ckpt-keep
- * A crash at any point leaves either the previous latest or the new one;
- * leftover .tmp_* entries are removed by rank 0 at the next start and are
- * never read.
+ *      (fsdp_ckpt_commit_step), then applies --ckpt-keep to this run's
+ *      lineage (cad_retain)
+ * A crash at any point leaves either the previous latest or the new one,
+ * and every committed step complete; rank 0 puts D back in order at the
+ * next start (fsdp_ckpt_commit_recover) before anyone reads it.
  */
 #include "config.h"
 #include "train/ckpt_cadence.h"
@@ -46,6 +47,13 @@ struct fsdp_ckpt_cadence {
     int rank;
     long last_saved;               /* step of the last committed checkpoint; -1: none */
     long last_tried;               /* step of the last save attempt; -1: none */
+    long resumed_from;             /* step this run resumed from; -1: it started afresh */
+    /* (n_foreign) rank 0: the step directories in D at the start that this
+     * run has not written since; those above resumed_from are another
+     * lineage's, which retention neither counts nor removes */
+    long *foreign;
+    size_t n_foreign;
+    int warned_foreign;            /* the warning about them is logged once */
 };
 
 static volatile sig_atomic_t cad_signalled;
@@ -128,24 +136,43 @@ static long cad_step_of(const char *name)
     return *end || errno || n < 0 ? -1 : n;
 }
 
-/* Removes leftovers of interrupted saves (.tmp_*), which are never read. */
-static int cad_clean_tmp(const char *dir)
+/* Puts D back in order after a crash (see fsdp_ckpt_commit_recover) and
+ * says what it did. */
+static int cad_recover(const char *dir)
+{
+    struct fsdp_ckpt_recovery rep;
+    FSDP_CHECK(fsdp_ckpt_commit_recover(dir, &rep));
+    for (int i = 0; i < rep.n_restored && i < 8; i++) {
+        FSDP_WARN(FSDP_SUB_TRAIN, "ckpt-dir %s: step_%ld restored from the copy a save of that "
+                  "step moved aside before it was interrupted", dir, rep.restored[i]);
+    }
+    if (rep.n_removed > 0) {
+        FSDP_INFO(FSDP_SUB_TRAIN, "ckpt-dir %s: removed %d leftover%s of interrupted checkpoint "
+                  "saves", dir, rep.n_removed, rep.n_removed > 1 ? "s" : "");
+    }
+    return 0;
+}
+
+/* Steps of D's step_<N> directories, at most cap; *n of them. */
+static int cad_list_steps(const char *dir, long *steps, size_t cap, size_t *n)
 {
     DIR *d = opendir(dir);
     struct dirent *e;
-    char path[CAD_PATH_MAX];
+    *n = 0;
     if (!d) {
         return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot list: %s", dir, strerror(errno));
     }
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, FSDP_CKPT_TMP_PREFIX, strlen(FSDP_CKPT_TMP_PREFIX)) == 0) {
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-            FSDP_INFO(FSDP_SUB_TRAIN, "removing %s (left by an interrupted checkpoint save)", path);
-            if (fsdp_file_rmtree(path) < 0) {
-                closedir(d);
-                return FSDP_ERR_IO;
-            }
+        long s = cad_step_of(e->d_name);
+        if (s < 0) {
+            continue;
         }
+        if (*n == cap) {
+            closedir(d);
+            return fsdp_err(FSDP_ERR_INVALID, "ckpt-dir %s: more than %zu step directories; "
+                            "ckpt-keep leaves them all (remove old ones by hand)", dir, cap);
+        }
+        steps[(*n)++] = s;
     }
     closedir(d);
     return 0;
@@ -157,39 +184,106 @@ static int cad_cmp_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* Deletes all but the newest keep step directories, never `current` (which
- * latest names, and which a run resumed from an older step may have written
- * below newer ones). */
-static int cad_retain(const char *dir, long keep, long current)
+#define CAD_MAX_STEPS 4096
+
+static int cad_is_foreign(const struct fsdp_ckpt_cadence *c, long step)
 {
-    long steps[4096];
-    size_t n = 0;
-    char path[CAD_PATH_MAX];
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    if (!d) {
-        return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot list: %s", dir, strerror(errno));
+    for (size_t i = 0; i < c->n_foreign; i++) {
+        if (c->foreign[i] == step) {
+            return 1;
+        }
     }
-    while ((e = readdir(d))) {
-        long s = cad_step_of(e->d_name);
-        if (s < 0) {
-            continue;
+    return 0;
+}
+
+/* A step this run committed is its own from now on, whoever wrote it before. */
+static void cad_own(struct fsdp_ckpt_cadence *c, long step)
+{
+    for (size_t i = 0; i < c->n_foreign; i++) {
+        if (c->foreign[i] == step) {
+            c->foreign[i] = c->foreign[--c->n_foreign];
+            return;
         }
-        if (n == sizeof(steps) / sizeof(steps[0])) {
-            closedir(d);
-            return fsdp_err(FSDP_ERR_INVALID, "ckpt-dir %s: more than %zu step directories; "
-                            "ckpt-keep leaves them all (remove old ones by hand)", dir, n);
-        }
-        steps[n++] = s;
     }
-    closedir(d);
-    qsort(steps, n, sizeof(steps[0]), cad_cmp_desc);
-    for (size_t i = (size_t)keep; i < n; i++) {
-        if (steps[i] == current) {
-            continue;
+}
+
+/* Rank 0 at the start: which step directories this run did not write. */
+static int cad_snapshot_foreign(struct fsdp_ckpt_cadence *c)
+{
+    long steps[CAD_MAX_STEPS];
+    size_t n;
+    if (cad_list_steps(c->dir, steps, CAD_MAX_STEPS, &n) < 0) {
+        fsdp_err_clear(); /* retention, the only reader, lists again and reports it */
+        n = 0;
+    }
+    if (n == 0) {
+        return 0;
+    }
+    c->foreign = malloc(n * sizeof(*c->foreign));
+    if (!c->foreign) {
+        return fsdp_err(FSDP_ERR_NOMEM, "ckpt-dir %s: step list", c->dir);
+    }
+    memcpy(c->foreign, steps, n * sizeof(*c->foreign));
+    c->n_foreign = n;
+    return 0;
+}
+
+/* Once per run: the steps of another lineage that retention leaves alone. */
+static void cad_warn_foreign(struct fsdp_ckpt_cadence *c, const long *steps, size_t n)
+{
+    char list[512];
+    size_t used = 0;
+    list[0] = '\0';
+    for (size_t i = 0; i < n && used < sizeof(list); i++) {
+        int k = snprintf(list + used, sizeof(list) - used, "%sstep_%ld", i ? ", " : "", steps[i]);
+        used += k > 0 ? (size_t)k : 0;
+    }
+    c->warned_foreign = 1;
+    if (c->resumed_from >= 0) {
+        FSDP_WARN(FSDP_SUB_TRAIN, "ckpt-keep: %s in %s %s newer than step_%ld, which this run "
+                  "resumed from, and not written by this run (an abandoned run's); ckpt-keep "
+                  "neither counts nor removes %s, so remove %s by hand when done with %s", list,
+                  c->dir, n > 1 ? "are" : "is", c->resumed_from, n > 1 ? "them" : "it",
+                  n > 1 ? "them" : "it", n > 1 ? "them" : "it");
+    } else {
+        FSDP_WARN(FSDP_SUB_TRAIN, "ckpt-keep: %s in %s %s from before this run, which did not "
+                  "resume from any checkpoint; ckpt-keep neither counts nor removes %s, so "
+                  "remove %s by hand when done with %s", list, c->dir, n > 1 ? "are" : "is",
+                  n > 1 ? "them" : "it", n > 1 ? "them" : "it", n > 1 ? "them" : "it");
+    }
+}
+
+/*
+ * --ckpt-keep K over this run's lineage: the steps it wrote, the one it
+ * resumed from and those below that. Of these only the newest K stay, and
+ * never current (which latest names). A step above resumed_from that this
+ * run did not write belongs to a run that went further before this one
+ * was resumed from an older step; counting it would delete this run's own
+ * checkpoints (its resume point first) to keep that abandoned run's, so it
+ * is left alone, with a warning.
+ */
+static int cad_retain(struct fsdp_ckpt_cadence *c, long keep, long current, unsigned nonce)
+{
+    long steps[CAD_MAX_STEPS], other[CAD_MAX_STEPS];
+    size_t n, n_line = 0, n_other = 0;
+    FSDP_CHECK(cad_list_steps(c->dir, steps, CAD_MAX_STEPS, &n));
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i] > c->resumed_from && cad_is_foreign(c, steps[i])) {
+            other[n_other++] = steps[i];
+        } else {
+            steps[n_line++] = steps[i];
         }
-        snprintf(path, sizeof(path), "%s/step_%ld", dir, steps[i]);
-        FSDP_CHECK(fsdp_file_rmtree(path));
+    }
+    qsort(steps, n_line, sizeof(steps[0]), cad_cmp_desc);
+    for (size_t i = (size_t)keep; i < n_line; i++) {
+        if (steps[i] != current) {
+            FSDP_CHECK(fsdp_ckpt_commit_remove(c->dir, steps[i], nonce));
+            cad_own(c, steps[i]); /* gone: no longer in the snapshot */
+        }
+    }
+    if (n_other > 0 && !c->warned_foreign) {
+        qsort(other, n_other, sizeof(other[0]), cad_cmp_desc);
+        cad_warn_foreign(c, other, n_other);
     }
     return 0;
 }
@@ -199,7 +293,8 @@ static int cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, u
                       long keep)
 {
     FSDP_CHECK(fsdp_ckpt_commit_step(c->dir, tmp, step, nonce));
-    return keep > 0 ? cad_retain(c->dir, keep, step) : 0;
+    cad_own(c, step);
+    return keep > 0 ? cad_retain(c, keep, step, nonce) : 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -420,16 +515,20 @@ int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **
     c->rank = cad_rank(t);
     c->last_saved = -1;
     c->last_tried = -1;
+    c->resumed_from = -1;
     int rc = 0;
     if (c->rank == 0) {
         rc = cad_mkdirs(c->dir);
         if (rc == 0) {
-            rc = cad_clean_tmp(c->dir);
+            rc = cad_recover(c->dir);
+        }
+        if (rc == 0) {
+            rc = cad_snapshot_foreign(c);
         }
     }
     rc = cad_agree_ok(t, rc, 0, "prepare ckpt-dir");
     if (rc < 0) {
-        free(c);
+        fsdp_ckpt_cadence_destroy(c);
         return rc;
     }
     struct sigaction sa;
@@ -447,7 +546,34 @@ int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **
 
 void fsdp_ckpt_cadence_destroy(struct fsdp_ckpt_cadence *c)
 {
+    if (c) {
+        free(c->foreign);
+    }
     free(c);
+}
+
+/* The error for a root whose latest names nothing: what it names and which
+ * steps there are to resume from instead. */
+static int cad_latest_missing(const char *root, const char *link)
+{
+    char target[256], list[512];
+    long steps[CAD_MAX_STEPS];
+    size_t n, used = 0;
+    ssize_t k = readlink(link, target, sizeof(target) - 1);
+    target[k > 0 ? k : 0] = '\0';
+    list[0] = '\0';
+    if (cad_list_steps(root, steps, CAD_MAX_STEPS, &n) < 0) {
+        fsdp_err_clear();
+        n = 0;
+    }
+    qsort(steps, n, sizeof(steps[0]), cad_cmp_desc);
+    for (size_t i = 0; i < n && used < sizeof(list); i++) {
+        int w = snprintf(list + used, sizeof(list) - used, "%sstep_%ld", i ? ", " : "", steps[i]);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    return fsdp_err(FSDP_ERR_FORMAT, "%s names %s, which is missing; step directories in %s: %s%s",
+                    link, target, root, n ? list : "none",
+                    n ? " (resume one of them by its path)" : "");
 }
 
 int fsdp_ckpt_resume(struct fsdp_trainer *t)
@@ -469,6 +595,9 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
                       path, cfg->model);
         }
         return 0;
+    }
+    if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && stat(link, &st) != 0) {
+        return cad_latest_missing(path, link);
     }
     const double t_load = fsdp_now();
     FSDP_CHECK(fsdp_ckpt_open(path, &ck));
@@ -503,6 +632,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     if (t->ckpt) {
         t->ckpt->last_saved = m->step;
         t->ckpt->last_tried = m->step;
+        t->ckpt->resumed_from = m->step;
     }
     if (cad_rank(t) == 0) {
         char rate[96];

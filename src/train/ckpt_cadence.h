@@ -14,9 +14,10 @@ struct fsdp_trainer;
 struct fsdp_ckpt_cadence;
 
 /*
- * With ckpt-dir set: creates it (rank 0), removes leftover temporary
- * directories of interrupted saves, and installs the SIGUSR1/SIGTERM flag
- * handlers. Without: *out is NULL and nothing happens.
+ * With ckpt-dir set: creates it (rank 0), puts it back in order after an
+ * interrupted save (fsdp_ckpt_commit_recover: a step moved aside restored,
+ * leftovers removed) before any rank reads it, and installs the
+ * SIGUSR1/SIGTERM flag handlers. Without: *out is NULL and nothing happens.
  */
 int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **out);
 void fsdp_ckpt_cadence_destroy(struct fsdp_ckpt_cadence *c);

@@ -5,3 +5,23 @@ dist_check_SCRIPTS += tests/ckpt/test_ckpt_resume.sh tests/ckpt/test_ckpt_faults
 dist_check_DATA += tests/ckpt/ckpt_lib.sh tests/ckpt/make_bad_st.py
 TESTS += tests/ckpt/test_ckpt_resume.sh tests/ckpt/test_ckpt_faults.sh tests/ckpt/test_ckpt_bad.sh \
 	tests/ckpt/test_safetensors.sh
+
+# The commit protocol under a crash at every file-system call of a save
+# (crash_shim wraps those calls; the library is static, so they land there),
+# and as crash_shim.so preloaded into fsdpc-train by the end-to-end test.
+check_PROGRAMS += tests/ckpt/test_ckpt_crash tests/ckpt/crash_shim.so
+tests_ckpt_test_ckpt_crash_SOURCES = tests/ckpt/test_ckpt_crash.c tests/ckpt/crash_shim.c \
+	tests/ckpt/crash_shim.h
+tests_ckpt_test_ckpt_crash_LDADD = $(LDADD) -ldl
+tests_ckpt_crash_shim_so_SOURCES = tests/ckpt/crash_shim.c tests/ckpt/crash_shim.h
+tests_ckpt_crash_shim_so_CFLAGS = $(AM_CFLAGS) -fPIC
+tests_ckpt_crash_shim_so_LDFLAGS = -shared
+tests_ckpt_crash_shim_so_LDADD = -ldl
+dist_check_SCRIPTS += tests/ckpt/test_ckpt_rollback.sh
+TESTS += tests/ckpt/test_ckpt_crash tests/ckpt/test_ckpt_rollback.sh
+
+# Readers refuse files that would take bytes from other files; faults of
+# the readers (FIFOs, escapes in names, huge safetensors headers).
+dist_check_SCRIPTS += tests/ckpt/test_ckpt_escape.sh tests/ckpt/test_reader_faults.sh
+dist_check_DATA += tests/ckpt/make_escape.py
+TESTS += tests/ckpt/test_ckpt_escape.sh tests/ckpt/test_reader_faults.sh

@@ -316,7 +316,7 @@ static int probe_serve(double seconds)
     for (double t0 = fsdp_now(); fsdp_now() - t0 < seconds;) {
         long rss = 0;
         FILE *f = fopen("/proc/self/statm", "r");
-        if (f && fscanf(f, "%*ld %ld", &rss) == 1) {
+        if (f && fscanf(f, "%*s %ld", &rss) == 1) {
             printf("RSS-KB %ld\n", rss * (sysconf(_SC_PAGESIZE) / 1024));
             fflush(stdout);
         }

@@ -1,12 +1,14 @@
 /*
  * test_ckpt_commit.c - the checkpoint directory commit (io/ckpt_commit.h)
  * and the file helpers under it (io/fileutil.h): the layout a commit leaves
- * (step_<N>, latest, no .tmp_ leftovers, a step written twice replaced),
- * its refusals, and the order of its fsyncs and renames. The order is read
- * from fsync, rename and symlink wrappers that this program puts in front
- * of libc's (the library is linked statically, so its calls land here), so
- * a commit that renames before the directory is on disk, or forgets the
- * fsync of the root, fails here.
+ * (step_<N>, latest, no .tmp_ leftovers, a step written twice replaced,
+ * with and without an atomic exchange), removal, recovery of a root left by
+ * a crash, their refusals, and the order of their fsyncs and renames. The
+ * order is read from fsync, rename, renameat2 and symlink wrappers that
+ * this program puts in front of libc's (the library is linked statically,
+ * so its calls land here), so a commit that renames before the directory is
+ * on disk, or forgets the fsync of the root, fails here. Crashes at every
+ * call are tests/ckpt/test_ckpt_crash's.
  */
 #include "config.h"
 #include "core/error.h"
@@ -16,6 +18,8 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,8 +34,9 @@
 #define EV_MAX 256
 #define EV_LEN (2 * PATH_MAX + 16)
 
-static char events[EV_MAX][EV_LEN]; /* "fsync P", "rename A B", "symlink T L" */
+static char events[EV_MAX][EV_LEN]; /* "fsync P", "rename A B", "exchange A B", "symlink T L" */
 static int n_events;
+static int refuse_exchange; /* renameat2(RENAME_EXCHANGE) fails with EINVAL, as on NFS */
 
 static void ev_add(const char *fmt, ...)
 {
@@ -60,6 +65,22 @@ int rename(const char *from, const char *to)
     int (*real)(const char *, const char *) =
         (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
     return real(from, to);
+}
+
+int renameat2(int fd1, const char *from, int fd2, const char *to, unsigned flags)
+{
+    if (flags & RENAME_EXCHANGE) {
+        if (refuse_exchange) {
+            errno = EINVAL;
+            return -1;
+        }
+        ev_add("exchange %s %s", from, to);
+    } else {
+        ev_add("renameat2 %s %s", from, to);
+    }
+    int (*real)(int, const char *, int, const char *, unsigned) =
+        (int (*)(int, const char *, int, const char *, unsigned))dlsym(RTLD_NEXT, "renameat2");
+    return real(fd1, from, fd2, to, flags);
 }
 
 int symlink(const char *target, const char *link)
@@ -203,23 +224,123 @@ static void test_step(void)
     tap_ok(ok, "order: fsync of the step directory, rename to step_3, fsync of the root, "
            "symlink, rename over latest, fsync of the root");
 
+    /* written again: tmp and step_3 trade places, and only then does latest move */
     make_step(tmp, sizeof(tmp), 3, 0x22u, "two");
     n_events = 0;
     rc = fsdp_ckpt_commit_step(root, tmp, 3, 0x22u);
-    int aside = ev_find(0, "rename %s/step_3 %s/.tmp_old_step_3_00000022", root, root);
-    int moved = ev_find(aside, "rename %s %s/step_3", tmp, root);
-    tap_ok(rc == 0 && file_is(path, "two") && latest_is("step_3") && leftovers() == 0 &&
-               aside >= 0 && moved > aside,
-           "step 3 written again: the older one is moved aside, replaced and removed (rc %d %s)",
-           rc, fsdp_err_msg());
-    if (aside < 0 || moved <= aside) {
+    a = ev_find(0, "fsync %s", tmp);
+    b = ev_find(a, "exchange %s %s/step_3", tmp, root);
+    c = ev_find(b, "fsync %s", root);
+    d = ev_find(c, "rename %s/.tmp_latest_00000022 %s/latest", root, root);
+    ok = a >= 0 && b > a && c > b && d > c;
+    tap_ok(rc == 0 && file_is(path, "two") && latest_is("step_3") && leftovers() == 0 && ok,
+           "step 3 written again: fsync, exchange with step_3, fsync of the root, latest; the "
+           "older copy removed (rc %d %s)", rc, fsdp_err_msg());
+    if (!ok) {
+        ev_dump();
+    }
+
+    /* no exchange: the older copy waits under the aside name, then goes */
+    refuse_exchange = 1;
+    make_step(tmp, sizeof(tmp), 3, 0x23u, "three");
+    n_events = 0;
+    rc = fsdp_ckpt_commit_step(root, tmp, 3, 0x23u);
+    refuse_exchange = 0;
+    a = ev_find(0, "fsync %s", tmp);
+    b = ev_find(a, "rename %s/step_3 %s/.tmp_old_step_3_00000023", root, root);
+    c = ev_find(b, "rename %s %s/step_3", tmp, root);
+    d = ev_find(c, "fsync %s", root);
+    e = ev_find(d, "rename %s/.tmp_latest_00000023 %s/latest", root, root);
+    f = ev_find(e, "rename %s/.tmp_old_step_3_00000023 %s/.tmp_gone_step_3_00000023", root, root);
+    ok = a >= 0 && b > a && c > b && d > c && e > d && f > e;
+    tap_ok(rc == 0 && file_is(path, "three") && latest_is("step_3") && leftovers() == 0 && ok,
+           "without an exchange: fsync, step_3 aside, tmp to step_3, fsync of the root, latest, "
+           "the aside copy renamed away and removed (rc %d %s)", rc, fsdp_err_msg());
+    if (!ok) {
         ev_dump();
     }
 
     make_step(tmp, sizeof(tmp), 5, 0x33u, "five");
     rc = fsdp_ckpt_commit_step(root, tmp, 5, 0x33u);
-    tap_ok(rc == 0 && latest_is("step_5") && file_is(path, "two") && leftovers() == 0,
+    tap_ok(rc == 0 && latest_is("step_5") && file_is(path, "three") && leftovers() == 0,
            "commit of step 5: latest -> step_5, step_3 kept (rc %d %s)", rc, fsdp_err_msg());
+}
+
+static void test_remove(void)
+{
+    char tmp[PATH_MAX], path[PATH_MAX + 32];
+    make_step(tmp, sizeof(tmp), 6, 0x44u, "six");
+    fsdp_ckpt_commit_step(root, tmp, 6, 0x44u);
+    snprintf(path, sizeof(path), "%s/step_6", root);
+    fsdp_err_clear();
+    int rc = fsdp_ckpt_commit_remove(root, 6, 0x45u);
+    tap_ok(rc == FSDP_ERR_INVALID && strstr(fsdp_err_msg(), "latest names it") &&
+               access(path, F_OK) == 0,
+           "the step latest names is not removed ('%s')", fsdp_err_msg());
+    fsdp_err_clear();
+
+    snprintf(path, sizeof(path), "%s/step_5", root);
+    n_events = 0;
+    rc = fsdp_ckpt_commit_remove(root, 5, 0x46u);
+    int a = ev_find(0, "rename %s %s/.tmp_gone_step_5_00000046", path, root);
+    int b = ev_find(a, "fsync %s", root);
+    tap_ok(rc == 0 && access(path, F_OK) != 0 && leftovers() == 0 && a >= 0 && b > a,
+           "removal: renamed to .tmp_gone_, root fsynced, then deleted (rc %d %s)", rc,
+           fsdp_err_msg());
+    if (!(a >= 0 && b > a)) {
+        ev_dump();
+    }
+    tap_ok(fsdp_ckpt_commit_remove(root, 5, 0x47u) == 0, "removal of a missing step is no error");
+    fsdp_err_clear();
+}
+
+/* A root as crashes leave it, put back in order. */
+static void test_recover(void)
+{
+    char dir[PATH_MAX + 64], path[PATH_MAX + 64], link[PATH_MAX + 16];
+    struct fsdp_ckpt_recovery rep;
+    /* step 7 moved aside by a save that died before its replacement arrived */
+    snprintf(dir, sizeof(dir), "%s/.tmp_old_step_7_0000aaaa", root);
+    mkdir(dir, 0755);
+    put_file(dir, "a", "seven");
+    /* step 3 aside, but its replacement is in place */
+    snprintf(dir, sizeof(dir), "%s/.tmp_old_step_3_0000bbbb", root);
+    mkdir(dir, 0755);
+    put_file(dir, "a", "old three");
+    snprintf(dir, sizeof(dir), "%s/.tmp_step_9_0000cccc", root);
+    mkdir(dir, 0755);
+    put_file(dir, "a", "unfinished");
+    snprintf(dir, sizeof(dir), "%s/.tmp_latest_0000dddd", root);
+    symlink("step_9", dir);
+    snprintf(link, sizeof(link), "%s/latest", root);
+    unlink(link);
+    symlink("step_7", link);
+    n_events = 0;
+    int rc = fsdp_ckpt_commit_recover(root, &rep);
+    snprintf(path, sizeof(path), "%s/step_7/a", root);
+    char three[PATH_MAX + 32];
+    snprintf(three, sizeof(three), "%s/step_3/a", root);
+    int back = ev_find(0, "rename %s/.tmp_old_step_7_0000aaaa %s/step_7", root, root);
+    tap_ok(rc == 0 && rep.n_restored == 1 && rep.restored[0] == 7 && rep.n_removed == 3 &&
+               file_is(path, "seven") && file_is(three, "three") && leftovers() == 0 &&
+               latest_is("step_7") && !rep.latest_missing && back >= 0 &&
+               ev_find(back, "fsync %s", root) > back,
+           "recovery: step_7 back from its aside copy (latest names it again), the aside copy "
+           "of the present step_3 and the other leftovers removed (rc %d, %d restored, %d "
+           "removed)", rc, rep.n_restored, rep.n_removed);
+
+    unlink(link);
+    symlink("step_8", link);
+    rc = fsdp_ckpt_commit_recover(root, &rep);
+    tap_ok(rc == 0 && rep.latest_missing && strcmp(rep.latest_target, "step_8") == 0 &&
+               rep.n_removed == 0 && rep.n_restored == 0,
+           "recovery reports a latest that names a missing step ('%s')", rep.latest_target);
+    unlink(link);
+    symlink("step_7", link);
+    snprintf(dir, sizeof(dir), "%s/nowhere", root);
+    tap_ok(fsdp_ckpt_commit_recover(dir, &rep) == 0 && !rep.latest_target[0],
+           "recovery of a root that does not exist yet is no error");
+    fsdp_err_clear();
 }
 
 static void test_dir(void)
@@ -328,6 +449,8 @@ int main(void)
     }
     test_tmp_path();
     test_step();
+    test_remove();
+    test_recover();
     test_dir();
     test_files();
     test_rmtree();
