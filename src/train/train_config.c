@@ -5,6 +5,7 @@
  */
 #include "config.h"
 #include "train/train_config.h"
+#include "optim/optim.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
@@ -243,4 +244,15 @@ int fsdp_train_config_wants_fsdp(const struct fsdp_train_config *c)
     return c->mesh[0] || c->param_dtype != 0 || c->reduce_dtype != 0 ||
            strcmp(c->loss_scale, "off") != 0 || c->no_sync_accum ||
            c->activation_checkpointing || c->sharding != 0 || !c->reshard_after_forward;
+}
+
+void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_optim_config *oc)
+{
+    *oc = (struct fsdp_optim_config){
+        .beta1 = (float)c->beta1,
+        .beta2 = (float)c->beta2,
+        .eps = (float)c->eps,
+        .weight_decay = (float)c->weight_decay,
+        .clip = (float)c->clip,
+    };
 }

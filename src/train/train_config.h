@@ -87,6 +87,9 @@ struct fsdp_train_config {
 int fsdp_train_config_dtype(int choice);
 /* Loss scaling from the loss-scale keys: *dynamic, *scale (0: off). */
 int fsdp_train_config_loss_scale(const struct fsdp_train_config *c, int *dynamic, double *scale);
+/* The optimizer's settings (betas, eps, weight decay, clip) from c. */
+struct fsdp_optim_config;
+void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_optim_config *oc);
 /* True when the run needs the sharding engine even on one rank. */
 int fsdp_train_config_wants_fsdp(const struct fsdp_train_config *c);
 

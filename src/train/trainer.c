@@ -91,13 +91,8 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
 int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 {
     const struct fsdp_train_config *c = t->cfg;
-    struct fsdp_optim_config oc = {
-        .beta1 = (float)c->beta1,
-        .beta2 = (float)c->beta2,
-        .eps = (float)c->eps,
-        .weight_decay = (float)c->weight_decay,
-        .clip = (float)c->clip,
-    };
+    struct fsdp_optim_config oc;
+    fsdp_train_config_optim(c, &oc);
     struct fsdp_shard_config sc;
     fsdp_shard_config_init(&sc);
     sc.B = (int)c->batch_size;

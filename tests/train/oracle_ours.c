@@ -152,13 +152,8 @@ static int oracle_factory(struct fsdp_trainer *t, struct fsdp_engine **out)
     if (fsdp_train_config_wants_fsdp(c)) {
         return fsdp_trainer_shard_engine(t, out);
     }
-    struct fsdp_optim_config oc = {
-        .beta1 = (float)c->beta1,
-        .beta2 = (float)c->beta2,
-        .eps = (float)c->eps,
-        .weight_decay = (float)c->weight_decay,
-        .clip = (float)c->clip,
-    };
+    struct fsdp_optim_config oc;
+    fsdp_train_config_optim(c, &oc);
     return fsdp_oracle_engine_create(t->spec, (int)c->batch_size, (int)c->seq_len,
                                      (int)c->lm_head_chunk, &oc, out);
 }
