@@ -1,4 +1,4 @@
-# src/fsdp: the sharding engine (FSDP2 fully_shard semantics) behind train/engine.h.
+# src/fsdp: the sharding engine (FSDP2 fully_shard semantics) behind fsdp/engine.h.
 libfsdpc_a_SOURCES += src/fsdp/shard.c src/fsdp/unit.c src/fsdp/engine.c
 noinst_HEADERS += src/fsdp/fsdp.h src/fsdp/fsdp_impl.h
 

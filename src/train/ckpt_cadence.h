@@ -5,7 +5,7 @@
  * directory appear complete or not at all (doc/formats.md, "Checkpoints").
  *
  * Every function is collective over the trainer's ranks; the agreement
- * goes through the engine's agree_max, so all ranks take the same branch.
+ * goes through the trainer's world group, so all ranks take the same branch.
  */
 #ifndef FSDP_TRAIN_CKPT_CADENCE_H
 #define FSDP_TRAIN_CKPT_CADENCE_H

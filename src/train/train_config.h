@@ -90,7 +90,8 @@ int fsdp_train_config_loss_scale(const struct fsdp_train_config *c, int *dynamic
 /* The optimizer's settings (betas, eps, weight decay, clip) from c. */
 struct fsdp_optim_config;
 void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_optim_config *oc);
-/* True when the run needs the sharding engine even on one rank. */
+/* True when a one-rank run uses options only the sharding engine has (the
+ * single-rank test oracle, oracle_ours --run, falls back to it then). */
 int fsdp_train_config_wants_fsdp(const struct fsdp_train_config *c);
 
 /* An option set bound to c, with every key at its default. */

@@ -120,31 +120,31 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 
 /* Every rank reads its rows of every parameter from the model file into
  * the engine's pieces of kind 0. */
-static int trainer_load_model(struct fsdp_trainer *t)
+static int trainer_load_model(struct fsdp_trainer *t, struct fsdp_model_file *mf)
 {
     struct fsdp_engine *e = t->engine;
-    struct fsdp_model_file *mf;
-    int rc = 0;
-    FSDP_CHECK(fsdp_model_file_open(t->cfg->model, &mf));
     size_t n = e->ops->n_pieces(e);
-    for (size_t k = 0; k < n && rc == 0; k++) {
+    for (size_t k = 0; k < n; k++) {
         struct fsdp_state_piece pc;
         e->ops->piece(e, k, &pc);
         if (pc.kind == 0 && pc.rows > 0) {
-            rc = fsdp_model_file_read_rows(mf, t->spec->params[pc.param].name, pc.row0, pc.rows,
-                                           pc.data);
+            FSDP_CHECK(fsdp_model_file_read_rows(mf, t->spec->params[pc.param].name, pc.row0,
+                                                 pc.rows, pc.data));
         }
     }
-    fsdp_model_file_close(mf);
-    FSDP_CHECK(rc);
     return e->ops->state_changed(e);
 }
 
-/* The model's table, the mesh and the engine, its parameters loaded. */
-static int trainer_open_engine(struct fsdp_trainer *t, fsdp_engine_factory factory)
+/* The model file, and the parameter table of its architecture (the
+ * trainer's own copy: it outlives the file). */
+static int trainer_open_model(struct fsdp_trainer *t, struct fsdp_model_file **mf)
 {
     const struct fsdp_train_config *c = t->cfg;
-    int rc = fsdp_model_file_read_spec(c->model, &t->spec);
+    int rc = fsdp_model_file_open(c->model, mf);
+    if (rc == 0) {
+        const struct fsdp_model_spec *fs = fsdp_model_file_spec(*mf);
+        rc = fs->arch->spec_create(fs->cfg, &t->spec);
+    }
     if (rc < 0) {
         return trainer_blame(rc, "model");
     }
@@ -152,6 +152,14 @@ static int trainer_open_engine(struct fsdp_trainer *t, fsdp_engine_factory facto
         return fsdp_err(FSDP_ERR_INVALID, "seq-len %ld is longer than the context %d of model %s",
                         c->seq_len, t->spec->context, c->model);
     }
+    return 0;
+}
+
+/* The device, the mesh, the engine and the batch arrays. */
+static int trainer_build_engine(struct fsdp_trainer *t, fsdp_engine_factory factory)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    int rc;
     if ((rc = fsdp_device_create("cpu", t->dist ? t->dist->local_rank : 0, &t->dev)) < 0) {
         return trainer_blame(rc, "device");
     }
@@ -167,10 +175,23 @@ static int trainer_open_engine(struct fsdp_trainer *t, fsdp_engine_factory facto
     if (!t->batch_in || !t->batch_tgt) {
         return fsdp_err(FSDP_ERR_NOMEM, "batch of %zu tokens", n);
     }
-    if ((rc = trainer_load_model(t)) < 0) {
-        return trainer_blame(rc, "model");
-    }
     return 0;
+}
+
+/* The model's table, the mesh and the engine, its parameters loaded. The
+ * model file is opened (and validated, which reads it through) once. */
+static int trainer_open_engine(struct fsdp_trainer *t, fsdp_engine_factory factory)
+{
+    struct fsdp_model_file *mf = NULL;
+    int rc = trainer_open_model(t, &mf);
+    if (rc == 0) {
+        rc = trainer_build_engine(t, factory);
+    }
+    if (rc == 0 && (rc = trainer_load_model(t, mf)) < 0) {
+        rc = trainer_blame(rc, "model");
+    }
+    fsdp_model_file_close(mf);
+    return rc;
 }
 
 /*

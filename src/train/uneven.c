@@ -3,9 +3,10 @@
  * per-step agreement of join / stop for uneven inputs (see uneven.h).
  *
  * Owns the decision of which ranks contribute to a step and when a pass and
- * the run end; the engine (step_join) owns what a rank without a batch does
- * inside the step. Every rank reaches the same decision from the same
- * agreed vector, so the ranks never disagree on the number of steps.
+ * the run end; the engine (a step with no batch arrays) owns what a rank
+ * without a batch does inside the step. Every rank reaches the same
+ * decision from the same agreed vector, so the ranks never disagree on the
+ * number of steps.
  */
 #include "config.h"
 #include "train/uneven.h"
