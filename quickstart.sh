@@ -20,7 +20,7 @@ BUILD_DIR=${BUILD_DIR:-$SRC/build}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 PKGS_BUILD="build-essential autoconf automake libtool pkg-config mpich libmpich-dev \
-libhdf5-mpich-dev hdf5-tools libopenblas-dev python3"
+libhdf5-mpich-dev hdf5-tools libopenblas-dev libssl-dev libxxhash-dev python3"
 # the tests also compare against PyTorch, read files with h5py, and run the
 # Slurm job scripts on a one-node Slurm cluster of their own
 PKGS_TEST="python3-torch python3-h5py python3-numpy slurmctld slurmd slurm-client munge"
