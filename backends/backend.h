@@ -55,6 +55,8 @@ struct fsdp_backend_caps {
     uint32_t redops; /* bit (1u << op) for every supported enum fsdp_redop */
 };
 
+struct fsdp_auth_key;
+
 /* What a backend instance is created for. Lives as long as the instance. */
 struct fsdp_group_info {
     const char *name;       /* "dp[1]": dimension name and slice index, or "world" */
@@ -63,7 +65,9 @@ struct fsdp_group_info {
     const int *world_ranks; /* (size,) world rank of each group member, ascending */
     int world_rank;
     int world_size;
-    uint64_t nonce;           /* job nonce: connections without it are refused */
+    uint64_t nonce;           /* job nonce: names the job */
+    const struct fsdp_auth_key *auth_key; /* keys the connection handshake (auth.h): a
+                                 peer that cannot prove it holds it is refused */
     double timeout_s;         /* deadline for every blocking step inside the backend */
     struct fsdp_store *store; /* rendezvous store, prefixed for this group */
     int local_rank;           /* rank among the processes on this host (picks the

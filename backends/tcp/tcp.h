@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "rendezvous/auth.h"
 #include "core/dtype.h"
 #include "core/util.h"
 
@@ -38,7 +39,7 @@
 
 #define TCP_FRAME_MAGIC 0x54445346u /* "FSDT" */
 #define TCP_HELLO_MAGIC 0x4c484446u /* "FDHL" */
-#define TCP_PROTO_VERSION 1
+#define TCP_PROTO_VERSION 2
 #define TCP_ADDR_MAX 64   /* "255.255.255.255:65535" with room to spare */
 #define TCP_ERRMSG_MAX 512
 #define TCP_NOTE_MAX 192  /* keepalive payload: "rank 1 (world rank 1, ip:port), silent for 2 s" */
@@ -90,6 +91,7 @@ struct tcp_hello {
     int32_t algo;
     int32_t reserved2;
     char addr[TCP_ADDR_MAX]; /* sender's advertised "ip:port" */
+    unsigned char challenge[16]; /* fresh random bytes: the other side's MAC covers them */
 };
 
 // ----------------------------------------------------------------------------
@@ -236,6 +238,7 @@ struct tcp_backend {
     int *world_ranks; /* (size,) */
     int world_rank;
     uint64_t nonce;
+    struct fsdp_auth_key key; /* the job key: the handshake proves it (tcp_conn.c) */
     double timeout_s;
     uint64_t group_hash;
     struct tcp_config cfg;

@@ -7,9 +7,16 @@
  * tcp/<generation>/addr/<rank> in the group's store; each rank dials every
  * higher rank and accepts the lower ones. Both ends of a new connection
  * exchange a hello (magic, protocol version, job nonce, group hash, ranks,
- * algorithm settings, address). A connection that does not present a valid
- * hello for this job and group within a few seconds is refused, closed and
- * logged; setup carries on waiting for the real peer. Everything runs in one
+ * algorithm settings, address, a fresh random challenge) and prove that
+ * they hold the job key (auth.h):
+ *     dialer   -> acceptor  hello_D
+ *     acceptor -> dialer    hello_A, HMAC(key, "acceptor", hello_D hello_A)
+ *     dialer   -> acceptor  HMAC(key, "dialer", hello_D hello_A)
+ * Each MAC covers both hellos, so both challenges: a replayed or relayed
+ * handshake fails, and neither side trusts the other before its MAC checks.
+ * A connection that does not complete this for this job and group within a
+ * few seconds is refused, closed and logged; setup carries on waiting for
+ * the real peer. Everything runs in one
  * poll loop, so no rank waits on another's accept order, and the whole setup
  * is bounded by the group's timeout.
  */
@@ -33,7 +40,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-_Static_assert(sizeof(struct tcp_hello) == 128, "hello is 128 bytes on the wire");
+_Static_assert(sizeof(struct tcp_hello) == 144, "hello is 144 bytes on the wire");
+
+#define TCP_LABEL_ACCEPTOR "fsdpc tcp acceptor"
+#define TCP_LABEL_DIALER "fsdpc tcp dialer"
+#define TCP_HS_MAX (sizeof(struct tcp_hello) + FSDP_AUTH_MAC_BYTES) /* largest message */
 
 #define TCP_HELLO_TIMEOUT_S 5.0  /* an accepted connection must say hello by then */
 #define TCP_MAX_STRANGERS 32     /* unknown connections in setup at once */
@@ -148,7 +159,7 @@ static void tcp_conn_sockopts(const struct tcp_backend *be, int fd)
 // ----------------------------------------------------------------------------
 // hello
 
-static void tcp_hello_fill(const struct tcp_backend *be, struct tcp_hello *h)
+static int tcp_hello_fill(const struct tcp_backend *be, struct tcp_hello *h)
 {
     memset(h, 0, sizeof(*h));
     h->magic = TCP_HELLO_MAGIC;
@@ -163,6 +174,15 @@ static void tcp_hello_fill(const struct tcp_backend *be, struct tcp_hello *h)
     h->chunk_bytes = be->cfg.chunk_bytes;
     h->algo = be->cfg.algo;
     snprintf(h->addr, sizeof(h->addr), "%s", be->peers[be->rank].addr);
+    return fsdp_auth_random(h->challenge, sizeof(h->challenge));
+}
+
+/* The MAC of one side over both hellos (dialer's first). */
+static void tcp_hello_mac(const struct tcp_backend *be, const char *label,
+                          const struct tcp_hello *dialer, const struct tcp_hello *acceptor,
+                          unsigned char mac[FSDP_AUTH_MAC_BYTES])
+{
+    fsdp_auth_mac(&be->key, label, dialer, sizeof(*dialer), acceptor, sizeof(*acceptor), mac);
 }
 
 /*
@@ -222,18 +242,23 @@ static int tcp_hello_check(const struct tcp_backend *be, const struct tcp_hello 
 
 enum tcp_pend_state { PEND_RETRY, PEND_CONNECTING, PEND_SENDING, PEND_RECEIVING };
 
-/* A connection being set up. */
+/* A connection being set up. Handshake steps (see the top of the file):
+ * dialer: 0 send hello_D, 1 receive hello_A + MAC, 2 send MAC, adopt;
+ * acceptor: 0 receive hello_D, 1 send hello_A + MAC, 2 receive MAC, adopt. */
 struct tcp_pend {
     int fd;
     int peer;     /* outgoing: the rank dialled; incoming: -1 */
     int outgoing;
     int state;
-    struct tcp_hello tx, rx;
-    size_t tx_off, rx_off;
+    int step;     /* of the handshake, above */
+    struct tcp_hello mine, theirs;
+    unsigned char txb[TCP_HS_MAX], rxb[TCP_HS_MAX];
+    size_t tx_len, tx_off, rx_len, rx_off;
+    int fatal;    /* acceptor: the error its hello would cause, raised once its MAC checks */
+    char fatal_msg[512];
     double deadline; /* PEND_RETRY: when to dial again; incoming: hello deadline */
     double backoff;
     int last_errno;  /* of the last failed dial */
-    int claimed;     /* incoming: the rank its hello named, reserved until adopted; else -1 */
     struct sockaddr_in sa; /* outgoing: where to dial */
     char from[TCP_ADDR_MAX];
 };
@@ -251,9 +276,6 @@ struct tcp_setup {
 static void tcp_pend_drop(struct tcp_setup *st, int i)
 {
     struct tcp_pend *pd = &st->pend[i];
-    if (pd->claimed >= 0 && st->be->peers[pd->claimed].fd == -2) {
-        st->be->peers[pd->claimed].fd = -1;
-    }
     if (pd->fd >= 0) {
         close(pd->fd);
     }
@@ -292,11 +314,10 @@ static void tcp_pend_dial(struct tcp_setup *st, struct tcp_pend *pd, double now)
 static void tcp_pend_adopt(struct tcp_setup *st, int i)
 {
     struct tcp_pend *pd = &st->pend[i];
-    struct tcp_peer *p = &st->be->peers[pd->rx.rank];
+    struct tcp_peer *p = &st->be->peers[pd->theirs.rank];
     p->fd = pd->fd;
-    snprintf(p->addr, sizeof(p->addr), "%s", pd->rx.addr);
+    snprintf(p->addr, sizeof(p->addr), "%s", pd->theirs.addr);
     pd->fd = -1;
-    pd->claimed = -1;
     st->connected++;
     FSDP_DEBUG(FSDP_SUB_TCP, "group %s: connected to rank %d (%s)", st->be->name, p->rank,
                p->addr);
@@ -324,8 +345,9 @@ static void tcp_setup_accept(struct tcp_setup *st, double now)
         memset(pd, 0, sizeof(*pd));
         pd->fd = fd;
         pd->peer = -1;
-        pd->claimed = -1;
         pd->state = PEND_RECEIVING;
+        pd->step = 0;
+        pd->rx_len = sizeof(struct tcp_hello);
         pd->deadline = now + TCP_HELLO_TIMEOUT_S;
         snprintf(pd->from, sizeof(pd->from), "%s:%u", ip, ntohs(sa.sin_port));
         tcp_conn_sockopts(st->be, fd);
@@ -353,12 +375,13 @@ static int tcp_setup_connected(struct tcp_pend *pd, double now)
     return 1;
 }
 
-/* Writes the rest of this rank's hello. 0, 1 when the entry is gone
- * (adopted or dropped), or a negative error. */
+/* Writes the rest of this step's message; at its end moves to the next
+ * step. 0, 1 when the entry is gone (adopted or dropped), or a negative
+ * error. */
 static int tcp_setup_send(struct tcp_setup *st, int i)
 {
     struct tcp_pend *pd = &st->pend[i];
-    ssize_t n = send(pd->fd, (char *)&pd->tx + pd->tx_off, sizeof(pd->tx) - pd->tx_off,
+    ssize_t n = send(pd->fd, pd->txb + pd->tx_off, pd->tx_len - pd->tx_off,
                      MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
         return 0;
@@ -372,26 +395,118 @@ static int tcp_setup_send(struct tcp_setup *st, int i)
                         st->be->name, pd->peer, pd->from, strerror(errno));
     }
     pd->tx_off += (size_t)n;
-    if (pd->tx_off < sizeof(pd->tx)) {
+    if (pd->tx_off < pd->tx_len) {
         return 0;
     }
-    if (!pd->outgoing) {
-        tcp_pend_adopt(st, i);
+    if (pd->outgoing && pd->step == 2) {
+        tcp_pend_adopt(st, i); /* the acceptor checks our MAC; it closes if it fails */
         return 1;
     }
+    /* dialer after hello_D: hello_A and its MAC are next; acceptor after
+     * hello_A: the dialer's MAC */
+    pd->step++;
     pd->state = PEND_RECEIVING;
+    pd->rx_off = 0;
+    pd->rx_len = pd->outgoing ? TCP_HS_MAX : FSDP_AUTH_MAC_BYTES;
     return 0;
 }
 
-/* Reads more of the other side's hello and judges it once complete (a bad
+/* Queues msg (len bytes) as this step's output and starts sending it. */
+static int tcp_setup_reply(struct tcp_setup *st, int i, const void *msg, size_t len)
+{
+    struct tcp_pend *pd = &st->pend[i];
+    memcpy(pd->txb, msg, len);
+    pd->tx_len = len;
+    pd->tx_off = 0;
+    pd->state = PEND_SENDING;
+    return tcp_setup_send(st, i);
+}
+
+/* A refusal: an incoming connection is closed and logged; an outgoing one
+ * (to the address a peer published) is an error. */
+static int tcp_setup_refuse(struct tcp_setup *st, int i, const char *why)
+{
+    struct tcp_pend *pd = &st->pend[i];
+    if (pd->outgoing) {
+        return fsdp_err(FSDP_ERR_PEER, "group %s: the address %s published for rank %d "
+                        "answered as something else: %s", st->be->name, pd->from, pd->peer, why);
+    }
+    tcp_pend_refuse(st, i, why);
+    return 1;
+}
+
+/* A complete message of this step is in rxb: judge it and answer. */
+static int tcp_setup_judge(struct tcp_setup *st, int i)
+{
+    struct tcp_backend *be = st->be;
+    struct tcp_pend *pd = &st->pend[i];
+    unsigned char mac[FSDP_AUTH_MAC_BYTES];
+    unsigned char msg[TCP_HS_MAX];
+    char why[160];
+    if (!pd->outgoing && pd->step == 0) {
+        /* hello_D: its claims are checked now but believed only once its
+         * MAC checks; an error it would cause (settings that differ) is
+         * kept until then, so that a stranger cannot end the job */
+        memcpy(&pd->theirs, pd->rxb, sizeof(pd->theirs));
+        int rc = tcp_hello_check(be, &pd->theirs, -1, why, sizeof(why));
+        if (rc < 0) {
+            pd->fatal = rc;
+            fsdp_err_take(pd->fatal_msg, sizeof(pd->fatal_msg));
+        } else if (rc) {
+            return tcp_setup_refuse(st, i, why);
+        }
+        FSDP_CHECK(tcp_hello_fill(be, &pd->mine));
+        memcpy(msg, &pd->mine, sizeof(pd->mine));
+        tcp_hello_mac(be, TCP_LABEL_ACCEPTOR, &pd->theirs, &pd->mine, msg + sizeof(pd->mine));
+        pd->step = 1;
+        return tcp_setup_reply(st, i, msg, TCP_HS_MAX);
+    }
+    if (pd->outgoing) {
+        /* hello_A + the acceptor's MAC: proof first, then the claims */
+        memcpy(&pd->theirs, pd->rxb, sizeof(pd->theirs));
+        tcp_hello_mac(be, TCP_LABEL_ACCEPTOR, &pd->mine, &pd->theirs, mac);
+        if (pd->theirs.magic == TCP_HELLO_MAGIC && pd->theirs.version == TCP_PROTO_VERSION &&
+            !fsdp_auth_mac_equal(mac, pd->rxb + sizeof(pd->theirs))) {
+            return fsdp_err(FSDP_ERR_AUTH, "group %s: the process at %s, published for rank %d, "
+                            "failed to prove that it holds this job's secret (an impostor, or "
+                            "ranks started with different FSDPC_SECRET)", be->name, pd->from,
+                            pd->peer);
+        }
+        int rc = tcp_hello_check(be, &pd->theirs, pd->peer, why, sizeof(why));
+        if (rc < 0) {
+            return rc;
+        }
+        if (rc) {
+            return tcp_setup_refuse(st, i, why);
+        }
+        tcp_hello_mac(be, TCP_LABEL_DIALER, &pd->mine, &pd->theirs, mac);
+        pd->step = 2;
+        return tcp_setup_reply(st, i, mac, sizeof(mac));
+    }
+    /* the dialer's MAC */
+    tcp_hello_mac(be, TCP_LABEL_DIALER, &pd->theirs, &pd->mine, mac);
+    if (!fsdp_auth_mac_equal(mac, pd->rxb)) {
+        return tcp_setup_refuse(st, i, "authentication failed: it does not hold this job's "
+                                "secret");
+    }
+    if (pd->fatal) {
+        return fsdp_err(pd->fatal, "%s", pd->fatal_msg);
+    }
+    if (be->peers[pd->theirs.rank].fd != -1) {
+        return tcp_setup_refuse(st, i, "a second connection for a rank already connected");
+    }
+    tcp_pend_adopt(st, i);
+    return 1;
+}
+
+/* Reads more of this step's message and judges it once complete (a bad
  * magic as soon as it shows). 0, 1 when the entry is gone, or an error. */
 static int tcp_setup_recv(struct tcp_setup *st, int i)
 {
     struct tcp_backend *be = st->be;
     struct tcp_pend *pd = &st->pend[i];
     char why[160];
-    ssize_t n = recv(pd->fd, (char *)&pd->rx + pd->rx_off, sizeof(pd->rx) - pd->rx_off,
-                     MSG_DONTWAIT);
+    ssize_t n = recv(pd->fd, pd->rxb + pd->rx_off, pd->rx_len - pd->rx_off, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
         return 0;
     }
@@ -405,35 +520,17 @@ static int tcp_setup_recv(struct tcp_setup *st, int i)
                         pd->peer, pd->from);
     }
     pd->rx_off += (size_t)n;
-    if (pd->rx_off >= sizeof(pd->rx.magic) && pd->rx.magic != TCP_HELLO_MAGIC) {
-        snprintf(why, sizeof(why), "not an fsdpc tcp peer (hello magic 0x%08x)", pd->rx.magic);
-    } else if (pd->rx_off < sizeof(pd->rx)) {
+    int hello = pd->outgoing ? pd->step == 1 : pd->step == 0;
+    uint32_t magic;
+    memcpy(&magic, pd->rxb, sizeof(magic));
+    if (hello && pd->rx_off >= sizeof(magic) && magic != TCP_HELLO_MAGIC) {
+        snprintf(why, sizeof(why), "not an fsdpc tcp peer (hello magic 0x%08x)", magic);
+        return tcp_setup_refuse(st, i, why);
+    }
+    if (pd->rx_off < pd->rx_len) {
         return 0;
-    } else {
-        int rc = tcp_hello_check(be, &pd->rx, pd->outgoing ? pd->peer : -1, why, sizeof(why));
-        if (rc < 0) {
-            return rc;
-        }
-        if (rc == 0 && pd->outgoing) {
-            tcp_pend_adopt(st, i);
-            return 1;
-        }
-        if (rc == 0) {
-            /* claim the rank at once, so that a duplicate is refused; the
-             * reply goes out next */
-            be->peers[pd->rx.rank].fd = -2;
-            pd->claimed = pd->rx.rank;
-            tcp_hello_fill(be, &pd->tx);
-            pd->state = PEND_SENDING;
-            return tcp_setup_send(st, i);
-        }
     }
-    if (pd->outgoing) {
-        return fsdp_err(FSDP_ERR_PEER, "group %s: the address %s published for rank %d "
-                        "answered as something else: %s", be->name, pd->from, pd->peer, why);
-    }
-    tcp_pend_refuse(st, i, why);
-    return 1;
+    return tcp_setup_judge(st, i);
 }
 
 /* Moves pend[i] on after poll said its socket is ready. 0, 1 when the entry
@@ -445,7 +542,11 @@ static int tcp_setup_step(struct tcp_setup *st, int i, double now)
         if (!tcp_setup_connected(pd, now)) {
             return 0;
         }
-        tcp_hello_fill(st->be, &pd->tx);
+        FSDP_CHECK(tcp_hello_fill(st->be, &pd->mine));
+        pd->step = 0;
+        pd->tx_len = sizeof(pd->mine);
+        pd->tx_off = 0;
+        memcpy(pd->txb, &pd->mine, sizeof(pd->mine));
         pd->state = PEND_SENDING;
     }
     if (pd->state == PEND_SENDING) {
@@ -595,7 +696,6 @@ static int tcp_conn_rendezvous(struct tcp_setup *st, struct fsdp_store *store, d
         snprintf(be->peers[q].addr, TCP_ADDR_MAX, "%s", pd->from);
         pd->fd = -1;
         pd->peer = q;
-        pd->claimed = -1;
         pd->outgoing = 1;
         pd->state = PEND_RETRY;
         pd->backoff = 0.02;

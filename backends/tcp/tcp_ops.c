@@ -89,6 +89,11 @@ static int tcp_alloc(const struct fsdp_group_info *info, struct tcp_backend **ou
     be->size = n;
     be->world_rank = info->world_rank;
     be->nonce = info->nonce;
+    if (!info->auth_key) {
+        tcp_free(be);
+        return fsdp_err(FSDP_ERR_INVALID, "tcp backend: group %s has no job key", info->name);
+    }
+    be->key = *info->auth_key;
     be->timeout_s = info->timeout_s > 0 ? info->timeout_s : TCP_DEFAULT_TIMEOUT_S;
     be->group_hash = tcp_group_hash(info);
     /* a live peer that waits says so this often; silence for 3 periods

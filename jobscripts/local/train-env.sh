@@ -13,6 +13,9 @@
 #   BACKEND      defaults to tcp (the mpi backend needs an MPI launcher)
 #   MASTER_ADDR  where rank 0 serves the rendezvous store (127.0.0.1)
 #   MASTER_PORT  its port (default: 20000 + this script's pid mod 20000)
+#   FSDPC_SECRET_FILE, FSDPC_SECRET  the job secret; by default the script
+#                makes a fresh one in a directory only you can read, and
+#                removes it at the end (doc/rendezvous.md, "Authentication")
 #
 # The script waits for all ranks. When one fails, it stops the others (SIGTERM,
 # then SIGKILL 10 s later) and exits with the failed rank's status. SIGUSR1,
@@ -28,6 +31,17 @@ BACKEND=${BACKEND:-tcp}
 
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 export MASTER_PORT=${MASTER_PORT:-$((20000 + $$ % 20000))}
+
+# The job secret: every rank proves that it holds it on each store and tcp
+# backend connection, so that no other process can join the job.
+if [ -z "${FSDPC_SECRET:-}${FSDPC_SECRET_FILE:-}" ]; then
+    secret_dir=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-secret.XXXXXX") ||
+        { echo "$me: cannot create a directory for the job secret" >&2; exit 1; }
+    trap 'rm -rf "$secret_dir"' EXIT
+    (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "$secret_dir/secret") ||
+        { echo "$me: cannot write the job secret to $secret_dir" >&2; exit 1; }
+    export FSDPC_SECRET_FILE=$secret_dir/secret
+fi
 
 # fsdpc_run_ranks NPROC FIRST_RANK WORLD_SIZE COMMAND [ARGS...]: start NPROC
 # copies of COMMAND with RANK = FIRST_RANK + i, LOCAL_RANK = i,

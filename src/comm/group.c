@@ -156,6 +156,7 @@ int fsdp_group_create(struct fsdp_dist *d, const char *name, const int *world_ra
         .world_rank = d->rank,
         .world_size = d->world_size,
         .nonce = d->nonce,
+        .auth_key = &d->job_key,
         .timeout_s = d->timeout_s,
         .store = g->store,
         .local_rank = d->local_rank,

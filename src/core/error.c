@@ -35,6 +35,7 @@ const char *fsdp_strerror(int code)
     case FSDP_ERR_STALE: return "stale state from an earlier job";
     case FSDP_ERR_INTERNAL: return "internal error";
     case FSDP_ERR_BACKEND: return "backend library error";
+    case FSDP_ERR_AUTH: return "authentication failed";
     default: return "unknown error";
     }
 }

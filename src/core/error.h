@@ -27,6 +27,7 @@ enum fsdp_err {
     FSDP_ERR_STALE = -11,       /* state left by an earlier job */
     FSDP_ERR_INTERNAL = -12,    /* a bug in fsdpc */
     FSDP_ERR_BACKEND = -13,     /* an MPI/NCCL/CUDA library call failed */
+    FSDP_ERR_AUTH = -14,        /* a peer or store failed the job-secret handshake */
 };
 
 /* Short name of a code ("timeout", "peer lost", ...). */

@@ -59,6 +59,9 @@ int fsdp_train_program(int argc, char **argv)
         static const char *const levels[] = {"", "OFF", "INFO", "DETAIL"};
         setenv("FSDPC_DEBUG", levels[cfg.debug], 1);
     }
+    if (cfg.insecure) {
+        setenv("FSDPC_INSECURE", "1", 1); /* read by the rendezvous (dist.h) */
+    }
     rc = fsdp_dist_init(&argc, &argv, cfg.init, cfg.timeout, &dist);
     if (rc < 0) {
         fsdp_die(rc, "fsdpc-train: rendezvous", NULL);

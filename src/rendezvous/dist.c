@@ -366,13 +366,25 @@ static void dist_store_host(const struct fsdp_dist *d, char *buf, size_t len)
 // ----------------------------------------------------------------------------
 // init methods
 
+/* d->job_key from the secret (len may be 0: no secret) and d->nonce. */
+static void dist_job_key(struct fsdp_dist *d, const unsigned char *secret, size_t len)
+{
+    char ctx[64];
+    snprintf(ctx, sizeof(ctx), "fsdpc job %016" PRIx64, d->nonce);
+    fsdp_auth_derive(secret, len, ctx, &d->job_key);
+}
+
 static int dist_init_single(struct fsdp_dist *d, struct dist_impl *im)
 {
     d->rank = 0;
     d->world_size = 1;
     d->local_rank = 0;
     d->local_size = 1;
+    unsigned char secret[FSDP_AUTH_KEY_BYTES];
     d->nonce = fsdp_store_random64();
+    FSDP_CHECK(fsdp_auth_random(secret, sizeof(secret)));
+    dist_job_key(d, secret, sizeof(secret));
+    d->authenticated = 1;
     snprintf(im->store_desc, sizeof(im->store_desc), "mem");
     return fsdp_store_mem_create(d->timeout_s, &d->store);
 }
@@ -382,6 +394,7 @@ struct dist_mpi_addr {
     int32_t status; /* 0, or rank 0's error code */
     int32_t port;
     uint64_t nonce;
+    unsigned char secret[FSDP_AUTH_KEY_BYTES]; /* the job secret: MPI carries it */
     char host[256];
     char err[512];
 };
@@ -416,14 +429,19 @@ static int dist_init_mpi(struct fsdp_dist *d, int *argc, char ***argv, struct di
     /* rank 0 serves; every rank, rank 0 included, must reach the Bcast */
     struct dist_mpi_addr a;
     memset(&a, 0, sizeof(a));
+    struct fsdp_auth_key skey;
     if (d->rank == 0) {
         long long want = fsdp_env_int("FSDPC_STORE_PORT", 0);
         a.nonce = fsdp_store_random64();
+        a.status = fsdp_auth_random(a.secret, sizeof(a.secret));
         dist_store_host(d, a.host, sizeof(a.host));
         /* the store listens where the others are told to connect, not on
          * every interface ($FSDPC_STORE_BIND names another address) */
-        a.status = fsdp_store_tcp_serve(fsdp_env_str("FSDPC_STORE_BIND", a.host), (int)want,
-                                        a.nonce, &im->server, &a.port);
+        if (a.status == 0) {
+            fsdp_auth_derive(a.secret, sizeof(a.secret), "fsdpc store mpi", &skey);
+            a.status = fsdp_store_tcp_serve(fsdp_env_str("FSDPC_STORE_BIND", a.host), (int)want,
+                                            &skey, &im->server, &a.port);
+        }
         if (a.status < 0) {
             fsdp_err_take(a.err, sizeof(a.err));
         }
@@ -435,19 +453,26 @@ static int dist_init_mpi(struct fsdp_dist *d, int *argc, char ***argv, struct di
     }
     a.host[sizeof(a.host) - 1] = '\0';
     d->nonce = a.nonce;
+    dist_job_key(d, a.secret, sizeof(a.secret));
+    d->authenticated = 1;
+    fsdp_auth_derive(a.secret, sizeof(a.secret), "fsdpc store mpi", &skey);
+    memset(a.secret, 0, sizeof(a.secret));
     snprintf(im->store_desc, sizeof(im->store_desc), "tcp %s:%d", a.host, a.port);
-    FSDP_CHECK(fsdp_store_tcp_connect(a.host, a.port, a.nonce, d->timeout_s, &d->store));
+    FSDP_CHECK(fsdp_store_tcp_connect(a.host, a.port, &skey, d->timeout_s, &d->store));
     return 0;
 }
 
-/* env:// and tcp://. The hello nonce must be known to a rank before it can
- * talk to the store, so it is derived from what every rank of the job
- * shares (address, size, launcher job id); the job nonce proper is random
- * and published by rank 0 through the store. */
+/* env:// and tcp://. The store's key comes from the user's secret and what
+ * every rank of the job shares (address, size, launcher job id), so that
+ * two jobs with one secret stay apart; without a secret only a loopback
+ * store (or --insecure) is allowed, keyed by the shared values alone. The
+ * job nonce proper is random and published by rank 0 through the store. */
 static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct dist_impl *im)
 {
     const char *method = sp->method == FSDP_INIT_ENV ? "env://" : "tcp://";
     char host[256], job[256], seed[700];
+    unsigned char secret[FSDP_AUTH_SECRET_MAX];
+    size_t slen = 0;
     int port = sp->port;
     FSDP_CHECK(dist_env_rank_size(method, &d->rank, &d->world_size));
     fsdp_log_set_rank(d->rank);
@@ -463,20 +488,36 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
     } else {
         snprintf(host, sizeof(host), "%s", sp->host);
     }
-    fsdp_store_job_id(job, sizeof(job));
-    snprintf(seed, sizeof(seed), "fsdpc-store|%s|%d|%d|%s", host, port, d->world_size, job);
-    uint64_t hello = fsdp_hash64(seed, strlen(seed), 0);
-
+    int have = fsdp_auth_user_secret(secret, &slen);
+    FSDP_CHECK(have);
     /* a one-rank job without a port keeps its store to itself */
     const int private_store = port == 0;
+    if (!have && !private_store && !fsdp_auth_host_is_loopback(host)) {
+        if (!fsdp_auth_insecure_allowed()) {
+            return fsdp_err(FSDP_ERR_AUTH, "%s: the store address %s is not a loopback address "
+                            "and no job secret is set: anyone who can reach it could join the "
+                            "job; set FSDPC_SECRET_FILE (a 0600 file every rank reads; the job "
+                            "scripts make one) or FSDPC_SECRET, or pass --insecure", method, host);
+        }
+        FSDP_WARN(FSDP_SUB_DIST, "%s: no job secret (--insecure): the store at %s and the tcp "
+                  "backend accept any process that knows the job's address and size", method,
+                  host);
+    }
+    d->authenticated = have;
+    fsdp_store_job_id(job, sizeof(job));
+    snprintf(seed, sizeof(seed), "fsdpc store|%s|%d|%d|%s", host, port, d->world_size, job);
+    struct fsdp_auth_key skey;
+    fsdp_auth_derive(secret, slen, seed, &skey);
+
     if (d->rank == 0) {
         /* the store listens on the address the others connect to, not on
          * every interface ($FSDPC_STORE_BIND names another) */
         const char *bind = private_store ? "127.0.0.1" : fsdp_env_str("FSDPC_STORE_BIND", host);
-        FSDP_CHECK(fsdp_store_tcp_serve(bind, port, hello, &im->server, &port));
+        FSDP_CHECK(fsdp_store_tcp_serve(bind, port, &skey, &im->server, &port));
     }
-    snprintf(im->store_desc, sizeof(im->store_desc), "tcp %s:%d", host, port);
-    FSDP_CHECK(fsdp_store_tcp_connect(private_store ? "127.0.0.1" : host, port, hello,
+    snprintf(im->store_desc, sizeof(im->store_desc), "tcp %s:%d%s", host, port,
+             have ? "" : " (no secret)");
+    FSDP_CHECK(fsdp_store_tcp_connect(private_store ? "127.0.0.1" : host, port, &skey,
                                       d->timeout_s, &d->store));
     /* a second job that reuses this address (and its size, and has no job
      * id) gets past the hello; it must not mingle with the first */
@@ -508,6 +549,10 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
         d->nonce |= (uint64_t)((unsigned char *)v)[i] << (8 * i);
     }
     free(v);
+    /* without a secret the job key is derived from the nonce alone, which
+     * any client that passed the (public) store handshake can read */
+    dist_job_key(d, secret, slen);
+    memset(secret, 0, sizeof(secret));
     return 0;
 }
 
@@ -516,8 +561,20 @@ static int dist_init_file(struct fsdp_dist *d, const struct dist_spec *sp, struc
     FSDP_CHECK(dist_env_rank_size("file://", &d->rank, &d->world_size));
     fsdp_log_set_rank(d->rank);
     snprintf(im->store_desc, sizeof(im->store_desc), "file %.280s", sp->path);
+    unsigned char secret[FSDP_AUTH_SECRET_MAX];
+    size_t slen = 0;
     FSDP_CHECK(fsdp_store_file_open(sp->path, d->rank, d->world_size, d->timeout_s, &d->nonce,
-                                    &d->store));
+                                    secret, &d->store));
+    slen = FSDP_AUTH_KEY_BYTES;
+    /* the user's secret, where named, wins over the stamp's */
+    int have = fsdp_auth_user_secret(secret, &slen);
+    FSDP_CHECK(have);
+    if (!have) {
+        slen = FSDP_AUTH_KEY_BYTES;
+    }
+    dist_job_key(d, secret, slen);
+    d->authenticated = 1;
+    memset(secret, 0, sizeof(secret));
     return 0;
 }
 

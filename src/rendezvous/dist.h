@@ -23,14 +23,20 @@
  * SLURM_PROCID with SLURM_NTASKS > 1), else a single-rank job with an
  * in-process store.
  *
- * Nonces. A TCP store only talks to clients that present its hello nonce.
- * Under mpi that is the job nonce, broadcast by MPI. Under env:// and tcp://
- * a rank must know it before it can reach the store, so it is a hash of what
- * every rank shares: the store address, WORLD_SIZE and the launcher's job id
- * ($FSDPC_JOB_ID, else $SLURM_JOB_ID.$SLURM_STEP_ID, else
- * $TORCHELASTIC_RUN_ID); rank 0 then publishes a random job nonce under the
- * key "fsdpc/nonce", and that is d->nonce. Under file:// the nonce names
- * the job's namespace in the directory.
+ * Authentication (auth.h, doc/rendezvous.md). Every store and tcp-backend
+ * connection starts with a mutual HMAC challenge-response keyed by the job
+ * secret: under mpi rank 0 draws it and MPI_Bcast's it; under env:// and
+ * tcp:// it comes from $FSDPC_SECRET or the 0600 file $FSDPC_SECRET_FILE
+ * (the job scripts make one per job); under file:// from the store's stamp
+ * (0600 in a 0700 directory) unless the user names one. env:// and tcp://
+ * without a secret run only on a loopback store address, keyed by public
+ * values (the store address, WORLD_SIZE and the launcher's job id:
+ * $FSDPC_JOB_ID, else $SLURM_JOB_ID.$SLURM_STEP_ID, else
+ * $TORCHELASTIC_RUN_ID), unless $FSDPC_INSECURE=1 (--insecure) says to run
+ * a non-loopback job that way too. Once connected, rank 0 publishes a
+ * random job nonce (key "fsdpc/nonce"); d->nonce names the job and
+ * d->job_key, derived from the secret and the nonce, keys the backends'
+ * handshakes.
  *
  * Local rank and size without MPI: LOCAL_RANK (or SLURM_LOCALID) and
  * LOCAL_WORLD_SIZE where set, else counted from the host names that every
@@ -39,10 +45,13 @@
  * Environment: FSDPC_TIMEOUT (default deadline when timeout_s <= 0; 300 s),
  * FSDPC_FINALIZE_TIMEOUT (bound of the finalize rendezvous; 10 s),
  * FSDPC_STORE_HOST, FSDPC_STORE_PORT (mpi: the store's address and port),
- * FSDPC_JOB_ID, FSDPC_FILE_STORE_SLACK (store.h).
+ * FSDPC_JOB_ID, FSDPC_FILE_STORE_SLACK (store.h), FSDPC_SECRET,
+ * FSDPC_SECRET_FILE, FSDPC_INSECURE (above).
  */
 #ifndef FSDP_RENDEZVOUS_DIST_H
 #define FSDP_RENDEZVOUS_DIST_H
+
+#include "rendezvous/auth.h"
 
 #include <stdint.h>
 
@@ -64,6 +73,8 @@ struct fsdp_dist {
     int local_size;
     char host[256];
     uint64_t nonce;           /* same on every rank of the job, random per job */
+    struct fsdp_auth_key job_key; /* keys the backends' handshakes (from the secret) */
+    int authenticated;        /* 0: no secret (loopback or insecure): keys are public */
     double timeout_s;         /* default deadline for rendezvous and collectives */
     struct fsdp_store *store; /* the job's store (unprefixed) */
     int mpi_initialized;      /* this layer called MPI_Init and must finalize */

@@ -64,24 +64,28 @@ int fsdp_store_mem_create(double timeout_s, struct fsdp_store **out);
 /* TCP store. The server runs in a thread of the process that calls
  * fsdp_store_tcp_serve (rank 0); *port receives the bound port when 0 is
  * asked. Every client (rank 0 included) connects with fsdp_store_tcp_connect.
- * Clients present the nonce; a connection that does not is refused. connect
- * retries until timeout_s (the server may start late); timeout_s is also the
+ * Client and server prove to each other that they hold `key` (auth.h) before
+ * anything else; a connection that does not is refused. connect retries
+ * until timeout_s (the server may start late); timeout_s is also the
  * client's default deadline. bind_host NULL means every IPv4 address. */
 struct fsdp_store_server;
-int fsdp_store_tcp_serve(const char *bind_host, int port, uint64_t nonce,
+struct fsdp_auth_key;
+int fsdp_store_tcp_serve(const char *bind_host, int port, const struct fsdp_auth_key *key,
                          struct fsdp_store_server **out, int *bound_port);
 void fsdp_store_tcp_server_stop(struct fsdp_store_server *srv);
-int fsdp_store_tcp_connect(const char *host, int port, uint64_t nonce, double timeout_s,
-                           struct fsdp_store **out);
+int fsdp_store_tcp_connect(const char *host, int port, const struct fsdp_auth_key *key,
+                           double timeout_s, struct fsdp_store **out);
 
 /* File store in directory `path` (created). rank 0 creates the job's
  * namespace and stamps it; other ranks only accept a stamp that carries the
  * launcher's job id (see dist.h) when there is one, else one written after
  * their own process start minus $FSDPC_FILE_STORE_SLACK seconds (default
  * 10), so a store left by an earlier job is reported (FSDP_ERR_STALE after
- * timeout_s) instead of being read. Rank 0 replaces a stamp it finds. */
+ * timeout_s) instead of being read. Rank 0 replaces a stamp it finds.
+ * *nonce and secret (FSDP_AUTH_KEY_BYTES, may be NULL) receive the job's
+ * nonce and random secret from the stamp (0600 in a 0700 directory). */
 int fsdp_store_file_open(const char *path, int rank, int world_size, double timeout_s,
-                         uint64_t *nonce, struct fsdp_store **out);
+                         uint64_t *nonce, unsigned char *secret, struct fsdp_store **out);
 /* Removes the job's files (called at a normal end by rank 0). */
 int fsdp_store_file_cleanup(struct fsdp_store *s);
 

@@ -4,8 +4,9 @@
  * other but share Lustre, GPFS or NFS.
  *
  * Layout (doc/rendezvous.md):
- *   PATH/fsdpc-store.stamp     names the current job: nonce, launcher job id,
- *                              creation time, world size, writer
+ *   PATH/fsdpc-store.stamp     names the current job: nonce, job secret,
+ *                              launcher job id, creation time, world size,
+ *                              writer (mode 0600)
  *   PATH/job-<nonce>/k<key>    one file per key (key percent-encoded)
  *   PATH/job-<nonce>/l<key>    lock file of an add() counter
  * Rank 0 makes a fresh namespace for every job and publishes the stamp by
@@ -27,11 +28,17 @@
  * rendezvous); rendezvous is then slower, never wrong. Clocks of the nodes
  * must agree to within FSDPC_FILE_STORE_SLACK when no job id is available.
  *
+ * Permissions: the store directory is made 0700 (an existing one must not
+ * be writable by group or others), the namespace 0700, every file 0600, and
+ * a stamp not owned by this user is refused: the stamp holds the job
+ * secret that keys the backends' handshakes (auth.h).
+ *
  * Owns: the namespace directory of its job (rank 0 removes it at a normal end).
  */
 #include "config.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_impl.h"
+#include "rendezvous/auth.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -63,6 +70,7 @@ struct sfile {
     int rank;
     int created_dir;    /* this process made dir: rank 0 removes it at the end */
     uint64_t nonce;
+    unsigned char secret[FSDP_AUTH_KEY_BYTES]; /* from the stamp: keys the job */
     double timeout_s;
     uint64_t host_tag;  /* makes temporary names unique across hosts */
     atomic_uint seq;
@@ -71,6 +79,7 @@ struct sfile {
 
 struct sfile_stamp {
     uint64_t nonce;
+    unsigned char secret[FSDP_AUTH_KEY_BYTES];
     char job[256]; /* "" when the writer had no launcher job id */
     double created; /* CLOCK_REALTIME seconds */
     int world;
@@ -231,7 +240,7 @@ static int sfile_write_atomic(struct sfile *f, const char *dir, const char *fina
                          (int)getpid(), seq) >= sizeof(tmp)) {
         return fsdp_err(FSDP_ERR_INVALID, "store file: path in %s too long", dir);
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         return fsdp_err(FSDP_ERR_IO, "store file: cannot create %s: %s", tmp, strerror(errno));
     }
@@ -436,7 +445,7 @@ static int sfile_add(struct fsdp_store *s, const char *key, int64_t delta, int64
     FSDP_CHECK(sfile_path(f, 'k', key, vpath));
     FSDP_CHECK(sfile_path(f, 'l', key, lpath));
     pthread_mutex_lock(&f->mu);
-    int fd = open(lpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(lpath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "store file: cannot open %s: %s", lpath, strerror(errno));
         goto out;
@@ -497,9 +506,19 @@ static int sfile_stamp_read(const char *dir, struct sfile_stamp *st)
     if (line && strcmp(line, SFILE_MAGIC) == 0) {
         while ((line = strtok_r(NULL, "\n", &save))) {
             unsigned long long x;
+            char hex[2 * FSDP_AUTH_KEY_BYTES + 2];
             if (sscanf(line, "nonce %llx", &x) == 1) {
                 st->nonce = x;
                 have |= 1;
+            } else if (sscanf(line, "secret %65s", hex) == 1 &&
+                       strlen(hex) == 2 * FSDP_AUTH_KEY_BYTES) {
+                int ok = 1;
+                for (int i = 0; i < FSDP_AUTH_KEY_BYTES && ok; i++) {
+                    unsigned b;
+                    ok = sscanf(hex + 2 * i, "%2x", &b) == 1;
+                    st->secret[i] = (unsigned char)b;
+                }
+                have |= ok ? 16 : 0;
             } else if (strncmp(line, "job ", 4) == 0) {
                 snprintf(st->job, sizeof(st->job), "%s", strcmp(line + 4, "-") ? line + 4 : "");
                 have |= 2;
@@ -510,8 +529,9 @@ static int sfile_stamp_read(const char *dir, struct sfile_stamp *st)
             }
         }
     }
+    memset(v, 0, len);
     free(v);
-    if (have != 15) {
+    if (have != 31) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s is not an fsdpc store stamp; remove it or choose "
                         "another path", path);
     }
@@ -520,14 +540,19 @@ static int sfile_stamp_read(const char *dir, struct sfile_stamp *st)
 
 static int sfile_stamp_write(struct sfile *f, int world, const char *job)
 {
-    char txt[1024], host[128] = "?", final[PATH_MAX];
+    char txt[1024], host[128] = "?", final[PATH_MAX], hex[2 * FSDP_AUTH_KEY_BYTES + 1];
     gethostname(host, sizeof(host) - 1);
-    int n = snprintf(txt, sizeof(txt), SFILE_MAGIC "\nnonce %016" PRIx64 "\njob %s\n"
-                     "created %.6f\nworld %d\nwriter %s %d\n", f->nonce, job[0] ? job : "-",
-                     sfile_wall_now(), world, host, (int)getpid());
+    for (int i = 0; i < FSDP_AUTH_KEY_BYTES; i++) {
+        snprintf(hex + 2 * i, 3, "%02x", f->secret[i]);
+    }
+    int n = snprintf(txt, sizeof(txt), SFILE_MAGIC "\nnonce %016" PRIx64 "\nsecret %s\n"
+                     "job %s\ncreated %.6f\nworld %d\nwriter %s %d\n", f->nonce, hex,
+                     job[0] ? job : "-", sfile_wall_now(), world, host, (int)getpid());
     snprintf(final, sizeof(final), "%s/" SFILE_STAMP, f->dir);
-    FSDP_CHECK(sfile_write_atomic(f, f->dir, final, txt, (size_t)n, 1));
-    return 0;
+    int rc = sfile_write_atomic(f, f->dir, final, txt, (size_t)n, 1);
+    memset(txt, 0, sizeof(txt));
+    memset(hex, 0, sizeof(hex));
+    return rc;
 }
 
 /* mkdir -p; *created says whether the last component was made here. */
@@ -540,7 +565,7 @@ static int sfile_mkdirs(const char *dir, int *created)
         if (*s == '/' || *s == '\0') {
             char c = *s;
             *s = '\0';
-            if (mkdir(p, 0755) == 0) {
+            if (mkdir(p, c == '\0' ? 0700 : 0755) == 0) {
                 *created = c == '\0';
             } else if (errno != EEXIST) {
                 return fsdp_err(FSDP_ERR_IO, "file://%s: cannot create %s: %s", dir, p,
@@ -551,6 +576,16 @@ static int sfile_mkdirs(const char *dir, int *created)
                 break;
             }
         }
+    }
+    struct stat sb;
+    if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+        return fsdp_err(FSDP_ERR_IO, "file://%s: not a directory", dir);
+    }
+    if (sb.st_mode & 022) {
+        return fsdp_err(FSDP_ERR_INVALID, "file://%s: the directory is writable by group or "
+                        "others (mode %04o): other users could replace the store's files; "
+                        "chmod 700 it or name a new directory", dir,
+                        (unsigned)(sb.st_mode & 07777));
     }
     return 0;
 }
@@ -578,11 +613,12 @@ static int sfile_open_rank0(struct sfile *f, int world, const char *job)
         FSDP_CHECK(r);
     }
     f->nonce = fsdp_store_random64();
+    FSDP_CHECK(fsdp_auth_random(f->secret, sizeof(f->secret)));
     if ((size_t)snprintf(f->ns, sizeof(f->ns), "%s/job-%016" PRIx64, f->dir, f->nonce) >=
         sizeof(f->ns)) {
         return fsdp_err(FSDP_ERR_INVALID, "file://%s: path too long", f->dir);
     }
-    if (mkdir(f->ns, 0755) < 0) {
+    if (mkdir(f->ns, 0700) < 0) {
         return fsdp_err(FSDP_ERR_IO, "file://%s: cannot create %s: %s", f->dir, f->ns,
                         strerror(errno));
     }
@@ -610,7 +646,13 @@ static int sfile_open_other(struct sfile *f, int world, const char *job, double 
                 snprintf(f->ns, sizeof(f->ns), "%s/job-%016" PRIx64, f->dir, st.nonce);
                 struct stat sb;
                 if (stat(f->ns, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+                    if (sb.st_uid != geteuid()) {
+                        return fsdp_err(FSDP_ERR_INVALID, "file://%s: the store's namespace "
+                                        "belongs to uid %u, not to this user: another user's "
+                                        "job, or a planted store", f->dir, (unsigned)sb.st_uid);
+                    }
                     f->nonce = st.nonce;
+                    memcpy(f->secret, st.secret, sizeof(f->secret));
                     return 0;
                 }
             }
@@ -644,7 +686,7 @@ static int sfile_open_other(struct sfile *f, int world, const char *job, double 
 }
 
 int fsdp_store_file_open(const char *path, int rank, int world_size, double timeout_s,
-                         uint64_t *nonce, struct fsdp_store **out)
+                         uint64_t *nonce, unsigned char *secret, struct fsdp_store **out)
 {
     char job[256];
     char host[128] = "?";
@@ -679,6 +721,9 @@ int fsdp_store_file_open(const char *path, int rank, int world_size, double time
     FSDP_DEBUG(FSDP_SUB_DIST, "file store %s: namespace %s", f->dir, f->ns);
     if (nonce) {
         *nonce = f->nonce;
+    }
+    if (secret) {
+        memcpy(secret, f->secret, sizeof(f->secret));
     }
     *out = &f->base;
     return 0;

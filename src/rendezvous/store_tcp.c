@@ -3,8 +3,8 @@
  * to talk to the store server of rank 0 (store_tcp_server.c).
  *
  * connect() retries until its deadline, since rank 0 may start late, and
- * says hello with the nonce the server was started with; a refusal
- * (another job's store) ends it at once. Requests are synchronous, one at a time under a
+ * runs the challenge-response of store_tcp.h: a server that cannot prove it
+ * holds the job's key, or a refusal, ends it at once. Requests are synchronous, one at a time under a
  * mutex; get and wait send their timeout along and the server answers at
  * the latest then, so the client only adds a grace period for the reply. A
  * transport error drops the connection for good and every later call says
@@ -110,7 +110,8 @@ static int stcp_recv(int fd, struct stcp_hdr *h, char **key, void **val, double 
     }
     stcp_unpack(b, h);
     if (h->magic != STCP_MAGIC || h->version != STCP_VERSION || h->type < STCP_R_OK ||
-        h->type > STCP_R_ERR || h->klen > FSDP_STORE_MAX_KEY || h->vlen > FSDP_STORE_MAX_VALUE) {
+        h->type > STCP_R_CHALLENGE || h->klen > FSDP_STORE_MAX_KEY ||
+        h->vlen > FSDP_STORE_MAX_VALUE) {
         return FSDP_ERR_FORMAT;
     }
     *key = malloc((size_t)h->klen + 1);
@@ -385,38 +386,69 @@ static int stcp_try_connect(const struct addrinfo *ai, double deadline, int *fd_
     return 0;
 }
 
-/* Says hello. 0, a refusal (recorded, final), or -1 to retry. */
-static int stcp_hello(struct stcp_client *cl, uint64_t nonce, double deadline)
+/* The handshake (store_tcp.h): our challenge out, the server's challenge
+ * and MAC in and checked, our MAC out, OK in. 0, a refusal or a server
+ * that failed the check (recorded, final), or -1 to retry. */
+static int stcp_hello(struct stcp_client *cl, const struct fsdp_auth_key *key, double deadline)
 {
     char who[STCP_HELLO_KEY_MAX];
     char host[128] = "?";
+    unsigned char cchal[FSDP_AUTH_CHAL_BYTES], mac[FSDP_AUTH_MAC_BYTES];
     struct stcp_hdr h;
-    char *rk;
-    void *rv;
+    char *rk = NULL;
+    void *rv = NULL;
+    FSDP_CHECK(fsdp_auth_random(cchal, sizeof(cchal)));
     gethostname(host, sizeof(host) - 1);
     snprintf(who, sizeof(who), "%s pid %d", host, (int)getpid());
     double d = fsdp_now() + STCP_HELLO_TIMEOUT_S;
-    int rc = stcp_send(cl->fd, STCP_HELLO, (int64_t)nonce, who, NULL, 0, d < deadline ? d : deadline);
+    d = d < deadline ? d : deadline;
+    int rc = stcp_send(cl->fd, STCP_HELLO, 0, who, cchal, sizeof(cchal), d);
     if (!rc) {
-        rc = stcp_recv(cl->fd, &h, &rk, &rv, d < deadline ? d : deadline);
+        rc = stcp_recv(cl->fd, &h, &rk, &rv, d);
     }
     if (rc) {
         return -1; /* not our server, or it went away: try again */
     }
-    if (h.type == STCP_R_OK) {
+    if (h.type == STCP_R_CHALLENGE && h.vlen == FSDP_AUTH_CHAL_BYTES + FSDP_AUTH_MAC_BYTES) {
+        const unsigned char *schal = rv;
+        fsdp_auth_mac(key, STCP_LABEL_SERVER, cchal, sizeof(cchal), schal, FSDP_AUTH_CHAL_BYTES,
+                      mac);
+        if (!fsdp_auth_mac_equal(mac, schal + FSDP_AUTH_CHAL_BYTES)) {
+            free(rk);
+            free(rv);
+            return fsdp_err(FSDP_ERR_AUTH, "the store at %s failed to prove that it holds this "
+                            "job's secret: it is another job's store, or the ranks were given "
+                            "different secrets (FSDPC_SECRET / FSDPC_SECRET_FILE)", cl->addr);
+        }
+        fsdp_auth_mac(key, STCP_LABEL_CLIENT, cchal, sizeof(cchal), schal, FSDP_AUTH_CHAL_BYTES,
+                      mac);
         free(rk);
         free(rv);
-        return 0;
+        rk = NULL;
+        rv = NULL;
+        rc = stcp_send(cl->fd, STCP_AUTH, 0, "", mac, sizeof(mac), d);
+        if (!rc) {
+            rc = stcp_recv(cl->fd, &h, &rk, &rv, d);
+        }
+        if (rc) {
+            return -1;
+        }
+        if (h.type == STCP_R_OK) {
+            free(rk);
+            free(rv);
+            return 0;
+        }
     }
-    rc = fsdp_err(FSDP_ERR_MISMATCH, "store %s refused this process: %s", cl->addr,
-                  h.type == STCP_R_ERR ? (char *)rv : "unexpected reply to hello");
+    rc = fsdp_err(h.type == STCP_R_ERR ? FSDP_ERR_AUTH : FSDP_ERR_MISMATCH,
+                  "store %s refused this process: %s", cl->addr,
+                  h.type == STCP_R_ERR ? (char *)rv : "unexpected reply to the hello");
     free(rk);
     free(rv);
     return rc;
 }
 
-int fsdp_store_tcp_connect(const char *host, int port, uint64_t nonce, double timeout_s,
-                           struct fsdp_store **out)
+int fsdp_store_tcp_connect(const char *host, int port, const struct fsdp_auth_key *key,
+                           double timeout_s, struct fsdp_store **out)
 {
     if (!host || !host[0] || port <= 0 || port > 65535) {
         return fsdp_err(FSDP_ERR_INVALID, "store: bad address '%s:%d'", host ? host : "", port);
@@ -450,7 +482,7 @@ int fsdp_store_tcp_connect(const char *host, int port, uint64_t nonce, double ti
                 snprintf(last, sizeof(last), "%s", strerror(e));
                 continue;
             }
-            int rc = stcp_hello(cl, nonce, deadline);
+            int rc = stcp_hello(cl, key, deadline);
             if (rc == 0) {
                 break;
             }

@@ -6,35 +6,46 @@
  * followed by klen key bytes and vlen value bytes:
  *     u32 magic "FSDS" | u16 version | u16 type | i64 arg | u32 klen |
  *     u32 reserved (0) | u64 vlen
- * A connection starts with HELLO (arg = the nonce the server was started
- * with); the server refuses and closes a connection whose first bytes are
- * not a hello with the right magic, version and nonce. doc/rendezvous.md
- * has the whole protocol.
+ * A connection starts with a mutual challenge-response (auth.h): HELLO
+ * carries the client's challenge, the server answers CHALLENGE with its own
+ * challenge and its MAC over both, the client checks that MAC and sends
+ * AUTH with its MAC; only then does the server answer OK and take
+ * requests. The server refuses and closes a connection whose first bytes
+ * are not this exchange with the right magic, version and MACs.
+ * doc/rendezvous.md has the whole protocol.
  */
 #ifndef FSDP_RENDEZVOUS_STORE_TCP_H
 #define FSDP_RENDEZVOUS_STORE_TCP_H
+
+#include "rendezvous/auth.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
 #define STCP_MAGIC 0x53445346u /* "FSDS" on the wire */
-#define STCP_VERSION 1
+#define STCP_VERSION 2
 #define STCP_HDR 32
 #define STCP_HELLO_KEY_MAX 256
 #define STCP_HELLO_TIMEOUT_S 10.0 /* a connection must say hello within this */
 
 enum stcp_type {
-    STCP_HELLO = 1, /* arg nonce, key client description */
+    STCP_HELLO = 1, /* key client description, value client challenge -> CHALLENGE */
     STCP_SET = 2,   /* key, value -> OK */
     STCP_GET = 3,   /* key, arg timeout ms -> VALUE | TIMEOUT */
     STCP_ADD = 4,   /* key, arg delta -> VALUE (arg result) | ERR */
     STCP_WAIT = 5,  /* value: keys, each NUL-terminated; arg timeout ms -> OK | TIMEOUT (key) */
     STCP_CHECK = 6, /* key -> VALUE (arg 0/1) */
+    STCP_AUTH = 7,  /* value client MAC -> OK | ERR */
     STCP_R_OK = 64,
     STCP_R_VALUE = 65,
     STCP_R_TIMEOUT = 66,
     STCP_R_ERR = 67, /* value: message */
+    STCP_R_CHALLENGE = 68, /* value: server challenge, server MAC */
 };
+
+/* MAC labels of the two directions (never equal: no reflection). */
+#define STCP_LABEL_SERVER "fsdpc store server"
+#define STCP_LABEL_CLIENT "fsdpc store client"
 
 struct stcp_hdr {
     uint32_t magic;

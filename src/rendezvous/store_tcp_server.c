@@ -6,9 +6,10 @@
  * connection, so one slow or silent client never delays another. get and
  * wait wait on the server side: the connection is parked until its keys
  * exist or its deadline passes, then answered, so a client's request/reply
- * stream never gets out of step. A connection that does not open with a
- * hello carrying the right magic, version and nonce (or that sends garbage
- * later) is refused and closed; the server logs a warning and carries on.
+ * stream never gets out of step. A connection that does not open with the
+ * challenge-response of store_tcp.h (right magic and version, a MAC that
+ * proves the job's key), or that sends garbage later, is refused and
+ * closed; the server logs a warning and carries on.
  * Stopping wakes the thread through an eventfd, joins it and closes every
  * socket, whatever the clients are doing.
  *
@@ -74,7 +75,11 @@ struct fsdp_store_server;
 struct stcp_conn {
     struct fsdp_store_server *srv;
     int fd;                  /* -1 once closed */
-    int authed;              /* said hello with the right nonce */
+    int challenged;          /* said hello; its AUTH is due */
+    int authed;              /* proved the key: requests are taken */
+    unsigned char cchal[FSDP_AUTH_CHAL_BYTES]; /* the client's challenge */
+    unsigned char schal[FSDP_AUTH_CHAL_BYTES]; /* ours to it */
+    char who[80];            /* the client's description from its hello (printable) */
     int closing;             /* refused: close once the output is flushed */
     char peer[64];           /* "addr:port" */
     double hello_deadline;
@@ -96,7 +101,7 @@ struct fsdp_store_server {
     int listen_fd;
     int wake_fd; /* eventfd: stop request */
     atomic_int stop;
-    uint64_t nonce;
+    struct fsdp_auth_key key;
     int port;
     struct fsdp_kv kv;
     int kv_changed; /* a set/add happened this turn: re-check parked requests */
@@ -278,14 +283,44 @@ static void srv_try_parked(struct fsdp_store_server *srv, struct stcp_conn *c, d
     conn_reset_request(c);
 }
 
+/* HELLO: the client's challenge in; our challenge and our MAC over both
+ * out. The client checks the MAC (so it knows this server holds the key)
+ * and answers with AUTH. */
 static void srv_handle_hello(struct fsdp_store_server *srv, struct stcp_conn *c)
 {
-    if ((uint64_t)c->hdr.arg != srv->nonce) {
-        conn_refuse(c, "wrong job nonce (this store serves another job)", 1);
+    unsigned char reply[FSDP_AUTH_CHAL_BYTES + FSDP_AUTH_MAC_BYTES];
+    if (fsdp_auth_random(c->schal, sizeof(c->schal)) < 0) {
+        fsdp_err_clear();
+        conn_refuse(c, "no random bytes for a challenge", 1);
+        return;
+    }
+    memcpy(c->cchal, c->val, sizeof(c->cchal));
+    size_t n = 0;
+    for (const char *p = c->key; *p && n + 1 < sizeof(c->who); p++) {
+        c->who[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
+    }
+    c->who[n] = '\0';
+    memcpy(reply, c->schal, sizeof(c->schal));
+    fsdp_auth_mac(&srv->key, STCP_LABEL_SERVER, c->cchal, sizeof(c->cchal), c->schal,
+                  sizeof(c->schal), reply + FSDP_AUTH_CHAL_BYTES);
+    c->challenged = 1;
+    conn_reply(c, STCP_R_CHALLENGE, 0, NULL, 0, reply, sizeof(reply));
+    conn_reset_request(c);
+}
+
+/* AUTH: the client's MAC over both challenges proves it holds the key. */
+static void srv_handle_auth(struct fsdp_store_server *srv, struct stcp_conn *c)
+{
+    unsigned char want[FSDP_AUTH_MAC_BYTES];
+    fsdp_auth_mac(&srv->key, STCP_LABEL_CLIENT, c->cchal, sizeof(c->cchal), c->schal,
+                  sizeof(c->schal), want);
+    if (!fsdp_auth_mac_equal(want, c->val)) {
+        conn_refuse(c, "authentication failed: the client does not hold this job's secret "
+                    "(another job, or a different FSDPC_SECRET)", 1);
         return;
     }
     c->authed = 1;
-    FSDP_DEBUG(FSDP_SUB_DIST, "store server: client %s (%s) joined", c->peer, c->key);
+    FSDP_DEBUG(FSDP_SUB_DIST, "store server: client %s (%s) joined", c->peer, c->who);
     conn_reply(c, STCP_R_OK, 0, NULL, 0, NULL, 0);
     conn_reset_request(c);
 }
@@ -298,6 +333,9 @@ static void srv_handle(struct fsdp_store_server *srv, struct stcp_conn *c)
     switch (c->hdr.type) {
     case STCP_HELLO:
         srv_handle_hello(srv, c);
+        return;
+    case STCP_AUTH:
+        srv_handle_auth(srv, c);
         return;
     case STCP_SET:
         rc = FSDP_ERR_NOMEM;
@@ -393,13 +431,20 @@ static int srv_check_header(struct stcp_conn *c)
         conn_refuse(c, why, 1);
         return -1;
     }
-    if (!c->authed && (h->type != STCP_HELLO || h->vlen || h->klen > STCP_HELLO_KEY_MAX)) {
+    if (!c->challenged && (h->type != STCP_HELLO || h->vlen != FSDP_AUTH_CHAL_BYTES ||
+                           h->klen > STCP_HELLO_KEY_MAX)) {
         conn_refuse(c, "the first message is not a valid hello", 1);
+        return -1;
+    }
+    if (c->challenged && !c->authed &&
+        (h->type != STCP_AUTH || h->vlen != FSDP_AUTH_MAC_BYTES || h->klen)) {
+        conn_refuse(c, "the answer to the challenge is not a valid AUTH", 1);
         return -1;
     }
     int ok = h->reserved == 0 && h->klen <= FSDP_STORE_MAX_KEY && h->vlen <= FSDP_STORE_MAX_VALUE;
     switch (h->type) {
-    case STCP_HELLO: ok = ok && !c->authed; break;
+    case STCP_HELLO: ok = ok && !c->challenged; break;
+    case STCP_AUTH: ok = ok && c->challenged && !c->authed; break;
     case STCP_SET: ok = ok && h->klen > 0; break;
     case STCP_GET: ok = ok && h->klen > 0 && h->vlen == 0 && h->arg >= 0; break;
     case STCP_ADD: ok = ok && h->klen > 0 && h->vlen == 0; break;
@@ -755,7 +800,7 @@ static int srv_listen(const char *bind_host, int port, int *fd_out, int *bound_p
     return 0;
 }
 
-int fsdp_store_tcp_serve(const char *bind_host, int port, uint64_t nonce,
+int fsdp_store_tcp_serve(const char *bind_host, int port, const struct fsdp_auth_key *key,
                          struct fsdp_store_server **out, int *bound_port)
 {
     int rc;
@@ -766,7 +811,7 @@ int fsdp_store_tcp_serve(const char *bind_host, int port, uint64_t nonce,
     if (!srv) {
         return fsdp_err(FSDP_ERR_NOMEM, "store server: out of memory");
     }
-    srv->nonce = nonce;
+    srv->key = *key;
     srv->wake_fd = -1;
     long long mb = fsdp_env_int("FSDPC_STORE_QUOTA_MB", 256);
     if (mb < 1 || mb > (1LL << 20)) {

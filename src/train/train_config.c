@@ -71,6 +71,8 @@ static const struct fsdp_opt train_opts[] = {
      "BLAS threads per rank"},
     {"init", FSDP_OPT_STR, F(init), S(init), 0, 0, NULL, "METHOD", 0,
      "rendezvous: auto, mpi, env://, tcp://HOST:PORT, file:///PATH"},
+    {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0,
+     "env:// or tcp:// on a non-loopback address without a job secret (FSDPC_SECRET_FILE)"},
     {"timeout", FSDP_OPT_FLOAT, F(timeout), 0, 0, 1e6, NULL, "SEC", 0,
      "deadline of rendezvous and collectives (0: $FSDPC_TIMEOUT or 300)"},
     {"debug", FSDP_OPT_CHOICE, F(debug), 0, 0, 0, "env|off|info|detail", "LEVEL", 0,

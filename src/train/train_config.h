@@ -37,6 +37,7 @@ struct fsdp_train_config {
     char metrics[FSDP_TRAIN_PATH_MAX];  /* JSONL metrics file ("" : none) */
     char config[FSDP_TRAIN_PATH_MAX];   /* the config file that was read */
     char init[FSDP_TRAIN_PATH_MAX];     /* rendezvous method (see dist.h) */
+    int insecure;                       /* allow a non-loopback store without a secret */
     /* batch */
     long steps;      /* optimizer steps (with epochs: at most this many; 0: no cap) */
     long epochs;     /* passes over the data, no wrapping (0: run steps, wrapping) */

@@ -6,7 +6,7 @@
  * prints one line naming the cause and exits non-zero.
  *
  *   tcp_probe [--count N] [--iters K] [--timeout S] [--ready PATH]
- *             [--delay S] [--addr-file PATH] [--knock FLIP]
+ *             [--delay S] [--addr-file PATH] [--knock FLIP] [--knock-key BIT]
  *   --iters 0      loop until the job is killed or fails
  *   --ready PATH   PATH.<rank> is created once the first allreduce completed
  *   --delay S      sleep before creating the backend (rank 0 only)
@@ -18,6 +18,10 @@
  *                  the right nonce and claims world rank 99 instead, the one
  *                  check after the nonce that refuses: it shows that the
  *                  hello gets past everything but what the knock changes.
+ *   --knock-key BIT (rank 0) knock with rank 0's genuine hello, read rank
+ *                  1's answer, and complete the handshake with a MAC made
+ *                  from the job key with bit BIT flipped: what a process
+ *                  that learnt the nonce but not the secret can do.
  */
 #include "config.h"
 #include "backends/backend.h"
@@ -50,12 +54,13 @@ struct probe_opts {
     const char *addr_file;
     int knock;
     uint64_t knock_flip;
+    int knock_key_bit; /* -1: none */
 };
 
 static void probe_usage(void)
 {
     fprintf(stderr, "usage: tcp_probe [--count N] [--iters K] [--timeout S] [--ready PATH] "
-                    "[--delay S] [--addr-file PATH] [--knock FLIP]\n");
+                    "[--delay S] [--addr-file PATH] [--knock FLIP] [--knock-key BIT]\n");
     exit(2);
 }
 
@@ -85,6 +90,12 @@ static void probe_parse(int argc, char **argv, struct probe_opts *o)
             errno = 0;
             o->knock_flip = strtoull(v, &end, 16);
             if (errno || end == v || *end) {
+                probe_usage();
+            }
+            o->knock = 1;
+        } else if (strcmp(a, "--knock-key") == 0) {
+            o->knock_key_bit = atoi(v);
+            if (o->knock_key_bit < 0 || o->knock_key_bit >= 8 * FSDP_AUTH_KEY_BYTES) {
                 probe_usage();
             }
             o->knock = 1;
@@ -173,15 +184,16 @@ static void probe_hello(const struct fsdp_dist *d, const int *world, struct tcp_
  * a refusal closes the connection, a hello let in is answered with rank
  * 1's own. */
 static void probe_knock(struct fsdp_store *gs, const struct fsdp_dist *d, const int *world,
-                        uint64_t flip, double timeout_s)
+                        uint64_t flip, int key_bit, double timeout_s)
 {
     struct tcp_hello h;
     struct sockaddr_in sa = {.sin_family = AF_INET};
-    char addr[TCP_ADDR_MAX], buf[sizeof(h)];
+    char addr[TCP_ADDR_MAX];
+    unsigned char buf[sizeof(h) + FSDP_AUTH_MAC_BYTES];
     const char *how;
     probe_hello(d, world, &h);
     h.nonce ^= flip;
-    if (flip == 0) {
+    if (flip == 0 && key_bit < 0) {
         h.world_rank = 99;
     }
     if (probe_rank1_addr(gs, timeout_s, addr, sizeof(addr)) < 0) {
@@ -203,12 +215,39 @@ static void probe_knock(struct fsdp_store *gs, const struct fsdp_dist *d, const 
         fsdp_fatal("rank 0: knocking on rank 1 at %s:%s: %s", addr, colon + 1, strerror(errno));
     }
     ssize_t n = read(fd, buf, sizeof(buf));
+    if (key_bit >= 0) {
+        /* the genuine hello is answered; the MAC is what gives us away */
+        size_t got = n > 0 ? (size_t)n : 0;
+        while (n > 0 && got < sizeof(buf)) {
+            n = read(fd, buf + got, sizeof(buf) - got);
+            got += n > 0 ? (size_t)n : 0;
+        }
+        if (got < sizeof(buf)) {
+            fsdp_fatal("rank 0: rank 1 did not answer a genuine hello (%zu bytes)", got);
+        }
+        struct fsdp_auth_key wrong = d->job_key;
+        struct tcp_hello theirs;
+        unsigned char mac[FSDP_AUTH_MAC_BYTES];
+        memcpy(&theirs, buf, sizeof(theirs));
+        wrong.k[key_bit / 8] ^= (unsigned char)(1u << (key_bit % 8));
+        fsdp_auth_mac(&wrong, "fsdpc tcp dialer", &h, sizeof(h), &theirs, sizeof(theirs), mac);
+        if (write(fd, mac, sizeof(mac)) != (ssize_t)sizeof(mac)) {
+            fsdp_fatal("rank 0: sending the MAC: %s", strerror(errno));
+        }
+        char one;
+        n = read(fd, &one, 1);
+    }
     how = n == 0 || (n < 0 && errno == ECONNRESET) ? "refused"
-          : n > 0 ? "let in (rank 1 answered with its hello)"
+          : n > 0 ? "let in (rank 1 answered)"
                   : "no answer within 3 s";
     close(fd);
-    printf("rank 0: knock with nonce %016" PRIx64 " (job nonce xor %016" PRIx64 ")%s: %s\n",
-           h.nonce, flip, flip ? "" : " claiming world rank 99", how);
+    if (key_bit >= 0) {
+        printf("rank 0: knock with the right nonce and the job key off in bit %d: %s\n",
+               key_bit, how);
+    } else {
+        printf("rank 0: knock with nonce %016" PRIx64 " (job nonce xor %016" PRIx64 ")%s: %s\n",
+               h.nonce, flip, flip ? "" : " claiming world rank 99", how);
+    }
     fflush(stdout);
 }
 
@@ -258,7 +297,7 @@ static void probe_loop(struct fsdp_backend *be, const struct probe_opts *o, int 
 
 int main(int argc, char **argv)
 {
-    struct probe_opts o = {.count = 1 << 20, .iters = 10, .timeout_s = 5.0};
+    struct probe_opts o = {.count = 1 << 20, .iters = 10, .timeout_s = 5.0, .knock_key_bit = -1};
     struct fsdp_dist *d;
     struct fsdp_store *gs;
     struct fsdp_backend *be;
@@ -280,14 +319,15 @@ int main(int argc, char **argv)
         have_writer = pthread_create(&writer, NULL, probe_addr_writer, &aj) == 0;
     }
     if (d->rank == 0 && o.knock && d->world_size > 1) {
-        probe_knock(gs, d, world, o.knock_flip, o.timeout_s);
+        probe_knock(gs, d, world, o.knock_flip, o.knock_key_bit, o.timeout_s);
     }
     if (d->rank == 0 && o.delay_s > 0) {
         usleep((useconds_t)(o.delay_s * 1e6));
     }
     struct fsdp_group_info info = {
         .name = "world", .rank = d->rank, .size = d->world_size, .world_ranks = world,
-        .world_rank = d->rank, .nonce = d->nonce, .timeout_s = d->timeout_s, .store = gs,
+        .world_rank = d->rank, .nonce = d->nonce, .auth_key = &d->job_key,
+        .timeout_s = d->timeout_s, .store = gs,
     };
     if (ops->create(&info, &be) < 0) {
         fsdp_die(FSDP_ERR_PEER, "tcp backend create failed", NULL);

@@ -233,4 +233,24 @@ knock 0000000100000000 "wrong job nonce" "knock whose nonce differs only in bit 
 knock 0000000080000000 "wrong job nonce" "knock whose nonce differs only in bit 31: refused"
 knock 0000000000000001 "wrong job nonce" "knock whose nonce differs only in bit 0: refused"
 
+# The right nonce and a genuine hello, but no job key: whoever learnt the
+# nonce (it is in the store) still cannot join without the secret.
+knock_key() {
+    start 2 --count 1000 --iters 1 --knock-key "$1"
+    finish 2
+    ok=0
+    grep -q "^rank 0: knock with the right nonce and the job key off in bit $1: refused$" \
+        "$T/r0.log" &&
+        grep -q "refused a connection from 127.0.0.1:[0-9]*: authentication failed" "$T/r1.log" ||
+        ok=1
+    for r in 0 1; do
+        [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" ||
+            ok=1
+    done
+    [ "$ok" = 0 ] || show_logs
+    tap_ok $ok "knock with a genuine hello but the job key off in bit $1: refused at the MAC"
+}
+knock_key 0
+knock_key 255
+
 tap_done

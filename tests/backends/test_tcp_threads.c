@@ -39,6 +39,9 @@
 #define LARGE ((size_t)(1u << 20) + 3)
 #define NONCE 0x5eed5eed12345678ull
 
+/* The job key every rank holds (a wrong one where a test says so). */
+static const struct fsdp_auth_key job_key = {.k = {0x5e, 0xed, 0x5e, 0xed, 1, 2, 3, 4, 5, 6, 7}};
+
 static const struct fsdp_backend_ops *ops = &fsdp_tcp_ops;
 
 // ----------------------------------------------------------------------------
@@ -566,6 +569,7 @@ struct job {
     void *arg;
     void (*before_create)(struct job *j, int rank);
     struct fsdp_store *store2; /* a second group's view of the store */
+    const struct fsdp_auth_key *key_of[NMAX]; /* a rank's own key; NULL: job_key */
 };
 
 struct thread_arg {
@@ -579,8 +583,8 @@ static struct fsdp_group_info group_info(const char *name, int rank, int n, doub
 {
     static const int world[NMAX] = {0, 1, 2, 3};
     return (struct fsdp_group_info){.name = name, .rank = rank, .size = n, .world_ranks = world,
-                                    .world_rank = rank, .nonce = NONCE, .timeout_s = timeout_s,
-                                    .store = store};
+                                    .world_rank = rank, .nonce = NONCE, .auth_key = &job_key,
+                                    .timeout_s = timeout_s, .store = store};
 }
 
 static void *rank_main(void *p)
@@ -593,6 +597,9 @@ static void *rank_main(void *p)
         j->before_create(j, ta->rank);
     }
     struct fsdp_group_info info = group_info(j->name, ta->rank, j->n, j->timeout_s, j->store);
+    if (j->key_of[ta->rank]) {
+        info.auth_key = j->key_of[ta->rank];
+    }
     if (ops->create(&info, &x.be) < 0) {
         j->create_failed[ta->rank] = 1;
         snprintf(j->create_msg[ta->rank], sizeof(j->create_msg[0]), "%s", fsdp_err_msg());
@@ -711,12 +718,15 @@ static void run_matrix(void)
 /* Intruders knock on rank 1's listening port before rank 0 dials it. */
 struct intruder {
     struct fsdp_store *store;
-    int kind;     /* 0 garbage, 1 wrong nonce, 2 impostor rank, 3 silent */
+    int kind;     /* 0 garbage, 1 wrong nonce, 2 impostor rank, 3 silent, 4 right nonce
+                     and a genuine hello but no key */
     int refused;  /* the backend closed the connection */
+    int answered; /* kind 4: the backend answered its hello (it got that far) */
     pthread_t th;
 };
 
-static struct intruder intruders[4];
+#define NINTRUDERS 5
+static struct intruder intruders[NINTRUDERS];
 static atomic_int intruders_done;
 
 static void *intruder_main(void *p)
@@ -752,11 +762,34 @@ static void *intruder_main(void *p)
         h.rank = 5;
         (void)!write(fd, &h, sizeof(h));
     }
-    atomic_fetch_add(&intruders_done, 1);
-    char buf[256];
     struct timeval tv = {.tv_sec = 15};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    ssize_t n = read(fd, buf, sizeof(buf));
+    char buf[256];
+    ssize_t n;
+    if (in->kind == 4) {
+        /* rank 0's hello as the backend makes it: everything a process
+         * that read the store could know */
+        static const int world[2] = {0, 1};
+        struct tcp_config cfg;
+        fsdp_tcp_config_read(&cfg);
+        h.group_hash = fsdp_hash64("intruders", strlen("intruders"), 0x7463700000000000ull);
+        h.group_hash = fsdp_hash64(world, sizeof(world), h.group_hash);
+        h.direct_max = cfg.direct_max;
+        h.small_bytes = cfg.small_bytes;
+        h.chunk_bytes = cfg.chunk_bytes;
+        h.algo = cfg.algo;
+        snprintf(h.addr, sizeof(h.addr), "127.0.0.1:9");
+        (void)!write(fd, &h, sizeof(h));
+        size_t got = 0, want = sizeof(h) + FSDP_AUTH_MAC_BYTES;
+        while (got < want && (n = read(fd, buf, want - got < sizeof(buf) ? want - got : sizeof(buf))) > 0) {
+            got += (size_t)n;
+        }
+        in->answered = got == want;
+        static const unsigned char zero_mac[FSDP_AUTH_MAC_BYTES];
+        (void)!write(fd, zero_mac, sizeof(zero_mac));
+    }
+    atomic_fetch_add(&intruders_done, 1);
+    n = read(fd, buf, sizeof(buf));
     in->refused = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
     close(fd);
     return NULL;
@@ -768,13 +801,13 @@ static void intruders_before_create(struct job *j, int rank)
         return;
     }
     atomic_store(&intruders_done, 0);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < NINTRUDERS; k++) {
         intruders[k].store = j->store;
         intruders[k].kind = k;
         pthread_create(&intruders[k].th, NULL, intruder_main, &intruders[k]);
     }
     double t0 = fsdp_now();
-    while (atomic_load(&intruders_done) < 4 && fsdp_now() - t0 < 10.0) {
+    while (atomic_load(&intruders_done) < NINTRUDERS && fsdp_now() - t0 < 10.0) {
         usleep(1000);
     }
     usleep(50000); /* let rank 1 read the intruders first */
@@ -957,14 +990,51 @@ static void run_fault(int n, const char *name, double timeout_s, rank_fn body,
     run_job(&j);
 }
 
+/* Rank 1 holds another key: rank 0, the dialer, finds that the process at
+ * rank 1's address cannot prove the job key, and fails at once naming it. */
+static void run_wrong_key(void)
+{
+    static const struct fsdp_auth_key other = {.k = {0x5e, 0xed, 0x5e, 0xed, 1, 2, 3, 4, 5, 6, 8}};
+    struct job j = {.n = 2, .name = "wrongkey", .timeout_s = 2.0, .body = intruders_body,
+                    .cap = (size_t)1 << 20};
+    j.key_of[1] = &other;
+    j.arg = &j;
+    pthread_t th[2];
+    struct thread_arg ta[2];
+    struct fsdp_store *base;
+    if (fsdp_store_mem_create(20.0, &base) < 0 || fsdp_store_prefix(base, j.name, &j.store) < 0) {
+        tap_ok(0, "store for %s: %s", j.name, fsdp_err_msg());
+        return;
+    }
+    double t0 = fsdp_now();
+    for (int r = 0; r < 2; r++) {
+        ta[r] = (struct thread_arg){.job = &j, .rank = r};
+        pthread_create(&th[r], NULL, rank_main, &ta[r]);
+    }
+    for (int r = 0; r < 2; r++) {
+        pthread_join(th[r], NULL);
+    }
+    tap_diag("rank 0: %s", j.create_msg[0]);
+    tap_diag("rank 1: %s", j.create_msg[1]);
+    tap_ok(j.create_failed[0] && strstr(j.create_msg[0], "failed to prove that it holds"),
+           "a peer with another key: the dialer refuses it at its MAC (%.2f s)", fsdp_now() - t0);
+    tap_ok(j.create_failed[1], "a peer with another key: it does not get in either");
+    fsdp_store_destroy(j.store);
+    fsdp_store_destroy(base);
+}
+
 static void run_faults(void)
 {
     run_fault(2, "intruders", 10.0, intruders_body, intruders_before_create);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < NINTRUDERS; k++) {
         pthread_join(intruders[k].th, NULL);
         tap_ok(intruders[k].refused, "intruder %d (%s) was refused", k,
-               (const char *[]){"garbage", "wrong nonce", "impostor rank", "silent"}[k]);
+               (const char *[]){"garbage", "wrong nonce", "impostor rank", "silent",
+                                "right nonce and hello, no key"}[k]);
     }
+    tap_ok(intruders[4].answered, "the intruder with the right nonce got as far as the MAC "
+           "(so the refusal above is the MAC's)");
+    run_wrong_key();
     run_fault(2, "mismatch", 10.0, mismatch_body, NULL);
     run_fault(3, "kinds", 10.0, kind_mismatch_body, NULL);
     run_fault(2, "silent2", 1.0, silent_body, NULL);

@@ -1,6 +1,6 @@
-"""store_flood.py PORT - attacks on a TCP store server whose hello nonce is
-known (store_probe --mode serve), bounded in count and time, on loopback
-only. Prints one "name: ok|FAIL detail" line per check.
+"""store_flood.py PORT - attacks on a TCP store server whose key is known
+(store_probe --mode serve), bounded in count and time, on loopback only.
+Prints one "name: ok|FAIL detail" line per check.
 
   flood     400 connections that never say hello: the server keeps at
             most 128 of them (each new one closes the oldest), and a
@@ -9,52 +9,13 @@ only. Prints one "name: ok|FAIL detail" line per check.
             the one that would pass it is refused with a reason, and a
             4 GiB announced value is refused before anything is allocated
 """
+import os
 import socket
-import struct
 import sys
 import time
 
-MAGIC, VERSION = 0x53445346, 1
-HELLO, SET, GET = 1, 2, 3
-R_OK, R_VALUE, R_ERR = 64, 65, 67
-NONCE = 0x9e3779b97f4a7c15
-
-
-def hdr(t, arg, klen, vlen):
-    return struct.pack("<IHHqIIQ", MAGIC, VERSION, t, arg, klen, 0, vlen)
-
-
-def nonce_arg():
-    return struct.unpack("<q", struct.pack("<Q", NONCE))[0]
-
-
-def recv_reply(s):
-    b = b""
-    while len(b) < 32:
-        c = s.recv(32 - len(b))
-        if not c:
-            return None, None, b""
-        b += c
-    _, _, t, arg, klen, _, vlen = struct.unpack("<IHHqIIQ", b)
-    body = b""
-    while len(body) < klen + vlen:
-        c = s.recv(klen + vlen - len(body))
-        if not c:
-            break
-        body += c
-    return t, arg, body
-
-
-def client(port):
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(hdr(HELLO, nonce_arg(), 4, 0) + b"test")
-    t, _, _ = recv_reply(s)
-    return s if t == R_OK else None
-
-
-def put(s, key, value):
-    s.sendall(hdr(SET, 0, len(key), len(value)) + key + value)
-    return recv_reply(s)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from store_wire import R_ERR, R_OK, SET, client, hdr, put, recv_reply  # noqa: E402
 
 
 def flood(port):

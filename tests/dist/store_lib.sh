@@ -11,7 +11,8 @@ for v in $(env | sed -n 's/^\(PMIX*_[A-Za-z0-9_]*\|SLURM_[A-Za-z0-9_]*\|OMPI_[A-
     unset "$v"
 done
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT \
-    FSDPC_JOB_ID TORCHELASTIC_RUN_ID FSDPC_STORE_HOST FSDPC_FILE_STORE_SLACK
+    FSDPC_JOB_ID TORCHELASTIC_RUN_ID FSDPC_STORE_HOST FSDPC_FILE_STORE_SLACK \
+    FSDPC_SECRET FSDPC_SECRET_FILE FSDPC_INSECURE
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-store-test.XXXXXX")
 bg_pids=""
@@ -57,4 +58,26 @@ job_failed() {
         r=$((r + 1))
     done
     return "$bad"
+}
+
+# expect_fail DESCRIPTION PATTERN MAX_SECONDS [VAR=VALUE...] -- PROBE ARGS...
+expect_fail() {
+    desc=$1 pattern=$2 max=$3
+    shift 3
+    vars=""
+    while [ "$1" != "--" ]; do vars="$vars $1"; shift; done
+    shift
+    start=$(date +%s)
+    env $vars timeout 60 "$PROBE" "$@" >"$T/out" 2>"$T/err"
+    rc=$?
+    took=$(($(date +%s) - start))
+    lines=$(wc -l <"$T/err")
+    ok=1
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le "$max" ] && [ "$lines" -eq 1 ] &&
+        grep -q -- "$pattern" "$T/err"; then
+        ok=0
+    fi
+    tap_ok $ok "$desc (exit $rc, ${took} s)"
+    [ $ok -eq 0 ] || tap_diag "stderr ($lines lines): $(cat "$T/err")"
+    [ $ok -eq 0 ] && tap_diag "$(cat "$T/err")"
 }

@@ -6,7 +6,7 @@
  * of these (plain processes, mpiexec) and read the results.
  *
  *   store_probe [--init M] [--timeout S] [--big BYTES]
- *               [--mode full|init|hold|abort|nonce|serve] [--expect-size N] [--conflict]
+ *               [--mode full|init|hold|abort|key|serve] [--expect-size N] [--conflict]
  *               [--abort-log PATH]
  *   full   the checks below, then finalize
  *   init   init, print the identity line, finalize (bad-input tests)
@@ -15,10 +15,14 @@
  *   abort  registers three abort callbacks (removes the second); the last
  *          rank dies with fsdp_fatal, the others wait in a barrier that only
  *          the job-wide abort can end early
- *   nonce  no job: serves a TCP store of its own and knocks on it with hellos
- *          whose nonce differs from the server's in one half or one bit
+ *   key    no job: serves a TCP store of its own and connects to it with keys
+ *          that differ from the server's in one bit or come from a secret
+ *          one character off
+ *   serve  no job: a TCP store keyed by PROBE_SECRET/"probe" (store_wire.py
+ *          derives the same key) for clients the test drives by hand
  */
 #include "config.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/dist.h"
 #include "rendezvous/store.h"
 #include "core/error.h"
@@ -239,75 +243,83 @@ static void probe_big(struct fsdp_dist *d, size_t big, double t)
 }
 
 /*
- * A server that compared only part of the 64-bit hello nonce (one 32-bit
- * half, or all but the top bit) would let one of these hellos in: each must
- * be refused at once, with the reason, and the right nonce must still
- * connect. The client is the real one, so the hellos differ in the nonce
- * alone.
+ * The handshake must depend on every bit of the key: a client whose key
+ * differs in one bit, or comes from a secret one character off, must be
+ * refused at once (it finds that the server cannot prove the client's key),
+ * and the right key must still connect. Each case is its own line.
  */
-static const struct nonce_case {
-    uint64_t flip;
+#define PROBE_SECRET "fsdpc-probe-secret-0123"
+
+static const struct key_case {
+    int bit; /* of the 256-bit key to flip; -1: derive from another secret */
     const char *what;
-} nonce_cases[] = {
-    {0xffffffff00000000ull, "only the high 32-bit half differs"},
-    {0x00000000ffffffffull, "only the low 32-bit half differs"},
-    {1ull << 63, "only bit 63 differs"},
-    {1ull << 32, "only bit 32 differs"},
-    {1ull << 31, "only bit 31 differs"},
-    {1ull, "only bit 0 differs"},
+} key_cases[] = {
+    {0, "bit 0 of the key differs"},
+    {7, "bit 7 of the key differs"},
+    {128, "bit 128 of the key differs"},
+    {255, "bit 255 of the key differs"},
+    {-1, "the secret differs in its last character"},
 };
 
-static int nonce_connects(int port, uint64_t nonce, double t)
+static int key_connects(int port, const struct fsdp_auth_key *key, double t)
 {
     struct fsdp_store *s = NULL;
-    int ok = fsdp_store_tcp_connect("127.0.0.1", port, nonce, t, &s) == 0 &&
-             fsdp_store_set(s, "probe/nonce-ok", "1", 1) == 0 && get_is(s, "probe/nonce-ok", "1", t);
+    int ok = fsdp_store_tcp_connect("127.0.0.1", port, key, t, &s) == 0 &&
+             fsdp_store_set(s, "probe/key-ok", "1", 1) == 0 && get_is(s, "probe/key-ok", "1", t);
     if (s) {
         fsdp_store_destroy(s);
     }
     return ok;
 }
 
-static int probe_nonce_halves(double t)
+static int probe_keys(double t)
 {
-    const uint64_t nonce = 0x9e3779b97f4a7c15ull; /* both halves, top bit set */
+    struct fsdp_auth_key key;
+    fsdp_auth_derive(PROBE_SECRET, strlen(PROBE_SECRET), "probe", &key);
     struct fsdp_store_server *srv = NULL;
     int port = 0;
-    int rc = fsdp_store_tcp_serve("127.0.0.1", 0, nonce, &srv, &port);
-    check(rc == 0, "serve a store on 127.0.0.1 with nonce %016" PRIx64, nonce);
+    int rc = fsdp_store_tcp_serve("127.0.0.1", 0, &key, &srv, &port);
+    check(rc == 0, "serve a store on 127.0.0.1 keyed by the probe's secret");
     if (rc < 0) {
         return 1;
     }
-    check(nonce_connects(port, nonce, t), "the right nonce connects");
-    for (size_t i = 0; i < sizeof(nonce_cases) / sizeof(nonce_cases[0]); i++) {
-        uint64_t wrong = nonce ^ nonce_cases[i].flip;
+    check(key_connects(port, &key, t), "the right key connects");
+    for (size_t i = 0; i < sizeof(key_cases) / sizeof(key_cases[0]); i++) {
+        struct fsdp_auth_key wrong = key;
+        if (key_cases[i].bit >= 0) {
+            wrong.k[key_cases[i].bit / 8] ^= (unsigned char)(1u << (key_cases[i].bit % 8));
+        } else {
+            char other[] = PROBE_SECRET;
+            other[sizeof(other) - 2] ^= 1;
+            fsdp_auth_derive(other, strlen(other), "probe", &wrong);
+        }
         struct fsdp_store *s = NULL;
         double t0 = fsdp_now();
-        rc = fsdp_store_tcp_connect("127.0.0.1", port, wrong, t, &s);
+        rc = fsdp_store_tcp_connect("127.0.0.1", port, &wrong, t, &s);
         double dt = fsdp_now() - t0;
         if (rc == 0) {
-            fsdp_err(FSDP_ERR_INTERNAL, "the server accepted the hello");
+            fsdp_err(FSDP_ERR_INTERNAL, "the server accepted the client");
             fsdp_store_destroy(s);
         }
-        check(rc == FSDP_ERR_MISMATCH && strstr(fsdp_err_msg(), "wrong job nonce") && dt < t / 2,
-              "hello with nonce %016" PRIx64 " (%s) is refused at once (%.2f s)", wrong,
-              nonce_cases[i].what, dt);
+        check(rc == FSDP_ERR_AUTH && strstr(fsdp_err_msg(), "failed to prove") && dt < t / 2,
+              "client with a wrong key (%s) is refused at once (%.2f s)", key_cases[i].what, dt);
     }
-    check(nonce_connects(port, nonce, t), "the right nonce still connects after the refusals");
+    check(key_connects(port, &key, t), "the right key still connects after the refusals");
     fsdp_store_tcp_server_stop(srv);
     printf("FINALIZED, %d failures\n", failures);
     return failures ? 1 : 0;
 }
 
-/* A store server with the fixed nonce on 127.0.0.1, for seconds: prints
+/* A store server keyed by PROBE_SECRET on 127.0.0.1, for seconds: prints
  * "PORT n" and "RSS-KB n" (its resident set) every 0.2 s, for clients the
- * test drives by hand (flood, quota). */
+ * test drives by hand (flood, quota, handshake attacks). */
 static int probe_serve(double seconds)
 {
-    const uint64_t nonce = 0x9e3779b97f4a7c15ull;
+    struct fsdp_auth_key key;
+    fsdp_auth_derive(PROBE_SECRET, strlen(PROBE_SECRET), "probe", &key);
     struct fsdp_store_server *srv = NULL;
     int port = 0;
-    if (fsdp_store_tcp_serve("127.0.0.1", 0, nonce, &srv, &port) < 0) {
+    if (fsdp_store_tcp_serve("127.0.0.1", 0, &key, &srv, &port) < 0) {
         printf("SERVE-FAILED %s\n", fsdp_err_msg());
         return 1;
     }
@@ -403,8 +415,8 @@ int main(int argc, char **argv)
     if (strcmp(mode, "serve") == 0) {
         return probe_serve(t);
     }
-    if (strcmp(mode, "nonce") == 0) {
-        return probe_nonce_halves(t);
+    if (strcmp(mode, "key") == 0) {
+        return probe_keys(t);
     }
     struct fsdp_dist *d = NULL;
     int fds_before = count_fds();

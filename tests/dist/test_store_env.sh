@@ -2,7 +2,7 @@
 # test_store_env.sh - the TCP store through env:// and tcp://: four plain
 # processes (no MPI launcher) exercise set/get/wait/add/check, prefixes,
 # barriers, timeouts and a 64 MiB value; a foreign client that sends garbage
-# or the wrong nonce is refused while the job carries on; rank 0 starting
+# or a wrong MAC is refused while the job carries on; rank 0 starting
 # late, a store server that stops while a client is still connected.
 . "$top_srcdir/tests/dist/store_lib.sh"
 
@@ -14,9 +14,11 @@ export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
 ( RANK=0 WORLD_SIZE=4 timeout 60 "$PROBE" --init env:// --big 67108864 >"$T/r0.log" 2>&1
   echo $? >"$T/r0.rc" ) &
 p0=$!
-"$PY" - "$port" >"$T/intruder.log" 2>&1 <<'PYEOF' &
+"$PY" - "$port" "$top_srcdir/tests/dist" >"$T/intruder.log" 2>&1 <<'PYEOF' &
 import socket, struct, sys, time
 port = int(sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+import store_wire
 def closed(sock):
     try:
         return sock.recv(100) == b""
@@ -33,11 +35,10 @@ idle = connect()                      # says nothing at all, stays open
 g = connect()                         # garbage
 g.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)))
 print("garbage: closed by server" if closed(g) else "garbage: got an answer")
-w = connect()                         # a well-formed hello with a wrong nonce
-w.sendall(struct.pack("<IHHqIIQ", 0x53445346, 1, 1, 12345, 0, 0, 0))
-reply = w.recv(4096)
-print("wrong nonce: refused" if b"wrong job nonce" in reply else "wrong nonce: %r" % reply)
-print("wrong nonce: closed by server" if closed(w) else "wrong nonce: still open")
+w = connect()                         # a well-formed hello, then a wrong MAC
+ok, why = store_wire.handshake(w, bytes(32), wrong_mac=True)
+print("wrong mac: refused" if not ok and "authentication failed" in why else "wrong mac: %s" % why)
+print("wrong mac: closed by server" if closed(w) else "wrong mac: still open")
 print("intruders done", flush=True)
 time.sleep(30)
 PYEOF
@@ -57,10 +58,10 @@ tap_ok $? "env://: 4 ranks pass set/get/wait/add/check, prefixes, barriers, time
 tap_diag "$(cat "$T/intruder.log")"
 grep -q "garbage: closed by server" "$T/intruder.log"
 tap_ok $? "garbage sent to the store port: connection closed"
-grep -q "wrong nonce: refused" "$T/intruder.log" && grep -q "wrong nonce: closed by server" "$T/intruder.log"
-tap_ok $? "hello with a wrong nonce: refused with a reason, then closed"
+grep -q "wrong mac: refused" "$T/intruder.log" && grep -q "wrong mac: closed by server" "$T/intruder.log"
+tap_ok $? "a client that answers the challenge with a wrong MAC: refused with a reason, then closed"
 grep -q "refused connection from 127.0.0.1:[0-9]*: not an fsdpc store client" "$T/r0.log" &&
-    grep -q "refused connection from 127.0.0.1:[0-9]*: wrong job nonce" "$T/r0.log"
+    grep -q "refused connection from 127.0.0.1:[0-9]*: authentication failed" "$T/r0.log"
 tap_ok $? "the store server logs a warning for each refused connection"
 grep -q "counter sums every rank's adds (2000, want 2000)" "$T/r1.log"
 tap_ok $? "concurrent adds from 4 ranks (200 x rank+1 each) sum to 2000"

@@ -121,6 +121,8 @@ static void bench_usage(FILE *f)
             "                     the max over ranks is reported\n"
             "  --check 0|1        verify one extra iteration per size (default 1)\n"
             "  --init METHOD      mpi, env://, tcp://HOST:PORT, file:///PATH (default auto)\n"
+            "  --insecure         env:// or tcp:// on a non-loopback address without a job\n"
+            "                     secret (FSDPC_SECRET_FILE)\n"
             "  --timeout S        deadline for setup and each collective\n"
             "                     (default $FSDPC_TIMEOUT, else 300)\n"
             "  --csv FILE         also write one row per size and placement to FILE (rank 0)\n"
@@ -238,8 +240,8 @@ static void bench_parse_sizes(const char *s, struct bench_opts *o)
 static void bench_parse(int argc, char **argv, struct bench_opts *o)
 {
     enum { OPT_OP = 256, OPT_BACKEND, OPT_MESH, OPT_DIM, OPT_DTYPE, OPT_REDOP, OPT_ROOT, OPT_MIN,
-           OPT_MAX, OPT_STEP, OPT_SIZES, OPT_ITERS, OPT_WARMUP, OPT_STAT, OPT_CHECK, OPT_INIT, OPT_TIMEOUT,
-           OPT_CSV, OPT_HELP };
+           OPT_MAX, OPT_STEP, OPT_SIZES, OPT_ITERS, OPT_WARMUP, OPT_STAT, OPT_CHECK, OPT_INIT,
+           OPT_INSECURE, OPT_TIMEOUT, OPT_CSV, OPT_HELP };
     static const struct option longopts[] = {
         {"op", required_argument, NULL, OPT_OP},
         {"backend", required_argument, NULL, OPT_BACKEND},
@@ -257,6 +259,7 @@ static void bench_parse(int argc, char **argv, struct bench_opts *o)
         {"stat", required_argument, NULL, OPT_STAT},
         {"check", required_argument, NULL, OPT_CHECK},
         {"init", required_argument, NULL, OPT_INIT},
+        {"insecure", no_argument, NULL, OPT_INSECURE},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"csv", required_argument, NULL, OPT_CSV},
         {"help", no_argument, NULL, OPT_HELP},
@@ -311,6 +314,7 @@ static void bench_parse(int argc, char **argv, struct bench_opts *o)
             break;
         case OPT_CHECK: o->check = (int)bench_parse_int("--check", optarg, 0, 1); break;
         case OPT_INIT: o->init = optarg; break;
+        case OPT_INSECURE: setenv("FSDPC_INSECURE", "1", 1); break; /* dist.h */
         case OPT_TIMEOUT:
             if (fsdp_parse_double(optarg, &o->timeout_s) < 0 || !(o->timeout_s > 0)) {
                 bench_bad_flag("--timeout '%s': expected a positive number of seconds", optarg);

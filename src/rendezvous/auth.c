@@ -1,0 +1,198 @@
+/*
+ * auth.c - the job secret and HMAC-SHA256 handshakes (auth.h). All the
+ * cryptography is OpenSSL's: HMAC, SHA-256, RAND_bytes, CRYPTO_memcmp.
+ */
+#include "config.h"
+#include "rendezvous/auth.h"
+#include "core/error.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int fsdp_auth_random(void *buf, size_t n)
+{
+    if (n > (size_t)1 << 20 || RAND_bytes(buf, (int)n) != 1) {
+        return fsdp_err(FSDP_ERR_SYSTEM, "auth: no random bytes from OpenSSL (RAND_bytes failed)");
+    }
+    return 0;
+}
+
+/* HMAC-SHA256 of the concatenation of three pieces (OpenSSL's one-shot
+ * HMAC; every message here is small). */
+static void auth_hmac(const void *key, size_t klen, const void *p1, size_t l1, const void *p2,
+                      size_t l2, const void *p3, size_t l3, unsigned char out[FSDP_AUTH_MAC_BYTES])
+{
+    static const unsigned char empty[1] = {0};
+    unsigned char msg[2048];
+    unsigned int olen = FSDP_AUTH_MAC_BYTES;
+    size_t n = l1 + l2 + l3;
+    int ok = n <= sizeof(msg);
+    if (ok) {
+        memcpy(msg, p1, l1);
+        if (l2) {
+            memcpy(msg + l1, p2, l2);
+        }
+        if (l3) {
+            memcpy(msg + l1 + l2, p3, l3);
+        }
+        ok = HMAC(EVP_sha256(), klen ? key : empty, (int)klen, msg, n, out, &olen) != NULL;
+    }
+    if (!ok) {
+        /* cannot happen with the callers' sizes: a MAC of random bytes
+         * never matches, so the handshake fails rather than passes */
+        RAND_bytes(out, FSDP_AUTH_MAC_BYTES);
+    }
+    OPENSSL_cleanse(msg, sizeof(msg));
+}
+
+void fsdp_auth_derive(const void *secret, size_t len, const char *context,
+                      struct fsdp_auth_key *out)
+{
+    static const char label[] = "fsdpc key";
+    auth_hmac(secret, len, label, sizeof(label), context, strlen(context), NULL, 0, out->k);
+}
+
+void fsdp_auth_mac(const struct fsdp_auth_key *key, const char *label, const void *a,
+                   size_t alen, const void *b, size_t blen, unsigned char mac[FSDP_AUTH_MAC_BYTES])
+{
+    auth_hmac(key->k, sizeof(key->k), label, strlen(label) + 1, a, alen, b, blen, mac);
+}
+
+int fsdp_auth_mac_equal(const unsigned char *x, const unsigned char *y)
+{
+    return CRYPTO_memcmp(x, y, FSDP_AUTH_MAC_BYTES) == 0;
+}
+
+static int auth_secret_file(const char *path, unsigned char *buf, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        return fsdp_err(FSDP_ERR_IO, "FSDPC_SECRET_FILE=%s: %s", path,
+                        errno == ELOOP ? "is a symbolic link (name the file itself)"
+                                       : strerror(errno));
+    }
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) < 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "FSDPC_SECRET_FILE=%s: %s", path, strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: not a regular file", path);
+    } else if (st.st_uid != geteuid()) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: owned by uid %u, not by this "
+                      "user (uid %u)", path, (unsigned)st.st_uid, (unsigned)geteuid());
+    } else if (st.st_mode & 077) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: mode %04o lets group or others "
+                      "read or write it (chmod 600 it)", path, (unsigned)(st.st_mode & 07777));
+    } else if (st.st_size < FSDP_AUTH_SECRET_MIN || st.st_size > FSDP_AUTH_SECRET_MAX + 1) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: %lld bytes (a secret has %d to "
+                      "%d; e.g. openssl rand -hex 32 > FILE)", path, (long long)st.st_size,
+                      FSDP_AUTH_SECRET_MIN, FSDP_AUTH_SECRET_MAX);
+    } else {
+        size_t n = 0;
+        unsigned char tmp[FSDP_AUTH_SECRET_MAX + 1];
+        while (n < (size_t)st.st_size) {
+            ssize_t r = read(fd, tmp + n, (size_t)st.st_size - n);
+            if (r < 0 && errno == EINTR) {
+                continue;
+            }
+            if (r <= 0) {
+                break;
+            }
+            n += (size_t)r;
+        }
+        if (n > 0 && tmp[n - 1] == '\n') {
+            n--;
+        }
+        if (n < FSDP_AUTH_SECRET_MIN || n > FSDP_AUTH_SECRET_MAX) {
+            rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: read %zu bytes of secret "
+                          "(need %d to %d)", path, n, FSDP_AUTH_SECRET_MIN, FSDP_AUTH_SECRET_MAX);
+        } else {
+            memcpy(buf, tmp, n);
+            *len = n;
+            rc = 1;
+        }
+        OPENSSL_cleanse(tmp, sizeof(tmp));
+    }
+    close(fd);
+    return rc;
+}
+
+int fsdp_auth_user_secret(unsigned char *buf, size_t *len)
+{
+    const char *s = getenv("FSDPC_SECRET");
+    const char *f = getenv("FSDPC_SECRET_FILE");
+    if (s && *s && f && *f) {
+        return fsdp_err(FSDP_ERR_INVALID, "both FSDPC_SECRET and FSDPC_SECRET_FILE are set: "
+                        "set one");
+    }
+    if (f && *f) {
+        return auth_secret_file(f, buf, len);
+    }
+    if (!s || !*s) {
+        return 0;
+    }
+    size_t n = strlen(s);
+    if (n < FSDP_AUTH_SECRET_MIN || n > FSDP_AUTH_SECRET_MAX) {
+        return fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET has %zu characters (a secret has %d to "
+                        "%d; e.g. openssl rand -hex 32)", n, FSDP_AUTH_SECRET_MIN,
+                        FSDP_AUTH_SECRET_MAX);
+    }
+    memcpy(buf, s, n);
+    *len = n;
+    return 1;
+}
+
+static int auth_addr_is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET) {
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(a)) {
+            return 1;
+        }
+        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+    }
+    return 0;
+}
+
+int fsdp_auth_host_is_loopback(const char *host)
+{
+    if (!host || !*host) {
+        return 0;
+    }
+    if (strcasecmp(host, "localhost") == 0) {
+        return 1;
+    }
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res) {
+        return 0;
+    }
+    int all = 1;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        all = all && auth_addr_is_loopback(ai->ai_addr);
+    }
+    freeaddrinfo(res);
+    return all;
+}
+
+int fsdp_auth_insecure_allowed(void)
+{
+    const char *s = getenv("FSDPC_INSECURE");
+    return s && (strcmp(s, "1") == 0 || strcasecmp(s, "yes") == 0 || strcasecmp(s, "true") == 0);
+}

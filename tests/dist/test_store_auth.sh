@@ -1,0 +1,197 @@
+#!/bin/sh
+# test_store_auth.sh - the job secret and the authenticated handshake of the
+# rendezvous store (doc/rendezvous.md, "Authentication"), attacked from
+# outside the job on loopback, bounded in count and time:
+#   - an outsider who knows the address and guesses WORLD_SIZE (1..64)
+#     cannot log in to a job that has a secret (without one, on loopback, it
+#     can: the control that shows the attack is real);
+#   - a client that answers the challenge with a wrong MAC is refused;
+#   - a server that cannot prove the secret is refused by the client;
+#   - ranks with different secrets fail at once, naming the secret;
+#   - a secret file that others can read, a link, a short secret: refused;
+#   - no secret on a non-loopback address: refused unless FSDPC_INSECURE=1;
+#   - file:// keeps its secret in a 0600 stamp inside 0700 directories and
+#     refuses a store directory others can write.
+. "$top_srcdir/tests/dist/store_lib.sh"
+WIRE="$top_srcdir/tests/dist"
+
+secret_file() { # secret_file PATH: a fresh 0600 secret
+    (umask 077 && "$PY" -c 'import os; print(os.urandom(32).hex())' >"$1")
+}
+secret_file "$T/secret"
+
+# attack PORT WORLD_MAX LOG: an outsider tries every WORLD_SIZE with the key
+# a secret-less job would have, sending its MAC whatever the server proves;
+# prints "in WORLD" for every login and the nonce it could then read.
+attack() {
+    "$PY" - "$1" "$2" "$WIRE" >"$3" 2>&1 <<'PYEOF'
+import socket, sys
+port, wmax = int(sys.argv[1]), int(sys.argv[2])
+sys.path.insert(0, sys.argv[3])
+import store_wire as w
+ins = refused = 0
+for world in range(1, wmax + 1):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    key = w.public_env_key("127.0.0.1", port, world)
+    ok, why = w.handshake(s, key, verify_server=False)
+    if ok:
+        ins += 1
+        t, _, body = w.get(s, b"fsdpc/nonce", 2000)
+        print("in %d: read fsdpc/nonce (%d bytes)" % (world, len(body)) if t == w.R_VALUE
+              else "in %d: no nonce (%r)" % (world, t))
+    elif "authentication failed" in why:
+        refused += 1
+    else:
+        print("world %d: %s" % (world, why))
+    s.close()
+print("attempts %d, logged in %d, refused %d" % (wmax, ins, refused), flush=True)
+PYEOF
+}
+
+# 1. A 2-rank job with a secret: rank 0 waits for rank 1 while the outsider
+#    tries all 64 sizes; then rank 1 joins and the job passes every check.
+port=$(free_port)
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret"
+( RANK=0 WORLD_SIZE=2 timeout 60 "$PROBE" --init env:// >"$T/r0.log" 2>&1; echo $? >"$T/r0.rc" ) &
+p0=$!
+bg_pids=$p0
+for i in $(seq 100); do
+    "$PY" -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $port)))" && break
+    sleep 0.1
+done
+attack "$port" 64 "$T/attack.log"
+( RANK=1 WORLD_SIZE=2 timeout 60 "$PROBE" --init env:// >"$T/r1.log" 2>&1; echo $? >"$T/r1.rc" )
+wait $p0
+tap_diag "$(cat "$T/attack.log")"
+grep -q "^attempts 64, logged in 0, refused 64$" "$T/attack.log"
+tap_ok $? "with a secret: an outsider guessing WORLD_SIZE 1..64 is refused all 64 times"
+job_failed 2
+tap_ok $? "with a secret: the job itself passes every store check meanwhile"
+[ "$(grep -c "refused connection from 127.0.0.1:[0-9]*: authentication failed" "$T/r0.log")" -ge 8 ]
+tap_ok $? "the store server logs the refusals (rate-limited)"
+unset FSDPC_SECRET_FILE
+
+# 2. The control: the same attack on a job without a secret (allowed on
+#    loopback, keyed by public values) gets in with WORLD_SIZE=2 and reads
+#    the job nonce, as the attack in the threat model says.
+port=$(free_port)
+export MASTER_PORT=$port
+( RANK=0 WORLD_SIZE=2 timeout 60 "$PROBE" --init env:// --mode hold >"$T/c0.log" 2>&1 ) &
+p0=$!
+bg_pids=$p0
+for i in $(seq 100); do grep -q HOLDING "$T/c0.log" 2>/dev/null && break; sleep 0.1; done
+( RANK=1 WORLD_SIZE=2 timeout 60 "$PROBE" --init env:// --mode hold >"$T/c1.log" 2>&1 ) &
+p1=$!
+bg_pids="$p0 $p1"
+for i in $(seq 100); do grep -q HOLDING "$T/c1.log" 2>/dev/null && break; sleep 0.1; done
+attack "$port" 4 "$T/control.log"
+kill -9 $p0 $p1 2>/dev/null
+tap_diag "$(cat "$T/control.log")"
+grep -q "^in 2: read fsdpc/nonce (8 bytes)" "$T/control.log"
+tap_ok $? "without a secret (loopback): the same outsider gets in with WORLD_SIZE=2 (the exposure a secret closes)"
+
+# 3. A server that cannot prove the secret: the client refuses it at once.
+port=$(free_port)
+"$PY" - "$port" "$WIRE" >"$T/impostor.log" 2>&1 <<'PYEOF' &
+import os, socket, sys
+sys.path.insert(0, sys.argv[2])
+import store_wire as w
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(8)
+print("listening", flush=True)
+ls.settimeout(20)
+c, _ = ls.accept()
+w.recv_reply(c)
+c.sendall(w.hdr(w.R_CHALLENGE, 0, 0, 48) + os.urandom(48))
+t, _, _ = w.recv_reply(c)
+print("the client sent %s after the challenge" % ("AUTH" if t == w.AUTH else "nothing"), flush=True)
+PYEOF
+imp=$!
+bg_pids=$imp
+for i in $(seq 100); do grep -q listening "$T/impostor.log" 2>/dev/null && break; sleep 0.1; done
+expect_fail "a store that cannot prove the secret: the client refuses it" \
+    "failed to prove that it holds this job's secret" 5 \
+    RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" -- --init env:// --mode init
+wait $imp
+grep -q "the client sent nothing after the challenge" "$T/impostor.log"
+tap_ok $? "the client sends no MAC to a server that failed to prove the secret"
+
+# 4. Ranks with different secrets: the one that joins second fails at once.
+port=$(free_port)
+secret_file "$T/other"
+( RANK=0 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" timeout 60 "$PROBE" \
+    --init env:// --timeout 4 --mode init >"$T/d0.log" 2>&1 ) &
+p0=$!
+bg_pids=$p0
+for i in $(seq 100); do
+    "$PY" -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $port)))" && break
+    sleep 0.1
+done
+expect_fail "ranks given different secrets: the second one fails at once, naming the secret" \
+    "different secrets (FSDPC_SECRET / FSDPC_SECRET_FILE)" 5 \
+    RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/other" -- --init env:// --mode init
+kill -9 $p0 2>/dev/null
+
+# 5. Secrets that must not be used.
+port=$(free_port)
+cp "$T/secret" "$T/open"; chmod 644 "$T/open"
+expect_fail "a secret file others can read" "mode 0644 lets group or others read" 5 \
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/open" -- --init env:// --mode init
+ln -s "$T/secret" "$T/link"
+expect_fail "a secret file given as a symbolic link" "is a symbolic link" 5 \
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/link" -- --init env:// --mode init
+(umask 077 && echo short >"$T/short")
+expect_fail "a secret of 5 bytes" "6 bytes (a secret has 16 to" 5 \
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/short" -- --init env:// --mode init
+expect_fail "FSDPC_SECRET shorter than 16 characters" "FSDPC_SECRET has 6 characters" 5 \
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=$port FSDPC_SECRET=abcdef -- --init env:// --mode init
+expect_fail "both FSDPC_SECRET and FSDPC_SECRET_FILE" "both FSDPC_SECRET and FSDPC_SECRET_FILE" 5 \
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=$port FSDPC_SECRET=0123456789abcdef0123 \
+    FSDPC_SECRET_FILE="$T/secret" -- --init env:// --mode init
+expect_fail "a directory as the secret file" "not a regular file" 5 \
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=$port FSDPC_SECRET_FILE="$T" -- --init env:// --mode init
+
+# 6. No secret on an address that is not loopback: refused before anything
+#    listens, unless the user says --insecure (FSDPC_INSECURE=1).
+expect_fail "no secret on a non-loopback MASTER_ADDR" \
+    "is not a loopback address and no job secret is set" 5 \
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=192.0.2.1 MASTER_PORT=$port -- --init env:// --mode init
+expect_fail "no secret on a non-loopback tcp:// address" \
+    "is not a loopback address and no job secret is set" 5 \
+    RANK=1 WORLD_SIZE=2 -- --init tcp://192.0.2.1:$port --mode init
+ip=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -v '^127\.' | grep '\.' | head -1)
+if [ -n "$ip" ]; then
+    RANK=0 WORLD_SIZE=1 MASTER_ADDR=$ip MASTER_PORT=$port FSDPC_INSECURE=1 timeout 30 "$PROBE" \
+        --init env:// --mode init >"$T/ins.out" 2>"$T/ins.err"
+    rc=$?
+    [ $rc -eq 0 ] && grep -q "no job secret (--insecure)" "$T/ins.err"
+    tap_ok $? "FSDPC_INSECURE=1 on $ip: runs, with a warning (exit $rc)"
+    RANK=0 WORLD_SIZE=1 MASTER_ADDR=$ip MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" \
+        timeout 30 "$PROBE" --init env:// --mode init >"$T/sec.out" 2>"$T/sec.err"
+    tap_ok $? "a secret on $ip: runs"
+else
+    tap_skip "no non-loopback IPv4 address on this host"
+    tap_skip "no non-loopback IPv4 address on this host"
+fi
+
+# 7. file://: the secret lives in a 0600 stamp in 0700 directories.
+unset MASTER_ADDR MASTER_PORT
+store="$T/fstore"
+( RANK=0 WORLD_SIZE=1 timeout 60 "$PROBE" --init "file://$store" --mode hold >"$T/f0.log" 2>&1 ) &
+p0=$!
+bg_pids=$p0
+for i in $(seq 100); do grep -q HOLDING "$T/f0.log" 2>/dev/null && break; sleep 0.1; done
+modes="$(stat -c %a "$store") $(stat -c %a "$store/fsdpc-store.stamp") $(stat -c %a "$store"/job-*)"
+keys=$(find "$store" -type f ! -perm 600 | wc -l)
+kill -9 $p0 2>/dev/null
+tap_diag "store dir, stamp, namespace: $modes; files not 0600: $keys"
+[ "$modes" = "700 600 700" ] && [ "$keys" -eq 0 ] && grep -q "^secret [0-9a-f]\{64\}$" "$store/fsdpc-store.stamp"
+tap_ok $? "file://: store directory 0700, stamp (with the secret) 0600, namespace 0700, every file 0600"
+mkdir -m 777 "$T/open-store"
+chmod 777 "$T/open-store"
+expect_fail "file:// on a directory others can write" "writable by group or others (mode 0777)" 5 \
+    RANK=0 WORLD_SIZE=1 -- --init "file://$T/open-store" --mode init
+
+tap_done
