@@ -72,6 +72,8 @@ struct fsdp_group_info {
     struct fsdp_store *store; /* rendezvous store, prefixed for this group */
     int local_rank;           /* rank among the processes on this host (picks the
                                  CUDA device); -1 when unknown */
+    const char *local_addr;   /* the address other hosts reach this rank at
+                                 (rendezvous/netaddr.h); NULL: the backend chooses */
 };
 
 /* Common head of every backend's work handle. */
@@ -92,8 +94,9 @@ struct fsdp_backend_ops {
     int (*create)(const struct fsdp_group_info *info, struct fsdp_backend **out);
     /* Releases threads, sockets, communicators; must not block on peers. */
     void (*destroy)(struct fsdp_backend *be);
-    /* Fails every pending and future op with FSDP_ERR_ABORTED; async-signal
-     * tolerant enough for the job-abort path (no allocation). */
+    /* Fails every pending and future op with FSDP_ERR_ABORTED and returns
+     * without waiting for peers or the device. Called from ordinary threads
+     * (the job abort's callbacks, a watchdog), never from a signal handler. */
     void (*abort)(struct fsdp_backend *be, const char *why);
     void (*capabilities)(struct fsdp_backend *be, struct fsdp_backend_caps *caps);
 

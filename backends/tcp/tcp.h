@@ -239,6 +239,8 @@ struct tcp_backend {
     int world_rank;
     uint64_t nonce;
     struct fsdp_auth_key key; /* the job key: the handshake proves it (tcp_conn.c) */
+    char local_ip[64];        /* where it listens (rendezvous/netaddr.h) */
+    char local_how[96];       /* why that address */
     double timeout_s;
     uint64_t group_hash;
     struct tcp_config cfg;

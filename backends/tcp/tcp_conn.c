@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "rendezvous/netaddr.h"
 #include "rendezvous/store.h"
 
 #include <arpa/inet.h>
@@ -92,57 +93,65 @@ int fsdp_tcp_config_read(struct tcp_config *cfg)
     return 0;
 }
 
-/* FSDPC_TCP_ADDR, else the first non-loopback IPv4 address the host name
- * resolves to, else 127.0.0.1. */
-static int tcp_conn_pick_ip(char *ip, size_t len)
-{
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res, *ai;
-    const char *env = getenv("FSDPC_TCP_ADDR");
-    if (env && *env) {
-        int g = getaddrinfo(env, NULL, &hints, &res);
-        if (g != 0) {
-            return fsdp_err(FSDP_ERR_INVALID, "FSDPC_TCP_ADDR='%s' is not an IPv4 address or "
-                            "a resolvable host name: %s", env, gai_strerror(g));
-        }
-        inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip, (socklen_t)len);
-        freeaddrinfo(res);
-        return 0;
-    }
-    snprintf(ip, len, "127.0.0.1");
-    char host[256];
-    if (gethostname(host, sizeof(host)) != 0 || getaddrinfo(host, NULL, &hints, &res) != 0) {
-        return 0;
-    }
-    for (ai = res; ai; ai = ai->ai_next) {
-        struct in_addr a = ((struct sockaddr_in *)ai->ai_addr)->sin_addr;
-        if ((ntohl(a.s_addr) >> 24) != 127) {
-            inet_ntop(AF_INET, &a, ip, (socklen_t)len);
-            break;
-        }
-    }
-    freeaddrinfo(res);
-    return 0;
-}
-
-/* "ip:port" -> sockaddr. 0 or -1. */
-static int tcp_conn_parse_addr(const char *s, struct sockaddr_in *sa)
+/* "ip:port" or "[ip6]:port" -> sockaddr. 0 or -1. */
+static int tcp_conn_parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *sl)
 {
     char ip[TCP_ADDR_MAX];
     const char *colon = strrchr(s, ':');
-    if (!colon || (size_t)(colon - s) >= sizeof(ip)) {
+    const char *a = s, *b = colon;
+    if (!colon) {
         return -1;
     }
-    memcpy(ip, s, (size_t)(colon - s));
-    ip[colon - s] = '\0';
+    if (s[0] == '[') { /* [v6]:port */
+        a = s + 1;
+        b = colon - 1;
+        if (b < a || *b != ']') {
+            return -1;
+        }
+    }
+    if ((size_t)(b - a) >= sizeof(ip)) {
+        return -1;
+    }
+    memcpy(ip, a, (size_t)(b - a));
+    ip[b - a] = '\0';
     char *end;
     long port = strtol(colon + 1, &end, 10);
-    memset(sa, 0, sizeof(*sa));
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)port);
-    if (*end || port < 1 || port > 65535 || inet_pton(AF_INET, ip, &sa->sin_addr) != 1) {
+    if (*end || port < 1 || port > 65535) {
         return -1;
     }
-    return 0;
+    memset(ss, 0, sizeof(*ss));
+    struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET, ip, &s4->sin_addr) == 1) {
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons((uint16_t)port);
+        *sl = sizeof(*s4);
+        return 0;
+    }
+    if (inet_pton(AF_INET6, ip, &s6->sin6_addr) == 1) {
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons((uint16_t)port);
+        *sl = sizeof(*s6);
+        return 0;
+    }
+    return -1;
+}
+
+/* "ip:port" of a socket address, IPv6 in brackets. */
+static void tcp_conn_addr_str(const struct sockaddr_storage *ss, char *buf, size_t len)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &s6->sin6_addr, ip, sizeof(ip));
+        port = ntohs(s6->sin6_port);
+    } else if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &s4->sin_addr, ip, sizeof(ip));
+        port = ntohs(s4->sin_port);
+    }
+    fsdp_netaddr_format(ip, port, buf, len);
 }
 
 static void tcp_conn_sockopts(const struct tcp_backend *be, int fd)
@@ -259,7 +268,8 @@ struct tcp_pend {
     double deadline; /* PEND_RETRY: when to dial again; incoming: hello deadline */
     double backoff;
     int last_errno;  /* of the last failed dial */
-    struct sockaddr_in sa; /* outgoing: where to dial */
+    struct sockaddr_storage sa; /* outgoing: where to dial */
+    socklen_t salen;
     char from[TCP_ADDR_MAX];
 };
 
@@ -291,10 +301,10 @@ static void tcp_pend_refuse(struct tcp_setup *st, int i, const char *why)
 
 static void tcp_pend_dial(struct tcp_setup *st, struct tcp_pend *pd, double now)
 {
-    pd->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    pd->fd = socket(pd->sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (pd->fd >= 0) {
         tcp_conn_sockopts(st->be, pd->fd);
-        if (connect(pd->fd, (struct sockaddr *)&pd->sa, sizeof(pd->sa)) == 0 ||
+        if (connect(pd->fd, (struct sockaddr *)&pd->sa, pd->salen) == 0 ||
             errno == EINPROGRESS) {
             pd->state = PEND_CONNECTING;
             return;
@@ -327,17 +337,17 @@ static void tcp_pend_adopt(struct tcp_setup *st, int i)
 static void tcp_setup_accept(struct tcp_setup *st, double now)
 {
     for (;;) {
-        struct sockaddr_in sa;
+        struct sockaddr_storage sa;
         socklen_t sl = sizeof(sa);
         int fd = accept4(st->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             return; /* EAGAIN, or a connection that vanished before accept */
         }
-        char ip[INET_ADDRSTRLEN] = "?";
-        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+        char from[TCP_ADDR_MAX];
+        tcp_conn_addr_str(&sa, from, sizeof(from));
         if (st->npend == st->cap) {
-            FSDP_WARN(FSDP_SUB_TCP, "group %s: refused a connection from %s:%u: too many "
-                      "connections in setup", st->be->name, ip, ntohs(sa.sin_port));
+            FSDP_WARN(FSDP_SUB_TCP, "group %s: refused a connection from %s: too many "
+                      "connections in setup", st->be->name, from);
             close(fd);
             continue;
         }
@@ -349,7 +359,7 @@ static void tcp_setup_accept(struct tcp_setup *st, double now)
         pd->step = 0;
         pd->rx_len = sizeof(struct tcp_hello);
         pd->deadline = now + TCP_HELLO_TIMEOUT_S;
-        snprintf(pd->from, sizeof(pd->from), "%s:%u", ip, ntohs(sa.sin_port));
+        snprintf(pd->from, sizeof(pd->from), "%s", from);
         tcp_conn_sockopts(st->be, fd);
     }
 }
@@ -581,8 +591,10 @@ static int tcp_setup_timeout(struct tcp_setup *st, double waited)
                                  be->peers[q].addr[0] ? ", " : "", be->peers[q].addr, why);
     }
     return fsdp_err(FSDP_ERR_TIMEOUT, "group %s: tcp connection setup timed out after %.1f s; "
-                    "not connected to rank %s (on several hosts, set FSDPC_TCP_ADDR to an "
-                    "address the other hosts can reach)", be->name, waited, list);
+                    "not connected to rank %s (this rank listens on %s, chosen by %s; on "
+                    "several hosts, FSDPC_SOCKET_IFNAME or FSDPC_TCP_ADDR name an address "
+                    "the other hosts can reach)", be->name, waited, list,
+                    be->peers[be->rank].addr, be->local_how);
 }
 
 static int tcp_setup_loop(struct tcp_setup *st, double t0)
@@ -644,24 +656,32 @@ static int tcp_setup_loop(struct tcp_setup *st, double t0)
 
 static int tcp_conn_listen(struct tcp_backend *be, int *lfd_out)
 {
-    char ip[INET_ADDRSTRLEN];
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t sl = sizeof(sa);
-    FSDP_CHECK(tcp_conn_pick_ip(ip, sizeof(ip)));
-    inet_pton(AF_INET, ip, &sa.sin_addr);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage sa;
+    socklen_t sl;
+    char probe[TCP_ADDR_MAX];
+    fsdp_netaddr_format(be->local_ip, 1, probe, sizeof(probe));
+    if (tcp_conn_parse_addr(probe, &sa, &sl) < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "group %s: '%s' (%s) is not a numeric address to "
+                        "listen on", be->name, be->local_ip, be->local_how);
+    }
+    if (sa.ss_family == AF_INET) {
+        ((struct sockaddr_in *)&sa)->sin_port = 0;
+    } else {
+        ((struct sockaddr_in6 *)&sa)->sin6_port = 0;
+    }
+    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         return fsdp_err(FSDP_ERR_SYSTEM, "group %s: socket: %s", be->name, strerror(errno));
     }
     tcp_conn_sockopts(be, fd); /* accepted sockets inherit the buffer sizes */
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, be->size + 16) < 0 ||
+    if (bind(fd, (struct sockaddr *)&sa, sl) < 0 || listen(fd, be->size + 16) < 0 ||
         getsockname(fd, (struct sockaddr *)&sa, &sl) < 0) {
         int e = errno;
         close(fd);
-        return fsdp_err(FSDP_ERR_SYSTEM, "group %s: cannot listen on %s: %s%s", be->name, ip,
-                        strerror(e), getenv("FSDPC_TCP_ADDR") ? " (check FSDPC_TCP_ADDR)" : "");
+        return fsdp_err(FSDP_ERR_SYSTEM, "group %s: cannot listen on %s (%s): %s", be->name,
+                        be->local_ip, be->local_how, strerror(e));
     }
-    snprintf(be->peers[be->rank].addr, TCP_ADDR_MAX, "%s:%u", ip, ntohs(sa.sin_port));
+    tcp_conn_addr_str(&sa, be->peers[be->rank].addr, TCP_ADDR_MAX);
     *lfd_out = fd;
     return 0;
 }
@@ -689,7 +709,7 @@ static int tcp_conn_rendezvous(struct tcp_setup *st, struct fsdp_store *store, d
         snprintf(pd->from, sizeof(pd->from), "%.*s", (int)(len < TCP_ADDR_MAX ? len : 0),
                  (const char *)val);
         free(val);
-        if (len >= TCP_ADDR_MAX || tcp_conn_parse_addr(pd->from, &pd->sa) < 0) {
+        if (len >= TCP_ADDR_MAX || tcp_conn_parse_addr(pd->from, &pd->sa, &pd->salen) < 0) {
             return fsdp_err(FSDP_ERR_FORMAT, "group %s: store key '%s' holds no ip:port "
                             "address", be->name, key);
         }

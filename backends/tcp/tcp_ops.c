@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "backends/tcp/tcp.h"
+#include "rendezvous/netaddr.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -94,6 +95,20 @@ static int tcp_alloc(const struct fsdp_group_info *info, struct tcp_backend **ou
         return fsdp_err(FSDP_ERR_INVALID, "tcp backend: group %s has no job key", info->name);
     }
     be->key = *info->auth_key;
+    if (info->local_addr && info->local_addr[0]) {
+        snprintf(be->local_ip, sizeof(be->local_ip), "%s", info->local_addr);
+        snprintf(be->local_how, sizeof(be->local_how), "the rendezvous");
+    } else {
+        /* created without the job's choice (tests): this host's settings */
+        struct fsdp_netaddr na;
+        int rc = fsdp_netaddr_choose(NULL, 1, &na);
+        if (rc < 0) {
+            tcp_free(be);
+            return rc;
+        }
+        snprintf(be->local_ip, sizeof(be->local_ip), "%s", na.ip);
+        snprintf(be->local_how, sizeof(be->local_how), "%s", na.how);
+    }
     be->timeout_s = info->timeout_s > 0 ? info->timeout_s : TCP_DEFAULT_TIMEOUT_S;
     be->group_hash = tcp_group_hash(info);
     /* a live peer that waits says so this often; silence for 3 periods

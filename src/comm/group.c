@@ -160,6 +160,7 @@ int fsdp_group_create(struct fsdp_dist *d, const char *name, const int *world_ra
         .timeout_s = d->timeout_s,
         .store = g->store,
         .local_rank = d->local_rank,
+        .local_addr = d->addr.ip[0] ? d->addr.ip : NULL,
     };
     FSDP_CHECK_GOTO(ops->create(&gi->info, &g->be), rc, err_store);
     ops->capabilities(g->be, &gi->caps);

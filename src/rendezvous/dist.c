@@ -38,6 +38,7 @@
 
 struct dist_impl {
     struct fsdp_store_server *server; /* rank 0 of the TCP methods */
+    char store_host[256];             /* where the TCP store is ("" for file://, one rank) */
     char store_desc[300];             /* "tcp 10.0.0.1:29500", "file /shared/x" */
     fsdp_dist_finalize_cb fin_cb[DIST_MAX_FINALIZE_CBS];
     void *fin_arg[DIST_MAX_FINALIZE_CBS];
@@ -319,10 +320,13 @@ static int dist_env_rank_size(const char *method, int *rank, int *size)
     return 0;
 }
 
-/* An address of this host that other hosts can reach, for the MPI method. */
+/* An address of this host that other hosts can reach, for the MPI method:
+ * $FSDPC_STORE_HOST, loopback on one host, else as netaddr.h chooses
+ * (FSDPC_TCP_ADDR, FSDPC_SOCKET_IFNAME, the host name's address). */
 static void dist_store_host(const struct fsdp_dist *d, char *buf, size_t len)
 {
     const char *h = getenv("FSDPC_STORE_HOST");
+    struct fsdp_netaddr na;
     if (h && h[0]) {
         snprintf(buf, len, "%s", h);
         return;
@@ -331,40 +335,43 @@ static void dist_store_host(const struct fsdp_dist *d, char *buf, size_t len)
         snprintf(buf, len, "127.0.0.1"); /* one host: loopback always works */
         return;
     }
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(d->host, NULL, &hints, &res) == 0) {
-        for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-            struct sockaddr_in *sin = (struct sockaddr_in *)ai->ai_addr;
-            if ((ntohl(sin->sin_addr.s_addr) >> 24) != 127) {
-                inet_ntop(AF_INET, &sin->sin_addr, buf, (socklen_t)len);
-                freeaddrinfo(res);
-                return;
-            }
-        }
-        freeaddrinfo(res);
+    if (fsdp_netaddr_choose(NULL, 0, &na) < 0) {
+        fsdp_err_clear(); /* the same choice fails again later, with its message */
+        snprintf(buf, len, "127.0.0.1");
+        return;
     }
-    struct ifaddrs *ifs = NULL;
-    if (getifaddrs(&ifs) == 0) {
-        for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
-            if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
-                !(i->ifa_flags & IFF_LOOPBACK)) {
-                inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, buf,
-                          (socklen_t)len);
-                freeifaddrs(ifs);
-                return;
-            }
-        }
-        freeifaddrs(ifs);
+    if (strcmp(na.ip, "127.0.0.1") == 0) {
+        FSDP_WARN(FSDP_SUB_DIST, "no non-loopback address found for host %s; the store uses "
+                  "127.0.0.1 (set FSDPC_STORE_HOST or FSDPC_SOCKET_IFNAME for multi-host jobs)",
+                  d->host);
     }
-    FSDP_WARN(FSDP_SUB_DIST, "no non-loopback address found for host %s; the store uses "
-              "127.0.0.1 (set FSDPC_STORE_HOST for multi-host jobs)", d->host);
-    snprintf(buf, len, "127.0.0.1");
+    snprintf(buf, len, "%s", na.ip);
 }
 
 // ----------------------------------------------------------------------------
 // init methods
+
+#define DIST_HOST_KEY_MAX 400
+
+/* What makes two ranks neighbours: the host name, the kernel's boot id (two
+ * machines that share a host name) and the network namespace (containers
+ * or namespaces on one machine that share a host name but not a network). */
+static void dist_host_key(const struct fsdp_dist *d, char *buf, size_t len)
+{
+    char boot[64] = "-", ns[64] = "-";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f)) {
+            snprintf(boot, sizeof(boot), "-");
+        }
+        boot[strcspn(boot, "\n")] = '\0';
+        fclose(f);
+    }
+    ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+    ns[n > 0 ? n : 0] = '\0';
+    snprintf(buf, len, "%s|%s|%s", d->host, boot, ns);
+}
+
 
 /* d->job_key from the secret (len may be 0: no secret) and d->nonce. */
 static void dist_job_key(struct fsdp_dist *d, const unsigned char *secret, size_t len)
@@ -420,11 +427,19 @@ static int dist_init_mpi(struct fsdp_dist *d, int *argc, char ***argv, struct di
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d->world_size);
     fsdp_log_set_rank(d->rank);
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    /* neighbours: MPI's shared-memory split, then the same host key (host
+     * name, boot id, network namespace): namespaces or containers that MPI
+     * sees as one node but that do not share a network are not */
+    MPI_Comm shared, local;
+    char hkey[DIST_HOST_KEY_MAX];
+    dist_host_key(d, hkey, sizeof(hkey));
+    int color = (int)(fsdp_hash64(hkey, strlen(hkey), 0) & 0x7fffffff);
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared);
+    MPI_Comm_split(shared, color, d->rank, &local);
     MPI_Comm_rank(local, &d->local_rank);
     MPI_Comm_size(local, &d->local_size);
     MPI_Comm_free(&local);
+    MPI_Comm_free(&shared);
 
     /* rank 0 serves; every rank, rank 0 included, must reach the Bcast */
     struct dist_mpi_addr a;
@@ -458,6 +473,7 @@ static int dist_init_mpi(struct fsdp_dist *d, int *argc, char ***argv, struct di
     fsdp_auth_derive(a.secret, sizeof(a.secret), "fsdpc store mpi", &skey);
     memset(a.secret, 0, sizeof(a.secret));
     snprintf(im->store_desc, sizeof(im->store_desc), "tcp %s:%d", a.host, a.port);
+    snprintf(im->store_host, sizeof(im->store_host), "%s", a.host);
     FSDP_CHECK(fsdp_store_tcp_connect(a.host, a.port, &skey, d->timeout_s, &d->store));
     return 0;
 }
@@ -517,6 +533,7 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
     }
     snprintf(im->store_desc, sizeof(im->store_desc), "tcp %s:%d%s", host, port,
              have ? "" : " (no secret)");
+    snprintf(im->store_host, sizeof(im->store_host), "%s", private_store ? "" : host);
     FSDP_CHECK(fsdp_store_tcp_connect(private_store ? "127.0.0.1" : host, port, &skey,
                                       d->timeout_s, &d->store));
     /* a second job that reuses this address (and its size, and has no job
@@ -579,19 +596,21 @@ static int dist_init_file(struct fsdp_dist *d, const struct dist_spec *sp, struc
 }
 
 /*
- * Local rank and size without MPI: every rank publishes its host name, rank
- * 0 numbers the ranks of each host in rank order and publishes the map
- * (int32 local rank, local size per rank). The launcher's LOCAL_RANK,
- * LOCAL_WORLD_SIZE or SLURM_LOCALID win where set.
+ * Local rank and size without MPI: every rank publishes its host key (host
+ * name, boot id, network namespace), rank 0 numbers the ranks of each key
+ * in rank order and publishes the map (int32 local rank, local size per
+ * rank). The launcher's LOCAL_RANK, LOCAL_WORLD_SIZE or SLURM_LOCALID win
+ * where set.
  */
 static int dist_local_ranks(struct fsdp_dist *d)
 {
-    char key[64];
+    char key[64], mine[DIST_HOST_KEY_MAX];
     void *v = NULL;
     size_t len;
     int rc = 0;
+    dist_host_key(d, mine, sizeof(mine));
     snprintf(key, sizeof(key), "fsdpc/host/%d", d->rank);
-    FSDP_CHECK(fsdp_store_set(d->store, key, d->host, strlen(d->host)));
+    FSDP_CHECK(fsdp_store_set(d->store, key, mine, strlen(mine)));
     if (d->rank == 0) {
         size_t n = (size_t)d->world_size;
         unsigned char *map = malloc(8 * n);
@@ -601,7 +620,7 @@ static int dist_local_ranks(struct fsdp_dist *d)
             return fsdp_err(FSDP_ERR_NOMEM, "dist: host map of %zu ranks: out of memory", n);
         }
         int64_t *lr = (int64_t *)malloc(n * sizeof(*lr));
-        char (*hosts)[sizeof(d->host)] = malloc(n * sizeof(*hosts));
+        char (*hosts)[DIST_HOST_KEY_MAX] = malloc(n * sizeof(*hosts));
         for (size_t r = 0; r < n && rc == 0 && lr && hosts; r++) {
             snprintf(key, sizeof(key), "fsdpc/host/%zu", r);
             rc = fsdp_store_get(d->store, key, &v, &len, d->timeout_s);
@@ -691,6 +710,9 @@ int fsdp_dist_init(int *argc, char ***argv, const char *init, double timeout_s,
     }
     /* from here a program's fsdp_die aborts the whole job, MPI included */
     fsdp_set_abort_hook(dist_abort_hook, NULL);
+    /* an address or interface variable that cannot work fails before any
+     * rendezvous, on every rank that has it */
+    FSDP_CHECK_GOTO(fsdp_netaddr_choose(NULL, 0, &d->addr), rc, err_free);
 
     switch (sp.method) {
     case FSDP_INIT_MPI: FSDP_CHECK_GOTO(dist_init_mpi(d, argc, argv, im), rc, err_store); break;
@@ -702,10 +724,13 @@ int fsdp_dist_init(int *argc, char ***argv, const char *init, double timeout_s,
     if (sp.method != FSDP_INIT_MPI && sp.method != FSDP_INIT_SINGLE) {
         FSDP_CHECK_GOTO(dist_local_ranks(d), rc, err_store);
     }
+    FSDP_CHECK_GOTO(fsdp_netaddr_choose(im->store_host, d->local_size == d->world_size, &d->addr),
+                    rc, err_store);
     fsdp_log_set_rank(d->rank);
-    FSDP_INFO(FSDP_SUB_DIST, "rank %d of %d (local %d of %d) on %s; init %s; store %s",
-              d->rank, d->world_size, d->local_rank, d->local_size, d->host,
-              fsdp_dist_method_name(d), im->store_desc);
+    FSDP_INFO(FSDP_SUB_DIST, "rank %d of %d (local %d of %d) on %s; init %s; store %s; address "
+              "%s%s%s (%s)", d->rank, d->world_size, d->local_rank, d->local_size, d->host,
+              fsdp_dist_method_name(d), im->store_desc, d->addr.ip, d->addr.ifname[0] ? " on " : "",
+              d->addr.ifname, d->addr.how);
     *out = d;
     return 0;
 

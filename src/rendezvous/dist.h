@@ -39,8 +39,13 @@
  * handshakes.
  *
  * Local rank and size without MPI: LOCAL_RANK (or SLURM_LOCALID) and
- * LOCAL_WORLD_SIZE where set, else counted from the host names that every
- * rank publishes in the store.
+ * LOCAL_WORLD_SIZE where set, else counted from what every rank publishes in
+ * the store: its host name, boot id and network namespace, so that
+ * containers or namespaces that share a host name but not a network are not
+ * taken for one host.
+ *
+ * d->addr: the address this rank gives other hosts (netaddr.h): the tcp
+ * backend listens there; chosen once the local ranks are known.
  *
  * Environment: FSDPC_TIMEOUT (default deadline when timeout_s <= 0; 300 s),
  * FSDPC_FINALIZE_TIMEOUT (bound of the finalize rendezvous; 10 s),
@@ -52,6 +57,7 @@
 #define FSDP_RENDEZVOUS_DIST_H
 
 #include "rendezvous/auth.h"
+#include "rendezvous/netaddr.h"
 
 #include <stdint.h>
 
@@ -72,6 +78,7 @@ struct fsdp_dist {
     int local_rank; /* rank among the processes on this host */
     int local_size;
     char host[256];
+    struct fsdp_netaddr addr; /* where other hosts reach this rank (netaddr.h) */
     uint64_t nonce;           /* same on every rank of the job, random per job */
     struct fsdp_auth_key job_key; /* keys the backends' handshakes (from the secret) */
     int authenticated;        /* 0: no secret (loopback or insecure): keys are public */
