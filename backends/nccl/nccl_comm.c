@@ -1,13 +1,15 @@
 /*
  * nccl_comm.c - the nccl backend's instance life cycle: which CUDA device a
  * process uses, the unique-id exchange through the rendezvous store, a
- * bounded communicator setup, the sticky failure state, abort, destroy, and
- * the pool of work handles (one CUDA event each, made once and reused).
+ * bounded communicator setup, the sticky failure state, the abort thread,
+ * destroy, the pool of work handles (one CUDA event each, made once and
+ * reused), and the polling back-off.
  *
  * It owns no collective logic (nccl_ops.c) and never blocks without a
- * deadline: init, finalize and every poll loop end at be->timeout_s with an
- * error that names the group, and a failed communicator is aborted, never
- * waited on.
+ * deadline: init, finalize and every poll loop end at the instance's
+ * deadline with an error that names the group. A failed communicator is
+ * aborted on a thread of its own (ncclCommAbort may wait for kernels of
+ * other groups), never waited on by a caller.
  */
 #include "config.h"
 #include "backends/nccl/nccl_be.h"
@@ -16,6 +18,7 @@
 #include "core/util.h"
 #include "rendezvous/store.h"
 
+#include <errno.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,11 +29,19 @@
 
 /* Used when the group gives no deadline. */
 #define NCCL_DEFAULT_TIMEOUT_S 300.0
+/* The group layer's deadline until the first step (FSDPC_INIT_TIMEOUT unset). */
+#define NCCL_DEFAULT_INIT_TIMEOUT_S 600.0
 /* Work handles made at create; the pool grows when more are in flight. */
 #define NCCL_POOL_INITIAL 16
-/* How long abort() tries to take the lock before leaving the communicator
- * to the next lock holder (rounds of 1 ms). */
-#define NCCL_ABORT_LOCK_ROUNDS 200
+/* Polling: spin this long, then yield until NCCL_YIELD_S, then sleep from
+ * NCCL_SLEEP_MIN_NS doubling up to NCCL_SLEEP_MAX_NS. */
+#define NCCL_SPIN_S 50e-6
+#define NCCL_YIELD_S 1e-3
+#define NCCL_SLEEP_MIN_NS 20000L
+#define NCCL_SLEEP_MAX_NS 500000L
+/* How long destroy waits for a running abort before leaving it to finish
+ * on its own thread (it may wait for another group's kernels). */
+#define NCCL_ABORT_WAIT_S 10.0
 
 // ----------------------------------------------------------------------------
 // small helpers
@@ -47,44 +58,80 @@ int fsdp_nccl_code(ncclResult_t r)
     }
 }
 
-void fsdp_nccl_pause(unsigned *round)
+int fsdp_nccl_cuda_usage_error(cudaError_t ce)
 {
-    unsigned r = (*round)++;
-    struct timespec ts = {0, 0};
-    if (r < 128) {
-        sched_yield(); /* short ops finish in microseconds: stay close */
-        return;
+    switch (ce) {
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidResourceHandle:
+    case cudaErrorInvalidDevice:
+    case cudaErrorInvalidDevicePointer:
+        return 1;
+    default:
+        return 0;
     }
-    ts.tv_nsec = r < 1024 ? 20000 : 200000;
-    nanosleep(&ts, NULL);
 }
 
-int fsdp_nccl_device_enter(struct fsdp_backend *be, int *saved)
+static void nccl_cpu_relax(void)
+{
+    for (int i = 0; i < 32; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#else
+        __asm__ __volatile__("" ::: "memory");
+#endif
+    }
+}
+
+void fsdp_nccl_poll_start(struct nccl_poll *p)
+{
+    p->t0 = fsdp_now();
+    p->sleep_ns = NCCL_SLEEP_MIN_NS;
+}
+
+enum nccl_pause fsdp_nccl_pause_plan(struct nccl_poll *p, double elapsed, long *sleep_ns)
+{
+    *sleep_ns = 0;
+    if (elapsed < NCCL_SPIN_S) {
+        return NCCL_PAUSE_SPIN; /* a small op ends here: no system call at all */
+    }
+    if (elapsed < NCCL_YIELD_S) {
+        return NCCL_PAUSE_YIELD;
+    }
+    *sleep_ns = p->sleep_ns;
+    p->sleep_ns = p->sleep_ns >= NCCL_SLEEP_MAX_NS / 2 ? NCCL_SLEEP_MAX_NS : 2 * p->sleep_ns;
+    return NCCL_PAUSE_SLEEP;
+}
+
+void fsdp_nccl_pause(struct nccl_poll *p)
+{
+    long ns = 0;
+    switch (fsdp_nccl_pause_plan(p, fsdp_now() - p->t0, &ns)) {
+    case NCCL_PAUSE_SPIN: nccl_cpu_relax(); break;
+    case NCCL_PAUSE_YIELD: sched_yield(); break;
+    case NCCL_PAUSE_SLEEP: {
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL);
+        break;
+    }
+    }
+}
+
+int fsdp_nccl_device_use(struct fsdp_backend *be)
 {
     int cur = -1;
     cudaError_t ce = cudaGetDevice(&cur);
-    *saved = -1;
-    if (ce != cudaSuccess) {
-        return fsdp_err(FSDP_ERR_BACKEND, "nccl backend: group %s: cudaGetDevice failed: %s",
-                        be->name, cudaGetErrorString(ce));
+    if (ce == cudaSuccess && cur == be->device) {
+        return 0;
     }
-    *saved = cur;
-    if (cur != be->device) {
-        ce = cudaSetDevice(be->device);
-        if (ce != cudaSuccess) {
-            return fsdp_err(FSDP_ERR_BACKEND,
-                            "nccl backend: group %s: cudaSetDevice(%d) failed: %s", be->name,
-                            be->device, cudaGetErrorString(ce));
-        }
+    ce = cudaSetDevice(be->device);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fsdp_err(FSDP_ERR_BACKEND, "nccl backend: group %s: cudaSetDevice(%d) failed: %s",
+                        be->name, be->device, cudaGetErrorString(ce));
     }
     return 0;
-}
-
-void fsdp_nccl_device_leave(struct fsdp_backend *be, int saved)
-{
-    if (saved >= 0 && saved != be->device) {
-        (void)cudaSetDevice(saved);
-    }
 }
 
 // ----------------------------------------------------------------------------
@@ -141,27 +188,115 @@ int fsdp_nccl_check_failed(struct fsdp_backend *be)
                     be->name);
 }
 
-static void nccl_reap(struct fsdp_backend *be, int quiet)
+// ----------------------------------------------------------------------------
+// the abort thread
+
+/* Shared by the instance and its abort thread; the last one out frees it,
+ * so destroy can leave an abort that waits for another group's kernels. */
+struct nccl_reaper {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    int taken; /* the thread has taken the communicator: it no longer touches the instance */
+    int done;  /* ncclCommAbort returned */
+    int device;
+    struct fsdp_backend *be;
+};
+
+static void nccl_reaper_put(struct nccl_reaper *r)
 {
-    ncclComm_t comm = be->comm;
-    if (!atomic_load(&be->abort_pending) || comm == NULL) {
-        return;
+    pthread_mutex_lock(&r->mu);
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (last) {
+        pthread_cond_destroy(&r->cv);
+        pthread_mutex_destroy(&r->mu);
+        free(r);
     }
-    be->comm = NULL;
-    if (!quiet) {
-        /* the failure message already names the group and says "aborted" */
-        if (atomic_load(&be->fail_state) == 2) {
-            FSDP_WARN(FSDP_SUB_NCCL, "%s", be->fail_msg);
-        } else {
-            FSDP_WARN(FSDP_SUB_NCCL, "group %s: aborting the NCCL communicator", be->name);
-        }
-    }
-    (void)ncclCommAbort(comm);
 }
 
-void fsdp_nccl_reap_locked(struct fsdp_backend *be)
+static void nccl_reaper_mark(struct nccl_reaper *r, int *flag)
 {
-    nccl_reap(be, 0);
+    pthread_mutex_lock(&r->mu);
+    *flag = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void *nccl_reaper_main(void *arg)
+{
+    struct nccl_reaper *r = arg;
+    struct fsdp_backend *be = r->be;
+    ncclComm_t comm;
+    char msg[sizeof(be->fail_msg)] = "";
+    int quiet;
+
+    (void)cudaSetDevice(r->device); /* this thread's only device */
+    /* issuers drop issue_mu within one poll once abort_pending is set */
+    pthread_mutex_lock(&be->issue_mu);
+    pthread_mutex_lock(&be->mu);
+    comm = be->comm;
+    be->comm = NULL;
+    pthread_mutex_unlock(&be->mu);
+    pthread_mutex_unlock(&be->issue_mu);
+    quiet = atomic_load(&be->fail_state) == 2 && atomic_load(&be->fail_code) == FSDP_ERR_ABORTED;
+    if (atomic_load(&be->fail_state) == 2) {
+        snprintf(msg, sizeof(msg), "%s", be->fail_msg);
+    } else {
+        snprintf(msg, sizeof(msg), "group %s: aborting the NCCL communicator", be->name);
+    }
+    nccl_reaper_mark(r, &r->taken);
+    /* an abort asked for by the caller is the caller's to report; a failure
+     * the backend found itself is reported here, once */
+    if (comm != NULL && !quiet) {
+        FSDP_WARN(FSDP_SUB_NCCL, "%s", msg);
+    }
+    if (comm != NULL) {
+        (void)ncclCommAbort(comm);
+    }
+    nccl_reaper_mark(r, &r->done);
+    nccl_reaper_put(r);
+    return NULL;
+}
+
+void fsdp_nccl_reap(struct fsdp_backend *be)
+{
+    struct nccl_reaper *r;
+    pthread_t tid;
+
+    if (!atomic_load(&be->abort_pending) || atomic_exchange(&be->reaper_started, 1)) {
+        return;
+    }
+    r = calloc(1, sizeof(*r));
+    if (r == NULL || pthread_mutex_init(&r->mu, NULL) != 0) {
+        free(r);
+        r = NULL;
+    } else if (pthread_cond_init(&r->cv, NULL) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        r = NULL;
+    }
+    if (r == NULL) {
+        /* no memory for the thread's state: abort here, which may wait */
+        struct nccl_reaper local = {.device = be->device, .be = be, .refs = 2};
+        pthread_mutex_init(&local.mu, NULL);
+        pthread_cond_init(&local.cv, NULL);
+        nccl_reaper_main(&local);
+        pthread_cond_destroy(&local.cv);
+        pthread_mutex_destroy(&local.mu);
+        return;
+    }
+    r->refs = 2;
+    r->device = be->device;
+    r->be = be;
+    pthread_mutex_lock(&be->mu);
+    be->reaper = r;
+    pthread_mutex_unlock(&be->mu);
+    if (fsdp_thread_start(&tid, nccl_reaper_main, r) != 0) {
+        nccl_reaper_main(r); /* no thread: abort here, which may wait */
+        return;
+    }
+    pthread_detach(tid);
 }
 
 void fsdp_nccl_abort(struct fsdp_backend *be, const char *why)
@@ -169,20 +304,48 @@ void fsdp_nccl_abort(struct fsdp_backend *be, const char *why)
     if (be == NULL) {
         return;
     }
-    /* no allocation and no logging: this may run in the job-abort path */
     nccl_record(be, FSDP_ERR_ABORTED, "nccl backend: group %s: communicator aborted: %s", be->name,
                 why ? why : "no reason given");
-    for (int i = 0; i < NCCL_ABORT_LOCK_ROUNDS; i++) {
-        if (pthread_mutex_trylock(&be->mu) == 0) {
-            nccl_reap(be, 1);
-            pthread_mutex_unlock(&be->mu);
-            return;
-        }
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
+    fsdp_nccl_reap(be);
+}
+
+/* destroy: wait until the abort thread has left the instance, then at most
+ * NCCL_ABORT_WAIT_S for ncclCommAbort to return. */
+static void nccl_reaper_release(struct fsdp_backend *be)
+{
+    struct nccl_reaper *r;
+    struct timespec until;
+    double wait_s = be->timeout_s < NCCL_ABORT_WAIT_S ? be->timeout_s : NCCL_ABORT_WAIT_S;
+    int timed_out = 0;
+
+    pthread_mutex_lock(&be->mu);
+    r = be->reaper;
+    be->reaper = NULL;
+    pthread_mutex_unlock(&be->mu);
+    if (r == NULL) {
+        return;
     }
-    /* A lock holder is stuck (or interrupted by this very signal): it sees
-     * abort_pending on its next round, and destroy() aborts in any case. */
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)wait_s;
+    until.tv_nsec += (long)((wait_s - (double)(time_t)wait_s) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->mu);
+    while (!r->taken) {
+        pthread_cond_wait(&r->cv, &r->mu); /* the lock holders it waits for are bounded */
+    }
+    while (!r->done && !timed_out) {
+        timed_out = pthread_cond_timedwait(&r->cv, &r->mu, &until) == ETIMEDOUT;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (timed_out) {
+        FSDP_WARN(FSDP_SUB_NCCL, "group %s: ncclCommAbort still running after %.1f s (waiting for "
+                  "kernels queued behind another group's?); leaving it to finish on its own thread",
+                  be->name, wait_s);
+    }
+    nccl_reaper_put(r);
 }
 
 // ----------------------------------------------------------------------------
@@ -212,9 +375,7 @@ static int nccl_work_new(struct fsdp_backend *be, struct nccl_work **out)
     ce = cudaEventCreateWithFlags(&w->done_ev, cudaEventDisableTiming);
     if (ce != cudaSuccess) {
         free(w);
-        return fsdp_err(FSDP_ERR_BACKEND,
-                        "nccl backend: group %s: cudaEventCreate on cuda:%d failed: %s", be->name,
-                        be->device, cudaGetErrorString(ce));
+        return fsdp_nccl_cuda_err(be, "cudaEventCreate", ce);
     }
     w->be = be;
     w->base.ops = &fsdp_nccl_ops;
@@ -230,11 +391,14 @@ int fsdp_nccl_work_get_locked(struct fsdp_backend *be, struct nccl_work **out)
     if (w == NULL) {
         FSDP_CHECK(nccl_work_new(be, &w));
     } else {
-        be->free_list = w->next_free;
+        be->free_list = w->next;
     }
-    w->next_free = NULL;
+    w->next = NULL;
     w->state = NCCL_WORK_PENDING;
+    w->orphan = 0;
     w->rc = 0;
+    w->seq = ++be->seq;
+    w->t_issue = fsdp_now();
     *out = w;
     return 0;
 }
@@ -245,12 +409,12 @@ void fsdp_nccl_work_put_locked(struct fsdp_backend *be, struct nccl_work *w)
         return; /* freed twice: keep the free list a list */
     }
     w->state = NCCL_WORK_FREE;
-    w->next_free = be->free_list;
+    w->next = be->free_list;
     be->free_list = w;
 }
 
 // ----------------------------------------------------------------------------
-// device choice
+// environment and device choice
 
 /* The launchers' local-rank variables, most specific first. */
 static int nccl_env_local_rank(int *local)
@@ -278,11 +442,11 @@ static int nccl_env_local_rank(int *local)
 static int nccl_pick_device(struct fsdp_backend *be, const struct fsdp_group_info *info)
 {
     const char *pin = getenv("FSDPC_CUDA_DEVICE");
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     int n = 0, local = info->local_rank;
     cudaError_t ce = cudaGetDeviceCount(&n);
 
     if (ce != cudaSuccess || n <= 0) {
-        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
         (void)cudaGetLastError();
         return fsdp_err(
             FSDP_ERR_BACKEND,
@@ -307,11 +471,57 @@ static int nccl_pick_device(struct fsdp_backend *be, const struct fsdp_group_inf
     if (local < 0) {
         local = 0; /* no launcher told us: a lone process */
     }
-    if (local >= n) {
+    if (local >= n && n == 1 && vis != NULL && *vis != '\0') {
+        /* the launcher gave each process its own GPU (--gpus-per-task=1 and
+         * the like): cuda:0 is a different device in every process */
+        FSDP_DEBUG(FSDP_SUB_NCCL, "group %s: local rank %d sees one device "
+                   "(CUDA_VISIBLE_DEVICES=%s): cuda:0", be->name, local, vis);
+    } else if (local >= n) {
         FSDP_WARN(FSDP_SUB_NCCL, "group %s: local rank %d but %d CUDA device(s) on host %s: "
                   "processes share cuda:%d", be->name, local, n, be->host, local % n);
     }
     be->device = local % n;
+    return 0;
+}
+
+/* NCCL_COMM_BLOCKING=1 overrides config.blocking = 0: init and every enqueue
+ * would then block inside NCCL with no deadline. NCCL reads it as a C
+ * integer (strtoll, base 0). */
+static int nccl_check_blocking_env(struct fsdp_backend *be, const char *when)
+{
+    const char *s = getenv("NCCL_COMM_BLOCKING");
+    char *end = NULL;
+    long long v;
+
+    if (s == NULL || *s == '\0') {
+        return 0;
+    }
+    errno = 0;
+    v = strtoll(s, &end, 0);
+    if (errno != 0 || end == s || *end != '\0' || v != 1) {
+        return 0; /* NCCL ignores it */
+    }
+    return fsdp_err(FSDP_ERR_INVALID,
+                    "nccl backend: group %s: NCCL_COMM_BLOCKING='%s'%s makes NCCL block without "
+                    "a deadline (a missing peer hangs the job, and abort cannot reach it); "
+                    "unset it: the nccl backend needs non-blocking communicators",
+                    be->name, s, when);
+}
+
+/* The group layer allows FSDPC_INIT_TIMEOUT (default 600 s) until the first
+ * step: the backend must not give up earlier. */
+static int nccl_set_deadline(struct fsdp_backend *be, double timeout_s)
+{
+    double init = fsdp_env_double("FSDPC_INIT_TIMEOUT", 0);
+    if (init < 0) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "nccl backend: FSDPC_INIT_TIMEOUT=%g: expected seconds > 0", init);
+    }
+    be->timeout_s = timeout_s > 0 ? timeout_s : NCCL_DEFAULT_TIMEOUT_S;
+    if (init == 0) {
+        init = NCCL_DEFAULT_INIT_TIMEOUT_S;
+    }
+    be->deadline_s = init > be->timeout_s ? init : be->timeout_s;
     return 0;
 }
 
@@ -364,13 +574,13 @@ static int nccl_exchange_uid(struct fsdp_backend *be, struct fsdp_store *store, 
         }
         return 0;
     }
-    rc = fsdp_store_get(store, key, &val, &len, be->timeout_s);
+    rc = fsdp_store_get(store, key, &val, &len, be->deadline_s);
     if (rc < 0) {
         fsdp_err_take(why, sizeof(why));
         return fsdp_err(rc,
                         "nccl backend: group %s: waiting %.1f s for the NCCL unique id of group "
                         "rank 0 (world rank %d): %s",
-                        be->name, be->timeout_s, be->world_rank0, why);
+                        be->name, be->deadline_s, be->world_rank0, why);
     }
     if (len != sizeof(*uid)) {
         free(val);
@@ -390,14 +600,15 @@ static int nccl_comm_init(struct fsdp_backend *be, const ncclUniqueId *uid)
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     ncclComm_t comm = NULL;
     ncclResult_t r, st;
-    double deadline = fsdp_now() + be->timeout_s;
-    unsigned round = 0;
+    double deadline = fsdp_now() + be->deadline_s;
+    struct nccl_poll poll;
     char last[256];
 
     cfg.blocking = 0;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 20, 0)
+#if NCCL_HAVE_COMM_NAME
     cfg.commName = be->name;
 #endif
+    fsdp_nccl_poll_start(&poll);
     r = ncclCommInitRankConfig(&comm, be->size, *uid, be->rank, &cfg);
     st = r;
     /* even an immediate ncclSuccess is confirmed by the async state */
@@ -414,9 +625,9 @@ static int nccl_comm_init(struct fsdp_backend *be, const ncclUniqueId *uid)
                 FSDP_ERR_TIMEOUT,
                 "nccl backend: group %s: communicator setup did not finish within %.1f s "
                 "(rank %d of %d, host %s, cuda:%d); is a member missing or stuck?",
-                be->name, be->timeout_s, be->rank, be->size, be->host, be->device);
+                be->name, be->deadline_s, be->rank, be->size, be->host, be->device);
         }
-        fsdp_nccl_pause(&round);
+        fsdp_nccl_pause(&poll);
     }
     if (st != ncclSuccess) {
         snprintf(last, sizeof(last), "%s", ncclGetLastError(comm));
@@ -425,19 +636,26 @@ static int nccl_comm_init(struct fsdp_backend *be, const ncclUniqueId *uid)
                         "(rank %d of %d, host %s, cuda:%d): %s (%s)", be->name, be->rank, be->size,
                         be->host, be->device, ncclGetErrorString(st), last);
     }
+    /* NCCL has read its configuration file into the environment by now */
+    if (nccl_check_blocking_env(be, " (from the NCCL configuration file)") < 0) {
+        (void)ncclCommAbort(comm);
+        return FSDP_ERR_INVALID;
+    }
     be->comm = comm;
     return 0;
 }
 
-/* Finalize (flushes queued work) bounded by the deadline; abort otherwise. */
+/* With issue_mu held, on a healthy communicator: finalize (flushes queued
+ * work) bounded by the group deadline, then destroy. On failure the
+ * communicator stays for the abort thread. */
 static void nccl_comm_close_locked(struct fsdp_backend *be)
 {
     ncclComm_t comm = be->comm;
     ncclResult_t r, st;
     double deadline = fsdp_now() + be->timeout_s;
-    unsigned round = 0;
+    struct nccl_poll poll;
 
-    be->comm = NULL;
+    fsdp_nccl_poll_start(&poll);
     r = ncclCommFinalize(comm);
     st = r;
     while (r == ncclSuccess || r == ncclInProgress) {
@@ -447,21 +665,29 @@ static void nccl_comm_close_locked(struct fsdp_backend *be)
         if (st != ncclInProgress || atomic_load(&be->abort_pending) || fsdp_now() > deadline) {
             break;
         }
-        fsdp_nccl_pause(&round);
+        fsdp_nccl_pause(&poll);
     }
     if (st == ncclSuccess && !atomic_load(&be->abort_pending)) {
+        pthread_mutex_lock(&be->mu);
+        be->comm = NULL;
+        pthread_mutex_unlock(&be->mu);
         (void)ncclCommDestroy(comm);
         return;
     }
-    FSDP_WARN(FSDP_SUB_NCCL,
-              "group %s: NCCL communicator did not finalize cleanly (%s); aborting it", be->name,
-              st == ncclInProgress ? "timed out" : ncclGetErrorString(st));
-    (void)ncclCommAbort(comm);
+    nccl_record(be, st == ncclInProgress ? FSDP_ERR_TIMEOUT : fsdp_nccl_code(st),
+                "nccl backend: group %s: NCCL communicator did not finalize cleanly (%s); "
+                "aborting it", be->name,
+                st == ncclInProgress ? "timed out" : ncclGetErrorString(st));
 }
 
 // ----------------------------------------------------------------------------
 // CUDA resources owned by the instance
 
+/* Never synchronises the device: a kernel of another group stuck on it
+ * would make destroy wait for ever. Events and streams are released by
+ * CUDA once their work is done; the scratch goes back to the stream-ordered
+ * pool, or, on a device without one, stays allocated until the process
+ * ends (4 bytes: cudaFree would synchronise the device). */
 static void nccl_resources_destroy(struct fsdp_backend *be)
 {
     for (size_t i = 0; i < be->n_works; i++) {
@@ -472,18 +698,16 @@ static void nccl_resources_destroy(struct fsdp_backend *be)
     be->works = NULL;
     be->n_works = be->cap_works = 0;
     be->free_list = NULL;
-    if (be->scratch) {
-        (void)cudaFree(be->scratch);
-        be->scratch = NULL;
+    be->batch_head = be->batch_tail = NULL;
+    if (be->scratch != NULL && be->scratch_pooled) {
+        (void)cudaFreeAsync(be->scratch, be->stream);
     }
-    if (be->dep_ev) {
-        (void)cudaEventDestroy(be->dep_ev);
-        be->dep_ev = NULL;
-    }
+    be->scratch = NULL;
     if (be->stream) {
         (void)cudaStreamDestroy(be->stream);
         be->stream = NULL;
     }
+    (void)cudaGetLastError();
 }
 
 int fsdp_nccl_cuda_err(struct fsdp_backend *be, const char *what, cudaError_t ce)
@@ -491,6 +715,31 @@ int fsdp_nccl_cuda_err(struct fsdp_backend *be, const char *what, cudaError_t ce
     (void)cudaGetLastError(); /* clear a non-sticky error so later calls start clean */
     return fsdp_err(FSDP_ERR_BACKEND, "nccl backend: group %s: %s on cuda:%d (host %s) failed: %s",
                     be->name, what, be->device, be->host, cudaGetErrorString(ce));
+}
+
+static int nccl_scratch_create(struct fsdp_backend *be)
+{
+    int pools = 0;
+    cudaError_t ce;
+
+    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, be->device) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        pools = 0;
+    }
+    if (pools) {
+        ce = cudaMallocAsync((void **)&be->scratch, sizeof(*be->scratch), be->stream);
+        be->scratch_pooled = ce == cudaSuccess;
+    } else {
+        ce = cudaMalloc((void **)&be->scratch, sizeof(*be->scratch));
+    }
+    if (ce == cudaSuccess) {
+        ce = cudaMemsetAsync(be->scratch, 0, sizeof(*be->scratch), be->stream);
+    }
+    if (ce != cudaSuccess) {
+        return fsdp_nccl_cuda_err(be, "allocating the barrier scratch", ce);
+    }
+    return 0;
 }
 
 static int nccl_resources_create(struct fsdp_backend *be)
@@ -503,23 +752,11 @@ static int nccl_resources_create(struct fsdp_backend *be)
         rc = fsdp_nccl_cuda_err(be, "cudaStreamCreate", ce);
         goto err;
     }
-    ce = cudaEventCreateWithFlags(&be->dep_ev, cudaEventDisableTiming);
-    if (ce != cudaSuccess) {
-        rc = fsdp_nccl_cuda_err(be, "cudaEventCreate", ce);
-        goto err;
-    }
-    ce = cudaMalloc((void **)&be->scratch, sizeof(*be->scratch));
-    if (ce == cudaSuccess) {
-        ce = cudaMemsetAsync(be->scratch, 0, sizeof(*be->scratch), be->stream);
-    }
-    if (ce != cudaSuccess) {
-        rc = fsdp_nccl_cuda_err(be, "allocating the barrier scratch", ce);
-        goto err;
-    }
+    FSDP_CHECK_GOTO(nccl_scratch_create(be), rc, err);
     for (int i = 0; i < NCCL_POOL_INITIAL; i++) {
         struct nccl_work *w;
         FSDP_CHECK_GOTO(nccl_work_new(be, &w), rc, err);
-        w->next_free = be->free_list;
+        w->next = be->free_list;
         be->free_list = w;
     }
     return 0;
@@ -553,7 +790,7 @@ int fsdp_nccl_create(const struct fsdp_group_info *info, struct fsdp_backend **o
 {
     struct fsdp_backend *be;
     ncclUniqueId uid;
-    int saved = -1, version = 0, rc;
+    int version = 0, rc;
 
     FSDP_CHECK(nccl_check_info(info, out));
     *out = NULL;
@@ -566,26 +803,33 @@ int fsdp_nccl_create(const struct fsdp_group_info *info, struct fsdp_backend **o
     be->size = info->size;
     be->world_rank = info->world_rank;
     be->world_rank0 = info->world_ranks ? info->world_ranks[0] : 0;
-    be->timeout_s = info->timeout_s > 0 ? info->timeout_s : NCCL_DEFAULT_TIMEOUT_S;
     if (gethostname(be->host, sizeof(be->host) - 1) != 0) {
         snprintf(be->host, sizeof(be->host), "?");
     }
     atomic_init(&be->fail_state, 0);
     atomic_init(&be->fail_code, 0);
     atomic_init(&be->abort_pending, 0);
+    atomic_init(&be->reaper_started, 0);
 
+    FSDP_CHECK_GOTO(nccl_set_deadline(be, info->timeout_s), rc, err_0);
+    FSDP_CHECK_GOTO(nccl_check_blocking_env(be, ""), rc, err_0);
     FSDP_CHECK_GOTO(nccl_pick_device(be, info), rc, err_0);
     if (pthread_mutex_init(&be->mu, NULL) != 0) {
         rc = fsdp_err(FSDP_ERR_SYSTEM, "nccl backend: group %s: pthread_mutex_init failed",
                       be->name);
         goto err_0;
     }
-    FSDP_CHECK_GOTO(fsdp_nccl_device_enter(be, &saved), rc, err_1);
+    if (pthread_mutex_init(&be->issue_mu, NULL) != 0) {
+        rc = fsdp_err(FSDP_ERR_SYSTEM, "nccl backend: group %s: pthread_mutex_init failed",
+                      be->name);
+        goto err_1;
+    }
+    /* the chosen device stays current: the caller's allocations land on it */
+    FSDP_CHECK_GOTO(fsdp_nccl_device_use(be), rc, err_2);
     FSDP_CHECK_GOTO(nccl_resources_create(be), rc, err_2);
     FSDP_CHECK_GOTO(nccl_exchange_uid(be, info->store, &uid), rc, err_3);
     FSDP_CHECK_GOTO(nccl_comm_init(be, &uid), rc, err_3);
 
-    /* the chosen device stays current: the caller's allocations land on it */
     (void)ncclGetVersion(&version);
     FSDP_INFO(FSDP_SUB_NCCL, "group %s: rank %d of %d on host %s cuda:%d, NCCL %d.%d.%d",
               be->name, be->rank, be->size, be->host, be->device, version / 10000,
@@ -596,7 +840,7 @@ int fsdp_nccl_create(const struct fsdp_group_info *info, struct fsdp_backend **o
 err_3:
     nccl_resources_destroy(be);
 err_2:
-    fsdp_nccl_device_leave(be, saved);
+    pthread_mutex_destroy(&be->issue_mu);
 err_1:
     pthread_mutex_destroy(&be->mu);
 err_0:
@@ -606,22 +850,24 @@ err_0:
 
 void fsdp_nccl_destroy(struct fsdp_backend *be)
 {
-    int saved = -1;
-
     if (be == NULL) {
         return;
     }
-    pthread_mutex_lock(&be->mu);
-    if (fsdp_nccl_device_enter(be, &saved) < 0) {
+    if (fsdp_nccl_device_use(be) < 0) {
         fsdp_err_clear(); /* nothing to report to: go on releasing */
     }
-    nccl_reap(be, 0);
-    if (be->comm != NULL) {
+    pthread_mutex_lock(&be->issue_mu);
+    pthread_mutex_lock(&be->mu);
+    be->batch_head = be->batch_tail = NULL; /* send/recv never launched: nothing to flush */
+    pthread_mutex_unlock(&be->mu);
+    if (be->comm != NULL && !atomic_load(&be->abort_pending)) {
         nccl_comm_close_locked(be);
     }
+    pthread_mutex_unlock(&be->issue_mu);
+    fsdp_nccl_reap(be);
+    nccl_reaper_release(be);
     nccl_resources_destroy(be);
-    fsdp_nccl_device_leave(be, saved);
-    pthread_mutex_unlock(&be->mu);
+    pthread_mutex_destroy(&be->issue_mu);
     pthread_mutex_destroy(&be->mu);
     free(be);
 }

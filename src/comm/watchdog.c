@@ -18,6 +18,14 @@
  *
  * SIGUSR2 reaches the thread through a self-pipe: the handler only write()s
  * one byte (async-signal-safe), and the thread does the dump.
+ *
+ * Before it aborts the job the watchdog starts the hard-exit timer
+ * (fsdp_arm_hard_exit; the job abort starts it too): the abort runs every
+ * group's abort callback and then MPI_Abort, and any of them may block (a
+ * communicator abort waiting for a kernel stuck behind another group's, an
+ * MPI_Abort waiting for a dead peer). After FSDPC_ABORT_TIMEOUT seconds
+ * the process exits regardless, so a stuck collective always ends as an
+ * error, never as a hang.
  */
 #include "config.h"
 #include "core/error.h"
@@ -73,6 +81,7 @@ static void watchdog_fire(struct fsdp_watchdog *w, const struct fsdp_flight_entr
         .redop = e->redop == FSDP_FLIGHT_NO_REDOP ? -1 : e->redop,
     };
     char call[128];
+    fsdp_arm_hard_exit(1); /* fsdp_die's exit status */
     fsdp_debug_call_str(&c, call, sizeof(call));
     fsdp_err_clear();
     fsdp_err(FSDP_ERR_TIMEOUT,

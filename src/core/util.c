@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -67,6 +68,53 @@ int fsdp_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
     int rc = pthread_create(t, NULL, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
+}
+
+#define FSDP_HARD_EXIT_S 30.0
+
+static struct {
+    double s;
+    int code;
+    int armed;
+    pthread_mutex_t mu;
+} hard_exit = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void *hard_exit_main(void *arg)
+{
+    char msg[160];
+    double t0 = fsdp_now(), left;
+    (void)arg;
+    while ((left = hard_exit.s - (fsdp_now() - t0)) > 0) {
+        struct timespec ts = {0, left < 0.05 ? (long)(left * 1e9) + 1 : 50000000L};
+        nanosleep(&ts, NULL);
+    }
+    int n = snprintf(msg, sizeof(msg), "fsdpc: the job abort did not end the process within "
+                     "%.1f s (FSDPC_ABORT_TIMEOUT): exiting\n", hard_exit.s);
+    if (n > 0) {
+        ssize_t r = write(STDERR_FILENO, msg, (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg));
+        (void)r;
+    }
+    _exit(hard_exit.code);
+}
+
+void fsdp_arm_hard_exit(int code)
+{
+    pthread_t t;
+    pthread_mutex_lock(&hard_exit.mu);
+    int was = hard_exit.armed;
+    hard_exit.armed = 1;
+    pthread_mutex_unlock(&hard_exit.mu);
+    if (was) {
+        return;
+    }
+    double s = fsdp_env_double("FSDPC_ABORT_TIMEOUT", FSDP_HARD_EXIT_S);
+    hard_exit.s = s > 0 ? s : FSDP_HARD_EXIT_S;
+    hard_exit.code = code;
+    if (fsdp_thread_start(&t, hard_exit_main, NULL) == 0) {
+        pthread_detach(t);
+        return;
+    }
+    alarm((unsigned)hard_exit.s + 1); /* no thread: SIGALRM's default action ends it */
 }
 
 long long fsdp_env_int(const char *name, long long dflt)

@@ -38,6 +38,13 @@ void fsdp_free(void *p);
 #include <pthread.h>
 int fsdp_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 
+/* The job abort's guarantee that an error never becomes a hang: after
+ * $FSDPC_ABORT_TIMEOUT seconds (default 30) the process _exit(code)s with a
+ * line on stderr, whatever the abort is still waiting for (a communicator
+ * abort behind a stuck kernel, MPI_Abort behind a dead peer). Armed once per
+ * process; later calls do nothing. */
+void fsdp_arm_hard_exit(int code);
+
 /*
  * Environment parameters, read when first asked for. On a malformed value
  * they return the default and log a warning naming the variable.

@@ -76,12 +76,19 @@ static void dist_abort_hook(int exit_code, void *arg)
 {
     (void)arg;
     const char *why = fsdp_err_msg();
+    /* whatever the callbacks or MPI_Abort wait for, the process ends */
+    fsdp_arm_hard_exit(exit_code);
+    /* under the lock: a backend being destroyed meanwhile (off_abort) waits
+     * until its callback has run, and never runs freed (no callback takes
+     * this lock) */
+    pthread_mutex_lock(&dist_abort.mu);
     int n = dist_abort.n;
     for (int i = 0; i < n && i < DIST_MAX_ABORT_CBS; i++) {
         if (dist_abort.cb[i]) {
             dist_abort.cb[i](dist_abort.arg[i], why[0] ? why : "job aborted");
         }
     }
+    pthread_mutex_unlock(&dist_abort.mu);
     if (dist_mpi_up()) {
         MPI_Abort(MPI_COMM_WORLD, exit_code);
     }

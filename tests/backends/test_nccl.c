@@ -12,7 +12,13 @@
  *                    held behind a host function.
  *   two or more      one thread per device (up to 4) forms a real group
  *                    through the in-process store: the collectives with
- *                    distinct data per rank, send/recv and barrier.
+ *                    distinct data per rank, send/recv (paired, and sent
+ *                    first on every rank), cudaStreamPerThread refused on
+ *                    every rank, barrier; and in child processes: a thread
+ *                    that never chose a device leaves no context on cuda:0,
+ *                    and two groups sharing a stream, one of them stuck on
+ *                    a peer that never comes, aborted by the watchdog's job
+ *                    abort in the order that used to hang.
  * Values are small integers, so sums are exact in every dtype; only float
  * AVG (NCCL scales each input by 1/n first) is compared with a tolerance.
  */
@@ -20,11 +26,14 @@
 #include "backends/backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "comm/debug.h"
+#include "comm/flight.h"
 #include "core/util.h"
 #include "rendezvous/store.h"
 #include "tests/tap.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -324,6 +333,11 @@ static int run_case(struct rank_ctx *c, const struct tcase *tc, int caller_strea
         }
         CU(cudaMemcpyAsync(in, c->h_a, in_n * es, cudaMemcpyHostToDevice, s));
     }
+    if (!caller_stream) {
+        /* without a stream the op follows nothing of the caller's: its
+         * inputs must be ready when it is issued */
+        CU(cudaStreamSynchronize(s));
+    }
     switch (tc->kind) {
     case C_ALLREDUCE:
     case C_ALLREDUCE_INPLACE:
@@ -387,6 +401,59 @@ static int run_sendrecv(struct rank_ctx *c, char *diag)
     CU(cudaMemcpy(c->h_b, c->d_b, bytes, cudaMemcpyDeviceToHost));
     e.src = peer;
     return compare(c->h_b, COUNT, &e, diag);
+}
+
+/* Every rank sends to its pair first, then receives, then waits: only a
+ * send and a recv handed to NCCL in one group can complete. */
+static int run_exchange(struct rank_ctx *c, char *diag)
+{
+    struct fsdp_coll_attr attr = {FSDP_MEM_CUDA, c->stream};
+    struct expect e = {FSDP_I32, FSDP_SUM, EXPECT_RANK, c->size, COUNT, 0, 0};
+    struct fsdp_work *ws = NULL, *wr = NULL;
+    int peer = c->rank ^ 1, rc;
+    size_t bytes = COUNT * sizeof(int32_t);
+
+    if (peer >= c->size) {
+        return 1; /* odd one out */
+    }
+    for (size_t i = 0; i < COUNT; i++) {
+        fsdp_dtype_set(c->h_a, FSDP_I32, i, val(FSDP_I32, c->rank, i));
+    }
+    CU(cudaMemcpyAsync(c->d_a, c->h_a, bytes, cudaMemcpyHostToDevice, c->stream));
+    CU(cudaMemsetAsync(c->d_b, 0x5A, bytes, c->stream));
+    rc = c->ops->send(c->be, c->d_a, COUNT, FSDP_I32, peer, &attr, &ws);
+    if (rc == 0) {
+        rc = c->ops->recv(c->be, c->d_b, COUNT, FSDP_I32, peer, &attr, &wr);
+    }
+    if (!finish(c, rc, ws, diag) || !finish(c, 0, wr, diag)) {
+        return 0;
+    }
+    CU(cudaStreamSynchronize(c->stream));
+    CU(cudaMemcpy(c->h_b, c->d_b, bytes, cudaMemcpyDeviceToHost));
+    e.src = peer;
+    return compare(c->h_b, COUNT, &e, diag);
+}
+
+/* cudaStreamPerThread would be NCCL's launch thread's stream: refused. */
+static int run_per_thread_stream(struct rank_ctx *c, char *diag)
+{
+    struct fsdp_coll_attr attr = {FSDP_MEM_CUDA, cudaStreamPerThread};
+    struct fsdp_work *w = NULL;
+    int rc;
+
+    fsdp_err_clear();
+    rc = c->ops->allreduce(c->be, c->d_a, c->d_b, 16, FSDP_F32, FSDP_SUM, &attr, &w);
+    if (rc != FSDP_ERR_INVALID || w != NULL || strstr(fsdp_err_msg(), "cudaStreamPerThread") == NULL) {
+        snprintf(diag, DIAG_LEN, "cudaStreamPerThread: rc %d (want %d): %s", rc, FSDP_ERR_INVALID,
+                 fsdp_err_msg());
+        fsdp_err_clear();
+        if (rc == 0) {
+            finish(c, 0, w, diag);
+        }
+        return 0;
+    }
+    fsdp_err_clear();
+    return 1;
 }
 
 static int run_barrier(struct rank_ctx *c, char *diag)
@@ -494,6 +561,7 @@ static int deadline_child(void)
     int rc, rc2, ok;
     double t0, dt;
 
+    setenv("FSDPC_INIT_TIMEOUT", "1", 1); /* the group deadline is the longer one */
     if (!make_backend(&c, 0, 1, (const int[]){0}, NULL, CHILD_DEADLINE_S, diag) ||
         !ctx_buffers(&c, 4096, diag)) {
         printf("# child: %s\n", diag);
@@ -527,10 +595,13 @@ static int deadline_child(void)
     _exit(ok ? 0 : 1);
 }
 
-static int check_deadline(char *diag)
+/* Runs this program with `flag` in a child: its exit status, or -1 when
+ * it could not start, was killed by a signal or ran past limit_s (diag
+ * says which). */
+static int run_child(const char *flag, double limit_s, char *diag)
 {
     char exe[4096];
-    char *argv[] = {exe, (char *)"--deadline-child", NULL};
+    char *argv[] = {exe, (char *)flag, NULL};
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     pid_t pid;
     int status = 0;
@@ -538,29 +609,257 @@ static int check_deadline(char *diag)
 
     if (n <= 0) {
         snprintf(diag, DIAG_LEN, "cannot find this program's path");
-        return 0;
+        return -1;
     }
     exe[n] = '\0';
     fflush(stdout);
     if (posix_spawn(&pid, exe, NULL, NULL, argv, environ) != 0) {
         snprintf(diag, DIAG_LEN, "posix_spawn %.200s failed", exe);
-        return 0;
+        return -1;
     }
     while (waitpid(pid, &status, WNOHANG) == 0) {
         struct timespec ts = {0, 20000000};
-        if (fsdp_now() - t0 > 60.0) {
+        if (fsdp_now() - t0 > limit_s) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
-            snprintf(diag, DIAG_LEN, "the child hung for 60 s (killed)");
-            return 0;
+            snprintf(diag, DIAG_LEN, "the child %s hung for %.0f s (killed)", flag, limit_s);
+            return -1;
         }
         nanosleep(&ts, NULL);
     }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        snprintf(diag, DIAG_LEN, "the child failed (status 0x%x)", status);
-        return 0;
+    if (!WIFEXITED(status)) {
+        snprintf(diag, DIAG_LEN, "the child %s died (status 0x%x)", flag, status);
+        return -1;
     }
-    return 1;
+    if (WEXITSTATUS(status) != 0) {
+        snprintf(diag, DIAG_LEN, "the child %s exited with %d", flag, WEXITSTATUS(status));
+    }
+    return WEXITSTATUS(status);
+}
+
+static int check_deadline(char *diag)
+{
+    return run_child("--deadline-child", 60.0, diag) == 0;
+}
+
+// ----------------------------------------------------------------------------
+// two or more devices, in child processes
+
+/* Whether the primary context of device dev is active in this process,
+ * asked of the driver (libcuda) directly; -1 when it cannot be asked. */
+static int primary_ctx_active(int dev)
+{
+    typedef int (*cu_init_fn)(unsigned int);
+    typedef int (*cu_device_get_fn)(int *, int);
+    typedef int (*cu_ctx_state_fn)(int, unsigned int *, int *);
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    cu_init_fn init;
+    cu_device_get_fn get;
+    cu_ctx_state_fn state;
+    unsigned int flags = 0;
+    int d = -1, active = -1;
+
+    if (lib == NULL) {
+        lib = dlopen("libcuda.so.1", RTLD_NOW);
+    }
+    if (lib == NULL) {
+        return -1;
+    }
+    init = (cu_init_fn)dlsym(lib, "cuInit");
+    get = (cu_device_get_fn)dlsym(lib, "cuDeviceGet");
+    state = (cu_ctx_state_fn)dlsym(lib, "cuDevicePrimaryCtxGetState");
+    if (init == NULL || get == NULL || state == NULL || init(0) != 0 || get(&d, dev) != 0 ||
+        state(d, &flags, &active) != 0) {
+        return -1;
+    }
+    return active;
+}
+
+struct ctx_thread {
+    struct rank_ctx *c;
+    int ok;
+    char diag[DIAG_LEN];
+};
+
+/* A thread that never chose a device: issue, test, wait, free. */
+static void *ctx_thread_main(void *arg)
+{
+    struct ctx_thread *t = arg;
+    struct fsdp_coll_attr attr = {FSDP_MEM_CUDA, t->c->stream};
+    struct fsdp_work *w = NULL;
+    int done = 0, rc;
+
+    rc = t->c->ops->allreduce(t->c->be, t->c->d_a, t->c->d_b, COUNT, FSDP_F32, FSDP_SUM, &attr,
+                              &w);
+    if (rc == 0) {
+        rc = t->c->ops->work_test(w, &done);
+    }
+    t->ok = finish(t->c, rc, w, t->diag);
+    return NULL;
+}
+
+/* Child: the backend on cuda:1 (FSDPC_CUDA_DEVICE), used from a second
+ * thread that never chose a device; cuda:0 must have no context in this
+ * process afterwards. Nothing here touches cuda:0 itself. */
+static int ctx_child(void)
+{
+    struct rank_ctx c = {0};
+    struct ctx_thread t = {0};
+    pthread_t tid;
+    char diag[DIAG_LEN] = "";
+    int active, ok;
+
+    setenv("FSDPC_CUDA_DEVICE", "1", 1);
+    if (!make_backend(&c, 0, 1, (const int[]){0}, NULL, 60.0, diag) ||
+        !ctx_buffers(&c, COUNT * sizeof(float), diag)) {
+        printf("# ctx child: %s\n", diag);
+        return 1;
+    }
+    t.c = &c;
+    if (pthread_create(&tid, NULL, ctx_thread_main, &t) != 0) {
+        printf("# ctx child: pthread_create failed\n");
+        return 1;
+    }
+    pthread_join(tid, NULL);
+    active = primary_ctx_active(0);
+    ok = t.ok && active == 0;
+    printf("# ctx child: ops from a second thread %s%s; cuda:0 primary context %s\n",
+           t.ok ? "passed" : "failed: ", t.ok ? "" : t.diag,
+           active < 0 ? "unknown (no libcuda)" : active ? "ACTIVE" : "inactive");
+    fflush(stdout);
+    c.ops->destroy(c.be);
+    ctx_release(&c);
+    return active < 0 ? 77 : ok ? 0 : 1;
+}
+
+/* The abort child's state, for its abort hook. */
+static struct {
+    struct rank_ctx stuck;   /* rank 0 of "stuck", whose rank 1 never joins a collective */
+    struct rank_ctx other;   /* a 1-rank group on the same device */
+    struct fsdp_work *ws, *wo;
+    struct fsdp_store *store;
+    atomic_int peer_made;
+} ab;
+
+struct peer_thread {
+    struct rank_ctx c;
+    char diag[DIAG_LEN];
+};
+
+/* Rank 1 of "stuck": takes part in one allreduce (NCCL connects on first
+ * use, which needs both ranks), then in none. */
+static void *stuck_peer_main(void *arg)
+{
+    struct peer_thread *p = arg;
+    struct fsdp_coll_attr attr = {FSDP_MEM_CUDA, NULL};
+    struct fsdp_work *w = NULL;
+    int ok = make_backend(&p->c, 1, 2, (const int[]){0, 1}, ab.store, 30.0, p->diag) &&
+             ctx_buffers(&p->c, 4096, p->diag);
+    attr.stream = p->c.stream;
+    ok = ok && finish(&p->c, p->c.ops->allreduce(p->c.be, p->c.d_a, p->c.d_a, 16, FSDP_F32,
+                                                  FSDP_SUM, &attr, &w), w, p->diag);
+    atomic_store(&ab.peer_made, ok ? 1 : -1);
+    for (;;) {
+        pause(); /* present, never in a collective */
+    }
+    return NULL;
+}
+
+/* The job abort as the dist layer runs it: every group's abort callback in
+ * registration order (the healthy group first), then the end of the
+ * process. Exit 3 when both communicators were aborted within 20 s. */
+static void abort_hook_two_groups(int exit_code, void *arg)
+{
+    double t0 = fsdp_now(), dt;
+    (void)exit_code;
+    (void)arg;
+    ab.other.ops->abort(ab.other.be, "watchdog");
+    ab.stuck.ops->abort(ab.stuck.be, "watchdog");
+    /* destroy waits up to 10 s for its communicator's abort to return */
+    ab.other.ops->destroy(ab.other.be);
+    ab.stuck.ops->destroy(ab.stuck.be);
+    dt = fsdp_now() - t0;
+    printf("# abort child: both groups aborted and destroyed in %.2f s\n", dt);
+    fflush(stdout);
+    _exit(dt < 20.0 ? 3 : 5);
+}
+
+/* Child: two groups queue on one stream, the first stuck; the watchdog
+ * fires on it and aborts the job. */
+static int abort_child(void)
+{
+    static const int pair[2] = {0, 1};
+    static struct peer_thread peer;
+    struct fsdp_coll_attr attr = {FSDP_MEM_CUDA, NULL};
+    struct fsdp_flight_entry e = {.seq = 1, .count = 16, .op = FSDP_COLL_ALLREDUCE,
+                                  .redop = FSDP_SUM, .dtype = FSDP_F32};
+    struct fsdp_flight *f = NULL;
+    struct fsdp_watchdog *wd = NULL;
+    pthread_t tid;
+    char diag[DIAG_LEN] = "";
+    int rc;
+
+    setenv("FSDPC_INIT_TIMEOUT", "1", 1);
+    setenv("FSDPC_ABORT_TIMEOUT", "40", 1);
+    unsetenv("FSDPC_CUDA_DEVICE");
+    atomic_init(&ab.peer_made, 0);
+    if (fsdp_store_mem_create(30.0, &ab.store) < 0 ||
+        pthread_create(&tid, NULL, stuck_peer_main, &peer) != 0) {
+        printf("# abort child: setup failed\n");
+        return 1;
+    }
+    if (!make_backend(&ab.stuck, 0, 2, pair, ab.store, 30.0, diag) ||
+        !make_backend(&ab.other, 0, 1, pair, NULL, 30.0, diag) ||
+        !ctx_buffers(&ab.stuck, 4096, diag)) {
+        printf("# abort child: %s\n", diag);
+        return 1;
+    }
+    attr.stream = ab.stuck.stream; /* the one stream both groups use */
+    if (!finish(&ab.stuck, ab.stuck.ops->allreduce(ab.stuck.be, ab.stuck.d_a, ab.stuck.d_a, 16,
+                                                   FSDP_F32, FSDP_SUM, &attr, &ab.ws),
+                ab.ws, diag)) {
+        printf("# abort child: first allreduce of the pair: %s\n", diag);
+        return 1;
+    }
+    ab.ws = NULL;
+    while (atomic_load(&ab.peer_made) == 0) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (atomic_load(&ab.peer_made) < 0) {
+        printf("# abort child: peer: %s\n", peer.diag);
+        return 1;
+    }
+    rc = ab.stuck.ops->allreduce(ab.stuck.be, ab.stuck.d_a, ab.stuck.d_a, 16, FSDP_F32, FSDP_SUM,
+                                 &attr, &ab.ws);
+    if (rc == 0) {
+        rc = ab.other.ops->allreduce(ab.other.be, ab.stuck.d_b, ab.stuck.d_b, 16, FSDP_F32,
+                                     FSDP_SUM, &attr, &ab.wo);
+    }
+    if (rc < 0) {
+        printf("# abort child: issue: %s\n", fsdp_err_msg());
+        return 1;
+    }
+    if (fsdp_flight_create(16, 0, 2, "gpu", &f) < 0 ||
+        fsdp_flight_add_group(f, "stuck", pair, 2) < 0) {
+        printf("# abort child: flight recorder: %s\n", fsdp_err_msg());
+        return 1;
+    }
+    e.group = 0;
+    e.t_issue = fsdp_now();
+    e.deadline_s = 1.0;
+    fsdp_flight_issue(f, &e);
+    fsdp_set_abort_hook(abort_hook_two_groups, NULL);
+    if (fsdp_watchdog_start(f, &wd) < 0) {
+        printf("# abort child: watchdog: %s\n", fsdp_err_msg());
+        return 1;
+    }
+    for (int i = 0; i < 120; i++) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL); /* the watchdog fires after about 2 s */
+    }
+    printf("# abort child: the watchdog never fired\n");
+    return 4;
 }
 
 // ----------------------------------------------------------------------------
@@ -605,7 +904,8 @@ static void section_nodev(int ndev)
     tap_ok(ok, "create without a CUDA device fails and says so");
 }
 
-#define SINGLE_FIRST 5 /* create, capabilities, host memory, mislabelled host memory, bad args */
+#define SINGLE_FIRST 6 /* create, capabilities, host memory, mislabelled host memory, bad args,
+                          cudaStreamPerThread */
 #define SINGLE_LAST 5  /* count 0, barrier, short wait, abort, deadline */
 
 static int single_args(struct rank_ctx *c, char *diag)
@@ -726,6 +1026,9 @@ static void section_single(int ndev)
            "host buffers labelled CUDA are refused");
     diag[0] = '\0';
     report(single_args(&c, diag), diag, "bad root, overlap, dtype and missing attributes refused");
+    diag[0] = '\0';
+    report(run_per_thread_stream(&c, diag), diag, "cudaStreamPerThread refused (NCCL's launch "
+           "thread would take it for its own)");
 
     for (int k = 0; k < ncs; k++) {
         diag[0] = '\0';
@@ -754,7 +1057,7 @@ static void section_single(int ndev)
            "an op stuck past the backend deadline aborts the communicator (child process)");
 }
 
-#define MULTI_EXTRA 3 /* create, send/recv, barrier */
+#define MULTI_EXTRA 5 /* create, send/recv, send-first exchange, cudaStreamPerThread, barrier */
 
 struct rank_thread {
     pthread_t tid;
@@ -766,8 +1069,8 @@ struct rank_thread {
     int ncs;
     int created;
     char create_diag[DIAG_LEN];
-    int pass[MAX_CASES + 2];
-    char diag[MAX_CASES + 2][DIAG_LEN];
+    int pass[MAX_CASES + 4];
+    char diag[MAX_CASES + 4][DIAG_LEN];
 };
 
 static void *rank_main(void *arg)
@@ -783,7 +1086,9 @@ static void *rank_main(void *arg)
             th->pass[k] = run_case(&c, &th->cs[k], k & 1, th->diag[k]);
         }
         th->pass[th->ncs] = run_sendrecv(&c, th->diag[th->ncs]);
-        th->pass[th->ncs + 1] = run_barrier(&c, th->diag[th->ncs + 1]);
+        th->pass[th->ncs + 1] = run_exchange(&c, th->diag[th->ncs + 1]);
+        th->pass[th->ncs + 2] = run_per_thread_stream(&c, th->diag[th->ncs + 2]);
+        th->pass[th->ncs + 3] = run_barrier(&c, th->diag[th->ncs + 3]);
     }
     if (c.be) {
         c.ops->destroy(c.be);
@@ -863,10 +1168,39 @@ static void section_multi(int ndev)
             report_ranks(th, size, k, name);
         }
         report_ranks(th, size, ncs, "send/recv between rank pairs");
+        report_ranks(th, size, ncs + 1, "send-first exchange between rank pairs (one NCCL group)");
+        report_ranks(th, size, ncs + 2, "cudaStreamPerThread refused on every rank");
         snprintf(name, sizeof(name), "barrier, %d ranks", size);
-        report_ranks(th, size, ncs + 1, name);
+        report_ranks(th, size, ncs + 3, name);
     }
     fsdp_store_destroy(store);
+}
+
+/* Two or more devices, each check in a child process of its own. */
+static void section_children(int ndev)
+{
+    char diag[DIAG_LEN] = "";
+    int rc;
+
+    if (ndev < 2 || getenv("FSDPC_CUDA_DEVICE") != NULL) {
+        skip_n(2, ndev < 2 ? "needs 2 CUDA devices" : "FSDPC_CUDA_DEVICE pins the device");
+        return;
+    }
+    rc = run_child("--ctx-child", 120.0, diag);
+    if (rc == 77) {
+        tap_skip("libcuda cannot be asked about contexts");
+    } else {
+        report(rc == 0, diag, "a second thread using the cuda:1 backend leaves no context on "
+               "cuda:0 (child process)");
+    }
+    diag[0] = '\0';
+    rc = run_child("--abort-child", 120.0, diag);
+    if (rc == 1) {
+        snprintf(diag, DIAG_LEN, "the hard-exit timer (or a setup failure) ended the child: "
+                 "see its lines above");
+    }
+    report(rc == 3, diag, "two groups on one stream, one stuck: the watchdog's job abort aborts "
+           "both and ends (child process)");
 }
 
 int main(int argc, char **argv)
@@ -876,6 +1210,12 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--deadline-child") == 0) {
         return deadline_child();
     }
+    if (argc > 1 && strcmp(argv[1], "--ctx-child") == 0) {
+        return ctx_child();
+    }
+    if (argc > 1 && strcmp(argv[1], "--abort-child") == 0) {
+        return abort_child();
+    }
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 0) {
         (void)cudaGetLastError();
         ndev = 0;
@@ -884,5 +1224,6 @@ int main(int argc, char **argv)
     section_nodev(ndev);
     section_single(ndev);
     section_multi(ndev);
+    section_children(ndev);
     return tap_done();
 }

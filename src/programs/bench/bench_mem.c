@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/util.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #if HAVE_CUDA
@@ -129,8 +130,20 @@ int fsdp_bench_mem_stream_create(enum fsdp_mem mem, int local_rank, void **strea
     if (ndev <= 0) {
         return fsdp_err(FSDP_ERR_UNSUPPORTED, "no CUDA device visible to this rank");
     }
-    /* the same device the nccl backend picks: local rank modulo devices */
-    e = cudaSetDevice(local_rank % ndev);
+    /* the same device the nccl backend picks: FSDPC_CUDA_DEVICE when set,
+     * else the local rank modulo the visible devices */
+    int dev = local_rank > 0 ? local_rank % ndev : 0;
+    const char *pin = getenv("FSDPC_CUDA_DEVICE");
+    if (pin != NULL && *pin != '\0') {
+        long long d;
+        if (fsdp_parse_long(pin, &d) < 0 || d < 0 || d >= ndev) {
+            fsdp_err_clear();
+            return fsdp_err(FSDP_ERR_INVALID, "FSDPC_CUDA_DEVICE='%s' is not a visible CUDA device "
+                            "(%d visible: 0..%d)", pin, ndev, ndev - 1);
+        }
+        dev = (int)d;
+    }
+    e = cudaSetDevice(dev);
     if (e != cudaSuccess) {
         return bench_mem_cuda_err(e, "cudaSetDevice");
     }
