@@ -225,4 +225,58 @@ void fsdp_cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n);
 void fsdp_cpu_narrow_inplace(void *buf, size_t n, int bf16);
 void fsdp_cpu_widen_inplace(void *buf, size_t n, int bf16);
 
+// ----------------------------------------------------------------------------
+// the Llama family (llama_layers.c; the grouped-query attention in attention.c)
+
+/* RMSNorm (Hugging Face's LlamaRMSNorm): out = weight * (inp * rstd),
+ * rstd = 1 / sqrt(mean(inp^2) + eps) per row, saved. */
+void fsdp_cpu_rmsnorm_forward(float *out,          /* (N, C) */
+                              float *rstd,         /* (N) */
+                              const float *inp,    /* (N, C) */
+                              const float *weight, /* (C) */
+                              size_t N, size_t C, float eps);
+/* dinp += d(inp); dweight += ... */
+void fsdp_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                               const float *weight, const float *rstd, size_t N, size_t C);
+
+/* Hugging Face's rope_scaling types: none, "linear" (positions / factor),
+ * "llama3" (low frequencies / factor, high ones kept, a smooth ramp
+ * between, by wavelength against the original context). */
+enum fsdp_rope_type { FSDP_ROPE_NONE = 0, FSDP_ROPE_LINEAR, FSDP_ROPE_LLAMA3 };
+struct fsdp_rope_scaling {
+    enum fsdp_rope_type type;
+    double factor;
+    double low_freq_factor, high_freq_factor; /* llama3 */
+    double original_context;                  /* llama3: original_max_position_embeddings */
+};
+/* inv_freq[i] = theta^(-2i/hs), scaled; (hs / 2) values. -1 on a bad hs or theta. */
+int fsdp_cpu_rope_inv_freq(float *inv_freq, int hs, double theta,
+                           const struct fsdp_rope_scaling *sc);
+/* cos/sin of (pos0 + t) * inv_freq[i]: (T, hs / 2) each. */
+void fsdp_cpu_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int pos0, int T,
+                         int hs);
+/* Rotates, in place, the q and k heads of qkv rows [q (NH heads) | k (NKV) |
+ * v (NKV)]: pairs (i, i + hs/2) of each head by angle t * f_i
+ * (rotate_half). The backward rotates dq and dk back (by -angle). */
+void fsdp_cpu_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T,
+                           int NH, int NKV, int hs);
+void fsdp_cpu_rope_backward(float *dqkv, const float *cos_t, const float *sin_t, int B, int T,
+                            int NH, int NKV, int hs);
+
+/* out = silu(gate) * up; the backward overwrites dgate and dup. */
+void fsdp_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void fsdp_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                              const float *up, size_t n);
+
+/* Grouped-query causal attention: qkv rows [q (NH heads) | k (NKV) | v
+ * (NKV)], each head hs wide, NKV dividing NH; query head h uses key/value
+ * head h / (NH / NKV), read in place (never repeated). out (B, T, NH * hs),
+ * lse (B, NH, T); scratch as fsdp_cpu_attention_scratch_floats(T). The
+ * backward overwrites dqkv. With NKV = NH it is fsdp_cpu_attention_*. */
+void fsdp_cpu_gqa_attention_forward(float *out, float *lse, float *scratch, const float *qkv,
+                                    int B, int T, int NH, int NKV, int hs);
+void fsdp_cpu_gqa_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                     const float *qkv, const float *out, const float *lse, int B,
+                                     int T, int NH, int NKV, int hs);
+
 #endif

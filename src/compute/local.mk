@@ -3,12 +3,13 @@ libfsdpc_a_SOURCES += \
 	src/compute/cpu/layers.c \
 	src/compute/cpu/matmul.c \
 	src/compute/cpu/attention.c \
+	src/compute/cpu/llama_layers.c \
 	src/compute/cpu/loss.c \
 	src/compute/cpu/optim.c \
 	src/compute/cpu/cast.c \
 	src/compute/device_cpu.c
 noinst_HEADERS += src/compute/kernels.h src/compute/device.h src/compute/cpu/simd.h
 
-check_PROGRAMS += tests/kernels/test_kernels_grad
-TESTS += tests/kernels/test_kernels_grad
+check_PROGRAMS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels
+TESTS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels
 noinst_HEADERS += tests/kernels/ref_kernels.h

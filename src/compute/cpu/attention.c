@@ -1,5 +1,6 @@
 /*
- * attention.c - causal multi-head self-attention forward and backward.
+ * attention.c - causal self-attention forward and backward: multi-head
+ * (GPT-2) and grouped-query (the Llama family), one implementation.
  *
  * Per (batch, head) the queries are taken in blocks of CPU_ATT_BLOCK rows.
  * A block of rows [i0, i1) only sees keys [0, i1), so each block is three
@@ -98,33 +99,40 @@ static void cpu_dscore_row(float *dp, const float *p, size_t n, size_t ld, const
     memset(dp + n, 0, (ld - n) * sizeof(float));
 }
 
-void fsdp_cpu_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int B,
-                                int T, int C, int NH)
+/*
+ * The general form: rows of qkv hold [q (NH heads) | k (NKV heads) | v (NKV
+ * heads)], each head hs wide; query head h reads key/value head h / (NH /
+ * NKV) (grouped-query attention; NKV = NH is multi-head attention). K and V
+ * are never repeated per query head: each query head's tiles read its
+ * group's columns in place.
+ */
+static void cpu_attention_forward(float *out, float *lse, float *scratch, const float *qkv,
+                                  size_t B, size_t T, size_t NH, size_t NKV, size_t hs)
 {
-    size_t hs = (size_t)(C / NH), C3 = 3 * (size_t)C, Cs = (size_t)C, Ts = (size_t)T;
+    size_t C = NH * hs, KV = NKV * hs, ld = C + 2 * KV, group = NH / NKV;
     float scale = 1.0f / sqrtf((float)hs);
-    float *S = scratch;                             /* (block, i1) */
-    float *inv = scratch + (size_t)CPU_ATT_BLOCK * Ts; /* (block) 1 / row sums */
-    for (size_t b = 0; b < (size_t)B; b++) {
-        for (size_t h = 0; h < (size_t)NH; h++) {
-            const float *q = qkv + b * Ts * C3 + h * hs;
-            const float *k = q + Cs, *v = q + 2 * Cs;
-            float *o = out + b * Ts * Cs + h * hs;
-            float *l = lse + (b * (size_t)NH + h) * Ts;
-            for (size_t i0 = 0; i0 < Ts; i0 += CPU_ATT_BLOCK) {
-                size_t nb = Ts - i0 < CPU_ATT_BLOCK ? Ts - i0 : CPU_ATT_BLOCK;
+    float *S = scratch;                              /* (block, i1) */
+    float *inv = scratch + (size_t)CPU_ATT_BLOCK * T; /* (block) 1 / row sums */
+    for (size_t b = 0; b < B; b++) {
+        for (size_t h = 0; h < NH; h++) {
+            const float *q = qkv + b * T * ld + h * hs;
+            const float *k = qkv + b * T * ld + C + (h / group) * hs, *v = k + KV;
+            float *o = out + b * T * C + h * hs;
+            float *l = lse + (b * NH + h) * T;
+            for (size_t i0 = 0; i0 < T; i0 += CPU_ATT_BLOCK) {
+                size_t nb = T - i0 < CPU_ATT_BLOCK ? T - i0 : CPU_ATT_BLOCK;
                 size_t i1 = i0 + nb;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)i1, (int)hs,
-                            scale, q + i0 * C3, (int)C3, k, (int)C3, 0.0f, S, (int)i1);
+                            scale, q + i0 * ld, (int)ld, k, (int)ld, 0.0f, S, (int)i1);
                 for (size_t r = 0; r < nb; r++) {
                     float sum;
                     l[i0 + r] = cpu_softmax_row(S + r * i1, i0 + r + 1, i1, &sum);
                     inv[r] = 1.0f / sum;
                 }
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)hs, (int)i1,
-                            1.0f, S, (int)i1, v, (int)C3, 0.0f, o + i0 * Cs, (int)Cs);
+                            1.0f, S, (int)i1, v, (int)ld, 0.0f, o + i0 * C, (int)C);
                 for (size_t r = 0; r < nb; r++) {
-                    float *orow = o + (i0 + r) * Cs;
+                    float *orow = o + (i0 + r) * C;
                     for (size_t d = 0; d < hs; d++) {
                         orow[d] *= inv[r];
                     }
@@ -134,41 +142,75 @@ void fsdp_cpu_attention_forward(float *out, float *lse, float *scratch, const fl
     }
 }
 
-void fsdp_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                 const float *out, const float *lse, int B, int T, int C, int NH)
+/* dK and dV of a key/value head collect the tiles of every query head of
+ * its group: the first tile to reach a row (the last block of the group's
+ * first head) initialises it (beta = 0), every later one adds. */
+static void cpu_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                   const float *qkv, const float *out, const float *lse,
+                                   size_t B, size_t T, size_t NH, size_t NKV, size_t hs)
 {
-    size_t hs = (size_t)(C / NH), C3 = 3 * (size_t)C, Cs = (size_t)C, Ts = (size_t)T;
+    size_t C = NH * hs, KV = NKV * hs, ld = C + 2 * KV, group = NH / NKV;
     float scale = 1.0f / sqrtf((float)hs);
-    float *P = scratch, *dP = scratch + (size_t)CPU_ATT_BLOCK * Ts; /* (block, i1) each */
-    size_t nblk = (Ts + CPU_ATT_BLOCK - 1) / CPU_ATT_BLOCK;
-    for (size_t b = 0; b < (size_t)B; b++) {
-        for (size_t h = 0; h < (size_t)NH; h++) {
-            size_t qoff = b * Ts * C3 + h * hs, ooff = b * Ts * Cs + h * hs;
-            const float *q = qkv + qoff, *k = q + Cs, *v = q + 2 * Cs;
-            float *dq = dqkv + qoff, *dk = dq + Cs, *dv = dq + 2 * Cs;
+    float *P = scratch, *dP = scratch + (size_t)CPU_ATT_BLOCK * T; /* (block, i1) each */
+    size_t nblk = (T + CPU_ATT_BLOCK - 1) / CPU_ATT_BLOCK;
+    for (size_t b = 0; b < B; b++) {
+        for (size_t h = 0; h < NH; h++) {
+            size_t qoff = b * T * ld + h * hs, kvoff = b * T * ld + C + (h / group) * hs;
+            size_t ooff = b * T * C + h * hs;
+            const float *q = qkv + qoff, *k = qkv + kvoff, *v = k + KV;
+            float *dq = dqkv + qoff, *dk = dqkv + kvoff, *dv = dk + KV;
             const float *o = out + ooff, *dout_h = dout + ooff;
-            const float *l = lse + (b * (size_t)NH + h) * Ts;
+            const float *l = lse + (b * NH + h) * T;
             for (size_t blk = nblk; blk-- > 0;) {
                 size_t i0 = blk * CPU_ATT_BLOCK;
-                size_t nb = Ts - i0 < CPU_ATT_BLOCK ? Ts - i0 : CPU_ATT_BLOCK;
+                size_t nb = T - i0 < CPU_ATT_BLOCK ? T - i0 : CPU_ATT_BLOCK;
                 size_t i1 = i0 + nb;
-                float beta = blk == nblk - 1 ? 0.0f : 1.0f;
+                float beta = blk == nblk - 1 && h % group == 0 ? 0.0f : 1.0f;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)i1, (int)hs,
-                            scale, q + i0 * C3, (int)C3, k, (int)C3, 0.0f, P, (int)i1);
+                            scale, q + i0 * ld, (int)ld, k, (int)ld, 0.0f, P, (int)i1);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)i1, (int)hs,
-                            1.0f, dout_h + i0 * Cs, (int)Cs, v, (int)C3, 0.0f, dP, (int)i1);
+                            1.0f, dout_h + i0 * C, (int)C, v, (int)ld, 0.0f, dP, (int)i1);
                 for (size_t r = 0; r < nb; r++) {
                     size_t i = i0 + r;
                     cpu_prob_row(P + r * i1, i + 1, i1, l[i]);
-                    cpu_dscore_row(dP + r * i1, P + r * i1, i + 1, i1, dout_h + i * Cs, o + i * Cs, hs);
+                    cpu_dscore_row(dP + r * i1, P + r * i1, i + 1, i1, dout_h + i * C, o + i * C, hs);
                 }
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)hs, (int)i1,
-                            scale, dP, (int)i1, k, (int)C3, 0.0f, dq + i0 * C3, (int)C3);
+                            scale, dP, (int)i1, k, (int)ld, 0.0f, dq + i0 * ld, (int)ld);
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)i1, (int)hs, (int)nb,
-                            scale, dP, (int)i1, q + i0 * C3, (int)C3, beta, dk, (int)C3);
+                            scale, dP, (int)i1, q + i0 * ld, (int)ld, beta, dk, (int)ld);
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)i1, (int)hs, (int)nb,
-                            1.0f, P, (int)i1, dout_h + i0 * Cs, (int)Cs, beta, dv, (int)C3);
+                            1.0f, P, (int)i1, dout_h + i0 * C, (int)C, beta, dv, (int)ld);
             }
         }
     }
+}
+
+void fsdp_cpu_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int B,
+                                int T, int C, int NH)
+{
+    cpu_attention_forward(out, lse, scratch, qkv, (size_t)B, (size_t)T, (size_t)NH, (size_t)NH,
+                          (size_t)(C / NH));
+}
+
+void fsdp_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                 const float *out, const float *lse, int B, int T, int C, int NH)
+{
+    cpu_attention_backward(dqkv, scratch, dout, qkv, out, lse, (size_t)B, (size_t)T, (size_t)NH,
+                           (size_t)NH, (size_t)(C / NH));
+}
+
+void fsdp_cpu_gqa_attention_forward(float *out, float *lse, float *scratch, const float *qkv,
+                                    int B, int T, int NH, int NKV, int hs)
+{
+    cpu_attention_forward(out, lse, scratch, qkv, (size_t)B, (size_t)T, (size_t)NH, (size_t)NKV,
+                          (size_t)hs);
+}
+
+void fsdp_cpu_gqa_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                     const float *qkv, const float *out, const float *lse, int B,
+                                     int T, int NH, int NKV, int hs)
+{
+    cpu_attention_backward(dqkv, scratch, dout, qkv, out, lse, (size_t)B, (size_t)T, (size_t)NH,
+                           (size_t)NKV, (size_t)hs);
 }

@@ -1,0 +1,172 @@
+/*
+ * llama_layers.c - the Llama family's element-wise building blocks: RMSNorm,
+ * rotary position embedding (with Hugging Face's rope_scaling types) and the
+ * SwiGLU gate. The grouped-query attention lives with the other attention
+ * (attention.c), the projections are the linear layer (matmul.c).
+ *
+ * Every formula is the one Hugging Face's Llama implementation computes in
+ * f32, so that an imported model reproduces transformers' logits:
+ *   RMSNorm  y = w * (x * rsqrt(mean(x^2) + eps))
+ *   RoPE     pairs (i, i + hs/2) of every q and k head rotated by t * f_i,
+ *            f_i = theta^(-2i/hs) (rotate_half convention)
+ *   SwiGLU   y = silu(gate) * up
+ */
+#include "config.h"
+#include "compute/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// RMSNorm
+
+void fsdp_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                              size_t N, size_t C, float eps)
+{
+    for (size_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float *y = out + n * C;
+        float ss = 0.0f;
+        for (size_t c = 0; c < C; c++) {
+            ss += x[c] * x[c];
+        }
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        for (size_t c = 0; c < C; c++) {
+            y[c] = weight[c] * (x[c] * r);
+        }
+        rstd[n] = r;
+    }
+}
+
+/*
+ * With xh = x * r and g = dout * w:
+ *   dx = r * (g - xh * mean(g * xh)),   dw += dout * xh
+ */
+void fsdp_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                               const float *weight, const float *rstd, size_t N, size_t C)
+{
+    for (size_t n = 0; n < N; n++) {
+        const float *x = inp + n * C, *dy = dout + n * C;
+        float *dx = dinp + n * C;
+        float r = rstd[n];
+        float dot = 0.0f;
+        for (size_t c = 0; c < C; c++) {
+            float xh = x[c] * r;
+            dot += dy[c] * weight[c] * xh;
+            dweight[c] += dy[c] * xh;
+        }
+        dot /= (float)C;
+        for (size_t c = 0; c < C; c++) {
+            float xh = x[c] * r;
+            dx[c] += r * (dy[c] * weight[c] - xh * dot);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// rotary position embedding
+
+int fsdp_cpu_rope_inv_freq(float *inv_freq, int hs, double theta,
+                           const struct fsdp_rope_scaling *sc)
+{
+    if (hs <= 0 || hs % 2 != 0 || !(theta > 0)) {
+        return -1;
+    }
+    const double two_pi = 6.283185307179586476925286766559;
+    for (int i = 0; i < hs / 2; i++) {
+        /* as transformers: the exponent in f32 (arange(0, hs, 2).float() / hs) */
+        float e = (float)(2 * i) / (float)hs;
+        double f = 1.0 / pow(theta, (double)e);
+        if (sc && sc->type == FSDP_ROPE_LINEAR) {
+            f /= sc->factor;
+        } else if (sc && sc->type == FSDP_ROPE_LLAMA3) {
+            double low_wl = sc->original_context / sc->low_freq_factor;
+            double high_wl = sc->original_context / sc->high_freq_factor;
+            double wl = two_pi / f;
+            if (wl > low_wl) {
+                f /= sc->factor;
+            } else if (wl >= high_wl) {
+                double smooth = (sc->original_context / wl - sc->low_freq_factor) /
+                                (sc->high_freq_factor - sc->low_freq_factor);
+                f = (1.0 - smooth) * f / sc->factor + smooth * f;
+            }
+        }
+        inv_freq[i] = (float)f;
+    }
+    return 0;
+}
+
+void fsdp_cpu_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int pos0, int T,
+                         int hs)
+{
+    int h2 = hs / 2;
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < h2; i++) {
+            /* the angle as transformers forms it: f32 position x f32 frequency */
+            float a = (float)(pos0 + t) * inv_freq[i];
+            cos_t[(size_t)t * (size_t)h2 + (size_t)i] = cosf(a);
+            sin_t[(size_t)t * (size_t)h2 + (size_t)i] = sinf(a);
+        }
+    }
+}
+
+/* Rotates the heads [h0, h0 + nh) of every row of buf (row stride ld), by
+ * +angle (dir 1) or -angle (dir -1). */
+static void cpu_rope_heads(float *buf, size_t ld, size_t h0, size_t nh, const float *cos_t,
+                           const float *sin_t, int B, int T, int hs, float dir)
+{
+    size_t h2 = (size_t)hs / 2;
+    for (size_t b = 0; b < (size_t)B; b++) {
+        for (size_t t = 0; t < (size_t)T; t++) {
+            float *row = buf + (b * (size_t)T + t) * ld;
+            const float *c = cos_t + t * h2, *s = sin_t + t * h2;
+            for (size_t h = h0; h < h0 + nh; h++) {
+                float *x = row + h * (size_t)hs;
+                for (size_t i = 0; i < h2; i++) {
+                    float x1 = x[i], x2 = x[i + h2], sn = dir * s[i];
+                    x[i] = x1 * c[i] - x2 * sn;
+                    x[i + h2] = x2 * c[i] + x1 * sn;
+                }
+            }
+        }
+    }
+}
+
+void fsdp_cpu_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T,
+                           int NH, int NKV, int hs)
+{
+    /* q heads then k heads: contiguous, NH + NKV of them */
+    size_t ld = (size_t)(NH + 2 * NKV) * (size_t)hs;
+    cpu_rope_heads(qkv, ld, 0, (size_t)(NH + NKV), cos_t, sin_t, B, T, hs, 1.0f);
+}
+
+void fsdp_cpu_rope_backward(float *dqkv, const float *cos_t, const float *sin_t, int B, int T,
+                            int NH, int NKV, int hs)
+{
+    /* the rotation's transpose is the rotation by -angle */
+    size_t ld = (size_t)(NH + 2 * NKV) * (size_t)hs;
+    cpu_rope_heads(dqkv, ld, 0, (size_t)(NH + NKV), cos_t, sin_t, B, T, hs, -1.0f);
+}
+
+// ----------------------------------------------------------------------------
+// SwiGLU
+
+void fsdp_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void fsdp_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                              const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        float sg = 1.0f / (1.0f + expf(-g));
+        float silu = g * sg;
+        dup[i] = dout[i] * silu;
+        dgate[i] = dout[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
+    }
+}
