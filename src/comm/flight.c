@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "io/fileutil.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -280,14 +281,26 @@ int fsdp_flight_dump(struct fsdp_flight *f, const char *dir, const char *reason)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     double to_unix = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - fsdp_now();
-    char path[4096], tmp[4200];
+    char path[4096];
+    char *tmp = NULL;
+    int fd = -1;
     snprintf(path, sizeof(path), "%s/flight_%d.json", dir, f->rank);
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
-    FILE *fp = fopen(tmp, "w");
+    /* a fresh, exclusively created name beside the target (never a link
+     * someone planted), renamed over it when complete */
+    FILE *fp = NULL;
+    if (fsdp_file_tmp_create(path, &tmp, &fd) == 0) {
+        fp = fdopen(fd, "w");
+        if (!fp) {
+            close(fd);
+            unlink(tmp);
+        }
+    }
     if (!fp) {
         pthread_mutex_unlock(&f->dump_mu);
-        return fsdp_err(FSDP_ERR_IO, "flight recorder: cannot write %s: %s", tmp,
-                        strerror(errno));
+        int rc = fsdp_err(FSDP_ERR_IO, "flight recorder: cannot write beside %s: %s", path,
+                          fsdp_err_msg()[0] ? fsdp_err_msg() : strerror(errno));
+        free(tmp);
+        return rc;
     }
     fprintf(fp, "{\"format\":\"fsdpc-flight\",\"version\":1,\"rank\":%d,\"world_size\":%d,"
                 "\"host\":",
@@ -312,11 +325,14 @@ int fsdp_flight_dump(struct fsdp_flight *f, const char *dir, const char *reason)
     int bad = ferror(fp);
     bad |= fclose(fp) != 0;
     if (bad || rename(tmp, path) < 0) {
+        int e = errno;
         unlink(tmp);
+        free(tmp);
         pthread_mutex_unlock(&f->dump_mu);
         return fsdp_err(FSDP_ERR_IO, "flight recorder: writing %s failed: %s", path,
-                        strerror(errno));
+                        strerror(e));
     }
+    free(tmp);
     pthread_mutex_unlock(&f->dump_mu);
     FSDP_WARN(FSDP_SUB_DIST, "flight recorder: %zu collectives written to %s (%s)", m, path,
               reason ? reason : "");
