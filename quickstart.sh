@@ -21,9 +21,10 @@ JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 PKGS_BUILD="build-essential autoconf automake libtool pkg-config mpich libmpich-dev \
 libhdf5-mpich-dev hdf5-tools libopenblas-dev libssl-dev libxxhash-dev python3"
-# the tests also compare against PyTorch, read files with h5py, and run the
-# Slurm job scripts on a one-node Slurm cluster of their own
-PKGS_TEST="python3-torch python3-h5py python3-numpy slurmctld slurmd slurm-client munge"
+# the tests also compare against PyTorch, read files with h5py, draw curves
+# with fsdpc-plot (matplotlib), and run the Slurm job scripts on a one-node
+# Slurm cluster of their own
+PKGS_TEST="python3-torch python3-h5py python3-numpy python3-matplotlib slurmctld slurmd slurm-client munge"
 
 install_missing() {
     missing=""

@@ -83,4 +83,9 @@ $launch "$BIN/fsdpc-train" \
 echo "== sample from $WORK/trained.h5"
 "$BIN/fsdpc-sample" --model "$WORK/trained.h5" --prompt "int fsdp_" --tokens 400 \
     --temperature 0.8 --top-k 40 --seed 1 --threads "$THREADS"
+# training curves, when matplotlib is there (python3-matplotlib)
+if [ -x "$BIN/fsdpc-plot" ] && "$BIN/fsdpc-plot" "$WORK/metrics.jsonl" -o "$WORK/curves.png" \
+    > /dev/null 2>&1; then
+    echo "== curves: $WORK/curves.png (fsdpc-plot)"
+fi
 echo "== done: files in $WORK (metrics.jsonl has one JSON record per logged step)"

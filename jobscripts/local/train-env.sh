@@ -21,8 +21,9 @@
 # then SIGKILL 10 s later) and exits with the failed rank's status. SIGUSR1,
 # SIGUSR2, SIGTERM and SIGINT (Ctrl-C) sent to the script are passed to every
 # rank: USR1, TERM and INT make them checkpoint at the next step boundary and
-# exit 0 (run the same command again to continue); USR2 dumps their flight
-# recorders (doc/debugging.md).
+# exit with status 75, which the script returns too (run the same command
+# again to continue; a second Ctrl-C stops them at once); USR2 dumps their
+# flight recorders (doc/debugging.md).
 set -u
 me=train-env.sh
 BACKEND=${BACKEND:-tcp}
@@ -46,10 +47,11 @@ fi
 # fsdpc_run_ranks NPROC FIRST_RANK WORLD_SIZE COMMAND [ARGS...]: start NPROC
 # copies of COMMAND with RANK = FIRST_RANK + i, LOCAL_RANK = i,
 # LOCAL_WORLD_SIZE = NPROC and WORLD_SIZE; pass USR1, USR2, TERM and INT on to
-# them; when one fails stop the others; return the first failure's status.
+# them; when one fails stop the others; return the first failure's status, or
+# 75 when the ranks stopped at a step boundary on a signal (not a failure).
 # (jobscripts/slurm/train-env.sbatch runs the same function on every node.)
 fsdpc_run_ranks() {
-    local n=$1 first=$2 world=$3 i ranks="" live e p r s rc=0 ticks=0
+    local n=$1 first=$2 world=$3 i ranks="" live e p r s rc=0 stopped=0 ticks=0
     shift 3
     for ((i = 0; i < n; i++)); do
         RANK=$((first + i)) LOCAL_RANK=$i LOCAL_WORLD_SIZE=$n WORLD_SIZE=$world "$@" &
@@ -75,7 +77,9 @@ fsdpc_run_ranks() {
             fi
             wait "$p"
             s=$?
-            if [ "$s" -ne 0 ] && [ "$rc" -eq 0 ]; then
+            if [ "$s" -eq 75 ]; then # stopped by a signal, with a checkpoint
+                stopped=75
+            elif [ "$s" -ne 0 ] && [ "$rc" -eq 0 ]; then
                 rc=$s
                 echo "fsdpc_run_ranks: rank $r (pid $p) on $(hostname) exited with status $s; stopping the other ranks" >&2
             fi
@@ -92,6 +96,7 @@ fsdpc_run_ranks() {
         fi
     done
     trap - USR1 USR2 TERM INT
+    [ "$rc" -ne 0 ] || rc=$stopped
     return "$rc"
 }
 
@@ -99,5 +104,9 @@ echo "$me: $RANKS ranks x $THREADS BLAS thread(s), $STEPS steps, store $MASTER_A
     "run directory $RUN_DIR"
 fsdpc_run_ranks "$RANKS" 0 "$RANKS" "$BIN/fsdpc-train" --init env:// "${args[@]}"
 rc=$?
-[ $rc -eq 0 ] || echo "$me: fsdpc-train failed (exit status $rc)" >&2
+if [ $rc -eq 75 ]; then
+    echo "$me: stopped at checkpoint step $(latest_step) of $STEPS (status 75): run the same command again to continue"
+elif [ $rc -ne 0 ]; then
+    echo "$me: fsdpc-train failed (exit status $rc)" >&2
+fi
 exit $rc

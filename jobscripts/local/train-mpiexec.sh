@@ -13,8 +13,10 @@
 #                Open MPI's, which starts MPICH programs as separate 1-rank jobs)
 #   BACKEND      defaults to the trainer's choice, mpi
 #
-# Ctrl-C or `kill -USR1` of any rank: the ranks checkpoint at the next step
-# boundary and exit 0; run the same command again to continue.
+# Ctrl-C (MPICH's mpiexec passes the first one on to every rank as SIGINT),
+# `kill -INT` of mpiexec, or `kill -USR1` of any rank: the ranks checkpoint at
+# the next step boundary and exit with status 75, which this script returns;
+# run the same command again to continue. A second Ctrl-C stops at once.
 set -u
 me=train-mpiexec.sh
 # shellcheck source=train-common.sh source-path=SCRIPTDIR
@@ -27,5 +29,15 @@ command -v "$MPIEXEC" > /dev/null 2>&1 ||
 echo "$me: $RANKS ranks x $THREADS BLAS thread(s), $STEPS steps, run directory $RUN_DIR"
 "$MPIEXEC" -n "$RANKS" "$BIN/fsdpc-train" "${args[@]}"
 rc=$?
-[ $rc -eq 0 ] || echo "$me: fsdpc-train failed (exit status $rc)" >&2
+# After a Ctrl-C it passed on, MPICH's mpiexec does not always return the
+# ranks' status (it returned 0 in some trials): a run that ended short of
+# STEPS without an error was stopped.
+if [ $rc -eq 0 ] && [ "$(latest_step)" -lt "$STEPS" ]; then
+    rc=75
+fi
+if [ $rc -eq 75 ]; then
+    echo "$me: stopped at checkpoint step $(latest_step) of $STEPS (status 75): run the same command again to continue"
+elif [ $rc -ne 0 ]; then
+    echo "$me: fsdpc-train failed (exit status $rc)" >&2
+fi
 exit $rc

@@ -1,6 +1,7 @@
 /*
- * error.c - per-thread error messages, propagation traces and the job abort.
- * Owns no state but the abort hook and the thread-local message.
+ * error.c - per-thread error messages and hints, propagation traces, the
+ * program's error report and the job abort. Owns no state but the abort
+ * hook and the thread-local message and hint.
  */
 #include "config.h"
 #include "core/error.h"
@@ -10,10 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static _Thread_local char err_msg[1024];
 static _Thread_local int err_set;
+static _Thread_local char err_hint[512];
 
 static fsdp_abort_fn abort_hook;
 static void *abort_arg;
@@ -66,13 +71,31 @@ void fsdp_err_take(char *buf, size_t len)
     if (len) {
         snprintf(buf, len, "%s", err_set ? err_msg : "");
     }
-    fsdp_err_clear();
+    err_set = 0; /* the hint stays: the message is usually recorded again, with context */
+    err_msg[0] = '\0';
 }
 
 void fsdp_err_clear(void)
 {
     err_set = 0;
     err_msg[0] = '\0';
+    err_hint[0] = '\0';
+}
+
+void fsdp_err_hint(const char *fmt, ...)
+{
+    if (err_hint[0]) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_hint, sizeof(err_hint), fmt, ap);
+    va_end(ap);
+}
+
+const char *fsdp_err_hint_msg(void)
+{
+    return err_hint;
 }
 
 void fsdp_err_trace(const char *file, int line, int code)
@@ -102,8 +125,10 @@ _Noreturn void fsdp_abort_job(int exit_code)
 }
 
 /* "rank 3 on node12", or "on node12" before the rank is known. */
-static void fsdp_who(char *buf, size_t len, const char *host)
+static void fsdp_who(char *buf, size_t len)
 {
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
     if (fsdp_log_rank() >= 0) {
         snprintf(buf, len, "rank %d on %s", fsdp_log_rank(), host);
     } else {
@@ -111,32 +136,81 @@ static void fsdp_who(char *buf, size_t len, const char *host)
     }
 }
 
-_Noreturn void fsdp_die(int code, const char *what, const char *hint)
+/*
+ * Bytes written to stderr that its reader has not taken yet: what is left in
+ * a pipe (FIONREAD) or in a socket's send queue (TIOCOUTQ); 0 for a file or
+ * a terminal, whose writes are done when write() returns.
+ */
+static int err_unread(int fd)
 {
-    char host[256] = "?";
-    gethostname(host, sizeof(host) - 1);
+    struct stat st;
+    int n = 0;
+    if (fstat(fd, &st) != 0) {
+        return 0;
+    }
+    if (S_ISFIFO(st.st_mode)) {
+        return ioctl(fd, FIONREAD, &n) == 0 ? n : 0;
+    }
+    if (S_ISSOCK(st.st_mode)) {
+        return ioctl(fd, TIOCOUTQ, &n) == 0 ? n : 0;
+    }
+    return 0;
+}
+
+/*
+ * A launcher (MPICH's mpiexec) that is told to abort the job kills its
+ * proxies at once, and a line still in the pipe between a rank and its proxy
+ * is lost with them. So the reporter waits until the pipe is empty, polling
+ * every 2 ms for at most 2 s.
+ */
+void fsdp_err_drain_stderr(void)
+{
+    fflush(stderr);
+    for (int i = 0; i < 1000 && err_unread(STDERR_FILENO) > 0; i++) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void fsdp_err_report(const char *what, const char *cls)
+{
     const char *msg = fsdp_err_msg();
     char who[300];
-    fsdp_who(who, sizeof(who), host);
-    fprintf(stderr, "fsdpc: %s: %s%s%s (%s)\n", who, what ? what : "error", msg[0] ? ": " : "",
-            msg, fsdp_strerror(code));
-    if (hint && hint[0]) {
-        fprintf(stderr, "fsdpc: hint: %s\n", hint);
+    fsdp_who(who, sizeof(who));
+    fflush(stdout);
+    if (cls) {
+        fprintf(stderr, "fsdpc: %s: %s%s%s (%s)\n", who, what ? what : "error", msg[0] ? ": " : "",
+                msg, cls);
+    } else {
+        fprintf(stderr, "fsdpc: %s: %s%s%s\n", who, what ? what : "error", msg[0] ? ": " : "",
+                msg);
     }
+    if (err_hint[0]) {
+        fprintf(stderr, "fsdpc: hint: %s\n", err_hint);
+    }
+    fsdp_err_drain_stderr();
+}
+
+_Noreturn void fsdp_die(int code, const char *what, const char *hint)
+{
+    if (hint && hint[0]) {
+        snprintf(err_hint, sizeof(err_hint), "%s", hint);
+    }
+    fsdp_err_report(what, fsdp_strerror(code));
     fsdp_abort_job(1);
 }
 
 _Noreturn void fsdp_fatal(const char *fmt, ...)
 {
-    char host[256] = "?";
     char buf[1024];
     va_list ap;
-    gethostname(host, sizeof(host) - 1);
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     char who[300];
-    fsdp_who(who, sizeof(who), host);
+    fsdp_who(who, sizeof(who));
+    fflush(stdout);
     fprintf(stderr, "fsdpc: %s: %s\n", who, buf);
+    fsdp_err_drain_stderr();
     fsdp_abort_job(1);
 }

@@ -46,9 +46,33 @@ int fsdp_err_at(const char *file, int line, int code, const char *fmt, ...)
 
 /* The current thread's recorded message ("" when none). */
 const char *fsdp_err_msg(void);
-/* Copies the message into buf and clears it. */
+/* Copies the message into buf and clears it; a hint stays with the error
+ * (fsdp_err_hint), so that a caller that re-records the message with more
+ * context keeps it. */
 void fsdp_err_take(char *buf, size_t len);
+/* Forgets the message and its hint. */
 void fsdp_err_clear(void);
+
+/*
+ * Attaches a hint to the current error: what to check, or the flag that
+ * fixes it ("lower --seq-len to at most 64"). The first hint stays, like the
+ * first message: the layer nearest the cause knows best. Programs print it
+ * as a second line, "fsdpc: hint: ...".
+ */
+void fsdp_err_hint(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The current thread's hint ("" when none). */
+const char *fsdp_err_hint_msg(void);
+
+/*
+ * Prints "fsdpc: rank R on HOST: <what>: <message> (<class>)" and the hint
+ * line, flushes them, and waits (at most 2 s) until a pipe or socket on
+ * stderr has been read: a launcher that tears the job down next must not
+ * lose the line. cls NULL leaves out the class (a message that carries it
+ * already). Ends nothing.
+ */
+void fsdp_err_report(const char *what, const char *cls);
+/* The same wait for output already written to stderr. */
+void fsdp_err_drain_stderr(void);
 
 /* Logs the propagation step; used by FSDP_CHECK. */
 void fsdp_err_trace(const char *file, int line, int code);
@@ -74,8 +98,10 @@ void fsdp_err_trace(const char *file, int line, int code);
 
 /*
  * Program-level: prints one message "fsdpc: rank R on HOST: <what>: <error
- * message> (<code name>)" plus an optional hint, then aborts the whole job
- * through the registered abort hook (MPI_Abort, backend abort, _exit).
+ * message> (<code name>)" plus a hint line (hint, else the one recorded with
+ * fsdp_err_hint), waits until stderr has been read (fsdp_err_report), then
+ * aborts the whole job through the registered abort hook (MPI_Abort,
+ * backend abort, _exit).
  */
 _Noreturn void fsdp_die(int code, const char *what, const char *hint);
 /* Same with a formatted message and no error code. */

@@ -1,9 +1,10 @@
 /*
- * fsdpc_ckpt.c - the fsdpc-ckpt program: creates and inspects model files;
+ * ckpt_main.c - the fsdpc-ckpt program: creates and inspects model files;
  * the checkpoint subcommands live in ckpt_tool.c.
  *
  *   fsdpc-ckpt init --preset NAME [overrides] [--seed S] -o FILE
  *   fsdpc-ckpt inspect FILE|CHECKPOINT
+ *   fsdpc-ckpt list DIR                                     (ckpt_list.c)
  *   fsdpc-ckpt verify | consolidate | reshard | convert ...
  *   fsdpc-ckpt export-safetensors | import-safetensors ...  (st_tool.c)
  *
@@ -272,6 +273,8 @@ static int cmd_inspect(int argc, char **argv)
 
 static const struct ckpt_cmd ckpt_cmds[] = {
     {"init", "create a freshly initialised model file", cmd_init},
+    {"list", "list the checkpoints of a checkpoint root (a run's --ckpt-dir)",
+     fsdp_ckpt_cmd_list},
     {"inspect", "validate a model file or checkpoint and list its tensors", cmd_inspect},
     {"verify", "check that a checkpoint is complete and readable", fsdp_ckpt_cmd_verify},
     {"consolidate", "write a checkpoint as one model file", fsdp_ckpt_cmd_consolidate},
@@ -306,6 +309,10 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("fsdpc-ckpt fsdpc %s\n", PACKAGE_VERSION);
         return 0;
     }
     for (size_t i = 0; i < sizeof(ckpt_cmds) / sizeof(ckpt_cmds[0]); i++) {

@@ -16,6 +16,8 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv);
 int fsdp_ckpt_cmd_consolidate(int argc, char **argv);
 int fsdp_ckpt_cmd_reshard(int argc, char **argv);
 int fsdp_ckpt_cmd_convert(int argc, char **argv);
+/* ckpt_list.c: the checkpoints of a checkpoint root */
+int fsdp_ckpt_cmd_list(int argc, char **argv);
 
 /* st_tool.c: Hugging Face GPT-2 safetensors */
 int fsdp_ckpt_cmd_export_st(int argc, char **argv);

@@ -325,6 +325,10 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("fsdpc-data fsdpc %s\n", PACKAGE_VERSION);
+        return 0;
+    }
     for (size_t i = 0; i < sizeof(data_cmds) / sizeof(data_cmds[0]); i++) {
         if (strcmp(argv[1], data_cmds[i].name) == 0) {
             return data_cmds[i].run(argc - 1, argv + 1);

@@ -435,6 +435,10 @@ static int merge_main(const char *dir)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "--version")) {
+        printf("fsdpc-flight fsdpc %s\n", PACKAGE_VERSION);
+        return 0;
+    }
     if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: fsdpc-flight merge DIR\n"
                "Reads DIR/flight_<rank>.json (FSDPC_FLIGHT_DIR of the job) and names the first\n"

@@ -6,6 +6,15 @@ noinst_HEADERS += src/programs/train_program.h
 fsdpc_sample_SOURCES = src/programs/sample_main.c
 fsdpc_data_SOURCES = src/programs/data_main.c
 fsdpc_ckpt_SOURCES = src/programs/ckpt_main.c src/programs/ckpt_tool.c \
-	src/programs/ckpt_tool.h src/programs/st_tool.c
+	src/programs/ckpt_tool.h src/programs/st_tool.c src/programs/ckpt_list.c
 fsdpc_flight_SOURCES = src/programs/flight_main.c
 fsdpc_flight_LDADD =
+
+# fsdpc-plot: training curves from metrics files, a Python script installed
+# with the programs (it needs matplotlib: Debian's python3-matplotlib)
+bin_SCRIPTS = fsdpc-plot
+CLEANFILES += fsdpc-plot
+EXTRA_DIST += src/programs/fsdpc-plot.py
+fsdpc-plot: $(top_srcdir)/src/programs/fsdpc-plot.py Makefile
+	$(AM_V_GEN)sed -e 's|@PACKAGE_VERSION[@]|$(PACKAGE_VERSION)|g' \
+		$(top_srcdir)/src/programs/fsdpc-plot.py > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@

@@ -4,6 +4,9 @@
  *   fsdpc-sample --model m.h5 --prompt "int main(" --tokens 200 \
  *                --temperature 0.8 --top-k 40 --seed 1
  *
+ * --model may also name a checkpoint (a run's --ckpt-dir, a step directory
+ * or its index.h5): its weights are read through the step's index.h5.
+ *
  * A byte-level model (vocab 256) reads the prompt as bytes and prints bytes;
  * any other vocabulary reads the prompt as token ids ("464 3290 318") and
  * prints ids, one line of them. An empty prompt starts from '\n' (vocab 256)
@@ -16,6 +19,7 @@
  * The same seed gives the same text.
  */
 #include "config.h"
+#include "train/model_source.h"
 #include "train/options.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -43,8 +47,8 @@ struct sample_config {
 #define F(field) offsetof(struct sample_config, field)
 #define S(field) sizeof(((struct sample_config *)0)->field)
 static const struct fsdp_opt sample_opts[] = {
-    {"model", FSDP_OPT_STR, F(model), S(model), 0, 0, NULL, "FILE", FSDP_OPT_REQUIRED,
-     "HDF5 model file"},
+    {"model", FSDP_OPT_STR, F(model), S(model), 0, 0, NULL, "FILE|DIR", FSDP_OPT_REQUIRED,
+     "HDF5 model file, or a checkpoint (a --ckpt-dir, a step directory or its index.h5)"},
     {"prompt", FSDP_OPT_STR, F(prompt), S(prompt), 0, 0, NULL, "TEXT", 0,
      "text to continue (token ids when the vocabulary is not 256 bytes)"},
     {"tokens", FSDP_OPT_INT, F(tokens), 0, 0, 1 << 24, NULL, "N", 0, "tokens to generate"},
@@ -195,8 +199,10 @@ static int sample_run(const struct sample_config *c)
     float *logits = NULL;
     int rc;
 
+    char path[sizeof(c->model) + 64];
     FSDP_CHECK(fsdp_model_registry_init());
-    FSDP_CHECK(fsdp_model_file_read_spec(c->model, &spec));
+    FSDP_CHECK(fsdp_model_source_resolve(c->model, path, sizeof(path), NULL));
+    FSDP_CHECK(fsdp_model_file_read_spec(path, &spec));
     const int V = spec->vocab_size, ctx = spec->context;
     size_t cap = strlen(c->prompt) + 1 + (size_t)c->tokens;
     params = fsdp_alloc(spec->total_numel * sizeof(float));
@@ -214,7 +220,7 @@ static int sample_run(const struct sample_config *c)
         units[u] = params + off;
         off += spec->unit_numel[u];
     }
-    FSDP_CHECK_GOTO(fsdp_model_file_read(c->model, spec, units), rc, out);
+    FSDP_CHECK_GOTO(fsdp_model_file_read(path, spec, units), rc, out);
     struct fsdp_model_opts mo = {.max_B = 1, .max_T = ctx};
     FSDP_CHECK_GOTO(fsdp_model_create(spec, &mo, &model), rc, out);
     for (int u = 0; u < spec->n_units; u++) {
@@ -262,6 +268,12 @@ int main(int argc, char **argv)
     struct fsdp_optset set = {.prog = "fsdpc-sample", .opts = sample_opts,
                               .n = sizeof(sample_opts) / sizeof(sample_opts[0]), .base = &c};
     fsdp_log_set_rank(0);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--version") == 0) {
+            printf("fsdpc-sample fsdpc %s\n", PACKAGE_VERSION);
+            return 0;
+        }
+    }
     int rc = fsdp_opt_parse(&set, argc, argv, NULL);
     if (rc == 1) {
         fsdp_opt_usage(&set, stdout, "--model FILE [--prompt TEXT] [--tokens N] [options]");
@@ -271,7 +283,7 @@ int main(int argc, char **argv)
         rc = fsdp_opt_check_required(&set);
     }
     if (rc < 0) {
-        fsdp_die(rc, "fsdpc-sample: options", NULL);
+        fsdp_die(rc, "fsdpc-sample: options", "fsdpc-sample --help lists every option");
     }
     openblas_set_num_threads((int)c.threads);
     rc = sample_run(&c);

@@ -1,39 +1,109 @@
 /*
  * train_program.c - fsdpc-train's program: options, rendezvous, the run,
- * exit status. The only place in the trainer that prints errors and aborts
+ * exit status. The only place in the trainer that prints errors and ends
  * the job. train_main.c is its main; tests that register an architecture of
  * their own call it after registering.
  *
  *   fsdpc-train --model m.h5 --data train.bin --steps 1000 --batch-size 8 \
  *               --seq-len 256 --lr 6e-4 [--config run.cfg] [...]
  *   mpiexec.mpich -n 4 fsdpc-train ...
+ *
+ * Exit status: 0 when the run is done (or was done already), 1 on an error,
+ * FSDP_TRAIN_EXIT_STOPPED (75) when a signal stopped it at a step boundary
+ * (stop.h): run the same command again to go on.
+ *
+ * An error every rank knows of (bad options, a missing file, a mesh that
+ * does not fit) is printed once, by the lowest rank that has it, and every
+ * rank then leaves through an orderly finalize: under MPICH's mpiexec a rank
+ * that aborts takes the others' unread output with it.
  */
 #include "config.h"
+#include "train/stop.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
+#include "train/world.h"
 #include "programs/train_program.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "rendezvous/dist.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /*
- * A setup failure every rank agreed on (FSDP_ERR_ABORTED from
- * fsdp_trainer_create): the one rank with a message reports it, then all
- * leave through an orderly finalize. An abort here could let the launcher
- * tear the job down before that line has reached it.
+ * A failure every rank agreed on (FSDP_ERR_ABORTED): the one rank with a
+ * message reports it (the class is in the message already), then all leave
+ * through an orderly finalize, so that no rank ends before the line is out.
  */
 static _Noreturn void main_fail_together(struct fsdp_dist *dist, const char *what)
 {
-    const char *msg = fsdp_err_msg();
-    if (msg[0]) {
-        fprintf(stderr, "fsdpc: rank %d on %s: %s: %s\n", dist->rank, dist->host, what, msg);
-        fflush(stderr);
+    if (fsdp_err_msg()[0]) {
+        fsdp_err_report(what, NULL);
     }
     fflush(stdout);
     fsdp_dist_finalize(dist);
     exit(1);
+}
+
+/* Whether a launcher started more than one rank (the variables dist.h
+ * reads): only then is there anyone to agree with. */
+static int main_launched(void)
+{
+    static const char *const vars[] = {"PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE",
+                                       "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 1) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/*
+ * Options that did not parse. Every rank of a launched job parsed the same
+ * argv, so every rank has this error: they meet first (with the defaults of
+ * what did not parse) and the lowest reports it. Without a job to meet in,
+ * or when meeting fails, each rank reports its own.
+ */
+static _Noreturn void main_bad_options(int rc, int *argc, char ***argv,
+                                       const struct fsdp_train_config *cfg)
+{
+    struct fsdp_dist *dist = NULL;
+    int first, n;
+    fsdp_err_hint("fsdpc-train --help lists every option; a config file takes the same keys "
+                  "without the dashes");
+    char msg[1024], hint[512];
+    fsdp_err_take(msg, sizeof(msg));
+    snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
+    int drc = main_launched() ? fsdp_dist_init(argc, argv, cfg->init[0] ? cfg->init : NULL,
+                                               cfg->timeout, &dist)
+                              : -1;
+    if (drc == 0 && dist->world_size > 1 &&
+        fsdp_world_agree_store(dist, "options", 2, &first, &n) == 0) {
+        fsdp_err_clear();
+        if (first == dist->rank) {
+            fsdp_err(rc, "%s (%s)", msg, fsdp_strerror(rc));
+            fsdp_err_hint("%s", hint);
+        }
+        main_fail_together(dist, "fsdpc-train: options");
+    }
+    fsdp_err_clear();
+    fsdp_log_set_rank(-1); /* found before the ranks mattered: the message names the host */
+    fsdp_err(rc, "%s", msg);
+    fsdp_err_hint("%s", hint);
+    fsdp_die(rc, "fsdpc-train: options", NULL);
+}
+
+static int main_wants_version(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--version") == 0) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 int fsdp_train_program(int argc, char **argv)
@@ -43,6 +113,10 @@ int fsdp_train_program(int argc, char **argv)
     struct fsdp_dist *dist = NULL;
     struct fsdp_trainer *t = NULL;
 
+    if (main_wants_version(argc, argv)) {
+        printf("fsdpc-train fsdpc %s\n", PACKAGE_VERSION);
+        return 0;
+    }
     /* every rank parses the same argv, so every rank reaches the same verdict */
     fsdp_train_config_init(&cfg, &set);
     int rc = fsdp_train_config_parse(&cfg, &set, argc, argv);
@@ -51,7 +125,7 @@ int fsdp_train_program(int argc, char **argv)
         return 0;
     }
     if (rc < 0) {
-        fsdp_die(rc, "fsdpc-train: options", NULL);
+        main_bad_options(rc, &argc, &argv, &cfg);
     }
 
     if (cfg.debug > 0) {
@@ -83,10 +157,24 @@ int fsdp_train_program(int argc, char **argv)
         fsdp_trainer_print_header(t, stdout);
     }
     rc = fsdp_trainer_run(t);
+    if (rc == FSDP_ERR_ABORTED) {
+        /* every rank is here, between collectives: the groups can be freed */
+        char msg[1024], hint[512];
+        fsdp_err_take(msg, sizeof(msg));
+        snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
+        fsdp_trainer_destroy(t);
+        fsdp_err_clear();
+        if (msg[0]) {
+            fsdp_err(rc, "%s", msg);
+            fsdp_err_hint("%s", hint);
+        }
+        main_fail_together(dist, "fsdpc-train");
+    }
     if (rc < 0) {
         fsdp_die(rc, "fsdpc-train", NULL);
     }
+    const int stopped = t->stopped_by != 0;
     fsdp_trainer_destroy(t);
     fsdp_dist_finalize(dist);
-    return 0;
+    return stopped ? FSDP_TRAIN_EXIT_STOPPED : 0;
 }

@@ -18,6 +18,7 @@
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/trainer.h"
+#include "train/schedule.h"
 #include "train/uneven.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -54,15 +55,8 @@ struct fsdp_ckpt_cadence {
     long *foreign;
     size_t n_foreign;
     int warned_foreign;            /* the warning about them is logged once */
+    int existed;                   /* rank 0: D was there before this run */
 };
-
-static volatile sig_atomic_t cad_signalled;
-
-static void cad_on_signal(int sig)
-{
-    (void)sig;
-    cad_signalled = 1;
-}
 
 static int cad_rank(const struct fsdp_trainer *t)
 {
@@ -300,20 +294,21 @@ static int cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, u
 // ----------------------------------------------------------------------------
 // agreement
 
-/* All ranks learn whether any failed; a rank that did not fail gets an
- * error saying another one did. */
+/* All ranks learn whether any failed: FSDP_ERR_ABORTED on every rank then,
+ * the message with the lowest rank that failed (fsdp_trainer_agree). */
 static int cad_agree_ok(struct fsdp_trainer *t, int rc, long step, const char *what)
 {
-    int failed;
-    int arc = fsdp_world_any_failed(t->world, rc, &failed);
-    if (arc < 0) {
-        return rc < 0 ? rc : arc;
-    }
-    if (failed && rc == 0) {
-        rc = fsdp_err(FSDP_ERR_IO, "checkpoint step %ld: another rank failed to %s (see its error)",
-                      step, what);
-    }
-    return rc;
+    char why[128];
+    snprintf(why, sizeof(why), "%s for checkpoint step %ld", what, step);
+    return fsdp_trainer_agree(t, rc, why);
+}
+
+/* What to check when a save failed here. */
+static void cad_save_hint(const struct fsdp_ckpt_cadence *c)
+{
+    fsdp_err_hint("check free space, quotas and permissions where --ckpt-dir points (df -h %s); "
+                  "--ckpt-keep K keeps fewer checkpoints, --ckpt-keep-going trains on after a "
+                  "failed save", c->dir);
 }
 
 // ----------------------------------------------------------------------------
@@ -321,9 +316,8 @@ static int cad_agree_ok(struct fsdp_trainer *t, int rc, long step, const char *w
 
 /*
  * This rank's shard file (when it writes one: the first replica's ranks)
- * from the engine's pieces, straight from its shards (no gather), and on
- * rank 0 the index with meta and the engine's counters. Returns this rank's
- * status only: the caller agrees on the outcome.
+ * from the engine's pieces, straight from its shards (no gather). Returns
+ * this rank's status only: the caller agrees on the outcome.
  */
 static int cad_write_state(struct fsdp_trainer *t, const char *dir,
                            const struct fsdp_ckpt_meta *meta)
@@ -346,25 +340,32 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
         fsdp_ckpt_shard_destroy(w);
         FSDP_CHECK(rc);
     }
-    if (cad_rank(t) == 0) {
-        struct fsdp_ckpt_meta m = *meta;
-        struct fsdp_engine_counters cn;
-        e->ops->get_counters(e, &cn);
-        m.n_shards = e->n_shards;
-        m.world_size = t->world->size;
-        snprintf(m.mesh, sizeof(m.mesh), "%s", t->mesh ? t->mesh->spec : "single rank");
-        snprintf(m.backends, sizeof(m.backends), "%s", t->mesh ? t->mesh->backends : "none");
-        m.adam_step = cn.opt_step;
-        m.loss_scale = cn.loss_scale;
-        m.scale_good_steps = cn.scale_good_steps;
-        m.skipped_steps = cn.skipped_steps;
-        FSDP_CHECK(fsdp_ckpt_index_write(dir, t->spec, &m));
-    }
     return 0;
 }
 
+/* On rank 0, once every shard is written: the index with meta and the
+ * engine's counters (it records the checksums of every shard). */
+static int cad_write_index(struct fsdp_trainer *t, const char *dir,
+                           const struct fsdp_ckpt_meta *meta)
+{
+    struct fsdp_engine *e = t->engine;
+    struct fsdp_ckpt_meta m = *meta;
+    struct fsdp_engine_counters cn;
+    e->ops->get_counters(e, &cn);
+    m.n_shards = e->n_shards;
+    m.world_size = t->world->size;
+    snprintf(m.mesh, sizeof(m.mesh), "%s", t->mesh ? t->mesh->spec : "single rank");
+    snprintf(m.backends, sizeof(m.backends), "%s", t->mesh ? t->mesh->backends : "none");
+    m.adam_step = cn.opt_step;
+    m.loss_scale = cn.loss_scale;
+    m.scale_good_steps = cn.scale_good_steps;
+    m.skipped_steps = cn.skipped_steps;
+    return fsdp_ckpt_index_write(dir, t->spec, &m);
+}
+
 /* Every piece this rank holds, from whatever shard count ck was written
- * with, and the counters. */
+ * with, and the counters. Local: the caller agrees on the outcome, then
+ * tells the engine (state_changed, collective). */
 static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
 {
     struct fsdp_engine *e = t->engine;
@@ -387,7 +388,7 @@ static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
                                       .scale_good_steps = m->scale_good_steps,
                                       .skipped_steps = m->skipped_steps};
     e->ops->set_counters(e, &cn);
-    return e->ops->state_changed(e);
+    return 0;
 }
 
 /* The resolved config as 'key = value' lines. */
@@ -456,19 +457,34 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
     if (rc == 0) {
         rc = cad_write_state(t, tmp, meta);
     }
-    free(meta);
+    if (rc < 0) {
+        cad_save_hint(c);
+    }
     rc = cad_agree_ok(t, rc, step, "write its shard");
     if (rc == 0 && c->rank == 0) {
+        rc = cad_write_index(t, tmp, meta);
+    }
+    free(meta);
+    if (rc == 0 && c->rank == 0) {
         rc = cad_commit(c, tmp, step, (unsigned)nonce, t->cfg->ckpt_keep);
+    }
+    if (rc < 0 && c->rank == 0) {
+        cad_save_hint(c);
     }
     rc = cad_agree_ok(t, rc, step, "commit the checkpoint");
     if (rc < 0) {
         if (c->rank == 0) {
-            char msg[1024];
+            char msg[1024], hint[512];
             fsdp_err_take(msg, sizeof(msg));
+            snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
             fsdp_file_rmtree(tmp);
             fsdp_err_clear();
-            rc = fsdp_err(rc, "%s", msg);
+            if (msg[0]) { /* rank 0 is the one that reports it */
+                rc = fsdp_err(rc, "%s", msg);
+                if (hint[0]) {
+                    fsdp_err_hint("%s", hint);
+                }
+            }
         }
         return rc;
     }
@@ -490,8 +506,11 @@ static int cad_save_checked(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
     if (rc < 0 && t->cfg->ckpt_keep_going) {
         char msg[1024];
         fsdp_err_take(msg, sizeof(msg));
-        FSDP_WARN(FSDP_SUB_TRAIN, "checkpoint step %ld failed: %s; training continues "
-                  "(ckpt-keep-going)", t->step, msg);
+        fsdp_err_clear();
+        if (msg[0]) { /* the rank that reports it; the others were told */
+            FSDP_WARN(FSDP_SUB_TRAIN, "checkpoint step %ld failed: %s; training continues "
+                      "(ckpt-keep-going)", t->step, msg);
+        }
         return 0;
     }
     return rc;
@@ -518,6 +537,19 @@ int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **
     c->resumed_from = -1;
     int rc = 0;
     if (c->rank == 0) {
+        struct stat st;
+        char link[FSDP_TRAIN_PATH_MAX + 16];
+        c->existed = stat(c->dir, &st) == 0;
+        snprintf(link, sizeof(link), "%s/%s", c->dir, FSDP_CKPT_LATEST);
+        if (strcmp(cfg->resume, "required") == 0 && lstat(link, &st) != 0) {
+            rc = fsdp_err(FSDP_ERR_INVALID, "resume required: ckpt-dir %s %s", c->dir,
+                          c->existed ? "holds no checkpoint (no 'latest' in it)"
+                                     : "does not exist");
+            fsdp_err_hint("check --ckpt-dir (a typo starts a new run there); --resume latest "
+                          "starts from --model when there is no checkpoint yet");
+        }
+    }
+    if (rc == 0 && c->rank == 0) {
         rc = cad_mkdirs(c->dir);
         if (rc == 0) {
             rc = cad_recover(c->dir);
@@ -526,18 +558,11 @@ int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **
             rc = cad_snapshot_foreign(c);
         }
     }
-    rc = cad_agree_ok(t, rc, 0, "prepare ckpt-dir");
+    rc = fsdp_trainer_agree(t, rc, "prepare ckpt-dir");
     if (rc < 0) {
         fsdp_ckpt_cadence_destroy(c);
         return rc;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = cad_on_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     /* a file-size limit must fail the write (EFBIG), not kill the rank */
     signal(SIGXFSZ, SIG_IGN);
     *out = c;
@@ -576,6 +601,241 @@ static int cad_latest_missing(const char *root, const char *link)
                     n ? " (resume one of them by its path)" : "");
 }
 
+/* --resume latest with no checkpoint in ckpt-dir yet: start from the model,
+ * and say so on stderr (a mistyped --ckpt-dir looks just like this). */
+static void cad_warn_no_latest(const struct fsdp_trainer *t, const char *root)
+{
+    if (cad_rank(t) != 0) {
+        return;
+    }
+    const int existed = t->ckpt ? t->ckpt->existed : 1;
+    FSDP_WARN(FSDP_SUB_TRAIN, "resume latest: no checkpoint in %s%s; training starts at step 0 "
+              "from %s. If a run should be continued, check --ckpt-dir; --resume required "
+              "makes this an error", root,
+              existed ? " yet" : " (the directory did not exist before this run)",
+              t->cfg->model);
+}
+
+/* The model of the checkpoint is the model of --model (same architecture
+ * and attributes), or one error naming what differs, with both values. */
+static int cad_check_model(const struct fsdp_trainer *t, struct fsdp_ckpt *ck)
+{
+    const struct fsdp_model_spec *have = fsdp_ckpt_spec(ck), *want = t->spec;
+    int k = have->arch == want->arch ? fsdp_attrs_diff(want->arch, have->cfg, want->cfg) : -2;
+    int rc;
+    if (k == -1) {
+        return 0;
+    }
+    char hs[256];
+    fsdp_arch_describe(have->arch, have->cfg, hs, sizeof(hs));
+    if (k >= 0) {
+        const struct fsdp_attr_desc *a = &want->arch->attrs[k];
+        rc = fsdp_err(FSDP_ERR_INVALID, "%s: the checkpoint's model (%s %s) is not the "
+                      "model of %s: %s is %g in the checkpoint and %g in the model",
+                      fsdp_ckpt_dir(ck), have->arch->name, hs, t->cfg->model, a->name,
+                      fsdp_attr_get(a, have->cfg), fsdp_attr_get(a, want->cfg));
+    } else {
+        rc = fsdp_err(FSDP_ERR_INVALID, "%s: the checkpoint's model (%s %s) is not the "
+                      "model of %s (%s)", fsdp_ckpt_dir(ck), have->arch->name, hs, t->cfg->model,
+                      want->arch->name);
+    }
+    fsdp_err_hint("--model must be the model the checkpoint was trained from (or the "
+                  "checkpoint itself: --model %s); 'fsdpc-ckpt inspect' shows both",
+                  fsdp_ckpt_dir(ck));
+    return rc;
+}
+
+/* The configuration the checkpoint's run stored (index.h5), read back into
+ * a config of its own: set->source[i] is FSDP_SRC_FILE for each key it held. */
+static int cad_stored_config(const struct fsdp_ckpt_meta *m, struct fsdp_train_config *old,
+                             struct fsdp_optset *set)
+{
+    char line[FSDP_TRAIN_PATH_MAX + 64];
+    fsdp_train_config_init(old, set);
+    for (const char *p = m->config; *p;) {
+        size_t n = strcspn(p, "\n");
+        snprintf(line, sizeof(line), "%.*s", (int)(n < sizeof(line) ? n : sizeof(line) - 1), p);
+        p += n + (p[n] == '\n');
+        char *eq = strstr(line, " = ");
+        if (!eq) {
+            continue;
+        }
+        *eq = '\0';
+        const char *value = eq + 3;
+        if (strcmp(value, "\"\"") == 0) {
+            value = "";
+        }
+        if (fsdp_opt_set(set, line, value, FSDP_SRC_FILE, "checkpoint") < 0) {
+            fsdp_err_clear(); /* a key of another version: not compared */
+        }
+    }
+    return 0;
+}
+
+/* Appends "key A -> B" for each of keys whose values differ. */
+static int cad_diff_keys(struct fsdp_optset *set, const struct fsdp_train_config *old,
+                         const struct fsdp_train_config *now, const char *const *keys,
+                         char *buf, size_t len)
+{
+    int n = 0;
+    size_t used = strlen(buf);
+    for (const char *const *k = keys; *k; k++) {
+        long i = fsdp_opt_find(set, *k);
+        char a[160], b[160];
+        if (i < 0 || set->source[i] != FSDP_SRC_FILE) {
+            continue;
+        }
+        set->base = (void *)old;
+        fsdp_opt_format_value(set, (size_t)i, a, sizeof(a));
+        set->base = (void *)now;
+        fsdp_opt_format_value(set, (size_t)i, b, sizeof(b));
+        if (strcmp(a, b) != 0 && used < len) {
+            int w = snprintf(buf + used, len - used, "%s%s %s -> %s", used ? ", " : "", *k, a, b);
+            used += w > 0 ? (size_t)w : 0;
+            n++;
+        }
+    }
+    return n;
+}
+
+/*
+ * Rank 0, after a resume: what changed since the run that wrote the
+ * checkpoint and changes what this run does. The learning rate is a
+ * function of the step and the schedule keys; the data cursor is a token
+ * position, so another global batch reads other batches than the
+ * uninterrupted run would have.
+ */
+static void cad_warn_config(const struct fsdp_trainer *t, const struct fsdp_ckpt_meta *m,
+                            const char *dir)
+{
+    static const char *const sched_keys[] = {"steps", "epochs", "warmup", "lr-schedule", "lr",
+                                             "min-lr", NULL};
+    struct fsdp_train_config *old = malloc(sizeof(*old));
+    struct fsdp_optset set;
+    char diff[768] = "";
+    if (!old || cad_rank(t) != 0) {
+        free(old);
+        return;
+    }
+    cad_stored_config(m, old, &set);
+    if (cad_diff_keys(&set, old, t->cfg, sched_keys, diff, sizeof(diff)) > 0) {
+        struct fsdp_lr_schedule was;
+        fsdp_lr_schedule_init(&was, old);
+        if (old->epochs > 0) {
+            was.steps = t->total_steps; /* its planned length is not stored; the pass length is */
+        }
+        FSDP_WARN(FSDP_SUB_TRAIN, "resume: the learning-rate schedule differs from the run that "
+                  "wrote %s (%s): step %ld runs at lr %.3g here, and at %.3g on that run's "
+                  "schedule; give the same values to continue its schedule", dir, diff,
+                  m->step + 1, fsdp_lr_at(&t->sched, m->step), fsdp_lr_at(&was, m->step));
+    }
+    long i_b = fsdp_opt_find(&set, "batch-size"), i_k = fsdp_opt_find(&set, "grad-accum"),
+         i_t = fsdp_opt_find(&set, "seq-len");
+    if (i_b >= 0 && i_k >= 0 && i_t >= 0 && set.source[i_b] == FSDP_SRC_FILE && m->world_size > 0) {
+        double was = (double)old->batch_size * (double)old->grad_accum * (double)old->seq_len *
+                     (double)m->world_size;
+        double now = (double)fsdp_train_config_step_tokens(t->cfg) * (double)t->world->size;
+        if (was != now) {
+            FSDP_WARN(FSDP_SUB_TRAIN, "resume: the global batch differs from the run that wrote "
+                      "the checkpoint: %d rank%s x %ld seq x %ld tokens x %ld micro-steps = %.0f "
+                      "tokens per step there, %d x %ld x %ld x %ld = %.0f here; the data goes on "
+                      "from the same token, but the steps see other batches than that run's (and "
+                      "the schedule counts steps, not tokens)", m->world_size,
+                      m->world_size > 1 ? "s" : "", old->batch_size, old->seq_len,
+                      old->grad_accum, was, t->world->size, t->cfg->batch_size, t->cfg->seq_len,
+                      t->cfg->grad_accum, now);
+        }
+    }
+    free(old);
+}
+
+/*
+ * Rank 0, after a resume: checkpoints in ckpt-dir newer than the one
+ * resumed (a rollback, or a resume of an older step by mistake). latest
+ * follows this run from its first save; retention leaves them alone
+ * (cad_retain, which names them again at its first removal).
+ */
+static void cad_warn_newer(struct fsdp_ckpt_cadence *c, long resumed)
+{
+    char list[512];
+    size_t used = 0, n = 0;
+    list[0] = '\0';
+    if (!c || c->rank != 0) {
+        return;
+    }
+    for (size_t i = 0; i < c->n_foreign; i++) {
+        if (c->foreign[i] > resumed) {
+            n++;
+        }
+    }
+    if (n == 0) {
+        return;
+    }
+    long *newer = malloc(n * sizeof(*newer));
+    if (!newer) {
+        return;
+    }
+    n = 0;
+    for (size_t i = 0; i < c->n_foreign; i++) {
+        if (c->foreign[i] > resumed) {
+            newer[n++] = c->foreign[i];
+        }
+    }
+    qsort(newer, n, sizeof(*newer), cad_cmp_desc);
+    for (size_t i = 0; i < n && used < sizeof(list); i++) {
+        int w = snprintf(list + used, sizeof(list) - used, "%sstep_%ld", i ? ", " : "", newer[i]);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    FSDP_WARN(FSDP_SUB_TRAIN, "resume: step_%ld is older than %s in %s: from this run's first "
+              "save on, latest names this run's checkpoints and moves back past %s; a step this "
+              "run saves again replaces the old one, and ckpt-keep neither counts nor removes the "
+              "others (remove them by hand when done with them)", resumed, list, c->dir,
+              n > 1 ? "them" : "it");
+    free(newer);
+}
+
+/* The step directory dir is, "ROOT/step_N" for "ROOT/latest". */
+static void cad_step_dir(const char *dir, char *out, size_t len)
+{
+    char target[256];
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    ssize_t k = strcmp(base, FSDP_CKPT_LATEST) == 0 ? readlink(dir, target, sizeof(target) - 1)
+                                                     : -1;
+    if (k <= 0) {
+        snprintf(out, len, "%s", dir);
+        return;
+    }
+    target[k] = '\0';
+    snprintf(out, len, "%.*s%s", (int)(base - dir), dir, target);
+}
+
+/* After the checkpoint is read: the run's counters, and what rank 0 says. */
+static void cad_resumed(struct fsdp_trainer *t, struct fsdp_ckpt *ck, double load_s)
+{
+    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
+    t->step = m->step;
+    t->tokens_seen = m->tokens_seen;
+    t->resumed_from = m->step;
+    cad_step_dir(fsdp_ckpt_dir(ck), t->resumed_dir, sizeof(t->resumed_dir));
+    if (t->ckpt) {
+        t->ckpt->last_saved = m->step;
+        t->ckpt->last_tried = m->step;
+        t->ckpt->resumed_from = m->step;
+    }
+    if (cad_rank(t) != 0) {
+        return;
+    }
+    char rate[96];
+    cad_rate_str(cad_dir_bytes(fsdp_ckpt_dir(ck)), load_s, rate, sizeof(rate));
+    FSDP_INFO(FSDP_SUB_TRAIN, "resumed from %s: step %ld, %.0f tokens seen, written by %d "
+              "rank%s (mesh %s, %d shard%s); read %s", t->resumed_dir, m->step,
+              m->tokens_seen, m->world_size, m->world_size > 1 ? "s" : "", m->mesh,
+              m->n_shards, m->n_shards > 1 ? "s" : "", rate);
+    cad_warn_config(t, m, t->resumed_dir);
+    cad_warn_newer(t->ckpt, m->step);
+}
+
 int fsdp_ckpt_resume(struct fsdp_trainer *t)
 {
     const struct fsdp_train_config *cfg = t->cfg;
@@ -584,93 +844,54 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     if (!cfg->resume[0]) {
         return 0;
     }
-    const int latest = strcmp(cfg->resume, "latest") == 0;
+    const int latest = fsdp_train_config_resume_latest(cfg);
     const char *path = latest ? cfg->ckpt_dir : cfg->resume;
     char link[FSDP_TRAIN_PATH_MAX + 16];
     struct stat st;
     snprintf(link, sizeof(link), "%s/%s", path, FSDP_CKPT_LATEST);
     if (latest && lstat(link, &st) != 0) { /* a dangling latest is an error, below */
-        if (cad_rank(t) == 0) {
-            FSDP_INFO(FSDP_SUB_TRAIN, "resume latest: no checkpoint in %s yet; starting from %s",
-                      path, cfg->model);
-        }
+        cad_warn_no_latest(t, path);
         return 0;
     }
-    if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && stat(link, &st) != 0) {
-        return cad_latest_missing(path, link);
-    }
     const double t_load = fsdp_now();
-    FSDP_CHECK(fsdp_ckpt_open(path, &ck));
-    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
-    const struct fsdp_model_spec *have = fsdp_ckpt_spec(ck), *want = t->spec;
-    int k = have->arch == want->arch ? fsdp_attrs_diff(want->arch, have->cfg, want->cfg) : -2;
-    if (k != -1) {
-        char hs[256];
-        fsdp_arch_describe(have->arch, have->cfg, hs, sizeof(hs));
-        if (k >= 0) {
-            const struct fsdp_attr_desc *a = &want->arch->attrs[k];
-            rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: the checkpoint's model (%s %s) is not the "
-                          "model of %s: %s is %g in the checkpoint and %g in the model",
-                          fsdp_ckpt_dir(ck), have->arch->name, hs, cfg->model, a->name,
-                          fsdp_attr_get(a, have->cfg), fsdp_attr_get(a, want->cfg));
-        } else {
-            rc = fsdp_err(FSDP_ERR_MISMATCH, "%s: the checkpoint's model (%s %s) is not the "
-                          "model of %s (%s)", fsdp_ckpt_dir(ck), have->arch->name, hs, cfg->model,
-                          want->arch->name);
-        }
-        goto out;
+    if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && stat(link, &st) != 0) {
+        rc = cad_latest_missing(path, link);
+    } else {
+        rc = fsdp_ckpt_open(path, &ck);
     }
+    if (rc == 0) {
+        rc = cad_check_model(t, ck);
+    }
+    /* every rank opened it before any goes into the collectives below */
+    FSDP_CHECK_GOTO(fsdp_trainer_agree(t, rc, "open the checkpoint"), rc, out);
+    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
     struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};
-    FSDP_CHECK_GOTO(fsdp_uneven_resume_state(t, m, &ds), rc, out);
-    FSDP_CHECK_GOTO(cad_read_state(t, ck), rc, out);
-    FSDP_CHECK_GOTO(fsdp_dataloader_set_state(t->train, &ds), rc, out);
+    rc = fsdp_uneven_resume_state(t, m, &ds);
+    if (rc == 0) {
+        rc = cad_read_state(t, ck);
+    }
+    if (rc == 0) {
+        rc = fsdp_dataloader_set_state(t->train, &ds);
+    }
+    FSDP_CHECK_GOTO(fsdp_trainer_agree(t, rc, "read the checkpoint"), rc, out);
+    FSDP_CHECK_GOTO(t->engine->ops->state_changed(t->engine), rc, out);
     /* every rank has its state when the slowest is done */
     FSDP_CHECK_GOTO(fsdp_world_barrier(t->world), rc, out);
-    const double load_s = fsdp_now() - t_load;
-    t->step = m->step;
-    t->tokens_seen = m->tokens_seen;
-    if (t->ckpt) {
-        t->ckpt->last_saved = m->step;
-        t->ckpt->last_tried = m->step;
-        t->ckpt->resumed_from = m->step;
-    }
-    if (cad_rank(t) == 0) {
-        char rate[96];
-        cad_rate_str(cad_dir_bytes(fsdp_ckpt_dir(ck)), load_s, rate, sizeof(rate));
-        FSDP_INFO(FSDP_SUB_TRAIN, "resumed from %s: step %ld, %.0f tokens seen, written by %d "
-                  "rank%s (mesh %s, %d shard%s); read %s", fsdp_ckpt_dir(ck), m->step,
-                  m->tokens_seen, m->world_size, m->world_size > 1 ? "s" : "", m->mesh,
-                  m->n_shards, m->n_shards > 1 ? "s" : "", rate);
-    }
+    cad_resumed(t, ck, fsdp_now() - t_load);
     rc = 0;
 out:
     fsdp_ckpt_close(ck);
     return rc;
 }
 
-int fsdp_ckpt_cadence_signalled(void)
+int fsdp_ckpt_cadence_save_now(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
 {
-    return cad_signalled != 0;
+    return c ? cad_save(c, t) : 0;
 }
 
-int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t,
-                                 int preempt, int *stop)
+int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
 {
-    *stop = 0;
-    if (!c) {
-        return 0;
-    }
-    if (preempt) {
-        FSDP_CHECK(cad_save(c, t));
-        if (c->rank == 0) {
-            printf("preempted: a rank received SIGUSR1 or SIGTERM; checkpoint step %ld written "
-                   "to %s/step_%ld; exiting\n", t->step, c->dir, t->step);
-            fflush(stdout);
-        }
-        *stop = 1;
-        return 0;
-    }
-    if (t->cfg->ckpt_every > 0 && t->step % t->cfg->ckpt_every == 0) {
+    if (c && t->cfg->ckpt_every > 0 && t->step % t->cfg->ckpt_every == 0) {
         return cad_save_checked(c, t);
     }
     return 0;

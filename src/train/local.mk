@@ -1,10 +1,10 @@
 # src/train: the composition root and the training loop.
 libfsdpc_a_SOURCES += src/train/options.c src/train/train_config.c src/train/schedule.c \
 	src/train/metrics.c src/train/world.c src/train/trainer.c \
-	src/train/ckpt_cadence.c src/train/uneven.c
+	src/train/ckpt_cadence.c src/train/uneven.c src/train/stop.c src/train/model_source.c
 noinst_HEADERS += src/train/options.h src/train/train_config.h src/train/schedule.h \
 	src/train/metrics.h src/train/world.h src/train/trainer.h \
-	src/train/ckpt_cadence.h src/train/uneven.h
+	src/train/ckpt_cadence.h src/train/uneven.h src/train/stop.h src/train/model_source.h
 
 # tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),
 # and join over uneven inputs against a single-rank replay (join_ref)
@@ -17,3 +17,10 @@ dist_check_SCRIPTS += tests/train/test_train.sh tests/train/test_torch_oracle.sh
 dist_check_DATA += tests/train/torch_oracle.py
 TESTS += tests/train/test_train_options tests/train/test_train.sh tests/train/test_torch_oracle.sh \
 	tests/train/test_join.sh
+
+# what a user meets: errors reported once with a hint, resume warnings,
+# Ctrl-C and the other stop signals, run records, fsdpc-plot, --version
+dist_check_SCRIPTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh \
+	tests/train/test_stop.sh tests/train/test_records.sh
+TESTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh tests/train/test_stop.sh \
+	tests/train/test_records.sh

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
 struct fsdp_metrics {
     FILE *fp; /* JSONL file, or NULL */
@@ -60,18 +61,38 @@ static int ndigits(long v)
     return n;
 }
 
+/* "8s", "3m05s", "1h02m", "3d04h" */
+static void format_eta(double s, char *buf, size_t len)
+{
+    long v = (long)(s + 0.5);
+    if (v < 60) {
+        snprintf(buf, len, "%lds", v);
+    } else if (v < 3600) {
+        snprintf(buf, len, "%ldm%02lds", v / 60, v % 60);
+    } else if (v < 86400) {
+        snprintf(buf, len, "%ldh%02ldm", v / 3600, v % 3600 / 60);
+    } else {
+        snprintf(buf, len, "%ldd%02ldh", v / 86400, v % 86400 / 3600);
+    }
+}
+
 void fsdp_metrics_format_step(const struct fsdp_step_stats *s, char *buf, size_t len)
 {
-    char mfu[32];
+    char mfu[32], eta[48] = "";
     if (s->mfu >= 0.0 && isfinite(s->mfu)) {
         snprintf(mfu, sizeof(mfu), "%.1f%%", s->mfu);
     } else {
         snprintf(mfu, sizeof(mfu), "n/a");
     }
+    if (s->eta_s >= 0.0 && isfinite(s->eta_s)) {
+        char e[32];
+        format_eta(s->eta_s, e, sizeof(e));
+        snprintf(eta, sizeof(eta), " | eta %s", e);
+    }
     snprintf(buf, len,
-             "step %*ld/%ld | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | mfu %s | mem %.0f MiB",
+             "step %*ld/%ld | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | mfu %s | mem %.0f MiB%s",
              ndigits(s->steps), s->step, s->steps, s->loss, s->grad_norm, s->lr, s->ms,
-             s->tokens_per_s, mfu, s->mem_mib);
+             s->tokens_per_s, mfu, s->mem_mib, eta);
 }
 
 /* A JSON number, or null for NaN/Inf (JSON has no such numbers). */
@@ -84,6 +105,36 @@ static void json_num(FILE *fp, const char *key, double v, int first)
     }
 }
 
+/* Seconds since the epoch to the millisecond: enough to order records. */
+static void json_time(FILE *fp, double t)
+{
+    fprintf(fp, ",\"time\":%.3f", t);
+}
+
+void fsdp_json_string(const char *s, char *buf, size_t len)
+{
+    size_t o = 0;
+    if (len < 3) {
+        if (len) {
+            buf[0] = '\0';
+        }
+        return;
+    }
+    buf[o++] = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 8 < len; p++) {
+        if (*p == '"' || *p == '\\') {
+            buf[o++] = '\\';
+            buf[o++] = (char)*p;
+        } else if (*p < 0x20) {
+            o += (size_t)snprintf(buf + o, len - o, "\\u%04x", *p);
+        } else {
+            buf[o++] = (char)*p;
+        }
+    }
+    buf[o++] = '"';
+    buf[o] = '\0';
+}
+
 static int metrics_flush(struct fsdp_metrics *m)
 {
     if (fflush(m->fp) != 0 || ferror(m->fp)) {
@@ -93,10 +144,37 @@ static int metrics_flush(struct fsdp_metrics *m)
     return 0;
 }
 
+int fsdp_metrics_start(struct fsdp_metrics *m, const struct fsdp_run_start *s)
+{
+    if (!m->fp) {
+        return 0;
+    }
+    char when[64], q[2100];
+    time_t sec = (time_t)s->time;
+    struct tm tm;
+    gmtime_r(&sec, &tm);
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    fsdp_json_string(s->run_id, q, sizeof(q));
+    fprintf(m->fp, "{\"event\":\"start\",\"run_id\":%s", q);
+    json_time(m->fp, s->time);
+    fsdp_json_string(s->version, q, sizeof(q));
+    fprintf(m->fp, ",\"start\":\"%s\",\"version\":%s,\"world_size\":%d,\"global_batch_seqs\":%ld,"
+            "\"global_batch_tokens\":%ld,\"steps\":%ld", when, q, s->world_size,
+            s->global_batch_seqs, s->global_batch_tokens, s->steps);
+    if (s->resumed_from >= 0) {
+        fsdp_json_string(s->resumed_dir ? s->resumed_dir : "", q, sizeof(q));
+        fprintf(m->fp, ",\"resumed_from\":%ld,\"resumed_dir\":%s", s->resumed_from, q);
+    } else {
+        fprintf(m->fp, ",\"resumed_from\":null");
+    }
+    fprintf(m->fp, ",\"config\":%s}\n", s->config_json && s->config_json[0] ? s->config_json : "{}");
+    return metrics_flush(m);
+}
+
 int fsdp_metrics_step(struct fsdp_metrics *m, const struct fsdp_step_stats *s, int print)
 {
     if (print) {
-        char line[256];
+        char line[320];
         fsdp_metrics_format_step(s, line, sizeof(line));
         printf("%s\n", line);
         fflush(stdout);
@@ -116,11 +194,13 @@ int fsdp_metrics_step(struct fsdp_metrics *m, const struct fsdp_step_stats *s, i
     if (s->loss_scale > 0.0) {
         json_num(m->fp, "loss_scale", s->loss_scale, 0);
     }
+    json_time(m->fp, s->time);
     fprintf(m->fp, "}\n");
     return metrics_flush(m);
 }
 
-int fsdp_metrics_val(struct fsdp_metrics *m, long step, long steps, double val_loss, long batches)
+int fsdp_metrics_val(struct fsdp_metrics *m, long step, long steps, double val_loss, long batches,
+                     double time)
 {
     printf("val  %*ld/%ld | val loss %.4f | %ld batches\n", ndigits(steps), step, steps, val_loss,
            batches);
@@ -130,6 +210,7 @@ int fsdp_metrics_val(struct fsdp_metrics *m, long step, long steps, double val_l
     }
     fprintf(m->fp, "{\"step\":%ld", step);
     json_num(m->fp, "val_loss", val_loss, 0);
+    json_time(m->fp, time);
     fprintf(m->fp, "}\n");
     return metrics_flush(m);
 }

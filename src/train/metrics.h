@@ -3,15 +3,22 @@
  * (llm.c / torchtitan style), the JSONL metrics file, peak memory, and the
  * sgemm probe that estimates peak FLOP/s for MFU when none is given.
  *
- *   step  10/200 | loss 3.4512 | norm 1.2300 | lr 3.00e-04 | 45.1 ms | 22690 tok/s | mfu 61.2% | mem 123 MiB
+ *   step  10/200 | loss 3.4512 | norm 1.2300 | lr 3.00e-04 | 45.1 ms | 22690 tok/s | mfu 61.2% | mem 123 MiB | eta 8s
  *
- * JSONL lines (one object each, flushed as written):
+ * JSONL lines (one object each, flushed as written). A run starts with a
+ * start record, so that runs appended to one file stay apart:
+ *   {"event":"start","run_id":"9f3c...","time":1733072000.5,
+ *    "start":"2024-12-01T17:33:20Z","version":"0.1.0","world_size":2,
+ *    "global_batch_seqs":16,"global_batch_tokens":2048,"steps":200,
+ *    "resumed_from":null,"config":{"model":"tiny.h5","steps":200,...}}
+ * ("resumed_from":108 and "resumed_dir" after a resume), then
  *   {"step":10,"loss":3.4512,"grad_norm":1.23,"lr":0.0003,"ms":45.1,
- *    "tokens_per_s":22690,"mfu":61.2,"mem_mib":123,"tokens":81920}
+ *    "tokens_per_s":22690,"mfu":61.2,"mem_mib":123,"tokens":81920,"time":...}
  * With f16 loss scaling the record also has "loss_scale" (the scale the
  * step's backward used); a skipped step has "grad_norm":null.
- *   {"step":10,"val_loss":3.3011}
- * mfu is a percentage; a value that is not finite is written as null.
+ *   {"step":10,"val_loss":3.3011,"time":...}
+ * time is seconds since the epoch; mfu is a percentage; a value that is not
+ * finite is written as null.
  */
 #ifndef FSDP_TRAIN_METRICS_H
 #define FSDP_TRAIN_METRICS_H
@@ -31,6 +38,22 @@ struct fsdp_step_stats {
     double mem_mib;      /* peak resident memory of this process */
     double tokens;       /* global tokens consumed so far */
     double loss_scale;   /* scale the step's backward used; 0: no loss scaling */
+    double eta_s;        /* seconds to the end at this run's pace; negative: unknown */
+    double time;         /* when the step ended, seconds since the epoch */
+};
+
+/* The start record: who, when, what, from where. */
+struct fsdp_run_start {
+    const char *run_id;
+    double time;               /* seconds since the epoch */
+    const char *version;
+    int world_size;
+    long global_batch_seqs;    /* sequences per optimizer step, all ranks */
+    long global_batch_tokens;
+    long steps;                /* the run's planned length */
+    long resumed_from;         /* step resumed from; -1: started from the model file */
+    const char *resumed_dir;   /* its step directory */
+    const char *config_json;   /* the resolved configuration, one JSON object */
 };
 
 struct fsdp_metrics;
@@ -39,13 +62,19 @@ struct fsdp_metrics;
 int fsdp_metrics_open(const char *path, struct fsdp_metrics **out);
 void fsdp_metrics_close(struct fsdp_metrics *m);
 
+/* Writes the start record (nothing without a file). */
+int fsdp_metrics_start(struct fsdp_metrics *m, const struct fsdp_run_start *s);
+
 /* Formats the step line (no newline). */
 void fsdp_metrics_format_step(const struct fsdp_step_stats *s, char *buf, size_t len);
 /* Writes the JSONL record and, when print, the step line on stdout. */
 int fsdp_metrics_step(struct fsdp_metrics *m, const struct fsdp_step_stats *s, int print);
-/* Validation result: a line on stdout and a JSONL record. */
+/* Validation result: a line on stdout and a JSONL record stamped with time. */
 int fsdp_metrics_val(struct fsdp_metrics *m, long step, long steps, double val_loss,
-                     long batches);
+                     long batches, double time);
+
+/* A JSON string literal of s (quotes and escapes included) into buf. */
+void fsdp_json_string(const char *s, char *buf, size_t len);
 
 /* Peak resident set size of this process, MiB (getrusage). */
 double fsdp_peak_rss_mib(void);

@@ -63,10 +63,30 @@ static size_t opt_distance(const char *a, const char *b)
     return row[lb];
 }
 
+/* The one visible option that name abbreviates ("temp" for "temperature"),
+ * or NULL when none or several do. */
+static const char *opt_prefix_of(const struct fsdp_optset *s, const char *name)
+{
+    const char *found = NULL;
+    size_t n = strlen(name);
+    for (size_t i = 0; n >= 3 && i < s->n; i++) {
+        if (!(s->opts[i].flags & FSDP_OPT_HIDDEN) && strncmp(s->opts[i].name, name, n) == 0) {
+            if (found) {
+                return NULL;
+            }
+            found = s->opts[i].name;
+        }
+    }
+    return found;
+}
+
 static const char *opt_closest(const struct fsdp_optset *s, const char *name)
 {
-    const char *best = NULL;
+    const char *best = opt_prefix_of(s, name);
     size_t best_d = 4; /* further than 3 edits is no hint */
+    if (best) {
+        return best;
+    }
     for (size_t i = 0; i < s->n; i++) {
         if (s->opts[i].flags & FSDP_OPT_HIDDEN) {
             continue;

@@ -9,8 +9,10 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
+#include "train/metrics.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define BIG 1e15
@@ -73,6 +75,8 @@ static const struct fsdp_opt train_opts[] = {
      "rendezvous: auto, mpi, env://, tcp://HOST:PORT, file:///PATH"},
     {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0,
      "env:// or tcp:// on a non-loopback address without a job secret (FSDPC_SECRET_FILE)"},
+    {"device", FSDP_OPT_STR, F(device), S(device), 0, 0, NULL, "NAME", 0,
+     "compute device: cpu (the only one this build has)"},
     {"timeout", FSDP_OPT_FLOAT, F(timeout), 0, 0, 1e6, NULL, "SEC", 0,
      "deadline of rendezvous and collectives (0: $FSDPC_TIMEOUT or 300)"},
     {"debug", FSDP_OPT_CHOICE, F(debug), 0, 0, 0, "env|off|info|detail", "LEVEL", 0,
@@ -111,9 +115,10 @@ static const struct fsdp_opt train_opts[] = {
     {"ckpt-keep-going", FSDP_OPT_FLAG, F(ckpt_keep_going), 0, 0, 0, NULL, "", 0,
      "log a failed checkpoint save and keep training (default: stop with the error)"},
     /* a bare --resume (or "resume =" in a file) means latest */
-    {"resume", FSDP_OPT_STR, F(resume), S(resume), 0, 0, "latest", "latest|PATH",
+    {"resume", FSDP_OPT_STR, F(resume), S(resume), 0, 0, "latest", "latest|required|PATH",
      FSDP_OPT_OPTIONAL_VALUE,
-     "resume from ckpt-dir's latest checkpoint (also a bare --resume) or from a step directory"},
+     "resume from ckpt-dir's latest checkpoint (also a bare --resume; required: there must be "
+     "one) or from a step directory"},
 };
 
 #undef F
@@ -134,6 +139,7 @@ void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set
     c->val_batches = 10;
     c->threads = 1;
     snprintf(c->init, sizeof(c->init), "auto");
+    snprintf(c->device, sizeof(c->device), "cpu");
     c->reshard_after_forward = 1;
     c->prefetch = 1;
     snprintf(c->loss_scale, sizeof(c->loss_scale), "off");
@@ -162,20 +168,33 @@ int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct f
                         c->beta2);
     }
     if (c->min_lr > c->lr) {
-        return fsdp_err(FSDP_ERR_INVALID, "min-lr %g is above lr %g", c->min_lr, c->lr);
+        int rc = fsdp_err(FSDP_ERR_INVALID, "min-lr %g is above lr %g", c->min_lr, c->lr);
+        fsdp_err_hint("--min-lr is the floor the schedule decays to: at most --lr");
+        return rc;
     }
     if (c->steps > 0 && c->warmup > c->steps) {
-        return fsdp_err(FSDP_ERR_INVALID, "warmup %ld is longer than steps %ld", c->warmup,
-                        c->steps);
+        int rc = fsdp_err(FSDP_ERR_INVALID, "warmup %ld is longer than steps %ld", c->warmup,
+                          c->steps);
+        fsdp_err_hint("--warmup counts steps of the run: at most --steps (often 1-10%% of it)");
+        return rc;
     }
     if ((c->ckpt_every > 0 || c->ckpt_keep > 0 || c->ckpt_keep_going) && !c->ckpt_dir[0]) {
-        return fsdp_err(FSDP_ERR_INVALID, "ckpt-every, ckpt-keep and ckpt-keep-going need ckpt-dir DIR");
+        int rc = fsdp_err(FSDP_ERR_INVALID,
+                          "ckpt-every, ckpt-keep and ckpt-keep-going need ckpt-dir DIR");
+        fsdp_err_hint("add --ckpt-dir DIR, the directory the checkpoints go to");
+        return rc;
     }
-    if (strcmp(c->resume, "latest") == 0 && !c->ckpt_dir[0]) {
-        return fsdp_err(FSDP_ERR_INVALID, "resume latest needs ckpt-dir DIR");
+    if (fsdp_train_config_resume_latest(c) && !c->ckpt_dir[0]) {
+        int rc = fsdp_err(FSDP_ERR_INVALID, "resume %s needs ckpt-dir DIR", c->resume);
+        fsdp_err_hint("add --ckpt-dir DIR (the run's checkpoint directory), or give --resume "
+                      "the path of a checkpoint");
+        return rc;
     }
     if (c->val_every > 0 && !c->val_data[0]) {
-        return fsdp_err(FSDP_ERR_INVALID, "val-every %ld needs val-data FILE", c->val_every);
+        int rc = fsdp_err(FSDP_ERR_INVALID, "val-every %ld needs val-data FILE", c->val_every);
+        fsdp_err_hint("add --val-data FILE ('fsdpc-data tokenize TEXT -o train.bin "
+                      "--val-fraction 0.05 --val-out val.bin' makes one)");
+        return rc;
     }
     int dynamic;
     double scale;
@@ -257,4 +276,50 @@ void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_opti
         .weight_decay = (float)c->weight_decay,
         .clip = (float)c->clip,
     };
+}
+
+int fsdp_train_config_resume_latest(const struct fsdp_train_config *c)
+{
+    return strcmp(c->resume, "latest") == 0 || strcmp(c->resume, "required") == 0;
+}
+
+void fsdp_train_config_json(const struct fsdp_train_config *c, char *buf, size_t len)
+{
+    /* the option table comes with a config to point at; c's values are read */
+    struct fsdp_train_config *scratch = malloc(sizeof(*scratch));
+    struct fsdp_optset set;
+    char value[FSDP_TRAIN_PATH_MAX + 8], quoted[2 * FSDP_TRAIN_PATH_MAX + 16];
+    size_t used = 0;
+    if (len < 3 || !scratch) {
+        snprintf(buf, len, "{}");
+        free(scratch);
+        return;
+    }
+    fsdp_train_config_init(scratch, &set);
+    set.base = (void *)c;
+    buf[used++] = '{';
+    for (size_t i = 0; i < set.n; i++) {
+        const struct fsdp_opt *o = &set.opts[i];
+        if (o->flags & (FSDP_OPT_HIDDEN | FSDP_OPT_ARGV_ONLY)) {
+            continue;
+        }
+        fsdp_opt_format_value(&set, i, value, sizeof(value));
+        if (o->type == FSDP_OPT_STR) { /* the text itself, '""' being the printout's empty */
+            const char *v = (const char *)c + o->offset;
+            fsdp_json_string(v, quoted, sizeof(quoted));
+        } else if (o->type == FSDP_OPT_INT || o->type == FSDP_OPT_FLOAT) {
+            snprintf(quoted, sizeof(quoted), "%s", value);
+        } else {
+            fsdp_json_string(value, quoted, sizeof(quoted));
+        }
+        int n = snprintf(buf + used, len - used, "%s\"%s\":%s", used > 1 ? "," : "", o->name,
+                         quoted);
+        if (n < 0 || (size_t)n >= len - used - 1) {
+            break; /* full: the object stays well formed without the rest */
+        }
+        used += (size_t)n;
+    }
+    buf[used++] = '}';
+    buf[used] = '\0';
+    free(scratch);
 }

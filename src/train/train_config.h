@@ -38,6 +38,7 @@ struct fsdp_train_config {
     char config[FSDP_TRAIN_PATH_MAX];   /* the config file that was read */
     char init[FSDP_TRAIN_PATH_MAX];     /* rendezvous method (see dist.h) */
     int insecure;                       /* allow a non-loopback store without a secret */
+    char device[32];                    /* compute device: "cpu" (the only one built) */
     /* batch */
     long steps;      /* optimizer steps (with epochs: at most this many; 0: no cap) */
     long epochs;     /* passes over the data, no wrapping (0: run steps, wrapping) */
@@ -80,8 +81,10 @@ struct fsdp_train_config {
     long ckpt_every;         /* save every N steps (0: only at the end and on preemption) */
     long ckpt_keep;          /* keep the newest K checkpoints (0: keep all) */
     int ckpt_keep_going;     /* a failed save is logged and training continues */
-    char resume[FSDP_TRAIN_PATH_MAX]; /* "latest" (of ckpt-dir; also a bare --resume), a checkpoint
-                                         path, or "": none */
+    char resume[FSDP_TRAIN_PATH_MAX]; /* "latest" (of ckpt-dir; also a bare --resume; none yet:
+                                         start from the model, with a warning), "required"
+                                         (latest, and none is an error), a checkpoint path,
+                                         or "": none */
 };
 
 /* The dtype behind a param-dtype / reduce-dtype choice index. */
@@ -112,6 +115,16 @@ int fsdp_train_config_validate(const struct fsdp_train_config *c,
 
 /* Prints --help. */
 void fsdp_train_config_usage(const struct fsdp_optset *set, FILE *fp);
+
+/* Room for the resolved configuration as one JSON object. */
+#define FSDP_TRAIN_JSON_MAX 16384
+
+/* The resolved configuration as one JSON object: every visible key, numbers
+ * as numbers, the rest as strings ("on", "cosine", paths). */
+void fsdp_train_config_json(const struct fsdp_train_config *c, char *buf, size_t len);
+
+/* Whether resume asks for ckpt-dir's latest checkpoint ("latest" or "required"). */
+int fsdp_train_config_resume_latest(const struct fsdp_train_config *c);
 
 /* Tokens one optimizer step consumes on one rank: K * B * T. */
 size_t fsdp_train_config_step_tokens(const struct fsdp_train_config *c);

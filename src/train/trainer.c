@@ -9,6 +9,8 @@
 #include "config.h"
 #include "train/trainer.h"
 #include "train/ckpt_cadence.h"
+#include "train/model_source.h"
+#include "train/stop.h"
 #include "train/uneven.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -27,10 +29,19 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
 // setup
+
+/* Seconds since the epoch, for the metrics file's timestamps. */
+static double trainer_wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static int trainer_world(const struct fsdp_trainer *t)
 {
@@ -53,39 +64,238 @@ static int trainer_blame(int rc, const char *what)
     return fsdp_err(rc, "%s: %s", what, msg);
 }
 
+/* The error this rank brought to an agreement, put back after it (the
+ * agreement's own calls may clear the thread's record). */
+static int trainer_restore(int rc, const char *msg, const char *hint)
+{
+    fsdp_err_clear();
+    rc = fsdp_err(rc, "%s", msg);
+    if (hint[0]) {
+        fsdp_err_hint("%s", hint);
+    }
+    return rc;
+}
+
+int fsdp_trainer_agree(struct fsdp_trainer *t, int rc, const char *what)
+{
+    /* 2: this rank has a message to report, 1: it failed and another reports */
+    const int state = rc >= 0 ? 0 : fsdp_err_msg()[0] ? 2 : 1;
+    char msg[900], hint[512];
+    int first, n, arc;
+    snprintf(msg, sizeof(msg), "%s", fsdp_err_msg());
+    snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
+    if (t->world_ready) {
+        arc = fsdp_world_agree(t->world, state, &first, &n);
+    } else {
+        char name[32];
+        snprintf(name, sizeof(name), "setup%d", t->agree_seq++);
+        arc = fsdp_world_agree_store(t->dist, name, state, &first, &n);
+    }
+    if (arc < 0) { /* nobody knows who failed: the job aborts on this rank's error */
+        return rc < 0 ? trainer_restore(rc, msg, hint) : arc;
+    }
+    fsdp_err_clear();
+    if (n == 0) {
+        return 0;
+    }
+    if (first != trainer_rank(t)) {
+        if (first >= 0) {
+            FSDP_INFO(FSDP_SUB_TRAIN, "rank %d could not %s; it reports why", first, what);
+        } else if (trainer_rank(t) == 0) {
+            return fsdp_err(FSDP_ERR_ABORTED, "%d rank%s could not %s", n, n > 1 ? "s" : "", what);
+        }
+        return FSDP_ERR_ABORTED;
+    }
+    char full[1024];
+    if (rc == FSDP_ERR_ABORTED) { /* agreed on before: the message has its class */
+        snprintf(full, sizeof(full), "%s", msg);
+    } else if (n == 1 || n == trainer_world(t)) {
+        snprintf(full, sizeof(full), "%s (%s)", msg, fsdp_strerror(rc));
+    } else {
+        snprintf(full, sizeof(full), "%s (%s; %d of %d ranks failed here, this is the lowest)",
+                 msg, fsdp_strerror(rc), n, trainer_world(t));
+    }
+    return trainer_restore(FSDP_ERR_ABORTED, full, hint);
+}
+
+// ----------------------------------------------------------------------------
+// inputs every rank checks before anything is built
+
+/* Fails now, not after the run, when the final model cannot be written. */
+static int trainer_check_out(const char *out)
+{
+    char dir[FSDP_TRAIN_PATH_MAX];
+    const char *slash = strrchr(out, '/');
+    if (!out[0]) {
+        return 0;
+    }
+    if (!slash) {
+        snprintf(dir, sizeof(dir), ".");
+    } else {
+        snprintf(dir, sizeof(dir), "%.*s", slash == out ? 1 : (int)(slash - out), out);
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        int rc = fsdp_err(FSDP_ERR_IO, "out %s: cannot write in directory %s: %s", out, dir,
+                          strerror(errno));
+        fsdp_err_hint("create %s first (mkdir -p), or give --out a path in a writable directory",
+                      dir);
+        return rc;
+    }
+    return 0;
+}
+
+/* The model file, and the parameter table of its architecture (the
+ * trainer's own copy: it outlives the file). --model may name a checkpoint
+ * (model_source.h). */
+static int trainer_open_model(struct fsdp_trainer *t, struct fsdp_model_file **mf)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    int rc = fsdp_model_source_resolve(c->model, t->model_path, sizeof(t->model_path), NULL);
+    if (rc == 0) {
+        rc = fsdp_model_file_open(t->model_path, mf);
+    }
+    if (rc == 0) {
+        const struct fsdp_model_spec *fs = fsdp_model_file_spec(*mf);
+        rc = fs->arch->spec_create(fs->cfg, &t->spec);
+    }
+    if (rc < 0) {
+        if (access(t->model_path, F_OK) != 0) {
+            fsdp_err_hint("check --model (or 'model =' in the config file): there is no such "
+                          "file; 'fsdpc-ckpt init --preset tiny -o FILE' makes a model file, and "
+                          "a checkpoint directory works too");
+        }
+        return trainer_blame(rc, "model");
+    }
+    if (c->seq_len > t->spec->context) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "seq-len %ld is longer than the context %d of model %s",
+                      c->seq_len, t->spec->context, c->model);
+        fsdp_err_hint("lower --seq-len to at most %d, or make a model with a longer context "
+                      "('fsdpc-ckpt init --context N')", t->spec->context);
+        return rc;
+    }
+    return 0;
+}
+
+/*
+ * This rank's file of a data or val-data option exists and can be read, so
+ * that a missing file is reported before the mesh and the engine are built.
+ * The loader checks the rest (format, vocabulary, length).
+ */
+static int trainer_check_readable(struct fsdp_trainer *t, const char *path, const char *what)
+{
+    char mine[FSDP_TRAIN_PATH_MAX];
+    int per_rank;
+    int rc = fsdp_uneven_path(path, trainer_rank(t), mine, sizeof(mine), &per_rank);
+    if (rc < 0) {
+        return trainer_blame(rc, what);
+    }
+    if (access(mine, R_OK) != 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: %s: cannot open: %s", what, mine, strerror(errno));
+        if (per_rank) {
+            fsdp_err_hint("with %s in --%s every rank reads a file of its own: one is needed "
+                          "for each of the %d ranks", FSDP_TRAIN_RANK_FIELD, what,
+                          trainer_world(t));
+        } else {
+            fsdp_err_hint("check --%s; 'fsdpc-data tokenize TEXT -o FILE' makes a token file",
+                          what);
+        }
+        return rc;
+    }
+    return 0;
+}
+
+/* Hints for the loader's refusals that a user meets (its messages, io/tokens.c). */
+static void trainer_data_hint(const char *what)
+{
+    const char *msg = fsdp_err_msg();
+    if (strstr(msg, "outside the vocabulary")) {
+        fsdp_err_hint("the %s file holds token ids the model has no embedding for: tokenize the "
+                      "text for this model's vocabulary ('fsdpc-data tokenize' makes byte-level "
+                      "tokens, vocab 256), or make the model with a larger --vocab", what);
+    } else if (strstr(msg, "one global batch")) {
+        fsdp_err_hint("the %s file is shorter than one global batch (ranks x batch-size x seq-len "
+                      "tokens, plus one): use more text, or lower --batch-size or --seq-len",
+                      what);
+    }
+}
+
+/* Phase 1: what each rank can check alone; the model file stays open. */
+static int trainer_check_inputs(struct fsdp_trainer *t, struct fsdp_model_file **mf)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    FSDP_CHECK(trainer_check_out(c->out));
+    FSDP_CHECK(fsdp_model_registry_init());
+    FSDP_CHECK(trainer_open_model(t, mf));
+    FSDP_CHECK(trainer_check_readable(t, c->data, "data"));
+    if (c->val_data[0]) {
+        FSDP_CHECK(trainer_check_readable(t, c->val_data, "val-data"));
+    }
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // the mesh, the world group and the engine
+
+/* What to do about a mesh or backend that could not be built. */
+static void trainer_mesh_hint(const struct fsdp_trainer *t, int rc)
+{
+    const int w = trainer_world(t);
+    if (rc == FSDP_ERR_UNSUPPORTED) {
+        fsdp_err_hint("the trainer computes on the CPU, in host memory: use --backend mpi "
+                      "(under mpiexec or srun) or --backend tcp; nccl serves fsdpc-bench only");
+    } else if (rc == FSDP_ERR_INVALID) {
+        fsdp_err_hint("--mesh is dp=N (shard over N ranks) or rdp=R,dp=N (R replicas of N-way "
+                      "shards) with the sizes multiplying to the number of ranks, %d here "
+                      "(--mesh dp=%d); tensor parallelism (tp) is not built yet", w, w);
+    } else if (rc == FSDP_ERR_MISMATCH) {
+        fsdp_err_hint("start every rank with the same --mesh and --backend");
+    }
+}
 
 /*
  * The mesh over every rank (when launched with more than one, or asked for
  * one), with the dimensions this build trains with: dp shards, rdp
- * replicates. The world group uses the dp dimension's backend.
+ * replicates. The world group comes after the ranks agree on the mesh.
  */
 static int trainer_build_mesh(struct fsdp_trainer *t)
 {
     const struct fsdp_train_config *c = t->cfg;
     struct fsdp_dist *d = t->dist;
-    const struct fsdp_backend_ops *ops = NULL;
-    if (d && (d->world_size > 1 || c->mesh[0])) {
-        FSDP_CHECK(fsdp_mesh_create_for(d, c->mesh[0] ? c->mesh : NULL,
-                                        c->backend[0] ? c->backend : NULL,
-                                        fsdp_device_mem_cap(t->dev), &t->mesh));
-        struct fsdp_mesh *m = t->mesh;
-        for (int i = 0; i < m->ndims; i++) {
-            if (strcmp(m->dims[i].name, "dp") != 0 && strcmp(m->dims[i].name, "rdp") != 0) {
-                return fsdp_err(FSDP_ERR_INVALID,
-                                "mesh %s: dimension '%s' is not one the sharding engine uses (dp: shard, rdp: replicate)",
-                                m->spec, m->dims[i].name);
-            }
-        }
-        int dp = fsdp_mesh_dim_index(m, "dp");
-        if (dp < 0) {
-            return fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
-                            m->spec);
-        }
-        ops = m->dims[dp].ops;
+    if (!d || (d->world_size <= 1 && !c->mesh[0])) {
+        return 0;
     }
-    return fsdp_world_create(d, ops, &t->world);
+    int rc = fsdp_mesh_create_for(d, c->mesh[0] ? c->mesh : NULL, c->backend[0] ? c->backend : NULL,
+                                  fsdp_device_mem_cap(t->dev), &t->mesh);
+    if (rc < 0) {
+        trainer_mesh_hint(t, rc);
+        return rc;
+    }
+    struct fsdp_mesh *m = t->mesh;
+    for (int i = 0; i < m->ndims; i++) {
+        if (strcmp(m->dims[i].name, "dp") != 0 && strcmp(m->dims[i].name, "rdp") != 0) {
+            rc = fsdp_err(FSDP_ERR_INVALID,
+                          "mesh %s: dimension '%s' is not one the sharding engine uses (dp: shard, rdp: replicate)",
+                          m->spec, m->dims[i].name);
+            trainer_mesh_hint(t, rc);
+            return rc;
+        }
+    }
+    int dp = fsdp_mesh_dim_index(m, "dp"), rdp = fsdp_mesh_dim_index(m, "rdp");
+    if (dp < 0) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
+                      m->spec);
+        trainer_mesh_hint(t, rc);
+        return rc;
+    }
+    if (rdp > dp && d->rank == 0) {
+        /* row-major: the last dimension is the one whose groups are neighbours */
+        FSDP_WARN(FSDP_SUB_TRAIN, "mesh %s: the shard dimension dp is not the innermost, so each "
+                  "shard group takes every %d-th rank (not neighbours, not one node) and its "
+                  "all-gathers and reduce-scatters cross nodes; --mesh rdp=%d,dp=%d keeps them "
+                  "within a node", m->spec, m->dims[rdp].size, m->dims[rdp].size,
+                  m->dims[dp].size);
+    }
+    return 0;
 }
 
 int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
@@ -119,7 +329,8 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 }
 
 /* Every rank reads its rows of every parameter from the model file into
- * the engine's pieces of kind 0. */
+ * the engine's pieces of kind 0 (local; the caller agrees, then tells the
+ * engine, which is collective). */
 static int trainer_load_model(struct fsdp_trainer *t, struct fsdp_model_file *mf)
 {
     struct fsdp_engine *e = t->engine;
@@ -132,67 +343,59 @@ static int trainer_load_model(struct fsdp_trainer *t, struct fsdp_model_file *mf
                                                  pc.rows, pc.data));
         }
     }
-    return e->ops->state_changed(e);
-}
-
-/* The model file, and the parameter table of its architecture (the
- * trainer's own copy: it outlives the file). */
-static int trainer_open_model(struct fsdp_trainer *t, struct fsdp_model_file **mf)
-{
-    const struct fsdp_train_config *c = t->cfg;
-    int rc = fsdp_model_file_open(c->model, mf);
-    if (rc == 0) {
-        const struct fsdp_model_spec *fs = fsdp_model_file_spec(*mf);
-        rc = fs->arch->spec_create(fs->cfg, &t->spec);
-    }
-    if (rc < 0) {
-        return trainer_blame(rc, "model");
-    }
-    if (c->seq_len > t->spec->context) {
-        return fsdp_err(FSDP_ERR_INVALID, "seq-len %ld is longer than the context %d of model %s",
-                        c->seq_len, t->spec->context, c->model);
-    }
     return 0;
 }
 
-/* The device, the mesh, the engine and the batch arrays. */
-static int trainer_build_engine(struct fsdp_trainer *t, fsdp_engine_factory factory)
+/*
+ * Phase 2: the device, the mesh, the world group (each agreed on before the
+ * next, which is collective), then the engine and its parameters.
+ */
+static int trainer_build_engine(struct fsdp_trainer *t, fsdp_engine_factory factory,
+                                struct fsdp_model_file *mf)
 {
     const struct fsdp_train_config *c = t->cfg;
-    int rc;
-    if ((rc = fsdp_device_create("cpu", t->dist ? t->dist->local_rank : 0, &t->dev)) < 0) {
-        return trainer_blame(rc, "device");
+    int rc = fsdp_device_create(c->device, t->dist ? t->dist->local_rank : 0, &t->dev);
+    if (rc < 0) {
+        fsdp_err_hint("this build trains on the CPU (--device cpu, the default); the GPU path "
+                      "is not built yet");
+        rc = trainer_blame(rc, "device");
     }
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "create its compute device"));
     if ((rc = trainer_build_mesh(t)) < 0) {
-        return trainer_blame(rc, "sharding engine");
+        rc = trainer_blame(rc, "sharding engine");
     }
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "build the mesh"));
+    const struct fsdp_backend_ops *ops = NULL;
+    if (t->mesh) {
+        ops = t->mesh->dims[fsdp_mesh_dim_index(t->mesh, "dp")].ops;
+    }
+    if ((rc = fsdp_world_create(t->dist, ops, &t->world)) < 0) {
+        rc = trainer_blame(rc, "world group");
+    }
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "create the world group"));
+    t->world_ready = 1; /* from here agreements run over the world group */
+
     if ((rc = (factory ? factory : fsdp_trainer_shard_engine)(t, &t->engine)) < 0) {
-        return trainer_blame(rc, "sharding engine");
+        rc = trainer_blame(rc, "sharding engine");
     }
     size_t n = (size_t)c->grad_accum * (size_t)c->batch_size * (size_t)c->seq_len;
-    t->batch_in = malloc(n * sizeof(int32_t));
-    t->batch_tgt = malloc(n * sizeof(int32_t));
-    if (!t->batch_in || !t->batch_tgt) {
-        return fsdp_err(FSDP_ERR_NOMEM, "batch of %zu tokens", n);
-    }
-    return 0;
-}
-
-/* The model's table, the mesh and the engine, its parameters loaded. The
- * model file is opened (and validated, which reads it through) once. */
-static int trainer_open_engine(struct fsdp_trainer *t, fsdp_engine_factory factory)
-{
-    struct fsdp_model_file *mf = NULL;
-    int rc = trainer_open_model(t, &mf);
     if (rc == 0) {
-        rc = trainer_build_engine(t, factory);
+        t->batch_in = malloc(n * sizeof(int32_t));
+        t->batch_tgt = malloc(n * sizeof(int32_t));
+        if (!t->batch_in || !t->batch_tgt) {
+            rc = fsdp_err(FSDP_ERR_NOMEM, "batch of %zu tokens", n);
+        }
     }
-    if (rc == 0 && (rc = trainer_load_model(t, mf)) < 0) {
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "create the engine"));
+    if ((rc = trainer_load_model(t, mf)) < 0) {
         rc = trainer_blame(rc, "model");
     }
-    fsdp_model_file_close(mf);
-    return rc;
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "load the model"));
+    return t->engine->ops->state_changed(t->engine);
 }
+
+// ----------------------------------------------------------------------------
+// data
 
 /*
  * Token file for the model: vocabulary checked, one batch must fit. A
@@ -210,49 +413,11 @@ static int trainer_open_data(struct fsdp_trainer *t, const char *path, const cha
                                     *per_rank ? 0 : trainer_rank(t), *per_rank ? 1 : trainer_world(t),
                                     t->spec->vocab_size, out);
     }
-    return rc < 0 ? trainer_blame(rc, what) : 0;
-}
-
-/*
- * Setup that can fail on some ranks only (each opens its own data file),
- * rc being this rank's outcome: every rank learns which failed, so that all
- * end together instead of leaving the others in the next collective, and
- * the lowest failing rank alone keeps its message (one line, not one per
- * rank). Any failure comes back as FSDP_ERR_ABORTED on every rank (see
- * fsdp_trainer_create).
- */
-static int trainer_agree_setup(struct fsdp_trainer *t, int rc, const char *what)
-{
-    const int world = trainer_world(t);
-    int32_t *failed = calloc((size_t)world, sizeof(*failed));
-    if (!failed) {
-        return rc < 0 ? rc : fsdp_err(FSDP_ERR_NOMEM, "agreement on %s", what);
+    if (rc < 0) {
+        trainer_data_hint(what);
+        return trainer_blame(rc, what);
     }
-    int arc = fsdp_world_allgather(t->world, rc < 0, failed);
-    int first = -1, n = 0;
-    for (int r = 0; arc == 0 && r < world; r++) {
-        first = failed[r] && first < 0 ? r : first;
-        n += failed[r] != 0;
-    }
-    free(failed);
-    if (arc < 0) { /* nobody knows who failed: the job aborts on this rank's error */
-        return rc < 0 ? rc : arc;
-    }
-    if (n == 0) {
-        return 0;
-    }
-    if (first != trainer_rank(t)) {
-        fsdp_err_clear();
-        FSDP_INFO(FSDP_SUB_TRAIN, "rank %d could not %s; it reports why", first, what);
-        return FSDP_ERR_ABORTED;
-    }
-    char msg[900];
-    fsdp_err_take(msg, sizeof(msg));
-    if (n == 1) {
-        return fsdp_err(FSDP_ERR_ABORTED, "%s (%s)", msg, fsdp_strerror(rc));
-    }
-    return fsdp_err(FSDP_ERR_ABORTED, "%s (%s; %d of %d ranks failed here, this is the lowest)",
-                    msg, fsdp_strerror(rc), n, world);
+    return 0;
 }
 
 static int trainer_open_val(struct fsdp_trainer *t)
@@ -263,7 +428,7 @@ static int trainer_open_val(struct fsdp_trainer *t)
     }
     int per_rank = 0;
     int rc = trainer_open_data(t, c->val_data, "val-data", &t->val, &per_rank);
-    FSDP_CHECK(trainer_agree_setup(t, rc, "open its val-data file"));
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "open its val-data file"));
     /* validation reads from the start of the file each time, without wrapping */
     size_t fits = (fsdp_tokens_count(t->val->tokens) - 1) / t->val->step_tokens;
     t->val_batches = c->val_batches < (long)fits ? c->val_batches : (long)fits;
@@ -271,26 +436,6 @@ static int trainer_open_val(struct fsdp_trainer *t)
         int32_t n = (int32_t)(t->val_batches < INT32_MAX ? t->val_batches : INT32_MAX);
         FSDP_CHECK(fsdp_world_min(t->world, &n, 1));
         t->val_batches = n;
-    }
-    return 0;
-}
-
-/* Fails now, not after the run, when the final model cannot be written. */
-static int trainer_check_out(const char *out)
-{
-    char dir[FSDP_TRAIN_PATH_MAX];
-    const char *slash = strrchr(out, '/');
-    if (!out[0]) {
-        return 0;
-    }
-    if (!slash) {
-        snprintf(dir, sizeof(dir), ".");
-    } else {
-        snprintf(dir, sizeof(dir), "%.*s", slash == out ? 1 : (int)(slash - out), out);
-    }
-    if (access(dir, W_OK | X_OK) != 0) {
-        return fsdp_err(FSDP_ERR_IO, "out %s: cannot write in directory %s: %s", out, dir,
-                        strerror(errno));
     }
     return 0;
 }
@@ -308,10 +453,91 @@ static void trainer_close_engine(struct fsdp_trainer *t)
     fsdp_model_spec_destroy(t->spec);
 }
 
+/* A run id: random enough to tell runs appended to one metrics file apart. */
+static void trainer_run_id(struct fsdp_trainer *t)
+{
+    uint64_t x = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(t->start_unix * 1e6);
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        uint64_t r;
+        if (fread(&r, sizeof(r), 1, f) == 1) {
+            x ^= r;
+        }
+        fclose(f);
+    }
+    snprintf(t->run_id, sizeof(t->run_id), "%016llx", (unsigned long long)x);
+}
+
+/* Phase 3 on rank 0: the metrics file and its start record. */
+static int trainer_open_metrics(struct fsdp_trainer *t)
+{
+    if (trainer_rank(t) != 0) {
+        return 0;
+    }
+    FSDP_CHECK(fsdp_metrics_open(t->cfg->metrics, &t->metrics));
+    char *config = malloc(FSDP_TRAIN_JSON_MAX);
+    if (!config) {
+        return fsdp_err(FSDP_ERR_NOMEM, "metrics start record");
+    }
+    fsdp_train_config_json(t->cfg, config, FSDP_TRAIN_JSON_MAX);
+    const size_t seqs = (size_t)t->cfg->batch_size * (size_t)t->cfg->grad_accum *
+                        (size_t)trainer_world(t);
+    struct fsdp_run_start rs = {
+        .run_id = t->run_id,
+        .time = t->start_unix,
+        .version = PACKAGE_VERSION,
+        .world_size = trainer_world(t),
+        .global_batch_seqs = (long)seqs,
+        .global_batch_tokens = (long)(seqs * (size_t)t->cfg->seq_len),
+        .steps = t->total_steps,
+        .resumed_from = t->resumed_from,
+        .resumed_dir = t->resumed_dir,
+        .config_json = config,
+    };
+    int rc = fsdp_metrics_start(t->metrics, &rs);
+    free(config);
+    return rc;
+}
+
+static int trainer_peak(struct fsdp_trainer *t)
+{
+    const struct fsdp_train_config *cfg = t->cfg;
+    if (cfg->peak_flops > 0) {
+        t->peak_flops = cfg->peak_flops;
+        snprintf(t->peak_method, sizeof(t->peak_method), "--peak-flops");
+        return 0;
+    }
+    return fsdp_probe_peak_flops((int)cfg->threads, &t->peak_flops, t->peak_method,
+                                 sizeof(t->peak_method));
+}
+
+/* Phase 3: loaders, passes, checkpoints, resume, metrics and peak FLOP/s. */
+static int trainer_open_run(struct fsdp_trainer *t)
+{
+    const struct fsdp_train_config *cfg = t->cfg;
+    int rc = trainer_open_data(t, cfg->data, "data", &t->train, &t->per_rank_data);
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "open its data file"));
+    FSDP_CHECK(trainer_open_val(t));
+    rc = fsdp_uneven_create(t, &t->uneven);
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "plan the passes over its data"));
+    t->total_steps = t->uneven ? t->uneven->total_steps : cfg->steps;
+    t->sched.steps = t->total_steps;
+    rc = fsdp_ckpt_cadence_create(t, &t->ckpt);
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "prepare ckpt-dir"));
+    if ((rc = fsdp_ckpt_resume(t)) < 0) {
+        rc = trainer_blame(rc, "resume");
+    }
+    FSDP_CHECK(fsdp_trainer_agree(t, rc, "resume"));
+    t->start_step = t->step;
+    FSDP_CHECK(fsdp_trainer_agree(t, trainer_open_metrics(t), "open the metrics file"));
+    return fsdp_trainer_agree(t, trainer_peak(t), "measure its peak FLOP/s");
+}
+
 int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *dist,
                         fsdp_engine_factory factory, struct fsdp_trainer **out)
 {
     struct fsdp_trainer *t = calloc(1, sizeof(*t));
+    struct fsdp_model_file *mf = NULL;
     int rc;
     if (!t) {
         return fsdp_err(FSDP_ERR_NOMEM, "trainer");
@@ -320,52 +546,28 @@ int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *d
     t->dist = dist;
     t->last_loss = NAN;
     t->last_val_loss = NAN;
+    t->resumed_from = -1;
+    t->start_unix = trainer_wall();
+    trainer_run_id(t);
     fsdp_lr_schedule_init(&t->sched, cfg);
     openblas_set_num_threads((int)cfg->threads);
 
-    FSDP_CHECK_GOTO(trainer_check_out(cfg->out), rc, err_free);
-    FSDP_CHECK_GOTO(fsdp_model_registry_init(), rc, err_free);
-    FSDP_CHECK_GOTO(trainer_open_engine(t, factory), rc, err_engine);
-    rc = trainer_open_data(t, cfg->data, "data", &t->train, &t->per_rank_data);
-    FSDP_CHECK_GOTO(trainer_agree_setup(t, rc, "open its data file"), rc, err_train);
-    FSDP_CHECK_GOTO(trainer_open_val(t), rc, err_val);
-    FSDP_CHECK_GOTO(fsdp_uneven_create(t, &t->uneven), rc, err_val);
-    t->total_steps = t->uneven ? t->uneven->total_steps : cfg->steps;
-    t->sched.steps = t->total_steps;
-    FSDP_CHECK_GOTO(fsdp_ckpt_cadence_create(t, &t->ckpt), rc, err_uneven);
-    if ((rc = fsdp_ckpt_resume(t)) < 0) {
-        rc = trainer_blame(rc, "resume");
-        goto err_ckpt;
+    rc = trainer_check_inputs(t, &mf);
+    rc = fsdp_trainer_agree(t, rc, "read its inputs");
+    if (rc == 0) {
+        rc = trainer_build_engine(t, factory, mf);
     }
-    if (trainer_rank(t) == 0) {
-        FSDP_CHECK_GOTO(fsdp_metrics_open(cfg->metrics, &t->metrics), rc, err_ckpt);
+    fsdp_model_file_close(mf);
+    if (rc == 0) {
+        rc = trainer_open_run(t);
     }
-    if (cfg->peak_flops > 0) {
-        t->peak_flops = cfg->peak_flops;
-        snprintf(t->peak_method, sizeof(t->peak_method), "--peak-flops");
-    } else {
-        FSDP_CHECK_GOTO(fsdp_probe_peak_flops((int)cfg->threads, &t->peak_flops, t->peak_method,
-                                              sizeof(t->peak_method)),
-                        rc, err_metrics);
+    if (rc < 0) {
+        fsdp_trainer_destroy(t);
+        return rc;
     }
+    fsdp_stop_install(trainer_rank(t));
     *out = t;
     return 0;
-
-err_metrics:
-    fsdp_metrics_close(t->metrics);
-err_ckpt:
-    fsdp_ckpt_cadence_destroy(t->ckpt);
-err_uneven:
-    fsdp_uneven_destroy(t->uneven);
-err_val:
-    fsdp_dataloader_destroy(t->val);
-err_train:
-    fsdp_dataloader_destroy(t->train);
-err_engine:
-    trainer_close_engine(t);
-err_free:
-    free(t);
-    return rc;
 }
 
 void fsdp_trainer_destroy(struct fsdp_trainer *t)
@@ -373,6 +575,7 @@ void fsdp_trainer_destroy(struct fsdp_trainer *t)
     if (!t) {
         return;
     }
+    fsdp_stop_restore();
     fsdp_metrics_close(t->metrics);
     fsdp_ckpt_cadence_destroy(t->ckpt);
     fsdp_uneven_destroy(t->uneven);
@@ -400,6 +603,10 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
     fsdp_arch_describe(ms->arch, ms->cfg, arch, sizeof(arch));
     fprintf(fp, "model: %s | %s %s | %.2fM parameters\n", c->model, ms->arch->name, arch,
             (double)ms->total_numel / 1e6);
+    if (strcmp(c->model, t->model_path) != 0) {
+        fprintf(fp, "model weights: %s (the checkpoint's index.h5; its optimizer state and step "
+                "are not used: --resume continues a run)\n", t->model_path);
+    }
     if (t->per_rank_data) {
         fprintf(fp, "data: %s, one file per rank | rank 0: %s, %zu tokens\n", c->data,
                 fsdp_tokens_path(t->train->tokens), n_train);
@@ -423,6 +630,9 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
     fprintf(fp, "batch: %d rank%s x %ld seq x %ld tokens x %ld micro-steps = %zu tokens per step\n",
             trainer_world(t), trainer_world(t) > 1 ? "s" : "", c->batch_size, c->seq_len,
             c->grad_accum, step_tokens);
+    fprintf(fp, "compute: %s on every rank, %s memory, %ld BLAS thread%s per rank\n",
+            t->dev->ops->name, t->dev->mem == FSDP_MEM_HOST ? "host" : "device", c->threads,
+            c->threads > 1 ? "s" : "");
     fprintf(fp, "engine: %s | peak %.1f GFLOP/s per rank (%s) | %.2f MFLOP per token\n",
             t->engine->ops->name, t->peak_flops / 1e9, t->peak_method,
             t->engine->flops_per_token / 1e6);
@@ -431,6 +641,10 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
     if (line[0]) {
         fprintf(fp, "%s\n", line);
     }
+    if (t->resumed_from >= 0) {
+        fprintf(fp, "resumed: %s | step %ld of %ld\n", t->resumed_dir, t->resumed_from,
+                t->total_steps);
+    }
     fflush(fp);
 }
 
@@ -438,6 +652,19 @@ static int trainer_should_log(const struct fsdp_trainer *t)
 {
     long s = t->step; /* 1-based number of the step just done */
     return s == 1 || s == t->total_steps || s % t->cfg->log_every == 0;
+}
+
+/* Seconds left at this run's pace: the mean step after its first (which
+ * warms caches and connections up), times the steps to go; -1: unknown. */
+static double trainer_eta(const struct fsdp_trainer *t, double first_step_s)
+{
+    long done = t->step - t->start_step, left = t->total_steps - t->step;
+    if (done < 1 || left <= 0) {
+        return -1.0;
+    }
+    double per = done > 1 ? (t->train_seconds - first_step_s) / (double)(done - 1)
+                          : t->train_seconds;
+    return per * (double)left;
 }
 
 // ----------------------------------------------------------------------------
@@ -457,6 +684,25 @@ static int trainer_next_batch(struct fsdp_trainer *t, struct fsdp_batch *b)
     return 0;
 }
 
+/*
+ * A step the engine refused. A non-finite gradient norm is the group's
+ * decision (the engine reduces the norm before it judges it), so every rank
+ * is here at once and they agree on one report; anything else may be this
+ * rank's alone and goes up as it is.
+ */
+static int trainer_step_failed(struct fsdp_trainer *t, int rc, const struct fsdp_step_result *res)
+{
+    char what[32];
+    snprintf(what, sizeof(what), "step %ld", t->step + 1);
+    const int group = rc == FSDP_ERR_INVALID && !isfinite(res->grad_norm);
+    if (group) {
+        fsdp_err_hint("lower --lr (or --warmup longer), keep --clip on, and look at the data "
+                      "around this step; with --param-dtype f16 use --loss-scale dynamic");
+    }
+    rc = trainer_blame(rc, what);
+    return group ? fsdp_trainer_agree(t, rc, "finish the step") : rc;
+}
+
 int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
 {
     const struct fsdp_train_config *c = t->cfg;
@@ -471,19 +717,23 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     int rc = 0;
     if (!u || u->have) {
         rc = trainer_next_batch(t, &b);
+        if (rc < 0) {
+            char what[32];
+            snprintf(what, sizeof(what), "step %ld", t->step + 1);
+            return trainer_blame(rc, what);
+        }
     }
-    if (rc == 0) {
-        rc = t->engine->ops->step(t->engine, &b, lr, contrib, &res);
-    }
+    rc = t->engine->ops->step(t->engine, &b, lr, contrib, &res);
     double dt = fsdp_now() - t0;
     if (rc < 0) {
-        char what[32];
-        snprintf(what, sizeof(what), "step %ld", t->step + 1);
-        return trainer_blame(rc, what);
+        return trainer_step_failed(t, rc, &res);
     }
     t->step++;
     fsdp_debug_mark_steady(); /* from now on collectives get the regular deadline */
     t->train_seconds += dt;
+    if (t->step == t->start_step + 1) {
+        t->first_step_s = dt;
+    }
     t->last_loss = res.loss;
     if (t->train->epoch != epoch) {
         FSDP_INFO(FSDP_SUB_TRAIN, "step %ld: pass %llu over %s complete, starting again", t->step,
@@ -507,6 +757,8 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
                                    : -1.0;
     stats->mem_mib = fsdp_peak_rss_mib();
     stats->tokens = t->tokens_seen;
+    stats->eta_s = trainer_eta(t, t->first_step_s);
+    stats->time = trainer_wall();
     if (t->metrics && trainer_should_log(t)) {
         FSDP_CHECK(fsdp_metrics_step(t->metrics, stats, 1));
     }
@@ -531,28 +783,27 @@ int fsdp_trainer_validate(struct fsdp_trainer *t, double *val_loss)
     t->last_val_loss = *val_loss;
     if (t->metrics) {
         FSDP_CHECK(fsdp_metrics_val(t->metrics, t->step, t->total_steps, *val_loss,
-                                    t->val_batches));
+                                    t->val_batches, trainer_wall()));
     }
     return 0;
 }
 
 /*
  * The agreement between two steps: with epochs, who has a batch for the next
- * step, folded with the preemption signal into one collective; otherwise
- * the signal alone when checkpoints are on, and nothing when they are off.
+ * step, folded with the stop signal into one collective; otherwise the
+ * signal alone (one small all-reduce; nothing with one rank). *sig is the
+ * highest signal number any rank received, 0: none.
  */
-static int trainer_agree(struct fsdp_trainer *t, int *preempt)
+static int trainer_agree(struct fsdp_trainer *t, int *sig)
 {
-    int sig = fsdp_ckpt_cadence_signalled();
-    *preempt = 0;
+    int mine = fsdp_stop_signal();
+    *sig = 0;
     if (t->uneven) {
-        return fsdp_uneven_vote(t->uneven, t, sig, preempt);
+        return fsdp_uneven_vote(t->uneven, t, mine, sig);
     }
-    if (t->ckpt) {
-        int32_t v = sig;
-        FSDP_CHECK(fsdp_world_max(t->world, &v, 1));
-        *preempt = v != 0;
-    }
+    int32_t v = mine;
+    FSDP_CHECK(fsdp_world_max(t->world, &v, 1));
+    *sig = v;
     return 0;
 }
 
@@ -580,12 +831,11 @@ static int trainer_save_model(struct fsdp_trainer *t, const char *path, const ch
     }
     fsdp_model_writer_destroy(w);
     FSDP_CHECK(t->engine->ops->state_changed(t->engine));
-    int any;
-    FSDP_CHECK(fsdp_world_any_failed(t->world, rc, &any));
-    if (rc == 0 && any) {
-        rc = fsdp_err(FSDP_ERR_IO, "model %s: rank 0 could not write it (see its error)", path);
+    if (rc < 0) {
+        fsdp_err_hint("check the space and permissions where --out points");
+        rc = trainer_blame(rc, "out");
     }
-    return rc;
+    return fsdp_trainer_agree(t, rc, "write the model file");
 }
 
 static int trainer_more(const struct fsdp_trainer *t)
@@ -596,26 +846,110 @@ static int trainer_more(const struct fsdp_trainer *t)
     return t->step < t->cfg->steps;
 }
 
+/*
+ * Stopped by sig after the step just done: a checkpoint of it when there is
+ * a ckpt-dir, else the --out model when one is asked for; rank 0 says what
+ * was kept and how to go on.
+ */
+static int trainer_stop(struct fsdp_trainer *t, int sig)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    const char *name = fsdp_stop_signal_name(sig);
+    t->stopped_by = sig;
+    if (t->ckpt) {
+        FSDP_CHECK(fsdp_ckpt_cadence_save_now(t->ckpt, t));
+        if (trainer_rank(t) == 0) {
+            printf("preempted: a rank received %s; checkpoint step %ld written to %s/step_%ld; "
+                   "exiting with status %d (run again with --resume to continue)\n", name,
+                   t->step, c->ckpt_dir, t->step, FSDP_TRAIN_EXIT_STOPPED);
+        }
+    } else if (c->out[0]) {
+        char created_by[160];
+        snprintf(created_by, sizeof(created_by), "fsdpc-train %s, stopped by %s after %ld of %ld "
+                 "steps", PACKAGE_VERSION, name, t->step, t->total_steps);
+        FSDP_CHECK(trainer_save_model(t, c->out, created_by));
+        if (trainer_rank(t) == 0) {
+            printf("preempted: a rank received %s; stopped after step %ld of %ld with no "
+                   "--ckpt-dir, so there is no checkpoint to resume from; the model so far is in "
+                   "%s; exiting with status %d\n", name, t->step, t->total_steps, c->out,
+                   FSDP_TRAIN_EXIT_STOPPED);
+        }
+    } else if (trainer_rank(t) == 0) {
+        printf("preempted: a rank received %s; stopped after step %ld of %ld with neither "
+               "--ckpt-dir nor --out: nothing was kept; exiting with status %d\n", name, t->step,
+               t->total_steps, FSDP_TRAIN_EXIT_STOPPED);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+/* "done: 93 steps (108 -> 200) in 12.3 s ..." and the engine's summary. */
+static void trainer_print_done(const struct fsdp_trainer *t)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    long made = t->step - t->start_step;
+    printf("done: %ld step%s", made, made == 1 ? "" : "s");
+    if (t->start_step > 0) {
+        printf(" (%ld -> %ld)", t->start_step, t->step);
+    }
+    printf(" in %.1f s (%.0f tok/s) | final loss %.4f", t->train_seconds,
+           t->train_seconds > 0 ? t->run_tokens / t->train_seconds : 0.0, t->last_loss);
+    if (!isnan(t->last_val_loss)) {
+        printf(" | val loss %.4f", t->last_val_loss);
+    }
+    if (c->out[0]) {
+        printf(" | model written to %s", c->out);
+    }
+    printf("\n");
+    struct fsdp_engine_stats st;
+    if (fsdp_shard_engine_is(t->engine)) {
+        fsdp_shard_engine_stats(t->engine, &st);
+    }
+    if (fsdp_shard_engine_is(t->engine) && (st.comm_total_s > 0.0 || st.skipped_steps > 0)) {
+        double hidden = st.comm_total_s > 0.0
+                            ? 100.0 * (1.0 - st.comm_exposed_s / st.comm_total_s) : 100.0;
+        printf("fsdp: comm %.3f s total, %.3f s exposed (%.0f%% hidden behind compute) | "
+               "engine memory %.2f MiB per rank",
+               st.comm_total_s, st.comm_exposed_s, hidden, (double)st.peak_bytes / 1048576.0);
+        if (st.skipped_steps > 0) {
+            printf(" | %ld steps skipped, loss scale %g", st.skipped_steps, st.loss_scale);
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
 int fsdp_trainer_run(struct fsdp_trainer *t)
 {
     const struct fsdp_train_config *c = t->cfg;
     struct fsdp_step_stats stats;
     double val_loss;
-    int preempt = 0;
+    int sig = 0;
     if (t->uneven) { /* who has a batch for the first step (a signal waits for a step) */
-        FSDP_CHECK(fsdp_uneven_vote(t->uneven, t, 0, &preempt));
+        FSDP_CHECK(fsdp_uneven_vote(t->uneven, t, 0, &sig));
+    }
+    if (t->resumed_from >= 0 && !trainer_more(t)) {
+        if (trainer_rank(t) == 0) {
+            printf("fsdpc-train: already at step %ld of %ld (resumed from %s): nothing to do\n",
+                   t->step, t->total_steps, t->resumed_dir);
+            fflush(stdout);
+        }
+        return 0;
+    }
+    if (trainer_rank(t) == 0 && !c->out[0] && !c->ckpt_dir[0]) {
+        FSDP_WARN(FSDP_SUB_TRAIN, "neither --out nor --ckpt-dir is set: the trained weights are "
+                  "discarded when the run ends");
     }
     while (trainer_more(t)) {
         FSDP_CHECK(fsdp_trainer_step(t, &stats));
         if (t->val && c->val_every > 0 && t->step % c->val_every == 0) {
             FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
         }
-        int stop;
-        FSDP_CHECK(trainer_agree(t, &preempt));
-        FSDP_CHECK(fsdp_ckpt_cadence_after_step(t->ckpt, t, preempt, &stop));
-        if (stop) {
-            return 0;
+        FSDP_CHECK(trainer_agree(t, &sig));
+        if (sig && trainer_more(t)) { /* after the last step the run just ends */
+            return trainer_stop(t, sig);
         }
+        FSDP_CHECK(fsdp_ckpt_cadence_after_step(t->ckpt, t));
     }
     if (t->val && (c->val_every == 0 || t->step % c->val_every != 0)) {
         FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
@@ -628,32 +962,7 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
     }
     FSDP_CHECK(fsdp_ckpt_cadence_final(t->ckpt, t));
     if (trainer_rank(t) == 0) {
-        printf("done: %ld steps in %.1f s (%.0f tok/s) | final loss %.4f", t->step,
-               t->train_seconds, t->train_seconds > 0 ? t->run_tokens / t->train_seconds : 0.0,
-               t->last_loss);
-        if (!isnan(t->last_val_loss)) {
-            printf(" | val loss %.4f", t->last_val_loss);
-        }
-        if (c->out[0]) {
-            printf(" | model written to %s", c->out);
-        }
-        printf("\n");
-        struct fsdp_engine_stats st;
-        if (fsdp_shard_engine_is(t->engine)) {
-            fsdp_shard_engine_stats(t->engine, &st);
-        }
-        if (fsdp_shard_engine_is(t->engine) && (st.comm_total_s > 0.0 || st.skipped_steps > 0)) {
-            double hidden = st.comm_total_s > 0.0
-                                ? 100.0 * (1.0 - st.comm_exposed_s / st.comm_total_s) : 100.0;
-            printf("fsdp: comm %.3f s total, %.3f s exposed (%.0f%% hidden behind compute) | "
-                   "engine memory %.2f MiB per rank",
-                   st.comm_total_s, st.comm_exposed_s, hidden, (double)st.peak_bytes / 1048576.0);
-            if (st.skipped_steps > 0) {
-                printf(" | %ld steps skipped, loss scale %g", st.skipped_steps, st.loss_scale);
-            }
-            printf("\n");
-        }
-        fflush(stdout);
+        trainer_print_done(t);
     }
     return 0;
 }

@@ -49,26 +49,50 @@ struct fsdp_trainer {
     long val_batches;              /* per validation, capped to what the file holds */
     double last_loss;
     double last_val_loss;          /* NaN until a validation ran */
-    double train_seconds;          /* wall time inside steps */
+    double train_seconds;          /* wall time inside this run's steps */
+    double first_step_s;           /* of those, this run's first step (left out of the ETA) */
     struct fsdp_ckpt_cadence *ckpt; /* NULL without ckpt-dir */
     struct fsdp_uneven *uneven;    /* NULL without epochs: the data wraps around */
     int per_rank_data;             /* data names one file per rank ({rank}) */
     long total_steps;              /* steps the run plans (the schedule's length) */
     double tokens_seen;            /* training tokens of every rank, resumed runs included */
     double run_tokens;             /* of those, the ones this run trained on */
+    char model_path[FSDP_TRAIN_PATH_MAX]; /* the file read: --model, or a checkpoint's index.h5 */
+    long start_step;               /* step this run started at: 0, or the step resumed */
+    long resumed_from;             /* -1: started from the model file */
+    char resumed_dir[FSDP_TRAIN_PATH_MAX]; /* the step directory resumed from */
+    int stopped_by;                /* the signal that stopped the run early (agreed), 0: none */
+    char run_id[24];               /* random per run, in the metrics file */
+    double start_unix;             /* wall-clock start of the run */
+    int world_ready;               /* the world group is up on every rank */
+    int agree_seq;                 /* setup agreements made through the store */
 };
 
 /*
- * Sets up the engine, loaders, metrics and peak FLOP/s; prints nothing.
- * A failure that every rank knows of (a data file that fails on some ranks,
- * a checkpoint that does not fit the per-rank data files) is FSDP_ERR_ABORTED
- * on every rank, with a message on one rank only (the one to report it)
- * and none elsewhere; no collective is left pending, so the ranks can end
- * in order. Other errors keep their own code and need not have happened on
- * every rank.
+ * Sets up the engine, loaders, metrics and peak FLOP/s; prints nothing but
+ * warnings. Every step of the setup that can fail ends in an agreement of
+ * all ranks (fsdp_trainer_agree): the model file, the data files and the
+ * output directory are checked first, then the device and the mesh, the
+ * engine, the loaders, the checkpoint directory, the resume. A failure on
+ * any rank is FSDP_ERR_ABORTED on every rank, with a message (and often a
+ * hint, fsdp_err_hint) on one rank only, the lowest that failed, and none
+ * elsewhere; no collective is left pending, so the ranks can end in order
+ * and the one line is not lost to a launcher tearing the job down. Only an
+ * agreement that itself fails (a peer lost) leaves an error of another
+ * code, which need not have happened on every rank.
  */
 int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *dist,
                         fsdp_engine_factory factory, struct fsdp_trainer **out);
+/*
+ * Agreement on a setup step whose outcome on this rank is rc: 0 when no rank
+ * failed; otherwise FSDP_ERR_ABORTED on every rank, the message kept (with
+ * the class of its error appended, and how many ranks failed when not all
+ * did) by the lowest rank that has one and cleared on the others. Before the
+ * world group is up it goes through the rendezvous store. Collective; what
+ * ("open its data file") is for the others' log line.
+ */
+int fsdp_trainer_agree(struct fsdp_trainer *t, int rc, const char *what);
+
 /* The sharding engine over t's mesh (the default factory). */
 int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out);
 void fsdp_trainer_destroy(struct fsdp_trainer *t);
@@ -82,7 +106,14 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats);
 /* Mean loss over val_batches batches from the start of the validation file. */
 int fsdp_trainer_validate(struct fsdp_trainer *t, double *val_loss);
 
-/* The whole run: every step, validations, and the final model file. */
+/*
+ * The whole run: every step, validations, and the final model file. A run
+ * stopped by a signal (stop.h) saves a checkpoint (or, without ckpt-dir,
+ * the --out model) after the step in progress, sets t->stopped_by and
+ * returns 0; the program exits with FSDP_TRAIN_EXIT_STOPPED then. A
+ * non-finite gradient norm, decided by the whole group, and a failed
+ * checkpoint save come back agreed (FSDP_ERR_ABORTED, one message).
+ */
 int fsdp_trainer_run(struct fsdp_trainer *t);
 
 #endif

@@ -221,7 +221,7 @@ static int unv_count(struct fsdp_uneven *u)
 static int unv_agree(struct fsdp_uneven *u, struct fsdp_trainer *t, int signalled)
 {
     memset(u->vote, 0, ((size_t)u->world + 1) * sizeof(*u->vote));
-    u->vote[0] = signalled != 0;
+    u->vote[0] = signalled; /* a signal number: the highest wins */
     u->vote[1 + u->rank] = fsdp_dataloader_fits(t->train, u->K);
     return fsdp_world_max(t->world, u->vote, u->world + 1);
 }
@@ -274,7 +274,7 @@ int fsdp_uneven_vote(struct fsdp_uneven *u, struct fsdp_trainer *t, int signalle
                      int *preempt)
 {
     FSDP_CHECK(unv_agree(u, t, signalled));
-    *preempt = u->vote[0] != 0;
+    *preempt = u->vote[0];
     int n = unv_count(u);
     int ended = u->join ? n == 0 : n < u->world;
     if (ended) {
@@ -364,7 +364,7 @@ int fsdp_uneven_resume_state(struct fsdp_trainer *t, const struct fsdp_ckpt_meta
     unv_state_after(t, m->step, &st);
     if (unv_rank(t) == 0 && (st.position != ds->position || st.epoch != ds->epoch ||
                              (ds->n_tokens != 0 && st.n_tokens != ds->n_tokens))) {
-        rc = fsdp_err(FSDP_ERR_MISMATCH, "per-rank data files (%s): the checkpoint's cursor of "
+        rc = fsdp_err(FSDP_ERR_INVALID, "per-rank data files (%s): the checkpoint's cursor of "
                       "rank 0 (token %llu of pass %llu, file of %llu tokens) is not where %ld "
                       "steps leave %s (token %llu of pass %llu, %llu tokens); resume with the "
                       "files, batch-size, seq-len, grad-accum and epochs of the run that wrote it",

@@ -32,7 +32,7 @@ struct fsdp_uneven {
     uint64_t *per_pass; /* (world,) steps each rank has in one pass */
     long pass_steps;    /* steps of one pass: the largest (join) or smallest (stop) of per_pass */
     long total_steps;   /* epochs x pass_steps, capped by --steps: what the schedule plans */
-    int32_t *vote;      /* (1 + world,) [0]: a rank was signalled; [1 + r]: rank r has a batch */
+    int32_t *vote;      /* (1 + world,) [0]: a rank's signal number; [1 + r]: rank r has a batch */
     int32_t *had;       /* (world,) who contributed to the previous step of this pass */
     int32_t *scratch;   /* (world,) for the log lines */
     int have;           /* this rank has a batch for the next step */
@@ -56,7 +56,8 @@ void fsdp_uneven_destroy(struct fsdp_uneven *u);
 
 /*
  * The per-step agreement, before each step: which ranks have a batch for
- * it, and whether any rank was signalled (returned in *preempt). Starts the
+ * it, and the highest signal number any rank brings (signalled, 0: none;
+ * returned in *preempt). Starts the
  * next pass when this one has ended (then agrees once more) and sets done
  * after the last; logs on rank 0 when ranks start joining and when a pass
  * ends.

@@ -7,7 +7,9 @@
 #include "comm/group.h"
 #include "core/error.h"
 #include "rendezvous/dist.h"
+#include "rendezvous/store.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,5 +85,61 @@ int fsdp_world_any_failed(struct fsdp_world *w, int rc, int *any)
     int32_t f = rc < 0;
     FSDP_CHECK(fsdp_world_max(w, &f, 1));
     *any = f != 0;
+    return 0;
+}
+
+int fsdp_world_agree(struct fsdp_world *w, int state, int *first, int *n)
+{
+    int32_t *st = calloc((size_t)w->size, sizeof(*st));
+    *first = -1;
+    *n = 0;
+    if (!st) {
+        return fsdp_err(FSDP_ERR_NOMEM, "agreement over %d ranks", w->size);
+    }
+    int arc = fsdp_world_allgather(w, state, st);
+    for (int r = 0; arc == 0 && r < w->size; r++) {
+        *first = st[r] == 2 && *first < 0 ? r : *first;
+        *n += st[r] != 0;
+    }
+    free(st);
+    return arc;
+}
+
+/*
+ * Each failed rank counts itself, and one with a message leaves a key of its
+ * own; after a barrier every rank reads the count and, when it is not zero,
+ * looks for the lowest key. A failure on every rank (the usual case: the same
+ * flags, the same files) finds rank 0's key at the first look.
+ */
+int fsdp_world_agree_store(struct fsdp_dist *d, const char *name, int state, int *first, int *n)
+{
+    *first = -1;
+    *n = 0;
+    if (!d || d->world_size <= 1 || !d->store) {
+        *first = state == 2 ? 0 : -1;
+        *n = state != 0;
+        return 0;
+    }
+    char key[160], count[160];
+    int64_t total = 0;
+    snprintf(count, sizeof(count), "fsdpc/agree/%s/n", name);
+    if (state == 2) {
+        snprintf(key, sizeof(key), "fsdpc/agree/%s/f%d", name, d->rank);
+        FSDP_CHECK(fsdp_store_set(d->store, key, "1", 1));
+    }
+    FSDP_CHECK(fsdp_store_add(d->store, count, state != 0, &total));
+    snprintf(key, sizeof(key), "fsdpc/agree/%s/b", name);
+    FSDP_CHECK(fsdp_store_barrier(d->store, key, d->world_size, -1.0));
+    FSDP_CHECK(fsdp_store_add(d->store, count, 0, &total));
+    *n = (int)total;
+    for (int r = 0; total > 0 && r < d->world_size; r++) {
+        int exists = 0;
+        snprintf(key, sizeof(key), "fsdpc/agree/%s/f%d", name, r);
+        FSDP_CHECK(fsdp_store_check(d->store, key, &exists));
+        if (exists) {
+            *first = r;
+            break;
+        }
+    }
     return 0;
 }

@@ -36,4 +36,18 @@ int fsdp_world_barrier(struct fsdp_world *w);
 /* Whether any rank failed (rc < 0 there): 1 on every rank if so. */
 int fsdp_world_any_failed(struct fsdp_world *w, int rc, int *any);
 
+/*
+ * Who failed, and who reports it: every rank brings its state (0: fine; 1:
+ * failed, with nothing to say because another rank reports it; 2: failed,
+ * with a message to report). On every rank *first becomes the lowest rank of
+ * state 2 (-1: none) and *n the number of ranks that failed. fsdp_world_agree
+ * runs over the world group; fsdp_world_agree_store over the job's
+ * rendezvous store, for setup before any group exists (d NULL or one rank:
+ * this rank alone). name tells successive store agreements apart and must be
+ * the same on every rank. Neither records an error unless the agreement
+ * itself fails.
+ */
+int fsdp_world_agree(struct fsdp_world *w, int state, int *first, int *n);
+int fsdp_world_agree_store(struct fsdp_dist *d, const char *name, int state, int *first, int *n);
+
 #endif

@@ -116,7 +116,7 @@ tap_ok $? "the previous checkpoint is intact and latest still names it; no lefto
     --resume latest --ckpt-keep-going) > "$W/full2.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] && [ "$(grep -c 'checkpoint step [34] failed: .*shard_0.h5' "$W/full2.out")" -eq 2 ] &&
-    grep -q '^done: 4 steps' "$W/full2.out" && [ "$(readlink "$d/latest")" = step_2 ]
+    grep -q '^done: 2 steps (2 -> 4)' "$W/full2.out" && [ "$(readlink "$d/latest")" = step_2 ]
 tap_ok $? "--ckpt-keep-going: failed saves are logged and training finishes (rc $rc)"
 
 # ---------------------------------------------------------------------------
@@ -138,9 +138,9 @@ wait "$mp"
 rc=$?
 s=$(readlink "$d/latest" | sed 's/step_//')
 tap_diag "$(grep '^preempted' "$W/pre.out")"
-[ $rc -eq 0 ] && grep -q "^preempted: .*checkpoint step $s written" "$W/pre.out" &&
+[ $rc -eq 75 ] && grep -q "^preempted: .*checkpoint step $s written" "$W/pre.out" &&
     [ "$s" -ge 20 ] && [ "$s" -lt $steps ] && ! grep -q '^done:' "$W/pre.out"
-tap_ok $? "SIGUSR1 to rank 1: checkpoint at step ${s:-?} and exit 0 (rc $rc)"
+tap_ok $? "SIGUSR1 to rank 1: checkpoint at step ${s:-?} and exit 75, stopped (rc $rc)"
 
 # shellcheck disable=SC2086
 train 2 $PRE --ckpt-dir "$d" --resume latest --metrics "$W/pre_b.jsonl" &&
@@ -158,8 +158,8 @@ wait_lines "$W/term.jsonl" 10 && kill -TERM "$tp"
 wait "$tp"
 rc=$?
 s=$(readlink "$d/latest" | sed 's/step_//')
-[ $rc -eq 0 ] && grep -q "^preempted: .*checkpoint step $s written" "$W/term.out" &&
+[ $rc -eq 75 ] && grep -q "^preempted: .*checkpoint step $s written" "$W/term.out" &&
     "$CKPT" verify "$d" > /dev/null 2>&1
-tap_ok $? "SIGTERM on one rank: checkpoint at step ${s:-?}, verified, exit 0 (rc $rc)"
+tap_ok $? "SIGTERM on one rank: checkpoint at step ${s:-?}, verified, exit 75 (rc $rc)"
 
 tap_done

@@ -2,7 +2,7 @@
 # test_launchers.sh - the workstation launchers (jobscripts/local/
 # train-mpiexec.sh and train-env.sh) train the tiny preset on 2 ranks, log the
 # loss, write a checkpoint, and agree on every loss; train-env.sh passes
-# SIGUSR1 on (checkpoint, exit 0, resume to the same losses) and stops all
+# SIGUSR1 on (checkpoint, exit 75, resume to the same losses) and stops all
 # ranks when one fails; bad inputs give one clear line and a non-zero exit;
 # the Slurm job scripts refuse to run outside a Slurm job.
 . "$top_srcdir/tests/tap.sh"
@@ -62,7 +62,7 @@ RUN_DIR="$W/env" "$JS/local/train-env.sh" > "$W/again.out" 2>&1 &&
     grep -q 'latest is at step 40 of 40: training is complete' "$W/again.out"
 tap_ok $? "a finished run is not trained again"
 
-# SIGUSR1 to train-env.sh: the ranks checkpoint and exit 0; the same command
+# SIGUSR1 to train-env.sh: the ranks checkpoint and exit 75; the same command
 # resumes and ends with the losses of the uninterrupted run.
 RUN_DIR="$W/pre" STEPS=120 EXTRA_ARGS="--peak-flops 1e11" "$JS/local/train-env.sh" > "$W/pre1.out" 2>&1 &
 lp=$!
@@ -78,12 +78,12 @@ kill -USR1 $lp
 wait $lp
 rc=$?
 s=$(readlink "$W/pre/ckpt/latest" | sed 's/step_//')
-[ $rc -eq 0 ] && grep -q "^preempted: .*checkpoint step $s written" "$W/pre1.out" && [ "${s:-0}" -ge 10 ] &&
+[ $rc -eq 75 ] && grep -q "^preempted: .*checkpoint step $s written" "$W/pre1.out" && [ "${s:-0}" -ge 10 ] &&
     [ "$s" -lt 120 ]
 r=$?
 [ $r -eq 0 ] || tap_diag "$(tail -n 8 "$W/pre1.out")"
 (exit $r)
-tap_ok $? "SIGUSR1 to train-env.sh reaches the ranks: checkpoint at step ${s:-?} of 120, exit 0 (rc $rc)"
+tap_ok $? "SIGUSR1 to train-env.sh reaches the ranks: checkpoint at step ${s:-?} of 120, exit 75 (rc $rc)"
 
 RUN_DIR="$W/full" STEPS=120 EXTRA_ARGS="--peak-flops 1e11" "$JS/local/train-mpiexec.sh" > "$W/full.out" 2>&1 &&
     RUN_DIR="$W/pre" STEPS=120 EXTRA_ARGS="--peak-flops 1e11" "$JS/local/train-env.sh" > "$W/pre2.out" 2>&1 &&

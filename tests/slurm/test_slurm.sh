@@ -306,10 +306,11 @@ tap_diag "$(grep -E '^(preempted|train.sbatch):|DUE TO JOB REQUEUE' "$W/pre.out"
 [ "$sb" = COMPLETED ] && [ -n "$k" ] && [ "$k" -lt $STEPS ] &&
     grep -q "^train.sbatch: stopped at checkpoint step $k of $STEPS: requeueing job $jb" "$W/pre.out" &&
     [ "$(field "$jb" Restarts)" = 1 ]
-tap_ok $? "the ranks checkpointed at step ${k:-?} and exited 0; the script requeued job $jb (Restarts=1)"
+tap_ok $? "the ranks checkpointed at step ${k:-?} and exited 75 (stopped); the script requeued job $jb (Restarts=1)"
 
 grep -q "^train.sbatch: job $jb (restart 1): 4 ranks .*resuming from step $k" "$W/pre.out" &&
-    grep -q "^done: $STEPS steps" "$W/pre.out" && [ "$(readlink "$W/pre/ckpt/latest")" = step_$STEPS ]
+    grep -q "^done: $((STEPS - k)) steps ($k -> $STEPS)" "$W/pre.out" &&
+    [ "$(readlink "$W/pre/ckpt/latest")" = step_$STEPS ]
 tap_ok $? "the requeued job resumed from step ${k:-?} (--resume latest) and finished $STEPS steps"
 
 losses "$W/pre/metrics.jsonl" > "$W/pre.loss"

@@ -41,14 +41,14 @@ rc=$?
 [ $rc -eq 0 ] || tap_diag "$(cat "$W/run.err")"
 tap_ok $rc "30 steps run"
 
-first=$(json loss 1 "$W/m.jsonl")
+first=$(json loss 2 "$W/m.jsonl")
 last=$(grep '"loss"' "$W/m.jsonl" | tail -n 3 | sed 's/.*"loss":\([^,]*\).*/\1/' |
        awk '{ s += $1 } END { printf "%.4f", s / NR }')
 tap_diag "loss at step 1: $first, mean of the last 3 steps: $last"
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(a > 5.0 && b < a - 1.0) }'
 tap_ok $? "loss falls by more than 1 nat over 30 steps"
 
-n=$(grep -cE '^step +[0-9]+/30 \| loss [0-9]+\.[0-9]{4} \| norm [0-9.]+ \| lr [0-9]\.[0-9]{2}e[-+][0-9]+ \| [0-9.]+ ms \| [0-9]+ tok/s \| mfu [0-9.]+% \| mem [0-9]+ MiB$' "$W/run.out")
+n=$(grep -cE '^step +[0-9]+/30 \| loss [0-9]+\.[0-9]{4} \| norm [0-9.]+ \| lr [0-9]\.[0-9]{2}e[-+][0-9]+ \| [0-9.]+ ms \| [0-9]+ tok/s \| mfu [0-9.]+% \| mem [0-9]+ MiB( \| eta [0-9hms]+)?$' "$W/run.out")
 [ "$n" -eq 30 ]
 tap_ok $? "30 step lines in the documented format (got $n)"
 
@@ -61,17 +61,22 @@ n=$(grep -cE '^(# )?[a-z0-9-]+ += .*# (default|file|flag)$' "$W/run.out")
 tap_ok $? "resolved config lists every key ($n)"
 
 ok=0
-for k in step loss grad_norm lr ms tokens_per_s mfu; do
-    [ -n "$(json "$k" 1 "$W/m.jsonl")" ] || ok=1
+for k in step loss grad_norm lr ms tokens_per_s mfu time; do
+    [ -n "$(json "$k" 2 "$W/m.jsonl")" ] || ok=1
 done
-tap_ok $ok "metrics records carry step, loss, grad_norm, lr, ms, tokens_per_s, mfu"
+tap_ok $ok "metrics records carry step, loss, grad_norm, lr, ms, tokens_per_s, mfu, time"
 if command -v "${PYTHON3:-python3}" > /dev/null 2>&1; then
     "${PYTHON3:-python3}" -c '
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
-assert len(recs) == 33, len(recs)
-assert all(("loss" in r) != ("val_loss" in r) for r in recs)' "$W/m.jsonl"
-    tap_ok $? "metrics file is valid JSONL (30 steps + 3 validations)"
+assert len(recs) == 34, len(recs)
+start, recs = recs[0], recs[1:]
+assert start["event"] == "start" and len(start["run_id"]) == 16, start
+assert start["resumed_from"] is None and start["world_size"] == 1, start
+assert start["global_batch_tokens"] == 256 and start["config"]["steps"] == 30, start
+assert all(("loss" in r) != ("val_loss" in r) for r in recs)
+assert all(r["time"] >= start["time"] for r in recs)' "$W/m.jsonl"
+    tap_ok $? "metrics file is valid JSONL (a start record, 30 steps + 3 validations, timestamps)"
 else
     tap_skip_dep python3 "to parse JSON"
 fi
@@ -83,7 +88,7 @@ fi
 "$TRAIN" --model "$W/out.h5" --data "$W/train.bin" --batch-size 4 --seq-len 64 \
     --peak-flops 1e11 --steps 3 --lr 1e-3 --metrics "$W/c.jsonl" > /dev/null 2> "$W/c.err"
 rc=$?
-cont=$(json loss 1 "$W/c.jsonl")
+cont=$(json loss 2 "$W/c.jsonl")
 awk -v a="$first" -v b="$cont" 'BEGIN { exit !(b < a - 1.0) }' && [ $rc -eq 0 ]
 tap_ok $? "--out model reloads and continues (step 1 loss $cont, fresh model $first)"
 
@@ -139,8 +144,9 @@ tap_ok $? "the printed configuration reads back as a config file with the same r
 tap_ok $? "grad-accum runs"
 ok=0
 for i in 1 2 3 4; do
-    x=$(json loss $i "$W/k2.jsonl") y=$(json loss $i "$W/k1.jsonl")
-    gx=$(json grad_norm $i "$W/k2.jsonl") gy=$(json grad_norm $i "$W/k1.jsonl")
+    l=$((i + 1)) # line 1 is the start record
+    x=$(json loss $l "$W/k2.jsonl") y=$(json loss $l "$W/k1.jsonl")
+    gx=$(json grad_norm $l "$W/k2.jsonl") gy=$(json grad_norm $l "$W/k1.jsonl")
     tap_diag "step $i: K=2 loss $x norm $gx | K=1 loss $y norm $gy"
     awk -v a="$x" -v b="$y" -v c="$gx" -v d="$gy" 'BEGIN {
         r1 = (a - b) / b; r2 = (c - d) / d;
@@ -176,7 +182,7 @@ expect_error() {
     shift 2
     "$TRAIN" "$@" > "$W/bad.out" 2> "$W/bad.err"
     rc=$?
-    lines=$(grep -c . "$W/bad.err")
+    lines=$(grep -v '^fsdpc: hint: ' "$W/bad.err" | grep -c .)
     if [ $rc -ne 0 ] && [ "$lines" -eq 1 ] && grep -q -- "$pattern" "$W/bad.err"; then
         tap_ok 0 "$what"
     else
@@ -238,7 +244,8 @@ expect_error "val-every without val-data" "val-every 5 needs val-data" $base --s
 expect_error "min-lr above lr" "min-lr 0.1 is above lr 0.001" $base --steps 2 --lr 1e-3 --min-lr 0.1
 "$BIN/fsdpc-sample" --model "$W/m.h5" --top-k -1 > /dev/null 2> "$W/bad.err"
 rc=$?
-[ $rc -ne 0 ] && [ "$(grep -c . "$W/bad.err")" -eq 1 ] && grep -q -- "--top-k '-1' is out of range" "$W/bad.err"
+[ $rc -ne 0 ] && [ "$(grep -vc '^fsdpc: hint: ' "$W/bad.err")" -eq 1 ] &&
+    grep -q -- "--top-k '-1' is out of range" "$W/bad.err"
 tap_ok $? "fsdpc-sample: bad value is one clear line"
 
 tap_done

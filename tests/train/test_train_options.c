@@ -311,7 +311,7 @@ static void test_resume_optional_value(void)
     size_t n = fread(help, 1, sizeof(help) - 1, fp);
     help[n] = '\0';
     fclose(fp);
-    tap_ok(strstr(help, "--resume [latest|PATH]") && !strstr(help, "[\"\"]"),
+    tap_ok(strstr(help, "--resume [latest|required|PATH]") && !strstr(help, "[\"\"]"),
            "--help shows the value of --resume as optional");
 #undef REQ
 }

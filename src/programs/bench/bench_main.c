@@ -822,6 +822,12 @@ static void bench_run_coll(struct bench *b, const struct fsdp_bench_coll *coll, 
 int main(int argc, char **argv)
 {
     struct bench b = {0};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--version") == 0) {
+            printf("fsdpc-bench fsdpc %s\n", PACKAGE_VERSION);
+            return 0;
+        }
+    }
     bench_parse(argc, argv, &b.o);
     bench_setup(&b, &argc, &argv);
     bench_print_header(&b);

@@ -1,0 +1,230 @@
+/*
+ * ckpt_list.c - fsdpc-ckpt list: the checkpoints of a checkpoint root, one
+ * line each (step, time, size, ranks, mesh, complete or not, latest), with
+ * the leftovers of interrupted saves. Each step is opened as --resume would
+ * open it (every shard checked), so "complete" means it loads.
+ */
+#include "config.h"
+#include "programs/ckpt_tool.h"
+#include "io/ckpt.h"
+#include "io/ckpt_commit.h"
+#include "core/error.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LIST_MAX 4096
+
+struct list_entry {
+    long step;
+    char name[256];
+    int tmp; /* a leftover of an interrupted save (.tmp_*) */
+};
+
+static void list_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt list DIR\n"
+            "\n"
+            "Lists the checkpoints of a checkpoint root (the --ckpt-dir of a run): for each\n"
+            "step directory its step, when its index was written, its size, the ranks and\n"
+            "mesh that wrote it, whether it is complete (opens as --resume would open it)\n"
+            "and which one 'latest' names; then any leftovers of interrupted saves, which\n"
+            "the next run with this --ckpt-dir removes.\n"
+            "\n"
+            "  -h, --help   this text\n");
+}
+
+/* Step number of "step_<N>", or -1. */
+static long list_step_of(const char *name)
+{
+    if (strncmp(name, "step_", 5) != 0 || !name[5]) {
+        return -1;
+    }
+    char *end;
+    errno = 0;
+    long n = strtol(name + 5, &end, 10);
+    return *end || errno || n < 0 ? -1 : n;
+}
+
+static int list_cmp(const void *a, const void *b)
+{
+    const struct list_entry *x = a, *y = b;
+    if (x->tmp != y->tmp) {
+        return x->tmp - y->tmp;
+    }
+    return x->step < y->step ? -1 : x->step > y->step ? 1 : strcmp(x->name, y->name);
+}
+
+/* Bytes of the regular files directly under dir; *newest their latest mtime. */
+static double list_bytes(const char *dir, time_t *newest)
+{
+    DIR *d = opendir(dir);
+    double total = 0;
+    *newest = 0;
+    if (!d) {
+        return 0;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char path[8192];
+        struct stat st;
+        int n = snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (n > 0 && (size_t)n < sizeof(path) && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+            total += (double)st.st_size;
+            *newest = st.st_mtime > *newest ? st.st_mtime : *newest;
+        }
+    }
+    closedir(d);
+    return total;
+}
+
+static void list_size(char *buf, size_t len, double b)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024.0 && u < 4) {
+        b /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
+}
+
+/* The entries of root: step directories and .tmp_* leftovers. */
+static int list_scan(const char *root, struct list_entry *out, size_t *n)
+{
+    DIR *d = opendir(root);
+    *n = 0;
+    if (!d) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && *n < LIST_MAX) {
+        long s = list_step_of(e->d_name);
+        int tmp = strncmp(e->d_name, FSDP_CKPT_TMP_PREFIX, strlen(FSDP_CKPT_TMP_PREFIX)) == 0;
+        if (s < 0 && !tmp) {
+            continue;
+        }
+        out[*n].step = s;
+        out[*n].tmp = tmp;
+        snprintf(out[*n].name, sizeof(out[*n].name), "%s", e->d_name);
+        (*n)++;
+    }
+    closedir(d);
+    qsort(out, *n, sizeof(*out), list_cmp);
+    return 0;
+}
+
+/* One step directory's line. */
+static void list_step(const char *root, const struct list_entry *en, const char *latest)
+{
+    char dir[8192], when[32] = "-", size[32], state[600];
+    time_t newest;
+    snprintf(dir, sizeof(dir), "%s/%s", root, en->name);
+    list_size(size, sizeof(size), list_bytes(dir, &newest));
+    if (newest) {
+        struct tm tm;
+        localtime_r(&newest, &tm);
+        strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+    }
+    struct fsdp_ckpt *ck = NULL;
+    char ranks[16] = "-", mesh[128] = "-";
+    if (fsdp_ckpt_open(dir, &ck) == 0) {
+        const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
+        snprintf(ranks, sizeof(ranks), "%d", m->world_size);
+        snprintf(mesh, sizeof(mesh), "%s", m->mesh);
+        snprintf(state, sizeof(state), "complete");
+        fsdp_ckpt_close(ck);
+    } else {
+        char msg[512];
+        fsdp_err_take(msg, sizeof(msg));
+        fsdp_err_clear();
+        snprintf(state, sizeof(state), "INCOMPLETE: %s", msg);
+    }
+    printf("%8ld  %-19s  %10s  %5s  %-12s  %s%s\n", en->step, when, size, ranks, mesh, state,
+           strcmp(en->name, latest) == 0 ? ", latest" : "");
+}
+
+int fsdp_ckpt_cmd_list(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h': list_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("list", c, argv);
+        }
+    }
+    if (optind != argc - 1) {
+        fsdp_fatal("fsdpc-ckpt list: expected one checkpoint root, got %d (see --help)",
+                   argc - optind);
+    }
+    const char *root = argv[optind];
+    struct stat st;
+    if (stat(root, &st) != 0) {
+        fsdp_fatal("fsdpc-ckpt list: %s: %s", root, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fsdp_fatal("fsdpc-ckpt list: %s: not a directory (list takes a checkpoint root, the "
+                   "--ckpt-dir of a run)", root);
+    }
+    char index[8192];
+    snprintf(index, sizeof(index), "%s/%s", root, FSDP_CKPT_INDEX);
+    if (access(index, F_OK) == 0) {
+        fsdp_fatal("fsdpc-ckpt list: %s is a step directory; list takes the checkpoint root "
+                   "above it ('fsdpc-ckpt inspect %s' shows this one)", root, root);
+    }
+    struct list_entry *en = calloc(LIST_MAX, sizeof(*en));
+    size_t n;
+    if (!en) {
+        fsdp_fatal("fsdpc-ckpt list: out of memory");
+    }
+    int rc = list_scan(root, en, &n);
+    if (rc < 0) {
+        fsdp_die(rc, "fsdpc-ckpt list", NULL);
+    }
+    char link[8192], latest[256] = "";
+    snprintf(link, sizeof(link), "%s/%s", root, FSDP_CKPT_LATEST);
+    ssize_t k = readlink(link, latest, sizeof(latest) - 1);
+    latest[k > 0 ? k : 0] = '\0';
+    size_t steps = 0;
+    for (size_t i = 0; i < n; i++) {
+        steps += !en[i].tmp;
+    }
+    printf("%s: %zu checkpoint%s", root, steps, steps == 1 ? "" : "s");
+    if (latest[0]) {
+        struct stat lt;
+        printf(", latest -> %s%s", latest, stat(link, &lt) != 0 ? " (MISSING)" : "");
+    } else {
+        printf(", no latest");
+    }
+    printf("\n");
+    if (steps > 0) {
+        printf("%8s  %-19s  %10s  %5s  %-12s  %s\n", "step", "written", "size", "ranks", "mesh",
+               "state");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!en[i].tmp) {
+            list_step(root, &en[i], latest);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (en[i].tmp) {
+            printf("leftover  %s (an interrupted save; the next run with this --ckpt-dir removes "
+                   "or restores it)\n", en[i].name);
+        }
+    }
+    free(en);
+    return 0;
+}
