@@ -8,4 +8,18 @@ noinst_HEADERS += src/model/gpt2.h
 check_PROGRAMS += tests/model/test_gpt2_grad
 TESTS += tests/model/test_gpt2_grad
 
+# the Llama family (Llama, Mistral, Qwen2) on the same kernels plus RMSNorm, RoPE, SwiGLU, GQA
+libfsdpc_a_SOURCES += src/model/llama_spec.c src/model/llama.c
+noinst_HEADERS += src/model/llama_spec.h src/model/llama.h
+
+check_PROGRAMS += tests/model/test_llama_grad
+TESTS += tests/model/test_llama_grad
+# against Hugging Face transformers 4.38 (skips without $(top_builddir)/hf-venv)
+dist_check_SCRIPTS += tests/model/test_llama_hf.sh
+dist_check_DATA += tests/model/llama_hf_check.py
+TESTS += tests/model/test_llama_hf.sh
+# sharded training, hybrid sharding, checkpointing, bf16 and resume against one rank
+dist_check_SCRIPTS += tests/fsdp/test_llama_equiv.sh
+TESTS += tests/fsdp/test_llama_equiv.sh
+
 dist_doc_DATA += doc/model.md

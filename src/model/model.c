@@ -5,6 +5,7 @@
 #include "config.h"
 #include "model/model.h"
 #include "model/gpt2_spec.h"
+#include "model/llama_spec.h"
 #include "core/error.h"
 #include "core/util.h"
 
@@ -17,7 +18,8 @@
 
 int fsdp_model_registry_init(void)
 {
-    return fsdp_arch_register(&fsdp_gpt2_arch);
+    FSDP_CHECK(fsdp_arch_register(&fsdp_gpt2_arch));
+    return fsdp_arch_register(&fsdp_llama_arch);
 }
 
 int fsdp_model_register(const struct fsdp_arch *arch)

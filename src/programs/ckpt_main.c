@@ -24,10 +24,10 @@
 #include "programs/ckpt_tool.h"
 #include "io/model_file.h"
 #include "model/model.h"
-#include "model/gpt2.h"
-#include "model/gpt2_spec.h"
+#include "model/llama_spec.h"
 
 #include <getopt.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,35 +67,139 @@ static void init_usage(FILE *out)
     fprintf(out,
             "usage: fsdpc-ckpt init [--preset NAME] [overrides] [--seed S] [--dtype T] -o FILE\n"
             "\n"
-            "Creates a freshly initialised GPT-2 model file: weights N(0, 0.02) (residual\n"
-            "projections N(0, 0.02/sqrt(2*n_layer))), layer-norm weights 1, biases 0.\n"
+            "Creates a freshly initialised model file. The preset picks the architecture:\n"
+            "  gpt2:  tiny (default), bench-small, gpt2, gpt2-medium, gpt2-large, gpt2-xl;\n"
+            "         weights N(0, 0.02) (residual projections N(0, 0.02/sqrt(2*n_layer))),\n"
+            "         layer-norm weights 1, biases 0\n"
+            "  llama: llama-tiny, llama-small, llama-1b (Llama 3.2 1B), llama-8b (Llama 3.1\n"
+            "         8B); weights N(0, 0.02), RMSNorm weights 1, biases 0 (Hugging Face's)\n"
             "The file is written under a fresh temporary name beside it (FILE.tmp.XXXXXX)\n"
             "and renamed to FILE when complete.\n"
             "\n"
-            "      --preset NAME   tiny (default), bench-small, gpt2, gpt2-medium, gpt2-large,\n"
-            "                      gpt2-xl\n"
-            "      --layers N      override n_layer\n"
-            "      --heads N       override n_head\n"
-            "      --width N       override n_embd (divisible by n_head)\n"
-            "      --vocab N       override vocab_size\n"
-            "      --context N     override the maximum sequence length\n"
-            "      --untied        separate lm_head.weight instead of reusing wte.weight\n"
-            "      --seed S        RNG seed (default 0); same seed, same values\n"
-            "      --dtype T       stored type: f32 (default), bf16 or f16\n"
-            "  -o, --output FILE   the model file to create\n"
-            "  -h, --help          this text\n");
+            "      --preset NAME        a preset above\n"
+            "      --layers N           override n_layer\n"
+            "      --heads N            override n_head\n"
+            "      --width N            override n_embd (divisible by n_head)\n"
+            "      --vocab N            override vocab_size\n"
+            "      --context N          override the maximum sequence length\n"
+            "      --untied             separate lm_head.weight instead of the embedding's\n"
+            "  llama only:\n"
+            "      --kv-heads N         override n_kv_head (dividing n_head; 1: multi-query)\n"
+            "      --ffn N              override ffn_hidden (the MLP's intermediate size)\n"
+            "      --attn-bias          biases on the q/k/v projections (Qwen2)\n"
+            "      --rope-theta X       override rope_theta\n"
+            "      --rope-scaling TYPE  none, linear or llama3\n"
+            "      --rope-factor X      the scaling factor (linear, llama3)\n"
+            "      --rope-original N    llama3's original context\n"
+            "\n"
+            "      --seed S             RNG seed (default 0); same seed, same values\n"
+            "      --dtype T            stored type: f32 (default), bf16 or f16\n"
+            "  -o, --output FILE        the model file to create\n"
+            "  -h, --help               this text\n");
+}
+
+/* Flags that set one config attribute, by the attribute's name in the
+ * architecture's table (an architecture without it refuses the flag). */
+enum init_val { INIT_INT, INIT_FLOAT, INIT_ROPE, INIT_ONE, INIT_ZERO };
+static const struct init_override {
+    const char *flag;
+    const char *attr;
+    enum init_val kind;
+} init_overrides[] = {
+    {"layers", "n_layer", INIT_INT},
+    {"heads", "n_head", INIT_INT},
+    {"width", "n_embd", INIT_INT},
+    {"vocab", "vocab_size", INIT_INT},
+    {"context", "context", INIT_INT},
+    {"untied", "tied_embeddings", INIT_ZERO},
+    {"kv-heads", "n_kv_head", INIT_INT},
+    {"ffn", "ffn_hidden", INIT_INT},
+    {"attn-bias", "attn_bias", INIT_ONE},
+    {"rope-theta", "rope_theta", INIT_FLOAT},
+    {"rope-scaling", "rope_scaling", INIT_ROPE},
+    {"rope-factor", "rope_factor", INIT_FLOAT},
+    {"rope-original", "rope_original_context", INIT_INT},
+};
+#define INIT_N_OVERRIDES (sizeof(init_overrides) / sizeof(init_overrides[0]))
+
+/* The value of override i from its argument (already range-checked). */
+static double init_override_value(size_t i, const char *arg)
+{
+    const struct init_override *o = &init_overrides[i];
+    char flag[32];
+    snprintf(flag, sizeof(flag), "--%s", o->flag);
+    switch (o->kind) {
+    case INIT_INT: return parse_int_flag(flag, arg, 1, 1 << 20);
+    case INIT_ONE: return 1;
+    case INIT_ZERO: return 0;
+    case INIT_ROPE: {
+        int t;
+        if (fsdp_llama_rope_parse(arg, &t) < 0) {
+            fsdp_die(FSDP_ERR_INVALID, "fsdpc-ckpt init: --rope-scaling", NULL);
+        }
+        return t;
+    }
+    default: {
+        char *end;
+        double v = strtod(arg, &end);
+        if (end == arg || *end != '\0' || !isfinite(v) || v <= 0) {
+            fsdp_fatal("fsdpc-ckpt init: %s '%s' must be a positive number", flag, arg);
+        }
+        return v;
+    }
+    }
+}
+
+/* The registered architecture that has a preset called name; its config
+ * into *cfg (allocated). */
+static const struct fsdp_arch *init_preset(const char *name, void **cfg)
+{
+    char names[256], tried[1024] = "";
+    size_t used = 0;
+    fsdp_arch_names(names, sizeof(names));
+    for (char *save = NULL, *a = strtok_r(names, ", ", &save); a; a = strtok_r(NULL, ", ", &save)) {
+        const struct fsdp_arch *arch = fsdp_arch_find(a);
+        if (!arch || !arch->preset) {
+            continue;
+        }
+        *cfg = calloc(1, arch->cfg_size);
+        if (!*cfg) {
+            fsdp_fatal("fsdpc-ckpt init: cannot allocate a %s config", arch->name);
+        }
+        if (arch->preset(name, *cfg) == 0) {
+            return arch;
+        }
+        /* its presets: the parenthesised list of its message, or the whole message */
+        const char *msg = fsdp_err_msg(), *open = strchr(msg, '(');
+        size_t len = strlen(msg);
+        int whole = !open || len < 2 || msg[len - 1] != ')';
+        int n = snprintf(tried + used, sizeof(tried) - used, "%s%s: %.*s", used ? "; " : "",
+                         arch->name, whole ? (int)len : (int)(msg + len - 1 - (open + 1)),
+                         whole ? msg : open + 1);
+        used += n > 0 && (size_t)n < sizeof(tried) - used ? (size_t)n : 0;
+        fsdp_err_clear();
+        free(*cfg);
+    }
+    fsdp_fatal("fsdpc-ckpt init: --preset: unknown preset '%s' (%s)", name, tried);
 }
 
 static int cmd_init(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"preset", required_argument, NULL, 'p'},
-        {"layers", required_argument, NULL, 'L'},
-        {"heads", required_argument, NULL, 'H'},
-        {"width", required_argument, NULL, 'C'},
-        {"vocab", required_argument, NULL, 'V'},
-        {"context", required_argument, NULL, 'T'},
-        {"untied", no_argument, NULL, 'u'},
+        {"layers", required_argument, NULL, 0},
+        {"heads", required_argument, NULL, 1},
+        {"width", required_argument, NULL, 2},
+        {"vocab", required_argument, NULL, 3},
+        {"context", required_argument, NULL, 4},
+        {"untied", no_argument, NULL, 5},
+        {"kv-heads", required_argument, NULL, 6},
+        {"ffn", required_argument, NULL, 7},
+        {"attn-bias", no_argument, NULL, 8},
+        {"rope-theta", required_argument, NULL, 9},
+        {"rope-scaling", required_argument, NULL, 10},
+        {"rope-factor", required_argument, NULL, 11},
+        {"rope-original", required_argument, NULL, 12},
         {"seed", required_argument, NULL, 's'},
         {"dtype", required_argument, NULL, 'd'},
         {"output", required_argument, NULL, 'o'},
@@ -103,19 +207,19 @@ static int cmd_init(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     const char *preset = "tiny", *out = NULL;
-    int layers = 0, heads = 0, width = 0, vocab = 0, context = 0, untied = 0, c, rc;
+    int given[INIT_N_OVERRIDES] = {0}, c, rc;
+    double value[INIT_N_OVERRIDES] = {0};
     long long seed = 0;
     enum fsdp_dtype dtype = FSDP_F32;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
+        if (c >= 0 && (size_t)c < INIT_N_OVERRIDES) {
+            given[c] = 1;
+            value[c] = init_override_value((size_t)c, optarg);
+            continue;
+        }
         switch (c) {
         case 'p': preset = optarg; break;
-        case 'L': layers = parse_int_flag("--layers", optarg, 1, 1 << 20); break;
-        case 'H': heads = parse_int_flag("--heads", optarg, 1, 1 << 20); break;
-        case 'C': width = parse_int_flag("--width", optarg, 1, 1 << 20); break;
-        case 'V': vocab = parse_int_flag("--vocab", optarg, 1, 1 << 20); break;
-        case 'T': context = parse_int_flag("--context", optarg, 1, 1 << 20); break;
-        case 'u': untied = 1; break;
         case 's':
             if (fsdp_parse_long(optarg, &seed) < 0 || seed < 0) {
                 fsdp_fatal("fsdpc-ckpt init: --seed '%s' must be a non-negative integer", optarg);
@@ -138,20 +242,26 @@ static int cmd_init(int argc, char **argv)
     if (!out) {
         fsdp_fatal("fsdpc-ckpt init: missing -o FILE (see --help)");
     }
-    struct fsdp_gpt2_config cfg;
-    struct fsdp_model_spec *spec;
-    if (fsdp_gpt2_preset(preset, &cfg) < 0) {
-        fsdp_die(FSDP_ERR_INVALID, "fsdpc-ckpt init: --preset", NULL);
+    void *cfg = NULL;
+    const struct fsdp_arch *arch = init_preset(preset, &cfg);
+    for (size_t i = 0; i < INIT_N_OVERRIDES; i++) {
+        const struct fsdp_attr_desc *a = NULL;
+        for (size_t k = 0; given[i] && k < arch->n_attrs && !a; k++) {
+            a = strcmp(arch->attrs[k].name, init_overrides[i].attr) == 0 ? &arch->attrs[k] : NULL;
+        }
+        if (given[i] && !a) {
+            fsdp_fatal("fsdpc-ckpt init: --%s does not apply to %s models (preset %s)",
+                       init_overrides[i].flag, arch->name, preset);
+        }
+        if (given[i] && fsdp_attr_set(a, cfg, value[i]) < 0) {
+            fsdp_die(FSDP_ERR_INVALID, "fsdpc-ckpt init: model config", NULL);
+        }
     }
-    cfg.n_layer = layers ? layers : cfg.n_layer;
-    cfg.n_head = heads ? heads : cfg.n_head;
-    cfg.n_embd = width ? width : cfg.n_embd;
-    cfg.vocab_size = vocab ? vocab : cfg.vocab_size;
-    cfg.context = context ? context : cfg.context;
-    cfg.tied = untied ? 0 : cfg.tied;
-    if ((rc = fsdp_gpt2_spec_create(&cfg, &spec)) < 0) {
+    struct fsdp_model_spec *spec;
+    if ((rc = arch->spec_create(cfg, &spec)) < 0) {
         fsdp_die(rc, "fsdpc-ckpt init: model config", NULL);
     }
+    free(cfg);
 
     size_t widest = 0;
     for (int u = 0; u < spec->n_units; u++) {
@@ -177,13 +287,11 @@ static int cmd_init(int argc, char **argv)
     }
     FSDP_CHECK_GOTO(fsdp_model_writer_commit(w), rc, fail);
     fsdp_model_writer_destroy(w);
-    char hb[32];
+    char hb[32], desc[256];
     human_bytes(hb, sizeof(hb), (double)spec->total_numel * (double)fsdp_dtype_size(dtype));
-    printf("%s: gpt2 n_layer=%d n_head=%d n_embd=%d vocab_size=%d context=%d %s, "
-           "%zu parameters, %s %s, seed %lld (%.1f s)\n",
-           out, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.context,
-           cfg.tied ? "tied" : "untied", spec->total_numel, hb, fsdp_dtype_name(dtype), seed,
-           fsdp_now() - t0);
+    fsdp_arch_describe(spec->arch, spec->cfg, desc, sizeof(desc));
+    printf("%s: %s %s, %zu parameters, %s %s, seed %lld (%.1f s)\n", out, spec->arch->name, desc,
+           spec->total_numel, hb, fsdp_dtype_name(dtype), seed, fsdp_now() - t0);
     fsdp_free(buf);
     fsdp_model_spec_destroy(spec);
     return 0;
@@ -245,7 +353,12 @@ static int cmd_inspect(int argc, char **argv)
     }
     printf("architecture  %s: %s\n", s->arch->name, attrs);
     printf("units         %d\n\n", s->n_units);
-    printf("%-28s %5s  %-14s %-5s %14s\n", "tensor", "unit", "shape", "dtype", "bytes");
+    int wn = 28; /* the name column fits the longest name */
+    for (size_t i = 0; i < s->n_params; i++) {
+        int n = (int)strlen(s->params[i].name);
+        wn = n > wn ? n : wn;
+    }
+    printf("%-*s %5s  %-14s %-5s %14s\n", wn, "tensor", "unit", "shape", "dtype", "bytes");
     size_t bytes = 0;
     for (size_t i = 0; i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
@@ -257,7 +370,7 @@ static int cmd_inspect(int argc, char **argv)
         }
         size_t b = fsdp_model_file_tensor_bytes(mf, i);
         bytes += b;
-        printf("%-28s %5d  %-14s %-5s %14zu\n", p->name, p->unit, shape,
+        printf("%-*s %5d  %-14s %-5s %14zu\n", wn, p->name, p->unit, shape,
                fsdp_model_file_tensor_dtype(mf, i), b);
     }
     char hb[32];

@@ -77,7 +77,7 @@ expect eps-int attr-int:ln_eps=1 "root attribute 'ln_eps' has integer type, expe
 expect attr-array attr-array:n_embd "root attribute 'n_embd' must hold one value, not 2"
 expect version attr-int:format_version=2 "attribute 'format_version' is 2; this build reads version 1"
 expect format attr-str:format=other-model "attribute 'format' is 'other-model', expected 'fsdpc-model'"
-expect arch attr-str:architecture=llama "attribute 'architecture' is 'llama'; supported"
+expect arch attr-str:architecture=falcon "attribute 'architecture' is 'falcon'; supported"
 expect heads attr-int:n_head=3 "n_embd 128 is not divisible by n_head 3"
 expect tied attr-int:tied_embeddings=2 "attribute 'tied_embeddings' must be 0 or 1, not 2"
 expect shape shape:h.0.ln_1.weight "dataset /model/h.0.ln_1.weight has shape (127,) but n_embd=128 needs (128,)"

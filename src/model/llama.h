@@ -1,0 +1,203 @@
+/*
+ * llama.h - the Llama family's forward and backward over units, on host f32
+ * buffers (Hugging Face's LlamaForCausalLM; Qwen2's q/k/v biases with
+ * attn_bias; Mistral without a sliding window is the same model).
+ *
+ * The model owns activations (and the RoPE tables) only. Parameters and
+ * their gradients live in per-unit contiguous buffers laid out by the
+ * parameter table (llama_spec.h) and owned by the CALLER, who points the
+ * model at them with fsdp_llama_set_unit:
+ *   unit 0        embed_tokens (V, C)
+ *   unit 1 + l    block l
+ *   unit 1 + L    norm (+ lm_head (V, C) when untied)
+ * A driver runs fsdp_llama_forward_unit for u = 0 .. L+1 and
+ * fsdp_llama_backward_unit for u = L+1 .. 0, gathering/reducing between the
+ * calls. Tied embeddings work as GPT-2's (gpt2.h): unit L+1 reads unit 0's
+ * table and ADDS its gradient into unit 0's gradient, whose own backward
+ * adds the lookup's part last. Parameter gradients always accumulate (+=).
+ *
+ * Block l, with hs = C / NH and rows [q (NH heads) | k (NKV) | v (NKV)]:
+ *   qkv = rmsnorm(x) @ [Wq; Wk; Wv]^T (+ [bq; bk; bv]); RoPE on q and k
+ *   x  += gqa_attention(qkv) @ Wo^T
+ *   h   = rmsnorm(x);  x += (silu(h @ Wg^T) * (h @ Wu^T)) @ Wd^T
+ * The packed q/k/v product is one sgemm over the consecutive weights.
+ *
+ * It runs on the host: a device whose memory is not host memory is refused.
+ */
+#ifndef FSDP_MODEL_LLAMA_H
+#define FSDP_MODEL_LLAMA_H
+
+#include "model/llama_spec.h"
+#include "model/model.h"
+#include "compute/device.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+// ----------------------------------------------------------------------------
+// parameter views: pointers into one unit buffer (params or grads alike)
+
+/* A block's tensors (shapes: FSDP_LLAMA_BLOCK_TENSORS); the biases are
+ * NULL without attn_bias. qw, kw, vw are consecutive, as are qb, kb, vb. */
+struct fsdp_llama_block_view {
+#define FSDP_LLAMA_X(id, field, suffix, rows, cols, init, decay, tp, bias) float *field;
+    FSDP_LLAMA_BLOCK_TENSORS(FSDP_LLAMA_X)
+#undef FSDP_LLAMA_X
+};
+
+struct fsdp_llama_head_view {
+    float *norm;    /* (C) */
+    float *lm_head; /* (V, C): unit 0's embed_tokens when tied */
+};
+
+// ----------------------------------------------------------------------------
+// activations, sized for (max_B, max_T); a smaller batch uses the leading
+// part of every tensor with its own (B, T). QKV = (NH + 2 NKV) hs.
+
+/* What one block saves for its backward. */
+struct fsdp_llama_block_acts {
+    float *rms1;      /* (B, T, C) input_layernorm output */
+    float *rms1_rstd; /* (B, T) */
+    float *qkv;       /* (B, T, QKV) after RoPE */
+    float *atty;      /* (B, T, C) attention output, before o_proj */
+    float *att_lse;   /* (B, NH, T) log-sum-exp of each score row */
+    float *res2;      /* (B, T, C) residual after attention */
+    float *rms2;      /* (B, T, C) post_attention_layernorm output */
+    float *rms2_rstd; /* (B, T) */
+    float *gate;      /* (B, T, F) gate_proj output */
+    float *up;        /* (B, T, F) up_proj output */
+    float *h;         /* (B, T, F) silu(gate) * up, down_proj's input */
+};
+
+/* One contiguous buffer (act_memory). Checkpointed blocks share one
+ * block_acts set that their backward refills from residual[l]. */
+struct fsdp_llama_acts {
+    float *residual;    /* (L+1, B, T, C): [l] is block l's input, [L] feeds the norm */
+    float *lnf;         /* (B, T, C) final norm output */
+    float *lnf_rstd;    /* (B, T) */
+    float *head_logits; /* (head_rows, V) one chunk of logits, then their gradient */
+    float *ce_stats;    /* (B, T, 2) per row: max logit and sum of exp(logit - max) */
+    float *losses;      /* (B, T) per-token loss, 0 where the target is ignored */
+    float *att_scratch; /* fsdp_cpu_attention_scratch_floats(T) */
+    struct fsdp_llama_block_acts *blocks; /* (L,) */
+};
+
+/* Gradients of activations, shared by all blocks (grad_act_memory). */
+struct fsdp_llama_grad_acts {
+    float *dres;  /* (B, T, C) gradient of the residual stream, updated in place */
+    float *dbtc;  /* (B, T, C) d(norm output) / d(attention output) */
+    float *dqkv;  /* (B, T, QKV) */
+    float *dgate; /* (B, T, F) */
+    float *dup;   /* (B, T, F) */
+    float *dh;    /* (B, T, F) */
+};
+
+struct fsdp_llama {
+    struct fsdp_model base;              /* ops and spec for the generic interface */
+    const struct fsdp_model_spec *spec;  /* not owned; outlives the model */
+    const struct fsdp_llama_config *cfg; /* spec's */
+    const struct fsdp_kernels *k;        /* the host kernels (the device's, when given) */
+    int max_B, max_T;
+    int hs, qkv_w;                       /* head size; QKV row width */
+
+    float **unit_params; /* (n_units,) caller-owned unit buffers */
+    float **unit_grads;  /* (n_units,) caller-owned, may be NULL for forward only */
+
+    float *rope_cos, *rope_sin; /* (max_T, hs / 2) each, made once at create */
+
+    unsigned char *checkpoint; /* (L,) 1: recompute block l in backward */
+    int head_chunk;            /* rows of the LM head's logits computed at a time */
+    struct fsdp_llama_acts acts;
+    struct fsdp_llama_grad_acts gacts;
+    float *act_memory; /* NULL until reserved */
+    size_t act_floats;
+    float *grad_act_memory;
+    size_t grad_act_floats;
+
+    /* current batch (borrowed until the backward ends) */
+    int B, T;
+    const int32_t *tokens;  /* (B, T) */
+    const int32_t *targets; /* (B, T) or NULL */
+    int32_t ignore_index;   /* targets equal to it are padding; default -1 */
+
+    /* loss of the last forward with targets */
+    float loss;          /* mean over kept tokens (NaN when none) */
+    size_t n_kept;       /* tokens whose target is not ignored */
+    double loss_divisor; /* 0: n_kept; else the divisor of the loss sum (global count) */
+    float loss_scale;    /* multiplies the seed gradient (f16 loss scaling); 1 */
+
+    /* ordering state: forward of u, then backward from L+1 down to 0 */
+    unsigned char *fwd_done; /* (n_units,) */
+    int bwd_next;            /* unit the next backward_unit must be; -1 when none */
+
+    size_t blk_off[FSDP_LLAMA_BLK_COUNT]; /* offsets inside a block's unit; SIZE_MAX: absent */
+    size_t emb_off;                       /* embed_tokens inside unit 0 */
+    size_t head_off[2];                   /* norm.weight, lm_head.weight inside unit L+1 */
+};
+
+// ----------------------------------------------------------------------------
+// lifetime and settings (as gpt2.h's namesakes)
+
+/* A model for batches of up to (max_B, max_T) tokens (max_T <= context);
+ * activation memory is reserved lazily. */
+int fsdp_llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
+                      struct fsdp_llama **out);
+void fsdp_llama_destroy(struct fsdp_llama *m);
+/* Block l (every block when l < 0) recomputed in its backward; not between
+ * a forward and its backward. */
+int fsdp_llama_set_checkpoint(struct fsdp_llama *m, int l, int on);
+/* The LM head computes `rows` rows of logits at a time (0: the default,
+ * FSDP_LLAMA_HEAD_BYTES of logits); more than one chunk recomputes the
+ * logits in the backward. */
+#define FSDP_LLAMA_HEAD_BYTES ((size_t)16 << 20)
+int fsdp_llama_set_head_chunk(struct fsdp_llama *m, int rows);
+int fsdp_llama_reserve(struct fsdp_llama *m);
+int fsdp_llama_set_unit(struct fsdp_llama *m, int u, float *params, float *grads);
+void fsdp_llama_set_ignore_index(struct fsdp_llama *m, int32_t ignore_index);
+void fsdp_llama_set_loss_seed(struct fsdp_llama *m, double divisor, float scale);
+
+// ----------------------------------------------------------------------------
+// views
+
+void fsdp_llama_block_view(const struct fsdp_llama *m, float *unit,
+                           struct fsdp_llama_block_view *v);
+/* unit0 supplies lm_head when tied */
+void fsdp_llama_head_view(const struct fsdp_llama *m, float *unit_last, float *unit0,
+                          struct fsdp_llama_head_view *v);
+
+// ----------------------------------------------------------------------------
+// forward / backward (as gpt2.h's namesakes)
+
+int fsdp_llama_set_batch(struct fsdp_llama *m, const int32_t *tokens, const int32_t *targets,
+                         int B, int T);
+int fsdp_llama_forward_unit(struct fsdp_llama *m, int u);
+int fsdp_llama_backward_unit(struct fsdp_llama *m, int u);
+/* Logits (rows, V) of positions [row0, row0 + rows) of the last forward. */
+int fsdp_llama_logits(struct fsdp_llama *m, size_t row0, size_t rows, float *out);
+int fsdp_llama_forward(struct fsdp_llama *m, const int32_t *tokens, const int32_t *targets, int B,
+                       int T, float *loss);
+int fsdp_llama_backward(struct fsdp_llama *m);
+/* Zeroes unit u's gradient buffer (all units when u < 0). */
+int fsdp_llama_zero_grad(struct fsdp_llama *m, int u);
+
+// ----------------------------------------------------------------------------
+// accounting
+
+/* Bytes of saved activations for the current checkpoint flags. */
+size_t fsdp_llama_activation_bytes(const struct fsdp_llama *m);
+/* Bytes of activation gradients and scratch, and the RoPE tables. */
+size_t fsdp_llama_workspace_bytes(const struct fsdp_llama *m);
+/*
+ * Training FLOPs per token at sequence length T (doc/model.md):
+ *   6 N + 12 L C T
+ * N = every parameter but embed_tokens when untied (a lookup): the k/v
+ * projections are NKV/NH of a square one (GQA), the MLP three C x F
+ * matrices (SwiGLU); the attention term counts QK^T and PV of every query
+ * head at full T, the same whatever NKV.
+ */
+double fsdp_llama_flops_per_token(const struct fsdp_model_spec *s, int T);
+
+/* The ops of the generic interface (model.h) over the functions above. */
+extern const struct fsdp_model_ops fsdp_llama_ops;
+
+#endif
