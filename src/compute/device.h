@@ -61,6 +61,18 @@ struct fsdp_kernels {
     void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, size_t n);
     void (*f16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    void (*embed_rows_forward)(float *out, const int32_t *tokens, const float *wte, size_t v0,
+                               size_t vn, const float *wpe, size_t p0, size_t pn, size_t N,
+                               int T, int C);
+    void (*embed_rows_backward)(float *dwte, float *dwpe, const float *dout,
+                                const int32_t *tokens, size_t v0, size_t vn, size_t p0,
+                                size_t pn, size_t N, int T, int C);
+    void (*crossentropy_slice_forward)(float *stats, float *target_logit, const float *logits,
+                                       const int32_t *targets, size_t N, size_t n, size_t col0,
+                                       int32_t ignore_index, int first);
+    void (*crossentropy_slice_backward)(float *dlogits, const float *logits, const float *stats,
+                                        const int32_t *targets, size_t N, size_t n, size_t col0,
+                                        int32_t ignore_index, float dscale);
 };
 
 struct fsdp_device;

@@ -35,6 +35,10 @@ static const struct fsdp_kernels cpu_kernels = {
     .bf16_to_f32 = fsdp_cpu_bf16_to_f32,
     .f32_to_f16 = fsdp_cpu_f32_to_f16,
     .f16_to_f32 = fsdp_cpu_f16_to_f32,
+    .embed_rows_forward = fsdp_cpu_embed_rows_forward,
+    .embed_rows_backward = fsdp_cpu_embed_rows_backward,
+    .crossentropy_slice_forward = fsdp_cpu_crossentropy_slice_forward,
+    .crossentropy_slice_backward = fsdp_cpu_crossentropy_slice_backward,
 };
 
 const struct fsdp_kernels *fsdp_cpu_kernels(void)

@@ -41,6 +41,29 @@ void fsdp_cpu_encoder_backward(float *dwte,           /* (V, C) */
                                const int32_t *tokens, /* (B, T) */
                                int B, int T, int C);
 
+/*
+ * The same embedding when this rank holds only some rows of the tables (the
+ * others hold the rest): rows [v0, v0 + vn) of wte and [p0, p0 + pn) of wpe.
+ * Row r of the N rows is position r mod T and reads token tokens[r] (which
+ * may be any id: rows not held contribute nothing):
+ *   out[r,:] = (wte row if held, else 0) + (wpe row if held, else 0)
+ * so that the rows summed over the ranks equal fsdp_cpu_encoder_forward's,
+ * bit for bit (one addition of the two held rows, the rest adds of zero).
+ * The backward adds dout[r,:] into the held rows, rows in order.
+ */
+void fsdp_cpu_embed_rows_forward(float *out,            /* (N, C) */
+                                 const int32_t *tokens, /* (N) */
+                                 const float *wte,      /* (vn, C) */
+                                 size_t v0, size_t vn,
+                                 const float *wpe,      /* (pn, C) */
+                                 size_t p0, size_t pn, size_t N, int T, int C);
+void fsdp_cpu_embed_rows_backward(float *dwte,           /* (vn, C) */
+                                  float *dwpe,           /* (pn, C) */
+                                  const float *dout,     /* (N, C) */
+                                  const int32_t *tokens, /* (N) */
+                                  size_t v0, size_t vn, size_t p0, size_t pn, size_t N, int T,
+                                  int C);
+
 // ----------------------------------------------------------------------------
 // layer norm (torch.nn.LayerNorm: biased variance, eps inside the sqrt)
 
@@ -172,6 +195,36 @@ void fsdp_cpu_crossentropy_backward(float *dlogits,         /* (N, V) */
                                     const float *stats,     /* (N, 2) */
                                     const int32_t *targets, /* (N) */
                                     size_t N, size_t V, int32_t ignore_index, float dscale);
+
+/*
+ * The loss over vocabulary slices, for a head that never holds a whole row
+ * of logits: logits (N, n) are columns [col0, col0 + n) of the rows.
+ *   slice_forward   first: stats[i] = (max, sum of exp(x - max)) of the
+ *                   slice, target_logit[i] = the target's logit when the
+ *                   slice holds it, else 0; later slices merge into stats
+ *                   (max' = max(max, m), sum' = sum e^(max - max') +
+ *                   s e^(m - max')) and set target_logit when they hold the
+ *                   target. Ignored rows: (0, 0) and 0 on the first slice,
+ *                   untouched after. The loss of row i is then
+ *                   max + log(sum) - target_logit.
+ *   slice_backward  dlogits of the slice from the final stats: dscale *
+ *                   softmax, minus dscale at the target when the slice
+ *                   holds it; ignored rows zero. dlogits may equal logits.
+ * One slice of all V columns gives crossentropy_forward's statistics and
+ * crossentropy_backward's gradient bit for bit.
+ */
+void fsdp_cpu_crossentropy_slice_forward(float *stats,          /* (N, 2) */
+                                         float *target_logit,   /* (N) */
+                                         const float *logits,   /* (N, n) */
+                                         const int32_t *targets, /* (N) */
+                                         size_t N, size_t n, size_t col0, int32_t ignore_index,
+                                         int first);
+void fsdp_cpu_crossentropy_slice_backward(float *dlogits,         /* (N, n) */
+                                          const float *logits,    /* (N, n) */
+                                          const float *stats,     /* (N, 2) */
+                                          const int32_t *targets, /* (N) */
+                                          size_t N, size_t n, size_t col0, int32_t ignore_index,
+                                          float dscale);
 
 // ----------------------------------------------------------------------------
 // optimizer and gradient utilities

@@ -21,6 +21,13 @@
  * The loss seed divides every token's loss by the global token count
  * K * B * T * world, and the reductions SUM, so the gradient shards hold
  * exactly the single-rank mean gradient of the global batch.
+ *
+ * A model that takes unit 0 by rows (model.h, set_unit_rows) computes it,
+ * and the units tied to it, from each rank's rows and exchanges
+ * activations over the shard group itself: unit 0 is then never gathered
+ * nor reduce-scattered, and its gradient exists only as this rank's rows.
+ * Those exchanges are collectives of every rank, so a rank without a batch
+ * runs the model's units too (the model does only the exchanges).
  */
 #include "config.h"
 #include "fsdp/fsdp_impl.h"
@@ -30,6 +37,7 @@
 #include "compute/kernels.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,12 +51,25 @@ static struct fsdp_shard_engine *shard_impl(const struct fsdp_engine *e)
 // one micro-batch
 
 /* The model computes unit u in its slots; on one rank without a precision
- * policy or replicas, on the shards themselves (nothing to gather or reduce). */
+ * policy or replicas, on the shards themselves (nothing to gather or
+ * reduce); unit 0 by rows on this rank's rows, in its slots where the
+ * policy or the replicas need them, else in the shards themselves. */
 static int shard_bind(struct fsdp_shard_engine *se, int u)
 {
     float *p = se->direct ? se->units[u].master : se->pslots[fsdp_unit_pslot(se, u)].buf;
     float *g = se->direct ? se->units[u].grad : se->gslots[fsdp_unit_gslot(se, u)].buf;
+    if (fsdp_shard_by_rows(se, u)) {
+        p = p ? p : se->units[u].master;
+        g = g ? g : se->units[u].grad;
+    }
     return se->model->ops->set_unit(se->model, u, p, g);
+}
+
+/* Whether the model runs this pass: always, unless this rank has no batch
+ * and the model exchanges nothing. */
+static int shard_runs_model(const struct fsdp_shard_engine *se)
+{
+    return !se->shadow || se->rows_root;
 }
 
 /* In a shadow pass (se->shadow) every collective is issued and waited for
@@ -57,7 +78,7 @@ static int shard_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
                          const int32_t *targets)
 {
     const int last = se->n_units - 1;
-    if (!se->shadow) {
+    if (shard_runs_model(se)) {
         FSDP_CHECK(se->model->ops->set_batch(se->model, inputs, targets, se->ec.B, se->ec.T));
     }
     for (int u = 0; u <= last; u++) {
@@ -65,7 +86,7 @@ static int shard_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
             FSDP_CHECK(fsdp_unit_gather_issue(se, j));
         }
         FSDP_CHECK(fsdp_unit_gather_wait(se, u));
-        if (!se->shadow) {
+        if (shard_runs_model(se)) {
             FSDP_CHECK(shard_bind(se, u));
             FSDP_CHECK(se->model->ops->forward_unit(se->model, u));
         }
@@ -80,7 +101,27 @@ static int shard_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
 static void shard_zero_gslot(struct fsdp_shard_engine *se, int u)
 {
     struct fsdp_gslot *s = &se->gslots[fsdp_unit_gslot(se, u)];
-    memset(s->buf, 0, se->units[u].numel * sizeof(float));
+    size_t n = fsdp_shard_by_rows(se, u) ? se->units[u].S : se->units[u].numel;
+    memset(s->buf, 0, n * sizeof(float));
+}
+
+/* Unit 0's gradient before a micro-batch's backward: its slot starts at
+ * zero; by rows without a slot the model adds into the gradient shard,
+ * which only the step's first micro-batch zeroes. */
+static int shard_zero_root(struct fsdp_shard_engine *se, int first, int accumulate)
+{
+    struct fsdp_gslot *s = &se->gslots[fsdp_unit_gslot(se, 0)];
+    if (fsdp_shard_by_rows(se, 0) && !s->buf) {
+        if (first && !accumulate) {
+            memset(se->units[0].grad, 0, se->units[0].S * sizeof(float));
+        }
+        return 0;
+    }
+    if (first) {
+        FSDP_CHECK(fsdp_unit_reduce_wait_slot(se, fsdp_unit_gslot(se, 0)));
+        shard_zero_gslot(se, 0);
+    }
+    return 0;
 }
 
 /* reduce: issue the reductions of this micro-batch; first: its grads start
@@ -97,10 +138,7 @@ static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, i
         reduce = 0;
         first = 0;
     }
-    if (first) {
-        FSDP_CHECK(fsdp_unit_reduce_wait_slot(se, fsdp_unit_gslot(se, 0)));
-        shard_zero_gslot(se, 0);
-    }
+    FSDP_CHECK(shard_zero_root(se, first, accumulate));
     for (int u = last; u >= 0; u--) {
         for (int j = u; j >= 0 && j >= u - se->ec.prefetch; j--) {
             FSDP_CHECK(fsdp_unit_gather_issue(se, j));
@@ -112,7 +150,7 @@ static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, i
             }
         }
         FSDP_CHECK(fsdp_unit_gather_wait(se, u));
-        if (!se->shadow) { /* a shadow pass reduces the zeroed buffer */
+        if (shard_runs_model(se)) { /* a shadow pass reduces the zeroed buffer */
             FSDP_CHECK(shard_bind(se, u));
             FSDP_CHECK(se->model->ops->backward_unit(se->model, u));
         }
@@ -233,6 +271,7 @@ static int shard_step(struct fsdp_engine *e, const struct fsdp_batch *b, double 
 {
     struct fsdp_shard_engine *se = shard_impl(e);
     const int nosync = se->ec.no_sync_accum;
+    fsdp_shard_drop_saved(se);
     const int K = b->K, have = b->inputs != NULL;
     const size_t bt = (size_t)se->ec.B * (size_t)se->ec.T;
     double loss_sum = 0.0;
@@ -272,6 +311,7 @@ static int shard_eval(struct fsdp_engine *e, const int32_t *inputs, const int32_
                       double *loss)
 {
     struct fsdp_shard_engine *se = shard_impl(e);
+    fsdp_shard_drop_saved(se);
     int rc = shard_forward(se, inputs, targets);
     fsdp_unit_release_all(se);
     FSDP_CHECK(rc);
@@ -293,6 +333,7 @@ static void shard_piece(struct fsdp_engine *e, size_t k, struct fsdp_state_piece
 
 static int shard_state_changed(struct fsdp_engine *e)
 {
+    fsdp_shard_drop_saved(shard_impl(e));
     fsdp_unit_release_all(shard_impl(e));
     return 0;
 }
@@ -340,12 +381,13 @@ static void shard_describe(const struct fsdp_engine *e, char *buf, size_t len)
     }
     snprintf(buf, len,
              "fsdp: mesh %s (%s) | %d-way dim-0 shards x %d replicas | sharding %s, reshard after "
-             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s",
+             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s%s",
              se->mesh, se->backends, se->Rs, se->world / se->Rs, modes[ec->sharding],
              se->keep_gathered ? "off" : "on", ec->prefetch, fsdp_dtype_name(ec->param_dtype),
              fsdp_dtype_name(ec->reduce_dtype), scale,
              ec->no_sync_accum ? " | no-sync accumulation" : "",
-             ec->activation_checkpointing ? " | activation checkpointing" : "");
+             ec->activation_checkpointing ? " | activation checkpointing" : "",
+             se->rows_root ? " | unit 0 by rows" : "");
 }
 
 static void shard_destroy(struct fsdp_engine *e)
@@ -422,19 +464,30 @@ static void shard_log_memory(const struct fsdp_shard_engine *se)
               st.grad_bytes, st.comm_bytes, st.act_bytes, st.peak_bytes);
 }
 
-/* The model instance: activations for (B, T), checkpointing, the root bound. */
+/*
+ * The model instance: activations for (B, T), checkpointing, and whether it
+ * takes unit 0 by rows over the shard group (a model that can, with a shard
+ * group: the root's tables then never exist whole on any rank).
+ */
 static int shard_model(struct fsdp_shard_engine *se)
 {
     const struct fsdp_shard_config *ec = &se->ec;
+    const struct fsdp_model_ops *ops = fsdp_model_ops_of(se->spec);
     struct fsdp_model_opts mo = {.max_B = ec->B, .max_T = ec->T, .head_chunk = ec->lm_head_chunk,
                                  .dev = se->dev};
     FSDP_CHECK(fsdp_model_create(se->spec, &mo, &se->model));
     if (ec->activation_checkpointing) {
         FSDP_CHECK(se->model->ops->set_checkpoint(se->model, -1, 1));
     }
-    FSDP_CHECK(se->model->ops->reserve(se->model));
-    /* the root stays bound: a tied unit reads and accumulates into it */
-    return shard_bind(se, 0);
+    int has_rows = ops->size >= offsetof(struct fsdp_model_ops, set_unit_rows) +
+                                    sizeof(ops->set_unit_rows) &&
+                   ops->set_unit_rows;
+    if (se->shard_g && has_rows) {
+        int rc = ops->set_unit_rows(se->model, 0, se->shard_g);
+        FSDP_CHECK(rc);
+        se->rows_root = rc == 1;
+    }
+    return se->model->ops->reserve(se->model);
 }
 
 /* Each group's backend must take the device's memory in its collectives. */
@@ -505,8 +558,11 @@ int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fs
     fsdp_adamw_init(&se->opt, oc, spec, dev->k);
     fsdp_shard_groups_set(se, g);
     FSDP_CHECK_GOTO(shard_check_backends(se), rc, err);
-    FSDP_CHECK_GOTO(fsdp_shard_setup(se), rc, err);
+    FSDP_CHECK_GOTO(fsdp_shard_layout_create(se), rc, err);
     FSDP_CHECK_GOTO(shard_model(se), rc, err);
+    FSDP_CHECK_GOTO(fsdp_shard_alloc_slots(se), rc, err);
+    /* the root stays bound: a tied unit reads and accumulates into it */
+    FSDP_CHECK_GOTO(shard_bind(se, 0), rc, err);
     e->flops_per_token = se->model->ops->flops_per_token(spec, sc->T);
     e->n_state = se->opt.n_state;
     e->state_names = se->opt.state_names;

@@ -114,6 +114,10 @@ struct fsdp_shard_engine {
     size_t Smax;                       /* largest shard */
 
     int keep_gathered;                 /* params stay gathered from forward to backward */
+    int rows_root;                     /* the model computes unit 0 (and the units tied to it)
+                                          from this rank's rows of it, exchanging activations
+                                          over the shard group: unit 0 is never gathered and
+                                          its gradient is only ever this rank's rows */
     int direct;                        /* one rank, f32, no replicas: the model computes on the
                                           shards themselves and the slots hold no buffers */
     int n_pslots, n_gslots;
@@ -122,6 +126,8 @@ struct fsdp_shard_engine {
     int *rqueue;                       /* (n_gslots,) pending reductions, in issue order */
     float *scratch;                    /* (scratch_floats,) a unit less its largest parameter,
                                           for packing in place (NULL when Rs == 1) */
+    float *save_buf;                   /* rows_root: unit 0 gathered whole by gather_unit,
+                                          until the next op */
     size_t scratch_floats;
     double *sum_buf;                   /* (world,) one double per rank of a group */
     int rq_head, rq_len;
@@ -162,13 +168,21 @@ void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *b
 int fsdp_shard_layout_create(struct fsdp_shard_engine *se);
 /* The shard group, the replica groups and the mesh names from g. */
 void fsdp_shard_groups_set(struct fsdp_shard_engine *se, const struct fsdp_shard_groups *g);
-/* The layout and every slot, on se->dev. */
-int fsdp_shard_setup(struct fsdp_shard_engine *se);
+/* Every slot and the packing scratch, on se->dev (after the layout, and
+ * after the model has said whether it takes unit 0 by rows). */
+int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se);
 void fsdp_shard_teardown(struct fsdp_shard_engine *se);
 /* The state pieces (engine.h) and whole units gathered for saving. */
 size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se);
 void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out);
 int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full);
+/* Frees what gather_unit allocated for a unit by rows. */
+void fsdp_shard_drop_saved(struct fsdp_shard_engine *se);
+/* Unit u is given to the model as this rank's rows (rows_root, unit 0). */
+static inline int fsdp_shard_by_rows(const struct fsdp_shard_engine *se, int u)
+{
+    return se->rows_root && u == 0;
+}
 
 /* unit.c */
 int fsdp_unit_pslot(const struct fsdp_shard_engine *se, int u);

@@ -12,3 +12,9 @@ dist_doc_DATA += doc/sharding.md
 # in-place packing against the row layout, every dtype, uneven splits
 check_PROGRAMS += tests/fsdp/test_shard_pack
 TESTS += tests/fsdp/test_shard_pack
+
+# GPT-2 with unit 0 by rows (vocabulary-parallel embedding and tied head)
+# over 2 and 3 ranks against one process with the global batch
+check_PROGRAMS += tests/fsdp/test_rows
+dist_check_SCRIPTS += tests/fsdp/test_rows.sh
+TESTS += tests/fsdp/test_rows.sh

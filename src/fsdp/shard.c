@@ -139,6 +139,7 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
         un->v = p + 3 * total;
         p += un->S;
     }
+    /* unit 0 by rows is packed only when gather_unit saves it, through the same scratch */
     if (se->scratch_floats > 0) {
         se->scratch = se->dev->ops->alloc(se->dev, se->scratch_floats * sizeof(float));
         if (!se->scratch) {
@@ -166,7 +167,7 @@ static float *shard_slot_buf(struct fsdp_shard_engine *se, size_t numel, size_t 
     return p;
 }
 
-static int shard_alloc_slots(struct fsdp_shard_engine *se)
+int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
 {
     const struct fsdp_shard_config *ec = &se->ec;
     int n = se->n_units;
@@ -185,16 +186,25 @@ static int shard_alloc_slots(struct fsdp_shard_engine *se)
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: slot tables");
     }
     /* a slot holds the largest unit that maps to it, and its packed shards
-     * (Rs * S: the unit plus the collectives' padding) */
+     * (Rs * S: the unit plus the collectives' padding). Unit 0 by rows is
+     * never gathered: its slot holds this rank's rows cast to the param
+     * dtype and back (none in f32: the model reads the master shard), and
+     * its gradient slot this rank's rows of the gradient, for the reduce
+     * dtype's rounding and the replicas' all-reduce (none in f32 without
+     * replicas: the model adds into the gradient shard) */
     for (int u = 0; u < n; u++) {
         size_t numel = se->units[u].numel, packed = (size_t)se->Rs * se->units[u].S;
-        size_t floats = numel > packed ? numel : packed;
+        size_t floats = numel > packed ? numel : packed, gnumel = numel, gfloats = floats;
+        if (fsdp_shard_by_rows(se, u)) {
+            numel = floats = ec->param_dtype != FSDP_F32 ? se->units[u].S : 0;
+            gnumel = gfloats = ec->reduce_dtype != FSDP_F32 || se->n_rep > 0 ? se->units[u].S : 0;
+        }
         struct fsdp_pslot *ps = &se->pslots[fsdp_unit_pslot(se, u)];
         struct fsdp_gslot *gs = &se->gslots[fsdp_unit_gslot(se, u)];
         ps->numel = numel > ps->numel ? numel : ps->numel;
         ps->floats = floats > ps->floats ? floats : ps->floats;
-        gs->numel = numel > gs->numel ? numel : gs->numel;
-        gs->floats = floats > gs->floats ? floats : gs->floats;
+        gs->numel = gnumel > gs->numel ? gnumel : gs->numel;
+        gs->floats = gfloats > gs->floats ? gfloats : gs->floats;
     }
     /* a direct engine's slots keep only the schedule's bookkeeping */
     int failed = 0;
@@ -302,12 +312,6 @@ void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *b
     }
 }
 
-int fsdp_shard_setup(struct fsdp_shard_engine *se)
-{
-    FSDP_CHECK(fsdp_shard_layout_create(se));
-    return shard_alloc_slots(se);
-}
-
 /* A collective still in flight after a failed step must finish before its
  * buffers go; one that does not finish soon is left (and its buffers with it). */
 static int shard_drain(struct fsdp_work **w)
@@ -338,6 +342,7 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
         }
         se->dev->ops->free(se->dev, se->gslots[i].buf);
     }
+    fsdp_shard_drop_saved(se);
     free(se->pslots);
     free(se->gslots);
     free(se->rqueue);
@@ -376,16 +381,37 @@ void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_
     out->data = base[out->kind] + g->block_off;
 }
 
-/* Gathers unit u in f32 into its parameter slot and unpacks it there. */
+void fsdp_shard_drop_saved(struct fsdp_shard_engine *se)
+{
+    if (se->save_buf) {
+        se->dev->ops->free(se->dev, se->save_buf);
+        se->save_buf = NULL;
+    }
+}
+
+/* Gathers unit u in f32 into its parameter slot and unpacks it there. Unit
+ * 0 by rows has no slot of that size: it is gathered into a buffer of its
+ * own, allocated here and freed at the next op (only the final model file
+ * asks for whole units). */
 int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full)
 {
     const struct fsdp_unit *un = &se->units[u];
     fsdp_unit_release_all(se);
+    fsdp_shard_drop_saved(se);
     if (!se->shard_g) {
         *full = un->master;
         return 0;
     }
     float *buf = se->pslots[fsdp_unit_pslot(se, u)].buf;
+    if (fsdp_shard_by_rows(se, u)) {
+        size_t packed = (size_t)se->Rs * un->S, floats = un->numel > packed ? un->numel : packed;
+        se->save_buf = se->dev->ops->alloc(se->dev, floats * sizeof(float));
+        if (!se->save_buf) {
+            return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to gather unit %d whole",
+                            floats * sizeof(float), u);
+        }
+        buf = se->save_buf;
+    }
     struct fsdp_work *w;
     FSDP_CHECK(fsdp_allgather(se->shard_g, un->master, buf, un->S, FSDP_F32, &se->attr, &w));
     int rc = fsdp_work_wait(w, -1.0);

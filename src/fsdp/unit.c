@@ -15,7 +15,12 @@
  * is a scheduling bug and fails loudly rather than corrupting parameters.
  * With one rank in the shard group there is no collective: the "gather" is
  * the cast of the master shard and the "reduce-scatter" the cast of the
- * gradient, so that a single rank runs the same precision policy.
+ * gradient, so that a single rank runs the same precision policy. Unit 0
+ * by rows is treated the same way on any number of ranks: the model
+ * computes from this rank's rows, so its "gather" is the cast of the master
+ * shard (nothing in f32) and its gradient, already summed over the shard
+ * group by the model's exchanges, only goes through the reduce dtype and
+ * the replicas.
  */
 #include "config.h"
 #include "fsdp/fsdp_impl.h"
@@ -118,6 +123,14 @@ static void *unit_block(float *buf, int r, size_t S, enum fsdp_dtype t)
     return (char *)buf + (size_t)r * S * fsdp_dtype_size(t);
 }
 
+/* Where gradient slot s holds this rank's reduced shard of unit u. */
+static void *unit_reduced(const struct fsdp_shard_engine *se, const struct fsdp_gslot *s, int u)
+{
+    return fsdp_shard_by_rows(se, u) ? (void *)s->buf
+                                     : unit_block(s->buf, se->rs, se->units[u].S,
+                                                  se->ec.reduce_dtype);
+}
+
 /* grad = (accumulate ? grad : 0) + shard, the shard in t, added as f32. */
 static void unit_accumulate(const struct fsdp_shard_engine *se, float *grad, const void *shard,
                             size_t n, enum fsdp_dtype t, int accumulate)
@@ -170,6 +183,16 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
     int rc = 0;
     if (se->direct) {
         return 0; /* the model reads the master shard itself */
+    }
+    if (fsdp_shard_by_rows(se, u)) {
+        /* this rank's rows, rounded to the param dtype; even a joined rank's
+         * serve the others */
+        if (pt != FSDP_F32) {
+            unit_to16(se, pt, (uint16_t *)(void *)s->buf, un->master, un->S);
+            se->dev->k->widen_inplace(s->buf, un->S, pt == FSDP_BF16);
+        }
+        s->ready = 1;
+        return 0;
     }
     if (pt == FSDP_F32) {
         if (!se->shard_g) {
@@ -251,13 +274,20 @@ int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate)
         return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: unit %d's reduction needs the buffer of unit %d's",
                         u, s->unit);
     }
+    if (fsdp_shard_by_rows(se, u) && !s->buf) {
+        return 0; /* the model added into the gradient shard itself */
+    }
     s->unit = u;
     s->accumulate = accumulate;
     s->phase = 0;
     s->issued = fsdp_now();
     s->done = 0.0;
     int rc = 0;
-    if (!se->shard_g) { /* one shard: the unit itself, cast to the reduce dtype (and back later) */
+    if (fsdp_shard_by_rows(se, u)) { /* this rank's rows, summed already: only the cast */
+        if (rt != FSDP_F32) {
+            se->dev->k->narrow_inplace(s->buf, un->S, rt == FSDP_BF16);
+        }
+    } else if (!se->shard_g) { /* one shard: the unit itself, cast to the reduce dtype (and back later) */
         if (rt != FSDP_F32) {
             se->dev->k->narrow_inplace(s->buf, un->numel, rt == FSDP_BF16);
         }
@@ -300,7 +330,7 @@ static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *mov
     *moved = 1;
     /* hybrid: the shard is summed over the replicas, in the reduce dtype
      * (replicas hold the same rows, so they agree on skipping an empty shard) */
-    void *shard = unit_block(s->buf, se->rs, un->S, rt);
+    void *shard = unit_reduced(se, s, s->unit);
     if (s->phase < se->n_rep && un->cnt > 0) {
         void *buf = shard;
         s->issued = fsdp_now();

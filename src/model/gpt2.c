@@ -8,6 +8,7 @@
  */
 #include "config.h"
 #include "model/gpt2.h"
+#include "comm/group.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -137,11 +138,66 @@ static int gpt2_head_default_rows(const struct fsdp_gpt2_config *c)
     return rows < 1 ? 1 : rows > INT_MAX ? INT_MAX : (int)rows;
 }
 
-/* Rows of one LM-head chunk: the chunk size, at most the largest batch. */
-static size_t gpt2_head_rows(const struct fsdp_gpt2 *m)
+/* The tied head split by vocabulary over the ranks of unit 0's rows. */
+static int gpt2_vp_head(const struct fsdp_gpt2 *m)
 {
-    size_t BT = (size_t)m->max_B * (size_t)m->max_T, k = (size_t)m->head_chunk;
-    return k < BT ? k : BT;
+    return m->rows_on && m->cfg->tied;
+}
+
+/* Rows of every rank's batch, as exchanged with unit 0 by rows. */
+static size_t gpt2_rows_all(const struct fsdp_gpt2 *m, size_t BT)
+{
+    return m->rows_on ? (size_t)m->rows_W * BT : BT;
+}
+
+/* Rows the head computes (every rank's when split by vocabulary) and the
+ * vocabulary columns it holds. */
+static size_t gpt2_head_R(const struct fsdp_gpt2 *m, size_t BT)
+{
+    return gpt2_vp_head(m) ? gpt2_rows_all(m, BT) : BT;
+}
+
+static size_t gpt2_head_V(const struct fsdp_gpt2 *m)
+{
+    return gpt2_vp_head(m) ? m->wte_rows : (size_t)m->cfg->vocab_size;
+}
+
+/* The head's logits budget in floats: head_chunk rows of V. */
+static size_t gpt2_head_budget(const struct fsdp_gpt2 *m)
+{
+    return (size_t)m->head_chunk * (size_t)m->cfg->vocab_size;
+}
+
+/*
+ * One tile of the head's logits for R rows and Vh columns: everything when
+ * it fits the budget, else every row and the widest slice of 16-column
+ * multiples that fits, else 16 columns and as many rows as fit.
+ */
+static void gpt2_head_tile(const struct fsdp_gpt2 *m, size_t R, size_t Vh, size_t *rows,
+                           size_t *cols)
+{
+    size_t budget = gpt2_head_budget(m);
+    if (R == 0 || Vh == 0 || R * Vh <= budget) {
+        *rows = R;
+        *cols = Vh;
+        return;
+    }
+    size_t c = budget / R;
+    c -= c % 16;
+    c = c < 16 ? 16 : c;
+    c = c > Vh ? Vh : c;
+    size_t r = budget / c;
+    *rows = r < 1 ? 1 : r > R ? R : r;
+    *cols = c;
+}
+
+/* Floats of the tile buffer: no tile of any batch up to the largest exceeds it. */
+static size_t gpt2_head_tile_floats(const struct fsdp_gpt2 *m)
+{
+    size_t BT = (size_t)m->max_B * (size_t)m->max_T;
+    size_t all = gpt2_head_R(m, BT) * gpt2_head_V(m), budget = gpt2_head_budget(m);
+    budget = budget < 16 ? 16 : budget;
+    return all < budget ? all : budget;
 }
 
 /*
@@ -152,7 +208,7 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
 {
     const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)c->n_embd;
-    size_t L = (size_t)c->n_layer, V = (size_t)c->vocab_size, NH = (size_t)c->n_head;
+    size_t L = (size_t)c->n_layer, NH = (size_t)c->n_head;
     struct fsdp_gpt2_block_acts blk;
     size_t off = 0;
     int any_ckpt = 0;
@@ -160,9 +216,13 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
     a->lnf = gpt2_take(base, &off, BT * C);
     a->lnf_mean = gpt2_take(base, &off, BT);
     a->lnf_rstd = gpt2_take(base, &off, BT);
-    a->head_logits = gpt2_take(base, &off, gpt2_head_rows(m) * V);
-    a->ce_stats = gpt2_take(base, &off, 2 * BT);
+    size_t R = gpt2_head_R(m, BT), rows_all = m->rows_on ? gpt2_rows_all(m, BT) : 0;
+    a->head_logits = gpt2_take(base, &off, gpt2_head_tile_floats(m));
+    a->ce_stats = gpt2_take(base, &off, 2 * R);
     a->losses = gpt2_take(base, &off, BT);
+    /* token ids share the float buffer: 4 bytes each, only ever read as ids */
+    a->tok_all = (int32_t *)(void *)gpt2_take(base, &off, rows_all);
+    a->tgt_all = (int32_t *)(void *)gpt2_take(base, &off, gpt2_vp_head(m) ? rows_all : 0);
     a->att_scratch = gpt2_take(base, &off, m->k->attention_scratch_floats(m->max_T));
     for (size_t l = 0; l < L; l++) {
         if (m->checkpoint[l]) {
@@ -185,16 +245,28 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
     return off;
 }
 
+/* The head and the embedding use the space of dqkv and dfch, which only a
+ * block's backward needs: the workspace is the larger of the two uses. */
 static size_t gpt2_layout_grad_acts(const struct fsdp_gpt2 *m, float *base,
                                     struct fsdp_gpt2_grad_acts *g)
 {
     size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)m->cfg->n_embd;
+    size_t R = gpt2_head_R(m, BT), all = gpt2_rows_all(m, BT);
+    int ex = m->rows_on && m->rows_W > 1, vp = ex && gpt2_vp_head(m);
     size_t off = 0;
     g->dres = gpt2_take(base, &off, BT * C);
     g->dbtc = gpt2_take(base, &off, BT * C);
+    size_t shared = off;
     g->dqkv = gpt2_take(base, &off, BT * 3 * C);
     g->dfch = gpt2_take(base, &off, BT * 4 * C);
-    return off;
+    size_t blocks = off;
+    off = shared;
+    g->xall = gpt2_take(base, &off, ex ? all * C : 0);
+    g->dxall = gpt2_take(base, &off, vp ? all * C : 0);
+    g->zt = gpt2_take(base, &off, R);
+    g->mx = gpt2_take(base, &off, vp ? R : 0);
+    g->sz = gpt2_take(base, &off, vp ? 2 * R : 0);
+    return off > blocks ? off : blocks;
 }
 
 /* Activation memory from the model's device (host memory without one). */
@@ -329,10 +401,12 @@ void fsdp_gpt2_destroy(struct fsdp_gpt2 *m)
  * chunk: dropped here, rebuilt on demand (the next reserve or set_batch). */
 static void gpt2_relayout(struct fsdp_gpt2 *m)
 {
-    fsdp_free(m->act_memory);
+    gpt2_free(m, m->act_memory);
     m->act_memory = NULL;
     m->tokens = NULL;
     m->targets = NULL;
+    m->shadow = 0;
+    m->head_x_ready = 0;
     memset(m->fwd_done, 0, (size_t)m->spec->n_units);
 }
 
@@ -368,6 +442,42 @@ int fsdp_gpt2_set_head_chunk(struct fsdp_gpt2 *m, int rows)
     return 0;
 }
 
+int fsdp_gpt2_set_unit_rows(struct fsdp_gpt2 *m, int u, struct fsdp_group *g)
+{
+    const struct fsdp_model_spec *s = m->spec;
+    if (u < 0 || u >= s->n_units) {
+        return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, s->n_units);
+    }
+    if (u != 0) {
+        return 0; /* only the embedding tables are computed by rows */
+    }
+    if (m->bwd_next >= 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "unit 0 by rows set between forward and backward");
+    }
+    size_t W = g ? (size_t)g->size : 1, r = g ? (size_t)g->rank : 0, off = 0;
+    long iwte = fsdp_model_spec_find(s, "wte.weight"), iwpe = fsdp_model_spec_find(s, "wpe.weight");
+    for (size_t i = s->unit_first[0]; i < s->n_params && s->params[i].unit == 0; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        size_t row0, rows;
+        fsdp_split_even(p->shape[0], W, r, &row0, &rows);
+        if ((long)i == iwte) {
+            m->wte_row0 = row0, m->wte_rows = rows, m->wte_at = off;
+        } else if ((long)i == iwpe) {
+            m->wpe_row0 = row0, m->wpe_rows = rows, m->wpe_at = off;
+        }
+        off += rows * p->shape[1];
+    }
+    m->rows_numel = off;
+    m->rows_g = g;
+    m->rows_W = (int)W;
+    m->rows_r = (int)r;
+    m->rows_on = 1;
+    gpt2_relayout(m);
+    gpt2_free(m, m->grad_act_memory); /* the workspace holds every rank's rows now */
+    m->grad_act_memory = NULL;
+    return 1;
+}
+
 int fsdp_gpt2_set_unit(struct fsdp_gpt2 *m, int u, float *params, float *grads)
 {
     if (u < 0 || u >= m->spec->n_units) {
@@ -399,7 +509,8 @@ int fsdp_gpt2_zero_grad(struct fsdp_gpt2 *m, int u)
         if (!m->unit_grads[i]) {
             return fsdp_err(FSDP_ERR_INVALID, "zero_grad: unit %d has no gradient buffer", i);
         }
-        memset(m->unit_grads[i], 0, m->spec->unit_numel[i] * sizeof(float));
+        size_t numel = i == 0 && m->rows_on ? m->rows_numel : m->spec->unit_numel[i];
+        memset(m->unit_grads[i], 0, numel * sizeof(float));
     }
     return 0;
 }
@@ -415,10 +526,10 @@ int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_
         return fsdp_err(FSDP_ERR_INVALID, "batch %d x %d exceeds the model's %d x %d", B, T,
                         m->max_B, m->max_T);
     }
-    if (!tokens) {
-        return fsdp_err(FSDP_ERR_INVALID, "batch has no tokens");
+    if (!tokens && (!m->rows_on || targets)) {
+        return fsdp_err(FSDP_ERR_INVALID, "batch has %s", targets ? "targets but no tokens" : "no tokens");
     }
-    for (size_t i = 0; i < (size_t)B * (size_t)T; i++) {
+    for (size_t i = 0; tokens && i < (size_t)B * (size_t)T; i++) {
         if (tokens[i] < 0 || tokens[i] >= V) {
             return fsdp_err(FSDP_ERR_INVALID, "token %d at (b=%zu, t=%zu) out of range [0, %d)",
                             (int)tokens[i], i / (size_t)T, i % (size_t)T, V);
@@ -435,9 +546,62 @@ int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_
     m->T = T;
     m->tokens = tokens;
     m->targets = targets;
+    m->shadow = tokens == NULL;
+    m->head_x_ready = 0;
     memset(m->fwd_done, 0, (size_t)m->spec->n_units);
     m->bwd_next = -1;
     return 0;
+}
+
+/* A batch was set: this rank's, or none here with unit 0 by rows. */
+static int gpt2_has_batch(const struct fsdp_gpt2 *m)
+{
+    return m->tokens || m->shadow;
+}
+
+// ----------------------------------------------------------------------------
+// exchanges between the ranks holding unit 0's rows (blocking: the units
+// that need them cannot compute before they complete)
+
+static struct fsdp_coll_attr gpt2_coll_attr(const struct fsdp_gpt2 *m)
+{
+    struct fsdp_coll_attr a = {.mem = m->dev ? m->dev->mem : FSDP_MEM_HOST, .stream = NULL};
+    return a;
+}
+
+static int gpt2_coll_finish(struct fsdp_work *w)
+{
+    int rc = fsdp_work_wait(w, -1.0);
+    fsdp_work_free(w);
+    return rc;
+}
+
+/* count elements of every rank into recv, rank after rank (send may be
+ * this rank's block of recv) */
+static int gpt2_allgather(struct fsdp_gpt2 *m, const void *send, void *recv, size_t count,
+                          enum fsdp_dtype t)
+{
+    struct fsdp_coll_attr a = gpt2_coll_attr(m);
+    struct fsdp_work *w = NULL;
+    FSDP_CHECK(fsdp_allgather(m->rows_g, send, recv, count, t, &a, &w));
+    return gpt2_coll_finish(w);
+}
+
+/* recv (count) = the sum over ranks of their block rank of send */
+static int gpt2_reduce_scatter(struct fsdp_gpt2 *m, const float *send, float *recv, size_t count)
+{
+    struct fsdp_coll_attr a = gpt2_coll_attr(m);
+    struct fsdp_work *w = NULL;
+    FSDP_CHECK(fsdp_reduce_scatter(m->rows_g, send, recv, count, FSDP_F32, FSDP_SUM, &a, &w));
+    return gpt2_coll_finish(w);
+}
+
+static int gpt2_allreduce(struct fsdp_gpt2 *m, float *buf, size_t count, enum fsdp_redop op)
+{
+    struct fsdp_coll_attr a = gpt2_coll_attr(m);
+    struct fsdp_work *w = NULL;
+    FSDP_CHECK(fsdp_allreduce(m->rows_g, buf, buf, count, FSDP_F32, op, &a, &w));
+    return gpt2_coll_finish(w);
 }
 
 static float *gpt2_residual(const struct fsdp_gpt2 *m, int l)
@@ -471,47 +635,153 @@ static void gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     }
 }
 
-/* logits (rows, V) of rows [r0, r0 + rows): lnf rows @ lm_head^T */
-static void gpt2_head_logits(const struct fsdp_gpt2 *m, const float *lm_head, size_t r0,
-                             size_t rows, float *out)
+/* The head's weight rows (the vocabulary [v0, v0 + Vh) it holds) and their
+ * gradient: unit 0's wte rows when split by vocabulary, else the whole
+ * lm_head (wte when tied). */
+static void gpt2_head_weights(const struct fsdp_gpt2 *m, int with_grad, const float **w,
+                              float **dw, size_t *v0)
 {
-    size_t C = (size_t)m->cfg->n_embd, V = (size_t)m->cfg->vocab_size;
-    m->k->matmul_forward(out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C, V);
+    int last = m->cfg->n_layer + 1;
+    if (gpt2_vp_head(m)) {
+        *w = m->unit_params[0] + m->wte_at;
+        *dw = with_grad ? m->unit_grads[0] + m->wte_at : NULL;
+        *v0 = m->wte_row0;
+        return;
+    }
+    struct fsdp_gpt2_head_view hv, dhv;
+    fsdp_gpt2_head_view(m, m->unit_params[last], m->unit_params[0], &hv);
+    *w = hv.lm_head;
+    *dw = NULL;
+    if (with_grad) {
+        fsdp_gpt2_head_view(m, m->unit_grads[last], m->unit_grads[0], &dhv);
+        *dw = dhv.lm_head;
+    }
+    *v0 = 0;
+}
+
+/* logits (rows, n) of X's rows against weight rows [c0, c0 + n) of w */
+static void gpt2_head_tile_logits(const struct fsdp_gpt2 *m, const float *X, const float *w,
+                                  size_t c0, size_t rows, size_t n, float *out)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    m->k->matmul_forward(out, X, w + c0 * C, NULL, NULL, rows, C, n);
 }
 
 /*
- * ln_f, then with targets the loss one row chunk at a time: the chunk's
- * logits, each row's loss and softmax statistics (kept for the backward);
- * the logits are dropped. The mean adds the kept rows' losses in row order
- * in double, as the one-pass kernel does.
+ * Split by vocabulary, each rank's statistics cover its slice only: the row
+ * maxima are reduced (max), each rank's sum rescaled to the common maximum,
+ * and the sums and target logits (each held by one rank, 0 elsewhere)
+ * reduced (sum). stats then hold every row's statistics over all of V.
+ */
+static int gpt2_head_combine(struct fsdp_gpt2 *m, float *stats, float *zt, size_t R)
+{
+    struct fsdp_gpt2_grad_acts *g = &m->gacts;
+    for (size_t i = 0; i < R; i++) {
+        g->mx[i] = m->wte_rows ? stats[2 * i] : -INFINITY;
+    }
+    FSDP_CHECK(gpt2_allreduce(m, g->mx, R, FSDP_MAX));
+    for (size_t i = 0; i < R; i++) {
+        float s = m->wte_rows ? stats[2 * i + 1] : 0.0f;
+        g->sz[i] = s > 0.0f ? s * expf(stats[2 * i] - g->mx[i]) : 0.0f;
+        g->sz[R + i] = m->wte_rows ? zt[i] : 0.0f;
+    }
+    FSDP_CHECK(gpt2_allreduce(m, g->sz, 2 * R, FSDP_SUM));
+    for (size_t i = 0; i < R; i++) {
+        stats[2 * i] = g->mx[i];
+        stats[2 * i + 1] = g->sz[i];
+        zt[i] = g->sz[R + i];
+    }
+    return 0;
+}
+
+/* Every rank's ln_f rows into xall (zeros from a rank without a batch). */
+static int gpt2_head_gather_x(struct fsdp_gpt2 *m, size_t BT)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    if (m->shadow) {
+        memset(m->acts.lnf, 0, BT * C * sizeof(float));
+    }
+    FSDP_CHECK(gpt2_allgather(m, m->acts.lnf, m->gacts.xall, BT * C, FSDP_F32));
+    m->head_x_ready = 1;
+    return 0;
+}
+
+/*
+ * ln_f, then with targets the loss over tiles of the head's rows and a
+ * vocabulary slice: each tile's logits, folded into per-row statistics and
+ * target logits; the logits are dropped (unless one tile holds them all).
+ * Split by vocabulary the rows are every rank's and the statistics are
+ * combined over the ranks. The mean adds this rank's kept rows' losses in
+ * row order in double, as the one-pass kernel does.
  */
 static int gpt2_head_forward(struct fsdp_gpt2 *m)
 {
     const struct fsdp_gpt2_config *c = m->cfg;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
-    size_t chunk = gpt2_head_rows(m);
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
     struct fsdp_gpt2_acts *a = &m->acts;
-    struct fsdp_gpt2_head_view w;
-    fsdp_gpt2_head_view(m, m->unit_params[c->n_layer + 1], m->unit_params[0], &w);
-    m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt2_residual(m, c->n_layer),
-                               w.lnfw, w.lnfb, BT, C, c->ln_eps);
-    if (!m->targets) {
+    struct fsdp_gpt2_grad_acts *g = &m->gacts;
+    int vp = gpt2_vp_head(m), ex = vp && m->rows_W > 1;
+    if (!m->shadow) {
+        struct fsdp_gpt2_head_view w;
+        fsdp_gpt2_head_view(m, m->unit_params[c->n_layer + 1], m->unit_params[0], &w);
+        m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt2_residual(m, c->n_layer),
+                                w.lnfw, w.lnfb, BT, C, c->ln_eps);
+    }
+    m->bwd_next = -1;
+    if (!m->targets && !m->shadow) {
         return 0;
+    }
+    m->n_kept = 0;
+    m->kept_all = 0;
+    m->loss = NAN;
+    if (m->shadow && !ex) {
+        m->bwd_next = m->spec->n_units - 1; /* nothing here, and no one to serve */
+        return 0;
+    }
+    size_t R = gpt2_head_R(m, BT), Vh = gpt2_head_V(m), own = 0, v0, rt, ct;
+    const float *X = a->lnf, *W;
+    const int32_t *tgt = m->targets;
+    float *dW;
+    gpt2_head_weights(m, 0, &W, &dW, &v0);
+    if (ex) {
+        FSDP_CHECK(gpt2_head_gather_x(m, BT));
+        int32_t *mine = a->tgt_all + (size_t)m->rows_r * BT;
+        for (size_t i = 0; i < BT; i++) {
+            mine[i] = m->shadow ? m->ignore_index : m->targets[i];
+        }
+        FSDP_CHECK(gpt2_allgather(m, mine, a->tgt_all, BT, FSDP_I32));
+        X = g->xall;
+        tgt = a->tgt_all;
+        own = (size_t)m->rows_r * BT;
+    }
+    gpt2_head_tile(m, R, Vh, &rt, &ct);
+    for (size_t i0 = 0; i0 < R && Vh > 0; i0 += rt) {
+        size_t rows = R - i0 < rt ? R - i0 : rt;
+        for (size_t c0 = 0; c0 < Vh; c0 += ct) {
+            size_t n = Vh - c0 < ct ? Vh - c0 : ct;
+            gpt2_head_tile_logits(m, X + i0 * C, W, c0, rows, n, a->head_logits);
+            m->k->crossentropy_slice_forward(a->ce_stats + 2 * i0, g->zt + i0, a->head_logits,
+                                             tgt + i0, rows, n, v0 + c0, m->ignore_index,
+                                             c0 == 0);
+        }
+    }
+    if (ex) {
+        FSDP_CHECK(gpt2_head_combine(m, a->ce_stats, g->zt, R));
+    }
+    for (size_t i = 0; i < R; i++) {
+        m->kept_all += tgt[i] != m->ignore_index;
     }
     size_t kept = 0;
     double sum = 0.0;
-    for (size_t r0 = 0; r0 < BT; r0 += chunk) {
-        size_t rows = BT - r0 < chunk ? BT - r0 : chunk, k;
-        gpt2_head_logits(m, w.lm_head, r0, rows, a->head_logits);
-        FSDP_CHECK(m->k->crossentropy_forward(a->losses + r0, a->ce_stats + 2 * r0,
-                                                 a->head_logits, m->targets + r0, rows, V,
-                                                 m->ignore_index, &k));
-        kept += k;
-    }
-    for (size_t r = 0; r < BT; r++) {
-        if (m->targets[r] != m->ignore_index) {
-            sum += a->losses[r];
+    for (size_t r = 0; r < BT && !m->shadow; r++) {
+        const float *st = a->ce_stats + 2 * (own + r);
+        if (m->targets[r] == m->ignore_index) {
+            a->losses[r] = 0.0f;
+            continue;
         }
+        a->losses[r] = st[0] + logf(st[1]) - g->zt[own + r];
+        sum += a->losses[r];
+        kept++;
     }
     m->n_kept = kept;
     m->loss = kept ? (float)(sum / (double)kept) : NAN;
@@ -530,15 +800,57 @@ int fsdp_gpt2_logits(struct fsdp_gpt2 *m, size_t row0, size_t rows, float *out)
         return fsdp_err(FSDP_ERR_INVALID, "logits: rows [%zu, %zu + %zu) outside the batch's %zu",
                         row0, row0, rows, BT);
     }
+    if (gpt2_vp_head(m)) {
+        return fsdp_err(FSDP_ERR_INVALID, "logits: this rank holds only wte rows [%zu, %zu) of "
+                        "the tied head", m->wte_row0, m->wte_row0 + m->wte_rows);
+    }
     if (!m->unit_params[last] || (m->cfg->tied && !m->unit_params[0])) {
         return fsdp_err(FSDP_ERR_INVALID, "logits: the head's parameters are not set");
     }
     struct fsdp_gpt2_head_view w;
     fsdp_gpt2_head_view(m, m->unit_params[last], m->unit_params[0], &w);
     if (rows > 0) {
-        gpt2_head_logits(m, w.lm_head, row0, rows, out);
+        size_t C = (size_t)m->cfg->n_embd;
+        gpt2_head_tile_logits(m, m->acts.lnf + row0 * C, w.lm_head, 0, rows,
+                              (size_t)m->cfg->vocab_size, out);
     }
     return 0;
+}
+
+/*
+ * The embedding. By rows: every rank's token ids are gathered (kept for the
+ * backward), each rank adds the table rows it holds into every rank's
+ * positions, and the sums are scattered back, one addition of the two held
+ * rows per position as the whole tables would give.
+ */
+static int gpt2_embed_forward(struct fsdp_gpt2 *m)
+{
+    const struct fsdp_gpt2_config *c = m->cfg;
+    size_t BT = (size_t)m->B * (size_t)m->T;
+    float *x = gpt2_residual(m, 0);
+    if (!m->rows_on) {
+        struct fsdp_gpt2_embed_view w;
+        fsdp_gpt2_embed_view(m, m->unit_params[0], &w);
+        m->k->encoder_forward(x, m->tokens, w.wte, w.wpe, m->B, m->T, c->n_embd);
+        return 0;
+    }
+    int32_t *mine = m->acts.tok_all + (size_t)m->rows_r * BT;
+    const float *p = m->unit_params[0];
+    for (size_t i = 0; i < BT; i++) {
+        mine[i] = m->shadow ? 0 : m->tokens[i];
+    }
+    m->head_x_ready = 0;
+    if (m->rows_W == 1) {
+        m->k->embed_rows_forward(x, mine, p + m->wte_at, m->wte_row0, m->wte_rows,
+                                 p + m->wpe_at, m->wpe_row0, m->wpe_rows, BT, m->T, c->n_embd);
+        return 0;
+    }
+    size_t all = gpt2_rows_all(m, BT);
+    FSDP_CHECK(gpt2_allgather(m, mine, m->acts.tok_all, BT, FSDP_I32));
+    m->k->embed_rows_forward(m->gacts.xall, m->acts.tok_all, p + m->wte_at, m->wte_row0,
+                             m->wte_rows, p + m->wpe_at, m->wpe_row0, m->wpe_rows, all, m->T,
+                             c->n_embd);
+    return gpt2_reduce_scatter(m, m->gacts.xall, x, BT * (size_t)c->n_embd);
 }
 
 int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u)
@@ -547,7 +859,7 @@ int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u)
     if (u < 0 || u >= n) {
         return fsdp_err(FSDP_ERR_INVALID, "forward: unit %d out of range [0, %d)", u, n);
     }
-    if (!m->tokens) {
+    if (!gpt2_has_batch(m)) {
         return fsdp_err(FSDP_ERR_INVALID, "forward: no batch (fsdp_gpt2_set_batch)");
     }
     if (u > 0 && !m->fwd_done[u - 1]) {
@@ -558,12 +870,11 @@ int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u)
                         u == L + 1 && m->cfg->tied ? " (the tied head also reads unit 0)" : "");
     }
     if (u == 0) {
-        struct fsdp_gpt2_embed_view w;
-        fsdp_gpt2_embed_view(m, m->unit_params[0], &w);
-        m->k->encoder_forward(gpt2_residual(m, 0), m->tokens, w.wte, w.wpe, m->B, m->T,
-                                 m->cfg->n_embd);
+        FSDP_CHECK(gpt2_embed_forward(m));
     } else if (u <= L) {
-        gpt2_block_forward(m, u - 1, 1);
+        if (!m->shadow) {
+            gpt2_block_forward(m, u - 1, 1);
+        }
     } else {
         FSDP_CHECK(gpt2_head_forward(m));
     }
@@ -588,45 +899,80 @@ int fsdp_gpt2_forward(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t 
 // backward
 
 /*
- * Per row chunk: the logits again (the forward's product, so the same
- * bits), their gradient from the saved statistics, d(lnf) rows and the
- * lm_head (tied: wte) gradient accumulated with the seed scale as alpha.
- * A chunk with every target ignored has zero gradient and is skipped.
+ * Per tile: the logits again (the forward's product, so the same bits)
+ * unless one tile holds them all, their gradient from the saved statistics,
+ * d(ln_f) rows (accumulated over the slices) and the head's (tied: wte)
+ * gradient rows of the slice, with the seed scale as alpha. Row chunks whose
+ * targets are all ignored have zero gradient and are skipped. Split by
+ * vocabulary, every rank's ln_f rows are used (still in the workspace from
+ * the forward, or gathered again) and d(ln_f) is summed over the ranks,
+ * each keeping its own rows.
  */
-static void gpt2_head_backward(struct fsdp_gpt2 *m)
+static int gpt2_head_backward(struct fsdp_gpt2 *m)
 {
     const struct fsdp_gpt2_config *c = m->cfg;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
-    size_t chunk = gpt2_head_rows(m);
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
     struct fsdp_gpt2_acts *a = &m->acts;
     struct fsdp_gpt2_grad_acts *g = &m->gacts;
-    struct fsdp_gpt2_head_view w, dw;
-    int last = c->n_layer + 1;
-    fsdp_gpt2_head_view(m, m->unit_params[last], m->unit_params[0], &w);
-    fsdp_gpt2_head_view(m, m->unit_grads[last], m->unit_grads[0], &dw);
-    double div = m->loss_divisor > 0 ? m->loss_divisor : (double)m->n_kept;
+    int ex = gpt2_vp_head(m) && m->rows_W > 1, last = c->n_layer + 1;
+    if (m->shadow && !ex) {
+        memset(g->dres, 0, BT * C * sizeof(float));
+        return 0;
+    }
+    size_t R = gpt2_head_R(m, BT), Vh = gpt2_head_V(m), v0, rt, ct;
+    const float *X = a->lnf, *W;
+    const int32_t *tgt = m->targets;
+    float *dX = g->dbtc, *dW;
+    gpt2_head_weights(m, 1, &W, &dW, &v0);
+    if (ex) {
+        if (!m->head_x_ready) {
+            FSDP_CHECK(gpt2_head_gather_x(m, BT));
+        }
+        X = g->xall;
+        dX = g->dxall;
+        tgt = a->tgt_all;
+    }
+    double div = m->loss_divisor > 0 ? m->loss_divisor : (double)m->kept_all;
     /* no kept token: every dlogits row is zero, so is the gradient */
     float alpha = div > 0 ? (float)((double)m->loss_scale / div) : 0.0f;
-    for (size_t r0 = 0; r0 < BT; r0 += chunk) {
-        size_t rows = BT - r0 < chunk ? BT - r0 : chunk, kept = 0;
-        for (size_t r = r0; r < r0 + rows; r++) {
-            kept += m->targets[r] != m->ignore_index;
+    gpt2_head_tile(m, R, Vh, &rt, &ct);
+    int whole = rt == R && ct == Vh; /* the forward's logits are still in the tile */
+    for (size_t i0 = 0; i0 < R; i0 += rt) {
+        size_t rows = R - i0 < rt ? R - i0 : rt, kept = 0;
+        for (size_t r = i0; r < i0 + rows; r++) {
+            kept += tgt[r] != m->ignore_index;
         }
-        if (kept == 0) {
-            memset(g->dbtc + r0 * C, 0, rows * C * sizeof(float));
+        if (kept == 0 || Vh == 0) {
+            memset(dX + i0 * C, 0, rows * C * sizeof(float));
             continue;
         }
-        if (chunk < BT) { /* one chunk still holds the forward's logits; else recompute: same bits */
-            gpt2_head_logits(m, w.lm_head, r0, rows, a->head_logits);
+        for (size_t c0 = 0; c0 < Vh; c0 += ct) {
+            size_t n = Vh - c0 < ct ? Vh - c0 : ct;
+            if (!whole) {
+                gpt2_head_tile_logits(m, X + i0 * C, W, c0, rows, n, a->head_logits);
+            }
+            m->k->crossentropy_slice_backward(a->head_logits, a->head_logits,
+                                              a->ce_stats + 2 * i0, tgt + i0, rows, n, v0 + c0,
+                                              m->ignore_index, 1.0f);
+            m->k->matmul_backward(dX + i0 * C, dW + c0 * C, NULL, a->head_logits, X + i0 * C,
+                                  W + c0 * C, rows, C, n, alpha, c0 > 0);
         }
-        m->k->crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
-                                       m->targets + r0, rows, V, m->ignore_index, 1.0f);
-        m->k->matmul_backward(g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
-                                 a->lnf + r0 * C, w.lm_head, rows, C, V, alpha, 0);
     }
+    float *dlnf = dX;
+    if (ex) {
+        dlnf = dX + (size_t)m->rows_r * BT * C;
+        FSDP_CHECK(gpt2_reduce_scatter(m, dX, dlnf, BT * C));
+    }
+    m->head_x_ready = 0;
     memset(g->dres, 0, BT * C * sizeof(float));
-    m->k->layernorm_backward(g->dres, dw.lnfw, dw.lnfb, g->dbtc, gpt2_residual(m, c->n_layer),
-                                w.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
+    if (!m->shadow) {
+        struct fsdp_gpt2_head_view w, dw;
+        fsdp_gpt2_head_view(m, m->unit_params[last], m->unit_params[0], &w);
+        fsdp_gpt2_head_view(m, m->unit_grads[last], m->unit_grads[0], &dw);
+        m->k->layernorm_backward(g->dres, dw.lnfw, dw.lnfb, dlnf, gpt2_residual(m, c->n_layer),
+                                 w.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
+    }
+    return 0;
 }
 
 /* dres holds d(block output) on entry and d(block input) on return. */
@@ -637,6 +983,7 @@ static void gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     struct fsdp_gpt2_grad_acts *g = &m->gacts;
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
     struct fsdp_gpt2_block_view w, dw;
+    m->head_x_ready = 0; /* dqkv and dfch overwrite the head's scratch */
     if (m->checkpoint[l]) {
         gpt2_block_forward(m, l, 0);
     }
@@ -659,6 +1006,36 @@ static void gpt2_block_backward(struct fsdp_gpt2 *m, int l)
                                 a->ln1_mean, a->ln1_rstd, BT, C);
 }
 
+/* The embedding's gradient. By rows: every rank's d(residual) rows are
+ * gathered and each rank adds them into the table rows it holds, in the
+ * order of the rows (rank after rank), as one rank with every batch would. */
+static int gpt2_embed_backward(struct fsdp_gpt2 *m)
+{
+    const struct fsdp_gpt2_config *c = m->cfg;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
+    float *dres = m->gacts.dres, *dg = m->unit_grads[0];
+    if (!m->rows_on) {
+        struct fsdp_gpt2_embed_view dw;
+        fsdp_gpt2_embed_view(m, dg, &dw);
+        m->k->encoder_backward(dw.wte, dw.wpe, dres, m->tokens, m->B, m->T, c->n_embd);
+        return 0;
+    }
+    const float *rows = dres;
+    size_t n = BT;
+    if (m->shadow) {
+        memset(dres, 0, BT * C * sizeof(float));
+    }
+    m->head_x_ready = 0;
+    if (m->rows_W > 1) {
+        n = gpt2_rows_all(m, BT);
+        FSDP_CHECK(gpt2_allgather(m, dres, m->gacts.xall, BT * C, FSDP_F32));
+        rows = m->gacts.xall;
+    }
+    m->k->embed_rows_backward(dg + m->wte_at, dg + m->wpe_at, rows, m->acts.tok_all, m->wte_row0,
+                              m->wte_rows, m->wpe_row0, m->wpe_rows, n, m->T, c->n_embd);
+    return 0;
+}
+
 int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u)
 {
     int n = m->spec->n_units, L = m->cfg->n_layer;
@@ -679,14 +1056,13 @@ int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u)
                         u, tied_head ? " (the tied head also uses unit 0's)" : "");
     }
     if (u == 0) {
-        struct fsdp_gpt2_embed_view dw;
-        fsdp_gpt2_embed_view(m, m->unit_grads[0], &dw);
-        m->k->encoder_backward(dw.wte, dw.wpe, m->gacts.dres, m->tokens, m->B, m->T,
-                                  m->cfg->n_embd);
+        FSDP_CHECK(gpt2_embed_backward(m));
     } else if (u <= L) {
-        gpt2_block_backward(m, u - 1);
+        if (!m->shadow) {
+            gpt2_block_backward(m, u - 1);
+        }
     } else {
-        gpt2_head_backward(m);
+        FSDP_CHECK(gpt2_head_backward(m));
     }
     m->bwd_next = u - 1;
     return 0;
@@ -802,6 +1178,24 @@ static int gpt2_op_logits(struct fsdp_model *m, size_t row0, size_t rows, float 
     return fsdp_gpt2_logits(gpt2_of(m), row0, rows, out);
 }
 
+/*
+ * Unit 0 is taken by rows when that moves less data than gathering it:
+ * gathering moves the unit, (V + context) x C floats, once as parameters
+ * and once as gradient per micro-batch; by rows four exchanges of every
+ * rank's B x T x C activations move instead. Where the batch is the larger
+ * (bench-small: 0.5 MiB of tables against 8 MiB of exchanges at 2 ranks)
+ * the tables stay gathered, which is also cheap in memory there.
+ */
+static int gpt2_op_set_unit_rows(struct fsdp_model *m, int u, struct fsdp_group *g)
+{
+    struct fsdp_gpt2 *gm = gpt2_of(m);
+    double W = g ? g->size : 1, table = (double)gm->cfg->vocab_size + gm->cfg->context;
+    if (u == 0 && table <= 2.0 * W * gm->max_B * gm->max_T) {
+        return 0;
+    }
+    return fsdp_gpt2_set_unit_rows(gm, u, g);
+}
+
 static size_t gpt2_op_activation_bytes(const struct fsdp_model *m)
 {
     return fsdp_gpt2_activation_bytes((const struct fsdp_gpt2 *)m);
@@ -829,4 +1223,5 @@ const struct fsdp_model_ops fsdp_gpt2_ops = {
     .activation_bytes = gpt2_op_activation_bytes,
     .workspace_bytes = gpt2_op_workspace_bytes,
     .flops_per_token = fsdp_gpt2_flops_per_token,
+    .set_unit_rows = gpt2_op_set_unit_rows,
 };

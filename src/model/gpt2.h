@@ -20,6 +20,11 @@
  * which adds the embedding-lookup gradient last. Unit 0's parameters must be
  * available during unit L+1's forward and backward.
  *
+ * Unit 0 by rows (fsdp_gpt2_set_unit_rows): each rank of a group holds only
+ * its rows of wte (a vocabulary slice) and of wpe, and the embedding and the
+ * tied head are computed vocabulary-parallel: token ids and activations
+ * move between the ranks, never the tables or their gradients.
+ *
  * Parameter gradients always accumulate (+=): zero them per step, or not,
  * for gradient accumulation.
  */
@@ -84,19 +89,32 @@ struct fsdp_gpt2_acts {
     float *lnf;         /* (B, T, C) */
     float *lnf_mean;    /* (B, T) */
     float *lnf_rstd;    /* (B, T) */
-    float *head_logits; /* (chunk, V) one row chunk's logits, then their gradient */
-    float *ce_stats;    /* (B, T, 2) per row: max logit and sum of exp(logit - max) */
+    float *head_logits; /* one tile of the head's logits (rows x vocabulary slice), then
+                           their gradient; the whole (rows, V) when it fits the budget */
+    float *ce_stats;    /* (R, 2) per head row: max logit and sum of exp(logit - max) */
     float *losses;      /* (B, T) per-token loss, 0 where the target is ignored */
+    int32_t *tok_all;   /* (R) unit 0 by rows: every rank's tokens, rank after rank */
+    int32_t *tgt_all;   /* (R) ... and targets (the tied head's rows) */
     float *att_scratch; /* fsdp_cpu_attention_scratch_floats(T) */
     struct fsdp_gpt2_block_acts *blocks; /* (L,) */
 };
 
-/* Gradients of activations, shared by all blocks (grad_act_memory). */
+/*
+ * Gradients of activations, shared by all blocks (grad_act_memory), and,
+ * over the space of dqkv and dfch (free outside a block's backward), the
+ * head's and the embedding's scratch. R is the head's rows: every rank's
+ * B x T with unit 0 by rows and a tied head, else this rank's.
+ */
 struct fsdp_gpt2_grad_acts {
-    float *dres; /* (B, T, C) gradient of the residual stream, updated in place */
-    float *dbtc; /* (B, T, C) dln / datty */
-    float *dqkv; /* (B, T, 3C) */
-    float *dfch; /* (B, T, 4C) */
+    float *dres;  /* (B, T, C) gradient of the residual stream, updated in place */
+    float *dbtc;  /* (B, T, C) dln / datty */
+    float *dqkv;  /* (B, T, 3C) */
+    float *dfch;  /* (B, T, 4C) */
+    float *xall;  /* (W B T, C) unit 0 by rows: every rank's rows (embedding, ln_f, dres) */
+    float *dxall; /* (W B T, C) the tied head's partial d(ln_f) of every rank's rows */
+    float *zt;    /* (R) each head row's target logit */
+    float *mx;    /* (R) every rank's row maxima, reduced */
+    float *sz;    /* (2 R) sums of exp and target logits, reduced */
 };
 
 struct fsdp_gpt2 {
@@ -111,7 +129,7 @@ struct fsdp_gpt2 {
     float **unit_grads;  /* (n_units,) caller-owned, may be NULL for forward only */
 
     unsigned char *checkpoint; /* (L,) 1: recompute block l in backward */
-    int head_chunk;            /* rows of the LM head computed at a time */
+    int head_chunk;            /* the head's logits buffer: head_chunk x V floats */
     struct fsdp_gpt2_acts acts;
     struct fsdp_gpt2_grad_acts gacts;
     float *act_memory;          /* NULL until reserved */
@@ -125,9 +143,21 @@ struct fsdp_gpt2 {
     const int32_t *targets; /* (B, T) or NULL */
     int32_t ignore_index;   /* targets equal to it are padding; default -1 */
 
+    /* unit 0 by rows (fsdp_gpt2_set_unit_rows) */
+    struct fsdp_group *rows_g; /* the ranks that hold the other rows; NULL: one rank */
+    int rows_on;               /* unit 0's buffers hold this rank's rows only */
+    int rows_W, rows_r;        /* ranks (1 without a group) and this rank */
+    size_t wte_row0, wte_rows; /* wte rows held: vocabulary [wte_row0, wte_row0 + wte_rows) */
+    size_t wpe_row0, wpe_rows; /* wpe rows held: positions */
+    size_t wte_at, wpe_at;     /* where they start in unit 0's buffers */
+    size_t rows_numel;         /* floats of unit 0's buffers */
+    int shadow;                /* this batch has no rows here (set_batch without tokens) */
+    int head_x_ready;          /* grad acts' xall still holds every rank's ln_f rows */
+
     /* loss of the last forward with targets */
     float loss;      /* mean over kept tokens (NaN when none) */
     size_t n_kept;   /* tokens whose target is not ignored */
+    size_t kept_all; /* ... over every row of the head (every rank's, by rows) */
     double loss_divisor; /* 0: n_kept; else the divisor of the loss sum (global count) */
     float loss_scale;    /* multiplies the seed gradient (f16 loss scaling); 1 */
 
@@ -158,19 +188,39 @@ void fsdp_gpt2_destroy(struct fsdp_gpt2 *m);
 int fsdp_gpt2_set_checkpoint(struct fsdp_gpt2 *m, int l, int on);
 
 /*
- * The LM head and its loss run over row chunks of `rows` rows of the B x T
- * positions: a forward with targets keeps each row's loss and softmax
- * statistics, and only a (rows, V) logits buffer is ever held. When the
- * whole batch fits in one chunk the backward turns the forward's logits into
- * their gradient in place; with several chunks it recomputes each chunk's
- * logits (one more head product per step, and one more pass over the head's
- * gradient per chunk). rows 0: the default, as many rows as fit in
- * FSDP_GPT2_HEAD_BYTES of logits (1335 rows of gpt2's 50257 classes, so a
- * 1 x 1024 batch is one chunk). Re-lays out the activations like
- * fsdp_gpt2_set_checkpoint.
+ * The LM head and its loss hold at most `rows` x V floats of logits: they
+ * run over tiles of all the head's rows (rows x V as a budget) and a slice
+ * of the vocabulary, as wide as fits (at least 16 columns; rows are split
+ * too when even that does not fit), keeping per row a running maximum and
+ * sum of exponentials (online log-sum-exp) and the target's logit. When
+ * every logit fits in one tile the backward turns the forward's logits into
+ * their gradient in place; otherwise it recomputes each tile (one more head
+ * product per step). rows 0: the default, FSDP_GPT2_HEAD_BYTES of logits (83
+ * rows' worth of gpt2's 50257 classes: a 1 x 1024 batch streams 13 slices
+ * of 4064 columns; bench-small's 4 x 256 x 256 fits whole). Re-lays out the
+ * activations like fsdp_gpt2_set_checkpoint.
  */
-#define FSDP_GPT2_HEAD_BYTES ((size_t)256 << 20)
+#define FSDP_GPT2_HEAD_BYTES ((size_t)16 << 20)
 int fsdp_gpt2_set_head_chunk(struct fsdp_gpt2 *m, int rows);
+
+/*
+ * Unit 0 by rows over g (model.h, set_unit_rows): unit 0's buffers then
+ * hold this rank's rows of wte and of wpe (fsdp_split_even over g's ranks),
+ * packed wte then wpe. The embedding forward all-gathers the token ids,
+ * adds the rows it holds into every rank's positions and reduce-scatters
+ * them; its backward all-gathers d(residual) and adds into the rows held.
+ * With a tied head the head is split by vocabulary: it all-gathers ln_f's
+ * rows and targets, computes every rank's rows against its wte slice,
+ * combines the row statistics with two all-reduces (max; sums) and
+ * reduce-scatters d(ln_f). Nothing of size V x C ever moves or exists
+ * whole. u other than 0: declined (0). g NULL: one rank holding every row.
+ * Returns 1 (taken), 0 (declined) or < 0. The model interface's
+ * set_unit_rows (fsdp_gpt2_ops) takes unit 0 only when that moves less data
+ * than gathering it, V + context > 2 W max_B max_T (four exchanges of
+ * W B T C floats against two of the (V + context) x C unit); this function
+ * always takes it.
+ */
+int fsdp_gpt2_set_unit_rows(struct fsdp_gpt2 *m, int u, struct fsdp_group *g);
 
 /* Allocates (pre-faulted) activation memory now if not yet done. */
 int fsdp_gpt2_reserve(struct fsdp_gpt2 *m);
@@ -204,13 +254,15 @@ void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, float *unit_last, float *uni
 /*
  * Sets the batch: tokens (B, T) in [0, V), targets (B, T) in [0, V) or the
  * ignore index, or NULL for forward only. Checked here; the arrays are
- * borrowed until the backward ends.
+ * borrowed until the backward ends. With unit 0 by rows, tokens NULL (and
+ * targets NULL) means no batch on this rank: the units then only take part
+ * in the other ranks' exchanges (its rows count as ignored).
  */
 int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets,
                         int B, int T);
 
 /* Unit u's forward. With targets, the last unit also computes the loss
- * (m->loss, m->n_kept, acts.losses), chunk by chunk (set_head_chunk). */
+ * (m->loss, m->n_kept, acts.losses), tile by tile (set_head_chunk). */
 int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u);
 /* Unit u's backward; units must run from L+1 down to 0 after a forward with
  * targets. Needs unit_grads[u] (and unit_grads[0] for a tied head). */
@@ -220,7 +272,8 @@ int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u);
  * Logits of positions [row0, row0 + rows) (row = b * T + t) of the last
  * forward, into out (rows, V): the head's product of the final layer norm,
  * recomputed here (a forward does not keep logits). Needs the last unit's
- * forward and its parameters (unit 0's when tied) still set.
+ * forward and its parameters (unit 0's when tied) still set; not with a
+ * tied head whose unit 0 is given by rows.
  */
 int fsdp_gpt2_logits(struct fsdp_gpt2 *m, size_t row0, size_t rows, float *out);
 

@@ -29,6 +29,7 @@
 struct fsdp_model;
 
 struct fsdp_device;
+struct fsdp_group;
 
 /* What an instance is sized for, and where it computes. */
 struct fsdp_model_opts {
@@ -71,6 +72,22 @@ struct fsdp_model_ops {
     size_t (*workspace_bytes)(const struct fsdp_model *m);
     /* Training FLOPs per token at sequence length T (for MFU). */
     double (*flops_per_token)(const struct fsdp_model_spec *spec, int T);
+    /*
+     * Optional (NULL: never). Unit u by rows over group g (NULL: one rank):
+     * from now on set_unit passes, for u, only this rank's rows of each of
+     * its parameters, rows fsdp_split_even(shape[0], size, rank) (g's size
+     * and rank), packed parameter after parameter, and the model computes u
+     * and every user of its tied parameters from them, exchanging
+     * activations over g inside forward_unit and backward_unit. Every rank
+     * of g then calls set_batch, forward_unit and backward_unit in the same
+     * order, each with its own batch of the same (B, T) and all with
+     * targets or all without; a rank without a batch passes tokens NULL and
+     * only takes part in the exchanges. Returns 1 when the model takes u by
+     * rows, 0 when it does not (nothing changes: the model may decline a
+     * unit whose exchanges would cost more than gathering it), < 0 on error.
+     * Before the first reserve or set_batch.
+     */
+    int (*set_unit_rows)(struct fsdp_model *m, int u, struct fsdp_group *g);
 };
 
 /* Every instance starts with this. */

@@ -102,6 +102,19 @@ run one 1 tied 4 --mesh dp=1
 tap_ok $? "the sharding engine on one rank ran"
 same one ref2 1e-5 "the sharding engine on one rank equals the local engine"
 
+# unit 0 by rows (doc/sharding.md): GPT-2 takes it when its tables, V +
+# context = 288 rows, exceed 2 W B T: the runs above (at most 2 x 4 x 2 x
+# 16 = 256) have it; 8 sequences per rank at dp=2 (512) keep it gathered
+grep -q "| unit 0 by rows" "$W/full-tcp-2.log" && grep -q "| unit 0 by rows" "$W/untied-mpi.log"
+tap_ok $? "dp=2 with 2 sequences per rank takes unit 0 by rows (tied and untied)"
+run refb16 1 tied 16
+tap_ok $? "single rank, tied, batch 16"
+run gathered 2 tied 8 --mesh dp=2 --backend tcp
+tap_ok $? "dp=2 with 8 sequences per rank ran"
+! grep -q "unit 0 by rows" "$W/gathered.log"
+tap_ok $? "dp=2 with 8 sequences per rank keeps unit 0 gathered"
+same gathered refb16 1e-5 "dp=2 with unit 0 gathered equals one rank with batch 16"
+
 # rows split unevenly, and parameters with fewer rows than ranks (C = 2 at 4 ranks)
 "$BIN/fsdpc-ckpt" init --layers 1 --heads 1 --width 2 --vocab 256 --context 32 --seed 9 \
     --untied -o "$W/narrow.h5" > "$W/log" 2>&1
@@ -285,9 +298,10 @@ export FSDPC_LOG=warn
 unset FSDPC_LOG_RANKS
 
 # 7. memory: model states per rank (shards + gathered parameters) within 10%
-# of 16 x params / 4 + the two largest units, 4 bytes per element. Model:
-# V=512 C=32 L=4 T=32 tied: unit 0 = 512*32 + 32*32 = 17408, a block 12704,
-# ln_f 64; 68288 parameters: 16 * 68288 / 4 + 4 * (17408 + 12704) = 393600.
+# of 16 x params / 4 + the largest block, 4 bytes per element: unit 0 is
+# taken by rows and never gathered. Model: V=512 C=32 L=4 T=32 tied: unit 0
+# = 512*32 + 32*32 = 17408, a block 12704, ln_f 64; 68288 parameters:
+# 16 * 68288 / 4 + 4 * 12704 = 323968.
 "$BIN/fsdpc-ckpt" init --layers 4 --heads 2 --width 32 --vocab 512 --context 32 --seed 7 \
     -o "$W/mem.h5" > "$W/log" 2>&1
 tap_ok $? "model for memory accounting"
@@ -296,9 +310,17 @@ FSDPC_LOG=info timeout 60 "$MPIEXEC" -n 4 "$TRAIN" --model "$W/mem.h5" --data "$
     --backend tcp > "$W/mem.log" 2>&1
 tap_ok $? "4 ranks with memory accounting ran"
 bytes=$(sed -n 's/.*model states \([0-9]*\) bytes.*/\1/p' "$W/mem.log" | head -1)
-tap_diag "model states: ${bytes:-?} bytes per rank, expected 393600 +- 10%"
-[ -n "$bytes" ] && [ "$bytes" -ge 354240 ] && [ "$bytes" -le 432960 ]
-tap_ok $? "model states per rank within 10% of 16 P / 4 + two largest units"
+tap_diag "model states: ${bytes:-?} bytes per rank, expected 323968 +- 10%"
+[ -n "$bytes" ] && [ "$bytes" -ge 291571 ] && [ "$bytes" -le 356365 ]
+tap_ok $? "model states per rank within 10% of 16 P / 4 + the largest block (unit 0 by rows)"
+# unsharded gradients: the two ring slots of a block, none of unit 0, whose
+# gradient exists only as each rank's rows: 2 * 4 * 12704
+grads=$(sed -n 's/.* | unsharded grads \([0-9]*\) | .*/\1/p' "$W/mem.log" | head -1)
+tap_diag "unsharded grads: ${grads:-?} bytes per rank, expected 101632"
+[ "$grads" = 101632 ]
+tap_ok $? "no unsharded gradient of unit 0 (by rows): two block slots only"
+grep -q "| unit 0 by rows" "$W/mem.log"
+tap_ok $? "the run header says unit 0 is by rows"
 grep -q "fsdp: comm .* exposed" "$W/mem.log"
 tap_ok $? "the run reports total and exposed communication time"
 # communication buffers: the collectives run in the parameter and gradient

@@ -13,6 +13,7 @@
 #include "compute/cpu/simd.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/util.h"
 #include "tests/kernels/ref_kernels.h"
 #include "tests/tap.h"
 
@@ -141,6 +142,58 @@ static void test_encoder(void)
     fd_check("encoder backward dwpe", dwpe, c.wpe, (size_t)T * C, enc_obj, &c, NULL, 1.0, 1e-6);
     free(wte), free(wpe), free(R), free(out), free(dwte), free(dwpe);
     free(c.wte), free(c.wpe), free(c.R), free(c.out);
+}
+
+/*
+ * The embedding by rows: W ranks each holding a slice of wte and of wpe
+ * (uneven, some empty); summed over the ranks, the partial rows equal the
+ * whole-table encoder bit for bit, and the backward of every rank's slice
+ * equals the whole backward's rows, bit for bit.
+ */
+static void test_embed_rows(void)
+{
+    int B = 2, T = 5, C = 11, V = 7, W = 3;
+    size_t N = (size_t)B * T, n = N * C;
+    int32_t tok[10] = {3, 1, 3, 6, 0, 3, 3, 2, 5, 1};
+    double *dd;
+    float *wte = rand_f(&dd, (size_t)V * C, -1, 1);
+    free(dd);
+    float *wpe = rand_f(&dd, (size_t)T * C, -1, 1);
+    free(dd);
+    float *R = rand_f(&dd, n, -1, 1);
+    free(dd);
+    float *want = malloc(n * sizeof(float)), *sum = calloc(n, sizeof(float));
+    float *part = malloc(n * sizeof(float));
+    float *dwte = calloc((size_t)V * C, sizeof(float)), *dwpe = calloc((size_t)T * C, sizeof(float));
+    float *gte = calloc((size_t)V * C, sizeof(float)), *gpe = calloc((size_t)T * C, sizeof(float));
+    fsdp_cpu_encoder_forward(want, tok, wte, wpe, B, T, C);
+    fsdp_cpu_encoder_backward(dwte, dwpe, R, tok, B, T, C);
+    /* wte rows 3 / 2 / 2, wpe rows 2 / 2 / 1; then W = 9 with empty slices */
+    size_t fwd_bad = 0, bwd_bad = 0;
+    for (int ws = W; ws <= 9; ws += 6) {
+        memset(sum, 0, n * sizeof(float));
+        memset(gte, 0, (size_t)V * C * sizeof(float));
+        memset(gpe, 0, (size_t)T * C * sizeof(float));
+        for (int r = 0; r < ws; r++) {
+            size_t v0, vn, p0, pn;
+            fsdp_split_even((size_t)V, (size_t)ws, (size_t)r, &v0, &vn);
+            fsdp_split_even((size_t)T, (size_t)ws, (size_t)r, &p0, &pn);
+            fsdp_cpu_embed_rows_forward(part, tok, wte + v0 * C, v0, vn, wpe + p0 * C, p0, pn, N,
+                                        T, C);
+            for (size_t i = 0; i < n; i++) sum[i] += part[i];
+            fsdp_cpu_embed_rows_backward(gte + v0 * C, gpe + p0 * C, R, tok, v0, vn, p0, pn, N,
+                                         T, C);
+        }
+        fwd_bad += memcmp(sum, want, n * sizeof(float)) != 0;
+        bwd_bad += memcmp(gte, dwte, (size_t)V * C * sizeof(float)) != 0 ||
+                   memcmp(gpe, dwpe, (size_t)T * C * sizeof(float)) != 0;
+    }
+    tap_ok(fwd_bad == 0, "embedding by rows over 3 and 9 ranks: the ranks' rows summed equal the "
+           "whole-table encoder bit for bit");
+    tap_ok(bwd_bad == 0, "embedding by rows over 3 and 9 ranks: each rank's table gradient rows "
+           "equal the whole backward's bit for bit");
+    free(wte), free(wpe), free(R), free(want), free(sum), free(part);
+    free(dwte), free(dwpe), free(gte), free(gpe);
 }
 
 // ----------------------------------------------------------------------------
@@ -402,6 +455,67 @@ static void test_crossentropy(int32_t ignore)
     free(inpl), free(logits), free(losses), free(d), free(c.logits);
 }
 
+/*
+ * The loss over vocabulary slices: columns [c0, c0 + n) of the logits at a
+ * time (slices of several widths, the last one short, one holding every
+ * column), its statistics and target logits against the whole rows', and
+ * each slice's gradient against the same columns of the whole gradient.
+ */
+static void test_crossentropy_slices(int32_t ignore)
+{
+    size_t N = 9, V = 37;
+    int32_t tgt[9] = {5, ignore, 36, 0, ignore, 17, 17, 3, ignore};
+    double *dd;
+    float *logits = rand_f(&dd, N * V, -4, 4);
+    free(dd);
+    float *losses = malloc(N * sizeof(float)), *want_st = malloc(2 * N * sizeof(float));
+    float *want_d = malloc(N * V * sizeof(float)), *st = malloc(2 * N * sizeof(float));
+    float *zt = malloc(N * sizeof(float)), *tile = malloc(N * V * sizeof(float));
+    size_t kept = 0;
+    fsdp_cpu_crossentropy_forward(losses, want_st, logits, tgt, N, V, ignore, &kept);
+    memcpy(want_d, logits, N * V * sizeof(float));
+    fsdp_cpu_crossentropy_backward(want_d, want_d, want_st, tgt, N, V, ignore, 0.25f);
+    const size_t widths[] = {37, 16, 5, 1};
+    for (size_t k = 0; k < sizeof(widths) / sizeof(widths[0]); k++) {
+        size_t w = widths[k];
+        double loss_err = 0, grad_err = 0;
+        int bits = 1;
+        for (size_t c0 = 0; c0 < V; c0 += w) {
+            size_t n = V - c0 < w ? V - c0 : w;
+            for (size_t r = 0; r < N; r++) memcpy(tile + r * n, logits + r * V + c0, n * sizeof(float));
+            fsdp_cpu_crossentropy_slice_forward(st, zt, tile, tgt, N, n, c0, ignore, c0 == 0);
+        }
+        for (size_t r = 0; r < N; r++) {
+            if (tgt[r] == ignore) {
+                bits &= st[2 * r] == 0.0f && st[2 * r + 1] == 0.0f && zt[r] == 0.0f;
+                continue;
+            }
+            float l = st[2 * r] + logf(st[2 * r + 1]) - zt[r];
+            loss_err = fmax(loss_err, fabs((double)l - losses[r]) / fabs((double)losses[r]));
+            if (w == V) {
+                bits &= memcmp(&l, &losses[r], sizeof(float)) == 0 &&
+                        memcmp(st + 2 * r, want_st + 2 * r, 2 * sizeof(float)) == 0;
+            }
+        }
+        for (size_t c0 = 0; c0 < V; c0 += w) {
+            size_t n = V - c0 < w ? V - c0 : w;
+            for (size_t r = 0; r < N; r++) memcpy(tile + r * n, logits + r * V + c0, n * sizeof(float));
+            fsdp_cpu_crossentropy_slice_backward(tile, tile, st, tgt, N, n, c0, ignore, 0.25f);
+            for (size_t r = 0; r < N; r++) {
+                for (size_t i = 0; i < n; i++) {
+                    grad_err = fmax(grad_err, fabs((double)tile[r * n + i] - want_d[r * V + c0 + i]));
+                    if (w == V) bits &= tile[r * n + i] == want_d[r * V + c0 + i];
+                }
+            }
+        }
+        tap_ok(bits && loss_err <= 1e-6 && grad_err <= 1e-7,
+               "crossentropy over vocabulary slices of %zu columns (ignore %d): losses rel err "
+               "%.3g, gradient abs err %.3g%s", w, (int)ignore, loss_err, grad_err,
+               w == V ? ", one slice bit-identical to the split kernels" : "");
+    }
+    free(logits), free(losses), free(want_st), free(want_d), free(st), free(zt), free(tile);
+}
+
 static void test_crossentropy_edges(void)
 {
     float logits[2 * 5] = {0}, losses[2], d[10], mean = 0;
@@ -580,6 +694,7 @@ static void test_vexp(void)
 int main(void)
 {
     test_encoder();
+    test_embed_rows();
     test_layernorm(5, 19);
     test_layernorm(3, 64);
     test_matmul();
@@ -591,6 +706,8 @@ int main(void)
     test_crossentropy(-1);
     test_crossentropy(-100);
     test_crossentropy_edges();
+    test_crossentropy_slices(-1);
+    test_crossentropy_slices(-100);
     test_adamw(1, 1.0f);
     test_adamw(0, 0.5f);
     test_norms();

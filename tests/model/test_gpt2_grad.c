@@ -6,8 +6,11 @@
  *   - the loss gradient against central differences of that reference for
  *     a sample of elements of every parameter tensor;
  *   - activation checkpointing (all, some, none) bit-identical;
- *   - the LM head in row chunks (1 .. BT rows, BT not a multiple, chunks
- *     with every target ignored) against one chunk, and its logits;
+ *   - the LM head in tiles (budgets of 1 .. BT rows of logits: vocabulary
+ *     slices, then row chunks too, chunks with every target ignored)
+ *     against one tile, and its logits;
+ *   - unit 0 by rows on one rank (no group): bit-identical to the whole
+ *     tables, and the errors of that mode;
  *   - gradient accumulation, the loss seed (divisor) and the ordering and
  *     input errors of the unit API;
  *   - deterministic init independent of how it is split (shards of any
@@ -178,10 +181,10 @@ static void test_model(int tied)
     }
     struct fsdp_gpt2 *m = NULL;
     int rc = fsdp_gpt2_create(s, TB, TT, &m);
-    /* the head in chunks of 5 rows: 16 = 5 + 5 + 5 + 1 */
+    /* the head in tiles of 5 rows of logits: 10 rows x 16 columns */
     rc = rc ? rc : fsdp_gpt2_set_head_chunk(m, 5);
-    tap_ok(rc == 0, "%s: create (B=%d T=%d), head chunks of 5 rows", tied ? "tied" : "untied", TB,
-           TT);
+    tap_ok(rc == 0, "%s: create (B=%d T=%d), head tiles of 5 rows of logits",
+           tied ? "tied" : "untied", TB, TT);
     float loss = 0;
     rc = run_step(m, &b, tok, tgt, TB, TT, &loss);
     double want = ref_gpt2_loss(s, b.pd, tok, tgt, TB, TT, -1);
@@ -280,7 +283,11 @@ static void test_model(int tied)
     fsdp_model_spec_destroy(s);
 }
 
-/* The head in chunks of k rows against one chunk of all BT rows. */
+/*
+ * The head with a budget of k rows of logits against one tile of all BT
+ * rows: k x V = 32 k floats over 16 rows gives vocabulary slices of 16
+ * columns (k = 1 .. 15; row chunks too below k = 16) or the whole (k = 64).
+ */
 static void test_head_chunks(int tied)
 {
     const char *name = tied ? "tied" : "untied";
@@ -292,7 +299,7 @@ static void test_head_chunks(int tied)
     int32_t tok[TB * TT], tgt[TB * TT];
     for (int i = 0; i < TB * TT; i++) {
         tok[i] = (int32_t)((ref_rand(&rng) + 1.0) * 16.0) % 32;
-        /* rows 5..9 ignored: with chunks of 5, one chunk has no kept row */
+        /* rows 5..9 ignored: with chunks of 2 rows, some chunks have no kept row */
         tgt[i] = i >= 5 && i < 10 ? -1 : (int32_t)((ref_rand(&rng) + 1.0) * 16.0) % 32;
     }
     struct fsdp_gpt2 *m = NULL;
@@ -304,7 +311,7 @@ static void test_head_chunks(int tied)
     size_t bytes0 = fsdp_gpt2_activation_bytes(m);
     float *all = malloc(BT * V * sizeof(float)), *part = malloc(BT * V * sizeof(float));
     rc = rc ? rc : fsdp_gpt2_logits(m, 0, BT, all);
-    tap_ok(rc == 0, "%s: one head chunk of %zu rows ran", name, BT);
+    tap_ok(rc == 0, "%s: the head in one tile of %zu rows ran", name, BT);
     const int chunks[] = {1, 3, 5, 15, 64};
     for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
         float l = 0;
@@ -319,13 +326,13 @@ static void test_head_chunks(int tied)
                 err = e > err || isnan(e) ? e : err;
             }
         }
-        /* smaller than one chunk: the head buffer shrinks to k rows */
+        /* smaller than one tile: the head buffer shrinks to k rows' worth */
         size_t rows = (size_t)chunks[k] < BT ? (size_t)chunks[k] : BT;
         size_t want = bytes0 - (((BT * V + 15) & ~(size_t)15) - ((rows * V + 15) & ~(size_t)15)) * 4;
         size_t bytes = fsdp_gpt2_activation_bytes(m);
         tap_ok(rc == 0 && fabs(l - l0) <= 1e-6 * fabs(l0) && err < 1e-6 && bytes == want,
-               "%s: head chunks of %d rows: loss %.8f vs %.8f, max grad err %.3g relative to the "
-               "unit's max, activations %zu bytes (want %zu)",
+               "%s: head tiles of at most %d rows of logits: loss %.8f vs %.8f, max grad err %.3g "
+               "relative to the unit's max, activations %zu bytes (want %zu)",
                name, chunks[k], (double)l, (double)l0, err, bytes, want);
     }
     /* logits of any row range, after a forward with or without targets */
@@ -339,18 +346,89 @@ static void test_head_chunks(int tied)
     tap_ok(rc == FSDP_ERR_INVALID, "%s: logits past the batch rejected: %s", name, fsdp_err_msg());
     fsdp_err_clear();
     rc = fsdp_gpt2_set_head_chunk(m, -1);
-    tap_ok(rc == FSDP_ERR_INVALID, "%s: a head chunk of -1 rows rejected: %s", name, fsdp_err_msg());
+    tap_ok(rc == FSDP_ERR_INVALID, "%s: a head budget of -1 rows rejected: %s", name, fsdp_err_msg());
     fsdp_err_clear();
     /* 0: the default budget, which holds this whole batch (one chunk) */
     rc = fsdp_gpt2_set_head_chunk(m, 0);
     rc = rc ? rc : fsdp_gpt2_reserve(m);
     tap_ok(rc == 0 && m->head_chunk == (int)(FSDP_GPT2_HEAD_BYTES / (V * sizeof(float))) &&
                fsdp_gpt2_activation_bytes(m) == bytes0,
-           "%s: head chunk 0 is the default of %d rows (one chunk here: %zu activation bytes, "
+           "%s: head budget 0 is the default of %d rows (one tile here: %zu activation bytes, "
            "want %zu)", name, m->head_chunk, fsdp_gpt2_activation_bytes(m), bytes0);
     free(all), free(part);
     free_snap(s, g0);
     fsdp_gpt2_destroy(m);
+    bufs_free(&b);
+    fsdp_model_spec_destroy(s);
+}
+
+/*
+ * Unit 0 by rows with no group: one rank holds every row, packed wte then
+ * wpe as in its unit buffer, so losses and gradients must be the whole
+ * model's bit for bit, with the head whole and in tiles.
+ */
+static void test_rows_one(int tied)
+{
+    const char *name = tied ? "tied" : "untied";
+    struct fsdp_model_spec *s = make_spec(tied);
+    struct bufs b;
+    bufs_alloc(&b, s);
+    fill_params(s, &b);
+    int32_t tok[TB * TT], tgt[TB * TT];
+    for (int i = 0; i < TB * TT; i++) {
+        tok[i] = (int32_t)((ref_rand(&rng) + 1.0) * 16.0) % 32;
+        tgt[i] = i % 6 == 2 ? -1 : (int32_t)((ref_rand(&rng) + 1.0) * 16.0) % 32;
+    }
+    for (int chunk = 0; chunk <= 3; chunk += 3) {
+        struct fsdp_gpt2 *m = NULL, *r = NULL;
+        float l0 = 0, l1 = 0;
+        int rc = fsdp_gpt2_create(s, TB, TT, &m);
+        rc = rc ? rc : fsdp_gpt2_set_head_chunk(m, chunk);
+        rc = rc ? rc : run_step(m, &b, tok, tgt, TB, TT, &l0);
+        float **g0 = snap(s, &b);
+        rc = rc ? rc : fsdp_gpt2_create(s, TB, TT, &r);
+        rc = rc ? rc : fsdp_gpt2_set_head_chunk(r, chunk);
+        int taken = rc ? rc : fsdp_gpt2_set_unit_rows(r, 0, NULL);
+        rc = rc ? rc : run_step(r, &b, tok, tgt, TB, TT, &l1);
+        int same_layout = r->rows_numel == s->unit_numel[0] && r->wte_at == r->emb_off[0] &&
+                          r->wpe_at == r->emb_off[1];
+        size_t bad = diff_bits(s, g0, b.g, 1.0f);
+        tap_ok(rc == 0 && taken == 1 && same_layout && bad == 0 &&
+                   memcmp(&l0, &l1, sizeof(float)) == 0,
+               "%s: unit 0 by rows on one rank, head %s: loss and gradients bit-identical to the "
+               "whole tables (%zu differ)", name, chunk ? "in tiles of 3 rows of logits" : "whole",
+               bad);
+        if (chunk == 0) {
+            float out[32];
+            rc = fsdp_gpt2_logits(r, 0, 1, out);
+            tap_ok(tied ? rc == FSDP_ERR_INVALID : rc == 0,
+                   "%s: logits of a model whose unit 0 is by rows: %s", name,
+                   tied ? fsdp_err_msg() : "computed (the untied head is whole)");
+            fsdp_err_clear();
+            rc = fsdp_gpt2_set_batch(r, NULL, tgt, TB, TT);
+            tap_ok(rc == FSDP_ERR_INVALID, "%s: targets without tokens rejected: %s", name,
+                   fsdp_err_msg());
+            fsdp_err_clear();
+            rc = fsdp_gpt2_set_batch(m, NULL, NULL, TB, TT);
+            tap_ok(rc == FSDP_ERR_INVALID, "%s: no tokens rejected unless unit 0 is by rows: %s",
+                   name, fsdp_err_msg());
+            fsdp_err_clear();
+            rc = fsdp_gpt2_set_unit_rows(m, 1, NULL);
+            tap_ok(rc == 0 && !m->rows_on, "%s: a block by rows is declined", name);
+            rc = fsdp_gpt2_set_unit_rows(m, s->n_units, NULL);
+            tap_ok(rc == FSDP_ERR_INVALID, "%s: unit %d by rows rejected: %s", name, s->n_units,
+                   fsdp_err_msg());
+            fsdp_err_clear();
+            fsdp_gpt2_forward(m, tok, tgt, TB, TT, NULL);
+            rc = fsdp_gpt2_set_unit_rows(m, 0, NULL);
+            tap_ok(rc == FSDP_ERR_INVALID, "%s: unit 0 by rows between forward and backward "
+                   "rejected: %s", name, fsdp_err_msg());
+            fsdp_err_clear();
+        }
+        free_snap(s, g0);
+        fsdp_gpt2_destroy(m);
+        fsdp_gpt2_destroy(r);
+    }
     bufs_free(&b);
     fsdp_model_spec_destroy(s);
 }
@@ -560,6 +638,8 @@ int main(void)
     test_model(0);
     test_head_chunks(1);
     test_head_chunks(0);
+    test_rows_one(1);
+    test_rows_one(0);
     test_errors();
     test_init();
     return tap_done();

@@ -59,6 +59,58 @@ void fsdp_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout,
     }
 }
 
+/* Row of table (rows [row0, row0 + n) held) for index i, or NULL when not held. */
+static inline const float *cpu_held_row(const float *table, size_t row0, size_t n, size_t i,
+                                        size_t C)
+{
+    return i >= row0 && i - row0 < n ? table + (i - row0) * C : NULL;
+}
+
+void fsdp_cpu_embed_rows_forward(float *out, const int32_t *tokens, const float *wte, size_t v0,
+                                 size_t vn, const float *wpe, size_t p0, size_t pn, size_t N,
+                                 int T, int C)
+{
+    size_t Cs = (size_t)C;
+    CPU_OMP_FOR
+    for (size_t r = 0; r < N; r++) {
+        float *o = out + r * Cs;
+        const float *e = cpu_held_row(wte, v0, vn, (size_t)tokens[r], Cs);
+        const float *p = cpu_held_row(wpe, p0, pn, r % (size_t)T, Cs);
+        size_t i = 0;
+        if (e && p) {
+            for (; i + CPU_VW <= Cs; i += CPU_VW) {
+                cpu_vstore(o + i, cpu_vload(e + i) + cpu_vload(p + i));
+            }
+            for (; i < Cs; i++) {
+                o[i] = e[i] + p[i];
+            }
+        } else if (e || p) {
+            memcpy(o, e ? e : p, Cs * sizeof(float));
+        } else {
+            memset(o, 0, Cs * sizeof(float));
+        }
+    }
+}
+
+void fsdp_cpu_embed_rows_backward(float *dwte, float *dwpe, const float *dout,
+                                  const int32_t *tokens, size_t v0, size_t vn, size_t p0,
+                                  size_t pn, size_t N, int T, int C)
+{
+    /* serial on purpose, in row order: repeated tokens scatter into one row */
+    size_t Cs = (size_t)C;
+    for (size_t r = 0; r < N; r++) {
+        const float *d = dout + r * Cs;
+        float *e = (float *)cpu_held_row(dwte, v0, vn, (size_t)tokens[r], Cs);
+        float *p = (float *)cpu_held_row(dwpe, p0, pn, r % (size_t)T, Cs);
+        if (e) {
+            cpu_add_into(e, d, Cs);
+        }
+        if (p) {
+            cpu_add_into(p, d, Cs);
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // layer norm
 

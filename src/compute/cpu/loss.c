@@ -6,7 +6,10 @@
  * overwrite the logits) or split into a forward that keeps two floats per
  * row (max, sum) and a backward that rebuilds the gradient from them, for a
  * head that recomputes its logits a row chunk at a time. The split pair
- * gives the fused kernel's bits.
+ * gives the fused kernel's bits. A head that streams over vocabulary slices
+ * keeps running statistics per row instead (online log-sum-exp) and the
+ * target's logit, and rebuilds each slice's gradient from the final ones;
+ * one slice covering the whole row gives the split pair's bits again.
  */
 #include "config.h"
 #include "compute/kernels.h"
@@ -74,8 +77,9 @@ static int cpu_ce_validate(const int32_t *targets, size_t N, size_t V, int32_t i
     return 0;
 }
 
-/* d = e * inv, then d[t] -= dscale: the gradient row from its exp terms */
-static void cpu_ce_grad_row(float *d, size_t V, float inv, int32_t t, float dscale)
+/* d = e * inv, then d[t] -= dscale (t < 0: no target in this row): the
+ * gradient row from its exp terms */
+static void cpu_ce_grad_row(float *d, size_t V, float inv, long t, float dscale)
 {
     size_t i = 0;
     for (; i + CPU_VW <= V; i += CPU_VW) {
@@ -84,7 +88,15 @@ static void cpu_ce_grad_row(float *d, size_t V, float inv, int32_t t, float dsca
     for (; i < V; i++) {
         d[i] *= inv;
     }
-    d[t] -= dscale;
+    if (t >= 0) {
+        d[t] -= dscale;
+    }
+}
+
+/* Column of target t within the slice [col0, col0 + n), or -1. */
+static long cpu_ce_slice_col(int32_t t, size_t col0, size_t n)
+{
+    return t >= 0 && (size_t)t >= col0 && (size_t)t - col0 < n ? (long)((size_t)t - col0) : -1;
 }
 
 int fsdp_cpu_crossentropy_fused(float *losses, float *dlogits, const float *logits,
@@ -158,5 +170,55 @@ void fsdp_cpu_crossentropy_backward(float *dlogits, const float *logits, const f
         /* the forward's sum, not this pass's: the same terms in the same order */
         cpu_row_expsum(d, logits + r * V, stats[2 * r], V);
         cpu_ce_grad_row(d, V, dscale / stats[2 * r + 1], t, dscale);
+    }
+}
+
+void fsdp_cpu_crossentropy_slice_forward(float *stats, float *target_logit, const float *logits,
+                                         const int32_t *targets, size_t N, size_t n, size_t col0,
+                                         int32_t ignore_index, int first)
+{
+    for (size_t r = 0; r < N; r++) {
+        const float *x = logits + r * n;
+        int32_t t = targets[r];
+        if (t == ignore_index) {
+            if (first) {
+                stats[2 * r] = 0.0f;
+                stats[2 * r + 1] = 0.0f;
+                target_logit[r] = 0.0f;
+            }
+            continue;
+        }
+        float m = cpu_row_max(x, n);
+        float s = cpu_row_expsum(NULL, x, m, n);
+        long c = cpu_ce_slice_col(t, col0, n);
+        if (first) {
+            stats[2 * r] = m;
+            stats[2 * r + 1] = s;
+            target_logit[r] = c >= 0 ? x[c] : 0.0f;
+            continue;
+        }
+        float m0 = stats[2 * r], s0 = stats[2 * r + 1];
+        float mx = m > m0 ? m : m0;
+        stats[2 * r] = mx;
+        stats[2 * r + 1] = s0 * expf(m0 - mx) + s * expf(m - mx);
+        if (c >= 0) {
+            target_logit[r] = x[c];
+        }
+    }
+}
+
+void fsdp_cpu_crossentropy_slice_backward(float *dlogits, const float *logits, const float *stats,
+                                          const int32_t *targets, size_t N, size_t n, size_t col0,
+                                          int32_t ignore_index, float dscale)
+{
+    for (size_t r = 0; r < N; r++) {
+        float *d = dlogits + r * n;
+        int32_t t = targets[r];
+        if (t == ignore_index) {
+            memset(d, 0, n * sizeof(float));
+            continue;
+        }
+        cpu_row_expsum(d, logits + r * n, stats[2 * r], n);
+        cpu_ce_grad_row(d, n, dscale / stats[2 * r + 1], cpu_ce_slice_col(t, col0, n), dscale);
     }
 }
