@@ -332,4 +332,14 @@ void fsdp_cpu_gqa_attention_backward(float *dqkv, float *scratch, const float *d
                                      const float *qkv, const float *out, const float *lse, int B,
                                      int T, int NH, int NKV, int hs);
 
+// ----------------------------------------------------------------------------
+// incremental decoding (decode.c)
+
+/* One query row q [NH heads of hs] against n cached positions: kcache and
+ * vcache hold rows of NKV heads (row stride ld floats); query head h reads
+ * head h / (NH / NKV); causal by construction (the cache holds only the
+ * past and the current position). out (NH * hs); scores (n) scratch. */
+void fsdp_cpu_attention_decode(float *out, float *scores, const float *q, const float *kcache,
+                               const float *vcache, int n, int NH, int NKV, int hs, int ld);
+
 #endif

@@ -4,6 +4,7 @@ libfsdpc_a_SOURCES += \
 	src/compute/cpu/matmul.c \
 	src/compute/cpu/attention.c \
 	src/compute/cpu/llama_layers.c \
+	src/compute/cpu/decode.c \
 	src/compute/cpu/loss.c \
 	src/compute/cpu/optim.c \
 	src/compute/cpu/cast.c \

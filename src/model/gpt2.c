@@ -1224,4 +1224,5 @@ const struct fsdp_model_ops fsdp_gpt2_ops = {
     .workspace_bytes = gpt2_op_workspace_bytes,
     .flops_per_token = fsdp_gpt2_flops_per_token,
     .set_unit_rows = gpt2_op_set_unit_rows,
+    .decoder_create = fsdp_gpt2_decoder_create,
 };

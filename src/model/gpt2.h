@@ -307,4 +307,8 @@ double fsdp_gpt2_flops_per_token(const struct fsdp_model_spec *s, int T);
 /* The ops of the generic interface (model.h) over the functions above. */
 extern const struct fsdp_model_ops fsdp_gpt2_ops;
 
+/* Incremental decoding with a key/value cache (model.h, struct fsdp_decoder;
+ * gpt2_decode.c). */
+int fsdp_gpt2_decoder_create(struct fsdp_model *model, int max_T, struct fsdp_decoder **out);
+
 #endif

@@ -916,4 +916,5 @@ const struct fsdp_model_ops fsdp_llama_ops = {
     .activation_bytes = llama_op_activation_bytes,
     .workspace_bytes = llama_op_workspace_bytes,
     .flops_per_token = fsdp_llama_flops_per_token,
+    .decoder_create = fsdp_llama_decoder_create,
 };

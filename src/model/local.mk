@@ -2,18 +2,18 @@ libfsdpc_a_SOURCES += src/model/gpt2_spec.c src/model/model.c
 noinst_HEADERS += src/model/gpt2_spec.h src/model/model.h
 
 # GPT-2 forward/backward over units on the CPU kernels
-libfsdpc_a_SOURCES += src/model/gpt2.c
+libfsdpc_a_SOURCES += src/model/gpt2.c src/model/gpt2_decode.c
 noinst_HEADERS += src/model/gpt2.h
 
 check_PROGRAMS += tests/model/test_gpt2_grad
 TESTS += tests/model/test_gpt2_grad
 
 # the Llama family (Llama, Mistral, Qwen2) on the same kernels plus RMSNorm, RoPE, SwiGLU, GQA
-libfsdpc_a_SOURCES += src/model/llama_spec.c src/model/llama.c
+libfsdpc_a_SOURCES += src/model/llama_spec.c src/model/llama.c src/model/llama_decode.c
 noinst_HEADERS += src/model/llama_spec.h src/model/llama.h
 
-check_PROGRAMS += tests/model/test_llama_grad
-TESTS += tests/model/test_llama_grad
+check_PROGRAMS += tests/model/test_llama_grad tests/model/test_decode
+TESTS += tests/model/test_llama_grad tests/model/test_decode
 # against Hugging Face transformers 4.38 (skips without $(top_builddir)/hf-venv)
 dist_check_SCRIPTS += tests/model/test_llama_hf.sh
 dist_check_DATA += tests/model/llama_hf_check.py

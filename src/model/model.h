@@ -30,6 +30,7 @@ struct fsdp_model;
 
 struct fsdp_device;
 struct fsdp_group;
+struct fsdp_decoder;
 
 /* What an instance is sized for, and where it computes. */
 struct fsdp_model_opts {
@@ -88,6 +89,26 @@ struct fsdp_model_ops {
      * Before the first reserve or set_batch.
      */
     int (*set_unit_rows)(struct fsdp_model *m, int u, struct fsdp_group *g);
+    /* Optional (NULL: no incremental decoding): a decoder with a key/value
+     * cache of max_T (<= spec->context) positions; see struct fsdp_decoder. */
+    int (*decoder_create)(struct fsdp_model *m, int max_T, struct fsdp_decoder **out);
+};
+
+/*
+ * Incremental decoding of one sequence (sampling): a key/value cache of up to
+ * max_T positions. step runs position d->pos for token, writes the logits
+ * (V) and advances d->pos; setting d->pos to 0 starts a new sequence. The
+ * model's every unit must hold its parameters (set_unit) while a decoder is
+ * used; the decoder reads them at each step.
+ */
+struct fsdp_decoder_ops {
+    int (*step)(struct fsdp_decoder *d, int32_t token, float *logits);
+    void (*destroy)(struct fsdp_decoder *d);
+};
+struct fsdp_decoder {
+    const struct fsdp_decoder_ops *ops;
+    int pos;   /* the next position */
+    int max_T; /* positions the cache holds */
 };
 
 /* Every instance starts with this. */

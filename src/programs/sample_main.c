@@ -12,11 +12,14 @@
  * prints ids, one line of them. An empty prompt starts from '\n' (vocab 256)
  * or from token V-1 (GPT-2's <|endoftext|>).
  *
- * Each new token runs the model's forward over the whole window of the last
- * `context` tokens (there is no key/value cache), so generating N tokens
- * costs about N forward passes of up to `context` tokens: fine for the
- * small models this is for, slow for GPT-2 sized ones.
- * The same seed gives the same text.
+ * Each new token runs one position through the model against a key/value
+ * cache of the earlier ones (the model's decoder, model.h), so N tokens cost
+ * N single-row passes. When the sequence reaches the context, the cache
+ * restarts from the last half-context of tokens. --no-cache runs the whole
+ * window of the last `context` tokens for every token instead (the same
+ * logits up to rounding while the sequence fits the context; for timing).
+ * Sampling: temperature, then the top-k most likely, then the smallest set
+ * whose probability reaches top-p. The same seed gives the same text.
  */
 #include "config.h"
 #include "train/model_source.h"
@@ -40,6 +43,8 @@ struct sample_config {
     long tokens;
     double temperature; /* 0: greedy */
     long top_k;         /* 0: whole vocabulary */
+    double top_p;       /* 1: no nucleus cut */
+    int no_cache;       /* recompute the window for every token */
     long seed;
     long threads;
 };
@@ -56,6 +61,10 @@ static const struct fsdp_opt sample_opts[] = {
      "softmax temperature (0: always the most likely token)"},
     {"top-k", FSDP_OPT_INT, F(top_k), 0, 0, 1 << 24, NULL, "K", 0,
      "sample among the K most likely tokens (0: all)"},
+    {"top-p", FSDP_OPT_FLOAT, F(top_p), 0, 1e-6, 1, NULL, "P", 0,
+     "sample among the most likely tokens whose probability adds up to P (1: all)"},
+    {"no-cache", FSDP_OPT_FLAG, F(no_cache), 0, 0, 0, NULL, "", 0,
+     "no key/value cache: run the whole window for every token (slower; for comparison)"},
     {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0, "random seed"},
     {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS threads"},
 };
@@ -96,9 +105,10 @@ static int cmp_desc(const void *a, const void *b)
 /*
  * Picks the next token from logits (V). cand and probs are (V) scratch.
  * Temperature 0 is the argmax; otherwise softmax(logits / temperature) over
- * the top_k largest (all when 0), sampled by inverse CDF.
+ * the top_k largest (all when 0), cut to the smallest prefix (by
+ * probability) whose mass reaches top_p, sampled by inverse CDF.
  */
-static int sample_token(const float *logits, int V, double temperature, long top_k,
+static int sample_token(const float *logits, int V, double temperature, long top_k, double top_p,
                         struct scored *cand, double *probs, uint64_t *rng)
 {
     int n = V;
@@ -115,9 +125,9 @@ static int sample_token(const float *logits, int V, double temperature, long top
         cand[i].logit = logits[i];
         cand[i].id = i;
     }
-    if (top_k > 0 && top_k < V) {
+    if ((top_k > 0 && top_k < V) || top_p < 1.0) {
         qsort(cand, (size_t)V, sizeof(*cand), cmp_desc);
-        n = (int)top_k;
+        n = top_k > 0 && top_k < V ? (int)top_k : V;
     }
     double max = -INFINITY, sum = 0.0;
     for (int i = 0; i < n; i++) {
@@ -126,6 +136,15 @@ static int sample_token(const float *logits, int V, double temperature, long top
     for (int i = 0; i < n; i++) {
         probs[i] = exp(((double)cand[i].logit - max) / temperature);
         sum += probs[i];
+    }
+    if (top_p < 1.0) {
+        double acc = 0.0;
+        int keep = 0;
+        while (keep < n && acc < top_p * sum) {
+            acc += probs[keep++];
+        }
+        n = keep > 0 ? keep : 1;
+        sum = acc > 0 ? acc : probs[0];
     }
     double r = rng_uniform(rng) * sum, acc = 0.0;
     for (int i = 0; i < n; i++) {
@@ -197,6 +216,7 @@ static int sample_run(const struct sample_config *c)
     struct scored *cand = NULL;
     double *probs = NULL;
     float *logits = NULL;
+    struct fsdp_decoder *dec = NULL;
     int rc;
 
     char path[sizeof(c->model) + 64];
@@ -236,21 +256,48 @@ static int sample_run(const struct sample_config *c)
     }
     uint64_t rng = (uint64_t)c->seed;
     double t0 = fsdp_now();
+    if (!c->no_cache && !model->ops->decoder_create) {
+        FSDP_WARN(FSDP_SUB_TRAIN, "architecture %s has no key/value cache: every token runs "
+                  "the whole window", spec->arch->name);
+    }
+    if (!c->no_cache && model->ops->decoder_create) {
+        FSDP_CHECK_GOTO(model->ops->decoder_create(model, ctx, &dec), rc, out);
+    }
+    /* the logits after seq[0, n): prefill the cache with the prompt */
+    size_t keep = (size_t)ctx - (size_t)ctx / 2; /* tokens kept when the cache is full */
+    for (size_t i = n > (size_t)ctx ? n - keep : 0; dec && i < n; i++) {
+        FSDP_CHECK_GOTO(dec->ops->step(dec, seq[i], logits), rc, out);
+    }
     for (long i = 0; i < c->tokens; i++) {
-        size_t window = n < (size_t)ctx ? n : (size_t)ctx;
-        FSDP_CHECK_GOTO(fsdp_model_forward(model, seq + n - window, NULL, 1, (int)window, NULL),
-                        rc, out);
-        FSDP_CHECK_GOTO(model->ops->logits(model, window - 1, 1, logits), rc, out);
-        int tok = sample_token(logits, V, c->temperature, c->top_k, cand, probs, &rng);
+        if (!dec) {
+            size_t window = n < (size_t)ctx ? n : (size_t)ctx;
+            FSDP_CHECK_GOTO(fsdp_model_forward(model, seq + n - window, NULL, 1, (int)window, NULL),
+                            rc, out);
+            FSDP_CHECK_GOTO(model->ops->logits(model, window - 1, 1, logits), rc, out);
+        }
+        int tok = sample_token(logits, V, c->temperature, c->top_k, c->top_p, cand, probs, &rng);
         seq[n++] = tok;
         emit(tok, V);
+        if (dec && i + 1 < c->tokens) {
+            if (dec->pos == dec->max_T) { /* full: restart from the last half-context */
+                dec->pos = 0;
+                for (size_t j = n - keep; j + 1 < n; j++) {
+                    FSDP_CHECK_GOTO(dec->ops->step(dec, seq[j], logits), rc, out);
+                }
+            }
+            FSDP_CHECK_GOTO(dec->ops->step(dec, tok, logits), rc, out);
+        }
     }
     printf("\n");
     double dt = fsdp_now() - t0;
-    FSDP_INFO(FSDP_SUB_TRAIN, "%ld tokens in %.2f s (%.1f tok/s)", c->tokens, dt,
-              dt > 0 ? (double)c->tokens / dt : 0.0);
+    FSDP_INFO(FSDP_SUB_TRAIN, "%ld tokens in %.2f s (%.1f tok/s, %s)", c->tokens, dt,
+              dt > 0 ? (double)c->tokens / dt : 0.0,
+              dec ? "key/value cache" : "whole window per token");
     rc = 0;
 out:
+    if (dec) {
+        dec->ops->destroy(dec);
+    }
     fsdp_model_destroy(model);
     free(probs);
     free(logits);
@@ -264,7 +311,8 @@ out:
 
 int main(int argc, char **argv)
 {
-    struct sample_config c = {.tokens = 256, .temperature = 1.0, .seed = 1337, .threads = 1};
+    struct sample_config c = {.tokens = 256, .temperature = 1.0, .top_p = 1.0, .seed = 1337,
+                              .threads = 1};
     struct fsdp_optset set = {.prog = "fsdpc-sample", .opts = sample_opts,
                               .n = sizeof(sample_opts) / sizeof(sample_opts[0]), .base = &c};
     fsdp_log_set_rank(0);
