@@ -24,8 +24,7 @@ sh "$src/tests/corpus.sh" 2000000 > "$w/text"
 
 # median of the step times (ms) after the warm-up, from fsdpc's metrics file
 fsdpc_median() {
-    "$src/tests/peers/median_ms.py" "$1" "$warm" 2> /dev/null ||
-        /usr/bin/python3 -c "
+    /usr/bin/python3 -c "
 import json, statistics, sys
 ms = [r['ms'] for r in map(json.loads, open(sys.argv[1])) if 'step' in r and 'ms' in r]
 print('%.1f' % statistics.median(ms[int(sys.argv[2]):]))" "$1" "$warm"
@@ -46,7 +45,7 @@ for r in $(seq "$rounds"); do
     f1=$(fsdpc_median "$w/f1.jsonl") f2=$(fsdpc_median "$w/f2.jsonl")
     hf=$(sed -n 's/^result //p' "$w/hf.log" | /usr/bin/python3 -c 'import json,sys; print("%.1f" % json.load(sys.stdin)["median_ms"])')
     echo "round $r: fsdpc 1x1 $f1 ms (rss $(rss "$w/f1.time") KiB), fsdpc 2x1 $f2 ms" \
-        "(rss of mpiexec's tree max $(rss "$w/f2.time") KiB), transformers $hf ms" \
+        "(rss per rank $(rss "$w/f2.time") KiB), transformers $hf ms" \
         "(rss $(rss "$w/hf.time") KiB)" | tee -a "$w/rounds"
 done
 echo "tokens per step: $B x $T per rank; workdir $w"
