@@ -4,9 +4,17 @@
  * the validating reader, and consolidation into one model file. Owns no
  * directory commit (ckpt_commit.c): callers decide where files go and when
  * a directory becomes visible.
+ *
+ * Checksums (checksum.h): every shard dataset carries the block hashes of
+ * the rows its writer wrote, and the index, written after every shard,
+ * records all of them per tensor. Opening compares each shard's with the
+ * index's (a shard from another run or checkpoint is refused by name);
+ * reading hashes every block as it arrives (a damaged shard is refused by
+ * name).
  */
 #include "config.h"
 #include "io/ckpt.h"
+#include "io/checksum.h"
 #include "io/fileutil.h"
 #include "io/h5util.h"
 #include "io/model_file.h"
@@ -66,15 +74,18 @@ static size_t ck_file_bound(size_t n, size_t data)
  * a failed write fails in H5Dwrite, where it is reported. The create is
  * exclusive (the probe gives the OS's reason, H5F_ACC_EXCL the guarantee):
  * an entry already at path, a planted link included, fails it rather than
- * being truncated or written through.
+ * being truncated or written through. v18: objects in the HDF5 1.8 format at
+ * least, whose attributes may exceed 64 KiB (an index's checksums of
+ * thousands of shards).
  */
-static int ck_h5_create(const char *path, size_t reserve, hid_t *out)
+static int ck_h5_create(const char *path, size_t reserve, int v18, hid_t *out)
 {
     char why[256];
     int rc = 0;
     FSDP_CHECK(fsdp_file_probe_create(path));
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    if (fapl < 0 || H5Pset_sieve_buf_size(fapl, 0) < 0) {
+    if (fapl < 0 || H5Pset_sieve_buf_size(fapl, 0) < 0 ||
+        (v18 && H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0)) {
         fsdp_h5_close(fapl);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: file access properties", path);
     }
@@ -120,6 +131,22 @@ static int ck_shard_path(char *buf, size_t len, const char *dir, int shard)
 {
     int n = snprintf(buf, len, "%s/shard_%d.h5", dir, shard);
     return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
+/* Rows per checksum block of parameter p's tensors (f32, every shard alike). */
+static size_t ck_block_rows(const struct fsdp_param_spec *p)
+{
+    return fsdp_sum_block_rows(p->shape[0], p->shape[1] * sizeof(float));
+}
+
+/* Offset in a tensor's hashes (shards in order) of shard r's blocks: the
+ * first n mod R shards hold one row more, the others the same number. */
+static size_t ck_sum_first(const struct fsdp_param_spec *p, int n_shards, int r, size_t block_rows)
+{
+    size_t base = p->shape[0] / (size_t)n_shards, extra = p->shape[0] % (size_t)n_shards;
+    size_t big = (size_t)r < extra ? (size_t)r : extra;
+    return big * fsdp_sum_nblocks(base + 1, block_rows) +
+           ((size_t)r - big) * fsdp_sum_nblocks(base, block_rows);
 }
 
 /* Dataset dims of `rows` rows of parameter p. */
@@ -169,8 +196,10 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
         data += FSDP_CKPT_NKINDS * rows * spec->params[i].shape[1] * sizeof(float);
     }
     w->file = -1;
-    FSDP_CHECK_GOTO(ck_h5_create(w->path, ck_file_bound(FSDP_CKPT_NKINDS * spec->n_params, data),
-                                 &w->file), rc, err);
+    /* and a hash per 1 MiB of rows (the bound gives each dataset one) */
+    FSDP_CHECK_GOTO(ck_h5_create(w->path, ck_file_bound(FSDP_CKPT_NKINDS * spec->n_params,
+                                                        data + data / 65536),
+                                 0, &w->file), rc, err);
     w->created = 1;
     if (fsdp_h5_put_attr_str(w->file, "format", FSDP_CKPT_SHARD_FORMAT) < 0 ||
         fsdp_h5_put_attr_int(w->file, "format_version", FSDP_CKPT_VERSION) < 0 ||
@@ -196,17 +225,21 @@ int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, enum fsdp_ckpt_kind ki
     hsize_t dims[2];
     fsdp_ckpt_rows(p->shape[0], w->n_shards, w->shard, &row0, &rows);
     snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
-    hid_t space = H5Screate_simple(ck_dims(p, rows, dims), dims, NULL);
+    int nd = ck_dims(p, rows, dims);
+    hid_t space = H5Screate_simple(nd, dims, NULL);
     hid_t dcpl = fsdp_h5_dcpl_write_once();
     hid_t d = space < 0 || dcpl < 0 ? -1 : H5Dcreate2(w->file, name, H5T_IEEE_F32LE, space,
                                                       H5P_DEFAULT, dcpl, H5P_DEFAULT);
     fsdp_h5_close(dcpl);
-    int bad = d < 0 || (rows > 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                             data) < 0) ||
-              fsdp_h5_put_attr_i64(d, "row0", (long long)row0) < 0 ||
-              fsdp_h5_put_attr_i64(d, "rows", (long long)rows) < 0;
-    fsdp_h5_close(d);
     fsdp_h5_close(space);
+    int rc = d < 0 ? -1 : fsdp_sum_write(d, H5T_NATIVE_FLOAT, nd, rows, p->shape[1],
+                                         sizeof(float), data, ck_block_rows(p));
+    int bad = rc == -1 || (rc == 0 && (fsdp_h5_put_attr_i64(d, "row0", (long long)row0) < 0 ||
+                                       fsdp_h5_put_attr_i64(d, "rows", (long long)rows) < 0));
+    fsdp_h5_close(d);
+    if (rc < -1) {
+        return rc;
+    }
     if (bad) {
         return fsdp_err(FSDP_ERR_IO, "%s: writing /%s failed: %s", w->path, name,
                         fsdp_h5_reason(why, sizeof(why)));
@@ -279,9 +312,74 @@ static int ck_write_meta(hid_t f, const struct fsdp_ckpt_meta *m)
                : 0;
 }
 
-/* One virtual dataset: the full tensor, row block r from ./shard_<r>.h5. */
+/* Shard r's checksums of every tensor appended to sums (NKINDS * n_params,),
+ * each preallocated for all shards. */
+static int ck_gather_shard(const char *dir, const struct fsdp_model_spec *spec, int n_shards,
+                           int r, struct fsdp_sum *sums)
+{
+    char path[CK_PATH_MAX], name[256], why[256];
+    if (ck_shard_path(path, sizeof(path), dir, r) < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", dir);
+    }
+    FSDP_CHECK(fsdp_h5_check_regular(path));
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot open to record its checksums: %s", path,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    int rc = 0;
+    for (size_t j = 0; rc == 0 && j < FSDP_CKPT_NKINDS * spec->n_params; j++) {
+        const struct fsdp_param_spec *p = &spec->params[j % spec->n_params];
+        struct fsdp_sum *all = &sums[j], one;
+        size_t row0, rows;
+        hid_t d;
+        fsdp_ckpt_rows(p->shape[0], n_shards, r, &row0, &rows);
+        snprintf(name, sizeof(name), "%s/%s", ck_groups[j / spec->n_params], p->name);
+        if ((rc = fsdp_h5_open_dataset(path, f, name, H5P_DEFAULT, &d)) < 0) {
+            break;
+        }
+        rc = fsdp_sum_get(path, name, d, &rows, 1, &one);
+        H5Dclose(d);
+        if (rc == 0 && one.block_rows == 0) {
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: /%s has no checksums, which index.h5 records for "
+                          "every shard (it is written once every shard is complete)", path, name);
+        } else if (rc == 0 && one.block_rows != all->block_rows) {
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: /%s has checksums over blocks of %zu rows, not "
+                          "the %zu of its tensor", path, name, one.block_rows, all->block_rows);
+        }
+        if (rc == 0) {
+            memcpy(all->h + all->n, one.h, one.n * sizeof(uint64_t));
+            all->n += one.n;
+        }
+        fsdp_sum_clear(&one);
+    }
+    H5Fclose(f);
+    return rc;
+}
+
+/* Every shard's checksums of every tensor, shards in order: what the index
+ * records (sums: (NKINDS * n_params,), freed by the caller). */
+static int ck_gather_sums(const char *dir, const struct fsdp_model_spec *spec, int n_shards,
+                          struct fsdp_sum *sums)
+{
+    for (size_t j = 0; j < FSDP_CKPT_NKINDS * spec->n_params; j++) {
+        const struct fsdp_param_spec *p = &spec->params[j % spec->n_params];
+        sums[j].block_rows = ck_block_rows(p);
+        size_t n = ck_sum_first(p, n_shards, n_shards, sums[j].block_rows);
+        if (!(sums[j].h = malloc(n * sizeof(uint64_t)))) {
+            return fsdp_err(FSDP_ERR_NOMEM, "%s: %zu checksums of %s", dir, n, p->name);
+        }
+    }
+    for (int r = 0; r < n_shards; r++) {
+        FSDP_CHECK(ck_gather_shard(dir, spec, n_shards, r, sums));
+    }
+    return 0;
+}
+
+/* One virtual dataset: the full tensor, row block r from ./shard_<r>.h5,
+ * with every shard's checksums. */
 static int ck_write_vds(hid_t f, const struct fsdp_param_spec *p, enum fsdp_ckpt_kind kind,
-                        int n_shards)
+                        int n_shards, const struct fsdp_sum *sum)
 {
     char name[256], src[64];
     hsize_t dims[2], start[2] = {0, 0}, count[2];
@@ -315,7 +413,7 @@ static int ck_write_vds(hid_t f, const struct fsdp_param_spec *p, enum fsdp_ckpt
     if (rc == 0 && H5Sselect_all(vspace) >= 0) {
         d = H5Dcreate2(f, name, H5T_IEEE_F32LE, vspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     }
-    rc = d < 0 ? -1 : 0;
+    rc = d < 0 || fsdp_sum_put(d, sum) < 0 ? -1 : 0;
     fsdp_h5_close(d);
     fsdp_h5_close(vspace);
     fsdp_h5_close(dcpl);
@@ -330,20 +428,36 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
     fsdp_h5_quiet();
     size_t n = FSDP_CKPT_NKINDS * spec->n_params;
     hid_t f = -1;
-    FSDP_CHECK(ck_h5_create(path, ck_file_bound(n, n * (size_t)meta->n_shards * 256), &f));
-    int bad = f < 0 || fsdp_h5_put_model_attrs(f, spec, meta->created_by) < 0 ||
+    struct fsdp_sum *sums = calloc(n, sizeof(*sums));
+    int rc = sums ? ck_gather_sums(dir, spec, meta->n_shards, sums)
+                  : fsdp_err(FSDP_ERR_NOMEM, "%s: checksum table", path);
+    /* per dataset and shard: a mapping and a hash; one hash more per 1 MiB of tensor */
+    size_t maps = n * (size_t)meta->n_shards * (256 + sizeof(uint64_t));
+    size_t hashes = spec->total_numel * FSDP_CKPT_NKINDS * sizeof(float) / 65536;
+    if (rc == 0) {
+        rc = ck_h5_create(path, ck_file_bound(n, maps + hashes), 1, &f);
+    }
+    int bad = rc < 0 || fsdp_h5_put_model_attrs(f, spec, meta->created_by) < 0 ||
               ck_write_meta(f, meta) < 0 || ck_make_groups(f) < 0;
     for (int k = 0; !bad && k < FSDP_CKPT_NKINDS; k++) {
         for (size_t i = 0; !bad && i < spec->n_params; i++) {
-            bad = ck_write_vds(f, &spec->params[i], (enum fsdp_ckpt_kind)k, meta->n_shards) < 0;
+            bad = ck_write_vds(f, &spec->params[i], (enum fsdp_ckpt_kind)k, meta->n_shards,
+                               &sums[k * spec->n_params + i]) < 0;
         }
+    }
+    for (size_t j = 0; sums && j < n; j++) {
+        fsdp_sum_clear(&sums[j]);
+    }
+    free(sums);
+    if (rc < 0) {
+        return rc;
     }
     if (f >= 0 && H5Fclose(f) < 0) {
         bad = 1;
     }
     if (bad) {
-        int rc = fsdp_err(FSDP_ERR_IO, "%s: writing the checkpoint index failed: %s", path,
-                          fsdp_h5_reason(why, sizeof(why)));
+        rc = fsdp_err(FSDP_ERR_IO, "%s: writing the checkpoint index failed: %s", path,
+                      fsdp_h5_reason(why, sizeof(why)));
         unlink(path);
         return rc;
     }
@@ -357,7 +471,9 @@ struct fsdp_ckpt {
     char dir[CK_PATH_MAX];
     struct fsdp_ckpt_meta meta;
     struct fsdp_model_spec *spec;
-    hid_t *shards; /* (n_shards,) open shard files */
+    hid_t *shards;          /* (n_shards,) open shard files */
+    struct fsdp_sum *sums;  /* (NKINDS * n_params,) the index's checksums of every tensor */
+    struct fsdp_sum_buf buf; /* blocks read only in part */
 };
 
 const struct fsdp_ckpt_meta *fsdp_ckpt_meta(const struct fsdp_ckpt *ck)
@@ -533,8 +649,76 @@ static int ck_read_meta(const char *path, hid_t f, struct fsdp_ckpt_meta *m)
     return 0;
 }
 
+/* The checksums index.h5 records, every tensor's (none: block_rows 0). */
+static int ck_read_sums(struct fsdp_ckpt *ck, const char *index, hid_t f)
+{
+    const size_t np = ck->spec->n_params, R = (size_t)ck->meta.n_shards;
+    size_t *rows = malloc(R * sizeof(size_t));
+    ck->sums = calloc(FSDP_CKPT_NKINDS * np, sizeof(*ck->sums));
+    if (!rows || !ck->sums) {
+        free(rows);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: checksum table", index);
+    }
+    int rc = 0;
+    for (size_t j = 0; rc == 0 && j < FSDP_CKPT_NKINDS * np; j++) {
+        const struct fsdp_param_spec *p = &ck->spec->params[j % np];
+        char name[256];
+        hid_t d;
+        for (size_t r = 0; r < R; r++) {
+            size_t row0;
+            fsdp_ckpt_rows(p->shape[0], (int)R, (int)r, &row0, &rows[r]);
+        }
+        snprintf(name, sizeof(name), "%s/%s", ck_groups[j / np], p->name);
+        if ((rc = fsdp_h5_open_dataset(index, f, name, H5P_DEFAULT, &d)) == 0) {
+            rc = fsdp_sum_get(index, name, d, rows, R, &ck->sums[j]);
+            H5Dclose(d);
+        }
+    }
+    free(rows);
+    return rc;
+}
+
+/*
+ * Dataset d (`name`, shard r's rows of parameter i) carries the checksums
+ * index.h5 records for it: a shard written for another checkpoint or run,
+ * with the same step and shapes, is refused here, before anything is read.
+ */
+static int ck_check_shard_sum(struct fsdp_ckpt *ck, const char *path, const char *name, hid_t d,
+                              int r, enum fsdp_ckpt_kind k, size_t i, size_t rows)
+{
+    const struct fsdp_param_spec *p = &ck->spec->params[i];
+    const struct fsdp_sum *want = &ck->sums[k * ck->spec->n_params + i];
+    struct fsdp_sum got;
+    if (want->block_rows == 0) {
+        return 0; /* nothing recorded (an index from before checksums) */
+    }
+    FSDP_CHECK(fsdp_sum_get(path, name, d, &rows, 1, &got));
+    const uint64_t *w = want->h + ck_sum_first(p, ck->meta.n_shards, r, want->block_rows);
+    size_t bad = 0;
+    while (got.block_rows == want->block_rows && bad < got.n && got.h[bad] == w[bad]) {
+        bad++;
+    }
+    int rc = 0;
+    if (got.block_rows == 0) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has no checksums but index.h5 records "
+                      "them for shard %d: not the shard this index was written with", path, name,
+                      r);
+    } else if (got.block_rows != want->block_rows) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has checksums over blocks of %zu rows, "
+                      "index.h5 over %zu: not the shard this index was written with", path, name,
+                      got.block_rows, want->block_rows);
+    } else if (bad < got.n) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s': the shard's checksum 0x%016llx (block "
+                      "%zu) differs from 0x%016llx, which index.h5 records for shard %d: a shard "
+                      "file from another checkpoint or run", path, name,
+                      (unsigned long long)got.h[bad], bad, (unsigned long long)w[bad], r);
+    }
+    fsdp_sum_clear(&got);
+    return rc;
+}
+
 /* Shard r: present, readable, of this checkpoint and step, every tensor
- * with the rows the split rule gives. */
+ * with the rows the split rule gives and the checksums the index records. */
 static int ck_check_shard(struct fsdp_ckpt *ck, int r)
 {
     char path[CK_PATH_MAX], name[256], fmt[64], why[256];
@@ -610,13 +794,16 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
                 return FSDP_ERR_FORMAT;
             }
             fsdp_h5_close(s);
-            fsdp_h5_close(d);
             H5Eclear2(H5E_DEFAULT);
             if (!ok || a0 != (long long)row0 || an != (long long)rows) {
+                fsdp_h5_close(d);
                 return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s does not hold rows [%zu, %zu) "
                                 "of %s as shard %d of %d must", path, name, row0, row0 + rows,
                                 p->name, r, ck->meta.n_shards);
             }
+            rc = ck_check_shard_sum(ck, path, name, d, r, (enum fsdp_ckpt_kind)k, i, rows);
+            fsdp_h5_close(d);
+            FSDP_CHECK(rc);
         }
     }
     return 0;
@@ -670,6 +857,9 @@ int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
         goto err;
     }
     rc = ck_read_meta(index, f, &ck->meta);
+    if (rc == 0) {
+        rc = ck_read_sums(ck, index, f);
+    }
     if (rc == 0 && !(ck->shards = malloc((size_t)ck->meta.n_shards * sizeof(*ck->shards)))) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard table");
     }
@@ -702,14 +892,53 @@ void fsdp_ckpt_close(struct fsdp_ckpt *ck)
         fsdp_h5_close(ck->shards[r]);
     }
     free(ck->shards);
+    for (size_t j = 0; ck->sums && j < FSDP_CKPT_NKINDS * ck->spec->n_params; j++) {
+        fsdp_sum_clear(&ck->sums[j]);
+    }
+    free(ck->sums);
+    fsdp_sum_buf_free(&ck->buf);
     fsdp_model_spec_destroy(ck->spec);
     free(ck);
+}
+
+/* Tensor rows [lo, lo + n) from shard r (which holds them) through the
+ * checksums, into dst. */
+static int ck_read_checked(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx, int r,
+                           size_t lo, size_t n, float *dst)
+{
+    const struct fsdp_param_spec *p = &ck->spec->params[idx];
+    const struct fsdp_sum *sum = &ck->sums[kind * ck->spec->n_params + idx];
+    char path[CK_PATH_MAX + 32], name[256], why[256];
+    size_t s0, sn;
+    enum fsdp_h5_float fk;
+    fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &s0, &sn);
+    ck_shard_path(path, sizeof(path), ck->dir, r);
+    snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
+    hid_t d = H5Dopen2(ck->shards[r], name, H5P_DEFAULT);
+    hid_t t = d < 0 ? -1 : H5Dget_type(d);
+    int rc = 0;
+    if (t < 0 || fsdp_h5_classify_float(t, &fk, why, sizeof(why)) < 0) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: reading /%s failed: %s", path, name,
+                      t < 0 ? fsdp_h5_reason(why, sizeof(why)) : why);
+    } else {
+        struct fsdp_sum_src src = {
+            .file = path, .tensor = name, .hint = "the shard file is damaged", .dset = d,
+            .ftype = t, .kind = fk, .ndim = p->ndim, .cols = p->shape[1], .row_off = 0,
+            .show_row0 = s0, .rows = sn, .block_rows = sum->block_rows,
+            .h = sum->h + ck_sum_first(p, ck->meta.n_shards, r, sum->block_rows),
+        };
+        rc = fsdp_sum_read(&src, lo - s0, n, 0, p->shape[1], dst, &ck->buf);
+    }
+    fsdp_h5_close(t);
+    fsdp_h5_close(d);
+    return rc;
 }
 
 int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx, size_t row0,
                         size_t nrows, float *dst)
 {
     const struct fsdp_param_spec *p = &ck->spec->params[idx];
+    const struct fsdp_sum *sum = &ck->sums[kind * ck->spec->n_params + idx];
     const size_t cols = p->shape[1];
     char name[256], why[256];
     if (row0 + nrows > p->shape[0]) {
@@ -722,6 +951,10 @@ int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t i
         fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &s0, &sn);
         size_t lo = row0 > s0 ? row0 : s0, hi = row0 + nrows < s0 + sn ? row0 + nrows : s0 + sn;
         if (lo >= hi) {
+            continue;
+        }
+        if (sum->block_rows > 0) {
+            FSDP_CHECK(ck_read_checked(ck, kind, idx, r, lo, hi - lo, dst + (lo - row0) * cols));
             continue;
         }
         hsize_t start[2] = {lo - s0, 0}, count[2] = {hi - lo, cols};
@@ -741,6 +974,15 @@ int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t i
         }
     }
     return 0;
+}
+
+size_t fsdp_ckpt_checksum_blocks(const struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx)
+{
+    if ((unsigned)kind >= FSDP_CKPT_NKINDS || idx >= ck->spec->n_params) {
+        return 0;
+    }
+    const struct fsdp_sum *s = &ck->sums[kind * ck->spec->n_params + idx];
+    return s->block_rows > 0 ? s->n : 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -795,7 +1037,9 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
             hid_t d = sp < 0 || dcpl < 0 ? -1 : H5Dcreate2(f, name, H5T_IEEE_F32LE, sp,
                                                            H5P_DEFAULT, dcpl, H5P_DEFAULT);
             fsdp_h5_close(dcpl);
-            if (d < 0 || H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+            rc = d < 0 ? -1 : fsdp_sum_write(d, H5T_NATIVE_FLOAT, p->ndim, p->shape[0],
+                                             p->shape[1], sizeof(float), buf, ck_block_rows(p));
+            if (rc == -1) {
                 rc = fsdp_err(FSDP_ERR_IO, "%s: writing /%s failed: %s", tmp, name,
                               fsdp_h5_reason(why, sizeof(why)));
             }

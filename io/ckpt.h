@@ -88,7 +88,9 @@ int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w);
 void fsdp_ckpt_shard_destroy(struct fsdp_ckpt_shard_writer *w);
 
 /* Writes and fsyncs dir/index.h5: model-file and checkpoint attributes and
- * the virtual datasets over shard_0 .. shard_<n_shards - 1>. */
+ * the virtual datasets over shard_0 .. shard_<n_shards - 1>, each with the
+ * checksums of every shard's rows, read from the shard files: call it once
+ * every shard is committed. */
 int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
                           const struct fsdp_ckpt_meta *meta);
 
@@ -101,7 +103,8 @@ struct fsdp_ckpt;
  * Opens a checkpoint: a step directory, its index.h5, or a checkpoint root
  * directory (whose `latest` is followed). Validates the index attributes and
  * every shard file (present, readable, same step, expected shapes and row
- * ranges) and fails with one line naming the file otherwise.
+ * ranges, the checksums the index records for it) and fails with one line
+ * naming the file otherwise.
  */
 int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out);
 void fsdp_ckpt_close(struct fsdp_ckpt *ck);
@@ -112,9 +115,16 @@ const struct fsdp_model_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck);
 const char *fsdp_ckpt_dir(const struct fsdp_ckpt *ck);
 
 /* Reads rows [row0, row0 + nrows) of tensor (kind, idx) as f32 into dst,
- * from only the shard files that hold them. */
+ * from only the shard files that hold them, checking every checksum block
+ * the rows touch (a block only partly wanted is read whole): a mismatch is
+ * one error naming the shard file, the tensor and the rows. */
 int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx, size_t row0,
                         size_t nrows, float *dst);
+
+/* Checksum blocks the index records for tensor (kind, idx), every one
+ * checked as read_rows reads it; 0: none recorded (a checkpoint from before
+ * checksums), its rows are read unchecked. */
+size_t fsdp_ckpt_checksum_blocks(const struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx);
 
 /* Called after each tensor of a long operation: done of total. */
 typedef void (*fsdp_ckpt_progress_fn)(size_t done, size_t total, void *arg);

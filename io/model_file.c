@@ -8,11 +8,15 @@
  * and the field; HDF5's own error printing is off. Nothing is read from
  * another file: links must be hard links, data must be stored in the file,
  * and only a checkpoint's index.h5 may hold virtual datasets, over exactly
- * its own shard files (h5util.h, "Containment"). Writing lives in
- * model_writer.c.
+ * its own shard files (h5util.h, "Containment"). A tensor with checksums
+ * (checksum.h) is read through them: every block a read touches is hashed
+ * as it arrives and a mismatch is an error naming the file and the tensor;
+ * a tensor without them (older files, other tools) is read as it is.
+ * Writing lives in model_writer.c.
  */
 #include "config.h"
 #include "io/model_file.h"
+#include "io/checksum.h"
 #include "io/h5util.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -31,7 +35,10 @@
 
 struct mf_tensor {
     hid_t dset;
+    hid_t ftype;             /* the stored type, for checked reads */
     enum fsdp_h5_float kind; /* storage type */
+    int by_shard;            /* an index's virtual dataset: one piece per shard */
+    struct fsdp_sum sum;     /* block_rows 0: no checksums */
 };
 
 struct fsdp_model_file {
@@ -45,6 +52,8 @@ struct fsdp_model_file {
     int n_shards;              /* a checkpoint index: its shard count; else 0 */
     hid_t *shards;             /* (n_shards,) shard files, open while validating */
     hid_t dapl;                /* an index's datasets: their sources beside the file */
+    size_t n_summed;           /* tensors with checksums */
+    struct fsdp_sum_buf buf;   /* blocks read only in part */
 };
 
 // ----------------------------------------------------------------------------
@@ -226,6 +235,36 @@ static int mf_check_storage(struct fsdp_model_file *mf, const struct fsdp_param_
     return fsdp_h5_check_storage(mf->path, name, dset);
 }
 
+/* Rows of each piece of parameter p: shard r's rows of an index's virtual
+ * dataset, else the whole tensor. (n,) into a new array. */
+static size_t *mf_pieces(const struct fsdp_model_file *mf, const struct mf_tensor *t,
+                         const struct fsdp_param_spec *p, size_t *n)
+{
+    *n = t->by_shard ? (size_t)mf->n_shards : 1;
+    size_t *rows = malloc(*n * sizeof(size_t));
+    for (size_t r = 0; rows && r < *n; r++) {
+        size_t first;
+        fsdp_split_even(p->shape[0], *n, r, &first, &rows[r]);
+    }
+    return rows;
+}
+
+/* The checksums of parameter idx, when the file has them. */
+static int mf_open_sum(struct fsdp_model_file *mf, size_t idx, const char *name)
+{
+    struct mf_tensor *t = &mf->tensors[idx];
+    size_t n;
+    t->by_shard = mf->n_shards > 0 && fsdp_h5_is_virtual(t->dset);
+    size_t *rows = mf_pieces(mf, t, &mf->spec->params[idx], &n);
+    if (!rows) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: checksum pieces", mf->path);
+    }
+    int rc = fsdp_sum_get(mf->path, name, t->dset, rows, n, &t->sum);
+    free(rows);
+    mf->n_summed += rc == 0 && t->sum.block_rows > 0;
+    return rc;
+}
+
 static int mf_open_tensor(struct fsdp_model_file *mf, size_t idx)
 {
     const struct fsdp_param_spec *p = &mf->spec->params[idx];
@@ -267,11 +306,11 @@ static int mf_open_tensor(struct fsdp_model_file *mf, size_t idx)
                         p->name, got, reason, want);
     }
     int rc = fsdp_h5_classify_float(type, &t->kind, why, sizeof(why));
-    H5Tclose(type);
+    t->ftype = type;
     if (rc < 0) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /model/%s %s", path, p->name, why);
     }
-    return 0;
+    return mf_open_sum(mf, idx, name);
 }
 
 /* /model must hold exactly the spec's datasets: report the first stranger. */
@@ -346,7 +385,7 @@ int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
         goto err;
     }
     for (size_t i = 0; i < mf->spec->n_params; i++) {
-        mf->tensors[i].dset = -1;
+        mf->tensors[i].dset = mf->tensors[i].ftype = -1;
     }
     FSDP_CHECK_GOTO(mf_index_shards(mf), rc, err);
     FSDP_CHECK_GOTO(fsdp_h5_open_group(path, mf->file, "model", &group), rc, err);
@@ -358,6 +397,11 @@ int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
     mf_close_shards(mf);
     FSDP_DEBUG(FSDP_SUB_IO, "%s: %s model, %zu tensors, %zu parameters", path,
                mf->spec->arch->name, mf->spec->n_params, mf->spec->total_numel);
+    if (mf->n_summed < mf->spec->n_params) {
+        FSDP_DEBUG(FSDP_SUB_IO, "%s: %zu of %zu tensors have no checksum (a file from an older "
+                   "fsdpc or another tool): they are read unchecked", path,
+                   mf->spec->n_params - mf->n_summed, mf->spec->n_params);
+    }
     *out = mf;
     return 0;
 err:
@@ -374,9 +418,12 @@ void fsdp_model_file_close(struct fsdp_model_file *mf)
     if (mf->tensors) {
         for (size_t i = 0; i < mf->spec->n_params; i++) {
             fsdp_h5_close(mf->tensors[i].dset);
+            fsdp_h5_close(mf->tensors[i].ftype);
+            fsdp_sum_clear(&mf->tensors[i].sum);
         }
     }
     free(mf->tensors);
+    fsdp_sum_buf_free(&mf->buf);
     mf_close_shards(mf);
     free(mf->shards);
     fsdp_h5_close(mf->dapl);
@@ -431,6 +478,46 @@ int fsdp_model_file_read_spec(const char *path, struct fsdp_model_spec **out)
 // ----------------------------------------------------------------------------
 // Reading tensors
 
+/* A block of parameter idx through its checksums, piece by piece. */
+static int mf_read_checked(struct fsdp_model_file *mf, size_t idx, size_t row0, size_t nrows,
+                           size_t col0, size_t ncols, float *dst)
+{
+    const struct fsdp_param_spec *p = &mf->spec->params[idx];
+    const struct mf_tensor *t = &mf->tensors[idx];
+    char hint[96];
+    size_t n, first = 0, off = 0;
+    size_t *rows = mf_pieces(mf, t, p, &n);
+    if (!rows) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: checksum pieces", mf->path);
+    }
+    struct fsdp_sum_src src = {
+        .file = mf->path, .tensor = p->name, .hint = "the file is damaged", .dset = t->dset,
+        .ftype = t->ftype, .kind = t->kind, .ndim = p->ndim, .cols = p->shape[1],
+        .block_rows = t->sum.block_rows,
+    };
+    int rc = 0;
+    for (size_t r = 0; rc == 0 && r < n; r++) {
+        size_t lo = row0 > off ? row0 : off;
+        size_t hi = row0 + nrows < off + rows[r] ? row0 + nrows : off + rows[r];
+        if (lo < hi) {
+            if (t->by_shard) {
+                snprintf(hint, sizeof(hint), "shard_%zu.h5 is damaged or not the shard this "
+                         "index was written with", r);
+                src.hint = hint;
+            }
+            src.row_off = src.show_row0 = off;
+            src.rows = rows[r];
+            src.h = t->sum.h + first;
+            rc = fsdp_sum_read(&src, lo - off, hi - lo, col0, ncols,
+                               dst + (lo - row0) * ncols, &mf->buf);
+        }
+        first += fsdp_sum_nblocks(rows[r], t->sum.block_rows);
+        off += rows[r];
+    }
+    free(rows);
+    return rc;
+}
+
 int fsdp_model_file_read_block(struct fsdp_model_file *mf, size_t idx, size_t row0, size_t nrows,
                                size_t col0, size_t ncols, float *dst)
 {
@@ -450,6 +537,9 @@ int fsdp_model_file_read_block(struct fsdp_model_file *mf, size_t idx, size_t ro
     }
     if (nrows == 0 || ncols == 0) {
         return 0;
+    }
+    if (t->sum.block_rows > 0) {
+        return mf_read_checked(mf, idx, row0, nrows, col0, ncols, dst);
     }
     hsize_t start[2] = {row0, col0}, count[2] = {nrows, ncols};
     hid_t fspace = H5Dget_space(t->dset);

@@ -6,10 +6,12 @@
  * and the commit that makes the file appear under its name only when it is
  * complete (write a fresh "<path>.tmp.XXXXXX", fsync, rename: fileutil.h).
  * Tensors go one at a time, so a caller can stream a model larger than its
- * memory.
+ * memory. Every dataset gets its checksums (checksum.h), hashed from the
+ * bytes as they are written.
  */
 #include "config.h"
 #include "io/model_file.h"
+#include "io/checksum.h"
 #include "io/fileutil.h"
 #include "io/h5util.h"
 #include "core/error.h"
@@ -115,16 +117,18 @@ err:
     return rc;
 }
 
-/* Writes rows [r0, r0 + nr) of dataset d from the f32 rows at src via the stage. */
+/* Writes rows [r0, r0 + nr) of dataset d from the f32 rows at src via the
+ * stage, whose bytes (as stored) go on to the checksum stream. */
 static herr_t mw_write_rows16(struct fsdp_model_writer *w, hid_t d,
                               const struct fsdp_param_spec *p, size_t r0, size_t nr,
-                              const float *src)
+                              const float *src, struct fsdp_sum_stream *sum)
 {
     size_t cols = p->shape[1];
     hsize_t start[2] = {r0, 0}, count[2] = {nr, cols};
     if (fsdp_convert(w->stage, w->dtype, src, FSDP_F32, nr * cols) < 0) {
         return -1;
     }
+    fsdp_sum_stream_rows(sum, w->stage, nr);
     hid_t fspace = H5Dget_space(d);
     hid_t mspace = H5Screate_simple(p->ndim, count, NULL);
     herr_t e = -1;
@@ -135,6 +139,30 @@ static herr_t mw_write_rows16(struct fsdp_model_writer *w, hid_t d,
     fsdp_h5_close(mspace);
     fsdp_h5_close(fspace);
     return e;
+}
+
+/* Parameter p into dataset d as 16-bit values, converted through the stage
+ * in chunks of rows, and its checksums. 0, or -1 (HDF5's stack) or a
+ * negative FSDP_ERR_* with its message. */
+static int mw_write16(struct fsdp_model_writer *w, hid_t d, const struct fsdp_param_spec *p,
+                      const float *data)
+{
+    const size_t cols = p->shape[1], rows = p->shape[0];
+    struct fsdp_sum_stream sum;
+    FSDP_CHECK(fsdp_sum_stream_begin(&sum, rows,
+                                     fsdp_sum_block_rows(rows, cols * sizeof(uint16_t)), cols,
+                                     sizeof(uint16_t)));
+    size_t step = w->stage_elems / cols;
+    herr_t e = 0;
+    for (size_t r = 0; r < rows && e >= 0; r += step) {
+        size_t nr = rows - r < step ? rows - r : step;
+        e = mw_write_rows16(w, d, p, r, nr, data + r * cols, &sum);
+    }
+    if (e >= 0 && (fsdp_sum_stream_end(&sum) < 0 || fsdp_sum_put(d, &sum.sum) < 0)) {
+        e = -1;
+    }
+    fsdp_sum_stream_free(&sum);
+    return e < 0 ? -1 : 0;
 }
 
 int fsdp_model_writer_put(struct fsdp_model_writer *w, size_t idx, const float *data)
@@ -157,22 +185,20 @@ int fsdp_model_writer_put(struct fsdp_model_writer *w, size_t idx, const float *
                   : -1;
     fsdp_h5_close(dcpl);
     fsdp_h5_close(space);
-    herr_t e = -1;
+    int rc = -1;
     if (d >= 0 && w->dtype == FSDP_F32) {
-        e = H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+        rc = fsdp_sum_write(d, H5T_NATIVE_FLOAT, p->ndim, p->shape[0], p->shape[1],
+                            sizeof(float), data,
+                            fsdp_sum_block_rows(p->shape[0], p->shape[1] * sizeof(float)));
     } else if (d >= 0) {
-        size_t step = w->stage_elems / p->shape[1];
-        e = 0;
-        for (size_t r = 0; r < p->shape[0] && e >= 0; r += step) {
-            size_t nr = p->shape[0] - r < step ? p->shape[0] - r : step;
-            e = mw_write_rows16(w, d, p, r, nr, data + r * p->shape[1]);
-        }
+        rc = mw_write16(w, d, p, data);
     }
     fsdp_h5_close(d);
-    if (e < 0) {
+    if (rc == -1) {
         return fsdp_err(FSDP_ERR_IO, "%s: writing dataset /model/%s failed: %s", w->tmp_path,
                         p->name, fsdp_h5_reason(why, sizeof(why)));
     }
+    FSDP_CHECK(rc);
     w->written[idx] = 1;
     return 0;
 }

@@ -5,6 +5,9 @@
  * reader keeps the header and points into it (names, metadata), so a
  * header costs about twice its size in memory, and finds names through a
  * sorted index, so a header of any number of names opens in O(n log n).
+ * Checksums (XXH3-64 per tensor, in __metadata__) are hashed by the writer
+ * as tensors are written and patched into the header at commit, and
+ * checked by the reader as each tensor is read.
  */
 #include "config.h"
 #include "io/safetensors.h"
@@ -20,6 +23,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
+
+#define ST_SUM_DIGITS 16 /* a checksum's hex digits */
 
 static const struct {
     const char *name;
@@ -216,7 +222,7 @@ static int st_parse_meta(struct fsdp_safetensors *st, struct st_parser *ps, size
             return fsdp_err(FSDP_ERR_NOMEM, "%s: metadata", st->path);
         }
         char *key, *value;
-        FSDP_CHECK(st_string(ps, &key, FSDP_ST_NAME_MAX - 1));
+        FSDP_CHECK(st_string(ps, &key, FSDP_ST_KEY_MAX - 1));
         FSDP_CHECK(st_expect(ps, ':'));
         /* free-form values (licences, notes) may be long; they cost no copy */
         FSDP_CHECK(st_string(ps, &value, 0));
@@ -456,6 +462,44 @@ static int st_read_header(struct fsdp_safetensors *st, const struct stat *sb, si
     return 0;
 }
 
+/*
+ * The checksums in __metadata__ onto their tensors. A key naming no tensor
+ * is left alone (a tool that dropped a tensor may have kept the metadata);
+ * a value that is not 16 hex digits is an error.
+ */
+static int st_attach_sums(struct fsdp_safetensors *st)
+{
+    const size_t plen = strlen(FSDP_ST_SUM_PREFIX);
+    for (size_t i = 0; i < st->n_meta; i++) {
+        const char *key = st->meta[i].key, *v = st->meta[i].value;
+        long k;
+        if (strncmp(key, FSDP_ST_SUM_PREFIX, plen) != 0 ||
+            (k = fsdp_safetensors_find(st, key + plen)) < 0) {
+            continue;
+        }
+        uint64_t h = 0;
+        size_t d = 0;
+        for (; v[d] && d <= ST_SUM_DIGITS; d++) {
+            int c = v[d];
+            int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                                   : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+            if (x < 0) {
+                break;
+            }
+            h = h << 4 | (uint64_t)x;
+        }
+        if (d != ST_SUM_DIGITS || v[d]) {
+            char show[ST_SHOW], vs[ST_SHOW];
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: metadata '%s' is '%s', not %d hex digits",
+                            st->path, fsdp_str_printable(show, sizeof(show), key, 0),
+                            fsdp_str_printable(vs, sizeof(vs), v, 0), ST_SUM_DIGITS);
+        }
+        st->t[k].has_xxh3 = 1;
+        st->t[k].xxh3 = h;
+    }
+    return 0;
+}
+
 int fsdp_safetensors_open(const char *path, struct fsdp_safetensors **out)
 {
     struct stat sb;
@@ -481,6 +525,7 @@ int fsdp_safetensors_open(const char *path, struct fsdp_safetensors **out)
     FSDP_CHECK_GOTO(st_index_names(st), rc, err);
     st->data_off = 8 + n;
     FSDP_CHECK_GOTO(st_check_layout(st, (size_t)sb.st_size - st->data_off), rc, err);
+    FSDP_CHECK_GOTO(st_attach_sums(st), rc, err);
     *out = st;
     return 0;
 err:
@@ -547,6 +592,14 @@ int fsdp_safetensors_read(struct fsdp_safetensors *st, size_t i, void *dst)
         }
         got += (size_t)r;
     }
+    uint64_t h = t->has_xxh3 ? XXH3_64bits(dst, want) : 0;
+    if (h != t->xxh3) {
+        char show[ST_SHOW];
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' checksum mismatch (stored 0x%016llx, "
+                        "computed 0x%016llx): the file is damaged", st->path,
+                        fsdp_str_printable(show, sizeof(show), t->name, 0),
+                        (unsigned long long)t->xxh3, (unsigned long long)h);
+    }
     return 0;
 }
 
@@ -556,7 +609,9 @@ int fsdp_safetensors_read(struct fsdp_safetensors *st, size_t i, void *dst)
 struct fsdp_st_writer {
     char *path, *tmp;
     FILE *fp;
-    size_t *bytes; /* (n,) of each entry */
+    size_t *bytes;    /* (n,) of each entry */
+    size_t *sum_at;   /* (n,) header offset of each entry's checksum digits */
+    uint64_t *sum;    /* (n,) each entry's checksum */
     size_t n, next;
     int committed;
 };
@@ -566,9 +621,11 @@ static size_t st_entry_bytes(const struct fsdp_st_entry *e)
     return fsdp_dtype_size(e->dtype) * e->shape[0] * (e->ndim == 2 ? e->shape[1] : 1);
 }
 
-/* The header JSON into a malloc'd buffer, padded so that 8 + len is a multiple of 8. */
+/* The header JSON into a malloc'd buffer, padded so that 8 + len is a
+ * multiple of 8; sum_at (n,) gets where each entry's checksum digits go
+ * (zeros until commit). */
 static char *st_header(const struct fsdp_st_entry *e, size_t n, const char *const *meta,
-                       size_t n_meta, size_t *len)
+                       size_t n_meta, size_t *sum_at, size_t *len)
 {
     char *buf = NULL;
     size_t cap = 0;
@@ -578,16 +635,21 @@ static char *st_header(const struct fsdp_st_entry *e, size_t n, const char *cons
         return NULL;
     }
     fputc('{', m);
-    if (n_meta) {
+    if (n_meta || n) {
         fputs("\"__metadata__\":{", m);
         for (size_t i = 0; i < n_meta; i++) {
             fprintf(m, "%s\"%s\":\"%s\"", i ? "," : "", meta[2 * i], meta[2 * i + 1]);
+        }
+        for (size_t i = 0; i < n; i++) {
+            fprintf(m, "%s\"%s%s\":\"", i || n_meta ? "," : "", FSDP_ST_SUM_PREFIX, e[i].name);
+            sum_at[i] = (size_t)ftell(m);
+            fprintf(m, "%0*d\"", ST_SUM_DIGITS, 0);
         }
         fputc('}', m);
     }
     for (size_t i = 0; i < n; i++) {
         size_t b = st_entry_bytes(&e[i]);
-        fprintf(m, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%zu", i || n_meta ? "," : "",
+        fprintf(m, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%zu", i || n_meta || n ? "," : "",
                 e[i].name, st_dtype_name(e[i].dtype), e[i].shape[0]);
         if (e[i].ndim == 2) {
             fprintf(m, ",%zu", e[i].shape[1]);
@@ -615,14 +677,18 @@ int fsdp_st_writer_create(const char *path, const struct fsdp_st_entry *entries,
     int rc;
     size_t len = 0;
     struct fsdp_st_writer *w = calloc(1, sizeof(*w));
-    char *hdr = st_header(entries, n, meta, n_meta, &len);
+    size_t *sum_at = malloc((n ? n : 1) * sizeof(size_t));
+    char *hdr = sum_at ? st_header(entries, n, meta, n_meta, sum_at, &len) : NULL;
     if (!w || !hdr || !(w->path = strdup(path)) ||
-        !(w->bytes = malloc((n ? n : 1) * sizeof(*w->bytes)))) {
+        !(w->bytes = malloc((n ? n : 1) * sizeof(*w->bytes))) ||
+        !(w->sum = calloc(n ? n : 1, sizeof(*w->sum)))) {
+        free(sum_at);
         free(hdr);
         fsdp_st_writer_destroy(w);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: safetensors writer", path);
     }
     w->n = n;
+    w->sum_at = sum_at;
     for (size_t i = 0; i < n; i++) {
         w->bytes[i] = st_entry_bytes(&entries[i]);
     }
@@ -660,7 +726,22 @@ int fsdp_st_writer_put(struct fsdp_st_writer *w, size_t i, const void *data)
     if (fwrite(data, 1, w->bytes[i], w->fp) != w->bytes[i]) {
         return fsdp_err(FSDP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
     }
+    w->sum[i] = XXH3_64bits(data, w->bytes[i]);
     w->next++;
+    return 0;
+}
+
+/* Every entry's checksum over the zeros the header holds for it. */
+static int st_patch_sums(struct fsdp_st_writer *w)
+{
+    char digits[ST_SUM_DIGITS + 1];
+    for (size_t i = 0; i < w->n; i++) {
+        snprintf(digits, sizeof(digits), "%016llx", (unsigned long long)w->sum[i]);
+        if (fseeko(w->fp, (off_t)(8 + w->sum_at[i]), SEEK_SET) != 0 ||
+            fwrite(digits, 1, ST_SUM_DIGITS, w->fp) != ST_SUM_DIGITS) {
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -669,7 +750,8 @@ int fsdp_st_writer_commit(struct fsdp_st_writer *w)
     if (w->next != w->n) {
         return fsdp_err(FSDP_ERR_INVALID, "%s: %zu of %zu tensors written", w->tmp, w->next, w->n);
     }
-    int e = fflush(w->fp) != 0 || ferror(w->fp);
+    int e = st_patch_sums(w) < 0;
+    e |= fflush(w->fp) != 0 || ferror(w->fp);
     e |= fclose(w->fp) != 0;
     w->fp = NULL;
     if (e) {
@@ -692,6 +774,8 @@ void fsdp_st_writer_destroy(struct fsdp_st_writer *w)
         unlink(w->tmp);
     }
     free(w->bytes);
+    free(w->sum_at);
+    free(w->sum);
     free(w->path);
     free(w->tmp);
     free(w);

@@ -12,16 +12,26 @@
  * names. Every violation is one error naming the file and the tensor or
  * byte (names from the file made printable). Tensors are read one at a time
  * (pread), so nothing is held whole but the header.
+ *
+ * Checksums: the writer records the XXH3-64 of every tensor's bytes in
+ * __metadata__ under "fsdpc.xxh3_64.<name>" (16 lowercase hex digits); the
+ * reader checks each tensor that has one as it reads it (a mismatch is one
+ * error naming the file and the tensor). Files from elsewhere have none and
+ * are read as they are.
  */
 #ifndef FSDP_IO_SAFETENSORS_H
 #define FSDP_IO_SAFETENSORS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/dtype.h"
 
 #define FSDP_ST_HEADER_MAX ((size_t)100 << 20) /* as the reference implementation */
-#define FSDP_ST_NAME_MAX 256 /* longest tensor name or metadata key, NUL included */
+#define FSDP_ST_NAME_MAX 256 /* longest tensor name, NUL included */
+#define FSDP_ST_SUM_PREFIX "fsdpc.xxh3_64." /* metadata key of a tensor's checksum: + name */
+/* longest metadata key, NUL included: a checksum key of the longest name */
+#define FSDP_ST_KEY_MAX (FSDP_ST_NAME_MAX + sizeof(FSDP_ST_SUM_PREFIX) - 1)
 #define FSDP_ST_RANK_MAX 8
 
 /* Strings below point into the handle's copy of the header and may hold any
@@ -32,6 +42,8 @@ struct fsdp_st_tensor {
     int ndim;
     size_t shape[FSDP_ST_RANK_MAX];
     size_t begin, end;     /* byte range relative to the data start */
+    int has_xxh3;          /* __metadata__ holds its checksum */
+    uint64_t xxh3;         /* XXH3-64 of its bytes */
 };
 
 struct fsdp_st_meta {
@@ -58,7 +70,8 @@ void fsdp_safetensors_close(struct fsdp_safetensors *st);
 long fsdp_safetensors_find(const struct fsdp_safetensors *st, const char *name);
 /* A __metadata__ value, or NULL. */
 const char *fsdp_safetensors_meta(const struct fsdp_safetensors *st, const char *key);
-/* Reads tensor i's bytes into dst (end - begin bytes). */
+/* Reads tensor i's bytes into dst (end - begin bytes), checked against its
+ * checksum when the file has one. */
 int fsdp_safetensors_read(struct fsdp_safetensors *st, size_t i, void *dst);
 
 /* A tensor to write: name, dtype (f32, f16 or bf16) and 1-D or 2-D shape. */
@@ -74,8 +87,8 @@ struct fsdp_st_writer;
 /*
  * Starts a fresh "<path>.tmp.XXXXXX" with the header for entries (in that
  * order, contiguous) and the metadata pairs meta[0..2*n_meta) (key, value,
- * ...). The header is padded with spaces so that the data starts 8-byte
- * aligned.
+ * ...), followed by a checksum key per entry whose value commit fills in.
+ * The header is padded with spaces so that the data starts 8-byte aligned.
  */
 int fsdp_st_writer_create(const char *path, const struct fsdp_st_entry *entries, size_t n,
                           const char *const *meta, size_t n_meta, struct fsdp_st_writer **out);

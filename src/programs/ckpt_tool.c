@@ -128,30 +128,101 @@ int fsdp_ckpt_tool_inspect(const char *path)
 static void verify_usage(FILE *out)
 {
     fprintf(out,
-            "usage: fsdpc-ckpt verify PATH [--scan-nan]\n"
+            "usage: fsdpc-ckpt verify PATH [--scan-nan] [--quiet]\n"
             "\n"
             "Checks a checkpoint (a step directory, its index.h5, or a checkpoint root\n"
             "whose 'latest' is followed): index attributes, every shard file present,\n"
-            "readable, of the same step and with the expected rows, every virtual source\n"
-            "of index.h5 present, and every tensor readable in full. Exit status 0 only\n"
-            "when all of it holds.\n"
+            "readable, of the same step and with the expected rows, every shard's\n"
+            "checksums those the index recorded (a shard of another run is refused),\n"
+            "every virtual source of index.h5 present, and every tensor read in full\n"
+            "and checked against its checksums (xxh3_64). Prints each tensor's status\n"
+            "(ok, FAILED, or unchecked when the checkpoint recorded no checksum) and\n"
+            "goes on past a failed tensor; exit status 0 only when all of it holds.\n"
             "\n"
             "      --scan-nan   also fail on any NaN or infinity in weights or moments\n"
+            "  -q, --quiet      print failures and the summary only\n"
             "  -h, --help       this text\n");
+}
+
+/* What reading one tensor through its checksums gave. */
+enum verify_status { VERIFY_OK, VERIFY_UNCHECKED, VERIFY_FAILED };
+
+struct verify_run {
+    struct fsdp_ckpt *ck;
+    float *buf;        /* (largest,) one tensor */
+    int scan, quiet;
+    size_t checked;    /* tensors that matched their checksums */
+    size_t failed;
+    char first[1024];  /* the first failure's message */
+};
+
+/* Reads tensor (k, i) whole; a failure is reported under its table row. */
+static enum verify_status verify_tensor(struct verify_run *v, enum fsdp_ckpt_kind k, size_t i,
+                                        char *why, size_t len)
+{
+    const struct fsdp_param_spec *p = &fsdp_ckpt_spec(v->ck)->params[i];
+    int rc = fsdp_ckpt_read_rows(v->ck, k, i, 0, p->shape[0], v->buf);
+    if (rc < 0) {
+        fsdp_err_take(why, len);
+        if (v->failed++ == 0) {
+            snprintf(v->first, sizeof(v->first), "%s", why);
+        }
+        return VERIFY_FAILED;
+    }
+    size_t n = p->shape[0] * p->shape[1];
+    for (size_t j = 0; v->scan && j < n; j++) {
+        if (!isfinite(v->buf[j])) {
+            fsdp_fatal("fsdpc-ckpt verify: %s: /%s/%s holds %g at element %zu",
+                       fsdp_ckpt_dir(v->ck), fsdp_ckpt_kind_group(k), p->name,
+                       (double)v->buf[j], j);
+        }
+    }
+    if (fsdp_ckpt_checksum_blocks(v->ck, k, i) == 0) {
+        return VERIFY_UNCHECKED;
+    }
+    v->checked++;
+    return VERIFY_OK;
+}
+
+/* One row of the table: a parameter's three tensors, then what failed. */
+static void verify_param(struct verify_run *v, size_t i, int width)
+{
+    static const char *const word[] = {"ok", "unchecked", "FAILED"};
+    const struct fsdp_param_spec *p = &fsdp_ckpt_spec(v->ck)->params[i];
+    char why[FSDP_CKPT_NKINDS][1024];
+    enum verify_status st[FSDP_CKPT_NKINDS];
+    int bad = 0;
+    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+        st[k] = verify_tensor(v, (enum fsdp_ckpt_kind)k, i, why[k], sizeof(why[k]));
+        bad |= st[k] == VERIFY_FAILED;
+    }
+    if (!v->quiet || bad) {
+        printf("%-*s %-10s %-10s %s\n", width, p->name, word[st[0]], word[st[1]], word[st[2]]);
+    }
+    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+        if (st[k] == VERIFY_FAILED) {
+            printf("  %s/%s: %s\n", fsdp_ckpt_kind_group((enum fsdp_ckpt_kind)k), p->name,
+                   why[k]);
+        }
+    }
+    fflush(stdout);
 }
 
 int fsdp_ckpt_cmd_verify(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"scan-nan", no_argument, NULL, 'n'},
+        {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    int c, scan = 0, rc;
+    struct verify_run v = {0};
+    int c, rc;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":qh", opts, NULL)) != -1) {
         switch (c) {
-        case 'n': scan = 1; break;
+        case 'n': v.scan = 1; break;
+        case 'q': v.quiet = 1; break;
         case 'h': verify_usage(stdout); return 0;
         default: fsdp_ckpt_tool_bad_option("verify", c, argv);
         }
@@ -160,43 +231,51 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
         fsdp_fatal("fsdpc-ckpt verify: expected one checkpoint path, got %d (see --help)",
                    argc - optind);
     }
-    struct fsdp_ckpt *ck = tool_open("verify", argv[optind]);
-    const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
-    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
+    v.ck = tool_open("verify", argv[optind]);
+    const struct fsdp_model_spec *s = fsdp_ckpt_spec(v.ck);
+    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(v.ck);
     char index[4200];
-    snprintf(index, sizeof(index), "%s/%s", fsdp_ckpt_dir(ck), FSDP_CKPT_INDEX);
+    snprintf(index, sizeof(index), "%s/%s", fsdp_ckpt_dir(v.ck), FSDP_CKPT_INDEX);
     struct fsdp_model_file *mf;
     if ((rc = fsdp_model_file_open(index, &mf)) < 0) { /* virtual sources, as a model file */
         fsdp_die(rc, "fsdpc-ckpt verify", NULL);
     }
     fsdp_model_file_close(mf);
-    float *buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
-    if (!buf) {
+    v.buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
+    if (!v.buf) {
         fsdp_fatal("fsdpc-ckpt verify: out of memory for one tensor");
     }
-    size_t total = FSDP_CKPT_NKINDS * s->n_params, done = 0;
-    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
-        for (size_t i = 0; i < s->n_params; i++) {
-            const struct fsdp_param_spec *p = &s->params[i];
-            if ((rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, 0, p->shape[0], buf)) < 0) {
-                fsdp_die(rc, "fsdpc-ckpt verify", NULL);
-            }
-            size_t n = p->shape[0] * p->shape[1];
-            for (size_t j = 0; scan && j < n; j++) {
-                if (!isfinite(buf[j])) {
-                    fsdp_fatal("fsdpc-ckpt verify: %s: /%s/%s holds %g at element %zu",
-                               fsdp_ckpt_dir(ck), fsdp_ckpt_kind_group((enum fsdp_ckpt_kind)k),
-                               p->name, (double)buf[j], j);
-                }
-            }
-            tool_progress(++done, total, "verify");
+    int width = 6;
+    for (size_t i = 0; i < s->n_params; i++) {
+        int n = (int)strlen(s->params[i].name);
+        width = n > width ? n : width;
+    }
+    if (!v.quiet) {
+        printf("%-*s %-10s %-10s %s\n", width, "tensor", "model", "exp_avg", "exp_avg_sq");
+    }
+    for (size_t i = 0; i < s->n_params; i++) {
+        verify_param(&v, i, width);
+        if (v.quiet) {
+            tool_progress((i + 1) * FSDP_CKPT_NKINDS, FSDP_CKPT_NKINDS * s->n_params, "verify");
         }
     }
-    printf("ok: %s: step %ld, %d shard%s, %zu tensors x 3 readable%s\n", fsdp_ckpt_dir(ck),
-           m->step, m->n_shards, m->n_shards > 1 ? "s" : "", s->n_params,
-           scan ? ", all finite" : "");
-    fsdp_free(buf);
-    fsdp_ckpt_close(ck);
+    size_t total = FSDP_CKPT_NKINDS * s->n_params;
+    if (v.failed) {
+        fsdp_fatal("fsdpc-ckpt verify: %s: %zu of %zu tensors failed; the first: %s",
+                   fsdp_ckpt_dir(v.ck), v.failed, total, v.first);
+    }
+    char sums[96];
+    if (v.checked == total) {
+        snprintf(sums, sizeof(sums), "all matched their checksums (xxh3_64)");
+    } else {
+        snprintf(sums, sizeof(sums), "%zu matched their checksums, %zu have none recorded",
+                 v.checked, total - v.checked);
+    }
+    printf("ok: %s: step %ld, %d shard%s, %zu tensors x 3 readable, %s%s\n", fsdp_ckpt_dir(v.ck),
+           m->step, m->n_shards, m->n_shards > 1 ? "s" : "", s->n_params, sums,
+           v.scan ? ", all finite" : "");
+    fsdp_free(v.buf);
+    fsdp_ckpt_close(v.ck);
     return 0;
 }
 

@@ -25,3 +25,7 @@ TESTS += tests/ckpt/test_ckpt_crash tests/ckpt/test_ckpt_rollback.sh
 dist_check_SCRIPTS += tests/ckpt/test_ckpt_escape.sh tests/ckpt/test_reader_faults.sh
 dist_check_DATA += tests/ckpt/make_escape.py
 TESTS += tests/ckpt/test_ckpt_escape.sh tests/ckpt/test_reader_faults.sh
+
+# Per-tensor checksums: damaged and swapped files refused by every reader.
+dist_check_SCRIPTS += tests/ckpt/test_checksums.sh
+TESTS += tests/ckpt/test_checksums.sh

@@ -49,3 +49,14 @@ write("notransp", edit(lambda h: h["transformer.h.0.attn.c_attn.weight"].update(
     shape=h["transformer.h.0.attn.c_attn.weight"]["shape"][::-1])))
 write("noheads", edit(lambda h: h.pop("__metadata__")))
 write("badeps", edit(lambda h: h["__metadata__"].update(fsdpc_ln_eps="1e-5x")))
+# checksums: one bit of a tensor's bytes flipped; the checksums dropped (a
+# file from another tool); a checksum that is not 16 hex digits
+attn = "transformer.h.0.attn.c_attn.weight"
+begin, end = hdr[attn]["data_offsets"]
+body = bytearray(data)
+body[(begin + end) // 2] ^= 1
+write("flipped", hdr, body=bytes(body))
+write("nosum", edit(lambda h: [h["__metadata__"].pop(k) for k in list(h["__metadata__"])
+                               if k.startswith("fsdpc.xxh3_64.")]))
+write("badsum", edit(lambda h: h["__metadata__"].update(
+    {"fsdpc.xxh3_64.transformer.wte.weight": "12345"})))

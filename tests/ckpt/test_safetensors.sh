@@ -2,8 +2,9 @@
 # test_safetensors.sh - fsdpc-ckpt export-safetensors / import-safetensors:
 # the Hugging Face layout (prefix, Conv1D transposes, tied lm_head omitted,
 # 8-byte aligned data), bit-identical round trips for tied and untied models
-# and from a checkpoint, bf16 export, and one clear error line for each kind
-# of malformed file.
+# and from a checkpoint, bf16 export, the per-tensor checksums in
+# __metadata__ (a flipped byte fails the import, a file without them
+# imports), and one clear error line for each kind of malformed file.
 . "$top_srcdir/tests/tap.sh"
 . "$top_srcdir/tests/ckpt/ckpt_lib.sh"
 
@@ -26,11 +27,14 @@ assert h["__metadata__"]["fsdpc_n_head"] == "2"
 spans = sorted(v["data_offsets"] for k, v in h.items() if k != "__metadata__")
 assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
 assert spans[-1][1] == len(raw) - 8 - n
-print("layout ok: %d tensors" % (len(h) - 1))
+sums = {k[14:]: v for k, v in h["__metadata__"].items() if k.startswith("fsdpc.xxh3_64.")}
+assert sorted(sums) == sorted(k for k in h if k != "__metadata__"), sorted(sums)
+assert all(len(v) == 16 and int(v, 16) >= 0 for v in sums.values()), sums
+print("layout ok: %d tensors, a checksum each" % (len(h) - 1))
 PY
 r=$?
 tap_diag "$(cat "$W/layout.out")"
-tap_ok $r "Hugging Face layout: names, (in, out) Conv1D shapes, no tied lm_head, contiguous offsets"
+tap_ok $r "Hugging Face layout: names, (in, out) Conv1D shapes, no tied lm_head, contiguous offsets, checksum metadata"
 
 if have_h5py; then
     "$PY" - "$W/a.st" "$W/m.h5" "$W/b.h5" > "$W/tr.out" 2>&1 <<'PY'
@@ -108,6 +112,13 @@ bad unknown 'tensor transformer.h.0.mlp.c_fc.weight is missing'
 bad notransp "c_attn.weight' has 2 dims (96, 32) but the model needs (32, 96) (Conv1D layout"
 bad noheads 'n_head is not in the file: pass --heads N'
 bad badeps "metadata fsdpc_ln_eps '1e-5x' is not a number in (0, 1); pass --ln-eps X"
+bad flipped "flipped.safetensors: tensor 'transformer.h.0.attn.c_attn.weight' checksum mismatch (stored 0x[0-9a-f]\{16\}, computed 0x[0-9a-f]\{16\}): the file is damaged"
+bad badsum "metadata 'fsdpc.xxh3_64.transformer.wte.weight' is '12345', not 16 hex digits"
+
+"$CKPT" import-safetensors "$W/bad/nosum.safetensors" -o "$W/nosum.h5" > /dev/null 2>&1 &&
+    "$CKPT" export-safetensors "$W/nosum.h5" -o "$W/nosum.st" > /dev/null 2>&1 &&
+    cmp -s "$W/a.st" "$W/nosum.st"
+tap_ok $? "a file without checksums (another tool's) imports unchecked, to the same tensors"
 
 "$CKPT" import-safetensors "$W/bad/noheads.safetensors" --heads 2 -o "$W/nh.h5" > /dev/null 2>&1 &&
     "$CKPT" inspect "$W/nh.h5" > /dev/null 2>&1

@@ -31,12 +31,12 @@ fi
 # --- build
 cflags="-I$src/src -I$src -I$build ${HDF5_CFLAGS:-$(pkg-config --cflags hdf5-mpich)} -D_GNU_SOURCE
 -std=gnu11 -g -O1 -fno-omit-frame-pointer"
-libs="${HDF5_LIBS:-$(pkg-config --libs hdf5-mpich)} -lm -pthread"
+libs="${HDF5_LIBS:-$(pkg-config --libs hdf5-mpich)} -lxxhash -lm -pthread"
 san="address,undefined"
 objs=""
 for f in src/core/error.c src/core/log.c src/core/dtype.c src/core/util.c src/core/spec.c \
-    src/model/gpt2_spec.c io/model_file.c io/h5util.c io/ckpt.c io/fileutil.c io/safetensors.c \
-    io/tokens.c tests/fuzz/fuzz_common.c; do
+    src/model/gpt2_spec.c io/model_file.c io/h5util.c io/ckpt.c io/checksum.c io/fileutil.c \
+    io/safetensors.c io/tokens.c tests/fuzz/fuzz_common.c; do
     o="$obj/$(echo "$f" | tr / _).o"
     # shellcheck disable=SC2086
     "$cc" $cflags -fsanitize=fuzzer-no-link,$san -c "$src/$f" -o "$o" || exit 1

@@ -22,9 +22,24 @@
  *                           virtual dataset mapping that file (by its
  *                           relative name); valid until the source is removed
  *   no-model                delete the group /model
+ *
+ * Checksums (DSET is under /model, or a full path such as
+ * /optim/exp_avg/wte.weight in a checkpoint shard):
+ *   flip:DSET[=BYTE]        flip the lowest bit of byte BYTE (default: the
+ *                           middle one) of DSET's data in the file
+ *   unsum                   delete the checksum attributes of every dataset
+ *                           (a file from before checksums)
+ *   sum-whole:DSET          replace DSET's checksums by one XXH3-64 of all
+ *                           its bytes as stored, without xxh3_64_rows (what
+ *                           a hand-written file with h5py would hold)
+ *   sum-type:DSET           make xxh3_64 an int32 array
+ *   sum-count:DSET          give xxh3_64 one hash too many
+ *   sum-rows:DSET=N         set xxh3_64_rows to N
  */
 #include <hdf5.h>
+#include <xxhash.h>
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +176,106 @@ static void make_virtual(hid_t g, const char *name, const char *out)
     H5Sclose(space);
 }
 
+/* DSET of the checksum kinds: a full path, or a name under /model. */
+static hid_t open_dset(hid_t f, const char *arg)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s%s", arg[0] == '/' ? "" : "/model/", arg);
+    hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
+    if (d < 0) {
+        fail("no such dataset");
+    }
+    return d;
+}
+
+/* Flips the lowest bit of byte `at` (-1: the middle) of the data of dset arg. */
+static void flip(const char *file, hid_t f, const char *arg, long at)
+{
+    hid_t d = open_dset(f, arg);
+    haddr_t off = H5Dget_offset(d);
+    hsize_t size = H5Dget_storage_size(d);
+    H5Dclose(d);
+    if (off == HADDR_UNDEF || size == 0 || (at >= 0 && (hsize_t)at >= size)) {
+        fail("dataset has no contiguous data to flip");
+    }
+    if (H5Fclose(f) < 0) {
+        fail("close failed");
+    }
+    FILE *fp = fopen(file, "r+b");
+    long pos = (long)off + (at >= 0 ? at : (long)(size / 2));
+    int c = fp && fseek(fp, pos, SEEK_SET) == 0 ? fgetc(fp) : EOF;
+    if (c == EOF || fseek(fp, pos, SEEK_SET) != 0 || fputc(c ^ 1, fp) == EOF || fclose(fp) != 0) {
+        fail("cannot flip the byte");
+    }
+}
+
+static herr_t unsum_one(hid_t obj, const char *name, const H5O_info_t *info, void *arg)
+{
+    (void)arg;
+    if (info->type == H5O_TYPE_DATASET) {
+        H5Adelete_by_name(obj, name, "xxh3_64", H5P_DEFAULT);
+        H5Adelete_by_name(obj, name, "xxh3_64_rows", H5P_DEFAULT);
+    }
+    return 0;
+}
+
+static void put_hashes(hid_t d, hid_t ftype, const uint64_t *h, hsize_t n)
+{
+    if (H5Aexists(d, "xxh3_64") > 0) {
+        H5Adelete(d, "xxh3_64");
+    }
+    hid_t s = H5Screate_simple(1, &n, NULL);
+    hid_t a = H5Acreate2(d, "xxh3_64", ftype, s, H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0 || H5Awrite(a, H5T_NATIVE_UINT64, h) < 0) {
+        fail("cannot write xxh3_64");
+    }
+    H5Aclose(a);
+    H5Sclose(s);
+}
+
+/* The checksum kinds that rewrite attributes of DSET. */
+static void sum_attr(hid_t f, const char *kind, const char *arg, const char *val)
+{
+    hid_t d = open_dset(f, arg);
+    if (!strcmp(kind, "sum-whole")) {
+        hid_t t = H5Dget_type(d), s = H5Dget_space(d);
+        size_t bytes = (size_t)H5Sget_simple_extent_npoints(s) * H5Tget_size(t);
+        void *raw = malloc(bytes ? bytes : 1);
+        if (!raw || H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw) < 0) {
+            fail("cannot read dataset");
+        }
+        uint64_t h = XXH3_64bits(raw, bytes);
+        free(raw);
+        H5Tclose(t);
+        H5Sclose(s);
+        put_hashes(d, H5T_STD_U64LE, &h, 1);
+        if (H5Aexists(d, "xxh3_64_rows") > 0) {
+            H5Adelete(d, "xxh3_64_rows");
+        }
+    } else if (!strcmp(kind, "sum-type")) {
+        uint64_t h[1] = {7};
+        put_hashes(d, H5T_STD_I32LE, h, 1);
+    } else if (!strcmp(kind, "sum-count")) {
+        hid_t a = H5Aopen(d, "xxh3_64", H5P_DEFAULT);
+        hid_t s = a < 0 ? -1 : H5Aget_space(a);
+        hssize_t n = s < 0 ? -1 : H5Sget_simple_extent_npoints(s);
+        uint64_t *h = n >= 0 ? calloc((size_t)n + 1, sizeof(uint64_t)) : NULL;
+        if (!h || H5Aread(a, H5T_NATIVE_UINT64, h) < 0) {
+            fail("cannot read xxh3_64");
+        }
+        H5Sclose(s);
+        H5Aclose(a);
+        put_hashes(d, H5T_STD_U64LE, h, (hsize_t)n + 1);
+        free(h);
+    } else if (!strcmp(kind, "sum-rows") && val) {
+        long long v = atoll(val);
+        put_attr(d, "xxh3_64_rows", H5T_STD_I64LE, H5T_NATIVE_LLONG, &v, 1);
+    } else {
+        fail("unknown kind");
+    }
+    H5Dclose(d);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 4) {
@@ -235,6 +350,16 @@ int main(int argc, char **argv)
         H5Tclose(t);
     } else if (!strcmp(kind, "vds") && arg) {
         make_virtual(g, arg, argv[3]);
+    } else if (!strcmp(kind, "flip") && arg) {
+        H5Gclose(g);
+        flip(argv[3], f, arg, val ? atol(val) : -1);
+        return 0;
+    } else if (!strcmp(kind, "unsum")) {
+        if (H5Ovisit(f, H5_INDEX_NAME, H5_ITER_NATIVE, unsum_one, NULL) < 0) {
+            fail("cannot walk the file");
+        }
+    } else if (!strncmp(kind, "sum-", 4) && arg) {
+        sum_attr(f, kind, arg, val);
     } else if (!strcmp(kind, "no-model")) {
         H5Gclose(g);
         g = -1;
