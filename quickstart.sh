@@ -20,11 +20,14 @@ BUILD_DIR=${BUILD_DIR:-$SRC/build}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 PKGS_BUILD="build-essential autoconf automake libtool pkg-config mpich libmpich-dev \
-libhdf5-mpich-dev hdf5-tools libopenblas-dev libssl-dev libxxhash-dev python3"
+libhdf5-mpich-dev hdf5-tools libopenblas-dev libssl-dev libxxhash-dev libpcre2-dev libjansson-dev \
+python3"
 # the tests also compare against PyTorch, read files with h5py, draw curves
 # with fsdpc-plot (matplotlib), and run the Slurm job scripts on a one-node
 # Slurm cluster of their own
 PKGS_TEST="python3-torch python3-h5py python3-numpy python3-matplotlib slurmctld slurmd slurm-client munge"
+# and Hugging Face's tokenizers (pip, into $BUILD_DIR/hf-venv: hf_venv below)
+PKGS_TEST="$PKGS_TEST python3-venv"
 
 install_missing() {
     missing=""
@@ -86,6 +89,7 @@ summary() {
 # Tests that feed bad files and flags to the programs, rebuilt under
 # AddressSanitizer/UBSan: a crash or a leak there fails the run.
 SAN_TESTS="tests/io/test_model_file tests/io/test_tokens tests/io/test_ckpt_tool.sh tests/io/test_data_tool.sh tests/ckpt/test_ckpt_bad.sh tests/ckpt/test_safetensors.sh"
+SAN_TESTS="$SAN_TESTS tests/io/test_tokenizer.sh"
 sanitizer_check() {
     san="$BUILD_DIR-asan"
     mkdir -p "$san"
@@ -93,9 +97,26 @@ sanitizer_check() {
     [ -f Makefile ] || "$SRC/configure" -q --enable-asan --disable-native CFLAGS="-g -O1"
     rc=0
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        FSDPC_HF_PYTHON="${FSDPC_HF_PYTHON:-$BUILD_DIR/hf-venv/bin/python}" \
         make -j"$JOBS" check TESTS="$SAN_TESTS" >"$san/check.out" 2>&1 || rc=$?
     cd "$SRC"
     return $rc
+}
+
+# The tokenizer tests compare with Hugging Face's `tokenizers`: transformers
+# 4.38.2 (tokenizers 0.15.2) from PyPI into a venv of Debian's Python, made
+# once; without a network the checks that need it skip, and say so.
+hf_venv() {
+    venv="$BUILD_DIR/hf-venv"
+    "$venv/bin/python" -c 'import tokenizers' 2>/dev/null && return 0
+    rm -rf "$venv"
+    if /usr/bin/python3 -m venv --system-site-packages "$venv" >"$BUILD_DIR/hf-venv.log" 2>&1 &&
+        "$venv/bin/pip" install -q transformers==4.38.2 >>"$BUILD_DIR/hf-venv.log" 2>&1; then
+        echo "quickstart: made $venv (transformers 4.38.2)"
+    else
+        rm -rf "$venv"
+        echo "quickstart: pip could not install transformers into $venv (no network?): the tokenizer checks that compare with it will skip (see $BUILD_DIR/hf-venv.log)"
+    fi
 }
 
 case "${1:-}" in
@@ -107,6 +128,7 @@ demo)
 test)
     install_missing $PKGS_BUILD $PKGS_TEST
     build
+    hf_venv
     cd "$BUILD_DIR"
     rc=0
     make -j"$JOBS" check >"$BUILD_DIR/check.out" 2>&1 || rc=$?

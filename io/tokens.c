@@ -27,6 +27,8 @@
 struct fsdp_tokens {
     char *path;
     int fd;
+    int version; /* FSDP_TOKENS_VERSION_U16 or _U32 */
+    size_t width; /* bytes per token: 2 or 4 */
     size_t count;
 };
 
@@ -34,8 +36,11 @@ struct fsdp_tokens_writer {
     char *path;
     char *tmp_path;
     int fd;
+    int version;
+    size_t width;
+    uint64_t vocab; /* tokens must be < vocab */
     size_t count;
-    uint16_t *stage; /* (TOK_CHUNK,) little-endian copy of appended tokens */
+    unsigned char *stage; /* (TOK_CHUNK * width,) little-endian copy of appended tokens */
     int committed;
 };
 
@@ -78,16 +83,33 @@ static int tok_pwrite_full(int fd, const void *buf, size_t n, off_t off)
     return 0;
 }
 
-static void tok_le16_to_host(uint16_t *v, size_t n)
+/*
+ * n little-endian tokens of width bytes at the start of v, as host uint32
+ * in place: widening runs from the end, so each 2-byte token is read
+ * before the 4-byte slot that covers it is written.
+ */
+static void tok_to_host(uint32_t *v, size_t n, size_t width)
 {
+    if (width == 2) {
+        const unsigned char *b = (const unsigned char *)v;
+        for (size_t i = n; i-- > 0;) {
+            v[i] = (uint32_t)b[2 * i] | (uint32_t)b[2 * i + 1] << 8;
+        }
+        return;
+    }
 #if __BYTE_ORDER == __BIG_ENDIAN
     for (size_t i = 0; i < n; i++) {
-        v[i] = le16toh(v[i]);
+        v[i] = le32toh(v[i]);
     }
 #else
     (void)v;
     (void)n;
 #endif
+}
+
+static const char *tok_width_name(int version)
+{
+    return version == FSDP_TOKENS_VERSION_U16 ? "uint16" : "uint32";
 }
 
 // ----------------------------------------------------------------------------
@@ -134,26 +156,28 @@ int fsdp_tokens_open(const char *path, struct fsdp_tokens **out)
                       "token file", path, magic, FSDP_TOKENS_MAGIC);
         goto err;
     }
-    if (version != FSDP_TOKENS_VERSION) {
+    if (version != FSDP_TOKENS_VERSION_U16 && version != FSDP_TOKENS_VERSION_U32) {
         rc = fsdp_err(FSDP_ERR_FORMAT, "%s: token file version %d in header[1] is not supported "
-                      "(only version 1, uint16 tokens)%s", path, version,
-                      version == 2 ? "; version 2 holds uint32 tokens" : "");
+                      "(1: uint16 tokens, 2: uint32 tokens)", path, version);
         goto err;
     }
     if (count < 0) {
         rc = fsdp_err(FSDP_ERR_FORMAT, "%s: negative token count %d in header[2]", path, count);
         goto err;
     }
-    size_t want = FSDP_TOKENS_HEADER_BYTES + 2 * (size_t)count;
+    t->version = version;
+    t->width = version == FSDP_TOKENS_VERSION_U16 ? 2 : 4;
+    size_t want = FSDP_TOKENS_HEADER_BYTES + t->width * (size_t)count;
     if (size < want) {
         rc = fsdp_err(FSDP_ERR_FORMAT, "%s: truncated: header[2] says %d tokens (%zu bytes) but "
-                      "the file has %zu bytes", path, count, want, size);
+                      "the file has %zu bytes (version %d: %s tokens)", path, count, want, size,
+                      version, tok_width_name(version));
         goto err;
     }
     if (size > want) {
         rc = fsdp_err(FSDP_ERR_FORMAT, "%s: %zu extra bytes after the %d tokens header[2] "
-                      "announces (file %zu bytes, expected %zu)", path, size - want, count, size,
-                      want);
+                      "announces (file %zu bytes, expected %zu; version %d: %s tokens)", path,
+                      size - want, count, size, want, version, tok_width_name(version));
         goto err;
     }
     t->count = (size_t)count;
@@ -186,30 +210,35 @@ const char *fsdp_tokens_path(const struct fsdp_tokens *t)
     return t->path;
 }
 
-int fsdp_tokens_read(const struct fsdp_tokens *t, size_t pos, size_t n, uint16_t *dst)
+int fsdp_tokens_version(const struct fsdp_tokens *t)
+{
+    return t->version;
+}
+
+int fsdp_tokens_read(const struct fsdp_tokens *t, size_t pos, size_t n, uint32_t *dst)
 {
     if (pos > t->count || n > t->count - pos) {
         return fsdp_err(FSDP_ERR_INVALID, "%s: tokens [%zu, %zu) are beyond its %zu tokens",
                         t->path, pos, pos + n, t->count);
     }
-    off_t off = (off_t)(FSDP_TOKENS_HEADER_BYTES + 2 * pos);
-    ssize_t got = tok_pread_full(t->fd, dst, 2 * n, off);
+    off_t off = (off_t)(FSDP_TOKENS_HEADER_BYTES + t->width * pos);
+    ssize_t got = tok_pread_full(t->fd, dst, t->width * n, off);
     if (got < 0) {
         return fsdp_err(FSDP_ERR_IO, "%s: read failed: %s", t->path, strerror(errno));
     }
-    if ((size_t)got != 2 * n) {
+    if ((size_t)got != t->width * n) {
         return fsdp_err(FSDP_ERR_IO, "%s: file shrank while reading (token %zu)", t->path,
-                        pos + (size_t)got / 2);
+                        pos + (size_t)got / t->width);
     }
-    tok_le16_to_host(dst, n);
+    tok_to_host(dst, n, t->width);
     return 0;
 }
 
 /* Visits the file in chunks; fn returns 1 to stop early. */
 static int tok_scan(const struct fsdp_tokens *t,
-                    int (*fn)(const uint16_t *v, size_t n, size_t base, void *arg), void *arg)
+                    int (*fn)(const uint32_t *v, size_t n, size_t base, void *arg), void *arg)
 {
-    uint16_t *buf = malloc(TOK_CHUNK * sizeof(uint16_t));
+    uint32_t *buf = malloc(TOK_CHUNK * sizeof(uint32_t));
     int rc = 0;
     if (!buf) {
         return fsdp_err(FSDP_ERR_NOMEM, "%s: scan buffer", t->path);
@@ -227,13 +256,13 @@ out:
 }
 
 struct tok_vocab_scan {
-    uint16_t limit;
+    uint32_t limit;
     int found;
     size_t pos;
-    uint16_t value;
+    uint32_t value;
 };
 
-static int tok_vocab_fn(const uint16_t *v, size_t n, size_t base, void *arg)
+static int tok_vocab_fn(const uint32_t *v, size_t n, size_t base, void *arg)
 {
     struct tok_vocab_scan *s = arg;
     for (size_t i = 0; i < n; i++) {
@@ -252,10 +281,10 @@ int fsdp_tokens_check_vocab(const struct fsdp_tokens *t, int vocab_size)
     if (vocab_size <= 0) {
         return fsdp_err(FSDP_ERR_INVALID, "vocab_size %d must be positive", vocab_size);
     }
-    if (vocab_size > 65535) {
+    if (t->version == FSDP_TOKENS_VERSION_U16 && (unsigned)vocab_size >= FSDP_TOKENS_U16_VOCAB) {
         return 0; /* every uint16 fits */
     }
-    struct tok_vocab_scan s = {(uint16_t)vocab_size, 0, 0, 0};
+    struct tok_vocab_scan s = {(uint32_t)vocab_size, 0, 0, 0};
     FSDP_CHECK(tok_scan(t, tok_vocab_fn, &s));
     if (s.found) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: token %u at position %zu is outside the vocabulary "
@@ -265,10 +294,10 @@ int fsdp_tokens_check_vocab(const struct fsdp_tokens *t, int vocab_size)
 }
 
 struct tok_range_scan {
-    uint16_t min, max;
+    uint32_t min, max;
 };
 
-static int tok_range_fn(const uint16_t *v, size_t n, size_t base, void *arg)
+static int tok_range_fn(const uint32_t *v, size_t n, size_t base, void *arg)
 {
     struct tok_range_scan *s = arg;
     (void)base;
@@ -279,9 +308,9 @@ static int tok_range_fn(const uint16_t *v, size_t n, size_t base, void *arg)
     return 0;
 }
 
-int fsdp_tokens_range(const struct fsdp_tokens *t, uint16_t *min, uint16_t *max)
+int fsdp_tokens_range(const struct fsdp_tokens *t, uint32_t *min, uint32_t *max)
 {
-    struct tok_range_scan s = {UINT16_MAX, 0};
+    struct tok_range_scan s = {UINT32_MAX, 0};
     FSDP_CHECK(tok_scan(t, tok_range_fn, &s));
     *min = t->count ? s.min : 0;
     *max = s.max;
@@ -291,17 +320,29 @@ int fsdp_tokens_range(const struct fsdp_tokens *t, uint16_t *min, uint16_t *max)
 // ----------------------------------------------------------------------------
 // Writing
 
-int fsdp_tokens_writer_create(const char *path, struct fsdp_tokens_writer **out)
+int fsdp_tokens_version_for(size_t vocab_size)
+{
+    return vocab_size <= FSDP_TOKENS_U16_VOCAB ? FSDP_TOKENS_VERSION_U16 : FSDP_TOKENS_VERSION_U32;
+}
+
+int fsdp_tokens_writer_create(const char *path, size_t vocab_size, struct fsdp_tokens_writer **out)
 {
     int32_t hdr[FSDP_TOKENS_HEADER_INTS] = {0};
     int rc;
+    if (vocab_size < 1 || (uint64_t)vocab_size > (uint64_t)UINT32_MAX + 1) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: vocabulary size %zu does not fit a token file "
+                        "(1 to 2^32)", path, vocab_size);
+    }
     struct fsdp_tokens_writer *w = calloc(1, sizeof(*w));
     if (!w) {
         return fsdp_err(FSDP_ERR_NOMEM, "%s: token writer", path);
     }
     w->fd = -1;
+    w->vocab = vocab_size;
+    w->version = fsdp_tokens_version_for(vocab_size);
+    w->width = w->version == FSDP_TOKENS_VERSION_U16 ? 2 : 4;
     w->path = strdup(path);
-    w->stage = malloc(TOK_CHUNK * sizeof(uint16_t));
+    w->stage = malloc(TOK_CHUNK * w->width);
     if (!w->path || !w->stage) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "%s: token writer", path);
         goto err;
@@ -319,7 +360,26 @@ err:
     return rc;
 }
 
-int fsdp_tokens_writer_append(struct fsdp_tokens_writer *w, const uint16_t *tokens, size_t n)
+/* Packs k tokens little-endian into the stage; the first one >= vocab fails. */
+static int tok_stage(struct fsdp_tokens_writer *w, const uint32_t *tokens, size_t k, size_t base)
+{
+    unsigned char *b = w->stage;
+    for (size_t i = 0; i < k; i++) {
+        uint32_t v = tokens[i];
+        if (v >= w->vocab) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s: token %u at position %zu does not fit the "
+                            "vocabulary of %llu tokens (a version %d, %s file)", w->path,
+                            (unsigned)v, base + i, (unsigned long long)w->vocab, w->version,
+                            tok_width_name(w->version));
+        }
+        for (size_t j = 0; j < w->width; j++) {
+            b[w->width * i + j] = (unsigned char)(v >> (8 * j));
+        }
+    }
+    return 0;
+}
+
+int fsdp_tokens_writer_append(struct fsdp_tokens_writer *w, const uint32_t *tokens, size_t n)
 {
     if (n > FSDP_TOKENS_MAX_COUNT - w->count) {
         return fsdp_err(FSDP_ERR_INVALID, "%s: more than %u tokens do not fit one token file "
@@ -328,17 +388,56 @@ int fsdp_tokens_writer_append(struct fsdp_tokens_writer *w, const uint16_t *toke
     }
     for (size_t done = 0; done < n;) {
         size_t k = n - done < TOK_CHUNK ? n - done : TOK_CHUNK;
-        for (size_t i = 0; i < k; i++) {
-            w->stage[i] = htole16(tokens[done + i]);
-        }
-        off_t off = (off_t)(FSDP_TOKENS_HEADER_BYTES + 2 * (w->count + done));
-        if (tok_pwrite_full(w->fd, w->stage, 2 * k, off) < 0) {
+        FSDP_CHECK(tok_stage(w, tokens + done, k, w->count + done));
+        off_t off = (off_t)(FSDP_TOKENS_HEADER_BYTES + w->width * (w->count + done));
+        if (tok_pwrite_full(w->fd, w->stage, w->width * k, off) < 0) {
             return fsdp_err(FSDP_ERR_IO, "%s: write failed: %s", w->tmp_path, strerror(errno));
         }
         done += k;
     }
     w->count += n;
     return 0;
+}
+
+size_t fsdp_tokens_writer_count(const struct fsdp_tokens_writer *w)
+{
+    return w->count;
+}
+
+int fsdp_tokens_writer_move_tail(struct fsdp_tokens_writer *w, size_t n,
+                                 struct fsdp_tokens_writer *dst)
+{
+    int rc = 0;
+    if (n > w->count || w->fd < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: cannot move %zu of its %zu tokens", w->path, n,
+                        w->count);
+    }
+    /* the temporary is open write-only: read the tail back through a second descriptor */
+    int fd = open(w->tmp_path, O_RDONLY | O_CLOEXEC);
+    uint32_t *buf = malloc(TOK_CHUNK * sizeof(uint32_t));
+    if (fd < 0 || !buf) {
+        rc = fd < 0 ? fsdp_err(FSDP_ERR_IO, "%s: cannot reopen: %s", w->tmp_path, strerror(errno))
+                    : fsdp_err(FSDP_ERR_NOMEM, "%s: tail buffer", w->path);
+        goto out;
+    }
+    for (size_t pos = w->count - n; pos < w->count;) {
+        size_t k = w->count - pos < TOK_CHUNK ? w->count - pos : TOK_CHUNK;
+        off_t off = (off_t)(FSDP_TOKENS_HEADER_BYTES + w->width * pos);
+        if (tok_pread_full(fd, buf, w->width * k, off) != (ssize_t)(w->width * k)) {
+            rc = fsdp_err(FSDP_ERR_IO, "%s: reading back tokens failed", w->tmp_path);
+            goto out;
+        }
+        tok_to_host(buf, k, w->width);
+        FSDP_CHECK_GOTO(fsdp_tokens_writer_append(dst, buf, k), rc, out);
+        pos += k;
+    }
+    w->count -= n; /* commit truncates the file to the count */
+out:
+    free(buf);
+    if (fd >= 0) {
+        close(fd);
+    }
+    return rc;
 }
 
 int fsdp_tokens_writer_commit(struct fsdp_tokens_writer *w)
@@ -348,9 +447,10 @@ int fsdp_tokens_writer_commit(struct fsdp_tokens_writer *w)
         return fsdp_err(FSDP_ERR_INVALID, "%s: token writer already committed", w->path);
     }
     hdr[0] = (int32_t)htole32(FSDP_TOKENS_MAGIC);
-    hdr[1] = (int32_t)htole32(FSDP_TOKENS_VERSION);
+    hdr[1] = (int32_t)htole32((uint32_t)w->version);
     hdr[2] = (int32_t)htole32((uint32_t)w->count);
-    if (tok_pwrite_full(w->fd, hdr, sizeof(hdr), 0) < 0) {
+    if (tok_pwrite_full(w->fd, hdr, sizeof(hdr), 0) < 0 ||
+        ftruncate(w->fd, (off_t)(FSDP_TOKENS_HEADER_BYTES + w->width * w->count)) != 0) {
         return fsdp_err(FSDP_ERR_IO, "%s: write failed: %s", w->tmp_path, strerror(errno));
     }
     int e = close(w->fd);
@@ -380,11 +480,11 @@ void fsdp_tokens_writer_destroy(struct fsdp_tokens_writer *w)
     free(w);
 }
 
-int fsdp_tokens_write(const char *path, const uint16_t *tokens, size_t n)
+int fsdp_tokens_write(const char *path, size_t vocab_size, const uint32_t *tokens, size_t n)
 {
     struct fsdp_tokens_writer *w;
     int rc;
-    FSDP_CHECK(fsdp_tokens_writer_create(path, &w));
+    FSDP_CHECK(fsdp_tokens_writer_create(path, vocab_size, &w));
     FSDP_CHECK_GOTO(fsdp_tokens_writer_append(w, tokens, n), rc, out);
     rc = fsdp_tokens_writer_commit(w);
 out:
@@ -428,7 +528,7 @@ int fsdp_dataloader_create(const char *path, size_t B, size_t T, int rank, int w
     if (vocab_size > 0) {
         FSDP_CHECK_GOTO(fsdp_tokens_check_vocab(dl->tokens, vocab_size), rc, err);
     }
-    dl->stage = fsdp_alloc((B * T + 1) * sizeof(uint16_t));
+    dl->stage = fsdp_alloc((B * T + 1) * sizeof(uint32_t));
     dl->inputs = fsdp_alloc(B * T * sizeof(int));
     dl->targets = fsdp_alloc(B * T * sizeof(int));
     if (!dl->stage || !dl->inputs || !dl->targets) {
@@ -471,6 +571,13 @@ int fsdp_dataloader_next(struct fsdp_dataloader *dl)
     }
     size_t start = (size_t)dl->position + (size_t)dl->rank * n;
     FSDP_CHECK(fsdp_tokens_read(dl->tokens, start, n + 1, dl->stage));
+    for (size_t i = 0; i <= n; i++) {
+        if (dl->stage[i] > INT32_MAX) { /* only an unchecked vocabulary lets one through */
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: token %u at position %zu is not a valid token "
+                            "id (above %d)", fsdp_tokens_path(dl->tokens), (unsigned)dl->stage[i],
+                            start + i, INT32_MAX);
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         dl->inputs[i] = dl->stage[i];
         dl->targets[i] = dl->stage[i + 1];

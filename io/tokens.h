@@ -2,10 +2,13 @@
  * tokens.h - llm.c token files and the data loader that walks them.
  *
  * A token file is a 256 x int32 little-endian header (magic 20240520,
- * version 1, token count at [2]) followed by count little-endian uint16
- * tokens; files prepared for llm.c's GPT-2 train here unchanged. Files are
- * read with pread, never mapped (a file truncated under a mapping would kill
- * the process with SIGBUS) and never read whole.
+ * version at [1], token count at [2]) followed by count little-endian
+ * tokens: uint16 in version 1, uint32 in version 2 (llm.c's marks; files
+ * prepared for llm.c's GPT-2 and Llama 3 train here unchanged). A writer
+ * picks the narrowest version its vocabulary fits. Readers hand out uint32
+ * tokens whatever the file's width. Files are read with pread, never mapped
+ * (a file truncated under a mapping would kill the process with SIGBUS) and
+ * never read whole.
  *
  * The data loader hands out llm.c style batches: B sequences of T inputs and
  * the same tokens shifted by one as targets, B*T + 1 consecutive tokens per
@@ -21,7 +24,9 @@
 #include <stdint.h>
 
 #define FSDP_TOKENS_MAGIC 20240520
-#define FSDP_TOKENS_VERSION 1
+#define FSDP_TOKENS_VERSION_U16 1 /* uint16 tokens */
+#define FSDP_TOKENS_VERSION_U32 2 /* uint32 tokens */
+#define FSDP_TOKENS_U16_VOCAB 65536u /* the largest vocabulary a version 1 file holds */
 #define FSDP_TOKENS_HEADER_INTS 256
 #define FSDP_TOKENS_HEADER_BYTES (FSDP_TOKENS_HEADER_INTS * 4)
 #define FSDP_TOKENS_MAX_COUNT 2147483647u /* the count is an int32 in the header */
@@ -37,30 +42,45 @@ void fsdp_tokens_close(struct fsdp_tokens *t);
 
 size_t fsdp_tokens_count(const struct fsdp_tokens *t);
 const char *fsdp_tokens_path(const struct fsdp_tokens *t);
+/* FSDP_TOKENS_VERSION_U16 or FSDP_TOKENS_VERSION_U32. */
+int fsdp_tokens_version(const struct fsdp_tokens *t);
 
-/* Reads tokens [pos, pos + n) into dst. */
-int fsdp_tokens_read(const struct fsdp_tokens *t, size_t pos, size_t n, uint16_t *dst);
+/* Reads tokens [pos, pos + n) into dst, widened to uint32 from a version 1 file. */
+int fsdp_tokens_read(const struct fsdp_tokens *t, size_t pos, size_t n, uint32_t *dst);
 
-/* Scans the whole file; the error names the first token >= vocab_size. */
+/* The error names the first token >= vocab_size. Scans the whole file
+ * unless its width cannot hold such a token (version 1, vocab >= 65536). */
 int fsdp_tokens_check_vocab(const struct fsdp_tokens *t, int vocab_size);
 
 /* Smallest and largest token in the file (0 and 0 for an empty file). */
-int fsdp_tokens_range(const struct fsdp_tokens *t, uint16_t *min, uint16_t *max);
+int fsdp_tokens_range(const struct fsdp_tokens *t, uint32_t *min, uint32_t *max);
 
 // ----------------------------------------------------------------------------
 // Writing: to a fresh "<path>.tmp.XXXXXX" beside path, renamed to path on commit
 
 struct fsdp_tokens_writer;
 
-int fsdp_tokens_writer_create(const char *path, struct fsdp_tokens_writer **out);
-int fsdp_tokens_writer_append(struct fsdp_tokens_writer *w, const uint16_t *tokens, size_t n);
+/* The version a vocabulary of vocab_size tokens needs: 1 up to 65536, else 2. */
+int fsdp_tokens_version_for(size_t vocab_size);
+
+/* A file for tokens < vocab_size (at most 2^32), of the version it needs. */
+int fsdp_tokens_writer_create(const char *path, size_t vocab_size,
+                              struct fsdp_tokens_writer **out);
+/* Appends n tokens; a token >= the writer's vocab_size is refused, naming it. */
+int fsdp_tokens_writer_append(struct fsdp_tokens_writer *w, const uint32_t *tokens, size_t n);
+/* Tokens appended so far (less any moved away). */
+size_t fsdp_tokens_writer_count(const struct fsdp_tokens_writer *w);
+/* Moves the last n tokens appended to w to the end of dst (a validation
+ * split taken from the end of a stream whose length was not known ahead). */
+int fsdp_tokens_writer_move_tail(struct fsdp_tokens_writer *w, size_t n,
+                                 struct fsdp_tokens_writer *dst);
 /* Writes the header, fsyncs and renames. Call destroy afterwards in every case. */
 int fsdp_tokens_writer_commit(struct fsdp_tokens_writer *w);
 /* Frees w; an uncommitted file is removed. */
 void fsdp_tokens_writer_destroy(struct fsdp_tokens_writer *w);
 
-/* Convenience: writes n tokens as one file. */
-int fsdp_tokens_write(const char *path, const uint16_t *tokens, size_t n);
+/* Convenience: writes n tokens < vocab_size as one file. */
+int fsdp_tokens_write(const char *path, size_t vocab_size, const uint32_t *tokens, size_t n);
 
 // ----------------------------------------------------------------------------
 // Data loader
@@ -82,15 +102,17 @@ struct fsdp_dataloader {
     uint64_t epoch;             /* completed passes */
     uint64_t step_tokens;       /* B * R * T: the cursor advance per step */
     int wrap;                   /* 1 (default): next() wraps at the end; 0: passes (below) */
-    uint16_t *stage;            /* (B*T + 1,) this rank's raw slice */
+    uint32_t *stage;            /* (B*T + 1,) this rank's raw slice */
     int *inputs;                /* (B, T) */
     int *targets;               /* (B, T) inputs shifted by one token */
 };
 
 /*
- * Opens the token file at path for data-parallel rank `rank` of `world`.
- * vocab_size > 0 checks every token against it first (one pass over the file).
- * Fails when one global batch (B*R*T + 1 tokens) does not fit the file.
+ * Opens the token file at path (either version) for data-parallel rank
+ * `rank` of `world`. vocab_size > 0 checks every token against it first (one
+ * pass over the file, skipped where the width makes it moot); without it a
+ * token above INT32_MAX is refused when read. Fails when one global batch
+ * (B*R*T + 1 tokens) does not fit the file.
  */
 int fsdp_dataloader_create(const char *path, size_t B, size_t T, int rank, int world,
                            int vocab_size, struct fsdp_dataloader **out);

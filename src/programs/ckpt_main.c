@@ -7,6 +7,7 @@
  *   fsdpc-ckpt list DIR                                     (ckpt_list.c)
  *   fsdpc-ckpt verify | consolidate | reshard | convert ...
  *   fsdpc-ckpt export-safetensors | import-safetensors ...  (st_tool.c)
+ *   fsdpc-ckpt import-hf | export-hf ...                    (hf_tool.c)
  *
  * Subcommands sit in one table (name, summary, function); each parses its own
  * flags and has its own --help. init draws the model's deterministic initial
@@ -398,6 +399,9 @@ static const struct ckpt_cmd ckpt_cmds[] = {
      fsdp_ckpt_cmd_export_st},
     {"import-safetensors", "read Hugging Face GPT-2 safetensors into a model file",
      fsdp_ckpt_cmd_import_st},
+    {"import-hf", "read a Hugging Face model directory into a model file", fsdp_ckpt_cmd_import_hf},
+    {"export-hf", "write a model file or checkpoint as a Hugging Face model directory",
+     fsdp_ckpt_cmd_export_hf},
 };
 
 static void usage(FILE *out)

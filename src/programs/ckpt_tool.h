@@ -22,5 +22,7 @@ int fsdp_ckpt_cmd_list(int argc, char **argv);
 /* st_tool.c: Hugging Face GPT-2 safetensors */
 int fsdp_ckpt_cmd_export_st(int argc, char **argv);
 int fsdp_ckpt_cmd_import_st(int argc, char **argv);
+/* hf_tool.c: Hugging Face model directories (import-hf, export-hf) */
+int fsdp_ckpt_cmd_import_hf(int argc, char **argv), fsdp_ckpt_cmd_export_hf(int argc, char **argv);
 
 #endif

@@ -1,18 +1,26 @@
 /*
- * fsdpc_data.c - the fsdpc-data program: makes and inspects llm.c token files.
+ * fsdpc_data.c - the fsdpc-data program: makes, inspects and decodes llm.c
+ * token files.
  *
- *   fsdpc-data tokenize TEXT -o FILE.bin [--val-fraction X --val-out VAL.bin]
- *   fsdpc-data inspect FILE.bin [--vocab N] [--head N]
+ *   fsdpc-data tokenize [--tokenizer tokenizer.json] TEXT -o FILE.bin
+ *                       [--val-fraction X --val-out VAL.bin]
+ *   fsdpc-data decode --tokenizer tokenizer.json FILE.bin [-o TEXT] [--skip-special]
+ *   fsdpc-data inspect FILE.bin [--vocab N] [--head N] [--tokenizer tokenizer.json]
  *
- * Tokenization is byte level (vocabulary 256, token = byte value), streamed
- * in chunks so any text size works; the validation split is the last
- * floor(X * bytes) bytes of the text. Errors end the program with one line
- * and a non-zero exit status.
+ * Without --tokenizer, tokenization is byte level (vocabulary 256, token =
+ * byte value), streamed in chunks so any text size works. With a Hugging
+ * Face tokenizer.json it is that tokenizer's byte-level BPE (io/tokenizer.h);
+ * the text is read whole and the tokens stream to the file, uint16 or
+ * uint32 as the vocabulary needs. The validation split is the last
+ * floor(X * tokens) tokens (bytes, at byte level). Errors end the program
+ * with one line and a non-zero exit status.
  */
 #include "config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "io/fileutil.h"
+#include "io/tokenizer.h"
 #include "io/tokens.h"
 
 #include <errno.h>
@@ -26,6 +34,7 @@
 #include <unistd.h>
 
 #define DATA_CHUNK ((size_t)1 << 20)
+#define DECODE_CHUNK ((size_t)1 << 16) /* tokens decoded at a time */
 
 struct data_cmd {
     const char *name;
@@ -49,67 +58,213 @@ static _Noreturn void bad_option(const char *cmd, int c, char **argv)
                argv[optind - 1], cmd);
 }
 
+/* pread until n bytes; 0 or an error naming path. */
+static int read_at(int fd, const char *path, void *buf, size_t n, size_t pos)
+{
+    for (size_t done = 0; done < n;) {
+        ssize_t got = pread(fd, (char *)buf + done, n - done, (off_t)(pos + done));
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got < 0) {
+            return fsdp_err(FSDP_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+        }
+        if (got == 0) {
+            return fsdp_err(FSDP_ERR_IO, "%s: file shrank while reading (at byte %zu)", path,
+                            pos + done);
+        }
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+static struct fsdp_tokenizer *load_tokenizer(const char *cmd, const char *path)
+{
+    struct fsdp_tokenizer *tok;
+    int rc = fsdp_tokenizer_load(path, &tok);
+    if (rc < 0) {
+        char what[64];
+        snprintf(what, sizeof(what), "fsdpc-data %s", cmd);
+        die_rc(rc, what);
+    }
+    return tok;
+}
+
 // ----------------------------------------------------------------------------
 // tokenize
 
 static void tokenize_usage(FILE *out)
 {
     fprintf(out,
-            "usage: fsdpc-data tokenize TEXT -o FILE.bin [--val-fraction X --val-out VAL.bin]\n"
+            "usage: fsdpc-data tokenize [--tokenizer tokenizer.json] TEXT -o FILE.bin\n"
+            "                           [--val-fraction X --val-out VAL.bin]\n"
             "\n"
-            "Byte-level tokenization (vocabulary 256: every byte is one token) into an llm.c\n"
-            "token file (256 x int32 header, magic 20240520, version 1, then uint16 tokens).\n"
+            "Tokenizes TEXT into an llm.c token file (256 x int32 header, magic 20240520,\n"
+            "then the tokens: version 1 holds uint16, version 2 uint32).\n"
             "\n"
+            "  -t, --tokenizer FILE    a Hugging Face tokenizer.json (byte-level BPE, GPT-2 or\n"
+            "                          Llama 3 family): tokens as the `tokenizers` package\n"
+            "                          makes them; the file's width follows its vocabulary.\n"
+            "                          Without it: byte level, vocabulary 256, version 1\n"
             "  -o, --output FILE       training tokens (written to FILE.tmp.XXXXXX, then renamed)\n"
-            "      --val-fraction X    0 < X < 1: the last floor(X * bytes) bytes of TEXT\n"
-            "                          become the validation split\n"
+            "      --val-fraction X    0 < X < 1: the last floor(X * tokens) tokens become the\n"
+            "                          validation split (at byte level: the last bytes)\n"
             "      --val-out FILE      where the validation tokens go (needs --val-fraction)\n"
             "  -h, --help              this text\n");
 }
 
 /* Streams bytes [from, to) of fd into w as tokens. */
 static int tokenize_range(int fd, const char *text, size_t from, size_t to,
-                          struct fsdp_tokens_writer *w, unsigned char *bytes, uint16_t *toks)
+                          struct fsdp_tokens_writer *w, unsigned char *bytes, uint32_t *toks)
 {
     for (size_t pos = from; pos < to;) {
         size_t want = to - pos < DATA_CHUNK ? to - pos : DATA_CHUNK;
-        ssize_t got = pread(fd, bytes, want, (off_t)pos);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got < 0) {
-            return fsdp_err(FSDP_ERR_IO, "%s: read failed: %s", text, strerror(errno));
-        }
-        if (got == 0) {
-            return fsdp_err(FSDP_ERR_IO, "%s: file shrank while reading (at byte %zu)", text, pos);
-        }
-        for (ssize_t i = 0; i < got; i++) {
+        FSDP_CHECK(read_at(fd, text, bytes, want, pos));
+        for (size_t i = 0; i < want; i++) {
             toks[i] = bytes[i];
         }
-        FSDP_CHECK(fsdp_tokens_writer_append(w, toks, (size_t)got));
-        pos += (size_t)got;
+        FSDP_CHECK(fsdp_tokens_writer_append(w, toks, want));
+        pos += want;
     }
     return 0;
+}
+
+struct tokenize_job {
+    const char *text, *out, *val_out;
+    double frac;
+    int fd;
+    size_t size;
+};
+
+/* Byte level: train and validation ranges known from the size up front. */
+static void tokenize_bytes(const struct tokenize_job *j)
+{
+    size_t n_val = j->val_out ? (size_t)floor(j->frac * (double)j->size) : 0;
+    size_t n_train = j->size - n_val;
+    if (j->val_out && n_val == 0) {
+        fsdp_fatal("fsdpc-data tokenize: --val-fraction %g of %zu bytes leaves no validation "
+                   "tokens", j->frac, j->size);
+    }
+    if (n_train == 0) {
+        fsdp_fatal("fsdpc-data tokenize: --val-fraction %g of %zu bytes leaves no training "
+                   "tokens", j->frac, j->size);
+    }
+    if (n_train > FSDP_TOKENS_MAX_COUNT || n_val > FSDP_TOKENS_MAX_COUNT) {
+        fsdp_fatal("fsdpc-data tokenize: %zu bytes exceed the %u tokens one llm.c token file "
+                   "holds; split the text", j->size, FSDP_TOKENS_MAX_COUNT);
+    }
+    unsigned char *bytes = malloc(DATA_CHUNK);
+    uint32_t *toks = malloc(DATA_CHUNK * sizeof(uint32_t));
+    struct fsdp_tokens_writer *w = NULL, *wv = NULL;
+    int rc;
+    if (!bytes || !toks) {
+        fsdp_fatal("fsdpc-data tokenize: out of memory");
+    }
+    double t0 = fsdp_now();
+    FSDP_CHECK_GOTO(fsdp_tokens_writer_create(j->out, 256, &w), rc, fail);
+    FSDP_CHECK_GOTO(tokenize_range(j->fd, j->text, 0, n_train, w, bytes, toks), rc, fail);
+    if (j->val_out) {
+        FSDP_CHECK_GOTO(fsdp_tokens_writer_create(j->val_out, 256, &wv), rc, fail);
+        FSDP_CHECK_GOTO(tokenize_range(j->fd, j->text, n_train, j->size, wv, bytes, toks), rc,
+                        fail);
+        FSDP_CHECK_GOTO(fsdp_tokens_writer_commit(wv), rc, fail);
+    }
+    FSDP_CHECK_GOTO(fsdp_tokens_writer_commit(w), rc, fail);
+    fsdp_tokens_writer_destroy(w);
+    fsdp_tokens_writer_destroy(wv);
+    free(bytes);
+    free(toks);
+    printf("%s: %zu bytes -> %zu training tokens in %s", j->text, j->size, n_train, j->out);
+    if (j->val_out) {
+        printf(", %zu validation tokens in %s", n_val, j->val_out);
+    }
+    printf(" (byte-level, vocab 256, %.2f s)\n", fsdp_now() - t0);
+    return;
+fail:
+    fsdp_tokens_writer_destroy(wv);
+    fsdp_tokens_writer_destroy(w);
+    die_rc(rc, "fsdpc-data tokenize");
+}
+
+static int tokenize_sink(const uint32_t *ids, size_t n, void *arg)
+{
+    return fsdp_tokens_writer_append(arg, ids, n);
+}
+
+/* BPE: the whole text encoded into the training file, then the last
+ * floor(X * tokens) moved to the validation file. */
+static void tokenize_bpe(const struct tokenize_job *j, const char *tok_path)
+{
+    struct fsdp_tokenizer *tok = load_tokenizer("tokenize", tok_path);
+    size_t V = fsdp_tokenizer_vocab_size(tok);
+    struct fsdp_tokens_writer *w = NULL, *wv = NULL;
+    size_t n_val = 0;
+    char what[300];
+    int rc;
+    char *text = malloc(j->size ? j->size : 1);
+    if (!text) {
+        fsdp_fatal("fsdpc-data tokenize: out of memory for the %zu bytes of '%s'", j->size,
+                   j->text);
+    }
+    snprintf(what, sizeof(what), "fsdpc-data tokenize");
+    FSDP_CHECK_GOTO(read_at(j->fd, j->text, text, j->size, 0), rc, fail);
+    double t0 = fsdp_now();
+    FSDP_CHECK_GOTO(fsdp_tokens_writer_create(j->out, V, &w), rc, fail);
+    snprintf(what, sizeof(what), "fsdpc-data tokenize: %s", j->text); /* names the text */
+    FSDP_CHECK_GOTO(fsdp_tokenizer_encode_to(tok, text, j->size, tokenize_sink, w), rc, fail);
+    double secs = fsdp_now() - t0;
+    size_t n = fsdp_tokens_writer_count(w);
+    snprintf(what, sizeof(what), "fsdpc-data tokenize");
+    if (j->val_out) {
+        n_val = (size_t)floor(j->frac * (double)n);
+        if (n_val == 0 || n_val == n) {
+            fsdp_tokens_writer_destroy(w); /* removes its temporary */
+            fsdp_fatal("fsdpc-data tokenize: --val-fraction %g of %zu tokens leaves no %s "
+                       "tokens", j->frac, n, n_val == 0 ? "validation" : "training");
+        }
+        FSDP_CHECK_GOTO(fsdp_tokens_writer_create(j->val_out, V, &wv), rc, fail);
+        FSDP_CHECK_GOTO(fsdp_tokens_writer_move_tail(w, n_val, wv), rc, fail);
+        FSDP_CHECK_GOTO(fsdp_tokens_writer_commit(wv), rc, fail);
+    }
+    FSDP_CHECK_GOTO(fsdp_tokens_writer_commit(w), rc, fail);
+    fsdp_tokens_writer_destroy(w);
+    fsdp_tokens_writer_destroy(wv);
+    free(text);
+    fsdp_tokenizer_free(tok);
+    printf("%s: %zu bytes -> %zu training tokens in %s", j->text, j->size, n - n_val, j->out);
+    if (j->val_out) {
+        printf(", %zu validation tokens in %s", n_val, j->val_out);
+    }
+    printf(" (%s, vocab %zu, %s tokens, %.2f s, %.2f M tokens/s)\n", tok_path, V,
+           fsdp_tokens_version_for(V) == FSDP_TOKENS_VERSION_U16 ? "uint16" : "uint32", secs,
+           secs > 0 ? (double)n / secs / 1e6 : 0.0);
+    return;
+fail:
+    fsdp_tokens_writer_destroy(wv);
+    fsdp_tokens_writer_destroy(w);
+    die_rc(rc, what);
 }
 
 static int cmd_tokenize(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"output", required_argument, NULL, 'o'},
+        {"tokenizer", required_argument, NULL, 't'},
         {"val-fraction", required_argument, NULL, 'f'},
         {"val-out", required_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *out = NULL, *val_out = NULL, *frac_s = NULL;
-    double frac = 0.0;
+    struct tokenize_job j = {NULL, NULL, NULL, 0.0, -1, 0};
+    const char *frac_s = NULL, *tok_path = NULL;
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":o:t:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'o': out = optarg; break;
+        case 'o': j.out = optarg; break;
+        case 't': tok_path = optarg; break;
         case 'f': frac_s = optarg; break;
-        case 'v': val_out = optarg; break;
+        case 'v': j.val_out = optarg; break;
         case 'h': tokenize_usage(stdout); return 0;
         default: bad_option("tokenize", c, argv);
         }
@@ -118,78 +273,198 @@ static int cmd_tokenize(int argc, char **argv)
         fsdp_fatal("fsdpc-data tokenize: expected one TEXT file, got %d (see --help)",
                    argc - optind);
     }
-    const char *text = argv[optind];
-    if (!out) {
+    j.text = argv[optind];
+    if (!j.out) {
         fsdp_fatal("fsdpc-data tokenize: missing -o FILE.bin (see --help)");
     }
-    if (frac_s && (fsdp_parse_double(frac_s, &frac) < 0 || !(frac > 0.0 && frac < 1.0))) {
+    if (frac_s && (fsdp_parse_double(frac_s, &j.frac) < 0 || !(j.frac > 0.0 && j.frac < 1.0))) {
         fsdp_fatal("fsdpc-data tokenize: --val-fraction '%s' must be a number in (0, 1)", frac_s);
     }
-    if (!!frac_s != !!val_out) {
+    if (!!frac_s != !!j.val_out) {
         fsdp_fatal("fsdpc-data tokenize: --val-fraction and --val-out go together");
     }
-    if (val_out && strcmp(val_out, out) == 0) {
-        fsdp_fatal("fsdpc-data tokenize: --val-out and -o name the same file '%s'", out);
+    if (j.val_out && strcmp(j.val_out, j.out) == 0) {
+        fsdp_fatal("fsdpc-data tokenize: --val-out and -o name the same file '%s'", j.out);
     }
 
-    int fd = open(text, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fd < 0) {
-        fsdp_fatal("fsdpc-data tokenize: cannot open text '%s': %s", text, strerror(errno));
+    j.fd = open(j.text, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (j.fd < 0) {
+        fsdp_fatal("fsdpc-data tokenize: cannot open text '%s': %s", j.text, strerror(errno));
     }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        fsdp_fatal("fsdpc-data tokenize: '%s' is not a regular file", text);
+    if (fstat(j.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        fsdp_fatal("fsdpc-data tokenize: '%s' is not a regular file", j.text);
     }
-    size_t size = (size_t)st.st_size;
-    if (size == 0) {
-        fsdp_fatal("fsdpc-data tokenize: text '%s' is empty", text);
+    j.size = (size_t)st.st_size;
+    if (j.size == 0) {
+        fsdp_fatal("fsdpc-data tokenize: text '%s' is empty", j.text);
     }
-    size_t n_val = val_out ? (size_t)floor(frac * (double)size) : 0;
-    size_t n_train = size - n_val;
-    if (val_out && n_val == 0) {
-        fsdp_fatal("fsdpc-data tokenize: --val-fraction %g of %zu bytes leaves no validation "
-                   "tokens", frac, size);
+    if (tok_path) {
+        tokenize_bpe(&j, tok_path);
+    } else {
+        tokenize_bytes(&j);
     }
-    if (n_train == 0) {
-        fsdp_fatal("fsdpc-data tokenize: --val-fraction %g of %zu bytes leaves no training "
-                   "tokens", frac, size);
-    }
-    if (n_train > FSDP_TOKENS_MAX_COUNT || n_val > FSDP_TOKENS_MAX_COUNT) {
-        fsdp_fatal("fsdpc-data tokenize: %zu bytes exceed the %u tokens one llm.c token file "
-                   "holds; split the text", size, FSDP_TOKENS_MAX_COUNT);
-    }
+    close(j.fd);
+    return 0;
+}
 
-    unsigned char *bytes = malloc(DATA_CHUNK);
-    uint16_t *toks = malloc(DATA_CHUNK * sizeof(uint16_t));
-    struct fsdp_tokens_writer *w = NULL, *wv = NULL;
-    int rc;
-    if (!bytes || !toks) {
-        fsdp_fatal("fsdpc-data tokenize: out of memory");
+// ----------------------------------------------------------------------------
+// decode
+
+static void decode_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-data decode --tokenizer tokenizer.json FILE.bin [-o TEXT] "
+            "[--skip-special]\n"
+            "\n"
+            "Turns the tokens of an llm.c token file back into text with the tokenizer's\n"
+            "ByteLevel decoder, as the `tokenizers` package's decode does (byte sequences\n"
+            "that are not UTF-8 become U+FFFD).\n"
+            "\n"
+            "  -t, --tokenizer FILE    the Hugging Face tokenizer.json the tokens came from\n"
+            "  -o, --output FILE       where the text goes (default: standard output)\n"
+            "      --skip-special      leave out special tokens (decode's skip_special_tokens)\n"
+            "  -h, --help              this text\n");
+}
+
+/* Writes n bytes to fd; 0 or an error naming where. */
+static int write_all(int fd, const char *where, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            return fsdp_err(FSDP_ERR_IO, "%s: write failed: %s", where, strerror(errno));
+        }
+        p += w;
+        n -= (size_t)w;
     }
-    double t0 = fsdp_now();
-    FSDP_CHECK_GOTO(fsdp_tokens_writer_create(out, &w), rc, fail);
-    FSDP_CHECK_GOTO(tokenize_range(fd, text, 0, n_train, w, bytes, toks), rc, fail);
-    if (val_out) {
-        FSDP_CHECK_GOTO(fsdp_tokens_writer_create(val_out, &wv), rc, fail);
-        FSDP_CHECK_GOTO(tokenize_range(fd, text, n_train, size, wv, bytes, toks), rc, fail);
-        FSDP_CHECK_GOTO(fsdp_tokens_writer_commit(wv), rc, fail);
+    return 0;
+}
+
+struct decode_job {
+    const struct fsdp_tokenizer *tok;
+    struct fsdp_tokens *t;
+    unsigned flags;
+    int fd;
+    const char *where;
+};
+
+/* Decodes the file chunk by chunk; an incomplete UTF-8 sequence at the end
+ * of a chunk waits for the next, so the text equals one decode of all ids. */
+static int decode_stream(const struct decode_job *j)
+{
+    size_t count = fsdp_tokens_count(j->t), carry = 0;
+    uint32_t *ids = malloc(DECODE_CHUNK * sizeof(uint32_t));
+    char *pend = malloc(8), *fixed = NULL;
+    int rc = 0;
+    if (!ids || !pend) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "decode buffers");
+        goto out;
     }
-    FSDP_CHECK_GOTO(fsdp_tokens_writer_commit(w), rc, fail);
-    fsdp_tokens_writer_destroy(w);
-    fsdp_tokens_writer_destroy(wv);
-    free(bytes);
-    free(toks);
-    close(fd);
-    printf("%s: %zu bytes -> %zu training tokens in %s", text, size, n_train, out);
-    if (val_out) {
-        printf(", %zu validation tokens in %s", n_val, val_out);
+    for (size_t pos = 0; pos < count || carry; pos += DECODE_CHUNK) {
+        size_t n = count - pos < DECODE_CHUNK ? count - pos : DECODE_CHUNK, len = 0, out_len;
+        char *raw = NULL;
+        if (n > 0) {
+            FSDP_CHECK_GOTO(fsdp_tokens_read(j->t, pos, n, ids), rc, out);
+            FSDP_CHECK_GOTO(fsdp_tokenizer_decode(j->tok, ids, n, j->flags | FSDP_TOKENIZER_RAW,
+                                                  &raw, &len),
+                            rc, out);
+        }
+        int final = pos + n >= count;
+        char *all = malloc(carry + len + 1);
+        free(fixed);
+        fixed = malloc(3 * (carry + len) + 1);
+        if (!all || !fixed) {
+            free(raw);
+            free(all);
+            rc = fsdp_err(FSDP_ERR_NOMEM, "decode buffers");
+            goto out;
+        }
+        memcpy(all, pend, carry);
+        if (len) {
+            memcpy(all + carry, raw, len);
+        }
+        free(raw);
+        size_t used = fsdp_utf8_lossy(all, carry + len, final, fixed, &out_len);
+        carry = carry + len - used; /* at most 3 bytes of an unfinished sequence */
+        memcpy(pend, all + used, carry);
+        free(all);
+        FSDP_CHECK_GOTO(write_all(j->fd, j->where, fixed, out_len), rc, out);
+        if (final) {
+            break;
+        }
     }
-    printf(" (byte-level, vocab 256, %.2f s)\n", fsdp_now() - t0);
+out:
+    free(ids);
+    free(pend);
+    free(fixed);
+    return rc;
+}
+
+static int cmd_decode(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"tokenizer", required_argument, NULL, 't'},
+        {"output", required_argument, NULL, 'o'},
+        {"skip-special", no_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *tok_path = NULL, *out = NULL;
+    unsigned flags = 0;
+    int c, rc;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":t:o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': tok_path = optarg; break;
+        case 'o': out = optarg; break;
+        case 's': flags |= FSDP_TOKENIZER_SKIP_SPECIAL; break;
+        case 'h': decode_usage(stdout); return 0;
+        default: bad_option("decode", c, argv);
+        }
+    }
+    if (optind != argc - 1) {
+        fsdp_fatal("fsdpc-data decode: expected one token file, got %d (see --help)",
+                   argc - optind);
+    }
+    if (!tok_path) {
+        fsdp_fatal("fsdpc-data decode: missing --tokenizer tokenizer.json (see --help)");
+    }
+    struct fsdp_tokenizer *tok = load_tokenizer("decode", tok_path);
+    struct decode_job j = {tok, NULL, flags, STDOUT_FILENO, "standard output"};
+    char *tmp = NULL;
+    FSDP_CHECK_GOTO(fsdp_tokens_open(argv[optind], &j.t), rc, fail);
+    /* names the first token the vocabulary lacks by its place in the file */
+    FSDP_CHECK_GOTO(fsdp_tokens_check_vocab(j.t, (int)fsdp_tokenizer_vocab_size(tok)), rc, fail);
+    if (out) {
+        FSDP_CHECK_GOTO(fsdp_file_tmp_create(out, &tmp, &j.fd), rc, fail);
+        j.where = tmp;
+    }
+    FSDP_CHECK_GOTO(decode_stream(&j), rc, fail);
+    if (out) {
+        int e = close(j.fd);
+        j.fd = -1;
+        if (e != 0) {
+            rc = fsdp_err(FSDP_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+            goto fail;
+        }
+        FSDP_CHECK_GOTO(fsdp_file_commit(tmp, out), rc, fail);
+        free(tmp);
+    }
+    fsdp_tokens_close(j.t);
+    fsdp_tokenizer_free(tok);
     return 0;
 fail:
-    fsdp_tokens_writer_destroy(wv);
-    fsdp_tokens_writer_destroy(w);
-    die_rc(rc, "fsdpc-data tokenize");
+    if (tmp) {
+        if (j.fd >= 0) {
+            close(j.fd);
+        }
+        unlink(tmp);
+    }
+    die_rc(rc, "fsdpc-data decode");
     return 1;
 }
 
@@ -199,14 +474,16 @@ fail:
 static void inspect_usage(FILE *out)
 {
     fprintf(out,
-            "usage: fsdpc-data inspect FILE.bin [--vocab N] [--head N]\n"
+            "usage: fsdpc-data inspect FILE.bin [--vocab N] [--head N] [--tokenizer FILE]\n"
             "\n"
-            "Checks an llm.c token file (header, size) and prints its token count, the\n"
-            "range of token values and the first tokens.\n"
+            "Checks an llm.c token file (header, size) and prints its version and token\n"
+            "width, token count, the range of token values and the first tokens.\n"
             "\n"
-            "      --vocab N   also check that every token is < N (exit 1 if not)\n"
-            "      --head N    how many leading tokens to print (default 16)\n"
-            "  -h, --help      this text\n");
+            "      --vocab N         also check that every token is < N (exit 1 if not)\n"
+            "      --head N          how many leading tokens to print (default 16)\n"
+            "  -t, --tokenizer FILE  also print the first tokens decoded with this\n"
+            "                        tokenizer.json\n"
+            "  -h, --help            this text\n");
 }
 
 static long long parse_count(const char *cmd, const char *flag, const char *s, long long lo,
@@ -220,20 +497,41 @@ static long long parse_count(const char *cmd, const char *flag, const char *s, l
     return v;
 }
 
+/* Prints v[0, n) as a C string literal (escapes for what is not printable ASCII). */
+static void print_escaped(const unsigned char *v, size_t n)
+{
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] == '\n') {
+            printf("\\n");
+        } else if (v[i] == '"' || v[i] == '\\') {
+            printf("\\%c", v[i]);
+        } else if (v[i] >= 32 && v[i] < 127) {
+            putchar(v[i]);
+        } else {
+            printf("\\x%02x", v[i]);
+        }
+    }
+    printf("\"\n");
+}
+
 static int cmd_inspect(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"vocab", required_argument, NULL, 'V'},
         {"head", required_argument, NULL, 'n'},
+        {"tokenizer", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     long long vocab = 0, head = 16;
+    const char *tok_path = NULL;
     int c, rc;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":t:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'V': vocab = parse_count("inspect", "--vocab", optarg, 1, 1 << 20); break;
+        case 'V': vocab = parse_count("inspect", "--vocab", optarg, 1, 1LL << 32); break;
+        case 't': tok_path = optarg; break;
         case 'n': head = parse_count("inspect", "--head", optarg, 0, 1 << 20); break;
         case 'h': inspect_usage(stdout); return 0;
         default: bad_option("inspect", c, argv);
@@ -244,20 +542,25 @@ static int cmd_inspect(int argc, char **argv)
                    argc - optind);
     }
     struct fsdp_tokens *t;
-    uint16_t lo, hi;
+    struct fsdp_tokenizer *tok = tok_path ? load_tokenizer("inspect", tok_path) : NULL;
+    uint32_t lo, hi;
     FSDP_CHECK_GOTO(fsdp_tokens_open(argv[optind], &t), rc, fail);
     size_t count = fsdp_tokens_count(t);
+    int version = fsdp_tokens_version(t);
+    size_t width = version == FSDP_TOKENS_VERSION_U16 ? 2 : 4;
     FSDP_CHECK_GOTO(fsdp_tokens_range(t, &lo, &hi), rc, fail);
     printf("file         %s\n", argv[optind]);
-    printf("format       llm.c tokens, version %d, uint16\n", FSDP_TOKENS_VERSION);
+    printf("format       llm.c tokens, version %d, %s\n", version,
+           width == 2 ? "uint16" : "uint32");
     printf("tokens       %zu\n", count);
-    printf("bytes        %zu\n", (size_t)FSDP_TOKENS_HEADER_BYTES + 2 * count);
+    printf("bytes        %zu\n", (size_t)FSDP_TOKENS_HEADER_BYTES + width * count);
     if (count) {
-        printf("token range  %u .. %u (needs vocab_size >= %u)\n", lo, hi, hi + 1u);
+        printf("token range  %u .. %u (needs vocab_size >= %llu)\n", lo, hi,
+               (unsigned long long)hi + 1);
     }
     size_t n = (size_t)head < count ? (size_t)head : count;
     if (n) {
-        uint16_t *v = malloc(n * sizeof(uint16_t));
+        uint32_t *v = malloc(n * sizeof(uint32_t));
         if (!v) {
             fsdp_fatal("fsdpc-data inspect: out of memory");
         }
@@ -267,21 +570,23 @@ static int cmd_inspect(int argc, char **argv)
             printf(" %u", v[i]);
         }
         printf("\n");
-        if (hi < 256) {
+        if (hi < 256 && !tok) {
             /* byte-level data: show it as text too */
-            printf("as bytes     \"");
-            for (size_t i = 0; i < n; i++) {
-                if (v[i] == '\n') {
-                    printf("\\n");
-                } else if (v[i] == '"' || v[i] == '\\') {
-                    printf("\\%c", v[i]);
-                } else if (v[i] >= 32 && v[i] < 127) {
-                    putchar(v[i]);
-                } else {
-                    printf("\\x%02x", v[i]);
-                }
+            unsigned char *b = malloc(n);
+            for (size_t i = 0; b && i < n; i++) {
+                b[i] = (unsigned char)v[i];
             }
-            printf("\"\n");
+            printf("as bytes     ");
+            print_escaped(b, b ? n : 0);
+            free(b);
+        }
+        if (tok) {
+            char *text;
+            size_t len;
+            FSDP_CHECK_GOTO(fsdp_tokenizer_decode(tok, v, n, 0, &text, &len), rc, fail);
+            printf("as text      ");
+            print_escaped((const unsigned char *)text, len);
+            free(text);
         }
         free(v);
     }
@@ -290,6 +595,7 @@ static int cmd_inspect(int argc, char **argv)
         printf("vocab check  all tokens < %lld\n", vocab);
     }
     fsdp_tokens_close(t);
+    fsdp_tokenizer_free(tok);
     return 0;
 fail:
     die_rc(rc, "fsdpc-data inspect");
@@ -300,7 +606,8 @@ fail:
 // main
 
 static const struct data_cmd data_cmds[] = {
-    {"tokenize", "make a token file from text (byte level)", cmd_tokenize},
+    {"tokenize", "make a token file from text (byte level or a tokenizer.json)", cmd_tokenize},
+    {"decode", "turn a token file back into text with a tokenizer.json", cmd_decode},
     {"inspect", "check a token file and print its summary", cmd_inspect},
 };
 

@@ -3,11 +3,13 @@
  * GPT-2 tensors <-> Hugging Face GPT-2 safetensors (names and layout:
  * doc/formats.md, "Mapping to Hugging Face GPT-2"): "transformer." prefix,
  * Conv1D weights (c_attn, c_proj, c_fc) transposed, the tied lm_head left
- * out. Streamed tensor by tensor through two buffers of the largest tensor.
+ * out (the mapping is hf_map.h's, shared with import-hf and export-hf).
+ * Streamed tensor by tensor through two buffers of the largest tensor.
  * Names and metadata from a file are printed only through fsdp_str_printable.
  */
 #include "config.h"
 #include "programs/ckpt_tool.h"
+#include "programs/hf_map.h"
 #include "io/ckpt.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
@@ -36,17 +38,15 @@ static enum fsdp_dtype st_parse_dtype(const char *cmd, const char *s)
     fsdp_fatal("fsdpc-ckpt %s: --dtype '%s' must be f32, bf16 or f16", cmd, s);
 }
 
-/* Hugging Face Conv1D weights are stored (in, out): ours transposed. */
+/* Hugging Face Conv1D weights are stored (in, out): ours transposed (hf_map.h). */
 static int st_is_conv1d(const struct fsdp_param_spec *p)
 {
-    return p->ndim == 2 && (strstr(p->name, ".c_attn.weight") || strstr(p->name, ".c_proj.weight") ||
-                            strstr(p->name, ".c_fc.weight"));
+    return fsdp_hf_param_transposed(&fsdp_gpt2_arch, p);
 }
 
 static void st_hf_name(char *buf, size_t len, const struct fsdp_param_spec *p)
 {
-    snprintf(buf, len, "%s%s", strcmp(p->name, "lm_head.weight") == 0 ? "" : "transformer.",
-             p->name);
+    fsdp_hf_param_name(&fsdp_gpt2_arch, p, buf, len);
 }
 
 /* dst (rows, cols) = transpose of src (cols, rows) */
@@ -323,9 +323,7 @@ static int st_tied(struct fsdp_safetensors *st, void *x, void *y, int *tied)
 /* The attention-mask buffers of older Hugging Face files: not parameters. */
 static int st_is_buffer(const char *bare)
 {
-    size_t bl = strlen(bare);
-    return (bl > 10 && strcmp(bare + bl - 10, ".attn.bias") == 0) ||
-           (bl > 17 && strcmp(bare + bl - 17, ".attn.masked_bias") == 0);
+    return fsdp_hf_is_buffer(&fsdp_gpt2_arch, bare);
 }
 
 /* Every parameter of s present with its shape, and nothing else but the

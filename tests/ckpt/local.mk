@@ -29,3 +29,9 @@ TESTS += tests/ckpt/test_ckpt_escape.sh tests/ckpt/test_reader_faults.sh
 # Per-tensor checksums: damaged and swapped files refused by every reader.
 dist_check_SCRIPTS += tests/ckpt/test_checksums.sh
 TESTS += tests/ckpt/test_checksums.sh
+
+# Hugging Face model directories (import-hf, export-hf) against transformers
+# 4.38 (hf-venv, see doc/testing.md).
+dist_check_SCRIPTS += tests/ckpt/test_hf_dir.sh
+dist_check_DATA += tests/ckpt/hf_dir_check.py
+TESTS += tests/ckpt/test_hf_dir.sh

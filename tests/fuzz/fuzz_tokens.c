@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int rc = fsdp_tokens_open(path, &t);
     if (rc == 0) {
         size_t n = fsdp_tokens_count(t);
-        uint16_t *buf = malloc((n ? n : 1) * sizeof(uint16_t)), lo, hi;
+        uint32_t *buf = malloc((n ? n : 1) * sizeof(uint32_t)), lo, hi;
         rc = buf ? fsdp_tokens_read(t, 0, n, buf) : -1;
         if (rc == 0 && n > 0) {
             rc = fsdp_tokens_range(t, &lo, &hi);

@@ -2,7 +2,9 @@
  * test_tokens.c - token files and the data loader: write/read round trip,
  * every kind of bad file, the vocabulary check, batches and targets, cursor
  * save/restore, wrap-around, and the rule that R ranks with batch B see
- * exactly what one rank with batch B*R sees.
+ * exactly what one rank with batch B*R sees; uint32 (version 2) files: the
+ * width picked from the vocabulary, tokens that do not fit it, the loader
+ * and the vocabulary check on them, and moving a tail to a second file.
  */
 #include "config.h"
 #include "core/error.h"
@@ -77,10 +79,12 @@ static void expect_open_error(const char *name, const char *want)
 static void test_files(void)
 {
     uint16_t tok[1000];
+    uint32_t tok32[1000];
     for (size_t i = 0; i < 1000; i++) {
         tok[i] = (uint16_t)((i * 7919) % 50257);
+        tok32[i] = tok[i];
     }
-    int rc = fsdp_tokens_write(tpath("good.bin"), tok, 1000);
+    int rc = fsdp_tokens_write(tpath("good.bin"), 50257, tok32, 1000);
     tap_ok(rc == 0 && tmp_entries("good.bin") == 0, "write 1000 tokens, no temporary left");
 
     /* the on-disk bytes are llm.c's */
@@ -95,16 +99,17 @@ static void test_files(void)
            "header magic/version/count and file size are llm.c's");
 
     struct fsdp_tokens *t;
-    uint16_t back[1000], lo, hi;
+    uint32_t back[1000], lo, hi;
     rc = fsdp_tokens_open(tpath("good.bin"), &t);
-    tap_ok(rc == 0 && fsdp_tokens_count(t) == 1000, "open: 1000 tokens");
+    tap_ok(rc == 0 && fsdp_tokens_count(t) == 1000 && fsdp_tokens_version(t) == 1,
+           "open: 1000 tokens, version 1");
     rc = fsdp_tokens_read(t, 0, 1000, back);
-    tap_ok(rc == 0 && memcmp(back, tok, sizeof(tok)) == 0, "read back identical");
+    tap_ok(rc == 0 && memcmp(back, tok32, sizeof(tok32)) == 0, "read back identical");
     rc = fsdp_tokens_read(t, 990, 11, back);
     tap_ok(rc == FSDP_ERR_INVALID, "read past the end rejected: %s", fsdp_err_msg());
     fsdp_err_clear();
     rc = fsdp_tokens_range(t, &lo, &hi);
-    uint16_t rlo = 65535, rhi = 0;
+    uint32_t rlo = 65535, rhi = 0;
     for (size_t i = 0; i < 1000; i++) {
         rlo = tok[i] < rlo ? tok[i] : rlo;
         rhi = tok[i] > rhi ? tok[i] : rhi;
@@ -127,8 +132,12 @@ static void test_files(void)
 
     write_raw(tpath("magic.bin"), 20240521, 1, 1000, tok, 1000, 0);
     expect_open_error("magic.bin", "bad magic 20240521 in header[0] (expected 20240520)");
-    write_raw(tpath("version.bin"), 20240520, 2, 1000, tok, 1000, 0);
-    expect_open_error("version.bin", "token file version 2 in header[1] is not supported");
+    write_raw(tpath("version.bin"), 20240520, 3, 1000, tok, 1000, 0);
+    expect_open_error("version.bin", "token file version 3 in header[1] is not supported");
+    /* 1000 uint16 tokens are 500 uint32 ones short of a version 2 file */
+    write_raw(tpath("v2short.bin"), 20240520, 2, 1000, tok, 1000, 0);
+    expect_open_error("v2short.bin", "header[2] says 1000 tokens (5024 bytes) but the file has "
+                                     "3024 bytes (version 2: uint32 tokens)");
     write_raw(tpath("trunc.bin"), 20240520, 1, 1000, tok, 999, 0);
     expect_open_error("trunc.bin", "truncated: header[2] says 1000 tokens (3024 bytes) but the "
                                    "file has 3022 bytes");
@@ -172,11 +181,11 @@ static int check_batch(const struct fsdp_dataloader *dl, size_t start, const cha
 static void test_loader(void)
 {
     enum { N = 1001 };
-    uint16_t tok[N];
+    uint32_t tok[N];
     for (size_t i = 0; i < N; i++) {
         tok[i] = tok_at(i);
     }
-    fsdp_tokens_write(tpath("stream.bin"), tok, N);
+    fsdp_tokens_write(tpath("stream.bin"), 65536, tok, N);
     const char *path = tpath("stream.bin");
 
     /* one rank: batches are consecutive B*T windows, targets shifted by one */
@@ -273,6 +282,153 @@ static void test_loader(void)
     fsdp_err_clear();
 }
 
+/* Header int32 number k of the file at path. */
+static int32_t header_int(const char *path, int k)
+{
+    int32_t hdr[256] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(hdr, 4, 256, f) : 0;
+    if (f) {
+        fclose(f);
+    }
+    return got == 256 ? hdr[k] : -1;
+}
+
+static long file_size(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    long n = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        n = ftell(f);
+    }
+    if (f) {
+        fclose(f);
+    }
+    return n;
+}
+
+/* Version 2 (uint32) files: Llama 3's vocabulary of 128256. */
+static void test_wide(void)
+{
+    enum { N = 2001, V = 128256 };
+    static uint32_t tok[N], back[N];
+    for (size_t i = 0; i < N; i++) {
+        tok[i] = (uint32_t)((i * 104729u + 7u) % V);
+    }
+    tap_ok(fsdp_tokens_version_for(256) == 1 && fsdp_tokens_version_for(65536) == 1 &&
+               fsdp_tokens_version_for(65537) == 2 && fsdp_tokens_version_for(V) == 2,
+           "the width follows the vocabulary: up to 65536 uint16, above uint32");
+    int rc = fsdp_tokens_write(tpath("wide.bin"), V, tok, N);
+    tap_ok(rc == 0 && header_int(tpath("wide.bin"), 0) == 20240520 &&
+               header_int(tpath("wide.bin"), 1) == 2 && header_int(tpath("wide.bin"), 2) == N &&
+               file_size(tpath("wide.bin")) == 1024 + 4 * N,
+           "vocab %d: version 2 header, 4 bytes a token (%s)", V, fsdp_err_msg());
+    struct fsdp_tokens *t = NULL;
+    uint32_t lo = 0, hi = 0, rlo = UINT32_MAX, rhi = 0;
+    rc = fsdp_tokens_open(tpath("wide.bin"), &t);
+    rc = rc == 0 ? fsdp_tokens_read(t, 0, N, back) : rc;
+    tap_ok(rc == 0 && fsdp_tokens_version(t) == 2 && memcmp(back, tok, sizeof(tok)) == 0,
+           "version 2 reads back identical");
+    for (size_t i = 0; i < N; i++) {
+        rlo = tok[i] < rlo ? tok[i] : rlo;
+        rhi = tok[i] > rhi ? tok[i] : rhi;
+    }
+    rc = fsdp_tokens_range(t, &lo, &hi);
+    tap_ok(rc == 0 && lo == rlo && hi == rhi && hi > 65535, "range %u..%u", lo, hi);
+    tap_ok(fsdp_tokens_check_vocab(t, V) == 0, "all tokens < %d", V);
+    /* a version 2 file is scanned even for a vocabulary above 65535 */
+    size_t first = 0;
+    while (tok[first] < 100000) {
+        first++;
+    }
+    char want[96];
+    snprintf(want, sizeof(want), "token %u at position %zu is outside the vocabulary "
+             "(vocab_size 100000)", tok[first], first);
+    rc = fsdp_tokens_check_vocab(t, 100000);
+    tap_ok(rc == FSDP_ERR_FORMAT && strstr(fsdp_err_msg(), want), "vocab 100000 on a v2 file: %s",
+           fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_tokens_close(t);
+
+    /* the largest values of each width survive */
+    uint32_t edge[4] = {0, 65535, 65536, UINT32_MAX};
+    rc = fsdp_tokens_write(tpath("edge.bin"), (size_t)UINT32_MAX + 1, edge, 4);
+    rc = rc == 0 ? fsdp_tokens_open(tpath("edge.bin"), &t) : rc;
+    rc = rc == 0 ? fsdp_tokens_read(t, 0, 4, back) : rc;
+    tap_ok(rc == 0 && memcmp(back, edge, sizeof(edge)) == 0, "0, 65535, 65536, 2^32-1 round trip");
+    fsdp_tokens_close(t);
+    uint16_t one = 65535;
+    write_raw(tpath("v1big.bin"), 20240520, 1, 1, &one, 1, 0);
+    rc = fsdp_tokens_open(tpath("v1big.bin"), &t);
+    rc = rc == 0 ? fsdp_tokens_read(t, 0, 1, back) : rc;
+    tap_ok(rc == 0 && back[0] == 65535, "version 1 token 65535 reads as 65535");
+    fsdp_tokens_close(t);
+
+    /* a token that does not fit the writer's vocabulary is refused, naming it */
+    struct fsdp_tokens_writer *w = NULL, *wv = NULL;
+    uint32_t big[3] = {5, 65535, 65536};
+    rc = fsdp_tokens_writer_create(tpath("nofit.bin"), 65536, &w);
+    rc = rc == 0 ? fsdp_tokens_writer_append(w, big, 3) : rc;
+    tap_ok(rc == FSDP_ERR_INVALID && strstr(fsdp_err_msg(), "token 65536 at position 2 does not "
+                                                            "fit the vocabulary of 65536 tokens "
+                                                            "(a version 1, uint16 file)"),
+           "65536 in a uint16 file: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_tokens_writer_destroy(w);
+    tap_ok(tmp_entries("nofit.bin") == 0 && access(tpath("nofit.bin"), F_OK) != 0,
+           "the refused file leaves nothing behind");
+    rc = fsdp_tokens_writer_create(tpath("huge.bin"), (size_t)UINT32_MAX + 2, &w);
+    tap_ok(rc == FSDP_ERR_INVALID && strstr(fsdp_err_msg(), "does not fit a token file"),
+           "a vocabulary above 2^32 is refused: %s", fsdp_err_msg());
+    fsdp_err_clear();
+
+    /* the loader reads version 2 files; its vocabulary check scans them */
+    struct fsdp_dataloader *dl = NULL;
+    rc = fsdp_dataloader_create(tpath("wide.bin"), 4, 50, 1, 2, V, &dl);
+    int ok = rc == 0 && fsdp_dataloader_next(dl) == 0;
+    for (size_t i = 0; ok && i < 200; i++) {
+        ok = dl->inputs[i] == (int)tok[200 + i] && dl->targets[i] == (int)tok[201 + i];
+    }
+    tap_ok(ok, "loader on a version 2 file: rank 1's inputs and targets (%s)", fsdp_err_msg());
+    fsdp_dataloader_destroy(dl);
+    rc = fsdp_dataloader_create(tpath("wide.bin"), 4, 50, 0, 1, 100000, &dl);
+    tap_ok(rc == FSDP_ERR_FORMAT && strstr(fsdp_err_msg(), want),
+           "loader with vocab 100000 on a v2 file: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    /* a version 1 file trains a vocabulary above 65535 without a scan */
+    rc = fsdp_dataloader_create(tpath("stream.bin"), 2, 8, 0, 1, V, &dl);
+    tap_ok(rc == 0, "loader: a version 1 file with vocab %d", V);
+    fsdp_dataloader_destroy(dl);
+    /* without a vocabulary, a token above INT32_MAX is refused when read */
+    rc = fsdp_dataloader_create(tpath("edge.bin"), 1, 3, 0, 1, 0, &dl);
+    rc = rc == 0 ? fsdp_dataloader_next(dl) : rc;
+    tap_ok(rc == FSDP_ERR_FORMAT && strstr(fsdp_err_msg(), "token 4294967295 at position 3"),
+           "unchecked loader refuses a token above INT32_MAX: %s", fsdp_err_msg());
+    fsdp_err_clear();
+    fsdp_dataloader_destroy(dl);
+
+    /* a tail moved to a second file: the two files concatenate to the stream */
+    rc = fsdp_tokens_writer_create(tpath("head.bin"), V, &w);
+    rc = rc == 0 ? fsdp_tokens_writer_create(tpath("tail.bin"), V, &wv) : rc;
+    rc = rc == 0 ? fsdp_tokens_writer_append(w, tok, N) : rc;
+    rc = rc == 0 ? fsdp_tokens_writer_move_tail(w, 300, wv) : rc;
+    ok = rc == 0 && fsdp_tokens_writer_count(w) == N - 300 && fsdp_tokens_writer_count(wv) == 300;
+    rc = rc == 0 ? fsdp_tokens_writer_commit(wv) : rc;
+    rc = rc == 0 ? fsdp_tokens_writer_commit(w) : rc;
+    fsdp_tokens_writer_destroy(w);
+    fsdp_tokens_writer_destroy(wv);
+    struct fsdp_tokens *th = NULL, *tt = NULL;
+    rc = rc == 0 ? fsdp_tokens_open(tpath("head.bin"), &th) : rc;
+    rc = rc == 0 ? fsdp_tokens_open(tpath("tail.bin"), &tt) : rc;
+    rc = rc == 0 ? fsdp_tokens_read(th, 0, N - 300, back) : rc;
+    rc = rc == 0 ? fsdp_tokens_read(tt, 0, 300, back + N - 300) : rc;
+    tap_ok(ok && rc == 0 && memcmp(back, tok, sizeof(tok)) == 0 &&
+               file_size(tpath("head.bin")) == 1024 + 4 * (N - 300),
+           "move_tail: %d + 300 tokens, head truncated (%s)", N - 300, fsdp_err_msg());
+    fsdp_tokens_close(th);
+    fsdp_tokens_close(tt);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/fsdpc-tok-XXXXXX");
@@ -282,8 +438,11 @@ int main(void)
     }
     test_files();
     test_loader();
+    test_wide();
     const char *files[] = {"good.bin", "magic.bin", "version.bin", "trunc.bin", "extra.bin",
-                           "negative.bin", "short.bin", "empty.bin", "stream.bin"};
+                           "negative.bin", "short.bin", "empty.bin", "stream.bin", "v2short.bin",
+                           "wide.bin", "edge.bin", "nofit.bin", "head.bin", "tail.bin",
+                           "v1big.bin", "huge.bin"};
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         unlink(tpath(files[i]));
     }

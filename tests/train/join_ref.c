@@ -54,7 +54,7 @@
 
 static int gen(const char *path, size_t n, unsigned seed, size_t bt)
 {
-    uint16_t *v = malloc(n * sizeof(*v));
+    uint32_t *v = malloc(n * sizeof(*v));
     uint32_t x = seed * 2654435761u + 12345u;
     if (!v) {
         return fsdp_err(FSDP_ERR_NOMEM, "tokens");
@@ -62,9 +62,9 @@ static int gen(const char *path, size_t n, unsigned seed, size_t bt)
     for (size_t i = 0; i < n; i++) {
         x = x * 1664525u + 1013904223u;
         /* a little structure (runs of a few symbols) so that the loss can fall */
-        v[i] = i % bt == 0 ? 1 : (uint16_t)(2 + ((x >> 16) % 23) * (1 + (i / 7) % 3));
+        v[i] = i % bt == 0 ? 1 : (uint32_t)(2 + ((x >> 16) % 23) * (1 + (i / 7) % 3));
     }
-    int rc = fsdp_tokens_write(path, v, n);
+    int rc = fsdp_tokens_write(path, 65536, v, n); /* a version 1 file */
     free(v);
     return rc;
 }
@@ -110,7 +110,7 @@ static int has_step(const struct ref *R, int r, uint64_t j)
 }
 
 /* Appends rank r's micro-batch k of pass-step j (B*T tokens) to out. */
-static int take_block(const struct ref *R, int r, uint64_t j, int k, uint16_t *out)
+static int take_block(const struct ref *R, int r, uint64_t j, int k, uint32_t *out)
 {
     uint64_t m = j * (uint64_t)R->K + (uint64_t)k;
     if (R->per_rank) {
@@ -223,7 +223,7 @@ static int check(int world, const char *metrics, const char *model, int argc, ch
     struct fsdp_engine *e = NULL;
     struct fsdp_model_spec *spec = NULL;
     int32_t *in = NULL, *tgt = NULL;
-    uint16_t *stream = NULL;
+    uint32_t *stream = NULL;
     int rc;
     fsdp_train_config_init(&R.c, &set);
     FSDP_CHECK(fsdp_train_config_parse(&R.c, &set, argc, argv));
@@ -281,7 +281,7 @@ static int check(int world, const char *metrics, const char *model, int argc, ch
     stream[at] = 1;
     char ref_path[FSDP_TRAIN_PATH_MAX + 16];
     snprintf(ref_path, sizeof(ref_path), "%s.ref.bin", model);
-    FSDP_CHECK_GOTO(fsdp_tokens_write(ref_path, stream, at + 1), rc, out);
+    FSDP_CHECK_GOTO(fsdp_tokens_write(ref_path, 65536, stream, at + 1), rc, out);
 
     struct fsdp_optim_config oc = {(float)R.c.beta1, (float)R.c.beta2, (float)R.c.eps,
                                    (float)R.c.weight_decay, (float)R.c.clip};

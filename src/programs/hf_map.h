@@ -1,0 +1,58 @@
+/*
+ * hf_map.h - how fsdpc's architectures appear in Hugging Face transformers
+ * (doc/formats.md, "Hugging Face directories"): the state-dict name and
+ * layout of every parameter, the buffers a file may hold beside them, and
+ * config.json read into an fsdpc config and written from one.
+ *
+ *   gpt2   GPT2LMHeadModel: "transformer." + name, Conv1D weights (c_attn,
+ *          c_proj, c_fc) stored transposed, (in, out); lm_head.weight
+ *   llama  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM: "model."
+ *          + name, every weight as torch.nn.Linear stores it; lm_head.weight
+ *
+ * Shared by import/export-safetensors (st_tool.c) and import/export-hf
+ * (hf_tool.c), so that both speak one mapping.
+ */
+#ifndef FSDP_PROGRAMS_HF_MAP_H
+#define FSDP_PROGRAMS_HF_MAP_H
+
+#include <stddef.h>
+
+#include "core/dtype.h"
+#include "core/spec.h"
+#include "io/json.h"
+
+/* The prefix of a's parameter names in a CausalLM state dict ("transformer."
+ * or "model."), or NULL for an architecture transformers does not know. */
+const char *fsdp_hf_prefix(const struct fsdp_arch *a);
+/* p's name in the state dict: the prefix + its name (lm_head.weight bare). */
+void fsdp_hf_param_name(const struct fsdp_arch *a, const struct fsdp_param_spec *p, char *buf,
+                        size_t len);
+/* 1 when the state dict holds p transposed (GPT-2's Conv1D weights). */
+int fsdp_hf_param_transposed(const struct fsdp_arch *a, const struct fsdp_param_spec *p);
+/* 1 when bare (a name without the prefix) is a buffer, not a parameter,
+ * that files of a may hold and an import skips: GPT-2's attention masks
+ * (h.N.attn.bias, h.N.attn.masked_bias), Llama's rotary inv_freq. */
+int fsdp_hf_is_buffer(const struct fsdp_arch *a, const char *bare);
+
+/* What config.json describes. */
+struct fsdp_hf_model {
+    const struct fsdp_arch *arch;
+    void *cfg;              /* (arch->cfg_size) malloc'd, the caller frees it */
+    const char *model_type; /* "gpt2", "llama", "mistral", "qwen2" */
+};
+
+/*
+ * Reads model_type and the architecture's members of config.json (j), with
+ * transformers' defaults for the optional ones, and refuses a member that
+ * would make transformers compute another function than fsdpc (a sliding
+ * window shorter than the context, another activation, biases fsdpc's model
+ * lacks, an unknown rope_scaling type): one error naming the member.
+ */
+int fsdp_hf_config_read(const struct fsdp_json_obj *j, struct fsdp_hf_model *out);
+
+/* config.json for spec stored as dtype (f32, bf16, f16): architectures,
+ * model_type, torch_dtype and the architecture's members; malloc'd text. */
+int fsdp_hf_config_write(const struct fsdp_model_spec *s, enum fsdp_dtype dtype, char **text,
+                         size_t *len);
+
+#endif

@@ -1,0 +1,568 @@
+/*
+ * hf_tool.c - fsdpc-ckpt import-hf / export-hf: a Hugging Face model
+ * directory (config.json + model.safetensors or indexed shards, as
+ * transformers' save_pretrained writes them) into a model file, and a
+ * model file or checkpoint out as one (doc/formats.md, "Hugging Face
+ * directories"). Names, layouts and config members come from hf_map.h;
+ * the directory itself from io/hf_dir.h.
+ *
+ * Streamed tensor by tensor: import holds the largest tensor as f32, plus
+ * its source bytes when they are 16-bit, plus a transposed copy for GPT-2's
+ * Conv1D weights; export the same the other way round. A directory's names,
+ * shapes and dtypes are all checked before the output file is created.
+ */
+#include "config.h"
+#include "programs/ckpt_tool.h"
+#include "programs/hf_map.h"
+#include "io/ckpt.h"
+#include "io/hf_dir.h"
+#include "io/model_file.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/util.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <xxhash.h>
+
+#define HF_SHOW 96
+#define HF_NAME_MAX (FSDP_PARAM_NAME_MAX + 16)
+
+static enum fsdp_dtype hf_parse_dtype(const char *cmd, const char *s)
+{
+    enum fsdp_dtype t;
+    if (fsdp_dtype_parse(s, &t) < 0 || (t != FSDP_F32 && t != FSDP_BF16 && t != FSDP_F16)) {
+        fsdp_fatal("fsdpc-ckpt %s: --dtype '%s' must be f32, bf16 or f16", cmd, s);
+    }
+    return t;
+}
+
+/* dst (rows, cols) = transpose of src (cols, rows), in tiles so that both
+ * sides stay in the cache (a Conv1D weight's rows are kilobytes apart). */
+static void hf_transpose(float *dst, const float *src, size_t rows, size_t cols)
+{
+    enum { TILE = 32 };
+    for (size_t r0 = 0; r0 < rows; r0 += TILE) {
+        size_t r1 = r0 + TILE < rows ? r0 + TILE : rows;
+        for (size_t c0 = 0; c0 < cols; c0 += TILE) {
+            size_t c1 = c0 + TILE < cols ? c0 + TILE : cols;
+            for (size_t r = r0; r < r1; r++) {
+                for (size_t c = c0; c < c1; c++) {
+                    dst[r * cols + c] = src[c * rows + r];
+                }
+            }
+        }
+    }
+}
+
+/* p's shape as the state dict holds it. */
+static void hf_shape(const struct fsdp_arch *a, const struct fsdp_param_spec *p, size_t sh[2])
+{
+    int tr = fsdp_hf_param_transposed(a, p);
+    sh[0] = tr ? p->shape[1] : p->shape[0];
+    sh[1] = tr ? p->shape[0] : p->shape[1];
+}
+
+// ----------------------------------------------------------------------------
+// import: which tensor is which parameter
+
+struct hf_import {
+    struct fsdp_hf_dir *d;
+    const struct fsdp_model_spec *s;
+    const char *prefix;
+    long *src;     /* (n_params,) each parameter's tensor in d */
+    long lm_head;  /* a tied model's lm_head.weight in d, or -1 */
+};
+
+/* The tensor of fsdpc parameter name: prefix + name, or the bare name (a
+ * base model's file); lm_head.weight is never prefixed. */
+static long hf_lookup(const struct hf_import *im, const char *name)
+{
+    char buf[HF_NAME_MAX];
+    if (strcmp(name, "lm_head.weight") == 0) {
+        return fsdp_hf_dir_find(im->d, name);
+    }
+    snprintf(buf, sizeof(buf), "%s%s", im->prefix, name);
+    long i = fsdp_hf_dir_find(im->d, buf);
+    return i >= 0 ? i : fsdp_hf_dir_find(im->d, name);
+}
+
+/* One tensor under both spellings (X and prefix + X): which is meant? */
+static int hf_check_aliases(const struct hf_import *im)
+{
+    size_t pl = strlen(im->prefix);
+    for (size_t i = 0; i < im->d->n; i++) {
+        const char *n = im->d->t[i].t->name;
+        if (strncmp(n, im->prefix, pl) == 0 && fsdp_hf_dir_find(im->d, n + pl) >= 0) {
+            char a[HF_SHOW], b[HF_SHOW];
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: both '%s' and '%s' are present: one tensor "
+                            "under two names", im->d->dir, fsdp_str_printable(a, sizeof(a), n, 0),
+                            fsdp_str_printable(b, sizeof(b), n + pl, 0));
+        }
+    }
+    return 0;
+}
+
+static void hf_show_shape(char *buf, size_t len, int ndim, const size_t *shape)
+{
+    size_t used = 0;
+    used += (size_t)snprintf(buf, len, "(");
+    for (int k = 0; k < ndim && used < len; k++) {
+        used += (size_t)snprintf(buf + used, len - used, k ? ", %zu" : "%zu", shape[k]);
+    }
+    if (used < len) {
+        snprintf(buf + used, len - used, ndim == 1 ? ",)" : ")");
+    }
+}
+
+/* Tensor k stands for parameter p: a float dtype and p's shape as the
+ * state dict holds it. */
+static int hf_check_one(const struct hf_import *im, size_t k, const struct fsdp_param_spec *p)
+{
+    const struct fsdp_st_tensor *t = im->d->t[k].t;
+    const struct fsdp_arch *a = im->s->arch;
+    char show[HF_SHOW], got[96], want[64], why[160] = "";
+    if (!fsdp_dtype_is_float(t->dtype)) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has dtype %s; parameters are F32, F16 "
+                        "or BF16", fsdp_hf_dir_file(im->d, k),
+                        fsdp_str_printable(show, sizeof(show), t->name, 0),
+                        fsdp_dtype_name(t->dtype));
+    }
+    size_t sh[2];
+    hf_shape(a, p, sh);
+    if (t->ndim == p->ndim && t->shape[0] == sh[0] && (p->ndim == 1 || t->shape[1] == sh[1])) {
+        return 0;
+    }
+    hf_show_shape(got, sizeof(got), t->ndim, t->shape);
+    hf_show_shape(want, sizeof(want), p->ndim, sh);
+    if (a->shape_reason) {
+        char r[128];
+        a->shape_reason(im->s->cfg, p->name, r, sizeof(r));
+        snprintf(why, sizeof(why), " (fsdpc's %s)", r);
+    }
+    return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has shape %s but config.json makes it %s%s%s",
+                    fsdp_hf_dir_file(im->d, k), fsdp_str_printable(show, sizeof(show), t->name, 0),
+                    got, want, why, fsdp_hf_param_transposed(a, p) ? " (Conv1D layout: in, out)" : "");
+}
+
+/* Every parameter present with its shape; nothing else but buffers and a
+ * tied model's lm_head.weight. */
+static int hf_match(struct hf_import *im)
+{
+    const struct fsdp_model_spec *s = im->s;
+    unsigned char *used = calloc(im->d->n, 1);
+    int rc = 0;
+    if (!used) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: tensor marks", im->d->dir);
+    }
+    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
+        char name[HF_NAME_MAX];
+        im->src[i] = hf_lookup(im, s->params[i].name);
+        if (im->src[i] < 0) {
+            fsdp_hf_param_name(s->arch, &s->params[i], name, sizeof(name));
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' is missing", im->d->dir, name);
+            break;
+        }
+        used[im->src[i]] = 1;
+        rc = hf_check_one(im, (size_t)im->src[i], &s->params[i]);
+    }
+    im->lm_head = fsdp_model_spec_find(s, "lm_head.weight") < 0
+                      ? fsdp_hf_dir_find(im->d, "lm_head.weight") : -1;
+    if (im->lm_head >= 0) {
+        used[im->lm_head] = 1;
+    }
+    size_t pl = strlen(im->prefix);
+    for (size_t k = 0; rc == 0 && k < im->d->n; k++) {
+        const char *n = im->d->t[k].t->name;
+        if (!used[k] && !fsdp_hf_is_buffer(s->arch, strncmp(n, im->prefix, pl) ? n : n + pl)) {
+            char show[HF_SHOW];
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: unexpected tensor '%s' (not a parameter of the "
+                          "%s model config.json describes)", fsdp_hf_dir_file(im->d, k),
+                          fsdp_str_printable(show, sizeof(show), n, 0), s->arch->name);
+        }
+    }
+    free(used);
+    return rc;
+}
+
+/* XXH3 of tensor k's bytes, read through buf. */
+static int hf_hash(struct hf_import *im, size_t k, void *buf, uint64_t *h)
+{
+    FSDP_CHECK(fsdp_hf_dir_read(im->d, k, buf));
+    const struct fsdp_st_tensor *t = im->d->t[k].t;
+    *h = XXH3_64bits(buf, t->end - t->begin);
+    return 0;
+}
+
+/* A tied model's lm_head.weight, when the file has one, must be the
+ * embedding: transformers would silently use the embedding instead. */
+static int hf_check_tied_head(struct hf_import *im, void *buf)
+{
+    if (im->lm_head < 0 || im->s->n_ties == 0) {
+        return 0;
+    }
+    size_t e = (size_t)im->src[im->s->ties[0].param], k = (size_t)im->lm_head;
+    const struct fsdp_st_tensor *a = im->d->t[e].t, *b = im->d->t[k].t;
+    uint64_t ha = 0, hb = 1;
+    int same = a->dtype == b->dtype && a->ndim == b->ndim && a->end - a->begin == b->end - b->begin &&
+               memcmp(a->shape, b->shape, sizeof(a->shape)) == 0;
+    if (same) {
+        FSDP_CHECK(hf_hash(im, e, buf, &ha));
+        FSDP_CHECK(hf_hash(im, k, buf, &hb));
+    }
+    if (!same || ha != hb) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: lm_head.weight differs from %s, but config.json "
+                        "ties them (tie_word_embeddings)", fsdp_hf_dir_file(im->d, k), a->name);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// import
+
+static void import_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt import-hf DIR -o MODEL.h5 [--dtype T]\n"
+            "\n"
+            "Reads a Hugging Face model directory, as transformers' save_pretrained\n"
+            "writes it (config.json, and model.safetensors or the shards that\n"
+            "model.safetensors.index.json lists), into a model file. model_type gpt2\n"
+            "makes a gpt2 model; llama, mistral (without a sliding window) and qwen2 a\n"
+            "llama one. Tensors may be f32, bf16 or f16; they are read one at a time.\n"
+            "\n"
+            "      --dtype T     stored dtype of the model file: f32 (default), bf16, f16\n"
+            "  -o, --output F    the model file to write (via F.tmp.XXXXXX and rename)\n"
+            "  -h, --help        this text\n");
+}
+
+/* Largest f32 elements, largest 16-bit source bytes and largest transposed
+ * elements over the parameters: what the three buffers must hold. */
+static void hf_import_sizes(const struct hf_import *im, size_t *f32, size_t *raw, size_t *tr)
+{
+    *f32 = fsdp_model_spec_largest(im->s);
+    *raw = *tr = 0;
+    for (size_t i = 0; i < im->s->n_params; i++) {
+        const struct fsdp_param_spec *p = &im->s->params[i];
+        const struct fsdp_st_tensor *t = im->d->t[im->src[i]].t;
+        size_t b = t->end - t->begin;
+        *raw = t->dtype != FSDP_F32 && b > *raw ? b : *raw;
+        *tr = fsdp_hf_param_transposed(im->s->arch, p) && p->numel > *tr ? p->numel : *tr;
+    }
+}
+
+/* Every parameter from the directory into the writer. */
+static int hf_import_tensors(struct hf_import *im, struct fsdp_model_writer *w, float *a,
+                             void *raw, float *tbuf)
+{
+    for (size_t i = 0; i < im->s->n_params; i++) {
+        const struct fsdp_param_spec *p = &im->s->params[i];
+        size_t k = (size_t)im->src[i];
+        const struct fsdp_st_tensor *t = im->d->t[k].t;
+        if (t->dtype == FSDP_F32) {
+            FSDP_CHECK(fsdp_hf_dir_read(im->d, k, a));
+        } else {
+            FSDP_CHECK(fsdp_hf_dir_read(im->d, k, raw));
+            FSDP_CHECK(fsdp_convert(a, FSDP_F32, raw, t->dtype, p->numel));
+        }
+        const float *src = a;
+        if (fsdp_hf_param_transposed(im->s->arch, p)) {
+            hf_transpose(tbuf, a, p->shape[0], p->shape[1]);
+            src = tbuf;
+        }
+        FSDP_CHECK(fsdp_model_writer_put(w, i, src));
+    }
+    return 0;
+}
+
+/* The model file out of an opened and matched directory. */
+static int hf_import_write(struct hf_import *im, const char *out, enum fsdp_dtype dtype)
+{
+    size_t nf, nraw, ntr;
+    hf_import_sizes(im, &nf, &nraw, &ntr);
+    float *a = fsdp_alloc(nf * sizeof(float));
+    void *raw = nraw ? fsdp_alloc(nraw) : NULL;
+    float *tbuf = ntr ? fsdp_alloc(ntr * sizeof(float)) : NULL;
+    struct fsdp_model_writer *w = NULL;
+    int rc;
+    if (!a || (nraw && !raw) || (ntr && !tbuf)) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "buffers for the largest tensor (%zu elements)", nf);
+        goto out;
+    }
+    FSDP_CHECK_GOTO(hf_check_tied_head(im, a), rc, out);
+    char created_by[512];
+    snprintf(created_by, sizeof(created_by), "fsdpc-ckpt import-hf %s", im->d->dir);
+    struct fsdp_model_write_opts wo = {.created_by = created_by, .dtype = dtype};
+    FSDP_CHECK_GOTO(fsdp_model_writer_create(out, im->s, &wo, &w), rc, out);
+    FSDP_CHECK_GOTO(hf_import_tensors(im, w, a, raw, tbuf), rc, out);
+    rc = fsdp_model_writer_commit(w);
+out:
+    fsdp_model_writer_destroy(w);
+    fsdp_free(a);
+    fsdp_free(raw);
+    fsdp_free(tbuf);
+    return rc;
+}
+
+int fsdp_ckpt_cmd_import_hf(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"dtype", required_argument, NULL, 'd'},
+        {"output", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *out = NULL, *what = "fsdpc-ckpt import-hf";
+    enum fsdp_dtype dtype = FSDP_F32;
+    int c, rc;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'd': dtype = hf_parse_dtype("import-hf", optarg); break;
+        case 'o': out = optarg; break;
+        case 'h': import_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("import-hf", c, argv);
+        }
+    }
+    if (optind != argc - 1 || !out) {
+        fsdp_fatal("fsdpc-ckpt import-hf: expected one directory and -o MODEL.h5 (see --help)");
+    }
+    struct hf_import im = {.lm_head = -1};
+    struct fsdp_hf_model hm = {0};
+    struct fsdp_model_spec *s = NULL;
+    if ((rc = fsdp_hf_dir_open(argv[optind], &im.d)) < 0 ||
+        (rc = fsdp_hf_config_read(&im.d->config, &hm)) < 0 ||
+        (rc = hm.arch->spec_create(hm.cfg, &s)) < 0) {
+        fsdp_die(rc, what, NULL);
+    }
+    im.s = s;
+    im.prefix = fsdp_hf_prefix(s->arch);
+    im.src = calloc(s->n_params, sizeof(*im.src));
+    if (!im.src) {
+        fsdp_fatal("%s: out of memory for the tensor map", what);
+    }
+    if ((rc = hf_check_aliases(&im)) < 0 || (rc = hf_match(&im)) < 0 ||
+        (rc = hf_import_write(&im, out, dtype)) < 0) {
+        fsdp_die(rc, what, NULL);
+    }
+    char desc[256];
+    fsdp_arch_describe(s->arch, s->cfg, desc, sizeof(desc));
+    printf("%s: %s (%s) %s, %zu tensors from %zu file%s, written to %s as %s\n", im.d->dir,
+           s->arch->name, hm.model_type, desc, s->n_params, im.d->n_files,
+           im.d->n_files == 1 ? "" : "s", out, fsdp_dtype_name(dtype));
+    free(im.src);
+    free(hm.cfg);
+    fsdp_model_spec_destroy(s);
+    fsdp_hf_dir_close(im.d);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// export
+
+static void export_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt export-hf PATH -o DIR [--dtype T] [--max-shard-size S]\n"
+            "                 [--force]\n"
+            "\n"
+            "Writes a model file or checkpoint (a root, a step directory or its index.h5)\n"
+            "as a Hugging Face model directory that AutoModelForCausalLM.from_pretrained\n"
+            "loads: config.json, and model.safetensors or, above the shard size, shards\n"
+            "model-00001-of-0000N.safetensors with model.safetensors.index.json. A gpt2\n"
+            "model becomes GPT2LMHeadModel, a llama one LlamaForCausalLM (Qwen2ForCausalLM\n"
+            "with q/k/v biases). DIR is filled as DIR.tmp.XXXXXX and renamed into place.\n"
+            "\n"
+            "      --dtype T            f32 (default), bf16 or f16\n"
+            "      --max-shard-size S   largest shard: bytes, or with KB MB GB (powers of\n"
+            "                           1000) or KiB MiB GiB (of 1024); default 5GB\n"
+            "      --force              replace DIR when it exists and is not empty\n"
+            "  -o, --output DIR         the directory to write\n"
+            "  -h, --help               this text\n");
+}
+
+/* transformers' spelling of sizes: "5GB" is 5 * 10^9 bytes, "500MiB" 500 * 2^20. */
+static size_t hf_parse_shard_size(const char *s)
+{
+    static const struct {
+        const char *unit;
+        double mult;
+    } units[] = {{"", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+                 {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+                 {"TiB", 1099511627776.0}};
+    char *end;
+    double v = strtod(s, &end);
+    for (size_t u = 0; end != s && isfinite(v) && u < sizeof(units) / sizeof(units[0]); u++) {
+        if (strcasecmp(end, units[u].unit) == 0) {
+            double b = floor(v * units[u].mult);
+            if (b >= 1 && b < 1.8e19) {
+                return (size_t)b;
+            }
+        }
+    }
+    fsdp_fatal("fsdpc-ckpt export-hf: --max-shard-size '%s' must be a positive size such as "
+               "5GB, 500MB, 2GiB or 1000000 (bytes)", s);
+}
+
+/* The state-dict entries of spec, in parameter order (names into names). */
+static void hf_entries(const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
+                       struct fsdp_st_entry *e, char (*names)[HF_NAME_MAX])
+{
+    for (size_t i = 0; i < s->n_params; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        fsdp_hf_param_name(s->arch, p, names[i], HF_NAME_MAX);
+        e[i] = (struct fsdp_st_entry){.name = names[i], .dtype = dtype, .ndim = p->ndim};
+        hf_shape(s->arch, p, e[i].shape);
+    }
+}
+
+/* A model file or a checkpoint, whichever path is. */
+struct hf_source {
+    struct fsdp_ckpt *ck;
+    struct fsdp_model_file *mf;
+};
+
+static int hf_source_read(struct hf_source *src, size_t i, const struct fsdp_param_spec *p,
+                          float *dst)
+{
+    return src->ck ? fsdp_ckpt_read_rows(src->ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], dst)
+                   : fsdp_model_file_read_block(src->mf, i, 0, p->shape[0], 0, p->shape[1], dst);
+}
+
+/* Every parameter: read as f32, transposed where the state dict wants it,
+ * converted to dtype, written. */
+static int hf_export_tensors(struct hf_source *src, const struct fsdp_model_spec *s,
+                             enum fsdp_dtype dtype, struct fsdp_hf_writer *w)
+{
+    size_t big = fsdp_model_spec_largest(s), ntr = 0;
+    for (size_t i = 0; i < s->n_params; i++) {
+        size_t n = s->params[i].numel;
+        ntr = fsdp_hf_param_transposed(s->arch, &s->params[i]) && n > ntr ? n : ntr;
+    }
+    float *a = fsdp_alloc(big * sizeof(float));
+    float *tbuf = ntr ? fsdp_alloc(ntr * sizeof(float)) : NULL;
+    uint16_t *h = dtype != FSDP_F32 ? fsdp_alloc(big * sizeof(uint16_t)) : NULL;
+    int rc = 0;
+    if (!a || (ntr && !tbuf) || (dtype != FSDP_F32 && !h)) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "buffers for the largest tensor (%zu elements)", big);
+    }
+    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        FSDP_CHECK_GOTO(hf_source_read(src, i, p, a), rc, out);
+        const float *f = a;
+        if (fsdp_hf_param_transposed(s->arch, p)) {
+            hf_transpose(tbuf, a, p->shape[1], p->shape[0]);
+            f = tbuf;
+        }
+        if (dtype == FSDP_F32) {
+            rc = fsdp_hf_writer_put(w, i, f);
+        } else if ((rc = fsdp_convert(h, dtype, f, FSDP_F32, p->numel)) == 0) {
+            rc = fsdp_hf_writer_put(w, i, h);
+        }
+    }
+out:
+    fsdp_free(a);
+    fsdp_free(tbuf);
+    fsdp_free(h);
+    return rc;
+}
+
+/* The directory for spec from src. */
+static int hf_export_write(struct hf_source *src, const struct fsdp_model_spec *s,
+                           enum fsdp_dtype dtype, const char *out, size_t max_shard, int force,
+                           size_t *n_shards)
+{
+    struct fsdp_st_entry *e = calloc(s->n_params, sizeof(*e));
+    char (*names)[HF_NAME_MAX] = calloc(s->n_params, sizeof(*names));
+    struct fsdp_hf_writer *w = NULL;
+    char *cfg = NULL;
+    size_t cfg_len;
+    int rc;
+    if (!e || !names) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "%s: tensor list", out);
+        goto done;
+    }
+    hf_entries(s, dtype, e, names);
+    FSDP_CHECK_GOTO(fsdp_hf_config_write(s, dtype, &cfg, &cfg_len), rc, done);
+    FSDP_CHECK_GOTO(fsdp_hf_writer_create(out, e, s->n_params, max_shard, force, &w), rc, done);
+    *n_shards = fsdp_hf_writer_shards(w);
+    FSDP_CHECK_GOTO(hf_export_tensors(src, s, dtype, w), rc, done);
+    FSDP_CHECK_GOTO(fsdp_hf_writer_file(w, FSDP_HF_CONFIG, cfg, cfg_len), rc, done);
+    rc = fsdp_hf_writer_commit(w);
+done:
+    fsdp_hf_writer_destroy(w);
+    free(cfg);
+    free(names);
+    free(e);
+    return rc;
+}
+
+int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"dtype", required_argument, NULL, 'd'},
+        {"max-shard-size", required_argument, NULL, 'm'},
+        {"force", no_argument, NULL, 'f'},
+        {"output", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *out = NULL, *what = "fsdpc-ckpt export-hf";
+    enum fsdp_dtype dtype = FSDP_F32;
+    size_t max_shard = 5000000000u;
+    int c, rc, force = 0;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'd': dtype = hf_parse_dtype("export-hf", optarg); break;
+        case 'm': max_shard = hf_parse_shard_size(optarg); break;
+        case 'f': force = 1; break;
+        case 'o': out = optarg; break;
+        case 'h': export_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("export-hf", c, argv);
+        }
+    }
+    if (optind != argc - 1 || !out) {
+        fsdp_fatal("fsdpc-ckpt export-hf: expected one input and -o DIR (see --help)");
+    }
+    const char *in = argv[optind];
+    struct hf_source src = {0};
+    const struct fsdp_model_spec *s;
+    if (fsdp_ckpt_is_checkpoint(in)) {
+        if ((rc = fsdp_ckpt_open(in, &src.ck)) < 0) {
+            fsdp_die(rc, what, NULL);
+        }
+        s = fsdp_ckpt_spec(src.ck);
+    } else {
+        if ((rc = fsdp_model_file_open(in, &src.mf)) < 0) {
+            fsdp_die(rc, what, NULL);
+        }
+        s = fsdp_model_file_spec(src.mf);
+    }
+    if (!fsdp_hf_prefix(s->arch)) {
+        fsdp_fatal("%s: %s is a %s model; Hugging Face directories are written for gpt2 and "
+                   "llama models", what, in, s->arch->name);
+    }
+    if ((rc = fsdp_hf_dir_occupied(out)) < 0) {
+        fsdp_die(rc, what, NULL);
+    }
+    if (rc > 0 && !force) {
+        fsdp_fatal("%s: %s exists and is not empty (--force replaces it)", what, out);
+    }
+    size_t shards = 0;
+    if ((rc = hf_export_write(&src, s, dtype, out, max_shard, force, &shards)) < 0) {
+        fsdp_die(rc, what, NULL);
+    }
+    char desc[256];
+    fsdp_arch_describe(s->arch, s->cfg, desc, sizeof(desc));
+    printf("%s: %s %s, %zu tensors written to %s as %s in %zu file%s\n", in, s->arch->name, desc,
+           s->n_params, out, fsdp_dtype_name(dtype), shards, shards == 1 ? "" : "s");
+    fsdp_ckpt_close(src.ck);
+    fsdp_model_file_close(src.mf);
+    return 0;
+}
