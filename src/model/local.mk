@@ -14,6 +14,9 @@ noinst_HEADERS += src/model/llama_spec.h src/model/llama.h
 
 check_PROGRAMS += tests/model/test_llama_grad tests/model/test_decode
 TESTS += tests/model/test_llama_grad tests/model/test_decode
+# fsdpc-sample end to end (cache against window, tokenizer text)
+dist_check_SCRIPTS += tests/model/test_sample.sh
+TESTS += tests/model/test_sample.sh
 # against Hugging Face transformers 4.38 (skips without $(top_builddir)/hf-venv)
 dist_check_SCRIPTS += tests/model/test_llama_hf.sh
 dist_check_DATA += tests/model/llama_hf_check.py

@@ -7,9 +7,11 @@
  * --model may also name a checkpoint (a run's --ckpt-dir, a step directory
  * or its index.h5): its weights are read through the step's index.h5.
  *
- * A byte-level model (vocab 256) reads the prompt as bytes and prints bytes;
- * any other vocabulary reads the prompt as token ids ("464 3290 318") and
- * prints ids, one line of them. An empty prompt starts from '\n' (vocab 256)
+ * With --tokenizer tokenizer.json (a Hugging Face byte-level BPE, io/tokenizer.h)
+ * the prompt is text encoded with it and the tokens are printed as text.
+ * Without it, a byte-level model (vocab 256) reads the prompt as bytes and
+ * prints bytes; any other vocabulary reads the prompt as token ids ("464
+ * 3290 318") and prints ids, one line of them. An empty prompt starts from '\n' (vocab 256)
  * or from token V-1 (GPT-2's <|endoftext|>).
  *
  * Each new token runs one position through the model against a key/value
@@ -28,6 +30,7 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "io/model_file.h"
+#include "io/tokenizer.h"
 #include "model/model.h"
 
 #include <cblas.h>
@@ -39,6 +42,7 @@
 
 struct sample_config {
     char model[1024];
+    char tokenizer[1024];
     char prompt[8192];
     long tokens;
     double temperature; /* 0: greedy */
@@ -54,8 +58,10 @@ struct sample_config {
 static const struct fsdp_opt sample_opts[] = {
     {"model", FSDP_OPT_STR, F(model), S(model), 0, 0, NULL, "FILE|DIR", FSDP_OPT_REQUIRED,
      "HDF5 model file, or a checkpoint (a --ckpt-dir, a step directory or its index.h5)"},
+    {"tokenizer", FSDP_OPT_STR, F(tokenizer), S(tokenizer), 0, 0, NULL, "FILE", 0,
+     "a Hugging Face tokenizer.json: the prompt is text for it, the output text"},
     {"prompt", FSDP_OPT_STR, F(prompt), S(prompt), 0, 0, NULL, "TEXT", 0,
-     "text to continue (token ids when the vocabulary is not 256 bytes)"},
+     "text to continue (without --tokenizer: token ids when the vocabulary is not 256 bytes)"},
     {"tokens", FSDP_OPT_INT, F(tokens), 0, 0, 1 << 24, NULL, "N", 0, "tokens to generate"},
     {"temperature", FSDP_OPT_FLOAT, F(temperature), 0, 0, 100, NULL, "X", 0,
      "softmax temperature (0: always the most likely token)"},
@@ -195,14 +201,49 @@ static int parse_prompt(const char *prompt, int V, int32_t *out, size_t cap, siz
     return 0;
 }
 
-static void emit(int token, int V)
+/* Where generated tokens go: bytes, ids, or text through a tokenizer (its
+ * bytes cut at UTF-8 boundaries, invalid sequences as U+FFFD). */
+struct sink {
+    int V;
+    struct fsdp_tokenizer *tok;
+    char pend[8]; /* an incomplete UTF-8 sequence carried to the next token */
+    size_t npend;
+};
+
+static int emit(struct sink *k, int token, int final)
 {
-    if (V == 256) {
-        putchar(token);
-    } else {
-        printf("%d ", token);
+    if (!k->tok) {
+        if (k->V == 256) {
+            putchar(token);
+        } else {
+            printf("%d ", token);
+        }
+        fflush(stdout);
+        return 0;
     }
+    uint32_t id = (uint32_t)token;
+    char *bytes = NULL;
+    size_t n = 0;
+    if (token >= 0) {
+        FSDP_CHECK(fsdp_tokenizer_decode(k->tok, &id, 1, FSDP_TOKENIZER_RAW, &bytes, &n));
+    }
+    char *in = malloc(k->npend + n + 1), *out = malloc(3 * (k->npend + n) + 1);
+    if (!in || !out) {
+        free(in), free(out), free(bytes);
+        return fsdp_err(FSDP_ERR_NOMEM, "sampler: decoding a token");
+    }
+    memcpy(in, k->pend, k->npend);
+    if (n) {
+        memcpy(in + k->npend, bytes, n);
+    }
+    size_t total = k->npend + n, olen = 0;
+    size_t used = fsdp_utf8_lossy(in, total, final, out, &olen);
+    k->npend = total - used < sizeof(k->pend) ? total - used : 0;
+    memcpy(k->pend, in + used, k->npend);
+    fwrite(out, 1, olen, stdout);
     fflush(stdout);
+    free(in), free(out), free(bytes);
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -217,6 +258,7 @@ static int sample_run(const struct sample_config *c)
     double *probs = NULL;
     float *logits = NULL;
     struct fsdp_decoder *dec = NULL;
+    struct sink sk = {0};
     int rc;
 
     char path[sizeof(c->model) + 64];
@@ -247,11 +289,34 @@ static int sample_run(const struct sample_config *c)
         FSDP_CHECK_GOTO(model->ops->set_unit(model, u, units[u], NULL), rc, out);
     }
 
-    size_t n;
-    FSDP_CHECK_GOTO(parse_prompt(c->prompt, V, seq, cap, &n), rc, out);
+    size_t n = 0;
+    sk.V = V;
+    if (c->tokenizer[0]) {
+        FSDP_CHECK_GOTO(fsdp_tokenizer_load(c->tokenizer, &sk.tok), rc, out);
+        size_t tv = fsdp_tokenizer_vocab_size(sk.tok);
+        if (tv > (size_t)V) {
+            rc = fsdp_err(FSDP_ERR_INVALID, "--tokenizer %s has ids up to %zu, but the model's "
+                          "vocabulary is %d: it was trained with another tokenizer", c->tokenizer,
+                          tv - 1, V);
+            goto out;
+        }
+        uint32_t *ids = NULL;
+        size_t nids = 0;
+        FSDP_CHECK_GOTO(fsdp_tokenizer_encode(sk.tok, c->prompt, strlen(c->prompt), &ids, &nids),
+                        rc, out);
+        for (size_t i = 0; i < nids && n < cap; i++) {
+            seq[n++] = (int32_t)ids[i];
+        }
+        free(ids);
+        if (n == 0) {
+            seq[n++] = V - 1;
+        }
+    } else {
+        FSDP_CHECK_GOTO(parse_prompt(c->prompt, V, seq, cap, &n), rc, out);
+    }
     if (c->prompt[0]) {
         for (size_t i = 0; i < n; i++) {
-            emit(seq[i], V);
+            FSDP_CHECK_GOTO(emit(&sk, seq[i], 0), rc, out);
         }
     }
     uint64_t rng = (uint64_t)c->seed;
@@ -277,7 +342,7 @@ static int sample_run(const struct sample_config *c)
         }
         int tok = sample_token(logits, V, c->temperature, c->top_k, c->top_p, cand, probs, &rng);
         seq[n++] = tok;
-        emit(tok, V);
+        FSDP_CHECK_GOTO(emit(&sk, tok, 0), rc, out);
         if (dec && i + 1 < c->tokens) {
             if (dec->pos == dec->max_T) { /* full: restart from the last half-context */
                 dec->pos = 0;
@@ -288,6 +353,7 @@ static int sample_run(const struct sample_config *c)
             FSDP_CHECK_GOTO(dec->ops->step(dec, tok, logits), rc, out);
         }
     }
+    FSDP_CHECK_GOTO(emit(&sk, -1, 1), rc, out); /* what an incomplete sequence left */
     printf("\n");
     double dt = fsdp_now() - t0;
     FSDP_INFO(FSDP_SUB_TRAIN, "%ld tokens in %.2f s (%.1f tok/s, %s)", c->tokens, dt,
@@ -298,6 +364,7 @@ out:
     if (dec) {
         dec->ops->destroy(dec);
     }
+    fsdp_tokenizer_free(sk.tok);
     fsdp_model_destroy(model);
     free(probs);
     free(logits);
