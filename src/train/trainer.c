@@ -211,7 +211,8 @@ static void trainer_data_hint(const char *what)
     if (strstr(msg, "outside the vocabulary")) {
         fsdp_err_hint("the %s file holds token ids the model has no embedding for: tokenize the "
                       "text for this model's vocabulary ('fsdpc-data tokenize' makes byte-level "
-                      "tokens, vocab 256), or make the model with a larger --vocab", what);
+                      "tokens, vocab 256; with --tokenizer tokenizer.json, that tokenizer's ids), "
+                      "or make the model with a larger --vocab", what);
     } else if (strstr(msg, "one global batch")) {
         fsdp_err_hint("the %s file is shorter than one global batch (ranks x batch-size x seq-len "
                       "tokens, plus one): use more text, or lower --batch-size or --seq-len",
