@@ -212,6 +212,9 @@ struct sink {
 
 static int emit(struct sink *k, int token, int final)
 {
+    if (!k->tok && token < 0) {
+        return 0; /* the end: nothing held back without a tokenizer */
+    }
     if (!k->tok) {
         if (k->V == 256) {
             putchar(token);

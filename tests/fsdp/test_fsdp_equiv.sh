@@ -198,7 +198,9 @@ run refbf 1 tied 4 --param-dtype bf16
 tap_ok $? "single rank, param-dtype bf16"
 run bf 2 tied 2 --param-dtype bf16 --backend tcp
 tap_ok $? "dp=2 param-dtype bf16 ran"
-same bf refbf 1e-5 "dp=2 param-dtype bf16 equals one rank with bf16 params"
+# (a master one f32 bit apart can round to the next bf16 value: the gradient
+# norm moves at the 1e-5 level; 8.8e-6 measured)
+same bf refbf 5e-5 "dp=2 param-dtype bf16 equals one rank with bf16 params"
 "$PY" "$CMP" models "$W/refbf.h5" "$W/ref2.h5" --tol 1e-5 > /dev/null 2>&1
 [ $? -ne 0 ]
 tap_ok $? "bf16 params change the result (the policy is applied)"

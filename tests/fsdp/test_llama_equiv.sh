@@ -117,7 +117,11 @@ run refbf 1 tied 4 --param-dtype bf16
 tap_ok $? "one rank, param-dtype bf16"
 run bf 2 tied 2 --param-dtype bf16 --backend tcp
 tap_ok $? "dp=2 param-dtype bf16 ran"
-same bf refbf 1e-5 "dp=2 bf16 params equal one rank with bf16 params"
+# bf16 gathers round the same f32 masters, but a master that differs in its
+# last f32 bit (another summation order on 2 ranks) can round to the next
+# bf16 value, which moves a gradient by about 2^-8 of one element: the
+# gradient norm then differs at the 1e-5 level (1.49e-5 measured at step 7)
+same bf refbf 5e-5 "dp=2 bf16 params equal one rank with bf16 params"
 "$PY" "$CMP" models "$W/refbf.h5" "$W/ref2.h5" --tol 1e-5 > /dev/null 2>&1
 [ $? -ne 0 ]
 tap_ok $? "bf16 params change the result (the policy is applied)"
