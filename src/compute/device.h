@@ -73,6 +73,8 @@ struct fsdp_kernels {
     void (*crossentropy_slice_backward)(float *dlogits, const float *logits, const float *stats,
                                         const int32_t *targets, size_t N, size_t n, size_t col0,
                                         int32_t ignore_index, float dscale);
+    void (*bias_residual_forward)(float *out, const float *inp, const float *bias,
+                                  const float *residual, size_t N, size_t C);
 };
 
 struct fsdp_device;

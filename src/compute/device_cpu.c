@@ -39,6 +39,7 @@ static const struct fsdp_kernels cpu_kernels = {
     .embed_rows_backward = fsdp_cpu_embed_rows_backward,
     .crossentropy_slice_forward = fsdp_cpu_crossentropy_slice_forward,
     .crossentropy_slice_backward = fsdp_cpu_crossentropy_slice_backward,
+    .bias_residual_forward = fsdp_cpu_bias_residual_forward,
 };
 
 const struct fsdp_kernels *fsdp_cpu_kernels(void)

@@ -342,4 +342,17 @@ void fsdp_cpu_gqa_attention_backward(float *dqkv, float *scratch, const float *d
 void fsdp_cpu_attention_decode(float *out, float *scores, const float *q, const float *kcache,
                                const float *vcache, int n, int NH, int NKV, int hs, int ld);
 
+// ----------------------------------------------------------------------------
+// tensor parallelism (layers.c)
+
+/* out = inp + residual + bias (broadcast over rows): the tail of a
+ * row-parallel linear layer, whose bias and residual are added once the
+ * partial products are summed over the ranks. out may equal inp or
+ * residual; bias and residual may be NULL. */
+void fsdp_cpu_bias_residual_forward(float *out,            /* (N, C) */
+                                    const float *inp,      /* (N, C) */
+                                    const float *bias,     /* (C) or NULL */
+                                    const float *residual, /* (N, C) or NULL */
+                                    size_t N, size_t C);
+
 #endif

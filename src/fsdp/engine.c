@@ -28,6 +28,12 @@
  * nor reduce-scattered, and its gradient exists only as this rank's rows.
  * Those exchanges are collectives of every rank, so a rank without a batch
  * runs the model's units too (the model does only the exchanges).
+ *
+ * With tensor parallelism (a tp group) everything above runs on the rank's
+ * tp-local table; the model calls its tp collectives inside forward_unit and
+ * backward_unit, blocking, on the tp group, while the dp collectives of the
+ * next units are in flight. The squared gradient norm adds the replicated
+ * parameters on tp rank 0 only and is summed over the tp group too.
  */
 #include "config.h"
 #include "fsdp/fsdp_impl.h"
@@ -194,16 +200,39 @@ static int shard_world_sum(struct fsdp_shard_engine *se, double *x)
     return 0;
 }
 
-/* Sum of squares of the gradient shards over the shard group (replicas
- * hold the same shards); local: this rank's shard alone. */
+/* This rank's part of the squared norm: with tensor parallelism its tp
+ * shards of the cut parameters, and the replicated ones on tp rank 0 only
+ * (every tp rank holds the same copy). */
+static double shard_local_sumsq(const struct fsdp_shard_engine *se)
+{
+    double sum = 0.0;
+    for (int u = 0; u < se->n_units; u++) {
+        const struct fsdp_unit *un = &se->units[u];
+        if (!se->plan) {
+            sum += se->dev->k->sumsq(un->grad, un->cnt);
+            continue;
+        }
+        for (size_t i = un->first; i < un->first + un->nparam; i++) {
+            const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
+            if (g->len > 0 && (se->plan->rank == 0 || !fsdp_tp_plan_replicated(se->plan, i))) {
+                sum += se->dev->k->sumsq(un->grad + g->block_off, g->len);
+            }
+        }
+    }
+    return sum;
+}
+
+/* Sum of squares of the whole model's gradient: the shards summed over the
+ * shard group (replicas hold the same shards), then over the tp group;
+ * local: this rank's part alone. */
 static int shard_sumsq(struct fsdp_shard_engine *se, double *local, double *out)
 {
-    *local = 0.0;
-    for (int u = 0; u < se->n_units; u++) {
-        *local += se->dev->k->sumsq(se->units[u].grad, se->units[u].cnt);
-    }
+    *local = shard_local_sumsq(se);
     *out = *local;
-    return se->shard_g ? shard_group_sum(se, se->shard_g, out) : 0;
+    if (se->shard_g) {
+        FSDP_CHECK(shard_group_sum(se, se->shard_g, out));
+    }
+    return se->plan ? shard_group_sum(se, se->tp.g, out) : 0;
 }
 
 static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_step_result *out)
@@ -379,15 +408,25 @@ static void shard_describe(const struct fsdp_engine *e, char *buf, size_t len)
     } else if (ec->loss_scale > 0.0) {
         snprintf(scale, sizeof(scale), "%g", ec->loss_scale);
     }
+    char tp[96] = "";
+    if (se->plan) {
+        snprintf(tp, sizeof(tp), " | tensor parallel over %d ranks%s", se->tp.size,
+                 se->tp.sp ? ", sequence parallel" : "");
+    }
     snprintf(buf, len,
              "fsdp: mesh %s (%s) | %d-way dim-0 shards x %d replicas | sharding %s, reshard after "
-             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s%s",
+             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s%s%s",
              se->mesh, se->backends, se->Rs, se->world / se->Rs, modes[ec->sharding],
              se->keep_gathered ? "off" : "on", ec->prefetch, fsdp_dtype_name(ec->param_dtype),
              fsdp_dtype_name(ec->reduce_dtype), scale,
              ec->no_sync_accum ? " | no-sync accumulation" : "",
              ec->activation_checkpointing ? " | activation checkpointing" : "",
-             se->rows_root ? " | unit 0 by rows" : "");
+             se->rows_root ? " | unit 0 by rows" : "", tp);
+}
+
+static int shard_save_rows(struct fsdp_engine *e, int kind, size_t param, float *out)
+{
+    return fsdp_shard_save_rows(shard_impl(e), kind, param, out);
 }
 
 static void shard_destroy(struct fsdp_engine *e)
@@ -414,6 +453,7 @@ static const struct fsdp_engine_ops shard_ops = {
     .set_counters = shard_set_counters,
     .describe = shard_describe,
     .destroy = shard_destroy,
+    .save_rows = shard_save_rows,
 };
 
 // ----------------------------------------------------------------------------
@@ -457,11 +497,14 @@ static void shard_log_memory(const struct fsdp_shard_engine *se)
 {
     struct fsdp_engine_stats st;
     fsdp_shard_engine_stats(&se->base, &st);
+    size_t saved = se->model ? se->model->ops->activation_bytes(se->model) : 0;
     FSDP_INFO(FSDP_SUB_FSDP,
               "fsdp: %d-way shards x %d replicas | model states %zu bytes (shards %zu + gathered "
-              "params %zu) | unsharded grads %zu | comm %zu | activations %zu | total %zu bytes",
+              "params %zu) | unsharded grads %zu | comm %zu | activations %zu (saved %zu, "
+              "workspace %zu) | total %zu bytes",
               se->Rs, se->world / se->Rs, st.model_bytes, st.state_bytes, st.gathered_bytes,
-              st.grad_bytes, st.comm_bytes, st.act_bytes, st.peak_bytes);
+              st.grad_bytes, st.comm_bytes, st.act_bytes, saved, st.act_bytes - saved,
+              st.peak_bytes);
 }
 
 /*
@@ -474,7 +517,7 @@ static int shard_model(struct fsdp_shard_engine *se)
     const struct fsdp_shard_config *ec = &se->ec;
     const struct fsdp_model_ops *ops = fsdp_model_ops_of(se->spec);
     struct fsdp_model_opts mo = {.max_B = ec->B, .max_T = ec->T, .head_chunk = ec->lm_head_chunk,
-                                 .dev = se->dev};
+                                 .dev = se->dev, .tp = se->plan ? &se->tp : NULL};
     FSDP_CHECK(fsdp_model_create(se->spec, &mo, &se->model));
     if (ec->activation_checkpointing) {
         FSDP_CHECK(se->model->ops->set_checkpoint(se->model, -1, 1));
@@ -493,8 +536,8 @@ static int shard_model(struct fsdp_shard_engine *se)
 /* Each group's backend must take the device's memory in its collectives. */
 static int shard_check_backends(const struct fsdp_shard_engine *se)
 {
-    struct fsdp_group *gs[1 + FSDP_MAX_REP_GROUPS] = {se->shard_g};
-    int n = 1;
+    struct fsdp_group *gs[2 + FSDP_MAX_REP_GROUPS] = {se->shard_g, se->tp.g};
+    int n = 2;
     for (int i = 0; i < se->n_rep; i++) {
         gs[n++] = se->rep_g[i];
     }
@@ -551,11 +594,23 @@ int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fs
     e->impl = se;
     e->spec = spec;
     se->spec = spec;
+    se->full = spec;
     se->ec = *sc;
     se->dev = dev;
     se->attr.mem = dev->mem;
     fsdp_loss_scaler_init(&se->scaler, sc->loss_scale_dynamic, sc->loss_scale);
-    fsdp_adamw_init(&se->opt, oc, spec, dev->k);
+    if (g->tp && g->tp->size > 1) { /* the engine shards and computes the tp-local table */
+        FSDP_CHECK_GOTO(fsdp_tp_plan_create(spec, g->tp->size, g->tp->rank, &se->plan), rc, err);
+        se->spec = se->plan->local;
+    }
+    fsdp_tp_init(&se->tp, se->plan ? g->tp : NULL, sc->sequence_parallel, dev->mem, dev->k);
+    if (se->tp.sp && sc->T % se->tp.size != 0) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "seq-len %d is not divisible by tp %d: with sequence "
+                      "parallelism each tp rank holds 1/%d of every sequence (--sequence-parallel "
+                      "off keeps them whole)", sc->T, se->tp.size, se->tp.size);
+        goto err;
+    }
+    fsdp_adamw_init(&se->opt, oc, se->spec, dev->k);
     fsdp_shard_groups_set(se, g);
     FSDP_CHECK_GOTO(shard_check_backends(se), rc, err);
     FSDP_CHECK_GOTO(fsdp_shard_layout_create(se), rc, err);
@@ -568,6 +623,11 @@ int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fs
     e->state_names = se->opt.state_names;
     e->shard = se->rs;
     e->n_shards = se->Rs;
+    if (se->plan) { /* checkpoint shard rs T + t of Rs T, re-laid out as rows (save_rows) */
+        e->shard = se->rs * se->tp.size + se->tp.rank;
+        e->n_shards = se->Rs * se->tp.size;
+        e->blocks = 1;
+    }
     e->writes_state = 1;
     for (int i = 0; i < se->n_rep; i++) {
         e->writes_state &= se->rep_g[i]->rank == 0; /* the first replica writes */
@@ -606,4 +666,11 @@ void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_sta
     st->peak_bytes = st->model_bytes + st->grad_bytes + st->comm_bytes + st->act_bytes;
     st->skipped_steps = se->scaler.skipped;
     st->loss_scale = se->scaler.scale;
+    st->fsdp_comm = se->unit_comm;
+    st->tp_comm = se->tp.counts;
+    const struct fsdp_model_ops *mops = se->model ? se->model->ops : NULL;
+    if (mops && mops->size >= offsetof(struct fsdp_model_ops, comm_counts) +
+                                 sizeof(mops->comm_counts) && mops->comm_counts) {
+        mops->comm_counts(se->model, &st->model_comm);
+    }
 }

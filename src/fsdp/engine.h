@@ -37,17 +37,30 @@ struct fsdp_step_result {
 };
 
 /*
- * A row range of one tensor of the state this rank holds: kind 0 is the
+ * A block of one tensor of the state this rank holds: kind 0 is the
  * parameter itself (f32 master), kind 1 .. n_state the optimizer's state
- * (AdamW: exp_avg, exp_avg_sq). Rows [row0, row0 + rows) of parameter
- * `param` (spec index), rows * shape[1] floats at data, row-major.
+ * (AdamW: exp_avg, exp_avg_sq). Rows [row0, row0 + rows) and columns
+ * [col0, col0 + cols) of parameter `param` (an index of the engine's spec,
+ * the whole table), rows * cols floats at data, row-major. Without tensor
+ * parallelism a piece is whole rows (col0 0, cols shape[1]); with it a
+ * column-parallel weight's pieces are 2-D blocks. cols 0 means shape[1]
+ * (engines that never cut columns may leave col0 and cols zero).
  */
 struct fsdp_state_piece {
     int kind;
     size_t param;
     size_t row0, rows;
     float *data;
+    size_t col0, cols;
+    int copy; /* 1: another rank holds and writes the same block (a parameter that
+                 tensor parallelism replicates, on tp ranks other than 0) */
 };
+
+/* The columns a piece covers (cols 0: every column of shape[1]). */
+static inline size_t fsdp_state_piece_cols(const struct fsdp_state_piece *pc, size_t shape1)
+{
+    return pc->cols ? pc->cols : shape1;
+}
 
 /* Optimizer and loss-scaler counters, saved with checkpoints. */
 struct fsdp_engine_counters {
@@ -91,6 +104,17 @@ struct fsdp_engine_ops {
     /* One line for the run header. */
     void (*describe)(const struct fsdp_engine *e, char *buf, size_t len);
     void (*destroy)(struct fsdp_engine *e);
+    /*
+     * Optional (NULL: the pieces are whole rows, shard `shard`'s of a
+     * checkpoint of n_shards). Collective. Tensor `kind` of parameter
+     * `param`, rows fsdp_split_even(shape[0], n_shards, shard), every
+     * column, into out: the state of an engine whose pieces are not whole
+     * rows (tensor parallelism's blocks) re-laid out as the rows a
+     * checkpoint shard holds. Every rank calls it for every tensor in the
+     * same order; out (room for the rows) may be NULL on a rank that does
+     * not write (only takes part).
+     */
+    int (*save_rows)(struct fsdp_engine *e, int kind, size_t param, float *out);
 };
 
 struct fsdp_engine {
@@ -102,6 +126,9 @@ struct fsdp_engine {
     int shard, n_shards;                /* this rank's row shard, of how many (checkpoints) */
     int writes_state;                   /* this rank writes its shard (first replica) */
     void *impl;
+    int blocks;                         /* 1: pieces are blocks that are not whole rows
+                                           (tensor parallelism): checkpoint shards are
+                                           written through save_rows */
 };
 
 #endif

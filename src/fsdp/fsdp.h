@@ -12,9 +12,13 @@
  * unit's parameters are all-gathered before its forward and again before
  * its backward (with prefetch), its gradient is reduce-scattered right
  * after its backward, and with a replicate dimension ("rdp") the gradient
- * shard is then all-reduced over the replicas (HSDP). doc/sharding.md
- * describes the schedule, the precision policy, loss scaling and the memory
- * accounting.
+ * shard is then all-reduced over the replicas (HSDP). With a tensor-parallel
+ * group ("tp") the engine does all of this to the rank's tp-local table
+ * (fsdp/tp.h: the model cut Megatron-style, each slice then sharded over dp,
+ * 2-D sharding), creates the model with the tp operators' context, sums the
+ * gradient norm over tp as well, and reports its state as blocks of the
+ * whole tensors. doc/sharding.md describes the schedule, the precision
+ * policy, loss scaling, tensor parallelism and the memory accounting.
  *
  * The engine is handed its groups, its model and its optimizer settings by
  * the training layer, which builds the mesh; it opens no file and reads no
@@ -28,6 +32,7 @@
 
 #include "core/dtype.h"
 #include "fsdp/engine.h"
+#include "model/tp_ops.h"
 #include "optim/optim.h"
 
 struct fsdp_group;
@@ -51,18 +56,22 @@ struct fsdp_shard_config {
     bool no_sync_accum;           /* keep full gradients until the last micro-batch */
     bool activation_checkpointing; /* recompute every block in its backward */
     int lm_head_chunk;            /* rows per output-head chunk (0: the model's default) */
+    bool sequence_parallel;       /* with a tp group: norms and residuals hold 1/tp of the rows */
 };
 
 /* The defaults: full sharding, reshard after forward, prefetch 1, f32. */
 void fsdp_shard_config_init(struct fsdp_shard_config *sc);
 
-/* The data-parallel groups the engine works over (from the mesh). */
+/* The groups the engine works over (from the mesh). */
 struct fsdp_shard_groups {
     struct fsdp_group *dp;  /* shard dimension; NULL: one rank */
     struct fsdp_group *rdp; /* replicate dimension; NULL: none */
     int world_rank;         /* for logs: rank 0 reports */
     const char *mesh;       /* "rdp=2,dp=2" or "single rank", for describe */
     const char *backends;   /* "dp=tcp", for describe */
+    struct fsdp_group *tp;  /* tensor-parallel dimension; NULL: none (doc/sharding.md,
+                               "Tensor parallelism": the model is cut over it, each
+                               tp-local parameter sharded over dp) */
 };
 
 /*
@@ -93,6 +102,11 @@ struct fsdp_engine_stats {
     size_t peak_bytes;     /* all of the above: allocated once, held throughout */
     long skipped_steps;    /* steps skipped by loss scaling */
     double loss_scale;     /* current loss scale (1 when off) */
+    /* What each rank's collectives moved since creation (model/tp_ops.h:
+     * calls, payload, ring wire bytes per kind): the units' all-gathers and
+     * reduce-scatters over dp and all-reduces over the replicas; the tp
+     * operators; the model's own exchanges (unit 0 by rows). */
+    struct fsdp_tp_counts fsdp_comm, tp_comm, model_comm;
 };
 void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_stats *st);
 

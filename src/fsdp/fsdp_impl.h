@@ -1,11 +1,14 @@
 /*
  * fsdp_impl.h - the sharding engine's private state, shared by its files:
  *   shard.c   groups, the dim-0 row layout and its packing, every buffer,
- *             the state pieces and whole units gathered for saving
+ *             the state pieces (blocks of the whole tensors with tensor
+ *             parallelism, re-laid out as rows for checkpoints) and whole
+ *             units gathered for saving
  *   unit.c    the per-unit gather / reduce state machine: buffer slots,
  *             precision casts, replica all-reduces, polls and wait timers
  *   engine.c  the engine table: the overlap schedule, step, eval, clipping,
  *             the optimizer update and loss scaling
+ *   tp.c      the tensor-parallel plan (tp.h)
  */
 #ifndef FSDP_FSDP_IMPL_H
 #define FSDP_FSDP_IMPL_H
@@ -13,10 +16,12 @@
 #include <stdint.h>
 
 #include "fsdp/fsdp.h"
+#include "fsdp/tp.h"
 #include "comm/group.h"
 #include "core/util.h"
 #include "compute/device.h"
 #include "model/model.h"
+#include "model/tp_ops.h"
 #include "optim/optim.h"
 
 #define FSDP_MAX_REP_GROUPS 2
@@ -90,11 +95,24 @@ struct fsdp_shard_seg {
     size_t block_off;   /* where they start within rank r's block of the unit */
 };
 
+/* A piece of parameter `param`'s shard in whole-tensor coordinates (tensor
+ * parallelism: a shard's rows of a tp-local tensor may be several blocks). */
+struct fsdp_shard_tp_piece {
+    size_t param;
+    struct fsdp_tp_block b;
+};
+
 struct fsdp_shard_engine {
     struct fsdp_engine base;           /* the table the training layer sees */
     struct fsdp_device *dev;           /* where every buffer lives and the kernels run */
     struct fsdp_coll_attr attr;        /* the unit collectives' memory kind */
-    const struct fsdp_model_spec *spec;
+    const struct fsdp_model_spec *spec; /* what is sharded and computed: the tp-local
+                                           table with tensor parallelism, else base.spec */
+    const struct fsdp_model_spec *full; /* the whole table (base.spec) */
+    struct fsdp_tp_plan *plan;          /* NULL without tensor parallelism */
+    struct fsdp_tp tp;                  /* the model's tp operators (one rank without tp) */
+    struct fsdp_shard_tp_piece *tp_pieces; /* (n_tp_pieces,) this rank's kind-0 pieces */
+    size_t n_tp_pieces;
     struct fsdp_model *model;
     struct fsdp_optimizer opt;         /* AdamW over this rank's shard ranges */
     struct fsdp_loss_scaler scaler;
@@ -127,14 +145,21 @@ struct fsdp_shard_engine {
     float *scratch;                    /* (scratch_floats,) a unit less its largest parameter,
                                           for packing in place (NULL when Rs == 1) */
     float *save_buf;                   /* rows_root: unit 0 gathered whole by gather_unit,
-                                          until the next op */
+                                          until the next op; with tensor parallelism every
+                                          tp rank's local unit and the assembled whole one */
     size_t scratch_floats;
-    double *sum_buf;                   /* (world,) one double per rank of a group */
+    float *relayout;                   /* save_rows: one whole tensor cut in n_shards row
+                                          slots (the largest), allocated at the first save */
+    size_t relayout_floats;
+    double *sum_buf;                   /* (max(world, tp),) one double per rank of a group */
     int rq_head, rq_len;
 
     int shadow;                        /* this step: no batch here (join), collectives only */
 
     double comm_total, comm_exposed;   /* seconds, since creation */
+    struct fsdp_tp_counts unit_comm;   /* the units' all-gathers and reduce-scatters over the
+                                          shard group and all-reduces over the replicas,
+                                          since creation (ring wire bytes, model/tp_ops.h) */
     size_t state_bytes, gathered_bytes, grad_bytes, comm_bytes;
 };
 
@@ -176,6 +201,10 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se);
 size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se);
 void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out);
 int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full);
+/* engine.h's save_rows: tensor (kind, i) of the whole table re-laid out
+ * from every rank's blocks into the rows checkpoint shard base.shard of
+ * base.n_shards holds (collective over the shard and tp groups). */
+int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float *out);
 /* Frees what gather_unit allocated for a unit by rows. */
 void fsdp_shard_drop_saved(struct fsdp_shard_engine *se);
 /* Unit u is given to the model as this rank's rows (rows_root, unit 0). */

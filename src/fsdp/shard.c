@@ -4,9 +4,11 @@
  * to this rank, packed parameter after parameter); the f32 master /
  * gradient / optimizer-state shards; the gathered-parameter and
  * full-gradient slots; packing a unit into shards and back; the state as
- * pieces (row ranges) for the training layer to fill and save; and whole
- * units gathered for the final model file. Every buffer is allocated here,
- * once.
+ * pieces (row ranges; with tensor parallelism blocks of the whole tensors,
+ * and each tensor re-laid out as a checkpoint shard's rows) for the
+ * training layer to fill and save; and whole units gathered for the final
+ * model file. Every buffer is allocated here, once (the re-layout's at the
+ * first checkpoint).
  */
 #include "config.h"
 #include "fsdp/fsdp_impl.h"
@@ -78,6 +80,38 @@ static int shard_segs_create(struct fsdp_shard_engine *se)
     return 0;
 }
 
+/* With tensor parallelism, this rank's shard of every tp-local parameter
+ * as blocks of the whole tensors (a shard of GPT-2's [q | k | v] rows
+ * touches up to three; padding rows none). */
+static int shard_tp_pieces(struct fsdp_shard_engine *se)
+{
+    const struct fsdp_model_spec *spec = se->spec;
+    struct fsdp_tp_block b[FSDP_TP_MAX_CHUNKS];
+    if (!se->plan) {
+        return 0;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        size_t n = 0;
+        for (size_t i = 0; i < spec->n_params; i++) {
+            const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
+            size_t k = fsdp_tp_plan_blocks(se->plan, i, se->plan->rank, g->row0, g->rows, b);
+            for (size_t j = 0; j < k; j++, n++) {
+                if (pass == 1) {
+                    se->tp_pieces[n] = (struct fsdp_shard_tp_piece){.param = i, .b = b[j]};
+                }
+            }
+        }
+        if (pass == 0) {
+            se->n_tp_pieces = n;
+            se->tp_pieces = calloc(n ? n : 1, sizeof(*se->tp_pieces));
+            if (!se->tp_pieces) {
+                return fsdp_err(FSDP_ERR_NOMEM, "fsdp: tensor-parallel piece table");
+            }
+        }
+    }
+    return 0;
+}
+
 /* Elements of rank r's shard of unit un. */
 static size_t shard_len(const struct fsdp_shard_engine *se, const struct fsdp_unit *un, int r)
 {
@@ -123,6 +157,7 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
     if (se->Rs == 1) {
         se->scratch_floats = 0; /* nothing is ever packed */
     }
+    FSDP_CHECK(shard_tp_pieces(se));
     /* one allocation for the four shards of every unit */
     size_t bytes = 4 * total * sizeof(float);
     float *p = se->dev->ops->alloc(se->dev, bytes);
@@ -181,7 +216,9 @@ int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
     se->pslots = calloc((size_t)se->n_pslots, sizeof(*se->pslots));
     se->gslots = calloc((size_t)se->n_gslots, sizeof(*se->gslots));
     se->rqueue = calloc((size_t)se->n_gslots, sizeof(*se->rqueue));
-    se->sum_buf = calloc((size_t)se->world, sizeof(*se->sum_buf));
+    /* one double per rank of the largest group summed over: dp x rdp, or tp */
+    se->sum_buf = calloc((size_t)(se->world > se->tp.size ? se->world : se->tp.size),
+                         sizeof(*se->sum_buf));
     if (!se->pslots || !se->gslots || !se->rqueue || !se->sum_buf) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: slot tables");
     }
@@ -355,6 +392,11 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
     }
     free(se->units);
     free(se->segs);
+    free(se->tp_pieces);
+    fsdp_tp_plan_destroy(se->plan);
+    if (se->relayout) {
+        se->dev->ops->free(se->dev, se->relayout);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -364,12 +406,36 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
 
 size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se)
 {
-    return (size_t)(1 + se->opt.n_state) * se->spec->n_params;
+    size_t per = se->plan ? se->n_tp_pieces : se->spec->n_params;
+    return (size_t)(1 + se->opt.n_state) * per;
+}
+
+/* Tensor parallelism: piece k is block k % n of the table, a block of the
+ * whole tensor; its rows sit in the shard at the block's local rows. */
+static void shard_tp_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out)
+{
+    const struct fsdp_shard_tp_piece *tp = &se->tp_pieces[k % se->n_tp_pieces];
+    const struct fsdp_param_spec *lp = &se->spec->params[tp->param];
+    const struct fsdp_unit *un = &se->units[lp->unit];
+    const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, tp->param);
+    float *const base[3] = {un->master, un->m, un->v};
+    out->kind = (int)(k / se->n_tp_pieces);
+    out->param = tp->param;
+    out->row0 = tp->b.row0;
+    out->rows = tp->b.rows;
+    out->col0 = tp->b.col0;
+    out->cols = tp->b.cols;
+    out->data = base[out->kind] + g->block_off + (tp->b.local_row - g->row0) * lp->shape[1];
+    out->copy = fsdp_tp_plan_replicated(se->plan, tp->param) && se->plan->rank != 0;
 }
 
 void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out)
 {
     const struct fsdp_model_spec *s = se->spec;
+    if (se->plan) {
+        shard_tp_piece(se, k, out);
+        return;
+    }
     size_t i = k % s->n_params;
     const struct fsdp_unit *un = &se->units[s->params[i].unit];
     const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
@@ -379,6 +445,111 @@ void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_
     out->row0 = g->row0;
     out->rows = g->rows;
     out->data = base[out->kind] + g->block_off;
+    out->col0 = 0;
+    out->cols = s->params[i].shape[1];
+    out->copy = 0;
+}
+
+// ----------------------------------------------------------------------------
+// tensor parallelism: the state as the whole rows of a checkpoint shard
+//
+// Checkpoint shard s = rs T + t (shard rank rs, tp rank t) of R = Rs T holds
+// rows fsdp_split_even(n, R, s) of every tensor, every column, so that a
+// checkpoint of a tensor-parallel run is laid out exactly as one of a
+// data-parallel run of R ranks and every reader and tool takes it as it is.
+// Each rank writes its blocks (not the copies of replicated parameters)
+// into a zeroed buffer of R slots of ceil(n / R) rows, slot q holding shard
+// q's rows, and two reduce-scatters sum the buffers: over the shard group
+// each rank keeps its T slots, over the tp group its one slot. The blocks
+// are disjoint, so every sum adds one value to zeros (exact), and each rank
+// moves about one tensor's bytes in all.
+
+/* The slot and the row within it of whole row r of n over R shards. */
+static void shard_row_slot(size_t n, size_t R, size_t r, size_t *slot, size_t *at)
+{
+    size_t base = n / R, extra = n % R, big = extra * (base + 1);
+    if (r < big) {
+        *slot = r / (base + 1);
+        *at = r % (base + 1);
+    } else {
+        *slot = extra + (r - big) / base;
+        *at = (r - big) % base;
+    }
+}
+
+/* This rank's blocks of tensor (kind, i) into buf (R slots of `per` rows). */
+static void shard_place_blocks(struct fsdp_shard_engine *se, int kind, size_t i, float *buf,
+                               size_t per)
+{
+    const struct fsdp_param_spec *p = &se->full->params[i];
+    const size_t n = p->shape[0], m = p->shape[1], R = (size_t)se->base.n_shards;
+    const size_t stride = se->n_tp_pieces;
+    for (size_t k = 0; k < stride; k++) {
+        struct fsdp_state_piece pc;
+        if (se->tp_pieces[k].param != i) {
+            continue;
+        }
+        fsdp_shard_piece(se, (size_t)kind * stride + k, &pc);
+        if (pc.copy) {
+            continue;
+        }
+        for (size_t j = 0; j < pc.rows; j++) {
+            size_t q, at;
+            shard_row_slot(n, R, pc.row0 + j, &q, &at);
+            memcpy(buf + (q * per + at) * m + pc.col0, pc.data + j * pc.cols,
+                   pc.cols * sizeof(float));
+        }
+    }
+}
+
+static int shard_rs_wait(struct fsdp_shard_engine *se, struct fsdp_group *g, float *send,
+                         float *recv, size_t count)
+{
+    struct fsdp_work *w;
+    FSDP_CHECK(fsdp_reduce_scatter(g, send, recv, count, FSDP_F32, FSDP_SUM, &se->attr, &w));
+    int rc = fsdp_work_wait(w, -1.0);
+    fsdp_work_free(w);
+    return rc;
+}
+
+int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float *out)
+{
+    const struct fsdp_param_spec *p = &se->full->params[i];
+    const size_t n = p->shape[0], m = p->shape[1], R = (size_t)se->base.n_shards;
+    const size_t T = (size_t)se->tp.size, per = (n + R - 1) / R, slot = per * m;
+    if (!se->plan || kind < 0 || kind > se->opt.n_state || i >= se->full->n_params) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: save_rows of tensor %d/%zu", kind, i);
+    }
+    if (R * slot > se->relayout_floats) { /* the largest tensor's, at the first save */
+        size_t need = 0;
+        for (size_t j = 0; j < se->full->n_params; j++) {
+            const struct fsdp_param_spec *q = &se->full->params[j];
+            size_t f = R * ((q->shape[0] + R - 1) / R) * q->shape[1];
+            need = f > need ? f : need;
+        }
+        if (se->relayout) {
+            se->dev->ops->free(se->dev, se->relayout);
+        }
+        se->relayout_floats = 0;
+        if (!(se->relayout = se->dev->ops->alloc(se->dev, need * sizeof(float)))) {
+            return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to save a tensor as rows",
+                            need * sizeof(float));
+        }
+        se->relayout_floats = need;
+    }
+    float *buf = se->relayout, *group = buf + (size_t)se->rs * T * slot;
+    memset(buf, 0, R * slot * sizeof(float));
+    shard_place_blocks(se, kind, i, buf, per);
+    if (se->shard_g) {
+        FSDP_CHECK(shard_rs_wait(se, se->shard_g, buf, group, T * slot));
+    }
+    FSDP_CHECK(shard_rs_wait(se, se->tp.g, group, group + (size_t)se->tp.rank * slot, slot));
+    size_t row0, rows;
+    fsdp_split_even(n, R, (size_t)se->base.shard, &row0, &rows);
+    if (out) {
+        memcpy(out, group + (size_t)se->tp.rank * slot, rows * m * sizeof(float));
+    }
+    return 0;
 }
 
 void fsdp_shard_drop_saved(struct fsdp_shard_engine *se)
@@ -393,6 +564,35 @@ void fsdp_shard_drop_saved(struct fsdp_shard_engine *se)
  * 0 by rows has no slot of that size: it is gathered into a buffer of its
  * own, allocated here and freed at the next op (only the final model file
  * asks for whole units). */
+/* Tensor parallelism: every tp rank's local unit u (local, the
+ * dp-gathered one) gathered over tp and assembled into the whole unit. */
+static int shard_gather_tp(struct fsdp_shard_engine *se, int u, const float *local,
+                           const float **full)
+{
+    size_t ln = se->spec->unit_numel[u], fn = se->full->unit_numel[u];
+    size_t T = (size_t)se->tp.size, floats = T * ln + fn;
+    float *buf = se->dev->ops->alloc(se->dev, floats * sizeof(float));
+    if (!buf) {
+        return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to gather unit %d whole over tp",
+                        floats * sizeof(float), u);
+    }
+    struct fsdp_work *w;
+    int rc = fsdp_allgather(se->tp.g, local, buf, ln, FSDP_F32, &se->attr, &w);
+    if (rc == 0) {
+        rc = fsdp_work_wait(w, -1.0);
+        fsdp_work_free(w);
+    }
+    if (rc < 0) {
+        se->dev->ops->free(se->dev, buf);
+        return rc;
+    }
+    fsdp_shard_drop_saved(se);
+    se->save_buf = buf;
+    fsdp_tp_plan_assemble(se->plan, u, buf, buf + T * ln);
+    *full = buf + T * ln;
+    return 0;
+}
+
 int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full)
 {
     const struct fsdp_unit *un = &se->units[u];
@@ -400,7 +600,7 @@ int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **fu
     fsdp_shard_drop_saved(se);
     if (!se->shard_g) {
         *full = un->master;
-        return 0;
+        return se->plan ? shard_gather_tp(se, u, un->master, full) : 0;
     }
     float *buf = se->pslots[fsdp_unit_pslot(se, u)].buf;
     if (fsdp_shard_by_rows(se, u)) {
@@ -419,5 +619,5 @@ int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **fu
     FSDP_CHECK(rc);
     fsdp_shard_unpack_inplace(se, u, buf, FSDP_F32);
     *full = buf;
-    return 0;
+    return se->plan ? shard_gather_tp(se, u, buf, full) : 0;
 }

@@ -209,6 +209,10 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
             rc = fsdp_allgather(se->shard_g, mine, recv, un->S, pt, &se->attr, &s->work);
         }
     }
+    if (se->shard_g && rc == 0) {
+        fsdp_tp_count(&se->unit_comm, FSDP_TP_ALLGATHER, se->Rs,
+                      (double)se->Rs * (double)un->S * (double)fsdp_dtype_size(pt));
+    }
     if (rc < 0) {
         s->unit = -1;
     }
@@ -296,6 +300,10 @@ int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate)
         fsdp_shard_pack_inplace(se, u, s->buf, rt);
         rc = fsdp_reduce_scatter(se->shard_g, s->buf, unit_block(s->buf, se->rs, un->S, rt), un->S,
                                  rt, FSDP_SUM, &se->attr, &s->work);
+        if (rc == 0) {
+            fsdp_tp_count(&se->unit_comm, FSDP_TP_REDUCE_SCATTER, se->Rs,
+                          (double)se->Rs * (double)un->S * (double)fsdp_dtype_size(rt));
+        }
     }
     if (rc < 0) {
         s->unit = -1;
@@ -333,10 +341,12 @@ static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *mov
     void *shard = unit_reduced(se, s, s->unit);
     if (s->phase < se->n_rep && un->cnt > 0) {
         void *buf = shard;
+        struct fsdp_group *rep = se->rep_g[s->phase++];
         s->issued = fsdp_now();
         s->done = 0.0;
-        return fsdp_allreduce(se->rep_g[s->phase++], buf, buf, un->cnt, rt, FSDP_SUM, &se->attr,
-                              &s->work);
+        fsdp_tp_count(&se->unit_comm, FSDP_TP_ALLREDUCE, rep->size,
+                      (double)un->cnt * (double)fsdp_dtype_size(rt));
+        return fsdp_allreduce(rep, buf, buf, un->cnt, rt, FSDP_SUM, &se->attr, &s->work);
     }
     unit_accumulate(se, un->grad, shard, un->cnt, rt, s->accumulate);
     s->unit = -1;

@@ -8,6 +8,7 @@
  */
 #include "config.h"
 #include "model/gpt2.h"
+#include "model/tp_ops.h"
 #include "comm/group.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -43,19 +44,34 @@ static int gpt2_locate(const struct fsdp_model_spec *s, const char *name, int u,
     return 0;
 }
 
+/* A block tensor's local rows and columns (units of elements) with
+ * tensor parallelism: column-parallel weights keep 1/tpn of their rows,
+ * row-parallel ones 1/tpn of their columns. */
+static size_t gpt2_tp_rows(const struct fsdp_gpt2 *m, size_t rows, enum fsdp_tp_place p)
+{
+    return p == FSDP_TP_COLWISE ? rows / (size_t)m->tpn : rows;
+}
+
+static size_t gpt2_tp_cols(const struct fsdp_gpt2 *m, size_t cols, enum fsdp_tp_place p)
+{
+    return p == FSDP_TP_ROWWISE ? cols / (size_t)m->tpn : cols;
+}
+
 static int gpt2_map_params(struct fsdp_gpt2 *m)
 {
     const struct fsdp_model_spec *s = m->spec;
     const struct fsdp_gpt2_config *c = m->cfg;
     size_t C = (size_t)c->n_embd, V = (size_t)c->vocab_size, L = (size_t)c->n_layer;
     char name[FSDP_PARAM_NAME_MAX + 16];
+    V = m->tvl; /* tensor parallel: this rank's vocabulary slice, padded */
     FSDP_CHECK(gpt2_locate(s, "wte.weight", 0, V, C, &m->emb_off[0]));
     FSDP_CHECK(gpt2_locate(s, "wpe.weight", 0, (size_t)c->context, C, &m->emb_off[1]));
     for (size_t l = 0; l < L; l++) {
         size_t off;
 #define FSDP_GPT2_X(id, field, suffix, rows, cols, init, std, decay, tp)                      \
         snprintf(name, sizeof(name), "h.%zu.%s", l, suffix);                              \
-        FSDP_CHECK(gpt2_locate(s, name, 1 + (int)l, (rows) * C, (cols) * C, &off));       \
+        FSDP_CHECK(gpt2_locate(s, name, 1 + (int)l, gpt2_tp_rows(m, (rows) * C, tp),       \
+                               gpt2_tp_cols(m, (cols) * C, tp), &off));                  \
         if (l == 0) {                                                                     \
             m->blk_off[FSDP_GPT2_BLK_##id] = off;                                         \
         } else if (off != m->blk_off[FSDP_GPT2_BLK_##id]) {                               \
@@ -114,21 +130,30 @@ static float *gpt2_take(float *base, size_t *off, size_t n)
     return p;
 }
 
+/* lc and NH are this rank's heads' width and count (C and NH on one rank);
+ * BR the rows of the residual stream it holds (BT, or BT / tp with
+ * sequence parallelism). */
 static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, float *base, size_t *off,
-                              size_t BT, size_t C, size_t NH)
+                              size_t BT, size_t BR, size_t C, size_t lc, size_t NH)
 {
-    a->ln1 = gpt2_take(base, off, BT * C);
-    a->ln1_mean = gpt2_take(base, off, BT);
-    a->ln1_rstd = gpt2_take(base, off, BT);
-    a->qkv = gpt2_take(base, off, BT * 3 * C);
-    a->atty = gpt2_take(base, off, BT * C);
+    a->ln1 = gpt2_take(base, off, BR * C);
+    a->ln1_mean = gpt2_take(base, off, BR);
+    a->ln1_rstd = gpt2_take(base, off, BR);
+    a->qkv = gpt2_take(base, off, BT * 3 * lc);
+    a->atty = gpt2_take(base, off, BT * lc);
     a->att_lse = gpt2_take(base, off, BT * NH);
-    a->res2 = gpt2_take(base, off, BT * C);
-    a->ln2 = gpt2_take(base, off, BT * C);
-    a->ln2_mean = gpt2_take(base, off, BT);
-    a->ln2_rstd = gpt2_take(base, off, BT);
-    a->fch = gpt2_take(base, off, BT * 4 * C);
-    a->fch_gelu = gpt2_take(base, off, BT * 4 * C);
+    a->res2 = gpt2_take(base, off, BR * C);
+    a->ln2 = gpt2_take(base, off, BR * C);
+    a->ln2_mean = gpt2_take(base, off, BR);
+    a->ln2_rstd = gpt2_take(base, off, BR);
+    a->fch = gpt2_take(base, off, BT * 4 * lc);
+    a->fch_gelu = gpt2_take(base, off, BT * 4 * lc);
+}
+
+/* Rows of a batch of BT rows that the residual stream holds here. */
+static size_t gpt2_rows_here(const struct fsdp_gpt2 *m, size_t BT)
+{
+    return m->sp ? BT / (size_t)m->tpn : BT;
 }
 
 /* Rows of FSDP_GPT2_HEAD_BYTES of logits, at least one. */
@@ -159,7 +184,7 @@ static size_t gpt2_head_R(const struct fsdp_gpt2 *m, size_t BT)
 
 static size_t gpt2_head_V(const struct fsdp_gpt2 *m)
 {
-    return gpt2_vp_head(m) ? m->wte_rows : (size_t)m->cfg->vocab_size;
+    return gpt2_vp_head(m) ? m->wte_rows : m->tp ? m->tvn : (size_t)m->cfg->vocab_size;
 }
 
 /* The head's logits budget in floats: head_chunk rows of V. */
@@ -208,14 +233,14 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
 {
     const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)c->n_embd;
-    size_t L = (size_t)c->n_layer, NH = (size_t)c->n_head;
+    size_t L = (size_t)c->n_layer, NH = (size_t)m->lnh, lc = m->lc, BR = gpt2_rows_here(m, BT);
     struct fsdp_gpt2_block_acts blk;
     size_t off = 0;
     int any_ckpt = 0;
-    a->residual = gpt2_take(base, &off, (L + 1) * BT * C);
+    a->residual = gpt2_take(base, &off, (L + 1) * BR * C);
     a->lnf = gpt2_take(base, &off, BT * C);
-    a->lnf_mean = gpt2_take(base, &off, BT);
-    a->lnf_rstd = gpt2_take(base, &off, BT);
+    a->lnf_mean = gpt2_take(base, &off, BR);
+    a->lnf_rstd = gpt2_take(base, &off, BR);
     size_t R = gpt2_head_R(m, BT), rows_all = m->rows_on ? gpt2_rows_all(m, BT) : 0;
     a->head_logits = gpt2_take(base, &off, gpt2_head_tile_floats(m));
     a->ce_stats = gpt2_take(base, &off, 2 * R);
@@ -229,13 +254,13 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
             any_ckpt = 1;
             continue;
         }
-        gpt2_layout_block(&blk, base, &off, BT, C, NH);
+        gpt2_layout_block(&blk, base, &off, BT, BR, C, lc, NH);
         if (a->blocks) {
             a->blocks[l] = blk;
         }
     }
     if (any_ckpt) {
-        gpt2_layout_block(&blk, base, &off, BT, C, NH); /* one set shared by all of them */
+        gpt2_layout_block(&blk, base, &off, BT, BR, C, lc, NH); /* one set shared by all of them */
         for (size_t l = 0; l < L && a->blocks; l++) {
             if (m->checkpoint[l]) {
                 a->blocks[l] = blk;
@@ -254,17 +279,20 @@ static size_t gpt2_layout_grad_acts(const struct fsdp_gpt2 *m, float *base,
     size_t R = gpt2_head_R(m, BT), all = gpt2_rows_all(m, BT);
     int ex = m->rows_on && m->rows_W > 1, vp = ex && gpt2_vp_head(m);
     size_t off = 0;
-    g->dres = gpt2_take(base, &off, BT * C);
+    g->dres = gpt2_take(base, &off, gpt2_rows_here(m, BT) * C);
     g->dbtc = gpt2_take(base, &off, BT * C);
+    g->xfull = gpt2_take(base, &off, m->sp ? BT * C : 0);
+    g->spg = gpt2_take(base, &off, m->sp ? 4 * C : 0);
     size_t shared = off;
-    g->dqkv = gpt2_take(base, &off, BT * 3 * C);
-    g->dfch = gpt2_take(base, &off, BT * 4 * C);
+    g->dqkv = gpt2_take(base, &off, BT * 3 * m->lc);
+    g->dfch = gpt2_take(base, &off, BT * 4 * m->lc);
     size_t blocks = off;
     off = shared;
     g->xall = gpt2_take(base, &off, ex ? all * C : 0);
     g->dxall = gpt2_take(base, &off, vp ? all * C : 0);
     g->zt = gpt2_take(base, &off, R);
-    g->mx = gpt2_take(base, &off, vp ? R : 0);
+    /* tensor parallel: the parallel cross-entropy's scratch (3 R) */
+    g->mx = gpt2_take(base, &off, vp ? R : m->tp ? 3 * R : 0);
     g->sz = gpt2_take(base, &off, vp ? 2 * R : 0);
     return off > blocks ? off : blocks;
 }
@@ -330,8 +358,8 @@ size_t fsdp_gpt2_workspace_bytes(const struct fsdp_gpt2 *m)
 // ----------------------------------------------------------------------------
 // lifetime and settings
 
-int fsdp_gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
-                     struct fsdp_gpt2 **out)
+static int gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
+                       struct fsdp_tp *tp, struct fsdp_gpt2 **out)
 {
     int rc;
     if (spec->arch != &fsdp_gpt2_arch) {
@@ -364,6 +392,13 @@ int fsdp_gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
     m->head_chunk = gpt2_head_default_rows(c);
     m->bwd_next = -1;
     m->loss = NAN;
+    m->tp = fsdp_tp_on(tp) ? tp : NULL;
+    m->tpn = m->tp ? tp->size : 1;
+    m->sp = m->tp && tp->sp;
+    m->lnh = c->n_head / m->tpn;
+    m->lc = (size_t)c->n_embd / (size_t)m->tpn;
+    fsdp_tp_vocab_split((size_t)c->vocab_size, m->tpn, m->tp ? tp->rank : 0, &m->tv0, &m->tvn,
+                        &m->tvl);
     size_t nu = (size_t)spec->n_units, L = (size_t)c->n_layer;
     m->unit_params = calloc(nu, sizeof(float *));
     m->unit_grads = calloc(nu, sizeof(float *));
@@ -374,12 +409,28 @@ int fsdp_gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
         rc = fsdp_err(FSDP_ERR_NOMEM, "gpt2 model tables");
         goto err_free;
     }
+    if (c->n_head % m->tpn != 0) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "gpt2: n_head %d is not divisible by tp %d", c->n_head,
+                      m->tpn);
+        goto err_free;
+    }
+    if (m->sp && ((size_t)max_B * (size_t)max_T) % (size_t)m->tpn != 0) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "gpt2: sequence parallel over tp %d: batch %d x %d does "
+                      "not split into %d equal row ranges", m->tpn, max_B, max_T, m->tpn);
+        goto err_free;
+    }
     FSDP_CHECK_GOTO(gpt2_map_params(m), rc, err_free);
     *out = m;
     return 0;
 err_free:
     fsdp_gpt2_destroy(m);
     return rc;
+}
+
+int fsdp_gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
+                     struct fsdp_gpt2 **out)
+{
+    return gpt2_create(spec, max_B, max_T, NULL, out);
 }
 
 void fsdp_gpt2_destroy(struct fsdp_gpt2 *m)
@@ -469,6 +520,7 @@ int fsdp_gpt2_set_unit_rows(struct fsdp_gpt2 *m, int u, struct fsdp_group *g)
     }
     m->rows_numel = off;
     m->rows_g = g;
+    fsdp_tp_init(&m->rows_x, g, 0, m->dev ? m->dev->mem : FSDP_MEM_HOST, m->k);
     m->rows_W = (int)W;
     m->rows_r = (int)r;
     m->rows_on = 1;
@@ -526,6 +578,10 @@ int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_
         return fsdp_err(FSDP_ERR_INVALID, "batch %d x %d exceeds the model's %d x %d", B, T,
                         m->max_B, m->max_T);
     }
+    if (m->sp && ((size_t)B * (size_t)T) % (size_t)m->tpn != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "batch %d x %d does not split over the %d ranks of "
+                        "sequence parallelism", B, T, m->tpn);
+    }
     if (!tokens && (!m->rows_on || targets)) {
         return fsdp_err(FSDP_ERR_INVALID, "batch has %s", targets ? "targets but no tokens" : "no tokens");
     }
@@ -563,76 +619,157 @@ static int gpt2_has_batch(const struct fsdp_gpt2 *m)
 // exchanges between the ranks holding unit 0's rows (blocking: the units
 // that need them cannot compute before they complete)
 
-static struct fsdp_coll_attr gpt2_coll_attr(const struct fsdp_gpt2 *m)
-{
-    struct fsdp_coll_attr a = {.mem = m->dev ? m->dev->mem : FSDP_MEM_HOST, .stream = NULL};
-    return a;
-}
-
-static int gpt2_coll_finish(struct fsdp_work *w)
-{
-    int rc = fsdp_work_wait(w, -1.0);
-    fsdp_work_free(w);
-    return rc;
-}
-
 /* count elements of every rank into recv, rank after rank (send may be
- * this rank's block of recv) */
+ * this rank's block of recv); counted in rows_x like every exchange here */
 static int gpt2_allgather(struct fsdp_gpt2 *m, const void *send, void *recv, size_t count,
                           enum fsdp_dtype t)
 {
-    struct fsdp_coll_attr a = gpt2_coll_attr(m);
-    struct fsdp_work *w = NULL;
-    FSDP_CHECK(fsdp_allgather(m->rows_g, send, recv, count, t, &a, &w));
-    return gpt2_coll_finish(w);
+    return fsdp_tp_all_gather(&m->rows_x, send, recv, count, t);
 }
 
 /* recv (count) = the sum over ranks of their block rank of send */
 static int gpt2_reduce_scatter(struct fsdp_gpt2 *m, const float *send, float *recv, size_t count)
 {
-    struct fsdp_coll_attr a = gpt2_coll_attr(m);
-    struct fsdp_work *w = NULL;
-    FSDP_CHECK(fsdp_reduce_scatter(m->rows_g, send, recv, count, FSDP_F32, FSDP_SUM, &a, &w));
-    return gpt2_coll_finish(w);
+    return fsdp_tp_reduce_scatter(&m->rows_x, send, recv, count);
 }
 
 static int gpt2_allreduce(struct fsdp_gpt2 *m, float *buf, size_t count, enum fsdp_redop op)
 {
-    struct fsdp_coll_attr a = gpt2_coll_attr(m);
-    struct fsdp_work *w = NULL;
-    FSDP_CHECK(fsdp_allreduce(m->rows_g, buf, buf, count, FSDP_F32, op, &a, &w));
-    return gpt2_coll_finish(w);
+    return fsdp_tp_all_reduce(&m->rows_x, buf, count, op);
 }
 
 static float *gpt2_residual(const struct fsdp_gpt2 *m, int l)
 {
-    size_t stride = (size_t)m->max_B * (size_t)m->max_T * (size_t)m->cfg->n_embd;
-    return m->acts.residual + (size_t)l * stride;
+    size_t BT = (size_t)m->max_B * (size_t)m->max_T;
+    return m->acts.residual + (size_t)l * gpt2_rows_here(m, BT) * (size_t)m->cfg->n_embd;
+}
+
+// ----------------------------------------------------------------------------
+// tensor-parallel regions (model/tp_ops.h): entering a column-parallel
+// product and leaving a row-parallel one, with and without sequence
+// parallelism
+
+/* The input of a column-parallel product from a norm's output x (the rows
+ * held here): x itself, or with sequence parallelism every rank's rows
+ * gathered into xfull. */
+static int gpt2_tp_enter(struct fsdp_gpt2 *m, const float *x, size_t BT, const float **in)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    if (!m->sp) {
+        *in = x;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_seq_gather_forward(m->tp, x, m->gacts.xfull, BT / (size_t)m->tpn, C));
+    *in = m->gacts.xfull;
+    return 0;
+}
+
+/* The gradient of a residual-stream tensor (dres, rows held here) as a
+ * row-parallel product's output gradient: dres itself, or with sequence
+ * parallelism every rank's rows gathered into dbtc. */
+static int gpt2_tp_dout(struct fsdp_gpt2 *m, size_t BT, const float **dout)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    if (!m->sp) {
+        *dout = m->gacts.dres;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_seq_scatter_backward(m->tp, m->gacts.dres, m->gacts.dbtc,
+                                            BT / (size_t)m->tpn, C));
+    *dout = m->gacts.dbtc;
+    return 0;
+}
+
+/* A column-parallel product's input gradient part (dbtc, every row) into
+ * the rows held here, summed over the ranks: all-reduced in place, or with
+ * sequence parallelism reduce-scattered into xfull. */
+static int gpt2_tp_din(struct fsdp_gpt2 *m, size_t BT, const float **din)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    if (!m->sp) {
+        FSDP_CHECK(fsdp_tp_copy_in_backward(m->tp, m->gacts.dbtc, BT * C));
+        *din = m->gacts.dbtc;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_seq_gather_backward(m->tp, m->gacts.dbtc, m->gacts.xfull,
+                                           BT / (size_t)m->tpn, C));
+    *din = m->gacts.xfull;
+    return 0;
+}
+
+/* Sequence parallel: n norm-parameter gradients over this rank's rows
+ * (spg, n x C) summed over the ranks and added into dst[0..n). */
+static int gpt2_sp_norm_grads(struct fsdp_gpt2 *m, float *const *dst, int n)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    FSDP_CHECK(fsdp_tp_all_reduce(m->tp, m->gacts.spg, (size_t)n * C, FSDP_SUM));
+    for (int j = 0; j < n; j++) {
+        for (size_t i = 0; i < C; i++) {
+            dst[j][i] += m->gacts.spg[(size_t)j * C + i];
+        }
+    }
+    return 0;
+}
+
+/*
+ * out = residual + inp (BT, K) @ w^T + bias, a row-parallel layer (c_proj):
+ * w (C, K) holds this rank's K input features, so with tensor parallelism
+ * the partial products are summed over the ranks (reduce-out; with sequence
+ * parallelism reduce-scattered to the rows held here) before the bias and
+ * the residual, which every rank holds, are added. The partial sums go
+ * through dbtc, which no forward uses otherwise. out and residual have the
+ * rows held here.
+ */
+static int gpt2_row_parallel(struct fsdp_gpt2 *m, float *out, const float *inp, const float *w,
+                             const float *bias, const float *residual, size_t BT, size_t K)
+{
+    size_t C = (size_t)m->cfg->n_embd, BR = gpt2_rows_here(m, BT);
+    if (!m->tp) {
+        m->k->matmul_forward(out, inp, w, bias, residual, BT, K, C);
+        return 0;
+    }
+    float *part = m->gacts.dbtc;
+    m->k->matmul_forward(part, inp, w, NULL, NULL, BT, K, C);
+    if (m->sp) {
+        FSDP_CHECK(fsdp_tp_seq_scatter_forward(m->tp, part, out, BR, C));
+        m->k->bias_residual_forward(out, out, bias, residual, BR, C);
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_reduce_out_forward(m->tp, part, BT * C));
+    m->k->bias_residual_forward(out, part, bias, residual, BT, C);
+    return 0;
 }
 
 /* Block l from residual[l]; full = 0 stops before c_proj of the MLP, which
- * only produces residual[l+1] (what a checkpointed backward does not need). */
-static void gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
+ * only produces residual[l+1] (what a checkpointed backward does not need).
+ * With tensor parallelism q, k, v, c_fc and their activations are this
+ * rank's heads and features (lc = C / tp wide, lnh heads). */
+static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
 {
     const struct fsdp_gpt2_config *c = m->cfg;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, lc = m->lc;
+    size_t BR = gpt2_rows_here(m, BT);
     struct fsdp_gpt2_block_view w;
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
     float *x = gpt2_residual(m, l);
+    const float *in;
     fsdp_gpt2_block_view(m, m->unit_params[1 + l], &w);
-    m->k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, BT, C, c->ln_eps);
-    m->k->matmul_forward(a->qkv, a->ln1, w.qkvw, w.qkvb, NULL, BT, C, 3 * C);
+    m->k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, BR, C, c->ln_eps);
+    FSDP_CHECK(gpt2_tp_enter(m, a->ln1, BT, &in));
+    m->k->matmul_forward(a->qkv, in, w.qkvw, w.qkvb, NULL, BT, C, 3 * lc);
     m->k->attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->B, m->T,
-                               c->n_embd, c->n_head);
-    m->k->matmul_forward(a->res2, a->atty, w.attprojw, w.attprojb, x, BT, C, C);
-    m->k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b, BT, C,
+                            (int)lc, m->lnh);
+    FSDP_CHECK(gpt2_row_parallel(m, a->res2, a->atty, w.attprojw, w.attprojb, x, BT, lc));
+    m->k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b, BR, C,
                                c->ln_eps);
-    m->k->matmul_forward(a->fch, a->ln2, w.fcw, w.fcb, NULL, BT, C, 4 * C);
-    m->k->gelu_forward(a->fch_gelu, a->fch, BT * 4 * C);
+    FSDP_CHECK(gpt2_tp_enter(m, a->ln2, BT, &in));
+    m->k->matmul_forward(a->fch, in, w.fcw, w.fcb, NULL, BT, C, 4 * lc);
+    m->k->gelu_forward(a->fch_gelu, a->fch, BT * 4 * lc);
     if (full) {
-        m->k->matmul_forward(gpt2_residual(m, l + 1), a->fch_gelu, w.fcprojw, w.fcprojb, a->res2,
-                                BT, 4 * C, C);
+        FSDP_CHECK(gpt2_row_parallel(m, gpt2_residual(m, l + 1), a->fch_gelu, w.fcprojw,
+                                     w.fcprojb, a->res2, BT, 4 * lc));
     }
+    return 0;
 }
 
 /* The head's weight rows (the vocabulary [v0, v0 + Vh) it holds) and their
@@ -656,7 +793,7 @@ static void gpt2_head_weights(const struct fsdp_gpt2 *m, int with_grad, const fl
         fsdp_gpt2_head_view(m, m->unit_grads[last], m->unit_grads[0], &dhv);
         *dw = dhv.lm_head;
     }
-    *v0 = 0;
+    *v0 = m->tp ? m->tv0 : 0; /* tensor parallel: this rank's slice of the vocabulary */
 }
 
 /* logits (rows, n) of X's rows against weight rows [c0, c0 + n) of w */
@@ -721,11 +858,16 @@ static int gpt2_head_forward(struct fsdp_gpt2 *m)
     struct fsdp_gpt2_acts *a = &m->acts;
     struct fsdp_gpt2_grad_acts *g = &m->gacts;
     int vp = gpt2_vp_head(m), ex = vp && m->rows_W > 1;
-    if (!m->shadow) {
+    if (!m->shadow) { /* sequence parallel: this rank's rows, then every rank's gathered */
         struct fsdp_gpt2_head_view w;
+        size_t BR = gpt2_rows_here(m, BT);
+        float *mine = a->lnf + (m->sp ? (size_t)m->tp->rank * BR * C : 0);
         fsdp_gpt2_head_view(m, m->unit_params[c->n_layer + 1], m->unit_params[0], &w);
-        m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, gpt2_residual(m, c->n_layer),
-                                w.lnfw, w.lnfb, BT, C, c->ln_eps);
+        m->k->layernorm_forward(mine, a->lnf_mean, a->lnf_rstd, gpt2_residual(m, c->n_layer),
+                                w.lnfw, w.lnfb, BR, C, c->ln_eps);
+        if (m->sp) {
+            FSDP_CHECK(fsdp_tp_seq_gather_forward(m->tp, mine, a->lnf, BR, C));
+        }
     }
     m->bwd_next = -1;
     if (!m->targets && !m->shadow) {
@@ -755,6 +897,11 @@ static int gpt2_head_forward(struct fsdp_gpt2 *m)
         own = (size_t)m->rows_r * BT;
     }
     gpt2_head_tile(m, R, Vh, &rt, &ct);
+    for (size_t i = 0; i < R && Vh == 0; i++) { /* a slice of padding only: nothing to add */
+        a->ce_stats[2 * i] = -INFINITY;
+        a->ce_stats[2 * i + 1] = 0.0f;
+        g->zt[i] = 0.0f;
+    }
     for (size_t i0 = 0; i0 < R && Vh > 0; i0 += rt) {
         size_t rows = R - i0 < rt ? R - i0 : rt;
         for (size_t c0 = 0; c0 < Vh; c0 += ct) {
@@ -767,6 +914,8 @@ static int gpt2_head_forward(struct fsdp_gpt2 *m)
     }
     if (ex) {
         FSDP_CHECK(gpt2_head_combine(m, a->ce_stats, g->zt, R));
+    } else if (m->tp) { /* the parallel cross-entropy: every row's statistics over all of V */
+        FSDP_CHECK(fsdp_tp_xent_combine(m->tp, a->ce_stats, g->zt, g->mx, R));
     }
     for (size_t i = 0; i < R; i++) {
         m->kept_all += tgt[i] != m->ignore_index;
@@ -804,6 +953,10 @@ int fsdp_gpt2_logits(struct fsdp_gpt2 *m, size_t row0, size_t rows, float *out)
         return fsdp_err(FSDP_ERR_INVALID, "logits: this rank holds only wte rows [%zu, %zu) of "
                         "the tied head", m->wte_row0, m->wte_row0 + m->wte_rows);
     }
+    if (m->tp) {
+        return fsdp_err(FSDP_ERR_INVALID, "logits: with tensor parallelism this rank holds only "
+                        "the head's vocabulary [%zu, %zu)", m->tv0, m->tv0 + m->tvn);
+    }
     if (!m->unit_params[last] || (m->cfg->tied && !m->unit_params[0])) {
         return fsdp_err(FSDP_ERR_INVALID, "logits: the head's parameters are not set");
     }
@@ -828,6 +981,13 @@ static int gpt2_embed_forward(struct fsdp_gpt2 *m)
     const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->B * (size_t)m->T;
     float *x = gpt2_residual(m, 0);
+    if (m->tp) { /* vocabulary parallel; sequence parallel: through dbtc to this rank's rows */
+        struct fsdp_gpt2_embed_view w;
+        fsdp_gpt2_embed_view(m, m->unit_params[0], &w);
+        return fsdp_tp_embed_forward(m->tp, x, m->sp ? m->gacts.dbtc : x, m->tokens, w.wte,
+                                     (size_t)c->vocab_size, w.wpe, (size_t)m->T, BT,
+                                     (size_t)c->n_embd);
+    }
     if (!m->rows_on) {
         struct fsdp_gpt2_embed_view w;
         fsdp_gpt2_embed_view(m, m->unit_params[0], &w);
@@ -873,7 +1033,7 @@ int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u)
         FSDP_CHECK(gpt2_embed_forward(m));
     } else if (u <= L) {
         if (!m->shadow) {
-            gpt2_block_forward(m, u - 1, 1);
+            FSDP_CHECK(gpt2_block_forward(m, u - 1, 1));
         }
     } else {
         FSDP_CHECK(gpt2_head_forward(m));
@@ -958,52 +1118,91 @@ static int gpt2_head_backward(struct fsdp_gpt2 *m)
                                   W + c0 * C, rows, C, n, alpha, c0 > 0);
         }
     }
-    float *dlnf = dX;
+    const float *dlnf = dX;
     if (ex) {
-        dlnf = dX + (size_t)m->rows_r * BT * C;
-        FSDP_CHECK(gpt2_reduce_scatter(m, dX, dlnf, BT * C));
+        float *mine = dX + (size_t)m->rows_r * BT * C;
+        FSDP_CHECK(gpt2_reduce_scatter(m, dX, mine, BT * C));
+        dlnf = mine;
+    } else if (m->tp) {
+        /* each rank's d(ln_f) is its vocabulary slice's part: summed over
+         * the ranks into the rows held here (dX is dbtc) */
+        FSDP_CHECK(gpt2_tp_din(m, BT, &dlnf));
     }
     m->head_x_ready = 0;
-    memset(g->dres, 0, BT * C * sizeof(float));
+    size_t BR = gpt2_rows_here(m, BT);
+    memset(g->dres, 0, BR * C * sizeof(float));
     if (!m->shadow) {
         struct fsdp_gpt2_head_view w, dw;
         fsdp_gpt2_head_view(m, m->unit_params[last], m->unit_params[0], &w);
         fsdp_gpt2_head_view(m, m->unit_grads[last], m->unit_grads[0], &dw);
-        m->k->layernorm_backward(g->dres, dw.lnfw, dw.lnfb, dlnf, gpt2_residual(m, c->n_layer),
-                                 w.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
+        if (m->sp) {
+            memset(g->spg, 0, 2 * C * sizeof(float));
+        }
+        m->k->layernorm_backward(g->dres, m->sp ? g->spg : dw.lnfw, m->sp ? g->spg + C : dw.lnfb,
+                                 dlnf, gpt2_residual(m, c->n_layer), w.lnfw, a->lnf_mean,
+                                 a->lnf_rstd, BR, C);
+        if (m->sp) {
+            float *const dst[2] = {dw.lnfw, dw.lnfb};
+            FSDP_CHECK(gpt2_sp_norm_grads(m, dst, 2));
+        }
     }
     return 0;
 }
 
-/* dres holds d(block output) on entry and d(block input) on return. */
-static void gpt2_block_backward(struct fsdp_gpt2 *m, int l)
+/* dres holds d(block output) on entry and d(block input) on return. With
+ * tensor parallelism each rank's d(ln_1) and d(ln_2) are its heads' and
+ * features' part, summed over the ranks (copy-in's backward) before the
+ * norms' backward; the row-parallel biases' gradients, from dres, which
+ * every rank holds whole, come out whole. */
+static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
 {
     const struct fsdp_gpt2_config *c = m->cfg;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, lc = m->lc;
+    size_t BR = gpt2_rows_here(m, BT);
     struct fsdp_gpt2_grad_acts *g = &m->gacts;
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
     struct fsdp_gpt2_block_view w, dw;
+    const float *dout, *in, *din;
+    /* sequence parallel: the norms' parameter gradients of this rank's rows
+     * go through spg (summed over the ranks at the end), and the gathered
+     * dres occupies dbtc, so d(attention output) goes to xfull */
+    float *spg = g->spg, *datty = m->sp ? g->xfull : g->dbtc;
     m->head_x_ready = 0; /* dqkv and dfch overwrite the head's scratch */
     if (m->checkpoint[l]) {
-        gpt2_block_forward(m, l, 0);
+        FSDP_CHECK(gpt2_block_forward(m, l, 0));
     }
     fsdp_gpt2_block_view(m, m->unit_params[1 + l], &w);
     fsdp_gpt2_block_view(m, m->unit_grads[1 + l], &dw);
+    if (m->sp) {
+        memset(spg, 0, 4 * C * sizeof(float));
+    }
     /* MLP */
-    m->k->matmul_backward(g->dfch, dw.fcprojw, dw.fcprojb, g->dres, a->fch_gelu, w.fcprojw, BT,
-                             4 * C, C, 1.0f, 0);
-    m->k->gelu_backward(g->dfch, a->fch, g->dfch, BT * 4 * C);
-    m->k->matmul_backward(g->dbtc, dw.fcw, dw.fcb, g->dfch, a->ln2, w.fcw, BT, C, 4 * C, 1.0f, 0);
-    m->k->layernorm_backward(g->dres, dw.ln2w, dw.ln2b, g->dbtc, a->res2, w.ln2w, a->ln2_mean,
-                                a->ln2_rstd, BT, C);
+    FSDP_CHECK(gpt2_tp_dout(m, BT, &dout));
+    m->k->matmul_backward(g->dfch, dw.fcprojw, dw.fcprojb, dout, a->fch_gelu, w.fcprojw, BT,
+                          4 * lc, C, 1.0f, 0);
+    m->k->gelu_backward(g->dfch, a->fch, g->dfch, BT * 4 * lc);
+    FSDP_CHECK(gpt2_tp_enter(m, a->ln2, BT, &in));
+    m->k->matmul_backward(g->dbtc, dw.fcw, dw.fcb, g->dfch, in, w.fcw, BT, C, 4 * lc, 1.0f, 0);
+    FSDP_CHECK(gpt2_tp_din(m, BT, &din));
+    m->k->layernorm_backward(g->dres, m->sp ? spg : dw.ln2w, m->sp ? spg + C : dw.ln2b, din,
+                             a->res2, w.ln2w, a->ln2_mean, a->ln2_rstd, BR, C);
     /* attention */
-    m->k->matmul_backward(g->dbtc, dw.attprojw, dw.attprojb, g->dres, a->atty, w.attprojw, BT, C,
-                             C, 1.0f, 0);
-    m->k->attention_backward(g->dqkv, m->acts.att_scratch, g->dbtc, a->qkv, a->atty, a->att_lse,
-                                m->B, m->T, c->n_embd, c->n_head);
-    m->k->matmul_backward(g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, a->ln1, w.qkvw, BT, C, 3 * C, 1.0f, 0);
-    m->k->layernorm_backward(g->dres, dw.ln1w, dw.ln1b, g->dbtc, gpt2_residual(m, l), w.ln1w,
-                                a->ln1_mean, a->ln1_rstd, BT, C);
+    FSDP_CHECK(gpt2_tp_dout(m, BT, &dout));
+    m->k->matmul_backward(datty, dw.attprojw, dw.attprojb, dout, a->atty, w.attprojw, BT, lc, C,
+                          1.0f, 0);
+    m->k->attention_backward(g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty, a->att_lse,
+                             m->B, m->T, (int)lc, m->lnh);
+    FSDP_CHECK(gpt2_tp_enter(m, a->ln1, BT, &in));
+    m->k->matmul_backward(g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, w.qkvw, BT, C, 3 * lc, 1.0f, 0);
+    FSDP_CHECK(gpt2_tp_din(m, BT, &din));
+    m->k->layernorm_backward(g->dres, m->sp ? spg + 2 * C : dw.ln1w,
+                             m->sp ? spg + 3 * C : dw.ln1b, din, gpt2_residual(m, l), w.ln1w,
+                             a->ln1_mean, a->ln1_rstd, BR, C);
+    if (m->sp) {
+        float *const dst[4] = {dw.ln2w, dw.ln2b, dw.ln1w, dw.ln1b};
+        FSDP_CHECK(gpt2_sp_norm_grads(m, dst, 4));
+    }
+    return 0;
 }
 
 /* The embedding's gradient. By rows: every rank's d(residual) rows are
@@ -1014,6 +1213,15 @@ static int gpt2_embed_backward(struct fsdp_gpt2 *m)
     const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd;
     float *dres = m->gacts.dres, *dg = m->unit_grads[0];
+    if (m->tp) { /* vocabulary parallel (sequence parallel: every rank's rows gathered) */
+        struct fsdp_gpt2_embed_view dw;
+        const float *dout;
+        FSDP_CHECK(gpt2_tp_dout(m, BT, &dout));
+        fsdp_gpt2_embed_view(m, dg, &dw);
+        fsdp_tp_embed_backward(m->tp, dw.wte, dw.wpe, dout, m->tokens, (size_t)c->vocab_size,
+                               (size_t)m->T, BT, C);
+        return 0;
+    }
     if (!m->rows_on) {
         struct fsdp_gpt2_embed_view dw;
         fsdp_gpt2_embed_view(m, dg, &dw);
@@ -1059,7 +1267,7 @@ int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u)
         FSDP_CHECK(gpt2_embed_backward(m));
     } else if (u <= L) {
         if (!m->shadow) {
-            gpt2_block_backward(m, u - 1);
+            FSDP_CHECK(gpt2_block_backward(m, u - 1));
         }
     } else {
         FSDP_CHECK(gpt2_head_backward(m));
@@ -1102,7 +1310,7 @@ static int gpt2_op_create(const struct fsdp_model_spec *spec, const struct fsdp_
                           struct fsdp_model **out)
 {
     struct fsdp_gpt2 *m = NULL;
-    FSDP_CHECK(fsdp_gpt2_create(spec, o->max_B, o->max_T, &m));
+    FSDP_CHECK(gpt2_create(spec, o->max_B, o->max_T, o->tp, &m));
     if (o->dev) {
         m->dev = o->dev;
         m->k = o->dev->k;
@@ -1189,11 +1397,52 @@ static int gpt2_op_logits(struct fsdp_model *m, size_t row0, size_t rows, float 
 static int gpt2_op_set_unit_rows(struct fsdp_model *m, int u, struct fsdp_group *g)
 {
     struct fsdp_gpt2 *gm = gpt2_of(m);
+    if (gm->tp) {
+        return 0; /* tensor parallelism splits the tables over tp instead */
+    }
     double W = g ? g->size : 1, table = (double)gm->cfg->vocab_size + gm->cfg->context;
     if (u == 0 && table <= 2.0 * W * gm->max_B * gm->max_T) {
         return 0;
     }
     return fsdp_gpt2_set_unit_rows(gm, u, g);
+}
+
+/*
+ * Megatron-LM's layout: c_attn by heads ([q | k | v] rows, each split), c_fc
+ * by features, both c_proj by input columns, wte (and an untied lm_head) by
+ * vocabulary, padded; norms, the row-parallel biases and wpe whole on every
+ * rank.
+ */
+static int gpt2_op_tp_cut(const struct fsdp_model_spec *spec, int tp, size_t i,
+                          struct fsdp_tp_cut *out)
+{
+    const struct fsdp_gpt2_config *c = fsdp_gpt2_cfg(spec);
+    const struct fsdp_param_spec *p = &spec->params[i];
+    if (tp > c->n_head) {
+        return fsdp_err(FSDP_ERR_INVALID, "tp %d is larger than n_head %d: every tensor-parallel "
+                        "rank needs at least one attention head", tp, c->n_head);
+    }
+    if (c->n_head % tp != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "n_head %d is not divisible by tp %d: attention is "
+                        "split by heads", c->n_head, tp);
+    }
+    int qkv = strstr(p->name, ".attn.c_attn.") != NULL;
+    *out = (struct fsdp_tp_cut){.dim = -1, .chunks = 1, .pad = 0};
+    if (p->tp == FSDP_TP_COLWISE) {
+        out->dim = 0;
+        out->chunks = qkv ? 3 : 1;
+    } else if (p->tp == FSDP_TP_ROWWISE) {
+        out->dim = 1;
+    } else if (p->tp == FSDP_TP_VOCAB) {
+        out->dim = 0;
+        out->pad = 1;
+    }
+    return 0;
+}
+
+static void gpt2_op_comm_counts(const struct fsdp_model *m, struct fsdp_tp_counts *out)
+{
+    fsdp_tp_counts_add(out, &((const struct fsdp_gpt2 *)m)->rows_x.counts);
 }
 
 static size_t gpt2_op_activation_bytes(const struct fsdp_model *m)
@@ -1225,4 +1474,6 @@ const struct fsdp_model_ops fsdp_gpt2_ops = {
     .flops_per_token = fsdp_gpt2_flops_per_token,
     .set_unit_rows = gpt2_op_set_unit_rows,
     .decoder_create = fsdp_gpt2_decoder_create,
+    .tp_cut = gpt2_op_tp_cut,
+    .comm_counts = gpt2_op_comm_counts,
 };

@@ -33,6 +33,7 @@
 
 #include "model/gpt2_spec.h"
 #include "model/model.h"
+#include "model/tp_ops.h"
 #include "compute/device.h"
 
 #include <stddef.h>
@@ -63,12 +64,14 @@ struct fsdp_gpt2_head_view {
 // activations, sized for (max_B, max_T); a smaller batch uses the leading
 // part of every tensor with its own (B, T)
 
-/* What one block saves for its backward. */
+/* What one block saves for its backward. With sequence parallelism the
+ * tensors of the residual stream (ln_1, ln_2, res2 and the norms' rows) hold
+ * this rank's 1/tp of the B x T rows. */
 struct fsdp_gpt2_block_acts {
     float *ln1;      /* (B, T, C) */
     float *ln1_mean; /* (B, T) */
     float *ln1_rstd; /* (B, T) */
-    float *qkv;      /* (B, T, 3C) */
+    float *qkv;      /* (B, T, 3C) (3 lc with tensor parallelism, as every C of a head) */
     float *atty;     /* (B, T, C) attention output, before c_proj */
     float *att_lse;  /* (B, NH, T) log-sum-exp of each score row */
     float *res2;     /* (B, T, C) residual after attention */
@@ -85,9 +88,11 @@ struct fsdp_gpt2_block_acts {
  * its input, residual[l]; the others own a set each.
  */
 struct fsdp_gpt2_acts {
-    float *residual;    /* (L+1, B, T, C): [l] is block l's input, [L] feeds ln_f */
-    float *lnf;         /* (B, T, C) */
-    float *lnf_mean;    /* (B, T) */
+    float *residual;    /* (L+1, B, T, C): [l] is block l's input, [L] feeds ln_f (sequence
+                           parallel: this rank's rows) */
+    float *lnf;         /* (B, T, C) every row, the head's input (sequence parallel: each
+                           rank's rows gathered) */
+    float *lnf_mean;    /* (B, T) (sequence parallel: this rank's rows) */
     float *lnf_rstd;    /* (B, T) */
     float *head_logits; /* one tile of the head's logits (rows x vocabulary slice), then
                            their gradient; the whole (rows, V) when it fits the budget */
@@ -106,8 +111,15 @@ struct fsdp_gpt2_acts {
  * B x T with unit 0 by rows and a tied head, else this rank's.
  */
 struct fsdp_gpt2_grad_acts {
-    float *dres;  /* (B, T, C) gradient of the residual stream, updated in place */
-    float *dbtc;  /* (B, T, C) dln / datty */
+    float *dres;  /* (B, T, C) gradient of the residual stream, updated in place (sequence
+                     parallel: this rank's rows) */
+    float *dbtc;  /* (B, T, C) dln / datty; with tensor parallelism also the partial sums of
+                     the row-parallel products and the gathered gradient of the residual */
+    float *xfull; /* (B, T, C) sequence parallel: every rank's rows of a norm's output
+                     (gathered for a column-parallel product), or this rank's rows of a
+                     reduce-scattered gradient; NULL otherwise */
+    float *spg;   /* (4, C) sequence parallel: a block's norm-parameter gradients over this
+                     rank's rows, summed over the tp ranks before they are added */
     float *dqkv;  /* (B, T, 3C) */
     float *dfch;  /* (B, T, 4C) */
     float *xall;  /* (W B T, C) unit 0 by rows: every rank's rows (embedding, ln_f, dres) */
@@ -143,8 +155,22 @@ struct fsdp_gpt2 {
     const int32_t *targets; /* (B, T) or NULL */
     int32_t ignore_index;   /* targets equal to it are padding; default -1 */
 
+    /* tensor parallelism (model.h opts.tp; doc/model.md, "Tensor parallelism"):
+     * the blocks' buffers hold this rank's heads of the attention and its
+     * features of the MLP */
+    struct fsdp_tp *tp; /* NULL: one rank */
+    int tpn;            /* tp ranks (1 without tensor parallelism) */
+    int sp;             /* sequence parallel: the residual stream and the norms hold this
+                           rank's 1/tpn of the batch's rows (rank r: rows [r N/tpn, ...)) */
+    int lnh;            /* heads computed here: NH / tpn */
+    size_t lc;          /* their width, C / tpn: q, k and v each; c_fc's 4 lc */
+    size_t tv0, tvn;    /* the vocabulary ids this rank's slice of wte (and lm_head) holds,
+                           [tv0, tv0 + tvn) (model/tp_ops.h fsdp_tp_vocab_split) */
+    size_t tvl;         /* rows of that slice: ceil(V / tpn), padding after the tvn ids */
+
     /* unit 0 by rows (fsdp_gpt2_set_unit_rows) */
     struct fsdp_group *rows_g; /* the ranks that hold the other rows; NULL: one rank */
+    struct fsdp_tp rows_x;     /* the exchanges over rows_g, counted (model/tp_ops.h) */
     int rows_on;               /* unit 0's buffers hold this rank's rows only */
     int rows_W, rows_r;        /* ranks (1 without a group) and this rank */
     size_t wte_row0, wte_rows; /* wte rows held: vocabulary [wte_row0, wte_row0 + wte_rows) */

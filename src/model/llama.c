@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "model/llama.h"
+#include "model/tp_ops.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -56,6 +57,17 @@ static int llama_check_next(const struct fsdp_llama *m, int a, int b, size_t n)
     return 0;
 }
 
+/* A block tensor's size along one dimension on this rank: column-parallel
+ * tensors keep 1/tpn of their rows, row-parallel ones 1/tpn of their
+ * columns (cols: which dimension). */
+static size_t llama_tp_dim(const struct fsdp_llama *m, enum fsdp_llama_dim d,
+                           enum fsdp_tp_place p, int cols)
+{
+    size_t n = fsdp_llama_dim_size(m->cfg, d);
+    int cut = cols ? p == FSDP_TP_ROWWISE : p == FSDP_TP_COLWISE;
+    return cut ? n / (size_t)m->tpn : n;
+}
+
 static int llama_map_block(struct fsdp_llama *m, size_t l)
 {
     const struct fsdp_llama_config *c = m->cfg;
@@ -65,10 +77,10 @@ static int llama_map_block(struct fsdp_llama *m, size_t l)
     if (!(bias) || c->attn_bias) {                                                                 \
         snprintf(name, sizeof(name), "layers.%zu.%s", l, suffix);                                  \
         FSDP_CHECK(llama_locate(m->spec, name, 1 + (int)l,                                         \
-                                fsdp_llama_dim_size(c, FSDP_LLAMA_##rows),                         \
+                                llama_tp_dim(m, FSDP_LLAMA_##rows, tp, 0),                         \
                                 FSDP_LLAMA_##cols == FSDP_LLAMA_D1                                 \
                                     ? 0                                                            \
-                                    : fsdp_llama_dim_size(c, FSDP_LLAMA_##cols),                   \
+                                    : llama_tp_dim(m, FSDP_LLAMA_##cols, tp, 1),                   \
                                 &off));                                                            \
         if (l == 0) {                                                                              \
             m->blk_off[FSDP_LLAMA_BLK_##id] = off;                                                 \
@@ -90,7 +102,8 @@ static int llama_map_params(struct fsdp_llama *m)
     const struct fsdp_model_spec *s = m->spec;
     const struct fsdp_llama_config *c = m->cfg;
     size_t C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
-    size_t Q = fsdp_llama_dim_size(c, FSDP_LLAMA_DQ), KV = fsdp_llama_dim_size(c, FSDP_LLAMA_DKV);
+    size_t Q = m->lq, KV = (size_t)m->lnkv * (size_t)m->hs;
+    V = m->tvl; /* tensor parallel: this rank's vocabulary slice, padded */
     FSDP_CHECK(llama_locate(s, "embed_tokens.weight", 0, V, C, &m->emb_off));
     for (size_t l = 0; l < (size_t)c->n_layer; l++) {
         FSDP_CHECK(llama_map_block(m, l));
@@ -142,18 +155,24 @@ static float *llama_take(float *base, size_t *off, size_t n)
     return p;
 }
 
+/* Rows of a batch of BT rows that the residual stream holds here. */
+static size_t llama_rows_here(const struct fsdp_llama *m, size_t BT)
+{
+    return m->sp ? BT / (size_t)m->tpn : BT;
+}
+
 static void llama_layout_block(const struct fsdp_llama *m, struct fsdp_llama_block_acts *a,
                                float *base, size_t *off, size_t BT)
 {
-    size_t C = (size_t)m->cfg->n_embd, F = (size_t)m->cfg->ffn_hidden;
-    a->rms1 = llama_take(base, off, BT * C);
-    a->rms1_rstd = llama_take(base, off, BT);
+    size_t C = (size_t)m->cfg->n_embd, F = m->lf, BR = llama_rows_here(m, BT);
+    a->rms1 = llama_take(base, off, BR * C);
+    a->rms1_rstd = llama_take(base, off, BR);
     a->qkv = llama_take(base, off, BT * (size_t)m->qkv_w);
-    a->atty = llama_take(base, off, BT * C);
-    a->att_lse = llama_take(base, off, BT * (size_t)m->cfg->n_head);
-    a->res2 = llama_take(base, off, BT * C);
-    a->rms2 = llama_take(base, off, BT * C);
-    a->rms2_rstd = llama_take(base, off, BT);
+    a->atty = llama_take(base, off, BT * m->lq);
+    a->att_lse = llama_take(base, off, BT * (size_t)m->lnh);
+    a->res2 = llama_take(base, off, BR * C);
+    a->rms2 = llama_take(base, off, BR * C);
+    a->rms2_rstd = llama_take(base, off, BR);
     a->gate = llama_take(base, off, BT * F);
     a->up = llama_take(base, off, BT * F);
     a->h = llama_take(base, off, BT * F);
@@ -183,12 +202,14 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
     struct fsdp_llama_block_acts blk;
     size_t off = 0;
     int any_ckpt = 0;
-    a->residual = llama_take(base, &off, (L + 1) * BT * C);
+    a->residual = llama_take(base, &off, (L + 1) * llama_rows_here(m, BT) * C);
     a->lnf = llama_take(base, &off, BT * C);
-    a->lnf_rstd = llama_take(base, &off, BT);
+    a->lnf_rstd = llama_take(base, &off, llama_rows_here(m, BT));
     a->head_logits = llama_take(base, &off, llama_head_rows(m) * V);
     a->ce_stats = llama_take(base, &off, 2 * BT);
     a->losses = llama_take(base, &off, BT);
+    a->zt = llama_take(base, &off, m->tp ? BT : 0);
+    a->xent = llama_take(base, &off, m->tp ? 3 * BT : 0);
     a->att_scratch = llama_take(base, &off, m->k->attention_scratch_floats(m->max_T));
     for (size_t l = 0; l < L; l++) {
         if (m->checkpoint[l]) {
@@ -215,9 +236,11 @@ static size_t llama_layout_grad_acts(const struct fsdp_llama *m, float *base,
                                      struct fsdp_llama_grad_acts *g)
 {
     size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)m->cfg->n_embd;
-    size_t F = (size_t)m->cfg->ffn_hidden, off = 0;
-    g->dres = llama_take(base, &off, BT * C);
+    size_t F = m->lf, off = 0;
+    g->dres = llama_take(base, &off, llama_rows_here(m, BT) * C);
     g->dbtc = llama_take(base, &off, BT * C);
+    g->xfull = llama_take(base, &off, m->sp ? BT * C : 0);
+    g->spg = llama_take(base, &off, m->sp ? 2 * C : 0);
     g->dqkv = llama_take(base, &off, BT * (size_t)m->qkv_w);
     g->dgate = llama_take(base, &off, BT * F);
     g->dup = llama_take(base, &off, BT * F);
@@ -304,8 +327,8 @@ static int llama_rope_tables(struct fsdp_llama *m)
     return rc;
 }
 
-int fsdp_llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
-                      struct fsdp_llama **out)
+static int llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
+                        struct fsdp_tp *tp, struct fsdp_llama **out)
 {
     int rc;
     if (spec->arch != &fsdp_llama_arch) {
@@ -336,7 +359,28 @@ int fsdp_llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
     m->max_B = max_B;
     m->max_T = max_T;
     m->hs = c->n_embd / c->n_head;
-    m->qkv_w = (c->n_head + 2 * c->n_kv_head) * m->hs;
+    m->tp = fsdp_tp_on(tp) ? tp : NULL;
+    m->tpn = m->tp ? tp->size : 1;
+    m->sp = m->tp && tp->sp;
+    if (m->sp && ((size_t)max_B * (size_t)max_T) % (size_t)m->tpn != 0) {
+        int n = m->tpn;
+        free(m);
+        return fsdp_err(FSDP_ERR_INVALID, "llama: sequence parallel over tp %d: batch %d x %d "
+                        "does not split into %d equal row ranges", n, max_B, max_T, n);
+    }
+    if (c->n_head % m->tpn != 0 || c->n_kv_head % m->tpn != 0 || c->ffn_hidden % m->tpn != 0) {
+        int n = m->tpn;
+        free(m);
+        return fsdp_err(FSDP_ERR_INVALID, "llama: n_head %d, n_kv_head %d and ffn_hidden %d must "
+                        "each be divisible by tp %d", c->n_head, c->n_kv_head, c->ffn_hidden, n);
+    }
+    m->lnh = c->n_head / m->tpn;
+    m->lnkv = c->n_kv_head / m->tpn;
+    m->lq = (size_t)m->lnh * (size_t)m->hs;
+    m->lf = (size_t)c->ffn_hidden / (size_t)m->tpn;
+    fsdp_tp_vocab_split((size_t)c->vocab_size, m->tpn, m->tp ? tp->rank : 0, &m->tv0, &m->tvn,
+                        &m->tvl);
+    m->qkv_w = (m->lnh + 2 * m->lnkv) * m->hs;
     m->ignore_index = -1;
     m->loss_scale = 1.0f;
     m->head_chunk = llama_head_default_rows(c);
@@ -359,6 +403,12 @@ int fsdp_llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
 err_free:
     fsdp_llama_destroy(m);
     return rc;
+}
+
+int fsdp_llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
+                      struct fsdp_llama **out)
+{
+    return llama_create(spec, max_B, max_T, NULL, out);
 }
 
 void fsdp_llama_destroy(struct fsdp_llama *m)
@@ -495,57 +545,194 @@ int fsdp_llama_set_batch(struct fsdp_llama *m, const int32_t *tokens, const int3
 
 static float *llama_residual(const struct fsdp_llama *m, int l)
 {
-    size_t stride = (size_t)m->max_B * (size_t)m->max_T * (size_t)m->cfg->n_embd;
-    return m->acts.residual + (size_t)l * stride;
+    size_t BT = (size_t)m->max_B * (size_t)m->max_T;
+    return m->acts.residual + (size_t)l * llama_rows_here(m, BT) * (size_t)m->cfg->n_embd;
 }
 
-/* x[r] = embed_tokens[tokens[r]] */
-static void llama_embed_forward(struct fsdp_llama *m)
+// ----------------------------------------------------------------------------
+// tensor-parallel regions (model/tp_ops.h), as GPT-2's (gpt2.c)
+
+/* A column-parallel product's input from a norm's output x: x, or with
+ * sequence parallelism every rank's rows gathered into xfull. */
+static int llama_tp_enter(struct fsdp_llama *m, const float *x, size_t BT, const float **in)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    if (!m->sp) {
+        *in = x;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_seq_gather_forward(m->tp, x, m->gacts.xfull, BT / (size_t)m->tpn, C));
+    *in = m->gacts.xfull;
+    return 0;
+}
+
+/* dres as a row-parallel product's output gradient: dres, or with sequence
+ * parallelism every rank's rows gathered into dbtc. */
+static int llama_tp_dout(struct fsdp_llama *m, size_t BT, const float **dout)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    if (!m->sp) {
+        *dout = m->gacts.dres;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_seq_scatter_backward(m->tp, m->gacts.dres, m->gacts.dbtc,
+                                            BT / (size_t)m->tpn, C));
+    *dout = m->gacts.dbtc;
+    return 0;
+}
+
+/* A column-parallel product's input gradient part (dbtc) summed over the
+ * ranks into the rows held here: all-reduced in place, or reduce-scattered
+ * into xfull. */
+static int llama_tp_din(struct fsdp_llama *m, size_t BT, const float **din)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    if (!m->sp) {
+        FSDP_CHECK(fsdp_tp_copy_in_backward(m->tp, m->gacts.dbtc, BT * C));
+        *din = m->gacts.dbtc;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_seq_gather_backward(m->tp, m->gacts.dbtc, m->gacts.xfull,
+                                           BT / (size_t)m->tpn, C));
+    *din = m->gacts.xfull;
+    return 0;
+}
+
+/* Sequence parallel: n norm-weight gradients over this rank's rows (spg)
+ * summed over the ranks and added into dst[0..n). */
+static int llama_sp_norm_grads(struct fsdp_llama *m, float *const *dst, int n)
+{
+    size_t C = (size_t)m->cfg->n_embd;
+    FSDP_CHECK(fsdp_tp_all_reduce(m->tp, m->gacts.spg, (size_t)n * C, FSDP_SUM));
+    for (int j = 0; j < n; j++) {
+        for (size_t i = 0; i < C; i++) {
+            dst[j][i] += m->gacts.spg[(size_t)j * C + i];
+        }
+    }
+    return 0;
+}
+
+/* x[r] = embed_tokens[tokens[r]]; with tensor parallelism vocabulary
+ * parallel (sequence parallel: through dbtc to the rows held here) */
+static int llama_embed_forward(struct fsdp_llama *m)
 {
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg->n_embd;
     const float *wte = m->unit_params[0] + m->emb_off;
     float *x = llama_residual(m, 0);
+    if (m->tp) {
+        return fsdp_tp_embed_forward(m->tp, x, m->sp ? m->gacts.dbtc : x, m->tokens, wte,
+                                     (size_t)m->cfg->vocab_size, NULL, 0, BT, C);
+    }
     for (size_t r = 0; r < BT; r++) {
         memcpy(x + r * C, wte + (size_t)m->tokens[r] * C, C * sizeof(float));
     }
+    return 0;
+}
+
+/*
+ * out = residual + inp (BT, K) @ w^T, a row-parallel layer (o_proj,
+ * down_proj): w (C, K) holds this rank's K input features, so with tensor
+ * parallelism the partial products are summed over the ranks (reduce-out;
+ * with sequence parallelism reduce-scattered to the rows held here) before
+ * the residual is added. The partial sums go through dbtc, which no forward
+ * uses otherwise.
+ */
+static int llama_row_parallel(struct fsdp_llama *m, float *out, const float *inp, const float *w,
+                              const float *residual, size_t BT, size_t K)
+{
+    size_t C = (size_t)m->cfg->n_embd, BR = llama_rows_here(m, BT);
+    if (!m->tp) {
+        m->k->matmul_forward(out, inp, w, NULL, residual, BT, K, C);
+        return 0;
+    }
+    float *part = m->gacts.dbtc;
+    m->k->matmul_forward(part, inp, w, NULL, NULL, BT, K, C);
+    if (m->sp) {
+        FSDP_CHECK(fsdp_tp_seq_scatter_forward(m->tp, part, out, BR, C));
+        m->k->bias_residual_forward(out, out, NULL, residual, BR, C);
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_reduce_out_forward(m->tp, part, BT * C));
+    m->k->bias_residual_forward(out, part, NULL, residual, BT, C);
+    return 0;
 }
 
 /* Block l from residual[l]; full = 0 stops before down_proj, which only
- * produces residual[l+1] (what a checkpointed backward does not need). */
-static void llama_block_forward(struct fsdp_llama *m, int l, int full)
+ * produces residual[l+1] (what a checkpointed backward does not need).
+ * With tensor parallelism the heads and the MLP features are this rank's
+ * (lnh query heads, lnkv key/value heads, lf features). */
+static int llama_block_forward(struct fsdp_llama *m, int l, int full)
 {
     const struct fsdp_llama_config *c = m->cfg;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, F = (size_t)c->ffn_hidden;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, F = m->lf;
+    size_t BR = llama_rows_here(m, BT);
     struct fsdp_llama_block_view w;
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
     float *x = llama_residual(m, l);
+    const float *in;
     fsdp_llama_block_view(m, m->unit_params[1 + l], &w);
     /* attention: one product for q, k and v (and their biases), RoPE in place */
-    fsdp_cpu_rmsnorm_forward(a->rms1, a->rms1_rstd, x, w.attn_norm, BT, C, c->norm_eps);
-    m->k->matmul_forward(a->qkv, a->rms1, w.qw, w.qb, NULL, BT, C, (size_t)m->qkv_w);
-    fsdp_cpu_rope_forward(a->qkv, m->rope_cos, m->rope_sin, m->B, m->T, c->n_head, c->n_kv_head,
-                          m->hs);
+    fsdp_cpu_rmsnorm_forward(a->rms1, a->rms1_rstd, x, w.attn_norm, BR, C, c->norm_eps);
+    FSDP_CHECK(llama_tp_enter(m, a->rms1, BT, &in));
+    m->k->matmul_forward(a->qkv, in, w.qw, w.qb, NULL, BT, C, (size_t)m->qkv_w);
+    fsdp_cpu_rope_forward(a->qkv, m->rope_cos, m->rope_sin, m->B, m->T, m->lnh, m->lnkv, m->hs);
     fsdp_cpu_gqa_attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->B, m->T,
-                                   c->n_head, c->n_kv_head, m->hs);
-    m->k->matmul_forward(a->res2, a->atty, w.ow, NULL, x, BT, C, C);
+                                   m->lnh, m->lnkv, m->hs);
+    FSDP_CHECK(llama_row_parallel(m, a->res2, a->atty, w.ow, x, BT, m->lq));
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
-    fsdp_cpu_rmsnorm_forward(a->rms2, a->rms2_rstd, a->res2, w.mlp_norm, BT, C, c->norm_eps);
-    m->k->matmul_forward(a->gate, a->rms2, w.gatew, NULL, NULL, BT, C, F);
-    m->k->matmul_forward(a->up, a->rms2, w.upw, NULL, NULL, BT, C, F);
+    fsdp_cpu_rmsnorm_forward(a->rms2, a->rms2_rstd, a->res2, w.mlp_norm, BR, C, c->norm_eps);
+    FSDP_CHECK(llama_tp_enter(m, a->rms2, BT, &in));
+    m->k->matmul_forward(a->gate, in, w.gatew, NULL, NULL, BT, C, F);
+    m->k->matmul_forward(a->up, in, w.upw, NULL, NULL, BT, C, F);
     fsdp_cpu_swiglu_forward(a->h, a->gate, a->up, BT * F);
     if (full) {
-        m->k->matmul_forward(llama_residual(m, l + 1), a->h, w.downw, NULL, a->res2, BT, F, C);
+        FSDP_CHECK(llama_row_parallel(m, llama_residual(m, l + 1), a->h, w.downw, a->res2, BT, F));
     }
+    return 0;
 }
 
-/* logits (rows, V) of rows [r0, r0 + rows): lnf rows @ lm_head^T */
+/* logits (rows, V) of rows [r0, r0 + rows): lnf rows @ lm_head^T; with
+ * tensor parallelism (rows, tvn), this rank's vocabulary slice */
 static void llama_head_logits(const struct fsdp_llama *m, const float *lm_head, size_t r0,
                               size_t rows, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd;
     m->k->matmul_forward(out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C,
-                         (size_t)m->cfg->vocab_size);
+                         m->tp ? m->tvn : (size_t)m->cfg->vocab_size);
+}
+
+/* Tensor parallel: each row's loss over this rank's vocabulary slice, a
+ * row chunk at a time, then the parallel cross-entropy's combination over
+ * the ranks; *kept counts the rows not ignored. */
+static int llama_head_loss_tp(struct fsdp_llama *m, const float *lm_head, size_t BT,
+                              size_t *kept)
+{
+    struct fsdp_llama_acts *a = &m->acts;
+    size_t chunk = llama_head_rows(m);
+    for (size_t r0 = 0; r0 < BT; r0 += chunk) {
+        size_t rows = BT - r0 < chunk ? BT - r0 : chunk;
+        if (m->tvn == 0) { /* a slice of padding only */
+            for (size_t i = r0; i < r0 + rows; i++) {
+                a->ce_stats[2 * i] = -INFINITY;
+                a->ce_stats[2 * i + 1] = 0.0f;
+                a->zt[i] = 0.0f;
+            }
+            continue;
+        }
+        llama_head_logits(m, lm_head, r0, rows, a->head_logits);
+        m->k->crossentropy_slice_forward(a->ce_stats + 2 * r0, a->zt + r0, a->head_logits,
+                                         m->targets + r0, rows, m->tvn, m->tv0, m->ignore_index,
+                                         1);
+    }
+    FSDP_CHECK(fsdp_tp_xent_combine(m->tp, a->ce_stats, a->zt, a->xent, BT));
+    *kept = 0;
+    for (size_t r = 0; r < BT; r++) {
+        int keep = m->targets[r] != m->ignore_index;
+        a->losses[r] = keep ? a->ce_stats[2 * r] + logf(a->ce_stats[2 * r + 1]) - a->zt[r] : 0.0f;
+        *kept += (size_t)keep;
+    }
+    return 0;
 }
 
 /*
@@ -561,16 +748,25 @@ static int llama_head_forward(struct fsdp_llama *m)
     size_t chunk = llama_head_rows(m);
     struct fsdp_llama_acts *a = &m->acts;
     struct fsdp_llama_head_view w;
+    size_t BR = llama_rows_here(m, BT);
+    float *mine = a->lnf + (m->sp ? (size_t)m->tp->rank * BR * C : 0);
     fsdp_llama_head_view(m, m->unit_params[c->n_layer + 1], m->unit_params[0], &w);
-    fsdp_cpu_rmsnorm_forward(a->lnf, a->lnf_rstd, llama_residual(m, c->n_layer), w.norm, BT, C,
+    /* sequence parallel: this rank's rows, then every rank's gathered for the head */
+    fsdp_cpu_rmsnorm_forward(mine, a->lnf_rstd, llama_residual(m, c->n_layer), w.norm, BR, C,
                              c->norm_eps);
+    if (m->sp) {
+        FSDP_CHECK(fsdp_tp_seq_gather_forward(m->tp, mine, a->lnf, BR, C));
+    }
     m->bwd_next = -1;
     if (!m->targets) {
         return 0;
     }
     size_t kept = 0;
     double sum = 0.0;
-    for (size_t r0 = 0; r0 < BT; r0 += chunk) {
+    if (m->tp) {
+        FSDP_CHECK(llama_head_loss_tp(m, w.lm_head, BT, &kept));
+    }
+    for (size_t r0 = 0; r0 < BT && !m->tp; r0 += chunk) {
         size_t rows = BT - r0 < chunk ? BT - r0 : chunk, k;
         llama_head_logits(m, w.lm_head, r0, rows, a->head_logits);
         FSDP_CHECK(m->k->crossentropy_forward(a->losses + r0, a->ce_stats + 2 * r0,
@@ -604,6 +800,10 @@ int fsdp_llama_logits(struct fsdp_llama *m, size_t row0, size_t rows, float *out
     if (!m->unit_params[last] || (m->cfg->tied && !m->unit_params[0])) {
         return fsdp_err(FSDP_ERR_INVALID, "logits: the head's parameters are not set");
     }
+    if (m->tp) {
+        return fsdp_err(FSDP_ERR_INVALID, "logits: with tensor parallelism this rank holds only "
+                        "the head's vocabulary [%zu, %zu)", m->tv0, m->tv0 + m->tvn);
+    }
     struct fsdp_llama_head_view w;
     fsdp_llama_head_view(m, m->unit_params[last], m->unit_params[0], &w);
     if (rows > 0) {
@@ -629,9 +829,9 @@ int fsdp_llama_forward_unit(struct fsdp_llama *m, int u)
                         u == L + 1 && m->cfg->tied ? " (the tied head also reads unit 0)" : "");
     }
     if (u == 0) {
-        llama_embed_forward(m);
+        FSDP_CHECK(llama_embed_forward(m));
     } else if (u <= L) {
-        llama_block_forward(m, u - 1, 1);
+        FSDP_CHECK(llama_block_forward(m, u - 1, 1));
     } else {
         FSDP_CHECK(llama_head_forward(m));
     }
@@ -662,7 +862,7 @@ int fsdp_llama_forward(struct fsdp_llama *m, const int32_t *tokens, const int32_
  * accumulated with the seed scale as alpha. A chunk with every target
  * ignored has zero gradient and is skipped.
  */
-static void llama_head_backward(struct fsdp_llama *m)
+static int llama_head_backward(struct fsdp_llama *m)
 {
     const struct fsdp_llama_config *c = m->cfg;
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
@@ -676,72 +876,123 @@ static void llama_head_backward(struct fsdp_llama *m)
     double div = m->loss_divisor > 0 ? m->loss_divisor : (double)m->n_kept;
     /* no kept token: every dlogits row is zero, so is the gradient */
     float alpha = div > 0 ? (float)((double)m->loss_scale / div) : 0.0f;
+    size_t cols = m->tp ? m->tvn : V; /* tensor parallel: this rank's vocabulary slice */
     for (size_t r0 = 0; r0 < BT; r0 += chunk) {
         size_t rows = BT - r0 < chunk ? BT - r0 : chunk, kept = 0;
         for (size_t r = r0; r < r0 + rows; r++) {
             kept += m->targets[r] != m->ignore_index;
         }
-        if (kept == 0) {
+        if (kept == 0 || cols == 0) {
             memset(g->dbtc + r0 * C, 0, rows * C * sizeof(float));
             continue;
         }
         if (chunk < BT) {
             llama_head_logits(m, w.lm_head, r0, rows, a->head_logits);
         }
-        m->k->crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
-                                    m->targets + r0, rows, V, m->ignore_index, 1.0f);
+        if (m->tp) {
+            m->k->crossentropy_slice_backward(a->head_logits, a->head_logits,
+                                              a->ce_stats + 2 * r0, m->targets + r0, rows, cols,
+                                              m->tv0, m->ignore_index, 1.0f);
+        } else {
+            m->k->crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
+                                        m->targets + r0, rows, V, m->ignore_index, 1.0f);
+        }
         m->k->matmul_backward(g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
-                              a->lnf + r0 * C, w.lm_head, rows, C, V, alpha, 0);
+                              a->lnf + r0 * C, w.lm_head, rows, C, cols, alpha, 0);
     }
-    memset(g->dres, 0, BT * C * sizeof(float));
-    fsdp_cpu_rmsnorm_backward(g->dres, dw.norm, g->dbtc, llama_residual(m, c->n_layer), w.norm,
-                              a->lnf_rstd, BT, C);
+    /* tensor parallel: each rank's d(norm output) is its vocabulary slice's
+     * part, summed over the ranks into the rows held here */
+    size_t BR = llama_rows_here(m, BT);
+    const float *dlnf = g->dbtc;
+    if (m->tp) {
+        FSDP_CHECK(llama_tp_din(m, BT, &dlnf));
+    }
+    memset(g->dres, 0, BR * C * sizeof(float));
+    if (m->sp) {
+        memset(g->spg, 0, C * sizeof(float));
+    }
+    fsdp_cpu_rmsnorm_backward(g->dres, m->sp ? g->spg : dw.norm, dlnf,
+                              llama_residual(m, c->n_layer), w.norm, a->lnf_rstd, BR, C);
+    if (m->sp) {
+        float *const dst[1] = {dw.norm};
+        FSDP_CHECK(llama_sp_norm_grads(m, dst, 1));
+    }
+    return 0;
 }
 
-/* dres holds d(block output) on entry and d(block input) on return. */
-static void llama_block_backward(struct fsdp_llama *m, int l)
+/* dres holds d(block output) on entry and d(block input) on return. With
+ * tensor parallelism each rank's d(norm output) is its heads' and
+ * features' part, summed over the ranks (copy-in's backward) before the
+ * norms' backward. */
+static int llama_block_backward(struct fsdp_llama *m, int l)
 {
-    const struct fsdp_llama_config *c = m->cfg;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, F = (size_t)c->ffn_hidden;
+    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg->n_embd, F = m->lf;
+    size_t BR = llama_rows_here(m, BT);
     struct fsdp_llama_grad_acts *g = &m->gacts;
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
     struct fsdp_llama_block_view w, dw;
+    const float *dout, *in, *din;
+    /* sequence parallel: the norms' weight gradients of this rank's rows go
+     * through spg, and the gathered dres occupies dbtc, so d(attention
+     * output) goes to xfull */
+    float *spg = g->spg, *datty = m->sp ? g->xfull : g->dbtc;
     if (m->checkpoint[l]) {
-        llama_block_forward(m, l, 0);
+        FSDP_CHECK(llama_block_forward(m, l, 0));
     }
     fsdp_llama_block_view(m, m->unit_params[1 + l], &w);
     fsdp_llama_block_view(m, m->unit_grads[1 + l], &dw);
+    if (m->sp) {
+        memset(spg, 0, 2 * C * sizeof(float));
+    }
     /* MLP */
-    m->k->matmul_backward(g->dh, dw.downw, NULL, g->dres, a->h, w.downw, BT, F, C, 1.0f, 0);
+    FSDP_CHECK(llama_tp_dout(m, BT, &dout));
+    m->k->matmul_backward(g->dh, dw.downw, NULL, dout, a->h, w.downw, BT, F, C, 1.0f, 0);
     fsdp_cpu_swiglu_backward(g->dgate, g->dup, g->dh, a->gate, a->up, BT * F);
-    m->k->matmul_backward(g->dbtc, dw.gatew, NULL, g->dgate, a->rms2, w.gatew, BT, C, F, 1.0f, 0);
-    m->k->matmul_backward(g->dbtc, dw.upw, NULL, g->dup, a->rms2, w.upw, BT, C, F, 1.0f, 1);
-    fsdp_cpu_rmsnorm_backward(g->dres, dw.mlp_norm, g->dbtc, a->res2, w.mlp_norm, a->rms2_rstd,
-                              BT, C);
+    FSDP_CHECK(llama_tp_enter(m, a->rms2, BT, &in));
+    m->k->matmul_backward(g->dbtc, dw.gatew, NULL, g->dgate, in, w.gatew, BT, C, F, 1.0f, 0);
+    m->k->matmul_backward(g->dbtc, dw.upw, NULL, g->dup, in, w.upw, BT, C, F, 1.0f, 1);
+    FSDP_CHECK(llama_tp_din(m, BT, &din));
+    fsdp_cpu_rmsnorm_backward(g->dres, m->sp ? spg : dw.mlp_norm, din, a->res2, w.mlp_norm,
+                              a->rms2_rstd, BR, C);
     /* attention */
-    m->k->matmul_backward(g->dbtc, dw.ow, NULL, g->dres, a->atty, w.ow, BT, C, C, 1.0f, 0);
-    fsdp_cpu_gqa_attention_backward(g->dqkv, m->acts.att_scratch, g->dbtc, a->qkv, a->atty,
-                                    a->att_lse, m->B, m->T, c->n_head, c->n_kv_head, m->hs);
-    fsdp_cpu_rope_backward(g->dqkv, m->rope_cos, m->rope_sin, m->B, m->T, c->n_head,
-                           c->n_kv_head, m->hs);
-    m->k->matmul_backward(g->dbtc, dw.qw, dw.qb, g->dqkv, a->rms1, w.qw, BT, C,
-                          (size_t)m->qkv_w, 1.0f, 0);
-    fsdp_cpu_rmsnorm_backward(g->dres, dw.attn_norm, g->dbtc, llama_residual(m, l), w.attn_norm,
-                              a->rms1_rstd, BT, C);
+    FSDP_CHECK(llama_tp_dout(m, BT, &dout));
+    m->k->matmul_backward(datty, dw.ow, NULL, dout, a->atty, w.ow, BT, m->lq, C, 1.0f, 0);
+    fsdp_cpu_gqa_attention_backward(g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
+                                    a->att_lse, m->B, m->T, m->lnh, m->lnkv, m->hs);
+    fsdp_cpu_rope_backward(g->dqkv, m->rope_cos, m->rope_sin, m->B, m->T, m->lnh, m->lnkv, m->hs);
+    FSDP_CHECK(llama_tp_enter(m, a->rms1, BT, &in));
+    m->k->matmul_backward(g->dbtc, dw.qw, dw.qb, g->dqkv, in, w.qw, BT, C, (size_t)m->qkv_w, 1.0f,
+                          0);
+    FSDP_CHECK(llama_tp_din(m, BT, &din));
+    fsdp_cpu_rmsnorm_backward(g->dres, m->sp ? spg + C : dw.attn_norm, din, llama_residual(m, l),
+                              w.attn_norm, a->rms1_rstd, BR, C);
+    if (m->sp) {
+        float *const dst[2] = {dw.mlp_norm, dw.attn_norm};
+        FSDP_CHECK(llama_sp_norm_grads(m, dst, 2));
+    }
+    return 0;
 }
 
-/* d embed_tokens[tokens[r]] += d x[r], rows in order */
-static void llama_embed_backward(struct fsdp_llama *m)
+/* d embed_tokens[tokens[r]] += d x[r], rows in order (sequence parallel:
+ * every rank's rows gathered first, so every rank's table gradient is whole) */
+static int llama_embed_backward(struct fsdp_llama *m)
 {
     size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg->n_embd;
     float *dwte = m->unit_grads[0] + m->emb_off;
-    const float *dx = m->gacts.dres;
+    const float *dx;
+    FSDP_CHECK(llama_tp_dout(m, BT, &dx));
+    if (m->tp) { /* vocabulary parallel: the rows of the ids this rank holds */
+        fsdp_tp_embed_backward(m->tp, dwte, NULL, dx, m->tokens, (size_t)m->cfg->vocab_size, 0,
+                               BT, C);
+        return 0;
+    }
     for (size_t r = 0; r < BT; r++) {
         float *row = dwte + (size_t)m->tokens[r] * C;
         for (size_t i = 0; i < C; i++) {
             row[i] += dx[r * C + i];
         }
     }
+    return 0;
 }
 
 int fsdp_llama_backward_unit(struct fsdp_llama *m, int u)
@@ -765,11 +1016,11 @@ int fsdp_llama_backward_unit(struct fsdp_llama *m, int u)
                         tied_head ? " (the tied head also uses unit 0's)" : "");
     }
     if (u == 0) {
-        llama_embed_backward(m);
+        FSDP_CHECK(llama_embed_backward(m));
     } else if (u <= L) {
-        llama_block_backward(m, u - 1);
+        FSDP_CHECK(llama_block_backward(m, u - 1));
     } else {
-        llama_head_backward(m);
+        FSDP_CHECK(llama_head_backward(m));
     }
     m->bwd_next = u - 1;
     return 0;
@@ -814,7 +1065,7 @@ static int llama_op_create(const struct fsdp_model_spec *spec, const struct fsdp
                         "llama: runs on host memory only, not on device %d (RMSNorm, RoPE and "
                         "SwiGLU have host kernels only)", o->dev->index);
     }
-    FSDP_CHECK(fsdp_llama_create(spec, o->max_B, o->max_T, &m));
+    FSDP_CHECK(llama_create(spec, o->max_B, o->max_T, o->tp, &m));
     if (o->dev) {
         m->k = o->dev->k;
     }
@@ -826,6 +1077,47 @@ static int llama_op_create(const struct fsdp_model_spec *spec, const struct fsdp
         }
     }
     *out = &m->base;
+    return 0;
+}
+
+/*
+ * Megatron-LM's layout: q, k, v (and their biases) by heads, gate and up by
+ * features, o_proj and down_proj by input columns, embed_tokens (and an
+ * untied lm_head) by vocabulary, padded; the norms whole on every rank. Grouped-query attention keeps its
+ * grouping on every rank: each holds NH / tp query heads and the NKV / tp
+ * key/value heads they read.
+ */
+static int llama_op_tp_cut(const struct fsdp_model_spec *spec, int tp, size_t i,
+                           struct fsdp_tp_cut *out)
+{
+    const struct fsdp_llama_config *c = fsdp_llama_cfg(spec);
+    const struct fsdp_param_spec *p = &spec->params[i];
+    if (tp > c->n_head) {
+        return fsdp_err(FSDP_ERR_INVALID, "tp %d is larger than n_head %d: every tensor-parallel "
+                        "rank needs at least one attention head", tp, c->n_head);
+    }
+    if (c->n_head % tp != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "n_head %d is not divisible by tp %d: attention is "
+                        "split by heads", c->n_head, tp);
+    }
+    if (c->n_kv_head % tp != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "n_kv_head %d is not divisible by tp %d: key/value "
+                        "heads are split across tp (grouped-query attention keeps %d query heads "
+                        "per key/value head)", c->n_kv_head, tp, c->n_head / c->n_kv_head);
+    }
+    if (c->ffn_hidden % tp != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "ffn_hidden %d is not divisible by tp %d: the MLP is "
+                        "split by features", c->ffn_hidden, tp);
+    }
+    *out = (struct fsdp_tp_cut){.dim = -1, .chunks = 1, .pad = 0};
+    if (p->tp == FSDP_TP_COLWISE) {
+        out->dim = 0;
+    } else if (p->tp == FSDP_TP_ROWWISE) {
+        out->dim = 1;
+    } else if (p->tp == FSDP_TP_VOCAB) {
+        out->dim = 0;
+        out->pad = 1;
+    }
     return 0;
 }
 
@@ -917,4 +1209,5 @@ const struct fsdp_model_ops fsdp_llama_ops = {
     .workspace_bytes = llama_op_workspace_bytes,
     .flops_per_token = fsdp_llama_flops_per_token,
     .decoder_create = fsdp_llama_decoder_create,
+    .tp_cut = llama_op_tp_cut,
 };

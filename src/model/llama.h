@@ -78,6 +78,9 @@ struct fsdp_llama_acts {
     float *head_logits; /* (head_rows, V) one chunk of logits, then their gradient */
     float *ce_stats;    /* (B, T, 2) per row: max logit and sum of exp(logit - max) */
     float *losses;      /* (B, T) per-token loss, 0 where the target is ignored */
+    float *zt;          /* (B, T) tensor parallel: each row's target logit (parallel
+                           cross-entropy); NULL otherwise */
+    float *xent;        /* (3, B, T) tensor parallel: the parallel cross-entropy's scratch */
     float *att_scratch; /* fsdp_cpu_attention_scratch_floats(T) */
     struct fsdp_llama_block_acts *blocks; /* (L,) */
 };
@@ -90,6 +93,10 @@ struct fsdp_llama_grad_acts {
     float *dgate; /* (B, T, F) */
     float *dup;   /* (B, T, F) */
     float *dh;    /* (B, T, F) */
+    float *xfull; /* (B, T, C) sequence parallel: a norm's output gathered from every rank,
+                     or this rank's rows of a reduce-scattered gradient; NULL otherwise */
+    float *spg;   /* (2, C) sequence parallel: a block's norm-weight gradients over this
+                     rank's rows, summed over the tp ranks before they are added */
 };
 
 struct fsdp_llama {
@@ -98,7 +105,19 @@ struct fsdp_llama {
     const struct fsdp_llama_config *cfg; /* spec's */
     const struct fsdp_kernels *k;        /* the host kernels (the device's, when given) */
     int max_B, max_T;
-    int hs, qkv_w;                       /* head size; QKV row width */
+    int hs, qkv_w;                       /* head size; QKV row width (this rank's heads') */
+
+    /* tensor parallelism (model.h opts.tp; doc/model.md, "Tensor parallelism"):
+     * the blocks' buffers hold this rank's query and key/value heads and its
+     * features of the MLP */
+    struct fsdp_tp *tp;                  /* NULL: one rank */
+    int tpn;                             /* tp ranks (1 without tensor parallelism) */
+    int sp;                              /* sequence parallel: the residual stream and the norms
+                                            hold this rank's 1/tpn of the batch's rows */
+    int lnh, lnkv;                       /* query and key/value heads here: NH / tpn, NKV / tpn */
+    size_t lq, lf;                       /* their q width lnh hs, and the MLP's F / tpn */
+    size_t tv0, tvn, tvl;                /* vocabulary ids [tv0, tv0 + tvn) of this rank's slice
+                                            of embed_tokens (and lm_head), tvl rows padded */
 
     float **unit_params; /* (n_units,) caller-owned unit buffers */
     float **unit_grads;  /* (n_units,) caller-owned, may be NULL for forward only */

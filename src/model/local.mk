@@ -1,5 +1,5 @@
-libfsdpc_a_SOURCES += src/model/gpt2_spec.c src/model/model.c
-noinst_HEADERS += src/model/gpt2_spec.h src/model/model.h
+libfsdpc_a_SOURCES += src/model/gpt2_spec.c src/model/model.c src/model/tp_ops.c
+noinst_HEADERS += src/model/gpt2_spec.h src/model/model.h src/model/tp_ops.h
 
 # GPT-2 forward/backward over units on the CPU kernels
 libfsdpc_a_SOURCES += src/model/gpt2.c src/model/gpt2_decode.c

@@ -31,12 +31,30 @@ struct fsdp_model;
 struct fsdp_device;
 struct fsdp_group;
 struct fsdp_decoder;
+struct fsdp_tp;
+struct fsdp_tp_counts;
 
 /* What an instance is sized for, and where it computes. */
 struct fsdp_model_opts {
     int max_B, max_T;  /* the largest batch (max_T <= spec->context) */
     int head_chunk;    /* rows of the output head computed at a time; 0: the model's default */
     struct fsdp_device *dev; /* activations and kernels (compute/device.h); NULL: the CPU */
+    /* Tensor parallelism (model/tp_ops.h; NULL or one rank: none). The spec
+     * is then the tp-local table, every parameter cut as the model's tp_cut
+     * says (fsdp/tp.h makes it), and the model computes its slice of the
+     * heads and features, calling the tp operators on tp's group; every
+     * rank of the group runs the same calls with the same batch. Borrowed. */
+    struct fsdp_tp *tp;
+};
+
+/* How tensor parallelism over tp ranks cuts one parameter (Megatron-LM's
+ * layout); tp rank r holds piece r. */
+struct fsdp_tp_cut {
+    int dim;    /* -1: whole on every rank (replicated); 0: rows split; 1: columns split */
+    int chunks; /* dim 0: the rows are `chunks` equal blocks, each split over the ranks
+                   (GPT-2's packed [q | k | v]); 1 otherwise */
+    int pad;    /* dim 0: the rows padded with zero rows to a multiple of tp (a vocabulary,
+                   model/tp_ops.h fsdp_tp_vocab_split); 0 otherwise */
 };
 
 struct fsdp_model_ops {
@@ -92,6 +110,21 @@ struct fsdp_model_ops {
     /* Optional (NULL: no incremental decoding): a decoder with a key/value
      * cache of max_T (<= spec->context) positions; see struct fsdp_decoder. */
     int (*decoder_create)(struct fsdp_model *m, int max_T, struct fsdp_decoder **out);
+    /*
+     * Optional (NULL: no tensor parallelism). How parameter i of spec (the
+     * whole table) is cut over tp ranks; an error naming the config field
+     * when the model cannot be split tp ways (heads not divisible by tp,
+     * fewer heads than ranks). The parallelism builds the tp-local table
+     * from it and creates the model with opts.tp.
+     */
+    int (*tp_cut)(const struct fsdp_model_spec *spec, int tp, size_t i, struct fsdp_tp_cut *out);
+    /*
+     * Optional (NULL: none). Adds into out (model/tp_ops.h) what the model's
+     * own exchanges moved since it was created: those over the groups of
+     * set_unit_rows. (The tp operators count into the struct fsdp_tp the
+     * model was created with, which its creator reads.)
+     */
+    void (*comm_counts)(const struct fsdp_model *m, struct fsdp_tp_counts *out);
 };
 
 /*

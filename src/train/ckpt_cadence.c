@@ -25,6 +25,7 @@
 #include "core/util.h"
 #include "rendezvous/dist.h"
 #include "comm/mesh.h"
+#include "comm/mesh_spec.h"
 #include "io/ckpt.h"
 #include "io/ckpt_commit.h"
 #include "io/fileutil.h"
@@ -315,6 +316,48 @@ static void cad_save_hint(const struct fsdp_ckpt_cadence *c)
 // the engine's state in and out of checkpoint files, as row ranges
 
 /*
+ * A tensor-parallel engine's shard: its pieces are blocks, so every tensor
+ * is re-laid out as this shard's whole rows first (save_rows, collective:
+ * every rank takes part in the same order, the writers put the rows).
+ */
+static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
+                          const struct fsdp_ckpt_meta *meta)
+{
+    struct fsdp_engine *e = t->engine;
+    const struct fsdp_model_spec *s = t->spec;
+    struct fsdp_ckpt_shard_writer *w = NULL;
+    int rc = 0;
+    float *rows = malloc(fsdp_model_spec_largest(s) * sizeof(float));
+    if (!rows) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint: %zu bytes of rows",
+                      fsdp_model_spec_largest(s) * sizeof(float));
+    }
+    if (rc == 0 && e->writes_state) {
+        rc = fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, s, &w);
+    }
+    for (int k = 0; k <= e->n_state; k++) {
+        for (size_t i = 0; i < s->n_params; i++) {
+            /* a collective: every rank takes part after a local failure too */
+            int src = e->ops->save_rows(e, k, i, rc == 0 ? rows : NULL);
+            if (src < 0) {
+                fsdp_ckpt_shard_destroy(w);
+                free(rows);
+                return src; /* a collective failed: every rank hears of it */
+            }
+            if (rc == 0 && w) {
+                rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)k, i, rows);
+            }
+        }
+    }
+    if (rc == 0 && w) {
+        rc = fsdp_ckpt_shard_commit(w);
+    }
+    fsdp_ckpt_shard_destroy(w);
+    free(rows);
+    return rc;
+}
+
+/*
  * This rank's shard file (when it writes one: the first replica's ranks)
  * from the engine's pieces, straight from its shards (no gather). Returns
  * this rank's status only: the caller agrees on the outcome.
@@ -324,13 +367,16 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
 {
     struct fsdp_engine *e = t->engine;
     FSDP_CHECK(e->ops->state_changed(e));
+    if (e->blocks) {
+        return cad_write_rows(t, dir, meta);
+    }
     if (e->writes_state) {
         struct fsdp_ckpt_shard_writer *w = NULL;
         FSDP_CHECK(fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, t->spec, &w));
         int rc = 0;
         size_t n = e->ops->n_pieces(e);
         for (size_t k = 0; k < n && rc == 0; k++) {
-            struct fsdp_state_piece pc;
+            struct fsdp_state_piece pc = {0};
             e->ops->piece(e, k, &pc);
             rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.data);
         }
@@ -375,15 +421,45 @@ static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
                         "parameter, the optimizer %d", fsdp_ckpt_dir(ck), FSDP_CKPT_NKINDS - 1,
                         e->n_state);
     }
-    size_t n = e->ops->n_pieces(e);
-    for (size_t k = 0; k < n; k++) {
-        struct fsdp_state_piece pc;
+    size_t n = e->ops->n_pieces(e), room = 0;
+    float *buf = NULL;
+    int rc = 0;
+    for (size_t k = 0; k < n && rc == 0; k++) {
+        struct fsdp_state_piece pc = {0};
         e->ops->piece(e, k, &pc);
-        if (pc.rows > 0) {
-            FSDP_CHECK(fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0,
-                                           pc.rows, pc.data));
+        const struct fsdp_param_spec *p = &t->spec->params[pc.param];
+        size_t cols = fsdp_state_piece_cols(&pc, p->shape[1]);
+        if (pc.rows == 0) {
+            continue;
+        }
+        if (cols == p->shape[1]) {
+            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0, pc.rows,
+                                     pc.data);
+            continue;
+        }
+        /* a block of columns (tensor parallelism): its rows whole, a few MiB at a time */
+        if (room < p->shape[1]) {
+            free(buf);
+            room = p->shape[1] * (((size_t)4 << 20) / p->shape[1] + 1);
+            if (!(buf = malloc(room * sizeof(float)))) {
+                rc = fsdp_err(FSDP_ERR_NOMEM, "%s: %zu bytes to read %s", fsdp_ckpt_dir(ck),
+                              room * sizeof(float), p->name);
+                break;
+            }
+        }
+        size_t step = room / p->shape[1];
+        for (size_t r = 0; r < pc.rows && rc == 0; r += step) {
+            size_t nr = pc.rows - r < step ? pc.rows - r : step;
+            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0 + r, nr,
+                                     buf);
+            for (size_t j = 0; rc == 0 && j < nr; j++) {
+                memcpy(pc.data + (r + j) * cols, buf + j * p->shape[1] + pc.col0,
+                       cols * sizeof(float));
+            }
         }
     }
+    free(buf);
+    FSDP_CHECK(rc);
     struct fsdp_engine_counters cn = {.opt_step = m->adam_step, .loss_scale = m->loss_scale,
                                       .scale_good_steps = m->scale_good_steps,
                                       .skipped_steps = m->skipped_steps};
@@ -698,6 +774,23 @@ static int cad_diff_keys(struct fsdp_optset *set, const struct fsdp_train_config
     return n;
 }
 
+/* The data-parallel ranks of the run that wrote m: its ranks less its mesh's
+ * tp dimension (tp peers share a batch). */
+static int cad_data_world(const struct fsdp_ckpt_meta *m)
+{
+    struct fsdp_mesh_dims d;
+    if (fsdp_mesh_parse(m->mesh, &d) < 0 || d.nranks != m->world_size) {
+        fsdp_err_clear(); /* "single rank", or a mesh from elsewhere: every rank is one */
+        return m->world_size;
+    }
+    for (int i = 0; i < d.ndims; i++) {
+        if (strcmp(d.name[i], "tp") == 0) {
+            return m->world_size / d.size[i];
+        }
+    }
+    return m->world_size;
+}
+
 /*
  * Rank 0, after a resume: what changed since the run that wrote the
  * checkpoint and changes what this run does. The learning rate is a
@@ -732,17 +825,18 @@ static void cad_warn_config(const struct fsdp_trainer *t, const struct fsdp_ckpt
     long i_b = fsdp_opt_find(&set, "batch-size"), i_k = fsdp_opt_find(&set, "grad-accum"),
          i_t = fsdp_opt_find(&set, "seq-len");
     if (i_b >= 0 && i_k >= 0 && i_t >= 0 && set.source[i_b] == FSDP_SRC_FILE && m->world_size > 0) {
+        int old_dw = cad_data_world(m);
         double was = (double)old->batch_size * (double)old->grad_accum * (double)old->seq_len *
-                     (double)m->world_size;
-        double now = (double)fsdp_train_config_step_tokens(t->cfg) * (double)t->world->size;
+                     (double)old_dw;
+        double now = (double)fsdp_train_config_step_tokens(t->cfg) * (double)t->data_world;
         if (was != now) {
             FSDP_WARN(FSDP_SUB_TRAIN, "resume: the global batch differs from the run that wrote "
                       "the checkpoint: %d rank%s x %ld seq x %ld tokens x %ld micro-steps = %.0f "
                       "tokens per step there, %d x %ld x %ld x %ld = %.0f here; the data goes on "
                       "from the same token, but the steps see other batches than that run's (and "
-                      "the schedule counts steps, not tokens)", m->world_size,
-                      m->world_size > 1 ? "s" : "", old->batch_size, old->seq_len,
-                      old->grad_accum, was, t->world->size, t->cfg->batch_size, t->cfg->seq_len,
+                      "the schedule counts steps, not tokens)",
+                      old_dw, old_dw > 1 ? "s" : "", old->batch_size, old->seq_len,
+                      old->grad_accum, was, t->data_world, t->cfg->batch_size, t->cfg->seq_len,
                       t->cfg->grad_accum, now);
         }
     }

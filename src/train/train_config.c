@@ -82,9 +82,10 @@ static const struct fsdp_opt train_opts[] = {
     {"debug", FSDP_OPT_CHOICE, F(debug), 0, 0, 0, "env|off|info|detail", "LEVEL", 0,
      "distributed debug level (env: $FSDPC_DEBUG); detail checks every collective"},
     {"mesh", FSDP_OPT_STR, F(mesh), S(mesh), 0, 0, NULL, "SPEC", 0,
-     "device mesh: dp=N (shard) or rdp=R,dp=N (replicate x shard); default dp=<ranks>"},
+     "device mesh: dp=N (shard), rdp=R,dp=N (replicate x shard), with tp=T last (tensor "
+     "parallel); default dp=<ranks>"},
     {"backend", FSDP_OPT_STR, F(backend), S(backend), 0, 0, NULL, "NAME", 0,
-     "collective backend: mpi, tcp, or per dimension (dp=tcp,rdp=mpi)"},
+     "collective backend: mpi, tcp, or per dimension (dp=tcp,rdp=mpi,tp=mpi)"},
     {"sharding", FSDP_OPT_CHOICE, F(sharding), 0, 0, 0, "full|grad-op|none", "KIND", 0,
      "full (FSDP), grad-op (params kept from forward to backward), none (DDP)"},
     {"reshard-after-forward", FSDP_OPT_BOOL, F(reshard_after_forward), 0, 0, 0, NULL, "X", 0,
@@ -103,6 +104,8 @@ static const struct fsdp_opt train_opts[] = {
      "keep unsharded gradients until the last micro-step (one reduction per step)"},
     {"activation-checkpointing", FSDP_OPT_FLAG, F(activation_checkpointing), 0, 0, 0, NULL, "", 0,
      "recompute each block's activations in its backward"},
+    {"sequence-parallel", FSDP_OPT_BOOL, F(sequence_parallel), 0, 0, 0, NULL, "X", 0,
+     "on|off: with a tp dimension, norms and residuals hold 1/tp of the sequence"},
     {"lm-head-chunk", FSDP_OPT_INT, F(lm_head_chunk), 0, 0, 1 << 30, NULL, "ROWS", 0,
      "positions per LM-head chunk (0: as many as fit in 256 MiB of logits); smaller saves memory, "
      "costs a recompute"},
@@ -141,6 +144,7 @@ void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set
     snprintf(c->init, sizeof(c->init), "auto");
     snprintf(c->device, sizeof(c->device), "cpu");
     c->reshard_after_forward = 1;
+    c->sequence_parallel = 1;
     c->prefetch = 1;
     snprintf(c->loss_scale, sizeof(c->loss_scale), "off");
     c->loss_scale_init = 65536.0;

@@ -85,6 +85,7 @@ struct fsdp_train_config {
                                          start from the model, with a warning), "required"
                                          (latest, and none is an error), a checkpoint path,
                                          or "": none */
+    int sequence_parallel;   /* with tp: norms and residuals hold 1/tp of the rows (default 1) */
 };
 
 /* The dtype behind a param-dtype / reduce-dtype choice index. */

@@ -18,6 +18,7 @@
 #include "rendezvous/dist.h"
 #include "comm/debug.h"
 #include "comm/mesh.h"
+#include "comm/mesh_spec.h"
 #include "compute/device.h"
 #include "fsdp/fsdp.h"
 #include "io/model_file.h"
@@ -51,6 +52,42 @@ static int trainer_world(const struct fsdp_trainer *t)
 static int trainer_rank(const struct fsdp_trainer *t)
 {
     return t->dist ? t->dist->rank : 0;
+}
+
+/*
+ * This rank's place among the data-parallel ranks, from --mesh: its
+ * coordinates in every dimension but tp, row-major (the order the mesh
+ * lays ranks out in), so that tp peers read the same batch and the global
+ * batch is batch-size x the product of the other dimensions. A mesh that
+ * does not parse or cover the world is left to the mesh's own checks.
+ */
+static void trainer_data_place(struct fsdp_trainer *t)
+{
+    struct fsdp_mesh_dims d;
+    const int rank = trainer_rank(t), world = trainer_world(t);
+    t->tp = 1;
+    t->data_rank = rank;
+    t->data_world = world;
+    if (!t->cfg->mesh[0]) {
+        return;
+    }
+    if (fsdp_mesh_parse(t->cfg->mesh, &d) < 0 || d.nranks != world) {
+        fsdp_err_clear();
+        return;
+    }
+    int rem = rank, idx = 0, span = 1;
+    for (int i = d.ndims - 1; i >= 0; i--) {
+        int coord = rem % d.size[i];
+        rem /= d.size[i];
+        if (strcmp(d.name[i], "tp") == 0) {
+            t->tp = d.size[i];
+            continue;
+        }
+        idx += coord * span;
+        span *= d.size[i];
+    }
+    t->data_rank = idx;
+    t->data_world = span;
 }
 
 /* Prefixes the recorded error message with the option it concerns. */
@@ -185,16 +222,16 @@ static int trainer_check_readable(struct fsdp_trainer *t, const char *path, cons
 {
     char mine[FSDP_TRAIN_PATH_MAX];
     int per_rank;
-    int rc = fsdp_uneven_path(path, trainer_rank(t), mine, sizeof(mine), &per_rank);
+    int rc = fsdp_uneven_path(path, t->data_rank, mine, sizeof(mine), &per_rank);
     if (rc < 0) {
         return trainer_blame(rc, what);
     }
     if (access(mine, R_OK) != 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: %s: cannot open: %s", what, mine, strerror(errno));
         if (per_rank) {
-            fsdp_err_hint("with %s in --%s every rank reads a file of its own: one is needed "
-                          "for each of the %d ranks", FSDP_TRAIN_RANK_FIELD, what,
-                          trainer_world(t));
+            fsdp_err_hint("with %s in --%s every data-parallel rank reads a file of its own "
+                          "(tp peers share one): one is needed for each of the %d",
+                          FSDP_TRAIN_RANK_FIELD, what, t->data_world);
         } else {
             fsdp_err_hint("check --%s; 'fsdpc-data tokenize TEXT -o FILE' makes a token file",
                           what);
@@ -225,6 +262,7 @@ static int trainer_check_inputs(struct fsdp_trainer *t, struct fsdp_model_file *
 {
     const struct fsdp_train_config *c = t->cfg;
     FSDP_CHECK(trainer_check_out(c->out));
+    trainer_data_place(t);
     FSDP_CHECK(fsdp_model_registry_init());
     FSDP_CHECK(trainer_open_model(t, mf));
     FSDP_CHECK(trainer_check_readable(t, c->data, "data"));
@@ -245,9 +283,9 @@ static void trainer_mesh_hint(const struct fsdp_trainer *t, int rc)
         fsdp_err_hint("the trainer computes on the CPU, in host memory: use --backend mpi "
                       "(under mpiexec or srun) or --backend tcp; nccl serves fsdpc-bench only");
     } else if (rc == FSDP_ERR_INVALID) {
-        fsdp_err_hint("--mesh is dp=N (shard over N ranks) or rdp=R,dp=N (R replicas of N-way "
-                      "shards) with the sizes multiplying to the number of ranks, %d here "
-                      "(--mesh dp=%d); tensor parallelism (tp) is not built yet", w, w);
+        fsdp_err_hint("--mesh is dp=N (shard over N ranks), rdp=R,dp=N (R replicas of N-way "
+                      "shards) or either with tp=T last (tensor parallel over T ranks), the sizes "
+                      "multiplying to the number of ranks, %d here (--mesh dp=%d)", w, w);
     } else if (rc == FSDP_ERR_MISMATCH) {
         fsdp_err_hint("start every rank with the same --mesh and --backend");
     }
@@ -273,22 +311,33 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
     }
     struct fsdp_mesh *m = t->mesh;
     for (int i = 0; i < m->ndims; i++) {
-        if (strcmp(m->dims[i].name, "dp") != 0 && strcmp(m->dims[i].name, "rdp") != 0) {
+        if (strcmp(m->dims[i].name, "dp") != 0 && strcmp(m->dims[i].name, "rdp") != 0 &&
+            strcmp(m->dims[i].name, "tp") != 0) {
             rc = fsdp_err(FSDP_ERR_INVALID,
-                          "mesh %s: dimension '%s' is not one the sharding engine uses (dp: shard, rdp: replicate)",
-                          m->spec, m->dims[i].name);
+                          "mesh %s: dimension '%s' is not one the trainer uses (dp: shard, rdp: "
+                          "replicate, tp: tensor parallel)", m->spec, m->dims[i].name);
             trainer_mesh_hint(t, rc);
             return rc;
         }
     }
     int dp = fsdp_mesh_dim_index(m, "dp"), rdp = fsdp_mesh_dim_index(m, "rdp");
-    if (dp < 0) {
+    int tp = fsdp_mesh_dim_index(m, "tp");
+    if (dp < 0 && tp < 0) {
         rc = fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
                       m->spec);
         trainer_mesh_hint(t, rc);
         return rc;
     }
-    if (rdp > dp && d->rank == 0) {
+    if (tp >= 0 && tp != m->ndims - 1 && d->rank == 0) {
+        int stride = 1; /* row-major: a tp group's ranks lie this far apart */
+        for (int i = tp + 1; i < m->ndims; i++) {
+            stride *= m->dims[i].size;
+        }
+        FSDP_WARN(FSDP_SUB_TRAIN, "mesh %s: tp is not the innermost dimension, so each tp group "
+                  "takes ranks %d apart (not neighbours, not one node) and the tensor-parallel "
+                  "collectives of every layer cross nodes; put tp last", m->spec, stride);
+    }
+    if (dp >= 0 && rdp > dp && d->rank == 0) {
         /* row-major: the last dimension is the one whose groups are neighbours */
         FSDP_WARN(FSDP_SUB_TRAIN, "mesh %s: the shard dimension dp is not the innermost, so each "
                   "shard group takes every %d-th rank (not neighbours, not one node) and its "
@@ -318,6 +367,7 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
     sc.loss_scale_dynamic = dynamic != 0;
     sc.no_sync_accum = c->no_sync_accum != 0;
     sc.activation_checkpointing = c->activation_checkpointing != 0;
+    sc.sequence_parallel = c->sequence_parallel != 0;
     sc.lm_head_chunk = (int)c->lm_head_chunk;
     struct fsdp_shard_groups g = {
         .dp = t->mesh ? fsdp_mesh_group(t->mesh, "dp") : NULL,
@@ -325,26 +375,63 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
         .world_rank = trainer_rank(t),
         .mesh = t->mesh ? t->mesh->spec : "single rank",
         .backends = t->mesh ? t->mesh->backends : "no backend",
+        .tp = t->mesh ? fsdp_mesh_group(t->mesh, "tp") : NULL,
     };
     return fsdp_shard_engine_create(t->spec, &g, t->dev, &oc, &sc, out);
 }
 
-/* Every rank reads its rows of every parameter from the model file into
- * the engine's pieces of kind 0 (local; the caller agrees, then tells the
- * engine, which is collective). */
-static int trainer_load_model(struct fsdp_trainer *t, struct fsdp_model_file *mf)
+/* A piece of columns [col0, col0 + cols) of its rows: the rows are read
+ * whole, a few at a time through buf (room for `room` floats, at least
+ * one row), and the piece's columns kept. */
+static int trainer_read_block(struct fsdp_model_file *mf, const struct fsdp_param_spec *p,
+                              const struct fsdp_state_piece *pc, size_t cols, float *buf,
+                              size_t room)
 {
-    struct fsdp_engine *e = t->engine;
-    size_t n = e->ops->n_pieces(e);
-    for (size_t k = 0; k < n; k++) {
-        struct fsdp_state_piece pc;
-        e->ops->piece(e, k, &pc);
-        if (pc.kind == 0 && pc.rows > 0) {
-            FSDP_CHECK(fsdp_model_file_read_rows(mf, t->spec->params[pc.param].name, pc.row0,
-                                                 pc.rows, pc.data));
+    size_t W = p->shape[1], step = room / W;
+    for (size_t r = 0; r < pc->rows; r += step) {
+        size_t n = pc->rows - r < step ? pc->rows - r : step;
+        FSDP_CHECK(fsdp_model_file_read_rows(mf, p->name, pc->row0 + r, n, buf));
+        for (size_t i = 0; i < n; i++) {
+            memcpy(pc->data + (r + i) * cols, buf + i * W + pc->col0, cols * sizeof(float));
         }
     }
     return 0;
+}
+
+/* Every rank reads its part of every parameter from the model file into
+ * the engine's pieces of kind 0: rows, or blocks of a tensor-parallel cut
+ * (local; the caller agrees, then tells the engine, which is collective). */
+static int trainer_load_model(struct fsdp_trainer *t, struct fsdp_model_file *mf)
+{
+    struct fsdp_engine *e = t->engine;
+    size_t n = e->ops->n_pieces(e), room = 0;
+    float *buf = NULL;
+    int rc = 0;
+    for (size_t k = 0; k < n && rc == 0; k++) {
+        struct fsdp_state_piece pc = {0};
+        e->ops->piece(e, k, &pc);
+        const struct fsdp_param_spec *p = &t->spec->params[pc.param];
+        size_t cols = fsdp_state_piece_cols(&pc, p->shape[1]);
+        if (pc.kind != 0 || pc.rows == 0) {
+            continue;
+        }
+        if (cols == p->shape[1]) {
+            rc = fsdp_model_file_read_rows(mf, p->name, pc.row0, pc.rows, pc.data);
+            continue;
+        }
+        if (room < p->shape[1]) { /* a few MiB of whole rows at a time */
+            free(buf);
+            room = p->shape[1] * (((size_t)4 << 20) / p->shape[1] + 1);
+            if (!(buf = malloc(room * sizeof(float)))) {
+                rc = fsdp_err(FSDP_ERR_NOMEM, "model: %zu bytes to read %s", room * sizeof(float),
+                              p->name);
+                break;
+            }
+        }
+        rc = trainer_read_block(mf, p, &pc, cols, buf, room);
+    }
+    free(buf);
+    return rc;
 }
 
 /*
@@ -367,8 +454,9 @@ static int trainer_build_engine(struct fsdp_trainer *t, fsdp_engine_factory fact
     }
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "build the mesh"));
     const struct fsdp_backend_ops *ops = NULL;
-    if (t->mesh) {
-        ops = t->mesh->dims[fsdp_mesh_dim_index(t->mesh, "dp")].ops;
+    if (t->mesh) { /* dp's backend (a mesh of tp alone: its own) */
+        int dp = fsdp_mesh_dim_index(t->mesh, "dp");
+        ops = t->mesh->dims[dp >= 0 ? dp : 0].ops;
     }
     if ((rc = fsdp_world_create(t->dist, ops, &t->world)) < 0) {
         rc = trainer_blame(rc, "world group");
@@ -408,10 +496,10 @@ static int trainer_open_data(struct fsdp_trainer *t, const char *path, const cha
 {
     const struct fsdp_train_config *c = t->cfg;
     char mine[FSDP_TRAIN_PATH_MAX];
-    int rc = fsdp_uneven_path(path, trainer_rank(t), mine, sizeof(mine), per_rank);
+    int rc = fsdp_uneven_path(path, t->data_rank, mine, sizeof(mine), per_rank);
     if (rc == 0) {
         rc = fsdp_dataloader_create(mine, (size_t)c->batch_size, (size_t)c->seq_len,
-                                    *per_rank ? 0 : trainer_rank(t), *per_rank ? 1 : trainer_world(t),
+                                    *per_rank ? 0 : t->data_rank, *per_rank ? 1 : t->data_world,
                                     t->spec->vocab_size, out);
     }
     if (rc < 0) {
@@ -482,7 +570,7 @@ static int trainer_open_metrics(struct fsdp_trainer *t)
     }
     fsdp_train_config_json(t->cfg, config, FSDP_TRAIN_JSON_MAX);
     const size_t seqs = (size_t)t->cfg->batch_size * (size_t)t->cfg->grad_accum *
-                        (size_t)trainer_world(t);
+                        (size_t)t->data_world;
     struct fsdp_run_start rs = {
         .run_id = t->run_id,
         .time = t->start_unix,
@@ -591,7 +679,7 @@ void fsdp_trainer_destroy(struct fsdp_trainer *t)
 
 static size_t trainer_step_tokens(const struct fsdp_trainer *t)
 {
-    return fsdp_train_config_step_tokens(t->cfg) * (size_t)trainer_world(t);
+    return fsdp_train_config_step_tokens(t->cfg) * (size_t)t->data_world;
 }
 
 void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
@@ -628,9 +716,13 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
         fprintf(fp, "val data: %s | %zu tokens | %ld batches per validation, %s\n", c->val_data,
                 fsdp_tokens_count(t->val->tokens), t->val_batches, when);
     }
-    fprintf(fp, "batch: %d rank%s x %ld seq x %ld tokens x %ld micro-steps = %zu tokens per step\n",
-            trainer_world(t), trainer_world(t) > 1 ? "s" : "", c->batch_size, c->seq_len,
-            c->grad_accum, step_tokens);
+    char tpn[64] = "";
+    if (t->tp > 1) {
+        snprintf(tpn, sizeof(tpn), " (of %d: tp peers share a batch)", trainer_world(t));
+    }
+    fprintf(fp, "batch: %d rank%s%s x %ld seq x %ld tokens x %ld micro-steps = %zu tokens per "
+            "step\n", t->data_world, t->data_world > 1 ? "s" : "", tpn, c->batch_size,
+            c->seq_len, c->grad_accum, step_tokens);
     fprintf(fp, "compute: %s on every rank, %s memory, %ld BLAS thread%s per rank\n",
             t->dev->ops->name, t->dev->mem == FSDP_MEM_HOST ? "host" : "device", c->threads,
             c->threads > 1 ? "s" : "");
@@ -711,8 +803,9 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     struct fsdp_step_result res = {0};
     double lr = fsdp_lr_at(&t->sched, t->step);
     uint64_t epoch = t->train->epoch;
-    /* with epochs the vote before this step said who has a batch */
-    int contrib = u ? u->n_contrib : trainer_world(t);
+    /* with epochs the vote before this step said who has a batch (every tp
+     * peer of a data-parallel rank alike) */
+    int contrib = (u ? u->n_contrib : trainer_world(t)) / t->tp;
     double t0 = fsdp_now();
     struct fsdp_batch b = {.K = (int)c->grad_accum, .B = (int)c->batch_size, .T = (int)c->seq_len};
     int rc = 0;
@@ -884,6 +977,39 @@ static int trainer_stop(struct fsdp_trainer *t, int sig)
     return 0;
 }
 
+/* The bytes each rank put on the wire per step (ring volumes, counted by
+ * the engine and the tp operators): doc/performance.md compares them with
+ * the analytical volumes. */
+static void trainer_print_comm(const struct fsdp_trainer *t, const struct fsdp_engine_stats *st)
+{
+    const struct fsdp_tp_counts *c[3] = {&st->fsdp_comm, &st->tp_comm, &st->model_comm};
+    long steps = t->step - t->start_step;
+    double any = 0;
+    for (int i = 0; i < 3; i++) {
+        for (int k = 0; k < FSDP_TP_NCOLL; k++) {
+            any += c[i]->wire[k];
+        }
+    }
+    if (steps < 1 || any == 0) {
+        return;
+    }
+    static const char *const what[3] = {"fsdp", "tp", "unit 0 exchanges"};
+    const double n = (double)steps;
+    const char *sep = "";
+    printf("comm per rank per step (bytes sent, ring volumes%s):",
+           t->val ? ", validations included" : "");
+    for (int i = 0; i < 3; i++) { /* the groups that moved anything */
+        const double *x = c[i]->wire;
+        if (x[FSDP_TP_ALLGATHER] + x[FSDP_TP_REDUCE_SCATTER] + x[FSDP_TP_ALLREDUCE] > 0) {
+            printf("%s %s all-gather %.0f, reduce-scatter %.0f, all-reduce %.0f", sep, what[i],
+                   x[FSDP_TP_ALLGATHER] / n, x[FSDP_TP_REDUCE_SCATTER] / n,
+                   x[FSDP_TP_ALLREDUCE] / n);
+            sep = " |";
+        }
+    }
+    printf("\n");
+}
+
 /* "done: 93 steps (108 -> 200) in 12.3 s ..." and the engine's summary. */
 static void trainer_print_done(const struct fsdp_trainer *t)
 {
@@ -916,6 +1042,9 @@ static void trainer_print_done(const struct fsdp_trainer *t)
             printf(" | %ld steps skipped, loss scale %g", st.skipped_steps, st.loss_scale);
         }
         printf("\n");
+    }
+    if (fsdp_shard_engine_is(t->engine)) {
+        trainer_print_comm(t, &st);
     }
     fflush(stdout);
 }

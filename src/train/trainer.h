@@ -66,6 +66,9 @@ struct fsdp_trainer {
     double start_unix;             /* wall-clock start of the run */
     int world_ready;               /* the world group is up on every rank */
     int agree_seq;                 /* setup agreements made through the store */
+    int tp;                        /* ranks of the mesh's tp dimension (1: none) */
+    int data_rank, data_world;     /* this rank's place among the data-parallel ranks (every
+                                      dimension but tp: tp peers read the same batch) */
 };
 
 /*

@@ -279,3 +279,16 @@ void fsdp_cpu_residual_forward(float *out, const float *a, const float *b, size_
         out[i] = a[i] + b[i];
     }
 }
+
+void fsdp_cpu_bias_residual_forward(float *out, const float *inp, const float *bias,
+                                    const float *residual, size_t N, size_t C)
+{
+    CPU_OMP_FOR
+    for (size_t r = 0; r < N; r++) {
+        const float *x = inp + r * C, *res = residual ? residual + r * C : NULL;
+        float *o = out + r * C;
+        for (size_t i = 0; i < C; i++) {
+            o[i] = x[i] + (res ? res[i] : 0.0f) + (bias ? bias[i] : 0.0f);
+        }
+    }
+}
