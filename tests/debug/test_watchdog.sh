@@ -64,8 +64,10 @@ tap_diag "$(grep -m 2 '^fsdpc: rank' "$T/err")"
 tap_ok $? "the others abort within the deadline (+ grace and launch teardown): ${secs}s"
 
 # the ranks print it as they stop; when the abort of one kills the other
-# before it printed, the dump's "reason" carries the same message
-named='collective #[0-9]+ [a-z_]+\([a-z0-9]+, [0-9]+.*\) on group dp\[0\] (not complete after|failed: )'
+# before it printed, the dump's "reason" carries the same message. Where
+# rank 1 stopped decides the group: inside a step a dp[0] all-gather or
+# reduce-scatter, at a step boundary the trainer's vote on the world group
+named='collective #[0-9]+ [a-z_]+\([a-z0-9]+, [0-9]+.*\) on group (dp\[0\]|world) (not complete after|failed: )'
 grep -E "fsdpc: rank [02] on .*$named" "$T/err" > /dev/null ||
     cat "$T"/flight/flight_*.json 2> /dev/null | head -n 1 | grep -E "\"reason\":\"$named" > /dev/null
 r=$?
@@ -80,7 +82,7 @@ tap_ok $? "a flight dump of rank 0 or 2 exists (the stopped rank 1 wrote none)"
 
 "$BIN/fsdpc-flight" merge "$T/flight" > "$T/merge" 2>&1
 mst=$?
-grep -E '^first stuck collective: collective #[0-9]+ [a-z_]+\(.*\) on group dp\[0\]$' "$T/merge" \
+grep -E '^first stuck collective: collective #[0-9]+ [a-z_]+\(.*\) on group (dp\[0\]|world)$' "$T/merge" \
     > /dev/null && grep -qE 'no dump from ranks: ([0-9]+, )*1[ ,]' "$T/merge" && [ $mst -eq 1 ]
 r=$?
 tap_diag "$(cat "$T/merge")"
