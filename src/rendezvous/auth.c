@@ -11,11 +11,8 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -153,42 +150,6 @@ int fsdp_auth_user_secret(unsigned char *buf, size_t *len)
     memcpy(buf, s, n);
     *len = n;
     return 1;
-}
-
-static int auth_addr_is_loopback(const struct sockaddr *sa)
-{
-    if (sa->sa_family == AF_INET) {
-        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
-    }
-    if (sa->sa_family == AF_INET6) {
-        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-        if (IN6_IS_ADDR_LOOPBACK(a)) {
-            return 1;
-        }
-        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
-    }
-    return 0;
-}
-
-int fsdp_auth_host_is_loopback(const char *host)
-{
-    if (!host || !*host) {
-        return 0;
-    }
-    if (strcasecmp(host, "localhost") == 0) {
-        return 1;
-    }
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res) {
-        return 0;
-    }
-    int all = 1;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        all = all && auth_addr_is_loopback(ai->ai_addr);
-    }
-    freeaddrinfo(res);
-    return all;
 }
 
 int fsdp_auth_insecure_allowed(void)

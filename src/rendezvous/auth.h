@@ -60,10 +60,6 @@ int fsdp_auth_mac_equal(const unsigned char *x, const unsigned char *y);
  * 0 when neither variable is set, or an error naming what is wrong. */
 int fsdp_auth_user_secret(unsigned char *buf, size_t *len);
 
-/* 1 when host (a name or numeric address) is a loopback address: 127/8,
- * ::1, "localhost". */
-int fsdp_auth_host_is_loopback(const char *host);
-
 /* 1 when the user asked to run without a secret ($FSDPC_INSECURE=1). */
 int fsdp_auth_insecure_allowed(void);
 

@@ -17,13 +17,8 @@
 
 #include <mpi.h>
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
 #include <inttypes.h>
-#include <net/if.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -515,7 +510,7 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
     FSDP_CHECK(have);
     /* a one-rank job without a port keeps its store to itself */
     const int private_store = port == 0;
-    if (!have && !private_store && !fsdp_auth_host_is_loopback(host)) {
+    if (!have && !private_store && !fsdp_netaddr_is_loopback(host)) {
         if (!fsdp_auth_insecure_allowed()) {
             return fsdp_err(FSDP_ERR_AUTH, "%s: the store address %s is not a loopback address "
                             "and no job secret is set: anyone who can reach it could join the "

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,19 +24,30 @@ static int na_is_loopback(const struct sockaddr *sa)
         return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
     }
     if (sa->sa_family == AF_INET6) {
-        return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)sa)->sin6_addr);
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
     }
     return 0;
 }
 
-static int na_is_loopback_ip(const char *ip)
+int fsdp_netaddr_is_loopback(const char *host)
 {
-    struct in_addr a4;
-    struct in6_addr a6;
-    if (inet_pton(AF_INET, ip, &a4) == 1) {
-        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (!host || !*host) {
+        return 0;
     }
-    return inet_pton(AF_INET6, ip, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
+    if (strcasecmp(host, "localhost") == 0) {
+        return 1;
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res) {
+        return 0;
+    }
+    int all = 1;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        all = all && na_is_loopback(ai->ai_addr);
+    }
+    freeaddrinfo(res);
+    return all;
 }
 
 /* A global address: not link-local (IPv6 fe80::/10 needs a scope id that
@@ -213,7 +225,7 @@ int fsdp_netaddr_choose(const char *route_to, int one_host, struct fsdp_netaddr 
         snprintf(out->ip, sizeof(out->ip), "127.0.0.1");
         snprintf(out->how, sizeof(out->how), "every rank on this host");
     } else if (route_to && *route_to && na_route_to(route_to, out) == 0 &&
-               !na_is_loopback_ip(out->ip)) {
+               !fsdp_netaddr_is_loopback(out->ip)) {
         snprintf(out->how, sizeof(out->how), "route to %.80s", route_to);
     } else if (na_from_host_name(out) < 0) {
         snprintf(out->ip, sizeof(out->ip), "127.0.0.1");

@@ -33,6 +33,11 @@ struct fsdp_netaddr {
  * names the variable that is wrong. */
 int fsdp_netaddr_choose(const char *route_to, int one_host, struct fsdp_netaddr *out);
 
+/* 1 when host (a name or numeric address) is a loopback address: 127/8,
+ * ::1 (or IPv4-mapped 127/8), "localhost"; a name counts when every address
+ * it resolves to does. */
+int fsdp_netaddr_is_loopback(const char *host);
+
 /* "ip:port", or "[ip]:port" for IPv6, into buf. */
 void fsdp_netaddr_format(const char *ip, int port, char *buf, size_t len);
 
