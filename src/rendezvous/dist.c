@@ -713,8 +713,11 @@ int fsdp_dist_init(int *argc, char ***argv, const char *init, double timeout_s,
     /* from here a program's fsdp_die aborts the whole job, MPI included */
     fsdp_set_abort_hook(dist_abort_hook, NULL);
     /* an address or interface variable that cannot work fails before any
-     * rendezvous, on every rank that has it */
-    FSDP_CHECK_GOTO(fsdp_netaddr_choose(NULL, 0, &d->addr), rc, err_free);
+     * rendezvous, on every rank that has it (the real choice comes once
+     * the store is up) */
+    if (getenv("FSDPC_TCP_ADDR") || getenv("FSDPC_SOCKET_IFNAME")) {
+        FSDP_CHECK_GOTO(fsdp_netaddr_choose(NULL, 0, &d->addr), rc, err_free);
+    }
 
     switch (sp.method) {
     case FSDP_INIT_MPI: FSDP_CHECK_GOTO(dist_init_mpi(d, argc, argv, im), rc, err_store); break;
