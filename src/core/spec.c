@@ -279,3 +279,39 @@ void fsdp_arch_names(char *buf, size_t len)
     }
     pthread_mutex_unlock(&archs.mu);
 }
+
+int fsdp_arch_preset(const char *name, const struct fsdp_arch **arch, void **cfg)
+{
+    char names[256], tried[1024] = "";
+    size_t used = 0;
+    *arch = NULL;
+    *cfg = NULL;
+    fsdp_arch_names(names, sizeof(names));
+    for (char *save = NULL, *a = strtok_r(names, ", ", &save); a; a = strtok_r(NULL, ", ", &save)) {
+        const struct fsdp_arch *ar = fsdp_arch_find(a);
+        if (!ar || !ar->preset) {
+            continue;
+        }
+        void *c = calloc(1, ar->cfg_size);
+        if (!c) {
+            return fsdp_err(FSDP_ERR_NOMEM, "a %s config", ar->name);
+        }
+        if (ar->preset(name, c) == 0) {
+            fsdp_err_clear();
+            *arch = ar;
+            *cfg = c;
+            return 0;
+        }
+        free(c);
+        /* its presets: the parenthesised list of its message, or the whole message */
+        const char *msg = fsdp_err_msg(), *open = strchr(msg, '(');
+        size_t len = strlen(msg);
+        int whole = !open || len < 2 || msg[len - 1] != ')';
+        int n = snprintf(tried + used, sizeof(tried) - used, "%s%s: %.*s", used ? "; " : "",
+                         ar->name, whole ? (int)len : (int)(msg + len - 1 - (open + 1)),
+                         whole ? msg : open + 1);
+        used += n > 0 && (size_t)n < sizeof(tried) - used ? (size_t)n : 0;
+        fsdp_err_clear();
+    }
+    return fsdp_err(FSDP_ERR_INVALID, "unknown preset '%s' (%s)", name, tried);
+}

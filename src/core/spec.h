@@ -178,5 +178,9 @@ int fsdp_arch_register(const struct fsdp_arch *arch);
 const struct fsdp_arch *fsdp_arch_find(const char *name);
 /* "gpt2, mlp" for messages. */
 void fsdp_arch_names(char *buf, size_t len);
+/* The registered architecture with a preset called name, and that preset's
+ * config in *cfg (allocated; free() it). An unknown name is an error
+ * listing every architecture's presets. */
+int fsdp_arch_preset(const char *name, const struct fsdp_arch **arch, void **cfg);
 
 #endif

@@ -493,18 +493,22 @@ static int shard_check_config(const struct fsdp_shard_config *ec)
     return 0;
 }
 
+void fsdp_shard_memory_line(const struct fsdp_engine_stats *st, char *buf, size_t len)
+{
+    snprintf(buf, len, "fsdp: %d-way shards x %d replicas | model states %zu bytes (shards %zu + "
+             "gathered params %zu) | unsharded grads %zu | comm %zu | activations %zu (saved %zu, "
+             "workspace %zu) | total %zu bytes", st->shards, st->replicas, st->model_bytes,
+             st->state_bytes, st->gathered_bytes, st->grad_bytes, st->comm_bytes, st->act_bytes,
+             st->act_saved_bytes, st->act_bytes - st->act_saved_bytes, st->peak_bytes);
+}
+
 static void shard_log_memory(const struct fsdp_shard_engine *se)
 {
     struct fsdp_engine_stats st;
+    char line[512];
     fsdp_shard_engine_stats(&se->base, &st);
-    size_t saved = se->model ? se->model->ops->activation_bytes(se->model) : 0;
-    FSDP_INFO(FSDP_SUB_FSDP,
-              "fsdp: %d-way shards x %d replicas | model states %zu bytes (shards %zu + gathered "
-              "params %zu) | unsharded grads %zu | comm %zu | activations %zu (saved %zu, "
-              "workspace %zu) | total %zu bytes",
-              se->Rs, se->world / se->Rs, st.model_bytes, st.state_bytes, st.gathered_bytes,
-              st.grad_bytes, st.comm_bytes, st.act_bytes, saved, st.act_bytes - saved,
-              st.peak_bytes);
+    fsdp_shard_memory_line(&st, line, sizeof(line));
+    FSDP_INFO(FSDP_SUB_FSDP, "%s", line);
 }
 
 /*
@@ -530,7 +534,7 @@ static int shard_model(struct fsdp_shard_engine *se)
         FSDP_CHECK(rc);
         se->rows_root = rc == 1;
     }
-    return se->model->ops->reserve(se->model);
+    return se->sizing ? 0 : se->model->ops->reserve(se->model);
 }
 
 /* Each group's backend must take the device's memory in its collectives. */
@@ -578,17 +582,25 @@ static int shard_check_ties(const struct fsdp_model_spec *spec)
     return 0;
 }
 
-int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
-                             struct fsdp_device *dev, const struct fsdp_optim_config *oc,
-                             const struct fsdp_shard_config *sc, struct fsdp_engine **out)
+/*
+ * The engine for spec over g, sized and (unless sizing) allocated: the
+ * tensor-parallel plan, the layout, the model, the slots. *out is the
+ * engine, also on failure (for shard_destroy) unless it could not be made.
+ */
+static int shard_build(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
+                       struct fsdp_device *dev, const struct fsdp_optim_config *oc,
+                       const struct fsdp_shard_config *sc, int sizing,
+                       struct fsdp_shard_engine **out)
 {
+    *out = NULL;
     FSDP_CHECK(shard_check_config(sc));
     FSDP_CHECK(shard_check_ties(spec));
     struct fsdp_shard_engine *se = calloc(1, sizeof(*se));
-    int rc;
     if (!se) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp engine");
     }
+    *out = se;
+    se->sizing = sizing;
     struct fsdp_engine *e = &se->base;
     e->ops = &shard_ops;
     e->impl = se;
@@ -600,24 +612,24 @@ int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fs
     se->attr.mem = dev->mem;
     fsdp_loss_scaler_init(&se->scaler, sc->loss_scale_dynamic, sc->loss_scale);
     if (g->tp && g->tp->size > 1) { /* the engine shards and computes the tp-local table */
-        FSDP_CHECK_GOTO(fsdp_tp_plan_create(spec, g->tp->size, g->tp->rank, &se->plan), rc, err);
+        FSDP_CHECK(fsdp_tp_plan_create(spec, g->tp->size, g->tp->rank, &se->plan));
         se->spec = se->plan->local;
     }
     fsdp_tp_init(&se->tp, se->plan ? g->tp : NULL, sc->sequence_parallel, dev->mem, dev->k);
     if (se->tp.sp && sc->T % se->tp.size != 0) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "seq-len %d is not divisible by tp %d: with sequence "
-                      "parallelism each tp rank holds 1/%d of every sequence (--sequence-parallel "
-                      "off keeps them whole)", sc->T, se->tp.size, se->tp.size);
-        goto err;
+        return fsdp_err(FSDP_ERR_INVALID, "seq-len %d is not divisible by tp %d: with sequence "
+                        "parallelism each tp rank holds 1/%d of every sequence "
+                        "(--sequence-parallel off keeps them whole)", sc->T, se->tp.size,
+                        se->tp.size);
     }
     fsdp_adamw_init(&se->opt, oc, se->spec, dev->k);
     fsdp_shard_groups_set(se, g);
-    FSDP_CHECK_GOTO(shard_check_backends(se), rc, err);
-    FSDP_CHECK_GOTO(fsdp_shard_layout_create(se), rc, err);
-    FSDP_CHECK_GOTO(shard_model(se), rc, err);
-    FSDP_CHECK_GOTO(fsdp_shard_alloc_slots(se), rc, err);
-    /* the root stays bound: a tied unit reads and accumulates into it */
-    FSDP_CHECK_GOTO(shard_bind(se, 0), rc, err);
+    if (!sizing) {
+        FSDP_CHECK(shard_check_backends(se));
+    }
+    FSDP_CHECK(fsdp_shard_layout_create(se));
+    FSDP_CHECK(shard_model(se));
+    FSDP_CHECK(fsdp_shard_alloc_slots(se));
     e->flops_per_token = se->model->ops->flops_per_token(spec, sc->T);
     e->n_state = se->opt.n_state;
     e->state_names = se->opt.state_names;
@@ -632,14 +644,50 @@ int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fs
     for (int i = 0; i < se->n_rep; i++) {
         e->writes_state &= se->rep_g[i]->rank == 0; /* the first replica writes */
     }
+    return 0;
+}
+
+int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
+                             struct fsdp_device *dev, const struct fsdp_optim_config *oc,
+                             const struct fsdp_shard_config *sc, struct fsdp_engine **out)
+{
+    struct fsdp_shard_engine *se;
+    int rc = shard_build(spec, g, dev, oc, sc, 0, &se);
+    if (rc == 0) { /* the root stays bound: a tied unit reads and accumulates into it */
+        rc = shard_bind(se, 0);
+    }
+    if (rc < 0) {
+        shard_destroy(se ? &se->base : NULL);
+        return rc;
+    }
     if (se->world_rank == 0) {
         shard_log_memory(se);
     }
-    *out = e;
+    *out = &se->base;
     return 0;
+}
 
-err:
-    shard_destroy(e);
+int fsdp_shard_engine_plan(const struct fsdp_model_spec *spec, const struct fsdp_shard_shape *sh,
+                           struct fsdp_device *dev, const struct fsdp_optim_config *oc,
+                           const struct fsdp_shard_config *sc, struct fsdp_engine_stats *out)
+{
+    /* groups that are only shapes: the sizing build reads their size and
+     * rank and never calls a collective on them */
+    struct fsdp_group dp = {.name = "dp", .size = sh->dp, .rank = sh->dp_rank};
+    struct fsdp_group rdp = {.name = "rdp", .size = sh->rdp};
+    struct fsdp_group tp = {.name = "tp", .size = sh->tp, .rank = sh->tp_rank};
+    if (sh->dp < 1 || sh->rdp < 1 || sh->tp < 1 || sh->dp_rank < 0 || sh->dp_rank >= sh->dp ||
+        sh->tp_rank < 0 || sh->tp_rank >= sh->tp) {
+        return fsdp_err(FSDP_ERR_INVALID, "fsdp plan: rank (dp %d of %d, tp %d of %d), rdp %d",
+                        sh->dp_rank, sh->dp, sh->tp_rank, sh->tp, sh->rdp);
+    }
+    struct fsdp_shard_groups g = {.dp = &dp, .rdp = &rdp, .tp = &tp, .world_rank = -1};
+    struct fsdp_shard_engine *se;
+    int rc = shard_build(spec, &g, dev, oc, sc, 1, &se);
+    if (rc == 0) {
+        fsdp_shard_engine_stats(&se->base, out);
+    }
+    shard_destroy(se ? &se->base : NULL);
     return rc;
 }
 
@@ -664,6 +712,14 @@ void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_sta
                         se->model->ops->workspace_bytes(se->model);
     }
     st->peak_bytes = st->model_bytes + st->grad_bytes + st->comm_bytes + st->act_bytes;
+    st->act_saved_bytes = se->model ? se->model->ops->activation_bytes(se->model) : 0;
+    st->shards = se->Rs;
+    st->replicas = se->world / se->Rs;
+    st->ckpt_bytes = fsdp_shard_relayout_floats(se) * sizeof(float);
+    for (int u = 0; u < se->n_units; u++) {
+        size_t b = fsdp_shard_gather_floats(se, u) * sizeof(float);
+        st->gather_bytes = b > st->gather_bytes ? b : st->gather_bytes;
+    }
     st->skipped_steps = se->scaler.skipped;
     st->loss_scale = se->scaler.scale;
     st->fsdp_comm = se->unit_comm;

@@ -107,7 +107,36 @@ struct fsdp_engine_stats {
      * reduce-scatters over dp and all-reduces over the replicas; the tp
      * operators; the model's own exchanges (unit 0 by rows). */
     struct fsdp_tp_counts fsdp_comm, tp_comm, model_comm;
+    size_t act_saved_bytes; /* of act_bytes, the activations saved for the backward (the rest:
+                               activation gradients and scratch) */
+    size_t ckpt_bytes;     /* allocated at the first checkpoint and held from then on (with
+                              tensor parallelism: a whole tensor re-laid out as rows); 0: none */
+    size_t gather_bytes;   /* allocated while the final model file is written, one unit at a
+                              time (the largest unit gathered whole); 0: none */
+    int shards, replicas;  /* the shard group's size and the number of replicas */
 };
 void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_stats *st);
+/* The memory line the engine logs at create (FSDPC_LOG=info), from st. */
+void fsdp_shard_memory_line(const struct fsdp_engine_stats *st, char *buf, size_t len);
+
+/* The shape of one rank's place in a mesh, for planning: the sizes of the
+ * engine's dimensions (1: absent) and the rank's coordinates in dp and tp. */
+struct fsdp_shard_shape {
+    int dp, rdp, tp;
+    int dp_rank, tp_rank;
+};
+
+/*
+ * What fsdp_shard_engine_create would hold on the rank of shape sh, without
+ * allocating it, communicating or needing any other rank: the byte fields
+ * of *out (the timings and counters zero), sized exactly as the engine
+ * sizes them, so that a model of any size can be planned for a mesh of any
+ * size on one process (fsdpc-train --print-memory). dev supplies the memory
+ * kind and kernels only. The same refusals as create (a tp the model
+ * cannot be cut into, a seq-len sequence parallelism cannot split).
+ */
+int fsdp_shard_engine_plan(const struct fsdp_model_spec *spec, const struct fsdp_shard_shape *sh,
+                           struct fsdp_device *dev, const struct fsdp_optim_config *oc,
+                           const struct fsdp_shard_config *sc, struct fsdp_engine_stats *out);
 
 #endif

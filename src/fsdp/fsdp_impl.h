@@ -155,6 +155,8 @@ struct fsdp_shard_engine {
     int rq_head, rq_len;
 
     int shadow;                        /* this step: no batch here (join), collectives only */
+    int sizing;                        /* fsdp_shard_engine_plan: every buffer is sized and
+                                          counted, none allocated; the groups are shapes */
 
     double comm_total, comm_exposed;   /* seconds, since creation */
     struct fsdp_tp_counts unit_comm;   /* the units' all-gathers and reduce-scatters over the
@@ -205,6 +207,13 @@ int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **fu
  * from every rank's blocks into the rows checkpoint shard base.shard of
  * base.n_shards holds (collective over the shard and tp groups). */
 int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float *out);
+/* Floats of save_rows' re-layout buffer: the largest whole tensor cut in
+ * n_shards equal row slots (0 without tensor parallelism). */
+size_t fsdp_shard_relayout_floats(const struct fsdp_shard_engine *se);
+/* Floats gather_unit allocates for unit u (freed at the next op): unit 0 by
+ * rows gathered whole, with tensor parallelism every tp rank's local unit
+ * and the assembled whole one; 0 when it uses a slot. */
+size_t fsdp_shard_gather_floats(const struct fsdp_shard_engine *se, int u);
 /* Frees what gather_unit allocated for a unit by rows. */
 void fsdp_shard_drop_saved(struct fsdp_shard_engine *se);
 /* Unit u is given to the model as this rank's rows (rows_root, unit 0). */

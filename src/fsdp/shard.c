@@ -160,12 +160,16 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
     FSDP_CHECK(shard_tp_pieces(se));
     /* one allocation for the four shards of every unit */
     size_t bytes = 4 * total * sizeof(float);
+    se->state_bytes = bytes;
+    se->comm_bytes += se->scratch_floats * sizeof(float);
+    if (se->sizing) {
+        return 0;
+    }
     float *p = se->dev->ops->alloc(se->dev, bytes);
     if (!p) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of parameter, gradient and AdamW shards",
                         bytes);
     }
-    se->state_bytes = bytes;
     for (int u = 0; u < se->n_units; u++) {
         struct fsdp_unit *un = &se->units[u];
         un->master = p;
@@ -181,7 +185,6 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
             return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of packing scratch",
                             se->scratch_floats * sizeof(float));
         }
-        se->comm_bytes += se->scratch_floats * sizeof(float);
     }
     return 0;
 }
@@ -195,9 +198,12 @@ static float *shard_slot_buf(struct fsdp_shard_engine *se, size_t numel, size_t 
     if (floats == 0) {
         return NULL;
     }
-    float *p = se->dev->ops->alloc(se->dev, floats * sizeof(float));
     *counter += numel * sizeof(float);
     se->comm_bytes += (floats - numel) * sizeof(float);
+    if (se->sizing) {
+        return NULL;
+    }
+    float *p = se->dev->ops->alloc(se->dev, floats * sizeof(float));
     *failed |= p == NULL;
     return p;
 }
@@ -512,6 +518,18 @@ static int shard_rs_wait(struct fsdp_shard_engine *se, struct fsdp_group *g, flo
     return rc;
 }
 
+size_t fsdp_shard_relayout_floats(const struct fsdp_shard_engine *se)
+{
+    const size_t R = (size_t)se->base.n_shards;
+    size_t need = 0;
+    for (size_t j = 0; se->plan && j < se->full->n_params; j++) {
+        const struct fsdp_param_spec *q = &se->full->params[j];
+        size_t f = R * ((q->shape[0] + R - 1) / R) * q->shape[1];
+        need = f > need ? f : need;
+    }
+    return need;
+}
+
 int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float *out)
 {
     const struct fsdp_param_spec *p = &se->full->params[i];
@@ -521,12 +539,7 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
         return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: save_rows of tensor %d/%zu", kind, i);
     }
     if (R * slot > se->relayout_floats) { /* the largest tensor's, at the first save */
-        size_t need = 0;
-        for (size_t j = 0; j < se->full->n_params; j++) {
-            const struct fsdp_param_spec *q = &se->full->params[j];
-            size_t f = R * ((q->shape[0] + R - 1) / R) * q->shape[1];
-            need = f > need ? f : need;
-        }
+        size_t need = fsdp_shard_relayout_floats(se);
         if (se->relayout) {
             se->dev->ops->free(se->dev, se->relayout);
         }
@@ -560,17 +573,13 @@ void fsdp_shard_drop_saved(struct fsdp_shard_engine *se)
     }
 }
 
-/* Gathers unit u in f32 into its parameter slot and unpacks it there. Unit
- * 0 by rows has no slot of that size: it is gathered into a buffer of its
- * own, allocated here and freed at the next op (only the final model file
- * asks for whole units). */
 /* Tensor parallelism: every tp rank's local unit u (local, the
  * dp-gathered one) gathered over tp and assembled into the whole unit. */
 static int shard_gather_tp(struct fsdp_shard_engine *se, int u, const float *local,
                            const float **full)
 {
     size_t ln = se->spec->unit_numel[u], fn = se->full->unit_numel[u];
-    size_t T = (size_t)se->tp.size, floats = T * ln + fn;
+    size_t T = (size_t)se->tp.size, floats = T * ln + fn; /* fsdp_shard_gather_floats */
     float *buf = se->dev->ops->alloc(se->dev, floats * sizeof(float));
     if (!buf) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to gather unit %d whole over tp",
@@ -593,6 +602,26 @@ static int shard_gather_tp(struct fsdp_shard_engine *se, int u, const float *loc
     return 0;
 }
 
+/* Unit 0 by rows gathered whole (it has no slot of that size). */
+static size_t shard_rows_gather_floats(const struct fsdp_shard_engine *se, int u)
+{
+    const struct fsdp_unit *un = &se->units[u];
+    size_t packed = (size_t)se->Rs * un->S;
+    return un->numel > packed ? un->numel : packed;
+}
+
+size_t fsdp_shard_gather_floats(const struct fsdp_shard_engine *se, int u)
+{
+    size_t tp = se->plan ? (size_t)se->tp.size * se->spec->unit_numel[u] +
+                               se->full->unit_numel[u]
+                         : 0;
+    return (fsdp_shard_by_rows(se, u) && se->shard_g ? shard_rows_gather_floats(se, u) : 0) + tp;
+}
+
+/* Gathers unit u in f32 into its parameter slot and unpacks it there. Unit
+ * 0 by rows has no slot of that size: it is gathered into a buffer of its
+ * own, allocated here and freed at the next op (only the final model file
+ * asks for whole units). */
 int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full)
 {
     const struct fsdp_unit *un = &se->units[u];
@@ -604,7 +633,7 @@ int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **fu
     }
     float *buf = se->pslots[fsdp_unit_pslot(se, u)].buf;
     if (fsdp_shard_by_rows(se, u)) {
-        size_t packed = (size_t)se->Rs * un->S, floats = un->numel > packed ? un->numel : packed;
+        size_t floats = shard_rows_gather_floats(se, u);
         se->save_buf = se->dev->ops->alloc(se->dev, floats * sizeof(float));
         if (!se->save_buf) {
             return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to gather unit %d whole",

@@ -151,39 +151,6 @@ static double init_override_value(size_t i, const char *arg)
     }
 }
 
-/* The registered architecture that has a preset called name; its config
- * into *cfg (allocated). */
-static const struct fsdp_arch *init_preset(const char *name, void **cfg)
-{
-    char names[256], tried[1024] = "";
-    size_t used = 0;
-    fsdp_arch_names(names, sizeof(names));
-    for (char *save = NULL, *a = strtok_r(names, ", ", &save); a; a = strtok_r(NULL, ", ", &save)) {
-        const struct fsdp_arch *arch = fsdp_arch_find(a);
-        if (!arch || !arch->preset) {
-            continue;
-        }
-        *cfg = calloc(1, arch->cfg_size);
-        if (!*cfg) {
-            fsdp_fatal("fsdpc-ckpt init: cannot allocate a %s config", arch->name);
-        }
-        if (arch->preset(name, *cfg) == 0) {
-            return arch;
-        }
-        /* its presets: the parenthesised list of its message, or the whole message */
-        const char *msg = fsdp_err_msg(), *open = strchr(msg, '(');
-        size_t len = strlen(msg);
-        int whole = !open || len < 2 || msg[len - 1] != ')';
-        int n = snprintf(tried + used, sizeof(tried) - used, "%s%s: %.*s", used ? "; " : "",
-                         arch->name, whole ? (int)len : (int)(msg + len - 1 - (open + 1)),
-                         whole ? msg : open + 1);
-        used += n > 0 && (size_t)n < sizeof(tried) - used ? (size_t)n : 0;
-        fsdp_err_clear();
-        free(*cfg);
-    }
-    fsdp_fatal("fsdpc-ckpt init: --preset: unknown preset '%s' (%s)", name, tried);
-}
-
 static int cmd_init(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -244,7 +211,10 @@ static int cmd_init(int argc, char **argv)
         fsdp_fatal("fsdpc-ckpt init: missing -o FILE (see --help)");
     }
     void *cfg = NULL;
-    const struct fsdp_arch *arch = init_preset(preset, &cfg);
+    const struct fsdp_arch *arch = NULL;
+    if ((rc = fsdp_arch_preset(preset, &arch, &cfg)) < 0) {
+        fsdp_die(rc, "fsdpc-ckpt init: --preset", NULL);
+    }
     for (size_t i = 0; i < INIT_N_OVERRIDES; i++) {
         const struct fsdp_attr_desc *a = NULL;
         for (size_t k = 0; given[i] && k < arch->n_attrs && !a; k++) {

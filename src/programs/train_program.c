@@ -18,6 +18,7 @@
  * that aborts takes the others' unread output with it.
  */
 #include "config.h"
+#include "train/memory_plan.h"
 #include "train/stop.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -46,21 +47,6 @@ static _Noreturn void main_fail_together(struct fsdp_dist *dist, const char *wha
     exit(1);
 }
 
-/* Whether a launcher started more than one rank (the variables dist.h
- * reads): only then is there anyone to agree with. */
-static int main_launched(void)
-{
-    static const char *const vars[] = {"PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE",
-                                       "SLURM_NTASKS"};
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
-        const char *v = getenv(vars[i]);
-        if (v && atoi(v) > 1) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /*
  * Options that did not parse. Every rank of a launched job parsed the same
  * argv, so every rank has this error: they meet first (with the defaults of
@@ -77,9 +63,10 @@ static _Noreturn void main_bad_options(int rc, int *argc, char ***argv,
     char msg[1024], hint[512];
     fsdp_err_take(msg, sizeof(msg));
     snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
-    int drc = main_launched() ? fsdp_dist_init(argc, argv, cfg->init[0] ? cfg->init : NULL,
-                                               cfg->timeout, &dist)
-                              : -1;
+    /* only with a launcher that started several ranks is there anyone to agree with */
+    int drc = fsdp_dist_launcher_size() > 1
+                  ? fsdp_dist_init(argc, argv, cfg->init[0] ? cfg->init : NULL, cfg->timeout, &dist)
+                  : -1;
     if (drc == 0 && dist->world_size > 1 &&
         fsdp_world_agree_store(dist, "options", 2, &first, &n) == 0) {
         fsdp_err_clear();
@@ -113,19 +100,31 @@ int fsdp_train_program(int argc, char **argv)
     struct fsdp_dist *dist = NULL;
     struct fsdp_trainer *t = NULL;
 
+    /* --version, --help and --print-memory print once under a launcher */
+    const int quiet = fsdp_dist_launcher_rank() != 0;
     if (main_wants_version(argc, argv)) {
-        printf("fsdpc-train fsdpc %s\n", PACKAGE_VERSION);
+        if (!quiet) {
+            printf("fsdpc-train fsdpc %s\n", PACKAGE_VERSION);
+        }
         return 0;
     }
     /* every rank parses the same argv, so every rank reaches the same verdict */
     fsdp_train_config_init(&cfg, &set);
     int rc = fsdp_train_config_parse(&cfg, &set, argc, argv);
     if (rc == 1) {
-        fsdp_train_config_usage(&set, stdout);
+        if (!quiet) {
+            fsdp_train_config_usage(&set, stdout);
+        }
         return 0;
     }
     if (rc < 0) {
         main_bad_options(rc, &argc, &argv, &cfg);
+    }
+    if (cfg.print_memory) { /* one process plans the whole mesh; no rendezvous */
+        if (!quiet && (rc = fsdp_train_print_memory(&cfg, stdout)) < 0) {
+            fsdp_die(rc, "fsdpc-train: --print-memory", NULL);
+        }
+        return 0;
     }
 
     if (cfg.debug > 0) {

@@ -210,6 +210,32 @@ bad:
     return fsdp_err(FSDP_ERR_INVALID, "--init '%s': expected tcp://HOST:PORT", init);
 }
 
+int fsdp_dist_launcher_rank(void)
+{
+    static const char *const vars[] = {"PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+                                       "SLURM_PROCID", "RANK"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *s = getenv(vars[i]);
+        if (s && *s) {
+            return atoi(s);
+        }
+    }
+    return 0;
+}
+
+int fsdp_dist_launcher_size(void)
+{
+    static const char *const vars[] = {"PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE",
+                                       "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 1) {
+            return atoi(v);
+        }
+    }
+    return 1;
+}
+
 /* Which launcher started us, when init is auto. */
 static enum fsdp_init_method dist_detect(char *why, size_t len)
 {

@@ -100,6 +100,12 @@ int fsdp_dist_init(int *argc, char ***argv, const char *init, double timeout_s,
  * store, stops its server, and MPI_Finalize runs if init started MPI (not
  * when some rank never arrived: that could block). */
 void fsdp_dist_finalize(struct fsdp_dist *d);
+/* What a launcher says before any rendezvous: this process's rank (0
+ * without a launcher) and the number of ranks it started (1 without one),
+ * from the variables above (PMI, Open MPI, Slurm, torchrun's RANK and
+ * WORLD_SIZE). For what must happen once per job before there is a job. */
+int fsdp_dist_launcher_rank(void);
+int fsdp_dist_launcher_size(void);
 /* Human name of the init method ("mpi", "env://", ...). */
 const char *fsdp_dist_method_name(const struct fsdp_dist *d);
 /* True when MPI is initialized in this process (the mpi backend needs it). */

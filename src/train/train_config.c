@@ -5,6 +5,7 @@
  */
 #include "config.h"
 #include "train/train_config.h"
+#include "fsdp/fsdp.h"
 #include "optim/optim.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -106,6 +107,9 @@ static const struct fsdp_opt train_opts[] = {
      "recompute each block's activations in its backward"},
     {"sequence-parallel", FSDP_OPT_BOOL, F(sequence_parallel), 0, 0, 0, NULL, "X", 0,
      "on|off: with a tp dimension, norms and residuals hold 1/tp of the sequence"},
+    {"print-memory", FSDP_OPT_FLAG, F(print_memory), 0, 0, 0, NULL, "", FSDP_OPT_ARGV_ONLY,
+     "print each rank's memory for --model (a file or a preset such as llama-8b) on --mesh, "
+     "allocating nothing, and exit; needs --batch-size and --seq-len only"},
     {"lm-head-chunk", FSDP_OPT_INT, F(lm_head_chunk), 0, 0, 1 << 30, NULL, "ROWS", 0,
      "positions per LM-head chunk (0: as many as fit in 256 MiB of logits); smaller saves memory, "
      "costs a recompute"},
@@ -156,8 +160,26 @@ void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set
     set->base = c;
 }
 
+/* --print-memory plans a run: the model and the batch are all it needs. */
+static int config_validate_plan(const struct fsdp_train_config *c, const struct fsdp_optset *set)
+{
+    static const char *const need[] = {"model", "batch-size", "seq-len"};
+    for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
+        if (!fsdp_opt_given(set, need[i])) {
+            return fsdp_err(FSDP_ERR_INVALID, "missing required option '%s' (--print-memory "
+                            "needs --model, --batch-size and --seq-len)", need[i]);
+        }
+    }
+    int dynamic;
+    double scale;
+    return fsdp_train_config_loss_scale(c, &dynamic, &scale);
+}
+
 int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct fsdp_optset *set)
 {
+    if (c->print_memory) {
+        return config_validate_plan(c, set);
+    }
     FSDP_CHECK(fsdp_opt_check_required(set));
     if (c->steps == 0 && c->epochs == 0) {
         return fsdp_err(FSDP_ERR_INVALID, "missing required option 'steps' (--steps N, or "
@@ -280,6 +302,26 @@ void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_opti
         .weight_decay = (float)c->weight_decay,
         .clip = (float)c->clip,
     };
+}
+
+int fsdp_train_config_shard(const struct fsdp_train_config *c, struct fsdp_shard_config *sc)
+{
+    fsdp_shard_config_init(sc);
+    sc->B = (int)c->batch_size;
+    sc->T = (int)c->seq_len;
+    sc->sharding = (enum fsdp_sharding)c->sharding;
+    sc->reshard_after_forward = c->reshard_after_forward != 0;
+    sc->prefetch = (int)c->prefetch;
+    sc->param_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->param_dtype);
+    sc->reduce_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->reduce_dtype);
+    int dynamic;
+    FSDP_CHECK(fsdp_train_config_loss_scale(c, &dynamic, &sc->loss_scale));
+    sc->loss_scale_dynamic = dynamic != 0;
+    sc->no_sync_accum = c->no_sync_accum != 0;
+    sc->activation_checkpointing = c->activation_checkpointing != 0;
+    sc->sequence_parallel = c->sequence_parallel != 0;
+    sc->lm_head_chunk = (int)c->lm_head_chunk;
+    return 0;
 }
 
 int fsdp_train_config_resume_latest(const struct fsdp_train_config *c)

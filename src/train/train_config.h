@@ -86,6 +86,7 @@ struct fsdp_train_config {
                                          (latest, and none is an error), a checkpoint path,
                                          or "": none */
     int sequence_parallel;   /* with tp: norms and residuals hold 1/tp of the rows (default 1) */
+    int print_memory;        /* print the per-rank memory plan and exit (memory_plan.h) */
 };
 
 /* The dtype behind a param-dtype / reduce-dtype choice index. */
@@ -95,6 +96,10 @@ int fsdp_train_config_loss_scale(const struct fsdp_train_config *c, int *dynamic
 /* The optimizer's settings (betas, eps, weight decay, clip) from c. */
 struct fsdp_optim_config;
 void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_optim_config *oc);
+/* The sharding engine's settings (fsdp/fsdp.h) from c: batch, sharding,
+ * precision, loss scaling, checkpointing, sequence parallelism. */
+struct fsdp_shard_config;
+int fsdp_train_config_shard(const struct fsdp_train_config *c, struct fsdp_shard_config *sc);
 /* True when a one-rank run uses options only the sharding engine has (the
  * single-rank test oracle, oracle_ours --run, falls back to it then). */
 int fsdp_train_config_wants_fsdp(const struct fsdp_train_config *c);

@@ -291,6 +291,25 @@ static void trainer_mesh_hint(const struct fsdp_trainer *t, int rc)
     }
 }
 
+int fsdp_trainer_mesh_check(const struct fsdp_mesh_dims *d)
+{
+    int shard = 0;
+    for (int i = 0; i < d->ndims; i++) {
+        if (strcmp(d->name[i], "dp") != 0 && strcmp(d->name[i], "rdp") != 0 &&
+            strcmp(d->name[i], "tp") != 0) {
+            return fsdp_err(FSDP_ERR_INVALID,
+                            "mesh %s: dimension '%s' is not one the trainer uses (dp: shard, rdp: "
+                            "replicate, tp: tensor parallel)", d->spec, d->name[i]);
+        }
+        shard |= strcmp(d->name[i], "rdp") != 0;
+    }
+    if (!shard) {
+        return fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
+                        d->spec);
+    }
+    return 0;
+}
+
 /*
  * The mesh over every rank (when launched with more than one, or asked for
  * one), with the dimensions this build trains with: dp shards, rdp
@@ -310,24 +329,16 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
         return rc;
     }
     struct fsdp_mesh *m = t->mesh;
-    for (int i = 0; i < m->ndims; i++) {
-        if (strcmp(m->dims[i].name, "dp") != 0 && strcmp(m->dims[i].name, "rdp") != 0 &&
-            strcmp(m->dims[i].name, "tp") != 0) {
-            rc = fsdp_err(FSDP_ERR_INVALID,
-                          "mesh %s: dimension '%s' is not one the trainer uses (dp: shard, rdp: "
-                          "replicate, tp: tensor parallel)", m->spec, m->dims[i].name);
-            trainer_mesh_hint(t, rc);
-            return rc;
-        }
+    struct fsdp_mesh_dims dims;
+    if ((rc = fsdp_mesh_parse(m->spec, &dims)) == 0) {
+        rc = fsdp_trainer_mesh_check(&dims);
     }
-    int dp = fsdp_mesh_dim_index(m, "dp"), rdp = fsdp_mesh_dim_index(m, "rdp");
-    int tp = fsdp_mesh_dim_index(m, "tp");
-    if (dp < 0 && tp < 0) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
-                      m->spec);
+    if (rc < 0) {
         trainer_mesh_hint(t, rc);
         return rc;
     }
+    int dp = fsdp_mesh_dim_index(m, "dp"), rdp = fsdp_mesh_dim_index(m, "rdp");
+    int tp = fsdp_mesh_dim_index(m, "tp");
     if (tp >= 0 && tp != m->ndims - 1 && d->rank == 0) {
         int stride = 1; /* row-major: a tp group's ranks lie this far apart */
         for (int i = tp + 1; i < m->ndims; i++) {
@@ -354,21 +365,7 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
     struct fsdp_optim_config oc;
     fsdp_train_config_optim(c, &oc);
     struct fsdp_shard_config sc;
-    fsdp_shard_config_init(&sc);
-    sc.B = (int)c->batch_size;
-    sc.T = (int)c->seq_len;
-    sc.sharding = (enum fsdp_sharding)c->sharding;
-    sc.reshard_after_forward = c->reshard_after_forward != 0;
-    sc.prefetch = (int)c->prefetch;
-    sc.param_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->param_dtype);
-    sc.reduce_dtype = (enum fsdp_dtype)fsdp_train_config_dtype(c->reduce_dtype);
-    int dynamic;
-    FSDP_CHECK(fsdp_train_config_loss_scale(c, &dynamic, &sc.loss_scale));
-    sc.loss_scale_dynamic = dynamic != 0;
-    sc.no_sync_accum = c->no_sync_accum != 0;
-    sc.activation_checkpointing = c->activation_checkpointing != 0;
-    sc.sequence_parallel = c->sequence_parallel != 0;
-    sc.lm_head_chunk = (int)c->lm_head_chunk;
+    FSDP_CHECK(fsdp_train_config_shard(c, &sc));
     struct fsdp_shard_groups g = {
         .dp = t->mesh ? fsdp_mesh_group(t->mesh, "dp") : NULL,
         .rdp = t->mesh ? fsdp_mesh_group(t->mesh, "rdp") : NULL,

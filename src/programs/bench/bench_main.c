@@ -134,24 +134,10 @@ static void bench_usage(FILE *f)
             "1 (broadcast). The exit status is 1 when any checked element was wrong.\n");
 }
 
-/* The launcher's rank before MPI is up: bad flags are printed once. */
-static int bench_launcher_rank(void)
-{
-    static const char *const vars[] = {"PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
-                                       "SLURM_PROCID", "RANK"};
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
-        const char *s = getenv(vars[i]);
-        if (s && *s) {
-            return atoi(s);
-        }
-    }
-    return 0;
-}
-
 /* Every rank parses the same flags, so every rank exits here alike. */
 __attribute__((format(printf, 1, 2))) _Noreturn static void bench_bad_flag(const char *fmt, ...)
 {
-    if (bench_launcher_rank() == 0) {
+    if (fsdp_dist_launcher_rank() == 0) {
         va_list ap;
         fprintf(stderr, "fsdpc-bench: ");
         va_start(ap, fmt);
@@ -322,7 +308,7 @@ static void bench_parse(int argc, char **argv, struct bench_opts *o)
             break;
         case OPT_CSV: o->csv = optarg; break;
         case OPT_HELP:
-            if (bench_launcher_rank() == 0) {
+            if (fsdp_dist_launcher_rank() == 0) {
                 bench_usage(stdout);
             }
             exit(0);
