@@ -6,7 +6,7 @@
 # stay apart (a start record each, a timestamp on every record); fsdpc-plot
 # draws a real run's curves into a PNG of the asked size (checked by parsing
 # the file, not by trusting the exit status); every program answers
-# --version with "NAME fsdpc VERSION".
+# --version with "NAME fsdpc VERSION", the trainer once under a launcher.
 . "$top_srcdir/tests/tap.sh"
 
 BIN="$top_builddir"
@@ -146,5 +146,15 @@ for p in fsdpc-train fsdpc-ckpt fsdpc-sample fsdpc-data fsdpc-bench fsdpc-flight
 done
 [ -n "$version" ] && [ $ok -eq 0 ]
 tap_ok $? "every program prints 'NAME fsdpc $version' for --version and exits 0"
+
+# under a launcher the trainer's --version and --help print once, not once per rank
+if command -v "$MPIEXEC" > /dev/null 2>&1; then
+    v=$(timeout 60 "$MPIEXEC" -n 2 "$TRAIN" --version 2>&1 | grep -c "^fsdpc-train fsdpc ")
+    h=$(timeout 60 "$MPIEXEC" -n 2 "$TRAIN" --help 2>&1 | grep -c -- "--print-memory")
+    [ "$v" = 1 ] && [ "$h" = 1 ]
+    tap_ok $? "under mpiexec -n 2, --version and --help print once ($v, $h)"
+else
+    tap_skip_dep "$MPIEXEC" "the launcher check needs MPICH's mpiexec"
+fi
 
 tap_done
