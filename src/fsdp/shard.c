@@ -468,7 +468,8 @@ void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_
 // q's rows, and two reduce-scatters sum the buffers: over the shard group
 // each rank keeps its T slots, over the tp group its one slot. The blocks
 // are disjoint, so every sum adds one value to zeros (exact), and each rank
-// moves about one tensor's bytes in all.
+// moves about one tensor's bytes in all. A tensor whose buffer would pass
+// FSDPC_CKPT_RELAYOUT_BYTES goes through it a band of columns at a time.
 
 /* The slot and the row within it of whole row r of n over R shards. */
 static void shard_row_slot(size_t n, size_t R, size_t r, size_t *slot, size_t *at)
@@ -483,12 +484,30 @@ static void shard_row_slot(size_t n, size_t R, size_t r, size_t *slot, size_t *a
     }
 }
 
-/* This rank's blocks of tensor (kind, i) into buf (R slots of `per` rows). */
+/* The re-layout runs over columns [c0, c0 + w) of a tensor at a time, so
+ * that its buffer (R slots of ceil(n / R) rows of w columns) stays within
+ * FSDPC_CKPT_RELAYOUT_BYTES (64 MiB) however large the tensor (at least one
+ * column a pass). */
+static size_t shard_relayout_bound(void)
+{
+    long long b = fsdp_env_int("FSDPC_CKPT_RELAYOUT_BYTES", (long long)64 << 20);
+    return b > 0 ? (size_t)b / sizeof(float) : 0;
+}
+
+/* Columns per pass for a tensor of n x m over R shards. */
+static size_t shard_relayout_cols(size_t n, size_t m, size_t R)
+{
+    size_t col = R * ((n + R - 1) / R), w = shard_relayout_bound() / (col ? col : 1);
+    return w < 1 ? 1 : w > m ? m : w;
+}
+
+/* Columns [c0, c0 + w) of this rank's blocks of tensor (kind, i) into buf
+ * (R slots of `per` rows of w columns). */
 static void shard_place_blocks(struct fsdp_shard_engine *se, int kind, size_t i, float *buf,
-                               size_t per)
+                               size_t per, size_t c0, size_t w)
 {
     const struct fsdp_param_spec *p = &se->full->params[i];
-    const size_t n = p->shape[0], m = p->shape[1], R = (size_t)se->base.n_shards;
+    const size_t n = p->shape[0], R = (size_t)se->base.n_shards;
     const size_t stride = se->n_tp_pieces;
     for (size_t k = 0; k < stride; k++) {
         struct fsdp_state_piece pc;
@@ -496,14 +515,16 @@ static void shard_place_blocks(struct fsdp_shard_engine *se, int kind, size_t i,
             continue;
         }
         fsdp_shard_piece(se, (size_t)kind * stride + k, &pc);
-        if (pc.copy) {
+        size_t a = pc.col0 > c0 ? pc.col0 : c0;
+        size_t b = pc.col0 + pc.cols < c0 + w ? pc.col0 + pc.cols : c0 + w;
+        if (pc.copy || a >= b) {
             continue;
         }
         for (size_t j = 0; j < pc.rows; j++) {
             size_t q, at;
             shard_row_slot(n, R, pc.row0 + j, &q, &at);
-            memcpy(buf + (q * per + at) * m + pc.col0, pc.data + j * pc.cols,
-                   pc.cols * sizeof(float));
+            memcpy(buf + (q * per + at) * w + (a - c0), pc.data + j * pc.cols + (a - pc.col0),
+                   (b - a) * sizeof(float));
         }
     }
 }
@@ -524,7 +545,7 @@ size_t fsdp_shard_relayout_floats(const struct fsdp_shard_engine *se)
     size_t need = 0;
     for (size_t j = 0; se->plan && j < se->full->n_params; j++) {
         const struct fsdp_param_spec *q = &se->full->params[j];
-        size_t f = R * ((q->shape[0] + R - 1) / R) * q->shape[1];
+        size_t f = R * ((q->shape[0] + R - 1) / R) * shard_relayout_cols(q->shape[0], q->shape[1], R);
         need = f > need ? f : need;
     }
     return need;
@@ -534,33 +555,33 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
 {
     const struct fsdp_param_spec *p = &se->full->params[i];
     const size_t n = p->shape[0], m = p->shape[1], R = (size_t)se->base.n_shards;
-    const size_t T = (size_t)se->tp.size, per = (n + R - 1) / R, slot = per * m;
+    const size_t T = (size_t)se->tp.size, per = (n + R - 1) / R;
     if (!se->plan || kind < 0 || kind > se->opt.n_state || i >= se->full->n_params) {
         return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: save_rows of tensor %d/%zu", kind, i);
     }
-    if (R * slot > se->relayout_floats) { /* the largest tensor's, at the first save */
+    if (!se->relayout) { /* the largest pass's, at the first save */
         size_t need = fsdp_shard_relayout_floats(se);
-        if (se->relayout) {
-            se->dev->ops->free(se->dev, se->relayout);
-        }
-        se->relayout_floats = 0;
         if (!(se->relayout = se->dev->ops->alloc(se->dev, need * sizeof(float)))) {
             return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to save a tensor as rows",
                             need * sizeof(float));
         }
         se->relayout_floats = need;
     }
-    float *buf = se->relayout, *group = buf + (size_t)se->rs * T * slot;
-    memset(buf, 0, R * slot * sizeof(float));
-    shard_place_blocks(se, kind, i, buf, per);
-    if (se->shard_g) {
-        FSDP_CHECK(shard_rs_wait(se, se->shard_g, buf, group, T * slot));
-    }
-    FSDP_CHECK(shard_rs_wait(se, se->tp.g, group, group + (size_t)se->tp.rank * slot, slot));
-    size_t row0, rows;
+    size_t row0, rows, step = shard_relayout_cols(n, m, R);
     fsdp_split_even(n, R, (size_t)se->base.shard, &row0, &rows);
-    if (out) {
-        memcpy(out, group + (size_t)se->tp.rank * slot, rows * m * sizeof(float));
+    for (size_t c0 = 0; c0 < m; c0 += step) {
+        const size_t w = m - c0 < step ? m - c0 : step, slot = per * w;
+        float *buf = se->relayout, *group = buf + (size_t)se->rs * T * slot;
+        float *mine = group + (size_t)se->tp.rank * slot;
+        memset(buf, 0, R * slot * sizeof(float));
+        shard_place_blocks(se, kind, i, buf, per, c0, w);
+        if (se->shard_g) {
+            FSDP_CHECK(shard_rs_wait(se, se->shard_g, buf, group, T * slot));
+        }
+        FSDP_CHECK(shard_rs_wait(se, se->tp.g, group, mine, slot));
+        for (size_t j = 0; out && j < rows; j++) {
+            memcpy(out + j * m + c0, mine + j * w, w * sizeof(float));
+        }
     }
     return 0;
 }
