@@ -342,14 +342,16 @@ static void reshard_usage(FILE *out)
             "by tensor. OUTDIR must not exist; it appears only when complete.\n"
             "\n"
             "      --world-size N   shard over N ranks (mesh dp=N)\n"
-            "      --mesh SPEC      dp=N or rdp=R,dp=N (N shards, R x N ranks)\n"
+            "      --mesh SPEC      dp=N or rdp=R,dp=N (N shards, R x N ranks), either with\n"
+            "                       tp=T (N x T shards: a tensor-parallel run's checkpoint\n"
+            "                       is one of a data-parallel run of N x T ranks)\n"
             "  -o, --output DIR     the new step directory\n"
             "  -h, --help           this text\n");
 }
 
-/* "dp=4" or "rdp=2,dp=2" (in either order), read by the mesh parser every
- * program shares: shards and world size, the normalized spec in dims; 0 on
- * success. */
+/* "dp=4" or "rdp=2,dp=2" (in either order), with "tp=T" or without, read by
+ * the mesh parser every program shares: shards (dp x tp) and world size,
+ * the normalized spec in dims; 0 on success. */
 static int reshard_parse_mesh(const char *spec, struct fsdp_mesh_dims *dims, int *shards,
                               int *world)
 {
@@ -357,14 +359,17 @@ static int reshard_parse_mesh(const char *spec, struct fsdp_mesh_dims *dims, int
         fsdp_err_clear(); /* the caller's message says what reshard takes */
         return -1;
     }
-    *shards = 0;
+    int dp = 0, tp = 0;
     for (int i = 0; i < dims->ndims; i++) {
         if (strcmp(dims->name[i], "dp") == 0) {
-            *shards = dims->size[i];
+            dp = dims->size[i];
+        } else if (strcmp(dims->name[i], "tp") == 0) {
+            tp = dims->size[i];
         } else if (strcmp(dims->name[i], "rdp") != 0) {
             return -1; /* a dimension that does not shard or replicate */
         }
     }
+    *shards = dp || tp ? (dp ? dp : 1) * (tp ? tp : 1) : 0;
     if (dims->nranks > 65536) {
         return -1; /* more ranks than any mesh fsdpc builds */
     }
@@ -440,8 +445,8 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
                    "SPEC, and -o DIR (see --help)");
     }
     if (reshard_parse_mesh(mesh, &dims, &shards, &world) < 0) {
-        fsdp_fatal("fsdpc-ckpt reshard: --mesh '%s' must be dp=N or rdp=R,dp=N (each name once, "
-                   "at most 65536 ranks in all)", mesh);
+        fsdp_fatal("fsdpc-ckpt reshard: --mesh '%s' must be dp=N or rdp=R,dp=N, either with "
+                   "tp=T or without (each name once, at most 65536 ranks in all)", mesh);
     }
     if (access(out, F_OK) == 0) {
         fsdp_fatal("fsdpc-ckpt reshard: %s already exists", out);

@@ -92,7 +92,7 @@ tap_ok $? "resuming another model's checkpoint: clear error"
 # tool arguments
 ok=0
 for args in "reshard $W/s2 -o $W/r" "reshard $W/s2 --world-size 0 -o $W/r" \
-    "reshard $W/s2 --mesh tp=2 -o $W/r" "reshard $W/s2 --world-size 2 -o $W/s4" \
+    "reshard $W/s2 --mesh pp=2 -o $W/r" "reshard $W/s2 --world-size 2 -o $W/s4" \
     "reshard $W/s2 --mesh dp=2,dp=4 -o $W/r" "reshard $W/s2 --mesh rdp=65536,dp=65536 -o $W/r" \
     "convert $W/s2 --dtype f64 -o $W/c.h5" "convert $W/s2 -o $W/c.h5" "consolidate $W/s2" \
     "verify" "verify --bogus $W/s2" "inspect $W/notckpt"; do

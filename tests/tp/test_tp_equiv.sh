@@ -238,6 +238,15 @@ tap_ok $r "fsdpc-ckpt verify: the tensor-parallel checkpoint is 4 shards of whol
 r=$?
 tap_diag "$(cat "$W/cmp")"
 tap_ok $r "fsdpc-ckpt consolidate (equal to index.h5's virtual datasets), reshard and export-hf read it"
+# reshard to a tp mesh: dp x tp shards, the same rows as the dp=2,tp=2 run wrote
+"$BIN/fsdpc-ckpt" reshard "$W/ck/step_4" --mesh tp=4 -o "$W/rtp4" > "$W/cmp" 2>&1 &&
+    grep -q "resharded to tp=4 (4 shards)" "$W/cmp" && "$BIN/fsdpc-ckpt" verify "$W/rtp4" > /dev/null 2>&1 &&
+    h5diff -d 0 "$W/ck/step_4/shard_3.h5" "$W/rtp4/shard_3.h5" >> "$W/cmp" 2>&1 &&
+    "$BIN/fsdpc-ckpt" reshard "$W/ck/step_4" --mesh rdp=2,dp=1,tp=2 -o "$W/rtp2" >> "$W/cmp" 2>&1 &&
+    grep -q "resharded to rdp=2,dp=1,tp=2 (2 shards)" "$W/cmp"
+r=$?
+[ $r -eq 0 ] || tap_diag "$(tail -3 "$W/cmp")"
+tap_ok $r "fsdpc-ckpt reshard --mesh tp=4 and rdp=2,dp=1,tp=2: dp x tp shards of the same rows"
 # shellcheck disable=SC2086
 run back22 4 untied 2 --mesh dp=2,tp=2 --backend tcp $CK --resume "$W/ck/step_4"
 tap_ok $? "resumed on dp=2,tp=2"
