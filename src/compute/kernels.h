@@ -288,6 +288,15 @@ void fsdp_cpu_rmsnorm_forward(float *out,          /* (N, C) */
                               const float *inp,    /* (N, C) */
                               const float *weight, /* (C) */
                               size_t N, size_t C, float eps);
+/* The same, and keep (N, C) gets a copy of inp in the same pass: the
+ * residual that a following product accumulates onto (beta = 1), without
+ * a second pass over inp. keep may be NULL. */
+void fsdp_cpu_rmsnorm_forward_keep(float *out,          /* (N, C) */
+                                   float *rstd,         /* (N) */
+                                   float *keep,         /* (N, C) or NULL */
+                                   const float *inp,    /* (N, C) */
+                                   const float *weight, /* (C) */
+                                   size_t N, size_t C, float eps);
 /* dinp += d(inp); dweight += ... */
 void fsdp_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                const float *weight, const float *rstd, size_t N, size_t C);

@@ -242,8 +242,11 @@ static size_t llama_layout_grad_acts(const struct fsdp_llama *m, float *base,
     g->xfull = llama_take(base, &off, m->sp ? BT * C : 0);
     g->spg = llama_take(base, &off, m->sp ? 2 * C : 0);
     g->dqkv = llama_take(base, &off, BT * (size_t)m->qkv_w);
-    g->dgate = llama_take(base, &off, BT * F);
-    g->dup = llama_take(base, &off, BT * F);
+    /* none: the SwiGLU backward writes d(gate) and d(up) over the saved
+     * gate and up, which nothing reads after it (two (BT, F) buffers less,
+     * and no write-allocate traffic for them) */
+    g->dgate = NULL;
+    g->dup = NULL;
     g->dh = llama_take(base, &off, BT * F);
     return off;
 }
@@ -671,23 +674,31 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     float *x = llama_residual(m, l);
     const float *in;
     fsdp_llama_block_view(m, m->unit_params[1 + l], &w);
+    /* Without tensor parallelism the norms' pass over the residual stream
+     * also copies it to where the next row-parallel product accumulates
+     * (beta = 1), so that product needs no prefill pass of its own. */
+    float *keep1 = m->tp ? NULL : a->res2;
+    float *keep2 = m->tp || !full ? NULL : llama_residual(m, l + 1);
     /* attention: one product for q, k and v (and their biases), RoPE in place */
-    fsdp_cpu_rmsnorm_forward(a->rms1, a->rms1_rstd, x, w.attn_norm, BR, C, c->norm_eps);
+    fsdp_cpu_rmsnorm_forward_keep(a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, BR, C,
+                                  c->norm_eps);
     FSDP_CHECK(llama_tp_enter(m, a->rms1, BT, &in));
     m->k->matmul_forward(a->qkv, in, w.qw, w.qb, NULL, BT, C, (size_t)m->qkv_w);
     fsdp_cpu_rope_forward(a->qkv, m->rope_cos, m->rope_sin, m->B, m->T, m->lnh, m->lnkv, m->hs);
     fsdp_cpu_gqa_attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->B, m->T,
                                    m->lnh, m->lnkv, m->hs);
-    FSDP_CHECK(llama_row_parallel(m, a->res2, a->atty, w.ow, x, BT, m->lq));
+    FSDP_CHECK(llama_row_parallel(m, a->res2, a->atty, w.ow, keep1 ? a->res2 : x, BT, m->lq));
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
-    fsdp_cpu_rmsnorm_forward(a->rms2, a->rms2_rstd, a->res2, w.mlp_norm, BR, C, c->norm_eps);
+    fsdp_cpu_rmsnorm_forward_keep(a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, BR, C,
+                                  c->norm_eps);
     FSDP_CHECK(llama_tp_enter(m, a->rms2, BT, &in));
     m->k->matmul_forward(a->gate, in, w.gatew, NULL, NULL, BT, C, F);
     m->k->matmul_forward(a->up, in, w.upw, NULL, NULL, BT, C, F);
     fsdp_cpu_swiglu_forward(a->h, a->gate, a->up, BT * F);
     if (full) {
-        FSDP_CHECK(llama_row_parallel(m, llama_residual(m, l + 1), a->h, w.downw, a->res2, BT, F));
+        float *out = llama_residual(m, l + 1);
+        FSDP_CHECK(llama_row_parallel(m, out, a->h, w.downw, keep2 ? out : a->res2, BT, F));
     }
     return 0;
 }
@@ -947,10 +958,10 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     /* MLP */
     FSDP_CHECK(llama_tp_dout(m, BT, &dout));
     m->k->matmul_backward(g->dh, dw.downw, NULL, dout, a->h, w.downw, BT, F, C, 1.0f, 0);
-    fsdp_cpu_swiglu_backward(g->dgate, g->dup, g->dh, a->gate, a->up, BT * F);
+    fsdp_cpu_swiglu_backward(a->gate, a->up, g->dh, a->gate, a->up, BT * F); /* in place */
     FSDP_CHECK(llama_tp_enter(m, a->rms2, BT, &in));
-    m->k->matmul_backward(g->dbtc, dw.gatew, NULL, g->dgate, in, w.gatew, BT, C, F, 1.0f, 0);
-    m->k->matmul_backward(g->dbtc, dw.upw, NULL, g->dup, in, w.upw, BT, C, F, 1.0f, 1);
+    m->k->matmul_backward(g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, BT, C, F, 1.0f, 0);
+    m->k->matmul_backward(g->dbtc, dw.upw, NULL, a->up, in, w.upw, BT, C, F, 1.0f, 1);
     FSDP_CHECK(llama_tp_din(m, BT, &din));
     fsdp_cpu_rmsnorm_backward(g->dres, m->sp ? spg : dw.mlp_norm, din, a->res2, w.mlp_norm,
                               a->rms2_rstd, BR, C);

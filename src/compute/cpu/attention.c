@@ -81,15 +81,33 @@ static void cpu_prob_row(float *row, size_t n, size_t ld, float lse)
     memset(row + n, 0, (ld - n) * sizeof(float));
 }
 
+static void cpu_scale_row(float *x, size_t n, float s)
+{
+    size_t i = 0;
+    for (; i + CPU_VW <= n; i += CPU_VW) {
+        cpu_vstore(x + i, cpu_vload(x + i) * s);
+    }
+    for (; i < n; i++) {
+        x[i] *= s;
+    }
+}
+
 /* dp[0..n) <- p * (dp - D) with D = do . o; dp[n..ld) <- 0 */
 static void cpu_dscore_row(float *dp, const float *p, size_t n, size_t ld, const float *dout,
                            const float *out, size_t hs)
 {
-    float D = 0.0f;
-    for (size_t k = 0; k < hs; k++) {
-        D += dout[k] * out[k];
-    }
+    /* partial sums, not one running sum: the in-order sum is a serial
+     * chain of shuffles and adds that cost as much as the rest of the row */
+    cpu_vf acc = cpu_vset1(0.0f);
     size_t i = 0;
+    for (; i + CPU_VW <= hs; i += CPU_VW) {
+        acc += cpu_vload(dout + i) * cpu_vload(out + i);
+    }
+    float D = cpu_vhsum(acc);
+    for (; i < hs; i++) {
+        D += dout[i] * out[i];
+    }
+    i = 0;
     for (; i + CPU_VW <= n; i += CPU_VW) {
         cpu_vstore(dp + i, cpu_vload(p + i) * (cpu_vload(dp + i) - D));
     }
@@ -132,10 +150,7 @@ static void cpu_attention_forward(float *out, float *lse, float *scratch, const 
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)hs, (int)i1,
                             1.0f, S, (int)i1, v, (int)ld, 0.0f, o + i0 * C, (int)C);
                 for (size_t r = 0; r < nb; r++) {
-                    float *orow = o + (i0 + r) * C;
-                    for (size_t d = 0; d < hs; d++) {
-                        orow[d] *= inv[r];
-                    }
+                    cpu_scale_row(o + (i0 + r) * C, hs, inv[r]);
                 }
             }
         }

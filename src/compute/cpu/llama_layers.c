@@ -20,21 +20,62 @@
 
 // ----------------------------------------------------------------------------
 // RMSNorm
+//
+// A row (C floats) stays in L1 between its passes, so each kernel reads its
+// inputs from memory once. Sums go through CPU_VW partial sums, added
+// pairwise at the end (cpu_vhsum), which is also closer to torch's tree
+// reduction than one running sum.
+
+/* sum of x^2 */
+static inline float cpu_row_sumsq(const float *x, size_t n)
+{
+    cpu_vf acc = cpu_vset1(0.0f);
+    size_t i = 0;
+    for (; i + CPU_VW <= n; i += CPU_VW) {
+        cpu_vf v = cpu_vload(x + i);
+        acc += v * v;
+    }
+    float s = cpu_vhsum(acc);
+    for (; i < n; i++) {
+        s += x[i] * x[i];
+    }
+    return s;
+}
+
+/* y = w * (x * r); keep, when not NULL, gets a copy of x */
+static inline void cpu_rms_scale_row(float *y, float *keep, const float *x, const float *w,
+                                     float r, size_t n)
+{
+    size_t i = 0;
+    for (; i + CPU_VW <= n; i += CPU_VW) {
+        cpu_vf v = cpu_vload(x + i);
+        cpu_vstore(y + i, cpu_vload(w + i) * (v * r));
+        if (keep) {
+            cpu_vstore(keep + i, v);
+        }
+    }
+    for (; i < n; i++) {
+        y[i] = w[i] * (x[i] * r);
+        if (keep) {
+            keep[i] = x[i];
+        }
+    }
+}
 
 void fsdp_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
                               size_t N, size_t C, float eps)
 {
+    fsdp_cpu_rmsnorm_forward_keep(out, rstd, NULL, inp, weight, N, C, eps);
+}
+
+void fsdp_cpu_rmsnorm_forward_keep(float *out, float *rstd, float *keep, const float *inp,
+                                   const float *weight, size_t N, size_t C, float eps)
+{
+    CPU_OMP_FOR
     for (size_t n = 0; n < N; n++) {
         const float *x = inp + n * C;
-        float *y = out + n * C;
-        float ss = 0.0f;
-        for (size_t c = 0; c < C; c++) {
-            ss += x[c] * x[c];
-        }
-        float r = 1.0f / sqrtf(ss / (float)C + eps);
-        for (size_t c = 0; c < C; c++) {
-            y[c] = weight[c] * (x[c] * r);
-        }
+        float r = 1.0f / sqrtf(cpu_row_sumsq(x, C) / (float)C + eps);
+        cpu_rms_scale_row(out + n * C, keep ? keep + n * C : NULL, x, weight, r, C);
         rstd[n] = r;
     }
 }
@@ -42,6 +83,7 @@ void fsdp_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const f
 /*
  * With xh = x * r and g = dout * w:
  *   dx = r * (g - xh * mean(g * xh)),   dw += dout * xh
+ * Rows are serial: every row adds into dweight.
  */
 void fsdp_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                const float *weight, const float *rstd, size_t N, size_t C)
@@ -50,14 +92,26 @@ void fsdp_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, c
         const float *x = inp + n * C, *dy = dout + n * C;
         float *dx = dinp + n * C;
         float r = rstd[n];
-        float dot = 0.0f;
-        for (size_t c = 0; c < C; c++) {
+        cpu_vf acc = cpu_vset1(0.0f);
+        size_t c = 0;
+        for (; c + CPU_VW <= C; c += CPU_VW) {
+            cpu_vf xh = cpu_vload(x + c) * r, d = cpu_vload(dy + c);
+            acc += d * cpu_vload(weight + c) * xh;
+            cpu_vstore(dweight + c, cpu_vload(dweight + c) + d * xh);
+        }
+        float dot = cpu_vhsum(acc);
+        for (; c < C; c++) {
             float xh = x[c] * r;
             dot += dy[c] * weight[c] * xh;
             dweight[c] += dy[c] * xh;
         }
         dot /= (float)C;
-        for (size_t c = 0; c < C; c++) {
+        for (c = 0; c + CPU_VW <= C; c += CPU_VW) {
+            cpu_vf xh = cpu_vload(x + c) * r;
+            cpu_vf g = cpu_vload(dy + c) * cpu_vload(weight + c);
+            cpu_vstore(dx + c, cpu_vload(dx + c) + r * (g - xh * dot));
+        }
+        for (; c < C; c++) {
             float xh = x[c] * r;
             dx[c] += r * (dy[c] * weight[c] - xh * dot);
         }
@@ -111,6 +165,23 @@ void fsdp_cpu_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int 
     }
 }
 
+/* One head's pairs (x[i], x[i + h2]) rotated by cos c[i], sin dir * s[i]. */
+static inline void cpu_rope_pairs(float *x, const float *c, const float *s, size_t h2, float dir)
+{
+    size_t i = 0;
+    for (; i + CPU_VW <= h2; i += CPU_VW) {
+        cpu_vf x1 = cpu_vload(x + i), x2 = cpu_vload(x + i + h2);
+        cpu_vf cv = cpu_vload(c + i), sn = cpu_vload(s + i) * dir;
+        cpu_vstore(x + i, x1 * cv - x2 * sn);
+        cpu_vstore(x + i + h2, x2 * cv + x1 * sn);
+    }
+    for (; i < h2; i++) {
+        float x1 = x[i], x2 = x[i + h2], sn = dir * s[i];
+        x[i] = x1 * c[i] - x2 * sn;
+        x[i + h2] = x2 * c[i] + x1 * sn;
+    }
+}
+
 /* Rotates the heads [h0, h0 + nh) of every row of buf (row stride ld), by
  * +angle (dir 1) or -angle (dir -1). */
 static void cpu_rope_heads(float *buf, size_t ld, size_t h0, size_t nh, const float *cos_t,
@@ -122,12 +193,7 @@ static void cpu_rope_heads(float *buf, size_t ld, size_t h0, size_t nh, const fl
             float *row = buf + (b * (size_t)T + t) * ld;
             const float *c = cos_t + t * h2, *s = sin_t + t * h2;
             for (size_t h = h0; h < h0 + nh; h++) {
-                float *x = row + h * (size_t)hs;
-                for (size_t i = 0; i < h2; i++) {
-                    float x1 = x[i], x2 = x[i + h2], sn = dir * s[i];
-                    x[i] = x1 * c[i] - x2 * sn;
-                    x[i + h2] = x2 * c[i] + x1 * sn;
-                }
+                cpu_rope_pairs(row + h * (size_t)hs, c, s, h2, dir);
             }
         }
     }
