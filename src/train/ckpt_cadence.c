@@ -840,7 +840,19 @@ static void cad_warn_config(const struct fsdp_trainer *t, const struct fsdp_ckpt
                       t->cfg->grad_accum, now);
         }
     }
+    static const char *const prec_keys[] = {"param-dtype", "reduce-dtype", "loss-scale", NULL};
+    diff[0] = '\0';
+    if (cad_diff_keys(&set, old, t->cfg, prec_keys, diff, sizeof(diff)) > 0) {
+        FSDP_WARN(FSDP_SUB_TRAIN, "resume: the precision differs from the run that "
+                  "wrote %s (%s): the f32 master weights and optimizer state go on as saved, but "
+                  "the steps from here round differently than that run's would", dir, diff);
+    }
     free(old);
+    if (strcmp(m->mesh, t->mesh ? t->mesh->spec : "single rank") != 0) {
+        FSDP_INFO(FSDP_SUB_TRAIN, "resume: %s was written on mesh %s (%d rank%s), this run is %s: "
+                  "the state is re-sharded as it is read", dir, m->mesh, m->world_size,
+                  m->world_size == 1 ? "" : "s", t->mesh ? t->mesh->spec : "single rank");
+    }
 }
 
 /*

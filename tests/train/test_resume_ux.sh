@@ -1,7 +1,7 @@
 #!/bin/sh
 # test_resume_ux.sh - resuming cannot surprise: --resume latest with a
-# mistyped --ckpt-dir warns on stderr; a changed schedule or global batch
-# warns with the keys and both values; resuming an older step warns that
+# mistyped --ckpt-dir warns on stderr; a changed schedule, global batch or
+# precision warns with the keys and both values; resuming an older step warns that
 # latest moves back; a finished run says there is nothing to do and exits 0;
 # the done line counts this run's steps; the metrics file gets a start record
 # that says where the run resumed from; fsdpc-sample and fsdpc-train take a
@@ -65,6 +65,15 @@ rc=$?
 [ $rc -eq 0 ] &&
     grep -q "resume: the global batch differs from the run that wrote the checkpoint: 1 rank x 4 seq x 32 tokens x 1 micro-steps = 128 tokens per step there, 1 x 2 x 32 x 1 = 64 here" "$W/batch.err"
 tap_ok $? "a resume with another global batch says so, with both (rc $rc)"
+! grep -q "precision differs" "$W/sched.err" "$W/batch.err"
+tap_ok $? "the same precision is not reported"
+
+cp -R -P "$W/ck" "$W/ck_p"
+run prec --steps 12 --param-dtype bf16 --ckpt-dir "$W/ck_p" --resume latest
+rc=$?
+[ $rc -eq 0 ] &&
+    grep -q "WARN train\] resume: the precision differs from the run that wrote $W/ck_p/step_10 (param-dtype f32 -> bf16)" "$W/prec.err"
+tap_ok $? "a resume with another param-dtype names it with both values (rc $rc)"
 
 # ---------------------------------------------------------------------------
 # an older step into the same directory
