@@ -15,7 +15,7 @@ set -u
 src=$1
 build=$2
 secs=${3:-120}
-readers=${4:-"model_file ckpt_index safetensors tokens"}
+readers=${4:-"model_file ckpt_index safetensors tokens tokenizer"}
 cc=${FUZZ_CC:-clang}
 out="$build/tests/fuzz"
 obj="$out/obj"
@@ -31,12 +31,13 @@ fi
 # --- build
 cflags="-I$src/src -I$src -I$build ${HDF5_CFLAGS:-$(pkg-config --cflags hdf5-mpich)} -D_GNU_SOURCE
 -std=gnu11 -g -O1 -fno-omit-frame-pointer"
-libs="${HDF5_LIBS:-$(pkg-config --libs hdf5-mpich)} -lxxhash -lm -pthread"
+libs="${HDF5_LIBS:-$(pkg-config --libs hdf5-mpich)} -lxxhash -ljansson -lpcre2-8 -lm -pthread"
 san="address,undefined"
 objs=""
 for f in src/core/error.c src/core/log.c src/core/dtype.c src/core/util.c src/core/spec.c \
     src/model/gpt2_spec.c io/model_file.c io/h5util.c io/ckpt.c io/checksum.c io/fileutil.c \
-    io/safetensors.c io/tokens.c tests/fuzz/fuzz_common.c; do
+    io/safetensors.c io/tokens.c io/tokenizer.c io/tokenizer_encode.c io/json.c \
+    tests/fuzz/fuzz_common.c; do
     o="$obj/$(echo "$f" | tr / _).o"
     # shellcheck disable=SC2086
     "$cc" $cflags -fsanitize=fuzzer-no-link,$san -c "$src/$f" -o "$o" || exit 1
@@ -51,7 +52,8 @@ done
 # --- seeds, made by the programs under test
 seeds="$out/seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds/model_file" "$seeds/ckpt_index" "$seeds/safetensors" "$seeds/tokens" "$seeds/work"
+mkdir -p "$seeds/model_file" "$seeds/ckpt_index" "$seeds/safetensors" "$seeds/tokens" \
+    "$seeds/tokenizer" "$seeds/work"
 w="$seeds/work"
 sh "$src/tests/corpus.sh" 20000 > "$w/text"
 ok=1
@@ -65,6 +67,15 @@ ok=1
     "$build/fsdpc-ckpt" reshard "$w/ck/step_2" --world-size 2 -o "$w/s2" > /dev/null 2>&1 &&
     "$build/fsdpc-ckpt" export-safetensors "$w/m.h5" -o "$seeds/safetensors/m.safetensors" \
     > /dev/null || ok=0
+# hand-made tokenizer.json files, GPT-2 style (the helper needs only the
+# standard library), with and without merges honoured and a prefix space
+for v in "tiny.json" "tiny-im.json --ignore-merges" "tiny-ps.json --prefix-space"; do
+    # shellcheck disable=SC2086
+    set -- $v
+    f=$1
+    shift
+    "${PYTHON3:-python3}" "$src/tests/io/hf_tokenizer.py" tiny "$seeds/tokenizer/$f" "$@" || ok=0
+done
 if [ $ok -ne 1 ]; then
     echo "run_fuzz.sh: making the seed files failed" >&2
     exit 1
@@ -93,14 +104,17 @@ for r in $readers; do
     stats="$out/stats.$r"
     rm -f "$stats".*
     echo "fuzzing $r for $secs s ..."
+    dict="" # keys and values a reader's format is made of, where a dictionary helps
+    [ -f "$src/tests/fuzz/$r.dict" ] && dict="-dict=$src/tests/fuzz/$r.dict"
     # fork-mode jobs end without exit handlers: their scratch dirs go here
     scratch="$out/tmp"
     rm -rf "$scratch"
     mkdir -p "$scratch"
+    # shellcheck disable=SC2086
     TMPDIR="$scratch" FSDPC_FUZZ_STATS="$stats" FSDPC_FUZZ_CKPT="$w/s2" \
         ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:abort_on_error=0 \
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        "$out/fuzz_$r" -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 \
+        "$out/fuzz_$r" $dict -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 \
         -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 -max_len=131072 \
         -artifact_prefix="$arts/" "$corpus" "$seeds/$r" > "$out/log.$r" 2>&1
     tried=$(grep -o '^#[0-9]*' "$out/log.$r" | tail -n 1 | tr -d '#')
