@@ -25,7 +25,6 @@
 #include <xxhash.h>
 
 #define TK_FILE_MAX ((size_t)256 << 20) /* real ones are below 40 MB */
-#define TK_SHOW 64 /* bytes of a token quoted in a message */
 
 // ----------------------------------------------------------------------------
 // The byte-level alphabet (GPT-2's bytes_to_unicode)
@@ -163,11 +162,7 @@ static void tk_pair_put(struct tk_pairmap *m, uint32_t a, uint32_t b, uint32_t r
 // ----------------------------------------------------------------------------
 // Errors that name the field
 
-/* "PATH: FIELD: message", class FSDP_ERR_UNSUPPORTED or FSDP_ERR_FORMAT. */
-static int tk_bad(const struct fsdp_tokenizer *tok, int code, const char *field, const char *fmt,
-                  ...) __attribute__((format(printf, 4, 5)));
-static int tk_bad(const struct fsdp_tokenizer *tok, int code, const char *field, const char *fmt,
-                  ...)
+int tk_bad(const struct fsdp_tokenizer *tok, int code, const char *field, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -177,15 +172,13 @@ static int tk_bad(const struct fsdp_tokenizer *tok, int code, const char *field,
     return fsdp_err(code, "%s: %s: %s", tok->path, field, msg);
 }
 
-/* A printable copy of text from the file for a message. */
-static const char *tk_show(char *buf, size_t n, const char *s)
+const char *tk_show(char *buf, size_t n, const char *s)
 {
     return fsdp_str_printable(buf, n, s, 0);
 }
 
-/* Refuses keys of obj outside the NULL-terminated list allowed. */
-static int tk_keys(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
-                   const char *const *allowed)
+int tk_keys(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
+            const char *const *allowed)
 {
     const char *key;
     json_t *v;
@@ -219,9 +212,8 @@ static int tk_bool(const struct fsdp_tokenizer *tok, const json_t *obj, const ch
     return 0;
 }
 
-/* obj must be an object whose "type" is a string; *type points into it. */
-static int tk_type(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
-                   const char **type)
+int tk_type(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
+            const char **type)
 {
     json_t *t = json_is_object(obj) ? json_object_get(obj, "type") : NULL;
     if (!json_is_string(t)) {
@@ -231,9 +223,7 @@ static int tk_type(const struct fsdp_tokenizer *tok, const json_t *obj, const ch
     return 0;
 }
 
-/* A non-negative integer id below FSDP_TOKENIZER_MAX_VOCAB. */
-static int tk_id(const struct fsdp_tokenizer *tok, const json_t *v, const char *field,
-                 uint32_t *id)
+int tk_id(const struct fsdp_tokenizer *tok, const json_t *v, const char *field, uint32_t *id)
 {
     if (!json_is_integer(v) || json_integer_value(v) < 0 ||
         (json_int_t)json_integer_value(v) >= (json_int_t)FSDP_TOKENIZER_MAX_VOCAB) {
@@ -802,6 +792,7 @@ int fsdp_tokenizer_load(const char *path, struct fsdp_tokenizer **out)
     FSDP_CHECK_GOTO(tk_load_added(tok, json_object_get(root, "added_tokens"), &max_id), rc, err);
     FSDP_CHECK_GOTO(tk_load_rest(tok, root), rc, err);
     tok->vocab_size = (size_t)max_id + 1;
+    FSDP_CHECK_GOTO(tk_load_post(tok, json_object_get(root, "post_processor")), rc, err);
     FSDP_CHECK_GOTO(tk_build_decoder(tok), rc, err);
     json_decref(root);
     *out = tok;
@@ -836,6 +827,7 @@ void fsdp_tokenizer_free(struct fsdp_tokenizer *tok)
     free(tok->dec_off);
     free(tok->dec);
     free(tok->dec_flags);
+    free(tok->post_ids);
     free(tok->path);
     free(tok);
 }

@@ -16,8 +16,11 @@
  *   - added_tokens: matched in the text before pre-tokenization, leftmost
  *     and longest first; single_word, lstrip and rstrip must be false.
  *   - decoder: ByteLevel. normalizer, truncation, padding: null.
- *   - post_processor: read past, not applied (encode never adds tokens the
- *     text does not hold; write <|begin_of_text|> in the text to get it).
+ *   - post_processor: ByteLevel, TemplateProcessing or a Sequence of them;
+ *     encode never adds tokens the text does not hold, and
+ *     fsdp_tokenizer_specials gives what the template adds around a text
+ *     (Llama 3's <|begin_of_text|>). Another type loads, and only
+ *     fsdp_tokenizer_specials refuses it.
  * Regexes run on PCRE2 with Unicode properties; \s and \S mean Unicode
  * White_Space, as in the Oniguruma engine of `tokenizers`.
  *
@@ -58,6 +61,17 @@ int fsdp_tokenizer_encode_to(struct fsdp_tokenizer *tok, const char *text, size_
 /* The same into a malloc'd array (*ids NULL for no tokens). */
 int fsdp_tokenizer_encode(struct fsdp_tokenizer *tok, const char *text, size_t len,
                           uint32_t **ids, size_t *n);
+
+/*
+ * The ids the file's post_processor puts around one encoded text, as
+ * Tokenizer.encode(text) (add_special_tokens=True) adds them: the "single"
+ * template of a TemplateProcessing, alone or in a Sequence (Llama 3:
+ * <|begin_of_text|> before the text, nothing after); none for ByteLevel or
+ * no post_processor. The arrays belong to the handle. A post-processor of
+ * another type (BertProcessing, ...) is an error naming it.
+ */
+int fsdp_tokenizer_specials(const struct fsdp_tokenizer *tok, const uint32_t **before,
+                            size_t *n_before, const uint32_t **after, size_t *n_after);
 
 // ----------------------------------------------------------------------------
 // Decoding

@@ -1,7 +1,8 @@
 /*
- * tokenizer_impl.h - what tokenizer.c (loading, decoding) and
- * tokenizer_encode.c (encoding) share: the handle, its hash tables and the
- * byte-level alphabet. Private to io/tokenizer*.c.
+ * tokenizer_impl.h - what tokenizer.c (loading, decoding),
+ * tokenizer_encode.c (encoding) and tokenizer_post.c (the post-processor)
+ * share: the handle, its hash tables, the byte-level alphabet and the
+ * loader's field-naming errors. Private to io/tokenizer*.c.
  */
 #ifndef FSDP_IO_TOKENIZER_IMPL_H
 #define FSDP_IO_TOKENIZER_IMPL_H
@@ -12,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -156,6 +159,13 @@ struct fsdp_tokenizer {
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit;
 
+    /* post-processor: the ids TemplateProcessing's "single" puts around one
+     * text, n_before before it and n_after after it (tokenizer_post.c) */
+    uint32_t *post_ids;
+    size_t n_before, n_after;
+    int post_template;       /* a TemplateProcessing was read */
+    char post_type[48];      /* a post-processor type that is not applied; "": none */
+
     /* decoding: the bytes of every id */
     uint64_t *dec_off;       /* (vocab_size + 1,) */
     unsigned char *dec;
@@ -207,5 +217,28 @@ FSDP_PRIVATE int tk_regex_compile(struct fsdp_tokenizer *tok, const char *patter
 FSDP_PRIVATE void tk_regex_free(struct tk_regex *r);
 /* Frees the encoder's scratch and cache. */
 FSDP_PRIVATE void tk_encoder_free(struct fsdp_tokenizer *tok);
+
+// ----------------------------------------------------------------------------
+// Loading: errors that name the field (tokenizer.c)
+
+#define TK_SHOW 64 /* bytes of a token quoted in a message */
+
+/* "PATH: FIELD: message", class FSDP_ERR_UNSUPPORTED or FSDP_ERR_FORMAT. */
+FSDP_PRIVATE int tk_bad(const struct fsdp_tokenizer *tok, int code, const char *field,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* A printable copy of text from the file for a message. */
+FSDP_PRIVATE const char *tk_show(char *buf, size_t n, const char *s);
+/* Refuses keys of obj outside the NULL-terminated list allowed. */
+FSDP_PRIVATE int tk_keys(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
+                         const char *const *allowed);
+/* obj must be an object whose "type" is a string; *type points into it. */
+FSDP_PRIVATE int tk_type(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
+                         const char **type);
+/* A non-negative integer id below FSDP_TOKENIZER_MAX_VOCAB. */
+FSDP_PRIVATE int tk_id(const struct fsdp_tokenizer *tok, const json_t *v, const char *field,
+                       uint32_t *id);
+/* The post_processor (NULL or null: none), after the vocabulary is known
+ * (tokenizer_post.c). */
+FSDP_PRIVATE int tk_load_post(struct fsdp_tokenizer *tok, const json_t *pp);
 
 #endif

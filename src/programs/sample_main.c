@@ -8,7 +8,9 @@
  * or its index.h5): its weights are read through the step's index.h5.
  *
  * With --tokenizer tokenizer.json (a Hugging Face byte-level BPE, io/tokenizer.h)
- * the prompt is text encoded with it and the tokens are printed as text.
+ * the prompt is text encoded with it, with the tokens its post_processor
+ * puts around a text (Llama 3's <|begin_of_text|>) unless
+ * --add-special-tokens off, and the tokens are printed as text.
  * Without it, a byte-level model (vocab 256) reads the prompt as bytes and
  * prints bytes; any other vocabulary reads the prompt as token ids ("464
  * 3290 318") and prints ids, one line of them. An empty prompt starts from '\n' (vocab 256)
@@ -49,6 +51,7 @@ struct sample_config {
     long top_k;         /* 0: whole vocabulary */
     double top_p;       /* 1: no nucleus cut */
     int no_cache;       /* recompute the window for every token */
+    int specials;       /* add the tokenizer's post-processor tokens around the prompt */
     long seed;
     long threads;
 };
@@ -69,6 +72,9 @@ static const struct fsdp_opt sample_opts[] = {
      "sample among the K most likely tokens (0: all)"},
     {"top-p", FSDP_OPT_FLOAT, F(top_p), 0, 1e-6, 1, NULL, "P", 0,
      "sample among the most likely tokens whose probability adds up to P (1: all)"},
+    {"add-special-tokens", FSDP_OPT_BOOL, F(specials), 0, 0, 0, NULL, "X", 0,
+     "on|off: with --tokenizer, the tokens its post_processor puts around a text (Llama 3's "
+     "<|begin_of_text|> first) go around the prompt, as transformers' encode does"},
     {"no-cache", FSDP_OPT_FLAG, F(no_cache), 0, 0, 0, NULL, "", 0,
      "no key/value cache: run the whole window for every token (slower; for comparison)"},
     {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0, "random seed"},
@@ -303,22 +309,46 @@ static int sample_run(const struct sample_config *c)
                           tv - 1, V);
             goto out;
         }
+        const uint32_t *pre = NULL, *post = NULL;
+        size_t npre = 0, npost = 0;
+        if (c->specials) {
+            FSDP_CHECK_GOTO(fsdp_tokenizer_specials(sk.tok, &pre, &npre, &post, &npost), rc, out);
+        }
         uint32_t *ids = NULL;
         size_t nids = 0;
         FSDP_CHECK_GOTO(fsdp_tokenizer_encode(sk.tok, c->prompt, strlen(c->prompt), &ids, &nids),
                         rc, out);
-        for (size_t i = 0; i < nids && n < cap; i++) {
-            seq[n++] = (int32_t)ids[i];
+        int32_t *grown = realloc(seq, (cap + npre + npost) * sizeof(*seq));
+        if (!grown) {
+            free(ids);
+            rc = fsdp_err(FSDP_ERR_NOMEM, "sampler buffers");
+            goto out;
         }
+        seq = grown;
+        cap += npre + npost;
+        for (size_t i = 0; i < npre; i++) {
+            seq[n++] = (int32_t)pre[i];
+        }
+        for (size_t i = 0; i < nids; i++) { /* only the text's own tokens are printed */
+            seq[n++] = (int32_t)ids[i];
+            FSDP_CHECK_GOTO(emit(&sk, seq[n - 1], 0), rc, out_ids);
+        }
+        for (size_t i = 0; i < npost; i++) {
+            seq[n++] = (int32_t)post[i];
+        }
+    out_ids:
         free(ids);
+        if (rc < 0) {
+            goto out;
+        }
+        FSDP_INFO(FSDP_SUB_TRAIN, "prompt: %zu tokens, %zu of them from the tokenizer's "
+                  "post_processor", n, npre + npost);
         if (n == 0) {
             seq[n++] = V - 1;
         }
     } else {
         FSDP_CHECK_GOTO(parse_prompt(c->prompt, V, seq, cap, &n), rc, out);
-    }
-    if (c->prompt[0]) {
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; c->prompt[0] && i < n; i++) {
             FSDP_CHECK_GOTO(emit(&sk, seq[i], 0), rc, out);
         }
     }
@@ -381,8 +411,8 @@ out:
 
 int main(int argc, char **argv)
 {
-    struct sample_config c = {.tokens = 256, .temperature = 1.0, .top_p = 1.0, .seed = 1337,
-                              .threads = 1};
+    struct sample_config c = {.tokens = 256, .temperature = 1.0, .top_p = 1.0, .specials = 1,
+                              .seed = 1337, .threads = 1};
     struct fsdp_optset set = {.prog = "fsdpc-sample", .opts = sample_opts,
                               .n = sizeof(sample_opts) / sizeof(sample_opts[0]), .base = &c};
     fsdp_log_set_rank(0);

@@ -4,7 +4,8 @@
  * (with an added token's content in it when the file has one) and the
  * input itself where it is UTF-8, and decode every id back to exactly the
  * bytes encoded: byte-level BPE loses nothing, so any difference is a bug
- * (the harness traps, and libFuzzer keeps the input as a crash).
+ * (the harness traps, and libFuzzer keeps the input as a crash); the ids a
+ * post-processor template adds must be in the vocabulary.
  */
 #include "config.h"
 #include "tests/fuzz/fuzz.h"
@@ -46,6 +47,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == 0) {
         fz_round_trip(tok, text, sizeof(text) - 1);
         fz_round_trip(tok, (const char *)data, size < 4096 ? size : 4096);
+        const uint32_t *pre, *post;
+        size_t npre, npost;
+        if (fsdp_tokenizer_specials(tok, &pre, &npre, &post, &npost) == 0) {
+            for (size_t i = 0; i < npre + npost; i++) { /* every id the template adds is known */
+                if ((i < npre ? pre[i] : post[i - npre]) >= fsdp_tokenizer_vocab_size(tok)) {
+                    __builtin_trap();
+                }
+            }
+        }
         (void)fsdp_tokenizer_vocab_size(tok);
         (void)fsdp_tokenizer_token_id(tok, "<|endoftext|>");
         fsdp_tokenizer_free(tok);

@@ -36,7 +36,7 @@ san="address,undefined"
 objs=""
 for f in src/core/error.c src/core/log.c src/core/dtype.c src/core/util.c src/core/spec.c \
     src/model/gpt2_spec.c io/model_file.c io/h5util.c io/ckpt.c io/checksum.c io/fileutil.c \
-    io/safetensors.c io/tokens.c io/tokenizer.c io/tokenizer_encode.c io/json.c \
+    io/safetensors.c io/tokens.c io/tokenizer.c io/tokenizer_encode.c io/tokenizer_post.c io/json.c \
     tests/fuzz/fuzz_common.c; do
     o="$obj/$(echo "$f" | tr / _).o"
     # shellcheck disable=SC2086

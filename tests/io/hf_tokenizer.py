@@ -11,8 +11,8 @@
       regex, <|endoftext|>, a normalized added token), DIR/gpt2p.json (the
       same with add_prefix_space), DIR/gpt2s.json (a Split on the string ", "
       before it), DIR/llama3.json (Llama 3's Split regex +
-      ByteLevel without regex, Llama 3's special tokens, ids above 65535) and
-      the texts DIR/*.txt.
+      ByteLevel without regex, Llama 3's special tokens, ids above 65535, its
+      post-processor putting <|begin_of_text|> first) and the texts DIR/*.txt.
   check-encode TOKENIZER TEXT BIN [BIN2]
       the ids of llm.c token file(s) BIN (+ BIN2) against
       Tokenizer.encode(text, add_special_tokens=False): prints the first
@@ -24,6 +24,8 @@
       single bytes >= 0x80, so that their bytes are seldom UTF-8.
   bench TOKENIZER TEXT
       tokens/s of Tokenizer.encode on TEXT (median of 5 after a warm-up).
+  encode-special TOKENIZER TEXT
+      Tokenizer.encode(TEXT).ids, the post-processor's tokens included.
 """
 import json
 import random
@@ -216,6 +218,13 @@ def train(argv):
         vocab[f"<filler_{i}>"] = FILLER_FROM + i
     tok = Tokenizer.from_str(json.dumps(j))
     tok.add_special_tokens(LLAMA3_SPECIAL)
+    # Llama 3's post-processor: ByteLevel, then <|begin_of_text|> before a text
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
+            special_tokens=[("<|begin_of_text|>", bos)])])
     tok.save(f"{out}/llama3.json")
 
     for name, text in texts(rng).items():
@@ -327,12 +336,18 @@ def bench(argv):
     return 0
 
 
+def encode_special(argv):
+    """encode-special TOKENIZER TEXT: Tokenizer.encode(TEXT).ids (with the
+    post-processor's special tokens), on one line."""
+    print(" ".join(str(i) for i in load(argv[0]).encode(argv[1]).ids))
+
+
 def main():
     cmd, argv = sys.argv[1], sys.argv[2:]
     if cmd == "tiny":
         return tiny(argv)
     return {"train": train, "check-encode": check_encode, "check-decode": check_decode,
-            "random-ids": random_ids, "bench": bench}[cmd](argv)
+            "random-ids": random_ids, "bench": bench, "encode-special": encode_special}[cmd](argv)
 
 
 if __name__ == "__main__":

@@ -160,6 +160,26 @@ refused "an added id of another token" 'added_tokens.0.id=97' \
 refused "an added token repeated" 'added_tokens.1.content="<|endoftext|>"' \
     "added_tokens[1]: '<|endoftext|>' (id 263) repeats added_tokens[0]"
 refused "decoder" 'decoder={"type": "Metaspace"}' "decoder.type: 'Metaspace' is not supported"
+tpl='{"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "S", "type_id": 0}},
+  {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": {"S": {"id": "S",
+  "ids": [IDS], "tokens": ["S"]}}}'
+refused "a template's special token without ids" \
+    "post_processor=$(echo "$tpl" | sed 's/"special_tokens": {"S"/"special_tokens": {"T"/; s/IDS/1/')" \
+    "post_processor.single[0]: special token 'S' has no 'ids' list under special_tokens"
+refused "a template's id outside the vocabulary" "post_processor=$(echo "$tpl" | sed 's/IDS/264/')" \
+    "post_processor.single[0]: special_tokens['S'].ids[0]: id 264 is not in the vocabulary (ids below 264)"
+refused "a template without the sequence" \
+    "post_processor=$(echo "$tpl" | sed 's/"Sequence": {"id": "A"/"Sequence": {"id": "B"/; s/IDS/1/')" \
+    "post_processor.single[1]: the single template holds the sequence \"A\" once ('B' here)"
+# a template puts its tokens around the text; another type loads and is refused only when applied
+"$PY" "$HELPER" tiny tpl.json --edit "post_processor=$(echo "$tpl" | sed 's/IDS/262, 97/')" &&
+    [ "$("$top_builddir/tests/io/tokenizer_api" --special tpl.json abc)" = "262 97 257" ]
+tap_ok $? "TemplateProcessing: the single template's ids before the text ('S' is 262 97)"
+"$PY" "$HELPER" tiny bert.json --edit 'post_processor={"type": "BertProcessing"}' &&
+    "$DATA" tokenize --tokenizer bert.json t1.txt -o bert.bin >/dev/null 2>&1 && rm -f bert.bin &&
+    "$top_builddir/tests/io/tokenizer_api" --special bert.json abc >out.txt 2>&1
+[ $? -ne 0 ] && grep -q "bert.json: post_processor: 'BertProcessing' is not applied here" out.txt
+tap_ok $? "another post-processor type loads, and applying it is refused: $(cat out.txt)"
 refused "no decoder" 'decoder=null' "decoder: null is not supported (ByteLevel)"
 printf '{"model": {"type": ' >bad.json
 expect_fail "not JSON" "bad.json: not valid JSON: " "$DATA" tokenize --tokenizer bad.json t1.txt -o x.bin
@@ -224,6 +244,14 @@ same tiny fuzz
 tap_ok $? "llama3: a version 2 file holding ids above 65535"
 "$DATA" tokenize --tokenizer gpt2.json corpus.txt -o o.bin >/dev/null 2>&1 && [ "$(header o.bin 1)" = 1 ]
 tap_ok $? "gpt2: a version 1 file"
+
+# encode(text) with its special tokens: the post-processor's, as the package adds them
+for t in gpt2 llama3; do
+    want=$("$HF" "$HELPER" encode-special $t.json "Hello, world! café 中文")
+    got=$("$top_builddir/tests/io/tokenizer_api" --special $t.json "Hello, world! café 中文")
+    [ -n "$want" ] && [ "$want" = "$got" ]
+    tap_ok $? "$t: encode with special tokens equals tokenizers' encode(text) ($got)"
+done
 
 "$DATA" tokenize --tokenizer llama3.json corpus.txt -o tr.bin --val-fraction 0.1 --val-out va.bin \
     >out.txt 2>&1 && "$HF" "$HELPER" check-encode llama3.json corpus.txt tr.bin va.bin >cmp.txt 2>&1

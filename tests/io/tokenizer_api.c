@@ -2,7 +2,9 @@
  * tokenizer_api.c - io/tokenizer.h as a program other than fsdpc-data uses
  * it (the sampler): encode into an array, token ids by name, decode with
  * and without RAW, the streaming UTF-8 repair, an empty text, a sink that
- * stops the encode. Run by test_tokenizer.sh with its hand-made tiny.json
+ * stops the encode, the post-processor's tokens (none for ByteLevel; with
+ * --special FILE TEXT, the ids of TEXT with them, for the comparison with
+ * transformers). Run by test_tokenizer.sh with its hand-made tiny.json
  * (byte b is id b, "abc" 257, <|endoftext|> 262); prints what differs and
  * exits 1 on any difference.
  */
@@ -48,9 +50,44 @@ static void test_lossy(void)
           "one U+FFFD per maximal invalid subpart");
 }
 
+/* --special FILE TEXT: the ids of TEXT with the post-processor's tokens
+ * around them, as transformers' encode(text) gives them, on one line (or
+ * the error). */
+static int encode_special(const char *path, const char *text)
+{
+    struct fsdp_tokenizer *tok;
+    const uint32_t *pre, *post;
+    uint32_t *ids = NULL;
+    size_t npre, npost, n = 0;
+    if (fsdp_tokenizer_load(path, &tok) < 0) {
+        printf("error: %s\n", fsdp_err_msg());
+        return 1;
+    }
+    int rc = fsdp_tokenizer_specials(tok, &pre, &npre, &post, &npost);
+    if (rc == 0) {
+        rc = fsdp_tokenizer_encode(tok, text, strlen(text), &ids, &n);
+    }
+    if (rc < 0) {
+        printf("error: %s\n", fsdp_err_msg());
+        fsdp_tokenizer_free(tok);
+        return 1;
+    }
+    for (size_t i = 0; i < npre + n + npost; i++) {
+        uint32_t id = i < npre ? pre[i] : i < npre + n ? ids[i - npre] : post[i - npre - n];
+        printf("%s%u", i ? " " : "", id);
+    }
+    printf("\n");
+    free(ids);
+    fsdp_tokenizer_free(tok);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct fsdp_tokenizer *tok;
+    if (argc == 4 && strcmp(argv[1], "--special") == 0) {
+        return encode_special(argv[2], argv[3]);
+    }
     if (argc != 2 || fsdp_tokenizer_load(argv[1], &tok) < 0) {
         printf("usage: tokenizer_api tiny.json (%s)\n", fsdp_err_msg());
         return 1;
@@ -93,6 +130,10 @@ int main(int argc, char **argv)
     rc = fsdp_tokenizer_encode(tok, "a\xff", 2, &ids, &n);
     check(rc == FSDP_ERR_INVALID && strstr(fsdp_err_msg(), "not valid UTF-8 at byte 1"),
           "invalid UTF-8 refused");
+    const uint32_t *pre, *post;
+    size_t npre = 1, npost = 1;
+    rc = fsdp_tokenizer_specials(tok, &pre, &npre, &post, &npost);
+    check(rc == 0 && npre == 0 && npost == 0, "a ByteLevel post-processor adds no token");
     test_lossy();
     fsdp_tokenizer_free(tok);
     printf("%s\n", failed ? "tokenizer API: differences above" : "tokenizer API: all as expected");

@@ -3,8 +3,10 @@
 # key/value cache gives the same text as recomputing the window (greedy, and
 # seeded sampling with top-k and top-p) for GPT-2 and Llama; a nucleus of almost nothing is the
 # greedy choice; with a Hugging Face tokenizer.json the prompt is text and
-# the output is text (valid UTF-8, starting with the prompt); a tokenizer
-# with more ids than the model's vocabulary is one clear line.
+# the output is text (valid UTF-8, starting with the prompt), and the
+# tokens its post-processor adds go before the prompt (or not, with
+# --add-special-tokens off); a tokenizer with more ids than the model's
+# vocabulary is one clear line.
 . "$top_srcdir/tests/tap.sh"
 B="$top_builddir"
 T=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-sample.XXXXXX")
@@ -56,4 +58,18 @@ rc=$?
 [ $rc != 0 ] && [ "$(wc -l < "$T/err")" -le 2 ] &&
     grep -q "has ids up to 263, but the model's vocabulary is 256" "$T/err"
 tap_ok $? "a tokenizer with more ids than the model's vocabulary: one line, exit $rc"
+
+# a tokenizer whose post-processor puts <|endoftext|> (262) first: fed, not printed
+"$PY" "$top_srcdir/tests/io/hf_tokenizer.py" tiny "$T/tpl.json" --edit 'post_processor={"type":
+  "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+  {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": {"<|endoftext|>":
+  {"id": "<|endoftext|>", "ids": [262], "tokens": ["<|endoftext|>"]}}}' &&
+    FSDPC_LOG=info "$B/fsdpc-sample" --model "$T/v.h5" --tokenizer "$T/tpl.json" --prompt abc \
+        --tokens 5 --temperature 0 > "$T/on" 2> "$T/on.err" &&
+    FSDPC_LOG=info "$B/fsdpc-sample" --model "$T/v.h5" --tokenizer "$T/tpl.json" --prompt abc \
+        --tokens 5 --temperature 0 --add-special-tokens off > "$T/off" 2> "$T/off.err" &&
+    grep -q "prompt: 2 tokens, 1 of them from the tokenizer's post_processor" "$T/on.err" &&
+    grep -q "prompt: 1 tokens, 0 of them from the tokenizer's post_processor" "$T/off.err" &&
+    head -c 3 "$T/on" | grep -q "^abc" && head -c 3 "$T/off" | grep -q "^abc"
+tap_ok $? "the post-processor's <|endoftext|> goes before the prompt, unprinted; --add-special-tokens off leaves it out"
 tap_done
