@@ -32,6 +32,7 @@
 #define FSDP_MODEL_GPT2_H
 
 #include "model/gpt2_spec.h"
+#include "model/lm.h"
 #include "model/model.h"
 #include "model/tp_ops.h"
 #include "compute/device.h"
@@ -130,43 +131,20 @@ struct fsdp_gpt2_grad_acts {
 };
 
 struct fsdp_gpt2 {
-    struct fsdp_model base;            /* ops and spec for the generic interface */
-    const struct fsdp_model_spec *spec; /* not owned; outlives the model */
+    struct fsdp_lm lm;                  /* first: what every LM here shares (model/lm.h): the
+                                           generic base, unit buffers, batch, loss seed,
+                                           activation memory, tensor parallelism */
     const struct fsdp_gpt2_config *cfg; /* spec's */
-    struct fsdp_device *dev;            /* where activations live; NULL: host memory */
-    const struct fsdp_kernels *k;       /* the device's kernels (the CPU's without one) */
-    int max_B, max_T;
 
-    float **unit_params; /* (n_units,) caller-owned unit buffers */
-    float **unit_grads;  /* (n_units,) caller-owned, may be NULL for forward only */
-
-    unsigned char *checkpoint; /* (L,) 1: recompute block l in backward */
     int head_chunk;            /* the head's logits buffer: head_chunk x V floats */
     struct fsdp_gpt2_acts acts;
     struct fsdp_gpt2_grad_acts gacts;
-    float *act_memory;          /* NULL until reserved */
-    size_t act_floats;
-    float *grad_act_memory;
-    size_t grad_act_floats;
 
-    /* current batch (borrowed until the backward ends) */
-    int B, T;
-    const int32_t *tokens;  /* (B, T) */
-    const int32_t *targets; /* (B, T) or NULL */
-    int32_t ignore_index;   /* targets equal to it are padding; default -1 */
-
-    /* tensor parallelism (model.h opts.tp; doc/model.md, "Tensor parallelism"):
-     * the blocks' buffers hold this rank's heads of the attention and its
+    /* tensor parallelism (lm.tp; doc/model.md, "Tensor parallelism"): the
+     * blocks' buffers hold this rank's heads of the attention and its
      * features of the MLP */
-    struct fsdp_tp *tp; /* NULL: one rank */
-    int tpn;            /* tp ranks (1 without tensor parallelism) */
-    int sp;             /* sequence parallel: the residual stream and the norms hold this
-                           rank's 1/tpn of the batch's rows (rank r: rows [r N/tpn, ...)) */
     int lnh;            /* heads computed here: NH / tpn */
     size_t lc;          /* their width, C / tpn: q, k and v each; c_fc's 4 lc */
-    size_t tv0, tvn;    /* the vocabulary ids this rank's slice of wte (and lm_head) holds,
-                           [tv0, tv0 + tvn) (model/tp_ops.h fsdp_tp_vocab_split) */
-    size_t tvl;         /* rows of that slice: ceil(V / tpn), padding after the tvn ids */
 
     /* unit 0 by rows (fsdp_gpt2_set_unit_rows) */
     struct fsdp_group *rows_g; /* the ranks that hold the other rows; NULL: one rank */
@@ -177,18 +155,13 @@ struct fsdp_gpt2 {
     size_t wpe_row0, wpe_rows; /* wpe rows held: positions */
     size_t wte_at, wpe_at;     /* where they start in unit 0's buffers */
     size_t rows_numel;         /* floats of unit 0's buffers */
-    int shadow;                /* this batch has no rows here (set_batch without tokens) */
     int head_x_ready;          /* grad acts' xall still holds every rank's ln_f rows */
 
-    /* loss of the last forward with targets */
-    float loss;      /* mean over kept tokens (NaN when none) */
+    /* loss of the last forward with targets (the mean: lm.loss) */
     size_t n_kept;   /* tokens whose target is not ignored */
     size_t kept_all; /* ... over every row of the head (every rank's, by rows) */
-    double loss_divisor; /* 0: n_kept; else the divisor of the loss sum (global count) */
-    float loss_scale;    /* multiplies the seed gradient (f16 loss scaling); 1 */
 
     /* ordering state: forward of u, then backward from L+1 down to 0 */
-    unsigned char *fwd_done; /* (n_units,) */
     int bwd_next;            /* unit the next backward_unit must be; -1 when none */
 
     size_t blk_off[FSDP_GPT2_BLK_COUNT]; /* offsets of a block's tensors inside its unit */

@@ -24,27 +24,6 @@
 // ----------------------------------------------------------------------------
 // parameter table lookups
 
-/* Finds name in unit u with the given shape (cols 0: 1-D); returns its offset. */
-static int llama_locate(const struct fsdp_model_spec *s, const char *name, int u, size_t rows,
-                        size_t cols, size_t *off)
-{
-    long i = fsdp_model_spec_find(s, name);
-    if (i < 0) {
-        return fsdp_err(FSDP_ERR_INTERNAL, "parameter table has no '%s'", name);
-    }
-    const struct fsdp_param_spec *p = &s->params[i];
-    int want_ndim = cols ? 2 : 1;
-    if (p->unit != u || p->ndim != want_ndim || p->shape[0] != rows ||
-        (cols && p->shape[1] != cols)) {
-        return fsdp_err(FSDP_ERR_INTERNAL,
-                        "parameter table: '%s' is unit %d shape (%zu, %zu), model expects unit %d "
-                        "shape (%zu, %zu)",
-                        name, p->unit, p->shape[0], p->shape[1], u, rows, cols ? cols : 1);
-    }
-    *off = p->offset;
-    return 0;
-}
-
 /* b must start where a (of n floats) ends: one product reads them as one matrix. */
 static int llama_check_next(const struct fsdp_llama *m, int a, int b, size_t n)
 {
@@ -65,7 +44,7 @@ static size_t llama_tp_dim(const struct fsdp_llama *m, enum fsdp_llama_dim d,
 {
     size_t n = fsdp_llama_dim_size(m->cfg, d);
     int cut = cols ? p == FSDP_TP_ROWWISE : p == FSDP_TP_COLWISE;
-    return cut ? n / (size_t)m->tpn : n;
+    return cut ? n / (size_t)m->lm.tpn : n;
 }
 
 static int llama_map_block(struct fsdp_llama *m, size_t l)
@@ -76,12 +55,12 @@ static int llama_map_block(struct fsdp_llama *m, size_t l)
 #define FSDP_LLAMA_X(id, field, suffix, rows, cols, init, decay, tp, bias)                         \
     if (!(bias) || c->attn_bias) {                                                                 \
         snprintf(name, sizeof(name), "layers.%zu.%s", l, suffix);                                  \
-        FSDP_CHECK(llama_locate(m->spec, name, 1 + (int)l,                                         \
-                                llama_tp_dim(m, FSDP_LLAMA_##rows, tp, 0),                         \
-                                FSDP_LLAMA_##cols == FSDP_LLAMA_D1                                 \
-                                    ? 0                                                            \
-                                    : llama_tp_dim(m, FSDP_LLAMA_##cols, tp, 1),                   \
-                                &off));                                                            \
+        FSDP_CHECK(fsdp_lm_locate(m->lm.spec, name, 1 + (int)l,                                    \
+                                  llama_tp_dim(m, FSDP_LLAMA_##rows, tp, 0),                       \
+                                  FSDP_LLAMA_##cols == FSDP_LLAMA_D1                               \
+                                      ? 0                                                          \
+                                      : llama_tp_dim(m, FSDP_LLAMA_##cols, tp, 1),                 \
+                                  &off));                                                          \
         if (l == 0) {                                                                              \
             m->blk_off[FSDP_LLAMA_BLK_##id] = off;                                                 \
         } else if (off != m->blk_off[FSDP_LLAMA_BLK_##id]) {                                       \
@@ -99,12 +78,12 @@ static int llama_map_block(struct fsdp_llama *m, size_t l)
 
 static int llama_map_params(struct fsdp_llama *m)
 {
-    const struct fsdp_model_spec *s = m->spec;
+    const struct fsdp_model_spec *s = m->lm.spec;
     const struct fsdp_llama_config *c = m->cfg;
     size_t C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
     size_t Q = m->lq, KV = (size_t)m->lnkv * (size_t)m->hs;
-    V = m->tvl; /* tensor parallel: this rank's vocabulary slice, padded */
-    FSDP_CHECK(llama_locate(s, "embed_tokens.weight", 0, V, C, &m->emb_off));
+    V = m->lm.tvl; /* tensor parallel: this rank's vocabulary slice, padded */
+    FSDP_CHECK(fsdp_lm_locate(s, "embed_tokens.weight", 0, V, C, &m->emb_off));
     for (size_t l = 0; l < (size_t)c->n_layer; l++) {
         FSDP_CHECK(llama_map_block(m, l));
     }
@@ -115,7 +94,7 @@ static int llama_map_params(struct fsdp_llama *m)
         FSDP_CHECK(llama_check_next(m, FSDP_LLAMA_BLK_KB, FSDP_LLAMA_BLK_VB, KV));
     }
     int last = c->n_layer + 1;
-    FSDP_CHECK(llama_locate(s, "norm.weight", last, C, 0, &m->head_off[0]));
+    FSDP_CHECK(fsdp_lm_locate(s, "norm.weight", last, C, 0, &m->head_off[0]));
     long lm = fsdp_model_spec_find(s, "lm_head.weight");
     if (c->tied) {
         if (lm >= 0) {
@@ -123,7 +102,7 @@ static int llama_map_params(struct fsdp_llama *m)
         }
         m->head_off[1] = m->emb_off;
     } else {
-        FSDP_CHECK(llama_locate(s, "lm_head.weight", last, V, C, &m->head_off[1]));
+        FSDP_CHECK(fsdp_lm_locate(s, "lm_head.weight", last, V, C, &m->head_off[1]));
     }
     return 0;
 }
@@ -147,48 +126,27 @@ void fsdp_llama_head_view(const struct fsdp_llama *m, float *unit_last, float *u
 // ----------------------------------------------------------------------------
 // activation layout
 
-/* Carves n floats (64-byte aligned) from base at *off; base NULL only counts. */
-static float *llama_take(float *base, size_t *off, size_t n)
-{
-    float *p = base ? base + *off : NULL;
-    *off += (n + 15) & ~(size_t)15;
-    return p;
-}
-
-/* Rows of a batch of BT rows that the residual stream holds here. */
-static size_t llama_rows_here(const struct fsdp_llama *m, size_t BT)
-{
-    return m->sp ? BT / (size_t)m->tpn : BT;
-}
-
 static void llama_layout_block(const struct fsdp_llama *m, struct fsdp_llama_block_acts *a,
                                float *base, size_t *off, size_t BT)
 {
-    size_t C = (size_t)m->cfg->n_embd, F = m->lf, BR = llama_rows_here(m, BT);
-    a->rms1 = llama_take(base, off, BR * C);
-    a->rms1_rstd = llama_take(base, off, BR);
-    a->qkv = llama_take(base, off, BT * (size_t)m->qkv_w);
-    a->atty = llama_take(base, off, BT * m->lq);
-    a->att_lse = llama_take(base, off, BT * (size_t)m->lnh);
-    a->res2 = llama_take(base, off, BR * C);
-    a->rms2 = llama_take(base, off, BR * C);
-    a->rms2_rstd = llama_take(base, off, BR);
-    a->gate = llama_take(base, off, BT * F);
-    a->up = llama_take(base, off, BT * F);
-    a->h = llama_take(base, off, BT * F);
-}
-
-/* Rows of FSDP_LLAMA_HEAD_BYTES of logits, at least one. */
-static int llama_head_default_rows(const struct fsdp_llama_config *c)
-{
-    size_t rows = FSDP_LLAMA_HEAD_BYTES / ((size_t)c->vocab_size * sizeof(float));
-    return rows < 1 ? 1 : rows > INT_MAX ? INT_MAX : (int)rows;
+    size_t C = (size_t)m->cfg->n_embd, F = m->lf, BR = fsdp_lm_rows_here(&m->lm, BT);
+    a->rms1 = fsdp_lm_take(base, off, BR * C);
+    a->rms1_rstd = fsdp_lm_take(base, off, BR);
+    a->qkv = fsdp_lm_take(base, off, BT * (size_t)m->qkv_w);
+    a->atty = fsdp_lm_take(base, off, BT * m->lq);
+    a->att_lse = fsdp_lm_take(base, off, BT * (size_t)m->lnh);
+    a->res2 = fsdp_lm_take(base, off, BR * C);
+    a->rms2 = fsdp_lm_take(base, off, BR * C);
+    a->rms2_rstd = fsdp_lm_take(base, off, BR);
+    a->gate = fsdp_lm_take(base, off, BT * F);
+    a->up = fsdp_lm_take(base, off, BT * F);
+    a->h = fsdp_lm_take(base, off, BT * F);
 }
 
 /* Rows of one LM-head chunk: the chunk size, at most the largest batch. */
 static size_t llama_head_rows(const struct fsdp_llama *m)
 {
-    size_t BT = (size_t)m->max_B * (size_t)m->max_T, k = (size_t)m->head_chunk;
+    size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, k = (size_t)m->head_chunk;
     return k < BT ? k : BT;
 }
 
@@ -197,22 +155,22 @@ static size_t llama_head_rows(const struct fsdp_llama *m)
 static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct fsdp_llama_acts *a)
 {
     const struct fsdp_llama_config *c = m->cfg;
-    size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)c->n_embd;
+    size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)c->n_embd;
     size_t L = (size_t)c->n_layer, V = (size_t)c->vocab_size;
     struct fsdp_llama_block_acts blk;
     size_t off = 0;
     int any_ckpt = 0;
-    a->residual = llama_take(base, &off, (L + 1) * llama_rows_here(m, BT) * C);
-    a->lnf = llama_take(base, &off, BT * C);
-    a->lnf_rstd = llama_take(base, &off, llama_rows_here(m, BT));
-    a->head_logits = llama_take(base, &off, llama_head_rows(m) * V);
-    a->ce_stats = llama_take(base, &off, 2 * BT);
-    a->losses = llama_take(base, &off, BT);
-    a->zt = llama_take(base, &off, m->tp ? BT : 0);
-    a->xent = llama_take(base, &off, m->tp ? 3 * BT : 0);
-    a->att_scratch = llama_take(base, &off, m->k->attention_scratch_floats(m->max_T));
+    a->residual = fsdp_lm_take(base, &off, (L + 1) * fsdp_lm_rows_here(&m->lm, BT) * C);
+    a->lnf = fsdp_lm_take(base, &off, BT * C);
+    a->lnf_rstd = fsdp_lm_take(base, &off, fsdp_lm_rows_here(&m->lm, BT));
+    a->head_logits = fsdp_lm_take(base, &off, llama_head_rows(m) * V);
+    a->ce_stats = fsdp_lm_take(base, &off, 2 * BT);
+    a->losses = fsdp_lm_take(base, &off, BT);
+    a->zt = fsdp_lm_take(base, &off, m->lm.tp ? BT : 0);
+    a->xent = fsdp_lm_take(base, &off, m->lm.tp ? 3 * BT : 0);
+    a->att_scratch = fsdp_lm_take(base, &off, m->lm.k->attention_scratch_floats(m->lm.max_T));
     for (size_t l = 0; l < L; l++) {
-        if (m->checkpoint[l]) {
+        if (m->lm.checkpoint[l]) {
             any_ckpt = 1;
             continue;
         }
@@ -224,7 +182,7 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
     if (any_ckpt) {
         llama_layout_block(m, &blk, base, &off, BT); /* one set shared by all of them */
         for (size_t l = 0; l < L && a->blocks; l++) {
-            if (m->checkpoint[l]) {
+            if (m->lm.checkpoint[l]) {
                 a->blocks[l] = blk;
             }
         }
@@ -235,50 +193,43 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
 static size_t llama_layout_grad_acts(const struct fsdp_llama *m, float *base,
                                      struct fsdp_llama_grad_acts *g)
 {
-    size_t BT = (size_t)m->max_B * (size_t)m->max_T, C = (size_t)m->cfg->n_embd;
+    size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)m->cfg->n_embd;
     size_t F = m->lf, off = 0;
-    g->dres = llama_take(base, &off, llama_rows_here(m, BT) * C);
-    g->dbtc = llama_take(base, &off, BT * C);
-    g->xfull = llama_take(base, &off, m->sp ? BT * C : 0);
-    g->spg = llama_take(base, &off, m->sp ? 2 * C : 0);
-    g->dqkv = llama_take(base, &off, BT * (size_t)m->qkv_w);
+    g->dres = fsdp_lm_take(base, &off, fsdp_lm_rows_here(&m->lm, BT) * C);
+    g->dbtc = fsdp_lm_take(base, &off, BT * C);
+    g->xfull = fsdp_lm_take(base, &off, m->lm.sp ? BT * C : 0);
+    g->spg = fsdp_lm_take(base, &off, m->lm.sp ? 2 * C : 0);
+    g->dqkv = fsdp_lm_take(base, &off, BT * (size_t)m->qkv_w);
     /* none: the SwiGLU backward writes d(gate) and d(up) over the saved
      * gate and up, which nothing reads after it (two (BT, F) buffers less,
      * and no write-allocate traffic for them) */
     g->dgate = NULL;
     g->dup = NULL;
-    g->dh = llama_take(base, &off, BT * F);
+    g->dh = fsdp_lm_take(base, &off, BT * F);
     return off;
 }
 
 int fsdp_llama_reserve(struct fsdp_llama *m)
 {
+    struct fsdp_lm *lm = &m->lm;
     int fresh = 0;
-    if (!m->act_memory) {
-        m->act_floats = llama_layout_acts(m, NULL, &(struct fsdp_llama_acts){.blocks = NULL});
-        m->act_memory = fsdp_alloc(m->act_floats * sizeof(float));
-        if (!m->act_memory) {
-            return fsdp_err(FSDP_ERR_NOMEM, "llama activations: %zu MiB",
-                            m->act_floats * sizeof(float) >> 20);
-        }
-        llama_layout_acts(m, m->act_memory, &m->acts);
-        fresh = 1;
+    if (!lm->act_memory) {
+        FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->act_memory, &lm->act_floats,
+                                       fsdp_llama_activation_bytes(m) / sizeof(float),
+                                       "activations", &fresh));
+        llama_layout_acts(m, lm->act_memory, &m->acts);
     }
-    if (!m->grad_act_memory) {
+    if (!lm->grad_act_memory) {
         struct fsdp_llama_grad_acts count;
-        m->grad_act_floats = llama_layout_grad_acts(m, NULL, &count);
-        m->grad_act_memory = fsdp_alloc(m->grad_act_floats * sizeof(float));
-        if (!m->grad_act_memory) {
-            return fsdp_err(FSDP_ERR_NOMEM, "llama activation gradients: %zu MiB",
-                            m->grad_act_floats * sizeof(float) >> 20);
-        }
-        llama_layout_grad_acts(m, m->grad_act_memory, &m->gacts);
-        fresh = 1;
+        FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->grad_act_memory, &lm->grad_act_floats,
+                                       llama_layout_grad_acts(m, NULL, &count),
+                                       "activation gradients", &fresh));
+        llama_layout_grad_acts(m, lm->grad_act_memory, &m->gacts);
     }
     if (fresh) {
-        FSDP_DEBUG(FSDP_SUB_MODEL, "llama activations %.1f MiB, workspace %.1f MiB (B=%d T=%d)",
-                   (double)(m->act_floats * sizeof(float)) / 1048576.0,
-                   (double)(m->grad_act_floats * sizeof(float)) / 1048576.0, m->max_B, m->max_T);
+        fsdp_lm_bind(lm, m->acts.residual, m->gacts.dres, m->gacts.dbtc, m->gacts.xfull,
+                     m->gacts.spg);
+        fsdp_lm_log_reserve(lm);
     }
     return 0;
 }
@@ -292,19 +243,16 @@ size_t fsdp_llama_activation_bytes(const struct fsdp_llama *m)
 size_t fsdp_llama_workspace_bytes(const struct fsdp_llama *m)
 {
     struct fsdp_llama_grad_acts count;
-    size_t rope = 2 * (size_t)m->max_T * (size_t)(m->hs / 2);
+    size_t rope = 2 * (size_t)m->lm.max_T * (size_t)(m->hs / 2);
     return (llama_layout_grad_acts(m, NULL, &count) + rope) * sizeof(float);
 }
 
 // ----------------------------------------------------------------------------
 // lifetime and settings
 
-/* cos/sin of every position up to max_T (a batch always starts at position 0). */
-static int llama_rope_tables(struct fsdp_llama *m)
+void fsdp_llama_rope_scaling(const struct fsdp_llama_config *c, struct fsdp_rope_scaling *out)
 {
-    const struct fsdp_llama_config *c = m->cfg;
-    size_t h2 = (size_t)m->hs / 2, n = (size_t)m->max_T * h2;
-    struct fsdp_rope_scaling sc = {
+    *out = (struct fsdp_rope_scaling){
         .type = c->rope_scaling == FSDP_LLAMA_ROPE_LINEAR   ? FSDP_ROPE_LINEAR
                 : c->rope_scaling == FSDP_LLAMA_ROPE_LLAMA3 ? FSDP_ROPE_LLAMA3
                                                             : FSDP_ROPE_NONE,
@@ -313,18 +261,27 @@ static int llama_rope_tables(struct fsdp_llama *m)
         .high_freq_factor = c->rope_high_freq,
         .original_context = c->rope_original,
     };
+}
+
+/* cos/sin of every position up to max_T (a batch always starts at position 0). */
+static int llama_rope_tables(struct fsdp_llama *m)
+{
+    const struct fsdp_llama_config *c = m->cfg;
+    size_t h2 = (size_t)m->hs / 2, n = (size_t)m->lm.max_T * h2;
+    struct fsdp_rope_scaling sc;
+    fsdp_llama_rope_scaling(c, &sc);
     float *inv = malloc(h2 * sizeof(float));
     m->rope_cos = malloc(n * sizeof(float));
     m->rope_sin = malloc(n * sizeof(float));
     int rc = !inv || !m->rope_cos || !m->rope_sin
-                 ? fsdp_err(FSDP_ERR_NOMEM, "llama RoPE tables (%d x %zu)", m->max_T, h2)
+                 ? fsdp_err(FSDP_ERR_NOMEM, "llama RoPE tables (%d x %zu)", m->lm.max_T, h2)
                  : 0;
     if (rc == 0 && fsdp_cpu_rope_inv_freq(inv, m->hs, c->rope_theta, &sc) < 0) {
         rc = fsdp_err(FSDP_ERR_INVALID, "llama: RoPE frequencies for head size %d, theta %g",
                       m->hs, (double)c->rope_theta);
     }
     if (rc == 0) {
-        fsdp_cpu_rope_table(m->rope_cos, m->rope_sin, inv, 0, m->max_T, m->hs);
+        fsdp_cpu_rope_table(m->rope_cos, m->rope_sin, inv, 0, m->lm.max_T, m->hs);
     }
     free(inv);
     return rc;
@@ -334,68 +291,37 @@ static int llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T
                         struct fsdp_tp *tp, struct fsdp_llama **out)
 {
     int rc;
-    if (spec->arch != &fsdp_llama_arch) {
-        return fsdp_err(FSDP_ERR_INVALID, "llama: the spec is of architecture %s",
-                        spec->arch ? spec->arch->name : "(none)");
-    }
+    FSDP_CHECK(fsdp_lm_check_arch(spec, &fsdp_llama_arch));
     const struct fsdp_llama_config *c = fsdp_llama_cfg(spec);
-    if (max_B < 1 || max_T < 1 || max_T > c->context) {
-        return fsdp_err(FSDP_ERR_INVALID,
-                        "llama: batch %d x %d invalid (need B >= 1, 1 <= T <= %d)", max_B, max_T,
-                        c->context);
-    }
-    double per_tok = (double)c->vocab_size + (double)(c->n_layer + 2) *
-                                                 (12.0 * c->n_embd + 3.0 * c->ffn_hidden);
-    if ((double)max_B * max_T * per_tok * sizeof(float) > 0x1p50) {
-        return fsdp_err(FSDP_ERR_INVALID, "llama: batch %d x %d needs %.3g bytes of activations",
-                        max_B, max_T, (double)max_B * max_T * per_tok * sizeof(float));
-    }
     struct fsdp_llama *m = calloc(1, sizeof(*m));
     if (!m) {
         return fsdp_err(FSDP_ERR_NOMEM, "llama model");
     }
-    m->base.ops = &fsdp_llama_ops;
-    m->base.spec = spec;
-    m->spec = spec;
-    m->cfg = c;
-    m->k = fsdp_cpu_kernels();
-    m->max_B = max_B;
-    m->max_T = max_T;
-    m->hs = c->n_embd / c->n_head;
-    m->tp = fsdp_tp_on(tp) ? tp : NULL;
-    m->tpn = m->tp ? tp->size : 1;
-    m->sp = m->tp && tp->sp;
-    if (m->sp && ((size_t)max_B * (size_t)max_T) % (size_t)m->tpn != 0) {
-        int n = m->tpn;
+    double per_tok = (double)c->vocab_size + (double)(c->n_layer + 2) *
+                                                 (12.0 * c->n_embd + 3.0 * c->ffn_hidden);
+    rc = fsdp_lm_init(&m->lm, spec, &fsdp_llama_arch, &fsdp_llama_ops, max_B, max_T, c->context,
+                      per_tok, (size_t)c->n_embd, tp);
+    if (rc < 0) {
         free(m);
-        return fsdp_err(FSDP_ERR_INVALID, "llama: sequence parallel over tp %d: batch %d x %d "
-                        "does not split into %d equal row ranges", n, max_B, max_T, n);
+        return rc;
     }
-    if (c->n_head % m->tpn != 0 || c->n_kv_head % m->tpn != 0 || c->ffn_hidden % m->tpn != 0) {
-        int n = m->tpn;
-        free(m);
+    m->cfg = c;
+    m->hs = c->n_embd / c->n_head;
+    int n = m->lm.tpn;
+    if (c->n_head % n != 0 || c->n_kv_head % n != 0 || c->ffn_hidden % n != 0) {
+        fsdp_llama_destroy(m);
         return fsdp_err(FSDP_ERR_INVALID, "llama: n_head %d, n_kv_head %d and ffn_hidden %d must "
                         "each be divisible by tp %d", c->n_head, c->n_kv_head, c->ffn_hidden, n);
     }
-    m->lnh = c->n_head / m->tpn;
-    m->lnkv = c->n_kv_head / m->tpn;
+    m->lnh = c->n_head / n;
+    m->lnkv = c->n_kv_head / n;
     m->lq = (size_t)m->lnh * (size_t)m->hs;
-    m->lf = (size_t)c->ffn_hidden / (size_t)m->tpn;
-    fsdp_tp_vocab_split((size_t)c->vocab_size, m->tpn, m->tp ? tp->rank : 0, &m->tv0, &m->tvn,
-                        &m->tvl);
+    m->lf = (size_t)c->ffn_hidden / (size_t)n;
     m->qkv_w = (m->lnh + 2 * m->lnkv) * m->hs;
-    m->ignore_index = -1;
-    m->loss_scale = 1.0f;
-    m->head_chunk = llama_head_default_rows(c);
+    m->head_chunk = fsdp_lm_head_default_rows(&m->lm, FSDP_LLAMA_HEAD_BYTES);
     m->bwd_next = -1;
-    m->loss = NAN;
-    size_t nu = (size_t)spec->n_units, L = (size_t)c->n_layer;
-    m->unit_params = calloc(nu, sizeof(float *));
-    m->unit_grads = calloc(nu, sizeof(float *));
-    m->fwd_done = calloc(nu, 1);
-    m->checkpoint = calloc(L, 1);
-    m->acts.blocks = calloc(L, sizeof(*m->acts.blocks));
-    if (!m->unit_params || !m->unit_grads || !m->fwd_done || !m->checkpoint || !m->acts.blocks) {
+    m->acts.blocks = calloc((size_t)c->n_layer, sizeof(*m->acts.blocks));
+    if (!m->acts.blocks) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "llama model tables");
         goto err_free;
     }
@@ -419,95 +345,44 @@ void fsdp_llama_destroy(struct fsdp_llama *m)
     if (!m) {
         return;
     }
-    fsdp_free(m->act_memory);
-    fsdp_free(m->grad_act_memory);
+    fsdp_lm_free(&m->lm);
     free(m->rope_cos);
     free(m->rope_sin);
     free(m->acts.blocks);
-    free(m->checkpoint);
-    free(m->fwd_done);
-    free(m->unit_grads);
-    free(m->unit_params);
     free(m);
-}
-
-/* The saved-activation layout depends on the checkpoint flags and the head
- * chunk: dropped here, rebuilt on demand (the next reserve or set_batch). */
-static void llama_relayout(struct fsdp_llama *m)
-{
-    fsdp_free(m->act_memory);
-    m->act_memory = NULL;
-    m->tokens = NULL;
-    m->targets = NULL;
-    memset(m->fwd_done, 0, (size_t)m->spec->n_units);
 }
 
 int fsdp_llama_set_checkpoint(struct fsdp_llama *m, int l, int on)
 {
-    int L = m->cfg->n_layer;
-    if (l >= L) {
-        return fsdp_err(FSDP_ERR_INVALID, "checkpoint: block %d out of range [0, %d)", l, L);
-    }
-    if (m->bwd_next >= 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "checkpoint flags changed between forward and backward");
-    }
-    for (int i = 0; i < L; i++) {
-        if (l < 0 || i == l) {
-            m->checkpoint[i] = on ? 1 : 0;
-        }
-    }
-    llama_relayout(m);
-    return 0;
+    return fsdp_lm_set_checkpoint(&m->lm, l, on, m->bwd_next >= 0);
 }
 
 int fsdp_llama_set_head_chunk(struct fsdp_llama *m, int rows)
 {
-    if (rows < 0) {
-        return fsdp_err(FSDP_ERR_INVALID,
-                        "LM head chunk of %d rows (need at least 1, or 0 for the default)", rows);
-    }
-    if (m->bwd_next >= 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "LM head chunk changed between forward and backward");
-    }
-    m->head_chunk = rows ? rows : llama_head_default_rows(m->cfg);
-    llama_relayout(m);
+    FSDP_CHECK(fsdp_lm_check_head_chunk(rows, m->bwd_next >= 0));
+    m->head_chunk = rows ? rows : fsdp_lm_head_default_rows(&m->lm, FSDP_LLAMA_HEAD_BYTES);
+    fsdp_lm_relayout(&m->lm);
     return 0;
 }
 
 int fsdp_llama_set_unit(struct fsdp_llama *m, int u, float *params, float *grads)
 {
-    if (u < 0 || u >= m->spec->n_units) {
-        return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, m->spec->n_units);
-    }
-    m->unit_params[u] = params;
-    m->unit_grads[u] = grads;
-    return 0;
+    return fsdp_lm_set_unit(&m->lm, u, params, grads);
 }
 
 void fsdp_llama_set_ignore_index(struct fsdp_llama *m, int32_t ignore_index)
 {
-    m->ignore_index = ignore_index;
+    m->lm.ignore_index = ignore_index;
 }
 
 void fsdp_llama_set_loss_seed(struct fsdp_llama *m, double divisor, float scale)
 {
-    m->loss_divisor = divisor;
-    m->loss_scale = scale;
+    fsdp_lm_set_loss_seed(&m->lm, divisor, scale);
 }
 
 int fsdp_llama_zero_grad(struct fsdp_llama *m, int u)
 {
-    int n = m->spec->n_units;
-    if (u >= n) {
-        return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, n);
-    }
-    for (int i = u < 0 ? 0 : u; i < (u < 0 ? n : u + 1); i++) {
-        if (!m->unit_grads[i]) {
-            return fsdp_err(FSDP_ERR_INVALID, "zero_grad: unit %d has no gradient buffer", i);
-        }
-        memset(m->unit_grads[i], 0, m->spec->unit_numel[i] * sizeof(float));
-    }
-    return 0;
+    return fsdp_lm_zero_grad(&m->lm, u, m->lm.spec->unit_numel[0]);
 }
 
 // ----------------------------------------------------------------------------
@@ -516,147 +391,31 @@ int fsdp_llama_zero_grad(struct fsdp_llama *m, int u)
 int fsdp_llama_set_batch(struct fsdp_llama *m, const int32_t *tokens, const int32_t *targets,
                          int B, int T)
 {
-    int V = m->cfg->vocab_size;
-    if (B < 1 || B > m->max_B || T < 1 || T > m->max_T) {
-        return fsdp_err(FSDP_ERR_INVALID, "batch %d x %d exceeds the model's %d x %d", B, T,
-                        m->max_B, m->max_T);
-    }
-    if (!tokens) {
-        return fsdp_err(FSDP_ERR_INVALID, "batch has no tokens");
-    }
-    for (size_t i = 0; i < (size_t)B * (size_t)T; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V) {
-            return fsdp_err(FSDP_ERR_INVALID, "token %d at (b=%zu, t=%zu) out of range [0, %d)",
-                            (int)tokens[i], i / (size_t)T, i % (size_t)T, V);
-        }
-        if (targets && targets[i] != m->ignore_index && (targets[i] < 0 || targets[i] >= V)) {
-            return fsdp_err(FSDP_ERR_INVALID,
-                            "target %d at (b=%zu, t=%zu) out of range [0, %d) and not the ignore "
-                            "index %d",
-                            (int)targets[i], i / (size_t)T, i % (size_t)T, V, (int)m->ignore_index);
-        }
-    }
+    FSDP_CHECK(fsdp_lm_check_batch_size(&m->lm, B, T));
+    FSDP_CHECK(fsdp_lm_check_tokens(&m->lm, tokens, targets, B, T, 0));
     FSDP_CHECK(fsdp_llama_reserve(m));
-    m->B = B;
-    m->T = T;
-    m->tokens = tokens;
-    m->targets = targets;
-    memset(m->fwd_done, 0, (size_t)m->spec->n_units);
+    fsdp_lm_start_batch(&m->lm, tokens, targets, B, T);
     m->bwd_next = -1;
     return 0;
 }
 
-static float *llama_residual(const struct fsdp_llama *m, int l)
-{
-    size_t BT = (size_t)m->max_B * (size_t)m->max_T;
-    return m->acts.residual + (size_t)l * llama_rows_here(m, BT) * (size_t)m->cfg->n_embd;
-}
-
 // ----------------------------------------------------------------------------
-// tensor-parallel regions (model/tp_ops.h), as GPT-2's (gpt2.c)
-
-/* A column-parallel product's input from a norm's output x: x, or with
- * sequence parallelism every rank's rows gathered into xfull. */
-static int llama_tp_enter(struct fsdp_llama *m, const float *x, size_t BT, const float **in)
-{
-    size_t C = (size_t)m->cfg->n_embd;
-    if (!m->sp) {
-        *in = x;
-        return 0;
-    }
-    FSDP_CHECK(fsdp_tp_seq_gather_forward(m->tp, x, m->gacts.xfull, BT / (size_t)m->tpn, C));
-    *in = m->gacts.xfull;
-    return 0;
-}
-
-/* dres as a row-parallel product's output gradient: dres, or with sequence
- * parallelism every rank's rows gathered into dbtc. */
-static int llama_tp_dout(struct fsdp_llama *m, size_t BT, const float **dout)
-{
-    size_t C = (size_t)m->cfg->n_embd;
-    if (!m->sp) {
-        *dout = m->gacts.dres;
-        return 0;
-    }
-    FSDP_CHECK(fsdp_tp_seq_scatter_backward(m->tp, m->gacts.dres, m->gacts.dbtc,
-                                            BT / (size_t)m->tpn, C));
-    *dout = m->gacts.dbtc;
-    return 0;
-}
-
-/* A column-parallel product's input gradient part (dbtc) summed over the
- * ranks into the rows held here: all-reduced in place, or reduce-scattered
- * into xfull. */
-static int llama_tp_din(struct fsdp_llama *m, size_t BT, const float **din)
-{
-    size_t C = (size_t)m->cfg->n_embd;
-    if (!m->sp) {
-        FSDP_CHECK(fsdp_tp_copy_in_backward(m->tp, m->gacts.dbtc, BT * C));
-        *din = m->gacts.dbtc;
-        return 0;
-    }
-    FSDP_CHECK(fsdp_tp_seq_gather_backward(m->tp, m->gacts.dbtc, m->gacts.xfull,
-                                           BT / (size_t)m->tpn, C));
-    *din = m->gacts.xfull;
-    return 0;
-}
-
-/* Sequence parallel: n norm-weight gradients over this rank's rows (spg)
- * summed over the ranks and added into dst[0..n). */
-static int llama_sp_norm_grads(struct fsdp_llama *m, float *const *dst, int n)
-{
-    size_t C = (size_t)m->cfg->n_embd;
-    FSDP_CHECK(fsdp_tp_all_reduce(m->tp, m->gacts.spg, (size_t)n * C, FSDP_SUM));
-    for (int j = 0; j < n; j++) {
-        for (size_t i = 0; i < C; i++) {
-            dst[j][i] += m->gacts.spg[(size_t)j * C + i];
-        }
-    }
-    return 0;
-}
+// the embedding and the blocks (tensor-parallel regions: model/lm.h)
 
 /* x[r] = embed_tokens[tokens[r]]; with tensor parallelism vocabulary
  * parallel (sequence parallel: through dbtc to the rows held here) */
 static int llama_embed_forward(struct fsdp_llama *m)
 {
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg->n_embd;
-    const float *wte = m->unit_params[0] + m->emb_off;
-    float *x = llama_residual(m, 0);
-    if (m->tp) {
-        return fsdp_tp_embed_forward(m->tp, x, m->sp ? m->gacts.dbtc : x, m->tokens, wte,
+    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd;
+    const float *wte = m->lm.unit_params[0] + m->emb_off;
+    float *x = fsdp_lm_residual(&m->lm, 0);
+    if (m->lm.tp) {
+        return fsdp_tp_embed_forward(m->lm.tp, x, m->lm.sp ? m->gacts.dbtc : x, m->lm.tokens, wte,
                                      (size_t)m->cfg->vocab_size, NULL, 0, BT, C);
     }
     for (size_t r = 0; r < BT; r++) {
-        memcpy(x + r * C, wte + (size_t)m->tokens[r] * C, C * sizeof(float));
+        memcpy(x + r * C, wte + (size_t)m->lm.tokens[r] * C, C * sizeof(float));
     }
-    return 0;
-}
-
-/*
- * out = residual + inp (BT, K) @ w^T, a row-parallel layer (o_proj,
- * down_proj): w (C, K) holds this rank's K input features, so with tensor
- * parallelism the partial products are summed over the ranks (reduce-out;
- * with sequence parallelism reduce-scattered to the rows held here) before
- * the residual is added. The partial sums go through dbtc, which no forward
- * uses otherwise.
- */
-static int llama_row_parallel(struct fsdp_llama *m, float *out, const float *inp, const float *w,
-                              const float *residual, size_t BT, size_t K)
-{
-    size_t C = (size_t)m->cfg->n_embd, BR = llama_rows_here(m, BT);
-    if (!m->tp) {
-        m->k->matmul_forward(out, inp, w, NULL, residual, BT, K, C);
-        return 0;
-    }
-    float *part = m->gacts.dbtc;
-    m->k->matmul_forward(part, inp, w, NULL, NULL, BT, K, C);
-    if (m->sp) {
-        FSDP_CHECK(fsdp_tp_seq_scatter_forward(m->tp, part, out, BR, C));
-        m->k->bias_residual_forward(out, out, NULL, residual, BR, C);
-        return 0;
-    }
-    FSDP_CHECK(fsdp_tp_reduce_out_forward(m->tp, part, BT * C));
-    m->k->bias_residual_forward(out, part, NULL, residual, BT, C);
     return 0;
 }
 
@@ -667,38 +426,41 @@ static int llama_row_parallel(struct fsdp_llama *m, float *out, const float *inp
 static int llama_block_forward(struct fsdp_llama *m, int l, int full)
 {
     const struct fsdp_llama_config *c = m->cfg;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, F = m->lf;
-    size_t BR = llama_rows_here(m, BT);
+    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)c->n_embd, F = m->lf;
+    size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     struct fsdp_llama_block_view w;
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
-    float *x = llama_residual(m, l);
+    float *x = fsdp_lm_residual(&m->lm, l);
     const float *in;
-    fsdp_llama_block_view(m, m->unit_params[1 + l], &w);
+    fsdp_llama_block_view(m, m->lm.unit_params[1 + l], &w);
     /* Without tensor parallelism the norms' pass over the residual stream
      * also copies it to where the next row-parallel product accumulates
      * (beta = 1), so that product needs no prefill pass of its own. */
-    float *keep1 = m->tp ? NULL : a->res2;
-    float *keep2 = m->tp || !full ? NULL : llama_residual(m, l + 1);
+    float *keep1 = m->lm.tp ? NULL : a->res2;
+    float *keep2 = m->lm.tp || !full ? NULL : fsdp_lm_residual(&m->lm, l + 1);
     /* attention: one product for q, k and v (and their biases), RoPE in place */
     fsdp_cpu_rmsnorm_forward_keep(a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, BR, C,
                                   c->norm_eps);
-    FSDP_CHECK(llama_tp_enter(m, a->rms1, BT, &in));
-    m->k->matmul_forward(a->qkv, in, w.qw, w.qb, NULL, BT, C, (size_t)m->qkv_w);
-    fsdp_cpu_rope_forward(a->qkv, m->rope_cos, m->rope_sin, m->B, m->T, m->lnh, m->lnkv, m->hs);
-    fsdp_cpu_gqa_attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->B, m->T,
-                                   m->lnh, m->lnkv, m->hs);
-    FSDP_CHECK(llama_row_parallel(m, a->res2, a->atty, w.ow, keep1 ? a->res2 : x, BT, m->lq));
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
+    m->lm.k->matmul_forward(a->qkv, in, w.qw, w.qb, NULL, BT, C, (size_t)m->qkv_w);
+    fsdp_cpu_rope_forward(a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh, m->lnkv,
+                          m->hs);
+    fsdp_cpu_gqa_attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->lm.B,
+                                   m->lm.T, m->lnh, m->lnkv, m->hs);
+    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.ow, NULL, keep1 ? a->res2 : x, BT,
+                                    m->lq));
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
     fsdp_cpu_rmsnorm_forward_keep(a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, BR, C,
                                   c->norm_eps);
-    FSDP_CHECK(llama_tp_enter(m, a->rms2, BT, &in));
-    m->k->matmul_forward(a->gate, in, w.gatew, NULL, NULL, BT, C, F);
-    m->k->matmul_forward(a->up, in, w.upw, NULL, NULL, BT, C, F);
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
+    m->lm.k->matmul_forward(a->gate, in, w.gatew, NULL, NULL, BT, C, F);
+    m->lm.k->matmul_forward(a->up, in, w.upw, NULL, NULL, BT, C, F);
     fsdp_cpu_swiglu_forward(a->h, a->gate, a->up, BT * F);
     if (full) {
-        float *out = llama_residual(m, l + 1);
-        FSDP_CHECK(llama_row_parallel(m, out, a->h, w.downw, keep2 ? out : a->res2, BT, F));
+        float *out = fsdp_lm_residual(&m->lm, l + 1);
+        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, a->h, w.downw, NULL, keep2 ? out : a->res2,
+                                        BT, F));
     }
     return 0;
 }
@@ -709,8 +471,8 @@ static void llama_head_logits(const struct fsdp_llama *m, const float *lm_head, 
                               size_t rows, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd;
-    m->k->matmul_forward(out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C,
-                         m->tp ? m->tvn : (size_t)m->cfg->vocab_size);
+    m->lm.k->matmul_forward(out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C,
+                            m->lm.tp ? m->lm.tvn : (size_t)m->cfg->vocab_size);
 }
 
 /* Tensor parallel: each row's loss over this rank's vocabulary slice, a
@@ -723,7 +485,7 @@ static int llama_head_loss_tp(struct fsdp_llama *m, const float *lm_head, size_t
     size_t chunk = llama_head_rows(m);
     for (size_t r0 = 0; r0 < BT; r0 += chunk) {
         size_t rows = BT - r0 < chunk ? BT - r0 : chunk;
-        if (m->tvn == 0) { /* a slice of padding only */
+        if (m->lm.tvn == 0) { /* a slice of padding only */
             for (size_t i = r0; i < r0 + rows; i++) {
                 a->ce_stats[2 * i] = -INFINITY;
                 a->ce_stats[2 * i + 1] = 0.0f;
@@ -732,14 +494,14 @@ static int llama_head_loss_tp(struct fsdp_llama *m, const float *lm_head, size_t
             continue;
         }
         llama_head_logits(m, lm_head, r0, rows, a->head_logits);
-        m->k->crossentropy_slice_forward(a->ce_stats + 2 * r0, a->zt + r0, a->head_logits,
-                                         m->targets + r0, rows, m->tvn, m->tv0, m->ignore_index,
-                                         1);
+        m->lm.k->crossentropy_slice_forward(a->ce_stats + 2 * r0, a->zt + r0, a->head_logits,
+                                            m->lm.targets + r0, rows, m->lm.tvn, m->lm.tv0,
+                                            m->lm.ignore_index, 1);
     }
-    FSDP_CHECK(fsdp_tp_xent_combine(m->tp, a->ce_stats, a->zt, a->xent, BT));
+    FSDP_CHECK(fsdp_tp_xent_combine(m->lm.tp, a->ce_stats, a->zt, a->xent, BT));
     *kept = 0;
     for (size_t r = 0; r < BT; r++) {
-        int keep = m->targets[r] != m->ignore_index;
+        int keep = m->lm.targets[r] != m->lm.ignore_index;
         a->losses[r] = keep ? a->ce_stats[2 * r] + logf(a->ce_stats[2 * r + 1]) - a->zt[r] : 0.0f;
         *kept += (size_t)keep;
     }
@@ -755,68 +517,50 @@ static int llama_head_loss_tp(struct fsdp_llama *m, const float *lm_head, size_t
 static int llama_head_forward(struct fsdp_llama *m)
 {
     const struct fsdp_llama_config *c = m->cfg;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
+    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
     size_t chunk = llama_head_rows(m);
     struct fsdp_llama_acts *a = &m->acts;
     struct fsdp_llama_head_view w;
-    size_t BR = llama_rows_here(m, BT);
-    float *mine = a->lnf + (m->sp ? (size_t)m->tp->rank * BR * C : 0);
-    fsdp_llama_head_view(m, m->unit_params[c->n_layer + 1], m->unit_params[0], &w);
+    float *mine = fsdp_lm_lnf_mine(&m->lm, a->lnf, BT);
+    fsdp_llama_head_view(m, m->lm.unit_params[c->n_layer + 1], m->lm.unit_params[0], &w);
     /* sequence parallel: this rank's rows, then every rank's gathered for the head */
-    fsdp_cpu_rmsnorm_forward(mine, a->lnf_rstd, llama_residual(m, c->n_layer), w.norm, BR, C,
-                             c->norm_eps);
-    if (m->sp) {
-        FSDP_CHECK(fsdp_tp_seq_gather_forward(m->tp, mine, a->lnf, BR, C));
-    }
+    fsdp_cpu_rmsnorm_forward(mine, a->lnf_rstd, fsdp_lm_residual(&m->lm, c->n_layer), w.norm,
+                             fsdp_lm_rows_here(&m->lm, BT), C, c->norm_eps);
+    FSDP_CHECK(fsdp_lm_lnf_gather(&m->lm, mine, a->lnf, BT));
     m->bwd_next = -1;
-    if (!m->targets) {
+    if (!m->lm.targets) {
         return 0;
     }
     size_t kept = 0;
     double sum = 0.0;
-    if (m->tp) {
+    if (m->lm.tp) {
         FSDP_CHECK(llama_head_loss_tp(m, w.lm_head, BT, &kept));
     }
-    for (size_t r0 = 0; r0 < BT && !m->tp; r0 += chunk) {
+    for (size_t r0 = 0; r0 < BT && !m->lm.tp; r0 += chunk) {
         size_t rows = BT - r0 < chunk ? BT - r0 : chunk, k;
         llama_head_logits(m, w.lm_head, r0, rows, a->head_logits);
-        FSDP_CHECK(m->k->crossentropy_forward(a->losses + r0, a->ce_stats + 2 * r0,
-                                              a->head_logits, m->targets + r0, rows, V,
-                                              m->ignore_index, &k));
+        FSDP_CHECK(m->lm.k->crossentropy_forward(a->losses + r0, a->ce_stats + 2 * r0,
+                                                 a->head_logits, m->lm.targets + r0, rows, V,
+                                                 m->lm.ignore_index, &k));
         kept += k;
     }
     for (size_t r = 0; r < BT; r++) {
-        if (m->targets[r] != m->ignore_index) {
+        if (m->lm.targets[r] != m->lm.ignore_index) {
             sum += a->losses[r];
         }
     }
     m->n_kept = kept;
-    m->loss = kept ? (float)(sum / (double)kept) : NAN;
-    m->bwd_next = m->spec->n_units - 1;
+    m->lm.loss = kept ? (float)(sum / (double)kept) : NAN;
+    m->bwd_next = m->lm.spec->n_units - 1;
     return 0;
 }
 
 int fsdp_llama_logits(struct fsdp_llama *m, size_t row0, size_t rows, float *out)
 {
-    int last = m->spec->n_units - 1;
-    size_t BT = (size_t)m->B * (size_t)m->T;
-    if (!m->tokens || !m->fwd_done[last]) {
-        return fsdp_err(FSDP_ERR_INVALID,
-                        "logits: no forward of the last unit since the batch was set");
-    }
-    if (row0 > BT || rows > BT - row0) {
-        return fsdp_err(FSDP_ERR_INVALID, "logits: rows [%zu, %zu + %zu) outside the batch's %zu",
-                        row0, row0, rows, BT);
-    }
-    if (!m->unit_params[last] || (m->cfg->tied && !m->unit_params[0])) {
-        return fsdp_err(FSDP_ERR_INVALID, "logits: the head's parameters are not set");
-    }
-    if (m->tp) {
-        return fsdp_err(FSDP_ERR_INVALID, "logits: with tensor parallelism this rank holds only "
-                        "the head's vocabulary [%zu, %zu)", m->tv0, m->tv0 + m->tvn);
-    }
+    int last = m->lm.spec->n_units - 1;
+    FSDP_CHECK(fsdp_lm_check_logits(&m->lm, row0, rows, m->cfg->tied));
     struct fsdp_llama_head_view w;
-    fsdp_llama_head_view(m, m->unit_params[last], m->unit_params[0], &w);
+    fsdp_llama_head_view(m, m->lm.unit_params[last], m->lm.unit_params[0], &w);
     if (rows > 0) {
         llama_head_logits(m, w.lm_head, row0, rows, out);
     }
@@ -825,20 +569,8 @@ int fsdp_llama_logits(struct fsdp_llama *m, size_t row0, size_t rows, float *out
 
 int fsdp_llama_forward_unit(struct fsdp_llama *m, int u)
 {
-    int n = m->spec->n_units, L = m->cfg->n_layer;
-    if (u < 0 || u >= n) {
-        return fsdp_err(FSDP_ERR_INVALID, "forward: unit %d out of range [0, %d)", u, n);
-    }
-    if (!m->tokens) {
-        return fsdp_err(FSDP_ERR_INVALID, "forward: no batch (set_batch)");
-    }
-    if (u > 0 && !m->fwd_done[u - 1]) {
-        return fsdp_err(FSDP_ERR_INVALID, "forward of unit %d before unit %d's", u, u - 1);
-    }
-    if (!m->unit_params[u] || (u == L + 1 && m->cfg->tied && !m->unit_params[0])) {
-        return fsdp_err(FSDP_ERR_INVALID, "forward: unit %d's parameters are not set%s", u,
-                        u == L + 1 && m->cfg->tied ? " (the tied head also reads unit 0)" : "");
-    }
+    int L = m->cfg->n_layer;
+    FSDP_CHECK(fsdp_lm_check_forward(&m->lm, u, m->cfg->tied));
     if (u == 0) {
         FSDP_CHECK(llama_embed_forward(m));
     } else if (u <= L) {
@@ -846,21 +578,14 @@ int fsdp_llama_forward_unit(struct fsdp_llama *m, int u)
     } else {
         FSDP_CHECK(llama_head_forward(m));
     }
-    m->fwd_done[u] = 1;
+    m->lm.fwd_done[u] = 1;
     return 0;
 }
 
 int fsdp_llama_forward(struct fsdp_llama *m, const int32_t *tokens, const int32_t *targets, int B,
                        int T, float *loss)
 {
-    FSDP_CHECK(fsdp_llama_set_batch(m, tokens, targets, B, T));
-    for (int u = 0; u < m->spec->n_units; u++) {
-        FSDP_CHECK(fsdp_llama_forward_unit(m, u));
-    }
-    if (loss) {
-        *loss = targets ? m->loss : NAN;
-    }
-    return 0;
+    return fsdp_lm_forward(&m->lm.base, tokens, targets, B, T, loss);
 }
 
 // ----------------------------------------------------------------------------
@@ -876,22 +601,20 @@ int fsdp_llama_forward(struct fsdp_llama *m, const int32_t *tokens, const int32_
 static int llama_head_backward(struct fsdp_llama *m)
 {
     const struct fsdp_llama_config *c = m->cfg;
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
+    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
     size_t chunk = llama_head_rows(m);
     struct fsdp_llama_acts *a = &m->acts;
     struct fsdp_llama_grad_acts *g = &m->gacts;
     struct fsdp_llama_head_view w, dw;
     int last = c->n_layer + 1;
-    fsdp_llama_head_view(m, m->unit_params[last], m->unit_params[0], &w);
-    fsdp_llama_head_view(m, m->unit_grads[last], m->unit_grads[0], &dw);
-    double div = m->loss_divisor > 0 ? m->loss_divisor : (double)m->n_kept;
-    /* no kept token: every dlogits row is zero, so is the gradient */
-    float alpha = div > 0 ? (float)((double)m->loss_scale / div) : 0.0f;
-    size_t cols = m->tp ? m->tvn : V; /* tensor parallel: this rank's vocabulary slice */
+    fsdp_llama_head_view(m, m->lm.unit_params[last], m->lm.unit_params[0], &w);
+    fsdp_llama_head_view(m, m->lm.unit_grads[last], m->lm.unit_grads[0], &dw);
+    float alpha = fsdp_lm_seed_alpha(&m->lm, m->n_kept);
+    size_t cols = m->lm.tp ? m->lm.tvn : V; /* tensor parallel: this rank's vocabulary slice */
     for (size_t r0 = 0; r0 < BT; r0 += chunk) {
         size_t rows = BT - r0 < chunk ? BT - r0 : chunk, kept = 0;
         for (size_t r = r0; r < r0 + rows; r++) {
-            kept += m->targets[r] != m->ignore_index;
+            kept += m->lm.targets[r] != m->lm.ignore_index;
         }
         if (kept == 0 || cols == 0) {
             memset(g->dbtc + r0 * C, 0, rows * C * sizeof(float));
@@ -900,33 +623,33 @@ static int llama_head_backward(struct fsdp_llama *m)
         if (chunk < BT) {
             llama_head_logits(m, w.lm_head, r0, rows, a->head_logits);
         }
-        if (m->tp) {
-            m->k->crossentropy_slice_backward(a->head_logits, a->head_logits,
-                                              a->ce_stats + 2 * r0, m->targets + r0, rows, cols,
-                                              m->tv0, m->ignore_index, 1.0f);
+        if (m->lm.tp) {
+            m->lm.k->crossentropy_slice_backward(a->head_logits, a->head_logits,
+                                              a->ce_stats + 2 * r0, m->lm.targets + r0, rows, cols,
+                                                 m->lm.tv0, m->lm.ignore_index, 1.0f);
         } else {
-            m->k->crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
-                                        m->targets + r0, rows, V, m->ignore_index, 1.0f);
+            m->lm.k->crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
+                                           m->lm.targets + r0, rows, V, m->lm.ignore_index, 1.0f);
         }
-        m->k->matmul_backward(g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
-                              a->lnf + r0 * C, w.lm_head, rows, C, cols, alpha, 0);
+        m->lm.k->matmul_backward(g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
+                                 a->lnf + r0 * C, w.lm_head, rows, C, cols, alpha, 0);
     }
     /* tensor parallel: each rank's d(norm output) is its vocabulary slice's
      * part, summed over the ranks into the rows held here */
-    size_t BR = llama_rows_here(m, BT);
+    size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     const float *dlnf = g->dbtc;
-    if (m->tp) {
-        FSDP_CHECK(llama_tp_din(m, BT, &dlnf));
+    if (m->lm.tp) {
+        FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &dlnf));
     }
     memset(g->dres, 0, BR * C * sizeof(float));
-    if (m->sp) {
+    if (m->lm.sp) {
         memset(g->spg, 0, C * sizeof(float));
     }
-    fsdp_cpu_rmsnorm_backward(g->dres, m->sp ? g->spg : dw.norm, dlnf,
-                              llama_residual(m, c->n_layer), w.norm, a->lnf_rstd, BR, C);
-    if (m->sp) {
+    fsdp_cpu_rmsnorm_backward(g->dres, m->lm.sp ? g->spg : dw.norm, dlnf,
+                              fsdp_lm_residual(&m->lm, c->n_layer), w.norm, a->lnf_rstd, BR, C);
+    if (m->lm.sp) {
         float *const dst[1] = {dw.norm};
-        FSDP_CHECK(llama_sp_norm_grads(m, dst, 1));
+        FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 1));
     }
     return 0;
 }
@@ -937,8 +660,8 @@ static int llama_head_backward(struct fsdp_llama *m)
  * norms' backward. */
 static int llama_block_backward(struct fsdp_llama *m, int l)
 {
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg->n_embd, F = m->lf;
-    size_t BR = llama_rows_here(m, BT);
+    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd, F = m->lf;
+    size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     struct fsdp_llama_grad_acts *g = &m->gacts;
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
     struct fsdp_llama_block_view w, dw;
@@ -946,40 +669,41 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     /* sequence parallel: the norms' weight gradients of this rank's rows go
      * through spg, and the gathered dres occupies dbtc, so d(attention
      * output) goes to xfull */
-    float *spg = g->spg, *datty = m->sp ? g->xfull : g->dbtc;
-    if (m->checkpoint[l]) {
+    float *spg = g->spg, *datty = m->lm.sp ? g->xfull : g->dbtc;
+    if (m->lm.checkpoint[l]) {
         FSDP_CHECK(llama_block_forward(m, l, 0));
     }
-    fsdp_llama_block_view(m, m->unit_params[1 + l], &w);
-    fsdp_llama_block_view(m, m->unit_grads[1 + l], &dw);
-    if (m->sp) {
+    fsdp_llama_block_view(m, m->lm.unit_params[1 + l], &w);
+    fsdp_llama_block_view(m, m->lm.unit_grads[1 + l], &dw);
+    if (m->lm.sp) {
         memset(spg, 0, 2 * C * sizeof(float));
     }
     /* MLP */
-    FSDP_CHECK(llama_tp_dout(m, BT, &dout));
-    m->k->matmul_backward(g->dh, dw.downw, NULL, dout, a->h, w.downw, BT, F, C, 1.0f, 0);
+    FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
+    m->lm.k->matmul_backward(g->dh, dw.downw, NULL, dout, a->h, w.downw, BT, F, C, 1.0f, 0);
     fsdp_cpu_swiglu_backward(a->gate, a->up, g->dh, a->gate, a->up, BT * F); /* in place */
-    FSDP_CHECK(llama_tp_enter(m, a->rms2, BT, &in));
-    m->k->matmul_backward(g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, BT, C, F, 1.0f, 0);
-    m->k->matmul_backward(g->dbtc, dw.upw, NULL, a->up, in, w.upw, BT, C, F, 1.0f, 1);
-    FSDP_CHECK(llama_tp_din(m, BT, &din));
-    fsdp_cpu_rmsnorm_backward(g->dres, m->sp ? spg : dw.mlp_norm, din, a->res2, w.mlp_norm,
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
+    m->lm.k->matmul_backward(g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, BT, C, F, 1.0f, 0);
+    m->lm.k->matmul_backward(g->dbtc, dw.upw, NULL, a->up, in, w.upw, BT, C, F, 1.0f, 1);
+    FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
+    fsdp_cpu_rmsnorm_backward(g->dres, m->lm.sp ? spg : dw.mlp_norm, din, a->res2, w.mlp_norm,
                               a->rms2_rstd, BR, C);
     /* attention */
-    FSDP_CHECK(llama_tp_dout(m, BT, &dout));
-    m->k->matmul_backward(datty, dw.ow, NULL, dout, a->atty, w.ow, BT, m->lq, C, 1.0f, 0);
+    FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
+    m->lm.k->matmul_backward(datty, dw.ow, NULL, dout, a->atty, w.ow, BT, m->lq, C, 1.0f, 0);
     fsdp_cpu_gqa_attention_backward(g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
-                                    a->att_lse, m->B, m->T, m->lnh, m->lnkv, m->hs);
-    fsdp_cpu_rope_backward(g->dqkv, m->rope_cos, m->rope_sin, m->B, m->T, m->lnh, m->lnkv, m->hs);
-    FSDP_CHECK(llama_tp_enter(m, a->rms1, BT, &in));
-    m->k->matmul_backward(g->dbtc, dw.qw, dw.qb, g->dqkv, in, w.qw, BT, C, (size_t)m->qkv_w, 1.0f,
-                          0);
-    FSDP_CHECK(llama_tp_din(m, BT, &din));
-    fsdp_cpu_rmsnorm_backward(g->dres, m->sp ? spg + C : dw.attn_norm, din, llama_residual(m, l),
-                              w.attn_norm, a->rms1_rstd, BR, C);
-    if (m->sp) {
+                                    a->att_lse, m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
+    fsdp_cpu_rope_backward(g->dqkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh, m->lnkv,
+                           m->hs);
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
+    m->lm.k->matmul_backward(g->dbtc, dw.qw, dw.qb, g->dqkv, in, w.qw, BT, C, (size_t)m->qkv_w,
+                             1.0f, 0);
+    FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
+    fsdp_cpu_rmsnorm_backward(g->dres, m->lm.sp ? spg + C : dw.attn_norm, din,
+                              fsdp_lm_residual(&m->lm, l), w.attn_norm, a->rms1_rstd, BR, C);
+    if (m->lm.sp) {
         float *const dst[2] = {dw.mlp_norm, dw.attn_norm};
-        FSDP_CHECK(llama_sp_norm_grads(m, dst, 2));
+        FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 2));
     }
     return 0;
 }
@@ -988,17 +712,17 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
  * every rank's rows gathered first, so every rank's table gradient is whole) */
 static int llama_embed_backward(struct fsdp_llama *m)
 {
-    size_t BT = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg->n_embd;
-    float *dwte = m->unit_grads[0] + m->emb_off;
+    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd;
+    float *dwte = m->lm.unit_grads[0] + m->emb_off;
     const float *dx;
-    FSDP_CHECK(llama_tp_dout(m, BT, &dx));
-    if (m->tp) { /* vocabulary parallel: the rows of the ids this rank holds */
-        fsdp_tp_embed_backward(m->tp, dwte, NULL, dx, m->tokens, (size_t)m->cfg->vocab_size, 0,
-                               BT, C);
+    FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dx));
+    if (m->lm.tp) { /* vocabulary parallel: the rows of the ids this rank holds */
+        fsdp_tp_embed_backward(m->lm.tp, dwte, NULL, dx, m->lm.tokens, (size_t)m->cfg->vocab_size,
+                               0, BT, C);
         return 0;
     }
     for (size_t r = 0; r < BT; r++) {
-        float *row = dwte + (size_t)m->tokens[r] * C;
+        float *row = dwte + (size_t)m->lm.tokens[r] * C;
         for (size_t i = 0; i < C; i++) {
             row[i] += dx[r * C + i];
         }
@@ -1008,24 +732,8 @@ static int llama_embed_backward(struct fsdp_llama *m)
 
 int fsdp_llama_backward_unit(struct fsdp_llama *m, int u)
 {
-    int n = m->spec->n_units, L = m->cfg->n_layer;
-    if (u < 0 || u >= n) {
-        return fsdp_err(FSDP_ERR_INVALID, "backward: unit %d out of range [0, %d)", u, n);
-    }
-    if (m->bwd_next < 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "backward of unit %d without a forward with targets", u);
-    }
-    if (u != m->bwd_next) {
-        return fsdp_err(FSDP_ERR_INVALID, "backward of unit %d out of order (expected unit %d)", u,
-                        m->bwd_next);
-    }
-    int tied_head = u == L + 1 && m->cfg->tied;
-    if (!m->unit_params[u] || !m->unit_grads[u] ||
-        (tied_head && (!m->unit_params[0] || !m->unit_grads[0]))) {
-        return fsdp_err(FSDP_ERR_INVALID,
-                        "backward: unit %d's parameters or gradients are not set%s", u,
-                        tied_head ? " (the tied head also uses unit 0's)" : "");
-    }
+    int L = m->cfg->n_layer;
+    FSDP_CHECK(fsdp_lm_check_backward(&m->lm, u, m->bwd_next, m->cfg->tied));
     if (u == 0) {
         FSDP_CHECK(llama_embed_backward(m));
     } else if (u <= L) {
@@ -1039,10 +747,7 @@ int fsdp_llama_backward_unit(struct fsdp_llama *m, int u)
 
 int fsdp_llama_backward(struct fsdp_llama *m)
 {
-    for (int u = m->spec->n_units - 1; u >= 0; u--) {
-        FSDP_CHECK(fsdp_llama_backward_unit(m, u));
-    }
-    return 0;
+    return fsdp_model_backward(&m->lm.base);
 }
 
 // ----------------------------------------------------------------------------
@@ -1056,7 +761,7 @@ double fsdp_llama_flops_per_token(const struct fsdp_model_spec *s, int T)
     if (!c->tied) {
         N -= V * C; /* embed_tokens is only a lookup; lm_head is the product */
     }
-    return 6.0 * N + 12.0 * L * C * (double)T;
+    return fsdp_lm_flops(N, L, C, T);
 }
 
 // ----------------------------------------------------------------------------
@@ -1078,7 +783,7 @@ static int llama_op_create(const struct fsdp_model_spec *spec, const struct fsdp
     }
     FSDP_CHECK(llama_create(spec, o->max_B, o->max_T, o->tp, &m));
     if (o->dev) {
-        m->k = o->dev->k;
+        m->lm.k = o->dev->k;
     }
     if (o->head_chunk > 0) {
         int rc = fsdp_llama_set_head_chunk(m, o->head_chunk);
@@ -1087,7 +792,7 @@ static int llama_op_create(const struct fsdp_model_spec *spec, const struct fsdp
             return rc;
         }
     }
-    *out = &m->base;
+    *out = &m->lm.base;
     return 0;
 }
 
@@ -1103,14 +808,7 @@ static int llama_op_tp_cut(const struct fsdp_model_spec *spec, int tp, size_t i,
 {
     const struct fsdp_llama_config *c = fsdp_llama_cfg(spec);
     const struct fsdp_param_spec *p = &spec->params[i];
-    if (tp > c->n_head) {
-        return fsdp_err(FSDP_ERR_INVALID, "tp %d is larger than n_head %d: every tensor-parallel "
-                        "rank needs at least one attention head", tp, c->n_head);
-    }
-    if (c->n_head % tp != 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "n_head %d is not divisible by tp %d: attention is "
-                        "split by heads", c->n_head, tp);
-    }
+    FSDP_CHECK(fsdp_lm_tp_check_heads(c->n_head, tp));
     if (c->n_kv_head % tp != 0) {
         return fsdp_err(FSDP_ERR_INVALID, "n_kv_head %d is not divisible by tp %d: key/value "
                         "heads are split across tp (grouped-query attention keeps %d query heads "
@@ -1120,15 +818,7 @@ static int llama_op_tp_cut(const struct fsdp_model_spec *spec, int tp, size_t i,
         return fsdp_err(FSDP_ERR_INVALID, "ffn_hidden %d is not divisible by tp %d: the MLP is "
                         "split by features", c->ffn_hidden, tp);
     }
-    *out = (struct fsdp_tp_cut){.dim = -1, .chunks = 1, .pad = 0};
-    if (p->tp == FSDP_TP_COLWISE) {
-        out->dim = 0;
-    } else if (p->tp == FSDP_TP_ROWWISE) {
-        out->dim = 1;
-    } else if (p->tp == FSDP_TP_VOCAB) {
-        out->dim = 0;
-        out->pad = 1;
-    }
+    fsdp_lm_tp_cut_place(p->tp, 1, out);
     return 0;
 }
 
@@ -1156,16 +846,6 @@ static int llama_op_reserve(struct fsdp_model *m)
     return fsdp_llama_reserve(llama_of(m));
 }
 
-static int llama_op_set_unit(struct fsdp_model *m, int u, float *params, float *grads)
-{
-    return fsdp_llama_set_unit(llama_of(m), u, params, grads);
-}
-
-static void llama_op_set_loss_seed(struct fsdp_model *m, double divisor, float scale)
-{
-    fsdp_llama_set_loss_seed(llama_of(m), divisor, scale);
-}
-
 static int llama_op_set_batch(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets,
                               int B, int T)
 {
@@ -1180,11 +860,6 @@ static int llama_op_forward_unit(struct fsdp_model *m, int u)
 static int llama_op_backward_unit(struct fsdp_model *m, int u)
 {
     return fsdp_llama_backward_unit(llama_of(m), u);
-}
-
-static float llama_op_loss(const struct fsdp_model *m)
-{
-    return ((const struct fsdp_llama *)m)->loss;
 }
 
 static int llama_op_logits(struct fsdp_model *m, size_t row0, size_t rows, float *out)
@@ -1209,12 +884,12 @@ const struct fsdp_model_ops fsdp_llama_ops = {
     .destroy = llama_op_destroy,
     .set_checkpoint = llama_op_set_checkpoint,
     .reserve = llama_op_reserve,
-    .set_unit = llama_op_set_unit,
-    .set_loss_seed = llama_op_set_loss_seed,
+    .set_unit = fsdp_lm_op_set_unit,
+    .set_loss_seed = fsdp_lm_op_set_loss_seed,
     .set_batch = llama_op_set_batch,
     .forward_unit = llama_op_forward_unit,
     .backward_unit = llama_op_backward_unit,
-    .loss = llama_op_loss,
+    .loss = fsdp_lm_op_loss,
     .logits = llama_op_logits,
     .activation_bytes = llama_op_activation_bytes,
     .workspace_bytes = llama_op_workspace_bytes,

@@ -28,6 +28,7 @@
 #define FSDP_MODEL_LLAMA_H
 
 #include "model/llama_spec.h"
+#include "model/lm.h"
 #include "model/model.h"
 #include "compute/device.h"
 
@@ -100,53 +101,28 @@ struct fsdp_llama_grad_acts {
 };
 
 struct fsdp_llama {
-    struct fsdp_model base;              /* ops and spec for the generic interface */
-    const struct fsdp_model_spec *spec;  /* not owned; outlives the model */
+    struct fsdp_lm lm;                   /* first: what every LM here shares (model/lm.h): the
+                                            generic base, unit buffers, batch, loss seed,
+                                            activation memory, tensor parallelism */
     const struct fsdp_llama_config *cfg; /* spec's */
-    const struct fsdp_kernels *k;        /* the host kernels (the device's, when given) */
-    int max_B, max_T;
     int hs, qkv_w;                       /* head size; QKV row width (this rank's heads') */
 
-    /* tensor parallelism (model.h opts.tp; doc/model.md, "Tensor parallelism"):
-     * the blocks' buffers hold this rank's query and key/value heads and its
+    /* tensor parallelism (lm.tp; doc/model.md, "Tensor parallelism"): the
+     * blocks' buffers hold this rank's query and key/value heads and its
      * features of the MLP */
-    struct fsdp_tp *tp;                  /* NULL: one rank */
-    int tpn;                             /* tp ranks (1 without tensor parallelism) */
-    int sp;                              /* sequence parallel: the residual stream and the norms
-                                            hold this rank's 1/tpn of the batch's rows */
     int lnh, lnkv;                       /* query and key/value heads here: NH / tpn, NKV / tpn */
     size_t lq, lf;                       /* their q width lnh hs, and the MLP's F / tpn */
-    size_t tv0, tvn, tvl;                /* vocabulary ids [tv0, tv0 + tvn) of this rank's slice
-                                            of embed_tokens (and lm_head), tvl rows padded */
-
-    float **unit_params; /* (n_units,) caller-owned unit buffers */
-    float **unit_grads;  /* (n_units,) caller-owned, may be NULL for forward only */
 
     float *rope_cos, *rope_sin; /* (max_T, hs / 2) each, made once at create */
 
-    unsigned char *checkpoint; /* (L,) 1: recompute block l in backward */
     int head_chunk;            /* rows of the LM head's logits computed at a time */
     struct fsdp_llama_acts acts;
     struct fsdp_llama_grad_acts gacts;
-    float *act_memory; /* NULL until reserved */
-    size_t act_floats;
-    float *grad_act_memory;
-    size_t grad_act_floats;
 
-    /* current batch (borrowed until the backward ends) */
-    int B, T;
-    const int32_t *tokens;  /* (B, T) */
-    const int32_t *targets; /* (B, T) or NULL */
-    int32_t ignore_index;   /* targets equal to it are padding; default -1 */
-
-    /* loss of the last forward with targets */
-    float loss;          /* mean over kept tokens (NaN when none) */
+    /* loss of the last forward with targets (the mean: lm.loss) */
     size_t n_kept;       /* tokens whose target is not ignored */
-    double loss_divisor; /* 0: n_kept; else the divisor of the loss sum (global count) */
-    float loss_scale;    /* multiplies the seed gradient (f16 loss scaling); 1 */
 
     /* ordering state: forward of u, then backward from L+1 down to 0 */
-    unsigned char *fwd_done; /* (n_units,) */
     int bwd_next;            /* unit the next backward_unit must be; -1 when none */
 
     size_t blk_off[FSDP_LLAMA_BLK_COUNT]; /* offsets inside a block's unit; SIZE_MAX: absent */
@@ -218,6 +194,11 @@ double fsdp_llama_flops_per_token(const struct fsdp_model_spec *s, int T);
 
 /* The ops of the generic interface (model.h) over the functions above. */
 extern const struct fsdp_model_ops fsdp_llama_ops;
+
+/* The kernels' RoPE scaling (compute/kernels.h) of c's rope_scaling fields,
+ * for the forward's tables and the decoder's per-position angles alike. */
+struct fsdp_rope_scaling;
+void fsdp_llama_rope_scaling(const struct fsdp_llama_config *c, struct fsdp_rope_scaling *out);
 
 /* Incremental decoding with a key/value cache (model.h, struct fsdp_decoder;
  * llama_decode.c). */

@@ -10,15 +10,14 @@
 #include "model/llama.h"
 #include "compute/kernels.h"
 #include "core/error.h"
+#include "model/lm.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 struct llama_decoder {
-    struct fsdp_decoder base;
+    struct fsdp_lm_decoder c; /* kv: (L, 2, max_T, KV); x: (C) the residual stream */
     struct fsdp_llama *m;
-    float *kv;       /* (L, 2, max_T, KV): each layer's keys, then its values */
-    float *x;        /* (C) the residual stream */
     float *r;        /* (C) normalised */
     float *qkv;      /* (QKV) */
     float *att;      /* (C) */
@@ -39,26 +38,15 @@ static int llama_decode_step(struct fsdp_decoder *d, int32_t token, float *logit
     size_t T = (size_t)d->max_T, hs = (size_t)m->hs, KV = (size_t)c->n_kv_head * hs;
     size_t QKV = (size_t)m->qkv_w;
     int L = c->n_layer, pos = d->pos;
-    if (pos >= d->max_T) {
-        return fsdp_err(FSDP_ERR_INVALID, "llama decoder: position %d is past its cache of %d",
-                        pos, d->max_T);
-    }
-    if (token < 0 || (size_t)token >= V) {
-        return fsdp_err(FSDP_ERR_INVALID, "llama decoder: token %d is not below vocab_size %zu",
-                        (int)token, V);
-    }
-    for (int u = 0; u < L + 2; u++) {
-        if (!m->unit_params[u]) {
-            return fsdp_err(FSDP_ERR_INVALID, "llama decoder: unit %d has no parameters set", u);
-        }
-    }
-    memcpy(g->x, m->unit_params[0] + m->emb_off + (size_t)token * C, C * sizeof(float));
+    float *x = g->c.x;
+    FSDP_CHECK(fsdp_lm_decode_check(&m->lm, d, token));
+    memcpy(x, m->lm.unit_params[0] + m->emb_off + (size_t)token * C, C * sizeof(float));
     fsdp_cpu_rope_table(g->cs, g->sn, g->inv_freq, pos, 1, (int)hs);
     for (int l = 0; l < L; l++) {
         struct fsdp_llama_block_view w;
-        fsdp_llama_block_view(m, m->unit_params[1 + l], &w);
-        float *kc = g->kv + (size_t)l * 2 * T * KV, *vc = kc + T * KV;
-        fsdp_cpu_rmsnorm_forward(g->r, &g->rstd, g->x, w.attn_norm, 1, C, c->norm_eps);
+        fsdp_llama_block_view(m, m->lm.unit_params[1 + l], &w);
+        float *kc = g->c.kv + (size_t)l * 2 * T * KV, *vc = kc + T * KV;
+        fsdp_cpu_rmsnorm_forward(g->r, &g->rstd, x, w.attn_norm, 1, C, c->norm_eps);
         /* q, k, v (and their biases) are consecutive: one product */
         fsdp_cpu_matmul_forward(g->qkv, g->r, w.qw, w.qb, NULL, 1, C, QKV);
         fsdp_cpu_rope_forward(g->qkv, g->cs, g->sn, 1, 1, c->n_head, c->n_kv_head, (int)hs);
@@ -66,35 +54,24 @@ static int llama_decode_step(struct fsdp_decoder *d, int32_t token, float *logit
         memcpy(vc + (size_t)pos * KV, g->qkv + C + KV, KV * sizeof(float));
         fsdp_cpu_attention_decode(g->att, g->scores, g->qkv, kc, vc, pos + 1, c->n_head,
                                   c->n_kv_head, (int)hs, (int)KV);
-        fsdp_cpu_matmul_forward(g->x, g->att, w.ow, NULL, g->x, 1, C, C);
-        fsdp_cpu_rmsnorm_forward(g->r, &g->rstd, g->x, w.mlp_norm, 1, C, c->norm_eps);
+        fsdp_cpu_matmul_forward(x, g->att, w.ow, NULL, x, 1, C, C);
+        fsdp_cpu_rmsnorm_forward(g->r, &g->rstd, x, w.mlp_norm, 1, C, c->norm_eps);
         fsdp_cpu_matmul_forward(g->gate, g->r, w.gatew, NULL, NULL, 1, C, F);
         fsdp_cpu_matmul_forward(g->up, g->r, w.upw, NULL, NULL, 1, C, F);
         fsdp_cpu_swiglu_forward(g->gate, g->gate, g->up, F);
-        fsdp_cpu_matmul_forward(g->x, g->gate, w.downw, NULL, g->x, 1, F, C);
+        fsdp_cpu_matmul_forward(x, g->gate, w.downw, NULL, x, 1, F, C);
     }
     struct fsdp_llama_head_view h;
-    fsdp_llama_head_view(m, m->unit_params[L + 1], m->unit_params[0], &h);
-    fsdp_cpu_rmsnorm_forward(g->r, &g->rstd, g->x, h.norm, 1, C, c->norm_eps);
+    fsdp_llama_head_view(m, m->lm.unit_params[L + 1], m->lm.unit_params[0], &h);
+    fsdp_cpu_rmsnorm_forward(g->r, &g->rstd, x, h.norm, 1, C, c->norm_eps);
     fsdp_cpu_matmul_forward(logits, g->r, h.lm_head, NULL, NULL, 1, C, V);
     d->pos++;
     return 0;
 }
 
-static void llama_decode_destroy(struct fsdp_decoder *d)
-{
-    struct llama_decoder *g = (struct llama_decoder *)d;
-    if (!g) {
-        return;
-    }
-    free(g->kv);
-    free(g->x);
-    free(g);
-}
-
 static const struct fsdp_decoder_ops llama_decoder_ops = {
     .step = llama_decode_step,
-    .destroy = llama_decode_destroy,
+    .destroy = fsdp_lm_decoder_free,
 };
 
 int fsdp_llama_decoder_create(struct fsdp_model *model, int max_T, struct fsdp_decoder **out)
@@ -103,22 +80,12 @@ int fsdp_llama_decoder_create(struct fsdp_model *model, int max_T, struct fsdp_d
     const struct fsdp_llama_config *c = m->cfg;
     size_t C = (size_t)c->n_embd, F = (size_t)c->ffn_hidden, hs = (size_t)m->hs;
     size_t KV = (size_t)c->n_kv_head * hs, T = (size_t)max_T;
-    if (max_T < 1 || max_T > c->context) {
-        return fsdp_err(FSDP_ERR_INVALID, "llama decoder: %d positions (the context is %d)",
-                        max_T, c->context);
-    }
-    struct llama_decoder *g = calloc(1, sizeof(*g));
-    if (!g) {
-        return fsdp_err(FSDP_ERR_NOMEM, "llama decoder: out of memory");
-    }
-    g->kv = malloc((size_t)c->n_layer * 2 * T * KV * sizeof(float));
-    g->x = malloc((C + C + (size_t)m->qkv_w + C + 2 * F + T + 3 * (hs / 2)) * sizeof(float));
-    if (!g->kv || !g->x) {
-        llama_decode_destroy(&g->base);
-        return fsdp_err(FSDP_ERR_NOMEM, "llama decoder: a cache of %d positions (%zu MiB)", max_T,
-                        ((size_t)c->n_layer * 2 * T * KV * sizeof(float)) >> 20);
-    }
-    g->r = g->x + C;
+    struct fsdp_lm_decoder *d;
+    FSDP_CHECK(fsdp_lm_decoder_alloc(&m->lm, max_T, c->context, KV,
+                                     C + C + (size_t)m->qkv_w + C + 2 * F + T + 3 * (hs / 2),
+                                     sizeof(struct llama_decoder), &llama_decoder_ops, &d));
+    struct llama_decoder *g = (struct llama_decoder *)d;
+    g->r = d->x + C;
     g->qkv = g->r + C;
     g->att = g->qkv + m->qkv_w;
     g->gate = g->att + C;
@@ -127,23 +94,14 @@ int fsdp_llama_decoder_create(struct fsdp_model *model, int max_T, struct fsdp_d
     g->inv_freq = g->scores + T;
     g->cs = g->inv_freq + hs / 2;
     g->sn = g->cs + hs / 2;
-    struct fsdp_rope_scaling sc = {
-        .type = c->rope_scaling == FSDP_LLAMA_ROPE_LINEAR   ? FSDP_ROPE_LINEAR
-                : c->rope_scaling == FSDP_LLAMA_ROPE_LLAMA3 ? FSDP_ROPE_LLAMA3
-                                                            : FSDP_ROPE_NONE,
-        .factor = c->rope_factor,
-        .low_freq_factor = c->rope_low_freq,
-        .high_freq_factor = c->rope_high_freq,
-        .original_context = c->rope_original,
-    };
+    struct fsdp_rope_scaling sc;
+    fsdp_llama_rope_scaling(c, &sc);
     if (fsdp_cpu_rope_inv_freq(g->inv_freq, (int)hs, c->rope_theta, &sc) < 0) {
-        llama_decode_destroy(&g->base);
+        fsdp_lm_decoder_free(&d->base);
         return fsdp_err(FSDP_ERR_INVALID, "llama decoder: RoPE frequencies for head size %zu",
                         hs);
     }
     g->m = m;
-    g->base.ops = &llama_decoder_ops;
-    g->base.max_T = max_T;
-    *out = &g->base;
+    *out = &d->base;
     return 0;
 }

@@ -1,9 +1,13 @@
 libfsdpc_a_SOURCES += src/model/gpt2_spec.c src/model/model.c src/model/tp_ops.c
 noinst_HEADERS += src/model/gpt2_spec.h src/model/model.h src/model/tp_ops.h
 
+# what the transformer LMs share: bookkeeping, batch, tensor-parallel regions
+libfsdpc_a_SOURCES += src/model/lm.c src/model/lm_tp.c
+noinst_HEADERS += src/model/lm.h
+
 # GPT-2 forward/backward over units on the CPU kernels
-libfsdpc_a_SOURCES += src/model/gpt2.c src/model/gpt2_decode.c
-noinst_HEADERS += src/model/gpt2.h
+libfsdpc_a_SOURCES += src/model/gpt2.c src/model/gpt2_head.c src/model/gpt2_decode.c
+noinst_HEADERS += src/model/gpt2.h src/model/gpt2_head.h
 
 check_PROGRAMS += tests/model/test_gpt2_grad
 TESTS += tests/model/test_gpt2_grad

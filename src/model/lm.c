@@ -1,0 +1,458 @@
+/*
+ * lm.c - the bookkeeping every transformer LM here shares (lm.h): creation
+ * checks and unit tables, activation memory, settings, the batch, the
+ * order of the units' forward and backward, the generic ops that need no
+ * architecture, and the incremental decoders' cache. It never reads a
+ * parameter and never computes a layer.
+ */
+#include "config.h"
+#include "model/lm.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/util.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// lifetime
+
+int fsdp_lm_check_arch(const struct fsdp_model_spec *spec, const struct fsdp_arch *arch)
+{
+    if (spec->arch != arch) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: the spec is of architecture %s", arch->name,
+                        spec->arch ? spec->arch->name : "(none)");
+    }
+    return 0;
+}
+
+int fsdp_lm_init(struct fsdp_lm *lm, const struct fsdp_model_spec *spec,
+                 const struct fsdp_arch *arch, const struct fsdp_model_ops *ops, int max_B,
+                 int max_T, int context, double per_tok, size_t C, struct fsdp_tp *tp)
+{
+    const char *name = arch->name;
+    if (max_B < 1 || max_T < 1 || max_T > context) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: batch %d x %d invalid (need B >= 1, 1 <= T <= %d)",
+                        name, max_B, max_T, context);
+    }
+    double floats = (double)max_B * max_T * per_tok;
+    if (floats * sizeof(float) > 0x1p50) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: batch %d x %d needs %.3g bytes of activations",
+                        name, max_B, max_T, floats * sizeof(float));
+    }
+    lm->base.ops = ops;
+    lm->base.spec = spec;
+    lm->spec = spec;
+    lm->k = fsdp_cpu_kernels();
+    lm->name = name;
+    lm->max_B = max_B;
+    lm->max_T = max_T;
+    lm->L = spec->n_units - 2;
+    lm->C = C;
+    lm->V = (size_t)spec->vocab_size;
+    lm->ignore_index = -1;
+    lm->loss_scale = 1.0f;
+    lm->loss = NAN;
+    lm->tp = fsdp_tp_on(tp) ? tp : NULL;
+    lm->tpn = lm->tp ? tp->size : 1;
+    lm->sp = lm->tp && tp->sp;
+    fsdp_tp_vocab_split(lm->V, lm->tpn, lm->tp ? tp->rank : 0, &lm->tv0, &lm->tvn, &lm->tvl);
+    if (lm->sp && ((size_t)max_B * (size_t)max_T) % (size_t)lm->tpn != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: sequence parallel over tp %d: batch %d x %d does "
+                        "not split into %d equal row ranges", name, lm->tpn, max_B, max_T,
+                        lm->tpn);
+    }
+    size_t nu = (size_t)spec->n_units, L = (size_t)lm->L;
+    lm->unit_params = calloc(nu, sizeof(float *));
+    lm->unit_grads = calloc(nu, sizeof(float *));
+    lm->fwd_done = calloc(nu, 1);
+    lm->checkpoint = calloc(L, 1);
+    if (!lm->unit_params || !lm->unit_grads || !lm->fwd_done || !lm->checkpoint) {
+        fsdp_lm_free(lm);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s model tables", name);
+    }
+    return 0;
+}
+
+void fsdp_lm_free(struct fsdp_lm *lm)
+{
+    fsdp_lm_release(lm, lm->act_memory);
+    fsdp_lm_release(lm, lm->grad_act_memory);
+    free(lm->checkpoint);
+    free(lm->fwd_done);
+    free(lm->unit_grads);
+    free(lm->unit_params);
+    lm->act_memory = lm->grad_act_memory = NULL;
+    lm->checkpoint = lm->fwd_done = NULL;
+    lm->unit_params = lm->unit_grads = NULL;
+}
+
+int fsdp_lm_locate(const struct fsdp_model_spec *s, const char *name, int u, size_t rows,
+                   size_t cols, size_t *off)
+{
+    long i = fsdp_model_spec_find(s, name);
+    if (i < 0) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "parameter table has no '%s'", name);
+    }
+    const struct fsdp_param_spec *p = &s->params[i];
+    int want_ndim = cols ? 2 : 1;
+    if (p->unit != u || p->ndim != want_ndim || p->shape[0] != rows ||
+        (cols && p->shape[1] != cols)) {
+        return fsdp_err(FSDP_ERR_INTERNAL,
+                        "parameter table: '%s' is unit %d shape (%zu, %zu), model expects unit %d "
+                        "shape (%zu, %zu)",
+                        name, p->unit, p->shape[0], p->shape[1], u, rows, cols ? cols : 1);
+    }
+    *off = p->offset;
+    return 0;
+}
+
+float *fsdp_lm_take(float *base, size_t *off, size_t n)
+{
+    float *p = base ? base + *off : NULL;
+    *off += (n + 15) & ~(size_t)15;
+    return p;
+}
+
+int fsdp_lm_head_default_rows(const struct fsdp_lm *lm, size_t bytes)
+{
+    size_t rows = bytes / (lm->V * sizeof(float));
+    return rows < 1 ? 1 : rows > INT_MAX ? INT_MAX : (int)rows;
+}
+
+// ----------------------------------------------------------------------------
+// activation memory
+
+int fsdp_lm_reserve_buf(struct fsdp_lm *lm, float **mem, size_t *floats, size_t n,
+                        const char *what, int *fresh)
+{
+    if (*mem) {
+        return 0;
+    }
+    *floats = n;
+    size_t bytes = n * sizeof(float);
+    *mem = lm->dev ? lm->dev->ops->alloc(lm->dev, bytes) : fsdp_alloc(bytes);
+    if (!*mem) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s %s: %zu MiB", lm->name, what,
+                        n * sizeof(float) >> 20);
+    }
+    *fresh = 1;
+    return 0;
+}
+
+void fsdp_lm_log_reserve(const struct fsdp_lm *lm)
+{
+    FSDP_DEBUG(FSDP_SUB_MODEL, "%s activations %.1f MiB, workspace %.1f MiB (B=%d T=%d)",
+               lm->name, (double)(lm->act_floats * sizeof(float)) / 1048576.0,
+               (double)(lm->grad_act_floats * sizeof(float)) / 1048576.0, lm->max_B, lm->max_T);
+}
+
+void fsdp_lm_release(const struct fsdp_lm *lm, void *p)
+{
+    if (lm->dev) {
+        lm->dev->ops->free(lm->dev, p);
+    } else {
+        fsdp_free(p);
+    }
+}
+
+void fsdp_lm_bind(struct fsdp_lm *lm, float *residual, float *dres, float *dbtc, float *xfull,
+                  float *spg)
+{
+    lm->residual = residual;
+    lm->dres = dres;
+    lm->dbtc = dbtc;
+    lm->xfull = xfull;
+    lm->spg = spg;
+}
+
+void fsdp_lm_relayout(struct fsdp_lm *lm)
+{
+    fsdp_lm_release(lm, lm->act_memory);
+    lm->act_memory = NULL;
+    lm->tokens = NULL;
+    lm->targets = NULL;
+    lm->shadow = 0;
+    memset(lm->fwd_done, 0, (size_t)lm->spec->n_units);
+}
+
+// ----------------------------------------------------------------------------
+// settings
+
+int fsdp_lm_set_checkpoint(struct fsdp_lm *lm, int l, int on, int busy)
+{
+    int L = lm->L;
+    if (l >= L) {
+        return fsdp_err(FSDP_ERR_INVALID, "checkpoint: block %d out of range [0, %d)", l, L);
+    }
+    if (busy) {
+        return fsdp_err(FSDP_ERR_INVALID, "checkpoint flags changed between forward and backward");
+    }
+    for (int i = 0; i < L; i++) {
+        if (l < 0 || i == l) {
+            lm->checkpoint[i] = on ? 1 : 0;
+        }
+    }
+    fsdp_lm_relayout(lm);
+    return 0;
+}
+
+int fsdp_lm_check_head_chunk(int rows, int busy)
+{
+    if (rows < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "LM head chunk of %d rows (need at least 1, or 0 for "
+                        "the default)", rows);
+    }
+    if (busy) {
+        return fsdp_err(FSDP_ERR_INVALID, "LM head chunk changed between forward and backward");
+    }
+    return 0;
+}
+
+int fsdp_lm_set_unit(struct fsdp_lm *lm, int u, float *params, float *grads)
+{
+    if (u < 0 || u >= lm->spec->n_units) {
+        return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, lm->spec->n_units);
+    }
+    lm->unit_params[u] = params;
+    lm->unit_grads[u] = grads;
+    return 0;
+}
+
+void fsdp_lm_set_loss_seed(struct fsdp_lm *lm, double divisor, float scale)
+{
+    lm->loss_divisor = divisor;
+    lm->loss_scale = scale;
+}
+
+int fsdp_lm_zero_grad(struct fsdp_lm *lm, int u, size_t numel0)
+{
+    int n = lm->spec->n_units;
+    if (u >= n) {
+        return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, n);
+    }
+    for (int i = u < 0 ? 0 : u; i < (u < 0 ? n : u + 1); i++) {
+        if (!lm->unit_grads[i]) {
+            return fsdp_err(FSDP_ERR_INVALID, "zero_grad: unit %d has no gradient buffer", i);
+        }
+        size_t numel = i == 0 ? numel0 : lm->spec->unit_numel[i];
+        memset(lm->unit_grads[i], 0, numel * sizeof(float));
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// the batch and the order of the units
+
+int fsdp_lm_check_batch_size(const struct fsdp_lm *lm, int B, int T)
+{
+    if (B < 1 || B > lm->max_B || T < 1 || T > lm->max_T) {
+        return fsdp_err(FSDP_ERR_INVALID, "batch %d x %d exceeds the model's %d x %d", B, T,
+                        lm->max_B, lm->max_T);
+    }
+    if (lm->sp && ((size_t)B * (size_t)T) % (size_t)lm->tpn != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "batch %d x %d does not split over the %d ranks of "
+                        "sequence parallelism", B, T, lm->tpn);
+    }
+    return 0;
+}
+
+int fsdp_lm_check_tokens(const struct fsdp_lm *lm, const int32_t *tokens, const int32_t *targets,
+                         int B, int T, int shadow_ok)
+{
+    int V = (int)lm->V;
+    if (!tokens && (!shadow_ok || targets)) {
+        return fsdp_err(FSDP_ERR_INVALID, "batch has %s",
+                        targets ? "targets but no tokens" : "no tokens");
+    }
+    for (size_t i = 0; tokens && i < (size_t)B * (size_t)T; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            return fsdp_err(FSDP_ERR_INVALID, "token %d at (b=%zu, t=%zu) out of range [0, %d)",
+                            (int)tokens[i], i / (size_t)T, i % (size_t)T, V);
+        }
+        if (targets && targets[i] != lm->ignore_index && (targets[i] < 0 || targets[i] >= V)) {
+            return fsdp_err(FSDP_ERR_INVALID,
+                            "target %d at (b=%zu, t=%zu) out of range [0, %d) and not the ignore "
+                            "index %d",
+                            (int)targets[i], i / (size_t)T, i % (size_t)T, V,
+                            (int)lm->ignore_index);
+        }
+    }
+    return 0;
+}
+
+void fsdp_lm_start_batch(struct fsdp_lm *lm, const int32_t *tokens, const int32_t *targets, int B,
+                         int T)
+{
+    lm->B = B;
+    lm->T = T;
+    lm->tokens = tokens;
+    lm->targets = targets;
+    lm->shadow = tokens == NULL;
+    memset(lm->fwd_done, 0, (size_t)lm->spec->n_units);
+}
+
+int fsdp_lm_check_forward(const struct fsdp_lm *lm, int u, int tied)
+{
+    int n = lm->spec->n_units, L = lm->L;
+    if (u < 0 || u >= n) {
+        return fsdp_err(FSDP_ERR_INVALID, "forward: unit %d out of range [0, %d)", u, n);
+    }
+    if (!lm->tokens && !lm->shadow) {
+        return fsdp_err(FSDP_ERR_INVALID, "forward: no batch (set_batch)");
+    }
+    if (u > 0 && !lm->fwd_done[u - 1]) {
+        return fsdp_err(FSDP_ERR_INVALID, "forward of unit %d before unit %d's", u, u - 1);
+    }
+    if (!lm->unit_params[u] || (u == L + 1 && tied && !lm->unit_params[0])) {
+        return fsdp_err(FSDP_ERR_INVALID, "forward: unit %d's parameters are not set%s", u,
+                        u == L + 1 && tied ? " (the tied head also reads unit 0)" : "");
+    }
+    return 0;
+}
+
+int fsdp_lm_check_backward(const struct fsdp_lm *lm, int u, int bwd_next, int tied)
+{
+    int n = lm->spec->n_units, L = lm->L;
+    if (u < 0 || u >= n) {
+        return fsdp_err(FSDP_ERR_INVALID, "backward: unit %d out of range [0, %d)", u, n);
+    }
+    if (bwd_next < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "backward of unit %d without a forward with targets", u);
+    }
+    if (u != bwd_next) {
+        return fsdp_err(FSDP_ERR_INVALID, "backward of unit %d out of order (expected unit %d)", u,
+                        bwd_next);
+    }
+    int tied_head = u == L + 1 && tied;
+    if (!lm->unit_params[u] || !lm->unit_grads[u] ||
+        (tied_head && (!lm->unit_params[0] || !lm->unit_grads[0]))) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "backward: unit %d's parameters or gradients are not set%s", u,
+                        tied_head ? " (the tied head also uses unit 0's)" : "");
+    }
+    return 0;
+}
+
+int fsdp_lm_check_logits(const struct fsdp_lm *lm, size_t row0, size_t rows, int tied)
+{
+    int last = lm->spec->n_units - 1;
+    size_t BT = (size_t)lm->B * (size_t)lm->T;
+    if (!lm->tokens || !lm->fwd_done[last]) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "logits: no forward of the last unit since the batch was set");
+    }
+    if (row0 > BT || rows > BT - row0) {
+        return fsdp_err(FSDP_ERR_INVALID, "logits: rows [%zu, %zu + %zu) outside the batch's %zu",
+                        row0, row0, rows, BT);
+    }
+    if (lm->tp) {
+        return fsdp_err(FSDP_ERR_INVALID, "logits: with tensor parallelism this rank holds only "
+                        "the head's vocabulary [%zu, %zu)", lm->tv0, lm->tv0 + lm->tvn);
+    }
+    if (!lm->unit_params[last] || (tied && !lm->unit_params[0])) {
+        return fsdp_err(FSDP_ERR_INVALID, "logits: the head's parameters are not set");
+    }
+    return 0;
+}
+
+int fsdp_lm_forward(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets, int B,
+                    int T, float *loss)
+{
+    FSDP_CHECK(fsdp_model_forward(m, tokens, targets, B, T, loss));
+    if (loss && !targets) {
+        *loss = NAN; /* not the last forward with targets' */
+    }
+    return 0;
+}
+
+float fsdp_lm_seed_alpha(const struct fsdp_lm *lm, size_t kept)
+{
+    double div = lm->loss_divisor > 0 ? lm->loss_divisor : (double)kept;
+    /* no kept token: every dlogits row is zero, so is the gradient */
+    return div > 0 ? (float)((double)lm->loss_scale / div) : 0.0f;
+}
+
+double fsdp_lm_flops(double N, double L, double C, int T)
+{
+    return 6.0 * N + 12.0 * L * C * (double)T;
+}
+
+// ----------------------------------------------------------------------------
+// the generic interface
+
+int fsdp_lm_op_set_unit(struct fsdp_model *m, int u, float *params, float *grads)
+{
+    return fsdp_lm_set_unit((struct fsdp_lm *)m, u, params, grads);
+}
+
+void fsdp_lm_op_set_loss_seed(struct fsdp_model *m, double divisor, float scale)
+{
+    fsdp_lm_set_loss_seed((struct fsdp_lm *)m, divisor, scale);
+}
+
+float fsdp_lm_op_loss(const struct fsdp_model *m)
+{
+    return ((const struct fsdp_lm *)m)->loss;
+}
+
+// ----------------------------------------------------------------------------
+// incremental decoding
+
+int fsdp_lm_decoder_alloc(const struct fsdp_lm *lm, int max_T, int context, size_t KV,
+                          size_t scratch, size_t size, const struct fsdp_decoder_ops *ops,
+                          struct fsdp_lm_decoder **out)
+{
+    size_t T = (size_t)max_T, cache = (size_t)lm->L * 2 * T * KV;
+    if (max_T < 1 || max_T > context) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s decoder: %d positions (the context is %d)",
+                        lm->name, max_T, context);
+    }
+    struct fsdp_lm_decoder *d = calloc(1, size);
+    if (!d) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s decoder: out of memory", lm->name);
+    }
+    d->kv = malloc(cache * sizeof(float));
+    d->x = malloc(scratch * sizeof(float));
+    if (!d->kv || !d->x) {
+        fsdp_lm_decoder_free(&d->base);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s decoder: a cache of %d positions (%zu MiB)", lm->name,
+                        max_T, (cache * sizeof(float)) >> 20);
+    }
+    d->base.ops = ops;
+    d->base.max_T = max_T;
+    *out = d;
+    return 0;
+}
+
+void fsdp_lm_decoder_free(struct fsdp_decoder *d)
+{
+    struct fsdp_lm_decoder *g = (struct fsdp_lm_decoder *)d;
+    if (!g) {
+        return;
+    }
+    free(g->kv);
+    free(g->x);
+    free(g);
+}
+
+int fsdp_lm_decode_check(const struct fsdp_lm *lm, const struct fsdp_decoder *d, int32_t token)
+{
+    if (d->pos >= d->max_T) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s decoder: position %d is past its cache of %d",
+                        lm->name, d->pos, d->max_T);
+    }
+    if (token < 0 || (size_t)token >= lm->V) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s decoder: token %d is not below vocab_size %zu",
+                        lm->name, (int)token, lm->V);
+    }
+    for (int u = 0; u < lm->spec->n_units; u++) {
+        if (!lm->unit_params[u]) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s decoder: unit %d has no parameters set",
+                            lm->name, u);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,246 @@
+/*
+ * lm.h - what the transformer language models (gpt2.c, llama.c) share:
+ * the unit bookkeeping, the batch, the loss seed, activation memory, and
+ * the tensor-parallel plumbing of the residual stream around their blocks.
+ *
+ * Both models embed a struct fsdp_lm as their first member (its own first
+ * member is the generic struct fsdp_model), so a struct fsdp_model * of
+ * either is also a struct fsdp_lm *. The model fills it at create
+ * (fsdp_lm_init) and points its views at the activation memory after each
+ * layout (fsdp_lm_bind); the functions here then run the steps that are the
+ * same in every such model. What the architecture computes - the blocks,
+ * norms, attention, the head's loss - stays in the model's own file; this
+ * module never reads a parameter.
+ *
+ * Tensor-parallel regions (model/tp_ops.h; doc/model.md, "Tensor
+ * parallelism"): a block enters a column-parallel product from a norm's
+ * output and leaves through a row-parallel one into the residual stream.
+ * With sequence parallelism the residual stream and the norms hold this
+ * rank's 1/tp of the rows (rank r: rows [r N/tp, ...)).
+ */
+#ifndef FSDP_MODEL_LM_H
+#define FSDP_MODEL_LM_H
+
+#include "model/model.h"
+#include "model/tp_ops.h"
+#include "compute/device.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct fsdp_lm {
+    struct fsdp_model base;             /* ops and spec for the generic interface */
+    const struct fsdp_model_spec *spec; /* not owned; outlives the model */
+    struct fsdp_device *dev;            /* where activations live; NULL: host memory */
+    const struct fsdp_kernels *k;       /* the device's kernels (the CPU's without one) */
+    const char *name;                   /* the architecture, for messages */
+    int max_B, max_T;
+    int L;                              /* blocks: units 1 .. L; unit L+1 is the head */
+    size_t C, V;                        /* width of the residual stream, vocabulary */
+
+    float **unit_params; /* (n_units,) caller-owned unit buffers */
+    float **unit_grads;  /* (n_units,) caller-owned, may be NULL for forward only */
+    unsigned char *checkpoint; /* (L,) 1: recompute block l in backward */
+    unsigned char *fwd_done;   /* (n_units,) */
+
+    float *act_memory; /* NULL until reserved */
+    size_t act_floats;
+    float *grad_act_memory;
+    size_t grad_act_floats;
+
+    /* current batch (borrowed until the backward ends) */
+    int B, T;
+    const int32_t *tokens;  /* (B, T) */
+    const int32_t *targets; /* (B, T) or NULL */
+    int shadow;             /* no rows on this rank (unit 0 by rows, set_batch without tokens) */
+    int32_t ignore_index;   /* targets equal to it are padding; default -1 */
+
+    /* loss of the last forward with targets, and the backward's seed */
+    float loss;          /* mean over kept tokens (NaN when none) */
+    double loss_divisor; /* 0: the kept count; else the divisor of the loss sum (global) */
+    float loss_scale;    /* multiplies the seed gradient (f16 loss scaling); 1 */
+
+    /* tensor parallelism (model.h opts.tp): the blocks' buffers hold this
+     * rank's heads and features, the vocabulary tables its slice */
+    struct fsdp_tp *tp; /* NULL: one rank */
+    int tpn;            /* tp ranks (1 without tensor parallelism) */
+    int sp;             /* sequence parallel: the residual stream and the norms hold this
+                           rank's 1/tpn of the batch's rows */
+    size_t tv0, tvn;    /* the vocabulary ids [tv0, tv0 + tvn) of this rank's slice of the
+                           embedding (and lm_head) (model/tp_ops.h fsdp_tp_vocab_split) */
+    size_t tvl;         /* rows of that slice: ceil(V / tpn), padding after the tvn ids */
+
+    /* views of the model's activation memory (fsdp_lm_bind) */
+    float *residual; /* (L+1, B, T, C): [l] is block l's input, [L] feeds the final norm
+                        (sequence parallel: this rank's rows) */
+    float *dres;     /* (B, T, C) gradient of the residual stream (rows held here) */
+    float *dbtc;     /* (B, T, C) every row: partial sums of the row-parallel products, the
+                        gathered gradient of the residual, a column-parallel input gradient */
+    float *xfull;    /* (B, T, C) sequence parallel: a norm's output gathered from every
+                        rank, or this rank's rows of a reduce-scattered gradient */
+    float *spg;      /* (n, C) sequence parallel: norm-parameter gradients of this rank's rows */
+};
+
+// ----------------------------------------------------------------------------
+// lifetime and settings
+
+/* spec is of arch (the architecture the model implements). */
+int fsdp_lm_check_arch(const struct fsdp_model_spec *spec, const struct fsdp_arch *arch);
+/*
+ * Checks a batch size (context: the longest sequence) and an activation
+ * estimate of per_tok floats a token; then fills lm for a model of arch
+ * with ops, residual width C and spec's units and vocabulary, with its unit
+ * tables and the split over tp (NULL or one rank: none). On error nothing
+ * is left allocated.
+ */
+int fsdp_lm_init(struct fsdp_lm *lm, const struct fsdp_model_spec *spec,
+                 const struct fsdp_arch *arch, const struct fsdp_model_ops *ops, int max_B,
+                 int max_T, int context, double per_tok, size_t C, struct fsdp_tp *tp);
+/* Frees what fsdp_lm_init and the reserves allocated (not lm itself). */
+void fsdp_lm_free(struct fsdp_lm *lm);
+
+/* Finds name in unit u with the given shape (cols 0: 1-D); returns its offset. */
+int fsdp_lm_locate(const struct fsdp_model_spec *s, const char *name, int u, size_t rows,
+                   size_t cols, size_t *off);
+/* Carves n floats (64-byte aligned) from base at *off; base NULL only counts. */
+float *fsdp_lm_take(float *base, size_t *off, size_t n);
+/* Rows of a batch of BT rows that the residual stream holds here. */
+static inline size_t fsdp_lm_rows_here(const struct fsdp_lm *lm, size_t BT)
+{
+    return lm->sp ? BT / (size_t)lm->tpn : BT;
+}
+/* Rows of `bytes` of logits over the vocabulary, at least one. */
+int fsdp_lm_head_default_rows(const struct fsdp_lm *lm, size_t bytes);
+
+/*
+ * *mem of n floats (pre-faulted, from the model's device) unless already
+ * there; *floats = n and *fresh = 1 when allocated. what names it in the
+ * error.
+ */
+int fsdp_lm_reserve_buf(struct fsdp_lm *lm, float **mem, size_t *floats, size_t n,
+                        const char *what, int *fresh);
+/* Logs the activation and workspace sizes after a reserve that allocated. */
+void fsdp_lm_log_reserve(const struct fsdp_lm *lm);
+/* Activation memory from the model's device (host memory without one). */
+void fsdp_lm_release(const struct fsdp_lm *lm, void *p);
+/* The views into the activation memory (see the struct). */
+void fsdp_lm_bind(struct fsdp_lm *lm, float *residual, float *dres, float *dbtc, float *xfull,
+                  float *spg);
+/* The saved-activation layout changed: dropped, rebuilt on demand (the
+ * next reserve or set_batch), and the batch forgotten. */
+void fsdp_lm_relayout(struct fsdp_lm *lm);
+
+/* Block l (every block when l < 0) recomputed in its backward; busy: a
+ * forward waits for its backward (refused). Relays out. */
+int fsdp_lm_set_checkpoint(struct fsdp_lm *lm, int l, int on, int busy);
+/* A head chunk of rows (>= 0; 0: the default) may be set now. */
+int fsdp_lm_check_head_chunk(int rows, int busy);
+int fsdp_lm_set_unit(struct fsdp_lm *lm, int u, float *params, float *grads);
+void fsdp_lm_set_loss_seed(struct fsdp_lm *lm, double divisor, float scale);
+/* Zeroes unit u's gradient (every unit when u < 0); unit 0 has numel0 floats. */
+int fsdp_lm_zero_grad(struct fsdp_lm *lm, int u, size_t numel0);
+
+// ----------------------------------------------------------------------------
+// the batch and the order of the units
+
+/* B x T fits the model (and splits over the ranks of sequence parallelism). */
+int fsdp_lm_check_batch_size(const struct fsdp_lm *lm, int B, int T);
+/* Every token in [0, V), every target there or the ignore index; tokens
+ * NULL only where shadow_ok (unit 0 by rows: no batch on this rank) and
+ * then without targets. */
+int fsdp_lm_check_tokens(const struct fsdp_lm *lm, const int32_t *tokens, const int32_t *targets,
+                         int B, int T, int shadow_ok);
+/* Takes the checked batch (tokens NULL: none here, shadow); after the reserve. */
+void fsdp_lm_start_batch(struct fsdp_lm *lm, const int32_t *tokens, const int32_t *targets, int B,
+                         int T);
+/* Unit u may run its forward now (a batch, unit u-1 done, parameters set). */
+int fsdp_lm_check_forward(const struct fsdp_lm *lm, int u, int tied);
+/* Unit u may run its backward now: next in order, parameters and gradients set. */
+int fsdp_lm_check_backward(const struct fsdp_lm *lm, int u, int bwd_next, int tied);
+/* Rows [row0, row0 + rows) of the last forward's head may be recomputed here. */
+int fsdp_lm_check_logits(const struct fsdp_lm *lm, size_t row0, size_t rows, int tied);
+/* fsdp_model_forward, but *loss (may be NULL) is NaN without targets. */
+int fsdp_lm_forward(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets, int B,
+                    int T, float *loss);
+/* The seed gradient's alpha: loss_scale / divisor (kept: the default divisor). */
+float fsdp_lm_seed_alpha(const struct fsdp_lm *lm, size_t kept);
+
+// ----------------------------------------------------------------------------
+// tensor-parallel regions (lm_tp.c), over the rows of BT
+
+/* The input of a column-parallel product from a norm's output x (the rows
+ * held here): x itself, or with sequence parallelism every rank's rows
+ * gathered into xfull. */
+int fsdp_lm_tp_enter(struct fsdp_lm *lm, const float *x, size_t BT, const float **in);
+/* The gradient of the residual stream (dres, rows held here) as a
+ * row-parallel product's output gradient: dres itself, or with sequence
+ * parallelism every rank's rows gathered into dbtc. */
+int fsdp_lm_tp_dout(struct fsdp_lm *lm, size_t BT, const float **dout);
+/* A column-parallel product's input gradient part (dbtc, every row) into
+ * the rows held here, summed over the ranks: all-reduced in place, or with
+ * sequence parallelism reduce-scattered into xfull. */
+int fsdp_lm_tp_din(struct fsdp_lm *lm, size_t BT, const float **din);
+/* Sequence parallel: n norm-parameter gradients over this rank's rows
+ * (spg, n x C) summed over the ranks and added into dst[0..n). */
+int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n);
+/*
+ * out = residual + inp (BT, K) @ w^T (+ bias), a row-parallel layer: w (C,
+ * K) holds this rank's K input features, so with tensor parallelism the
+ * partial products are summed over the ranks (reduce-out; with sequence
+ * parallelism reduce-scattered to the rows held here) before the bias and
+ * the residual, which every rank holds, are added. The partial sums go
+ * through dbtc, which no forward uses otherwise. out and residual have the
+ * rows held here.
+ */
+int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const float *w,
+                         const float *bias, const float *residual, size_t BT, size_t K);
+/* Block l's input, residual[l] (l = L: the final norm's). */
+float *fsdp_lm_residual(const struct fsdp_lm *lm, int l);
+/* The final norm's output rows held here within lnf (every row): with
+ * sequence parallelism this rank's block, else all of it. */
+float *fsdp_lm_lnf_mine(const struct fsdp_lm *lm, float *lnf, size_t BT);
+/* Gathers the final norm's rows (mine, from fsdp_lm_lnf_mine) into lnf
+ * for the head: sequence parallel only, else nothing to do. */
+int fsdp_lm_lnf_gather(struct fsdp_lm *lm, const float *mine, float *lnf, size_t BT);
+
+/*
+ * How a parameter placed by p is cut over tp ranks (Megatron-LM's layout):
+ * column-parallel by rows in `chunks` blocks, row-parallel by columns, a
+ * vocabulary by rows, padded; the rest whole. check_heads first: every rank
+ * needs a whole number of the n_head heads.
+ */
+int fsdp_lm_tp_check_heads(int n_head, int tp);
+void fsdp_lm_tp_cut_place(enum fsdp_tp_place p, int chunks, struct fsdp_tp_cut *out);
+
+/* Training FLOPs per token: 6 N + 12 L C T (doc/model.md). */
+double fsdp_lm_flops(double N, double L, double C, int T);
+
+// ----------------------------------------------------------------------------
+// the generic interface (model.h): the ops that are the same in every LM
+
+int fsdp_lm_op_set_unit(struct fsdp_model *m, int u, float *params, float *grads);
+void fsdp_lm_op_set_loss_seed(struct fsdp_model *m, double divisor, float scale);
+float fsdp_lm_op_loss(const struct fsdp_model *m);
+
+// ----------------------------------------------------------------------------
+// incremental decoding (gpt2_decode.c, llama_decode.c)
+
+/* What every decoder holds: the cache and one buffer of per-step scratch. */
+struct fsdp_lm_decoder {
+    struct fsdp_decoder base;
+    float *kv; /* (L, 2, max_T, KV): each layer's keys, then its values */
+    float *x;  /* the scratch, starting with the residual stream (C) */
+};
+
+/* A decoder of max_T positions (<= context) with KV floats of keys (and of
+ * values) per position and layer and `scratch` floats of x; size: the
+ * caller's struct, which starts with a struct fsdp_lm_decoder. */
+int fsdp_lm_decoder_alloc(const struct fsdp_lm *lm, int max_T, int context, size_t KV,
+                          size_t scratch, size_t size, const struct fsdp_decoder_ops *ops,
+                          struct fsdp_lm_decoder **out);
+void fsdp_lm_decoder_free(struct fsdp_decoder *d);
+/* The step may run: a position left in the cache, a token below V and every
+ * unit's parameters set. */
+int fsdp_lm_decode_check(const struct fsdp_lm *lm, const struct fsdp_decoder *d, int32_t token);
+
+#endif

@@ -1,0 +1,129 @@
+/*
+ * lm_tp.c - the tensor-parallel regions of a transformer LM's blocks
+ * (lm.h; model/tp_ops.h; doc/model.md, "Tensor parallelism"): entering a
+ * column-parallel product and leaving a row-parallel one, with and without
+ * sequence parallelism, the norms' parameter gradients over a rank's rows,
+ * the final norm's rows, and how a parameter is cut over the tp ranks.
+ * Without tensor parallelism every region is the plain product. It moves
+ * activations only, through the model's workspace views (fsdp_lm_bind).
+ */
+#include "config.h"
+#include "model/lm.h"
+#include "core/error.h"
+
+#include <stddef.h>
+
+int fsdp_lm_tp_enter(struct fsdp_lm *lm, const float *x, size_t BT, const float **in)
+{
+    if (!lm->sp) {
+        *in = x;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_seq_gather_forward(lm->tp, x, lm->xfull, BT / (size_t)lm->tpn, lm->C));
+    *in = lm->xfull;
+    return 0;
+}
+
+int fsdp_lm_tp_dout(struct fsdp_lm *lm, size_t BT, const float **dout)
+{
+    if (!lm->sp) {
+        *dout = lm->dres;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_seq_scatter_backward(lm->tp, lm->dres, lm->dbtc, BT / (size_t)lm->tpn,
+                                            lm->C));
+    *dout = lm->dbtc;
+    return 0;
+}
+
+int fsdp_lm_tp_din(struct fsdp_lm *lm, size_t BT, const float **din)
+{
+    if (!lm->sp) {
+        FSDP_CHECK(fsdp_tp_copy_in_backward(lm->tp, lm->dbtc, BT * lm->C));
+        *din = lm->dbtc;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_seq_gather_backward(lm->tp, lm->dbtc, lm->xfull, BT / (size_t)lm->tpn,
+                                           lm->C));
+    *din = lm->xfull;
+    return 0;
+}
+
+int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n)
+{
+    size_t C = lm->C;
+    FSDP_CHECK(fsdp_tp_all_reduce(lm->tp, lm->spg, (size_t)n * C, FSDP_SUM));
+    for (int j = 0; j < n; j++) {
+        for (size_t i = 0; i < C; i++) {
+            dst[j][i] += lm->spg[(size_t)j * C + i];
+        }
+    }
+    return 0;
+}
+
+int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const float *w,
+                         const float *bias, const float *residual, size_t BT, size_t K)
+{
+    size_t C = lm->C, BR = fsdp_lm_rows_here(lm, BT);
+    if (!lm->tp) {
+        lm->k->matmul_forward(out, inp, w, bias, residual, BT, K, C);
+        return 0;
+    }
+    float *part = lm->dbtc;
+    lm->k->matmul_forward(part, inp, w, NULL, NULL, BT, K, C);
+    if (lm->sp) {
+        FSDP_CHECK(fsdp_tp_seq_scatter_forward(lm->tp, part, out, BR, C));
+        lm->k->bias_residual_forward(out, out, bias, residual, BR, C);
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tp_reduce_out_forward(lm->tp, part, BT * C));
+    lm->k->bias_residual_forward(out, part, bias, residual, BT, C);
+    return 0;
+}
+
+float *fsdp_lm_residual(const struct fsdp_lm *lm, int l)
+{
+    size_t BT = (size_t)lm->max_B * (size_t)lm->max_T;
+    return lm->residual + (size_t)l * fsdp_lm_rows_here(lm, BT) * lm->C;
+}
+
+float *fsdp_lm_lnf_mine(const struct fsdp_lm *lm, float *lnf, size_t BT)
+{
+    return lnf + (lm->sp ? (size_t)lm->tp->rank * fsdp_lm_rows_here(lm, BT) * lm->C : 0);
+}
+
+int fsdp_lm_lnf_gather(struct fsdp_lm *lm, const float *mine, float *lnf, size_t BT)
+{
+    if (lm->sp) {
+        FSDP_CHECK(fsdp_tp_seq_gather_forward(lm->tp, mine, lnf, fsdp_lm_rows_here(lm, BT),
+                                              lm->C));
+    }
+    return 0;
+}
+
+int fsdp_lm_tp_check_heads(int n_head, int tp)
+{
+    if (tp > n_head) {
+        return fsdp_err(FSDP_ERR_INVALID, "tp %d is larger than n_head %d: every tensor-parallel "
+                        "rank needs at least one attention head", tp, n_head);
+    }
+    if (n_head % tp != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "n_head %d is not divisible by tp %d: attention is "
+                        "split by heads", n_head, tp);
+    }
+    return 0;
+}
+
+void fsdp_lm_tp_cut_place(enum fsdp_tp_place p, int chunks, struct fsdp_tp_cut *out)
+{
+    *out = (struct fsdp_tp_cut){.dim = -1, .chunks = 1, .pad = 0};
+    if (p == FSDP_TP_COLWISE) {
+        out->dim = 0;
+        out->chunks = chunks;
+    } else if (p == FSDP_TP_ROWWISE) {
+        out->dim = 1;
+    } else if (p == FSDP_TP_VOCAB) {
+        out->dim = 0;
+        out->pad = 1;
+    }
+}
