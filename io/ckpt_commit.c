@@ -198,8 +198,7 @@ int fsdp_ckpt_commit_remove(const char *root, long step, unsigned nonce)
 // ----------------------------------------------------------------------------
 // recovery
 
-/* The step of an aside copy's name ".tmp_old_step_<N>_<nonce>", or -1. */
-static long commit_aside_step(const char *name)
+long fsdp_ckpt_commit_aside_step(const char *name)
 {
     const char *p = name + strlen(FSDP_CKPT_ASIDE_PREFIX "step_");
     if (strncmp(name, FSDP_CKPT_ASIDE_PREFIX "step_", strlen(FSDP_CKPT_ASIDE_PREFIX "step_")) != 0 ||
@@ -248,20 +247,41 @@ static int commit_list_tmp(const char *root, char ***out, size_t *n)
     return 0;
 }
 
-/* An aside copy back under its step's name when that is missing, else deleted. */
+/* Whether step is among those rep says were (or would be) restored. */
+static int commit_restored(const struct fsdp_ckpt_recovery *rep, long step)
+{
+    int n = rep->n_restored < 8 ? rep->n_restored : 8;
+    for (int i = 0; i < n; i++) {
+        if (rep->restored[i] == step) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* An aside copy back under its step's name when that is missing, else
+ * deleted; dry: only counted (a second copy of a step counted as restored
+ * would then be deleted). */
 static int commit_recover_aside(const char *root, const char *name, long step,
-                                struct fsdp_ckpt_recovery *rep)
+                                struct fsdp_ckpt_recovery *rep, int dry)
 {
     char path[COMMIT_PATH_MAX], final[COMMIT_PATH_MAX];
     struct stat st;
     FSDP_CHECK(commit_path(path, sizeof(path), root, "%s/%s", root, name));
     FSDP_CHECK(commit_path(final, sizeof(final), root, "%s/step_%ld", root, step));
-    if (lstat(final, &st) == 0) {
+    if (lstat(final, &st) == 0 || (dry && commit_restored(rep, step))) {
         rep->n_removed++;
-        return fsdp_file_rmtree(path);
+        return dry ? 0 : fsdp_file_rmtree(path);
     }
     if (errno != ENOENT) {
         return fsdp_err(FSDP_ERR_IO, "%s: %s", final, strerror(errno));
+    }
+    if (dry) {
+        if ((size_t)rep->n_restored < sizeof(rep->restored) / sizeof(rep->restored[0])) {
+            rep->restored[rep->n_restored] = step;
+        }
+        rep->n_restored++;
+        return 0;
     }
     if (rename(path, final) != 0) {
         return fsdp_err(FSDP_ERR_IO, "%s: cannot restore it as %s: %s", path, final,
@@ -275,28 +295,30 @@ static int commit_recover_aside(const char *root, const char *name, long step,
 }
 
 static int commit_recover_names(const char *root, char **names, size_t n,
-                                struct fsdp_ckpt_recovery *rep)
+                                struct fsdp_ckpt_recovery *rep, int dry)
 {
     char path[COMMIT_PATH_MAX];
     /* aside copies first: they are the only leftovers that may hold data */
     for (size_t i = 0; i < n; i++) {
-        long step = commit_aside_step(names[i]);
+        long step = fsdp_ckpt_commit_aside_step(names[i]);
         if (step >= 0) {
-            FSDP_CHECK(commit_recover_aside(root, names[i], step, rep));
+            FSDP_CHECK(commit_recover_aside(root, names[i], step, rep, dry));
         }
     }
     for (size_t i = 0; i < n; i++) {
-        if (commit_aside_step(names[i]) >= 0) {
+        if (fsdp_ckpt_commit_aside_step(names[i]) >= 0) {
             continue;
         }
-        FSDP_CHECK(commit_path(path, sizeof(path), root, "%s/%s", root, names[i]));
-        FSDP_CHECK(fsdp_file_rmtree(path));
         rep->n_removed++;
+        if (!dry) {
+            FSDP_CHECK(commit_path(path, sizeof(path), root, "%s/%s", root, names[i]));
+            FSDP_CHECK(fsdp_file_rmtree(path));
+        }
     }
-    return rep->n_removed > 0 ? fsdp_file_fsync_dir(root) : 0;
+    return rep->n_removed > 0 && !dry ? fsdp_file_fsync_dir(root) : 0;
 }
 
-int fsdp_ckpt_commit_recover(const char *root, struct fsdp_ckpt_recovery *rep)
+static int commit_recover(const char *root, struct fsdp_ckpt_recovery *rep, int dry)
 {
     char **names;
     size_t n;
@@ -305,7 +327,7 @@ int fsdp_ckpt_commit_recover(const char *root, struct fsdp_ckpt_recovery *rep)
     memset(rep, 0, sizeof(*rep));
     int rc = commit_list_tmp(root, &names, &n);
     if (rc == 0) {
-        rc = commit_recover_names(root, names, n, rep);
+        rc = commit_recover_names(root, names, n, rep, dry);
     }
     for (size_t i = 0; i < n; i++) {
         free(names[i]);
@@ -318,4 +340,14 @@ int fsdp_ckpt_commit_recover(const char *root, struct fsdp_ckpt_recovery *rep)
         rep->latest_missing = stat(link, &st) != 0;
     }
     return 0;
+}
+
+int fsdp_ckpt_commit_recover(const char *root, struct fsdp_ckpt_recovery *rep)
+{
+    return commit_recover(root, rep, 0);
+}
+
+int fsdp_ckpt_commit_scan(const char *root, struct fsdp_ckpt_recovery *rep)
+{
+    return commit_recover(root, rep, 1);
 }

@@ -71,6 +71,9 @@ int fsdp_ckpt_commit_step(const char *root, const char *tmp, long step, unsigned
  */
 int fsdp_ckpt_commit_remove(const char *root, long step, unsigned nonce);
 
+/* The step of an aside copy's name ".tmp_old_step_<N>_<nonce>", or -1. */
+long fsdp_ckpt_commit_aside_step(const char *name);
+
 /* What fsdp_ckpt_commit_recover found and did. */
 struct fsdp_ckpt_recovery {
     int n_removed;       /* leftovers of interrupted saves and removals deleted */
@@ -89,5 +92,10 @@ struct fsdp_ckpt_recovery {
  * its own. A root that does not exist is no error.
  */
 int fsdp_ckpt_commit_recover(const char *root, struct fsdp_ckpt_recovery *rep);
+/* What fsdp_ckpt_commit_recover would do to root, changing nothing: the
+ * steps it would put back, the leftovers it would delete, latest (for the
+ * read-only tools, which say what is wrong and leave the fixing to
+ * `fsdpc-ckpt recover` or the next run). */
+int fsdp_ckpt_commit_scan(const char *root, struct fsdp_ckpt_recovery *rep);
 
 #endif

@@ -1,8 +1,11 @@
 /*
- * ckpt_list.c - fsdpc-ckpt list: the checkpoints of a checkpoint root, one
- * line each (step, time, size, ranks, mesh, complete or not, latest), with
- * the leftovers of interrupted saves. Each step is opened as --resume would
- * open it (every shard checked), so "complete" means it loads.
+ * ckpt_list.c - what fsdpc-ckpt does with a checkpoint root. list: the
+ * checkpoints, one line each (step, time, size, ranks, mesh, complete or
+ * not, latest), with the leftovers of interrupted saves; each step is
+ * opened as --resume would open it (every shard checked), so "complete"
+ * means it loads. recover: puts a root back in order after a crash, as the
+ * next run would (io/ckpt_commit.h). And the hint the other commands give
+ * when what they were asked to open is missing because a save was cut short.
  */
 #include "config.h"
 #include "programs/ckpt_tool.h"
@@ -220,11 +223,131 @@ int fsdp_ckpt_cmd_list(int argc, char **argv)
         }
     }
     for (size_t i = 0; i < n; i++) {
-        if (en[i].tmp) {
-            printf("leftover  %s (an interrupted save; the next run with this --ckpt-dir removes "
-                   "or restores it)\n", en[i].name);
+        long s = en[i].tmp ? fsdp_ckpt_commit_aside_step(en[i].name) : -1;
+        char step[8192];
+        snprintf(step, sizeof(step), "%s/step_%ld", root, s);
+        if (s >= 0 && access(step, F_OK) != 0) {
+            printf("leftover  %s: the only copy of step_%ld, which an interrupted save moved "
+                   "aside; 'fsdpc-ckpt recover %s' (or the next run with this --ckpt-dir) "
+                   "puts it back\n", en[i].name, s, root);
+        } else if (en[i].tmp) {
+            printf("leftover  %s (an interrupted save; 'fsdpc-ckpt recover %s' or the next run "
+                   "with this --ckpt-dir removes it)\n", en[i].name, root);
         }
     }
     free(en);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// recover
+
+static void recover_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fsdpc-ckpt recover DIR\n"
+            "\n"
+            "Puts a checkpoint root (the --ckpt-dir of a run) back in order after a crash,\n"
+            "as the next run with that --ckpt-dir would: a step that an interrupted save\n"
+            "moved aside is renamed back, other leftovers of interrupted saves are removed.\n"
+            "Complete checkpoints are never touched. Says what it did.\n"
+            "\n"
+            "  -h, --help   this text\n");
+}
+
+/* path as a root to scan: a directory (0), else -1. */
+static int recover_root_of(const char *path, char *root, size_t len)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        return -1; /* a missing step directory: its parent may hold its aside copy */
+    }
+    snprintf(root, len, "%s", path);
+    return 0;
+}
+
+/* The path itself (a root whose latest is missing), then its parent (the
+ * root of a missing step directory). */
+void fsdp_ckpt_tool_recovery_hint(const char *path)
+{
+    char root[8192], parent[8192];
+    struct fsdp_ckpt_recovery rep;
+    snprintf(parent, sizeof(parent), "%s", path);
+    char *slash = strrchr(parent, '/');
+    while (slash && slash > parent && slash[1] == '\0') { /* "ck/step_8/" */
+        *slash = '\0';
+        slash = strrchr(parent, '/');
+    }
+    if (slash) {
+        *slash = '\0';
+    } else {
+        snprintf(parent, sizeof(parent), ".");
+    }
+    const char *tries[2] = {path, parent};
+    for (int i = 0; i < 2; i++) {
+        if (recover_root_of(tries[i], root, sizeof(root)) < 0) {
+            continue;
+        }
+        /* the caller's error stays the one recorded: a failing scan adds none */
+        if (fsdp_ckpt_commit_scan(root, &rep) == 0 && rep.n_restored > 0) {
+            fsdp_err_hint("an interrupted save moved step_%ld of %s aside: 'fsdpc-ckpt recover "
+                          "%s' (or the next run with that --ckpt-dir) puts it back",
+                          rep.restored[0], root, root);
+            return;
+        }
+    }
+}
+
+int fsdp_ckpt_cmd_recover(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h': recover_usage(stdout); return 0;
+        default: fsdp_ckpt_tool_bad_option("recover", c, argv);
+        }
+    }
+    if (optind != argc - 1) {
+        fsdp_fatal("fsdpc-ckpt recover: expected one checkpoint root, got %d (see --help)",
+                   argc - optind);
+    }
+    const char *root = argv[optind];
+    struct stat st;
+    char index[8192];
+    if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fsdp_fatal("fsdpc-ckpt recover: %s: %s", root,
+                   errno ? strerror(errno) : "not a directory");
+    }
+    snprintf(index, sizeof(index), "%s/%s", root, FSDP_CKPT_INDEX);
+    if (access(index, F_OK) == 0) {
+        fsdp_fatal("fsdpc-ckpt recover: %s is a step directory; recover takes the checkpoint "
+                   "root above it", root);
+    }
+    struct fsdp_ckpt_recovery rep;
+    int rc = fsdp_ckpt_commit_recover(root, &rep);
+    if (rc < 0) {
+        fsdp_die(rc, "fsdpc-ckpt recover", NULL);
+    }
+    for (int i = 0; i < rep.n_restored && i < 8; i++) {
+        printf("%s: step_%ld put back from the copy an interrupted save moved aside\n", root,
+               rep.restored[i]);
+    }
+    if (rep.n_removed > 0) {
+        printf("%s: %d leftover%s of interrupted saves removed\n", root, rep.n_removed,
+               rep.n_removed > 1 ? "s" : "");
+    }
+    if (rep.n_restored == 0 && rep.n_removed == 0) {
+        printf("%s: nothing to recover\n", root);
+    }
+    if (rep.latest_missing) {
+        printf("%s: latest names %s, which does not exist; the next run's first save moves "
+               "it\n", root, rep.latest_target);
+        return 1;
+    }
     return 0;
 }

@@ -311,6 +311,7 @@ static int cmd_inspect(int argc, char **argv)
     }
     struct fsdp_model_file *mf;
     if ((rc = fsdp_model_file_open(argv[optind], &mf)) < 0) {
+        fsdp_ckpt_tool_recovery_hint(argv[optind]); /* a step an interrupted save moved aside */
         fsdp_die(rc, "fsdpc-ckpt inspect", NULL);
     }
     const struct fsdp_model_spec *s = fsdp_model_file_spec(mf);
@@ -359,6 +360,8 @@ static const struct ckpt_cmd ckpt_cmds[] = {
     {"init", "create a freshly initialised model file", cmd_init},
     {"list", "list the checkpoints of a checkpoint root (a run's --ckpt-dir)",
      fsdp_ckpt_cmd_list},
+    {"recover", "put a checkpoint root back in order after a crash, as the next run would",
+     fsdp_ckpt_cmd_recover},
     {"inspect", "validate a model file or checkpoint and list its tensors", cmd_inspect},
     {"verify", "check that a checkpoint is complete and readable", fsdp_ckpt_cmd_verify},
     {"consolidate", "write a checkpoint as one model file", fsdp_ckpt_cmd_consolidate},

@@ -54,6 +54,7 @@ static struct fsdp_ckpt *tool_open(const char *cmd, const char *path)
     int rc = fsdp_ckpt_open(path, &ck);
     if (rc < 0) {
         snprintf(what, sizeof(what), "fsdpc-ckpt %s", cmd);
+        fsdp_ckpt_tool_recovery_hint(path);
         fsdp_die(rc, what, NULL);
     }
     return ck;

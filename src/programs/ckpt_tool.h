@@ -18,6 +18,10 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv);
 int fsdp_ckpt_cmd_convert(int argc, char **argv);
 /* ckpt_list.c: the checkpoints of a checkpoint root */
 int fsdp_ckpt_cmd_list(int argc, char **argv);
+int fsdp_ckpt_cmd_recover(int argc, char **argv);
+/* After a failed open of path: a hint when an interrupted save moved the
+ * step aside in its root (ckpt_list.c). */
+void fsdp_ckpt_tool_recovery_hint(const char *path);
 
 /* st_tool.c: Hugging Face GPT-2 safetensors */
 int fsdp_ckpt_cmd_export_st(int argc, char **argv);

@@ -12,7 +12,10 @@
 #   steps, counts and leaves the abandoned run's later steps with a
 #   warning, and removes them once a run has passed them;
 # - a latest that names a missing step: resume fails with one line naming
-#   it and the steps there are.
+#   it and the steps there are;
+# - on a root a crash left (a step moved aside, a partial save) verify,
+#   inspect and list say so and change nothing; fsdpc-ckpt recover puts it
+#   in order as the next run would.
 . "$top_srcdir/tests/tap.sh"
 . "$top_srcdir/tests/ckpt/ckpt_lib.sh"
 
@@ -169,5 +172,43 @@ tap_diag "$(cat "$W/err")"
 [ $rc -ne 0 ] && [ "$(grep -c . "$W/err")" -eq 1 ] &&
     grep -q "resume: $d/latest names step_9, which is missing; step directories in $d: step_4, step_2 (resume one of them by its path)" "$W/err"
 tap_ok $? "latest naming a missing step: one line naming it and the steps there are (rc $rc)"
+
+# ---------------------------------------------------------------------------
+# the tools on a root a crash left: they say so and change nothing; recover
+# puts it in order as the next run would
+
+d="$W/crashed"
+cp -R -P "$W/base" "$d" && mv "$d/step_4" "$d/.tmp_old_step_4_5eed" && mkdir "$d/.tmp_step_6_beef" &&
+    [ "$(readlink "$d/latest")" = step_4 ]
+tap_ok $? "a root whose step_4 an interrupted save moved aside, with a partial step_6"
+before=$(ls -a "$d" | tr '\n' ' ')
+"$CKPT" verify "$d" > /dev/null 2> "$W/err1"
+r1=$?
+"$CKPT" inspect "$d/step_4" > /dev/null 2> "$W/err2"
+r2=$?
+"$CKPT" list "$d" > "$W/list" 2>&1
+tap_diag "$(cat "$W/err1" "$W/err2")"
+[ $r1 -ne 0 ] && [ $r2 -ne 0 ] &&
+    grep -q "hint: an interrupted save moved step_4 of $d aside: 'fsdpc-ckpt recover $d'" "$W/err1" &&
+    grep -q "hint: an interrupted save moved step_4 of $d aside: 'fsdpc-ckpt recover $d'" "$W/err2" &&
+    grep -q "^leftover  .tmp_old_step_4_5eed: the only copy of step_4" "$W/list" &&
+    grep -q "^leftover  .tmp_step_6_beef (an interrupted save; 'fsdpc-ckpt recover $d'" "$W/list" &&
+    [ "$(ls -a "$d" | tr '\n' ' ')" = "$before" ]
+tap_ok $? "verify, inspect and list name the aside copy and 'fsdpc-ckpt recover', and change nothing"
+"$CKPT" recover "$d" > "$W/rec" 2>&1 &&
+    grep -q "^$d: step_4 put back from the copy an interrupted save moved aside" "$W/rec" &&
+    grep -q "^$d: 1 leftover of interrupted saves removed" "$W/rec" &&
+    [ "$(ls -A "$d" | tr '\n' ' ')" = "latest step_2 step_4 " ] &&
+    "$CKPT" verify "$d" > /dev/null 2>&1 &&
+    [ "$("$CKPT" recover "$d")" = "$d: nothing to recover" ]
+tap_ok $? "fsdpc-ckpt recover puts step_4 back and removes the partial save; verify passes; again: nothing to do"
+"$CKPT" recover "$d/step_4" > /dev/null 2> "$W/err1"
+r1=$?
+"$CKPT" recover "$W/nope" > /dev/null 2> "$W/err2"
+r2=$?
+[ $r1 -ne 0 ] && [ $r2 -ne 0 ] && [ "$(cat "$W/err1" "$W/err2" | grep -c .)" -eq 2 ] &&
+    grep -q "is a step directory; recover takes the checkpoint root above it" "$W/err1" &&
+    grep -q "$W/nope: No such file or directory" "$W/err2"
+tap_ok $? "recover refuses a step directory and a missing path, one line each"
 
 tap_done
