@@ -14,11 +14,16 @@ transformers").
     the 2-D weights but the embedding, as fsdpc does), zeroing the
     gradients; timed from the batch read to the end of the update.
 
+  - with --nproc N: N processes x 1 thread, the model wrapped in
+    DistributedDataParallel over Gloo on loopback (torch's data-parallel
+    peer of fsdpc-train --mesh dp=N), rank r reading the r-th batch of each
+    global batch; a step is as slow as the slowest rank.
+
 Run with the venv's interpreter (transformers 4.38.2 on Debian's torch):
   hf-venv/bin/python tests/peers/hf_llama_train_bench.py --model m.h5 \\
       --data tok.bin --batch-size 4 --seq-len 256 --steps 30 --warmup-steps 5
-The last line is `result {json}` with median_ms, tokens_per_s, peak_rss_mib
-and the losses.
+The last line is `result {json}` with median_ms, tokens_per_s (of every
+rank), peak_rss_mib (the largest rank's) and the losses (rank 0's).
 """
 import os
 
@@ -74,6 +79,76 @@ def build(path):
     return model
 
 
+def free_port():
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(rank, o, port, result_path):
+    """One rank's training (rank 0 of 1 without --nproc); rank 0 writes the result."""
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    torch.manual_seed(0)
+    ddp = None
+    if o.nproc > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                                world_size=o.nproc)
+    model = build(o.model)
+    model.train()
+    if o.nproc > 1:
+        # bool buffers (the causal mask) are the same on every rank and Gloo cannot
+        # broadcast them
+        wrap = torch.nn.parallel.DistributedDataParallel
+        wrap._set_params_and_buffers_to_ignore_for_model(
+            model, [n for n, b in model.named_buffers() if b.dtype == torch.bool])
+        ddp = wrap(model, broadcast_buffers=False)
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n]
+    other = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "embed_tokens" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": other, "weight_decay": 0.0}],
+                            lr=o.lr, betas=(0.9, 0.95), eps=1e-8)
+    toks = read_tokens(o.data)
+    B, T, N = o.batch_size, o.seq_len, o.nproc
+    cur, times, losses = 0, [], []
+    for step in range(o.steps):
+        t0 = time.perf_counter()
+        if cur + N * B * T + 1 > len(toks):
+            cur = 0
+        at = cur + rank * B * T
+        chunk = torch.from_numpy(toks[at:at + B * T + 1].copy())
+        cur += N * B * T
+        x, y = chunk[:-1].view(B, T), chunk[1:].view(B, T)
+        logits = (ddp or model)(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss))
+        if rank == 0:
+            print("step %d loss %.4f %.1f ms" % (step + 1, losses[-1], 1e3 * times[-1]),
+                  flush=True)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    if o.nproc > 1:
+        import torch.distributed as dist
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times = t.tolist()
+        r = torch.tensor([rss], dtype=torch.float64)
+        dist.all_reduce(r, op=dist.ReduceOp.MAX)
+        rss = float(r[0])
+        dist.destroy_process_group()
+    if rank == 0:
+        med = statistics.median(times[o.warmup_steps:]) if o.steps > o.warmup_steps else times[-1]
+        with open(result_path, "w") as f:
+            json.dump({"median_ms": 1e3 * med, "tokens_per_s": N * B * T / med,
+                       "peak_rss_mib": rss, "ranks": N, "losses": losses}, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -83,40 +158,18 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup-steps", type=int, default=5)
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--nproc", type=int, default=1)
     o = ap.parse_args()
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-    torch.manual_seed(0)
-    model = build(o.model)
-    model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n]
-    other = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "embed_tokens" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": other, "weight_decay": 0.0}],
-                            lr=o.lr, betas=(0.9, 0.95), eps=1e-8)
-    toks = read_tokens(o.data)
-    B, T = o.batch_size, o.seq_len
-    cur, times, losses = 0, [], []
-    for step in range(o.steps):
-        t0 = time.perf_counter()
-        if cur + B * T + 1 > len(toks):
-            cur = 0
-        chunk = torch.from_numpy(toks[cur:cur + B * T + 1].copy())
-        cur += B * T
-        x, y = chunk[:-1].view(B, T), chunk[1:].view(B, T)
-        logits = model(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
-        losses.append(float(loss))
-        print("step %d loss %.4f %.1f ms" % (step + 1, losses[-1], 1e3 * times[-1]), flush=True)
-    med = statistics.median(times[o.warmup_steps:]) if o.steps > o.warmup_steps else times[-1]
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print("result " + json.dumps({"median_ms": 1e3 * med, "tokens_per_s": B * T / med,
-                                  "peak_rss_mib": rss, "losses": losses}))
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "result.json")
+        if o.nproc > 1:
+            import torch.multiprocessing as mp
+            mp.spawn(run, args=(o, free_port(), path), nprocs=o.nproc, join=True)
+        else:
+            run(0, o, 0, path)
+        with open(path) as f:
+            print("result " + f.read())
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 # transformers' LlamaForCausalLM trained by an eager PyTorch loop
 # (hf_llama_train_bench.py), in one run, on one machine: rounds alternate
 # fsdpc 1 rank x 1 thread, fsdpc 2 ranks x 1 thread (dp=2, tcp, the same
-# global batch per rank) and transformers at 1 thread; the medians of each
-# run's median step time after warm-up, tokens/s and peak RSS (GNU time).
+# batch per rank), transformers at 1 thread and transformers in DDP over
+# Gloo at 2 ranks x 1 thread; the medians of each run's median step time
+# after warm-up, tokens/s and peak RSS (GNU time; the DDP ranks' own).
 #
 #   BUILDDIR=build HF_PYTHON=build/hf-venv/bin/python tests/peers/run_llama_bench.sh
 #
@@ -42,10 +43,15 @@ for r in $(seq "$rounds"); do
     /usr/bin/time -v "$py" "$src/tests/peers/hf_llama_train_bench.py" --model "$w/m.h5" \
         --data "$w/tok.bin" --batch-size "$B" --seq-len "$T" --steps "$steps" \
         --warmup-steps "$warm" > "$w/hf.log" 2> "$w/hf.time"
+    "$py" "$src/tests/peers/hf_llama_train_bench.py" --model "$w/m.h5" --data "$w/tok.bin" \
+        --batch-size "$B" --seq-len "$T" --steps "$steps" --warmup-steps "$warm" --nproc 2 \
+        > "$w/hf2.log" 2> "$w/hf2.err"
     f1=$(fsdpc_median "$w/f1.jsonl") f2=$(fsdpc_median "$w/f2.jsonl")
-    hf=$(sed -n 's/^result //p' "$w/hf.log" | /usr/bin/python3 -c 'import json,sys; print("%.1f" % json.load(sys.stdin)["median_ms"])')
+    res() { sed -n 's/^result //p' "$1" | /usr/bin/python3 -c "import json,sys; print('%.1f' % json.load(sys.stdin)['$2'])"; }
+    hf=$(res "$w/hf.log" median_ms) hf2=$(res "$w/hf2.log" median_ms)
     echo "round $r: fsdpc 1x1 $f1 ms (rss $(rss "$w/f1.time") KiB), fsdpc 2x1 $f2 ms" \
         "(rss per rank $(rss "$w/f2.time") KiB), transformers $hf ms" \
-        "(rss $(rss "$w/hf.time") KiB)" | tee -a "$w/rounds"
+        "(rss $(rss "$w/hf.time") KiB), transformers DDP 2x1 $hf2 ms" \
+        "(rss per rank $(res "$w/hf2.log" peak_rss_mib) MiB)" | tee -a "$w/rounds"
 done
 echo "tokens per step: $B x $T per rank; workdir $w"
