@@ -194,6 +194,9 @@ int fsdp_metrics_step(struct fsdp_metrics *m, const struct fsdp_step_stats *s, i
     if (s->loss_scale > 0.0) {
         json_num(m->fp, "loss_scale", s->loss_scale, 0);
     }
+    if (s->eta_s >= 0.0) {
+        json_num(m->fp, "eta_s", s->eta_s, 0);
+    }
     json_time(m->fp, s->time);
     fprintf(m->fp, "}\n");
     return metrics_flush(m);

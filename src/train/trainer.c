@@ -745,7 +745,8 @@ static int trainer_should_log(const struct fsdp_trainer *t)
 }
 
 /* Seconds left at this run's pace: the mean step after its first (which
- * warms caches and connections up), times the steps to go; -1: unknown. */
+ * warms caches and connections up), with the validations and checkpoint
+ * saves so far spread over the steps, times the steps to go; -1: unknown. */
 static double trainer_eta(const struct fsdp_trainer *t, double first_step_s)
 {
     long done = t->step - t->start_step, left = t->total_steps - t->step;
@@ -754,7 +755,7 @@ static double trainer_eta(const struct fsdp_trainer *t, double first_step_s)
     }
     double per = done > 1 ? (t->train_seconds - first_step_s) / (double)(done - 1)
                           : t->train_seconds;
-    return per * (double)left;
+    return (per + t->side_seconds / (double)done) * (double)left;
 }
 
 // ----------------------------------------------------------------------------
@@ -1069,14 +1070,18 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
     }
     while (trainer_more(t)) {
         FSDP_CHECK(fsdp_trainer_step(t, &stats));
+        double t0 = fsdp_now();
         if (t->val && c->val_every > 0 && t->step % c->val_every == 0) {
             FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
         }
+        t->side_seconds += fsdp_now() - t0;
         FSDP_CHECK(trainer_agree(t, &sig));
         if (sig && trainer_more(t)) { /* after the last step the run just ends */
             return trainer_stop(t, sig);
         }
+        t0 = fsdp_now();
         FSDP_CHECK(fsdp_ckpt_cadence_after_step(t->ckpt, t));
+        t->side_seconds += fsdp_now() - t0;
     }
     if (t->val && (c->val_every == 0 || t->step % c->val_every != 0)) {
         FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));

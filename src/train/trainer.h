@@ -56,6 +56,8 @@ struct fsdp_trainer {
     double last_val_loss;          /* NaN until a validation ran */
     double train_seconds;          /* wall time inside this run's steps */
     double first_step_s;           /* of those, this run's first step (left out of the ETA) */
+    double side_seconds;           /* wall time of this run's validations and checkpoint saves
+                                      between steps (spread over the steps in the ETA) */
     struct fsdp_ckpt_cadence *ckpt; /* NULL without ckpt-dir */
     struct fsdp_uneven *uneven;    /* NULL without epochs: the data wraps around */
     int per_rank_data;             /* data names one file per rank ({rank}) */

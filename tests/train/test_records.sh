@@ -1,6 +1,7 @@
 #!/bin/sh
 # test_records.sh - what a run leaves and says: the run header names the
-# compute device; step lines carry an ETA; a run that keeps neither --out nor
+# compute device; step lines carry an ETA, which counts the time validations
+# take (one of 150 batches every 2 steps); a run that keeps neither --out nor
 # --ckpt-dir warns that its weights are discarded; a mesh whose shard
 # dimension is not the innermost warns; two runs appended to one metrics file
 # stay apart (a start record each, a timestamp on every record); fsdpc-plot
@@ -43,6 +44,22 @@ tap_ok $? "the run header says where it computes"
 [ "$(grep -cE '^step +[0-9]+/40 .* \| eta [0-9]+(s|m[0-9]{2}s|h[0-9]{2}m)$' "$W/a.out")" -eq 39 ] &&
     grep -qE '^step 40/40 .* MiB$' "$W/a.out"
 tap_ok $? "step lines end with an ETA (the last one, with nothing left, without)"
+# the ETA counts validations: with one every 2 steps costing many steps' time, the
+# ETA at step 10 foresees the time the remaining 20 steps then took (at least a
+# fifth of it, against the load of other tests; without the validations: 1/30)
+# shellcheck disable=SC2086
+"$TRAIN" $base --steps 30 --val-data "$W/val.bin" --val-every 2 --val-batches 150 \
+    --metrics "$W/eta.jsonl" > "$W/eta.out" 2>&1 &&
+    "$PY" - "$W/eta.jsonl" > "$W/eta.txt" 2>&1 <<'PY'
+import json, sys
+recs = {r["step"]: r for r in map(json.loads, open(sys.argv[1])) if "loss" in r}
+eta, took = recs[10]["eta_s"], recs[30]["time"] - recs[10]["time"]
+print("eta at step 10 %.3f s, the last 20 steps took %.3f s" % (eta, took))
+sys.exit(0 if took > 0 and eta >= 0.2 * took and "eta_s" not in recs[30] else 1)
+PY
+r=$?
+tap_diag "$(cat "$W/eta.txt")"
+tap_ok $r "the ETA includes validation time ($(cat "$W/eta.txt"))"
 grep -q "WARN train\] neither --out nor --ckpt-dir is set: the trained weights are discarded when the run ends" "$W/a.err" &&
     ! grep -q "discarded" "$W/b.err"
 tap_ok $? "a run that keeps no weights warns; one with --out does not"
