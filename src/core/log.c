@@ -92,6 +92,17 @@ static void log_init(void)
     }
 }
 
+void fsdp_log_quiet(void)
+{
+    pthread_once(&log_once, log_init);
+    if (getenv("FSDPC_LOG")) {
+        return; /* asked for: kept */
+    }
+    for (int i = 0; i < FSDP_SUB_COUNT; i++) {
+        sub_level[i] = sub_level[i] > FSDP_LOG_WARN ? FSDP_LOG_WARN : sub_level[i];
+    }
+}
+
 void fsdp_log_set_rank(int rank)
 {
     log_rank = rank;

@@ -34,6 +34,10 @@ enum fsdp_log_sub {
     FSDP_SUB_COUNT,
 };
 
+/* From now on only warnings and errors print, unless FSDPC_LOG asked for
+ * more (a program about to report an error and end). */
+void fsdp_log_quiet(void);
+
 /* Sets the rank printed in every line (default -1 until known). */
 void fsdp_log_set_rank(int rank);
 int fsdp_log_rank(void);

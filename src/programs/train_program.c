@@ -63,7 +63,9 @@ static _Noreturn void main_bad_options(int rc, int *argc, char ***argv,
     char msg[1024], hint[512];
     fsdp_err_take(msg, sizeof(msg));
     snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
-    /* only with a launcher that started several ranks is there anyone to agree with */
+    /* only with a launcher that started several ranks is there anyone to agree with; the
+     * rendezvous's start-up line would only come before the error */
+    fsdp_log_quiet();
     int drc = fsdp_dist_launcher_size() > 1
                   ? fsdp_dist_init(argc, argv, cfg->init[0] ? cfg->init : NULL, cfg->timeout, &dist)
                   : -1;

@@ -69,6 +69,8 @@ if command -v "$MPIEXEC" > /dev/null 2>&1; then
     once 5 "bad option" "options: unknown option --bogus" --model "$W/m.h5" --data "$W/train.bin" \
         --bogus 1
     tap_ok $? "an unknown option on 2 ranks: one line and one hint, in each of 5 piped runs"
+    [ "$(grep -c . "$W/once.out")" -eq 2 ]
+    tap_ok $? "an unknown option: nothing but the line and the hint (no start-up log before them)"
     # a learning rate that blows up: the ranks reduce the norm, so all stop at once
     once 5 "non-finite norm" "step [0-9]*: gradient norm is .*: parameters left unchanged" \
         --model "$W/m.h5" --data "$W/train.bin" --lr 900 --clip 0 --steps 50
