@@ -141,10 +141,11 @@ int fsdp_train_program(int argc, char **argv)
     if (rc < 0) {
         fsdp_die(rc, "fsdpc-train: rendezvous", NULL);
     }
-    if (dist->rank == 0) {
-        printf("# fsdpc-train %s configuration (each key: default, file or flag)\n",
-               PACKAGE_VERSION);
-        fsdp_opt_print(&set, stdout, "");
+    if (dist->rank == 0) { /* what was asked for; every key is in the metrics and checkpoints */
+        printf("# fsdpc-train %s configuration (each key: file or flag)\n", PACKAGE_VERSION);
+        size_t left = fsdp_opt_print_given(&set, stdout, "");
+        printf("# %zu more keys at their defaults (fsdpc-train --help lists them; the metrics "
+               "start record and every checkpoint hold all of them)\n", left);
         fflush(stdout);
     }
     rc = fsdp_trainer_create(&cfg, dist, NULL, &t);

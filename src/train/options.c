@@ -490,10 +490,12 @@ void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, siz
     }
 }
 
-void fsdp_opt_print(const struct fsdp_optset *s, FILE *fp, const char *indent)
+/* The visible options (given_only: those a flag or the file set); returns
+ * how many visible ones it left out. */
+static size_t opt_print(const struct fsdp_optset *s, FILE *fp, const char *indent, int given_only)
 {
     static const char *const src_name[] = {"default", "file", "flag"};
-    size_t width = 0;
+    size_t width = 0, left = 0;
     char value[OPT_LINE_MAX];
     for (size_t i = 0; i < s->n; i++) {
         size_t n = strlen(s->opts[i].name);
@@ -503,12 +505,27 @@ void fsdp_opt_print(const struct fsdp_optset *s, FILE *fp, const char *indent)
         if (s->opts[i].flags & FSDP_OPT_HIDDEN) {
             continue;
         }
+        if (given_only && s->source[i] == FSDP_SRC_DEFAULT) {
+            left++;
+            continue;
+        }
         fsdp_opt_format_value(s, i, value, sizeof(value));
         /* a key the file may not hold stays a comment, so the output reads back */
         int comment = (s->opts[i].flags & FSDP_OPT_ARGV_ONLY) != 0;
         fprintf(fp, "%s%s%-*s = %-12s # %s\n", indent, comment ? "# " : "", (int)width,
                 s->opts[i].name, value, src_name[s->source[i]]);
     }
+    return left;
+}
+
+void fsdp_opt_print(const struct fsdp_optset *s, FILE *fp, const char *indent)
+{
+    opt_print(s, fp, indent, 0);
+}
+
+size_t fsdp_opt_print_given(const struct fsdp_optset *s, FILE *fp, const char *indent)
+{
+    return opt_print(s, fp, indent, 1);
 }
 
 void fsdp_opt_usage(const struct fsdp_optset *s, FILE *fp, const char *synopsis)

@@ -123,6 +123,10 @@ void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, siz
  * allowed on the command line only are printed as comments).
  */
 void fsdp_opt_print(const struct fsdp_optset *s, FILE *fp, const char *indent);
+/* The same for the options a flag or the file set; returns how many visible
+ * options it left out at their defaults (the output still reads back as the
+ * same configuration while the defaults stay the same). */
+size_t fsdp_opt_print_given(const struct fsdp_optset *s, FILE *fp, const char *indent);
 
 /* Prints the --help text. */
 void fsdp_opt_usage(const struct fsdp_optset *s, FILE *fp, const char *synopsis);
