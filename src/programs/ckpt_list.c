@@ -155,7 +155,8 @@ static void list_step(const char *root, const struct list_entry *en, const char 
            strcmp(en->name, latest) == 0 ? ", latest" : "");
 }
 
-int fsdp_ckpt_cmd_list(int argc, char **argv)
+/* The one checkpoint root a command takes (and --help); NULL after --help. */
+static const char *root_arg(const char *cmd, int argc, char **argv, void (*usage)(FILE *))
 {
     static const struct option opts[] = {
         {"help", no_argument, NULL, 'h'},
@@ -165,15 +166,23 @@ int fsdp_ckpt_cmd_list(int argc, char **argv)
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case 'h': list_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("list", c, argv);
+        case 'h': usage(stdout); return NULL;
+        default: fsdp_ckpt_tool_bad_option(cmd, c, argv);
         }
     }
     if (optind != argc - 1) {
-        fsdp_fatal("fsdpc-ckpt list: expected one checkpoint root, got %d (see --help)",
+        fsdp_fatal("fsdpc-ckpt %s: expected one checkpoint root, got %d (see --help)", cmd,
                    argc - optind);
     }
-    const char *root = argv[optind];
+    return argv[optind];
+}
+
+int fsdp_ckpt_cmd_list(int argc, char **argv)
+{
+    const char *root = root_arg("list", argc, argv, list_usage);
+    if (!root) {
+        return 0;
+    }
     struct stat st;
     if (stat(root, &st) != 0) {
         fsdp_fatal("fsdpc-ckpt list: %s: %s", root, strerror(errno));
@@ -300,23 +309,10 @@ void fsdp_ckpt_tool_recovery_hint(const char *path)
 
 int fsdp_ckpt_cmd_recover(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'h': recover_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("recover", c, argv);
-        }
+    const char *root = root_arg("recover", argc, argv, recover_usage);
+    if (!root) {
+        return 0;
     }
-    if (optind != argc - 1) {
-        fsdp_fatal("fsdpc-ckpt recover: expected one checkpoint root, got %d (see --help)",
-                   argc - optind);
-    }
-    const char *root = argv[optind];
     struct stat st;
     char index[8192];
     if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) {
