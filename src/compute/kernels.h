@@ -332,9 +332,11 @@ void fsdp_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const
 
 /* Grouped-query causal attention: qkv rows [q (NH heads) | k (NKV) | v
  * (NKV)], each head hs wide, NKV dividing NH; query head h uses key/value
- * head h / (NH / NKV), read in place (never repeated). out (B, T, NH * hs),
- * lse (B, NH, T); scratch as fsdp_cpu_attention_scratch_floats(T). The
- * backward overwrites dqkv. With NKV = NH it is fsdp_cpu_attention_*. */
+ * head h / (NH / NKV), read in place (never repeated) and once for all the
+ * heads of its group. out (B, T, NH * hs), lse (B, NH, T); scratch as
+ * fsdp_cpu_gqa_attention_scratch_floats. The backward overwrites dqkv. With
+ * NKV = NH it is fsdp_cpu_attention_* (and the scratch is theirs). */
+size_t fsdp_cpu_gqa_attention_scratch_floats(int T, int NH, int NKV, int hs);
 void fsdp_cpu_gqa_attention_forward(float *out, float *lse, float *scratch, const float *qkv,
                                     int B, int T, int NH, int NKV, int hs);
 void fsdp_cpu_gqa_attention_backward(float *dqkv, float *scratch, const float *dout,

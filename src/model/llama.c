@@ -168,7 +168,8 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
     a->losses = fsdp_lm_take(base, &off, BT);
     a->zt = fsdp_lm_take(base, &off, m->lm.tp ? BT : 0);
     a->xent = fsdp_lm_take(base, &off, m->lm.tp ? 3 * BT : 0);
-    a->att_scratch = fsdp_lm_take(base, &off, m->lm.k->attention_scratch_floats(m->lm.max_T));
+    a->att_scratch = fsdp_lm_take(base, &off, fsdp_cpu_gqa_attention_scratch_floats(
+                                                  m->lm.max_T, m->lnh, m->lnkv, m->hs));
     for (size_t l = 0; l < L; l++) {
         if (m->lm.checkpoint[l]) {
             any_ckpt = 1;

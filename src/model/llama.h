@@ -82,7 +82,7 @@ struct fsdp_llama_acts {
     float *zt;          /* (B, T) tensor parallel: each row's target logit (parallel
                            cross-entropy); NULL otherwise */
     float *xent;        /* (3, B, T) tensor parallel: the parallel cross-entropy's scratch */
-    float *att_scratch; /* fsdp_cpu_attention_scratch_floats(T) */
+    float *att_scratch; /* fsdp_cpu_gqa_attention_scratch_floats(T, lnh, lnkv, hs) */
     struct fsdp_llama_block_acts *blocks; /* (L,) */
 };
 

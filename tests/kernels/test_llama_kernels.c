@@ -313,7 +313,10 @@ static void test_gqa(int B, int T, int NH, int NKV, int hs)
     float *qkv = randf(nin, 1.5), *R = randf(nout, 1.0);
     double *qd = todouble(qkv, nin), *Rd = todouble(R, nout), *od = malloc(nout * 8);
     float *out = malloc(nout * 4), *lse = malloc((size_t)B * NH * T * 4);
-    float *scratch = malloc(fsdp_cpu_attention_scratch_floats(T) * 4);
+    /* shared by the grouped and the multi-head kernels below */
+    size_t nscr = fsdp_cpu_gqa_attention_scratch_floats(T, NH, NKV, hs);
+    nscr = fsdp_cpu_attention_scratch_floats(T) > nscr ? fsdp_cpu_attention_scratch_floats(T) : nscr;
+    float *scratch = malloc(nscr * 4);
     float *dqkv = malloc(nin * 4);
     char what[96];
     fsdp_cpu_gqa_attention_forward(out, lse, scratch, qkv, B, T, NH, NKV, hs);
@@ -381,7 +384,7 @@ int main(void)
     tap_ok(fsdp_cpu_rope_inv_freq(f, 7, 1e4, &none) < 0, "rope: an odd head size is refused");
     test_swiglu();
     test_gqa(2, 9, 4, 2, 8);   /* groups of 2 */
-    test_gqa(1, 70, 4, 1, 8);  /* multi-query, two tiles */
+    test_gqa(1, 70, 4, 1, 8);  /* multi-query: a group of 4, five tiles of 16 rows per head */
     test_gqa(1, 5, 3, 3, 4);   /* NKV = NH */
     return tap_done();
 }
