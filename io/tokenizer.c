@@ -571,6 +571,15 @@ static int tk_load_split(struct fsdp_tokenizer *tok, const json_t *sp, const cha
         return tk_bad(tok, FSDP_ERR_FORMAT, f, "expected {\"Regex\": ...} or {\"String\": ...}");
     }
     json_t *p = re ? re : lit;
+    /* text can be encoded in pieces (fsdp_tokenizer_cut) only through patterns
+     * known never to cross a newline that a letter or digit follows */
+    static const char llama3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+                                 "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+                                 "\\s+(?!\\S)|\\s+";
+    if (re ? strcmp(json_string_value(p), llama3) != 0
+           : memchr(json_string_value(p), '\n', json_string_length(p)) != NULL) {
+        tok->no_cut = 1;
+    }
     return tk_regex_compile(tok, json_string_value(p), json_string_length(p), re == NULL, f, out);
 }
 

@@ -63,6 +63,23 @@ int fsdp_tokenizer_encode(struct fsdp_tokenizer *tok, const char *text, size_t l
                           uint32_t **ids, size_t *n);
 
 /*
+ * Where a long text can be encoded in pieces (a reader streaming it): the
+ * largest p < len at which encoding text[0, p) and then what follows gives
+ * the ids of encoding the whole, or 0 when there is none in text[0, len) or
+ * this tokenizer cannot be cut (a prefix space, an added token holding a
+ * newline, a Split pattern other than Llama 3's or a literal without a
+ * newline). p is just after a newline that a visible ASCII character
+ * precedes and a letter or digit follows: no piece of GPT-2's or Llama 3's
+ * pattern crosses it, and the newline is one piece whether the text ends
+ * there or goes on.
+ */
+size_t fsdp_tokenizer_cut(const struct fsdp_tokenizer *tok, const char *text, size_t len);
+/* The length of the longest prefix of text[0, n) that is UTF-8, cut before a
+ * sequence that the end of the buffer leaves incomplete (*bad: 1 when what
+ * stops it is invalid, 0 when it is the buffer's end). */
+size_t fsdp_utf8_prefix(const char *text, size_t n, int *bad);
+
+/*
  * The ids the file's post_processor puts around one encoded text, as
  * Tokenizer.encode(text) (add_special_tokens=True) adds them: the "single"
  * template of a TemplateProcessing, alone or in a Sequence (Llama 3:

@@ -553,6 +553,41 @@ static size_t tk_utf8_check(const char *text, size_t n)
     return n;
 }
 
+size_t fsdp_utf8_prefix(const char *text, size_t n, int *bad)
+{
+    size_t i = tk_utf8_check(text, n), k;
+    *bad = 0;
+    if (i < n) { /* invalid, or a sequence the buffer's end cuts short */
+        *bad = tk_utf8_seq((const unsigned char *)text + i, n - i, &k) == 0;
+    }
+    return i;
+}
+
+size_t fsdp_tokenizer_cut(const struct fsdp_tokenizer *tok, const char *text, size_t len)
+{
+    if (tok->prefix_space || tok->no_cut) {
+        return 0; /* every piece would get its own prefix space; an unknown pattern */
+    }
+    for (size_t i = 0; i < tok->n_added; i++) {
+        if (memchr(tok->added[i].content, '\n', tok->added[i].len)) {
+            return 0;
+        }
+    }
+    /* q with text[q - 2] a visible ASCII character, text[q - 1] '\n' and text[q]
+     * a letter or digit: the newline is a whitespace run of its own, one
+     * piece in either pattern whether the text goes on after it or ends
+     * there (GPT-2's \s+(?!\S) looks ahead), and no piece starts before it
+     * and goes past it */
+    for (size_t q = len; q-- > 2;) {
+        unsigned char c = (unsigned char)text[q], b = (unsigned char)text[q - 2];
+        if (text[q - 1] == '\n' && b > 0x20 && b < 0x7f &&
+            ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) {
+            return q;
+        }
+    }
+    return 0;
+}
+
 int fsdp_tokenizer_encode_to(struct fsdp_tokenizer *tok, const char *text, size_t len,
                              fsdp_tokenizer_sink sink, void *arg)
 {

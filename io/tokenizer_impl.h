@@ -155,6 +155,7 @@ struct fsdp_tokenizer {
     struct tk_regex *splits; /* (n_splits,) */
     size_t n_splits;
     int prefix_space;        /* ByteLevel add_prefix_space */
+    int no_cut;              /* a Split pattern fsdp_tokenizer_cut does not know */
     struct tk_regex bl;      /* ByteLevel's own regex; re NULL without use_regex */
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit;

@@ -191,8 +191,67 @@ static int tokenize_sink(const uint32_t *ids, size_t n, void *arg)
     return fsdp_tokens_writer_append(arg, ids, n);
 }
 
-/* BPE: the whole text encoded into the training file, then the last
- * floor(X * tokens) moved to the validation file. */
+/*
+ * The text through tok into w, a piece at a time: up to
+ * FSDPC_TOKENIZE_CHUNK_BYTES (64 MiB) read, encoded up to the last place
+ * where it can be cut (fsdp_tokenizer_cut), the rest carried into the next
+ * piece; a piece with no such place grows the buffer (a tokenizer that
+ * cannot be cut reads the text whole). *secs: time spent encoding.
+ */
+static int tokenize_stream(const struct tokenize_job *j, struct fsdp_tokenizer *tok,
+                           struct fsdp_tokens_writer *w, double *secs)
+{
+    long long want = fsdp_env_int("FSDPC_TOKENIZE_CHUNK_BYTES", (long long)64 << 20);
+    size_t cap = want < 16 ? 16 : (size_t)want, filled = 0, pos = 0;
+    cap = cap < j->size ? cap : j->size;
+    char *buf = malloc(cap);
+    int rc = 0;
+    *secs = 0;
+    if (!buf) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%zu bytes to read '%s'", cap, j->text);
+    }
+    while (rc == 0) { /* ends at the end of the text, everything encoded */
+        size_t more = j->size - pos - filled < cap - filled ? j->size - pos - filled
+                                                            : cap - filled;
+        if ((rc = read_at(j->fd, j->text, buf + filled, more, pos + filled)) < 0) {
+            break;
+        }
+        filled += more;
+        int eof = pos + filled == j->size, bad;
+        size_t ok = fsdp_utf8_prefix(buf, filled, &bad);
+        if (bad || (eof && ok < filled)) {
+            rc = fsdp_err(FSDP_ERR_INVALID, "not valid UTF-8 at byte %zu (0x%02x)", pos + ok,
+                          (unsigned char)buf[ok]);
+            break;
+        }
+        size_t cut = eof ? filled : fsdp_tokenizer_cut(tok, buf, ok);
+        if (cut == 0) { /* nowhere to cut yet: read on into a larger buffer */
+            size_t grown = cap * 2 < j->size - pos ? cap * 2 : j->size - pos;
+            char *p = realloc(buf, grown);
+            if (!p) {
+                rc = fsdp_err(FSDP_ERR_NOMEM, "%zu bytes to read '%s'", grown, j->text);
+                break;
+            }
+            buf = p;
+            cap = grown;
+            continue;
+        }
+        double t0 = fsdp_now();
+        rc = fsdp_tokenizer_encode_to(tok, buf, cut, tokenize_sink, w);
+        *secs += fsdp_now() - t0;
+        memmove(buf, buf + cut, filled - cut);
+        pos += cut;
+        filled -= cut;
+        if (eof && filled == 0) {
+            break;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+/* BPE: the text encoded into the training file as it is read, then the
+ * last floor(X * tokens) moved to the validation file. */
 static void tokenize_bpe(const struct tokenize_job *j, const char *tok_path)
 {
     struct fsdp_tokenizer *tok = load_tokenizer("tokenize", tok_path);
@@ -200,19 +259,12 @@ static void tokenize_bpe(const struct tokenize_job *j, const char *tok_path)
     struct fsdp_tokens_writer *w = NULL, *wv = NULL;
     size_t n_val = 0;
     char what[300];
+    double secs;
     int rc;
-    char *text = malloc(j->size ? j->size : 1);
-    if (!text) {
-        fsdp_fatal("fsdpc-data tokenize: out of memory for the %zu bytes of '%s'", j->size,
-                   j->text);
-    }
     snprintf(what, sizeof(what), "fsdpc-data tokenize");
-    FSDP_CHECK_GOTO(read_at(j->fd, j->text, text, j->size, 0), rc, fail);
-    double t0 = fsdp_now();
     FSDP_CHECK_GOTO(fsdp_tokens_writer_create(j->out, V, &w), rc, fail);
     snprintf(what, sizeof(what), "fsdpc-data tokenize: %s", j->text); /* names the text */
-    FSDP_CHECK_GOTO(fsdp_tokenizer_encode_to(tok, text, j->size, tokenize_sink, w), rc, fail);
-    double secs = fsdp_now() - t0;
+    FSDP_CHECK_GOTO(tokenize_stream(j, tok, w, &secs), rc, fail);
     size_t n = fsdp_tokens_writer_count(w);
     snprintf(what, sizeof(what), "fsdpc-data tokenize");
     if (j->val_out) {
@@ -229,7 +281,6 @@ static void tokenize_bpe(const struct tokenize_job *j, const char *tok_path)
     FSDP_CHECK_GOTO(fsdp_tokens_writer_commit(w), rc, fail);
     fsdp_tokens_writer_destroy(w);
     fsdp_tokens_writer_destroy(wv);
-    free(text);
     fsdp_tokenizer_free(tok);
     printf("%s: %zu bytes -> %zu training tokens in %s", j->text, j->size, n - n_val, j->out);
     if (j->val_out) {

@@ -238,6 +238,18 @@ done
 same gpt2s corpus
 same gpt2s fuzz
 same tiny fuzz
+# read and encoded 4 KiB at a time, cut only where no piece crosses: the same ids
+# (gpt2p's prefix space cannot be cut: it reads the text whole)
+for t in gpt2 gpt2p gpt2s llama3; do
+    for x in corpus fuzz spaces code; do
+        rm -f o.bin cmp.txt
+        FSDPC_TOKENIZE_CHUNK_BYTES=4096 "$DATA" tokenize --tokenizer "$t.json" "$x.txt" -o o.bin \
+            >out.txt 2>&1 && "$HF" "$HELPER" check-encode "$t.json" "$x.txt" o.bin >cmp.txt 2>&1
+        rc=$?
+        [ $rc -ne 0 ] && tap_diag "$(cat out.txt cmp.txt)"
+        tap_ok $rc "$t: $x read 4 KiB at a time: $(tail -n 1 cmp.txt)"
+    done
+done
 
 "$DATA" tokenize --tokenizer llama3.json corpus.txt -o o.bin >/dev/null 2>&1 &&
     [ "$(header o.bin 1)" = 2 ] && [ "$(tokens o.bin | tr ' ' '\n' | sort -n | tail -n 1)" -gt 65535 ]
