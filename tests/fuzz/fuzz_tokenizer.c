@@ -5,7 +5,8 @@
  * input itself where it is UTF-8, and decode every id back to exactly the
  * bytes encoded: byte-level BPE loses nothing, so any difference is a bug
  * (the harness traps, and libFuzzer keeps the input as a crash); the ids a
- * post-processor template adds must be in the vocabulary.
+ * post-processor template adds must be in the vocabulary, and a text cut
+ * where fsdp_tokenizer_cut says must encode in two pieces as it does whole.
  */
 #include "config.h"
 #include "tests/fuzz/fuzz.h"
@@ -35,6 +36,26 @@ static void fz_round_trip(struct fsdp_tokenizer *tok, const char *text, size_t l
     free(ids);
 }
 
+/* Encoding text in two pieces cut where fsdp_tokenizer_cut says gives the
+ * ids of encoding it whole, or a trap. */
+static void fz_cut(struct fsdp_tokenizer *tok, const char *text, size_t len)
+{
+    size_t cut = fsdp_tokenizer_cut(tok, text, len), n = 0, na = 0, nb = 0;
+    uint32_t *all = NULL, *a = NULL, *b = NULL;
+    if (cut == 0 || fsdp_tokenizer_encode(tok, text, len, &all, &n) < 0) {
+        return;
+    }
+    if (fsdp_tokenizer_encode(tok, text, cut, &a, &na) < 0 ||
+        fsdp_tokenizer_encode(tok, text + cut, len - cut, &b, &nb) < 0 || na + nb != n ||
+        (na && memcmp(all, a, na * sizeof(*a)) != 0) ||
+        (nb && memcmp(all + na, b, nb * sizeof(*b)) != 0)) {
+        __builtin_trap();
+    }
+    free(all);
+    free(a);
+    free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char text[] =
@@ -47,6 +68,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == 0) {
         fz_round_trip(tok, text, sizeof(text) - 1);
         fz_round_trip(tok, (const char *)data, size < 4096 ? size : 4096);
+        static const char lines[] = "first line.\nSecond  line,\t'tis\n  indented\r\n42 "
+                                    "<|endoftext|>\nend!\n\nX \xe4\xb8\xad\n7";
+        fz_cut(tok, lines, sizeof(lines) - 1);
+        fz_cut(tok, (const char *)data, size < 4096 ? size : 4096);
         const uint32_t *pre, *post;
         size_t npre, npost;
         if (fsdp_tokenizer_specials(tok, &pre, &npre, &post, &npost) == 0) {
