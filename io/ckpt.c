@@ -883,6 +883,26 @@ err:
     return rc;
 }
 
+int fsdp_ckpt_read_meta(const char *path, struct fsdp_ckpt_meta *meta)
+{
+    char dir[CK_PATH_MAX], index[CK_PATH_MAX + 16], why[256];
+    fsdp_h5_quiet();
+    FSDP_CHECK(ck_resolve(path, dir, sizeof(dir)));
+    snprintf(index, sizeof(index), "%s/%s", dir, FSDP_CKPT_INDEX);
+    if (access(index, R_OK) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", index, strerror(errno));
+    }
+    FSDP_CHECK(fsdp_h5_check_regular(index));
+    hid_t f = H5Fis_hdf5(index) > 0 ? H5Fopen(index, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
+    if (f < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open HDF5 file: %s", index,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    int rc = ck_read_meta(index, f, meta);
+    H5Fclose(f);
+    return rc;
+}
+
 void fsdp_ckpt_close(struct fsdp_ckpt *ck)
 {
     if (!ck) {

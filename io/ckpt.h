@@ -108,6 +108,9 @@ struct fsdp_ckpt;
  */
 int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out);
 void fsdp_ckpt_close(struct fsdp_ckpt *ck);
+/* The index's attributes alone (path as for fsdp_ckpt_open): one file opened,
+ * no shard checked, for listing many checkpoints quickly. */
+int fsdp_ckpt_read_meta(const char *path, struct fsdp_ckpt_meta *meta);
 
 const struct fsdp_ckpt_meta *fsdp_ckpt_meta(const struct fsdp_ckpt *ck);
 const struct fsdp_model_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck);

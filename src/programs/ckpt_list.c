@@ -34,7 +34,7 @@ struct list_entry {
 static void list_usage(FILE *out)
 {
     fprintf(out,
-            "usage: fsdpc-ckpt list DIR\n"
+            "usage: fsdpc-ckpt list [--quick] DIR\n"
             "\n"
             "Lists the checkpoints of a checkpoint root (the --ckpt-dir of a run): for each\n"
             "step directory its step, when its index was written, its size, the ranks and\n"
@@ -42,6 +42,8 @@ static void list_usage(FILE *out)
             "and which one 'latest' names; then any leftovers of interrupted saves, which\n"
             "the next run with this --ckpt-dir removes.\n"
             "\n"
+            "  -q, --quick  read each step's index.h5 only and count its shard files,\n"
+            "               without opening them (every shard costs an HDF5 open)\n"
             "  -h, --help   this text\n");
 }
 
@@ -125,8 +127,35 @@ static int list_scan(const char *root, struct list_entry *out, size_t *n)
     return 0;
 }
 
+/* quick: the index's word and the shard files present. */
+static void list_quick(const char *dir, char *ranks, char *mesh, char *state, size_t len)
+{
+    struct fsdp_ckpt_meta m;
+    if (fsdp_ckpt_read_meta(dir, &m) < 0) {
+        char msg[512];
+        fsdp_err_take(msg, sizeof(msg));
+        fsdp_err_clear();
+        snprintf(state, len, "INCOMPLETE: %s", msg);
+        return;
+    }
+    int present = 0;
+    for (int r = 0; r < m.n_shards; r++) {
+        char shard[8300];
+        snprintf(shard, sizeof(shard), "%s/shard_%d.h5", dir, r);
+        present += access(shard, R_OK) == 0;
+    }
+    snprintf(ranks, 16, "%d", m.world_size);
+    snprintf(mesh, 128, "%s", m.mesh);
+    if (present == m.n_shards) {
+        snprintf(state, len, "index and %d shard files present (not opened: --quick)", present);
+    } else {
+        snprintf(state, len, "INCOMPLETE: %d of %d shard files present", present, m.n_shards);
+    }
+}
+
 /* One step directory's line. */
-static void list_step(const char *root, const struct list_entry *en, const char *latest)
+static void list_step(const char *root, const struct list_entry *en, const char *latest,
+                      int quick)
 {
     char dir[8192], when[32] = "-", size[32], state[600];
     time_t newest;
@@ -139,7 +168,9 @@ static void list_step(const char *root, const struct list_entry *en, const char 
     }
     struct fsdp_ckpt *ck = NULL;
     char ranks[16] = "-", mesh[128] = "-";
-    if (fsdp_ckpt_open(dir, &ck) == 0) {
+    if (quick) {
+        list_quick(dir, ranks, mesh, state, sizeof(state));
+    } else if (fsdp_ckpt_open(dir, &ck) == 0) {
         const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
         snprintf(ranks, sizeof(ranks), "%d", m->world_size);
         snprintf(mesh, sizeof(mesh), "%s", m->mesh);
@@ -155,18 +186,27 @@ static void list_step(const char *root, const struct list_entry *en, const char 
            strcmp(en->name, latest) == 0 ? ", latest" : "");
 }
 
-/* The one checkpoint root a command takes (and --help); NULL after --help. */
-static const char *root_arg(const char *cmd, int argc, char **argv, void (*usage)(FILE *))
+/* The one checkpoint root a command takes (and --help, and --quick where
+ * quick is not NULL); NULL after --help. */
+static const char *root_arg(const char *cmd, int argc, char **argv, void (*usage)(FILE *),
+                            int *quick)
 {
     static const struct option opts[] = {
         {"help", no_argument, NULL, 'h'},
+        {"quick", no_argument, NULL, 'q'},
         {NULL, 0, NULL, 0},
     };
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, quick ? ":hq" : ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'h': usage(stdout); return NULL;
+        case 'q':
+            if (quick) {
+                *quick = 1;
+                break;
+            }
+            /* fallthrough */
         default: fsdp_ckpt_tool_bad_option(cmd, c, argv);
         }
     }
@@ -179,7 +219,8 @@ static const char *root_arg(const char *cmd, int argc, char **argv, void (*usage
 
 int fsdp_ckpt_cmd_list(int argc, char **argv)
 {
-    const char *root = root_arg("list", argc, argv, list_usage);
+    int quick = 0;
+    const char *root = root_arg("list", argc, argv, list_usage, &quick);
     if (!root) {
         return 0;
     }
@@ -228,7 +269,7 @@ int fsdp_ckpt_cmd_list(int argc, char **argv)
     }
     for (size_t i = 0; i < n; i++) {
         if (!en[i].tmp) {
-            list_step(root, &en[i], latest);
+            list_step(root, &en[i], latest, quick);
         }
     }
     for (size_t i = 0; i < n; i++) {
@@ -309,7 +350,7 @@ void fsdp_ckpt_tool_recovery_hint(const char *path)
 
 int fsdp_ckpt_cmd_recover(int argc, char **argv)
 {
-    const char *root = root_arg("recover", argc, argv, recover_usage);
+    const char *root = root_arg("recover", argc, argv, recover_usage, NULL);
     if (!root) {
         return 0;
     }

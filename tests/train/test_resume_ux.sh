@@ -6,7 +6,8 @@
 # the done line counts this run's steps; the metrics file gets a start record
 # that says where the run resumed from; fsdpc-sample and fsdpc-train take a
 # checkpoint (root, step directory or index.h5) for --model; fsdpc-ckpt list
-# shows the steps, which is latest, and what is incomplete.
+# shows the steps, which is latest, and what is incomplete (--quick: from
+# the index and the shard files present).
 . "$top_srcdir/tests/tap.sh"
 
 BIN="$top_builddir"
@@ -152,6 +153,10 @@ rm "$W/ck/step_5/shard_0.h5"
 "$CKPT" list "$W/ck" > "$W/list.out" 2>&1 &&
     grep -qE '^ +5  .*INCOMPLETE: .*shard_0.h5: shard 0 of 1 is missing' "$W/list.out"
 tap_ok $? "fsdpc-ckpt list: a step with a missing shard is INCOMPLETE, naming it"
+"$CKPT" list --quick "$W/ck" > "$W/list.out" 2>&1 &&
+    grep -qE '^ +5  .*1  single rank +INCOMPLETE: 0 of 1 shard files present$' "$W/list.out" &&
+    grep -qE '^ +10  .*1  single rank +index and 1 shard files present \(not opened: --quick\), latest$' "$W/list.out"
+tap_ok $? "fsdpc-ckpt list --quick: the index and the shard files counted, without opening them"
 "$CKPT" list "$W/ck/step_10" > /dev/null 2> "$W/list.err"
 rc=$?
 [ $rc -ne 0 ] && [ "$(grep -c . "$W/list.err")" -eq 1 ] &&
