@@ -19,6 +19,7 @@
 #include "io/h5util.h"
 #include "io/model_file.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/util.h"
 
 #include <errno.h>
@@ -471,7 +472,8 @@ struct fsdp_ckpt {
     char dir[CK_PATH_MAX];
     struct fsdp_ckpt_meta meta;
     struct fsdp_model_spec *spec;
-    hid_t *shards;          /* (n_shards,) open shard files */
+    hid_t *shards;          /* (n_shards,) open shard files (-1: not yet, when lazy) */
+    int lazy;               /* a shard is checked and opened when first read */
     struct fsdp_sum *sums;  /* (NKINDS * n_params,) the index's checksums of every tensor */
     struct fsdp_sum_buf buf; /* blocks read only in part */
 };
@@ -825,7 +827,7 @@ static int ck_check_index(struct fsdp_ckpt *ck, const char *index, hid_t f)
             snprintf(name, sizeof(name), "%s/%s", ck_groups[k], p->name);
             FSDP_CHECK(fsdp_h5_open_dataset(index, f, name, H5P_DEFAULT, &d));
             int rc = fsdp_h5_check_shard_vds(index, name, d, p->ndim, p->shape[0], p->shape[1],
-                                             ck->meta.n_shards, ck->shards);
+                                             ck->meta.n_shards, ck->lazy ? NULL : ck->shards);
             H5Dclose(d);
             FSDP_CHECK(rc);
         }
@@ -833,7 +835,39 @@ static int ck_check_index(struct fsdp_ckpt *ck, const char *index, hid_t f)
     return 0;
 }
 
-int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
+/* Shard r checked and open (a lazy handle checks it at its first read). */
+static int ck_shard_ready(struct fsdp_ckpt *ck, int r)
+{
+    if (ck->shards[r] >= 0) {
+        return 0;
+    }
+    FSDP_DEBUG(FSDP_SUB_IO, "%s: shard %d of %d checked at its first read", ck->dir, r,
+               ck->meta.n_shards);
+    int rc = ck_check_shard(ck, r);
+    if (rc < 0 && ck->shards[r] >= 0) { /* a shard that failed is never taken as checked */
+        fsdp_h5_close(ck->shards[r]);
+        ck->shards[r] = -1;
+    }
+    return rc;
+}
+
+/* Every shard file there (lazy: only that, the rest at the first read). */
+static int ck_shards_present(const struct fsdp_ckpt *ck)
+{
+    char path[CK_PATH_MAX];
+    for (int r = 0; r < ck->meta.n_shards; r++) {
+        if (ck_shard_path(path, sizeof(path), ck->dir, r) < 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", ck->dir);
+        }
+        if (access(path, R_OK) != 0) {
+            return fsdp_err(FSDP_ERR_IO, "%s: shard %d of %d is missing: %s", path, r,
+                            ck->meta.n_shards, strerror(errno));
+        }
+    }
+    return 0;
+}
+
+static int ck_open(const char *path, int lazy, struct fsdp_ckpt **out)
 {
     char index[CK_PATH_MAX + 16];
     int rc;
@@ -866,10 +900,14 @@ int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
     for (int r = 0; rc == 0 && r < ck->meta.n_shards; r++) {
         ck->shards[r] = -1;
     }
-    for (int r = 0; rc == 0 && r < ck->meta.n_shards; r++) {
+    ck->lazy = lazy;
+    if (rc == 0 && lazy) {
+        rc = ck_shards_present(ck);
+    }
+    for (int r = 0; rc == 0 && !lazy && r < ck->meta.n_shards; r++) {
         rc = ck_check_shard(ck, r);
     }
-    if (rc == 0) {
+    if (rc == 0) { /* lazy: the mapping alone; each source at its shard's first read */
         rc = ck_check_index(ck, index, f);
     }
     H5Fclose(f);
@@ -881,6 +919,16 @@ int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
 err:
     fsdp_ckpt_close(ck);
     return rc;
+}
+
+int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
+{
+    return ck_open(path, 0, out);
+}
+
+int fsdp_ckpt_open_lazy(const char *path, struct fsdp_ckpt **out)
+{
+    return ck_open(path, 1, out);
 }
 
 int fsdp_ckpt_read_meta(const char *path, struct fsdp_ckpt_meta *meta)
@@ -934,6 +982,7 @@ static int ck_read_checked(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_
     fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &s0, &sn);
     ck_shard_path(path, sizeof(path), ck->dir, r);
     snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
+    FSDP_CHECK(ck_shard_ready(ck, r));
     hid_t d = H5Dopen2(ck->shards[r], name, H5P_DEFAULT);
     hid_t t = d < 0 ? -1 : H5Dget_type(d);
     int rc = 0;
@@ -979,6 +1028,7 @@ int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t i
         }
         hsize_t start[2] = {lo - s0, 0}, count[2] = {hi - lo, cols};
         int nd = p->ndim;
+        FSDP_CHECK(ck_shard_ready(ck, r));
         hid_t d = H5Dopen2(ck->shards[r], name, H5P_DEFAULT);
         hid_t fs = d < 0 ? -1 : H5Dget_space(d);
         hid_t ms = H5Screate_simple(nd, count, NULL);

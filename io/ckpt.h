@@ -107,6 +107,14 @@ struct fsdp_ckpt;
  * naming the file otherwise.
  */
 int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out);
+/*
+ * The same, but each shard file only found present here, and checked (all
+ * of the above) and opened at its first read: a rank that reads a few
+ * shards' rows (a resume on many ranks) opens those, not all of them. The
+ * index's virtual datasets are checked for their mapping (which file,
+ * which dataset, which rows) without opening the files they map.
+ */
+int fsdp_ckpt_open_lazy(const char *path, struct fsdp_ckpt **out);
 void fsdp_ckpt_close(struct fsdp_ckpt *ck);
 /* The index's attributes alone (path as for fsdp_ckpt_open): one file opened,
  * no shard checked, for listing many checkpoints quickly. */

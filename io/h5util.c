@@ -409,7 +409,7 @@ int fsdp_h5_check_shard_vds(const char *path, const char *name, hid_t dset, int 
                           "(shard %d)", path, name, row0, row0 + nr, r);
         }
     }
-    for (int r = 0; rc == 0 && r < n_shards; r++) {
+    for (int r = 0; rc == 0 && shards && r < n_shards; r++) {
         if (seen[r]) {
             rc = h5_check_source(&w, r, &shards[r]);
         }

@@ -96,7 +96,8 @@ int fsdp_h5_check_heaps(const char *path);
  * other dataset, no gap, no overlap. Each source must be a regular file
  * whose dataset is a plain one (hard links, bytes in that file) of shape
  * (rows_r, cols) and a float type. shards (n_shards,) caches the source
- * files' ids: -1 entries are opened here and left for the caller to close.
+ * files' ids: -1 entries are opened here and left for the caller to close;
+ * shards NULL checks the mapping alone and opens no source.
  */
 int fsdp_h5_check_shard_vds(const char *path, const char *name, hid_t dset, int ndim, size_t rows,
                             size_t cols, int n_shards, hid_t *shards);

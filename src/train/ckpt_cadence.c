@@ -962,8 +962,8 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     const double t_load = fsdp_now();
     if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && stat(link, &st) != 0) {
         rc = cad_latest_missing(path, link);
-    } else {
-        rc = fsdp_ckpt_open(path, &ck);
+    } else { /* each rank checks and opens the shards it reads, not all of them */
+        rc = fsdp_ckpt_open_lazy(path, &ck);
     }
     if (rc == 0) {
         rc = cad_check_model(t, ck);

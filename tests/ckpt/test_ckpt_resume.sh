@@ -125,6 +125,20 @@ d="$W/2to3"
     cmp -s "$d/b.loss" "$d/c.loss"
 tap_ok $? "fsdpc-ckpt reshard --world-size 3, resumed on 3 ranks: losses identical"
 
+# a resume checks and opens the shards each rank reads, not all of them: on 3
+# ranks each reads its own rows (one shard), on 1 rank all 3
+FSDPC_LOG=io=debug FSDPC_LOG_RANKS=all train 3 --backend tcp --batch-size 4 --steps 6 \
+    --resume "$d/r3" && cp "$W/last.out" "$d/lazy3.out" &&
+    FSDPC_LOG=io=debug train 1 --batch-size 12 --steps 6 --resume "$d/r3" &&
+    cp "$W/last.out" "$d/lazy1.out"
+r=$?
+got3=$(grep -o 'r[0-9] DEBUG io [^]]*\] .*: shard [0-9] of 3 checked at its first read' "$d/lazy3.out" |
+    sed 's/^r\([0-9]\) .*shard \([0-9]\) of 3.*/\1:\2/' | sort | tr '\n' ' ')
+got1=$(grep -c 'shard [0-9] of 3 checked at its first read' "$d/lazy1.out")
+tap_diag "3 ranks (rank:shard): $got3; 1 rank: $got1 shards"
+[ $r -eq 0 ] && [ "$got3" = "0:0 1:1 2:2 " ] && [ "$got1" -eq 3 ]
+tap_ok $? "a resume on 3 ranks opens one shard per rank (its own rows), on 1 rank all 3"
+
 # ---------------------------------------------------------------------------
 # index.h5 is a model file; the tool subcommands
 
