@@ -94,6 +94,20 @@ int fsdp_ckpt_tool_inspect(const char *path)
     printf("optimizer     AdamW step %ld | loss scale %g (%ld good steps, %ld skipped)\n",
            m->adam_step, m->loss_scale, m->scale_good_steps, m->skipped_steps);
     printf("architecture  %s: %s\n", s->arch->name, attrs);
+    size_t summed = 0, all = (size_t)FSDP_CKPT_NKINDS * s->n_params;
+    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+        for (size_t i = 0; i < s->n_params; i++) {
+            summed += fsdp_ckpt_checksum_blocks(ck, (enum fsdp_ckpt_kind)k, i) > 0;
+        }
+    }
+    if (summed == all) {
+        printf("checksums     xxh3_64 per block, recorded for all %zu tensors and matched by every "
+               "shard's (fsdpc-ckpt verify reads the data and checks it)\n", all);
+    } else {
+        printf("checksums     recorded for %zu of %zu tensors (%s)\n", summed, all,
+               summed ? "the others are read unchecked"
+                      : "a checkpoint from an fsdpc without them: read unchecked");
+    }
     printf("\nconfig:\n");
     for (const char *line = m->config; *line;) {
         const char *nl = strchr(line, '\n');

@@ -159,6 +159,11 @@ mkdir "$W/old" && "$BAD" unsum "$W/ck/step_2/index.h5" "$W/old/index.h5" &&
 r=$?
 [ $r -eq 0 ] || tap_diag "$(cat "$W/old.out" | tail -n 3)"
 tap_ok $r "a checkpoint without checksums: verify says unchecked, --resume continues as with them"
+"$CKPT" inspect "$W/ck/step_2" > "$W/i1.out" 2>&1 && "$CKPT" inspect "$W/old" > "$W/i2.out" 2>&1 &&
+    grep -q '^checksums     xxh3_64 per block, recorded for all 84 tensors' "$W/i1.out" &&
+    grep -q '^checksums     recorded for 0 of 84 tensors (a checkpoint from an fsdpc without them' \
+        "$W/i2.out"
+tap_ok $? "inspect says whether a checkpoint's checksums are recorded"
 
 cp -r "$W/ck/step_2" "$W/half" && "$BAD" unsum "$W/ck/step_2/shard_0.h5" "$W/half/shard_0.h5"
 one_error "shard without" "half/shard_0.h5: tensor 'model/wte.weight' has no checksums but index.h5 records them for shard 0" \
