@@ -447,6 +447,11 @@ const char *fsdp_model_file_path(const struct fsdp_model_file *mf)
     return mf->path;
 }
 
+size_t fsdp_model_file_checksummed(const struct fsdp_model_file *mf)
+{
+    return mf->n_summed;
+}
+
 const char *fsdp_model_file_created_by(const struct fsdp_model_file *mf)
 {
     return mf->created_by;

@@ -46,6 +46,8 @@ const struct fsdp_model_spec *fsdp_model_file_spec(const struct fsdp_model_file 
 const char *fsdp_model_file_path(const struct fsdp_model_file *mf);
 /* The optional free-form "created_by" attribute ("" when absent). */
 const char *fsdp_model_file_created_by(const struct fsdp_model_file *mf);
+/* How many of the tensors carry checksums (every one read is checked). */
+size_t fsdp_model_file_checksummed(const struct fsdp_model_file *mf);
 /* Storage type of parameter idx: "f32", "f16", "bf16" or "f64". */
 const char *fsdp_model_file_tensor_dtype(const struct fsdp_model_file *mf, size_t idx);
 /* Bytes parameter idx occupies in its stored type. */

@@ -324,6 +324,15 @@ static int cmd_inspect(int argc, char **argv)
         printf("created by    %s\n", cb);
     }
     printf("architecture  %s: %s\n", s->arch->name, attrs);
+    size_t summed = fsdp_model_file_checksummed(mf);
+    if (summed == s->n_params) {
+        printf("checksums     xxh3_64 per block, recorded for all %zu tensors (checked as they "
+               "are read)\n", summed);
+    } else {
+        printf("checksums     recorded for %zu of %zu tensors (%s)\n", summed, s->n_params,
+               summed ? "the others are read unchecked"
+                      : "a file from an fsdpc without them, or another tool: read unchecked");
+    }
     printf("units         %d\n\n", s->n_units);
     int wn = 28; /* the name column fits the longest name */
     for (size_t i = 0; i < s->n_params; i++) {

@@ -66,6 +66,11 @@ train 1 --batch-size 4 --steps 3 --metrics "$W/new.jsonl" &&
     [ "$(wc -l < "$W/old.loss")" -eq 3 ] && cmp -s "$W/new.loss" "$W/old.loss" &&
     "$CKPT" convert "$W/mold.h5" --dtype f32 -o "$W/conv.h5" > /dev/null 2>&1
 tap_ok $? "a model file without checksums loads unchecked: the same losses; convert reads it"
+"$CKPT" inspect "$W/m.h5" > "$W/i1.out" 2>&1 && "$CKPT" inspect "$W/mold.h5" > "$W/i2.out" 2>&1 &&
+    grep -q '^checksums     xxh3_64 per block, recorded for all [0-9]* tensors' "$W/i1.out" &&
+    grep -q '^checksums     recorded for 0 of [0-9]* tensors (a file from an fsdpc without them' \
+        "$W/i2.out"
+tap_ok $? "inspect says whether a model file's checksums are recorded"
 
 ok=0
 "$BAD" sum-type:wpe.weight "$W/m.h5" "$W/st.h5" &&
