@@ -721,17 +721,24 @@ static int ck_check_shard_sum(struct fsdp_ckpt *ck, const char *path, const char
 
 /* Shard r: present, readable, of this checkpoint and step, every tensor
  * with the rows the split rule gives and the checksums the index records. */
-static int ck_check_shard(struct fsdp_ckpt *ck, int r)
+/* Shard r's file is there and readable; its path into path. */
+static int ck_shard_present(const struct fsdp_ckpt *ck, int r, char *path, size_t len)
 {
-    char path[CK_PATH_MAX], name[256], fmt[64], why[256];
-    long long x;
-    if (ck_shard_path(path, sizeof(path), ck->dir, r) < 0) {
+    if (ck_shard_path(path, len, ck->dir, r) < 0) {
         return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", ck->dir);
     }
     if (access(path, R_OK) != 0) {
         return fsdp_err(FSDP_ERR_IO, "%s: shard %d of %d is missing: %s", path, r,
                         ck->meta.n_shards, strerror(errno));
     }
+    return 0;
+}
+
+static int ck_check_shard(struct fsdp_ckpt *ck, int r)
+{
+    char path[CK_PATH_MAX], name[256], fmt[64], why[256];
+    long long x;
+    FSDP_CHECK(ck_shard_present(ck, r, path, sizeof(path)));
     FSDP_CHECK(fsdp_h5_check_regular(path));
     FSDP_CHECK(fsdp_h5_check_heaps(path));
     if (H5Fis_hdf5(path) <= 0 ||
@@ -851,22 +858,6 @@ static int ck_shard_ready(struct fsdp_ckpt *ck, int r)
     return rc;
 }
 
-/* Every shard file there (lazy: only that, the rest at the first read). */
-static int ck_shards_present(const struct fsdp_ckpt *ck)
-{
-    char path[CK_PATH_MAX];
-    for (int r = 0; r < ck->meta.n_shards; r++) {
-        if (ck_shard_path(path, sizeof(path), ck->dir, r) < 0) {
-            return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", ck->dir);
-        }
-        if (access(path, R_OK) != 0) {
-            return fsdp_err(FSDP_ERR_IO, "%s: shard %d of %d is missing: %s", path, r,
-                            ck->meta.n_shards, strerror(errno));
-        }
-    }
-    return 0;
-}
-
 static int ck_open(const char *path, int lazy, struct fsdp_ckpt **out)
 {
     char index[CK_PATH_MAX + 16];
@@ -901,8 +892,9 @@ static int ck_open(const char *path, int lazy, struct fsdp_ckpt **out)
         ck->shards[r] = -1;
     }
     ck->lazy = lazy;
-    if (rc == 0 && lazy) {
-        rc = ck_shards_present(ck);
+    for (int r = 0; rc == 0 && lazy && r < ck->meta.n_shards; r++) {
+        char shard[CK_PATH_MAX]; /* lazy: only there; the rest at its first read */
+        rc = ck_shard_present(ck, r, shard, sizeof(shard));
     }
     for (int r = 0; rc == 0 && !lazy && r < ck->meta.n_shards; r++) {
         rc = ck_check_shard(ck, r);

@@ -601,6 +601,8 @@ static int shard_build(const struct fsdp_model_spec *spec, const struct fsdp_sha
     }
     *out = se;
     se->sizing = sizing;
+    long long bound = fsdp_env_int("FSDPC_CKPT_RELAYOUT_BYTES", (long long)64 << 20);
+    se->relayout_bound = bound > 0 ? (size_t)bound / sizeof(float) : 0;
     struct fsdp_engine *e = &se->base;
     e->ops = &shard_ops;
     e->impl = se;

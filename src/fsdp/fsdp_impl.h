@@ -148,9 +148,11 @@ struct fsdp_shard_engine {
                                           until the next op; with tensor parallelism every
                                           tp rank's local unit and the assembled whole one */
     size_t scratch_floats;
-    float *relayout;                   /* save_rows: one whole tensor cut in n_shards row
-                                          slots (the largest), allocated at the first save */
-    size_t relayout_floats;
+    float *relayout;                   /* save_rows: a band of columns of a whole tensor cut
+                                          in n_shards row slots (fsdp_shard_relayout_floats),
+                                          allocated at the first save */
+    size_t relayout_bound;             /* floats that buffer may take: FSDPC_CKPT_RELAYOUT_BYTES
+                                          (64 MiB), read at create */
     double *sum_buf;                   /* (max(world, tp),) one double per rank of a group */
     int rq_head, rq_len;
 

@@ -484,20 +484,14 @@ static void shard_row_slot(size_t n, size_t R, size_t r, size_t *slot, size_t *a
     }
 }
 
-/* The re-layout runs over columns [c0, c0 + w) of a tensor at a time, so
- * that its buffer (R slots of ceil(n / R) rows of w columns) stays within
- * FSDPC_CKPT_RELAYOUT_BYTES (64 MiB) however large the tensor (at least one
- * column a pass). */
-static size_t shard_relayout_bound(void)
+/* Columns per pass for a tensor of n x m over R shards: the re-layout runs
+ * over columns [c0, c0 + w) at a time, so that its buffer (R slots of
+ * ceil(n / R) rows of w columns) stays within se->relayout_bound however
+ * large the tensor (at least one column a pass). */
+static size_t shard_relayout_cols(const struct fsdp_shard_engine *se, size_t n, size_t m,
+                                  size_t R)
 {
-    long long b = fsdp_env_int("FSDPC_CKPT_RELAYOUT_BYTES", (long long)64 << 20);
-    return b > 0 ? (size_t)b / sizeof(float) : 0;
-}
-
-/* Columns per pass for a tensor of n x m over R shards. */
-static size_t shard_relayout_cols(size_t n, size_t m, size_t R)
-{
-    size_t col = R * ((n + R - 1) / R), w = shard_relayout_bound() / (col ? col : 1);
+    size_t col = R * ((n + R - 1) / R), w = se->relayout_bound / (col ? col : 1);
     return w < 1 ? 1 : w > m ? m : w;
 }
 
@@ -545,7 +539,8 @@ size_t fsdp_shard_relayout_floats(const struct fsdp_shard_engine *se)
     size_t need = 0;
     for (size_t j = 0; se->plan && j < se->full->n_params; j++) {
         const struct fsdp_param_spec *q = &se->full->params[j];
-        size_t f = R * ((q->shape[0] + R - 1) / R) * shard_relayout_cols(q->shape[0], q->shape[1], R);
+        size_t f = R * ((q->shape[0] + R - 1) / R) *
+                   shard_relayout_cols(se, q->shape[0], q->shape[1], R);
         need = f > need ? f : need;
     }
     return need;
@@ -565,9 +560,8 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
             return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to save a tensor as rows",
                             need * sizeof(float));
         }
-        se->relayout_floats = need;
     }
-    size_t row0, rows, step = shard_relayout_cols(n, m, R);
+    size_t row0, rows, step = shard_relayout_cols(se, n, m, R);
     fsdp_split_even(n, R, (size_t)se->base.shard, &row0, &rows);
     for (size_t c0 = 0; c0 < m; c0 += step) {
         const size_t w = m - c0 < step ? m - c0 : step, slot = per * w;
@@ -594,13 +588,19 @@ void fsdp_shard_drop_saved(struct fsdp_shard_engine *se)
     }
 }
 
+/* Tensor parallelism: every tp rank's local unit u and the whole one. */
+static size_t shard_tp_gather_floats(const struct fsdp_shard_engine *se, int u)
+{
+    return (size_t)se->tp.size * se->spec->unit_numel[u] + se->full->unit_numel[u];
+}
+
 /* Tensor parallelism: every tp rank's local unit u (local, the
  * dp-gathered one) gathered over tp and assembled into the whole unit. */
 static int shard_gather_tp(struct fsdp_shard_engine *se, int u, const float *local,
                            const float **full)
 {
-    size_t ln = se->spec->unit_numel[u], fn = se->full->unit_numel[u];
-    size_t T = (size_t)se->tp.size, floats = T * ln + fn; /* fsdp_shard_gather_floats */
+    size_t ln = se->spec->unit_numel[u], T = (size_t)se->tp.size;
+    size_t floats = shard_tp_gather_floats(se, u);
     float *buf = se->dev->ops->alloc(se->dev, floats * sizeof(float));
     if (!buf) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to gather unit %d whole over tp",
@@ -633,10 +633,8 @@ static size_t shard_rows_gather_floats(const struct fsdp_shard_engine *se, int u
 
 size_t fsdp_shard_gather_floats(const struct fsdp_shard_engine *se, int u)
 {
-    size_t tp = se->plan ? (size_t)se->tp.size * se->spec->unit_numel[u] +
-                               se->full->unit_numel[u]
-                         : 0;
-    return (fsdp_shard_by_rows(se, u) && se->shard_g ? shard_rows_gather_floats(se, u) : 0) + tp;
+    return (fsdp_shard_by_rows(se, u) ? shard_rows_gather_floats(se, u) : 0) +
+           (se->plan ? shard_tp_gather_floats(se, u) : 0);
 }
 
 /* Gathers unit u in f32 into its parameter slot and unpacks it there. Unit

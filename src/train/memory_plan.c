@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "io/model_file.h"
 #include "rendezvous/dist.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/spec.h"
 
@@ -104,12 +105,11 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
                        const char *model, const char *mesh, const struct fsdp_shard_shape *w,
                        const struct fsdp_engine_stats *st, FILE *fp)
 {
-    static const char *const dt[] = {"f32", "bf16", "f16"};
-    static const char *const shard[] = {"full", "grad-op", "none"};
+    static const char *const shard[] = {"full", "grad-op", "none"}; /* enum fsdp_sharding */
     char desc[256], line[512];
     fsdp_arch_describe(spec->arch, spec->cfg, desc, sizeof(desc));
-    size_t batch = 2 * (size_t)c->grad_accum * (size_t)c->batch_size * (size_t)c->seq_len *
-                   sizeof(int32_t);
+    /* the trainer's two arrays of a step's micro-batches */
+    size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(c) * sizeof(int32_t);
     fprintf(fp, "# fsdpc-train --print-memory: planned, nothing allocated\n");
     fprintf(fp, "model: %s: %s %s, %zu parameters\n", model, spec->arch->name, desc,
             spec->total_numel);
@@ -118,7 +118,9 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
             "%ld, reshard-after-forward %s; param-dtype %s, reduce-dtype %s; activation "
             "checkpointing %s%s%s\n", c->batch_size, c->seq_len, c->grad_accum,
             shard[c->sharding], c->prefetch, c->reshard_after_forward ? "on" : "off",
-            dt[c->param_dtype], dt[c->reduce_dtype], c->activation_checkpointing ? "on" : "off",
+            fsdp_dtype_name(fsdp_train_config_dtype(c->param_dtype)),
+            fsdp_dtype_name(fsdp_train_config_dtype(c->reduce_dtype)),
+            c->activation_checkpointing ? "on" : "off",
             w->tp > 1 ? "; sequence parallel " : "",
             w->tp > 1 ? (c->sequence_parallel ? "on" : "off") : "");
     char head[96];
