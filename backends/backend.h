@@ -36,6 +36,7 @@ struct fsdp_group;
 enum fsdp_mem {
     FSDP_MEM_HOST = 0,
     FSDP_MEM_CUDA = 1,
+    FSDP_MEM_GUARDED = 2, /* a guarded device's (compute/device.h): no backend takes it */
 };
 
 /* Where a collective's buffers live and what it is ordered after. */
@@ -48,6 +49,7 @@ struct fsdp_coll_attr {
 #define FSDP_CAP_MEM_CUDA (1u << 1)
 #define FSDP_CAP_SEND_RECV (1u << 2)
 #define FSDP_CAP_ASYNC_PROGRESS (1u << 3) /* progresses while the caller computes */
+#define FSDP_CAP_MEM_GUARDED (1u << 4)    /* never set: guarded memory is always staged */
 
 struct fsdp_backend_caps {
     uint32_t flags;  /* FSDP_CAP_* */
@@ -82,6 +84,7 @@ struct fsdp_work {
     struct fsdp_group *group; /* set by the group layer when it issues the op */
     uint64_t flight_id;       /* the group layer's flight record (0: none) */
     int done;                 /* the group layer saw it complete (fsdp_group_progress) */
+    struct fsdp_staged *staged; /* the group layer's host staging of it (NULL: none) */
 };
 
 struct fsdp_backend; /* opaque, defined by each backend */

@@ -16,6 +16,7 @@
  */
 #include "config.h"
 #include "comm/group.h"
+#include "comm/stage.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -197,6 +198,7 @@ void fsdp_group_destroy(struct fsdp_group *g)
     }
     struct group_impl *gi = group_impl_of(g);
     fsdp_fingerprint_destroy(gi->fp);
+    fsdp_stage_pool_free(g);
     if (gi->abort_registered) {
         fsdp_dist_off_abort(g->dist, g);
     }
@@ -367,6 +369,7 @@ static inline int group_issued(struct fsdp_group *g, int rc, uint64_t fid, struc
     w->group = g;
     w->flight_id = fid;
     w->done = 0;
+    w->staged = NULL; /* a staged collective's caller binds it after this */
     struct group_impl *gi = group_impl_of(g);
     if (gi->n_inflight < GROUP_MAX_INFLIGHT) {
         gi->inflight[gi->n_inflight++] = w;
@@ -380,11 +383,22 @@ static inline int group_issued(struct fsdp_group *g, int rc, uint64_t fid, struc
 // ----------------------------------------------------------------------------
 // collectives
 
+static const struct fsdp_coll_attr group_host_attr = {.mem = FSDP_MEM_HOST, .stream = NULL};
+
 int fsdp_allreduce(struct fsdp_group *g, const void *sendbuf, void *recvbuf, size_t count,
                    enum fsdp_dtype dtype, enum fsdp_redop op, const struct fsdp_coll_attr *attr,
                    struct fsdp_work **work)
 {
     size_t es = fsdp_dtype_size(dtype), bytes = count * es;
+    if (__builtin_expect(fsdp_stage_needed(g, attr), 0)) {
+        const void *hs;
+        void *hr;
+        struct fsdp_staged *st;
+        FSDP_CHECK(
+            fsdp_stage_begin(g, attr->stream, sendbuf, bytes, recvbuf, bytes, &hs, &hr, &st));
+        int rc = fsdp_allreduce(g, hs, hr, count, dtype, op, &group_host_attr, work);
+        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
+    }
     if (__builtin_expect(!group_args_ok(g, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf,
                                         count, es, dtype, (int)op, 0, attr, work),
                          0)) {
@@ -403,6 +417,15 @@ int fsdp_allgather(struct fsdp_group *g, const void *sendbuf, void *recvbuf, siz
                    struct fsdp_work **work)
 {
     size_t es = fsdp_dtype_size(dtype), bytes = count * es;
+    if (__builtin_expect(fsdp_stage_needed(g, attr), 0)) {
+        const void *hs;
+        void *hr;
+        struct fsdp_staged *st;
+        FSDP_CHECK(fsdp_stage_begin(g, attr->stream, sendbuf, bytes, recvbuf,
+                                    bytes * (size_t)g->size, &hs, &hr, &st));
+        int rc = fsdp_allgather(g, hs, hr, count, dtype, &group_host_attr, work);
+        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
+    }
     int in_place = g && (const char *)sendbuf == (const char *)recvbuf + (size_t)g->rank * bytes;
     if (__builtin_expect(!group_args_ok(g, sendbuf, bytes, recvbuf, g ? bytes * (size_t)g->size : 0,
                                         in_place, count, es, dtype, -1, 0, attr, work),
@@ -422,6 +445,15 @@ int fsdp_reduce_scatter(struct fsdp_group *g, const void *sendbuf, void *recvbuf
                         const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
     size_t es = fsdp_dtype_size(dtype), bytes = count * es;
+    if (__builtin_expect(fsdp_stage_needed(g, attr), 0)) {
+        const void *hs;
+        void *hr;
+        struct fsdp_staged *st;
+        FSDP_CHECK(fsdp_stage_begin(g, attr->stream, sendbuf, bytes * (size_t)g->size, recvbuf,
+                                    bytes, &hs, &hr, &st));
+        int rc = fsdp_reduce_scatter(g, hs, hr, count, dtype, op, &group_host_attr, work);
+        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
+    }
     int in_place = g && (const char *)recvbuf == (const char *)sendbuf + (size_t)g->rank * bytes;
     if (__builtin_expect(!group_args_ok(g, sendbuf, g ? bytes * (size_t)g->size : 0, recvbuf, bytes,
                                         in_place, count, es, dtype, (int)op, 0, attr, work),
@@ -439,6 +471,15 @@ int fsdp_reduce_scatter(struct fsdp_group *g, const void *sendbuf, void *recvbuf
 int fsdp_broadcast(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtype dtype, int root,
                    const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
+    if (__builtin_expect(fsdp_stage_needed(g, attr), 0)) {
+        const void *hs;
+        void *hr;
+        struct fsdp_staged *st;
+        size_t bytes = count * fsdp_dtype_size(dtype);
+        FSDP_CHECK(fsdp_stage_begin(g, attr->stream, buf, bytes, buf, bytes, &hs, &hr, &st));
+        int rc = fsdp_broadcast(g, hr, count, dtype, root, &group_host_attr, work);
+        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
+    }
     if (__builtin_expect(!group_args_ok(g, buf, 0, buf, 0, 1, count, fsdp_dtype_size(dtype), dtype,
                                         -1, root, attr, work),
                          0)) {
@@ -535,6 +576,7 @@ int fsdp_work_wait(struct fsdp_work *w, double timeout_s)
         deadline = 1;
     }
     FSDP_CHECK(group_wait(w, timeout_s, deadline));
+    FSDP_CHECK(fsdp_stage_end(w));
     return 0;
 }
 
@@ -569,6 +611,9 @@ int fsdp_work_test(struct fsdp_work *w, int *done)
         rc = group_finished(w, rc, named, 0);
     }
     FSDP_CHECK(rc);
+    if (*done) {
+        FSDP_CHECK(fsdp_stage_end(w));
+    }
     return 0;
 }
 
@@ -625,6 +670,7 @@ int fsdp_work_done(struct fsdp_work *w)
 void fsdp_work_free(struct fsdp_work *w)
 {
     if (w) {
+        fsdp_stage_release(w);
         group_forget(w);
         fsdp_debug_abandoned(w->flight_id);
         struct fsdp_fingerprint *fp = group_fp(w);
@@ -643,6 +689,9 @@ void fsdp_work_free(struct fsdp_work *w)
 static int group_finish(struct fsdp_group *g, struct fsdp_work *w)
 {
     int rc = group_wait(w, fsdp_debug_timeout(g), 1);
+    if (rc == 0) {
+        rc = fsdp_stage_end(w);
+    }
     if (rc == FSDP_ERR_TIMEOUT) {
         g->ops->abort(g->be, fsdp_err_msg());
     }

@@ -16,6 +16,25 @@
 #include "backends/backend.h"
 
 struct fsdp_dist;
+struct fsdp_stage_pool;
+
+/*
+ * How a group moves a collective's buffers through host memory when its
+ * backend cannot take the memory they are in (mpi and tcp with a GPU's or
+ * a guarded device's buffers). A layer above fills it from its device
+ * (compute/device.h): the comm layer never includes the device.
+ */
+struct fsdp_stager {
+    enum fsdp_mem mem; /* the memory it stages */
+    void *ctx;
+    /* host memory for staging (pinned on a GPU), zeroed; NULL when out of memory */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    /* copies ordered on the collective's stream (its attr), complete when
+     * they return */
+    int (*to_host)(void *ctx, void *stream, void *dst, const void *src, size_t bytes);
+    int (*to_device)(void *ctx, void *stream, void *dst, const void *src, size_t bytes);
+};
 
 struct fsdp_group {
     char name[64];                   /* "dp[1]" */
@@ -29,12 +48,18 @@ struct fsdp_group {
     uint64_t seq;                    /* collectives issued so far */
     double timeout_s;
     uint64_t monitored_barriers;     /* fsdp_monitored_barrier calls so far */
+    const struct fsdp_stager *stager; /* NULL: no staging (borrowed) */
+    struct fsdp_stage_pool *stage;    /* host buffers of staged collectives */
 };
 
 /* Collective over the members (world_ranks ascending, caller included). */
 int fsdp_group_create(struct fsdp_dist *d, const char *name, const int *world_ranks, int size,
                       const struct fsdp_backend_ops *ops, struct fsdp_group **out);
 void fsdp_group_destroy(struct fsdp_group *g);
+/* From now on, collectives on st->mem memory that g's backend cannot take
+ * run staged through host memory (st borrowed: it outlives g; NULL: none).
+ * Returns 1 when g stages st->mem, 0 when its backend takes it. */
+int fsdp_group_set_stager(struct fsdp_group *g, const struct fsdp_stager *st);
 
 int fsdp_allreduce(struct fsdp_group *g, const void *sendbuf, void *recvbuf, size_t count,
                    enum fsdp_dtype dtype, enum fsdp_redop op, const struct fsdp_coll_attr *attr,

@@ -21,63 +21,130 @@
 #include "backends/backend.h"
 #include "compute/kernels.h"
 
+struct fsdp_device;
+
 struct fsdp_kernels {
     size_t size; /* sizeof(struct fsdp_kernels) of the implementation */
-    void (*encoder_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                            int B, int T, int C);
-    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                             int B, int T, int C);
-    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
-                              const float *weight, const float *bias, size_t N, size_t C,
-                              float eps);
-    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, const float *mean,
-                               const float *rstd, size_t N, size_t C);
-    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
-                           const float *residual, size_t N, size_t C, size_t OC);
-    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, size_t N, size_t C, size_t OC,
-                            float alpha, int accumulate_dinp);
-    size_t (*attention_scratch_floats)(int T);
-    void (*attention_forward)(float *out, float *lse, float *scratch, const float *qkv, int B,
-                              int T, int C, int NH);
-    void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *out, const float *lse, int B, int T, int C, int NH);
-    void (*gelu_forward)(float *out, const float *inp, size_t n);
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
-    int (*crossentropy_forward)(float *losses, float *stats, const float *logits,
-                                const int32_t *targets, size_t N, size_t V, int32_t ignore_index,
-                                size_t *n_kept);
-    void (*crossentropy_backward)(float *dlogits, const float *logits, const float *stats,
-                                  const int32_t *targets, size_t N, size_t V,
+    void (*encoder_forward)(struct fsdp_device *d, float *out, const int32_t *tokens,
+                            const float *wte, const float *wpe, int B, int T, int C);
+    void (*encoder_backward)(struct fsdp_device *d, float *dwte, float *dwpe, const float *dout,
+                             const int32_t *tokens, int B, int T, int C);
+    void (*layernorm_forward)(struct fsdp_device *d, float *out, float *mean, float *rstd,
+                              const float *inp, const float *weight, const float *bias, size_t N,
+                              size_t C, float eps);
+    void (*layernorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight,
+                               const float *mean, const float *rstd, size_t N, size_t C);
+    void (*matmul_forward)(struct fsdp_device *d, float *out, const float *inp, const float *weight,
+                           const float *bias, const float *residual, size_t N, size_t C, size_t OC);
+    void (*matmul_backward)(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight, size_t N,
+                            size_t C, size_t OC, float alpha, int accumulate_dinp);
+    size_t (*attention_scratch_floats)(struct fsdp_device *d, int T);
+    void (*attention_forward)(struct fsdp_device *d, float *out, float *lse, float *scratch,
+                              const float *qkv, int B, int T, int C, int NH);
+    void (*attention_backward)(struct fsdp_device *d, float *dqkv, float *scratch,
+                               const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int C, int NH);
+    void (*gelu_forward)(struct fsdp_device *d, float *out, const float *inp, size_t n);
+    void (*gelu_backward)(struct fsdp_device *d, float *dinp, const float *inp, const float *dout,
+                          size_t n);
+    /* No kept count: the host counts it from its own copy of the targets,
+     * which the model checked at set_batch (so no target is out of range). */
+    void (*crossentropy_forward)(struct fsdp_device *d, float *losses, float *stats,
+                                 const float *logits, const int32_t *targets, size_t N, size_t V,
+                                 int32_t ignore_index);
+    void (*crossentropy_backward)(struct fsdp_device *d, float *dlogits, const float *logits,
+                                  const float *stats, const int32_t *targets, size_t N, size_t V,
                                   int32_t ignore_index, float dscale);
-    void (*adamw_update)(float *param, const float *grad, float *m, float *v, size_t n,
-                         const struct fsdp_adamw_params *hp, int decay, float grad_scale);
-    double (*sumsq)(const float *x, size_t n);
-    void (*scale)(float *x, size_t n, float s);
-    void (*narrow_inplace)(void *buf, size_t n, int bf16);
-    void (*widen_inplace)(void *buf, size_t n, int bf16);
-    void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);
-    void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
-    void (*f32_to_f16)(uint16_t *dst, const float *src, size_t n);
-    void (*f16_to_f32)(float *dst, const uint16_t *src, size_t n);
-    void (*embed_rows_forward)(float *out, const int32_t *tokens, const float *wte, size_t v0,
-                               size_t vn, const float *wpe, size_t p0, size_t pn, size_t N,
-                               int T, int C);
-    void (*embed_rows_backward)(float *dwte, float *dwpe, const float *dout,
-                                const int32_t *tokens, size_t v0, size_t vn, size_t p0,
-                                size_t pn, size_t N, int T, int C);
-    void (*crossentropy_slice_forward)(float *stats, float *target_logit, const float *logits,
-                                       const int32_t *targets, size_t N, size_t n, size_t col0,
-                                       int32_t ignore_index, int first);
-    void (*crossentropy_slice_backward)(float *dlogits, const float *logits, const float *stats,
-                                        const int32_t *targets, size_t N, size_t n, size_t col0,
-                                        int32_t ignore_index, float dscale);
-    void (*bias_residual_forward)(float *out, const float *inp, const float *bias,
-                                  const float *residual, size_t N, size_t C);
+    void (*adamw_update)(struct fsdp_device *d, float *param, const float *grad, float *m, float *v,
+                         size_t n, const struct fsdp_adamw_params *hp, int decay, float grad_scale);
+    /* *acc (device memory) += the sum of squares of x, as fsdp_cpu_sumsq
+     * adds it: the host reads the total once per step. */
+    void (*sumsq)(struct fsdp_device *d, double *acc, const float *x, size_t n);
+    void (*scale)(struct fsdp_device *d, float *x, size_t n, float s);
+    void (*narrow_inplace)(struct fsdp_device *d, void *buf, size_t n, int bf16);
+    void (*widen_inplace)(struct fsdp_device *d, void *buf, size_t n, int bf16);
+    void (*f32_to_bf16)(struct fsdp_device *d, uint16_t *dst, const float *src, size_t n);
+    void (*bf16_to_f32)(struct fsdp_device *d, float *dst, const uint16_t *src, size_t n);
+    void (*f32_to_f16)(struct fsdp_device *d, uint16_t *dst, const float *src, size_t n);
+    void (*f16_to_f32)(struct fsdp_device *d, float *dst, const uint16_t *src, size_t n);
+    void (*embed_rows_forward)(struct fsdp_device *d, float *out, const int32_t *tokens,
+                               const float *wte, size_t v0, size_t vn, const float *wpe, size_t p0,
+                               size_t pn, size_t N, int T, int C);
+    void (*embed_rows_backward)(struct fsdp_device *d, float *dwte, float *dwpe, const float *dout,
+                                const int32_t *tokens, size_t v0, size_t vn, size_t p0, size_t pn,
+                                size_t N, int T, int C);
+    void (*crossentropy_slice_forward)(struct fsdp_device *d, float *stats, float *target_logit,
+                                       const float *logits, const int32_t *targets, size_t N,
+                                       size_t n, size_t col0, int32_t ignore_index, int first);
+    void (*crossentropy_slice_backward)(struct fsdp_device *d, float *dlogits, const float *logits,
+                                        const float *stats, const int32_t *targets, size_t N,
+                                        size_t n, size_t col0, int32_t ignore_index, float dscale);
+    void (*bias_residual_forward)(struct fsdp_device *d, float *out, const float *inp,
+                                  const float *bias, const float *residual, size_t N, size_t C);
+    /* --- appended: the Llama family, the decoders, the engine's loops --- */
+    /* rmsnorm_forward with an optional copy of inp (keep may be NULL). */
+    void (*rmsnorm_forward)(struct fsdp_device *d, float *out, float *rstd, float *keep,
+                            const float *inp, const float *weight, size_t N, size_t C, float eps);
+    void (*rmsnorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, const float *dout,
+                             const float *inp, const float *weight, const float *rstd, size_t N,
+                             size_t C);
+    void (*rope_forward)(struct fsdp_device *d, float *qkv, const float *cos_t, const float *sin_t,
+                         int B, int T, int NH, int NKV, int hs);
+    void (*rope_backward)(struct fsdp_device *d, float *dqkv, const float *cos_t,
+                          const float *sin_t, int B, int T, int NH, int NKV, int hs);
+    void (*swiglu_forward)(struct fsdp_device *d, float *out, const float *gate, const float *up,
+                           size_t n);
+    void (*swiglu_backward)(struct fsdp_device *d, float *dgate, float *dup, const float *dout,
+                            const float *gate, const float *up, size_t n);
+    size_t (*gqa_attention_scratch_floats)(struct fsdp_device *d, int T, int NH, int NKV, int hs);
+    void (*gqa_attention_forward)(struct fsdp_device *d, float *out, float *lse, float *scratch,
+                                  const float *qkv, int B, int T, int NH, int NKV, int hs);
+    void (*gqa_attention_backward)(struct fsdp_device *d, float *dqkv, float *scratch,
+                                   const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int NH, int NKV, int hs);
+    /* out[r,:] = table[tokens[r],:] (N rows of C) */
+    void (*embed_gather)(struct fsdp_device *d, float *out, const int32_t *tokens,
+                         const float *table, size_t N, size_t C);
+    /* dtable[tokens[r],:] += dout[r,:], rows in order (deterministic) */
+    void (*embed_scatter_add)(struct fsdp_device *d, float *dtable, const float *dout,
+                              const int32_t *tokens, size_t N, size_t C);
+    void (*attention_decode)(struct fsdp_device *d, float *out, float *scores, const float *q,
+                             const float *kcache, const float *vcache, int n, int NH, int NKV,
+                             int hs, int ld);
+    /* y += x */
+    void (*accumulate)(struct fsdp_device *d, float *y, const float *x, size_t n);
+    /* y = (accumulate ? y : 0) + x, x n 16-bit values (bf16 when bf16, else
+     * f16) widened to f32 */
+    void (*accumulate16)(struct fsdp_device *d, float *y, const uint16_t *x, size_t n, int bf16,
+                         int accumulate);
+    /* *acc (device) += the losses of the rows whose target is not
+     * ignore_index, in row order, in double. */
+    void (*loss_sum)(struct fsdp_device *d, double *acc, const float *losses,
+                     const int32_t *targets, size_t N, int32_t ignore_index);
+    /* The loss of each row from the merged vocabulary-slice statistics
+     * (crossentropy_slice_forward): max + log(sum) - target logit; 0 for
+     * ignored rows. */
+    void (*xent_losses)(struct fsdp_device *d, float *losses, const float *stats,
+                        const float *target_logit, const int32_t *targets, size_t N,
+                        int32_t ignore_index);
+    /* The parallel cross-entropy's steps around its two all-reduces over
+     * the ranks that each hold a vocabulary slice (rows N; have 0: this
+     * rank's slice is empty): phase 0 mx = row maxima (-inf without a
+     * slice); phase 1 (after the max) sz = each sum rescaled to mx, sz + N
+     * = the target logits; phase 2 (after the sum) back into stats and zt. */
+    void (*xent_combine)(struct fsdp_device *d, int phase, float *stats, float *zt, float *mx,
+                         float *sz, size_t N, int have);
+    /* x[i * stride] = value for i < n (padding statistics, -inf maxima). */
+    void (*fill)(struct fsdp_device *d, float *x, size_t n, size_t stride, float value);
 };
 
-struct fsdp_device;
+/* A live allocation, as named at alloc. */
+struct fsdp_device_buffer {
+    const char *name;
+    size_t bytes;
+};
 
 enum fsdp_copy_dir {
     FSDP_COPY_H2D = 0,
@@ -85,20 +152,59 @@ enum fsdp_copy_dir {
     FSDP_COPY_D2D,
 };
 
+/*
+ * Every op orders its work on a stream (NULL: the device's current
+ * compute stream, d->stream) and returns when it is enqueued, unless it
+ * says it blocks. Ops that block the host (synchronize, event_synchronize)
+ * are the host's waits; the device counts them (struct fsdp_device_stats)
+ * so a test can pin how many a step makes.
+ */
 struct fsdp_device_ops {
     size_t size; /* sizeof(struct fsdp_device_ops) of the implementation */
     const char *name;
-    /* Zeroed memory of bytes on the device (pre-faulted on the host); NULL
-     * when out of memory. */
-    void *(*alloc)(struct fsdp_device *d, size_t bytes);
+    /* Zeroed device memory of bytes, called name in errors and fault
+     * reports; NULL when out of memory (the caller says so, with
+     * mem_info's figures). */
+    void *(*alloc)(struct fsdp_device *d, size_t bytes, const char *name);
     void (*free)(struct fsdp_device *d, void *p);
-    /* Ordered on stream (NULL: the default one); returns when enqueued. */
+    /* Ordered on stream; returns when enqueued. The host side of an H2D or
+     * D2H copy should be pinned memory (host_alloc) for the copy to be
+     * asynchronous on a GPU; a D2H copy's data is the host's only after a
+     * wait (synchronize or an event). */
     int (*copy)(struct fsdp_device *d, void *dst, const void *src, size_t bytes,
                 enum fsdp_copy_dir dir, void *stream);
     int (*stream_create)(struct fsdp_device *d, void **stream);
     void (*stream_destroy)(struct fsdp_device *d, void *stream);
-    /* Blocks until everything enqueued on stream (NULL: the device) is done. */
+    /* Blocks until everything enqueued on stream (NULL: every stream) is done. */
     int (*synchronize)(struct fsdp_device *d, void *stream);
+    /* --- appended --- */
+    /* bytes of device memory at p set to byte value (memset), on stream. */
+    int (*memset)(struct fsdp_device *d, void *p, int value, size_t bytes, void *stream);
+    /* Events: record marks the point reached on stream; stream_wait makes
+     * stream wait for it before its later work (the host does not block);
+     * query: 1 done, 0 not yet, < 0 error; event_synchronize blocks the host. */
+    int (*event_create)(struct fsdp_device *d, void **ev);
+    void (*event_destroy)(struct fsdp_device *d, void *ev);
+    int (*event_record)(struct fsdp_device *d, void *ev, void *stream);
+    int (*stream_wait)(struct fsdp_device *d, void *stream, void *ev);
+    int (*event_query)(struct fsdp_device *d, void *ev);
+    int (*event_synchronize)(struct fsdp_device *d, void *ev);
+    /* Page-locked host memory for staging copies (zeroed); NULL when out of memory. */
+    void *(*host_alloc)(struct fsdp_device *d, size_t bytes);
+    void (*host_free)(struct fsdp_device *d, void *p);
+    /* The device's free and total memory in bytes. */
+    int (*mem_info)(struct fsdp_device *d, size_t *free_bytes, size_t *total_bytes);
+    /* Optional (NULL: the device keeps no names). The live allocations,
+     * at most max of them into out; returns how many there are. */
+    size_t (*buffers)(struct fsdp_device *d, struct fsdp_device_buffer *out, size_t max);
+};
+
+/* What a device counts, for tests and --print-memory. */
+struct fsdp_device_stats {
+    size_t bytes_now;  /* device memory allocated and not freed */
+    size_t bytes_peak; /* the most bytes_now has been */
+    long host_waits;   /* synchronize and event_synchronize calls */
+    long d2h_copies;   /* device-to-host copies (each a value the host will read) */
 };
 
 struct fsdp_device {
@@ -106,19 +212,48 @@ struct fsdp_device {
     const struct fsdp_kernels *k;
     enum fsdp_mem mem; /* where its buffers live, for the collectives */
     int index;         /* device ordinal (0 on the CPU) */
+    void *stream;      /* the current compute stream: kernels run on it */
+    struct fsdp_device_stats stats;
+    /* A checking device's hooks around every kernel (NULL: none): the
+     * guarded device checks the kernel's buffers against the order of the
+     * streams and opens its memory for the kernel's run. p: the kernel's
+     * pointer arguments, the nw it writes first, n in all (NULLs skipped). */
+    void (*kernel_enter)(struct fsdp_device *d, const void *const *p, int nw, int n);
+    void (*kernel_leave)(struct fsdp_device *d);
     void *impl;
 };
 
-/* name "cpu" (the only device of a build without CUDA kernels). index:
- * the device ordinal, from the local rank. */
+/* name "cpu" or "guarded" (device_guarded.c). index: the device ordinal,
+ * from the local rank. */
 int fsdp_device_create(const char *name, int index, struct fsdp_device **out);
 void fsdp_device_destroy(struct fsdp_device *d);
+/* The names a build knows, for messages ("cpu, guarded"). */
+const char *fsdp_device_names(void);
 
 /* The CPU kernel table (models created without a device use it). */
 const struct fsdp_kernels *fsdp_cpu_kernels(void);
+/* A process-wide CPU device for code created without one (a model made by
+ * a test or a tool); never destroyed. */
+struct fsdp_device *fsdp_cpu_device(void);
 
 /* The backend's memory capability flag (FSDP_CAP_MEM_*) for the device's
  * memory kind. */
 uint32_t fsdp_device_mem_cap(const struct fsdp_device *d);
+
+// ----------------------------------------------------------------------------
+// conveniences over the ops (device.c)
+
+/* Device memory of bytes called name, or an out-of-memory error naming
+ * it, the bytes and the device's free memory. */
+int fsdp_device_alloc(struct fsdp_device *d, size_t bytes, const char *name, void **out);
+/* Zeroes bytes at p on the compute stream. */
+int fsdp_device_zero(struct fsdp_device *d, void *p, size_t bytes);
+/* Device to host, waited for: the host may read dst on return. Counted. */
+int fsdp_device_read(struct fsdp_device *d, void *dst, const void *src, size_t bytes);
+/* Host to device on the compute stream (src may be reused on return:
+ * the copy is waited for when src is not pinned memory). */
+int fsdp_device_write(struct fsdp_device *d, void *dst, const void *src, size_t bytes);
+/* Device to device on the compute stream. */
+int fsdp_device_copy(struct fsdp_device *d, void *dst, const void *src, size_t bytes);
 
 #endif

@@ -1,45 +1,496 @@
 /*
  * device_cpu.c - the CPU device (device.h): host memory from the
- * pre-faulting allocator, memcpy for copies, no streams, the fsdp_cpu_*
- * kernel table.
+ * pre-faulting allocator, memmove for copies, one in-order stream (the
+ * calling thread), events that are always complete, and the kernel table:
+ * each entry runs its fsdp_cpu_* kernel (kernels.h) between the device's
+ * kernel hooks, which only a checking device sets (device_guarded.c reuses
+ * this table and these ops behind its guard).
  */
 #include "config.h"
 #include "compute/device.h"
+#include "compute/device_impl.h"
 #include "core/error.h"
 #include "core/util.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* p: the kernel's pointer arguments, the nw it writes first, then those it
+ * reads (NULL ones included: the hook skips them). */
+static inline void k_enter(struct fsdp_device *d, const void *const *p, int nw, int n)
+{
+    if (d->kernel_enter) {
+        d->kernel_enter(d, p, nw, n);
+    }
+}
+
+static inline void k_leave(struct fsdp_device *d)
+{
+    if (d->kernel_leave) {
+        d->kernel_leave(d);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// kernels: the fsdp_cpu_* functions between the hooks
+
+static void k_encoder_forward(struct fsdp_device *d, float *out, const int32_t *tokens,
+                              const float *wte, const float *wpe, int B, int T, int C)
+{
+    const void *p[] = {out, tokens, wte, wpe};
+    k_enter(d, p, 1, 4);
+    fsdp_cpu_encoder_forward(out, tokens, wte, wpe, B, T, C);
+    k_leave(d);
+}
+
+static void k_encoder_backward(struct fsdp_device *d, float *dwte, float *dwpe, const float *dout,
+                               const int32_t *tokens, int B, int T, int C)
+{
+    const void *p[] = {dwte, dwpe, dout, tokens};
+    k_enter(d, p, 2, 4);
+    fsdp_cpu_encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    k_leave(d);
+}
+
+static void k_layernorm_forward(struct fsdp_device *d, float *out, float *mean, float *rstd,
+                                const float *inp, const float *weight, const float *bias, size_t N,
+                                size_t C, float eps)
+{
+    const void *p[] = {out, mean, rstd, inp, weight, bias};
+    k_enter(d, p, 3, 6);
+    fsdp_cpu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+    k_leave(d);
+}
+
+static void k_layernorm_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
+                                 const float *dout, const float *inp, const float *weight,
+                                 const float *mean, const float *rstd, size_t N, size_t C)
+{
+    const void *p[] = {dinp, dweight, dbias, dout, inp, weight, mean, rstd};
+    k_enter(d, p, 3, 8);
+    fsdp_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    k_leave(d);
+}
+
+static void k_matmul_forward(struct fsdp_device *d, float *out, const float *inp,
+                             const float *weight, const float *bias, const float *residual,
+                             size_t N, size_t C, size_t OC)
+{
+    const void *p[] = {out, inp, weight, bias, residual};
+    k_enter(d, p, 1, 5);
+    fsdp_cpu_matmul_forward(out, inp, weight, bias, residual, N, C, OC);
+    k_leave(d);
+}
+
+static void k_matmul_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
+                              const float *dout, const float *inp, const float *weight, size_t N,
+                              size_t C, size_t OC, float alpha, int accumulate_dinp)
+{
+    const void *p[] = {dinp, dweight, dbias, dout, inp, weight};
+    k_enter(d, p, 3, 6);
+    fsdp_cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, alpha,
+                             accumulate_dinp);
+    k_leave(d);
+}
+
+static size_t k_attention_scratch_floats(struct fsdp_device *d, int T)
+{
+    (void)d;
+    return fsdp_cpu_attention_scratch_floats(T);
+}
+
+static void k_attention_forward(struct fsdp_device *d, float *out, float *lse, float *scratch,
+                                const float *qkv, int B, int T, int C, int NH)
+{
+    const void *p[] = {out, lse, scratch, qkv};
+    k_enter(d, p, 3, 4);
+    fsdp_cpu_attention_forward(out, lse, scratch, qkv, B, T, C, NH);
+    k_leave(d);
+}
+
+static void k_attention_backward(struct fsdp_device *d, float *dqkv, float *scratch,
+                                 const float *dout, const float *qkv, const float *out,
+                                 const float *lse, int B, int T, int C, int NH)
+{
+    const void *p[] = {dqkv, scratch, dout, qkv, out, lse};
+    k_enter(d, p, 2, 6);
+    fsdp_cpu_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
+    k_leave(d);
+}
+
+static void k_gelu_forward(struct fsdp_device *d, float *out, const float *inp, size_t n)
+{
+    const void *p[] = {out, inp};
+    k_enter(d, p, 1, 2);
+    fsdp_cpu_gelu_forward(out, inp, n);
+    k_leave(d);
+}
+
+static void k_gelu_backward(struct fsdp_device *d, float *dinp, const float *inp, const float *dout,
+                            size_t n)
+{
+    const void *p[] = {dinp, inp, dout};
+    k_enter(d, p, 1, 3);
+    fsdp_cpu_gelu_backward(dinp, inp, dout, n);
+    k_leave(d);
+}
+
+static void k_crossentropy_forward(struct fsdp_device *d, float *losses, float *stats,
+                                   const float *logits, const int32_t *targets, size_t N, size_t V,
+                                   int32_t ignore_index)
+{
+    const void *p[] = {losses, stats, logits, targets};
+    k_enter(d, p, 2, 4);
+    size_t kept;
+    (void)fsdp_cpu_crossentropy_forward(losses, stats, logits, targets, N, V, ignore_index, &kept);
+    k_leave(d);
+}
+
+static void k_crossentropy_backward(struct fsdp_device *d, float *dlogits, const float *logits,
+                                    const float *stats, const int32_t *targets, size_t N, size_t V,
+                                    int32_t ignore_index, float dscale)
+{
+    const void *p[] = {dlogits, logits, stats, targets};
+    k_enter(d, p, 1, 4);
+    fsdp_cpu_crossentropy_backward(dlogits, logits, stats, targets, N, V, ignore_index, dscale);
+    k_leave(d);
+}
+
+static void k_adamw_update(struct fsdp_device *d, float *param, const float *grad, float *m,
+                           float *v, size_t n, const struct fsdp_adamw_params *hp, int decay,
+                           float grad_scale)
+{
+    const void *p[] = {param, m, v, grad};
+    k_enter(d, p, 3, 4);
+    fsdp_cpu_adamw_update(param, grad, m, v, n, hp, decay, grad_scale);
+    k_leave(d);
+}
+
+static void k_sumsq(struct fsdp_device *d, double *acc, const float *x, size_t n)
+{
+    const void *p[] = {acc, x};
+    k_enter(d, p, 1, 2);
+    *acc += fsdp_cpu_sumsq(x, n);
+    k_leave(d);
+}
+
+static void k_scale(struct fsdp_device *d, float *x, size_t n, float s)
+{
+    const void *p[] = {x};
+    k_enter(d, p, 1, 1);
+    fsdp_cpu_scale(x, n, s);
+    k_leave(d);
+}
+
+static void k_narrow_inplace(struct fsdp_device *d, void *buf, size_t n, int bf16)
+{
+    const void *p[] = {buf};
+    k_enter(d, p, 1, 1);
+    fsdp_cpu_narrow_inplace(buf, n, bf16);
+    k_leave(d);
+}
+
+static void k_widen_inplace(struct fsdp_device *d, void *buf, size_t n, int bf16)
+{
+    const void *p[] = {buf};
+    k_enter(d, p, 1, 1);
+    fsdp_cpu_widen_inplace(buf, n, bf16);
+    k_leave(d);
+}
+
+static void k_f32_to_bf16(struct fsdp_device *d, uint16_t *dst, const float *src, size_t n)
+{
+    const void *p[] = {dst, src};
+    k_enter(d, p, 1, 2);
+    fsdp_cpu_f32_to_bf16(dst, src, n);
+    k_leave(d);
+}
+
+static void k_bf16_to_f32(struct fsdp_device *d, float *dst, const uint16_t *src, size_t n)
+{
+    const void *p[] = {dst, src};
+    k_enter(d, p, 1, 2);
+    fsdp_cpu_bf16_to_f32(dst, src, n);
+    k_leave(d);
+}
+
+static void k_f32_to_f16(struct fsdp_device *d, uint16_t *dst, const float *src, size_t n)
+{
+    const void *p[] = {dst, src};
+    k_enter(d, p, 1, 2);
+    fsdp_cpu_f32_to_f16(dst, src, n);
+    k_leave(d);
+}
+
+static void k_f16_to_f32(struct fsdp_device *d, float *dst, const uint16_t *src, size_t n)
+{
+    const void *p[] = {dst, src};
+    k_enter(d, p, 1, 2);
+    fsdp_cpu_f16_to_f32(dst, src, n);
+    k_leave(d);
+}
+
+static void k_embed_rows_forward(struct fsdp_device *d, float *out, const int32_t *tokens,
+                                 const float *wte, size_t v0, size_t vn, const float *wpe,
+                                 size_t p0, size_t pn, size_t N, int T, int C)
+{
+    const void *p[] = {out, tokens, wte, wpe};
+    k_enter(d, p, 1, 4);
+    fsdp_cpu_embed_rows_forward(out, tokens, wte, v0, vn, wpe, p0, pn, N, T, C);
+    k_leave(d);
+}
+
+static void k_embed_rows_backward(struct fsdp_device *d, float *dwte, float *dwpe,
+                                  const float *dout, const int32_t *tokens, size_t v0, size_t vn,
+                                  size_t p0, size_t pn, size_t N, int T, int C)
+{
+    const void *p[] = {dwte, dwpe, dout, tokens};
+    k_enter(d, p, 2, 4);
+    fsdp_cpu_embed_rows_backward(dwte, dwpe, dout, tokens, v0, vn, p0, pn, N, T, C);
+    k_leave(d);
+}
+
+static void k_crossentropy_slice_forward(struct fsdp_device *d, float *stats, float *target_logit,
+                                         const float *logits, const int32_t *targets, size_t N,
+                                         size_t n, size_t col0, int32_t ignore_index, int first)
+{
+    const void *p[] = {stats, target_logit, logits, targets};
+    k_enter(d, p, 2, 4);
+    fsdp_cpu_crossentropy_slice_forward(stats, target_logit, logits, targets, N, n, col0,
+                                        ignore_index, first);
+    k_leave(d);
+}
+
+static void k_crossentropy_slice_backward(struct fsdp_device *d, float *dlogits,
+                                          const float *logits, const float *stats,
+                                          const int32_t *targets, size_t N, size_t n, size_t col0,
+                                          int32_t ignore_index, float dscale)
+{
+    const void *p[] = {dlogits, logits, stats, targets};
+    k_enter(d, p, 1, 4);
+    fsdp_cpu_crossentropy_slice_backward(dlogits, logits, stats, targets, N, n, col0, ignore_index,
+                                         dscale);
+    k_leave(d);
+}
+
+static void k_bias_residual_forward(struct fsdp_device *d, float *out, const float *inp,
+                                    const float *bias, const float *residual, size_t N, size_t C)
+{
+    const void *p[] = {out, inp, bias, residual};
+    k_enter(d, p, 1, 4);
+    fsdp_cpu_bias_residual_forward(out, inp, bias, residual, N, C);
+    k_leave(d);
+}
+
+static void k_rmsnorm_forward(struct fsdp_device *d, float *out, float *rstd, float *keep,
+                              const float *inp, const float *weight, size_t N, size_t C, float eps)
+{
+    const void *p[] = {out, rstd, keep, inp, weight};
+    k_enter(d, p, 3, 5);
+    fsdp_cpu_rmsnorm_forward_keep(out, rstd, keep, inp, weight, N, C, eps);
+    k_leave(d);
+}
+
+static void k_rmsnorm_backward(struct fsdp_device *d, float *dinp, float *dweight,
+                               const float *dout, const float *inp, const float *weight,
+                               const float *rstd, size_t N, size_t C)
+{
+    const void *p[] = {dinp, dweight, dout, inp, weight, rstd};
+    k_enter(d, p, 2, 6);
+    fsdp_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    k_leave(d);
+}
+
+static void k_rope_forward(struct fsdp_device *d, float *qkv, const float *cos_t,
+                           const float *sin_t, int B, int T, int NH, int NKV, int hs)
+{
+    const void *p[] = {qkv, cos_t, sin_t};
+    k_enter(d, p, 1, 3);
+    fsdp_cpu_rope_forward(qkv, cos_t, sin_t, B, T, NH, NKV, hs);
+    k_leave(d);
+}
+
+static void k_rope_backward(struct fsdp_device *d, float *dqkv, const float *cos_t,
+                            const float *sin_t, int B, int T, int NH, int NKV, int hs)
+{
+    const void *p[] = {dqkv, cos_t, sin_t};
+    k_enter(d, p, 1, 3);
+    fsdp_cpu_rope_backward(dqkv, cos_t, sin_t, B, T, NH, NKV, hs);
+    k_leave(d);
+}
+
+static void k_swiglu_forward(struct fsdp_device *d, float *out, const float *gate, const float *up,
+                             size_t n)
+{
+    const void *p[] = {out, gate, up};
+    k_enter(d, p, 1, 3);
+    fsdp_cpu_swiglu_forward(out, gate, up, n);
+    k_leave(d);
+}
+
+static void k_swiglu_backward(struct fsdp_device *d, float *dgate, float *dup, const float *dout,
+                              const float *gate, const float *up, size_t n)
+{
+    const void *p[] = {dgate, dup, dout, gate, up};
+    k_enter(d, p, 2, 5);
+    fsdp_cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
+    k_leave(d);
+}
+
+static size_t k_gqa_attention_scratch_floats(struct fsdp_device *d, int T, int NH, int NKV, int hs)
+{
+    (void)d;
+    return fsdp_cpu_gqa_attention_scratch_floats(T, NH, NKV, hs);
+}
+
+static void k_gqa_attention_forward(struct fsdp_device *d, float *out, float *lse, float *scratch,
+                                    const float *qkv, int B, int T, int NH, int NKV, int hs)
+{
+    const void *p[] = {out, lse, scratch, qkv};
+    k_enter(d, p, 3, 4);
+    fsdp_cpu_gqa_attention_forward(out, lse, scratch, qkv, B, T, NH, NKV, hs);
+    k_leave(d);
+}
+
+static void k_gqa_attention_backward(struct fsdp_device *d, float *dqkv, float *scratch,
+                                     const float *dout, const float *qkv, const float *out,
+                                     const float *lse, int B, int T, int NH, int NKV, int hs)
+{
+    const void *p[] = {dqkv, scratch, dout, qkv, out, lse};
+    k_enter(d, p, 2, 6);
+    fsdp_cpu_gqa_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    k_leave(d);
+}
+
+static void k_embed_gather(struct fsdp_device *d, float *out, const int32_t *tokens,
+                           const float *table, size_t N, size_t C)
+{
+    const void *p[] = {out, tokens, table};
+    k_enter(d, p, 1, 3);
+    fsdp_cpu_embed_gather(out, tokens, table, N, C);
+    k_leave(d);
+}
+
+static void k_embed_scatter_add(struct fsdp_device *d, float *dtable, const float *dout,
+                                const int32_t *tokens, size_t N, size_t C)
+{
+    const void *p[] = {dtable, dout, tokens};
+    k_enter(d, p, 1, 3);
+    fsdp_cpu_embed_scatter_add(dtable, dout, tokens, N, C);
+    k_leave(d);
+}
+
+static void k_attention_decode(struct fsdp_device *d, float *out, float *scores, const float *q,
+                               const float *kcache, const float *vcache, int n, int NH, int NKV,
+                               int hs, int ld)
+{
+    const void *p[] = {out, scores, q, kcache, vcache};
+    k_enter(d, p, 2, 5);
+    fsdp_cpu_attention_decode(out, scores, q, kcache, vcache, n, NH, NKV, hs, ld);
+    k_leave(d);
+}
+
+static void k_accumulate(struct fsdp_device *d, float *y, const float *x, size_t n)
+{
+    const void *p[] = {y, x};
+    k_enter(d, p, 1, 2);
+    fsdp_cpu_accumulate(y, x, n);
+    k_leave(d);
+}
+
+static void k_accumulate16(struct fsdp_device *d, float *y, const uint16_t *x, size_t n, int bf16,
+                           int accumulate)
+{
+    const void *p[] = {y, x};
+    k_enter(d, p, 1, 2);
+    fsdp_cpu_accumulate16(y, x, n, bf16, accumulate);
+    k_leave(d);
+}
+
+static void k_loss_sum(struct fsdp_device *d, double *acc, const float *losses,
+                       const int32_t *targets, size_t N, int32_t ignore_index)
+{
+    const void *p[] = {acc, losses, targets};
+    k_enter(d, p, 1, 3);
+    fsdp_cpu_loss_sum(acc, losses, targets, N, ignore_index);
+    k_leave(d);
+}
+
+static void k_xent_losses(struct fsdp_device *d, float *losses, const float *stats,
+                          const float *target_logit, const int32_t *targets, size_t N,
+                          int32_t ignore_index)
+{
+    const void *p[] = {losses, stats, target_logit, targets};
+    k_enter(d, p, 1, 4);
+    fsdp_cpu_xent_losses(losses, stats, target_logit, targets, N, ignore_index);
+    k_leave(d);
+}
+
+static void k_xent_combine(struct fsdp_device *d, int phase, float *stats, float *zt, float *mx,
+                           float *sz, size_t N, int have)
+{
+    const void *p[] = {stats, zt, mx, sz};
+    k_enter(d, p, 4, 4);
+    fsdp_cpu_xent_combine(phase, stats, zt, mx, sz, N, have);
+    k_leave(d);
+}
+
+static void k_fill(struct fsdp_device *d, float *x, size_t n, size_t stride, float value)
+{
+    const void *p[] = {x};
+    k_enter(d, p, 1, 1);
+    fsdp_cpu_fill(x, n, stride, value);
+    k_leave(d);
+}
 
 static const struct fsdp_kernels cpu_kernels = {
     .size = sizeof(struct fsdp_kernels),
-    .encoder_forward = fsdp_cpu_encoder_forward,
-    .encoder_backward = fsdp_cpu_encoder_backward,
-    .layernorm_forward = fsdp_cpu_layernorm_forward,
-    .layernorm_backward = fsdp_cpu_layernorm_backward,
-    .matmul_forward = fsdp_cpu_matmul_forward,
-    .matmul_backward = fsdp_cpu_matmul_backward,
-    .attention_scratch_floats = fsdp_cpu_attention_scratch_floats,
-    .attention_forward = fsdp_cpu_attention_forward,
-    .attention_backward = fsdp_cpu_attention_backward,
-    .gelu_forward = fsdp_cpu_gelu_forward,
-    .gelu_backward = fsdp_cpu_gelu_backward,
-    .crossentropy_forward = fsdp_cpu_crossentropy_forward,
-    .crossentropy_backward = fsdp_cpu_crossentropy_backward,
-    .adamw_update = fsdp_cpu_adamw_update,
-    .sumsq = fsdp_cpu_sumsq,
-    .scale = fsdp_cpu_scale,
-    .narrow_inplace = fsdp_cpu_narrow_inplace,
-    .widen_inplace = fsdp_cpu_widen_inplace,
-    .f32_to_bf16 = fsdp_cpu_f32_to_bf16,
-    .bf16_to_f32 = fsdp_cpu_bf16_to_f32,
-    .f32_to_f16 = fsdp_cpu_f32_to_f16,
-    .f16_to_f32 = fsdp_cpu_f16_to_f32,
-    .embed_rows_forward = fsdp_cpu_embed_rows_forward,
-    .embed_rows_backward = fsdp_cpu_embed_rows_backward,
-    .crossentropy_slice_forward = fsdp_cpu_crossentropy_slice_forward,
-    .crossentropy_slice_backward = fsdp_cpu_crossentropy_slice_backward,
-    .bias_residual_forward = fsdp_cpu_bias_residual_forward,
+    .encoder_forward = k_encoder_forward,
+    .encoder_backward = k_encoder_backward,
+    .layernorm_forward = k_layernorm_forward,
+    .layernorm_backward = k_layernorm_backward,
+    .matmul_forward = k_matmul_forward,
+    .matmul_backward = k_matmul_backward,
+    .attention_scratch_floats = k_attention_scratch_floats,
+    .attention_forward = k_attention_forward,
+    .attention_backward = k_attention_backward,
+    .gelu_forward = k_gelu_forward,
+    .gelu_backward = k_gelu_backward,
+    .crossentropy_forward = k_crossentropy_forward,
+    .crossentropy_backward = k_crossentropy_backward,
+    .adamw_update = k_adamw_update,
+    .sumsq = k_sumsq,
+    .scale = k_scale,
+    .narrow_inplace = k_narrow_inplace,
+    .widen_inplace = k_widen_inplace,
+    .f32_to_bf16 = k_f32_to_bf16,
+    .bf16_to_f32 = k_bf16_to_f32,
+    .f32_to_f16 = k_f32_to_f16,
+    .f16_to_f32 = k_f16_to_f32,
+    .embed_rows_forward = k_embed_rows_forward,
+    .embed_rows_backward = k_embed_rows_backward,
+    .crossentropy_slice_forward = k_crossentropy_slice_forward,
+    .crossentropy_slice_backward = k_crossentropy_slice_backward,
+    .bias_residual_forward = k_bias_residual_forward,
+    .rmsnorm_forward = k_rmsnorm_forward,
+    .rmsnorm_backward = k_rmsnorm_backward,
+    .rope_forward = k_rope_forward,
+    .rope_backward = k_rope_backward,
+    .swiglu_forward = k_swiglu_forward,
+    .swiglu_backward = k_swiglu_backward,
+    .gqa_attention_scratch_floats = k_gqa_attention_scratch_floats,
+    .gqa_attention_forward = k_gqa_attention_forward,
+    .gqa_attention_backward = k_gqa_attention_backward,
+    .embed_gather = k_embed_gather,
+    .embed_scatter_add = k_embed_scatter_add,
+    .attention_decode = k_attention_decode,
+    .accumulate = k_accumulate,
+    .accumulate16 = k_accumulate16,
+    .loss_sum = k_loss_sum,
+    .xent_losses = k_xent_losses,
+    .xent_combine = k_xent_combine,
+    .fill = k_fill,
 };
 
 const struct fsdp_kernels *fsdp_cpu_kernels(void)
@@ -47,25 +498,56 @@ const struct fsdp_kernels *fsdp_cpu_kernels(void)
     return &cpu_kernels;
 }
 
-static void *cpu_alloc(struct fsdp_device *d, size_t bytes)
+// ----------------------------------------------------------------------------
+// ops
+
+/* Each block starts with a 64-byte header holding its size, for the counts. */
+#define CPU_HDR 64
+
+static void *cpu_alloc(struct fsdp_device *d, size_t bytes, const char *name)
 {
-    (void)d;
-    return fsdp_calloc(bytes);
+    (void)name;
+    unsigned char *p = fsdp_calloc(bytes + CPU_HDR);
+    if (!p) {
+        return NULL;
+    }
+    memcpy(p, &bytes, sizeof(bytes));
+    fsdp_device_count_alloc(d, (long long)bytes);
+    return p + CPU_HDR;
 }
 
 static void cpu_free(struct fsdp_device *d, void *p)
 {
-    (void)d;
-    fsdp_free(p);
+    if (!p) {
+        return;
+    }
+    unsigned char *b = (unsigned char *)p - CPU_HDR;
+    size_t bytes;
+    memcpy(&bytes, b, sizeof(bytes));
+    fsdp_device_count_alloc(d, -(long long)bytes);
+    fsdp_free(b);
 }
 
 static int cpu_copy(struct fsdp_device *d, void *dst, const void *src, size_t bytes,
                     enum fsdp_copy_dir dir, void *stream)
 {
-    (void)d;
-    (void)dir;
     (void)stream;
-    memmove(dst, src, bytes);
+    if (dir == FSDP_COPY_D2H) {
+        d->stats.d2h_copies++;
+    }
+    if (bytes > 0) {
+        memmove(dst, src, bytes);
+    }
+    return 0;
+}
+
+static int cpu_memset(struct fsdp_device *d, void *p, int value, size_t bytes, void *stream)
+{
+    (void)d;
+    (void)stream;
+    if (bytes > 0) {
+        memset(p, value, bytes);
+    }
     return 0;
 }
 
@@ -84,12 +566,78 @@ static void cpu_stream_destroy(struct fsdp_device *d, void *stream)
 
 static int cpu_synchronize(struct fsdp_device *d, void *stream)
 {
-    (void)d;
     (void)stream;
+    d->stats.host_waits++;
     return 0; /* kernels return when done */
 }
 
-static const struct fsdp_device_ops cpu_ops = {
+/* An event is a token: everything recorded before it is already done. */
+static int cpu_event_create(struct fsdp_device *d, void **ev)
+{
+    (void)d;
+    *ev = malloc(1);
+    return *ev ? 0 : fsdp_err(FSDP_ERR_NOMEM, "device event");
+}
+
+static void cpu_event_destroy(struct fsdp_device *d, void *ev)
+{
+    (void)d;
+    free(ev);
+}
+
+static int cpu_event_record(struct fsdp_device *d, void *ev, void *stream)
+{
+    (void)d;
+    (void)ev;
+    (void)stream;
+    return 0;
+}
+
+static int cpu_stream_wait(struct fsdp_device *d, void *stream, void *ev)
+{
+    (void)d;
+    (void)stream;
+    (void)ev;
+    return 0;
+}
+
+static int cpu_event_query(struct fsdp_device *d, void *ev)
+{
+    (void)d;
+    (void)ev;
+    return 1;
+}
+
+static int cpu_event_synchronize(struct fsdp_device *d, void *ev)
+{
+    (void)ev;
+    d->stats.host_waits++;
+    return 0;
+}
+
+static void *cpu_host_alloc(struct fsdp_device *d, size_t bytes)
+{
+    (void)d;
+    return fsdp_calloc(bytes);
+}
+
+static void cpu_host_free(struct fsdp_device *d, void *p)
+{
+    (void)d;
+    fsdp_free(p);
+}
+
+static int cpu_mem_info(struct fsdp_device *d, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)d;
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
+    long page = sysconf(_SC_PAGESIZE);
+    *total_bytes = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+    *free_bytes = avail > 0 && page > 0 ? (size_t)avail * (size_t)page : 0;
+    return 0;
+}
+
+const struct fsdp_device_ops fsdp_cpu_device_ops = {
     .size = sizeof(struct fsdp_device_ops),
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -98,32 +646,26 @@ static const struct fsdp_device_ops cpu_ops = {
     .stream_create = cpu_stream_create,
     .stream_destroy = cpu_stream_destroy,
     .synchronize = cpu_synchronize,
+    .memset = cpu_memset,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait = cpu_stream_wait,
+    .event_query = cpu_event_query,
+    .event_synchronize = cpu_event_synchronize,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .mem_info = cpu_mem_info,
+    .buffers = NULL,
 };
 
-int fsdp_device_create(const char *name, int index, struct fsdp_device **out)
+int fsdp_cpu_device_init(struct fsdp_device *d, int index)
 {
-    if (strcmp(name, "cpu") != 0) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                        "device '%s': this build computes on the CPU only (device cpu)", name);
-    }
-    struct fsdp_device *d = calloc(1, sizeof(*d));
-    if (!d) {
-        return fsdp_err(FSDP_ERR_NOMEM, "device");
-    }
-    d->ops = &cpu_ops;
-    d->k = &cpu_kernels;
-    d->mem = FSDP_MEM_HOST;
-    d->index = index;
-    *out = d;
+    *d = (struct fsdp_device){
+        .ops = &fsdp_cpu_device_ops,
+        .k = &cpu_kernels,
+        .mem = FSDP_MEM_HOST,
+        .index = index,
+    };
     return 0;
-}
-
-void fsdp_device_destroy(struct fsdp_device *d)
-{
-    free(d);
-}
-
-uint32_t fsdp_device_mem_cap(const struct fsdp_device *d)
-{
-    return d->mem == FSDP_MEM_CUDA ? FSDP_CAP_MEM_CUDA : FSDP_CAP_MEM_HOST;
 }

@@ -366,4 +366,30 @@ void fsdp_cpu_bias_residual_forward(float *out,            /* (N, C) */
                                     const float *residual, /* (N, C) or NULL */
                                     size_t N, size_t C);
 
+// ----------------------------------------------------------------------------
+// the small loops of the models' embeddings and heads and of the engine
+// (small.c): what was once host code over device buffers
+
+/* out[r,:] = table[tokens[r],:], N rows of C. */
+void fsdp_cpu_embed_gather(float *out, const int32_t *tokens, const float *table, size_t N,
+                           size_t C);
+/* dtable[tokens[r],:] += dout[r,:], rows in order. */
+void fsdp_cpu_embed_scatter_add(float *dtable, const float *dout, const int32_t *tokens, size_t N,
+                                size_t C);
+/* y += x */
+void fsdp_cpu_accumulate(float *y, const float *x, size_t n);
+/* y = (accumulate ? y : 0) + x widened from bf16 (bf16 != 0) or f16 */
+void fsdp_cpu_accumulate16(float *y, const uint16_t *x, size_t n, int bf16, int accumulate);
+/* *acc += the losses of rows whose target is not ignore_index, in row order, in double. */
+void fsdp_cpu_loss_sum(double *acc, const float *losses, const int32_t *targets, size_t N,
+                       int32_t ignore_index);
+/* losses[r] = stats[2r] + log(stats[2r+1]) - target_logit[r]; 0 when ignored. */
+void fsdp_cpu_xent_losses(float *losses, const float *stats, const float *target_logit,
+                          const int32_t *targets, size_t N, int32_t ignore_index);
+/* The parallel cross-entropy's element-wise steps (device.h xent_combine). */
+void fsdp_cpu_xent_combine(int phase, float *stats, float *zt, float *mx, float *sz, size_t N,
+                           int have);
+/* x[i * stride] = value for i < n */
+void fsdp_cpu_fill(float *x, size_t n, size_t stride, float value);
+
 #endif

@@ -8,9 +8,13 @@ libfsdpc_a_SOURCES += \
 	src/compute/cpu/loss.c \
 	src/compute/cpu/optim.c \
 	src/compute/cpu/cast.c \
+	src/compute/cpu/small.c \
+	src/compute/device.c \
+	src/compute/device_guarded.c \
 	src/compute/device_cpu.c
-noinst_HEADERS += src/compute/kernels.h src/compute/device.h src/compute/cpu/simd.h
+noinst_HEADERS += src/compute/kernels.h src/compute/device.h src/compute/device_impl.h src/compute/cpu/simd.h
 
-check_PROGRAMS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels
-TESTS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels
+check_PROGRAMS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels \
+	tests/kernels/test_device
+TESTS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels tests/kernels/test_device
 noinst_HEADERS += tests/kernels/ref_kernels.h

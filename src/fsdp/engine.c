@@ -108,7 +108,7 @@ static void shard_zero_gslot(struct fsdp_shard_engine *se, int u)
 {
     struct fsdp_gslot *s = &se->gslots[fsdp_unit_gslot(se, u)];
     size_t n = fsdp_shard_by_rows(se, u) ? se->units[u].S : se->units[u].numel;
-    memset(s->buf, 0, n * sizeof(float));
+    (void)fsdp_device_zero(se->dev, s->buf, n * sizeof(float));
 }
 
 /* Unit 0's gradient before a micro-batch's backward: its slot starts at
@@ -119,7 +119,8 @@ static int shard_zero_root(struct fsdp_shard_engine *se, int first, int accumula
     struct fsdp_gslot *s = &se->gslots[fsdp_unit_gslot(se, 0)];
     if (fsdp_shard_by_rows(se, 0) && !s->buf) {
         if (first && !accumulate) {
-            memset(se->units[0].grad, 0, se->units[0].S * sizeof(float));
+            FSDP_CHECK(
+                fsdp_device_zero(se->dev, se->units[0].grad, se->units[0].S * sizeof(float)));
         }
         return 0;
     }
@@ -139,7 +140,8 @@ static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, i
     const int last = se->n_units - 1;
     if (se->direct) {
         for (int u = 0; first && !accumulate && u <= last; u++) {
-            memset(se->units[u].grad, 0, se->units[u].numel * sizeof(float));
+            FSDP_CHECK(
+                fsdp_device_zero(se->dev, se->units[u].grad, se->units[u].numel * sizeof(float)));
         }
         reduce = 0;
         first = 0;
@@ -202,24 +204,27 @@ static int shard_world_sum(struct fsdp_shard_engine *se, double *x)
 
 /* This rank's part of the squared norm: with tensor parallelism its tp
  * shards of the cut parameters, and the replicated ones on tp rank 0 only
- * (every tp rank holds the same copy). */
-static double shard_local_sumsq(const struct fsdp_shard_engine *se)
+ * (every tp rank holds the same copy). Summed on the device, in the order
+ * the host once summed it, and read once: the step's one wait for a value
+ * besides the loss. */
+static int shard_local_sumsq(struct fsdp_shard_engine *se, double *out)
 {
-    double sum = 0.0;
+    struct fsdp_device *d = se->dev;
+    FSDP_CHECK(fsdp_device_zero(d, se->dnorm, sizeof(double)));
     for (int u = 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
         if (!se->plan) {
-            sum += se->dev->k->sumsq(un->grad, un->cnt);
+            d->k->sumsq(d, se->dnorm, un->grad, un->cnt);
             continue;
         }
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
             const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
             if (g->len > 0 && (se->plan->rank == 0 || !fsdp_tp_plan_replicated(se->plan, i))) {
-                sum += se->dev->k->sumsq(un->grad + g->block_off, g->len);
+                d->k->sumsq(d, se->dnorm, un->grad + g->block_off, g->len);
             }
         }
     }
-    return sum;
+    return fsdp_device_read(d, out, se->dnorm, sizeof(double));
 }
 
 /* Sum of squares of the whole model's gradient: the shards summed over the
@@ -227,7 +232,7 @@ static double shard_local_sumsq(const struct fsdp_shard_engine *se)
  * local: this rank's part alone. */
 static int shard_sumsq(struct fsdp_shard_engine *se, double *local, double *out)
 {
-    *local = shard_local_sumsq(se);
+    FSDP_CHECK(shard_local_sumsq(se, local));
     *out = *local;
     if (se->shard_g) {
         FSDP_CHECK(shard_group_sum(se, se->shard_g, out));
@@ -437,6 +442,7 @@ static void shard_destroy(struct fsdp_engine *e)
     struct fsdp_shard_engine *se = shard_impl(e);
     fsdp_model_destroy(se->model);
     fsdp_shard_teardown(se);
+    fsdp_unit_streams_fini(se);
     free(se);
 }
 
@@ -551,7 +557,8 @@ static int shard_check_backends(const struct fsdp_shard_engine *se)
             continue;
         }
         gs[i]->ops->capabilities(gs[i]->be, &caps);
-        if (!(caps.flags & fsdp_device_mem_cap(se->dev))) {
+        int staged = gs[i]->stager && gs[i]->stager->mem == se->dev->mem;
+        if (!(caps.flags & fsdp_device_mem_cap(se->dev)) && !staged) {
             return fsdp_err(FSDP_ERR_UNSUPPORTED, "group %s: backend %s cannot take %s memory, "
                             "where this engine's buffers live (device %s)", gs[i]->name,
                             gs[i]->ops->name, se->dev->mem == FSDP_MEM_CUDA ? "CUDA" : "host",
@@ -617,17 +624,20 @@ static int shard_build(const struct fsdp_model_spec *spec, const struct fsdp_sha
         FSDP_CHECK(fsdp_tp_plan_create(spec, g->tp->size, g->tp->rank, &se->plan));
         se->spec = se->plan->local;
     }
-    fsdp_tp_init(&se->tp, se->plan ? g->tp : NULL, sc->sequence_parallel, dev->mem, dev->k);
+    fsdp_tp_init(&se->tp, se->plan ? g->tp : NULL, sc->sequence_parallel, dev);
     if (se->tp.sp && sc->T % se->tp.size != 0) {
         return fsdp_err(FSDP_ERR_INVALID, "seq-len %d is not divisible by tp %d: with sequence "
                         "parallelism each tp rank holds 1/%d of every sequence "
                         "(--sequence-parallel off keeps them whole)", sc->T, se->tp.size,
                         se->tp.size);
     }
-    fsdp_adamw_init(&se->opt, oc, se->spec, dev->k);
+    fsdp_adamw_init(&se->opt, oc, se->spec, dev);
     fsdp_shard_groups_set(se, g);
     if (!sizing) {
         FSDP_CHECK(shard_check_backends(se));
+    }
+    if (!sizing) {
+        FSDP_CHECK(fsdp_unit_streams_init(se));
     }
     FSDP_CHECK(fsdp_shard_layout_create(se));
     FSDP_CHECK(shard_model(se));

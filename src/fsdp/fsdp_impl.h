@@ -154,6 +154,9 @@ struct fsdp_shard_engine {
     size_t relayout_bound;             /* floats that buffer may take: FSDPC_CKPT_RELAYOUT_BYTES
                                           (64 MiB), read at create */
     double *sum_buf;                   /* (max(world, tp),) one double per rank of a group */
+    double *dnorm;                     /* (1) device: this rank's squared gradient norm */
+    void *comm_stream;                 /* the dp, rdp and tp collectives' stream (attr.stream) */
+    void *ev_compute, *ev_comm;        /* the two streams' order (fsdp_unit_comm_begin/end) */
     int rq_head, rq_len;
 
     int shadow;                        /* this step: no batch here (join), collectives only */
@@ -236,6 +239,15 @@ int fsdp_unit_reduce_wait_slot(struct fsdp_shard_engine *se, int g);
 int fsdp_unit_reduce_wait_all(struct fsdp_shard_engine *se);
 /* Blocking wait with the exposed/total timers; done: when a poll saw it
  * complete (0: not seen). Frees the handle. */
+/* Before a collective on the comm stream: it waits for what the compute
+ * stream has issued so far (the gradients a reduce-scatter reads, the slot
+ * a gather overwrites). After one is waited for: the compute stream waits
+ * for it (the gathered parameters, the reduced gradient). */
+int fsdp_unit_comm_begin(struct fsdp_shard_engine *se);
+int fsdp_unit_comm_end(struct fsdp_shard_engine *se);
+/* Creates the comm stream and the events (not when sizing); _fini frees them. */
+int fsdp_unit_streams_init(struct fsdp_shard_engine *se);
+void fsdp_unit_streams_fini(struct fsdp_shard_engine *se);
 int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double issued,
                    double done);
 /* Has the group layer drive the collectives in flight, notes when each

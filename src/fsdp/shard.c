@@ -165,11 +165,10 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
     if (se->sizing) {
         return 0;
     }
-    float *p = se->dev->ops->alloc(se->dev, bytes);
-    if (!p) {
-        return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of parameter, gradient and AdamW shards",
-                        bytes);
-    }
+    void *mem;
+    FSDP_CHECK(
+        fsdp_device_alloc(se->dev, bytes, "fsdp parameter, gradient and AdamW shards", &mem));
+    float *p = mem;
     for (int u = 0; u < se->n_units; u++) {
         struct fsdp_unit *un = &se->units[u];
         un->master = p;
@@ -180,11 +179,9 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
     }
     /* unit 0 by rows is packed only when gather_unit saves it, through the same scratch */
     if (se->scratch_floats > 0) {
-        se->scratch = se->dev->ops->alloc(se->dev, se->scratch_floats * sizeof(float));
-        if (!se->scratch) {
-            return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of packing scratch",
-                            se->scratch_floats * sizeof(float));
-        }
+        FSDP_CHECK(fsdp_device_alloc(se->dev, se->scratch_floats * sizeof(float),
+                                     "fsdp packing scratch", &mem));
+        se->scratch = mem;
     }
     return 0;
 }
@@ -193,7 +190,7 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
  * parameters or unsharded gradients), the rest of the capacity, the
  * collectives' padding, as communication. */
 static float *shard_slot_buf(struct fsdp_shard_engine *se, size_t numel, size_t floats,
-                             size_t *counter, int *failed)
+                             size_t *counter, int *failed, const char *name)
 {
     if (floats == 0) {
         return NULL;
@@ -203,7 +200,7 @@ static float *shard_slot_buf(struct fsdp_shard_engine *se, size_t numel, size_t 
     if (se->sizing) {
         return NULL;
     }
-    float *p = se->dev->ops->alloc(se->dev, floats * sizeof(float));
+    float *p = se->dev->ops->alloc(se->dev, floats * sizeof(float), name);
     *failed |= p == NULL;
     return p;
 }
@@ -227,6 +224,11 @@ int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
                          sizeof(*se->sum_buf));
     if (!se->pslots || !se->gslots || !se->rqueue || !se->sum_buf) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: slot tables");
+    }
+    if (!se->sizing) {
+        void *mem;
+        FSDP_CHECK(fsdp_device_alloc(se->dev, sizeof(double), "fsdp gradient norm", &mem));
+        se->dnorm = mem;
     }
     /* a slot holds the largest unit that maps to it, and its packed shards
      * (Rs * S: the unit plus the collectives' padding). Unit 0 by rows is
@@ -255,13 +257,15 @@ int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
         struct fsdp_pslot *s = &se->pslots[i];
         s->unit = -1;
         s->buf = se->direct ? NULL
-                            : shard_slot_buf(se, s->numel, s->floats, &se->gathered_bytes, &failed);
+                            : shard_slot_buf(se, s->numel, s->floats, &se->gathered_bytes, &failed,
+                                             "fsdp parameter slot (gathered unit)");
     }
     for (int i = 0; i < se->n_gslots; i++) {
         struct fsdp_gslot *s = &se->gslots[i];
         s->unit = -1;
         s->buf = se->direct ? NULL
-                            : shard_slot_buf(se, s->numel, s->floats, &se->grad_bytes, &failed);
+                            : shard_slot_buf(se, s->numel, s->floats, &se->grad_bytes, &failed,
+                                             "fsdp gradient slot (unsharded unit)");
     }
     if (failed) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of gathered, gradient and communication buffers",
@@ -298,7 +302,7 @@ static void shard_move_big(const struct fsdp_shard_engine *se, const struct fsdp
             size_t u = g->unit_at, len = g->len, p = (size_t)r * un->S + g->block_off;
             size_t src = to_unit ? p : u, dst = to_unit ? u : p;
             if (len > 0 && dst != src && (pass == 0) == (dst < src)) {
-                memmove(buf + dst, buf + src, len * sizeof(float));
+                (void)fsdp_device_copy(se->dev, buf + dst, buf + src, len * sizeof(float));
             }
         }
     }
@@ -311,21 +315,23 @@ void fsdp_shard_unpack_inplace(const struct fsdp_shard_engine *se, int u, float 
     const struct fsdp_param_spec *big = &se->spec->params[un->big];
     float *x = se->scratch;
     if (t != FSDP_F32) {
-        se->dev->k->widen_inplace(buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
+        se->dev->k->widen_inplace(se->dev, buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
     }
     for (int r = 0; r < se->Rs; r++) {
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
             const struct fsdp_shard_seg *g = fsdp_shard_seg(se, r, i);
             if (i != un->big && g->len > 0) {
-                memcpy(x + shard_scratch_at(big, g->unit_at),
-                       buf + (size_t)r * un->S + g->block_off, g->len * sizeof(float));
+                (void)fsdp_device_copy(se->dev, x + shard_scratch_at(big, g->unit_at),
+                                       buf + (size_t)r * un->S + g->block_off,
+                                       g->len * sizeof(float));
             }
         }
     }
     shard_move_big(se, un, buf, 1);
     size_t tail = un->numel - big->offset - big->numel;
-    memcpy(buf, x, big->offset * sizeof(float));
-    memcpy(buf + big->offset + big->numel, x + big->offset, tail * sizeof(float));
+    (void)fsdp_device_copy(se->dev, buf, x, big->offset * sizeof(float));
+    (void)fsdp_device_copy(se->dev, buf + big->offset + big->numel, x + big->offset,
+                           tail * sizeof(float));
 }
 
 void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *buf,
@@ -335,23 +341,25 @@ void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *b
     const struct fsdp_param_spec *big = &se->spec->params[un->big];
     float *x = se->scratch;
     size_t tail = un->numel - big->offset - big->numel;
-    memcpy(x, buf, big->offset * sizeof(float));
-    memcpy(x + big->offset, buf + big->offset + big->numel, tail * sizeof(float));
+    (void)fsdp_device_copy(se->dev, x, buf, big->offset * sizeof(float));
+    (void)fsdp_device_copy(se->dev, x + big->offset, buf + big->offset + big->numel,
+                           tail * sizeof(float));
     shard_move_big(se, un, buf, 0);
     for (int r = 0; r < se->Rs; r++) {
         float *block = buf + (size_t)r * un->S;
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
             const struct fsdp_shard_seg *g = fsdp_shard_seg(se, r, i);
             if (i != un->big && g->len > 0) {
-                memcpy(block + g->block_off, x + shard_scratch_at(big, g->unit_at),
-                       g->len * sizeof(float));
+                (void)fsdp_device_copy(se->dev, block + g->block_off,
+                                       x + shard_scratch_at(big, g->unit_at),
+                                       g->len * sizeof(float));
             }
         }
         size_t used = shard_len(se, un, r);
-        memset(block + used, 0, (un->S - used) * sizeof(float)); /* padding */
+        (void)fsdp_device_zero(se->dev, block + used, (un->S - used) * sizeof(float)); /* padding */
     }
     if (t != FSDP_F32) {
-        se->dev->k->narrow_inplace(buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
+        se->dev->k->narrow_inplace(se->dev, buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
     }
 }
 
@@ -390,6 +398,9 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
     free(se->gslots);
     free(se->rqueue);
     free(se->sum_buf);
+    if (se->dnorm) {
+        se->dev->ops->free(se->dev, se->dnorm);
+    }
     if (se->scratch) {
         se->dev->ops->free(se->dev, se->scratch);
     }
@@ -517,8 +528,8 @@ static void shard_place_blocks(struct fsdp_shard_engine *se, int kind, size_t i,
         for (size_t j = 0; j < pc.rows; j++) {
             size_t q, at;
             shard_row_slot(n, R, pc.row0 + j, &q, &at);
-            memcpy(buf + (q * per + at) * w + (a - c0), pc.data + j * pc.cols + (a - pc.col0),
-                   (b - a) * sizeof(float));
+            (void)fsdp_device_copy(se->dev, buf + (q * per + at) * w + (a - c0),
+                                   pc.data + j * pc.cols + (a - pc.col0), (b - a) * sizeof(float));
         }
     }
 }
@@ -527,8 +538,10 @@ static int shard_rs_wait(struct fsdp_shard_engine *se, struct fsdp_group *g, flo
                          float *recv, size_t count)
 {
     struct fsdp_work *w;
+    FSDP_CHECK(fsdp_unit_comm_begin(se));
     FSDP_CHECK(fsdp_reduce_scatter(g, send, recv, count, FSDP_F32, FSDP_SUM, &se->attr, &w));
     int rc = fsdp_work_wait(w, -1.0);
+    rc = rc < 0 ? rc : fsdp_unit_comm_end(se);
     fsdp_work_free(w);
     return rc;
 }
@@ -556,10 +569,10 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
     }
     if (!se->relayout) { /* the largest pass's, at the first save */
         size_t need = fsdp_shard_relayout_floats(se);
-        if (!(se->relayout = se->dev->ops->alloc(se->dev, need * sizeof(float)))) {
-            return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to save a tensor as rows",
-                            need * sizeof(float));
-        }
+        void *mem;
+        FSDP_CHECK(fsdp_device_alloc(se->dev, need * sizeof(float),
+                                     "fsdp checkpoint re-layout (a tensor as rows)", &mem));
+        se->relayout = mem;
     }
     size_t row0, rows, step = shard_relayout_cols(se, n, m, R);
     fsdp_split_even(n, R, (size_t)se->base.shard, &row0, &rows);
@@ -567,14 +580,19 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
         const size_t w = m - c0 < step ? m - c0 : step, slot = per * w;
         float *buf = se->relayout, *group = buf + (size_t)se->rs * T * slot;
         float *mine = group + (size_t)se->tp.rank * slot;
-        memset(buf, 0, R * slot * sizeof(float));
+        FSDP_CHECK(fsdp_device_zero(se->dev, buf, R * slot * sizeof(float)));
         shard_place_blocks(se, kind, i, buf, per, c0, w);
         if (se->shard_g) {
             FSDP_CHECK(shard_rs_wait(se, se->shard_g, buf, group, T * slot));
         }
         FSDP_CHECK(shard_rs_wait(se, se->tp.g, group, mine, slot));
+        /* into the host's rows: the one way device memory reaches a file */
         for (size_t j = 0; out && j < rows; j++) {
-            memcpy(out + j * m + c0, mine + j * w, w * sizeof(float));
+            FSDP_CHECK(se->dev->ops->copy(se->dev, out + j * m + c0, mine + j * w,
+                                          w * sizeof(float), FSDP_COPY_D2H, se->dev->stream));
+        }
+        if (out && rows > 0) {
+            FSDP_CHECK(se->dev->ops->synchronize(se->dev, se->dev->stream));
         }
     }
     return 0;
@@ -601,15 +619,16 @@ static int shard_gather_tp(struct fsdp_shard_engine *se, int u, const float *loc
 {
     size_t ln = se->spec->unit_numel[u], T = (size_t)se->tp.size;
     size_t floats = shard_tp_gather_floats(se, u);
-    float *buf = se->dev->ops->alloc(se->dev, floats * sizeof(float));
-    if (!buf) {
-        return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to gather unit %d whole over tp",
-                        floats * sizeof(float), u);
-    }
+    void *mem;
+    FSDP_CHECK(
+        fsdp_device_alloc(se->dev, floats * sizeof(float), "fsdp unit gathered over tp", &mem));
+    float *buf = mem;
     struct fsdp_work *w;
-    int rc = fsdp_allgather(se->tp.g, local, buf, ln, FSDP_F32, &se->attr, &w);
+    int rc = fsdp_unit_comm_begin(se);
+    rc = rc < 0 ? rc : fsdp_allgather(se->tp.g, local, buf, ln, FSDP_F32, &se->attr, &w);
     if (rc == 0) {
         rc = fsdp_work_wait(w, -1.0);
+        rc = rc < 0 ? rc : fsdp_unit_comm_end(se);
         fsdp_work_free(w);
     }
     if (rc < 0) {
@@ -618,7 +637,7 @@ static int shard_gather_tp(struct fsdp_shard_engine *se, int u, const float *loc
     }
     fsdp_shard_drop_saved(se);
     se->save_buf = buf;
-    fsdp_tp_plan_assemble(se->plan, u, buf, buf + T * ln);
+    FSDP_CHECK(fsdp_tp_plan_assemble(se->plan, se->dev, u, buf, buf + T * ln));
     *full = buf + T * ln;
     return 0;
 }
@@ -653,16 +672,17 @@ int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **fu
     float *buf = se->pslots[fsdp_unit_pslot(se, u)].buf;
     if (fsdp_shard_by_rows(se, u)) {
         size_t floats = shard_rows_gather_floats(se, u);
-        se->save_buf = se->dev->ops->alloc(se->dev, floats * sizeof(float));
-        if (!se->save_buf) {
-            return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes to gather unit %d whole",
-                            floats * sizeof(float), u);
-        }
+        void *mem;
+        FSDP_CHECK(
+            fsdp_device_alloc(se->dev, floats * sizeof(float), "fsdp unit gathered whole", &mem));
+        se->save_buf = mem;
         buf = se->save_buf;
     }
     struct fsdp_work *w;
+    FSDP_CHECK(fsdp_unit_comm_begin(se));
     FSDP_CHECK(fsdp_allgather(se->shard_g, un->master, buf, un->S, FSDP_F32, &se->attr, &w));
     int rc = fsdp_work_wait(w, -1.0);
+    rc = rc < 0 ? rc : fsdp_unit_comm_end(se);
     fsdp_work_free(w);
     FSDP_CHECK(rc);
     fsdp_shard_unpack_inplace(se, u, buf, FSDP_F32);

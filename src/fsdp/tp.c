@@ -6,6 +6,7 @@
 #include "config.h"
 #include "fsdp/tp.h"
 #include "model/tp_ops.h"
+#include "compute/device.h"
 #include "core/error.h"
 
 #include <stdlib.h>
@@ -162,7 +163,8 @@ size_t fsdp_tp_plan_blocks(const struct fsdp_tp_plan *p, size_t i, int rank, siz
     return cnt;
 }
 
-void fsdp_tp_plan_assemble(const struct fsdp_tp_plan *p, int u, const float *locals, float *full)
+int fsdp_tp_plan_assemble(const struct fsdp_tp_plan *p, struct fsdp_device *dev, int u,
+                          const float *locals, float *full)
 {
     const struct fsdp_model_spec *fs = p->full, *ls = p->local;
     size_t lnumel = ls->unit_numel[u];
@@ -174,8 +176,9 @@ void fsdp_tp_plan_assemble(const struct fsdp_tp_plan *p, int u, const float *loc
             size_t n = fsdp_tp_plan_blocks(p, i, t, 0, lq->shape[0], b);
             for (size_t k = 0; k < n; k++) {
                 for (size_t r = 0; r < b[k].rows; r++) {
-                    memcpy(full + q->offset + (b[k].row0 + r) * q->shape[1] + b[k].col0,
-                           src + (b[k].local_row + r) * lq->shape[1], b[k].cols * sizeof(float));
+                    FSDP_CHECK(fsdp_device_copy(
+                        dev, full + q->offset + (b[k].row0 + r) * q->shape[1] + b[k].col0,
+                        src + (b[k].local_row + r) * lq->shape[1], b[k].cols * sizeof(float)));
                 }
             }
             if (fsdp_tp_plan_replicated(p, i)) {
@@ -183,4 +186,5 @@ void fsdp_tp_plan_assemble(const struct fsdp_tp_plan *p, int u, const float *loc
             }
         }
     }
+    return 0;
 }

@@ -64,7 +64,9 @@ size_t fsdp_tp_plan_blocks(const struct fsdp_tp_plan *p, size_t i, int rank, siz
                            struct fsdp_tp_block *out);
 
 /* Unit u of the whole table into full (full->unit_numel[u]) from every tp
- * rank's local unit u, rank after rank in locals (size x local numel). */
-void fsdp_tp_plan_assemble(const struct fsdp_tp_plan *p, int u, const float *locals, float *full);
+ * rank's local unit u, rank after rank in locals (size x local numel), both
+ * in dev's memory (copies through dev). */
+int fsdp_tp_plan_assemble(const struct fsdp_tp_plan *p, struct fsdp_device *dev, int u,
+                          const float *locals, float *full);
 
 #endif

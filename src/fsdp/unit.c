@@ -49,11 +49,60 @@ int fsdp_unit_gslot(const struct fsdp_shard_engine *se, int u)
     return 1 + (u - 1) % (se->n_gslots - 1);
 }
 
+// ----------------------------------------------------------------------------
+// the order of the compute and comm streams
+
+int fsdp_unit_streams_init(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    FSDP_CHECK(d->ops->stream_create(d, &se->comm_stream));
+    FSDP_CHECK(d->ops->event_create(d, &se->ev_compute));
+    FSDP_CHECK(d->ops->event_create(d, &se->ev_comm));
+    se->attr.stream = se->comm_stream;
+    return 0;
+}
+
+void fsdp_unit_streams_fini(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    if (se->ev_compute) {
+        d->ops->event_destroy(d, se->ev_compute);
+    }
+    if (se->ev_comm) {
+        d->ops->event_destroy(d, se->ev_comm);
+    }
+    if (se->comm_stream) {
+        d->ops->stream_destroy(d, se->comm_stream);
+    }
+    se->ev_compute = se->ev_comm = se->comm_stream = NULL;
+}
+
+int fsdp_unit_comm_begin(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    if (!se->ev_compute) {
+        return 0; /* sizing */
+    }
+    FSDP_CHECK(d->ops->event_record(d, se->ev_compute, d->stream));
+    return d->ops->stream_wait(d, se->comm_stream, se->ev_compute);
+}
+
+int fsdp_unit_comm_end(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    if (!se->ev_comm) {
+        return 0;
+    }
+    FSDP_CHECK(d->ops->event_record(d, se->ev_comm, se->comm_stream));
+    return d->ops->stream_wait(d, d->stream, se->ev_comm);
+}
+
 int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double issued,
                    double done)
 {
     double t0 = fsdp_now();
     FSDP_CHECK(fsdp_work_wait(*w, -1.0));
+    FSDP_CHECK(fsdp_unit_comm_end(se));
     double t1 = fsdp_now();
     se->comm_exposed += t1 - t0;
     se->comm_total += (done > 0.0 ? done : t1) - issued;
@@ -101,19 +150,9 @@ static void unit_to16(const struct fsdp_shard_engine *se, enum fsdp_dtype t, uin
                       const float *src, size_t n)
 {
     if (t == FSDP_BF16) {
-        se->dev->k->f32_to_bf16(dst, src, n);
+        se->dev->k->f32_to_bf16(se->dev, dst, src, n);
     } else {
-        se->dev->k->f32_to_f16(dst, src, n);
-    }
-}
-
-static void unit_from16(const struct fsdp_shard_engine *se, enum fsdp_dtype t, float *dst,
-                        const uint16_t *src, size_t n)
-{
-    if (t == FSDP_BF16) {
-        se->dev->k->bf16_to_f32(dst, src, n);
-    } else {
-        se->dev->k->f16_to_f32(dst, src, n);
+        se->dev->k->f32_to_f16(se->dev, dst, src, n);
     }
 }
 
@@ -132,33 +171,17 @@ static void *unit_reduced(const struct fsdp_shard_engine *se, const struct fsdp_
 }
 
 /* grad = (accumulate ? grad : 0) + shard, the shard in t, added as f32. */
-static void unit_accumulate(const struct fsdp_shard_engine *se, float *grad, const void *shard,
-                            size_t n, enum fsdp_dtype t, int accumulate)
+static int unit_accumulate(const struct fsdp_shard_engine *se, float *grad, const void *shard,
+                           size_t n, enum fsdp_dtype t, int accumulate)
 {
-    if (t == FSDP_F32) {
-        const float *x = shard;
-        if (!accumulate) {
-            memcpy(grad, x, n * sizeof(float));
-            return;
-        }
-        for (size_t i = 0; i < n; i++) {
-            grad[i] += x[i];
-        }
-        return;
+    if (t != FSDP_F32) {
+        se->dev->k->accumulate16(se->dev, grad, shard, n, t == FSDP_BF16, accumulate);
+    } else if (!accumulate) {
+        FSDP_CHECK(fsdp_device_copy(se->dev, grad, shard, n * sizeof(float)));
+    } else {
+        se->dev->k->accumulate(se->dev, grad, shard, n);
     }
-    const uint16_t *h = shard;
-    if (!accumulate) {
-        unit_from16(se, t, grad, h, n);
-        return;
-    }
-    float tmp[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        size_t k = n - i0 < 256 ? n - i0 : 256;
-        unit_from16(se, t, tmp, h + i0, k);
-        for (size_t i = 0; i < k; i++) {
-            grad[i0 + i] += tmp[i];
-        }
-    }
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -189,24 +212,28 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
          * serve the others */
         if (pt != FSDP_F32) {
             unit_to16(se, pt, (uint16_t *)(void *)s->buf, un->master, un->S);
-            se->dev->k->widen_inplace(s->buf, un->S, pt == FSDP_BF16);
+            se->dev->k->widen_inplace(se->dev, s->buf, un->S, pt == FSDP_BF16);
         }
         s->ready = 1;
         return 0;
     }
     if (pt == FSDP_F32) {
         if (!se->shard_g) {
-            memcpy(s->buf, un->master, un->numel * sizeof(float));
+            rc = fsdp_device_copy(se->dev, s->buf, un->master, un->numel * sizeof(float));
         } else {
-            rc = fsdp_allgather(se->shard_g, un->master, s->buf, un->S, FSDP_F32, &se->attr,
-                               &s->work);
+            rc = fsdp_unit_comm_begin(se);
+            rc = rc < 0 ? rc
+                        : fsdp_allgather(se->shard_g, un->master, s->buf, un->S, FSDP_F32,
+                                         &se->attr, &s->work);
         }
     } else {
         /* in place: this rank's block of the 16-bit receive buffer is the send */
         uint16_t *recv = (uint16_t *)(void *)s->buf, *mine = recv + (size_t)se->rs * un->S;
         unit_to16(se, pt, mine, un->master, un->S);
         if (se->shard_g) {
-            rc = fsdp_allgather(se->shard_g, mine, recv, un->S, pt, &se->attr, &s->work);
+            rc = fsdp_unit_comm_begin(se);
+            rc = rc < 0 ? rc
+                        : fsdp_allgather(se->shard_g, mine, recv, un->S, pt, &se->attr, &s->work);
         }
     }
     if (se->shard_g && rc == 0) {
@@ -240,7 +267,7 @@ int fsdp_unit_gather_wait(struct fsdp_shard_engine *se, int u)
     } else if (se->shard_g) {
         fsdp_shard_unpack_inplace(se, u, s->buf, pt);
     } else if (pt != FSDP_F32) {
-        se->dev->k->widen_inplace(s->buf, un->numel, pt == FSDP_BF16);
+        se->dev->k->widen_inplace(se->dev, s->buf, un->numel, pt == FSDP_BF16);
     }
     s->ready = 1;
     return 0;
@@ -289,17 +316,20 @@ int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate)
     int rc = 0;
     if (fsdp_shard_by_rows(se, u)) { /* this rank's rows, summed already: only the cast */
         if (rt != FSDP_F32) {
-            se->dev->k->narrow_inplace(s->buf, un->S, rt == FSDP_BF16);
+            se->dev->k->narrow_inplace(se->dev, s->buf, un->S, rt == FSDP_BF16);
         }
     } else if (!se->shard_g) { /* one shard: the unit itself, cast to the reduce dtype (and back later) */
         if (rt != FSDP_F32) {
-            se->dev->k->narrow_inplace(s->buf, un->numel, rt == FSDP_BF16);
+            se->dev->k->narrow_inplace(se->dev, s->buf, un->numel, rt == FSDP_BF16);
         }
     } else {
         /* in place: block rs of the packed send receives this rank's shard */
         fsdp_shard_pack_inplace(se, u, s->buf, rt);
-        rc = fsdp_reduce_scatter(se->shard_g, s->buf, unit_block(s->buf, se->rs, un->S, rt), un->S,
-                                 rt, FSDP_SUM, &se->attr, &s->work);
+        rc = fsdp_unit_comm_begin(se);
+        rc = rc < 0
+                 ? rc
+                 : fsdp_reduce_scatter(se->shard_g, s->buf, unit_block(s->buf, se->rs, un->S, rt),
+                                       un->S, rt, FSDP_SUM, &se->attr, &s->work);
         if (rc == 0) {
             fsdp_tp_count(&se->unit_comm, FSDP_TP_REDUCE_SCATTER, se->Rs,
                           (double)se->Rs * (double)un->S * (double)fsdp_dtype_size(rt));
@@ -346,9 +376,10 @@ static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *mov
         s->done = 0.0;
         fsdp_tp_count(&se->unit_comm, FSDP_TP_ALLREDUCE, rep->size,
                       (double)un->cnt * (double)fsdp_dtype_size(rt));
+        FSDP_CHECK(fsdp_unit_comm_begin(se));
         return fsdp_allreduce(rep, buf, buf, un->cnt, rt, FSDP_SUM, &se->attr, &s->work);
     }
-    unit_accumulate(se, un->grad, shard, un->cnt, rt, s->accumulate);
+    FSDP_CHECK(unit_accumulate(se, un->grad, shard, un->cnt, rt, s->accumulate));
     s->unit = -1;
     se->rq_head = (se->rq_head + 1) % se->n_gslots;
     se->rq_len--;

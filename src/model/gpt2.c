@@ -147,7 +147,8 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
     /* token ids share the float buffer: 4 bytes each, only ever read as ids */
     a->tok_all = (int32_t *)(void *)fsdp_lm_take(base, &off, rows_all);
     a->tgt_all = (int32_t *)(void *)fsdp_lm_take(base, &off, gpt2_vp_head(m) ? rows_all : 0);
-    a->att_scratch = fsdp_lm_take(base, &off, m->lm.k->attention_scratch_floats(m->lm.max_T));
+    a->att_scratch =
+        fsdp_lm_take(base, &off, m->lm.k->attention_scratch_floats(m->lm.dev, m->lm.max_T));
     for (size_t l = 0; l < L; l++) {
         if (m->lm.checkpoint[l]) {
             any_ckpt = 1;
@@ -217,6 +218,13 @@ int fsdp_gpt2_reserve(struct fsdp_gpt2 *m)
                      m->gacts.spg);
         fsdp_lm_log_reserve(lm);
     }
+    if (gpt2_vp_head(m) && !m->tgt_host) { /* the host's copy of every rank's targets */
+        size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T;
+        m->tgt_host = calloc(gpt2_rows_all(m, BT), sizeof(int32_t));
+        if (!m->tgt_host) {
+            return fsdp_err(FSDP_ERR_NOMEM, "gpt2: the head's targets");
+        }
+    }
     return 0;
 }
 
@@ -235,8 +243,8 @@ size_t fsdp_gpt2_workspace_bytes(const struct fsdp_gpt2 *m)
 // ----------------------------------------------------------------------------
 // lifetime and settings
 
-static int gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
-                       struct fsdp_tp *tp, struct fsdp_gpt2 **out)
+static int gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T, struct fsdp_tp *tp,
+                       struct fsdp_device *dev, struct fsdp_gpt2 **out)
 {
     int rc;
     FSDP_CHECK(fsdp_lm_check_arch(spec, &fsdp_gpt2_arch));
@@ -247,7 +255,7 @@ static int gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
     }
     double per_tok = (double)c->vocab_size + 20.0 * c->n_embd * (c->n_layer + 2);
     rc = fsdp_lm_init(&m->lm, spec, &fsdp_gpt2_arch, &fsdp_gpt2_ops, max_B, max_T, c->context,
-                      per_tok, (size_t)c->n_embd, tp);
+                      per_tok, (size_t)c->n_embd, tp, dev);
     if (rc < 0) {
         free(m);
         return rc;
@@ -278,7 +286,7 @@ err_free:
 int fsdp_gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
                      struct fsdp_gpt2 **out)
 {
-    return gpt2_create(spec, max_B, max_T, NULL, out);
+    return gpt2_create(spec, max_B, max_T, NULL, NULL, out);
 }
 
 void fsdp_gpt2_destroy(struct fsdp_gpt2 *m)
@@ -287,6 +295,7 @@ void fsdp_gpt2_destroy(struct fsdp_gpt2 *m)
         return;
     }
     fsdp_lm_free(&m->lm);
+    free(m->tgt_host);
     free(m->acts.blocks);
     free(m);
 }
@@ -342,7 +351,7 @@ int fsdp_gpt2_set_unit_rows(struct fsdp_gpt2 *m, int u, struct fsdp_group *g)
     }
     m->rows_numel = off;
     m->rows_g = g;
-    fsdp_tp_init(&m->rows_x, g, 0, m->lm.dev ? m->lm.dev->mem : FSDP_MEM_HOST, m->lm.k);
+    fsdp_tp_init(&m->rows_x, g, 0, m->lm.dev);
     m->rows_W = (int)W;
     m->rows_r = (int)r;
     m->rows_on = 1;
@@ -381,7 +390,7 @@ int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_
     FSDP_CHECK(fsdp_lm_check_batch_size(&m->lm, B, T));
     FSDP_CHECK(fsdp_lm_check_tokens(&m->lm, tokens, targets, B, T, m->rows_on));
     FSDP_CHECK(fsdp_gpt2_reserve(m));
-    fsdp_lm_start_batch(&m->lm, tokens, targets, B, T);
+    FSDP_CHECK(fsdp_lm_start_batch(&m->lm, tokens, targets, B, T));
     m->head_x_ready = 0;
     m->bwd_next = -1;
     return 0;
@@ -404,18 +413,18 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     float *x = fsdp_lm_residual(&m->lm, l);
     const float *in;
     fsdp_gpt2_block_view(m, m->lm.unit_params[1 + l], &w);
-    m->lm.k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, BR, C,
-                               c->ln_eps);
+    m->lm.k->layernorm_forward(m->lm.dev, a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, BR,
+                               C, c->ln_eps);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
-    m->lm.k->matmul_forward(a->qkv, in, w.qkvw, w.qkvb, NULL, BT, C, 3 * lc);
-    m->lm.k->attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->lm.B, m->lm.T,
-                               (int)lc, m->lnh);
+    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qkvw, w.qkvb, NULL, BT, C, 3 * lc);
+    m->lm.k->attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->lm.B,
+                               m->lm.T, (int)lc, m->lnh);
     FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.attprojw, w.attprojb, x, BT, lc));
-    m->lm.k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b, BR, C,
-                               c->ln_eps);
+    m->lm.k->layernorm_forward(m->lm.dev, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b,
+                               BR, C, c->ln_eps);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
-    m->lm.k->matmul_forward(a->fch, in, w.fcw, w.fcb, NULL, BT, C, 4 * lc);
-    m->lm.k->gelu_forward(a->fch_gelu, a->fch, BT * 4 * lc);
+    m->lm.k->matmul_forward(m->lm.dev, a->fch, in, w.fcw, w.fcb, NULL, BT, C, 4 * lc);
+    m->lm.k->gelu_forward(m->lm.dev, a->fch_gelu, a->fch, BT * 4 * lc);
     if (full) {
         FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, fsdp_lm_residual(&m->lm, l + 1), a->fch_gelu,
                                         w.fcprojw, w.fcprojb, a->res2, BT, 4 * lc));
@@ -437,32 +446,36 @@ static int gpt2_embed_forward(struct fsdp_gpt2 *m)
     if (m->lm.tp) { /* vocabulary parallel; sequence parallel: through dbtc to this rank's rows */
         struct fsdp_gpt2_embed_view w;
         fsdp_gpt2_embed_view(m, m->lm.unit_params[0], &w);
-        return fsdp_tp_embed_forward(m->lm.tp, x, m->lm.sp ? m->gacts.dbtc : x, m->lm.tokens, w.wte,
-                                     (size_t)c->vocab_size, w.wpe, (size_t)m->lm.T, BT,
+        return fsdp_tp_embed_forward(m->lm.tp, x, m->lm.sp ? m->gacts.dbtc : x, m->lm.dtokens,
+                                     w.wte, (size_t)c->vocab_size, w.wpe, (size_t)m->lm.T, BT,
                                      (size_t)c->n_embd);
     }
     if (!m->rows_on) {
         struct fsdp_gpt2_embed_view w;
         fsdp_gpt2_embed_view(m, m->lm.unit_params[0], &w);
-        m->lm.k->encoder_forward(x, m->lm.tokens, w.wte, w.wpe, m->lm.B, m->lm.T, c->n_embd);
+        m->lm.k->encoder_forward(m->lm.dev, x, m->lm.dtokens, w.wte, w.wpe, m->lm.B, m->lm.T,
+                                 c->n_embd);
         return 0;
     }
     int32_t *mine = m->acts.tok_all + (size_t)m->rows_r * BT;
     const float *p = m->lm.unit_params[0];
-    for (size_t i = 0; i < BT; i++) {
-        mine[i] = m->lm.shadow ? 0 : m->lm.tokens[i];
+    if (m->lm.shadow) {
+        FSDP_CHECK(fsdp_device_zero(m->lm.dev, mine, BT * sizeof(int32_t)));
+    } else {
+        FSDP_CHECK(fsdp_device_copy(m->lm.dev, mine, m->lm.dtokens, BT * sizeof(int32_t)));
     }
     m->head_x_ready = 0;
     if (m->rows_W == 1) {
-        m->lm.k->embed_rows_forward(x, mine, p + m->wte_at, m->wte_row0, m->wte_rows,
-                                 p + m->wpe_at, m->wpe_row0, m->wpe_rows, BT, m->lm.T, c->n_embd);
+        m->lm.k->embed_rows_forward(m->lm.dev, x, mine, p + m->wte_at, m->wte_row0, m->wte_rows,
+                                    p + m->wpe_at, m->wpe_row0, m->wpe_rows, BT, m->lm.T,
+                                    c->n_embd);
         return 0;
     }
     size_t all = gpt2_rows_all(m, BT);
     FSDP_CHECK(gpt2_allgather(m, mine, m->acts.tok_all, BT, FSDP_I32));
-    m->lm.k->embed_rows_forward(m->gacts.xall, m->acts.tok_all, p + m->wte_at, m->wte_row0,
-                                m->wte_rows, p + m->wpe_at, m->wpe_row0, m->wpe_rows, all, m->lm.T,
-                                c->n_embd);
+    m->lm.k->embed_rows_forward(m->lm.dev, m->gacts.xall, m->acts.tok_all, p + m->wte_at,
+                                m->wte_row0, m->wte_rows, p + m->wpe_at, m->wpe_row0, m->wpe_rows,
+                                all, m->lm.T, c->n_embd);
     return gpt2_reduce_scatter(m, m->gacts.xall, x, BT * (size_t)c->n_embd);
 }
 
@@ -517,29 +530,31 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     fsdp_gpt2_block_view(m, m->lm.unit_params[1 + l], &w);
     fsdp_gpt2_block_view(m, m->lm.unit_grads[1 + l], &dw);
     if (m->lm.sp) {
-        memset(spg, 0, 4 * C * sizeof(float));
+        FSDP_CHECK(fsdp_device_zero(m->lm.dev, spg, 4 * C * sizeof(float)));
     }
     /* MLP */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(g->dfch, dw.fcprojw, dw.fcprojb, dout, a->fch_gelu, w.fcprojw, BT,
-                             4 * lc, C, 1.0f, 0);
-    m->lm.k->gelu_backward(g->dfch, a->fch, g->dfch, BT * 4 * lc);
+    m->lm.k->matmul_backward(m->lm.dev, g->dfch, dw.fcprojw, dw.fcprojb, dout, a->fch_gelu,
+                             w.fcprojw, BT, 4 * lc, C, 1.0f, 0);
+    m->lm.k->gelu_backward(m->lm.dev, g->dfch, a->fch, g->dfch, BT * 4 * lc);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
-    m->lm.k->matmul_backward(g->dbtc, dw.fcw, dw.fcb, g->dfch, in, w.fcw, BT, C, 4 * lc, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.fcw, dw.fcb, g->dfch, in, w.fcw, BT, C, 4 * lc,
+                             1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
-    m->lm.k->layernorm_backward(g->dres, m->lm.sp ? spg : dw.ln2w, m->lm.sp ? spg + C : dw.ln2b,
-                                din, a->res2, w.ln2w, a->ln2_mean, a->ln2_rstd, BR, C);
+    m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.ln2w,
+                                m->lm.sp ? spg + C : dw.ln2b, din, a->res2, w.ln2w, a->ln2_mean,
+                                a->ln2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(datty, dw.attprojw, dw.attprojb, dout, a->atty, w.attprojw, BT, lc, C,
-                             1.0f, 0);
-    m->lm.k->attention_backward(g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty, a->att_lse,
-                                m->lm.B, m->lm.T, (int)lc, m->lnh);
+    m->lm.k->matmul_backward(m->lm.dev, datty, dw.attprojw, dw.attprojb, dout, a->atty, w.attprojw,
+                             BT, lc, C, 1.0f, 0);
+    m->lm.k->attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
+                                a->att_lse, m->lm.B, m->lm.T, (int)lc, m->lnh);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
-    m->lm.k->matmul_backward(g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, w.qkvw, BT, C, 3 * lc, 1.0f,
-                             0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, w.qkvw, BT, C,
+                             3 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
-    m->lm.k->layernorm_backward(g->dres, m->lm.sp ? spg + 2 * C : dw.ln1w,
+    m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + 2 * C : dw.ln1w,
                                 m->lm.sp ? spg + 3 * C : dw.ln1b, din, fsdp_lm_residual(&m->lm, l),
                                 w.ln1w, a->ln1_mean, a->ln1_rstd, BR, C);
     if (m->lm.sp) {
@@ -562,20 +577,21 @@ static int gpt2_embed_backward(struct fsdp_gpt2 *m)
         const float *dout;
         FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
         fsdp_gpt2_embed_view(m, dg, &dw);
-        fsdp_tp_embed_backward(m->lm.tp, dw.wte, dw.wpe, dout, m->lm.tokens, (size_t)c->vocab_size,
+        fsdp_tp_embed_backward(m->lm.tp, dw.wte, dw.wpe, dout, m->lm.dtokens, (size_t)c->vocab_size,
                                (size_t)m->lm.T, BT, C);
         return 0;
     }
     if (!m->rows_on) {
         struct fsdp_gpt2_embed_view dw;
         fsdp_gpt2_embed_view(m, dg, &dw);
-        m->lm.k->encoder_backward(dw.wte, dw.wpe, dres, m->lm.tokens, m->lm.B, m->lm.T, c->n_embd);
+        m->lm.k->encoder_backward(m->lm.dev, dw.wte, dw.wpe, dres, m->lm.dtokens, m->lm.B, m->lm.T,
+                                  c->n_embd);
         return 0;
     }
     const float *rows = dres;
     size_t n = BT;
     if (m->lm.shadow) {
-        memset(dres, 0, BT * C * sizeof(float));
+        FSDP_CHECK(fsdp_device_zero(m->lm.dev, dres, BT * C * sizeof(float)));
     }
     m->head_x_ready = 0;
     if (m->rows_W > 1) {
@@ -583,8 +599,9 @@ static int gpt2_embed_backward(struct fsdp_gpt2 *m)
         FSDP_CHECK(gpt2_allgather(m, dres, m->gacts.xall, BT * C, FSDP_F32));
         rows = m->gacts.xall;
     }
-    m->lm.k->embed_rows_backward(dg + m->wte_at, dg + m->wpe_at, rows, m->acts.tok_all, m->wte_row0,
-                                 m->wte_rows, m->wpe_row0, m->wpe_rows, n, m->lm.T, c->n_embd);
+    m->lm.k->embed_rows_backward(m->lm.dev, dg + m->wte_at, dg + m->wpe_at, rows, m->acts.tok_all,
+                                 m->wte_row0, m->wte_rows, m->wpe_row0, m->wpe_rows, n, m->lm.T,
+                                 c->n_embd);
     return 0;
 }
 
@@ -636,11 +653,7 @@ static int gpt2_op_create(const struct fsdp_model_spec *spec, const struct fsdp_
                           struct fsdp_model **out)
 {
     struct fsdp_gpt2 *m = NULL;
-    FSDP_CHECK(gpt2_create(spec, o->max_B, o->max_T, o->tp, &m));
-    if (o->dev) {
-        m->lm.dev = o->dev;
-        m->lm.k = o->dev->k;
-    }
+    FSDP_CHECK(gpt2_create(spec, o->max_B, o->max_T, o->tp, o->dev, &m));
     if (o->head_chunk > 0) {
         int rc = fsdp_gpt2_set_head_chunk(m, o->head_chunk);
         if (rc < 0) {

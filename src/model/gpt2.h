@@ -160,6 +160,7 @@ struct fsdp_gpt2 {
     /* loss of the last forward with targets (the mean: lm.loss) */
     size_t n_kept;   /* tokens whose target is not ignored */
     size_t kept_all; /* ... over every row of the head (every rank's, by rows) */
+    int32_t *tgt_host; /* (R) by rows: the host's copy of acts.tgt_all, for the counts */
 
     /* ordering state: forward of u, then backward from L+1 down to 0 */
     int bwd_next;            /* unit the next backward_unit must be; -1 when none */

@@ -8,7 +8,7 @@
  */
 #include "config.h"
 #include "model/gpt2.h"
-#include "compute/kernels.h"
+#include "compute/device.h"
 #include "core/error.h"
 #include "model/lm.h"
 
@@ -23,7 +23,7 @@ struct gpt2_decoder {
     float *att;    /* (C) */
     float *fch;    /* (4C) */
     float *scores; /* (max_T) */
-    float mean, rstd;
+    float *stats;  /* (2) the norm's mean and rstd */
 };
 
 static int gpt2_decode_step(struct fsdp_decoder *d, int32_t token, float *logits)
@@ -31,39 +31,36 @@ static int gpt2_decode_step(struct fsdp_decoder *d, int32_t token, float *logits
     struct gpt2_decoder *g = (struct gpt2_decoder *)d;
     struct fsdp_gpt2 *m = g->m;
     const struct fsdp_gpt2_config *c = m->cfg;
+    const struct fsdp_kernels *k = m->lm.k;
+    struct fsdp_device *dev = m->lm.dev;
     size_t C = (size_t)c->n_embd, V = (size_t)c->vocab_size, T = (size_t)d->max_T;
     int L = c->n_layer, pos = d->pos;
-    float *x = g->c.x;
-    FSDP_CHECK(fsdp_lm_decode_check(&m->lm, d, token));
+    float *x = g->c.x, *mean = g->stats, *rstd = g->stats + 1;
+    FSDP_CHECK(fsdp_lm_decode_begin(&m->lm, &g->c, token));
     struct fsdp_gpt2_embed_view e;
     fsdp_gpt2_embed_view(m, m->lm.unit_params[0], &e);
-    for (size_t i = 0; i < C; i++) {
-        x[i] = e.wte[(size_t)token * C + i] + e.wpe[(size_t)pos * C + i];
-    }
+    k->encoder_forward(dev, x, g->c.token, e.wte, e.wpe + (size_t)pos * C, 1, 1, (int)C);
     for (int l = 0; l < L; l++) {
         struct fsdp_gpt2_block_view w;
         fsdp_gpt2_block_view(m, m->lm.unit_params[1 + l], &w);
         float *kc = g->c.kv + (size_t)l * 2 * T * C, *vc = kc + T * C;
-        fsdp_cpu_layernorm_forward(g->ln, &g->mean, &g->rstd, x, w.ln1w, w.ln1b, 1, C,
-                                   c->ln_eps);
-        fsdp_cpu_matmul_forward(g->qkv, g->ln, w.qkvw, w.qkvb, NULL, 1, C, 3 * C);
-        memcpy(kc + (size_t)pos * C, g->qkv + C, C * sizeof(float));
-        memcpy(vc + (size_t)pos * C, g->qkv + 2 * C, C * sizeof(float));
-        fsdp_cpu_attention_decode(g->att, g->scores, g->qkv, kc, vc, pos + 1, c->n_head,
-                                  c->n_head, (int)(C / (size_t)c->n_head), (int)C);
-        fsdp_cpu_matmul_forward(x, g->att, w.attprojw, w.attprojb, x, 1, C, C);
-        fsdp_cpu_layernorm_forward(g->ln, &g->mean, &g->rstd, x, w.ln2w, w.ln2b, 1, C,
-                                   c->ln_eps);
-        fsdp_cpu_matmul_forward(g->fch, g->ln, w.fcw, w.fcb, NULL, 1, C, 4 * C);
-        fsdp_cpu_gelu_forward(g->fch, g->fch, 4 * C);
-        fsdp_cpu_matmul_forward(x, g->fch, w.fcprojw, w.fcprojb, x, 1, 4 * C, C);
+        k->layernorm_forward(dev, g->ln, mean, rstd, x, w.ln1w, w.ln1b, 1, C, c->ln_eps);
+        k->matmul_forward(dev, g->qkv, g->ln, w.qkvw, w.qkvb, NULL, 1, C, 3 * C);
+        FSDP_CHECK(fsdp_device_copy(dev, kc + (size_t)pos * C, g->qkv + C, C * sizeof(float)));
+        FSDP_CHECK(fsdp_device_copy(dev, vc + (size_t)pos * C, g->qkv + 2 * C, C * sizeof(float)));
+        k->attention_decode(dev, g->att, g->scores, g->qkv, kc, vc, pos + 1, c->n_head, c->n_head,
+                            (int)(C / (size_t)c->n_head), (int)C);
+        k->matmul_forward(dev, x, g->att, w.attprojw, w.attprojb, x, 1, C, C);
+        k->layernorm_forward(dev, g->ln, mean, rstd, x, w.ln2w, w.ln2b, 1, C, c->ln_eps);
+        k->matmul_forward(dev, g->fch, g->ln, w.fcw, w.fcb, NULL, 1, C, 4 * C);
+        k->gelu_forward(dev, g->fch, g->fch, 4 * C);
+        k->matmul_forward(dev, x, g->fch, w.fcprojw, w.fcprojb, x, 1, 4 * C, C);
     }
     struct fsdp_gpt2_head_view h;
     fsdp_gpt2_head_view(m, m->lm.unit_params[L + 1], m->lm.unit_params[0], &h);
-    fsdp_cpu_layernorm_forward(g->ln, &g->mean, &g->rstd, x, h.lnfw, h.lnfb, 1, C, c->ln_eps);
-    fsdp_cpu_matmul_forward(logits, g->ln, h.lm_head, NULL, NULL, 1, C, V);
-    d->pos++;
-    return 0;
+    k->layernorm_forward(dev, g->ln, mean, rstd, x, h.lnfw, h.lnfb, 1, C, c->ln_eps);
+    k->matmul_forward(dev, g->c.logits, g->ln, h.lm_head, NULL, NULL, 1, C, V);
+    return fsdp_lm_decode_end(&m->lm, &g->c, logits);
 }
 
 static const struct fsdp_decoder_ops gpt2_decoder_ops = {
@@ -80,14 +77,16 @@ int fsdp_gpt2_decoder_create(struct fsdp_model *model, int max_T, struct fsdp_de
     if (m->rows_on) {
         return fsdp_err(FSDP_ERR_UNSUPPORTED, "gpt2 decoder: unit 0 is split by rows");
     }
-    FSDP_CHECK(fsdp_lm_decoder_alloc(&m->lm, max_T, c->context, C, C + C + 3 * C + C + 4 * C + T,
-                                     sizeof(struct gpt2_decoder), &gpt2_decoder_ops, &d));
+    FSDP_CHECK(fsdp_lm_decoder_alloc(&m->lm, max_T, c->context, C,
+                                     C + C + 3 * C + C + 4 * C + T + 2, sizeof(struct gpt2_decoder),
+                                     &gpt2_decoder_ops, &d));
     struct gpt2_decoder *g = (struct gpt2_decoder *)d;
     g->ln = d->x + C;
     g->qkv = g->ln + C;
     g->att = g->qkv + 3 * C;
     g->fch = g->att + C;
     g->scores = g->fch + 4 * C;
+    g->stats = g->scores + T;
     g->m = m;
     *out = &d->base;
     return 0;

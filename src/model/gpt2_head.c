@@ -80,7 +80,7 @@ static void gpt2_head_tile_logits(const struct fsdp_gpt2 *m, const float *X, con
                                   size_t c0, size_t rows, size_t n, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd;
-    m->lm.k->matmul_forward(out, X, w + c0 * C, NULL, NULL, rows, C, n);
+    m->lm.k->matmul_forward(m->lm.dev, out, X, w + c0 * C, NULL, NULL, rows, C, n);
 }
 
 /*
@@ -92,21 +92,12 @@ static void gpt2_head_tile_logits(const struct fsdp_gpt2 *m, const float *X, con
 static int gpt2_head_combine(struct fsdp_gpt2 *m, float *stats, float *zt, size_t R)
 {
     struct fsdp_gpt2_grad_acts *g = &m->gacts;
-    for (size_t i = 0; i < R; i++) {
-        g->mx[i] = m->wte_rows ? stats[2 * i] : -INFINITY;
-    }
+    const int have = m->wte_rows > 0;
+    m->lm.k->xent_combine(m->lm.dev, 0, stats, zt, g->mx, g->sz, R, have);
     FSDP_CHECK(gpt2_allreduce(m, g->mx, R, FSDP_MAX));
-    for (size_t i = 0; i < R; i++) {
-        float s = m->wte_rows ? stats[2 * i + 1] : 0.0f;
-        g->sz[i] = s > 0.0f ? s * expf(stats[2 * i] - g->mx[i]) : 0.0f;
-        g->sz[R + i] = m->wte_rows ? zt[i] : 0.0f;
-    }
+    m->lm.k->xent_combine(m->lm.dev, 1, stats, zt, g->mx, g->sz, R, have);
     FSDP_CHECK(gpt2_allreduce(m, g->sz, 2 * R, FSDP_SUM));
-    for (size_t i = 0; i < R; i++) {
-        stats[2 * i] = g->mx[i];
-        stats[2 * i + 1] = g->sz[i];
-        zt[i] = g->sz[R + i];
-    }
+    m->lm.k->xent_combine(m->lm.dev, 2, stats, zt, g->mx, g->sz, R, have);
     return 0;
 }
 
@@ -115,11 +106,30 @@ static int gpt2_head_gather_x(struct fsdp_gpt2 *m, size_t BT)
 {
     size_t C = (size_t)m->cfg->n_embd;
     if (m->lm.shadow) {
-        memset(m->acts.lnf, 0, BT * C * sizeof(float));
+        FSDP_CHECK(fsdp_device_zero(m->lm.dev, m->acts.lnf, BT * C * sizeof(float)));
     }
     FSDP_CHECK(gpt2_allgather(m, m->acts.lnf, m->gacts.xall, BT * C, FSDP_F32));
     m->head_x_ready = 1;
     return 0;
+}
+
+/* Every rank's targets into tgt_all (the ignore index from a rank
+ * without a batch), and the host's copy for the counts: one read. */
+static int gpt2_head_gather_targets(struct fsdp_gpt2 *m, size_t BT)
+{
+    struct fsdp_gpt2_acts *a = &m->acts;
+    int32_t *mine = a->tgt_all + (size_t)m->rows_r * BT;
+    size_t all = gpt2_rows_all(m, BT);
+    if (m->lm.shadow) {
+        for (size_t i = 0; i < BT; i++) {
+            m->tgt_host[i] = m->lm.ignore_index;
+        }
+        FSDP_CHECK(fsdp_device_write(m->lm.dev, mine, m->tgt_host, BT * sizeof(int32_t)));
+    } else {
+        FSDP_CHECK(fsdp_device_copy(m->lm.dev, mine, m->lm.dtargets, BT * sizeof(int32_t)));
+    }
+    FSDP_CHECK(gpt2_allgather(m, mine, a->tgt_all, BT, FSDP_I32));
+    return fsdp_device_read(m->lm.dev, m->tgt_host, a->tgt_all, all * sizeof(int32_t));
 }
 
 /*
@@ -141,7 +151,7 @@ int fsdp_gpt2_head_forward(struct fsdp_gpt2 *m)
         struct fsdp_gpt2_head_view w;
         float *mine = fsdp_lm_lnf_mine(&m->lm, a->lnf, BT);
         fsdp_gpt2_head_view(m, m->lm.unit_params[c->n_layer + 1], m->lm.unit_params[0], &w);
-        m->lm.k->layernorm_forward(mine, a->lnf_mean, a->lnf_rstd,
+        m->lm.k->layernorm_forward(m->lm.dev, mine, a->lnf_mean, a->lnf_rstd,
                                    fsdp_lm_residual(&m->lm, c->n_layer), w.lnfw, w.lnfb,
                                    fsdp_lm_rows_here(&m->lm, BT), C, c->ln_eps);
         FSDP_CHECK(fsdp_lm_lnf_gather(&m->lm, mine, a->lnf, BT));
@@ -153,40 +163,38 @@ int fsdp_gpt2_head_forward(struct fsdp_gpt2 *m)
     m->n_kept = 0;
     m->kept_all = 0;
     m->lm.loss = NAN;
+    m->lm.loss_pending = 0;
     if (m->lm.shadow && !ex) {
         m->bwd_next = m->lm.spec->n_units - 1; /* nothing here, and no one to serve */
         return 0;
     }
     size_t R = gpt2_head_R(m, BT), Vh = gpt2_head_V(m), own = 0, v0, rt, ct;
     const float *X = a->lnf, *W;
-    const int32_t *tgt = m->lm.targets;
+    const int32_t *tgt = m->lm.dtargets, *htgt = m->lm.targets; /* device, host */
     float *dW;
     gpt2_head_weights(m, 0, &W, &dW, &v0);
     if (ex) {
         FSDP_CHECK(gpt2_head_gather_x(m, BT));
-        int32_t *mine = a->tgt_all + (size_t)m->rows_r * BT;
-        for (size_t i = 0; i < BT; i++) {
-            mine[i] = m->lm.shadow ? m->lm.ignore_index : m->lm.targets[i];
-        }
-        FSDP_CHECK(gpt2_allgather(m, mine, a->tgt_all, BT, FSDP_I32));
+        FSDP_CHECK(gpt2_head_gather_targets(m, BT));
         X = g->xall;
         tgt = a->tgt_all;
+        htgt = m->tgt_host;
         own = (size_t)m->rows_r * BT;
     }
     gpt2_head_tile(m, R, Vh, &rt, &ct);
-    for (size_t i = 0; i < R && Vh == 0; i++) { /* a slice of padding only: nothing to add */
-        a->ce_stats[2 * i] = -INFINITY;
-        a->ce_stats[2 * i + 1] = 0.0f;
-        g->zt[i] = 0.0f;
+    if (Vh == 0) { /* a slice of padding only: nothing to add */
+        m->lm.k->fill(m->lm.dev, a->ce_stats, R, 2, -INFINITY);
+        m->lm.k->fill(m->lm.dev, a->ce_stats + 1, R, 2, 0.0f);
+        m->lm.k->fill(m->lm.dev, g->zt, R, 1, 0.0f);
     }
     for (size_t i0 = 0; i0 < R && Vh > 0; i0 += rt) {
         size_t rows = R - i0 < rt ? R - i0 : rt;
         for (size_t c0 = 0; c0 < Vh; c0 += ct) {
             size_t n = Vh - c0 < ct ? Vh - c0 : ct;
             gpt2_head_tile_logits(m, X + i0 * C, W, c0, rows, n, a->head_logits);
-            m->lm.k->crossentropy_slice_forward(a->ce_stats + 2 * i0, g->zt + i0, a->head_logits,
-                                                tgt + i0, rows, n, v0 + c0, m->lm.ignore_index,
-                                                c0 == 0);
+            m->lm.k->crossentropy_slice_forward(m->lm.dev, a->ce_stats + 2 * i0, g->zt + i0,
+                                                a->head_logits, tgt + i0, rows, n, v0 + c0,
+                                                m->lm.ignore_index, c0 == 0);
         }
     }
     if (ex) {
@@ -195,22 +203,15 @@ int fsdp_gpt2_head_forward(struct fsdp_gpt2 *m)
         FSDP_CHECK(fsdp_tp_xent_combine(m->lm.tp, a->ce_stats, g->zt, g->mx, R));
     }
     for (size_t i = 0; i < R; i++) {
-        m->kept_all += tgt[i] != m->lm.ignore_index;
+        m->kept_all += htgt[i] != m->lm.ignore_index;
     }
-    size_t kept = 0;
-    double sum = 0.0;
-    for (size_t r = 0; r < BT && !m->lm.shadow; r++) {
-        const float *st = a->ce_stats + 2 * (own + r);
-        if (m->lm.targets[r] == m->lm.ignore_index) {
-            a->losses[r] = 0.0f;
-            continue;
-        }
-        a->losses[r] = st[0] + logf(st[1]) - g->zt[own + r];
-        sum += a->losses[r];
-        kept++;
+    if (!m->lm.shadow) {
+        size_t kept = fsdp_lm_count_kept(&m->lm, 0, BT);
+        m->lm.k->xent_losses(m->lm.dev, a->losses, a->ce_stats + 2 * own, g->zt + own,
+                             m->lm.dtargets, BT, m->lm.ignore_index);
+        m->n_kept = kept;
+        fsdp_lm_set_loss(&m->lm, a->losses, BT, kept);
     }
-    m->n_kept = kept;
-    m->lm.loss = kept ? (float)(sum / (double)kept) : NAN;
     m->bwd_next = m->lm.spec->n_units - 1;
     return 0;
 }
@@ -251,12 +252,11 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
     struct fsdp_gpt2_grad_acts *g = &m->gacts;
     int ex = gpt2_vp_head(m) && m->rows_W > 1, last = c->n_layer + 1;
     if (m->lm.shadow && !ex) {
-        memset(g->dres, 0, BT * C * sizeof(float));
-        return 0;
+        return fsdp_device_zero(m->lm.dev, g->dres, BT * C * sizeof(float));
     }
     size_t R = gpt2_head_R(m, BT), Vh = gpt2_head_V(m), v0, rt, ct;
     const float *X = a->lnf, *W;
-    const int32_t *tgt = m->lm.targets;
+    const int32_t *tgt = m->lm.dtargets, *htgt = m->lm.targets; /* device, host */
     float *dX = g->dbtc, *dW;
     gpt2_head_weights(m, 1, &W, &dW, &v0);
     if (ex) {
@@ -266,6 +266,7 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
         X = g->xall;
         dX = g->dxall;
         tgt = a->tgt_all;
+        htgt = m->tgt_host;
     }
     float alpha = fsdp_lm_seed_alpha(&m->lm, m->kept_all);
     gpt2_head_tile(m, R, Vh, &rt, &ct);
@@ -273,10 +274,10 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
     for (size_t i0 = 0; i0 < R; i0 += rt) {
         size_t rows = R - i0 < rt ? R - i0 : rt, kept = 0;
         for (size_t r = i0; r < i0 + rows; r++) {
-            kept += tgt[r] != m->lm.ignore_index;
+            kept += htgt[r] != m->lm.ignore_index;
         }
         if (kept == 0 || Vh == 0) {
-            memset(dX + i0 * C, 0, rows * C * sizeof(float));
+            FSDP_CHECK(fsdp_device_zero(m->lm.dev, dX + i0 * C, rows * C * sizeof(float)));
             continue;
         }
         for (size_t c0 = 0; c0 < Vh; c0 += ct) {
@@ -284,11 +285,11 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
             if (!whole) {
                 gpt2_head_tile_logits(m, X + i0 * C, W, c0, rows, n, a->head_logits);
             }
-            m->lm.k->crossentropy_slice_backward(a->head_logits, a->head_logits,
+            m->lm.k->crossentropy_slice_backward(m->lm.dev, a->head_logits, a->head_logits,
                                                  a->ce_stats + 2 * i0, tgt + i0, rows, n, v0 + c0,
                                                  m->lm.ignore_index, 1.0f);
-            m->lm.k->matmul_backward(dX + i0 * C, dW + c0 * C, NULL, a->head_logits, X + i0 * C,
-                                     W + c0 * C, rows, C, n, alpha, c0 > 0);
+            m->lm.k->matmul_backward(m->lm.dev, dX + i0 * C, dW + c0 * C, NULL, a->head_logits,
+                                     X + i0 * C, W + c0 * C, rows, C, n, alpha, c0 > 0);
         }
     }
     const float *dlnf = dX;
@@ -303,18 +304,17 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
     }
     m->head_x_ready = 0;
     size_t BR = fsdp_lm_rows_here(&m->lm, BT);
-    memset(g->dres, 0, BR * C * sizeof(float));
+    FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->dres, BR * C * sizeof(float)));
     if (!m->lm.shadow) {
         struct fsdp_gpt2_head_view w, dw;
         fsdp_gpt2_head_view(m, m->lm.unit_params[last], m->lm.unit_params[0], &w);
         fsdp_gpt2_head_view(m, m->lm.unit_grads[last], m->lm.unit_grads[0], &dw);
         if (m->lm.sp) {
-            memset(g->spg, 0, 2 * C * sizeof(float));
+            FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->spg, 2 * C * sizeof(float)));
         }
-        m->lm.k->layernorm_backward(g->dres, m->lm.sp ? g->spg : dw.lnfw,
-                                    m->lm.sp ? g->spg + C : dw.lnfb, dlnf,
-                                    fsdp_lm_residual(&m->lm, c->n_layer), w.lnfw, a->lnf_mean,
-                                    a->lnf_rstd, BR, C);
+        m->lm.k->layernorm_backward(
+            m->lm.dev, g->dres, m->lm.sp ? g->spg : dw.lnfw, m->lm.sp ? g->spg + C : dw.lnfb, dlnf,
+            fsdp_lm_residual(&m->lm, c->n_layer), w.lnfw, a->lnf_mean, a->lnf_rstd, BR, C);
         if (m->lm.sp) {
             float *const dst[2] = {dw.lnfw, dw.lnfb};
             FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 2));

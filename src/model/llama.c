@@ -168,8 +168,9 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
     a->losses = fsdp_lm_take(base, &off, BT);
     a->zt = fsdp_lm_take(base, &off, m->lm.tp ? BT : 0);
     a->xent = fsdp_lm_take(base, &off, m->lm.tp ? 3 * BT : 0);
-    a->att_scratch = fsdp_lm_take(base, &off, fsdp_cpu_gqa_attention_scratch_floats(
-                                                  m->lm.max_T, m->lnh, m->lnkv, m->hs));
+    a->att_scratch = fsdp_lm_take(
+        base, &off,
+        m->lm.k->gqa_attention_scratch_floats(m->lm.dev, m->lm.max_T, m->lnh, m->lnkv, m->hs));
     for (size_t l = 0; l < L; l++) {
         if (m->lm.checkpoint[l]) {
             any_ckpt = 1;
@@ -271,25 +272,34 @@ static int llama_rope_tables(struct fsdp_llama *m)
     size_t h2 = (size_t)m->hs / 2, n = (size_t)m->lm.max_T * h2;
     struct fsdp_rope_scaling sc;
     fsdp_llama_rope_scaling(c, &sc);
-    float *inv = malloc(h2 * sizeof(float));
-    m->rope_cos = malloc(n * sizeof(float));
-    m->rope_sin = malloc(n * sizeof(float));
-    int rc = !inv || !m->rope_cos || !m->rope_sin
-                 ? fsdp_err(FSDP_ERR_NOMEM, "llama RoPE tables (%d x %zu)", m->lm.max_T, h2)
-                 : 0;
+    /* computed on the host once, then copied to the device */
+    float *inv = malloc(h2 * sizeof(float)), *cs = malloc(2 * n * sizeof(float));
+    void *dcos = NULL, *dsin = NULL;
+    int rc =
+        !inv || !cs ? fsdp_err(FSDP_ERR_NOMEM, "llama RoPE tables (%d x %zu)", m->lm.max_T, h2) : 0;
     if (rc == 0 && fsdp_cpu_rope_inv_freq(inv, m->hs, c->rope_theta, &sc) < 0) {
         rc = fsdp_err(FSDP_ERR_INVALID, "llama: RoPE frequencies for head size %d, theta %g",
                       m->hs, (double)c->rope_theta);
     }
     if (rc == 0) {
-        fsdp_cpu_rope_table(m->rope_cos, m->rope_sin, inv, 0, m->lm.max_T, m->hs);
+        fsdp_cpu_rope_table(cs, cs + n, inv, 0, m->lm.max_T, m->hs);
+        rc = fsdp_device_alloc(m->lm.dev, n * sizeof(float), "llama RoPE cos", &dcos);
+        rc = rc < 0 ? rc : fsdp_device_alloc(m->lm.dev, n * sizeof(float), "llama RoPE sin", &dsin);
+    }
+    m->rope_cos = dcos;
+    m->rope_sin = dsin;
+    if (rc == 0) {
+        rc = fsdp_device_write(m->lm.dev, m->rope_cos, cs, n * sizeof(float));
+        rc = rc < 0 ? rc : fsdp_device_write(m->lm.dev, m->rope_sin, cs + n, n * sizeof(float));
+        rc = rc < 0 ? rc : m->lm.dev->ops->synchronize(m->lm.dev, m->lm.dev->stream);
     }
     free(inv);
+    free(cs);
     return rc;
 }
 
 static int llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
-                        struct fsdp_tp *tp, struct fsdp_llama **out)
+                        struct fsdp_tp *tp, struct fsdp_device *dev, struct fsdp_llama **out)
 {
     int rc;
     FSDP_CHECK(fsdp_lm_check_arch(spec, &fsdp_llama_arch));
@@ -301,7 +311,7 @@ static int llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T
     double per_tok = (double)c->vocab_size + (double)(c->n_layer + 2) *
                                                  (12.0 * c->n_embd + 3.0 * c->ffn_hidden);
     rc = fsdp_lm_init(&m->lm, spec, &fsdp_llama_arch, &fsdp_llama_ops, max_B, max_T, c->context,
-                      per_tok, (size_t)c->n_embd, tp);
+                      per_tok, (size_t)c->n_embd, tp, dev);
     if (rc < 0) {
         free(m);
         return rc;
@@ -338,7 +348,7 @@ err_free:
 int fsdp_llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
                       struct fsdp_llama **out)
 {
-    return llama_create(spec, max_B, max_T, NULL, out);
+    return llama_create(spec, max_B, max_T, NULL, NULL, out);
 }
 
 void fsdp_llama_destroy(struct fsdp_llama *m)
@@ -347,8 +357,8 @@ void fsdp_llama_destroy(struct fsdp_llama *m)
         return;
     }
     fsdp_lm_free(&m->lm);
-    free(m->rope_cos);
-    free(m->rope_sin);
+    fsdp_lm_release(&m->lm, m->rope_cos);
+    fsdp_lm_release(&m->lm, m->rope_sin);
     free(m->acts.blocks);
     free(m);
 }
@@ -395,7 +405,7 @@ int fsdp_llama_set_batch(struct fsdp_llama *m, const int32_t *tokens, const int3
     FSDP_CHECK(fsdp_lm_check_batch_size(&m->lm, B, T));
     FSDP_CHECK(fsdp_lm_check_tokens(&m->lm, tokens, targets, B, T, 0));
     FSDP_CHECK(fsdp_llama_reserve(m));
-    fsdp_lm_start_batch(&m->lm, tokens, targets, B, T);
+    FSDP_CHECK(fsdp_lm_start_batch(&m->lm, tokens, targets, B, T));
     m->bwd_next = -1;
     return 0;
 }
@@ -411,12 +421,10 @@ static int llama_embed_forward(struct fsdp_llama *m)
     const float *wte = m->lm.unit_params[0] + m->emb_off;
     float *x = fsdp_lm_residual(&m->lm, 0);
     if (m->lm.tp) {
-        return fsdp_tp_embed_forward(m->lm.tp, x, m->lm.sp ? m->gacts.dbtc : x, m->lm.tokens, wte,
+        return fsdp_tp_embed_forward(m->lm.tp, x, m->lm.sp ? m->gacts.dbtc : x, m->lm.dtokens, wte,
                                      (size_t)m->cfg->vocab_size, NULL, 0, BT, C);
     }
-    for (size_t r = 0; r < BT; r++) {
-        memcpy(x + r * C, wte + (size_t)m->lm.tokens[r] * C, C * sizeof(float));
-    }
+    m->lm.k->embed_gather(m->lm.dev, x, m->lm.dtokens, wte, BT, C);
     return 0;
 }
 
@@ -440,24 +448,24 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     float *keep1 = m->lm.tp ? NULL : a->res2;
     float *keep2 = m->lm.tp || !full ? NULL : fsdp_lm_residual(&m->lm, l + 1);
     /* attention: one product for q, k and v (and their biases), RoPE in place */
-    fsdp_cpu_rmsnorm_forward_keep(a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, BR, C,
-                                  c->norm_eps);
+    m->lm.k->rmsnorm_forward(m->lm.dev, a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, BR, C,
+                             c->norm_eps);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
-    m->lm.k->matmul_forward(a->qkv, in, w.qw, w.qb, NULL, BT, C, (size_t)m->qkv_w);
-    fsdp_cpu_rope_forward(a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh, m->lnkv,
-                          m->hs);
-    fsdp_cpu_gqa_attention_forward(a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->lm.B,
-                                   m->lm.T, m->lnh, m->lnkv, m->hs);
+    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, NULL, BT, C, (size_t)m->qkv_w);
+    m->lm.k->rope_forward(m->lm.dev, a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
+                          m->lnkv, m->hs);
+    m->lm.k->gqa_attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv,
+                                   m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
     FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.ow, NULL, keep1 ? a->res2 : x, BT,
                                     m->lq));
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
-    fsdp_cpu_rmsnorm_forward_keep(a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, BR, C,
-                                  c->norm_eps);
+    m->lm.k->rmsnorm_forward(m->lm.dev, a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, BR, C,
+                             c->norm_eps);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
-    m->lm.k->matmul_forward(a->gate, in, w.gatew, NULL, NULL, BT, C, F);
-    m->lm.k->matmul_forward(a->up, in, w.upw, NULL, NULL, BT, C, F);
-    fsdp_cpu_swiglu_forward(a->h, a->gate, a->up, BT * F);
+    m->lm.k->matmul_forward(m->lm.dev, a->gate, in, w.gatew, NULL, NULL, BT, C, F);
+    m->lm.k->matmul_forward(m->lm.dev, a->up, in, w.upw, NULL, NULL, BT, C, F);
+    m->lm.k->swiglu_forward(m->lm.dev, a->h, a->gate, a->up, BT * F);
     if (full) {
         float *out = fsdp_lm_residual(&m->lm, l + 1);
         FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, a->h, w.downw, NULL, keep2 ? out : a->res2,
@@ -472,7 +480,7 @@ static void llama_head_logits(const struct fsdp_llama *m, const float *lm_head, 
                               size_t rows, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd;
-    m->lm.k->matmul_forward(out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C,
+    m->lm.k->matmul_forward(m->lm.dev, out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C,
                             m->lm.tp ? m->lm.tvn : (size_t)m->cfg->vocab_size);
 }
 
@@ -487,25 +495,20 @@ static int llama_head_loss_tp(struct fsdp_llama *m, const float *lm_head, size_t
     for (size_t r0 = 0; r0 < BT; r0 += chunk) {
         size_t rows = BT - r0 < chunk ? BT - r0 : chunk;
         if (m->lm.tvn == 0) { /* a slice of padding only */
-            for (size_t i = r0; i < r0 + rows; i++) {
-                a->ce_stats[2 * i] = -INFINITY;
-                a->ce_stats[2 * i + 1] = 0.0f;
-                a->zt[i] = 0.0f;
-            }
+            m->lm.k->fill(m->lm.dev, a->ce_stats + 2 * r0, rows, 2, -INFINITY);
+            m->lm.k->fill(m->lm.dev, a->ce_stats + 2 * r0 + 1, rows, 2, 0.0f);
+            m->lm.k->fill(m->lm.dev, a->zt + r0, rows, 1, 0.0f);
             continue;
         }
         llama_head_logits(m, lm_head, r0, rows, a->head_logits);
-        m->lm.k->crossentropy_slice_forward(a->ce_stats + 2 * r0, a->zt + r0, a->head_logits,
-                                            m->lm.targets + r0, rows, m->lm.tvn, m->lm.tv0,
-                                            m->lm.ignore_index, 1);
+        m->lm.k->crossentropy_slice_forward(m->lm.dev, a->ce_stats + 2 * r0, a->zt + r0,
+                                            a->head_logits, m->lm.dtargets + r0, rows, m->lm.tvn,
+                                            m->lm.tv0, m->lm.ignore_index, 1);
     }
     FSDP_CHECK(fsdp_tp_xent_combine(m->lm.tp, a->ce_stats, a->zt, a->xent, BT));
-    *kept = 0;
-    for (size_t r = 0; r < BT; r++) {
-        int keep = m->lm.targets[r] != m->lm.ignore_index;
-        a->losses[r] = keep ? a->ce_stats[2 * r] + logf(a->ce_stats[2 * r + 1]) - a->zt[r] : 0.0f;
-        *kept += (size_t)keep;
-    }
+    m->lm.k->xent_losses(m->lm.dev, a->losses, a->ce_stats, a->zt, m->lm.dtargets, BT,
+                         m->lm.ignore_index);
+    *kept = fsdp_lm_count_kept(&m->lm, 0, BT);
     return 0;
 }
 
@@ -525,7 +528,8 @@ static int llama_head_forward(struct fsdp_llama *m)
     float *mine = fsdp_lm_lnf_mine(&m->lm, a->lnf, BT);
     fsdp_llama_head_view(m, m->lm.unit_params[c->n_layer + 1], m->lm.unit_params[0], &w);
     /* sequence parallel: this rank's rows, then every rank's gathered for the head */
-    fsdp_cpu_rmsnorm_forward(mine, a->lnf_rstd, fsdp_lm_residual(&m->lm, c->n_layer), w.norm,
+    m->lm.k->rmsnorm_forward(m->lm.dev, mine, a->lnf_rstd, NULL,
+                             fsdp_lm_residual(&m->lm, c->n_layer), w.norm,
                              fsdp_lm_rows_here(&m->lm, BT), C, c->norm_eps);
     FSDP_CHECK(fsdp_lm_lnf_gather(&m->lm, mine, a->lnf, BT));
     m->bwd_next = -1;
@@ -533,25 +537,21 @@ static int llama_head_forward(struct fsdp_llama *m)
         return 0;
     }
     size_t kept = 0;
-    double sum = 0.0;
     if (m->lm.tp) {
         FSDP_CHECK(llama_head_loss_tp(m, w.lm_head, BT, &kept));
     }
     for (size_t r0 = 0; r0 < BT && !m->lm.tp; r0 += chunk) {
-        size_t rows = BT - r0 < chunk ? BT - r0 : chunk, k;
+        size_t rows = BT - r0 < chunk ? BT - r0 : chunk;
         llama_head_logits(m, w.lm_head, r0, rows, a->head_logits);
-        FSDP_CHECK(m->lm.k->crossentropy_forward(a->losses + r0, a->ce_stats + 2 * r0,
-                                                 a->head_logits, m->lm.targets + r0, rows, V,
-                                                 m->lm.ignore_index, &k));
-        kept += k;
+        m->lm.k->crossentropy_forward(m->lm.dev, a->losses + r0, a->ce_stats + 2 * r0,
+                                      a->head_logits, m->lm.dtargets + r0, rows, V,
+                                      m->lm.ignore_index);
     }
-    for (size_t r = 0; r < BT; r++) {
-        if (m->lm.targets[r] != m->lm.ignore_index) {
-            sum += a->losses[r];
-        }
+    if (!m->lm.tp) {
+        kept = fsdp_lm_count_kept(&m->lm, 0, BT);
     }
     m->n_kept = kept;
-    m->lm.loss = kept ? (float)(sum / (double)kept) : NAN;
+    fsdp_lm_set_loss(&m->lm, a->losses, BT, kept);
     m->bwd_next = m->lm.spec->n_units - 1;
     return 0;
 }
@@ -613,26 +613,24 @@ static int llama_head_backward(struct fsdp_llama *m)
     float alpha = fsdp_lm_seed_alpha(&m->lm, m->n_kept);
     size_t cols = m->lm.tp ? m->lm.tvn : V; /* tensor parallel: this rank's vocabulary slice */
     for (size_t r0 = 0; r0 < BT; r0 += chunk) {
-        size_t rows = BT - r0 < chunk ? BT - r0 : chunk, kept = 0;
-        for (size_t r = r0; r < r0 + rows; r++) {
-            kept += m->lm.targets[r] != m->lm.ignore_index;
-        }
-        if (kept == 0 || cols == 0) {
-            memset(g->dbtc + r0 * C, 0, rows * C * sizeof(float));
+        size_t rows = BT - r0 < chunk ? BT - r0 : chunk;
+        if (fsdp_lm_count_kept(&m->lm, r0, rows) == 0 || cols == 0) {
+            FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->dbtc + r0 * C, rows * C * sizeof(float)));
             continue;
         }
         if (chunk < BT) {
             llama_head_logits(m, w.lm_head, r0, rows, a->head_logits);
         }
         if (m->lm.tp) {
-            m->lm.k->crossentropy_slice_backward(a->head_logits, a->head_logits,
-                                              a->ce_stats + 2 * r0, m->lm.targets + r0, rows, cols,
-                                                 m->lm.tv0, m->lm.ignore_index, 1.0f);
+            m->lm.k->crossentropy_slice_backward(m->lm.dev, a->head_logits, a->head_logits,
+                                                 a->ce_stats + 2 * r0, m->lm.dtargets + r0, rows,
+                                                 cols, m->lm.tv0, m->lm.ignore_index, 1.0f);
         } else {
-            m->lm.k->crossentropy_backward(a->head_logits, a->head_logits, a->ce_stats + 2 * r0,
-                                           m->lm.targets + r0, rows, V, m->lm.ignore_index, 1.0f);
+            m->lm.k->crossentropy_backward(m->lm.dev, a->head_logits, a->head_logits,
+                                           a->ce_stats + 2 * r0, m->lm.dtargets + r0, rows, V,
+                                           m->lm.ignore_index, 1.0f);
         }
-        m->lm.k->matmul_backward(g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
+        m->lm.k->matmul_backward(m->lm.dev, g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
                                  a->lnf + r0 * C, w.lm_head, rows, C, cols, alpha, 0);
     }
     /* tensor parallel: each rank's d(norm output) is its vocabulary slice's
@@ -642,11 +640,11 @@ static int llama_head_backward(struct fsdp_llama *m)
     if (m->lm.tp) {
         FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &dlnf));
     }
-    memset(g->dres, 0, BR * C * sizeof(float));
+    FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->dres, BR * C * sizeof(float)));
     if (m->lm.sp) {
-        memset(g->spg, 0, C * sizeof(float));
+        FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->spg, C * sizeof(float)));
     }
-    fsdp_cpu_rmsnorm_backward(g->dres, m->lm.sp ? g->spg : dw.norm, dlnf,
+    m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? g->spg : dw.norm, dlnf,
                               fsdp_lm_residual(&m->lm, c->n_layer), w.norm, a->lnf_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[1] = {dw.norm};
@@ -677,30 +675,34 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     fsdp_llama_block_view(m, m->lm.unit_params[1 + l], &w);
     fsdp_llama_block_view(m, m->lm.unit_grads[1 + l], &dw);
     if (m->lm.sp) {
-        memset(spg, 0, 2 * C * sizeof(float));
+        FSDP_CHECK(fsdp_device_zero(m->lm.dev, spg, 2 * C * sizeof(float)));
     }
     /* MLP */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(g->dh, dw.downw, NULL, dout, a->h, w.downw, BT, F, C, 1.0f, 0);
-    fsdp_cpu_swiglu_backward(a->gate, a->up, g->dh, a->gate, a->up, BT * F); /* in place */
+    m->lm.k->matmul_backward(m->lm.dev, g->dh, dw.downw, NULL, dout, a->h, w.downw, BT, F, C, 1.0f,
+                             0);
+    m->lm.k->swiglu_backward(m->lm.dev, a->gate, a->up, g->dh, a->gate, a->up,
+                             BT * F); /* in place */
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
-    m->lm.k->matmul_backward(g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, BT, C, F, 1.0f, 0);
-    m->lm.k->matmul_backward(g->dbtc, dw.upw, NULL, a->up, in, w.upw, BT, C, F, 1.0f, 1);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, BT, C, F,
+                             1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.upw, NULL, a->up, in, w.upw, BT, C, F, 1.0f, 1);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
-    fsdp_cpu_rmsnorm_backward(g->dres, m->lm.sp ? spg : dw.mlp_norm, din, a->res2, w.mlp_norm,
-                              a->rms2_rstd, BR, C);
+    m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.mlp_norm, din, a->res2,
+                              w.mlp_norm, a->rms2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(datty, dw.ow, NULL, dout, a->atty, w.ow, BT, m->lq, C, 1.0f, 0);
-    fsdp_cpu_gqa_attention_backward(g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
+    m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, a->atty, w.ow, BT, m->lq, C, 1.0f,
+                             0);
+    m->lm.k->gqa_attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
                                     a->att_lse, m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
-    fsdp_cpu_rope_backward(g->dqkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh, m->lnkv,
-                           m->hs);
+    m->lm.k->rope_backward(m->lm.dev, g->dqkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
+                           m->lnkv, m->hs);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
-    m->lm.k->matmul_backward(g->dbtc, dw.qw, dw.qb, g->dqkv, in, w.qw, BT, C, (size_t)m->qkv_w,
-                             1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qw, dw.qb, g->dqkv, in, w.qw, BT, C,
+                             (size_t)m->qkv_w, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
-    fsdp_cpu_rmsnorm_backward(g->dres, m->lm.sp ? spg + C : dw.attn_norm, din,
+    m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + C : dw.attn_norm, din,
                               fsdp_lm_residual(&m->lm, l), w.attn_norm, a->rms1_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[2] = {dw.mlp_norm, dw.attn_norm};
@@ -718,16 +720,11 @@ static int llama_embed_backward(struct fsdp_llama *m)
     const float *dx;
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dx));
     if (m->lm.tp) { /* vocabulary parallel: the rows of the ids this rank holds */
-        fsdp_tp_embed_backward(m->lm.tp, dwte, NULL, dx, m->lm.tokens, (size_t)m->cfg->vocab_size,
+        fsdp_tp_embed_backward(m->lm.tp, dwte, NULL, dx, m->lm.dtokens, (size_t)m->cfg->vocab_size,
                                0, BT, C);
         return 0;
     }
-    for (size_t r = 0; r < BT; r++) {
-        float *row = dwte + (size_t)m->lm.tokens[r] * C;
-        for (size_t i = 0; i < C; i++) {
-            row[i] += dx[r * C + i];
-        }
-    }
+    m->lm.k->embed_scatter_add(m->lm.dev, dwte, dx, m->lm.dtokens, BT, C);
     return 0;
 }
 
@@ -777,15 +774,7 @@ static int llama_op_create(const struct fsdp_model_spec *spec, const struct fsdp
                            struct fsdp_model **out)
 {
     struct fsdp_llama *m = NULL;
-    if (o->dev && o->dev->mem != FSDP_MEM_HOST) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                        "llama: runs on host memory only, not on device %d (RMSNorm, RoPE and "
-                        "SwiGLU have host kernels only)", o->dev->index);
-    }
-    FSDP_CHECK(llama_create(spec, o->max_B, o->max_T, o->tp, &m));
-    if (o->dev) {
-        m->lm.k = o->dev->k;
-    }
+    FSDP_CHECK(llama_create(spec, o->max_B, o->max_T, o->tp, o->dev, &m));
     if (o->head_chunk > 0) {
         int rc = fsdp_llama_set_head_chunk(m, o->head_chunk);
         if (rc < 0) {

@@ -8,6 +8,7 @@
  */
 #include "config.h"
 #include "model/llama.h"
+#include "compute/device.h"
 #include "compute/kernels.h"
 #include "core/error.h"
 #include "model/lm.h"
@@ -24,9 +25,10 @@ struct llama_decoder {
     float *gate;     /* (F) */
     float *up;       /* (F) */
     float *scores;   /* (max_T) */
-    float *inv_freq; /* (hs / 2) */
-    float *cs, *sn;  /* (hs / 2) this position's cos and sin */
-    float rstd;
+    float *cs, *sn;  /* (hs / 2) this position's cos and sin (device) */
+    float *rstd;     /* (1) */
+    float *inv_freq; /* (hs / 2) host */
+    float *hcs;      /* (hs) host: this position's cos, then sin */
 };
 
 static int llama_decode_step(struct fsdp_decoder *d, int32_t token, float *logits)
@@ -34,44 +36,57 @@ static int llama_decode_step(struct fsdp_decoder *d, int32_t token, float *logit
     struct llama_decoder *g = (struct llama_decoder *)d;
     struct fsdp_llama *m = g->m;
     const struct fsdp_llama_config *c = m->cfg;
+    const struct fsdp_kernels *k = m->lm.k;
+    struct fsdp_device *dev = m->lm.dev;
     size_t C = (size_t)c->n_embd, V = (size_t)c->vocab_size, F = (size_t)c->ffn_hidden;
     size_t T = (size_t)d->max_T, hs = (size_t)m->hs, KV = (size_t)c->n_kv_head * hs;
     size_t QKV = (size_t)m->qkv_w;
     int L = c->n_layer, pos = d->pos;
     float *x = g->c.x;
-    FSDP_CHECK(fsdp_lm_decode_check(&m->lm, d, token));
-    memcpy(x, m->lm.unit_params[0] + m->emb_off + (size_t)token * C, C * sizeof(float));
-    fsdp_cpu_rope_table(g->cs, g->sn, g->inv_freq, pos, 1, (int)hs);
+    FSDP_CHECK(fsdp_lm_decode_begin(&m->lm, &g->c, token));
+    k->embed_gather(dev, x, g->c.token, m->lm.unit_params[0] + m->emb_off, 1, C);
+    /* this position's angles, on the host from the same frequencies as the forward's tables */
+    fsdp_cpu_rope_table(g->hcs, g->hcs + hs / 2, g->inv_freq, pos, 1, (int)hs);
+    FSDP_CHECK(fsdp_device_write(dev, g->cs, g->hcs, hs * sizeof(float)));
     for (int l = 0; l < L; l++) {
         struct fsdp_llama_block_view w;
         fsdp_llama_block_view(m, m->lm.unit_params[1 + l], &w);
         float *kc = g->c.kv + (size_t)l * 2 * T * KV, *vc = kc + T * KV;
-        fsdp_cpu_rmsnorm_forward(g->r, &g->rstd, x, w.attn_norm, 1, C, c->norm_eps);
+        k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, w.attn_norm, 1, C, c->norm_eps);
         /* q, k, v (and their biases) are consecutive: one product */
-        fsdp_cpu_matmul_forward(g->qkv, g->r, w.qw, w.qb, NULL, 1, C, QKV);
-        fsdp_cpu_rope_forward(g->qkv, g->cs, g->sn, 1, 1, c->n_head, c->n_kv_head, (int)hs);
-        memcpy(kc + (size_t)pos * KV, g->qkv + C, KV * sizeof(float));
-        memcpy(vc + (size_t)pos * KV, g->qkv + C + KV, KV * sizeof(float));
-        fsdp_cpu_attention_decode(g->att, g->scores, g->qkv, kc, vc, pos + 1, c->n_head,
-                                  c->n_kv_head, (int)hs, (int)KV);
-        fsdp_cpu_matmul_forward(x, g->att, w.ow, NULL, x, 1, C, C);
-        fsdp_cpu_rmsnorm_forward(g->r, &g->rstd, x, w.mlp_norm, 1, C, c->norm_eps);
-        fsdp_cpu_matmul_forward(g->gate, g->r, w.gatew, NULL, NULL, 1, C, F);
-        fsdp_cpu_matmul_forward(g->up, g->r, w.upw, NULL, NULL, 1, C, F);
-        fsdp_cpu_swiglu_forward(g->gate, g->gate, g->up, F);
-        fsdp_cpu_matmul_forward(x, g->gate, w.downw, NULL, x, 1, F, C);
+        k->matmul_forward(dev, g->qkv, g->r, w.qw, w.qb, NULL, 1, C, QKV);
+        k->rope_forward(dev, g->qkv, g->cs, g->sn, 1, 1, c->n_head, c->n_kv_head, (int)hs);
+        FSDP_CHECK(fsdp_device_copy(dev, kc + (size_t)pos * KV, g->qkv + C, KV * sizeof(float)));
+        FSDP_CHECK(
+            fsdp_device_copy(dev, vc + (size_t)pos * KV, g->qkv + C + KV, KV * sizeof(float)));
+        k->attention_decode(dev, g->att, g->scores, g->qkv, kc, vc, pos + 1, c->n_head,
+                            c->n_kv_head, (int)hs, (int)KV);
+        k->matmul_forward(dev, x, g->att, w.ow, NULL, x, 1, C, C);
+        k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, w.mlp_norm, 1, C, c->norm_eps);
+        k->matmul_forward(dev, g->gate, g->r, w.gatew, NULL, NULL, 1, C, F);
+        k->matmul_forward(dev, g->up, g->r, w.upw, NULL, NULL, 1, C, F);
+        k->swiglu_forward(dev, g->gate, g->gate, g->up, F);
+        k->matmul_forward(dev, x, g->gate, w.downw, NULL, x, 1, F, C);
     }
     struct fsdp_llama_head_view h;
     fsdp_llama_head_view(m, m->lm.unit_params[L + 1], m->lm.unit_params[0], &h);
-    fsdp_cpu_rmsnorm_forward(g->r, &g->rstd, x, h.norm, 1, C, c->norm_eps);
-    fsdp_cpu_matmul_forward(logits, g->r, h.lm_head, NULL, NULL, 1, C, V);
-    d->pos++;
-    return 0;
+    k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, h.norm, 1, C, c->norm_eps);
+    k->matmul_forward(dev, g->c.logits, g->r, h.lm_head, NULL, NULL, 1, C, V);
+    return fsdp_lm_decode_end(&m->lm, &g->c, logits);
+}
+
+static void llama_decoder_free(struct fsdp_decoder *d)
+{
+    struct llama_decoder *g = (struct llama_decoder *)d;
+    if (g) {
+        free(g->inv_freq);
+    }
+    fsdp_lm_decoder_free(d);
 }
 
 static const struct fsdp_decoder_ops llama_decoder_ops = {
     .step = llama_decode_step,
-    .destroy = fsdp_lm_decoder_free,
+    .destroy = llama_decoder_free,
 };
 
 int fsdp_llama_decoder_create(struct fsdp_model *model, int max_T, struct fsdp_decoder **out)
@@ -82,7 +97,7 @@ int fsdp_llama_decoder_create(struct fsdp_model *model, int max_T, struct fsdp_d
     size_t KV = (size_t)c->n_kv_head * hs, T = (size_t)max_T;
     struct fsdp_lm_decoder *d;
     FSDP_CHECK(fsdp_lm_decoder_alloc(&m->lm, max_T, c->context, KV,
-                                     C + C + (size_t)m->qkv_w + C + 2 * F + T + 3 * (hs / 2),
+                                     C + C + (size_t)m->qkv_w + C + 2 * F + T + hs + 1,
                                      sizeof(struct llama_decoder), &llama_decoder_ops, &d));
     struct llama_decoder *g = (struct llama_decoder *)d;
     g->r = d->x + C;
@@ -91,13 +106,19 @@ int fsdp_llama_decoder_create(struct fsdp_model *model, int max_T, struct fsdp_d
     g->gate = g->att + C;
     g->up = g->gate + F;
     g->scores = g->up + F;
-    g->inv_freq = g->scores + T;
-    g->cs = g->inv_freq + hs / 2;
+    g->cs = g->scores + T;
     g->sn = g->cs + hs / 2;
+    g->rstd = g->sn + hs / 2;
+    g->inv_freq = malloc((hs / 2 + hs) * sizeof(float));
+    if (!g->inv_freq) {
+        llama_decoder_free(&d->base);
+        return fsdp_err(FSDP_ERR_NOMEM, "llama decoder");
+    }
+    g->hcs = g->inv_freq + hs / 2;
     struct fsdp_rope_scaling sc;
     fsdp_llama_rope_scaling(c, &sc);
     if (fsdp_cpu_rope_inv_freq(g->inv_freq, (int)hs, c->rope_theta, &sc) < 0) {
-        fsdp_lm_decoder_free(&d->base);
+        llama_decoder_free(&d->base);
         return fsdp_err(FSDP_ERR_INVALID, "llama decoder: RoPE frequencies for head size %zu",
                         hs);
     }

@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 // ----------------------------------------------------------------------------
@@ -30,7 +31,8 @@ int fsdp_lm_check_arch(const struct fsdp_model_spec *spec, const struct fsdp_arc
 
 int fsdp_lm_init(struct fsdp_lm *lm, const struct fsdp_model_spec *spec,
                  const struct fsdp_arch *arch, const struct fsdp_model_ops *ops, int max_B,
-                 int max_T, int context, double per_tok, size_t C, struct fsdp_tp *tp)
+                 int max_T, int context, double per_tok, size_t C, struct fsdp_tp *tp,
+                 struct fsdp_device *dev)
 {
     const char *name = arch->name;
     if (max_B < 1 || max_T < 1 || max_T > context) {
@@ -45,7 +47,8 @@ int fsdp_lm_init(struct fsdp_lm *lm, const struct fsdp_model_spec *spec,
     lm->base.ops = ops;
     lm->base.spec = spec;
     lm->spec = spec;
-    lm->k = fsdp_cpu_kernels();
+    lm->dev = dev ? dev : fsdp_cpu_device();
+    lm->k = lm->dev->k;
     lm->name = name;
     lm->max_B = max_B;
     lm->max_T = max_T;
@@ -73,13 +76,29 @@ int fsdp_lm_init(struct fsdp_lm *lm, const struct fsdp_model_spec *spec,
         fsdp_lm_free(lm);
         return fsdp_err(FSDP_ERR_NOMEM, "%s model tables", name);
     }
-    return 0;
+    size_t batch = (size_t)max_B * (size_t)max_T * sizeof(int32_t);
+    void *tok = NULL, *tgt = NULL, *loss = NULL;
+    int rc = fsdp_device_alloc(lm->dev, batch, "batch tokens", &tok);
+    rc = rc < 0 ? rc : fsdp_device_alloc(lm->dev, batch, "batch targets", &tgt);
+    rc = rc < 0 ? rc : fsdp_device_alloc(lm->dev, sizeof(double), "loss sum", &loss);
+    lm->dtokens = tok;
+    lm->dtargets = tgt;
+    lm->dloss = loss;
+    if (rc < 0) {
+        fsdp_lm_free(lm);
+    }
+    return rc;
 }
 
 void fsdp_lm_free(struct fsdp_lm *lm)
 {
     fsdp_lm_release(lm, lm->act_memory);
     fsdp_lm_release(lm, lm->grad_act_memory);
+    fsdp_lm_release(lm, lm->dtokens);
+    fsdp_lm_release(lm, lm->dtargets);
+    fsdp_lm_release(lm, lm->dloss);
+    lm->dtokens = lm->dtargets = NULL;
+    lm->dloss = NULL;
     free(lm->checkpoint);
     free(lm->fwd_done);
     free(lm->unit_grads);
@@ -133,11 +152,11 @@ int fsdp_lm_reserve_buf(struct fsdp_lm *lm, float **mem, size_t *floats, size_t 
     }
     *floats = n;
     size_t bytes = n * sizeof(float);
-    *mem = lm->dev ? lm->dev->ops->alloc(lm->dev, bytes) : fsdp_alloc(bytes);
-    if (!*mem) {
-        return fsdp_err(FSDP_ERR_NOMEM, "%s %s: %zu MiB", lm->name, what,
-                        n * sizeof(float) >> 20);
-    }
+    char name[96];
+    snprintf(name, sizeof(name), "%s %s", lm->name, what);
+    void *p;
+    FSDP_CHECK(fsdp_device_alloc(lm->dev, bytes, name, &p));
+    *mem = p;
     *fresh = 1;
     return 0;
 }
@@ -151,11 +170,7 @@ void fsdp_lm_log_reserve(const struct fsdp_lm *lm)
 
 void fsdp_lm_release(const struct fsdp_lm *lm, void *p)
 {
-    if (lm->dev) {
-        lm->dev->ops->free(lm->dev, p);
-    } else {
-        fsdp_free(p);
-    }
+    lm->dev->ops->free(lm->dev, p);
 }
 
 void fsdp_lm_bind(struct fsdp_lm *lm, float *residual, float *dres, float *dbtc, float *xfull,
@@ -238,7 +253,7 @@ int fsdp_lm_zero_grad(struct fsdp_lm *lm, int u, size_t numel0)
             return fsdp_err(FSDP_ERR_INVALID, "zero_grad: unit %d has no gradient buffer", i);
         }
         size_t numel = i == 0 ? numel0 : lm->spec->unit_numel[i];
-        memset(lm->unit_grads[i], 0, numel * sizeof(float));
+        FSDP_CHECK(fsdp_device_zero(lm->dev, lm->unit_grads[i], numel * sizeof(float)));
     }
     return 0;
 }
@@ -283,15 +298,41 @@ int fsdp_lm_check_tokens(const struct fsdp_lm *lm, const int32_t *tokens, const 
     return 0;
 }
 
-void fsdp_lm_start_batch(struct fsdp_lm *lm, const int32_t *tokens, const int32_t *targets, int B,
-                         int T)
+int fsdp_lm_start_batch(struct fsdp_lm *lm, const int32_t *tokens, const int32_t *targets, int B,
+                        int T)
 {
+    size_t bytes = (size_t)B * (size_t)T * sizeof(int32_t);
     lm->B = B;
     lm->T = T;
     lm->tokens = tokens;
     lm->targets = targets;
     lm->shadow = tokens == NULL;
     memset(lm->fwd_done, 0, (size_t)lm->spec->n_units);
+    if (tokens) {
+        FSDP_CHECK(fsdp_device_write(lm->dev, lm->dtokens, tokens, bytes));
+    }
+    if (targets) {
+        FSDP_CHECK(fsdp_device_write(lm->dev, lm->dtargets, targets, bytes));
+    }
+    return 0;
+}
+
+size_t fsdp_lm_count_kept(const struct fsdp_lm *lm, size_t r0, size_t n)
+{
+    size_t kept = 0;
+    for (size_t r = r0; r < r0 + n; r++) {
+        kept += lm->targets[r] != lm->ignore_index;
+    }
+    return kept;
+}
+
+void fsdp_lm_set_loss(struct fsdp_lm *lm, const float *losses, size_t N, size_t kept)
+{
+    (void)fsdp_device_zero(lm->dev, lm->dloss, sizeof(double));
+    lm->k->loss_sum(lm->dev, lm->dloss, losses, lm->dtargets, N, lm->ignore_index);
+    lm->loss_kept = kept;
+    lm->loss_pending = 1;
+    lm->loss = NAN;
 }
 
 int fsdp_lm_check_forward(const struct fsdp_lm *lm, int u, int tied)
@@ -393,9 +434,19 @@ void fsdp_lm_op_set_loss_seed(struct fsdp_model *m, double divisor, float scale)
     fsdp_lm_set_loss_seed((struct fsdp_lm *)m, divisor, scale);
 }
 
+/* The one read of the loss a forward makes, when a driver asks for it (the
+ * model is logically const: the read only caches). */
 float fsdp_lm_op_loss(const struct fsdp_model *m)
 {
-    return ((const struct fsdp_lm *)m)->loss;
+    struct fsdp_lm *lm = (struct fsdp_lm *)m;
+    if (lm->loss_pending) {
+        double sum = 0.0;
+        lm->loss_pending = 0;
+        if (lm->loss_kept > 0 && fsdp_device_read(lm->dev, &sum, lm->dloss, sizeof(sum)) == 0) {
+            lm->loss = (float)(sum / (double)lm->loss_kept);
+        }
+    }
+    return lm->loss;
 }
 
 // ----------------------------------------------------------------------------
@@ -414,12 +465,19 @@ int fsdp_lm_decoder_alloc(const struct fsdp_lm *lm, int max_T, int context, size
     if (!d) {
         return fsdp_err(FSDP_ERR_NOMEM, "%s decoder: out of memory", lm->name);
     }
-    d->kv = malloc(cache * sizeof(float));
-    d->x = malloc(scratch * sizeof(float));
-    if (!d->kv || !d->x) {
+    d->dev = lm->dev;
+    void *kv = NULL, *x = NULL, *lg = NULL, *tok = NULL;
+    int rc = fsdp_device_alloc(lm->dev, cache * sizeof(float), "decoder key/value cache", &kv);
+    rc = rc < 0 ? rc : fsdp_device_alloc(lm->dev, scratch * sizeof(float), "decoder scratch", &x);
+    rc = rc < 0 ? rc : fsdp_device_alloc(lm->dev, lm->V * sizeof(float), "decoder logits", &lg);
+    rc = rc < 0 ? rc : fsdp_device_alloc(lm->dev, sizeof(int32_t), "decoder token", &tok);
+    d->kv = kv;
+    d->x = x;
+    d->logits = lg;
+    d->token = tok;
+    if (rc < 0) {
         fsdp_lm_decoder_free(&d->base);
-        return fsdp_err(FSDP_ERR_NOMEM, "%s decoder: a cache of %d positions (%zu MiB)", lm->name,
-                        max_T, (cache * sizeof(float)) >> 20);
+        return rc;
     }
     d->base.ops = ops;
     d->base.max_T = max_T;
@@ -433,9 +491,26 @@ void fsdp_lm_decoder_free(struct fsdp_decoder *d)
     if (!g) {
         return;
     }
-    free(g->kv);
-    free(g->x);
+    if (g->dev) {
+        g->dev->ops->free(g->dev, g->kv);
+        g->dev->ops->free(g->dev, g->x);
+        g->dev->ops->free(g->dev, g->logits);
+        g->dev->ops->free(g->dev, g->token);
+    }
     free(g);
+}
+
+int fsdp_lm_decode_begin(const struct fsdp_lm *lm, struct fsdp_lm_decoder *d, int32_t token)
+{
+    FSDP_CHECK(fsdp_lm_decode_check(lm, &d->base, token));
+    return fsdp_device_write(lm->dev, d->token, &token, sizeof(token));
+}
+
+int fsdp_lm_decode_end(const struct fsdp_lm *lm, struct fsdp_lm_decoder *d, float *logits)
+{
+    FSDP_CHECK(fsdp_device_read(lm->dev, logits, d->logits, lm->V * sizeof(float)));
+    d->base.pos++;
+    return 0;
 }
 
 int fsdp_lm_decode_check(const struct fsdp_lm *lm, const struct fsdp_decoder *d, int32_t token)

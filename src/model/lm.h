@@ -48,15 +48,23 @@ struct fsdp_lm {
     float *grad_act_memory;
     size_t grad_act_floats;
 
-    /* current batch (borrowed until the backward ends) */
+    /* current batch (borrowed until the backward ends): the host's arrays,
+     * which host code reads (counts, checks), and the device's copies, which
+     * kernels read */
     int B, T;
     const int32_t *tokens;  /* (B, T) */
     const int32_t *targets; /* (B, T) or NULL */
+    int32_t *dtokens;       /* (max_B, max_T) device copy of tokens */
+    int32_t *dtargets;      /* (max_B, max_T) device copy of targets */
+    double *dloss;          /* (1) device: the kept losses' sum of the last forward */
     int shadow;             /* no rows on this rank (unit 0 by rows, set_batch without tokens) */
     int32_t ignore_index;   /* targets equal to it are padding; default -1 */
 
     /* loss of the last forward with targets, and the backward's seed */
-    float loss;          /* mean over kept tokens (NaN when none) */
+    float loss;       /* mean over kept tokens (NaN when none); read from dloss when
+                         loss_pending (fsdp_lm_op_loss), so a step reads it once */
+    size_t loss_kept; /* the rows dloss sums */
+    int loss_pending;
     double loss_divisor; /* 0: the kept count; else the divisor of the loss sum (global) */
     float loss_scale;    /* multiplies the seed gradient (f16 loss scaling); 1 */
 
@@ -90,12 +98,14 @@ int fsdp_lm_check_arch(const struct fsdp_model_spec *spec, const struct fsdp_arc
  * Checks a batch size (context: the longest sequence) and an activation
  * estimate of per_tok floats a token; then fills lm for a model of arch
  * with ops, residual width C and spec's units and vocabulary, with its unit
- * tables and the split over tp (NULL or one rank: none). On error nothing
+ * tables and the split over tp (NULL or one rank: none), computing on dev
+ * (NULL: the CPU). On error nothing
  * is left allocated.
  */
 int fsdp_lm_init(struct fsdp_lm *lm, const struct fsdp_model_spec *spec,
                  const struct fsdp_arch *arch, const struct fsdp_model_ops *ops, int max_B,
-                 int max_T, int context, double per_tok, size_t C, struct fsdp_tp *tp);
+                 int max_T, int context, double per_tok, size_t C, struct fsdp_tp *tp,
+                 struct fsdp_device *dev);
 /* Frees what fsdp_lm_init and the reserves allocated (not lm itself). */
 void fsdp_lm_free(struct fsdp_lm *lm);
 
@@ -150,9 +160,15 @@ int fsdp_lm_check_batch_size(const struct fsdp_lm *lm, int B, int T);
  * then without targets. */
 int fsdp_lm_check_tokens(const struct fsdp_lm *lm, const int32_t *tokens, const int32_t *targets,
                          int B, int T, int shadow_ok);
-/* Takes the checked batch (tokens NULL: none here, shadow); after the reserve. */
-void fsdp_lm_start_batch(struct fsdp_lm *lm, const int32_t *tokens, const int32_t *targets, int B,
-                         int T);
+/* Rows of [r0, r0 + n) whose target (host) is not the ignore index. */
+size_t fsdp_lm_count_kept(const struct fsdp_lm *lm, size_t r0, size_t n);
+/* Takes the checked batch (tokens NULL: none here, shadow) and copies it to
+ * the device; after the reserve. */
+int fsdp_lm_start_batch(struct fsdp_lm *lm, const int32_t *tokens, const int32_t *targets, int B,
+                        int T);
+/* The loss of rows' losses (N, device) whose targets (host) are kept: the
+ * sum goes into dloss on the device; the mean is read when asked for. */
+void fsdp_lm_set_loss(struct fsdp_lm *lm, const float *losses, size_t N, size_t kept);
 /* Unit u may run its forward now (a batch, unit u-1 done, parameters set). */
 int fsdp_lm_check_forward(const struct fsdp_lm *lm, int u, int tied);
 /* Unit u may run its backward now: next in order, parameters and gradients set. */
@@ -225,11 +241,16 @@ float fsdp_lm_op_loss(const struct fsdp_model *m);
 // ----------------------------------------------------------------------------
 // incremental decoding (gpt2_decode.c, llama_decode.c)
 
-/* What every decoder holds: the cache and one buffer of per-step scratch. */
+/* What every decoder holds, in the model's device memory: the cache, one
+ * buffer of per-step scratch, the step's token and its logits (read back
+ * into the caller's host array: the one wait of a step). */
 struct fsdp_lm_decoder {
     struct fsdp_decoder base;
-    float *kv; /* (L, 2, max_T, KV): each layer's keys, then its values */
-    float *x;  /* the scratch, starting with the residual stream (C) */
+    struct fsdp_device *dev;
+    float *kv;      /* (L, 2, max_T, KV): each layer's keys, then its values */
+    float *x;       /* the scratch, starting with the residual stream (C) */
+    float *logits;  /* (V) */
+    int32_t *token; /* (1) */
 };
 
 /* A decoder of max_T positions (<= context) with KV floats of keys (and of
@@ -242,5 +263,9 @@ void fsdp_lm_decoder_free(struct fsdp_decoder *d);
 /* The step may run: a position left in the cache, a token below V and every
  * unit's parameters set. */
 int fsdp_lm_decode_check(const struct fsdp_lm *lm, const struct fsdp_decoder *d, int32_t token);
+/* A step's start (the check, the token to the device) and end (the logits
+ * to the host, the position advanced). */
+int fsdp_lm_decode_begin(const struct fsdp_lm *lm, struct fsdp_lm_decoder *d, int32_t token);
+int fsdp_lm_decode_end(const struct fsdp_lm *lm, struct fsdp_lm_decoder *d, float *logits);
 
 #endif

@@ -54,9 +54,7 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n)
     size_t C = lm->C;
     FSDP_CHECK(fsdp_tp_all_reduce(lm->tp, lm->spg, (size_t)n * C, FSDP_SUM));
     for (int j = 0; j < n; j++) {
-        for (size_t i = 0; i < C; i++) {
-            dst[j][i] += lm->spg[(size_t)j * C + i];
-        }
+        lm->k->accumulate(lm->dev, dst[j], lm->spg + (size_t)j * C, C);
     }
     return 0;
 }
@@ -66,18 +64,18 @@ int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const
 {
     size_t C = lm->C, BR = fsdp_lm_rows_here(lm, BT);
     if (!lm->tp) {
-        lm->k->matmul_forward(out, inp, w, bias, residual, BT, K, C);
+        lm->k->matmul_forward(lm->dev, out, inp, w, bias, residual, BT, K, C);
         return 0;
     }
     float *part = lm->dbtc;
-    lm->k->matmul_forward(part, inp, w, NULL, NULL, BT, K, C);
+    lm->k->matmul_forward(lm->dev, part, inp, w, NULL, NULL, BT, K, C);
     if (lm->sp) {
         FSDP_CHECK(fsdp_tp_seq_scatter_forward(lm->tp, part, out, BR, C));
-        lm->k->bias_residual_forward(out, out, bias, residual, BR, C);
+        lm->k->bias_residual_forward(lm->dev, out, out, bias, residual, BR, C);
         return 0;
     }
     FSDP_CHECK(fsdp_tp_reduce_out_forward(lm->tp, part, BT * C));
-    lm->k->bias_residual_forward(out, part, bias, residual, BT, C);
+    lm->k->bias_residual_forward(lm->dev, out, part, bias, residual, BT, C);
     return 0;
 }
 

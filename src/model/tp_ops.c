@@ -12,17 +12,18 @@
 #include <math.h>
 #include <string.h>
 
-void fsdp_tp_init(struct fsdp_tp *tp, struct fsdp_group *g, int sp, enum fsdp_mem mem,
-                  const struct fsdp_kernels *k)
+void fsdp_tp_init(struct fsdp_tp *tp, struct fsdp_group *g, int sp, struct fsdp_device *dev)
 {
+    dev = dev ? dev : fsdp_cpu_device();
     memset(tp, 0, sizeof(*tp));
     tp->g = g && g->size > 1 ? g : NULL;
     tp->size = tp->g ? g->size : 1;
     tp->rank = tp->g ? g->rank : 0;
     tp->sp = sp && tp->size > 1;
-    tp->attr.mem = mem;
+    tp->attr.mem = dev->mem;
     tp->attr.stream = NULL;
-    tp->k = k ? k : fsdp_cpu_kernels();
+    tp->dev = dev;
+    tp->k = dev->k;
 }
 
 void fsdp_tp_vocab_split(size_t V, int size, int rank, size_t *v0, size_t *vn, size_t *Vl)
@@ -166,7 +167,8 @@ int fsdp_tp_embed_forward(struct fsdp_tp *tp, float *out, float *full, const int
      * summed over the ranks, each row is the two terms that are not exact
      * zeros, so the sum is the whole tables' lookup bit for bit */
     size_t pn = pos && tp->rank == 0 ? T : 0;
-    tp->k->embed_rows_forward(full, tokens, wte, v0, vn, pos, 0, pn, N, (int)(T ? T : 1), (int)C);
+    tp->k->embed_rows_forward(tp->dev, full, tokens, wte, v0, vn, pos, 0, pn, N, (int)(T ? T : 1),
+                              (int)C);
     if (tp->sp) {
         if (N % (size_t)tp->size != 0) {
             return fsdp_err(FSDP_ERR_INVALID, "tp embedding: %zu rows do not split over %d ranks",
@@ -176,7 +178,7 @@ int fsdp_tp_embed_forward(struct fsdp_tp *tp, float *out, float *full, const int
     }
     FSDP_CHECK(fsdp_tp_reduce_out_forward(tp, full, N * C));
     if (out != full) {
-        memcpy(out, full, N * C * sizeof(float));
+        FSDP_CHECK(fsdp_device_copy(tp->dev, out, full, N * C * sizeof(float)));
     }
     return 0;
 }
@@ -187,7 +189,7 @@ void fsdp_tp_embed_backward(const struct fsdp_tp *tp, float *dwte, float *dpos,
 {
     size_t v0, vn, Vl;
     fsdp_tp_vocab_split(V, tp->size, tp->rank, &v0, &vn, &Vl);
-    tp->k->embed_rows_backward(dwte, dpos, dout_full, tokens, v0, vn, 0, dpos ? T : 0, N,
+    tp->k->embed_rows_backward(tp->dev, dwte, dpos, dout_full, tokens, v0, vn, 0, dpos ? T : 0, N,
                                (int)(T ? T : 1), (int)C);
 }
 
@@ -200,47 +202,32 @@ int fsdp_tp_xent_combine(struct fsdp_tp *tp, float *stats, float *zt, float *scr
         return 0;
     }
     float *mx = scratch, *sz = scratch + N;
-    for (size_t i = 0; i < N; i++) {
-        mx[i] = stats[2 * i];
-    }
+    tp->k->xent_combine(tp->dev, 0, stats, zt, mx, sz, N, 1);
     FSDP_CHECK(fsdp_tp_all_reduce(tp, mx, N, FSDP_MAX));
-    for (size_t i = 0; i < N; i++) {
-        float s = stats[2 * i + 1];
-        sz[i] = s > 0.0f ? s * expf(stats[2 * i] - mx[i]) : 0.0f;
-        sz[N + i] = zt[i];
-    }
+    tp->k->xent_combine(tp->dev, 1, stats, zt, mx, sz, N, 1);
     FSDP_CHECK(fsdp_tp_all_reduce(tp, sz, 2 * N, FSDP_SUM));
-    for (size_t i = 0; i < N; i++) {
-        stats[2 * i] = mx[i];
-        stats[2 * i + 1] = sz[i];
-        zt[i] = sz[N + i];
-    }
+    tp->k->xent_combine(tp->dev, 2, stats, zt, mx, sz, N, 1);
     return 0;
 }
 
-int fsdp_tp_xent_forward(struct fsdp_tp *tp, float *losses, float *stats, float *zt,
-                         float *scratch, const float *logits, const int32_t *targets, size_t N,
-                         size_t V, int32_t ignore_index, size_t *n_kept)
+int fsdp_tp_xent_forward(struct fsdp_tp *tp, float *losses, float *stats, float *zt, float *scratch,
+                         const float *logits, const int32_t *targets, const int32_t *htargets,
+                         size_t N, size_t V, int32_t ignore_index, size_t *n_kept)
 {
     size_t v0, vn, Vl, kept = 0;
     fsdp_tp_vocab_split(V, tp->size, tp->rank, &v0, &vn, &Vl);
     if (vn > 0) {
-        tp->k->crossentropy_slice_forward(stats, zt, logits, targets, N, vn, v0, ignore_index, 1);
-    } else {
-        for (size_t i = 0; i < N; i++) { /* an empty slice: nothing to add */
-            stats[2 * i] = -INFINITY;
-            stats[2 * i + 1] = 0.0f;
-            zt[i] = 0.0f;
-        }
+        tp->k->crossentropy_slice_forward(tp->dev, stats, zt, logits, targets, N, vn, v0,
+                                          ignore_index, 1);
+    } else { /* an empty slice: nothing to add */
+        tp->k->fill(tp->dev, stats, N, 2, -INFINITY);
+        tp->k->fill(tp->dev, stats + 1, N, 2, 0.0f);
+        tp->k->fill(tp->dev, zt, N, 1, 0.0f);
     }
     FSDP_CHECK(fsdp_tp_xent_combine(tp, stats, zt, scratch, N));
+    tp->k->xent_losses(tp->dev, losses, stats, zt, targets, N, ignore_index);
     for (size_t i = 0; i < N; i++) {
-        if (targets[i] == ignore_index) {
-            losses[i] = 0.0f;
-            continue;
-        }
-        losses[i] = stats[2 * i] + logf(stats[2 * i + 1]) - zt[i];
-        kept++;
+        kept += htargets[i] != ignore_index;
     }
     *n_kept = kept;
     return 0;
@@ -253,7 +240,7 @@ void fsdp_tp_xent_backward(const struct fsdp_tp *tp, float *dlogits, const float
     size_t v0, vn, Vl;
     fsdp_tp_vocab_split(V, tp->size, tp->rank, &v0, &vn, &Vl);
     if (vn > 0) {
-        tp->k->crossentropy_slice_backward(dlogits, logits, stats, targets, N, vn, v0,
+        tp->k->crossentropy_slice_backward(tp->dev, dlogits, logits, stats, targets, N, vn, v0,
                                            ignore_index, dscale);
     }
 }

@@ -43,6 +43,8 @@
 
 #include "comm/group.h"
 
+struct fsdp_device;
+
 struct fsdp_kernels;
 
 enum fsdp_tp_coll {
@@ -64,7 +66,8 @@ struct fsdp_tp {
     int size, rank;              /* g's (1 and 0 without one) */
     int sp;                      /* sequence parallel: norms and residuals hold 1/size of the rows */
     struct fsdp_coll_attr attr;  /* where the operators' buffers live */
-    const struct fsdp_kernels *k; /* the kernels of the operators that compute */
+    struct fsdp_device *dev;     /* where the operators compute (never NULL) */
+    const struct fsdp_kernels *k; /* dev's kernels */
     struct fsdp_tp_counts counts;
 };
 
@@ -76,8 +79,7 @@ void fsdp_tp_count(struct fsdp_tp_counts *c, enum fsdp_tp_coll k, int size, doub
 void fsdp_tp_counts_add(struct fsdp_tp_counts *a, const struct fsdp_tp_counts *b);
 
 /* tp over g (NULL: one rank), buffers in mem, kernels k (NULL: the CPU's). */
-void fsdp_tp_init(struct fsdp_tp *tp, struct fsdp_group *g, int sp, enum fsdp_mem mem,
-                  const struct fsdp_kernels *k);
+void fsdp_tp_init(struct fsdp_tp *tp, struct fsdp_group *g, int sp, struct fsdp_device *dev);
 /* Does tp split anything (more than one rank)? */
 static inline int fsdp_tp_on(const struct fsdp_tp *tp)
 {
@@ -175,12 +177,12 @@ int fsdp_tp_xent_combine(struct fsdp_tp *tp, float *stats, float *zt, float *scr
  * columns [v0, v0 + vn) (fsdp_tp_vocab_split of V): losses (N) =
  * logsumexp(row) - row[target] over the whole vocabulary, 0 for ignored
  * rows; stats (N, 2) and zt (N) are kept for the backward; *n_kept counts
- * the rows not ignored; scratch 3 N floats. Targets are checked by the
- * caller.
+ * the rows not ignored (from htargets, the host's copy of the device's
+ * targets); scratch 3 N floats. Targets are checked by the caller.
  */
-int fsdp_tp_xent_forward(struct fsdp_tp *tp, float *losses, float *stats, float *zt,
-                         float *scratch, const float *logits, const int32_t *targets, size_t N,
-                         size_t V, int32_t ignore_index, size_t *n_kept);
+int fsdp_tp_xent_forward(struct fsdp_tp *tp, float *losses, float *stats, float *zt, float *scratch,
+                         const float *logits, const int32_t *targets, const int32_t *htargets,
+                         size_t N, size_t V, int32_t ignore_index, size_t *n_kept);
 /* dlogits (N, vn) = dscale (softmax - onehot(target)) over this rank's
  * columns, from the combined stats; ignored rows zero. dlogits may equal
  * logits. No communication. */

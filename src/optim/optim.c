@@ -8,10 +8,15 @@
 #include "core/error.h"
 
 void fsdp_adamw_init(struct fsdp_optimizer *o, const struct fsdp_optim_config *oc,
-                     const struct fsdp_model_spec *spec, const struct fsdp_kernels *k)
+                     const struct fsdp_model_spec *spec, struct fsdp_device *dev)
 {
-    *o = (struct fsdp_optimizer){.oc = *oc, .spec = spec, .k = k ? k : fsdp_cpu_kernels(),
-                                 .n_state = 2, .state_names = {"exp_avg", "exp_avg_sq"}};
+    dev = dev ? dev : fsdp_cpu_device();
+    *o = (struct fsdp_optimizer){.oc = *oc,
+                                 .spec = spec,
+                                 .dev = dev,
+                                 .k = dev->k,
+                                 .n_state = 2,
+                                 .state_names = {"exp_avg", "exp_avg_sq"}};
 }
 
 void fsdp_optimizer_begin(struct fsdp_optimizer *o, double lr)
@@ -39,8 +44,8 @@ int fsdp_optimizer_update(const struct fsdp_optimizer *o, int u, size_t start, s
         size_t lo, hi;
         if (fsdp_param_piece(p, start, count, &lo, &hi)) {
             size_t k = lo - start;
-            o->k->adamw_update(param + k, grad + k, state[0] + k, state[1] + k, hi - lo, &hp,
-                                  p->decay, grad_scale);
+            o->k->adamw_update(o->dev, param + k, grad + k, state[0] + k, state[1] + k, hi - lo,
+                               &hp, p->decay, grad_scale);
         }
     }
     return 0;

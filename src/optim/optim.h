@@ -19,6 +19,8 @@
 
 #include "core/spec.h"
 
+struct fsdp_device;
+
 /* AdamW and clipping settings (the learning rate comes per step). */
 struct fsdp_optim_config {
     float beta1, beta2, eps;
@@ -33,16 +35,17 @@ struct fsdp_kernels;
 struct fsdp_optimizer {
     struct fsdp_optim_config oc;
     const struct fsdp_model_spec *spec;
-    const struct fsdp_kernels *k;               /* the device's update kernel */
+    struct fsdp_device *dev;                    /* where the shards live */
+    const struct fsdp_kernels *k;               /* dev's kernels (the update) */
     int n_state;                                /* state buffers per element */
     const char *state_names[FSDP_OPTIM_MAX_STATE]; /* "exp_avg", "exp_avg_sq" */
     long step;                                  /* updates taken (bias correction counts from 1) */
     double lr;                                  /* of the current update */
 };
 
-/* AdamW over spec's parameters, with kernels k (NULL: the CPU's). */
+/* AdamW over spec's parameters, on device dev (NULL: the CPU). */
 void fsdp_adamw_init(struct fsdp_optimizer *o, const struct fsdp_optim_config *oc,
-                     const struct fsdp_model_spec *spec, const struct fsdp_kernels *k);
+                     const struct fsdp_model_spec *spec, struct fsdp_device *dev);
 /* Starts an update at learning rate lr (counts the step). */
 void fsdp_optimizer_begin(struct fsdp_optimizer *o, double lr);
 /*

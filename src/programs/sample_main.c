@@ -34,6 +34,7 @@
 #include "io/model_file.h"
 #include "io/tokenizer.h"
 #include "model/model.h"
+#include "compute/device.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -54,6 +55,7 @@ struct sample_config {
     int specials;       /* add the tokenizer's post-processor tokens around the prompt */
     long seed;
     long threads;
+    char device[32];
 };
 
 #define F(field) offsetof(struct sample_config, field)
@@ -79,6 +81,8 @@ static const struct fsdp_opt sample_opts[] = {
      "no key/value cache: run the whole window for every token (slower; for comparison)"},
     {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0, "random seed"},
     {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS threads"},
+    {"device", FSDP_OPT_STR, F(device), S(device), 0, 0, NULL, "NAME", 0,
+     "compute device: cpu, or guarded (as fsdpc-train's)"},
 };
 #undef F
 #undef S
@@ -257,6 +261,24 @@ static int emit(struct sink *k, int token, int final)
 
 // ----------------------------------------------------------------------------
 
+/* The device c names, the parameters (host) copied into its memory, and
+ * room there for one row of logits. */
+static int sample_to_device(const struct sample_config *c, const struct fsdp_model_spec *spec,
+                            const float *params, struct fsdp_device **dev, float **dparams,
+                            float **dlogits)
+{
+    void *p = NULL, *l = NULL;
+    FSDP_CHECK(fsdp_device_create(c->device, 0, dev));
+    size_t bytes = spec->total_numel * sizeof(float);
+    FSDP_CHECK(fsdp_device_alloc(*dev, bytes, "sampler parameters", &p));
+    *dparams = p;
+    FSDP_CHECK(
+        fsdp_device_alloc(*dev, (size_t)spec->vocab_size * sizeof(float), "sampler logits", &l));
+    *dlogits = l;
+    FSDP_CHECK(fsdp_device_write(*dev, *dparams, params, bytes));
+    return (*dev)->ops->synchronize(*dev, (*dev)->stream);
+}
+
 static int sample_run(const struct sample_config *c)
 {
     struct fsdp_model_spec *spec = NULL;
@@ -268,6 +290,8 @@ static int sample_run(const struct sample_config *c)
     float *logits = NULL;
     struct fsdp_decoder *dec = NULL;
     struct sink sk = {0};
+    struct fsdp_device *dev = NULL;
+    float *dparams = NULL, *dlogits = NULL;
     int rc;
 
     char path[sizeof(c->model) + 64];
@@ -292,10 +316,11 @@ static int sample_run(const struct sample_config *c)
         off += spec->unit_numel[u];
     }
     FSDP_CHECK_GOTO(fsdp_model_file_read(path, spec, units), rc, out);
-    struct fsdp_model_opts mo = {.max_B = 1, .max_T = ctx};
+    FSDP_CHECK_GOTO(sample_to_device(c, spec, params, &dev, &dparams, &dlogits), rc, out);
+    struct fsdp_model_opts mo = {.max_B = 1, .max_T = ctx, .dev = dev};
     FSDP_CHECK_GOTO(fsdp_model_create(spec, &mo, &model), rc, out);
-    for (int u = 0; u < spec->n_units; u++) {
-        FSDP_CHECK_GOTO(model->ops->set_unit(model, u, units[u], NULL), rc, out);
+    for (int u = 0, at = 0; u < spec->n_units; at += (int)spec->unit_numel[u], u++) {
+        FSDP_CHECK_GOTO(model->ops->set_unit(model, u, dparams + at, NULL), rc, out);
     }
 
     size_t n = 0;
@@ -371,7 +396,9 @@ static int sample_run(const struct sample_config *c)
             size_t window = n < (size_t)ctx ? n : (size_t)ctx;
             FSDP_CHECK_GOTO(fsdp_model_forward(model, seq + n - window, NULL, 1, (int)window, NULL),
                             rc, out);
-            FSDP_CHECK_GOTO(model->ops->logits(model, window - 1, 1, logits), rc, out);
+            FSDP_CHECK_GOTO(model->ops->logits(model, window - 1, 1, dlogits), rc, out);
+            FSDP_CHECK_GOTO(fsdp_device_read(dev, logits, dlogits, (size_t)V * sizeof(float)), rc,
+                            out);
         }
         int tok = sample_token(logits, V, c->temperature, c->top_k, c->top_p, cand, probs, &rng);
         seq[n++] = tok;
@@ -399,6 +426,11 @@ out:
     }
     fsdp_tokenizer_free(sk.tok);
     fsdp_model_destroy(model);
+    if (dev) {
+        dev->ops->free(dev, dparams);
+        dev->ops->free(dev, dlogits);
+        fsdp_device_destroy(dev);
+    }
     free(probs);
     free(logits);
     free(cand);
@@ -411,8 +443,13 @@ out:
 
 int main(int argc, char **argv)
 {
-    struct sample_config c = {.tokens = 256, .temperature = 1.0, .top_p = 1.0, .specials = 1,
-                              .seed = 1337, .threads = 1};
+    struct sample_config c = {.tokens = 256,
+                              .temperature = 1.0,
+                              .top_p = 1.0,
+                              .specials = 1,
+                              .seed = 1337,
+                              .threads = 1,
+                              .device = "cpu"};
     struct fsdp_optset set = {.prog = "fsdpc-sample", .opts = sample_opts,
                               .n = sizeof(sample_opts) / sizeof(sample_opts[0]), .base = &c};
     fsdp_log_set_rank(0);

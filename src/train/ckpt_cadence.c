@@ -31,6 +31,8 @@
 #include "io/fileutil.h"
 #include "io/tokens.h"
 #include "fsdp/engine.h"
+#include "compute/device.h"
+#include "train/stage.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -375,11 +377,17 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
         FSDP_CHECK(fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, t->spec, &w));
         int rc = 0;
         size_t n = e->ops->n_pieces(e);
+        struct fsdp_stage st;
+        fsdp_stage_init(&st, t->dev);
         for (size_t k = 0; k < n && rc == 0; k++) {
             struct fsdp_state_piece pc = {0};
+            const float *host;
             e->ops->piece(e, k, &pc);
-            rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.data);
+            size_t cols = fsdp_state_piece_cols(&pc, t->spec->params[pc.param].shape[1]);
+            rc = fsdp_stage_read(&st, pc.data, pc.rows * cols, &host);
+            rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)pc.kind, pc.param, host);
         }
+        fsdp_stage_free(&st);
         if (rc == 0) {
             rc = fsdp_ckpt_shard_commit(w);
         }
@@ -421,44 +429,41 @@ static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
                         "parameter, the optimizer %d", fsdp_ckpt_dir(ck), FSDP_CKPT_NKINDS - 1,
                         e->n_state);
     }
-    size_t n = e->ops->n_pieces(e), room = 0;
-    float *buf = NULL;
+    size_t n = e->ops->n_pieces(e);
+    struct fsdp_stage st;
     int rc = 0;
+    fsdp_stage_init(&st, t->dev);
     for (size_t k = 0; k < n && rc == 0; k++) {
         struct fsdp_state_piece pc = {0};
         e->ops->piece(e, k, &pc);
         const struct fsdp_param_spec *p = &t->spec->params[pc.param];
-        size_t cols = fsdp_state_piece_cols(&pc, p->shape[1]);
+        size_t cols = fsdp_state_piece_cols(&pc, p->shape[1]), W = p->shape[1];
         if (pc.rows == 0) {
             continue;
         }
-        if (cols == p->shape[1]) {
-            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0, pc.rows,
-                                     pc.data);
+        if (cols == W) { /* whole rows: through the stage */
+            rc = fsdp_stage_reserve(&st, pc.rows * W, p->name);
+            rc = rc < 0 ? rc
+                        : fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0,
+                                              pc.rows, st.buf);
+            rc = rc < 0 ? rc : fsdp_stage_write(&st, pc.data, st.buf, pc.rows * W);
             continue;
         }
         /* a block of columns (tensor parallelism): its rows whole, a few MiB at a time */
-        if (room < p->shape[1]) {
-            free(buf);
-            room = p->shape[1] * (((size_t)4 << 20) / p->shape[1] + 1);
-            if (!(buf = malloc(room * sizeof(float)))) {
-                rc = fsdp_err(FSDP_ERR_NOMEM, "%s: %zu bytes to read %s", fsdp_ckpt_dir(ck),
-                              room * sizeof(float), p->name);
-                break;
-            }
-        }
-        size_t step = room / p->shape[1];
+        rc = fsdp_stage_reserve(&st, W * (((size_t)4 << 20) / W + 1), p->name);
+        size_t step = st.cap / W;
         for (size_t r = 0; r < pc.rows && rc == 0; r += step) {
             size_t nr = pc.rows - r < step ? pc.rows - r : step;
             rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0 + r, nr,
-                                     buf);
+                                     st.buf);
             for (size_t j = 0; rc == 0 && j < nr; j++) {
-                memcpy(pc.data + (r + j) * cols, buf + j * p->shape[1] + pc.col0,
-                       cols * sizeof(float));
+                rc = fsdp_device_write(t->dev, pc.data + (r + j) * cols, st.buf + j * W + pc.col0,
+                                       cols * sizeof(float));
             }
+            rc = rc < 0 ? rc : t->dev->ops->synchronize(t->dev, t->dev->stream);
         }
     }
-    free(buf);
+    fsdp_stage_free(&st);
     FSDP_CHECK(rc);
     struct fsdp_engine_counters cn = {.opt_step = m->adam_step, .loss_scale = m->loss_scale,
                                       .scale_good_steps = m->scale_good_steps,

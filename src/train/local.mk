@@ -2,11 +2,11 @@
 libfsdpc_a_SOURCES += src/train/options.c src/train/train_config.c src/train/schedule.c \
 	src/train/metrics.c src/train/world.c src/train/trainer.c \
 	src/train/ckpt_cadence.c src/train/uneven.c src/train/stop.c src/train/model_source.c \
-	src/train/memory_plan.c
+	src/train/memory_plan.c src/train/stage.c
 noinst_HEADERS += src/train/options.h src/train/train_config.h src/train/schedule.h \
 	src/train/metrics.h src/train/world.h src/train/trainer.h \
 	src/train/ckpt_cadence.h src/train/uneven.h src/train/stop.h src/train/model_source.h \
-	src/train/memory_plan.h
+	src/train/memory_plan.h src/train/stage.h
 
 # tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),
 # and join over uneven inputs against a single-rank replay (join_ref)
@@ -26,6 +26,10 @@ dist_check_SCRIPTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh \
 	tests/train/test_stop.sh tests/train/test_records.sh
 TESTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh tests/train/test_stop.sh \
 	tests/train/test_records.sh
+
+# the whole path on the guarded device equals the CPU device bit for bit
+dist_check_SCRIPTS += tests/train/test_guarded.sh
+TESTS += tests/train/test_guarded.sh
 
 # --print-memory: the plan equals the engine's own accounting, without allocating
 dist_check_SCRIPTS += tests/train/test_print_memory.sh

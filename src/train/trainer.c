@@ -20,6 +20,7 @@
 #include "comm/mesh.h"
 #include "comm/mesh_spec.h"
 #include "compute/device.h"
+#include "train/stage.h"
 #include "fsdp/fsdp.h"
 #include "io/model_file.h"
 #include "io/tokens.h"
@@ -310,6 +311,25 @@ int fsdp_trainer_mesh_check(const struct fsdp_mesh_dims *d)
     return 0;
 }
 
+/* Each dimension whose backend cannot take the device's memory stages it
+ * through host buffers (comm/group.h); rank 0 says which. */
+static int trainer_stage_dims(struct fsdp_trainer *t)
+{
+    struct fsdp_mesh *m = t->mesh;
+    fsdp_stage_stager(t->dev, &t->stager);
+    for (int i = 0; i < m->ndims; i++) {
+        int staged = fsdp_group_set_stager(m->dims[i].group, &t->stager);
+        FSDP_CHECK(staged);
+        if (staged && t->dist->rank == 0) {
+            FSDP_INFO(FSDP_SUB_TRAIN,
+                      "mesh dimension %s: backend %s takes no %s device memory: "
+                      "its collectives are staged through host buffers",
+                      m->dims[i].name, m->dims[i].ops->name, t->dev->ops->name);
+        }
+    }
+    return 0;
+}
+
 /*
  * The mesh over every rank (when launched with more than one, or asked for
  * one), with the dimensions this build trains with: dp shards, rdp
@@ -322,8 +342,11 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
     if (!d || (d->world_size <= 1 && !c->mesh[0])) {
         return 0;
     }
+    /* host memory: every backend must take it; device memory: a backend
+     * that cannot take it is staged through host buffers */
+    uint32_t need = t->dev->mem == FSDP_MEM_HOST ? FSDP_CAP_MEM_HOST : 0;
     int rc = fsdp_mesh_create_for(d, c->mesh[0] ? c->mesh : NULL, c->backend[0] ? c->backend : NULL,
-                                  fsdp_device_mem_cap(t->dev), &t->mesh);
+                                  need, &t->mesh);
     if (rc < 0) {
         trainer_mesh_hint(t, rc);
         return rc;
@@ -337,6 +360,7 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
         trainer_mesh_hint(t, rc);
         return rc;
     }
+    FSDP_CHECK(trainer_stage_dims(t));
     int dp = fsdp_mesh_dim_index(m, "dp"), rdp = fsdp_mesh_dim_index(m, "rdp");
     int tp = fsdp_mesh_dim_index(m, "tp");
     if (tp >= 0 && tp != m->ndims - 1 && d->rank == 0) {
@@ -380,17 +404,22 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 /* A piece of columns [col0, col0 + cols) of its rows: the rows are read
  * whole, a few at a time through buf (room for `room` floats, at least
  * one row), and the piece's columns kept. */
-static int trainer_read_block(struct fsdp_model_file *mf, const struct fsdp_param_spec *p,
-                              const struct fsdp_state_piece *pc, size_t cols, float *buf,
-                              size_t room)
+static int trainer_read_block(struct fsdp_stage *st, struct fsdp_model_file *mf,
+                              const struct fsdp_param_spec *p, const struct fsdp_state_piece *pc,
+                              size_t cols)
 {
-    size_t W = p->shape[1], step = room / W;
+    size_t W = p->shape[1];
+    FSDP_CHECK(fsdp_stage_reserve(st, W * (((size_t)4 << 20) / W + 1), p->name));
+    size_t step = st->cap / W;
     for (size_t r = 0; r < pc->rows; r += step) {
         size_t n = pc->rows - r < step ? pc->rows - r : step;
-        FSDP_CHECK(fsdp_model_file_read_rows(mf, p->name, pc->row0 + r, n, buf));
+        FSDP_CHECK(fsdp_model_file_read_rows(mf, p->name, pc->row0 + r, n, st->buf));
         for (size_t i = 0; i < n; i++) {
-            memcpy(pc->data + (r + i) * cols, buf + i * W + pc->col0, cols * sizeof(float));
+            FSDP_CHECK(fsdp_device_write(st->dev, pc->data + (r + i) * cols,
+                                         st->buf + i * W + pc->col0, cols * sizeof(float)));
         }
+        /* the buffer is read again by the next rows */
+        FSDP_CHECK(st->dev->ops->synchronize(st->dev, st->dev->stream));
     }
     return 0;
 }
@@ -401,9 +430,10 @@ static int trainer_read_block(struct fsdp_model_file *mf, const struct fsdp_para
 static int trainer_load_model(struct fsdp_trainer *t, struct fsdp_model_file *mf)
 {
     struct fsdp_engine *e = t->engine;
-    size_t n = e->ops->n_pieces(e), room = 0;
-    float *buf = NULL;
+    size_t n = e->ops->n_pieces(e);
+    struct fsdp_stage st;
     int rc = 0;
+    fsdp_stage_init(&st, t->dev);
     for (size_t k = 0; k < n && rc == 0; k++) {
         struct fsdp_state_piece pc = {0};
         e->ops->piece(e, k, &pc);
@@ -412,22 +442,16 @@ static int trainer_load_model(struct fsdp_trainer *t, struct fsdp_model_file *mf
         if (pc.kind != 0 || pc.rows == 0) {
             continue;
         }
-        if (cols == p->shape[1]) {
-            rc = fsdp_model_file_read_rows(mf, p->name, pc.row0, pc.rows, pc.data);
+        if (cols == p->shape[1]) { /* whole rows: through the stage */
+            size_t floats = pc.rows * cols;
+            rc = fsdp_stage_reserve(&st, floats, p->name);
+            rc = rc < 0 ? rc : fsdp_model_file_read_rows(mf, p->name, pc.row0, pc.rows, st.buf);
+            rc = rc < 0 ? rc : fsdp_stage_write(&st, pc.data, st.buf, floats);
             continue;
         }
-        if (room < p->shape[1]) { /* a few MiB of whole rows at a time */
-            free(buf);
-            room = p->shape[1] * (((size_t)4 << 20) / p->shape[1] + 1);
-            if (!(buf = malloc(room * sizeof(float)))) {
-                rc = fsdp_err(FSDP_ERR_NOMEM, "model: %zu bytes to read %s", room * sizeof(float),
-                              p->name);
-                break;
-            }
-        }
-        rc = trainer_read_block(mf, p, &pc, cols, buf, room);
+        rc = trainer_read_block(&st, mf, p, &pc, cols); /* a few MiB of whole rows at a time */
     }
-    free(buf);
+    fsdp_stage_free(&st);
     return rc;
 }
 
@@ -441,8 +465,8 @@ static int trainer_build_engine(struct fsdp_trainer *t, fsdp_engine_factory fact
     const struct fsdp_train_config *c = t->cfg;
     int rc = fsdp_device_create(c->device, t->dist ? t->dist->local_rank : 0, &t->dev);
     if (rc < 0) {
-        fsdp_err_hint("this build trains on the CPU (--device cpu, the default); the GPU path "
-                      "is not built yet");
+        fsdp_err_hint("this build computes on the CPU: --device cpu (the default), or guarded "
+                      "to check that nothing outside the device touches its memory");
         rc = trainer_blame(rc, "device");
     }
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "create its compute device"));
@@ -794,6 +818,24 @@ static int trainer_step_failed(struct fsdp_trainer *t, int rc, const struct fsdp
     return group ? fsdp_trainer_agree(t, rc, "finish the step") : rc;
 }
 
+/* After the first step, at debug level, the device's live buffers (a
+ * device that names them): what --print-memory's plan is checked against. */
+static void trainer_log_buffers(const struct fsdp_trainer *t)
+{
+    struct fsdp_device_buffer b[64];
+    struct fsdp_device *d = t->dev;
+    if (!d->ops->buffers || !fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_TRAIN)) {
+        return;
+    }
+    size_t n = d->ops->buffers(d, b, 64);
+    for (size_t i = 0; i < n && i < 64; i++) {
+        FSDP_DEBUG(FSDP_SUB_TRAIN, "device buffer after the first step: %zu bytes '%s'",
+                   b[i].bytes, b[i].name);
+    }
+    FSDP_DEBUG(FSDP_SUB_TRAIN, "device buffers after the first step: %zu, %zu bytes in all", n,
+               d->stats.bytes_now);
+}
+
 int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
 {
     const struct fsdp_train_config *c = t->cfg;
@@ -815,12 +857,20 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
             return trainer_blame(rc, what);
         }
     }
+    const struct fsdp_device_stats ds = t->dev->stats;
     rc = t->engine->ops->step(t->engine, &b, lr, contrib, &res);
     double dt = fsdp_now() - t0;
     if (rc < 0) {
         return trainer_step_failed(t, rc, &res);
     }
     t->step++;
+    if (t->step == t->start_step + 1) {
+        trainer_log_buffers(t);
+    }
+    /* what the step made the host wait for (doc/design.md lists each) */
+    FSDP_DEBUG(FSDP_SUB_TRAIN, "step %ld: device %s: %ld host waits, %ld device-to-host copies",
+               t->step, t->dev->ops->name, t->dev->stats.host_waits - ds.host_waits,
+               t->dev->stats.d2h_copies - ds.d2h_copies);
     fsdp_debug_mark_steady(); /* from now on collectives get the regular deadline */
     t->train_seconds += dt;
     if (t->step == t->start_step + 1) {
@@ -907,17 +957,22 @@ static int trainer_save_model(struct fsdp_trainer *t, const char *path, const ch
     struct fsdp_model_writer *w = NULL;
     const int writer = trainer_rank(t) == 0;
     int rc = writer ? fsdp_model_writer_create(path, t->spec, &opts, &w) : 0;
+    struct fsdp_stage st;
+    fsdp_stage_init(&st, t->dev);
     for (int u = 0; u < t->spec->n_units; u++) {
-        const float *full;
+        const float *full, *host;
         int grc = t->engine->ops->gather_unit(t->engine, u, &full);
         if (grc < 0) {
+            fsdp_stage_free(&st);
             fsdp_model_writer_destroy(w);
             return grc; /* a collective failed: every rank hears of it */
         }
         if (writer && rc == 0) {
-            rc = fsdp_model_writer_put_unit(w, u, full);
+            rc = fsdp_stage_read(&st, full, t->spec->unit_numel[u], &host);
+            rc = rc < 0 ? rc : fsdp_model_writer_put_unit(w, u, host);
         }
     }
+    fsdp_stage_free(&st);
     if (writer && rc == 0) {
         rc = fsdp_model_writer_commit(w);
     }

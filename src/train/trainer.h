@@ -16,6 +16,7 @@
 #ifndef FSDP_TRAIN_TRAINER_H
 #define FSDP_TRAIN_TRAINER_H
 
+#include "comm/group.h"
 #include "train/train_config.h"
 #include "fsdp/engine.h"
 #include "train/metrics.h"
@@ -42,6 +43,8 @@ struct fsdp_trainer {
     struct fsdp_world *world;      /* the loop's own collectives */
     struct fsdp_model_spec *spec;  /* the model's parameter table */
     struct fsdp_device *dev;       /* where the engine's state lives and computes */
+    struct fsdp_stager stager;     /* the mesh's groups stage dev's memory through it where
+                                      their backends cannot take it */
     struct fsdp_engine *engine;
     int32_t *batch_in, *batch_tgt; /* (K, B, T) this step's micro-batches */
     struct fsdp_dataloader *train; /* this rank's slice of each global batch */

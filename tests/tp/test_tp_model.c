@@ -175,7 +175,7 @@ static void run_case(struct ctx *c, const char *what, struct fsdp_model_spec *s,
     must(fsdp_model_backward(ref), "whole backward");
     /* the cut model */
     struct fsdp_tp tp;
-    fsdp_tp_init(&tp, c->g, o->sp, FSDP_MEM_HOST, NULL);
+    fsdp_tp_init(&tp, c->g, o->sp, NULL);
     mo.tp = &tp;
     must(fsdp_model_create(ls, &mo, &m), "tp model");
     if (o->ckpt) {

@@ -249,7 +249,7 @@ static double pair_obj(void *arg)
 static void test_pair(struct ctx *c, int sp)
 {
     struct fsdp_tp tp;
-    fsdp_tp_init(&tp, c->g, sp, FSDP_MEM_HOST, NULL);
+    fsdp_tp_init(&tp, c->g, sp, NULL);
     const size_t P = (size_t)c->P, Hl = PH / P, rows = sp ? PN / P : PN;
     uint64_t rng = 0x1234567ULL; /* the same stream on every rank */
     float *x = malloc(PN * PC * sizeof(float)), *A = malloc(PH * PC * sizeof(float));
@@ -363,7 +363,7 @@ static double emb_obj(void *arg)
 static void test_embed(struct ctx *c, int sp)
 {
     struct fsdp_tp tp;
-    fsdp_tp_init(&tp, c->g, sp, FSDP_MEM_HOST, NULL);
+    fsdp_tp_init(&tp, c->g, sp, NULL);
     size_t v0, vn, Vl;
     fsdp_tp_vocab_split(EV, tp.size, tp.rank, &v0, &vn, &Vl);
     uint64_t rng = 0xABCDEFULL;
@@ -445,7 +445,8 @@ static double xent_obj(void *arg)
 {
     struct xent *x = arg;
     must(fsdp_tp_xent_forward(x->tp, x->losses, x->stats, x->zt, x->scratch, x->logits, x->tgt,
-                              XN, x->V, -1, &x->kept), "xent");
+                              x->tgt, XN, x->V, -1, &x->kept),
+         "xent");
     double L = 0;
     for (size_t i = 0; i < XN; i++) {
         L += x->losses[i];
@@ -456,7 +457,7 @@ static double xent_obj(void *arg)
 static void test_xent(struct ctx *c, size_t V)
 {
     struct fsdp_tp tp;
-    fsdp_tp_init(&tp, c->g, 0, FSDP_MEM_HOST, NULL);
+    fsdp_tp_init(&tp, c->g, 0, NULL);
     size_t v0, vn, Vl;
     fsdp_tp_vocab_split(V, tp.size, tp.rank, &v0, &vn, &Vl);
     uint64_t rng = 0x77ULL + V;

@@ -1,0 +1,108 @@
+/*
+ * device.c - choosing a device by name, and the conveniences over the ops
+ * that the layers above use (device.h): named allocation with a clear
+ * out-of-memory error, zeroing, and the copies the host waits for.
+ */
+#include "config.h"
+#include "compute/device.h"
+#include "compute/device_impl.h"
+#include "core/error.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fsdp_device_create(const char *name, int index, struct fsdp_device **out)
+{
+    int guarded = strcmp(name, "guarded") == 0;
+    if (!guarded && strcmp(name, "cpu") != 0) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                        "device '%s': this build computes on the CPU only "
+                        "(devices: %s)",
+                        name, fsdp_device_names());
+    }
+    struct fsdp_device *d = calloc(1, sizeof(*d));
+    if (!d) {
+        return fsdp_err(FSDP_ERR_NOMEM, "device");
+    }
+    int rc = guarded ? fsdp_guarded_device_init(d, index) : fsdp_cpu_device_init(d, index);
+    if (rc < 0) {
+        free(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+void fsdp_device_destroy(struct fsdp_device *d)
+{
+    if (d && d->ops != &fsdp_cpu_device_ops) {
+        fsdp_guarded_device_fini(d);
+    }
+    free(d);
+}
+
+const char *fsdp_device_names(void)
+{
+    return "cpu, guarded";
+}
+
+static struct fsdp_device cpu_device;
+static pthread_once_t cpu_device_once = PTHREAD_ONCE_INIT;
+
+static void cpu_device_make(void)
+{
+    (void)fsdp_cpu_device_init(&cpu_device, 0);
+}
+
+struct fsdp_device *fsdp_cpu_device(void)
+{
+    pthread_once(&cpu_device_once, cpu_device_make);
+    return &cpu_device;
+}
+
+uint32_t fsdp_device_mem_cap(const struct fsdp_device *d)
+{
+    return d->mem == FSDP_MEM_CUDA      ? FSDP_CAP_MEM_CUDA
+           : d->mem == FSDP_MEM_GUARDED ? FSDP_CAP_MEM_GUARDED
+                                        : FSDP_CAP_MEM_HOST;
+}
+
+// ----------------------------------------------------------------------------
+// conveniences
+
+int fsdp_device_alloc(struct fsdp_device *d, size_t bytes, const char *name, void **out)
+{
+    *out = d->ops->alloc(d, bytes, name);
+    if (*out) {
+        return 0;
+    }
+    size_t free_b = 0, total_b = 0;
+    (void)d->ops->mem_info(d, &free_b, &total_b);
+    int rc = fsdp_err(FSDP_ERR_NOMEM,
+                      "out of memory on device %s:%d: %s needs %zu bytes, %zu of %zu free",
+                      d->ops->name, d->index, name, bytes, free_b, total_b);
+    fsdp_err_hint("reduce --batch-size or --seq-len, add ranks, or see --print-memory");
+    return rc;
+}
+
+int fsdp_device_zero(struct fsdp_device *d, void *p, size_t bytes)
+{
+    return d->ops->memset(d, p, 0, bytes, d->stream);
+}
+
+int fsdp_device_read(struct fsdp_device *d, void *dst, const void *src, size_t bytes)
+{
+    FSDP_CHECK(d->ops->copy(d, dst, src, bytes, FSDP_COPY_D2H, d->stream));
+    return d->ops->synchronize(d, d->stream);
+}
+
+int fsdp_device_write(struct fsdp_device *d, void *dst, const void *src, size_t bytes)
+{
+    return d->ops->copy(d, dst, src, bytes, FSDP_COPY_H2D, d->stream);
+}
+
+int fsdp_device_copy(struct fsdp_device *d, void *dst, const void *src, size_t bytes)
+{
+    return d->ops->copy(d, dst, src, bytes, FSDP_COPY_D2D, d->stream);
+}

@@ -1,0 +1,35 @@
+/*
+ * stage.h - the one way the training layer moves the engine's state
+ * between device memory and files: through a host buffer of the device's
+ * pinned memory, grown as needed and reused. Nothing in src/train reads or
+ * writes a device pointer itself (a guarded device would stop it).
+ */
+#ifndef FSDP_TRAIN_STAGE_H
+#define FSDP_TRAIN_STAGE_H
+
+#include <stddef.h>
+
+struct fsdp_device;
+struct fsdp_stager;
+
+struct fsdp_stage {
+    struct fsdp_device *dev;
+    float *buf; /* (cap) pinned host memory */
+    size_t cap; /* floats */
+};
+
+void fsdp_stage_init(struct fsdp_stage *st, struct fsdp_device *dev);
+void fsdp_stage_free(struct fsdp_stage *st);
+/* Room for n floats in st->buf; what says what for in the error. */
+int fsdp_stage_reserve(struct fsdp_stage *st, size_t n, const char *what);
+/* The comm layer's stager (comm/group.h) over dev: its pinned host memory
+ * and its waited-for copies. */
+void fsdp_stage_stager(struct fsdp_device *dev, struct fsdp_stager *out);
+
+/* n floats of device memory src into st->buf, waited for: *host = st->buf. */
+int fsdp_stage_read(struct fsdp_stage *st, const float *src, size_t n, const float **host);
+/* n floats at host (st->buf or any host array) to device memory dst,
+ * complete when this returns. */
+int fsdp_stage_write(struct fsdp_stage *st, float *dst, const float *host, size_t n);
+
+#endif

@@ -1,0 +1,197 @@
+#!/bin/sh
+# test_guarded.sh - the whole training path on the guarded device (memory
+# the host cannot touch outside the device's own kernels and copies) gives
+# bit for bit what the CPU device gives: losses, gradient norms and loss
+# scales of every step, and the final weights, for GPT-2 and Llama over
+# the meshes, dtypes and features the trainer has, with mpi and tcp staging
+# the device's memory; a checkpoint written on it resumes on another mesh,
+# verifies, and samples; the sampler with and without its cache; and the
+# host waits of a step do not grow with the model.
+. "$top_srcdir/tests/tap.sh"
+
+BIN="$top_builddir"
+TRAIN="$BIN/fsdpc-train"
+W=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-guarded.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+export FSDPC_LOG=warn FSDPC_GUARDED_BYTES=4294967296
+MPIEXEC=$(command -v mpiexec.mpich)
+
+sh "$top_srcdir/tests/corpus.sh" 200000 > "$W/text"
+"$BIN/fsdpc-data" tokenize "$W/text" -o "$W/train.bin" > /dev/null 2>&1 &&
+"$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --context 64 --seed 1 \
+    -o "$W/gpt2.h5" > /dev/null 2>&1 &&
+"$BIN/fsdpc-ckpt" init --layers 4 --heads 2 --width 48 --context 64 --seed 2 \
+    -o "$W/gpt2-4.h5" > /dev/null 2>&1 &&
+"$BIN/fsdpc-ckpt" init --preset llama-tiny --seed 3 -o "$W/llama.h5" > /dev/null 2>&1
+tap_ok $? "fixtures: a token file, GPT-2 (2 and 4 layers) and llama-tiny"
+
+# uneven per-rank token files for join: 3000 and 1500 tokens
+python3 - "$W" <<'PY'
+import struct, sys
+w = sys.argv[1]
+d = open(w + "/train.bin", "rb").read()
+for r, n in ((0, 3000), (1, 1500)):
+    h = bytearray(d[:1024]); struct.pack_into("<i", h, 8, n)
+    open("%s/u%d.bin" % (w, r), "wb").write(bytes(h) + d[1024:1024 + 2 * n])
+PY
+
+# the step records' loss, norm and scale, as text: equal strings, equal bits
+records() {
+    grep '"loss"' "$1" | sed 's/.*"step":\([0-9]*\).*"loss":\([^,]*\).*"grad_norm":\([^,]*\).*/\1 \2 \3/'
+}
+
+# same NAME RANKS ARGS...: the run on cpu and on guarded, compared
+same() {
+    name=$1 n=$2
+    shift 2
+    ok=0
+    for d in cpu guarded; do
+        if [ "$n" -gt 1 ]; then
+            # shellcheck disable=SC2086
+            "$MPIEXEC" -n "$n" "$TRAIN" --device $d --batch-size 4 --seq-len 64 --steps 3 \
+                --lr 3e-3 --out "$W/$name.$d.h5" --metrics "$W/$name.$d.jsonl" "$@" \
+                > "$W/$name.$d.out" 2> "$W/$name.$d.err" || ok=1
+        else
+            "$TRAIN" --device $d --batch-size 4 --seq-len 64 --steps 3 --lr 3e-3 \
+                --out "$W/$name.$d.h5" --metrics "$W/$name.$d.jsonl" "$@" \
+                > "$W/$name.$d.out" 2> "$W/$name.$d.err" || ok=1
+        fi
+    done
+    if [ $ok -ne 0 ]; then
+        tap_diag "$(tail -n 5 "$W/$name.guarded.err" "$W/$name.cpu.err")"
+    else
+        records "$W/$name.cpu.jsonl" > "$W/$name.cpu.rec"
+        records "$W/$name.guarded.jsonl" > "$W/$name.guarded.rec"
+        [ -s "$W/$name.cpu.rec" ] && cmp -s "$W/$name.cpu.rec" "$W/$name.guarded.rec" || ok=1
+        [ $ok -eq 0 ] || tap_diag "$(diff "$W/$name.cpu.rec" "$W/$name.guarded.rec")"
+        h5diff "$W/$name.cpu.h5" "$W/$name.guarded.h5" > "$W/$name.diff" 2>&1 || {
+            ok=1
+            tap_diag "$(head -n 5 "$W/$name.diff")"
+        }
+    fi
+    tap_ok $ok "guarded = cpu bit for bit (step losses, norms, final weights): $name"
+}
+
+same "gpt2 1 rank" 1 --model "$W/gpt2.h5" --data "$W/train.bin"
+same "gpt2 1 rank bf16" 1 --model "$W/gpt2.h5" --data "$W/train.bin" --param-dtype bf16
+same "llama 1 rank, activation checkpointing" 1 --model "$W/llama.h5" --data "$W/train.bin" \
+    --activation-checkpointing
+if [ -z "$MPIEXEC" ]; then
+    tap_skip_dep mpiexec.mpich "the multi-rank comparisons"
+else
+    same "gpt2 dp=2 tcp" 2 --model "$W/gpt2.h5" --data "$W/train.bin" --mesh dp=2 --backend tcp
+    same "gpt2 dp=2 mpi, bf16 params and reduction" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --mesh dp=2 --backend mpi --param-dtype bf16 --reduce-dtype bf16
+    same "gpt2 dp=2 mpi, f16 with dynamic loss scaling" 2 --model "$W/gpt2.h5" \
+        --data "$W/train.bin" --mesh dp=2 --backend mpi --param-dtype f16 --loss-scale dynamic
+    same "gpt2 rdp=2,dp=2 tcp" 4 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --mesh rdp=2,dp=2 --backend tcp
+    same "gpt2 tp=2 mpi" 2 --model "$W/gpt2.h5" --data "$W/train.bin" --mesh tp=2 --backend mpi
+    same "gpt2 dp=2 mpi, accumulation without sync, clipping at 0.5" 2 --model "$W/gpt2.h5" \
+        --data "$W/train.bin" --mesh dp=2 --backend mpi --grad-accum 2 --no-sync-accum --clip 0.5
+    same "llama dp=2 tcp, accumulation with sync, activation checkpointing" 2 \
+        --model "$W/llama.h5" --data "$W/train.bin" --mesh dp=2 --backend tcp --grad-accum 2 \
+        --activation-checkpointing
+    same "llama dp=2,tp=2 (dp=tcp, tp=mpi)" 4 --model "$W/llama.h5" --data "$W/train.bin" \
+        --mesh dp=2,tp=2 --backend dp=tcp,tp=mpi
+    same "gpt2 dp=2 tcp, uneven data: join" 2 --model "$W/gpt2.h5" --data "$W/u{rank}.bin" \
+        --mesh dp=2 --backend tcp --epochs 1 --steps 0
+
+    # a checkpoint written on the guarded device at dp=2, resumed on one rank
+    ok=0
+    for d in cpu guarded; do
+        "$MPIEXEC" -n 2 "$TRAIN" --device $d --model "$W/llama.h5" --data "$W/train.bin" \
+            --batch-size 2 --seq-len 64 --steps 2 --lr 3e-3 --mesh dp=2 --backend tcp \
+            --ckpt-dir "$W/ck.$d" > /dev/null 2> "$W/ck.$d.err" &&
+        "$TRAIN" --device $d --model "$W/llama.h5" --data "$W/train.bin" --batch-size 4 \
+            --seq-len 64 --steps 4 --lr 3e-3 --ckpt-dir "$W/ck.$d" --resume \
+            --out "$W/resumed.$d.h5" > /dev/null 2>> "$W/ck.$d.err" || ok=1
+    done
+    [ $ok -eq 0 ] && h5diff "$W/resumed.cpu.h5" "$W/resumed.guarded.h5" > /dev/null 2>&1 || {
+        ok=1
+        tap_diag "$(tail -n 5 "$W/ck.guarded.err")"
+    }
+    tap_ok $ok "a checkpoint saved on guarded dp=2 resumes on one rank as on cpu, bit for bit"
+    "$BIN/fsdpc-ckpt" verify "$W/ck.guarded" > "$W/verify.out" 2>&1
+    tap_ok $? "fsdpc-ckpt verify reads the checkpoint written from the guarded device"
+    a=$("$BIN/fsdpc-sample" --model "$W/ck.guarded" --tokens 40 --seed 5 --device guarded 2>/dev/null | od -c)
+    b=$("$BIN/fsdpc-sample" --model "$W/ck.guarded" --tokens 40 --seed 5 --device cpu 2>/dev/null | od -c)
+    c=$("$BIN/fsdpc-sample" --model "$W/ck.guarded" --tokens 40 --seed 5 --device guarded --no-cache 2>/dev/null | od -c)
+    [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ]
+    tap_ok $? "fsdpc-sample on guarded (cache, and whole window) prints what it prints on cpu"
+fi
+a=$("$BIN/fsdpc-sample" --model "$W/gpt2.h5" --tokens 40 --seed 5 --device guarded 2>/dev/null | od -c)
+b=$("$BIN/fsdpc-sample" --model "$W/gpt2.h5" --tokens 40 --seed 5 --device cpu 2>/dev/null | od -c)
+[ -n "$a" ] && [ "$a" = "$b" ]
+tap_ok $? "fsdpc-sample of GPT-2 with its cache on guarded prints what it prints on cpu"
+
+# host waits of a step: K loss reads and one norm read, whatever the model
+waits() {
+    FSDPC_LOG=train=debug "$TRAIN" --device guarded --model "$1" --data "$W/train.bin" \
+        --batch-size 2 --seq-len 64 --steps 2 --lr 1e-3 --grad-accum "$2" 2>&1 |
+        sed -n 's/.*step 2: device guarded: \([0-9]*\) host waits, \([0-9]*\) device-to-host.*/\1 \2/p'
+}
+w2=$(waits "$W/gpt2.h5" 1) w4=$(waits "$W/gpt2-4.h5" 1) wl=$(waits "$W/llama.h5" 1)
+w3=$(waits "$W/gpt2.h5" 3)
+tap_diag "host waits and reads per step: gpt2 2 layers '$w2', 4 layers '$w4', llama '$wl', 3 micro-batches '$w3'"
+[ "$w2" = "2 2" ] && [ "$w4" = "2 2" ] && [ "$wl" = "2 2" ] && [ "$w3" = "4 4" ]
+tap_ok $? "a step waits for the loss of each micro-batch and the gradient norm only, whatever the depth or size"
+
+# the memory plan (--print-memory) part by part against the buffers the
+# guarded device holds after the first step (rank 0, the plan's largest)
+plan() {
+    name=$1 n=$2
+    shift 2
+    if [ "$n" -gt 1 ]; then
+        FSDPC_LOG=train=debug "$MPIEXEC" -n "$n" "$TRAIN" --device guarded --data "$W/train.bin" \
+            --batch-size 4 --seq-len 64 --steps 1 --lr 1e-3 "$@" > "$W/mem.run" 2>&1
+    else
+        FSDPC_LOG=train=debug "$TRAIN" --device guarded --data "$W/train.bin" --batch-size 4 \
+            --seq-len 64 --steps 1 --lr 1e-3 "$@" > "$W/mem.run" 2>&1
+    fi
+    "$TRAIN" --print-memory --batch-size 4 --seq-len 64 "$@" > "$W/mem.plan" 2>&1
+    python3 - "$W/mem.plan" "$W/mem.run" <<'PY'
+import re, sys
+plan = {}
+for l in open(sys.argv[1]):
+    m = re.match(r"  (\S.*?)\s{2,}(\d+)\s+[\d.]+ MiB$", l)
+    if m:
+        plan[m.group(1).split(" (")[0]] = int(m.group(2))
+bufs = {}
+for l in open(sys.argv[2]):
+    m = re.search(r"\[fsdpc r0 .*device buffer after the first step: (\d+) bytes '(.*)'", l)
+    if m:
+        bufs[m.group(2)] = bufs.get(m.group(2), 0) + int(m.group(1))
+def take(*names):
+    return sum(bufs.pop(k) for k in list(bufs) if any(re.fullmatch(n, k) for n in names))
+parts = [
+    ("shards, gradients, moments",
+     plan["parameter shards"] + plan["gradient shards"] + plan["AdamW moments"],
+     take("fsdp parameter, gradient and AdamW shards")),
+    ("slots and communication",
+     plan["gathered parameters"] + plan["unsharded gradients"] + plan["communication"],
+     take(r"fsdp parameter slot.*", r"fsdp gradient slot.*", "fsdp packing scratch")),
+    ("activations", plan["activations saved for the backward"], take(r"\w+ activations")),
+    ("workspace", plan["activation gradients and workspace"],
+     take(r"\w+ activation gradients", r"llama RoPE (cos|sin)")),
+    ("batches", plan["batches"], take("batch tokens", "batch targets")),
+    ("the loss and norm scalars (not in the plan)", 16, take("loss sum", "fsdp gradient norm")),
+]
+bad = [p for p in parts if p[1] != p[2]]
+for p in parts:
+    print("# %-45s plan %10d  held %10d" % p)
+if bufs:
+    print("# held but in no part of the plan: %s" % bufs)
+sys.exit(1 if bad or bufs or not plan else 0)
+PY
+    tap_ok $? "the memory plan equals what the device holds after the first step, part by part: $name"
+}
+plan "gpt2 1 rank" 1 --model "$W/gpt2.h5"
+plan "llama 1 rank, activation checkpointing" 1 --model "$W/llama.h5" --activation-checkpointing
+if [ -n "$MPIEXEC" ]; then
+    plan "gpt2 dp=2" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp
+    plan "llama dp=2, bf16 params" 2 --model "$W/llama.h5" --mesh dp=2 --backend tcp \
+        --param-dtype bf16
+    plan "llama dp=2,tp=2" 4 --model "$W/llama.h5" --mesh dp=2,tp=2 --backend tcp
+fi
+tap_done
