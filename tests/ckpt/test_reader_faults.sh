@@ -7,7 +7,8 @@
 # was quadratic); a safetensors file naming lm_head twice (with and without
 # "transformer.") is refused; a huge safetensors header costs a small
 # multiple of its size in memory; a damaged HDF5 global heap, which HDF5
-# 1.10 would loop on forever or read past, is refused before HDF5 sees it.
+# 1.10 would loop on forever or read past, is refused before HDF5 sees it,
+# and so are collections overlapping each other (checking them was quadratic).
 . "$top_srcdir/tests/tap.sh"
 . "$top_srcdir/tests/ckpt/ckpt_lib.sh"
 
@@ -97,6 +98,23 @@ one_line "heap overrun" "heap_over.h5: damaged HDF5 global heap: an object of 10
     "$CKPT" inspect "$W/heap_over.h5" || ok=1
 tap_diag "$(cat "$W/err")"
 tap_ok $ok "a global heap HDF5 would loop on or read past: refused before HDF5 reads it"
+
+# 4 MiB of collections, each claiming the rest of the file (every walk over
+# most of the file: this took minutes to check); a 20 s bound is ample for
+# the linear check (tests/io/test_h5_heaps counts its work)
+"$PY" - "$W/heap_overlap.h5" <<'PY'
+import struct, sys
+size = 4 << 20
+b = bytearray(size)
+b[0:8] = b"\x89HDF\r\n\x1a\n"
+b[13] = b[14] = 8
+for u in range(512, size, 32):
+    struct.pack_into("<4sB3xQ4sB3xQ", b, u, b"GCOL", 1, 16, b"GCOL", 1, size - u - 16)
+open(sys.argv[1], "wb").write(b)
+PY
+one_line "heap overlap" "heap_overlap.h5: damaged HDF5 global heap: collections overlap" \
+    "$CKPT" inspect "$W/heap_overlap.h5"
+tap_ok $? "4 MiB of overlapping heap collections: refused within 20 s, one line"
 
 # --- terminal escapes in names and attributes
 # clean FILE...: no control byte (but newline) and no byte >= 0x80
