@@ -141,6 +141,7 @@ with h5py.File(w + "/esc_extra.h5", "r+") as f:
 with h5py.File(w + "/esc_arch.h5", "r+") as f:
     f.attrs["architecture"] = "gpt" + evil
 with h5py.File(w + "/esc_ck/index.h5", "r+") as f:
+    del f.attrs["xxh3_64_attrs"]  # as an index from before them: read unchecked, and printed
     f.attrs["config"] = "lr = 1\nnote = " + evil + "\nsteps = 2\n"
     f.attrs["created_by"] = "made by " + evil
     f.attrs["mesh"] = "dp=2" + evil
