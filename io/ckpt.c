@@ -946,6 +946,7 @@ int fsdp_ckpt_read_meta(const char *path, struct fsdp_ckpt_meta *meta)
         return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", index, strerror(errno));
     }
     FSDP_CHECK(fsdp_h5_check_regular(index));
+    FSDP_CHECK(fsdp_h5_check_heaps(index));
     hid_t f = H5Fis_hdf5(index) > 0 ? H5Fopen(index, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     if (f < 0) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open HDF5 file: %s", index,

@@ -8,7 +8,8 @@
 # "transformer.") is refused; a huge safetensors header costs a small
 # multiple of its size in memory; a damaged HDF5 global heap, which HDF5
 # 1.10 would loop on forever or read past, is refused before HDF5 sees it,
-# and so are collections overlapping each other (checking them was quadratic).
+# and so are collections overlapping each other (checking them was quadratic);
+# list --quick, which reads a checkpoint's index alone, checks it too.
 . "$top_srcdir/tests/tap.sh"
 . "$top_srcdir/tests/ckpt/ckpt_lib.sh"
 
@@ -72,7 +73,10 @@ tap_ok $ok "a FIFO or directory as index.h5 or shard: verify, inspect, --resume,
 
 # --- damaged HDF5 global heaps (where variable-length strings live), on
 # which HDF5 1.10 itself loops forever or copies past its buffer
-"$PY" - "$W/m.h5" "$W/heap" <<'PY'
+# heap_variants FILE PREFIX: PREFIX_loop.h5 and PREFIX_over.h5, FILE with its
+# first collection damaged
+heap_variants() {
+    "$PY" - "$1" "$2" <<'PY'
 import struct, sys
 b = bytearray(open(sys.argv[1], "rb").read())
 o = b.find(b"GCOL")
@@ -91,6 +95,8 @@ def variant(name, at, value):
 variant("_loop.h5", [p for i, p in objs if i == 0][0], 0)   # free space of 0 bytes
 variant("_over.h5", [p for i, p in objs if i > 0][0], 1 << 30)  # an object past the heap
 PY
+}
+heap_variants "$W/m.h5" "$W/heap"
 ok=0
 one_line "heap loop" "heap_loop.h5: damaged HDF5 global heap: free space of 0 bytes" \
     "$CKPT" inspect "$W/heap_loop.h5" || ok=1
@@ -98,6 +104,15 @@ one_line "heap overrun" "heap_over.h5: damaged HDF5 global heap: an object of 10
     "$CKPT" inspect "$W/heap_over.h5" || ok=1
 tap_diag "$(cat "$W/err")"
 tap_ok $ok "a global heap HDF5 would loop on or read past: refused before HDF5 reads it"
+
+# the same in a checkpoint's index.h5, read by list --quick (the index alone)
+mkdir -p "$W/hl" && cp -r "$W/s2" "$W/hl/step_2" && heap_variants "$W/s2/index.h5" "$W/iheap" &&
+    cp "$W/iheap_loop.h5" "$W/hl/step_2/index.h5" &&
+    timeout 20 "$CKPT" list --quick "$W/hl" > "$W/hl.out" 2>&1
+r=$?
+grep -q "index.h5: damaged HDF5 global heap: free space of 0 bytes" "$W/hl.out" || r=1
+[ $r -eq 0 ] || tap_diag "rc $r: $(head -c 600 "$W/hl.out")"
+tap_ok $r "list --quick on a checkpoint whose index.h5 has a heap HDF5 would loop on: refused, no hang"
 
 # 4 MiB of collections, each claiming the rest of the file (every walk over
 # most of the file: this took minutes to check); a 20 s bound is ample for
