@@ -10,18 +10,15 @@
  */
 #include "config.h"
 #include "io/tokenizer_impl.h"
+#include "io/json.h"
 #include "core/error.h"
 #include "core/util.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #define TK_FILE_MAX ((size_t)256 << 20) /* real ones are below 40 MB */
@@ -462,38 +459,86 @@ static int tk_load_added_one(struct fsdp_tokenizer *tok, const json_t *t, const 
     return 0;
 }
 
+/* Orders a set's tokens by first byte, then longest first (the first
+ * length that matches at a position is the longest), then by index. */
+struct tk_addkey {
+    unsigned char first;
+    size_t len;
+    uint32_t idx;
+};
+
+static int tk_addkey_cmp(const void *pa, const void *pb)
+{
+    const struct tk_addkey *a = pa, *b = pb;
+    if (a->first != b->first) {
+        return a->first < b->first ? -1 : 1;
+    }
+    if (a->len != b->len) {
+        return a->len > b->len ? -1 : 1;
+    }
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
 /* A matching set of the added tokens whose normalized flag is norm. */
 static int tk_addset_build(struct fsdp_tokenizer *tok, int norm, struct tk_addset *s)
 {
-    s->idx = malloc((tok->n_added + 1) * sizeof(uint32_t));
-    if (!s->idx) {
-        return fsdp_err(FSDP_ERR_NOMEM, "%s: added tokens", tok->path);
-    }
+    struct tk_addkey *k = malloc((tok->n_added + 1) * sizeof(*k));
+    s->lens = malloc((tok->n_added + 1) * sizeof(uint32_t));
     s->n = 0;
-    memset(s->from, 0, sizeof(s->from));
-    for (unsigned b = 0; b < 256; b++) {
-        s->from[b] = (uint32_t)s->n;
-        /* longest first: the first that matches at a position is the longest */
-        size_t first = s->n;
-        for (size_t i = 0; i < tok->n_added; i++) {
-            const struct tk_added *a = &tok->added[i];
-            if (!!a->normalized == norm && (unsigned char)a->content[0] == b) {
-                size_t j = s->n++;
-                while (j > first && tok->added[s->idx[j - 1]].len < a->len) {
-                    s->idx[j] = s->idx[j - 1];
-                    j--;
-                }
-                s->idx[j] = (uint32_t)i;
-            }
+    for (size_t i = 0; k && i < tok->n_added; i++) {
+        const struct tk_added *a = &tok->added[i];
+        if (!!a->normalized == norm) {
+            k[s->n++] = (struct tk_addkey){(unsigned char)a->content[0], a->len, (uint32_t)i};
         }
     }
-    s->from[256] = (uint32_t)s->n;
+    int rc = k && s->lens ? tk_strmap_init(&s->by_content, s->n)
+                          : fsdp_err(FSDP_ERR_NOMEM, "%s: added tokens", tok->path);
+    if (rc == 0) {
+        qsort(k, s->n, sizeof(*k), tk_addkey_cmp);
+    }
+    size_t j = 0, nl = 0;
+    for (unsigned b = 0; rc == 0 && b < 256; b++) {
+        s->from[b] = (uint32_t)nl;
+        for (; rc == 0 && j < s->n && k[j].first == b; j++) {
+            uint32_t dup;
+            const struct tk_added *a = &tok->added[k[j].idx];
+            if (nl == s->from[b] || s->lens[nl - 1] != a->len) {
+                s->lens[nl++] = (uint32_t)a->len;
+            }
+            rc = tk_strmap_put(&s->by_content, a->content, a->len, k[j].idx, &dup);
+        }
+    }
+    s->from[256] = (uint32_t)nl;
+    free(k);
+    return rc < 0 ? rc : 0;
+}
+
+/* added[i] repeats no earlier token's content or id: seen_content and
+ * seen_id (the id's 4 bytes) map each to the first index that had it. */
+static int tk_added_unique(struct fsdp_tokenizer *tok, size_t i, const char *field,
+                           struct tk_strmap *seen_content, struct tk_strmap *seen_id)
+{
+    const struct tk_added *a = &tok->added[i];
+    char show[TK_SHOW];
+    uint32_t j1 = UINT32_MAX, j2 = UINT32_MAX;
+    int rc1 = tk_strmap_put(seen_content, a->content, a->len, (uint32_t)i, &j1);
+    int rc2 = rc1 < 0 ? rc1 : tk_strmap_put(seen_id, (const char *)&a->id, sizeof(a->id),
+                                            (uint32_t)i, &j2);
+    if (rc1 < 0 || rc2 < 0) {
+        return rc1 < 0 ? rc1 : rc2;
+    }
+    if (rc1 == 1 || rc2 == 1) {
+        return tk_bad(tok, FSDP_ERR_FORMAT, field, "'%s' (id %u) repeats added_tokens[%u]",
+                      tk_show(show, sizeof(show), a->content), (unsigned)a->id,
+                      (unsigned)(j1 < j2 ? j1 : j2));
+    }
     return 0;
 }
 
 static int tk_load_added(struct fsdp_tokenizer *tok, const json_t *list, uint32_t *max_id)
 {
-    char field[40], show[TK_SHOW];
+    char field[40];
+    struct tk_strmap seen_content = {0}, seen_id = {0};
     if (!list || json_is_null(list)) {
         list = NULL;
     } else if (!json_is_array(list)) {
@@ -504,20 +549,23 @@ static int tk_load_added(struct fsdp_tokenizer *tok, const json_t *list, uint32_
     if (!tok->added) {
         return fsdp_err(FSDP_ERR_NOMEM, "%s: added tokens", tok->path);
     }
-    for (size_t i = 0; i < n; i++) {
+    int rc = tk_strmap_init(&seen_content, n);
+    if (rc == 0) {
+        rc = tk_strmap_init(&seen_id, n);
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++) {
         struct tk_added *a = &tok->added[i];
         snprintf(field, sizeof(field), "added_tokens[%zu]", i);
-        FSDP_CHECK(tk_load_added_one(tok, json_array_get(list, i), field, a));
-        tok->n_added++;
-        for (size_t j = 0; j < i; j++) {
-            if (tok->added[j].id == a->id || strcmp(tok->added[j].content, a->content) == 0) {
-                return tk_bad(tok, FSDP_ERR_FORMAT, field, "'%s' (id %u) repeats "
-                              "added_tokens[%zu]", tk_show(show, sizeof(show), a->content),
-                              (unsigned)a->id, j);
-            }
+        rc = tk_load_added_one(tok, json_array_get(list, i), field, a);
+        if (rc == 0) {
+            tok->n_added++;
+            rc = tk_added_unique(tok, i, field, &seen_content, &seen_id);
         }
         *max_id = a->id > *max_id ? a->id : *max_id;
     }
+    tk_strmap_free(&seen_content);
+    tk_strmap_free(&seen_id);
+    FSDP_CHECK(rc);
     FSDP_CHECK(tk_addset_build(tok, 0, &tok->set_raw));
     return tk_addset_build(tok, 1, &tok->set_norm);
 }
@@ -752,26 +800,11 @@ static int tk_build_decoder(struct fsdp_tokenizer *tok)
 // ----------------------------------------------------------------------------
 // Load and free
 
-/* The JSON of path: a regular file (a FIFO is refused, not waited on). */
+/* The JSON of path: a regular file (a FIFO is refused, not waited on),
+ * read in blocks. */
 static int tk_read_json(const char *path, json_t **root)
 {
-    struct stat st;
-    json_error_t jerr;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0) {
-        return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > TK_FILE_MAX) {
-        close(fd);
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: not a regular file of at most %zu bytes", path,
-                        TK_FILE_MAX);
-    }
-    *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
-    close(fd);
-    if (!*root) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", path,
-                        jerr.text, jerr.line, jerr.column);
-    }
+    FSDP_CHECK(fsdp_json_parse_file(path, TK_FILE_MAX, root));
     if (!json_is_object(*root)) {
         json_decref(*root);
         *root = NULL;
@@ -829,8 +862,10 @@ void fsdp_tokenizer_free(struct fsdp_tokenizer *tok)
         free(tok->added[i].content);
     }
     free(tok->added);
-    free(tok->set_raw.idx);
-    free(tok->set_norm.idx);
+    free(tok->set_raw.lens);
+    free(tok->set_norm.lens);
+    tk_strmap_free(&tok->set_raw.by_content);
+    tk_strmap_free(&tok->set_norm.by_content);
     tk_strmap_free(&tok->vocab);
     free(tok->merges.slot);
     free(tok->dec_off);

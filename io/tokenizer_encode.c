@@ -500,9 +500,10 @@ static int tk_added_pass(struct fsdp_tokenizer *tok, int pass, const char *s, si
             unsigned b = (unsigned char)s[pos];
             const struct tk_added *hit = NULL;
             for (uint32_t j = set->from[b]; j < set->from[b + 1] && !hit; j++) {
-                const struct tk_added *a = &tok->added[set->idx[j]];
-                if (a->len <= n - pos && memcmp(s + pos, a->content, a->len) == 0) {
-                    hit = a;
+                uint32_t i;
+                if (set->lens[j] <= n - pos &&
+                    tk_strmap_get(&set->by_content, s + pos, set->lens[j], &i)) {
+                    hit = &tok->added[i];
                 }
             }
             if (!hit) {

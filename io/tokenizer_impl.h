@@ -95,11 +95,14 @@ struct tk_added {
     int normalized; /* matched in the second pass (see tokenizer_encode.c) */
 };
 
-/* The added tokens one pass matches, by first byte and longest first. */
+/* The added tokens one pass matches: found by content, trying at a
+ * position the lengths of the tokens that start with its byte, longest
+ * first (a few lengths, however many tokens). */
 struct tk_addset {
-    uint32_t *idx;      /* (n,) indices into the handle's added[] */
-    size_t n;
-    uint32_t from[257]; /* idx[from[b], from[b + 1]) start with byte b */
+    struct tk_strmap by_content; /* content -> index into the handle's added[] */
+    uint32_t *lens;              /* (n_lens,) */
+    size_t n;                    /* tokens in the set */
+    uint32_t from[257];          /* lens[from[b], from[b + 1]): lengths of those starting with b */
 };
 
 struct tk_regex {
