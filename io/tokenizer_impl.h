@@ -189,6 +189,7 @@ struct fsdp_tokenizer {
     size_t out_n, out_cap;
     fsdp_tokenizer_sink sink;
     void *sink_arg;
+    uint64_t re_len, re_used, re_budget; /* this text's bytes, regex work done and allowed */
 };
 
 #define TK_DEC_KNOWN 1u
