@@ -68,6 +68,15 @@ int fsdp_json_parse_file(const char *path, size_t max_bytes, struct json_t **doc
     int rc = text ? json_read_all(path, fd, text, n, &got)
                   : fsdp_err(FSDP_ERR_NOMEM, "%s: %zu bytes of JSON", path, n);
     close(fd);
+    size_t i = 0;
+    while (rc == 0 && i < got &&
+           (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n')) {
+        i++;
+    }
+    if (rc == 0 && (i == got || (text[i] != '{' && text[i] != '['))) {
+        /* another kind of file: its bytes are not quoted (Jansson's message would) */
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: not JSON: it does not start with '{' or '['", path);
+    }
     json_t *j = rc == 0 ? json_loadb(text, got, JSON_REJECT_DUPLICATES, &jerr) : NULL;
     free(text);
     if (rc < 0) {

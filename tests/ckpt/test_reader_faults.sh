@@ -131,6 +131,41 @@ one_line "heap overlap" "heap_overlap.h5: damaged HDF5 global heap: collections 
     "$CKPT" inspect "$W/heap_overlap.h5"
 tap_ok $? "4 MiB of overlapping heap collections: refused within 20 s, one line"
 
+# --- a reader given a link to some other file (a secret one) refuses it
+# without quoting its bytes: the safetensors header length was its first 8
+# bytes as a number, a token file's bad magic its first 4
+{ printf 'SECRETPW; another line of the secret\n' && head -c 2000 /dev/zero; } > "$W/secret"
+mkdir -p "$W/sym" && cp -r "$W/s2" "$W/sym/ck" && rm "$W/sym/ck/shard_1.h5" &&
+    for f in a.safetensors t.bin tokenizer.json m.h5 ck/shard_1.h5; do
+        ln -s "$W/secret" "$W/sym/$f" || exit 1
+    done
+printf 'abc' > "$W/sym/text"
+# the first 4 and 8 bytes as little-endian integers, signed and unsigned
+nums=$("$PY" -c 'import struct, sys; b = open(sys.argv[1], "rb").read()
+print(*struct.unpack("<iIqQ", b[:4] + b[:4] + b[:8] + b[:8]))' "$W/secret")
+ok=0
+for c in "import-safetensors $W/sym/a.safetensors -o $W/sym/x.h5" "inspect $W/sym/m.h5" \
+    "verify $W/sym/ck" "data inspect $W/sym/t.bin" \
+    "data tokenize --tokenizer $W/sym/tokenizer.json $W/sym/text -o $W/sym/x.bin"; do
+    # shellcheck disable=SC2086
+    case $c in
+    data*) set -- "$BIN/fsdpc-data" ${c#data } ;;
+    *) set -- "$CKPT" $c ;;
+    esac
+    "$@" > /dev/null 2> "$W/err"
+    rc=$?
+    leak=$(grep -o -e SECRET -e 'another line' "$W/err")
+    for x in $nums; do
+        grep -q -- "$x" "$W/err" && leak="$leak $x"
+    done
+    if [ $rc -eq 0 ] || [ "$(grep -c . "$W/err")" -ne 1 ] || [ -n "$leak" ]; then
+        tap_diag "$c: rc $rc, quoted '$leak': $(cat "$W/err")"
+        ok=1
+    fi
+done
+tap_diag "$(cat "$W/err")"
+tap_ok $ok "links to a foreign file as safetensors, model, shard, token file, tokenizer.json: refused, none of its bytes quoted"
+
 # --- terminal escapes in names and attributes
 # clean FILE...: no control byte (but newline) and no byte >= 0x80
 clean() {
