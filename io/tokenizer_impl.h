@@ -1,6 +1,7 @@
 /*
  * tokenizer_impl.h - what tokenizer.c (loading, decoding),
- * tokenizer_encode.c (encoding) and tokenizer_post.c (the post-processor)
+ * tokenizer_added.c (added tokens), tokenizer_encode.c (encoding) and
+ * tokenizer_post.c (the post-processor)
  * share: the handle, its hash tables, the byte-level alphabet and the
  * loader's field-naming errors. Private to io/tokenizer*.c.
  */
@@ -242,6 +243,12 @@ FSDP_PRIVATE int tk_type(const struct fsdp_tokenizer *tok, const json_t *obj, co
 /* A non-negative integer id below FSDP_TOKENIZER_MAX_VOCAB. */
 FSDP_PRIVATE int tk_id(const struct fsdp_tokenizer *tok, const json_t *v, const char *field,
                        uint32_t *id);
+/* obj[key] as a boolean; dflt when absent. */
+FSDP_PRIVATE int tk_bool(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
+                         const char *key, int dflt, int *out);
+/* added_tokens (NULL or null: none), after model.vocab; *max_id raised to
+ * the largest id (tokenizer_added.c). */
+FSDP_PRIVATE int tk_load_added(struct fsdp_tokenizer *tok, const json_t *list, uint32_t *max_id);
 /* The post_processor (NULL or null: none), after the vocabulary is known
  * (tokenizer_post.c). */
 FSDP_PRIVATE int tk_load_post(struct fsdp_tokenizer *tok, const json_t *pp);
