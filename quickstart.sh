@@ -90,6 +90,7 @@ summary() {
 # AddressSanitizer/UBSan: a crash or a leak there fails the run.
 SAN_TESTS="tests/io/test_model_file tests/io/test_tokens tests/io/test_ckpt_tool.sh tests/io/test_data_tool.sh tests/ckpt/test_ckpt_bad.sh tests/ckpt/test_safetensors.sh"
 SAN_TESTS="$SAN_TESTS tests/io/test_tokenizer.sh tests/io/test_checksum tests/ckpt/test_checksums.sh tests/ckpt/test_hf_dir.sh"
+SAN_TESTS="$SAN_TESTS tests/io/test_h5_heaps"
 sanitizer_check() {
     san="$BUILD_DIR-asan"
     mkdir -p "$san"

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "io/ckpt.h"
 #include "io/checksum.h"
+#include "io/ckpt_attrs.h"
 #include "io/fileutil.h"
 #include "io/h5util.h"
 #include "io/model_file.h"
@@ -440,6 +441,9 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
     }
     int bad = rc < 0 || fsdp_h5_put_model_attrs(f, spec, meta->created_by) < 0 ||
               ck_write_meta(f, meta) < 0 || ck_make_groups(f) < 0;
+    if (!bad && (rc = fsdp_ckpt_attrs_sum_put(path, f)) < 0) {
+        bad = 1;
+    }
     for (int k = 0; !bad && k < FSDP_CKPT_NKINDS; k++) {
         for (size_t i = 0; !bad && i < spec->n_params; i++) {
             bad = ck_write_vds(f, &spec->params[i], (enum fsdp_ckpt_kind)k, meta->n_shards,
@@ -451,6 +455,10 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
     }
     free(sums);
     if (rc < 0) {
+        if (f >= 0) {
+            H5Fclose(f);
+            unlink(path);
+        }
         return rc;
     }
     if (f >= 0 && H5Fclose(f) < 0) {
@@ -606,6 +614,11 @@ static int ck_read_meta(const char *path, hid_t f, struct fsdp_ckpt_meta *m)
         return fsdp_err(FSDP_ERR_FORMAT, "%s: not a checkpoint index (no 'checkpoint_format' "
                         "attribute; a plain model file?)", path);
     }
+    int summed = fsdp_ckpt_attrs_sum_check(path, f);
+    if (summed < 0) {
+        return summed;
+    }
+    m->attrs_summed = summed;
     FSDP_CHECK(fsdp_h5_attr_str(path, f, "checkpoint_format", fmt, sizeof(fmt)));
     if (strcmp(fmt, FSDP_CKPT_FORMAT) != 0) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: checkpoint_format is '%s', expected '%s'", path, fmt,
@@ -933,6 +946,7 @@ int fsdp_ckpt_read_meta(const char *path, struct fsdp_ckpt_meta *meta)
         return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", index, strerror(errno));
     }
     FSDP_CHECK(fsdp_h5_check_regular(index));
+    FSDP_CHECK(fsdp_h5_check_heaps(index));
     hid_t f = H5Fis_hdf5(index) > 0 ? H5Fopen(index, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     if (f < 0) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open HDF5 file: %s", index,

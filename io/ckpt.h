@@ -60,6 +60,8 @@ struct fsdp_ckpt_meta {
     double loss_scale;       /* current loss scale (1: off) */
     long scale_good_steps;   /* finite steps since the scale last changed */
     long skipped_steps;      /* steps skipped by loss scaling */
+    int attrs_summed;        /* read: 1 when index.h5 records checksums of these attributes
+                              * and of the architecture's (all matched), 0 when it records none */
 };
 
 /* Rows [*row0, *row0 + *rows) of an n-row tensor that shard r of R holds:

@@ -80,10 +80,24 @@ int fsdp_h5_check_storage(const char *path, const char *name, hid_t dset);
  * object smaller than its header makes it loop forever, an object larger
  * than its collection makes it copy past the collection's buffer. This walks
  * every collection in path (every "GCOL" signature) as HDF5 would, before
- * HDF5 opens the file: one read of the file, about 0.2 s per 500 MB cached.
+ * HDF5 opens the file (io/h5heap.c). The work is linear in the file's size:
+ * one read of the file (about 0.2 s per 500 MB cached) plus the walks, which
+ * may together cover about twice the file; collections overlapping beyond
+ * that (no HDF5 writes them) are refused as damaged.
  * Other damage HDF5 does not survive remains (doc/troubleshooting.md).
  */
 int fsdp_h5_check_heaps(const char *path);
+
+/* What one check cost: its counters, for tests and benchmarks. */
+struct fsdp_h5_heap_stats {
+    size_t signatures;  /* "GCOL" signatures found */
+    size_t collections; /* of them, collections HDF5 would load, walked */
+    size_t objects;     /* heap objects walked, over all collections */
+    size_t bytes_read;  /* file bytes read, the signature scan's included */
+};
+
+/* fsdp_h5_check_heaps, reporting its counters to stats (NULL: none). */
+int fsdp_h5_scan_heaps(const char *path, struct fsdp_h5_heap_stats *stats);
 
 /* Source file of shard r in an index's virtual datasets: "./shard_<r>.h5". */
 #define FSDP_H5_SHARD_SOURCE "./shard_%d.h5"

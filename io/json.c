@@ -18,12 +18,34 @@
 #include <unistd.h>
 
 #define JSON_SHOW 64
+#define JSON_READ_BLOCK ((size_t)1 << 20) /* bytes per read() of a JSON file */
 
 // ----------------------------------------------------------------------------
 // reading
 
-int fsdp_json_load(const char *path, size_t max_bytes, struct json_t **doc,
-                   struct fsdp_json_obj *root)
+/* The n bytes of fd into text, read in blocks (Jansson's own file reader
+ * takes one byte per read() call); *got is short when the file was cut. */
+static int json_read_all(const char *path, int fd, char *text, size_t n, size_t *got)
+{
+    *got = 0;
+    while (*got < n) {
+        size_t want = n - *got < JSON_READ_BLOCK ? n - *got : JSON_READ_BLOCK;
+        ssize_t r = read(fd, text + *got, want);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            return fsdp_err(FSDP_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+        }
+        if (r == 0) {
+            break;
+        }
+        *got += (size_t)r;
+    }
+    return 0;
+}
+
+int fsdp_json_parse_file(const char *path, size_t max_bytes, struct json_t **doc)
 {
     struct stat sb;
     json_error_t jerr;
@@ -41,14 +63,40 @@ int fsdp_json_load(const char *path, size_t max_bytes, struct json_t **doc,
         return fsdp_err(FSDP_ERR_FORMAT, "%s: not a regular file of at most %zu bytes", path,
                         max_bytes);
     }
-    json_t *j = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+    size_t n = (size_t)sb.st_size, got = 0;
+    char *text = malloc(n ? n : 1);
+    int rc = text ? json_read_all(path, fd, text, n, &got)
+                  : fsdp_err(FSDP_ERR_NOMEM, "%s: %zu bytes of JSON", path, n);
     close(fd);
+    size_t i = 0;
+    while (rc == 0 && i < got &&
+           (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n')) {
+        i++;
+    }
+    if (rc == 0 && (i == got || (text[i] != '{' && text[i] != '['))) {
+        /* another kind of file: its bytes are not quoted (Jansson's message would) */
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: not JSON: it does not start with '{' or '['", path);
+    }
+    json_t *j = rc == 0 ? json_loadb(text, got, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+    free(text);
+    if (rc < 0) {
+        return rc;
+    }
     if (!j) {
         char show[JSON_SHOW * 2];
         return fsdp_err(FSDP_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", path,
                         fsdp_str_printable(show, sizeof(show), jerr.text, 0), jerr.line,
                         jerr.column);
     }
+    *doc = j;
+    return 0;
+}
+
+int fsdp_json_load(const char *path, size_t max_bytes, struct json_t **doc,
+                   struct fsdp_json_obj *root)
+{
+    json_t *j;
+    FSDP_CHECK(fsdp_json_parse_file(path, max_bytes, &j));
     if (!json_is_object(j)) {
         json_decref(j);
         return fsdp_err(FSDP_ERR_FORMAT, "%s: the top level is not a JSON object", path);

@@ -33,6 +33,10 @@ struct fsdp_json_obj {
     struct json_t *obj; /* borrowed from the document */
 };
 
+/* Parses path, a regular file of at most max_bytes read in blocks, with
+ * duplicate keys refused: *doc is its top-level value, whatever its type. */
+int fsdp_json_parse_file(const char *path, size_t max_bytes, struct json_t **doc);
+
 /* Parses path (a regular file of at most max_bytes) whose top level must be
  * an object; *doc owns it and *root views it (root->file is borrowed: path
  * must outlive it). */

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "io/model_file.h"
 #include "io/checksum.h"
+#include "io/ckpt_attrs.h"
 #include "io/h5util.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -80,6 +81,11 @@ static int mf_read_spec(const char *path, hid_t file, struct fsdp_model_spec **s
 {
     char s[FSDP_H5_STR_MAX + 1];
     long long version;
+    /* a checkpoint's index.h5 read as a model: its attributes' own checksums first */
+    int summed = fsdp_ckpt_attrs_sum_check(path, file);
+    if (summed < 0) {
+        return summed;
+    }
     if (!fsdp_h5_attr_exists(file, "format")) {
         return fsdp_err(FSDP_ERR_FORMAT,
                         "%s: root attribute 'format' is missing: not an fsdpc model file", path);

@@ -444,8 +444,9 @@ static int st_read_header(struct fsdp_safetensors *st, const struct stat *sb, si
         n = n << 8 | len8[i];
     }
     if (n < 2 || n > FSDP_ST_HEADER_MAX || n > (uint64_t)sb->st_size - 8) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: header length %llu is %s", st->path,
-                        (unsigned long long)n,
+        /* the value is the file's first 8 bytes, whatever the file is: not quoted */
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: not a safetensors file: the header length in its "
+                        "first 8 bytes is %s", st->path,
                         n > FSDP_ST_HEADER_MAX ? "above the 100 MiB cap"
                         : n < 2 ? "too small" : "beyond the end of the file");
     }

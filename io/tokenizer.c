@@ -10,18 +10,15 @@
  */
 #include "config.h"
 #include "io/tokenizer_impl.h"
+#include "io/json.h"
 #include "core/error.h"
 #include "core/util.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #define TK_FILE_MAX ((size_t)256 << 20) /* real ones are below 40 MB */
@@ -196,9 +193,8 @@ int tk_keys(const struct fsdp_tokenizer *tok, const json_t *obj, const char *fie
     return 0;
 }
 
-/* obj[key] as a boolean; dflt when absent. */
-static int tk_bool(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
-                   const char *key, int dflt, int *out)
+int tk_bool(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
+            const char *key, int dflt, int *out)
 {
     json_t *v = json_object_get(obj, key);
     if (!v) {
@@ -416,110 +412,6 @@ static int tk_load_model(struct fsdp_tokenizer *tok, const json_t *model, uint32
         }
     }
     return 0;
-}
-
-// ----------------------------------------------------------------------------
-// added_tokens
-
-static int tk_load_added_one(struct fsdp_tokenizer *tok, const json_t *t, const char *field,
-                             struct tk_added *a)
-{
-    static const char *const keys[] = {"id", "content", "single_word", "lstrip", "rstrip",
-                                       "normalized", "special", NULL};
-    static const char *const refused[] = {"single_word", "lstrip", "rstrip"};
-    char show[TK_SHOW];
-    int flag = 0;
-    if (!json_is_object(t)) {
-        return tk_bad(tok, FSDP_ERR_FORMAT, field, "expected an object");
-    }
-    FSDP_CHECK(tk_keys(tok, t, field, keys));
-    FSDP_CHECK(tk_id(tok, json_object_get(t, "id"), field, &a->id));
-    json_t *c = json_object_get(t, "content");
-    if (!json_is_string(c) || json_string_length(c) == 0 ||
-        strlen(json_string_value(c)) != json_string_length(c)) {
-        return tk_bad(tok, FSDP_ERR_FORMAT, field, "'content' must be a non-empty string");
-    }
-    for (int i = 0; i < 3; i++) {
-        FSDP_CHECK(tk_bool(tok, t, field, refused[i], 0, &flag));
-        if (flag) {
-            return tk_bad(tok, FSDP_ERR_UNSUPPORTED, field, "'%s' true is not supported (token "
-                          "'%s')", refused[i], tk_show(show, sizeof(show), json_string_value(c)));
-        }
-    }
-    FSDP_CHECK(tk_bool(tok, t, field, "special", 0, &a->special));
-    FSDP_CHECK(tk_bool(tok, t, field, "normalized", !a->special, &a->normalized));
-    a->len = json_string_length(c);
-    a->content = strdup(json_string_value(c));
-    if (!a->content) {
-        return fsdp_err(FSDP_ERR_NOMEM, "%s: added tokens", tok->path);
-    }
-    /* the model's entry of the same text must be the same id */
-    uint32_t mid;
-    if (tk_strmap_get(&tok->vocab, a->content, a->len, &mid) && mid != a->id) {
-        return tk_bad(tok, FSDP_ERR_FORMAT, field, "'%s' has id %u but model.vocab gives it %u",
-                      tk_show(show, sizeof(show), a->content), (unsigned)a->id, (unsigned)mid);
-    }
-    return 0;
-}
-
-/* A matching set of the added tokens whose normalized flag is norm. */
-static int tk_addset_build(struct fsdp_tokenizer *tok, int norm, struct tk_addset *s)
-{
-    s->idx = malloc((tok->n_added + 1) * sizeof(uint32_t));
-    if (!s->idx) {
-        return fsdp_err(FSDP_ERR_NOMEM, "%s: added tokens", tok->path);
-    }
-    s->n = 0;
-    memset(s->from, 0, sizeof(s->from));
-    for (unsigned b = 0; b < 256; b++) {
-        s->from[b] = (uint32_t)s->n;
-        /* longest first: the first that matches at a position is the longest */
-        size_t first = s->n;
-        for (size_t i = 0; i < tok->n_added; i++) {
-            const struct tk_added *a = &tok->added[i];
-            if (!!a->normalized == norm && (unsigned char)a->content[0] == b) {
-                size_t j = s->n++;
-                while (j > first && tok->added[s->idx[j - 1]].len < a->len) {
-                    s->idx[j] = s->idx[j - 1];
-                    j--;
-                }
-                s->idx[j] = (uint32_t)i;
-            }
-        }
-    }
-    s->from[256] = (uint32_t)s->n;
-    return 0;
-}
-
-static int tk_load_added(struct fsdp_tokenizer *tok, const json_t *list, uint32_t *max_id)
-{
-    char field[40], show[TK_SHOW];
-    if (!list || json_is_null(list)) {
-        list = NULL;
-    } else if (!json_is_array(list)) {
-        return tk_bad(tok, FSDP_ERR_FORMAT, "added_tokens", "expected an array");
-    }
-    size_t n = list ? json_array_size(list) : 0;
-    tok->added = calloc(n + 1, sizeof(*tok->added));
-    if (!tok->added) {
-        return fsdp_err(FSDP_ERR_NOMEM, "%s: added tokens", tok->path);
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct tk_added *a = &tok->added[i];
-        snprintf(field, sizeof(field), "added_tokens[%zu]", i);
-        FSDP_CHECK(tk_load_added_one(tok, json_array_get(list, i), field, a));
-        tok->n_added++;
-        for (size_t j = 0; j < i; j++) {
-            if (tok->added[j].id == a->id || strcmp(tok->added[j].content, a->content) == 0) {
-                return tk_bad(tok, FSDP_ERR_FORMAT, field, "'%s' (id %u) repeats "
-                              "added_tokens[%zu]", tk_show(show, sizeof(show), a->content),
-                              (unsigned)a->id, j);
-            }
-        }
-        *max_id = a->id > *max_id ? a->id : *max_id;
-    }
-    FSDP_CHECK(tk_addset_build(tok, 0, &tok->set_raw));
-    return tk_addset_build(tok, 1, &tok->set_norm);
 }
 
 // ----------------------------------------------------------------------------
@@ -752,26 +644,11 @@ static int tk_build_decoder(struct fsdp_tokenizer *tok)
 // ----------------------------------------------------------------------------
 // Load and free
 
-/* The JSON of path: a regular file (a FIFO is refused, not waited on). */
+/* The JSON of path: a regular file (a FIFO is refused, not waited on),
+ * read in blocks. */
 static int tk_read_json(const char *path, json_t **root)
 {
-    struct stat st;
-    json_error_t jerr;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0) {
-        return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > TK_FILE_MAX) {
-        close(fd);
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: not a regular file of at most %zu bytes", path,
-                        TK_FILE_MAX);
-    }
-    *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
-    close(fd);
-    if (!*root) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", path,
-                        jerr.text, jerr.line, jerr.column);
-    }
+    FSDP_CHECK(fsdp_json_parse_file(path, TK_FILE_MAX, root));
     if (!json_is_object(*root)) {
         json_decref(*root);
         *root = NULL;
@@ -829,8 +706,10 @@ void fsdp_tokenizer_free(struct fsdp_tokenizer *tok)
         free(tok->added[i].content);
     }
     free(tok->added);
-    free(tok->set_raw.idx);
-    free(tok->set_norm.idx);
+    free(tok->set_raw.lens);
+    free(tok->set_norm.lens);
+    tk_strmap_free(&tok->set_raw.by_content);
+    tk_strmap_free(&tok->set_norm.by_content);
     tk_strmap_free(&tok->vocab);
     free(tok->merges.slot);
     free(tok->dec_off);

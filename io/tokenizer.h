@@ -22,7 +22,9 @@
  *     (Llama 3's <|begin_of_text|>). Another type loads, and only
  *     fsdp_tokenizer_specials refuses it.
  * Regexes run on PCRE2 with Unicode properties; \s and \S mean Unicode
- * White_Space, as in the Oniguruma engine of `tokenizers`.
+ * White_Space, as in the Oniguruma engine of `tokenizers`. Their work per
+ * encoded text is bounded (doc/formats.md): a pattern that looks far ahead
+ * or backtracks fails the encode with one error naming the limit.
  *
  * A handle is not thread safe: encode keeps a word cache and scratch
  * buffers in it. Decoding is read-only.

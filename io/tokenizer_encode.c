@@ -13,6 +13,8 @@
  * Oniguruma, which `tokenizers` uses, reads \s as Unicode White_Space while
  * PCRE2's \s also takes U+180E; patterns are rewritten to spell White_Space
  * out. The text is checked to be UTF-8 once, so matching skips the check.
+ * A match sees a growing window of the text, and the growth is charged to a
+ * bound per text (tk_match), so that no pattern makes encoding quadratic.
  */
 #include "config.h"
 #include "io/tokenizer_impl.h"
@@ -27,6 +29,16 @@
 #define TK_CACHE_KEYS ((size_t)4 << 20) /* key bytes kept before a clear */
 #define TK_CACHE_IDS ((size_t)1 << 20)  /* ids kept before a clear */
 #define TK_OUT_BATCH 4096               /* ids handed to the sink at a time */
+/* Regex work, in PCRE2 match-limit steps: a match sees TK_RE_WINDOW bytes
+ * from where it starts, with TK_RE_STEPS_PER_BYTE steps per window byte;
+ * a match that needs more doubles both, and the steps of those larger
+ * windows count against the text's bound (per byte, plus a floor). */
+#define TK_RE_WINDOW ((size_t)32)
+#define TK_RE_STEPS_PER_BYTE ((uint64_t)32)
+#define TK_RE_WORK_PER_BYTE 1024u
+#define TK_RE_WORK_MIN ((uint64_t)4 << 20)
+#define TK_RE_DEPTH_LIMIT 100000u                /* the interpreter's backtracking depth */
+#define TK_RE_HEAP_KIB 65536u                    /* and its heap (64 MiB) */
 
 /* Unicode White_Space, spelled for use inside a character class. */
 static const char tk_ws[] = "\\t\\n\\x0b\\f\\r\\x20\\x85\\xa0\\x{1680}\\x{2000}-\\x{200a}"
@@ -106,6 +118,8 @@ int tk_regex_compile(struct fsdp_tokenizer *tok, const char *pattern, size_t len
             return fsdp_err(FSDP_ERR_NOMEM, "%s: regex match context", tok->path);
         }
         pcre2_jit_stack_assign(tok->mctx, NULL, tok->jit);
+        pcre2_set_depth_limit(tok->mctx, TK_RE_DEPTH_LIMIT);
+        pcre2_set_heap_limit(tok->mctx, TK_RE_HEAP_KIB);
     }
     if (!literal) {
         FSDP_CHECK(tk_pattern_rewrite(tok, pattern, len, field, &pat));
@@ -124,7 +138,8 @@ int tk_regex_compile(struct fsdp_tokenizer *tok, const char *pattern, size_t len
         return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: %s: a pattern that can match the empty "
                         "string is not supported", tok->path, field);
     }
-    pcre2_jit_compile(out->re, PCRE2_JIT_COMPLETE); /* the interpreter serves where JIT cannot */
+    /* the interpreter serves where JIT cannot */
+    pcre2_jit_compile(out->re, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
     out->md = pcre2_match_data_create_from_pattern(out->re, NULL);
     if (!out->md) {
         return fsdp_err(FSDP_ERR_NOMEM, "%s: regex match data", tok->path);
@@ -140,11 +155,55 @@ void tk_regex_free(struct tk_regex *r)
     r->re = NULL;
 }
 
-/* The next match of r in s[0, n) from off: 1 and [*ms, *me), 0 none. */
-static int tk_match(const struct fsdp_tokenizer *tok, const struct tk_regex *r, const char *s,
+/* Charges steps to the text's bound, or refuses the text. */
+static int tk_re_charge(struct fsdp_tokenizer *tok, uint64_t steps)
+{
+    if (steps > tok->re_budget - tok->re_used) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: the pre-tokenizer regex needs more than "
+                        "%llu matching steps for a text of %llu bytes (the limit: %u per byte "
+                        "+ %llu): a pattern that looks far ahead or backtracks", tok->path,
+                        (unsigned long long)tok->re_budget, (unsigned long long)tok->re_len,
+                        TK_RE_WORK_PER_BYTE, (unsigned long long)TK_RE_WORK_MIN);
+    }
+    tok->re_used += steps;
+    return 0;
+}
+
+/*
+ * The next match of r in s[0, n) from off: 1 and [*ms, *me), 0 none. The
+ * matcher sees s up to a window's end, a character boundary: a hard partial
+ * match (it reached that end) or its step limit doubles the window and the
+ * limit and tries again, no match moves the window on. A match that never
+ * reached the window's end is the match on the whole text. The first
+ * window of each search costs at most its small limit; the doubled ones,
+ * what a look far ahead or backtracking needs, are charged (tk_re_charge).
+ */
+static int tk_match(struct fsdp_tokenizer *tok, const struct tk_regex *r, const char *s,
                     size_t n, size_t off, size_t *ms, size_t *me)
 {
-    int rc = pcre2_match(r->re, (PCRE2_SPTR)s, n, off, PCRE2_NO_UTF_CHECK, r->md, tok->mctx);
+    size_t w = TK_RE_WINDOW;
+    int rc;
+    for (;;) {
+        size_t end = n - off > w ? off + w : n;
+        while (end < n && ((unsigned char)s[end] & 0xc0) == 0x80) {
+            end--;
+        }
+        uint64_t steps = TK_RE_STEPS_PER_BYTE * w;
+        if (w > TK_RE_WINDOW) {
+            FSDP_CHECK(tk_re_charge(tok, steps));
+        }
+        pcre2_set_match_limit(tok->mctx, steps < UINT32_MAX ? (uint32_t)steps : UINT32_MAX);
+        rc = pcre2_match(r->re, (PCRE2_SPTR)s, end, off,
+                         PCRE2_NO_UTF_CHECK | (end < n ? PCRE2_PARTIAL_HARD : 0), r->md,
+                         tok->mctx);
+        if (rc == PCRE2_ERROR_PARTIAL || rc == PCRE2_ERROR_MATCHLIMIT) {
+            w = w <= SIZE_MAX / 2 ? 2 * w : w;
+        } else if (rc == PCRE2_ERROR_NOMATCH && end < n) {
+            off = end; /* no match starts before the window's end */
+        } else {
+            break;
+        }
+    }
     if (rc == PCRE2_ERROR_NOMATCH) {
         return 0;
     }
@@ -500,9 +559,10 @@ static int tk_added_pass(struct fsdp_tokenizer *tok, int pass, const char *s, si
             unsigned b = (unsigned char)s[pos];
             const struct tk_added *hit = NULL;
             for (uint32_t j = set->from[b]; j < set->from[b + 1] && !hit; j++) {
-                const struct tk_added *a = &tok->added[set->idx[j]];
-                if (a->len <= n - pos && memcmp(s + pos, a->content, a->len) == 0) {
-                    hit = a;
+                uint32_t i;
+                if (set->lens[j] <= n - pos &&
+                    tk_strmap_get(&set->by_content, s + pos, set->lens[j], &i)) {
+                    hit = &tok->added[i];
                 }
             }
             if (!hit) {
@@ -604,6 +664,9 @@ int fsdp_tokenizer_encode_to(struct fsdp_tokenizer *tok, const char *text, size_
     tok->out_n = 0;
     tok->sink = sink;
     tok->sink_arg = arg;
+    tok->re_len = len;
+    tok->re_used = 0;
+    tok->re_budget = (uint64_t)TK_RE_WORK_PER_BYTE * len + TK_RE_WORK_MIN;
     int rc = tk_added_pass(tok, 0, text, len);
     if (rc == 0) {
         rc = tk_flush(tok);

@@ -1,6 +1,7 @@
 /*
  * tokenizer_impl.h - what tokenizer.c (loading, decoding),
- * tokenizer_encode.c (encoding) and tokenizer_post.c (the post-processor)
+ * tokenizer_added.c (added tokens), tokenizer_encode.c (encoding) and
+ * tokenizer_post.c (the post-processor)
  * share: the handle, its hash tables, the byte-level alphabet and the
  * loader's field-naming errors. Private to io/tokenizer*.c.
  */
@@ -95,11 +96,14 @@ struct tk_added {
     int normalized; /* matched in the second pass (see tokenizer_encode.c) */
 };
 
-/* The added tokens one pass matches, by first byte and longest first. */
+/* The added tokens one pass matches: found by content, trying at a
+ * position the lengths of the tokens that start with its byte, longest
+ * first (a few lengths, however many tokens). */
 struct tk_addset {
-    uint32_t *idx;      /* (n,) indices into the handle's added[] */
-    size_t n;
-    uint32_t from[257]; /* idx[from[b], from[b + 1]) start with byte b */
+    struct tk_strmap by_content; /* content -> index into the handle's added[] */
+    uint32_t *lens;              /* (n_lens,) */
+    size_t n;                    /* tokens in the set */
+    uint32_t from[257];          /* lens[from[b], from[b + 1]): lengths of those starting with b */
 };
 
 struct tk_regex {
@@ -186,6 +190,7 @@ struct fsdp_tokenizer {
     size_t out_n, out_cap;
     fsdp_tokenizer_sink sink;
     void *sink_arg;
+    uint64_t re_len, re_used, re_budget; /* this text's bytes, regex work done and allowed */
 };
 
 #define TK_DEC_KNOWN 1u
@@ -238,6 +243,12 @@ FSDP_PRIVATE int tk_type(const struct fsdp_tokenizer *tok, const json_t *obj, co
 /* A non-negative integer id below FSDP_TOKENIZER_MAX_VOCAB. */
 FSDP_PRIVATE int tk_id(const struct fsdp_tokenizer *tok, const json_t *v, const char *field,
                        uint32_t *id);
+/* obj[key] as a boolean; dflt when absent. */
+FSDP_PRIVATE int tk_bool(const struct fsdp_tokenizer *tok, const json_t *obj, const char *field,
+                         const char *key, int dflt, int *out);
+/* added_tokens (NULL or null: none), after model.vocab; *max_id raised to
+ * the largest id (tokenizer_added.c). */
+FSDP_PRIVATE int tk_load_added(struct fsdp_tokenizer *tok, const json_t *list, uint32_t *max_id);
 /* The post_processor (NULL or null: none), after the vocabulary is known
  * (tokenizer_post.c). */
 FSDP_PRIVATE int tk_load_post(struct fsdp_tokenizer *tok, const json_t *pp);

@@ -152,8 +152,9 @@ int fsdp_tokens_open(const char *path, struct fsdp_tokens **out)
     int32_t version = (int32_t)le32toh((uint32_t)hdr[1]);
     int32_t count = (int32_t)le32toh((uint32_t)hdr[2]);
     if (magic != FSDP_TOKENS_MAGIC) {
-        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: bad magic %d in header[0] (expected %d): not an llm.c "
-                      "token file", path, magic, FSDP_TOKENS_MAGIC);
+        /* not quoted: the bytes of whatever file this is */
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: not an llm.c token file: header[0] is not the magic "
+                      "%d", path, FSDP_TOKENS_MAGIC);
         goto err;
     }
     if (version != FSDP_TOKENS_VERSION_U16 && version != FSDP_TOKENS_VERSION_U32) {

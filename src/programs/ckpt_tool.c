@@ -108,6 +108,9 @@ int fsdp_ckpt_tool_inspect(const char *path)
                summed ? "the others are read unchecked"
                       : "a checkpoint from an fsdpc without them: read unchecked");
     }
+    printf("attributes    %s\n", m->attrs_summed
+           ? "run state and architecture covered by xxh3_64_attrs, all matched"
+           : "no checksums recorded (a checkpoint from an fsdpc without them: read unchecked)");
     printf("\nconfig:\n");
     for (const char *line = m->config; *line;) {
         const char *nl = strchr(line, '\n');
@@ -286,8 +289,9 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
         snprintf(sums, sizeof(sums), "%zu matched their checksums, %zu have none recorded",
                  v.checked, total - v.checked);
     }
-    printf("ok: %s: step %ld, %d shard%s, %zu tensors x 3 readable, %s%s\n", fsdp_ckpt_dir(v.ck),
-           m->step, m->n_shards, m->n_shards > 1 ? "s" : "", s->n_params, sums,
+    printf("ok: %s: step %ld, %d shard%s, %zu tensors x 3 readable, %s, %s%s\n",
+           fsdp_ckpt_dir(v.ck), m->step, m->n_shards, m->n_shards > 1 ? "s" : "", s->n_params,
+           sums, m->attrs_summed ? "attributes matched theirs" : "attributes have none recorded",
            v.scan ? ", all finite" : "");
     fsdp_free(v.buf);
     fsdp_ckpt_close(v.ck);

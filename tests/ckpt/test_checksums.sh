@@ -6,8 +6,11 @@
 # consolidate, reshard, --resume (on the shard layout and on another world
 # size) and --model index.h5, naming the tensor and the shard file. A shard
 # file swapped in from another run (same step, same shapes, other values)
-# is refused by all of them. Files without checksums (an older fsdpc,
-# another tool) still load; bad checksum attributes are one clear line.
+# is refused by all of them. A root attribute of index.h5 edited with h5py
+# (the data cursor, an optimizer counter, the architecture's) is refused by
+# verify, --resume and the other readers, naming it. Files without checksums
+# (an older fsdpc, another tool) still load; bad checksum attributes are one
+# clear line.
 . "$top_srcdir/tests/tap.sh"
 . "$top_srcdir/tests/ckpt/ckpt_lib.sh"
 BAD="$BIN/tests/io/bad_model"
@@ -98,7 +101,7 @@ tap_ok $r "fixtures: two 2-rank checkpoints of step 2 from models of other seeds
 grep -q '^tensor  *model  *exp_avg  *exp_avg_sq$' "$W/verify.out" &&
     grep -q '^wte.weight  *ok  *ok  *ok$' "$W/verify.out" &&
     [ "$(grep -c ' ok  *ok  *ok$' "$W/verify.out")" -eq 28 ] &&
-    grep -q '^ok: .*step 2, 2 shards, 28 tensors x 3 readable, all matched their checksums' "$W/verify.out"
+    grep -q '^ok: .*step 2, 2 shards, 28 tensors x 3 readable, all matched their checksums (xxh3_64), attributes matched theirs' "$W/verify.out"
 tap_ok $? "verify prints every tensor's checksum status and the summary"
 
 # bad NAME DIR PATTERN [PATTERN_MODEL]: verify, consolidate (with the
@@ -151,12 +154,45 @@ bad "shard of another run" "$W/swap" \
     "swap/index.h5: tensor 'wte.weight' rows \[128, 256): checksum mismatch .*: shard_1.h5 is damaged or not the shard this index was written with"
 tap_ok $? "a shard file of another run (same step and shapes): every reader refuses it, naming tensor and shard file"
 
+# edit ATTR DIR: a copy of the checkpoint with root attribute ATTR of its
+# index.h5 changed in place by h5py (same type: one more, or twice a float)
+edit() {
+    cp -r "$W/ck/step_2" "$2" && "$PY" - "$2/index.h5" "$1" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    v = f.attrs[sys.argv[2]]
+    f.attrs.modify(sys.argv[2], v * 2 if np.issubdtype(np.asarray(v).dtype, np.floating) else v + 1)
+PY
+}
+if have_h5py; then
+    edit data_position "$W/epos"
+    bad "edited data_position" "$W/epos" \
+        "epos/index.h5: root attribute 'data_position' does not match its checksum in xxh3_64_attrs" \
+        "epos/index.h5: root attribute 'data_position' does not match its checksum"
+    tap_ok $? "data_position edited with h5py: verify, consolidate, reshard, --resume and --model index.h5 refuse it in one line naming it"
+    ok=0
+    for a in adam_step ln_eps n_layer loss_scale; do
+        edit $a "$W/e_$a" || ok=1
+        pat="e_$a/index.h5: root attribute '$a' does not match its checksum in xxh3_64_attrs"
+        one_error "edited $a verify" "$pat" "$CKPT" verify "$W/e_$a" || ok=1
+        # shellcheck disable=SC2086
+        one_error "edited $a resume" "$pat" "$TRAIN" $COMMON --batch-size 4 --steps 4 \
+            --resume "$W/e_$a" || ok=1
+    done
+    tap_diag "$(cat "$W/err")"
+    tap_ok $ok "adam_step, ln_eps, n_layer, loss_scale edited: verify and --resume refuse, naming the attribute"
+else
+    tap_skip_dep h5py "editing a checkpoint's attributes"
+    tap_skip_dep h5py "editing a checkpoint's attributes"
+fi
+
 mkdir "$W/old" && "$BAD" unsum "$W/ck/step_2/index.h5" "$W/old/index.h5" &&
     "$BAD" unsum "$W/ck/step_2/shard_0.h5" "$W/old/shard_0.h5" &&
     "$BAD" unsum "$W/ck/step_2/shard_1.h5" "$W/old/shard_1.h5" &&
     "$CKPT" verify "$W/old" > "$W/old.out" 2>&1 &&
     grep -q '^wte.weight  *unchecked  *unchecked  *unchecked$' "$W/old.out" &&
-    grep -q '^ok: .*0 matched their checksums, 84 have none recorded' "$W/old.out" &&
+    grep -q '^ok: .*0 matched their checksums, 84 have none recorded, attributes have none recorded' \
+        "$W/old.out" &&
     train 1 --batch-size 4 --steps 4 --resume "$W/old" --metrics "$W/rold.jsonl" &&
     train 1 --batch-size 4 --steps 4 --resume "$W/ck/step_2" --metrics "$W/rnew.jsonl" &&
     losses "$W/rold.jsonl" > "$W/rold.loss" && losses "$W/rnew.jsonl" > "$W/rnew.loss" &&
@@ -167,8 +203,12 @@ tap_ok $r "a checkpoint without checksums: verify says unchecked, --resume conti
 "$CKPT" inspect "$W/ck/step_2" > "$W/i1.out" 2>&1 && "$CKPT" inspect "$W/old" > "$W/i2.out" 2>&1 &&
     grep -q '^checksums     xxh3_64 per block, recorded for all 84 tensors' "$W/i1.out" &&
     grep -q '^checksums     recorded for 0 of 84 tensors (a checkpoint from an fsdpc without them' \
+        "$W/i2.out" &&
+    grep -q '^attributes    run state and architecture covered by xxh3_64_attrs, all matched' \
+        "$W/i1.out" &&
+    grep -q '^attributes    no checksums recorded (a checkpoint from an fsdpc without them' \
         "$W/i2.out"
-tap_ok $? "inspect says whether a checkpoint's checksums are recorded"
+tap_ok $? "inspect says whether a checkpoint's checksums are recorded, its attributes' too"
 
 cp -r "$W/ck/step_2" "$W/half" && "$BAD" unsum "$W/ck/step_2/shard_0.h5" "$W/half/shard_0.h5"
 one_error "shard without" "half/shard_0.h5: tensor 'model/wte.weight' has no checksums but index.h5 records them for shard 0" \

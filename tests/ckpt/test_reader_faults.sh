@@ -7,7 +7,9 @@
 # was quadratic); a safetensors file naming lm_head twice (with and without
 # "transformer.") is refused; a huge safetensors header costs a small
 # multiple of its size in memory; a damaged HDF5 global heap, which HDF5
-# 1.10 would loop on forever or read past, is refused before HDF5 sees it.
+# 1.10 would loop on forever or read past, is refused before HDF5 sees it,
+# and so are collections overlapping each other (checking them was quadratic);
+# list --quick, which reads a checkpoint's index alone, checks it too.
 . "$top_srcdir/tests/tap.sh"
 . "$top_srcdir/tests/ckpt/ckpt_lib.sh"
 
@@ -71,7 +73,10 @@ tap_ok $ok "a FIFO or directory as index.h5 or shard: verify, inspect, --resume,
 
 # --- damaged HDF5 global heaps (where variable-length strings live), on
 # which HDF5 1.10 itself loops forever or copies past its buffer
-"$PY" - "$W/m.h5" "$W/heap" <<'PY'
+# heap_variants FILE PREFIX: PREFIX_loop.h5 and PREFIX_over.h5, FILE with its
+# first collection damaged
+heap_variants() {
+    "$PY" - "$1" "$2" <<'PY'
 import struct, sys
 b = bytearray(open(sys.argv[1], "rb").read())
 o = b.find(b"GCOL")
@@ -90,6 +95,8 @@ def variant(name, at, value):
 variant("_loop.h5", [p for i, p in objs if i == 0][0], 0)   # free space of 0 bytes
 variant("_over.h5", [p for i, p in objs if i > 0][0], 1 << 30)  # an object past the heap
 PY
+}
+heap_variants "$W/m.h5" "$W/heap"
 ok=0
 one_line "heap loop" "heap_loop.h5: damaged HDF5 global heap: free space of 0 bytes" \
     "$CKPT" inspect "$W/heap_loop.h5" || ok=1
@@ -97,6 +104,67 @@ one_line "heap overrun" "heap_over.h5: damaged HDF5 global heap: an object of 10
     "$CKPT" inspect "$W/heap_over.h5" || ok=1
 tap_diag "$(cat "$W/err")"
 tap_ok $ok "a global heap HDF5 would loop on or read past: refused before HDF5 reads it"
+
+# the same in a checkpoint's index.h5, read by list --quick (the index alone)
+mkdir -p "$W/hl" && cp -r "$W/s2" "$W/hl/step_2" && heap_variants "$W/s2/index.h5" "$W/iheap" &&
+    cp "$W/iheap_loop.h5" "$W/hl/step_2/index.h5" &&
+    timeout 20 "$CKPT" list --quick "$W/hl" > "$W/hl.out" 2>&1
+r=$?
+grep -q "index.h5: damaged HDF5 global heap: free space of 0 bytes" "$W/hl.out" || r=1
+[ $r -eq 0 ] || tap_diag "rc $r: $(head -c 600 "$W/hl.out")"
+tap_ok $r "list --quick on a checkpoint whose index.h5 has a heap HDF5 would loop on: refused, no hang"
+
+# 4 MiB of collections, each claiming the rest of the file (every walk over
+# most of the file: this took minutes to check); a 20 s bound is ample for
+# the linear check (tests/io/test_h5_heaps counts its work)
+"$PY" - "$W/heap_overlap.h5" <<'PY'
+import struct, sys
+size = 4 << 20
+b = bytearray(size)
+b[0:8] = b"\x89HDF\r\n\x1a\n"
+b[13] = b[14] = 8
+for u in range(512, size, 32):
+    struct.pack_into("<4sB3xQ4sB3xQ", b, u, b"GCOL", 1, 16, b"GCOL", 1, size - u - 16)
+open(sys.argv[1], "wb").write(b)
+PY
+one_line "heap overlap" "heap_overlap.h5: damaged HDF5 global heap: collections overlap" \
+    "$CKPT" inspect "$W/heap_overlap.h5"
+tap_ok $? "4 MiB of overlapping heap collections: refused within 20 s, one line"
+
+# --- a reader given a link to some other file (a secret one) refuses it
+# without quoting its bytes: the safetensors header length was its first 8
+# bytes as a number, a token file's bad magic its first 4
+{ printf 'SECRETPW; another line of the secret\n' && head -c 2000 /dev/zero; } > "$W/secret"
+mkdir -p "$W/sym" && cp -r "$W/s2" "$W/sym/ck" && rm "$W/sym/ck/shard_1.h5" &&
+    for f in a.safetensors t.bin tokenizer.json m.h5 ck/shard_1.h5; do
+        ln -s "$W/secret" "$W/sym/$f" || exit 1
+    done
+printf 'abc' > "$W/sym/text"
+# the first 4 and 8 bytes as little-endian integers, signed and unsigned
+nums=$("$PY" -c 'import struct, sys; b = open(sys.argv[1], "rb").read()
+print(*struct.unpack("<iIqQ", b[:4] + b[:4] + b[:8] + b[:8]))' "$W/secret")
+ok=0
+for c in "import-safetensors $W/sym/a.safetensors -o $W/sym/x.h5" "inspect $W/sym/m.h5" \
+    "verify $W/sym/ck" "data inspect $W/sym/t.bin" \
+    "data tokenize --tokenizer $W/sym/tokenizer.json $W/sym/text -o $W/sym/x.bin"; do
+    # shellcheck disable=SC2086
+    case $c in
+    data*) set -- "$BIN/fsdpc-data" ${c#data } ;;
+    *) set -- "$CKPT" $c ;;
+    esac
+    "$@" > /dev/null 2> "$W/err"
+    rc=$?
+    leak=$(grep -o -e SECRET -e 'another line' "$W/err")
+    for x in $nums; do
+        grep -q -- "$x" "$W/err" && leak="$leak $x"
+    done
+    if [ $rc -eq 0 ] || [ "$(grep -c . "$W/err")" -ne 1 ] || [ -n "$leak" ]; then
+        tap_diag "$c: rc $rc, quoted '$leak': $(cat "$W/err")"
+        ok=1
+    fi
+done
+tap_diag "$(cat "$W/err")"
+tap_ok $ok "links to a foreign file as safetensors, model, shard, token file, tokenizer.json: refused, none of its bytes quoted"
 
 # --- terminal escapes in names and attributes
 # clean FILE...: no control byte (but newline) and no byte >= 0x80
@@ -123,6 +191,7 @@ with h5py.File(w + "/esc_extra.h5", "r+") as f:
 with h5py.File(w + "/esc_arch.h5", "r+") as f:
     f.attrs["architecture"] = "gpt" + evil
 with h5py.File(w + "/esc_ck/index.h5", "r+") as f:
+    del f.attrs["xxh3_64_attrs"]  # as an index from before them: read unchecked, and printed
     f.attrs["config"] = "lr = 1\nnote = " + evil + "\nsteps = 2\n"
     f.attrs["created_by"] = "made by " + evil
     f.attrs["mesh"] = "dp=2" + evil

@@ -98,8 +98,8 @@ bad() {
     tap_ok $r "$kind: one clear line (rc $rc)"
 }
 bad short 'too short for a safetensors header'
-bad beyond 'header length [0-9]* is beyond the end of the file'
-bad cap 'header length [0-9]* is above the 100 MiB cap'
+bad beyond 'not a safetensors file: the header length in its first 8 bytes is beyond the end of the file'
+bad cap 'not a safetensors file: the header length in its first 8 bytes is above the 100 MiB cap'
 bad notjson "header does not start with '{'"
 bad truncjson 'header JSON: '
 bad overlap '(overlap)'

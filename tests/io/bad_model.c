@@ -28,7 +28,8 @@
  *   flip:DSET[=BYTE]        flip the lowest bit of byte BYTE (default: the
  *                           middle one) of DSET's data in the file
  *   unsum                   delete the checksum attributes of every dataset
- *                           (a file from before checksums)
+ *                           and of the root attributes (a file from before
+ *                           checksums)
  *   sum-whole:DSET          replace DSET's checksums by one XXH3-64 of all
  *                           its bytes as stored, without xxh3_64_rows (what
  *                           a hand-written file with h5py would hold)
@@ -357,6 +358,9 @@ int main(int argc, char **argv)
     } else if (!strcmp(kind, "unsum")) {
         if (H5Ovisit(f, H5_INDEX_NAME, H5_ITER_NATIVE, unsum_one, NULL) < 0) {
             fail("cannot walk the file");
+        }
+        if (H5Aexists(f, "xxh3_64_attrs") > 0) {
+            H5Adelete(f, "xxh3_64_attrs");
         }
     } else if (!strncmp(kind, "sum-", 4) && arg) {
         sum_attr(f, kind, arg, val);

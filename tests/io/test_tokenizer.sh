@@ -206,6 +206,45 @@ expect_fail "a split without validation tokens" \
 expect_fail "decode without a tokenizer" "missing --tokenizer tokenizer.json" \
     "$DATA" decode far.bin
 
+# 200,000 added tokens, all starting with '<': the duplicate check, the
+# matching set and the JSON reading were quadratic or byte by byte (100,000
+# took 30 s to load; 20,000 '<' then cost 20,000 x 200,000 comparisons);
+# now about a second, so 30 s is ample
+"$PY" - tiny.json many.json <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1], encoding="utf-8"))
+base = max(t["model"]["vocab"].values()) + 3
+t["added_tokens"] += [{"id": base + i, "content": "<|t%d|>" % i} for i in range(200000)]
+json.dump(t, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False, separators=(",", ":"))
+PY
+{ printf '%20000s' '' | tr ' ' '<'; printf '<|t199999|>ab<|t7|>'; } >many.txt
+timeout 30 "$DATA" tokenize --tokenizer many.json many.txt -o many.bin >out.txt 2>&1 &&
+    [ "$(tokens many.bin | tr ' ' '\n' | tail -n 4 | tr '\n' ' ')" = "60 200263 256 271 " ]
+tap_ok $? "200,000 added tokens: loaded and a text of 20,000 '<' encoded within 30 s ($(tail -n 1 out.txt | head -c 200))"
+
+# Split patterns that make each match look to the end of the text (that
+# was quadratic: 64 KiB in 1.8 s, 1 MiB in minutes) or backtrack: refused
+# once the text's bound of regex steps is spent, naming the limit
+head -c 262144 /dev/zero | tr '\0' a >aaa.txt
+split_seq() {
+    echo "$seq" | sed "s/RE/$1/; s/BEH/Isolated/"
+}
+if bad "pre_tokenizer=$(split_seq 'a(?=[^z]*z)|a')"; then
+    expect_fail "a pattern that looks to the end of the text" \
+        "aaa.txt: bad.json: the pre-tokenizer regex needs more than 272629760 matching steps for a text of 262144 bytes (the limit: 1024 per byte + 4194304)" \
+        "$DATA" tokenize --tokenizer bad.json aaa.txt -o x.bin
+else
+    tap_ok 1 "a pattern that looks to the end of the text: could not make the file"
+fi
+if bad "pre_tokenizer=$(split_seq '(?:a|aa)+z|a')"; then
+    head -c 4096 aaa.txt >a4k.txt
+    expect_fail "a pattern that backtracks" \
+        "a4k.txt: bad.json: the pre-tokenizer regex needs more than 8388608 matching steps" \
+        "$DATA" tokenize --tokenizer bad.json a4k.txt -o x.bin
+else
+    tap_ok 1 "a pattern that backtracks: could not make the file"
+fi
+
 "$DATA" --help | grep -q '^  decode' && "$DATA" tokenize --help | grep -q -- '--tokenizer' &&
     "$DATA" decode --help | grep -q -- '--skip-special'
 tap_ok $? "--help names decode and the tokenizer options"

@@ -131,7 +131,13 @@ static void test_files(void)
     fsdp_tokens_close(t);
 
     write_raw(tpath("magic.bin"), 20240521, 1, 1000, tok, 1000, 0);
-    expect_open_error("magic.bin", "bad magic 20240521 in header[0] (expected 20240520)");
+    expect_open_error("magic.bin", "not an llm.c token file: header[0] is not the magic 20240520");
+    struct fsdp_tokens *tm = NULL;
+    int rcm = fsdp_tokens_open(tpath("magic.bin"), &tm);
+    tap_ok(rcm < 0 && !strstr(fsdp_err_msg(), "20240521"),
+           "... and the file's own header[0] (20240521) is not quoted");
+    fsdp_err_clear();
+    fsdp_tokens_close(tm);
     write_raw(tpath("version.bin"), 20240520, 3, 1000, tok, 1000, 0);
     expect_open_error("version.bin", "token file version 3 in header[1] is not supported");
     /* 1000 uint16 tokens are 500 uint32 ones short of a version 2 file */
