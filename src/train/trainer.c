@@ -195,6 +195,10 @@ static int trainer_open_model(struct fsdp_trainer *t, struct fsdp_model_file **m
         const struct fsdp_model_spec *fs = fsdp_model_file_spec(*mf);
         rc = fs->arch->spec_create(fs->cfg, &t->spec);
     }
+    if (rc == 0) { /* the special-token ids travel on into checkpoints and --out */
+        t->spec->bos_token_id = fsdp_model_file_spec(*mf)->bos_token_id;
+        t->spec->eos_token_id = fsdp_model_file_spec(*mf)->eos_token_id;
+    }
     if (rc < 0) {
         if (access(t->model_path, F_OK) != 0) {
             fsdp_err_hint("check --model (or 'model =' in the config file): there is no such "
