@@ -848,9 +848,8 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     stats->lr = lr;
     stats->ms = dt * 1e3;
     stats->tokens_per_s = tokens / dt;
-    stats->mfu = t->peak_flops > 0 ? 100.0 * t->engine->flops_per_token * stats->tokens_per_s /
-                                         ((double)trainer_world(t) * t->peak_flops)
-                                   : -1.0;
+    stats->mfu = fsdp_mfu(t->engine->flops_per_token * stats->tokens_per_s / trainer_world(t),
+                          &t->peak_flops, t->cfg->peak_flops > 0, t->step, &t->peak_beaten);
     stats->mem_mib = fsdp_peak_rss_mib();
     stats->tokens = t->tokens_seen;
     stats->eta_s = trainer_eta(t, t->first_step_s);

@@ -50,6 +50,7 @@ struct fsdp_trainer {
     struct fsdp_lr_schedule sched;
     double peak_flops;             /* per rank, FLOP/s */
     char peak_method[128];         /* how peak_flops was obtained */
+    int peak_beaten;               /* a step ran above peak_flops (said once) */
     long step;                     /* optimizer steps done */
     long val_batches;              /* per validation, capped to what the file holds */
     double last_loss;
