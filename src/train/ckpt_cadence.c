@@ -963,7 +963,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && stat(link, &st) != 0) {
         rc = cad_latest_missing(path, link);
     } else { /* each rank checks and opens the shards it reads, not all of them */
-        rc = fsdp_ckpt_open_lazy(path, &ck);
+        rc = fsdp_ckpt_damage_hint(path, fsdp_ckpt_open_lazy(path, &ck));
     }
     if (rc == 0) {
         rc = cad_check_model(t, ck);
@@ -974,7 +974,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};
     rc = fsdp_uneven_resume_state(t, m, &ds);
     if (rc == 0) {
-        rc = cad_read_state(t, ck);
+        rc = fsdp_ckpt_damage_hint(path, cad_read_state(t, ck));
     }
     if (rc == 0) {
         rc = fsdp_dataloader_set_state(t->train, &ds);
