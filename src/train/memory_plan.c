@@ -12,6 +12,7 @@
 #include "fsdp/fsdp.h"
 #include "optim/optim.h"
 #include "comm/mesh_spec.h"
+#include "train/mesh_check.h"
 #include "compute/device.h"
 #include "model/model.h"
 #include "io/model_file.h"

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/util.h"
 #include "train/metrics.h"
+#include "train/mesh_check.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -221,6 +222,11 @@ int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct f
         fsdp_err_hint("add --val-data FILE ('fsdpc-data tokenize TEXT -o train.bin "
                       "--val-fraction 0.05 --val-out val.bin' makes one)");
         return rc;
+    }
+    if (c->mesh[0]) { /* names now; sizes against the world and the model in the trainer */
+        struct fsdp_mesh_dims d;
+        FSDP_CHECK(fsdp_mesh_parse(c->mesh, &d));
+        FSDP_CHECK(fsdp_trainer_mesh_check(&d));
     }
     int dynamic;
     double scale;

@@ -19,6 +19,7 @@
 #include "comm/debug.h"
 #include "comm/mesh.h"
 #include "comm/mesh_spec.h"
+#include "train/mesh_check.h"
 #include "compute/device.h"
 #include "fsdp/fsdp.h"
 #include "io/model_file.h"
@@ -269,6 +270,9 @@ static int trainer_check_inputs(struct fsdp_trainer *t, struct fsdp_model_file *
     trainer_data_place(t);
     FSDP_CHECK(fsdp_model_registry_init());
     FSDP_CHECK(trainer_open_model(t, mf));
+    if (c->mesh[0]) { /* before any group is built for it */
+        FSDP_CHECK(fsdp_trainer_mesh_precheck(c->mesh, t->spec, trainer_world(t)));
+    }
     FSDP_CHECK(trainer_check_readable(t, c->data, "data"));
     if (c->val_data[0]) {
         FSDP_CHECK(trainer_check_readable(t, c->val_data, "val-data"));
@@ -293,25 +297,6 @@ static void trainer_mesh_hint(const struct fsdp_trainer *t, int rc)
     } else if (rc == FSDP_ERR_MISMATCH) {
         fsdp_err_hint("start every rank with the same --mesh and --backend");
     }
-}
-
-int fsdp_trainer_mesh_check(const struct fsdp_mesh_dims *d)
-{
-    int shard = 0;
-    for (int i = 0; i < d->ndims; i++) {
-        if (strcmp(d->name[i], "dp") != 0 && strcmp(d->name[i], "rdp") != 0 &&
-            strcmp(d->name[i], "tp") != 0) {
-            return fsdp_err(FSDP_ERR_INVALID,
-                            "mesh %s: dimension '%s' is not one the trainer uses (dp: shard, rdp: "
-                            "replicate, tp: tensor parallel)", d->spec, d->name[i]);
-        }
-        shard |= strcmp(d->name[i], "rdp") != 0;
-    }
-    if (!shard) {
-        return fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
-                        d->spec);
-    }
-    return 0;
 }
 
 /*

@@ -27,11 +27,6 @@ struct fsdp_mesh;
 struct fsdp_device;
 struct fsdp_trainer;
 
-/* The mesh's dimensions are ones the trainer trains with (dp, rdp, tp; dp
- * or tp present): an error naming the spec otherwise. */
-struct fsdp_mesh_dims;
-int fsdp_trainer_mesh_check(const struct fsdp_mesh_dims *d);
-
 /* Makes the engine for t (t->spec, t->mesh are set). */
 typedef int (*fsdp_engine_factory)(struct fsdp_trainer *t, struct fsdp_engine **out);
 
