@@ -18,6 +18,7 @@
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/trainer.h"
+#include "train/save_progress.h"
 #include "train/schedule.h"
 #include "train/uneven.h"
 #include "core/error.h"
@@ -57,6 +58,7 @@ struct fsdp_ckpt_cadence {
     size_t n_foreign;
     int warned_foreign;            /* the warning about them is logged once */
     int existed;                   /* rank 0: D was there before this run */
+    struct fsdp_save_progress progress; /* of the save under way */
 };
 
 static int cad_rank(const struct fsdp_trainer *t)
@@ -334,6 +336,7 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
     }
     if (rc == 0 && e->writes_state) {
         rc = fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, s, &w);
+        fsdp_save_progress_total(&t->ckpt->progress, (size_t)(e->n_state + 1) * s->n_params);
     }
     for (int k = 0; k <= e->n_state; k++) {
         for (size_t i = 0; i < s->n_params; i++) {
@@ -346,6 +349,7 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
             }
             if (rc == 0 && w) {
                 rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)k, i, rows);
+                fsdp_save_progress_tick(&t->ckpt->progress);
             }
         }
     }
@@ -375,10 +379,12 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
         FSDP_CHECK(fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, t->spec, &w));
         int rc = 0;
         size_t n = e->ops->n_pieces(e);
+        fsdp_save_progress_total(&t->ckpt->progress, n);
         for (size_t k = 0; k < n && rc == 0; k++) {
             struct fsdp_state_piece pc = {0};
             e->ops->piece(e, k, &pc);
             rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.data);
+            fsdp_save_progress_tick(&t->ckpt->progress);
         }
         if (rc == 0) {
             rc = fsdp_ckpt_shard_commit(w);
@@ -516,6 +522,7 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
     int32_t nonce = 0;
     int rc = 0;
     c->last_tried = step;
+    fsdp_save_progress_start(&c->progress, c->rank, step, c->dir);
     if (c->rank == 0) {
         nonce = (int32_t)(((unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL) ^
                            (unsigned)step * 40503u) & 0x7fffffffu);

@@ -167,6 +167,24 @@ rc=$?
 tap_ok $? "fsdpc-ckpt list of a step directory: one line pointing to the root (rc $rc)"
 
 # ---------------------------------------------------------------------------
+# a save says when it starts, and (past FSDPC_SAVE_PROGRESS_S) how far it is
+
+(export FSDPC_LOG=info FSDPC_SAVE_PROGRESS_S=0 && run sp --steps 1 --ckpt-dir "$W/sp") &&
+    (export FSDPC_LOG=info && run sq --steps 1 --ckpt-dir "$W/sq")
+r=$?
+s1=$(grep -n "INFO train\] checkpoint step 1: saving to $W/sp/step_1 " "$W/sp.err" | cut -d: -f1)
+p1=$(grep -n 'INFO train\] checkpoint step 1: rank 0 has written 1 of [0-9]* tensors' "$W/sp.err" | cut -d: -f1)
+w1=$(grep -n "INFO train\] checkpoint step 1 written to $W/sp/step_1 " "$W/sp.err" | cut -d: -f1)
+np=$(grep -c 'checkpoint step 1: rank 0 has written' "$W/sp.err")
+[ $r -eq 0 ] && [ -n "$s1" ] && [ -n "$p1" ] && [ -n "$w1" ] && [ "$s1" -lt "$p1" ] &&
+    [ "$p1" -lt "$w1" ] && [ "$np" -gt 10 ] &&
+    grep -q "checkpoint step 1: saving to $W/sq/step_1 " "$W/sq.err" &&
+    ! grep -q 'has written' "$W/sq.err"
+r=$?
+[ $r -eq 0 ] || tap_diag "$(grep checkpoint "$W/sp.err" | head -5)"
+tap_ok $r "a save logs its start, then progress lines ($np with FSDPC_SAVE_PROGRESS_S=0, none for a short save by default), then its end"
+
+# ---------------------------------------------------------------------------
 # a damaged checkpoint: what list says, and the way out of a failed resume
 
 run d --steps 6 --ckpt-dir "$W/dk" --ckpt-every 2 &&
