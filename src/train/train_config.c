@@ -112,7 +112,7 @@ static const struct fsdp_opt train_opts[] = {
      "print each rank's memory for --model (a file or a preset such as llama-8b) on --mesh, "
      "allocating nothing, and exit; needs --batch-size and --seq-len only"},
     {"lm-head-chunk", FSDP_OPT_INT, F(lm_head_chunk), 0, 0, 1 << 30, NULL, "ROWS", 0,
-     "positions per LM-head chunk (0: as many as fit in 256 MiB of logits); smaller saves memory, "
+     "positions per LM-head chunk (0: as many as fit in 16 MiB of logits); smaller saves memory, "
      "costs a recompute"},
     {"ckpt-dir", FSDP_OPT_STR, F(ckpt_dir), S(ckpt_dir), 0, 0, NULL, "DIR", 0,
      "write sharded checkpoints to DIR/step_<N>/ (and at the end of training)"},

@@ -1021,9 +1021,10 @@ static void trainer_print_done(const struct fsdp_trainer *t)
     if (fsdp_shard_engine_is(t->engine) && (st.comm_total_s > 0.0 || st.skipped_steps > 0)) {
         double hidden = st.comm_total_s > 0.0
                             ? 100.0 * (1.0 - st.comm_exposed_s / st.comm_total_s) : 100.0;
-        printf("fsdp: comm %.3f s total, %.3f s exposed (%.0f%% hidden behind compute) | "
-               "engine memory %.2f MiB per rank",
-               st.comm_total_s, st.comm_exposed_s, hidden, (double)st.peak_bytes / 1048576.0);
+        printf("fsdp: comm exposed %.3f s (compute waited for it) | comm busy %.3f s, summed over "
+               "collectives that overlap each other and compute (%.0f%% of it hidden) | engine "
+               "memory %.2f MiB per rank", st.comm_exposed_s, st.comm_total_s, hidden,
+               (double)st.peak_bytes / 1048576.0);
         if (st.skipped_steps > 0) {
             printf(" | %ld steps skipped, loss scale %g", st.skipped_steps, st.loss_scale);
         }
