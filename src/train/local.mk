@@ -24,9 +24,10 @@ TESTS += tests/train/test_train_options tests/train/test_train.sh tests/train/te
 # Ctrl-C and the other stop signals, run records, fsdpc-plot, --version
 dist_check_SCRIPTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh \
 	tests/train/test_stop.sh tests/train/test_records.sh tests/train/test_mfu.sh \
-	tests/train/test_plot_resume.sh
+	tests/train/test_plot_resume.sh tests/train/test_demo.sh
 TESTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh tests/train/test_stop.sh \
-	tests/train/test_records.sh tests/train/test_mfu.sh tests/train/test_plot_resume.sh
+	tests/train/test_records.sh tests/train/test_mfu.sh tests/train/test_plot_resume.sh \
+	tests/train/test_demo.sh
 
 # --print-memory: the plan equals the engine's own accounting, without allocating
 dist_check_SCRIPTS += tests/train/test_print_memory.sh
