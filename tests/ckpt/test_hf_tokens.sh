@@ -48,6 +48,10 @@ tap_ok $r "a directory with bos 260 / eos 261 imported, trained 2 steps into a c
 grep -q "special tokens: bos_token_id 260, eos_token_id 261" "$W/import.out" &&
     grep -q "special tokens: bos_token_id 260, eos_token_id 261" "$W/export.out"
 tap_ok $? "import-hf and export-hf say which ids they carry"
+"$CKPT" inspect "$W/m.h5" 2>&1 | grep -q '^tokens        bos_token_id 260, eos_token_id 261' &&
+    "$CKPT" inspect "$W/ck/latest/index.h5" 2>&1 |
+    grep -q '^tokens        bos_token_id 260, eos_token_id 261'
+tap_ok $? "inspect shows them, in the imported model file and in the checkpoint's index.h5"
 ids "$W/out" 260 261
 out=$("$PYHF" "$HELP" generate "$W/out" 100 2>&1)
 r=$?
