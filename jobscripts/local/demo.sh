@@ -66,12 +66,12 @@ while IFS= read -r f; do
     n=$((n + 1))
     if [ $((n % 20)) -eq 10 ]; then cat "$f" >> "$WORK/val.txt"; else cat "$f" >> "$WORK/train.txt"; fi
 done < "$WORK/files.txt"
-"$BIN/fsdpc-data" tokenize "$WORK/train.txt" -o "$WORK/train.bin" > "$WORK/data.log" 2>&1 &&
-    "$BIN/fsdpc-data" tokenize "$WORK/val.txt" -o "$WORK/val.bin" >> "$WORK/data.log" 2>&1 &&
-    "$BIN/fsdpc-ckpt" init --preset tiny --seed 1 -o "$WORK/tiny.h5" >> "$WORK/data.log" 2>&1 || {
+if ! { "$BIN/fsdpc-data" tokenize "$WORK/train.txt" -o "$WORK/train.bin" &&
+    "$BIN/fsdpc-data" tokenize "$WORK/val.txt" -o "$WORK/val.bin" &&
+    "$BIN/fsdpc-ckpt" init --preset tiny --seed 1 -o "$WORK/tiny.h5"; } > "$WORK/data.log" 2>&1; then
     cat "$WORK/data.log" >&2
     exit 1
-}
+fi
 echo "== data: $n files of $repo (*.c *.h *.md), every 20th held out for validation:" \
     "$(wc -c < "$WORK/train.txt") + $(wc -c < "$WORK/val.txt") bytes; model: the tiny preset"
 
