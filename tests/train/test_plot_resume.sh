@@ -87,6 +87,19 @@ r=$?
 tap_diag "$out"
 tap_ok $r "the crashed run is one line going forward, the abandoned steps apart, runs labelled by directory"
 
+# two runs in one file: told apart by their number and the settings that differ
+mkdir "$W/twice"
+# shellcheck disable=SC2086
+"$TRAIN" $base --steps 3 --metrics "$W/twice/metrics.jsonl" > /dev/null 2>&1 &&
+    "$TRAIN" $base --steps 4 --lr 5e-4 --metrics "$W/twice/metrics.jsonl" > /dev/null 2>&1 &&
+    "$BIN/fsdpc-plot" "$W/twice/metrics.jsonl" --dump - 2> /dev/null |
+    "$PY" -c 'import json, sys; print("|".join(r["label"] for r in json.load(sys.stdin)["runs"]))' \
+        > "$W/labels"
+r=$?
+[ $r -eq 0 ] && [ "$(cat "$W/labels")" = "metrics.jsonl run 1|metrics.jsonl run 2 (lr 0.0005, steps 4)" ]
+r=$?
+tap_ok $r "two runs of one file: labelled $(cat "$W/labels")"
+
 # a record the kill cut short: skipped when a start record or the end follows
 cp "$W/crashed/metrics.jsonl" "$W/cut.jsonl"
 printf '{"step":61,"loss":3.1,"gra' >> "$W/cut.jsonl"
