@@ -9,7 +9,9 @@
 #                           and print "N passed, N failed, N skipped"
 #   ./quickstart.sh build   install and build only
 #
-# Builds out of tree in ./build (override with BUILD_DIR). Uses MPICH
+# Builds out of tree in ./build (override with BUILD_DIR). What apt-get and
+# the build print goes to BUILD_DIR/quickstart.log; the terminal gets one
+# line per phase (and the end of the log when a phase fails). Uses MPICH
 # explicitly (mpicc.mpich / mpiexec.mpich): Debian's generic mpicc may point
 # to Open MPI once other packages are installed.
 set -eu
@@ -18,6 +20,24 @@ cd "$(dirname "$0")"
 SRC=$(pwd)
 BUILD_DIR=${BUILD_DIR:-$SRC/build}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+mkdir -p "$BUILD_DIR"
+LOG=$BUILD_DIR/quickstart.log
+: > "$LOG"
+
+# phase NAME CMD...: CMD's output into the log, one line on the terminal
+phase() {
+    p_name=$1
+    shift
+    p_t0=$(date +%s)
+    echo "== quickstart: $p_name ..." >> "$LOG"
+    if "$@" >> "$LOG" 2>&1; then
+        echo "quickstart: $p_name: done in $(( $(date +%s) - p_t0 )) s"
+    else
+        echo "quickstart: $p_name: FAILED; the end of $LOG:" >&2
+        tail -n 20 "$LOG" >&2
+        exit 1
+    fi
+}
 
 PKGS_BUILD="build-essential autoconf automake libtool pkg-config mpich libmpich-dev \
 libhdf5-mpich-dev hdf5-tools libopenblas-dev libssl-dev libxxhash-dev libpcre2-dev libjansson-dev \
@@ -34,22 +54,25 @@ install_missing() {
     for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
     done
-    [ -z "$missing" ] && return 0
-    echo "quickstart: installing:$missing"
+    if [ -z "$missing" ]; then
+        echo "quickstart: packages: all $# present"
+        return 0
+    fi
+    echo "quickstart: packages: installing$missing (apt-get's output: $LOG)"
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO=sudo
-    $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends $missing
+    phase "apt-get update" $SUDO apt-get update -q
+    phase "apt-get install" $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        --no-install-recommends $missing
 }
 
 build() {
     if [ ! -x "$SRC/configure" ] || [ "$SRC/configure.ac" -nt "$SRC/configure" ]; then
-        "$SRC/autogen.sh"
+        phase "autogen" "$SRC/autogen.sh"
     fi
-    mkdir -p "$BUILD_DIR"
     cd "$BUILD_DIR"
-    [ -f Makefile ] || "$SRC/configure" -q
-    make -s -j"$JOBS"
+    [ -f Makefile ] || phase "configure" "$SRC/configure" -q
+    phase "build (make -j$JOBS in $BUILD_DIR)" make -s -j"$JOBS"
     cd "$SRC"
 }
 

@@ -134,6 +134,15 @@ const char *fsdp_ckpt_dir(const struct fsdp_ckpt *ck);
 int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx, size_t row0,
                         size_t nrows, float *dst);
 
+/* Opens path as fsdp_ckpt_open does and reads every tensor of every kind
+ * whole through its checksums (ckpt_verify.c): 0 when the data is intact,
+ * else the first failure. */
+int fsdp_ckpt_verify_data(const char *path);
+/* The newest step below `below` of checkpoint root `root` whose data
+ * verifies (its directory into dir), or -1 when none does. Reads every
+ * step it tries in full, newest first. */
+long fsdp_ckpt_newest_verified(const char *root, long below, char *dir, size_t len);
+
 /* Checksum blocks the index records for tensor (kind, idx), every one
  * checked as read_rows reads it; 0: none recorded (a checkpoint from before
  * checksums), its rows are read unchecked. */

@@ -711,5 +711,12 @@ int fsdp_h5_put_model_attrs(hid_t loc, const struct fsdp_model_spec *spec, const
             return -1;
         }
     }
+    /* optional: written only when known */
+    if ((spec->bos_token_id >= 0 &&
+         fsdp_h5_put_attr_int(loc, "bos_token_id", (int)spec->bos_token_id) < 0) ||
+        (spec->eos_token_id >= 0 &&
+         fsdp_h5_put_attr_int(loc, "eos_token_id", (int)spec->eos_token_id) < 0)) {
+        return -1;
+    }
     return created_by && fsdp_h5_put_attr_str(loc, "created_by", created_by) < 0 ? -1 : 0;
 }

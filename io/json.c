@@ -205,6 +205,38 @@ int fsdp_json_int(const struct fsdp_json_obj *o, const char *key, long long lo, 
     return 0;
 }
 
+int fsdp_json_int_list(const struct fsdp_json_obj *o, const char *key, long long lo, long long hi,
+                       long long *out, size_t max, size_t *n)
+{
+    char want[112];
+    int present;
+    json_t *v = json_member(o, key, &present);
+    *n = 0;
+    if (!v || !json_is_array(v)) {
+        long long x;
+        int rc = v ? fsdp_json_int(o, key, lo, hi, NULL, &x) : 0;
+        if (v && rc == 0) {
+            *n = 1;
+            if (max) {
+                out[0] = x;
+            }
+        }
+        return rc;
+    }
+    snprintf(want, sizeof(want), "an integer in [%lld, %lld] or a list of them", lo, hi);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < lo || json_integer_value(e) > hi) {
+            return json_wrong(o, key, v, want);
+        }
+        if (i < max) {
+            out[i] = (long long)json_integer_value(e);
+        }
+    }
+    *n = json_array_size(v);
+    return 0;
+}
+
 int fsdp_json_num(const struct fsdp_json_obj *o, const char *key, const double *dflt,
                   double *out)
 {

@@ -53,6 +53,11 @@ int fsdp_json_is_null(const struct fsdp_json_obj *o, const char *key);
  * null: *dflt, or an error when dflt is NULL. */
 int fsdp_json_int(const struct fsdp_json_obj *o, const char *key, long long lo, long long hi,
                   const long long *dflt, long long *out);
+/* An integer in [lo, hi], or an array of them (transformers' eos_token_id
+ * may be either): the first max into out[], their count in *n (the whole
+ * array's, which may exceed max); absent or null: *n = 0. */
+int fsdp_json_int_list(const struct fsdp_json_obj *o, const char *key, long long lo, long long hi,
+                       long long *out, size_t max, size_t *n);
 /* A finite number (integer or real). */
 int fsdp_json_num(const struct fsdp_json_obj *o, const char *key, const double *dflt,
                   double *out);

@@ -1,6 +1,6 @@
 # io: HDF5 model files, checkpoints, safetensors, token files and the data loader.
 libfsdpc_a_SOURCES += io/model_file.c io/model_writer.c io/h5util.c io/h5heap.c io/fileutil.c io/tokens.c io/ckpt.c \
-	io/ckpt_commit.c io/ckpt_attrs.c io/safetensors.c io/checksum.c \
+	io/ckpt_commit.c io/ckpt_attrs.c io/ckpt_verify.c io/safetensors.c io/checksum.c \
 	io/tokenizer.c io/tokenizer_added.c io/tokenizer_encode.c io/tokenizer_post.c io/json.c io/hf_dir.c
 noinst_HEADERS += io/model_file.h io/h5util.h io/fileutil.h io/tokens.h io/ckpt.h io/ckpt_attrs.h io/ckpt_commit.h \
 	io/safetensors.h io/checksum.h io/tokenizer.h io/tokenizer_impl.h io/json.h io/hf_dir.h

@@ -71,6 +71,26 @@ static int mf_prefix(const char *path, int rc)
 // ----------------------------------------------------------------------------
 // Root attributes
 
+/* The optional bos_token_id and eos_token_id: ids of the vocabulary. */
+static int mf_read_token_ids(const char *path, hid_t file, struct fsdp_model_spec *spec)
+{
+    static const char *const names[2] = {"bos_token_id", "eos_token_id"};
+    long *ids[2] = {&spec->bos_token_id, &spec->eos_token_id};
+    for (int k = 0; k < 2; k++) {
+        long long v;
+        if (!fsdp_h5_attr_exists(file, names[k])) {
+            continue;
+        }
+        FSDP_CHECK(fsdp_h5_attr_int(path, file, names[k], &v));
+        if (v < 0 || v >= spec->vocab_size) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: attribute '%s' is %lld, outside the "
+                            "vocabulary (vocab_size %d)", path, names[k], v, spec->vocab_size);
+        }
+        *ids[k] = (long)v;
+    }
+    return 0;
+}
+
 /*
  * The root attributes: format, version, the architecture (one registered in
  * core's table) and its config attributes, walked from the architecture's
@@ -140,6 +160,10 @@ static int mf_read_spec(const char *path, hid_t file, struct fsdp_model_spec **s
     }
     if (rc == 0) {
         rc = arch->spec_create(cfg, spec);
+    }
+    if (rc == 0 && (rc = mf_read_token_ids(path, file, *spec)) < 0) {
+        fsdp_model_spec_destroy(*spec);
+        *spec = NULL;
     }
     free(cfg);
     return rc;

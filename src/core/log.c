@@ -15,7 +15,7 @@
 #include <time.h>
 
 static const char *const sub_names[FSDP_SUB_COUNT] = {
-    "core", "dist", "mpi", "tcp", "nccl", "model", "fsdp", "train", "io",
+    "core", "dist", "mpi", "tcp", "nccl", "model", "fsdp", "train", "io", "sample",
 };
 static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG", "TRACE"};
 

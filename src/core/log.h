@@ -31,6 +31,7 @@ enum fsdp_log_sub {
     FSDP_SUB_FSDP,
     FSDP_SUB_TRAIN,
     FSDP_SUB_IO,
+    FSDP_SUB_SAMPLE, /* fsdpc-sample */
     FSDP_SUB_COUNT,
 };
 

@@ -28,6 +28,7 @@ int fsdp_model_spec_alloc(const struct fsdp_arch *arch, int n_units, size_t max_
     }
     s->arch = arch;
     s->n_units = n_units;
+    s->bos_token_id = s->eos_token_id = -1;
     s->cfg = calloc(1, arch && arch->cfg_size ? arch->cfg_size : 1);
     s->params = calloc(max_params ? max_params : 1, sizeof(*s->params));
     s->unit_numel = calloc((size_t)n_units, sizeof(size_t));

@@ -80,6 +80,11 @@ struct fsdp_model_spec {
     size_t total_numel;
     int n_ties;
     struct fsdp_tie ties[FSDP_MAX_TIES];
+    /* The tokenizer's begin- and end-of-text ids, -1 when unknown: not part
+     * of the architecture (never compared), carried from file to file so
+     * that an exported model stops generating where its tokenizer ends. */
+    long bos_token_id;
+    long eos_token_id;
 };
 
 /* An empty table for n_units units and up to max_params parameters, with a

@@ -25,6 +25,18 @@
 
 #define LIST_MAX 4096
 
+/* How far list looks into each step. */
+enum { LIST_OPEN = 0, LIST_QUICK, LIST_VERIFY };
+static const char *const list_checked[] = {
+    "checked: every shard of every step opened (present, readable, the same step, shapes, row "
+    "ranges, checksums recorded); not checked: the data against its checksums (--verify reads "
+    "it, or fsdpc-ckpt verify for one step)",
+    "checked: each index.h5 read and its shard files counted; not checked: the shards opened "
+    "(without --quick) or the data read (--verify)",
+    "checked: every shard of every step opened, and every tensor read back against its "
+    "checksums",
+};
+
 struct list_entry {
     long step;
     char name[256];
@@ -34,17 +46,21 @@ struct list_entry {
 static void list_usage(FILE *out)
 {
     fprintf(out,
-            "usage: fsdpc-ckpt list [--quick] DIR\n"
+            "usage: fsdpc-ckpt list [--quick | --verify] DIR\n"
             "\n"
             "Lists the checkpoints of a checkpoint root (the --ckpt-dir of a run): for each\n"
             "step directory its step, when its index was written, its size, the ranks and\n"
             "mesh that wrote it, whether it is complete (opens as --resume would open it)\n"
             "and which one 'latest' names; then any leftovers of interrupted saves, which\n"
-            "the next run with this --ckpt-dir removes.\n"
+            "the next run with this --ckpt-dir removes. The last line says what was\n"
+            "checked and what was not: opening does not read the data, so a damaged byte\n"
+            "shows only with --verify.\n"
             "\n"
-            "  -q, --quick  read each step's index.h5 only and count its shard files,\n"
-            "               without opening them (every shard costs an HDF5 open)\n"
-            "  -h, --help   this text\n");
+            "  -q, --quick   read each step's index.h5 only and count its shard files,\n"
+            "                without opening them (every shard costs an HDF5 open)\n"
+            "  -v, --verify  also read every tensor of every step against its checksums\n"
+            "                (as fsdpc-ckpt verify does; reads every byte)\n"
+            "  -h, --help    this text\n");
 }
 
 /* Step number of "step_<N>", or -1. */
@@ -155,7 +171,7 @@ static void list_quick(const char *dir, char *ranks, char *mesh, char *state, si
 
 /* One step directory's line. */
 static void list_step(const char *root, const struct list_entry *en, const char *latest,
-                      int quick)
+                      int mode)
 {
     char dir[8192], when[32] = "-", size[32], state[600];
     time_t newest;
@@ -168,14 +184,21 @@ static void list_step(const char *root, const struct list_entry *en, const char 
     }
     struct fsdp_ckpt *ck = NULL;
     char ranks[16] = "-", mesh[128] = "-";
-    if (quick) {
+    if (mode == LIST_QUICK) {
         list_quick(dir, ranks, mesh, state, sizeof(state));
     } else if (fsdp_ckpt_open(dir, &ck) == 0) {
         const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
         snprintf(ranks, sizeof(ranks), "%d", m->world_size);
         snprintf(mesh, sizeof(mesh), "%s", m->mesh);
-        snprintf(state, sizeof(state), "complete");
+        snprintf(state, sizeof(state), mode == LIST_VERIFY ? "complete, data verified"
+                                                            : "complete (data not read)");
         fsdp_ckpt_close(ck);
+        if (mode == LIST_VERIFY && fsdp_ckpt_verify_data(dir) < 0) {
+            char msg[512];
+            fsdp_err_take(msg, sizeof(msg));
+            fsdp_err_clear();
+            snprintf(state, sizeof(state), "DAMAGED: %s", msg);
+        }
     } else {
         char msg[512];
         fsdp_err_take(msg, sizeof(msg));
@@ -186,24 +209,26 @@ static void list_step(const char *root, const struct list_entry *en, const char 
            strcmp(en->name, latest) == 0 ? ", latest" : "");
 }
 
-/* The one checkpoint root a command takes (and --help, and --quick where
- * quick is not NULL); NULL after --help. */
+/* The one checkpoint root a command takes (and --help, and --quick or
+ * --verify where mode is not NULL); NULL after --help. */
 static const char *root_arg(const char *cmd, int argc, char **argv, void (*usage)(FILE *),
-                            int *quick)
+                            int *mode)
 {
     static const struct option opts[] = {
         {"help", no_argument, NULL, 'h'},
         {"quick", no_argument, NULL, 'q'},
+        {"verify", no_argument, NULL, 'v'},
         {NULL, 0, NULL, 0},
     };
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, quick ? ":hq" : ":h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, mode ? ":hqv" : ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'h': usage(stdout); return NULL;
         case 'q':
-            if (quick) {
-                *quick = 1;
+        case 'v':
+            if (mode) {
+                *mode = c == 'q' ? LIST_QUICK : LIST_VERIFY;
                 break;
             }
             /* fallthrough */
@@ -219,8 +244,8 @@ static const char *root_arg(const char *cmd, int argc, char **argv, void (*usage
 
 int fsdp_ckpt_cmd_list(int argc, char **argv)
 {
-    int quick = 0;
-    const char *root = root_arg("list", argc, argv, list_usage, &quick);
+    int mode = LIST_OPEN;
+    const char *root = root_arg("list", argc, argv, list_usage, &mode);
     if (!root) {
         return 0;
     }
@@ -269,7 +294,7 @@ int fsdp_ckpt_cmd_list(int argc, char **argv)
     }
     for (size_t i = 0; i < n; i++) {
         if (!en[i].tmp) {
-            list_step(root, &en[i], latest, quick);
+            list_step(root, &en[i], latest, mode);
         }
     }
     for (size_t i = 0; i < n; i++) {
@@ -284,6 +309,9 @@ int fsdp_ckpt_cmd_list(int argc, char **argv)
             printf("leftover  %s (an interrupted save; 'fsdpc-ckpt recover %s' or the next run "
                    "with this --ckpt-dir removes it)\n", en[i].name, root);
         }
+    }
+    if (steps > 0) {
+        printf("%s\n", list_checked[mode]);
     }
     free(en);
     return 0;

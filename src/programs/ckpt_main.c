@@ -324,6 +324,7 @@ static int cmd_inspect(int argc, char **argv)
         printf("created by    %s\n", cb);
     }
     printf("architecture  %s: %s\n", s->arch->name, attrs);
+    fsdp_ckpt_tool_print_tokens(s);
     size_t summed = fsdp_model_file_checksummed(mf);
     if (summed == s->n_params) {
         printf("checksums     xxh3_64 per block, recorded for all %zu tensors (checked as they "

@@ -72,6 +72,17 @@ static void tool_shape(char *buf, size_t len, const struct fsdp_param_spec *p)
 // ----------------------------------------------------------------------------
 // inspect
 
+void fsdp_ckpt_tool_print_tokens(const struct fsdp_model_spec *s)
+{
+    if (s->eos_token_id >= 0 || s->bos_token_id >= 0) {
+        printf("tokens        bos_token_id %ld, eos_token_id %ld (-1: unknown)\n", s->bos_token_id,
+               s->eos_token_id);
+    } else {
+        printf("tokens        no bos_token_id or eos_token_id (export-hf warns; its --tokenizer "
+               "or --eos-token-id sets them)\n");
+    }
+}
+
 int fsdp_ckpt_tool_inspect(const char *path)
 {
     struct fsdp_ckpt *ck = tool_open("inspect", path);
@@ -94,6 +105,7 @@ int fsdp_ckpt_tool_inspect(const char *path)
     printf("optimizer     AdamW step %ld | loss scale %g (%ld good steps, %ld skipped)\n",
            m->adam_step, m->loss_scale, m->scale_good_steps, m->skipped_steps);
     printf("architecture  %s: %s\n", s->arch->name, attrs);
+    fsdp_ckpt_tool_print_tokens(s);
     size_t summed = 0, all = (size_t)FSDP_CKPT_NKINDS * s->n_params;
     for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
         for (size_t i = 0; i < s->n_params; i++) {

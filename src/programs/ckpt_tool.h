@@ -6,11 +6,15 @@
 #ifndef FSDP_PROGRAMS_CKPT_TOOL_H
 #define FSDP_PROGRAMS_CKPT_TOOL_H
 
+struct fsdp_model_spec;
+
 /* Exits naming the option getopt refused (c: its return, '?' or ':'). */
 _Noreturn void fsdp_ckpt_tool_bad_option(const char *cmd, int c, char **argv);
 
 /* Prints a checkpoint's state and tensor table; 0 on success. */
 int fsdp_ckpt_tool_inspect(const char *path);
+/* inspect's line of the special-token ids spec carries (or that it has none). */
+void fsdp_ckpt_tool_print_tokens(const struct fsdp_model_spec *s);
 
 int fsdp_ckpt_cmd_verify(int argc, char **argv);
 int fsdp_ckpt_cmd_consolidate(int argc, char **argv);

@@ -288,13 +288,15 @@ static const char *hf_torch_dtype(enum fsdp_dtype t)
     return t == FSDP_BF16 ? "bfloat16" : t == FSDP_F16 ? "float16" : "float32";
 }
 
-static void hf_write_gpt2(struct fsdp_json_writer *w, const struct fsdp_gpt2_config *c,
+static void hf_write_gpt2(struct fsdp_json_writer *w, const struct fsdp_model_spec *s,
                           enum fsdp_dtype dtype)
 {
+    const struct fsdp_gpt2_config *c = fsdp_gpt2_cfg(s);
     fsdp_json_put_str(w, "activation_function", "gelu_new");
     fsdp_json_begin_arr(w, "architectures");
     fsdp_json_put_str(w, NULL, "GPT2LMHeadModel");
     fsdp_json_end(w);
+    fsdp_hf_tokens_put(w, s);
     fsdp_json_put_f32(w, "layer_norm_epsilon", c->ln_eps);
     fsdp_json_put_str(w, "model_type", "gpt2");
     fsdp_json_put_int(w, "n_embd", c->n_embd);
@@ -332,9 +334,10 @@ static void hf_write_rope(struct fsdp_json_writer *w, const struct fsdp_llama_co
 
 /* LlamaForCausalLM, or Qwen2ForCausalLM when q/k/v have biases (Llama's
  * attention_bias would give o_proj one as well). */
-static void hf_write_llama(struct fsdp_json_writer *w, const struct fsdp_llama_config *c,
+static void hf_write_llama(struct fsdp_json_writer *w, const struct fsdp_model_spec *s,
                            enum fsdp_dtype dtype)
 {
+    const struct fsdp_llama_config *c = fsdp_llama_cfg(s);
     int qwen = c->attn_bias;
     fsdp_json_begin_arr(w, "architectures");
     fsdp_json_put_str(w, NULL, qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
@@ -342,6 +345,7 @@ static void hf_write_llama(struct fsdp_json_writer *w, const struct fsdp_llama_c
     if (!qwen) {
         fsdp_json_put_bool(w, "attention_bias", 0);
     }
+    fsdp_hf_tokens_put(w, s);
     fsdp_json_put_str(w, "hidden_act", "silu");
     fsdp_json_put_int(w, "hidden_size", c->n_embd);
     fsdp_json_put_int(w, "intermediate_size", c->ffn_hidden);
@@ -375,9 +379,9 @@ int fsdp_hf_config_write(const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
     FSDP_CHECK(fsdp_json_writer_init(&w));
     fsdp_json_begin_obj(&w, NULL);
     if (s->arch == &fsdp_gpt2_arch) {
-        hf_write_gpt2(&w, fsdp_gpt2_cfg(s), dtype);
+        hf_write_gpt2(&w, s, dtype);
     } else {
-        hf_write_llama(&w, fsdp_llama_cfg(s), dtype);
+        hf_write_llama(&w, s, dtype);
     }
     fsdp_json_end(&w);
     return fsdp_json_writer_finish(&w, text, len);

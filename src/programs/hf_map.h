@@ -55,4 +55,25 @@ int fsdp_hf_config_read(const struct fsdp_json_obj *j, struct fsdp_hf_model *out
 int fsdp_hf_config_write(const struct fsdp_model_spec *s, enum fsdp_dtype dtype, char **text,
                          size_t *len);
 
+// ----------------------------------------------------------------------------
+// special tokens (hf_tokens.c)
+
+/* The bos_token_id and eos_token_id of directory dir (config its
+ * config.json): generation_config.json's where it has them (generate()
+ * reads that file), else config.json's; -1 where neither says. A value
+ * that is not an integer (or a list of them) is an error naming the file
+ * and key; an id outside [0, vocab) is left out and of a list the first
+ * is kept, each with a warning. */
+int fsdp_hf_tokens_read(const char *dir, const struct fsdp_json_obj *config, long vocab,
+                        long *bos, long *eos);
+/* The ids of a tokenizer.json: bos the first token its post-processor puts
+ * before a text, else the first present of <|begin_of_text|>, <s>,
+ * <|endoftext|>, <bos>; eos the first present of <|end_of_text|>, </s>,
+ * <|endoftext|>, <eos>; -1 when none is. desc says which were taken. */
+int fsdp_hf_tokens_from_tokenizer(const char *path, long *bos, long *eos, char *desc, size_t len);
+/* bos_token_id and eos_token_id members for s's known ids. */
+void fsdp_hf_tokens_put(struct fsdp_json_writer *w, const struct fsdp_model_spec *s);
+/* generation_config.json for s's ids (malloc'd text). */
+int fsdp_hf_generation_config_write(const struct fsdp_model_spec *s, char **text, size_t *len);
+
 #endif

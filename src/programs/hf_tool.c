@@ -20,6 +20,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
+#include "core/log.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -222,6 +223,21 @@ static int hf_check_tied_head(struct hf_import *im, void *buf)
     return 0;
 }
 
+/* The special-token ids s carries, or a warning that generate() will not
+ * know where a text ends. */
+static void hf_print_tokens(const struct fsdp_model_spec *s, const char *where)
+{
+    if (s->eos_token_id >= 0) {
+        printf("special tokens: bos_token_id %ld, eos_token_id %ld\n", s->bos_token_id,
+               s->eos_token_id);
+        return;
+    }
+    FSDP_WARN(FSDP_SUB_IO, "no eos_token_id in %s: transformers' generate() falls back to the model "
+              "class's default (Llama: 2, GPT-2: 50256), which with another tokenizer is an "
+              "ordinary token and ends a generation early; export-hf --tokenizer FILE or "
+              "--eos-token-id N sets it", where);
+}
+
 // ----------------------------------------------------------------------------
 // import
 
@@ -340,6 +356,10 @@ int fsdp_ckpt_cmd_import_hf(int argc, char **argv)
         (rc = hm.arch->spec_create(hm.cfg, &s)) < 0) {
         fsdp_die(rc, what, NULL);
     }
+    if ((rc = fsdp_hf_tokens_read(im.d->dir, &im.d->config, s->vocab_size, &s->bos_token_id,
+                                  &s->eos_token_id)) < 0) {
+        fsdp_die(rc, what, NULL);
+    }
     im.s = s;
     im.prefix = fsdp_hf_prefix(s->arch);
     im.src = calloc(s->n_params, sizeof(*im.src));
@@ -355,6 +375,7 @@ int fsdp_ckpt_cmd_import_hf(int argc, char **argv)
     printf("%s: %s (%s) %s, %zu tensors from %zu file%s, written to %s as %s\n", im.d->dir,
            s->arch->name, hm.model_type, desc, s->n_params, im.d->n_files,
            im.d->n_files == 1 ? "" : "s", out, fsdp_dtype_name(dtype));
+    hf_print_tokens(s, "the directory's config.json and generation_config.json");
     free(im.src);
     free(hm.cfg);
     fsdp_model_spec_destroy(s);
@@ -369,7 +390,7 @@ static void export_usage(FILE *out)
 {
     fprintf(out,
             "usage: fsdpc-ckpt export-hf PATH -o DIR [--dtype T] [--max-shard-size S]\n"
-            "                 [--force]\n"
+            "                 [--force] [--tokenizer FILE] [--bos-token-id N] [--eos-token-id N]\n"
             "\n"
             "Writes a model file or checkpoint (a root, a step directory or its index.h5)\n"
             "as a Hugging Face model directory that AutoModelForCausalLM.from_pretrained\n"
@@ -378,7 +399,13 @@ static void export_usage(FILE *out)
             "model becomes GPT2LMHeadModel, a llama one LlamaForCausalLM (Qwen2ForCausalLM\n"
             "with q/k/v biases). DIR is filled as DIR.tmp.XXXXXX and renamed into place.\n"
             "\n"
+            "The model's bos_token_id and eos_token_id (from import-hf, or kept by the\n"
+            "trainer) go into config.json and generation_config.json; without an\n"
+            "eos_token_id, generate() would stop at transformers' default (Llama: 2).\n"
+            "\n"
             "      --dtype T            f32 (default), bf16 or f16\n"
+            "      --tokenizer FILE     take the special-token ids from a tokenizer.json\n"
+            "      --bos-token-id N     --eos-token-id N   set them (over the above)\n"
             "      --max-shard-size S   largest shard: bytes, or with KB MB GB (powers of\n"
             "                           1000) or KiB MiB GiB (of 1024); default 5GB\n"
             "      --force              replace DIR when it exists and is not empty\n"
@@ -493,6 +520,12 @@ static int hf_export_write(struct hf_source *src, const struct fsdp_model_spec *
     *n_shards = fsdp_hf_writer_shards(w);
     FSDP_CHECK_GOTO(hf_export_tensors(src, s, dtype, w), rc, done);
     FSDP_CHECK_GOTO(fsdp_hf_writer_file(w, FSDP_HF_CONFIG, cfg, cfg_len), rc, done);
+    if (s->bos_token_id >= 0 || s->eos_token_id >= 0) {
+        free(cfg);
+        cfg = NULL;
+        FSDP_CHECK_GOTO(fsdp_hf_generation_config_write(s, &cfg, &cfg_len), rc, done);
+        FSDP_CHECK_GOTO(fsdp_hf_writer_file(w, "generation_config.json", cfg, cfg_len), rc, done);
+    }
     rc = fsdp_hf_writer_commit(w);
 done:
     fsdp_hf_writer_destroy(w);
@@ -502,17 +535,60 @@ done:
     return rc;
 }
 
+/* One --bos-token-id / --eos-token-id value: an id of s's vocabulary. */
+static long hf_parse_token_id(const struct fsdp_model_spec *s, const char *flag, const char *v)
+{
+    char *end;
+    long id = strtol(v, &end, 10);
+    if (end == v || *end || id < 0 || id >= s->vocab_size) {
+        fsdp_fatal("fsdpc-ckpt export-hf: --%s '%s' must be a token id in [0, %d), the model's "
+                   "vocabulary", flag, v, s->vocab_size);
+    }
+    return id;
+}
+
+/* The ids an export writes: the model's, then a tokenizer's, then the flags'. */
+static void hf_export_tokens(struct fsdp_model_spec *s, const char *in, const char *tokenizer,
+                             const char *const ids[2])
+{
+    if (tokenizer) {
+        long bos, eos;
+        char desc[1024];
+        int rc = fsdp_hf_tokens_from_tokenizer(tokenizer, &bos, &eos, desc, sizeof(desc));
+        if (rc < 0) {
+            fsdp_die(rc, "fsdpc-ckpt export-hf", NULL);
+        }
+        if (bos >= s->vocab_size || eos >= s->vocab_size) {
+            fsdp_fatal("fsdpc-ckpt export-hf: %s: ids beyond the vocabulary (%d) of %s", desc,
+                       s->vocab_size, in);
+        }
+        s->bos_token_id = bos >= 0 ? bos : s->bos_token_id;
+        s->eos_token_id = eos >= 0 ? eos : s->eos_token_id;
+        fprintf(stderr, "fsdpc-ckpt export-hf: special tokens from %s\n", desc);
+    }
+    if (ids[0]) {
+        s->bos_token_id = hf_parse_token_id(s, "bos-token-id", ids[0]);
+    }
+    if (ids[1]) {
+        s->eos_token_id = hf_parse_token_id(s, "eos-token-id", ids[1]);
+    }
+}
+
 int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"dtype", required_argument, NULL, 'd'},
         {"max-shard-size", required_argument, NULL, 'm'},
         {"force", no_argument, NULL, 'f'},
+        {"tokenizer", required_argument, NULL, 't'},
+        {"bos-token-id", required_argument, NULL, 'B'},
+        {"eos-token-id", required_argument, NULL, 'E'},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *out = NULL, *what = "fsdpc-ckpt export-hf";
+    const char *out = NULL, *what = "fsdpc-ckpt export-hf", *tokenizer = NULL;
+    const char *ids[2] = {NULL, NULL}; /* --bos-token-id, --eos-token-id */
     enum fsdp_dtype dtype = FSDP_F32;
     size_t max_shard = 5000000000u;
     int c, rc, force = 0;
@@ -522,6 +598,9 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
         case 'd': dtype = hf_parse_dtype("export-hf", optarg); break;
         case 'm': max_shard = hf_parse_shard_size(optarg); break;
         case 'f': force = 1; break;
+        case 't': tokenizer = optarg; break;
+        case 'B': ids[0] = optarg; break;
+        case 'E': ids[1] = optarg; break;
         case 'o': out = optarg; break;
         case 'h': export_usage(stdout); return 0;
         default: fsdp_ckpt_tool_bad_option("export-hf", c, argv);
@@ -554,6 +633,10 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
     if (rc > 0 && !force) {
         fsdp_fatal("%s: %s exists and is not empty (--force replaces it)", what, out);
     }
+    /* a copy that only the ids differ in: the writers read it, nothing frees it */
+    struct fsdp_model_spec sx = *s;
+    hf_export_tokens(&sx, in, tokenizer, ids);
+    s = &sx;
     size_t shards = 0;
     if ((rc = hf_export_write(&src, s, dtype, out, max_shard, force, &shards)) < 0) {
         fsdp_die(rc, what, NULL);
@@ -562,6 +645,9 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
     fsdp_arch_describe(s->arch, s->cfg, desc, sizeof(desc));
     printf("%s: %s %s, %zu tensors written to %s as %s in %zu file%s\n", in, s->arch->name, desc,
            s->n_params, out, fsdp_dtype_name(dtype), shards, shards == 1 ? "" : "s");
+    char where[512];
+    snprintf(where, sizeof(where), "%s (nor a --tokenizer or --eos-token-id)", in);
+    hf_print_tokens(s, where);
     fsdp_ckpt_close(src.ck);
     fsdp_model_file_close(src.mf);
     return 0;

@@ -7,7 +7,8 @@ fsdpc_sample_SOURCES = src/programs/sample_main.c
 fsdpc_data_SOURCES = src/programs/data_main.c
 fsdpc_ckpt_SOURCES = src/programs/ckpt_main.c src/programs/ckpt_tool.c \
 	src/programs/ckpt_tool.h src/programs/st_tool.c src/programs/ckpt_list.c \
-	src/programs/hf_tool.c src/programs/hf_map.c src/programs/hf_map.h
+	src/programs/hf_tool.c src/programs/hf_map.c src/programs/hf_map.h \
+	src/programs/hf_tokens.c
 fsdpc_flight_SOURCES = src/programs/flight_main.c
 fsdpc_flight_LDADD =
 

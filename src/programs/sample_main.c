@@ -218,6 +218,7 @@ struct sink {
     struct fsdp_tokenizer *tok;
     char pend[8]; /* an incomplete UTF-8 sequence carried to the next token */
     size_t npend;
+    int last;     /* the last byte written to stdout, 0 before any */
 };
 
 static int emit(struct sink *k, int token, int final)
@@ -231,6 +232,7 @@ static int emit(struct sink *k, int token, int final)
         } else {
             printf("%d ", token);
         }
+        k->last = k->V == 256 ? token : ' ';
         fflush(stdout);
         return 0;
     }
@@ -254,6 +256,7 @@ static int emit(struct sink *k, int token, int final)
     k->npend = total - used < sizeof(k->pend) ? total - used : 0;
     memcpy(k->pend, in + used, k->npend);
     fwrite(out, 1, olen, stdout);
+    k->last = olen ? (unsigned char)out[olen - 1] : k->last;
     fflush(stdout);
     free(in), free(out), free(bytes);
     return 0;
@@ -366,7 +369,7 @@ static int sample_run(const struct sample_config *c)
         if (rc < 0) {
             goto out;
         }
-        FSDP_INFO(FSDP_SUB_TRAIN, "prompt: %zu tokens, %zu of them from the tokenizer's "
+        FSDP_INFO(FSDP_SUB_SAMPLE, "prompt: %zu tokens, %zu of them from the tokenizer's "
                   "post_processor", n, npre + npost);
         if (n == 0) {
             seq[n++] = V - 1;
@@ -380,7 +383,7 @@ static int sample_run(const struct sample_config *c)
     uint64_t rng = (uint64_t)c->seed;
     double t0 = fsdp_now();
     if (!c->no_cache && !model->ops->decoder_create) {
-        FSDP_WARN(FSDP_SUB_TRAIN, "architecture %s has no key/value cache: every token runs "
+        FSDP_WARN(FSDP_SUB_SAMPLE, "architecture %s has no key/value cache: every token runs "
                   "the whole window", spec->arch->name);
     }
     if (!c->no_cache && model->ops->decoder_create) {
@@ -414,9 +417,13 @@ static int sample_run(const struct sample_config *c)
         }
     }
     FSDP_CHECK_GOTO(emit(&sk, -1, 1), rc, out); /* what an incomplete sequence left */
-    printf("\n");
+    /* the text ends with a line of its own before any log line on stderr */
+    if (sk.last != '\n') {
+        putchar('\n');
+    }
+    fflush(stdout);
     double dt = fsdp_now() - t0;
-    FSDP_INFO(FSDP_SUB_TRAIN, "%ld tokens in %.2f s (%.1f tok/s, %s)", c->tokens, dt,
+    FSDP_INFO(FSDP_SUB_SAMPLE, "%ld tokens in %.2f s (%.1f tok/s, %s)", c->tokens, dt,
               dt > 0 ? (double)c->tokens / dt : 0.0,
               dec ? "key/value cache" : "whole window per token");
     rc = 0;

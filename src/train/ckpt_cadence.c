@@ -18,6 +18,7 @@
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/trainer.h"
+#include "train/save_progress.h"
 #include "train/schedule.h"
 #include "train/uneven.h"
 #include "core/error.h"
@@ -59,6 +60,7 @@ struct fsdp_ckpt_cadence {
     size_t n_foreign;
     int warned_foreign;            /* the warning about them is logged once */
     int existed;                   /* rank 0: D was there before this run */
+    struct fsdp_save_progress progress; /* of the save under way */
 };
 
 static int cad_rank(const struct fsdp_trainer *t)
@@ -336,6 +338,7 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
     }
     if (rc == 0 && e->writes_state) {
         rc = fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, s, &w);
+        fsdp_save_progress_total(&t->ckpt->progress, (size_t)(e->n_state + 1) * s->n_params);
     }
     for (int k = 0; k <= e->n_state; k++) {
         for (size_t i = 0; i < s->n_params; i++) {
@@ -348,6 +351,7 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
             }
             if (rc == 0 && w) {
                 rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)k, i, rows);
+                fsdp_save_progress_tick(&t->ckpt->progress);
             }
         }
     }
@@ -379,6 +383,7 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
         size_t n = e->ops->n_pieces(e);
         struct fsdp_stage st;
         fsdp_stage_init(&st, t->dev);
+        fsdp_save_progress_total(&t->ckpt->progress, n);
         for (size_t k = 0; k < n && rc == 0; k++) {
             struct fsdp_state_piece pc = {0};
             const float *host;
@@ -386,6 +391,7 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
             size_t cols = fsdp_state_piece_cols(&pc, t->spec->params[pc.param].shape[1]);
             rc = fsdp_stage_read(&st, pc.data, pc.rows * cols, &host);
             rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)pc.kind, pc.param, host);
+            fsdp_save_progress_tick(&t->ckpt->progress);
         }
         fsdp_stage_free(&st);
         if (rc == 0) {
@@ -521,6 +527,7 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
     int32_t nonce = 0;
     int rc = 0;
     c->last_tried = step;
+    fsdp_save_progress_start(&c->progress, c->rank, step, c->dir);
     if (c->rank == 0) {
         nonce = (int32_t)(((unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL) ^
                            (unsigned)step * 40503u) & 0x7fffffffu);
@@ -968,7 +975,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && stat(link, &st) != 0) {
         rc = cad_latest_missing(path, link);
     } else { /* each rank checks and opens the shards it reads, not all of them */
-        rc = fsdp_ckpt_open_lazy(path, &ck);
+        rc = fsdp_ckpt_damage_hint(path, fsdp_ckpt_open_lazy(path, &ck));
     }
     if (rc == 0) {
         rc = cad_check_model(t, ck);
@@ -979,7 +986,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};
     rc = fsdp_uneven_resume_state(t, m, &ds);
     if (rc == 0) {
-        rc = cad_read_state(t, ck);
+        rc = fsdp_ckpt_damage_hint(path, cad_read_state(t, ck));
     }
     if (rc == 0) {
         rc = fsdp_dataloader_set_state(t->train, &ds);

@@ -32,6 +32,10 @@ void fsdp_ckpt_cadence_destroy(struct fsdp_ckpt_cadence *c);
  * when ckpt-dir holds steps newer than the one resumed.
  */
 int fsdp_ckpt_resume(struct fsdp_trainer *t);
+/* After a resume from path failed with rc on a damaged step: the hint
+ * names the newest older step of its root whose data verifies and the
+ * --resume for it (ckpt_damage.c; reads older steps). Returns rc. */
+int fsdp_ckpt_damage_hint(const char *path, int rc);
 
 /* After each step: saves when the cadence (ckpt-every) says so. c may be NULL. */
 int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t);

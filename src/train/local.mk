@@ -1,12 +1,12 @@
 # src/train: the composition root and the training loop.
 libfsdpc_a_SOURCES += src/train/options.c src/train/train_config.c src/train/schedule.c \
 	src/train/metrics.c src/train/world.c src/train/trainer.c \
-	src/train/ckpt_cadence.c src/train/uneven.c src/train/stop.c src/train/model_source.c \
-	src/train/memory_plan.c src/train/stage.c
+	src/train/ckpt_cadence.c src/train/ckpt_damage.c src/train/mesh_check.c src/train/save_progress.c \
+	src/train/uneven.c src/train/stop.c src/train/model_source.c src/train/memory_plan.c src/train/stage.c
 noinst_HEADERS += src/train/options.h src/train/train_config.h src/train/schedule.h \
 	src/train/metrics.h src/train/world.h src/train/trainer.h \
 	src/train/ckpt_cadence.h src/train/uneven.h src/train/stop.h src/train/model_source.h \
-	src/train/memory_plan.h src/train/stage.h
+	src/train/memory_plan.h src/train/mesh_check.h src/train/save_progress.h src/train/stage.h
 
 # tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),
 # and join over uneven inputs against a single-rank replay (join_ref)
@@ -23,9 +23,11 @@ TESTS += tests/train/test_train_options tests/train/test_train.sh tests/train/te
 # what a user meets: errors reported once with a hint, resume warnings,
 # Ctrl-C and the other stop signals, run records, fsdpc-plot, --version
 dist_check_SCRIPTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh \
-	tests/train/test_stop.sh tests/train/test_records.sh
+	tests/train/test_stop.sh tests/train/test_records.sh tests/train/test_mfu.sh \
+	tests/train/test_plot_resume.sh tests/train/test_demo.sh
 TESTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh tests/train/test_stop.sh \
-	tests/train/test_records.sh
+	tests/train/test_records.sh tests/train/test_mfu.sh tests/train/test_plot_resume.sh \
+	tests/train/test_demo.sh
 
 # the whole path on the guarded device equals the CPU device bit for bit
 dist_check_SCRIPTS += tests/train/test_guarded.sh

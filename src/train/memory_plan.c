@@ -12,6 +12,7 @@
 #include "fsdp/fsdp.h"
 #include "optim/optim.h"
 #include "comm/mesh_spec.h"
+#include "train/mesh_check.h"
 #include "compute/device.h"
 #include "model/model.h"
 #include "io/model_file.h"
@@ -168,6 +169,10 @@ int fsdp_train_print_memory(const struct fsdp_train_config *c, FILE *fp)
         goto out;
     }
     FSDP_CHECK_GOTO(plan_mesh(c, &sh, mesh, sizeof(mesh)), rc, out);
+    if (c->mesh[0]) { /* a tp the model does not split by: the sizes that do */
+        FSDP_CHECK_GOTO(fsdp_trainer_mesh_precheck(c->mesh, spec, sh.dp * sh.rdp * sh.tp), rc,
+                        out);
+    }
     FSDP_CHECK_GOTO(fsdp_train_config_shard(c, &sc), rc, out);
     fsdp_train_config_optim(c, &oc);
     FSDP_CHECK_GOTO(fsdp_device_create(c->device, 0, &dev), rc, out);

@@ -6,6 +6,7 @@
 #include "config.h"
 #include "train/metrics.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/util.h"
 
 #include <cblas.h>
@@ -273,11 +274,35 @@ int fsdp_probe_peak_flops(int threads, double *flops, char *method, size_t metho
     }
     openblas_set_num_threads(threads);
     *flops = 2.0 * (double)n * (double)n * (double)n / best * (double)threads;
-    snprintf(method, method_len, "sgemm %zu^3 probe, best of %d, 1 thread x %d", n, reps,
-             threads);
+    snprintf(method, method_len, "sgemm %zu^3 probe, best of %d, 1 thread x %d; raised to a step "
+             "that beats it", n, reps, threads);
 out:
     fsdp_free(a);
     fsdp_free(b);
     fsdp_free(c);
     return rc;
+}
+
+double fsdp_mfu(double rate, double *peak, int given, long step, int *said)
+{
+    if (!(*peak > 0.0)) {
+        return -1.0;
+    }
+    if (rate > *peak && !*said && fsdp_log_rank() <= 0) {
+        *said = 1;
+        if (given) {
+            FSDP_WARN(FSDP_SUB_TRAIN, "step %ld ran at %.1f GFLOP/s per rank, above --peak-flops "
+                      "(%.1f GFLOP/s): MFU reads above 100%%, so the figure given is below "
+                      "what this machine does", step, rate / 1e9, *peak / 1e9);
+        } else {
+            FSDP_WARN(FSDP_SUB_TRAIN, "step %ld ran at %.1f GFLOP/s per rank, above the peak "
+                      "probed at start (%.1f GFLOP/s: the probe ran while the cores were busy); "
+                      "MFU is against the fastest rate seen from here on (--peak-flops sets a "
+                      "fixed figure)", step, rate / 1e9, *peak / 1e9);
+        }
+    }
+    if (rate > *peak && !given) {
+        *peak = rate;
+    }
+    return 100.0 * rate / *peak;
 }

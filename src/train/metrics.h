@@ -86,4 +86,13 @@ double fsdp_peak_rss_mib(void);
  */
 int fsdp_probe_peak_flops(int threads, double *flops, char *method, size_t method_len);
 
+/*
+ * MFU in percent of rate (FLOP/s per rank) against *peak (-1 when *peak is
+ * 0). A probe can be beaten (it ran while the machine was busy): a rate
+ * above a probed peak (given 0) raises *peak to it, so that MFU never reads
+ * above 100%; a rate above a --peak-flops figure (given 1) is reported as
+ * it is. Either is said once on rank 0 (*said), naming the step.
+ */
+double fsdp_mfu(double rate, double *peak, int given, long step, int *said);
+
 #endif

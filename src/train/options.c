@@ -33,34 +33,47 @@ long fsdp_opt_find(const struct fsdp_optset *s, const char *name)
     return -1;
 }
 
-/* Levenshtein distance, capped: names are short. */
+/* Edit distance with adjacent transpositions counted as one edit ("pt" is
+ * one from "tp"), capped: names are short. */
 static size_t opt_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
-    size_t row[64];
+    size_t d[3][64]; /* rows i-2, i-1, i, cycled */
     if (la >= 63 || lb >= 63) {
         return 64;
     }
     for (size_t j = 0; j <= lb; j++) {
-        row[j] = j;
+        d[0][j] = j;
     }
     for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
+        size_t *cur = d[i % 3], *prev = d[(i + 2) % 3], *prev2 = d[(i + 1) % 3];
+        cur[0] = i;
         for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (row[j] + 1 < best) {
-                best = row[j] + 1;
+            size_t best = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            best = prev[j] + 1 < best ? prev[j] + 1 : best;
+            best = cur[j - 1] + 1 < best ? cur[j - 1] + 1 : best;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                prev2[j - 2] + 1 < best) {
+                best = prev2[j - 2] + 1;
             }
-            if (row[j - 1] + 1 < best) {
-                best = row[j - 1] + 1;
-            }
-            row[j] = best;
-            diag = up;
+            cur[j] = best;
         }
     }
-    return row[lb];
+    return d[la % 3][lb];
+}
+
+const char *fsdp_opt_nearest(const char *word, const char *const *names, size_t n, size_t max)
+{
+    const char *best = NULL;
+    size_t best_d = max + 1;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = opt_distance(word, names[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = names[i];
+        }
+    }
+    return best;
 }
 
 /* The one visible option that name abbreviates ("temp" for "temperature"),

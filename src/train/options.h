@@ -76,6 +76,10 @@ struct fsdp_optset {
 
 /* Index of the option called name, or -1. */
 long fsdp_opt_find(const struct fsdp_optset *s, const char *name);
+/* The first of names[0, n) nearest to word, at most max edits away
+ * (insertions, deletions, substitutions, adjacent swaps), or NULL: the
+ * "did you mean" of an option or any other name. */
+const char *fsdp_opt_nearest(const char *word, const char *const *names, size_t n, size_t max);
 
 /*
  * Parses value for key and stores it. Error messages quote the flag

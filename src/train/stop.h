@@ -1,5 +1,8 @@
 /*
- * stop.h - stopping a run from outside: SIGUSR1, SIGTERM and SIGINT (Ctrl-C).
+ * stop.h - stopping a run from outside: SIGUSR1, SIGTERM and SIGINT (Ctrl-C),
+ * and SIGPIPE: a closed stdout (`fsdpc-train ... | head`, a launcher that
+ * went away) stops the run like Ctrl-C instead of killing it mid-step; the
+ * rest of its output goes to stderr.
  *
  * The handlers only note the first signal; the training loop folds it into
  * its per-step agreement, so every rank stops after the same step (with a
@@ -20,10 +23,12 @@
 void fsdp_stop_install(int rank);
 void fsdp_stop_restore(void);
 
-/* The first signal this process received (SIGUSR1, SIGTERM, SIGINT), 0: none. */
+/* The first signal this process received (SIGUSR1, SIGTERM, SIGINT,
+ * SIGPIPE), 0: none. */
 int fsdp_stop_signal(void);
 
-/* "SIGINT", "SIGTERM", "SIGUSR1", or "signal N". */
+/* "SIGINT", "SIGTERM", "SIGUSR1", "SIGPIPE (its output was closed)", or
+ * "signal N". */
 const char *fsdp_stop_signal_name(int sig);
 
 #endif

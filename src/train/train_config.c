@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/util.h"
 #include "train/metrics.h"
+#include "train/mesh_check.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -109,7 +110,7 @@ static const struct fsdp_opt train_opts[] = {
      "print each rank's memory for --model (a file or a preset such as llama-8b) on --mesh, "
      "allocating nothing, and exit; needs --batch-size and --seq-len only"},
     {"lm-head-chunk", FSDP_OPT_INT, F(lm_head_chunk), 0, 0, 1 << 30, NULL, "ROWS", 0,
-     "positions per LM-head chunk (0: as many as fit in 256 MiB of logits); smaller saves memory, "
+     "positions per LM-head chunk (0: as many as fit in 16 MiB of logits); smaller saves memory, "
      "costs a recompute"},
     {"ckpt-dir", FSDP_OPT_STR, F(ckpt_dir), S(ckpt_dir), 0, 0, NULL, "DIR", 0,
      "write sharded checkpoints to DIR/step_<N>/ (and at the end of training)"},
@@ -219,6 +220,11 @@ int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct f
         fsdp_err_hint("add --val-data FILE ('fsdpc-data tokenize TEXT -o train.bin "
                       "--val-fraction 0.05 --val-out val.bin' makes one)");
         return rc;
+    }
+    if (c->mesh[0]) { /* names now; sizes against the world and the model in the trainer */
+        struct fsdp_mesh_dims d;
+        FSDP_CHECK(fsdp_mesh_parse(c->mesh, &d));
+        FSDP_CHECK(fsdp_trainer_mesh_check(&d));
     }
     int dynamic;
     double scale;

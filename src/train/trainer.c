@@ -19,6 +19,7 @@
 #include "comm/debug.h"
 #include "comm/mesh.h"
 #include "comm/mesh_spec.h"
+#include "train/mesh_check.h"
 #include "compute/device.h"
 #include "train/stage.h"
 #include "fsdp/fsdp.h"
@@ -196,6 +197,10 @@ static int trainer_open_model(struct fsdp_trainer *t, struct fsdp_model_file **m
         const struct fsdp_model_spec *fs = fsdp_model_file_spec(*mf);
         rc = fs->arch->spec_create(fs->cfg, &t->spec);
     }
+    if (rc == 0) { /* the special-token ids travel on into checkpoints and --out */
+        t->spec->bos_token_id = fsdp_model_file_spec(*mf)->bos_token_id;
+        t->spec->eos_token_id = fsdp_model_file_spec(*mf)->eos_token_id;
+    }
     if (rc < 0) {
         if (access(t->model_path, F_OK) != 0) {
             fsdp_err_hint("check --model (or 'model =' in the config file): there is no such "
@@ -266,6 +271,9 @@ static int trainer_check_inputs(struct fsdp_trainer *t, struct fsdp_model_file *
     trainer_data_place(t);
     FSDP_CHECK(fsdp_model_registry_init());
     FSDP_CHECK(trainer_open_model(t, mf));
+    if (c->mesh[0]) { /* before any group is built for it */
+        FSDP_CHECK(fsdp_trainer_mesh_precheck(c->mesh, t->spec, trainer_world(t)));
+    }
     FSDP_CHECK(trainer_check_readable(t, c->data, "data"));
     if (c->val_data[0]) {
         FSDP_CHECK(trainer_check_readable(t, c->val_data, "val-data"));
@@ -290,25 +298,6 @@ static void trainer_mesh_hint(const struct fsdp_trainer *t, int rc)
     } else if (rc == FSDP_ERR_MISMATCH) {
         fsdp_err_hint("start every rank with the same --mesh and --backend");
     }
-}
-
-int fsdp_trainer_mesh_check(const struct fsdp_mesh_dims *d)
-{
-    int shard = 0;
-    for (int i = 0; i < d->ndims; i++) {
-        if (strcmp(d->name[i], "dp") != 0 && strcmp(d->name[i], "rdp") != 0 &&
-            strcmp(d->name[i], "tp") != 0) {
-            return fsdp_err(FSDP_ERR_INVALID,
-                            "mesh %s: dimension '%s' is not one the trainer uses (dp: shard, rdp: "
-                            "replicate, tp: tensor parallel)", d->spec, d->name[i]);
-        }
-        shard |= strcmp(d->name[i], "rdp") != 0;
-    }
-    if (!shard) {
-        return fsdp_err(FSDP_ERR_INVALID, "mesh %s: the sharding engine needs a 'dp' dimension",
-                        d->spec);
-    }
-    return 0;
 }
 
 /* Each dimension whose backend cannot take the device's memory stages it
@@ -894,9 +883,8 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     stats->lr = lr;
     stats->ms = dt * 1e3;
     stats->tokens_per_s = tokens / dt;
-    stats->mfu = t->peak_flops > 0 ? 100.0 * t->engine->flops_per_token * stats->tokens_per_s /
-                                         ((double)trainer_world(t) * t->peak_flops)
-                                   : -1.0;
+    stats->mfu = fsdp_mfu(t->engine->flops_per_token * stats->tokens_per_s / trainer_world(t),
+                          &t->peak_flops, t->cfg->peak_flops > 0, t->step, &t->peak_beaten);
     stats->mem_mib = fsdp_peak_rss_mib();
     stats->tokens = t->tokens_seen;
     stats->eta_s = trainer_eta(t, t->first_step_s);
@@ -1088,9 +1076,10 @@ static void trainer_print_done(const struct fsdp_trainer *t)
     if (fsdp_shard_engine_is(t->engine) && (st.comm_total_s > 0.0 || st.skipped_steps > 0)) {
         double hidden = st.comm_total_s > 0.0
                             ? 100.0 * (1.0 - st.comm_exposed_s / st.comm_total_s) : 100.0;
-        printf("fsdp: comm %.3f s total, %.3f s exposed (%.0f%% hidden behind compute) | "
-               "engine memory %.2f MiB per rank",
-               st.comm_total_s, st.comm_exposed_s, hidden, (double)st.peak_bytes / 1048576.0);
+        printf("fsdp: comm exposed %.3f s (compute waited for it) | comm busy %.3f s, summed over "
+               "collectives that overlap each other and compute (%.0f%% of it hidden) | engine "
+               "memory %.2f MiB per rank", st.comm_exposed_s, st.comm_total_s, hidden,
+               (double)st.peak_bytes / 1048576.0);
         if (st.skipped_steps > 0) {
             printf(" | %ld steps skipped, loss scale %g", st.skipped_steps, st.loss_scale);
         }

@@ -28,11 +28,6 @@ struct fsdp_mesh;
 struct fsdp_device;
 struct fsdp_trainer;
 
-/* The mesh's dimensions are ones the trainer trains with (dp, rdp, tp; dp
- * or tp present): an error naming the spec otherwise. */
-struct fsdp_mesh_dims;
-int fsdp_trainer_mesh_check(const struct fsdp_mesh_dims *d);
-
 /* Makes the engine for t (t->spec, t->mesh are set). */
 typedef int (*fsdp_engine_factory)(struct fsdp_trainer *t, struct fsdp_engine **out);
 
@@ -53,6 +48,7 @@ struct fsdp_trainer {
     struct fsdp_lr_schedule sched;
     double peak_flops;             /* per rank, FLOP/s */
     char peak_method[128];         /* how peak_flops was obtained */
+    int peak_beaten;               /* a step ran above peak_flops (said once) */
     long step;                     /* optimizer steps done */
     long val_batches;              /* per validation, capped to what the file holds */
     double last_loss;

@@ -130,6 +130,8 @@ def check_export(args, model_type, ref_logits, x, fails, checks):
     weights = [f for f in files if f.endswith(".safetensors")]
     rest = sorted(set(files) - set(weights))
     want = ["config.json"] + (["model.safetensors.index.json"] if len(weights) > 1 else [])
+    if "generation_config.json" in rest:  # transformers reads it too (the special-token ids)
+        want.append("generation_config.json")
     if rest != sorted(want):
         fails.append("export holds %s besides the weights, not %s" % (rest, want))
     if len(weights) > 1:

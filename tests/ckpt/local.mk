@@ -35,3 +35,9 @@ TESTS += tests/ckpt/test_checksums.sh
 dist_check_SCRIPTS += tests/ckpt/test_hf_dir.sh
 dist_check_DATA += tests/ckpt/hf_dir_check.py
 TESTS += tests/ckpt/test_hf_dir.sh
+
+# The special-token ids through import-hf, training and export-hf, and
+# transformers' generate() on the export.
+dist_check_SCRIPTS += tests/ckpt/test_hf_tokens.sh
+dist_check_DATA += tests/ckpt/hf_tokens_check.py
+TESTS += tests/ckpt/test_hf_tokens.sh

@@ -6,7 +6,9 @@
 # the output is text (valid UTF-8, starting with the prompt), and the
 # tokens its post-processor adds go before the prompt (or not, with
 # --add-special-tokens off); a tokenizer with more ids than the model's
-# vocabulary is one clear line.
+# vocabulary is one clear line. The text ends with a newline of its own
+# (once) before the sampler's log lines, tagged 'sample', go to stderr, also
+# when both go to one file.
 . "$top_srcdir/tests/tap.sh"
 B="$top_builddir"
 T=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-sample.XXXXXX")
@@ -72,4 +74,19 @@ tap_ok $? "a tokenizer with more ids than the model's vocabulary: one line, exit
     grep -q "prompt: 1 tokens, 0 of them from the tokenizer's post_processor" "$T/off.err" &&
     head -c 3 "$T/on" | grep -q "^abc" && head -c 3 "$T/off" | grep -q "^abc"
 tap_ok $? "the post-processor's <|endoftext|> goes before the prompt, unprinted; --add-special-tokens off leaves it out"
+# stdout and stderr into one file: the text's newline comes before the log line
+FSDPC_LOG=info "$B/fsdpc-sample" --model "$T/g.h5" --prompt "int main(" --tokens 40 \
+    > "$T/both" 2>&1
+rc=$?
+FSDPC_LOG=info "$B/fsdpc-sample" --model "$T/g.h5" --prompt "int main(" --tokens 40 \
+    > "$T/text" 2> "$T/log"
+[ $rc -eq 0 ] && [ "$(tail -c 1 "$T/text" | od -An -c | tr -d ' ')" = '\n' ] &&
+    [ "$(tail -c 2 "$T/text" | od -An -c | tr -d ' ')" != '\n\n' ] &&
+    [ "$(tail -n 1 "$T/both" | grep -c '^\[fsdpc r0 INFO sample\] 40 tokens in ')" -eq 1 ] &&
+    ! grep -q 'INFO train' "$T/both" &&
+    grep -q '^\[fsdpc r0 INFO sample\] 40 tokens in ' "$T/log" && ! grep -q 'fsdpc r0' "$T/text"
+r=$?
+[ $r -eq 0 ] || tap_diag "$(tail -c 300 "$T/both")"
+tap_ok $r "the text ends with one newline before the log line, tagged sample, on stderr"
+
 tap_done

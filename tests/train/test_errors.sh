@@ -132,6 +132,40 @@ hint "--resume required without a checkpoint" "resume required: ckpt-dir $W/typo
 [ ! -e "$W/typo" ]
 tap_ok $? "--resume required does not create the directory it refuses"
 
+# a mesh that cannot work is refused before any group is built for it, with
+# a --mesh that works
+# shellcheck disable=SC2086
+hint "a mesh dimension typo: the nearest name, and the mesh with it" \
+    "mesh pt=2: dimension 'pt' is not one the trainer uses (did you mean 'tp'?)" "--mesh tp=2$" \
+    --model "$W/m.h5" --data "$W/train.bin" $base --mesh pt=2
+# shellcheck disable=SC2086
+hint "a mesh without a shard dimension: add dp" \
+    "mesh rdp=1: the sharding engine needs a 'dp' dimension" "--mesh rdp=1,dp=1$" \
+    --model "$W/m.h5" --data "$W/train.bin" $base --mesh rdp=1
+if command -v "$MPIEXEC" > /dev/null 2>&1 &&
+    "$BIN/fsdpc-ckpt" init --preset llama-tiny --kv-heads 1 -o "$W/mqa.h5" > /dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    FSDPC_LOG=info timeout 60 "$MPIEXEC" -n 2 "$TRAIN" --model "$W/m.h5" --data "$W/train.bin" \
+        $base --mesh pt=2 > "$W/pt.out" 2>&1
+    rc=$?
+    [ $rc -eq 1 ] && grep -q "did you mean 'tp'" "$W/pt.out" && ! grep -q '\] dim pt' "$W/pt.out"
+    r=$?
+    [ $r -eq 0 ] || tap_diag "rc $rc: $(grep -v '^[#a-z]' "$W/pt.out" | tail -5)"
+    tap_ok $r "--mesh pt=2 on 2 ranks: refused before a group is built for 'pt' (rc $rc)"
+    # shellcheck disable=SC2086
+    timeout 60 "$MPIEXEC" -n 2 "$TRAIN" --model "$W/mqa.h5" --data "$W/train.bin" $base \
+        --mesh tp=2 > "$W/tp.out" 2>&1
+    rc=$?
+    [ $rc -eq 1 ] &&
+        grep -q "^fsdpc: .*mesh tp=2: n_kv_head 1 is not divisible by tp 2" "$W/tp.out" &&
+        grep -q "^fsdpc: hint: tp sizes that split this model on 2 ranks: 1; --mesh dp=2$" "$W/tp.out"
+    r=$?
+    [ $r -eq 0 ] || tap_diag "rc $rc: $(grep '^fsdpc' "$W/tp.out")"
+    tap_ok $r "tp not dividing the key/value heads: the tp sizes that do, and a mesh (rc $rc)"
+else
+    for i in 1 2; do tap_skip_dep mpiexec "no MPIEXEC"; done
+fi
+
 # a checkpoint that does not fit the model: what differs, with both values
 # shellcheck disable=SC2086
 "$TRAIN" --model "$W/m.h5" --data "$W/train.bin" $base --ckpt-dir "$W/ck" > /dev/null 2>&1

@@ -7,7 +7,10 @@
 # that says where the run resumed from; fsdpc-sample and fsdpc-train take a
 # checkpoint (root, step directory or index.h5) for --model; fsdpc-ckpt list
 # shows the steps, which is latest, and what is incomplete (--quick: from
-# the index and the shard files present).
+# the index and the shard files present), and says what it checked; with a
+# flipped byte in the latest step, list --verify calls it DAMAGED, and
+# --resume fails with a hint naming the newest older step that verifies and
+# the --resume that continues from it, which then works.
 . "$top_srcdir/tests/tap.sh"
 
 BIN="$top_builddir"
@@ -145,8 +148,8 @@ mkdir "$W/ck/.tmp_step_7_1234abcd"
 rc=$?
 tap_diag "$(cat "$W/list.out")"
 [ $rc -eq 0 ] && grep -q "^$W/ck: 2 checkpoints, latest -> step_10$" "$W/list.out" &&
-    grep -qE '^ +5  [0-9-]+ [0-9:]+ +[0-9.]+ KiB +1  single rank +complete$' "$W/list.out" &&
-    grep -qE '^ +10  [0-9-]+ [0-9:]+ +[0-9.]+ KiB +1  single rank +complete, latest$' "$W/list.out" &&
+    grep -qE '^ +5  [0-9-]+ [0-9:]+ +[0-9.]+ KiB +1  single rank +complete \(data not read\)$' "$W/list.out" &&
+    grep -qE '^ +10  [0-9-]+ [0-9:]+ +[0-9.]+ KiB +1  single rank +complete \(data not read\), latest$' "$W/list.out" &&
     grep -q '^leftover  .tmp_step_7_1234abcd (an interrupted save' "$W/list.out"
 tap_ok $? "fsdpc-ckpt list: steps, time, size, ranks, mesh, complete, latest, leftovers (rc $rc)"
 rm "$W/ck/step_5/shard_0.h5"
@@ -162,5 +165,53 @@ rc=$?
 [ $rc -ne 0 ] && [ "$(grep -c . "$W/list.err")" -eq 1 ] &&
     grep -q "is a step directory; list takes the checkpoint root above it" "$W/list.err"
 tap_ok $? "fsdpc-ckpt list of a step directory: one line pointing to the root (rc $rc)"
+
+# ---------------------------------------------------------------------------
+# a save says when it starts, and (past FSDPC_SAVE_PROGRESS_S) how far it is
+
+(export FSDPC_LOG=info FSDPC_SAVE_PROGRESS_S=0 && run sp --steps 1 --ckpt-dir "$W/sp") &&
+    (export FSDPC_LOG=info && run sq --steps 1 --ckpt-dir "$W/sq")
+r=$?
+s1=$(grep -n "INFO train\] checkpoint step 1: saving to $W/sp/step_1 " "$W/sp.err" | cut -d: -f1)
+p1=$(grep -n 'INFO train\] checkpoint step 1: rank 0 has written 1 of [0-9]* tensors' "$W/sp.err" | cut -d: -f1)
+w1=$(grep -n "INFO train\] checkpoint step 1 written to $W/sp/step_1 " "$W/sp.err" | cut -d: -f1)
+np=$(grep -c 'checkpoint step 1: rank 0 has written' "$W/sp.err")
+[ $r -eq 0 ] && [ -n "$s1" ] && [ -n "$p1" ] && [ -n "$w1" ] && [ "$s1" -lt "$p1" ] &&
+    [ "$p1" -lt "$w1" ] && [ "$np" -gt 10 ] &&
+    grep -q "checkpoint step 1: saving to $W/sq/step_1 " "$W/sq.err" &&
+    ! grep -q 'has written' "$W/sq.err"
+r=$?
+[ $r -eq 0 ] || tap_diag "$(grep checkpoint "$W/sp.err" | head -5)"
+tap_ok $r "a save logs its start, then progress lines ($np with FSDPC_SAVE_PROGRESS_S=0, none for a short save by default), then its end"
+
+# ---------------------------------------------------------------------------
+# a damaged checkpoint: what list says, and the way out of a failed resume
+
+run d --steps 6 --ckpt-dir "$W/dk" --ckpt-every 2 &&
+    mv "$W/dk/step_6/shard_0.h5" "$W/good_shard.h5" &&
+    "$BIN/tests/io/bad_model" flip:/model/wte.weight "$W/good_shard.h5" "$W/dk/step_6/shard_0.h5"
+tap_ok $? "fixtures: checkpoints at steps 2, 4, 6, one byte of step 6's shard flipped"
+"$CKPT" list "$W/dk" > "$W/list.out" 2>&1 &&
+    grep -qE '^ +6  .* +complete \(data not read\), latest$' "$W/list.out" &&
+    grep -q '^checked: every shard of every step opened .*; not checked: the data against its checksums (--verify reads it' "$W/list.out"
+tap_ok $? "list: the damaged step opens, and the last line says the data was not read"
+"$CKPT" list --verify "$W/dk" > "$W/list.out" 2>&1
+rc=$?
+tap_diag "$(cat "$W/list.out")"
+[ $rc -eq 0 ] &&
+    grep -qE "^ +6  .* +DAMAGED: $W/dk/step_6/shard_0.h5: tensor 'model/wte.weight' rows \[0, [0-9]+\): checksum mismatch .*, latest$" "$W/list.out" &&
+    [ "$(grep -cE '^ +[24]  .* +complete, data verified$' "$W/list.out")" -eq 2 ] &&
+    grep -q '^checked: every shard of every step opened, and every tensor read back against its checksums$' "$W/list.out"
+tap_ok $? "list --verify: step 6 DAMAGED naming the shard and tensor, steps 2 and 4 verified"
+run dr --steps 8 --ckpt-dir "$W/dk" --resume
+rc=$?
+tap_diag "$(cat "$W/dr.err")"
+[ $rc -eq 1 ] && [ "$(grep -c '^fsdpc: ' "$W/dr.err")" -eq 2 ] &&
+    grep -q "^fsdpc: .*resume: .*shard_0.h5: tensor 'model/wte.weight' .*checksum mismatch" "$W/dr.err" &&
+    grep -q "^fsdpc: hint: step_6 is damaged; step_4, the newest older checkpoint in $W/dk, reads back against its checksums: --resume $W/dk/step_4 continues from it" "$W/dr.err"
+tap_ok $? "--resume of the damaged step: the error, and a hint naming step_4 and its --resume (rc $rc)"
+run dr2 --steps 8 --ckpt-dir "$W/dk" --resume "$W/dk/step_4" &&
+    grep -q "^resumed: $W/dk/step_4 " "$W/dr2.out" && grep -q '^done: 4 steps (4 -> 8)' "$W/dr2.out"
+tap_ok $? "the hinted --resume continues from step 4 to step 8"
 
 tap_done

@@ -5,7 +5,9 @@
 # rank) does the same for a 2-rank job, and the run resumes on 1 and on 3
 # ranks; a second SIGINT stops a rank at once, without a checkpoint; without
 # --ckpt-dir the --out model is written; jobscripts/local/train-mpiexec.sh
-# returns 75 for a run stopped this way.
+# returns 75 for a run stopped this way. A run whose stdout closes
+# (`| head -3`) stops the same way instead of dying of SIGPIPE: a checkpoint,
+# the rest of its output on stderr, exit 75, and it resumes.
 . "$top_srcdir/tests/tap.sh"
 
 BIN="$top_builddir"
@@ -176,5 +178,20 @@ rc=$?
     grep -q "^preempted: a rank received SIGTERM; stopped after step [0-9]* of 100000 with no --ckpt-dir, so there is no checkpoint to resume from; the model so far is in $W/so_far.h5" "$W/out.out" &&
     "$CKPT" inspect "$W/so_far.h5" > /dev/null 2>&1
 tap_ok $? "SIGTERM without --ckpt-dir: the model so far written to --out, exit 75 (rc $rc)"
+
+# stdout closed under the run: a stop, not a SIGPIPE death
+# shellcheck disable=SC2086
+{ "$TRAIN" $COMMON --batch-size 2 --steps 500 --ckpt-dir "$W/pipe" 2> "$W/pipe.err"; \
+    echo $? > "$W/pipe.rc"; } | head -3 > "$W/pipe.out"
+rc=$(cat "$W/pipe.rc")
+[ "$rc" = 75 ] && [ "$(wc -l < "$W/pipe.out")" -eq 3 ] && [ -e "$W/pipe/latest" ] &&
+    grep -q "^preempted: a rank received SIGPIPE (its output was closed); checkpoint step [0-9]* written to $W/pipe/step_[0-9]*; exiting with status 75" "$W/pipe.err"
+r=$?
+[ $r -eq 0 ] || tap_diag "rc $rc: $(tail -3 "$W/pipe.err")"
+tap_ok $r "fsdpc-train ... | head -3: a checkpoint, the end of its output on stderr, exit 75 (rc $rc)"
+# shellcheck disable=SC2086
+"$TRAIN" $COMMON --batch-size 2 --steps 500 --ckpt-dir "$W/pipe" --resume > "$W/pipe2.out" 2>&1 &&
+    grep -q "^done: [0-9]* steps ([0-9]* -> 500)" "$W/pipe2.out"
+tap_ok $? "... and the same command with --resume continues from it"
 
 tap_done
