@@ -104,7 +104,7 @@ static int plan_largest(const struct fsdp_model_spec *spec, struct fsdp_shard_sh
 
 static void plan_print(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
                        const char *model, const char *mesh, const struct fsdp_shard_shape *w,
-                       const struct fsdp_engine_stats *st, FILE *fp)
+                       const struct fsdp_engine_stats *st, struct fsdp_device *dev, FILE *fp)
 {
     static const char *const shard[] = {"full", "grad-op", "none"}; /* enum fsdp_sharding */
     char desc[256], line[512];
@@ -115,6 +115,11 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
     fprintf(fp, "model: %s: %s %s, %zu parameters\n", model, spec->arch->name, desc,
             spec->total_numel);
     fprintf(fp, "mesh: %s\n", mesh);
+    size_t free_b = 0, total_b = 0;
+    if (dev->ops->mem_info(dev, &free_b, &total_b) == 0 && total_b > 0) {
+        fprintf(fp, "device: %s (this process's), %.2f GiB free of %.2f GiB\n", dev->ops->name,
+                (double)free_b / 1073741824.0, (double)total_b / 1073741824.0);
+    }
     fprintf(fp, "batch: %ld x %ld per data-parallel rank, grad-accum %ld; sharding %s, prefetch "
             "%ld, reshard-after-forward %s; param-dtype %s, reduce-dtype %s; activation "
             "checkpointing %s%s%s\n", c->batch_size, c->seq_len, c->grad_accum,
@@ -177,7 +182,7 @@ int fsdp_train_print_memory(const struct fsdp_train_config *c, FILE *fp)
     fsdp_train_config_optim(c, &oc);
     FSDP_CHECK_GOTO(fsdp_device_create(c->device, 0, &dev), rc, out);
     FSDP_CHECK_GOTO(plan_largest(spec, sh, dev, &oc, &sc, &st, &where), rc, out);
-    plan_print(c, spec, model, mesh, &where, &st, fp);
+    plan_print(c, spec, model, mesh, &where, &st, dev, fp);
     fflush(fp);
 out:
     fsdp_device_destroy(dev);

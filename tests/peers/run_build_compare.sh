@@ -1,6 +1,7 @@
 #!/bin/bash
-# run_build_compare.sh - tokens/s of two fsdpc builds on the bench-small
-# preset, in one run, interleaved: 1 rank x 1 thread and 2 ranks x 1 thread
+# run_build_compare.sh - tokens/s of two fsdpc builds on a preset
+# (bench-small unless PRESET says), in one run, interleaved: 1 rank x 1
+# thread and 2 ranks x 1 thread (RANKS)
 # (--mesh dp=2 --backend BACKEND), ROUNDS rounds, each round running the
 # old build then the new one; a run's figure is its median step time after
 # WARMUP steps,
@@ -10,8 +11,8 @@
 #   OLD=/tmp/old/build NEW=build tests/peers/run_build_compare.sh
 #
 # Settings: OLD, NEW (build directories with fsdpc-train, fsdpc-ckpt,
-# fsdpc-data), ROUNDS [5], STEPS [20], WARMUP [4], BATCH [4], SEQ [256],
-# BACKEND [tcp], MPIEXEC [mpiexec.mpich].
+# fsdpc-data), PRESET [bench-small], RANKS ["1 2"], ROUNDS [5], STEPS [20],
+# WARMUP [4], BATCH [4], SEQ [256], BACKEND [tcp], MPIEXEC [mpiexec.mpich].
 set -u
 old=${OLD:?set OLD to the old build directory}
 new=${NEW:?set NEW to the new build directory}
@@ -22,13 +23,15 @@ batch=${BATCH:-4}
 seq=${SEQ:-256}
 mpiexec=${MPIEXEC:-mpiexec.mpich}
 backend=${BACKEND:-tcp}
+preset=${PRESET:-bench-small}
+ranks=${RANKS:-1 2}
 srcdir=$(cd "$(dirname "$0")/../.." && pwd)
 w=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-cmp.XXXXXX")
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 FSDPC_LOG=warn
 
 sh "$srcdir/tests/corpus.sh" 2000000 > "$w/text"
 "$new/fsdpc-data" tokenize "$w/text" -o "$w/tok.bin" > /dev/null
-"$new/fsdpc-ckpt" init --preset bench-small -o "$w/m.h5" > /dev/null
+"$new/fsdpc-ckpt" init --preset "$preset" -o "$w/m.h5" > /dev/null
 
 # median step ms after warmup, from a metrics file
 median_ms() {
@@ -59,7 +62,7 @@ run() {
 
 echo "| ranks | old ms/step (median of $rounds) | new ms/step | new/old tokens/s | per-round ratios |"
 echo "|---:|---:|---:|---:|---|"
-for n in 1 2; do
+for n in $ranks; do
     olds="" news="" ratios=""
     for r in $(seq 1 "$rounds"); do
         o=$(run "$old" "$n" "old$n" "$r")
