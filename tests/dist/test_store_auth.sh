@@ -9,7 +9,8 @@
 #   - a server that cannot prove the secret is refused by the client;
 #   - ranks with different secrets fail at once, naming the secret;
 #   - a secret file that others can read, a link, a short secret: refused;
-#   - no secret on a non-loopback address: refused unless FSDPC_INSECURE=1;
+#   - no secret on a non-loopback address (the one connected to, or the one
+#     the store listens on): refused unless FSDPC_INSECURE=1;
 #   - file:// keeps its secret in a 0600 stamp inside 0700 directories and
 #     refuses a store directory others can write.
 . "$top_srcdir/tests/dist/store_lib.sh"
@@ -161,6 +162,19 @@ expect_fail "no secret on a non-loopback MASTER_ADDR" \
 expect_fail "no secret on a non-loopback tcp:// address" \
     "is not a loopback address and no job secret is set" 5 \
     RANK=1 WORLD_SIZE=2 -- --init tcp://192.0.2.1:$port --mode init
+# The address that counts is the one the store listens on: loopback
+# MASTER_ADDR with FSDPC_STORE_BIND on every interface is refused too, and
+# nothing listens on the port meanwhile.
+for any in 0.0.0.0 ::; do
+    expect_fail "no secret, MASTER_ADDR=127.0.0.1 but FSDPC_STORE_BIND=$any" \
+        "listening address (FSDPC_STORE_BIND) $any is not a loopback address and no job secret" 5 \
+        RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port FSDPC_STORE_BIND=$any \
+        -- --init env:// --mode init
+done
+RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port FSDPC_STORE_BIND=0.0.0.0 \
+    FSDPC_SECRET_FILE="$T/secret" timeout 30 "$PROBE" --init env:// --mode init \
+    >"$T/bind.out" 2>"$T/bind.err"
+tap_ok $? "with a secret, FSDPC_STORE_BIND=0.0.0.0 runs"
 ip=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -v '^127\.' | grep '\.' | head -1)
 if [ -n "$ip" ]; then
     RANK=0 WORLD_SIZE=1 MASTER_ADDR=$ip MASTER_PORT=$port FSDPC_INSECURE=1 timeout 30 "$PROBE" \
