@@ -9,7 +9,10 @@
 #     garbage, and one that says nothing: refused, and the job's results are
 #     correct;
 #   a hello like rank 0's whose job nonce differs in one 32-bit half or one
-#     bit: refused, naming the nonce, and the job's results are correct.
+#     bit: refused, naming the nonce, and the job's results are correct;
+#   a genuine hello whose MAC is made with a key one bit off, is the right
+#     MAC with its last byte flipped, or is rank 1's own MAC echoed back:
+#     refused at the MAC, and the job's results are correct.
 . "$top_srcdir/tests/tap.sh"
 
 PROBE="$top_builddir/tests/backends/tcp_probe"
@@ -252,5 +255,27 @@ knock_key() {
 }
 knock_key 0
 knock_key 255
+
+# Near misses of the MAC itself: the right MAC with its last byte flipped
+# (a comparison of fewer than 32 bytes lets it in), and rank 1's own MAC
+# sent back (a dialer MAC made with the acceptor's label lets it in; the
+# hello that carries it is public).
+knock_mac() {
+    start 2 --count 1000 --iters 1 --knock-mac "$1"
+    finish 2
+    ok=0
+    grep -q "^rank 0: knock with the right nonce and $2: refused$" "$T/r0.log" &&
+        grep -q "refused a connection from 127.0.0.1:[0-9]*: authentication failed" "$T/r1.log" ||
+        ok=1
+    for r in 0 1; do
+        [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" ||
+            ok=1
+    done
+    [ "$ok" = 0 ] || show_logs
+    tap_diag "$(grep "knock with" "$T/r0.log")"
+    tap_ok $ok "knock with a genuine hello and $2: refused at the MAC"
+}
+knock_mac last "the right MAC but its last byte flipped"
+knock_mac echo "rank 1's own MAC echoed"
 
 tap_done

@@ -5,8 +5,11 @@
 #   - an outsider who knows the address and guesses WORLD_SIZE (1..64)
 #     cannot log in to a job that has a secret (without one, on loopback, it
 #     can: the control that shows the attack is real);
-#   - a client that answers the challenge with a wrong MAC is refused;
-#   - a server that cannot prove the secret is refused by the client;
+#   - a client that answers the challenge with a wrong MAC is refused, and
+#     so are near misses: the right MAC with its last byte flipped, the
+#     server's MAC echoed back;
+#   - a server that cannot prove the secret is refused by the client, and so
+#     is one that holds it but sends its MAC with the last byte flipped;
 #   - ranks with different secrets fail at once, naming the secret;
 #   - a secret file that others can read, a link, a short secret: refused;
 #   - no secret on a non-loopback address (the one connected to, or the one
@@ -118,6 +121,78 @@ expect_fail "a store that cannot prove the secret: the client refuses it" \
 wait $imp
 grep -q "the client sent nothing after the challenge" "$T/impostor.log"
 tap_ok $? "the client sends no MAC to a server that failed to prove the secret"
+
+# 3b. Near misses: MACs that are right but for their last byte, or that
+#     echo the other side's MAC. A comparison of fewer than 32 bytes, or a
+#     client MAC made with the server's label, lets these in; the exact MAC
+#     is the control that the key itself is right.
+FSDPC_LOG=warn "$PROBE" --mode serve --timeout 10 >"$T/serve.out" 2>"$T/serve.err" &
+srv=$!
+bg_pids=$srv
+for i in $(seq 50); do grep -q '^PORT' "$T/serve.out" 2>/dev/null && break; sleep 0.1; done
+sport=$(sed -n 's/^PORT //p' "$T/serve.out")
+"$PY" - "${sport:-0}" "$WIRE" >"$T/near.log" 2>&1 <<'PYEOF'
+import socket, sys
+sys.path.insert(0, sys.argv[2])
+import store_wire as w
+for near in ("last", "echo", None):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+    ok, why = w.handshake(s, w.probe_key(), near=near)
+    print("%s: %s" % (near or "exact", "in" if ok else why), flush=True)
+    s.close()
+PYEOF
+kill $srv 2>/dev/null
+tap_diag "$(cat "$T/near.log")"
+grep -q "^last: refused: authentication failed" "$T/near.log"
+tap_ok $? "store: the right client MAC with its last byte flipped is refused"
+grep -q "^echo: refused: authentication failed" "$T/near.log"
+tap_ok $? "store: the server's own MAC echoed back as the client's is refused"
+grep -q "^exact: in$" "$T/near.log"
+tap_ok $? "store: the exact MAC with the same key gets in (the control)"
+
+# A fake store that holds the key but sends its MAC with the last byte
+# flipped: the client refuses it and sends no MAC. (With the exact MAC, the
+# control, the same fake store gets the client's AUTH.)
+fake_store() { # fake_store PORT FLIP
+    "$PY" - "$1" "$WIRE" "$T/secret" "$2" >"$T/fake.log" 2>&1 <<'PYEOF' &
+import os, socket, sys
+sys.path.insert(0, sys.argv[2])
+import store_wire as w
+port = int(sys.argv[1])
+key = w.derive(open(sys.argv[3], "rb").read().rstrip(b"\n"), "fsdpc store|127.0.0.1|%d|2|" % port)
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port))
+ls.listen(8)
+print("listening", flush=True)
+ls.settimeout(20)
+c, _ = ls.accept()
+t, _, body = w.recv_reply(c)
+cchal, schal = body[-16:], os.urandom(16)
+m = w.mac(key, w.LABEL_SERVER, cchal, schal)
+c.sendall(w.hdr(w.R_CHALLENGE, 0, 0, 48) + schal + (w.near_miss(m) if sys.argv[4] == "1" else m))
+t, _, _ = w.recv_reply(c)
+print("the client sent %s after the challenge" % ("AUTH" if t == w.AUTH else "nothing"), flush=True)
+PYEOF
+    fake=$!
+    bg_pids=$fake
+    for i in $(seq 100); do grep -q listening "$T/fake.log" 2>/dev/null && break; sleep 0.1; done
+}
+port=$(free_port)
+fake_store "$port" 1
+expect_fail "a store whose MAC is right but for its last byte: the client refuses it" \
+    "failed to prove that it holds this job's secret" 5 \
+    RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" -- --init env:// --mode init
+wait $fake
+grep -q "the client sent nothing after the challenge" "$T/fake.log"
+tap_ok $? "the client sends no MAC to a store whose MAC is one byte off"
+port=$(free_port)
+fake_store "$port" 0
+RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" timeout 30 "$PROBE" \
+    --init env:// --timeout 3 --mode init >/dev/null 2>&1
+wait $fake
+grep -q "the client sent AUTH after the challenge" "$T/fake.log"
+tap_ok $? "the control: the same fake store with the exact MAC gets the client's AUTH"
 
 # 4. Ranks with different secrets: the one that joins second fails at once.
 port=$(free_port)
