@@ -350,7 +350,10 @@ static const struct fsdp_store_ops stcp_ops = {
     .destroy = stcp_destroy,
 };
 
-/* One connection attempt to one address: 0 with *fd connected, or an errno. */
+/* One connection attempt to one address: 0 with *fd connected, or an errno
+ * (ETIMEDOUT after STCP_CONNECT_TRY_S). The wait is short because a SYN the
+ * server's full backlog dropped (a connection flood) is resent by the
+ * kernel only 1, 3, 7, 15 s later: a fresh attempt gets a free slot sooner. */
 static int stcp_try_connect(const struct addrinfo *ai, double deadline, int *fd_out)
 {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
@@ -366,7 +369,8 @@ static int stcp_try_connect(const struct addrinfo *ai, double deadline, int *fd_
         }
         double left = deadline - fsdp_now();
         struct pollfd p = {.fd = fd, .events = POLLOUT};
-        int ms = left > 5.0 ? 5000 : left > 0 ? (int)(left * 1e3) + 1 : 0;
+        left = left < STCP_CONNECT_TRY_S ? left : STCP_CONNECT_TRY_S;
+        int ms = left > 0 ? (int)(left * 1e3) + 1 : 0;
         int r = poll(&p, 1, ms);
         int err = 0;
         socklen_t el = sizeof(err);
@@ -469,6 +473,7 @@ int fsdp_store_tcp_connect(const char *host, int port, const struct fsdp_auth_ke
     snprintf(ports, sizeof(ports), "%d", port);
     for (int attempt = 0;; attempt++) {
         struct addrinfo hints = {0}, *res = NULL;
+        int waited = 0; /* an attempt timed out: try again at once */
         hints.ai_family = AF_UNSPEC;
         hints.ai_socktype = SOCK_STREAM;
         hints.ai_flags = AI_NUMERICSERV;
@@ -480,6 +485,7 @@ int fsdp_store_tcp_connect(const char *host, int port, const struct fsdp_auth_ke
             int e = stcp_try_connect(ai, deadline, &cl->fd);
             if (e) {
                 snprintf(last, sizeof(last), "%s", strerror(e));
+                waited = waited || e == ETIMEDOUT;
                 continue;
             }
             int rc = stcp_hello(cl, key, deadline);
@@ -512,8 +518,10 @@ int fsdp_store_tcp_connect(const char *host, int port, const struct fsdp_auth_ke
         if (attempt == 0 || attempt % 20 == 0) {
             FSDP_DEBUG(FSDP_SUB_DIST, "store %s not reachable yet (%s); retrying", cl->addr, last);
         }
-        usleep((useconds_t)((backoff < left ? backoff : left) * 1e6));
-        backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
+        if (!waited) {
+            usleep((useconds_t)((backoff < left ? backoff : left) * 1e6));
+            backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
+        }
     }
     FSDP_DEBUG(FSDP_SUB_DIST, "store %s: connected after %.2f s", cl->addr, fsdp_now() - t0);
     *out = &cl->base;

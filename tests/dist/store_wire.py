@@ -70,16 +70,22 @@ def near_miss(m):
     return m[:-1] + bytes([m[-1] ^ 1])
 
 
-def handshake(s, key, wrong_mac=False, verify_server=True, near=None):
+def handshake(s, key, wrong_mac=False, verify_server=True, near=None, between=None):
     """Runs the client side on socket s. Returns (ok, why): ok when the
     server answered OK; why says what happened otherwise ("server failed"
     when its MAC does not check with key, "refused: ..." with its reason).
     wrong_mac sends 32 zero bytes as our MAC; verify_server=False sends our
     MAC whatever the server proved (an attacker trying to get in).
     near="last" sends the right MAC with its last byte flipped; near="echo"
-    sends the server's own MAC back (what anyone can, without the key)."""
+    sends the server's own MAC back (what anyone can, without the key).
+    between, when given, is called after the hello's first 4 bytes."""
     cchal = os.urandom(16)
-    s.sendall(hdr(HELLO, 0, 4, 16) + b"test" + cchal)
+    hello = hdr(HELLO, 0, 4, 16) + b"test" + cchal
+    if between:
+        s.sendall(hello[:4])
+        between()
+        hello = hello[4:]
+    s.sendall(hello)
     t, _, body = recv_reply(s)
     if t != R_CHALLENGE or len(body) != 48:
         return False, "refused: %r" % body if t == R_ERR else "no challenge (type %r)" % t
