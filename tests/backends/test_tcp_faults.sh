@@ -7,7 +7,8 @@
 #   SIGSTOP of rank 1: the others time out, naming rank 1;
 #   a foreign client knocking on a rank's listening port during setup with
 #     garbage, and one that says nothing: refused, and the job's results are
-#     correct;
+#     correct; 60 idle connections before the peer dials: the oldest closed,
+#     the peer gets in;
 #   a hello like rank 0's whose job nonce differs in one 32-bit half or one
 #     bit: refused, naming the nonce, and the job's results are correct;
 #   a genuine hello whose MAC is made with a key one bit off, is the right
@@ -201,6 +202,30 @@ grep -q "garbage connection closed by the backend: True" "$T/intruder.log" 2>/de
 st=$?
 [ $st = 0 ] || tap_diag "$(cat "$T/intruder.log" 2>/dev/null)"
 tap_ok $st "both foreign connections are closed by the backend"
+
+# 60 idle connections to rank 1 before rank 0 dials (setup holds 32
+# strangers): the oldest silent ones are closed, rank 0 still gets in.
+start 2 --count 1000 --iters 1 --delay 1.5 --addr-file "$T/addr"
+if wait_files 20 "$T/addr"; then
+    "$PY" - "$(cat "$T/addr")" <<'EOF' >"$T/idle.log" 2>&1
+import socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+idle = [socket.create_connection((host, int(port))) for _ in range(60)]
+print("60 idle connections open", flush=True)
+time.sleep(4)
+for c in idle:
+    c.close()
+EOF
+fi
+finish 2
+ok=0
+for r in 0 1; do
+    [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" || ok=1
+done
+grep -q "60 idle connections open" "$T/idle.log" 2>/dev/null || ok=1
+[ "$ok" = 0 ] || { show_logs; tap_diag "$(cat "$T/idle.log" 2>/dev/null)"; }
+tap_diag "rank 1: $(grep -c "refused a connection" "$T/r1.log") refusals logged; $(grep "in all" "$T/r1.log")"
+tap_ok $ok "60 idle connections before the peer's: strangers closed, the job's results correct"
 
 # ---------------------------------------------------------------------------
 # near-miss nonces: before it dials, rank 0 knocks on rank 1 with the hello it
