@@ -98,8 +98,11 @@ static int stcp_send(int fd, int type, int64_t arg, const char *key, const void 
     return rc ? rc : stcp_io(fd, (void *)(uintptr_t)val, vlen, 1, deadline);
 }
 
-/* Receives a reply. *key and *val are malloc'd (NUL-terminated) or NULL. */
-static int stcp_recv(int fd, struct stcp_hdr *h, char **key, void **val, double deadline)
+/* Receives a reply of at most vmax value bytes (judged on the header,
+ * before anything is allocated). *key and *val are malloc'd
+ * (NUL-terminated) or NULL. */
+static int stcp_recv(int fd, struct stcp_hdr *h, char **key, void **val, uint64_t vmax,
+                     double deadline)
 {
     unsigned char b[STCP_HDR];
     *key = NULL;
@@ -111,7 +114,7 @@ static int stcp_recv(int fd, struct stcp_hdr *h, char **key, void **val, double 
     stcp_unpack(b, h);
     if (h->magic != STCP_MAGIC || h->version != STCP_VERSION || h->type < STCP_R_OK ||
         h->type > STCP_R_CHALLENGE || h->klen > FSDP_STORE_MAX_KEY ||
-        h->vlen > FSDP_STORE_MAX_VALUE) {
+        h->vlen > vmax) {
         return FSDP_ERR_FORMAT;
     }
     *key = malloc((size_t)h->klen + 1);
@@ -150,7 +153,7 @@ static int stcp_call(struct stcp_client *cl, int type, int64_t arg, const char *
     }
     int rc = stcp_send(cl->fd, type, arg, key, val, vlen, deadline);
     if (!rc) {
-        rc = stcp_recv(cl->fd, rh, rkey, rval, deadline);
+        rc = stcp_recv(cl->fd, rh, rkey, rval, FSDP_STORE_MAX_VALUE, deadline);
     }
     if (rc == 0) {
         return 0;
@@ -181,7 +184,9 @@ static int stcp_reply_error(const struct stcp_client *cl, const char *op, const 
     if (h->type == STCP_R_ERR) {
         /* the server sends the error code along */
         int code = h->arg < 0 && h->arg >= FSDP_ERR_BACKEND ? (int)h->arg : FSDP_ERR_PEER;
-        return fsdp_err(code, "store %s: %s '%s': %s", cl->addr, op, key, msg);
+        char why[512];
+        fsdp_str_printable(why, sizeof(why), msg, 0);
+        return fsdp_err(code, "store %s: %s '%s': %s", cl->addr, op, key, why);
     }
     return fsdp_err(FSDP_ERR_FORMAT, "store %s: unexpected reply type %u to %s '%s'", cl->addr,
                     h->type, op, key);
@@ -408,7 +413,7 @@ static int stcp_hello(struct stcp_client *cl, const struct fsdp_auth_key *key, d
     d = d < deadline ? d : deadline;
     int rc = stcp_send(cl->fd, STCP_HELLO, 0, who, cchal, sizeof(cchal), d);
     if (!rc) {
-        rc = stcp_recv(cl->fd, &h, &rk, &rv, d);
+        rc = stcp_recv(cl->fd, &h, &rk, &rv, STCP_PREAUTH_REPLY_MAX, d);
     }
     if (rc) {
         return -1; /* not our server, or it went away: try again */
@@ -432,7 +437,7 @@ static int stcp_hello(struct stcp_client *cl, const struct fsdp_auth_key *key, d
         rv = NULL;
         rc = stcp_send(cl->fd, STCP_AUTH, 0, "", mac, sizeof(mac), d);
         if (!rc) {
-            rc = stcp_recv(cl->fd, &h, &rk, &rv, d);
+            rc = stcp_recv(cl->fd, &h, &rk, &rv, STCP_PREAUTH_REPLY_MAX, d);
         }
         if (rc) {
             return -1;
@@ -443,9 +448,13 @@ static int stcp_hello(struct stcp_client *cl, const struct fsdp_auth_key *key, d
             return 0;
         }
     }
+    /* before the proof, the reply may come from anyone: print it only as
+     * plain text, so that no escape sequence reaches the terminal */
+    char why[512];
+    fsdp_str_printable(why, sizeof(why), h.type == STCP_R_ERR ? (char *)rv
+                       : "unexpected reply to the hello", 0);
     rc = fsdp_err(h.type == STCP_R_ERR ? FSDP_ERR_AUTH : FSDP_ERR_MISMATCH,
-                  "store %s refused this process: %s", cl->addr,
-                  h.type == STCP_R_ERR ? (char *)rv : "unexpected reply to the hello");
+                  "store %s refused this process: %s", cl->addr, why);
     free(rk);
     free(rv);
     return rc;

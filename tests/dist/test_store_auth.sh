@@ -194,6 +194,63 @@ wait $fake
 grep -q "the client sent AUTH after the challenge" "$T/fake.log"
 tap_ok $? "the control: the same fake store with the exact MAC gets the client's AUTH"
 
+# 3c. What a fake store says before it proves anything is read with care:
+#     a reply announcing a 4 GiB value (64 MiB of it sent) is refused on its
+#     header, nothing allocated (the client's peak resident set, read from
+#     /proc by the fake store, which learns the pid from the hello); an
+#     error text full of terminal escapes is printed as plain text.
+rude_store() { # rude_store PORT big|escape
+    "$PY" - "$1" "$WIRE" "$2" >"$T/rude.log" 2>&1 <<'PYEOF' &
+import re, socket, sys
+sys.path.insert(0, sys.argv[2])
+import store_wire as w
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(8)
+print("listening", flush=True)
+ls.settimeout(20)
+c, _ = ls.accept()
+t, _, body = w.recv_reply(c)
+pid = int(re.search(rb"pid (\d+)", body).group(1))
+if sys.argv[3] == "escape":
+    msg = b"\x1b[2J\x1b]0;owned\x07\x1b[31mred\rhidden\x9b1m"
+    c.sendall(w.hdr(w.R_ERR, -1, 0, len(msg)) + msg)
+else:
+    c.sendall(w.hdr(w.R_ERR, -1, 0, (4 << 30) - 1))
+    try:
+        for _ in range(64):
+            c.sendall(b"x" * (1 << 20))
+    except OSError:
+        pass
+    hwm = [l for l in open("/proc/%d/status" % pid) if l.startswith("VmHWM")]
+    print("client peak resident set: %d KiB" % int(hwm[0].split()[1]), flush=True)
+c.close()
+PYEOF
+    fake=$!
+    bg_pids=$fake
+    for i in $(seq 100); do grep -q listening "$T/rude.log" 2>/dev/null && break; sleep 0.1; done
+}
+port=$(free_port)
+rude_store "$port" big
+RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" timeout 30 "$PROBE" \
+    --init env:// --timeout 3 --mode init >/dev/null 2>"$T/big.err"
+wait $fake
+kib=$(sed -n 's/^client peak resident set: \([0-9]*\) KiB$/\1/p' "$T/rude.log")
+tap_diag "$(cat "$T/rude.log" | tail -1); client: $(cat "$T/big.err")"
+[ -n "$kib" ] && [ "$kib" -lt 32768 ]
+tap_ok $? "a fake store's reply announcing 4 GiB is refused on its header (client peak ${kib:-?} KiB)"
+port=$(free_port)
+rude_store "$port" escape
+RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" timeout 30 "$PROBE" \
+    --init env:// --timeout 3 --mode init >/dev/null 2>"$T/esc.err"
+wait $fake
+tap_diag "$(cat -v "$T/esc.err")"
+esc=$(printf '\033')
+! grep -q "$esc" "$T/esc.err" && ! grep -q "$(printf '\r')" "$T/esc.err" &&
+    grep -q "refused this process: ?\[2J?\]0;owned??\[31mred?hidden?1m" "$T/esc.err"
+tap_ok $? "a fake store's error text is printed without its terminal escapes"
+
 # 4. Ranks with different secrets: the one that joins second fails at once.
 port=$(free_port)
 secret_file "$T/other"
