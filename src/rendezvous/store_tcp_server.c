@@ -26,9 +26,9 @@
  * backlog drains at the rate a flood fills it and the hellos of those
  * accepted are read before the next batch can close them.
  * a connection's net stored bytes stay within a quota
- * (FSDPC_STORE_QUOTA_MB, 256 MiB) and the table within four quotas, both
- * checked against a value's announced length before anything is
- * allocated, and when descriptors run out accepting pauses instead of
+ * (FSDPC_STORE_QUOTA_MB, 256 MiB) and the table, with the values still
+ * being received, within four quotas, both checked against a value's
+ * announced length before anything is allocated, and when descriptors run out accepting pauses instead of
  * spinning. Past a burst of 8, warnings from the server print at most once
  * a second, with a count of the ones held back.
  *
@@ -96,6 +96,7 @@ struct stcp_conn {
     unsigned char *out;      /* (out_cap,) replies not yet written */
     size_t out_len, out_off, out_cap;
     int64_t stored;          /* net bytes of values this connection's sets added */
+    int64_t incoming;        /* bytes of the value being received, reserved */
 };
 
 struct fsdp_store_server {
@@ -113,6 +114,7 @@ struct fsdp_store_server {
     size_t pfd_cap;
     int64_t quota;           /* per connection, bytes */
     int64_t table_bytes;     /* bytes of every value held */
+    int64_t incoming_bytes;  /* bytes of values being received (reserved) */
     double accept_paused_until;
     double last_warn;        /* fsdp_now() of the last warning asked for */
     double warn_tokens;      /* lines that may print now (refilled 1 a second) */
@@ -151,6 +153,8 @@ static void srv_warn(struct fsdp_store_server *srv, const char *fmt, ...)
 
 static void conn_reset_request(struct stcp_conn *c)
 {
+    c->srv->incoming_bytes -= c->incoming;
+    c->incoming = 0;
     free(c->key);
     free(c->val);
     c->key = NULL;
@@ -408,7 +412,8 @@ static int srv_over_quota(const struct fsdp_store_server *srv, const struct stcp
                  c->stored, srv->quota);
         return 1;
     }
-    if (srv->table_bytes + v > 4 * srv->quota) {
+    /* values still arriving count: they are allocated already */
+    if (srv->table_bytes + srv->incoming_bytes + v > 4 * srv->quota) {
         snprintf(why, len, "a %" PRIu64 "-byte value would take the store past %" PRId64
                  " bytes", h->vlen, 4 * srv->quota);
         return 1;
@@ -473,6 +478,10 @@ static int srv_check_header(struct stcp_conn *c)
         return -1;
     }
     c->key[h->klen] = '\0';
+    if (h->type == STCP_SET) {
+        c->incoming = (int64_t)h->vlen;
+        c->srv->incoming_bytes += c->incoming;
+    }
     return 0;
 }
 

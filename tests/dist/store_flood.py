@@ -9,6 +9,11 @@ Prints one "name: ok|FAIL detail" line per check.
   quota     an authenticated client: values within the quota are stored,
             the one that would pass it is refused with a reason, and a
             4 GiB announced value is refused before anything is allocated
+  inflight MB
+            10 authenticated clients each announce a value just under the
+            quota (MB) and send half of it, then the rest: the table holds
+            four quotas, values still arriving included, so 4 are stored
+            and 6 refused on their header (an ERR, then closed)
   evict     a client that has begun its hello outlives 400 silent
             connections from its own address, and a silent client outlives
             200 from another address (a per-source cap): both then log in
@@ -142,6 +147,30 @@ def storm(port, seconds, stopfile):
           % (opened, dt, opened / dt, failed), flush=True)
 
 
+def inflight(port, mb):
+    size = (mb << 20) - 64
+    conns = [client(port) for _ in range(10)]
+    for i, s in enumerate(conns):
+        try:
+            s.sendall(hdr(SET, 0, 2, size) + b"v%d" % i + b"x" * (size // 2))
+        except OSError:
+            pass  # refused and closed already
+    time.sleep(0.2)
+    stored = refused = 0
+    for s in conns:
+        try:
+            s.sendall(b"x" * (size - size // 2))
+        except OSError:
+            pass
+        t, _, body = recv_reply(s)
+        stored += t == R_OK
+        refused += t != R_OK  # an ERR, or the reset that follows it
+        s.close()
+    print("inflight: %s (%d of 10 values of %d bytes stored, %d refused; the table holds %d)"
+          % ("ok" if stored == 4 and refused == 6 else "FAIL", stored, size, refused,
+             4 * (mb << 20)))
+
+
 def quota(port, mb):
     s = client(port)
     if not s:
@@ -169,6 +198,8 @@ if __name__ == "__main__":
     what = sys.argv[2]
     if what == "flood":
         flood(port)
+    elif what == "inflight":
+        inflight(port, int(sys.argv[3]))
     elif what == "evict":
         evict(port)
     elif what == "storm":

@@ -2,7 +2,8 @@
 # test_store_limits.sh - the store server's limits (store_tcp_server.c):
 # 400 connections that never say hello do not exhaust it (past 64 silent
 # ones from one address each new one closes that address's oldest, and a
-# real client is served at once) and its log stays short; a client that
+# real client is served at once) and its log stays short; values still
+# being received count against the table's limit; a client that
 # has begun its hello outlives 400 silent connections from its own
 # address, and a silent one 200 from another address; an authenticated client cannot grow it past its quota, and
 # a value announced at 4 GiB is refused before anything is allocated (the
@@ -27,7 +28,7 @@ serve() {
         > "$T/srv.out" 2> "$T/srv.err" &
     srv=$!
     i=0
-    while [ $i -lt 50 ] && ! grep -q '^PORT' "$T/srv.out"; do sleep 0.1; i=$((i + 1)); done
+    while [ $i -lt 200 ] && ! grep -q '^PORT' "$T/srv.out"; do sleep 0.1; i=$((i + 1)); done
     port=$(sed -n 's/^PORT //p' "$T/srv.out")
 }
 
@@ -55,6 +56,13 @@ echo "$out" | grep -q "^begun hello: ok"
 tap_ok $? "a client that has begun its hello logs in after a flood of silent connections from its own address"
 echo "$out" | grep -q "^other source: ok"
 tap_ok $? "a silent client logs in after a flood of silent connections from another address"
+wait $srv
+
+serve 8 1
+out=$("$PY" "$FLOOD" "$port" inflight 1 2>&1)
+tap_diag "$out"
+echo "$out" | grep -q "^inflight: ok"
+tap_ok $? "values still being received count against the table's limit (4 quotas)"
 wait $srv
 
 serve 8 1
