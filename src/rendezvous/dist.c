@@ -563,6 +563,14 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
     /* the store listens on the address the others connect to, not on every
      * interface ($FSDPC_STORE_BIND names another) */
     const char *bind = private_store ? "127.0.0.1" : fsdp_env_str("FSDPC_STORE_BIND", host);
+    char local[512] = "";
+    if (!have && !private_store && fsdp_netaddr_is_loopback(host) &&
+        fsdp_netaddr_is_loopback(bind) && !fsdp_auth_insecure_allowed()) {
+        /* every rank is on this host: other users are kept out by a secret
+         * only this user can read */
+        FSDP_CHECK(fsdp_auth_local_secret(secret, &slen, local, sizeof(local)));
+        have = 1;
+    }
     if (!have && !private_store) {
         FSDP_CHECK(dist_check_secretless(method, host, d->rank == 0 ? bind : NULL));
     }
@@ -576,7 +584,7 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
         FSDP_CHECK(fsdp_store_tcp_serve(bind, port, &skey, &im->server, &port));
     }
     snprintf(im->store_desc, sizeof(im->store_desc), "tcp %s:%d%s", host, port,
-             have ? "" : " (no secret)");
+             local[0] ? " (per-user secret)" : have ? "" : " (no secret)");
     snprintf(im->store_host, sizeof(im->store_host), "%s", private_store ? "" : host);
     FSDP_CHECK(fsdp_store_tcp_connect(private_store ? "127.0.0.1" : host, port, &skey,
                                       d->timeout_s, &d->store));

@@ -75,24 +75,57 @@ tap_ok $? "with a secret: the job itself passes every store check meanwhile"
 tap_ok $? "the store server logs the refusals (rate-limited)"
 unset FSDPC_SECRET_FILE
 
-# 2. The control: the same attack on a job without a secret (allowed on
-#    loopback, keyed by public values) gets in with WORLD_SIZE=2 and reads
-#    the job nonce, as the attack in the threat model says.
-port=$(free_port)
-export MASTER_PORT=$port
-( RANK=0 WORLD_SIZE=2 timeout 60 "$PROBE" --init env:// --mode hold >"$T/c0.log" 2>&1 ) &
-p0=$!
-bg_pids=$p0
-for i in $(seq 100); do grep -q HOLDING "$T/c0.log" 2>/dev/null && break; sleep 0.1; done
-( RANK=1 WORLD_SIZE=2 timeout 60 "$PROBE" --init env:// --mode hold >"$T/c1.log" 2>&1 ) &
-p1=$!
-bg_pids="$p0 $p1"
-for i in $(seq 100); do grep -q HOLDING "$T/c1.log" 2>/dev/null && break; sleep 0.1; done
-attack "$port" 4 "$T/control.log"
-kill -9 $p0 $p1 2>/dev/null
-tap_diag "$(cat "$T/control.log")"
+# 2. A job without a secret on loopback (every rank on this host) takes the
+#    user's per-user secret ($XDG_RUNTIME_DIR/fsdpc/secret, made on first
+#    use): the outsider with the public keys is refused. The control: with
+#    FSDPC_INSECURE=1 the job is keyed by public values, and the same
+#    outsider gets in with WORLD_SIZE=2 and reads the job nonce, as the
+#    attack in the threat model says.
+# held_job LOG [VAR=VALUE...]: a 2-rank job without a secret, holding; the
+# outsider's attempts in LOG.
+held_job() {
+    log=$1
+    shift
+    port=$(free_port)
+    export MASTER_PORT=$port
+    ( env "$@" RANK=0 WORLD_SIZE=2 timeout 60 "$PROBE" --init env:// --mode hold >"$T/c0.log" 2>&1 ) &
+    p0=$!
+    bg_pids=$p0
+    for i in $(seq 100); do grep -q HOLDING "$T/c0.log" 2>/dev/null && break; sleep 0.1; done
+    ( env "$@" RANK=1 WORLD_SIZE=2 timeout 60 "$PROBE" --init env:// --mode hold >"$T/c1.log" 2>&1 ) &
+    p1=$!
+    bg_pids="$p0 $p1"
+    for i in $(seq 100); do grep -q HOLDING "$T/c1.log" 2>/dev/null && break; sleep 0.1; done
+    attack "$port" 4 "$log"
+    kill -9 $p0 $p1 2>/dev/null
+    tap_diag "$(cat "$log")"
+}
+export XDG_RUNTIME_DIR="$T/run"
+mkdir -m 700 "$XDG_RUNTIME_DIR"
+held_job "$T/local.log"
+grep -q "^attempts 4, logged in 0, refused 4$" "$T/local.log" && grep -q HOLDING "$T/c1.log"
+tap_ok $? "without a secret (loopback): the job runs on the per-user secret, the outsider with the public keys is refused"
+[ "$(stat -c %a "$T/run/fsdpc") $(stat -c %a "$T/run/fsdpc/secret")" = "700 600" ] &&
+    [ "$(wc -c <"$T/run/fsdpc/secret")" -eq 65 ]
+tap_ok $? "the per-user secret: 32 random bytes (hex) in a 0600 file in a 0700 directory"
+held_job "$T/control.log" FSDPC_INSECURE=1
 grep -q "^in 2: read fsdpc/nonce (8 bytes)" "$T/control.log"
-tap_ok $? "without a secret (loopback): the same outsider gets in with WORLD_SIZE=2 (the exposure a secret closes)"
+tap_ok $? "with FSDPC_INSECURE=1 (loopback): the same outsider gets in with WORLD_SIZE=2 (the exposure the secret closes)"
+port=$(free_port)
+chmod 755 "$T/run/fsdpc"
+expect_fail "a per-user secret directory others can enter is refused" \
+    "per-user secret: $T/run/fsdpc is another user's or open to others" 5 \
+    RANK=0 WORLD_SIZE=2 MASTER_PORT=$port -- --init env:// --mode init
+chmod 700 "$T/run/fsdpc"
+if [ "$(id -u)" -eq 0 ]; then
+    chown 65534 "$T/run/fsdpc/secret"
+    expect_fail "a per-user secret file of another user is refused" \
+        "per-user secret $T/run/fsdpc/secret: owned by uid 65534" 5 \
+        RANK=0 WORLD_SIZE=2 MASTER_PORT=$port -- --init env:// --mode init
+else
+    tap_skip "needs root to give the file to another user"
+fi
+unset XDG_RUNTIME_DIR
 
 # 3. A server that cannot prove the secret: the client refuses it at once.
 port=$(free_port)
@@ -283,6 +316,9 @@ expect_fail "FSDPC_SECRET shorter than 16 characters" "FSDPC_SECRET has 6 charac
 expect_fail "both FSDPC_SECRET and FSDPC_SECRET_FILE" "both FSDPC_SECRET and FSDPC_SECRET_FILE" 5 \
     RANK=0 WORLD_SIZE=1 MASTER_PORT=$port FSDPC_SECRET=0123456789abcdef0123 \
     FSDPC_SECRET_FILE="$T/secret" -- --init env:// --mode init
+expect_fail "an empty FSDPC_SECRET_FILE is an error, not 'no secret'" \
+    "FSDPC_SECRET_FILE is set but empty" 5 \
+    RANK=0 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE= -- --init env:// --mode init
 expect_fail "a directory as the secret file" "not a regular file" 5 \
     RANK=0 WORLD_SIZE=1 MASTER_PORT=$port FSDPC_SECRET_FILE="$T" -- --init env:// --mode init
 
