@@ -99,6 +99,15 @@ show_logs() {
     done
 }
 
+# results_ok ITERS COUNT: 0 when ranks 0 and 1 exited 0 with ITERS correct
+# allreduces of COUNT floats.
+results_ok() {
+    for r in 0 1; do
+        [ "$(cat "$T/r$r.rc")" = 0 ] &&
+            grep -q "$1 allreduces of $2 floats correct" "$T/r$r.log" || return 1
+    done
+}
+
 # ---------------------------------------------------------------------------
 # baseline
 
@@ -188,9 +197,7 @@ EOF
 fi
 finish 2
 ok=0
-for r in 0 1; do
-    [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "3 allreduces of 100000 floats correct" "$T/r$r.log" || ok=1
-done
+results_ok 3 100000 || ok=1
 [ "$ok" = 0 ] || show_logs
 tap_ok $ok "foreign clients during setup: the job runs and its results are correct"
 grep -q "refused a connection from 127.0.0.1:[0-9]*: not an fsdpc tcp peer" "$T/r1.log"
@@ -219,9 +226,7 @@ EOF
 fi
 finish 2
 ok=0
-for r in 0 1; do
-    [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" || ok=1
-done
+results_ok 1 1000 || ok=1
 grep -q "60 idle connections open" "$T/idle.log" 2>/dev/null || ok=1
 [ "$ok" = 0 ] || { show_logs; tap_diag "$(cat "$T/idle.log" 2>/dev/null)"; }
 tap_diag "rank 1: $(grep -c "refused a connection" "$T/r1.log") refusals logged; $(grep "in all" "$T/r1.log")"
@@ -241,10 +246,7 @@ knock() {
     ok=0
     grep -q "^rank 0: knock with nonce .*: refused$" "$T/r0.log" &&
         grep -q "refused a connection from 127.0.0.1:[0-9]*: $2" "$T/r1.log" || ok=1
-    for r in 0 1; do
-        [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" ||
-            ok=1
-    done
+    results_ok 1 1000 || ok=1
     [ "$ok" = 0 ] || show_logs
     tap_diag "$(grep "knock with" "$T/r0.log")"
     tap_ok $ok "$3"
@@ -271,10 +273,7 @@ knock_key() {
         "$T/r0.log" &&
         grep -q "refused a connection from 127.0.0.1:[0-9]*: authentication failed" "$T/r1.log" ||
         ok=1
-    for r in 0 1; do
-        [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" ||
-            ok=1
-    done
+    results_ok 1 1000 || ok=1
     [ "$ok" = 0 ] || show_logs
     tap_ok $ok "knock with a genuine hello but the job key off in bit $1: refused at the MAC"
 }
@@ -292,10 +291,7 @@ knock_mac() {
     grep -q "^rank 0: knock with the right nonce and $2: refused$" "$T/r0.log" &&
         grep -q "refused a connection from 127.0.0.1:[0-9]*: authentication failed" "$T/r1.log" ||
         ok=1
-    for r in 0 1; do
-        [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" ||
-            ok=1
-    done
+    results_ok 1 1000 || ok=1
     [ "$ok" = 0 ] || show_logs
     tap_diag "$(grep "knock with" "$T/r0.log")"
     tap_ok $ok "knock with a genuine hello and $2: refused at the MAC"

@@ -107,6 +107,18 @@ def handshake(s, key, wrong_mac=False, verify_server=True, near=None, between=No
     return False, "refused: " + body.decode(errors="replace") if t == R_ERR else "closed"
 
 
+def accept_one(port):
+    """Plays a server on 127.0.0.1:port: says "listening" on stdout, then
+    returns the first connection (within 20 s)."""
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(8)
+    print("listening", flush=True)
+    ls.settimeout(20)
+    return ls.accept()[0]
+
+
 def client(port, key=None, host="127.0.0.1"):
     """A connected, authenticated socket, or None."""
     s = socket.create_connection((host, port), timeout=10)

@@ -24,6 +24,10 @@ secret_file() { # secret_file PATH: a fresh 0600 secret
 }
 secret_file "$T/secret"
 
+wait_listening() { # wait_listening LOG: until a fake server logs "listening" (10 s)
+    for i in $(seq 100); do grep -q listening "$1" 2>/dev/null && break; sleep 0.1; done
+}
+
 # attack PORT WORLD_MAX LOG: an outsider tries every WORLD_SIZE with the key
 # a secret-less job would have, sending its MAC whatever the server proves;
 # prints "in WORLD" for every login and the nonce it could then read.
@@ -127,32 +131,45 @@ else
 fi
 unset XDG_RUNTIME_DIR
 
-# 3. A server that cannot prove the secret: the client refuses it at once.
-port=$(free_port)
-"$PY" - "$port" "$WIRE" >"$T/impostor.log" 2>&1 <<'PYEOF' &
+# fake_store PORT random|near|exact: a store on PORT for one client that
+# answers its hello with a random challenge and MAC (it cannot prove the
+# secret), or, holding the key, with the right MAC with its last byte
+# flipped, or the exact MAC; logs whether the client then sent its AUTH.
+fake_store() {
+    "$PY" - "$1" "$WIRE" "$T/secret" "$2" >"$T/fake.log" 2>&1 <<'PYEOF' &
 import os, socket, sys
 sys.path.insert(0, sys.argv[2])
 import store_wire as w
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("127.0.0.1", int(sys.argv[1])))
-ls.listen(8)
-print("listening", flush=True)
-ls.settimeout(20)
-c, _ = ls.accept()
-w.recv_reply(c)
-c.sendall(w.hdr(w.R_CHALLENGE, 0, 0, 48) + os.urandom(48))
+port = int(sys.argv[1])
+key = w.derive(open(sys.argv[3], "rb").read().rstrip(b"\n"), "fsdpc store|127.0.0.1|%d|2|" % port)
+c = w.accept_one(port)
+t, _, body = w.recv_reply(c)
+cchal, schal = body[-16:], os.urandom(16)
+m = w.mac(key, w.LABEL_SERVER, cchal, schal)
+m = {"random": os.urandom(32), "near": w.near_miss(m), "exact": m}[sys.argv[4]]
+c.sendall(w.hdr(w.R_CHALLENGE, 0, 0, 48) + schal + m)
 t, _, _ = w.recv_reply(c)
 print("the client sent %s after the challenge" % ("AUTH" if t == w.AUTH else "nothing"), flush=True)
 PYEOF
-imp=$!
-bg_pids=$imp
-for i in $(seq 100); do grep -q listening "$T/impostor.log" 2>/dev/null && break; sleep 0.1; done
-expect_fail "a store that cannot prove the secret: the client refuses it" \
-    "failed to prove that it holds this job's secret" 5 \
-    RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" -- --init env:// --mode init
-wait $imp
-grep -q "the client sent nothing after the challenge" "$T/impostor.log"
+    fake=$!
+    bg_pids=$fake
+    wait_listening "$T/fake.log"
+}
+
+# client_refuses MODE DESCRIPTION: a rank meets fake_store MODE; it must
+# fail at once, naming the proof (one test line), and send no MAC (0).
+client_refuses() {
+    port=$(free_port)
+    fake_store "$port" "$1"
+    expect_fail "$2" "failed to prove that it holds this job's secret" 5 \
+        RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" -- --init env:// \
+        --mode init
+    wait $fake
+    grep -q "the client sent nothing after the challenge" "$T/fake.log"
+}
+
+# 3. A server that cannot prove the secret: the client refuses it at once.
+client_refuses random "a store that cannot prove the secret: the client refuses it"
 tap_ok $? "the client sends no MAC to a server that failed to prove the secret"
 
 # 3b. Near misses: MACs that are right but for their last byte, or that
@@ -186,41 +203,10 @@ tap_ok $? "store: the exact MAC with the same key gets in (the control)"
 # A fake store that holds the key but sends its MAC with the last byte
 # flipped: the client refuses it and sends no MAC. (With the exact MAC, the
 # control, the same fake store gets the client's AUTH.)
-fake_store() { # fake_store PORT FLIP
-    "$PY" - "$1" "$WIRE" "$T/secret" "$2" >"$T/fake.log" 2>&1 <<'PYEOF' &
-import os, socket, sys
-sys.path.insert(0, sys.argv[2])
-import store_wire as w
-port = int(sys.argv[1])
-key = w.derive(open(sys.argv[3], "rb").read().rstrip(b"\n"), "fsdpc store|127.0.0.1|%d|2|" % port)
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("127.0.0.1", port))
-ls.listen(8)
-print("listening", flush=True)
-ls.settimeout(20)
-c, _ = ls.accept()
-t, _, body = w.recv_reply(c)
-cchal, schal = body[-16:], os.urandom(16)
-m = w.mac(key, w.LABEL_SERVER, cchal, schal)
-c.sendall(w.hdr(w.R_CHALLENGE, 0, 0, 48) + schal + (w.near_miss(m) if sys.argv[4] == "1" else m))
-t, _, _ = w.recv_reply(c)
-print("the client sent %s after the challenge" % ("AUTH" if t == w.AUTH else "nothing"), flush=True)
-PYEOF
-    fake=$!
-    bg_pids=$fake
-    for i in $(seq 100); do grep -q listening "$T/fake.log" 2>/dev/null && break; sleep 0.1; done
-}
-port=$(free_port)
-fake_store "$port" 1
-expect_fail "a store whose MAC is right but for its last byte: the client refuses it" \
-    "failed to prove that it holds this job's secret" 5 \
-    RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" -- --init env:// --mode init
-wait $fake
-grep -q "the client sent nothing after the challenge" "$T/fake.log"
+client_refuses near "a store whose MAC is right but for its last byte: the client refuses it"
 tap_ok $? "the client sends no MAC to a store whose MAC is one byte off"
 port=$(free_port)
-fake_store "$port" 0
+fake_store "$port" exact
 RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" timeout 30 "$PROBE" \
     --init env:// --timeout 3 --mode init >/dev/null 2>&1
 wait $fake
@@ -237,13 +223,7 @@ rude_store() { # rude_store PORT big|escape
 import re, socket, sys
 sys.path.insert(0, sys.argv[2])
 import store_wire as w
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("127.0.0.1", int(sys.argv[1])))
-ls.listen(8)
-print("listening", flush=True)
-ls.settimeout(20)
-c, _ = ls.accept()
+c = w.accept_one(int(sys.argv[1]))
 t, _, body = w.recv_reply(c)
 pid = int(re.search(rb"pid (\d+)", body).group(1))
 if sys.argv[3] == "escape":
@@ -262,15 +242,18 @@ c.close()
 PYEOF
     fake=$!
     bg_pids=$fake
-    for i in $(seq 100); do grep -q listening "$T/rude.log" 2>/dev/null && break; sleep 0.1; done
+    wait_listening "$T/rude.log"
 }
 port=$(free_port)
 rude_store "$port" big
 RANK=1 WORLD_SIZE=2 MASTER_PORT=$port FSDPC_SECRET_FILE="$T/secret" timeout 30 "$PROBE" \
-    --init env:// --timeout 3 --mode init >/dev/null 2>"$T/big.err"
+    --init env:// --timeout 20 --mode init >/dev/null 2>"$T/big.err" &
+cl=$!
 wait $fake
+kill $cl 2>/dev/null
+wait $cl 2>/dev/null
 kib=$(sed -n 's/^client peak resident set: \([0-9]*\) KiB$/\1/p' "$T/rude.log")
-tap_diag "$(cat "$T/rude.log" | tail -1); client: $(cat "$T/big.err")"
+tap_diag "$(tail -1 "$T/rude.log")"
 [ -n "$kib" ] && [ "$kib" -lt 32768 ]
 tap_ok $? "a fake store's reply announcing 4 GiB is refused on its header (client peak ${kib:-?} KiB)"
 port=$(free_port)
