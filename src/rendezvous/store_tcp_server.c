@@ -14,22 +14,23 @@
  * socket, whatever the clients are doing.
  *
  * Limits, so that no client, in or out of the job, can exhaust rank 0: at
- * most STCP_MAX_PENDING connections may be in their hello at once, and at
- * most STCP_MAX_SILENT_PER_SOURCE of one source address that have sent
- * nothing yet; a new one closes the oldest silent one of its own source,
- * else the oldest silent one, else the oldest (so a flood from one host
- * never closes the connections of ranks on others, and a rank that says
- * hello at once survives a flood from its own host). A connection must
- * send its first bytes within STCP_SILENT_S and complete its hello within
- * STCP_HELLO_TIMEOUT_S. Accepting takes at most STCP_ACCEPT_BATCH
- * connections a turn, cheaply (no name lookups), so that the listen
- * backlog drains at the rate a flood fills it and the hellos of those
- * accepted are read before the next batch can close them.
- * a connection's net stored bytes stay within a quota
- * (FSDPC_STORE_QUOTA_MB, 256 MiB) and the table, with the values still
- * being received, within four quotas, both checked against a value's
- * announced length before anything is allocated, and when descriptors run out accepting pauses instead of
- * spinning. Past a burst of 8, warnings from the server print at most once
+ * most STCP_MAX_PENDING connections may be in their hello at once, at most
+ * STCP_MAX_PENDING_PER_SOURCE of one source address, and of those at most
+ * STCP_MAX_SILENT_PER_SOURCE that have sent nothing yet; a new one closes
+ * the oldest (silent first) of its own source when that source is at its
+ * limit, else, when all are taken, the oldest silent one, else the oldest
+ * (so a flood from one host never closes the connections of ranks on
+ * others, and a rank that says hello at once survives a flood from its own
+ * host). A connection must send its first bytes within STCP_SILENT_S and
+ * complete its hello within STCP_HELLO_TIMEOUT_S. Accepting takes at most
+ * STCP_ACCEPT_BATCH connections a turn, cheaply (no name lookups), so that
+ * the listen backlog drains at the rate a flood fills it and the hellos of
+ * those accepted are read before the next batch can close them. A
+ * connection's net stored bytes stay within a quota (FSDPC_STORE_QUOTA_MB,
+ * 256 MiB) and the table, with the values still being received, within
+ * four quotas, both checked against a value's announced length before
+ * anything is allocated, and when descriptors run out accepting pauses
+ * instead of spinning. Past a burst of 8, warnings from the server print at most once
  * a second, with a count of the ones held back.
  *
  * Owns: the listening socket, the accepted sockets, the server thread and
@@ -63,7 +64,8 @@
 
 #define STCP_READ_BUDGET (8u << 20) /* bytes read from one client per loop turn */
 #define STCP_MAX_PENDING 256        /* connections still in their hello */
-#define STCP_MAX_SILENT_PER_SOURCE 64 /* of them, from one address, that sent nothing */
+#define STCP_MAX_PENDING_PER_SOURCE 128 /* of them, from one address */
+#define STCP_MAX_SILENT_PER_SOURCE 64 /* of those, that sent nothing yet */
 #define STCP_SILENT_S 0.5           /* a connection sends its first bytes within this */
 #define STCP_ACCEPT_BATCH 32        /* connections accepted per loop turn */
 #define STCP_WAIT_LIST_MAX (1u << 20) /* bytes of keys in one WAIT */
@@ -603,25 +605,30 @@ static int conn_silent(const struct stcp_conn *c)
 static struct stcp_conn *srv_victim(const struct fsdp_store_server *srv,
                                     const unsigned char *src)
 {
-    struct stcp_conn *own = NULL, *silent = NULL, *any = NULL;
-    size_t pending = 0, own_silent = 0;
+    struct stcp_conn *own = NULL, *own_silent = NULL, *silent = NULL, *any = NULL;
+    size_t pending = 0, n_own = 0, n_own_silent = 0;
     for (size_t i = 0; i < srv->nconns; i++) {
         struct stcp_conn *c = srv->conns[i];
         if (c->fd < 0 || c->authed) {
             continue;
         }
+        int mine = memcmp(c->src, src, sizeof(c->src)) == 0, quiet = conn_silent(c);
         pending++;
         any = !any || c->accepted < any->accepted ? c : any;
-        if (conn_silent(c)) {
-            silent = !silent || c->accepted < silent->accepted ? c : silent;
-            if (memcmp(c->src, src, sizeof(c->src)) == 0) {
-                own_silent++;
-                own = !own || c->accepted < own->accepted ? c : own;
-            }
+        silent = quiet && (!silent || c->accepted < silent->accepted) ? c : silent;
+        if (mine) {
+            n_own++;
+            own = !own || c->accepted < own->accepted ? c : own;
+            n_own_silent += (size_t)quiet;
+            own_silent = quiet && (!own_silent || c->accepted < own_silent->accepted)
+                         ? c : own_silent;
         }
     }
-    if (own_silent >= STCP_MAX_SILENT_PER_SOURCE) {
-        return own;
+    if (n_own_silent >= STCP_MAX_SILENT_PER_SOURCE) {
+        return own_silent;
+    }
+    if (n_own >= STCP_MAX_PENDING_PER_SOURCE) {
+        return own_silent ? own_silent : own;
     }
     return pending >= STCP_MAX_PENDING ? (silent ? silent : any) : NULL;
 }
@@ -637,10 +644,7 @@ static void srv_admit(struct fsdp_store_server *srv, int fd, const struct sockad
     }
     fsdp_netaddr_peer(ss, c->peer, sizeof(c->peer), c->src);
     struct stcp_conn *victim = srv_victim(srv, c->src);
-    if (victim) {
-        /* the silent one that has waited longest goes: a flood must keep
-         * connecting to keep others out, and a client that says hello at
-         * once gets in */
+    if (victim) { /* a flood must keep connecting to keep others out */
         srv_warn(srv, "closed connection from %s: %s", victim->peer, conn_silent(victim)
                  ? "too many connections that sent nothing (this was the oldest)"
                  : "too many connections in their hello (this was the oldest)");

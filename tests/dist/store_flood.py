@@ -16,7 +16,8 @@ Prints one "name: ok|FAIL detail" line per check.
             and 6 refused on their header (an ERR, then closed)
   evict     a client that has begun its hello outlives 400 silent
             connections from its own address, and a silent client outlives
-            200 from another address (a per-source cap): both then log in
+            200 silent ones, and 300 that stall in their hello, from another
+            address (per-source caps): each then logs in
   storm SECONDS STOPFILE
             opens connections that never send anything as fast as one
             process can (non-blocking connects, at most 2,000 open, the
@@ -30,8 +31,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from store_wire import (R_ERR, R_OK, SET, client, handshake, hdr, probe_key, put,  # noqa: E402
-                        recv_reply)
+from store_wire import (HELLO, R_ERR, R_OK, SET, client, handshake, hdr, probe_key,  # noqa: E402
+                        put, recv_reply)
 
 
 def flood(port):
@@ -67,13 +68,16 @@ def flood(port):
           % ("ok" if ok and closed >= 400 - 64 and dt < 5 else "FAIL", closed, dt))
 
 
-def idle_conns(port, n, source):
-    """n connections from source that send nothing; the list."""
+def idle_conns(port, n, source, first=b""):
+    """n connections from source that send first (nothing by default) and
+    then stall; the list."""
     out = []
     for _ in range(n):
         c = socket.socket()
         c.bind((source, 0))
         c.connect(("127.0.0.1", port))
+        if first:
+            c.sendall(first)
         out.append(c)
     return out
 
@@ -95,8 +99,8 @@ def count_closed(conns):
 def evict(port):
     held = []
 
-    def flood(n, source):
-        held.extend(idle_conns(port, n, source))
+    def flood(n, source, first=b""):
+        held.extend(idle_conns(port, n, source, first))
         time.sleep(0.1)  # the server accepts them (at thousands a second)
 
     a = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -113,6 +117,15 @@ def evict(port):
     closed = count_closed(held)
     print("other source: %s (a silent client logged in after 200 silent connections from "
           "127.0.0.2, %d of them closed: %s)" % ("ok" if ok else "FAIL", closed, why))
+    held = []
+    a = socket.create_connection(("127.0.0.1", port), timeout=5)
+    flood(300, "127.0.0.2", hdr(HELLO, 0, 4, 16)[:4])
+    ok, why = handshake(a, probe_key())
+    a.close()
+    closed = count_closed(held)
+    print("stalled hellos: %s (a silent client logged in after 300 connections from "
+          "127.0.0.2 that sent 4 bytes of a hello and stalled, %d of them closed: %s)"
+          % ("ok" if ok else "FAIL", closed, why))
 
 
 def storm(port, seconds, stopfile):

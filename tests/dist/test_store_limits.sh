@@ -5,7 +5,8 @@
 # real client is served at once) and its log stays short; values still
 # being received count against the table's limit; a client that
 # has begun its hello outlives 400 silent connections from its own
-# address, and a silent one 200 from another address; an authenticated client cannot grow it past its quota, and
+# address, and a silent one 200 silent and 300 stalled hellos from another
+# address; an authenticated client cannot grow it past its quota, and
 # a value announced at 4 GiB is refused before anything is allocated (the
 # server's resident set does not grow). Loopback only, bounded in time.
 . "$top_srcdir/tests/tap.sh"
@@ -24,6 +25,7 @@ fi
 
 # serve SECONDS QUOTA_MB: a store in the background; its port in $port
 serve() {
+    rm -f "$T/srv.out" # the child truncates it only once it runs
     FSDPC_LOG=warn FSDPC_STORE_QUOTA_MB=$2 "$PROBE" --mode serve --timeout "$1" \
         > "$T/srv.out" 2> "$T/srv.err" &
     srv=$!
@@ -56,6 +58,8 @@ echo "$out" | grep -q "^begun hello: ok"
 tap_ok $? "a client that has begun its hello logs in after a flood of silent connections from its own address"
 echo "$out" | grep -q "^other source: ok"
 tap_ok $? "a silent client logs in after a flood of silent connections from another address"
+echo "$out" | grep -q "^stalled hellos: ok"
+tap_ok $? "a silent client logs in after a flood of stalled hellos from another address"
 wait $srv
 
 serve 8 1
