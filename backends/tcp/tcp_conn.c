@@ -49,6 +49,8 @@ _Static_assert(sizeof(struct tcp_hello) == 144, "hello is 144 bytes on the wire"
 
 #define TCP_HELLO_TIMEOUT_S 5.0  /* an accepted connection must say hello by then */
 #define TCP_MAX_STRANGERS 32     /* unknown connections in setup at once */
+#define TCP_ACCEPT_BATCH 8       /* accepted per turn: their hellos are read before more come */
+#define TCP_WARN_REFUSED 8       /* refusals logged one by one; the rest are counted */
 
 // ----------------------------------------------------------------------------
 // settings
@@ -281,6 +283,7 @@ struct tcp_setup {
     int cap;               /* size - 1 + TCP_MAX_STRANGERS */
     int npend;
     int connected;
+    long refused;          /* incoming connections refused so far */
 };
 
 static void tcp_pend_drop(struct tcp_setup *st, int i)
@@ -292,11 +295,42 @@ static void tcp_pend_drop(struct tcp_setup *st, int i)
     st->pend[i] = st->pend[--st->npend];
 }
 
+/* Logs a refused connection: the first few one by one, then only counted
+ * (a flood of strangers must not flood the log). */
+static void tcp_setup_log_refusal(struct tcp_setup *st, const char *from, const char *why)
+{
+    if (++st->refused <= TCP_WARN_REFUSED) {
+        FSDP_WARN(FSDP_SUB_TCP, "group %s: refused a connection from %s: %s%s", st->be->name,
+                  from, why, st->refused == TCP_WARN_REFUSED ? " (further refusals are "
+                  "counted at the end of setup)" : "");
+    }
+}
+
 static void tcp_pend_refuse(struct tcp_setup *st, int i, const char *why)
 {
-    FSDP_WARN(FSDP_SUB_TCP, "group %s: refused a connection from %s: %s", st->be->name,
-              st->pend[i].from, why);
+    tcp_setup_log_refusal(st, st->pend[i].from, why);
     tcp_pend_drop(st, i);
+}
+
+/* The incoming connection to close when setup is full: the oldest that
+ * has sent nothing, else the oldest still in its hello; -1 when every one
+ * has sent a hello that checked (peers, most likely). */
+static int tcp_setup_victim(const struct tcp_setup *st)
+{
+    int silent = -1, hello = -1;
+    for (int i = 0; i < st->npend; i++) {
+        const struct tcp_pend *pd = &st->pend[i];
+        if (pd->outgoing || pd->step != 0) {
+            continue;
+        }
+        if (pd->rx_off == 0 && (silent < 0 || pd->deadline < st->pend[silent].deadline)) {
+            silent = i;
+        }
+        if (hello < 0 || pd->deadline < st->pend[hello].deadline) {
+            hello = i;
+        }
+    }
+    return silent >= 0 ? silent : hello;
 }
 
 static void tcp_pend_dial(struct tcp_setup *st, struct tcp_pend *pd, double now)
@@ -334,9 +368,12 @@ static void tcp_pend_adopt(struct tcp_setup *st, int i)
     tcp_pend_drop(st, i);
 }
 
+/* Accepts a few connections (their hellos are read before the next ones
+ * come). When setup is full the oldest stranger goes, so that idle
+ * connections cannot keep a peer out: they must keep connecting. */
 static void tcp_setup_accept(struct tcp_setup *st, double now)
 {
-    for (;;) {
+    for (int k = 0; k < TCP_ACCEPT_BATCH; k++) {
         struct sockaddr_storage sa;
         socklen_t sl = sizeof(sa);
         int fd = accept4(st->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -346,10 +383,14 @@ static void tcp_setup_accept(struct tcp_setup *st, double now)
         char from[TCP_ADDR_MAX];
         tcp_conn_addr_str(&sa, from, sizeof(from));
         if (st->npend == st->cap) {
-            FSDP_WARN(FSDP_SUB_TCP, "group %s: refused a connection from %s: too many "
-                      "connections in setup", st->be->name, from);
-            close(fd);
-            continue;
+            int v = tcp_setup_victim(st);
+            if (v < 0) {
+                tcp_setup_log_refusal(st, from, "too many connections in setup");
+                close(fd);
+                continue;
+            }
+            tcp_pend_refuse(st, v, "too many connections in setup; this one had waited "
+                            "longest without a hello");
         }
         struct tcp_pend *pd = &st->pend[st->npend++];
         memset(pd, 0, sizeof(*pd));
@@ -364,6 +405,17 @@ static void tcp_setup_accept(struct tcp_setup *st, double now)
     }
 }
 
+/* A dial failed (err): close it and dial again after the backoff. */
+static void tcp_pend_redial(struct tcp_pend *pd, double now, int err)
+{
+    close(pd->fd);
+    pd->fd = -1;
+    pd->last_errno = err;
+    pd->state = PEND_RETRY;
+    pd->deadline = now + pd->backoff;
+    pd->backoff = pd->backoff * 2 > 1.0 ? 1.0 : pd->backoff * 2;
+}
+
 /* A dial finished (poll said writable): 1 when connected, 0 when it failed
  * and will be retried, or is still in progress. */
 static int tcp_setup_connected(struct tcp_pend *pd, double now)
@@ -375,11 +427,7 @@ static int tcp_setup_connected(struct tcp_pend *pd, double now)
         return 0;
     }
     if (err != 0) {
-        close(pd->fd);
-        pd->fd = -1;
-        pd->last_errno = err;
-        pd->state = PEND_RETRY;
-        pd->deadline = now + pd->backoff;
+        tcp_pend_redial(pd, now, err);
         return 0;
     }
     return 1;
@@ -400,6 +448,10 @@ static int tcp_setup_send(struct tcp_setup *st, int i)
         if (!pd->outgoing) {
             tcp_pend_drop(st, i);
             return 1;
+        }
+        if (pd->step == 0) { /* closed before our hello was out: as above */
+            tcp_pend_redial(pd, fsdp_now(), errno);
+            return 0;
         }
         return fsdp_err(FSDP_ERR_PEER, "group %s: sending the hello to rank %d at %s failed: %s",
                         st->be->name, pd->peer, pd->from, strerror(errno));
@@ -524,6 +576,12 @@ static int tcp_setup_recv(struct tcp_setup *st, int i)
         if (!pd->outgoing) {
             tcp_pend_refuse(st, i, n == 0 ? "closed before a complete hello" : strerror(errno));
             return 1;
+        }
+        if (pd->rx_off == 0) {
+            /* closed before it answered: the acceptor may have had too many
+             * strangers at once; dial again until the deadline */
+            tcp_pend_redial(pd, fsdp_now(), n == 0 ? ECONNRESET : errno);
+            return 0;
         }
         return fsdp_err(FSDP_ERR_PEER, "group %s: rank %d at %s closed the connection during "
                         "the hello (it refused this rank or failed; see its log)", be->name,
@@ -760,6 +818,10 @@ int fsdp_tcp_conn_mesh(struct tcp_backend *be, struct fsdp_store *store)
     FSDP_CHECK_GOTO(tcp_conn_listen(be, &st->lfd), rc, err_0);
     FSDP_CHECK_GOTO(tcp_conn_rendezvous(st, store, t0), rc, err_0);
     FSDP_CHECK_GOTO(tcp_setup_loop(st, t0), rc, err_1);
+    if (st->refused > TCP_WARN_REFUSED) {
+        FSDP_WARN(FSDP_SUB_TCP, "group %s: %ld connections refused during setup in all",
+                  be->name, st->refused);
+    }
     tcp_setup_free(st);
     FSDP_DEBUG(FSDP_SUB_TCP, "group %s: mesh of %d ranks ready in %.3f s", be->name, be->size,
                fsdp_now() - t0);

@@ -13,6 +13,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -73,29 +75,25 @@ int fsdp_auth_mac_equal(const unsigned char *x, const unsigned char *y)
     return CRYPTO_memcmp(x, y, FSDP_AUTH_MAC_BYTES) == 0;
 }
 
-static int auth_secret_file(const char *path, unsigned char *buf, size_t *len)
+/* Checks and reads an open secret file; what names it in messages
+ * ("FSDPC_SECRET_FILE=PATH"). 1 with the secret, or an error. */
+static int auth_secret_fd(int fd, const char *what, unsigned char *buf, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) {
-        return fsdp_err(FSDP_ERR_IO, "FSDPC_SECRET_FILE=%s: %s", path,
-                        errno == ELOOP ? "is a symbolic link (name the file itself)"
-                                       : strerror(errno));
-    }
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) < 0) {
-        rc = fsdp_err(FSDP_ERR_IO, "FSDPC_SECRET_FILE=%s: %s", path, strerror(errno));
+        rc = fsdp_err(FSDP_ERR_IO, "%s: %s", what, strerror(errno));
     } else if (!S_ISREG(st.st_mode)) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: not a regular file", path);
+        rc = fsdp_err(FSDP_ERR_INVALID, "%s: not a regular file", what);
     } else if (st.st_uid != geteuid()) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: owned by uid %u, not by this "
-                      "user (uid %u)", path, (unsigned)st.st_uid, (unsigned)geteuid());
+        rc = fsdp_err(FSDP_ERR_INVALID, "%s: owned by uid %u, not by this user (uid %u)", what,
+                      (unsigned)st.st_uid, (unsigned)geteuid());
     } else if (st.st_mode & 077) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: mode %04o lets group or others "
-                      "read or write it (chmod 600 it)", path, (unsigned)(st.st_mode & 07777));
+        rc = fsdp_err(FSDP_ERR_INVALID, "%s: mode %04o lets group or others read or write it "
+                      "(chmod 600 it)", what, (unsigned)(st.st_mode & 07777));
     } else if (st.st_size < FSDP_AUTH_SECRET_MIN || st.st_size > FSDP_AUTH_SECRET_MAX + 1) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: %lld bytes (a secret has %d to "
-                      "%d; e.g. openssl rand -hex 32 > FILE)", path, (long long)st.st_size,
+        rc = fsdp_err(FSDP_ERR_INVALID, "%s: %lld bytes (a secret has %d to %d; e.g. openssl "
+                      "rand -hex 32 > FILE)", what, (long long)st.st_size,
                       FSDP_AUTH_SECRET_MIN, FSDP_AUTH_SECRET_MAX);
     } else {
         size_t n = 0;
@@ -114,8 +112,8 @@ static int auth_secret_file(const char *path, unsigned char *buf, size_t *len)
             n--;
         }
         if (n < FSDP_AUTH_SECRET_MIN || n > FSDP_AUTH_SECRET_MAX) {
-            rc = fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE=%s: read %zu bytes of secret "
-                          "(need %d to %d)", path, n, FSDP_AUTH_SECRET_MIN, FSDP_AUTH_SECRET_MAX);
+            rc = fsdp_err(FSDP_ERR_INVALID, "%s: read %zu bytes of secret (need %d to %d)", what,
+                          n, FSDP_AUTH_SECRET_MIN, FSDP_AUTH_SECRET_MAX);
         } else {
             memcpy(buf, tmp, n);
             *len = n;
@@ -123,6 +121,19 @@ static int auth_secret_file(const char *path, unsigned char *buf, size_t *len)
         }
         OPENSSL_cleanse(tmp, sizeof(tmp));
     }
+    return rc;
+}
+
+static int auth_secret_file(const char *path, unsigned char *buf, size_t *len)
+{
+    char what[PATH_MAX + 32];
+    snprintf(what, sizeof(what), "FSDPC_SECRET_FILE=%s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: %s", what, errno == ELOOP
+                        ? "is a symbolic link (name the file itself)" : strerror(errno));
+    }
+    int rc = auth_secret_fd(fd, what, buf, len);
     close(fd);
     return rc;
 }
@@ -131,14 +142,18 @@ int fsdp_auth_user_secret(unsigned char *buf, size_t *len)
 {
     const char *s = getenv("FSDPC_SECRET");
     const char *f = getenv("FSDPC_SECRET_FILE");
-    if (s && *s && f && *f) {
+    if (f && !*f) {
+        return fsdp_err(FSDP_ERR_INVALID, "FSDPC_SECRET_FILE is set but empty: name the secret "
+                        "file, or unset the variable");
+    }
+    if (s && f) {
         return fsdp_err(FSDP_ERR_INVALID, "both FSDPC_SECRET and FSDPC_SECRET_FILE are set: "
                         "set one");
     }
-    if (f && *f) {
+    if (f) {
         return auth_secret_file(f, buf, len);
     }
-    if (!s || !*s) {
+    if (!s) {
         return 0;
     }
     size_t n = strlen(s);
@@ -150,6 +165,83 @@ int fsdp_auth_user_secret(unsigned char *buf, size_t *len)
     memcpy(buf, s, n);
     *len = n;
     return 1;
+}
+
+// ----------------------------------------------------------------------------
+// the per-user secret of one-host jobs
+
+/* The per-user directory: $XDG_RUNTIME_DIR/fsdpc, else $HOME/.fsdpc, else
+ * /tmp/fsdpc-UID; made 0700 when missing, and opened only when it is this
+ * user's, not a link, and private. 0 with *dfd, or an error. */
+static int auth_local_dir(char *dir, size_t len, int *dfd)
+{
+    const char *x = getenv("XDG_RUNTIME_DIR"), *h = getenv("HOME");
+    if (x && x[0] == '/') {
+        snprintf(dir, len, "%s/fsdpc", x);
+    } else if (h && h[0] == '/') {
+        snprintf(dir, len, "%s/.fsdpc", h);
+    } else {
+        snprintf(dir, len, "/tmp/fsdpc-%u", (unsigned)geteuid());
+    }
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+        return fsdp_err(FSDP_ERR_IO, "per-user secret: cannot create %s: %s", dir,
+                        strerror(errno));
+    }
+    struct stat st;
+    *dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (*dfd < 0 || fstat(*dfd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 077)) {
+        int e = errno;
+        int bad = *dfd >= 0;
+        if (*dfd >= 0) {
+            close(*dfd);
+        }
+        return fsdp_err(FSDP_ERR_INVALID, "per-user secret: %s %s; it must be a directory of "
+                        "this user's that only it can use (rm -r it, or set FSDPC_SECRET_FILE)",
+                        dir, bad ? "is another user's or open to others" : e == ELOOP ||
+                        e == ENOTDIR ? "is not a directory" : strerror(e));
+    }
+    return 0;
+}
+
+int fsdp_auth_local_secret(unsigned char *buf, size_t *len, char *path, size_t path_len)
+{
+    char dir[PATH_MAX - 32], tmp[64], what[PATH_MAX + 32];
+    int dfd = -1;
+    FSDP_CHECK(auth_local_dir(dir, sizeof(dir), &dfd));
+    snprintf(path, path_len, "%s/secret", dir);
+    snprintf(what, sizeof(what), "per-user secret %s", path);
+    int fd = openat(dfd, "secret", O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT) {
+        /* first use: written whole under another name, then linked into
+         * place, so that ranks starting together all read one secret */
+        unsigned char r[FSDP_AUTH_KEY_BYTES];
+        char hex[2 * FSDP_AUTH_KEY_BYTES + 2];
+        snprintf(tmp, sizeof(tmp), ".secret-%d", (int)getpid());
+        int w = fsdp_auth_random(r, sizeof(r)) == 0
+                ? openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600) : -1;
+        for (int i = 0; i < FSDP_AUTH_KEY_BYTES; i++) {
+            snprintf(hex + 2 * i, 3, "%02x", r[i]);
+        }
+        hex[2 * FSDP_AUTH_KEY_BYTES] = '\n';
+        if (w >= 0) {
+            int ok = write(w, hex, 2 * FSDP_AUTH_KEY_BYTES + 1) == 2 * FSDP_AUTH_KEY_BYTES + 1;
+            close(w);
+            if (ok) {
+                linkat(dfd, tmp, dfd, "secret", 0); /* EEXIST: another rank was first */
+            }
+            unlinkat(dfd, tmp, 0);
+        }
+        OPENSSL_cleanse(r, sizeof(r));
+        OPENSSL_cleanse(hex, sizeof(hex));
+        fd = openat(dfd, "secret", O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    }
+    close(dfd);
+    if (fd < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: %s", what, strerror(errno));
+    }
+    int rc = auth_secret_fd(fd, what, buf, len);
+    close(fd);
+    return rc < 0 ? rc : 0;
 }
 
 int fsdp_auth_insecure_allowed(void)

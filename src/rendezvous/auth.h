@@ -14,10 +14,11 @@
  *   mpi           rank 0 draws 32 random bytes and MPI_Bcast's them
  *   env://, tcp:// $FSDPC_SECRET, or the file named by $FSDPC_SECRET_FILE
  *                 (mode 0600 or stricter, owned by the user); without one a
- *                 loopback store is keyed by public values only (protects
- *                 against accidents, not against other local users) and a
- *                 non-loopback one refuses to start unless insecure mode is
- *                 asked ($FSDPC_INSECURE=1, the programs' --insecure)
+ *                 loopback store takes the per-user secret (below), and a
+ *                 non-loopback one refuses to start; in insecure mode
+ *                 ($FSDPC_INSECURE=1, the programs' --insecure) both are
+ *                 keyed by public values only (protects against accidents,
+ *                 not against other local users)
  *   file://       32 random bytes in the store's stamp (0600 in a 0700
  *                 directory), unless $FSDPC_SECRET(_FILE) names one
  *   one rank      32 random bytes
@@ -59,6 +60,14 @@ int fsdp_auth_mac_equal(const unsigned char *x, const unsigned char *y);
  * dropped). Returns 1 with *len bytes in buf (FSDP_AUTH_SECRET_MAX bytes),
  * 0 when neither variable is set, or an error naming what is wrong. */
 int fsdp_auth_user_secret(unsigned char *buf, size_t *len);
+
+/* The per-user secret of a job whose ranks all run on this host as this
+ * user: PATH = $XDG_RUNTIME_DIR/fsdpc/secret (else $HOME/.fsdpc/secret,
+ * else /tmp/fsdpc-UID/secret), 32 random bytes (hex) written on first use
+ * in a directory made 0700; the directory and the file must be this user's
+ * and private (checked as for FSDPC_SECRET_FILE). 0 with the secret in buf
+ * (FSDP_AUTH_SECRET_MAX bytes) and PATH in path, or an error naming it. */
+int fsdp_auth_local_secret(unsigned char *buf, size_t *len, char *path, size_t path_len);
 
 /* 1 when the user asked to run without a secret ($FSDPC_INSECURE=1). */
 int fsdp_auth_insecure_allowed(void);

@@ -506,6 +506,30 @@ static int dist_init_mpi(struct fsdp_dist *d, int *argc, char ***argv, struct di
     return 0;
 }
 
+/* A job without a secret runs only where no one else can reach it: the
+ * address the ranks connect to and, on rank 0 (bind not NULL), the address
+ * the store listens on must both be loopback, else --insecure must say so. */
+static int dist_check_secretless(const char *method, const char *host, const char *bind)
+{
+    const char *what = "the store address", *addr = host;
+    if (fsdp_netaddr_is_loopback(host)) {
+        if (!bind || fsdp_netaddr_is_loopback(bind)) {
+            return 0;
+        }
+        what = "the store's listening address (FSDPC_STORE_BIND)";
+        addr = bind;
+    }
+    if (!fsdp_auth_insecure_allowed()) {
+        return fsdp_err(FSDP_ERR_AUTH, "%s: %s %s is not a loopback address and no job secret "
+                        "is set: anyone who can reach it could join the job; set "
+                        "FSDPC_SECRET_FILE (a 0600 file every rank reads; the job scripts make "
+                        "one) or FSDPC_SECRET, or pass --insecure", method, what, addr);
+    }
+    FSDP_WARN(FSDP_SUB_DIST, "%s: no job secret (--insecure): the store at %s and the tcp "
+              "backend accept any process that knows the job's address and size", method, addr);
+    return 0;
+}
+
 /* env:// and tcp://. The store's key comes from the user's secret and what
  * every rank of the job shares (address, size, launcher job id), so that
  * two jobs with one secret stay apart; without a secret only a loopback
@@ -536,16 +560,19 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
     FSDP_CHECK(have);
     /* a one-rank job without a port keeps its store to itself */
     const int private_store = port == 0;
-    if (!have && !private_store && !fsdp_netaddr_is_loopback(host)) {
-        if (!fsdp_auth_insecure_allowed()) {
-            return fsdp_err(FSDP_ERR_AUTH, "%s: the store address %s is not a loopback address "
-                            "and no job secret is set: anyone who can reach it could join the "
-                            "job; set FSDPC_SECRET_FILE (a 0600 file every rank reads; the job "
-                            "scripts make one) or FSDPC_SECRET, or pass --insecure", method, host);
-        }
-        FSDP_WARN(FSDP_SUB_DIST, "%s: no job secret (--insecure): the store at %s and the tcp "
-                  "backend accept any process that knows the job's address and size", method,
-                  host);
+    /* the store listens on the address the others connect to, not on every
+     * interface ($FSDPC_STORE_BIND names another) */
+    const char *bind = private_store ? "127.0.0.1" : fsdp_env_str("FSDPC_STORE_BIND", host);
+    char local[512] = "";
+    if (!have && !private_store && fsdp_netaddr_is_loopback(host) &&
+        fsdp_netaddr_is_loopback(bind) && !fsdp_auth_insecure_allowed()) {
+        /* every rank is on this host: other users are kept out by a secret
+         * only this user can read */
+        FSDP_CHECK(fsdp_auth_local_secret(secret, &slen, local, sizeof(local)));
+        have = 1;
+    }
+    if (!have && !private_store) {
+        FSDP_CHECK(dist_check_secretless(method, host, d->rank == 0 ? bind : NULL));
     }
     d->authenticated = have;
     fsdp_store_job_id(job, sizeof(job));
@@ -554,13 +581,10 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
     fsdp_auth_derive(secret, slen, seed, &skey);
 
     if (d->rank == 0) {
-        /* the store listens on the address the others connect to, not on
-         * every interface ($FSDPC_STORE_BIND names another) */
-        const char *bind = private_store ? "127.0.0.1" : fsdp_env_str("FSDPC_STORE_BIND", host);
         FSDP_CHECK(fsdp_store_tcp_serve(bind, port, &skey, &im->server, &port));
     }
     snprintf(im->store_desc, sizeof(im->store_desc), "tcp %s:%d%s", host, port,
-             have ? "" : " (no secret)");
+             local[0] ? " (per-user secret)" : have ? "" : " (no secret)");
     snprintf(im->store_host, sizeof(im->store_host), "%s", private_store ? "" : host);
     FSDP_CHECK(fsdp_store_tcp_connect(private_store ? "127.0.0.1" : host, port, &skey,
                                       d->timeout_s, &d->store));

@@ -29,11 +29,12 @@
  * tcp:// it comes from $FSDPC_SECRET or the 0600 file $FSDPC_SECRET_FILE
  * (the job scripts make one per job); under file:// from the store's stamp
  * (0600 in a 0700 directory) unless the user names one. env:// and tcp://
- * without a secret run only on a loopback store address, keyed by public
- * values (the store address, WORLD_SIZE and the launcher's job id:
- * $FSDPC_JOB_ID, else $SLURM_JOB_ID.$SLURM_STEP_ID, else
- * $TORCHELASTIC_RUN_ID), unless $FSDPC_INSECURE=1 (--insecure) says to run
- * a non-loopback job that way too. Once connected, rank 0 publishes a
+ * without a secret run only on a loopback store address (connected to and
+ * listened on), with the user's per-user secret (auth.h); with
+ * $FSDPC_INSECURE=1 (--insecure) they run keyed by public values (the
+ * store address, WORLD_SIZE and the launcher's job id: $FSDPC_JOB_ID, else
+ * $SLURM_JOB_ID.$SLURM_STEP_ID, else $TORCHELASTIC_RUN_ID), on a
+ * non-loopback address too. Once connected, rank 0 publishes a
  * random job nonce (key "fsdpc/nonce"); d->nonce names the job and
  * d->job_key, derived from the secret and the nonce, keys the backends'
  * handshakes.
@@ -81,7 +82,7 @@ struct fsdp_dist {
     struct fsdp_netaddr addr; /* where other hosts reach this rank (netaddr.h) */
     uint64_t nonce;           /* same on every rank of the job, random per job */
     struct fsdp_auth_key job_key; /* keys the backends' handshakes (from the secret) */
-    int authenticated;        /* 0: no secret (loopback or insecure): keys are public */
+    int authenticated;        /* 0: no secret (--insecure): keys are public */
     double timeout_s;         /* default deadline for rendezvous and collectives */
     struct fsdp_store *store; /* the job's store (unprefixed) */
     int mpi_initialized;      /* this layer called MPI_Init and must finalize */

@@ -241,3 +241,73 @@ void fsdp_netaddr_format(const char *ip, int port, char *buf, size_t len)
 {
     snprintf(buf, len, strchr(ip, ':') ? "[%s]:%d" : "%s:%d", ip, port);
 }
+
+void fsdp_netaddr_peer(const struct sockaddr_storage *ss, char *buf, size_t len,
+                       unsigned char src[FSDP_NETADDR_SRC_BYTES])
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    memset(src, 0, FSDP_NETADDR_SRC_BYTES);
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+        port = ntohs(a->sin_port);
+        src[11] = src[12] = 0xff;
+        memcpy(src + 13, &a->sin_addr, 4);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+        port = ntohs(a->sin6_port);
+        memcpy(src + 1, &a->sin6_addr, 16);
+    }
+    if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)(src + 1))) {
+        src[0] = 4; /* an IPv4 peer on an IPv6 socket counts as itself */
+    }
+    snprintf(buf, len, "%s:%u", host, port);
+}
+
+int fsdp_netaddr_listen(const char *bind_host, int port, const char *who, int *fd_out,
+                        int *bound_port)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    char ports[16];
+    const char *host = bind_host && bind_host[0] ? bind_host : "0.0.0.0";
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(ports, sizeof(ports), "%d", port);
+    int g = getaddrinfo(host, ports, &hints, &res);
+    if (g != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: cannot resolve bind address '%s': %s", who,
+                        host, gai_strerror(g));
+    }
+    int fd = socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        freeaddrinfo(res);
+        return fsdp_err(FSDP_ERR_SYSTEM, "%s: socket: %s", who, strerror(errno));
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, res->ai_addr, res->ai_addrlen) < 0) {
+        int e = errno;
+        close(fd);
+        freeaddrinfo(res);
+        return fsdp_err(e == EADDRINUSE ? FSDP_ERR_IO : FSDP_ERR_SYSTEM,
+                        "%s: cannot bind %s:%d: %s%s", who, host, port, strerror(e),
+                        e == EADDRINUSE ? " (another job or store on this port?)" : "");
+    }
+    freeaddrinfo(res);
+    if (listen(fd, 1024) < 0) {
+        int e = errno;
+        close(fd);
+        return fsdp_err(FSDP_ERR_SYSTEM, "%s: listen on port %d: %s", who, port,
+                        strerror(e));
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    *fd_out = fd;
+    return 0;
+}

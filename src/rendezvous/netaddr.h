@@ -12,12 +12,14 @@
  *   5. else the first non-loopback address the host name resolves to, else
  *      the first non-loopback interface address
  * The choice, with the interface it belongs to and why, is what the tcp
- * backend listens on and advertises.
+ * backend listens on and advertises. Also here: a listening socket, and
+ * an accepted peer's name and address without name lookups.
  */
 #ifndef FSDP_RENDEZVOUS_NETADDR_H
 #define FSDP_RENDEZVOUS_NETADDR_H
 
 #include <stddef.h>
+#include <sys/socket.h>
 
 #define FSDP_NETADDR_IP_MAX 64 /* INET6_ADDRSTRLEN plus room */
 
@@ -40,5 +42,20 @@ int fsdp_netaddr_is_loopback(const char *host);
 
 /* "ip:port", or "[ip]:port" for IPv6, into buf. */
 void fsdp_netaddr_format(const char *ip, int port, char *buf, size_t len);
+
+#define FSDP_NETADDR_SRC_BYTES 17 /* a family byte and 16 address bytes */
+
+/* "addr:port" of an accepted peer into buf, without name lookups (cheap
+ * enough for every connection of a flood), and its address alone into src
+ * (IPv4 as IPv4-mapped, so one host compares equal on either socket) to
+ * count connections by source. */
+void fsdp_netaddr_peer(const struct sockaddr_storage *ss, char *buf, size_t len,
+                       unsigned char src[FSDP_NETADDR_SRC_BYTES]);
+
+/* A non-blocking listening socket on bind_host (NULL or "": every
+ * interface) and port (0: any free one), backlog 1024; 0 with *fd_out and
+ * the port bound, or an error whose message starts with who. */
+int fsdp_netaddr_listen(const char *bind_host, int port, const char *who, int *fd_out,
+                        int *bound_port);
 
 #endif

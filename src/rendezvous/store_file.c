@@ -28,10 +28,12 @@
  * rendezvous); rendezvous is then slower, never wrong. Clocks of the nodes
  * must agree to within FSDPC_FILE_STORE_SLACK when no job id is available.
  *
- * Permissions: the store directory is made 0700 (an existing one must not
- * be writable by group or others), the namespace 0700, every file 0600, and
- * a stamp not owned by this user is refused: the stamp holds the job
- * secret that keys the backends' handshakes (auth.h).
+ * Permissions: directories 0700, files 0600. The directory, the stamp and
+ * every namespace must be this user's, not links, not writable by others:
+ * the stamp holds the job secret (auth.h), and whoever owns the directory
+ * could swap it or point a namespace elsewhere. Each is checked on its
+ * descriptor (lstat, open O_NOFOLLOW, fstat, compare); all below the
+ * directory goes through descriptors (openat, renameat, unlinkat).
  *
  * Owns: the namespace directory of its job (rank 0 removes it at a normal end).
  */
@@ -66,7 +68,9 @@
 struct sfile {
     struct fsdp_store base;
     char dir[PATH_MAX - 256]; /* the store directory */
-    char ns[PATH_MAX];  /* dir/job-<nonce> */
+    char ns[PATH_MAX];  /* dir/job-<nonce> (for messages) */
+    int dfd;            /* the store directory, checked (sfile_open_dir) */
+    int nsfd;           /* the namespace, checked */
     int rank;
     int created_dir;    /* this process made dir: rank 0 removes it at the end */
     uint64_t nonce;
@@ -76,6 +80,8 @@ struct sfile {
     atomic_uint seq;
     pthread_mutex_t mu; /* add(): one thread of this process at a time */
 };
+
+enum { SFILE_SEEN_NONE, SFILE_SEEN_STALE, SFILE_SEEN_MALFORMED, SFILE_SEEN_WRONG_SIZE };
 
 struct sfile_stamp {
     uint64_t nonce;
@@ -172,9 +178,9 @@ static void sfile_name(char kind, const char *key, char *out)
     out[o] = '\0';
 }
 
-static int sfile_path(const struct sfile *f, char kind, const char *key, char *path)
+/* The name of a key's file in the namespace, and its path for messages. */
+static int sfile_path(const struct sfile *f, char kind, const char *key, char *name, char *path)
 {
-    char name[SFILE_NAME_MAX + 1];
     sfile_name(kind, key, name);
     if ((size_t)snprintf(path, PATH_MAX, "%s/%s", f->ns, name) >= PATH_MAX) {
         return fsdp_err(FSDP_ERR_INVALID, "store file: path for key '%s' too long", key);
@@ -182,17 +188,77 @@ static int sfile_path(const struct sfile *f, char kind, const char *key, char *p
     return 0;
 }
 
-/* 0 with the whole file in *val (malloc'd, NUL-terminated), 1 when it does
- * not exist, or an error. */
-static int sfile_read(const char *path, void **val, size_t *len)
+/* Checks an open directory (or the stamp, want_dir 0) against what the
+ * store needs: the object lstat saw, owned by this user, not writable by
+ * group or others. shown is its path and fix what to do, for the message. */
+static int sfile_check_owned(int fd, const struct stat *seen, const char *shown, int want_dir,
+                             const char *fix)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT) {
-            return 1;
-        }
-        return fsdp_err(FSDP_ERR_IO, "store file: cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) < 0) {
+        return fsdp_err(FSDP_ERR_IO, "file store: cannot stat %s: %s", shown, strerror(errno));
     }
+    if (sb.st_dev != seen->st_dev || sb.st_ino != seen->st_ino) {
+        return fsdp_err(FSDP_ERR_INVALID, "file store: %s was replaced while it was opened: "
+                        "someone else writes in this directory; name a directory only you can "
+                        "write", shown);
+    }
+    if (want_dir ? !S_ISDIR(sb.st_mode) : !S_ISREG(sb.st_mode)) {
+        return fsdp_err(FSDP_ERR_INVALID, "file store: %s is not a %s; remove it or choose "
+                        "another path", shown, want_dir ? "directory" : "regular file");
+    }
+    if (sb.st_uid != geteuid()) {
+        return fsdp_err(FSDP_ERR_INVALID, "file store: %s belongs to uid %u, not to this user "
+                        "(uid %u): another user could have made it to plant a store or read "
+                        "the secret; %s", shown, (unsigned)sb.st_uid, (unsigned)geteuid(), fix);
+    }
+    if (sb.st_mode & 022) {
+        return fsdp_err(FSDP_ERR_INVALID, "file store: %s is writable by group or others "
+                        "(mode %04o): other users could replace the store's files; chmod %s "
+                        "it or name a new directory", shown, (unsigned)(sb.st_mode & 07777),
+                        want_dir ? "700" : "600");
+    }
+    return 0;
+}
+
+/* Opens name under atfd (AT_FDCWD for a path) without following a link
+ * and checks it (sfile_check_owned): 0 with *fd, 1 when it does not exist,
+ * or an error. */
+static int sfile_open_owned(int atfd, const char *name, const char *shown, int want_dir,
+                            int *fd)
+{
+    struct stat seen;
+    *fd = -1;
+    if (fstatat(atfd, name, &seen, AT_SYMLINK_NOFOLLOW) < 0) {
+        return errno == ENOENT ? 1 : fsdp_err(FSDP_ERR_IO, "file store: cannot stat %s: %s",
+                                              shown, strerror(errno));
+    }
+    int top = atfd == AT_FDCWD; /* the store directory itself */
+    if (S_ISLNK(seen.st_mode)) {
+        return fsdp_err(FSDP_ERR_INVALID, "file store: %s is a symbolic link, which the store "
+                        "never follows: %s", shown, top ? "name the directory itself (realpath)"
+                        : "someone else made it; remove it and check who can write here");
+    }
+    int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (want_dir ? O_DIRECTORY : 0);
+    int d = openat(atfd, name, flags);
+    if (d < 0) {
+        return errno == ENOENT ? 1 : fsdp_err(FSDP_ERR_IO, "file store: cannot open %s: %s",
+                                              shown, strerror(errno));
+    }
+    int rc = sfile_check_owned(d, &seen, shown, want_dir, top ? "name a directory you own "
+                               "(mkdir -m 700)" : "check who wrote it, remove it and start again");
+    if (rc < 0) {
+        close(d);
+        return rc;
+    }
+    *fd = d;
+    return 0;
+}
+
+/* 0 with the whole file of fd in *val (malloc'd, NUL-terminated), or an
+ * error; shown is its path for messages. */
+static int sfile_read_fd(int fd, const char *shown, void **val, size_t *len)
+{
     struct stat st;
     size_t cap = fstat(fd, &st) == 0 && st.st_size > 0 ? (size_t)st.st_size + 1 : 64;
     size_t n = 0;
@@ -215,14 +281,12 @@ static int sfile_read(const char *path, void **val, size_t *len)
             break;
         } else if (errno != EINTR) {
             int e = errno;
-            close(fd);
             free(buf);
-            return fsdp_err(FSDP_ERR_IO, "store file: cannot read %s: %s", path, strerror(e));
+            return fsdp_err(FSDP_ERR_IO, "store file: cannot read %s: %s", shown, strerror(e));
         }
     }
-    close(fd);
     if (!buf) {
-        return fsdp_err(FSDP_ERR_NOMEM, "store file: out of memory reading %s", path);
+        return fsdp_err(FSDP_ERR_NOMEM, "store file: out of memory reading %s", shown);
     }
     buf[n] = '\0';
     *val = buf;
@@ -230,19 +294,33 @@ static int sfile_read(const char *path, void **val, size_t *len)
     return 0;
 }
 
-/* Writes dir/tmp then renames it onto final: readers see all or nothing. */
-static int sfile_write_atomic(struct sfile *f, const char *dir, const char *final,
+/* sfile_read_fd of name under dirfd; 1 when it does not exist. */
+static int sfile_read(int dirfd, const char *name, const char *shown, void **val, size_t *len)
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        if (errno == ENOENT) {
+            return 1;
+        }
+        return fsdp_err(FSDP_ERR_IO, "store file: cannot open %s: %s", shown, strerror(errno));
+    }
+    int rc = sfile_read_fd(fd, shown, val, len);
+    close(fd);
+    return rc;
+}
+
+/* Writes a temporary file under dirfd and renames it onto name: readers
+ * see all or nothing. shown is the final path for messages. */
+static int sfile_write_atomic(struct sfile *f, int dirfd, const char *name, const char *shown,
                               const void *val, size_t len, int durable)
 {
-    char tmp[PATH_MAX];
+    char tmp[64];
     unsigned seq = atomic_fetch_add(&f->seq, 1);
-    if ((size_t)snprintf(tmp, sizeof(tmp), "%s/.tmp-%016" PRIx64 "-%d-%u", dir, f->host_tag,
-                         (int)getpid(), seq) >= sizeof(tmp)) {
-        return fsdp_err(FSDP_ERR_INVALID, "store file: path in %s too long", dir);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    snprintf(tmp, sizeof(tmp), ".tmp-%016" PRIx64 "-%d-%u", f->host_tag, (int)getpid(), seq);
+    int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
-        return fsdp_err(FSDP_ERR_IO, "store file: cannot create %s: %s", tmp, strerror(errno));
+        return fsdp_err(FSDP_ERR_IO, "store file: cannot create a temporary file for %s: %s",
+                        shown, strerror(errno));
     }
     const char *p = val;
     size_t done = 0;
@@ -261,46 +339,61 @@ static int sfile_write_atomic(struct sfile *f, const char *dir, const char *fina
     if (close(fd) < 0 && !e) { /* NFS reports write errors here */
         e = errno;
     }
-    if (!e && rename(tmp, final) < 0) {
+    if (!e && renameat(dirfd, tmp, dirfd, name) < 0) {
         e = errno;
     }
     if (e) {
-        unlink(tmp);
-        return fsdp_err(FSDP_ERR_IO, "store file: cannot write %s: %s", final, strerror(e));
+        unlinkat(dirfd, tmp, 0);
+        return fsdp_err(FSDP_ERR_IO, "store file: cannot write %s: %s", shown, strerror(e));
     }
     if (durable) {
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
+        fsync(dirfd);
     }
     return 0;
 }
 
-/* Removes the files of a namespace directory and the directory itself. */
-static int sfile_remove_ns(const char *ns)
+/* Removes the entries of the namespace open as nsfd (unlinkat: a link is
+ * removed, never followed), then the namespace, name under the store
+ * directory. Closes nsfd. */
+static int sfile_remove_ns_fd(struct sfile *f, int nsfd, const char *name)
 {
-    DIR *dp = opendir(ns);
+    int dup_fd = dup(nsfd);
+    DIR *dp = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
     if (!dp) {
-        return errno == ENOENT ? 0 : fsdp_err(FSDP_ERR_IO, "store file: cannot open %s: %s", ns,
-                                              strerror(errno));
+        int e = errno;
+        if (dup_fd >= 0) {
+            close(dup_fd);
+        }
+        close(nsfd);
+        return fsdp_err(FSDP_ERR_IO, "store file: cannot list %s/%s: %s", f->dir, name,
+                        strerror(e));
     }
     struct dirent *de;
-    char path[PATH_MAX];
     while ((de = readdir(dp))) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) {
-            continue;
-        }
-        if ((size_t)snprintf(path, sizeof(path), "%s/%s", ns, de->d_name) < sizeof(path)) {
-            unlink(path);
+        if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) {
+            unlinkat(nsfd, de->d_name, 0);
         }
     }
     closedir(dp);
-    if (rmdir(ns) < 0 && errno != ENOENT) {
-        return fsdp_err(FSDP_ERR_IO, "store file: cannot remove %s: %s", ns, strerror(errno));
+    close(nsfd);
+    if (unlinkat(f->dfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT) {
+        return fsdp_err(FSDP_ERR_IO, "store file: cannot remove %s/%s: %s", f->dir, name,
+                        strerror(errno));
     }
     return 0;
+}
+
+/* Removes the namespace of nonce when it is a directory of this user's;
+ * one that is a link or another user's is refused, untouched. */
+static int sfile_remove_ns(struct sfile *f, uint64_t nonce)
+{
+    char name[32], shown[PATH_MAX];
+    int nsfd;
+    snprintf(name, sizeof(name), "job-%016" PRIx64, nonce);
+    snprintf(shown, sizeof(shown), "%s/%s", f->dir, name);
+    int r = sfile_open_owned(f->dfd, name, shown, 1, &nsfd);
+    FSDP_CHECK(r);
+    return r == 1 ? 0 : sfile_remove_ns_fd(f, nsfd, name);
 }
 
 // ----------------------------------------------------------------------------
@@ -314,9 +407,9 @@ static double sfile_timeout(const struct sfile *f, double timeout_s)
 static int sfile_set(struct fsdp_store *s, const char *key, const void *val, size_t len)
 {
     struct sfile *f = (struct sfile *)s;
-    char path[PATH_MAX];
-    FSDP_CHECK(sfile_path(f, 'k', key, path));
-    FSDP_CHECK(sfile_write_atomic(f, f->ns, path, val, len, 0));
+    char name[SFILE_NAME_MAX + 1], path[PATH_MAX];
+    FSDP_CHECK(sfile_path(f, 'k', key, name, path));
+    FSDP_CHECK(sfile_write_atomic(f, f->nsfd, name, path, val, len, 0));
     return 0;
 }
 
@@ -324,11 +417,11 @@ static int sfile_get(struct fsdp_store *s, const char *key, void **val, size_t *
                      double timeout_s)
 {
     struct sfile *f = (struct sfile *)s;
-    char path[PATH_MAX];
+    char name[SFILE_NAME_MAX + 1], path[PATH_MAX];
     double t = sfile_timeout(f, timeout_s), t0 = fsdp_now(), backoff = 0.001;
-    FSDP_CHECK(sfile_path(f, 'k', key, path));
+    FSDP_CHECK(sfile_path(f, 'k', key, name, path));
     for (;;) {
-        int r = sfile_read(path, val, len);
+        int r = sfile_read(f->nsfd, name, path, val, len);
         FSDP_CHECK(r);
         if (r == 0) {
             return 0;
@@ -344,10 +437,10 @@ static int sfile_get(struct fsdp_store *s, const char *key, void **val, size_t *
 static int sfile_check(struct fsdp_store *s, const char *key, int *exists)
 {
     struct sfile *f = (struct sfile *)s;
-    char path[PATH_MAX];
+    char name[SFILE_NAME_MAX + 1], path[PATH_MAX];
     struct stat st;
-    FSDP_CHECK(sfile_path(f, 'k', key, path));
-    if (stat(path, &st) == 0) {
+    FSDP_CHECK(sfile_path(f, 'k', key, name, path));
+    if (fstatat(f->nsfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
         *exists = 1;
     } else if (errno == ENOENT) {
         *exists = 0;
@@ -408,13 +501,14 @@ static int sfile_lock(int fd, short type, double deadline, const char *path)
     }
 }
 
-static int sfile_add_locked(struct sfile *f, const char *key, const char *vpath, int64_t delta,
-                            int64_t *result)
+static int sfile_add_locked(struct sfile *f, const char *key, int64_t delta, int64_t *result)
 {
+    char vname[SFILE_NAME_MAX + 1], vpath[PATH_MAX];
     void *v;
     size_t len;
     int64_t cur = 0, sum;
-    int r = sfile_read(vpath, &v, &len);
+    FSDP_CHECK(sfile_path(f, 'k', key, vname, vpath));
+    int r = sfile_read(f->nsfd, vname, vpath, &v, &len);
     FSDP_CHECK(r);
     if (r == 0) {
         int bad = fsdp_store_parse_int(v, len, &cur) < 0;
@@ -431,7 +525,7 @@ static int sfile_add_locked(struct sfile *f, const char *key, const char *vpath,
     if (delta != 0 || r == 1) {
         char txt[FSDP_STORE_INT_CHARS];
         int n = snprintf(txt, sizeof(txt), "%" PRId64, sum);
-        FSDP_CHECK(sfile_write_atomic(f, f->ns, vpath, txt, (size_t)n, 0));
+        FSDP_CHECK(sfile_write_atomic(f, f->nsfd, vname, vpath, txt, (size_t)n, 0));
     }
     *result = sum;
     return 0;
@@ -440,18 +534,17 @@ static int sfile_add_locked(struct sfile *f, const char *key, const char *vpath,
 static int sfile_add(struct fsdp_store *s, const char *key, int64_t delta, int64_t *result)
 {
     struct sfile *f = (struct sfile *)s;
-    char vpath[PATH_MAX], lpath[PATH_MAX];
+    char lname[SFILE_NAME_MAX + 1], lpath[PATH_MAX];
     int rc;
-    FSDP_CHECK(sfile_path(f, 'k', key, vpath));
-    FSDP_CHECK(sfile_path(f, 'l', key, lpath));
+    FSDP_CHECK(sfile_path(f, 'l', key, lname, lpath));
     pthread_mutex_lock(&f->mu);
-    int fd = open(lpath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = openat(f->nsfd, lname, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "store file: cannot open %s: %s", lpath, strerror(errno));
         goto out;
     }
     FSDP_CHECK_GOTO(sfile_lock(fd, F_WRLCK, fsdp_now() + f->timeout_s, lpath), rc, out_close);
-    rc = sfile_add_locked(f, key, vpath, delta, result);
+    rc = sfile_add_locked(f, key, delta, result);
     struct flock fl;
     memset(&fl, 0, sizeof(fl));
     fl.l_type = F_UNLCK;
@@ -469,6 +562,12 @@ out:
 static void sfile_destroy(struct fsdp_store *s)
 {
     struct sfile *f = (struct sfile *)s;
+    if (f->nsfd >= 0) {
+        close(f->nsfd);
+    }
+    if (f->dfd >= 0) {
+        close(f->dfd);
+    }
     pthread_mutex_destroy(&f->mu);
     free(f);
 }
@@ -487,22 +586,13 @@ static const struct fsdp_store_ops sfile_ops = {
 // ----------------------------------------------------------------------------
 // the stamp
 
-/* 0 with the stamp, 1 when there is none, FSDP_ERR_FORMAT when it does not
- * parse (recorded), or an I/O error. */
-static int sfile_stamp_read(const char *dir, struct sfile_stamp *st)
+/* Parses the stamp's text (NUL-terminated); 0 or FSDP_ERR_FORMAT (recorded). */
+static int sfile_stamp_parse(char *txt, const char *shown, struct sfile_stamp *st)
 {
-    char path[PATH_MAX];
-    void *v;
-    size_t len;
-    snprintf(path, sizeof(path), "%s/" SFILE_STAMP, dir);
-    int r = sfile_read(path, &v, &len);
-    if (r != 0) {
-        return r;
-    }
     char *save = NULL, *line;
     int have = 0;
     memset(st, 0, sizeof(*st));
-    line = strtok_r(v, "\n", &save);
+    line = strtok_r(txt, "\n", &save);
     if (line && strcmp(line, SFILE_MAGIC) == 0) {
         while ((line = strtok_r(NULL, "\n", &save))) {
             unsigned long long x;
@@ -529,13 +619,34 @@ static int sfile_stamp_read(const char *dir, struct sfile_stamp *st)
             }
         }
     }
-    memset(v, 0, len);
-    free(v);
     if (have != 31) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s is not an fsdpc store stamp; remove it or choose "
-                        "another path", path);
+                        "another path", shown);
     }
     return 0;
+}
+
+/* 0 with the stamp, 1 when there is none, FSDP_ERR_FORMAT when it does not
+ * parse (recorded), or an error: a stamp that is a link, or that another
+ * user wrote, is refused before it is read. */
+static int sfile_stamp_read(struct sfile *f, struct sfile_stamp *st)
+{
+    char shown[PATH_MAX];
+    void *v;
+    size_t len;
+    int fd;
+    snprintf(shown, sizeof(shown), "%s/" SFILE_STAMP, f->dir);
+    int r = sfile_open_owned(f->dfd, SFILE_STAMP, shown, 0, &fd);
+    if (r != 0) {
+        return r;
+    }
+    r = sfile_read_fd(fd, shown, &v, &len);
+    close(fd);
+    FSDP_CHECK(r);
+    r = sfile_stamp_parse(v, shown, st);
+    memset(v, 0, len);
+    free(v);
+    return r;
 }
 
 static int sfile_stamp_write(struct sfile *f, int world, const char *job)
@@ -549,13 +660,14 @@ static int sfile_stamp_write(struct sfile *f, int world, const char *job)
                      "job %s\ncreated %.6f\nworld %d\nwriter %s %d\n", f->nonce, hex,
                      job[0] ? job : "-", sfile_wall_now(), world, host, (int)getpid());
     snprintf(final, sizeof(final), "%s/" SFILE_STAMP, f->dir);
-    int rc = sfile_write_atomic(f, f->dir, final, txt, (size_t)n, 1);
+    int rc = sfile_write_atomic(f, f->dfd, SFILE_STAMP, final, txt, (size_t)n, 1);
     memset(txt, 0, sizeof(txt));
     memset(hex, 0, sizeof(hex));
     return rc;
 }
 
-/* mkdir -p; *created says whether the last component was made here. */
+/* mkdir -p; *created says whether the last component was made here. The
+ * caller checks what is there (sfile_open_owned). */
 static int sfile_mkdirs(const char *dir, int *created)
 {
     char p[PATH_MAX];
@@ -577,34 +689,34 @@ static int sfile_mkdirs(const char *dir, int *created)
             }
         }
     }
-    struct stat sb;
-    if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
-        return fsdp_err(FSDP_ERR_IO, "file://%s: not a directory", dir);
-    }
-    if (sb.st_mode & 022) {
-        return fsdp_err(FSDP_ERR_INVALID, "file://%s: the directory is writable by group or "
-                        "others (mode %04o): other users could replace the store's files; "
-                        "chmod 700 it or name a new directory", dir,
-                        (unsigned)(sb.st_mode & 07777));
-    }
     return 0;
+}
+
+/* The namespace's name (job-<nonce>) and path (for messages). */
+static void sfile_ns_name(struct sfile *f, uint64_t nonce, char *name, size_t len)
+{
+    snprintf(name, len, "job-%016" PRIx64, nonce);
+    snprintf(f->ns, sizeof(f->ns), "%s/%s", f->dir, name);
 }
 
 static int sfile_open_rank0(struct sfile *f, int world, const char *job)
 {
     struct sfile_stamp old;
-    char when[64];
+    char when[64], name[32];
     FSDP_CHECK(sfile_mkdirs(f->dir, &f->created_dir));
-    int r = sfile_stamp_read(f->dir, &old);
+    int r = sfile_open_owned(AT_FDCWD, f->dir, f->dir, 1, &f->dfd);
+    FSDP_CHECK(r);
+    if (r == 1) {
+        return fsdp_err(FSDP_ERR_IO, "file://%s: the directory vanished as it was made; "
+                        "someone else writes in its parent: name a directory only you can "
+                        "write", f->dir);
+    }
+    r = sfile_stamp_read(f, &old);
     if (r == 0) {
-        char ns[PATH_MAX];
+        FSDP_CHECK(sfile_remove_ns(f, old.nonce));
         sfile_time_str(old.created, when, sizeof(when));
         FSDP_WARN(FSDP_SUB_DIST, "file://%s: replacing the store of an earlier job (written %s)",
                   f->dir, when);
-        if ((size_t)snprintf(ns, sizeof(ns), "%s/job-%016" PRIx64, f->dir, old.nonce) <
-            sizeof(ns)) {
-            FSDP_CHECK(sfile_remove_ns(ns));
-        }
     } else if (r == FSDP_ERR_FORMAT) {
         char msg[512];
         fsdp_err_take(msg, sizeof(msg));
@@ -614,16 +726,59 @@ static int sfile_open_rank0(struct sfile *f, int world, const char *job)
     }
     f->nonce = fsdp_store_random64();
     FSDP_CHECK(fsdp_auth_random(f->secret, sizeof(f->secret)));
-    if ((size_t)snprintf(f->ns, sizeof(f->ns), "%s/job-%016" PRIx64, f->dir, f->nonce) >=
-        sizeof(f->ns)) {
-        return fsdp_err(FSDP_ERR_INVALID, "file://%s: path too long", f->dir);
-    }
-    if (mkdir(f->ns, 0700) < 0) {
+    sfile_ns_name(f, f->nonce, name, sizeof(name));
+    if (mkdirat(f->dfd, name, 0700) < 0) {
         return fsdp_err(FSDP_ERR_IO, "file://%s: cannot create %s: %s", f->dir, f->ns,
                         strerror(errno));
     }
+    r = sfile_open_owned(f->dfd, name, f->ns, 1, &f->nsfd);
+    FSDP_CHECK(r);
+    if (r == 1) {
+        return fsdp_err(FSDP_ERR_IO, "file://%s: %s vanished as it was made", f->dir, f->ns);
+    }
     FSDP_CHECK(sfile_stamp_write(f, world, job));
     return 0;
+}
+
+/* One look for the job's stamp: 0 when it is current and its namespace
+ * is open (f->nsfd), 1 to look again (*seen says why), or an error: a
+ * directory, stamp or namespace that is a link or another user's. The
+ * directory is opened afresh at every look: rank 0 may make it meanwhile. */
+static int sfile_look(struct sfile *f, int world, const char *job, double not_before,
+                      struct sfile_stamp *st, int *seen, char *msg, size_t msg_len)
+{
+    char name[32];
+    if (f->dfd >= 0) {
+        close(f->dfd);
+        f->dfd = -1;
+    }
+    int r = sfile_open_owned(AT_FDCWD, f->dir, f->dir, 1, &f->dfd);
+    if (r == 0) {
+        r = sfile_stamp_read(f, st);
+    }
+    if (r == FSDP_ERR_FORMAT) {
+        fsdp_err_take(msg, msg_len);
+        *seen = SFILE_SEEN_MALFORMED;
+        return 1;
+    }
+    if (r != 0) {
+        return r;
+    }
+    if (!(job[0] ? strcmp(st->job, job) == 0 : st->created >= not_before)) {
+        *seen = SFILE_SEEN_STALE;
+        return 1;
+    }
+    if (st->world != world) {
+        *seen = SFILE_SEEN_WRONG_SIZE;
+        return 1;
+    }
+    sfile_ns_name(f, st->nonce, name, sizeof(name));
+    r = sfile_open_owned(f->dfd, name, f->ns, 1, &f->nsfd);
+    if (r == 0) {
+        f->nonce = st->nonce;
+        memcpy(f->secret, st->secret, sizeof(f->secret));
+    }
+    return r;
 }
 
 static int sfile_open_other(struct sfile *f, int world, const char *job, double timeout_s)
@@ -631,36 +786,14 @@ static int sfile_open_other(struct sfile *f, int world, const char *job, double 
     double slack = fsdp_env_double("FSDPC_FILE_STORE_SLACK", 10.0);
     double not_before = sfile_process_start() - slack;
     double t0 = fsdp_now(), backoff = 0.01;
-    enum { NONE, STALE, MALFORMED, WRONG_SIZE } seen = NONE;
+    int seen = SFILE_SEEN_NONE;
     struct sfile_stamp st;
     char msg[512] = "";
     for (;;) {
-        int r = sfile_stamp_read(f->dir, &st);
+        int r = sfile_look(f, world, job, not_before, &st, &seen, msg, sizeof(msg));
+        FSDP_CHECK(r);
         if (r == 0) {
-            int current = job[0] ? strcmp(st.job, job) == 0 : st.created >= not_before;
-            if (!current) {
-                seen = STALE;
-            } else if (st.world != world) {
-                seen = WRONG_SIZE;
-            } else {
-                snprintf(f->ns, sizeof(f->ns), "%s/job-%016" PRIx64, f->dir, st.nonce);
-                struct stat sb;
-                if (stat(f->ns, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-                    if (sb.st_uid != geteuid()) {
-                        return fsdp_err(FSDP_ERR_INVALID, "file://%s: the store's namespace "
-                                        "belongs to uid %u, not to this user: another user's "
-                                        "job, or a planted store", f->dir, (unsigned)sb.st_uid);
-                    }
-                    f->nonce = st.nonce;
-                    memcpy(f->secret, st.secret, sizeof(f->secret));
-                    return 0;
-                }
-            }
-        } else if (r == FSDP_ERR_FORMAT) {
-            fsdp_err_take(msg, sizeof(msg));
-            seen = MALFORMED;
-        } else if (r < 0) {
-            return r;
+            return 0;
         }
         if (fsdp_now() - t0 >= timeout_s) {
             break;
@@ -669,14 +802,14 @@ static int sfile_open_other(struct sfile *f, int world, const char *job, double 
     }
     char when[64];
     switch (seen) {
-    case STALE:
+    case SFILE_SEEN_STALE:
         sfile_time_str(st.created, when, sizeof(when));
         return fsdp_err(FSDP_ERR_STALE, "file://%s holds a store from an earlier job (written "
                         "%s); remove it or choose another path", f->dir, when);
-    case WRONG_SIZE:
+    case SFILE_SEEN_WRONG_SIZE:
         return fsdp_err(FSDP_ERR_MISMATCH, "file://%s: the store was made for %d ranks, this "
                         "rank was started for %d", f->dir, st.world, world);
-    case MALFORMED:
+    case SFILE_SEEN_MALFORMED:
         return fsdp_err(FSDP_ERR_FORMAT, "%s", msg);
     default:
         return fsdp_err(FSDP_ERR_TIMEOUT, "file://%s: no store appeared within %.1f s (rank 0 "
@@ -703,6 +836,8 @@ int fsdp_store_file_open(const char *path, int rank, int world_size, double time
         return fsdp_err(FSDP_ERR_NOMEM, "file store: out of memory");
     }
     f->base.ops = &sfile_ops;
+    f->dfd = -1;
+    f->nsfd = -1;
     f->rank = rank;
     f->timeout_s = timeout_s;
     snprintf(f->dir, sizeof(f->dir), "%s", path);
@@ -739,18 +874,22 @@ int fsdp_store_file_cleanup(struct fsdp_store *s)
     }
     struct sfile *f = (struct sfile *)s;
     struct sfile_stamp st;
-    char path[PATH_MAX];
-    FSDP_CHECK(sfile_remove_ns(f->ns));
-    /* the stamp goes only while it still names this job */
-    int r = sfile_stamp_read(f->dir, &st);
+    char name[32];
+    if (f->nsfd >= 0) {
+        int nsfd = f->nsfd;
+        f->nsfd = -1;
+        snprintf(name, sizeof(name), "job-%016" PRIx64, f->nonce);
+        FSDP_CHECK(sfile_remove_ns_fd(f, nsfd, name));
+    }
+    /* the stamp goes only while it still names this job (and is this user's) */
+    int r = sfile_stamp_read(f, &st);
     if (r == 0 && st.nonce == f->nonce) {
-        snprintf(path, sizeof(path), "%s/" SFILE_STAMP, f->dir);
-        if (unlink(path) < 0 && errno != ENOENT) {
-            return fsdp_err(FSDP_ERR_IO, "file store: cannot remove %s: %s", path,
-                            strerror(errno));
+        if (unlinkat(f->dfd, SFILE_STAMP, 0) < 0 && errno != ENOENT) {
+            return fsdp_err(FSDP_ERR_IO, "file store: cannot remove %s/" SFILE_STAMP ": %s",
+                            f->dir, strerror(errno));
         }
         if (f->created_dir) {
-            rmdir(f->dir); /* only when empty */
+            rmdir(f->dir); /* only when empty; never follows a link */
         }
     } else if (r < 0) {
         fsdp_err_clear();

@@ -98,8 +98,11 @@ static int stcp_send(int fd, int type, int64_t arg, const char *key, const void 
     return rc ? rc : stcp_io(fd, (void *)(uintptr_t)val, vlen, 1, deadline);
 }
 
-/* Receives a reply. *key and *val are malloc'd (NUL-terminated) or NULL. */
-static int stcp_recv(int fd, struct stcp_hdr *h, char **key, void **val, double deadline)
+/* Receives a reply of at most vmax value bytes (judged on the header,
+ * before anything is allocated). *key and *val are malloc'd
+ * (NUL-terminated) or NULL. */
+static int stcp_recv(int fd, struct stcp_hdr *h, char **key, void **val, uint64_t vmax,
+                     double deadline)
 {
     unsigned char b[STCP_HDR];
     *key = NULL;
@@ -111,7 +114,7 @@ static int stcp_recv(int fd, struct stcp_hdr *h, char **key, void **val, double 
     stcp_unpack(b, h);
     if (h->magic != STCP_MAGIC || h->version != STCP_VERSION || h->type < STCP_R_OK ||
         h->type > STCP_R_CHALLENGE || h->klen > FSDP_STORE_MAX_KEY ||
-        h->vlen > FSDP_STORE_MAX_VALUE) {
+        h->vlen > vmax) {
         return FSDP_ERR_FORMAT;
     }
     *key = malloc((size_t)h->klen + 1);
@@ -150,7 +153,7 @@ static int stcp_call(struct stcp_client *cl, int type, int64_t arg, const char *
     }
     int rc = stcp_send(cl->fd, type, arg, key, val, vlen, deadline);
     if (!rc) {
-        rc = stcp_recv(cl->fd, rh, rkey, rval, deadline);
+        rc = stcp_recv(cl->fd, rh, rkey, rval, FSDP_STORE_MAX_VALUE, deadline);
     }
     if (rc == 0) {
         return 0;
@@ -181,7 +184,9 @@ static int stcp_reply_error(const struct stcp_client *cl, const char *op, const 
     if (h->type == STCP_R_ERR) {
         /* the server sends the error code along */
         int code = h->arg < 0 && h->arg >= FSDP_ERR_BACKEND ? (int)h->arg : FSDP_ERR_PEER;
-        return fsdp_err(code, "store %s: %s '%s': %s", cl->addr, op, key, msg);
+        char why[512];
+        fsdp_str_printable(why, sizeof(why), msg, 0);
+        return fsdp_err(code, "store %s: %s '%s': %s", cl->addr, op, key, why);
     }
     return fsdp_err(FSDP_ERR_FORMAT, "store %s: unexpected reply type %u to %s '%s'", cl->addr,
                     h->type, op, key);
@@ -350,7 +355,10 @@ static const struct fsdp_store_ops stcp_ops = {
     .destroy = stcp_destroy,
 };
 
-/* One connection attempt to one address: 0 with *fd connected, or an errno. */
+/* One connection attempt to one address: 0 with *fd connected, or an errno
+ * (ETIMEDOUT after STCP_CONNECT_TRY_S). The wait is short because a SYN the
+ * server's full backlog dropped (a connection flood) is resent by the
+ * kernel only 1, 3, 7, 15 s later: a fresh attempt gets a free slot sooner. */
 static int stcp_try_connect(const struct addrinfo *ai, double deadline, int *fd_out)
 {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
@@ -366,7 +374,8 @@ static int stcp_try_connect(const struct addrinfo *ai, double deadline, int *fd_
         }
         double left = deadline - fsdp_now();
         struct pollfd p = {.fd = fd, .events = POLLOUT};
-        int ms = left > 5.0 ? 5000 : left > 0 ? (int)(left * 1e3) + 1 : 0;
+        left = left < STCP_CONNECT_TRY_S ? left : STCP_CONNECT_TRY_S;
+        int ms = left > 0 ? (int)(left * 1e3) + 1 : 0;
         int r = poll(&p, 1, ms);
         int err = 0;
         socklen_t el = sizeof(err);
@@ -404,7 +413,7 @@ static int stcp_hello(struct stcp_client *cl, const struct fsdp_auth_key *key, d
     d = d < deadline ? d : deadline;
     int rc = stcp_send(cl->fd, STCP_HELLO, 0, who, cchal, sizeof(cchal), d);
     if (!rc) {
-        rc = stcp_recv(cl->fd, &h, &rk, &rv, d);
+        rc = stcp_recv(cl->fd, &h, &rk, &rv, STCP_PREAUTH_REPLY_MAX, d);
     }
     if (rc) {
         return -1; /* not our server, or it went away: try again */
@@ -428,7 +437,7 @@ static int stcp_hello(struct stcp_client *cl, const struct fsdp_auth_key *key, d
         rv = NULL;
         rc = stcp_send(cl->fd, STCP_AUTH, 0, "", mac, sizeof(mac), d);
         if (!rc) {
-            rc = stcp_recv(cl->fd, &h, &rk, &rv, d);
+            rc = stcp_recv(cl->fd, &h, &rk, &rv, STCP_PREAUTH_REPLY_MAX, d);
         }
         if (rc) {
             return -1;
@@ -439,9 +448,13 @@ static int stcp_hello(struct stcp_client *cl, const struct fsdp_auth_key *key, d
             return 0;
         }
     }
+    /* before the proof, the reply may come from anyone: print it only as
+     * plain text, so that no escape sequence reaches the terminal */
+    char why[512];
+    fsdp_str_printable(why, sizeof(why), h.type == STCP_R_ERR ? (char *)rv
+                       : "unexpected reply to the hello", 0);
     rc = fsdp_err(h.type == STCP_R_ERR ? FSDP_ERR_AUTH : FSDP_ERR_MISMATCH,
-                  "store %s refused this process: %s", cl->addr,
-                  h.type == STCP_R_ERR ? (char *)rv : "unexpected reply to the hello");
+                  "store %s refused this process: %s", cl->addr, why);
     free(rk);
     free(rv);
     return rc;
@@ -469,6 +482,7 @@ int fsdp_store_tcp_connect(const char *host, int port, const struct fsdp_auth_ke
     snprintf(ports, sizeof(ports), "%d", port);
     for (int attempt = 0;; attempt++) {
         struct addrinfo hints = {0}, *res = NULL;
+        int waited = 0; /* an attempt timed out: try again at once */
         hints.ai_family = AF_UNSPEC;
         hints.ai_socktype = SOCK_STREAM;
         hints.ai_flags = AI_NUMERICSERV;
@@ -480,6 +494,7 @@ int fsdp_store_tcp_connect(const char *host, int port, const struct fsdp_auth_ke
             int e = stcp_try_connect(ai, deadline, &cl->fd);
             if (e) {
                 snprintf(last, sizeof(last), "%s", strerror(e));
+                waited = waited || e == ETIMEDOUT;
                 continue;
             }
             int rc = stcp_hello(cl, key, deadline);
@@ -512,8 +527,10 @@ int fsdp_store_tcp_connect(const char *host, int port, const struct fsdp_auth_ke
         if (attempt == 0 || attempt % 20 == 0) {
             FSDP_DEBUG(FSDP_SUB_DIST, "store %s not reachable yet (%s); retrying", cl->addr, last);
         }
-        usleep((useconds_t)((backoff < left ? backoff : left) * 1e6));
-        backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
+        if (!waited) {
+            usleep((useconds_t)((backoff < left ? backoff : left) * 1e6));
+            backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
+        }
     }
     FSDP_DEBUG(FSDP_SUB_DIST, "store %s: connected after %.2f s", cl->addr, fsdp_now() - t0);
     *out = &cl->base;

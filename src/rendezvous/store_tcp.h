@@ -27,6 +27,8 @@
 #define STCP_HDR 32
 #define STCP_HELLO_KEY_MAX 256
 #define STCP_HELLO_TIMEOUT_S 10.0 /* a connection must say hello within this */
+#define STCP_CONNECT_TRY_S 0.25   /* one connect attempt waits this long at most */
+#define STCP_PREAUTH_REPLY_MAX 4096 /* value bytes of a reply before the server's proof */
 
 enum stcp_type {
     STCP_HELLO = 1, /* key client description, value client challenge -> CHALLENGE */

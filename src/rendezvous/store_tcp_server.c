@@ -14,13 +14,23 @@
  * socket, whatever the clients are doing.
  *
  * Limits, so that no client, in or out of the job, can exhaust rank 0: at
- * most STCP_MAX_PENDING connections may be in their hello at once (a new
- * one closes the oldest), each must say hello within STCP_HELLO_TIMEOUT_S,
- * a connection's net stored bytes stay within a quota
- * (FSDPC_STORE_QUOTA_MB, 256 MiB) and the table within four quotas, both
- * checked against a value's announced length before anything is
- * allocated, and when descriptors run out accepting pauses instead of
- * spinning. Past a burst of 8, warnings from the server print at most once
+ * most STCP_MAX_PENDING connections may be in their hello at once, at most
+ * STCP_MAX_PENDING_PER_SOURCE of one source address, and of those at most
+ * STCP_MAX_SILENT_PER_SOURCE that have sent nothing yet; a new one closes
+ * the oldest (silent first) of its own source when that source is at its
+ * limit, else, when all are taken, the oldest silent one, else the oldest
+ * (so a flood from one host never closes the connections of ranks on
+ * others, and a rank that says hello at once survives a flood from its own
+ * host). A connection must send its first bytes within STCP_SILENT_S and
+ * complete its hello within STCP_HELLO_TIMEOUT_S. Accepting takes at most
+ * STCP_ACCEPT_BATCH connections a turn, cheaply (no name lookups), so that
+ * the listen backlog drains at the rate a flood fills it and the hellos of
+ * those accepted are read before the next batch can close them. A
+ * connection's net stored bytes stay within a quota (FSDPC_STORE_QUOTA_MB,
+ * 256 MiB) and the table, with the values still being received, within
+ * four quotas, both checked against a value's announced length before
+ * anything is allocated, and when descriptors run out accepting pauses
+ * instead of spinning. Past a burst of 8, warnings from the server print at most once
  * a second, with a count of the ones held back.
  *
  * Owns: the listening socket, the accepted sockets, the server thread and
@@ -30,6 +40,7 @@
 #include "rendezvous/store.h"
 #include "rendezvous/store_impl.h"
 #include "rendezvous/store_tcp.h"
+#include "rendezvous/netaddr.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -37,7 +48,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -53,22 +63,14 @@
 #include <unistd.h>
 
 #define STCP_READ_BUDGET (8u << 20) /* bytes read from one client per loop turn */
-#define STCP_MAX_PENDING 128        /* connections still in their hello */
+#define STCP_MAX_PENDING 256        /* connections still in their hello */
+#define STCP_MAX_PENDING_PER_SOURCE 128 /* of them, from one address */
+#define STCP_MAX_SILENT_PER_SOURCE 64 /* of those, that sent nothing yet */
+#define STCP_SILENT_S 0.5           /* a connection sends its first bytes within this */
+#define STCP_ACCEPT_BATCH 32        /* connections accepted per loop turn */
 #define STCP_WAIT_LIST_MAX (1u << 20) /* bytes of keys in one WAIT */
 #define STCP_ACCEPT_PAUSE_S 0.1     /* out of descriptors: accept again after this */
 #define STCP_WARN_BURST 8.0         /* warning lines that may print at once */
-
-static void sock_peer_name(int fd, char *buf, size_t len)
-{
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    char host[INET6_ADDRSTRLEN] = "?", port[16] = "?";
-    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port, sizeof(port),
-                    NI_NUMERICHOST | NI_NUMERICSERV);
-    }
-    snprintf(buf, len, "%s:%s", host, port);
-}
 
 struct fsdp_store_server;
 
@@ -82,6 +84,8 @@ struct stcp_conn {
     char who[80];            /* the client's description from its hello (printable) */
     int closing;             /* refused: close once the output is flushed */
     char peer[64];           /* "addr:port" */
+    unsigned char src[FSDP_NETADDR_SRC_BYTES]; /* the peer's address */
+    double accepted;         /* fsdp_now() at accept */
     double hello_deadline;
     unsigned char hbuf[STCP_HDR];
     size_t hgot;
@@ -94,6 +98,7 @@ struct stcp_conn {
     unsigned char *out;      /* (out_cap,) replies not yet written */
     size_t out_len, out_off, out_cap;
     int64_t stored;          /* net bytes of values this connection's sets added */
+    int64_t incoming;        /* bytes of the value being received, reserved */
 };
 
 struct fsdp_store_server {
@@ -111,6 +116,7 @@ struct fsdp_store_server {
     size_t pfd_cap;
     int64_t quota;           /* per connection, bytes */
     int64_t table_bytes;     /* bytes of every value held */
+    int64_t incoming_bytes;  /* bytes of values being received (reserved) */
     double accept_paused_until;
     double last_warn;        /* fsdp_now() of the last warning asked for */
     double warn_tokens;      /* lines that may print now (refilled 1 a second) */
@@ -149,6 +155,8 @@ static void srv_warn(struct fsdp_store_server *srv, const char *fmt, ...)
 
 static void conn_reset_request(struct stcp_conn *c)
 {
+    c->srv->incoming_bytes -= c->incoming;
+    c->incoming = 0;
     free(c->key);
     free(c->val);
     c->key = NULL;
@@ -406,7 +414,8 @@ static int srv_over_quota(const struct fsdp_store_server *srv, const struct stcp
                  c->stored, srv->quota);
         return 1;
     }
-    if (srv->table_bytes + v > 4 * srv->quota) {
+    /* values still arriving count: they are allocated already */
+    if (srv->table_bytes + srv->incoming_bytes + v > 4 * srv->quota) {
         snprintf(why, len, "a %" PRIu64 "-byte value would take the store past %" PRId64
                  " bytes", h->vlen, 4 * srv->quota);
         return 1;
@@ -471,6 +480,10 @@ static int srv_check_header(struct stcp_conn *c)
         return -1;
     }
     c->key[h->klen] = '\0';
+    if (h->type == STCP_SET) {
+        c->incoming = (int64_t)h->vlen;
+        c->srv->incoming_bytes += c->incoming;
+    }
     return 0;
 }
 
@@ -568,25 +581,93 @@ static void srv_read(struct fsdp_store_server *srv, struct stcp_conn *c)
     }
 }
 
-/* The connection longest in its hello when STCP_MAX_PENDING are, else NULL. */
-static struct stcp_conn *srv_oldest_pending(const struct fsdp_store_server *srv)
+/* Room for more connections in srv->conns; 0 or -1 (out of memory). */
+static int srv_grow(struct fsdp_store_server *srv)
 {
-    struct stcp_conn *oldest = NULL;
-    size_t n = 0;
-    for (size_t i = 0; i < srv->nconns; i++) {
-        struct stcp_conn *c = srv->conns[i];
-        if (c->fd >= 0 && !c->authed) {
-            n++;
-            oldest = !oldest || c->hello_deadline < oldest->hello_deadline ? c : oldest;
-        }
+    size_t cap = srv->cap ? 2 * srv->cap : 16;
+    struct stcp_conn **p = realloc(srv->conns, cap * sizeof(*p));
+    if (!p) {
+        return -1;
     }
-    return n >= STCP_MAX_PENDING ? oldest : NULL;
+    srv->conns = p;
+    srv->cap = cap;
+    return 0;
 }
 
+/* Has sent nothing yet (a flood's connections, or a client a moment old). */
+static int conn_silent(const struct stcp_conn *c)
+{
+    return !c->challenged && c->hgot == 0;
+}
+
+/* The connection to close so that a new one from src fits (the limits at
+ * the head of this file), or NULL when it fits as things are. */
+static struct stcp_conn *srv_victim(const struct fsdp_store_server *srv,
+                                    const unsigned char *src)
+{
+    struct stcp_conn *own = NULL, *own_silent = NULL, *silent = NULL, *any = NULL;
+    size_t pending = 0, n_own = 0, n_own_silent = 0;
+    for (size_t i = 0; i < srv->nconns; i++) {
+        struct stcp_conn *c = srv->conns[i];
+        if (c->fd < 0 || c->authed) {
+            continue;
+        }
+        int mine = memcmp(c->src, src, sizeof(c->src)) == 0, quiet = conn_silent(c);
+        pending++;
+        any = !any || c->accepted < any->accepted ? c : any;
+        silent = quiet && (!silent || c->accepted < silent->accepted) ? c : silent;
+        if (mine) {
+            n_own++;
+            own = !own || c->accepted < own->accepted ? c : own;
+            n_own_silent += (size_t)quiet;
+            own_silent = quiet && (!own_silent || c->accepted < own_silent->accepted)
+                         ? c : own_silent;
+        }
+    }
+    if (n_own_silent >= STCP_MAX_SILENT_PER_SOURCE) {
+        return own_silent;
+    }
+    if (n_own >= STCP_MAX_PENDING_PER_SOURCE) {
+        return own_silent ? own_silent : own;
+    }
+    return pending >= STCP_MAX_PENDING ? (silent ? silent : any) : NULL;
+}
+
+/* Takes one accepted connection in, closing another if the limits say so. */
+static void srv_admit(struct fsdp_store_server *srv, int fd, const struct sockaddr_storage *ss)
+{
+    struct stcp_conn *c = calloc(1, sizeof(*c));
+    if (!c || (srv->nconns == srv->cap && srv_grow(srv) < 0)) {
+        free(c);
+        close(fd);
+        return;
+    }
+    fsdp_netaddr_peer(ss, c->peer, sizeof(c->peer), c->src);
+    struct stcp_conn *victim = srv_victim(srv, c->src);
+    if (victim) { /* a flood must keep connecting to keep others out */
+        srv_warn(srv, "closed connection from %s: %s", victim->peer, conn_silent(victim)
+                 ? "too many connections that sent nothing (this was the oldest)"
+                 : "too many connections in their hello (this was the oldest)");
+        conn_close(victim);
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    c->srv = srv;
+    c->fd = fd;
+    c->accepted = fsdp_now();
+    c->hello_deadline = c->accepted + STCP_HELLO_TIMEOUT_S;
+    srv->conns[srv->nconns++] = c;
+}
+
+/* Accepts at most STCP_ACCEPT_BATCH connections: the loop then reads the
+ * hellos of those, before a next batch could close them. */
 static void srv_accept(struct fsdp_store_server *srv)
 {
-    for (;;) {
-        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    for (int k = 0; k < STCP_ACCEPT_BATCH; k++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) {
                 continue;
@@ -600,37 +681,7 @@ static void srv_accept(struct fsdp_store_server *srv)
             }
             return;
         }
-        struct stcp_conn *oldest = srv_oldest_pending(srv);
-        if (oldest) {
-            /* the one that has idled longest goes: a flood must keep
-             * connecting to keep others out, and a client that says hello
-             * at once gets in */
-            srv_warn(srv, "closed connection from %s: %d connections are in their hello, this "
-                     "was the oldest", oldest->peer, STCP_MAX_PENDING);
-            conn_close(oldest);
-        }
-        if (srv->nconns == srv->cap) {
-            size_t cap = srv->cap ? 2 * srv->cap : 16;
-            struct stcp_conn **p = realloc(srv->conns, cap * sizeof(*p));
-            if (!p) {
-                close(fd);
-                return;
-            }
-            srv->conns = p;
-            srv->cap = cap;
-        }
-        struct stcp_conn *c = calloc(1, sizeof(*c));
-        if (!c) {
-            close(fd);
-            return;
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        c->srv = srv;
-        c->fd = fd;
-        c->hello_deadline = fsdp_now() + STCP_HELLO_TIMEOUT_S;
-        sock_peer_name(fd, c->peer, sizeof(c->peer));
-        srv->conns[srv->nconns++] = c;
+        srv_admit(srv, fd, &ss);
     }
 }
 
@@ -643,6 +694,12 @@ static int srv_timers(struct fsdp_store_server *srv, double now)
     for (size_t i = 0; i < srv->nconns; i++) {
         struct stcp_conn *c = srv->conns[i];
         if (c->fd < 0) {
+            continue;
+        }
+        if (!c->authed && conn_silent(c) && now >= c->accepted + STCP_SILENT_S) {
+            srv_warn(srv, "closed connection from %s: it sent nothing within %.0f ms", c->peer,
+                     STCP_SILENT_S * 1e3);
+            conn_close(c);
             continue;
         }
         if (!c->authed && now >= c->hello_deadline) {
@@ -659,8 +716,9 @@ static int srv_timers(struct fsdp_store_server *srv, double now)
                 srv_read(srv, c); /* a request may have queued behind it */
             }
         }
-        if (c->fd >= 0 && !c->authed && c->hello_deadline < next) {
-            next = c->hello_deadline;
+        if (c->fd >= 0 && !c->authed) {
+            double d = conn_silent(c) ? c->accepted + STCP_SILENT_S : c->hello_deadline;
+            next = d < next ? d : next;
         }
         if (c->fd >= 0 && c->parked && c->park_deadline < next) {
             next = c->park_deadline;
@@ -755,51 +813,6 @@ static void *srv_main(void *arg)
     return NULL;
 }
 
-static int srv_listen(const char *bind_host, int port, int *fd_out, int *bound_port)
-{
-    struct addrinfo hints = {0}, *res = NULL;
-    char ports[16];
-    const char *host = bind_host && bind_host[0] ? bind_host : "0.0.0.0";
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    snprintf(ports, sizeof(ports), "%d", port);
-    int g = getaddrinfo(host, ports, &hints, &res);
-    if (g != 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "store server: cannot resolve bind address '%s': %s",
-                        host, gai_strerror(g));
-    }
-    int fd = socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        freeaddrinfo(res);
-        return fsdp_err(FSDP_ERR_SYSTEM, "store server: socket: %s", strerror(errno));
-    }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, res->ai_addr, res->ai_addrlen) < 0) {
-        int e = errno;
-        close(fd);
-        freeaddrinfo(res);
-        return fsdp_err(e == EADDRINUSE ? FSDP_ERR_IO : FSDP_ERR_SYSTEM,
-                        "store server: cannot bind %s:%d: %s%s", host, port, strerror(e),
-                        e == EADDRINUSE ? " (another job or store on this port?)" : "");
-    }
-    freeaddrinfo(res);
-    if (listen(fd, 1024) < 0) {
-        int e = errno;
-        close(fd);
-        return fsdp_err(FSDP_ERR_SYSTEM, "store server: listen on port %d: %s", port,
-                        strerror(e));
-    }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    getsockname(fd, (struct sockaddr *)&ss, &sl);
-    *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                 : ((struct sockaddr_in *)&ss)->sin_port);
-    *fd_out = fd;
-    return 0;
-}
-
 int fsdp_store_tcp_serve(const char *bind_host, int port, const struct fsdp_auth_key *key,
                          struct fsdp_store_server **out, int *bound_port)
 {
@@ -821,7 +834,7 @@ int fsdp_store_tcp_serve(const char *bind_host, int port, const struct fsdp_auth
     srv->quota = (int64_t)mb << 20;
     srv->last_warn = fsdp_now();
     srv->warn_tokens = STCP_WARN_BURST;
-    FSDP_CHECK_GOTO(srv_listen(bind_host, port, &srv->listen_fd, &srv->port), rc, err_free);
+    FSDP_CHECK_GOTO(fsdp_netaddr_listen(bind_host, port, "store server", &srv->listen_fd, &srv->port), rc, err_free);
     srv->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (srv->wake_fd < 0) {
         rc = fsdp_err(FSDP_ERR_SYSTEM, "store server: eventfd: %s", strerror(errno));

@@ -73,7 +73,8 @@ static const struct fsdp_opt train_opts[] = {
     {"init", FSDP_OPT_STR, F(init), S(init), 0, 0, NULL, "METHOD", 0,
      "rendezvous: auto, mpi, env://, tcp://HOST:PORT, file:///PATH"},
     {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0,
-     "env:// or tcp:// on a non-loopback address without a job secret (FSDPC_SECRET_FILE)"},
+     "env:// or tcp:// without a job secret (FSDPC_SECRET_FILE): on a non-loopback address, "
+     "or on loopback keyed by public values instead of the per-user secret"},
     {"device", FSDP_OPT_STR, F(device), S(device), 0, 0, NULL, "NAME", 0,
      "compute device: cpu, or guarded (the CPU with device memory the host cannot touch: "
      "checks that nothing outside the device reads it; for tests and debugging)"},

@@ -7,6 +7,7 @@
  *
  *   tcp_probe [--count N] [--iters K] [--timeout S] [--ready PATH]
  *             [--delay S] [--addr-file PATH] [--knock FLIP] [--knock-key BIT]
+ *             [--knock-mac last|echo]
  *   --iters 0      loop until the job is killed or fails
  *   --ready PATH   PATH.<rank> is created once the first allreduce completed
  *   --delay S      sleep before creating the backend (rank 0 only)
@@ -22,6 +23,11 @@
  *                  1's answer, and complete the handshake with a MAC made
  *                  from the job key with bit BIT flipped: what a process
  *                  that learnt the nonce but not the secret can do.
+ *   --knock-mac M  (rank 0) as --knock-key, but the MAC is a near miss:
+ *                  "last" the right MAC with its last byte flipped (caught
+ *                  only by a comparison of all 32 bytes), "echo" rank 1's
+ *                  own MAC sent back (caught only when the two directions
+ *                  use different labels; the hello and its MAC are public).
  */
 #include "config.h"
 #include "backends/backend.h"
@@ -55,12 +61,16 @@ struct probe_opts {
     int knock;
     uint64_t knock_flip;
     int knock_key_bit; /* -1: none */
+    int knock_mac;     /* PROBE_MAC_* */
 };
+
+enum { PROBE_MAC_KEY, PROBE_MAC_LAST, PROBE_MAC_ECHO };
 
 static void probe_usage(void)
 {
     fprintf(stderr, "usage: tcp_probe [--count N] [--iters K] [--timeout S] [--ready PATH] "
-                    "[--delay S] [--addr-file PATH] [--knock FLIP] [--knock-key BIT]\n");
+                    "[--delay S] [--addr-file PATH] [--knock FLIP] [--knock-key BIT] "
+                    "[--knock-mac last|echo]\n");
     exit(2);
 }
 
@@ -98,6 +108,13 @@ static void probe_parse(int argc, char **argv, struct probe_opts *o)
             if (o->knock_key_bit < 0 || o->knock_key_bit >= 8 * FSDP_AUTH_KEY_BYTES) {
                 probe_usage();
             }
+            o->knock = 1;
+        } else if (strcmp(a, "--knock-mac") == 0) {
+            if (strcmp(v, "last") && strcmp(v, "echo")) {
+                probe_usage();
+            }
+            o->knock_mac = strcmp(v, "last") == 0 ? PROBE_MAC_LAST : PROBE_MAC_ECHO;
+            o->knock_key_bit = 0; /* unused: the MAC is made from the job key */
             o->knock = 1;
         } else {
             probe_usage();
@@ -183,8 +200,28 @@ static void probe_hello(const struct fsdp_dist *d, const int *world, struct tcp_
 /* Says hello to rank 1 with a near miss and reports how rank 1 answered:
  * a refusal closes the connection, a hello let in is answered with rank
  * 1's own. */
+/* The dialer's MAC of a knock (--knock-key, --knock-mac) over both hellos;
+ * answer is rank 1's hello and MAC. */
+static void probe_knock_mac(const struct fsdp_dist *d, int key_bit, int how,
+                            const struct tcp_hello *h, const unsigned char *answer,
+                            unsigned char mac[FSDP_AUTH_MAC_BYTES])
+{
+    struct fsdp_auth_key key = d->job_key;
+    struct tcp_hello theirs;
+    memcpy(&theirs, answer, sizeof(theirs));
+    if (how == PROBE_MAC_KEY) {
+        key.k[key_bit / 8] ^= (unsigned char)(1u << (key_bit % 8));
+    }
+    fsdp_auth_mac(&key, "fsdpc tcp dialer", h, sizeof(*h), &theirs, sizeof(theirs), mac);
+    if (how == PROBE_MAC_LAST) {
+        mac[FSDP_AUTH_MAC_BYTES - 1] ^= 0x01;
+    } else if (how == PROBE_MAC_ECHO) {
+        memcpy(mac, answer + sizeof(theirs), FSDP_AUTH_MAC_BYTES);
+    }
+}
+
 static void probe_knock(struct fsdp_store *gs, const struct fsdp_dist *d, const int *world,
-                        uint64_t flip, int key_bit, double timeout_s)
+                        uint64_t flip, int key_bit, int mac_how, double timeout_s)
 {
     struct tcp_hello h;
     struct sockaddr_in sa = {.sin_family = AF_INET};
@@ -225,12 +262,8 @@ static void probe_knock(struct fsdp_store *gs, const struct fsdp_dist *d, const 
         if (got < sizeof(buf)) {
             fsdp_fatal("rank 0: rank 1 did not answer a genuine hello (%zu bytes)", got);
         }
-        struct fsdp_auth_key wrong = d->job_key;
-        struct tcp_hello theirs;
         unsigned char mac[FSDP_AUTH_MAC_BYTES];
-        memcpy(&theirs, buf, sizeof(theirs));
-        wrong.k[key_bit / 8] ^= (unsigned char)(1u << (key_bit % 8));
-        fsdp_auth_mac(&wrong, "fsdpc tcp dialer", &h, sizeof(h), &theirs, sizeof(theirs), mac);
+        probe_knock_mac(d, key_bit, mac_how, &h, buf, mac);
         if (write(fd, mac, sizeof(mac)) != (ssize_t)sizeof(mac)) {
             fsdp_fatal("rank 0: sending the MAC: %s", strerror(errno));
         }
@@ -241,7 +274,10 @@ static void probe_knock(struct fsdp_store *gs, const struct fsdp_dist *d, const 
           : n > 0 ? "let in (rank 1 answered)"
                   : "no answer within 3 s";
     close(fd);
-    if (key_bit >= 0) {
+    if (mac_how != PROBE_MAC_KEY) {
+        printf("rank 0: knock with the right nonce and %s: %s\n", mac_how == PROBE_MAC_LAST
+               ? "the right MAC but its last byte flipped" : "rank 1's own MAC echoed", how);
+    } else if (key_bit >= 0) {
         printf("rank 0: knock with the right nonce and the job key off in bit %d: %s\n",
                key_bit, how);
     } else {
@@ -319,7 +355,7 @@ int main(int argc, char **argv)
         have_writer = pthread_create(&writer, NULL, probe_addr_writer, &aj) == 0;
     }
     if (d->rank == 0 && o.knock && d->world_size > 1) {
-        probe_knock(gs, d, world, o.knock_flip, o.knock_key_bit, o.timeout_s);
+        probe_knock(gs, d, world, o.knock_flip, o.knock_key_bit, o.knock_mac, o.timeout_s);
     }
     if (d->rank == 0 && o.delay_s > 0) {
         usleep((useconds_t)(o.delay_s * 1e6));

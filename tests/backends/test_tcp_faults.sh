@@ -7,9 +7,13 @@
 #   SIGSTOP of rank 1: the others time out, naming rank 1;
 #   a foreign client knocking on a rank's listening port during setup with
 #     garbage, and one that says nothing: refused, and the job's results are
-#     correct;
+#     correct; 60 idle connections before the peer dials: the oldest closed,
+#     the peer gets in;
 #   a hello like rank 0's whose job nonce differs in one 32-bit half or one
-#     bit: refused, naming the nonce, and the job's results are correct.
+#     bit: refused, naming the nonce, and the job's results are correct;
+#   a genuine hello whose MAC is made with a key one bit off, is the right
+#     MAC with its last byte flipped, or is rank 1's own MAC echoed back:
+#     refused at the MAC, and the job's results are correct.
 . "$top_srcdir/tests/tap.sh"
 
 PROBE="$top_builddir/tests/backends/tcp_probe"
@@ -92,6 +96,15 @@ now_ms() {
 show_logs() {
     for f in "$T"/r*.log; do
         tap_diag "$(basename "$f"): $(tail -n 3 "$f")"
+    done
+}
+
+# results_ok ITERS COUNT: 0 when ranks 0 and 1 exited 0 with ITERS correct
+# allreduces of COUNT floats.
+results_ok() {
+    for r in 0 1; do
+        [ "$(cat "$T/r$r.rc")" = 0 ] &&
+            grep -q "$1 allreduces of $2 floats correct" "$T/r$r.log" || return 1
     done
 }
 
@@ -184,9 +197,7 @@ EOF
 fi
 finish 2
 ok=0
-for r in 0 1; do
-    [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "3 allreduces of 100000 floats correct" "$T/r$r.log" || ok=1
-done
+results_ok 3 100000 || ok=1
 [ "$ok" = 0 ] || show_logs
 tap_ok $ok "foreign clients during setup: the job runs and its results are correct"
 grep -q "refused a connection from 127.0.0.1:[0-9]*: not an fsdpc tcp peer" "$T/r1.log"
@@ -198,6 +209,28 @@ grep -q "garbage connection closed by the backend: True" "$T/intruder.log" 2>/de
 st=$?
 [ $st = 0 ] || tap_diag "$(cat "$T/intruder.log" 2>/dev/null)"
 tap_ok $st "both foreign connections are closed by the backend"
+
+# 60 idle connections to rank 1 before rank 0 dials (setup holds 32
+# strangers): the oldest silent ones are closed, rank 0 still gets in.
+start 2 --count 1000 --iters 1 --delay 1.5 --addr-file "$T/addr"
+if wait_files 20 "$T/addr"; then
+    "$PY" - "$(cat "$T/addr")" <<'EOF' >"$T/idle.log" 2>&1
+import socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+idle = [socket.create_connection((host, int(port))) for _ in range(60)]
+print("60 idle connections open", flush=True)
+time.sleep(4)
+for c in idle:
+    c.close()
+EOF
+fi
+finish 2
+ok=0
+results_ok 1 1000 || ok=1
+grep -q "60 idle connections open" "$T/idle.log" 2>/dev/null || ok=1
+[ "$ok" = 0 ] || { show_logs; tap_diag "$(cat "$T/idle.log" 2>/dev/null)"; }
+tap_diag "rank 1: $(grep -c "refused a connection" "$T/r1.log") refusals logged; $(grep "in all" "$T/r1.log")"
+tap_ok $ok "60 idle connections before the peer's: strangers closed, the job's results correct"
 
 # ---------------------------------------------------------------------------
 # near-miss nonces: before it dials, rank 0 knocks on rank 1 with the hello it
@@ -213,10 +246,7 @@ knock() {
     ok=0
     grep -q "^rank 0: knock with nonce .*: refused$" "$T/r0.log" &&
         grep -q "refused a connection from 127.0.0.1:[0-9]*: $2" "$T/r1.log" || ok=1
-    for r in 0 1; do
-        [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" ||
-            ok=1
-    done
+    results_ok 1 1000 || ok=1
     [ "$ok" = 0 ] || show_logs
     tap_diag "$(grep "knock with" "$T/r0.log")"
     tap_ok $ok "$3"
@@ -243,14 +273,30 @@ knock_key() {
         "$T/r0.log" &&
         grep -q "refused a connection from 127.0.0.1:[0-9]*: authentication failed" "$T/r1.log" ||
         ok=1
-    for r in 0 1; do
-        [ "$(cat "$T/r$r.rc")" = 0 ] && grep -q "1 allreduces of 1000 floats correct" "$T/r$r.log" ||
-            ok=1
-    done
+    results_ok 1 1000 || ok=1
     [ "$ok" = 0 ] || show_logs
     tap_ok $ok "knock with a genuine hello but the job key off in bit $1: refused at the MAC"
 }
 knock_key 0
 knock_key 255
+
+# Near misses of the MAC itself: the right MAC with its last byte flipped
+# (a comparison of fewer than 32 bytes lets it in), and rank 1's own MAC
+# sent back (a dialer MAC made with the acceptor's label lets it in; the
+# hello that carries it is public).
+knock_mac() {
+    start 2 --count 1000 --iters 1 --knock-mac "$1"
+    finish 2
+    ok=0
+    grep -q "^rank 0: knock with the right nonce and $2: refused$" "$T/r0.log" &&
+        grep -q "refused a connection from 127.0.0.1:[0-9]*: authentication failed" "$T/r1.log" ||
+        ok=1
+    results_ok 1 1000 || ok=1
+    [ "$ok" = 0 ] || show_logs
+    tap_diag "$(grep "knock with" "$T/r0.log")"
+    tap_ok $ok "knock with a genuine hello and $2: refused at the MAC"
+}
+knock_mac last "the right MAC but its last byte flipped"
+knock_mac echo "rank 1's own MAC echoed"
 
 tap_done

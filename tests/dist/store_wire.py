@@ -64,29 +64,59 @@ def recv_reply(s):
     return t, arg, body
 
 
-def handshake(s, key, wrong_mac=False, verify_server=True):
+def near_miss(m):
+    """The MAC m with its last byte flipped: refused only by a comparison
+    of all its bytes."""
+    return m[:-1] + bytes([m[-1] ^ 1])
+
+
+def handshake(s, key, wrong_mac=False, verify_server=True, near=None, between=None):
     """Runs the client side on socket s. Returns (ok, why): ok when the
     server answered OK; why says what happened otherwise ("server failed"
     when its MAC does not check with key, "refused: ..." with its reason).
     wrong_mac sends 32 zero bytes as our MAC; verify_server=False sends our
-    MAC whatever the server proved (an attacker trying to get in)."""
+    MAC whatever the server proved (an attacker trying to get in).
+    near="last" sends the right MAC with its last byte flipped; near="echo"
+    sends the server's own MAC back (what anyone can, without the key).
+    between, when given, is called after the hello's first 4 bytes."""
     cchal = os.urandom(16)
-    s.sendall(hdr(HELLO, 0, 4, 16) + b"test" + cchal)
+    hello = hdr(HELLO, 0, 4, 16) + b"test" + cchal
+    if between:
+        s.sendall(hello[:4])
+        between()
+        hello = hello[4:]
+    s.sendall(hello)
     t, _, body = recv_reply(s)
     if t != R_CHALLENGE or len(body) != 48:
         return False, "refused: %r" % body if t == R_ERR else "no challenge (type %r)" % t
     schal, smac = body[:16], body[16:]
-    if verify_server and not wrong_mac and \
+    if verify_server and not wrong_mac and near != "echo" and \
             not hmac.compare_digest(smac, mac(key, LABEL_SERVER, cchal, schal)):
         return False, "server failed"
     cmac = mac(key, LABEL_CLIENT, cchal, schal)
     if wrong_mac:
         cmac = bytes(32)
+    elif near == "last":
+        cmac = near_miss(cmac)
+    elif near == "echo":
+        cmac = smac
     s.sendall(hdr(AUTH, 0, 0, 32) + cmac)
     t, _, body = recv_reply(s)
     if t == R_OK:
         return True, "ok"
     return False, "refused: " + body.decode(errors="replace") if t == R_ERR else "closed"
+
+
+def accept_one(port):
+    """Plays a server on 127.0.0.1:port: says "listening" on stdout, then
+    returns the first connection (within 20 s)."""
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(8)
+    print("listening", flush=True)
+    ls.settimeout(20)
+    return ls.accept()[0]
 
 
 def client(port, key=None, host="127.0.0.1"):

@@ -1,8 +1,12 @@
 #!/bin/sh
 # test_store_limits.sh - the store server's limits (store_tcp_server.c):
-# 400 connections that never say hello do not exhaust it (past a cap of
-# 128 each new one closes the oldest, and a real client is served at once)
-# and its log stays short; an authenticated client cannot grow it past its quota, and
+# 400 connections that never say hello do not exhaust it (past 64 silent
+# ones from one address each new one closes that address's oldest, and a
+# real client is served at once) and its log stays short; values still
+# being received count against the table's limit; a client that
+# has begun its hello outlives 400 silent connections from its own
+# address, and a silent one 200 silent and 300 stalled hellos from another
+# address; an authenticated client cannot grow it past its quota, and
 # a value announced at 4 GiB is refused before anything is allocated (the
 # server's resident set does not grow). Loopback only, bounded in time.
 . "$top_srcdir/tests/tap.sh"
@@ -21,11 +25,12 @@ fi
 
 # serve SECONDS QUOTA_MB: a store in the background; its port in $port
 serve() {
+    rm -f "$T/srv.out" # the child truncates it only once it runs
     FSDPC_LOG=warn FSDPC_STORE_QUOTA_MB=$2 "$PROBE" --mode serve --timeout "$1" \
         > "$T/srv.out" 2> "$T/srv.err" &
     srv=$!
     i=0
-    while [ $i -lt 50 ] && ! grep -q '^PORT' "$T/srv.out"; do sleep 0.1; i=$((i + 1)); done
+    while [ $i -lt 200 ] && ! grep -q '^PORT' "$T/srv.out"; do sleep 0.1; i=$((i + 1)); done
     port=$(sed -n 's/^PORT //p' "$T/srv.out")
 }
 
@@ -45,6 +50,24 @@ tap_diag "$(tail -1 "$T/srv.err")"
 tap_ok $? "the server's log holds $lines warning lines for the flood (a burst, then one a second)"
 grep -q "similar warnings held back" "$T/srv.err"
 tap_ok $? "the lines held back are counted"
+
+serve 8 256
+out=$("$PY" "$FLOOD" "$port" evict 2>&1)
+tap_diag "$out"
+echo "$out" | grep -q "^begun hello: ok"
+tap_ok $? "a client that has begun its hello logs in after a flood of silent connections from its own address"
+echo "$out" | grep -q "^other source: ok"
+tap_ok $? "a silent client logs in after a flood of silent connections from another address"
+echo "$out" | grep -q "^stalled hellos: ok"
+tap_ok $? "a silent client logs in after a flood of stalled hellos from another address"
+wait $srv
+
+serve 8 1
+out=$("$PY" "$FLOOD" "$port" inflight 1 2>&1)
+tap_diag "$out"
+echo "$out" | grep -q "^inflight: ok"
+tap_ok $? "values still being received count against the table's limit (4 quotas)"
+wait $srv
 
 serve 8 1
 rss0=$(sed -n 's/^RSS-KB //p' "$T/srv.out" | tail -1)
