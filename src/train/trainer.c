@@ -733,9 +733,17 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
     fprintf(fp, "batch: %d rank%s%s x %ld seq x %ld tokens x %ld micro-steps = %zu tokens per "
             "step\n", t->data_world, t->data_world > 1 ? "s" : "", tpn, c->batch_size,
             c->seq_len, c->grad_accum, step_tokens);
-    fprintf(fp, "compute: %s on every rank, %s memory, %ld BLAS thread%s per rank\n",
+    char staged[96] = "";
+    for (int i = 0; t->mesh && i < t->mesh->ndims; i++) {
+        if (t->mesh->dims[i].group->stager) {
+            size_t n = strlen(staged);
+            snprintf(staged + n, sizeof(staged) - n, "%s%s", n ? "," : "; staged through host "
+                     "buffers: ", t->mesh->dims[i].name);
+        }
+    }
+    fprintf(fp, "compute: %s on every rank, %s memory, %ld BLAS thread%s per rank%s\n",
             t->dev->ops->name, t->dev->mem == FSDP_MEM_HOST ? "host" : "device", c->threads,
-            c->threads > 1 ? "s" : "");
+            c->threads > 1 ? "s" : "", staged);
     fprintf(fp, "engine: %s | peak %.1f GFLOP/s per rank (%s) | %.2f MFLOP per token\n",
             t->engine->ops->name, t->peak_flops / 1e9, t->peak_method,
             t->engine->flops_per_token / 1e6);
