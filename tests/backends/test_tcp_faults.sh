@@ -212,14 +212,17 @@ tap_ok $st "both foreign connections are closed by the backend"
 
 # 60 idle connections to rank 1 before rank 0 dials (setup holds 32
 # strangers): the oldest silent ones are closed, rank 0 still gets in.
-start 2 --count 1000 --iters 1 --delay 1.5 --addr-file "$T/addr"
+# Rank 0 dials 4 s in: the 60 must all be open by then, also on a loaded
+# machine (once setup ends, the listener is gone and a late one is refused);
+# the job's timeout is longer here to cover that wait.
+start 2 --count 1000 --iters 1 --delay 4 --timeout 12 --addr-file "$T/addr"
 if wait_files 20 "$T/addr"; then
     "$PY" - "$(cat "$T/addr")" <<'EOF' >"$T/idle.log" 2>&1
 import socket, sys, time
 host, port = sys.argv[1].rsplit(":", 1)
 idle = [socket.create_connection((host, int(port))) for _ in range(60)]
 print("60 idle connections open", flush=True)
-time.sleep(4)
+time.sleep(6)
 for c in idle:
     c.close()
 EOF
