@@ -103,6 +103,33 @@ static void export_usage(FILE *out)
             "  -h, --help        this text\n");
 }
 
+/* Every parameter of s from ck or mf: read as f32 into a, transposed
+ * through b where the map says, converted through h, written to w. */
+static int st_export_tensors(struct fsdp_ckpt *ck, struct fsdp_model_file *mf,
+                             const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
+                             struct fsdp_st_writer *w, float *a, float *b, uint16_t *h)
+{
+    const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        size_t n = p->shape[0] * p->shape[1];
+        FSDP_CHECK(ck ? fsdp_ckpt_read_rows(ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], a)
+                      : fsdp_model_file_read_block(mf, i, 0, p->shape[0], 0, p->shape[1], a));
+        const float *src = a;
+        if (fsdp_hf_param_transposed(m, p)) {
+            st_transpose(b, a, p->shape[1], p->shape[0]);
+            src = b;
+        }
+        if (dtype == FSDP_F32) {
+            rc = fsdp_st_writer_put(w, i, src);
+        } else if ((rc = fsdp_convert(h, dtype, src, FSDP_F32, n)) == 0) {
+            rc = fsdp_st_writer_put(w, i, h);
+        }
+    }
+    return rc;
+}
+
 int fsdp_ckpt_cmd_export_st(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -168,24 +195,8 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
     st_meta_of(s, &meta);
     struct fsdp_st_writer *w = NULL;
     rc = fsdp_st_writer_create(out, e, s->n_params, meta.kv, meta.n, &w);
-    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
-        const struct fsdp_param_spec *p = &s->params[i];
-        size_t n = p->shape[0] * p->shape[1];
-        rc = ck ? fsdp_ckpt_read_rows(ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], a)
-                : fsdp_model_file_read_block(mf, i, 0, p->shape[0], 0, p->shape[1], a);
-        if (rc < 0) {
-            break;
-        }
-        const float *src = a;
-        if (fsdp_hf_param_transposed(m, p)) {
-            st_transpose(b, a, p->shape[1], p->shape[0]);
-            src = b;
-        }
-        if (dtype == FSDP_F32) {
-            rc = fsdp_st_writer_put(w, i, src);
-        } else if ((rc = fsdp_convert(h, dtype, src, FSDP_F32, n)) == 0) {
-            rc = fsdp_st_writer_put(w, i, h);
-        }
+    if (rc == 0) {
+        rc = st_export_tensors(ck, mf, s, dtype, w, a, b, h);
     }
     if (rc == 0) {
         rc = fsdp_st_writer_commit(w);
