@@ -3,12 +3,15 @@
  * directory (config.json + model.safetensors or indexed shards, as
  * transformers' save_pretrained writes them) into a model file, and a
  * model file or checkpoint out as one (doc/formats.md, "Hugging Face
- * directories"). Names, layouts and config members come from hf_map.h;
- * the directory itself from io/hf_dir.h.
+ * directories"). Names and layouts come from the architecture's own
+ * Hugging Face map (core/hf_map.h), config.json through hf_map.h, which
+ * finds the architecture by model_type; the directory itself from
+ * io/hf_dir.h. Nothing here names an architecture.
  *
  * Streamed tensor by tensor: import holds the largest tensor as f32, plus
- * its source bytes when they are 16-bit, plus a transposed copy for GPT-2's
- * Conv1D weights; export the same the other way round. A directory's names,
+ * its source bytes when they are 16-bit, plus a transposed copy for the
+ * weights the map stores transposed (GPT-2's Conv1D); export the same the
+ * other way round. A directory's names,
  * shapes and dtypes are all checked before the output file is created.
  */
 #include "config.h"
