@@ -267,6 +267,15 @@ const struct fsdp_arch *fsdp_arch_find(const char *name)
     return a;
 }
 
+const struct fsdp_arch *fsdp_arch_at(int i)
+{
+    const struct fsdp_arch *a;
+    pthread_mutex_lock(&archs.mu);
+    a = i >= 0 && i < archs.n ? archs.arch[i] : NULL;
+    pthread_mutex_unlock(&archs.mu);
+    return a;
+}
+
 void fsdp_arch_names(char *buf, size_t len)
 {
     size_t o = 0;

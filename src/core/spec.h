@@ -65,6 +65,7 @@ struct fsdp_tie {
 };
 
 struct fsdp_arch;
+struct fsdp_hf_map;
 
 struct fsdp_model_spec {
     const struct fsdp_arch *arch;    /* the architecture that built it */
@@ -172,6 +173,10 @@ struct fsdp_arch {
     /* A short config line for run headers ("L=12 NH=12 C=768 V=50257
      * context=1024 tied"); NULL: fsdp_attrs_format. */
     void (*describe)(const void *cfg, char *buf, size_t len);
+    /* How Hugging Face transformers names, lays out and configures it
+     * (core/hf_map.h); NULL: it has no counterpart there. Read it through
+     * fsdp_arch_hf(), which checks size. */
+    const struct fsdp_hf_map *hf;
 };
 
 /* arch->describe, or the attribute list. */
@@ -183,6 +188,8 @@ int fsdp_arch_register(const struct fsdp_arch *arch);
 const struct fsdp_arch *fsdp_arch_find(const char *name);
 /* "gpt2, mlp" for messages. */
 void fsdp_arch_names(char *buf, size_t len);
+/* The i-th registered architecture (registration order), NULL past the last. */
+const struct fsdp_arch *fsdp_arch_at(int i);
 /* The registered architecture with a preset called name, and that preset's
  * config in *cfg (allocated; free() it). An unknown name is an error
  * listing every architecture's presets. */

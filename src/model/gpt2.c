@@ -197,19 +197,20 @@ static size_t gpt2_layout_grad_acts(const struct fsdp_gpt2 *m, float *base,
     return off > blocks ? off : blocks;
 }
 
-int fsdp_gpt2_reserve(struct fsdp_gpt2 *m)
+int fsdp_gpt2_reserve(struct fsdp_model *base)
 {
+    struct fsdp_gpt2 *m = fsdp_gpt2_of(base);
     struct fsdp_lm *lm = &m->lm;
     int fresh = 0;
     if (!lm->act_memory) {
         FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->act_memory, &lm->act_floats,
-                                       fsdp_gpt2_activation_bytes(m) / sizeof(float),
+                                       fsdp_gpt2_activation_bytes(base) / sizeof(float),
                                        "activations", &fresh));
         gpt2_layout_acts(m, lm->act_memory, &m->acts);
     }
     if (!lm->grad_act_memory) {
         FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->grad_act_memory, &lm->grad_act_floats,
-                                       fsdp_gpt2_workspace_bytes(m) / sizeof(float),
+                                       fsdp_gpt2_workspace_bytes(base) / sizeof(float),
                                        "activation gradients", &fresh));
         gpt2_layout_grad_acts(m, lm->grad_act_memory, &m->gacts);
     }
@@ -228,14 +229,16 @@ int fsdp_gpt2_reserve(struct fsdp_gpt2 *m)
     return 0;
 }
 
-size_t fsdp_gpt2_activation_bytes(const struct fsdp_gpt2 *m)
+size_t fsdp_gpt2_activation_bytes(const struct fsdp_model *base)
 {
+    const struct fsdp_gpt2 *m = (const struct fsdp_gpt2 *)base;
     struct fsdp_gpt2_acts count = {.blocks = NULL};
     return gpt2_layout_acts(m, NULL, &count) * sizeof(float);
 }
 
-size_t fsdp_gpt2_workspace_bytes(const struct fsdp_gpt2 *m)
+size_t fsdp_gpt2_workspace_bytes(const struct fsdp_model *base)
 {
+    const struct fsdp_gpt2 *m = (const struct fsdp_gpt2 *)base;
     struct fsdp_gpt2_grad_acts count;
     return gpt2_layout_grad_acts(m, NULL, &count) * sizeof(float);
 }
@@ -384,12 +387,13 @@ int fsdp_gpt2_zero_grad(struct fsdp_gpt2 *m, int u)
 // ----------------------------------------------------------------------------
 // forward
 
-int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets,
+int fsdp_gpt2_set_batch(struct fsdp_model *base, const int32_t *tokens, const int32_t *targets,
                         int B, int T)
 {
+    struct fsdp_gpt2 *m = fsdp_gpt2_of(base);
     FSDP_CHECK(fsdp_lm_check_batch_size(&m->lm, B, T));
     FSDP_CHECK(fsdp_lm_check_tokens(&m->lm, tokens, targets, B, T, m->rows_on));
-    FSDP_CHECK(fsdp_gpt2_reserve(m));
+    FSDP_CHECK(fsdp_gpt2_reserve(base));
     FSDP_CHECK(fsdp_lm_start_batch(&m->lm, tokens, targets, B, T));
     m->head_x_ready = 0;
     m->bwd_next = -1;
@@ -479,8 +483,9 @@ static int gpt2_embed_forward(struct fsdp_gpt2 *m)
     return gpt2_reduce_scatter(m, m->gacts.xall, x, BT * (size_t)c->n_embd);
 }
 
-int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u)
+int fsdp_gpt2_forward_unit(struct fsdp_model *base, int u)
 {
+    struct fsdp_gpt2 *m = fsdp_gpt2_of(base);
     int L = m->cfg->n_layer;
     FSDP_CHECK(fsdp_lm_check_forward(&m->lm, u, m->cfg->tied));
     if (u == 0) {
@@ -605,8 +610,9 @@ static int gpt2_embed_backward(struct fsdp_gpt2 *m)
     return 0;
 }
 
-int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u)
+int fsdp_gpt2_backward_unit(struct fsdp_model *base, int u)
 {
+    struct fsdp_gpt2 *m = fsdp_gpt2_of(base);
     int L = m->cfg->n_layer;
     FSDP_CHECK(fsdp_lm_check_backward(&m->lm, u, m->bwd_next, m->cfg->tied));
     if (u == 0) {
@@ -644,11 +650,6 @@ double fsdp_gpt2_flops_per_token(const struct fsdp_model_spec *s, int T)
 // ----------------------------------------------------------------------------
 // the generic interface (model.h)
 
-static struct fsdp_gpt2 *gpt2_of(struct fsdp_model *m)
-{
-    return (struct fsdp_gpt2 *)m;
-}
-
 static int gpt2_op_create(const struct fsdp_model_spec *spec, const struct fsdp_model_opts *o,
                           struct fsdp_model **out)
 {
@@ -667,14 +668,14 @@ static int gpt2_op_create(const struct fsdp_model_spec *spec, const struct fsdp_
 
 static void gpt2_op_destroy(struct fsdp_model *m)
 {
-    fsdp_gpt2_destroy(gpt2_of(m));
+    fsdp_gpt2_destroy(fsdp_gpt2_of(m));
 }
 
 /* Units are blocks from 1 to L; -1: every block. The embedding and the
  * head keep their activations (they are small next to a block's). */
 static int gpt2_op_set_checkpoint(struct fsdp_model *m, int u, int on)
 {
-    struct fsdp_gpt2 *g = gpt2_of(m);
+    struct fsdp_gpt2 *g = fsdp_gpt2_of(m);
     if (u < 0) {
         return fsdp_gpt2_set_checkpoint(g, -1, on);
     }
@@ -682,32 +683,6 @@ static int gpt2_op_set_checkpoint(struct fsdp_model *m, int u, int on)
         return 0;
     }
     return fsdp_gpt2_set_checkpoint(g, u - 1, on);
-}
-
-static int gpt2_op_reserve(struct fsdp_model *m)
-{
-    return fsdp_gpt2_reserve(gpt2_of(m));
-}
-
-static int gpt2_op_set_batch(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets,
-                             int B, int T)
-{
-    return fsdp_gpt2_set_batch(gpt2_of(m), tokens, targets, B, T);
-}
-
-static int gpt2_op_forward_unit(struct fsdp_model *m, int u)
-{
-    return fsdp_gpt2_forward_unit(gpt2_of(m), u);
-}
-
-static int gpt2_op_backward_unit(struct fsdp_model *m, int u)
-{
-    return fsdp_gpt2_backward_unit(gpt2_of(m), u);
-}
-
-static int gpt2_op_logits(struct fsdp_model *m, size_t row0, size_t rows, float *out)
-{
-    return fsdp_gpt2_logits(gpt2_of(m), row0, rows, out);
 }
 
 /*
@@ -720,7 +695,7 @@ static int gpt2_op_logits(struct fsdp_model *m, size_t row0, size_t rows, float 
  */
 static int gpt2_op_set_unit_rows(struct fsdp_model *m, int u, struct fsdp_group *g)
 {
-    struct fsdp_gpt2 *gm = gpt2_of(m);
+    struct fsdp_gpt2 *gm = fsdp_gpt2_of(m);
     if (gm->lm.tp) {
         return 0; /* tensor parallelism splits the tables over tp instead */
     }
@@ -752,32 +727,22 @@ static void gpt2_op_comm_counts(const struct fsdp_model *m, struct fsdp_tp_count
     fsdp_tp_counts_add(out, &((const struct fsdp_gpt2 *)m)->rows_x.counts);
 }
 
-static size_t gpt2_op_activation_bytes(const struct fsdp_model *m)
-{
-    return fsdp_gpt2_activation_bytes((const struct fsdp_gpt2 *)m);
-}
-
-static size_t gpt2_op_workspace_bytes(const struct fsdp_model *m)
-{
-    return fsdp_gpt2_workspace_bytes((const struct fsdp_gpt2 *)m);
-}
-
 const struct fsdp_model_ops fsdp_gpt2_ops = {
     .size = sizeof(struct fsdp_model_ops),
     .name = FSDP_MODEL_ARCH_GPT2,
     .create = gpt2_op_create,
     .destroy = gpt2_op_destroy,
     .set_checkpoint = gpt2_op_set_checkpoint,
-    .reserve = gpt2_op_reserve,
+    .reserve = fsdp_gpt2_reserve,
     .set_unit = fsdp_lm_op_set_unit,
     .set_loss_seed = fsdp_lm_op_set_loss_seed,
-    .set_batch = gpt2_op_set_batch,
-    .forward_unit = gpt2_op_forward_unit,
-    .backward_unit = gpt2_op_backward_unit,
+    .set_batch = fsdp_gpt2_set_batch,
+    .forward_unit = fsdp_gpt2_forward_unit,
+    .backward_unit = fsdp_gpt2_backward_unit,
     .loss = fsdp_lm_op_loss,
-    .logits = gpt2_op_logits,
-    .activation_bytes = gpt2_op_activation_bytes,
-    .workspace_bytes = gpt2_op_workspace_bytes,
+    .logits = fsdp_gpt2_logits,
+    .activation_bytes = fsdp_gpt2_activation_bytes,
+    .workspace_bytes = fsdp_gpt2_workspace_bytes,
     .flops_per_token = fsdp_gpt2_flops_per_token,
     .set_unit_rows = gpt2_op_set_unit_rows,
     .decoder_create = fsdp_gpt2_decoder_create,

@@ -170,6 +170,13 @@ struct fsdp_gpt2 {
     size_t head_off[3];  /* ln_f.weight, ln_f.bias, lm_head.weight inside unit L+1 */
 };
 
+/* The GPT-2 model behind a generic one (its lm.base is the first member);
+ * the functions below that take the generic model are also its ops. */
+static inline struct fsdp_gpt2 *fsdp_gpt2_of(struct fsdp_model *m)
+{
+    return (struct fsdp_gpt2 *)m;
+}
+
 // ----------------------------------------------------------------------------
 // lifetime
 
@@ -223,7 +230,7 @@ int fsdp_gpt2_set_head_chunk(struct fsdp_gpt2 *m, int rows);
 int fsdp_gpt2_set_unit_rows(struct fsdp_gpt2 *m, int u, struct fsdp_group *g);
 
 /* Allocates (pre-faulted) activation memory now if not yet done. */
-int fsdp_gpt2_reserve(struct fsdp_gpt2 *m);
+int fsdp_gpt2_reserve(struct fsdp_model *m);
 
 /* Points unit u at caller-owned buffers of spec->unit_numel[u] floats each. */
 int fsdp_gpt2_set_unit(struct fsdp_gpt2 *m, int u, float *params, float *grads);
@@ -258,15 +265,15 @@ void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, float *unit_last, float *uni
  * targets NULL) means no batch on this rank: the units then only take part
  * in the other ranks' exchanges (its rows count as ignored).
  */
-int fsdp_gpt2_set_batch(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets,
+int fsdp_gpt2_set_batch(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets,
                         int B, int T);
 
 /* Unit u's forward. With targets, the last unit also computes the loss
  * (m->loss, m->n_kept, acts.losses), tile by tile (set_head_chunk). */
-int fsdp_gpt2_forward_unit(struct fsdp_gpt2 *m, int u);
+int fsdp_gpt2_forward_unit(struct fsdp_model *m, int u);
 /* Unit u's backward; units must run from L+1 down to 0 after a forward with
  * targets. Needs unit_grads[u] (and unit_grads[0] for a tied head). */
-int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u);
+int fsdp_gpt2_backward_unit(struct fsdp_model *m, int u);
 
 /*
  * Logits of positions [row0, row0 + rows) (row = b * T + t) of the last
@@ -275,7 +282,7 @@ int fsdp_gpt2_backward_unit(struct fsdp_gpt2 *m, int u);
  * forward and its parameters (unit 0's when tied) still set; not with a
  * tied head whose unit 0 is given by rows.
  */
-int fsdp_gpt2_logits(struct fsdp_gpt2 *m, size_t row0, size_t rows, float *out);
+int fsdp_gpt2_logits(struct fsdp_model *m, size_t row0, size_t rows, float *out);
 
 /* set_batch + every unit's forward; *loss (may be NULL) as m->loss. */
 int fsdp_gpt2_forward(struct fsdp_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B,
@@ -290,9 +297,9 @@ int fsdp_gpt2_zero_grad(struct fsdp_gpt2 *m, int u);
 // accounting
 
 /* Bytes of saved activations for the current checkpoint flags. */
-size_t fsdp_gpt2_activation_bytes(const struct fsdp_gpt2 *m);
+size_t fsdp_gpt2_activation_bytes(const struct fsdp_model *m);
 /* Bytes of activation gradients and scratch. */
-size_t fsdp_gpt2_workspace_bytes(const struct fsdp_gpt2 *m);
+size_t fsdp_gpt2_workspace_bytes(const struct fsdp_model *m);
 
 /*
  * Training FLOPs per token at sequence length T (doc/model.md):

@@ -216,8 +216,9 @@ int fsdp_gpt2_head_forward(struct fsdp_gpt2 *m)
     return 0;
 }
 
-int fsdp_gpt2_logits(struct fsdp_gpt2 *m, size_t row0, size_t rows, float *out)
+int fsdp_gpt2_logits(struct fsdp_model *base, size_t row0, size_t rows, float *out)
 {
+    struct fsdp_gpt2 *m = fsdp_gpt2_of(base);
     int last = m->lm.spec->n_units - 1;
     FSDP_CHECK(fsdp_lm_check_logits(&m->lm, row0, rows, m->cfg->tied));
     if (gpt2_vp_head(m)) {

@@ -211,13 +211,14 @@ static size_t llama_layout_grad_acts(const struct fsdp_llama *m, float *base,
     return off;
 }
 
-int fsdp_llama_reserve(struct fsdp_llama *m)
+int fsdp_llama_reserve(struct fsdp_model *base)
 {
+    struct fsdp_llama *m = fsdp_llama_of(base);
     struct fsdp_lm *lm = &m->lm;
     int fresh = 0;
     if (!lm->act_memory) {
         FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->act_memory, &lm->act_floats,
-                                       fsdp_llama_activation_bytes(m) / sizeof(float),
+                                       fsdp_llama_activation_bytes(base) / sizeof(float),
                                        "activations", &fresh));
         llama_layout_acts(m, lm->act_memory, &m->acts);
     }
@@ -236,14 +237,16 @@ int fsdp_llama_reserve(struct fsdp_llama *m)
     return 0;
 }
 
-size_t fsdp_llama_activation_bytes(const struct fsdp_llama *m)
+size_t fsdp_llama_activation_bytes(const struct fsdp_model *base)
 {
+    const struct fsdp_llama *m = (const struct fsdp_llama *)base;
     struct fsdp_llama_acts count = {.blocks = NULL};
     return llama_layout_acts(m, NULL, &count) * sizeof(float);
 }
 
-size_t fsdp_llama_workspace_bytes(const struct fsdp_llama *m)
+size_t fsdp_llama_workspace_bytes(const struct fsdp_model *base)
 {
+    const struct fsdp_llama *m = (const struct fsdp_llama *)base;
     struct fsdp_llama_grad_acts count;
     size_t rope = 2 * (size_t)m->lm.max_T * (size_t)(m->hs / 2);
     return (llama_layout_grad_acts(m, NULL, &count) + rope) * sizeof(float);
@@ -399,12 +402,13 @@ int fsdp_llama_zero_grad(struct fsdp_llama *m, int u)
 // ----------------------------------------------------------------------------
 // forward
 
-int fsdp_llama_set_batch(struct fsdp_llama *m, const int32_t *tokens, const int32_t *targets,
+int fsdp_llama_set_batch(struct fsdp_model *base, const int32_t *tokens, const int32_t *targets,
                          int B, int T)
 {
+    struct fsdp_llama *m = fsdp_llama_of(base);
     FSDP_CHECK(fsdp_lm_check_batch_size(&m->lm, B, T));
     FSDP_CHECK(fsdp_lm_check_tokens(&m->lm, tokens, targets, B, T, 0));
-    FSDP_CHECK(fsdp_llama_reserve(m));
+    FSDP_CHECK(fsdp_llama_reserve(base));
     FSDP_CHECK(fsdp_lm_start_batch(&m->lm, tokens, targets, B, T));
     m->bwd_next = -1;
     return 0;
@@ -556,8 +560,9 @@ static int llama_head_forward(struct fsdp_llama *m)
     return 0;
 }
 
-int fsdp_llama_logits(struct fsdp_llama *m, size_t row0, size_t rows, float *out)
+int fsdp_llama_logits(struct fsdp_model *base, size_t row0, size_t rows, float *out)
 {
+    struct fsdp_llama *m = fsdp_llama_of(base);
     int last = m->lm.spec->n_units - 1;
     FSDP_CHECK(fsdp_lm_check_logits(&m->lm, row0, rows, m->cfg->tied));
     struct fsdp_llama_head_view w;
@@ -568,8 +573,9 @@ int fsdp_llama_logits(struct fsdp_llama *m, size_t row0, size_t rows, float *out
     return 0;
 }
 
-int fsdp_llama_forward_unit(struct fsdp_llama *m, int u)
+int fsdp_llama_forward_unit(struct fsdp_model *base, int u)
 {
+    struct fsdp_llama *m = fsdp_llama_of(base);
     int L = m->cfg->n_layer;
     FSDP_CHECK(fsdp_lm_check_forward(&m->lm, u, m->cfg->tied));
     if (u == 0) {
@@ -728,8 +734,9 @@ static int llama_embed_backward(struct fsdp_llama *m)
     return 0;
 }
 
-int fsdp_llama_backward_unit(struct fsdp_llama *m, int u)
+int fsdp_llama_backward_unit(struct fsdp_model *base, int u)
 {
+    struct fsdp_llama *m = fsdp_llama_of(base);
     int L = m->cfg->n_layer;
     FSDP_CHECK(fsdp_lm_check_backward(&m->lm, u, m->bwd_next, m->cfg->tied));
     if (u == 0) {
@@ -764,11 +771,6 @@ double fsdp_llama_flops_per_token(const struct fsdp_model_spec *s, int T)
 
 // ----------------------------------------------------------------------------
 // the generic interface (model.h)
-
-static struct fsdp_llama *llama_of(struct fsdp_model *m)
-{
-    return (struct fsdp_llama *)m;
-}
 
 static int llama_op_create(const struct fsdp_model_spec *spec, const struct fsdp_model_opts *o,
                            struct fsdp_model **out)
@@ -814,14 +816,14 @@ static int llama_op_tp_cut(const struct fsdp_model_spec *spec, int tp, size_t i,
 
 static void llama_op_destroy(struct fsdp_model *m)
 {
-    fsdp_llama_destroy(llama_of(m));
+    fsdp_llama_destroy(fsdp_llama_of(m));
 }
 
 /* Units are blocks from 1 to L; -1: every block. The embedding and the
  * head keep their activations (they are small next to a block's). */
 static int llama_op_set_checkpoint(struct fsdp_model *m, int u, int on)
 {
-    struct fsdp_llama *g = llama_of(m);
+    struct fsdp_llama *g = fsdp_llama_of(m);
     if (u < 0) {
         return fsdp_llama_set_checkpoint(g, -1, on);
     }
@@ -831,58 +833,22 @@ static int llama_op_set_checkpoint(struct fsdp_model *m, int u, int on)
     return fsdp_llama_set_checkpoint(g, u - 1, on);
 }
 
-static int llama_op_reserve(struct fsdp_model *m)
-{
-    return fsdp_llama_reserve(llama_of(m));
-}
-
-static int llama_op_set_batch(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets,
-                              int B, int T)
-{
-    return fsdp_llama_set_batch(llama_of(m), tokens, targets, B, T);
-}
-
-static int llama_op_forward_unit(struct fsdp_model *m, int u)
-{
-    return fsdp_llama_forward_unit(llama_of(m), u);
-}
-
-static int llama_op_backward_unit(struct fsdp_model *m, int u)
-{
-    return fsdp_llama_backward_unit(llama_of(m), u);
-}
-
-static int llama_op_logits(struct fsdp_model *m, size_t row0, size_t rows, float *out)
-{
-    return fsdp_llama_logits(llama_of(m), row0, rows, out);
-}
-
-static size_t llama_op_activation_bytes(const struct fsdp_model *m)
-{
-    return fsdp_llama_activation_bytes((const struct fsdp_llama *)m);
-}
-
-static size_t llama_op_workspace_bytes(const struct fsdp_model *m)
-{
-    return fsdp_llama_workspace_bytes((const struct fsdp_llama *)m);
-}
-
 const struct fsdp_model_ops fsdp_llama_ops = {
     .size = sizeof(struct fsdp_model_ops),
     .name = FSDP_MODEL_ARCH_LLAMA,
     .create = llama_op_create,
     .destroy = llama_op_destroy,
     .set_checkpoint = llama_op_set_checkpoint,
-    .reserve = llama_op_reserve,
+    .reserve = fsdp_llama_reserve,
     .set_unit = fsdp_lm_op_set_unit,
     .set_loss_seed = fsdp_lm_op_set_loss_seed,
-    .set_batch = llama_op_set_batch,
-    .forward_unit = llama_op_forward_unit,
-    .backward_unit = llama_op_backward_unit,
+    .set_batch = fsdp_llama_set_batch,
+    .forward_unit = fsdp_llama_forward_unit,
+    .backward_unit = fsdp_llama_backward_unit,
     .loss = fsdp_lm_op_loss,
-    .logits = llama_op_logits,
-    .activation_bytes = llama_op_activation_bytes,
-    .workspace_bytes = llama_op_workspace_bytes,
+    .logits = fsdp_llama_logits,
+    .activation_bytes = fsdp_llama_activation_bytes,
+    .workspace_bytes = fsdp_llama_workspace_bytes,
     .flops_per_token = fsdp_llama_flops_per_token,
     .decoder_create = fsdp_llama_decoder_create,
     .tp_cut = llama_op_tp_cut,

@@ -130,6 +130,13 @@ struct fsdp_llama {
     size_t head_off[2];                   /* norm.weight, lm_head.weight inside unit L+1 */
 };
 
+/* The Llama model behind a generic one (its lm.base is the first member);
+ * the functions below that take the generic model are also its ops. */
+static inline struct fsdp_llama *fsdp_llama_of(struct fsdp_model *m)
+{
+    return (struct fsdp_llama *)m;
+}
+
 // ----------------------------------------------------------------------------
 // lifetime and settings (as gpt2.h's namesakes)
 
@@ -146,7 +153,7 @@ int fsdp_llama_set_checkpoint(struct fsdp_llama *m, int l, int on);
  * logits in the backward. */
 #define FSDP_LLAMA_HEAD_BYTES ((size_t)16 << 20)
 int fsdp_llama_set_head_chunk(struct fsdp_llama *m, int rows);
-int fsdp_llama_reserve(struct fsdp_llama *m);
+int fsdp_llama_reserve(struct fsdp_model *m);
 int fsdp_llama_set_unit(struct fsdp_llama *m, int u, float *params, float *grads);
 void fsdp_llama_set_ignore_index(struct fsdp_llama *m, int32_t ignore_index);
 void fsdp_llama_set_loss_seed(struct fsdp_llama *m, double divisor, float scale);
@@ -163,12 +170,12 @@ void fsdp_llama_head_view(const struct fsdp_llama *m, float *unit_last, float *u
 // ----------------------------------------------------------------------------
 // forward / backward (as gpt2.h's namesakes)
 
-int fsdp_llama_set_batch(struct fsdp_llama *m, const int32_t *tokens, const int32_t *targets,
+int fsdp_llama_set_batch(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets,
                          int B, int T);
-int fsdp_llama_forward_unit(struct fsdp_llama *m, int u);
-int fsdp_llama_backward_unit(struct fsdp_llama *m, int u);
+int fsdp_llama_forward_unit(struct fsdp_model *m, int u);
+int fsdp_llama_backward_unit(struct fsdp_model *m, int u);
 /* Logits (rows, V) of positions [row0, row0 + rows) of the last forward. */
-int fsdp_llama_logits(struct fsdp_llama *m, size_t row0, size_t rows, float *out);
+int fsdp_llama_logits(struct fsdp_model *m, size_t row0, size_t rows, float *out);
 int fsdp_llama_forward(struct fsdp_llama *m, const int32_t *tokens, const int32_t *targets, int B,
                        int T, float *loss);
 int fsdp_llama_backward(struct fsdp_llama *m);
@@ -179,9 +186,9 @@ int fsdp_llama_zero_grad(struct fsdp_llama *m, int u);
 // accounting
 
 /* Bytes of saved activations for the current checkpoint flags. */
-size_t fsdp_llama_activation_bytes(const struct fsdp_llama *m);
+size_t fsdp_llama_activation_bytes(const struct fsdp_model *m);
 /* Bytes of activation gradients and scratch, and the RoPE tables. */
-size_t fsdp_llama_workspace_bytes(const struct fsdp_llama *m);
+size_t fsdp_llama_workspace_bytes(const struct fsdp_model *m);
 /*
  * Training FLOPs per token at sequence length T (doc/model.md):
  *   6 N + 12 L C T

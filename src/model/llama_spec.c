@@ -5,7 +5,9 @@
 #include "config.h"
 #include "model/llama_spec.h"
 #include "model/llama.h"
+#include "model/hf_json.h"
 #include "core/error.h"
+#include "core/util.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -282,6 +284,205 @@ static const struct fsdp_attr_desc llama_attrs[] = {
 };
 #undef LLAMA_ATTR
 
+// ----------------------------------------------------------------------------
+// Hugging Face: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+// ("model." + name, every weight as torch.nn.Linear stores it); the defaults
+// of optional config.json members are transformers 4.38's
+
+#define LLAMA_HF_SHOW 64
+
+/* rope_scaling: null/absent, {"type" or "rope_type": "linear", "factor"} or
+ * Llama 3.1's {"rope_type": "llama3", "factor", "low_freq_factor",
+ * "high_freq_factor", "original_max_position_embeddings"}. */
+static int llama_hf_rope(const struct fsdp_json_obj *j, struct fsdp_llama_config *c)
+{
+    struct fsdp_json_obj r;
+    const char *type;
+    c->rope_scaling = FSDP_LLAMA_ROPE_NONE;
+    c->rope_factor = 1.0f;
+    c->rope_low_freq = 1.0f;
+    c->rope_high_freq = 4.0f;
+    c->rope_original = c->context;
+    int rc = fsdp_json_obj(j, "rope_scaling", &r);
+    if (rc != 0) {
+        return rc < 0 ? rc : 0;
+    }
+    const char *key = fsdp_json_has(&r, "rope_type") ? "rope_type" : "type";
+    FSDP_CHECK(fsdp_json_str(&r, key, NULL, &type));
+    if (strcmp(type, "default") == 0) {
+        return 0;
+    }
+    int t;
+    if (strcmp(type, "linear") == 0) {
+        t = FSDP_LLAMA_ROPE_LINEAR;
+    } else if (strcmp(type, "llama3") == 0) {
+        t = FSDP_LLAMA_ROPE_LLAMA3;
+    } else {
+        char show[LLAMA_HF_SHOW];
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: 'rope_scaling.%s' is \"%s\"; fsdpc has "
+                        "\"linear\" and \"llama3\" (or null: none)", j->file, key,
+                        fsdp_str_printable(show, sizeof(show), type, 0));
+    }
+    double f;
+    FSDP_CHECK(fsdp_json_num(&r, "factor", NULL, &f));
+    c->rope_scaling = t;
+    c->rope_factor = (float)f;
+    if (t == FSDP_LLAMA_ROPE_LLAMA3) {
+        double lo, hi;
+        long long orig;
+        FSDP_CHECK(fsdp_json_num(&r, "low_freq_factor", NULL, &lo));
+        FSDP_CHECK(fsdp_json_num(&r, "high_freq_factor", NULL, &hi));
+        FSDP_CHECK(fsdp_json_int(&r, "original_max_position_embeddings", 1, 1 << 20, NULL, &orig));
+        c->rope_low_freq = (float)lo;
+        c->rope_high_freq = (float)hi;
+        c->rope_original = (int)orig;
+    }
+    return 0;
+}
+
+/* A sliding window: fine when absent from the computation (null) or at
+ * least the context, since then no token ever falls out of it. */
+static int llama_hf_window(const struct fsdp_json_obj *j, const char *why, long long context)
+{
+    long long w, dflt = 4096; /* MistralConfig's and Qwen2Config's default */
+    if (fsdp_json_is_null(j, "sliding_window")) {
+        return 0;
+    }
+    FSDP_CHECK(fsdp_json_int(j, "sliding_window", 1, 1LL << 40, &dflt, &w));
+    if (w < context) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: 'sliding_window' is %lld%s, below "
+                        "max_position_embeddings %lld: fsdpc attends to the whole context (a "
+                        "window of null or at least the context is accepted)", j->file, w,
+                        fsdp_json_has(j, "sliding_window") ? "" : why, context);
+    }
+    return 0;
+}
+
+/* The members that shape the model, for every family. */
+static int llama_hf_shape(const struct fsdp_json_obj *j, struct fsdp_llama_config *c)
+{
+    long long v[6], kv;
+    static const char *const keys[] = {"vocab_size", "hidden_size", "intermediate_size",
+                                       "num_hidden_layers", "num_attention_heads",
+                                       "max_position_embeddings"};
+    static const long long hi[] = {1 << 20, 1 << 16, 1 << 20, 1024, 1 << 16, 1 << 20};
+    for (int k = 0; k < 6; k++) {
+        FSDP_CHECK(fsdp_json_int(j, keys[k], 1, hi[k], NULL, &v[k]));
+    }
+    FSDP_CHECK(fsdp_json_int(j, "num_key_value_heads", 1, 1 << 16, &v[4], &kv));
+    if (fsdp_json_has(j, "head_dim") && !fsdp_json_is_null(j, "head_dim")) {
+        long long hd;
+        FSDP_CHECK(fsdp_json_int(j, "head_dim", 1, 1 << 16, NULL, &hd));
+        if (hd * v[4] != v[1]) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: 'head_dim' is %lld; fsdpc's heads are "
+                            "hidden_size / num_attention_heads = %lld wide", j->file, hd,
+                            v[1] / v[4]);
+        }
+    }
+    double eps, theta, eps_dflt = 1e-6, theta_dflt = 10000.0;
+    FSDP_CHECK(fsdp_json_num(j, "rms_norm_eps", &eps_dflt, &eps));
+    FSDP_CHECK(fsdp_json_num(j, "rope_theta", &theta_dflt, &theta));
+    *c = (struct fsdp_llama_config){.vocab_size = (int)v[0], .n_embd = (int)v[1],
+                                    .ffn_hidden = (int)v[2], .n_layer = (int)v[3],
+                                    .n_head = (int)v[4], .context = (int)v[5], .n_kv_head = (int)kv,
+                                    .norm_eps = (float)eps, .rope_theta = (float)theta};
+    FSDP_CHECK(fsdp_hf_require_str(j, "hidden_act", "silu", "silu", NULL, "SwiGLU"));
+    FSDP_CHECK(fsdp_hf_require_bool(j, "mlp_bias", 0, "the MLP projections have no biases"));
+    return llama_hf_rope(j, c);
+}
+
+static int llama_hf_read(const struct fsdp_json_obj *j, const char *type, void *cfg)
+{
+    struct fsdp_llama_config *c = cfg;
+    int tied, no = 0;
+    FSDP_CHECK(llama_hf_shape(j, c));
+    FSDP_CHECK(fsdp_json_bool(j, "tie_word_embeddings", &no, &tied));
+    c->tied = tied;
+    if (strcmp(type, "llama") == 0) {
+        /* LlamaConfig's attention_bias gives o_proj a bias too */
+        return fsdp_hf_require_bool(j, "attention_bias", 0,
+                               "it would give o_proj a bias, which fsdpc's llama lacks");
+    }
+    if (strcmp(type, "mistral") == 0) {
+        return llama_hf_window(j, " (MistralConfig's default)", c->context);
+    }
+    int use_window;
+    c->attn_bias = 1; /* Qwen2: q, k and v always have biases */
+    FSDP_CHECK(fsdp_json_bool(j, "use_sliding_window", &no, &use_window));
+    return use_window ? llama_hf_window(j, " (Qwen2Config's default)", c->context) : 0;
+}
+
+/* linear as transformers 4.38 wants it (exactly "type" and "factor"),
+ * llama3 as Llama 3.1's config.json has it. */
+static void llama_hf_write_rope(struct fsdp_json_writer *w, const struct fsdp_llama_config *c)
+{
+    if (c->rope_scaling == FSDP_LLAMA_ROPE_NONE) {
+        fsdp_json_put_null(w, "rope_scaling");
+        return;
+    }
+    fsdp_json_begin_obj(w, "rope_scaling");
+    fsdp_json_put_f32(w, "factor", c->rope_factor);
+    if (c->rope_scaling == FSDP_LLAMA_ROPE_LINEAR) {
+        fsdp_json_put_str(w, "type", "linear");
+    } else {
+        fsdp_json_put_f32(w, "high_freq_factor", c->rope_high_freq);
+        fsdp_json_put_f32(w, "low_freq_factor", c->rope_low_freq);
+        fsdp_json_put_int(w, "original_max_position_embeddings", c->rope_original);
+        fsdp_json_put_str(w, "rope_type", "llama3");
+    }
+    fsdp_json_end(w);
+}
+
+/* LlamaForCausalLM, or Qwen2ForCausalLM when q/k/v have biases (Llama's
+ * attention_bias would give o_proj one as well). */
+static void llama_hf_write(struct fsdp_json_writer *w, const struct fsdp_model_spec *s,
+                           const char *torch_dtype)
+{
+    const struct fsdp_llama_config *c = fsdp_llama_cfg(s);
+    int qwen = c->attn_bias;
+    fsdp_json_begin_arr(w, "architectures");
+    fsdp_json_put_str(w, NULL, qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    fsdp_json_end(w);
+    if (!qwen) {
+        fsdp_json_put_bool(w, "attention_bias", 0);
+    }
+    fsdp_hf_tokens_put(w, s);
+    fsdp_json_put_str(w, "hidden_act", "silu");
+    fsdp_json_put_int(w, "hidden_size", c->n_embd);
+    fsdp_json_put_int(w, "intermediate_size", c->ffn_hidden);
+    fsdp_json_put_int(w, "max_position_embeddings", c->context);
+    fsdp_json_put_str(w, "model_type", qwen ? "qwen2" : "llama");
+    fsdp_json_put_int(w, "num_attention_heads", c->n_head);
+    fsdp_json_put_int(w, "num_hidden_layers", c->n_layer);
+    fsdp_json_put_int(w, "num_key_value_heads", c->n_kv_head);
+    fsdp_json_put_f32(w, "rms_norm_eps", c->norm_eps);
+    llama_hf_write_rope(w, c);
+    fsdp_json_put_f32(w, "rope_theta", c->rope_theta);
+    if (qwen) {
+        fsdp_json_put_null(w, "sliding_window");
+    }
+    fsdp_json_put_bool(w, "tie_word_embeddings", c->tied);
+    fsdp_json_put_str(w, "torch_dtype", torch_dtype);
+    if (qwen) {
+        fsdp_json_put_bool(w, "use_sliding_window", 0);
+    }
+    fsdp_json_put_int(w, "vocab_size", c->vocab_size);
+}
+
+static const char *const llama_hf_types[] = {"llama", "mistral", "qwen2", NULL};
+static const char *const llama_hf_buffers[] = {".rotary_emb.inv_freq", NULL};
+
+static const struct fsdp_hf_map llama_hf = {
+    .size = sizeof(struct fsdp_hf_map),
+    .model_types = llama_hf_types,
+    .prefix = "model.",
+    .head = "lm_head.weight",
+    .buffers = llama_hf_buffers,
+    .config_read = llama_hf_read,
+    .config_write = llama_hf_write,
+    .embedding = "embed_tokens.weight",
+};
+
 const struct fsdp_arch fsdp_llama_arch = {
     .size = sizeof(struct fsdp_arch),
     .name = FSDP_MODEL_ARCH_LLAMA,
@@ -294,4 +495,5 @@ const struct fsdp_arch fsdp_llama_arch = {
     .ops = &fsdp_llama_ops,
     .shape_reason = llama_shape_reason,
     .describe = llama_describe,
+    .hf = &llama_hf,
 };

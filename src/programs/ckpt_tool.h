@@ -8,6 +8,10 @@
 
 struct fsdp_model_spec;
 
+/* The whole of fsdpc-ckpt (ckpt_program.c): the built-in architectures are
+ * registered, then argv[1] names the subcommand; returns the exit status. */
+int fsdp_ckpt_program(int argc, char **argv);
+
 /* Exits naming the option getopt refused (c: its return, '?' or ':'). */
 _Noreturn void fsdp_ckpt_tool_bad_option(const char *cmd, int c, char **argv);
 

@@ -1,13 +1,10 @@
 /*
- * hf_map.h - how fsdpc's architectures appear in Hugging Face transformers
- * (doc/formats.md, "Hugging Face directories"): the state-dict name and
- * layout of every parameter, the buffers a file may hold beside them, and
- * config.json read into an fsdpc config and written from one.
- *
- *   gpt2   GPT2LMHeadModel: "transformer." + name, Conv1D weights (c_attn,
- *          c_proj, c_fc) stored transposed, (in, out); lm_head.weight
- *   llama  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM: "model."
- *          + name, every weight as torch.nn.Linear stores it; lm_head.weight
+ * hf_map.h - config.json read into the config of the registered
+ * architecture that reads its model_type, and written from a model's
+ * (doc/formats.md, "Hugging Face directories"), and the special-token ids
+ * of a directory. The names, layouts and config members are each
+ * architecture's own (struct fsdp_hf_map, core/hf_map.h); nothing here
+ * knows one.
  *
  * Shared by import/export-safetensors (st_tool.c) and import/export-hf
  * (hf_tool.c), so that both speak one mapping.
@@ -18,21 +15,9 @@
 #include <stddef.h>
 
 #include "core/dtype.h"
+#include "core/hf_map.h"
 #include "core/spec.h"
 #include "io/json.h"
-
-/* The prefix of a's parameter names in a CausalLM state dict ("transformer."
- * or "model."), or NULL for an architecture transformers does not know. */
-const char *fsdp_hf_prefix(const struct fsdp_arch *a);
-/* p's name in the state dict: the prefix + its name (lm_head.weight bare). */
-void fsdp_hf_param_name(const struct fsdp_arch *a, const struct fsdp_param_spec *p, char *buf,
-                        size_t len);
-/* 1 when the state dict holds p transposed (GPT-2's Conv1D weights). */
-int fsdp_hf_param_transposed(const struct fsdp_arch *a, const struct fsdp_param_spec *p);
-/* 1 when bare (a name without the prefix) is a buffer, not a parameter,
- * that files of a may hold and an import skips: GPT-2's attention masks
- * (h.N.attn.bias, h.N.attn.masked_bias), Llama's rotary inv_freq. */
-int fsdp_hf_is_buffer(const struct fsdp_arch *a, const char *bare);
 
 /* What config.json describes. */
 struct fsdp_hf_model {
@@ -71,8 +56,6 @@ int fsdp_hf_tokens_read(const char *dir, const struct fsdp_json_obj *config, lon
  * <|endoftext|>, <bos>; eos the first present of <|end_of_text|>, </s>,
  * <|endoftext|>, <eos>; -1 when none is. desc says which were taken. */
 int fsdp_hf_tokens_from_tokenizer(const char *path, long *bos, long *eos, char *desc, size_t len);
-/* bos_token_id and eos_token_id members for s's known ids. */
-void fsdp_hf_tokens_put(struct fsdp_json_writer *w, const struct fsdp_model_spec *s);
 /* generation_config.json for s's ids (malloc'd text). */
 int fsdp_hf_generation_config_write(const struct fsdp_model_spec *s, char **text, size_t *len);
 

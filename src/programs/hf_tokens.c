@@ -12,6 +12,7 @@
 #include "config.h"
 #include "programs/hf_map.h"
 #include "io/json.h"
+#include "model/hf_json.h"
 #include "io/tokenizer.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -104,16 +105,6 @@ int fsdp_hf_tokens_from_tokenizer(const char *path, long *bos, long *eos, char *
              *bos >= 0 ? bname : "none found", *eos, *eos >= 0 ? ename : "none found");
     fsdp_tokenizer_free(tok);
     return 0;
-}
-
-void fsdp_hf_tokens_put(struct fsdp_json_writer *w, const struct fsdp_model_spec *s)
-{
-    if (s->bos_token_id >= 0) {
-        fsdp_json_put_int(w, "bos_token_id", s->bos_token_id);
-    }
-    if (s->eos_token_id >= 0) {
-        fsdp_json_put_int(w, "eos_token_id", s->eos_token_id);
-    }
 }
 
 int fsdp_hf_generation_config_write(const struct fsdp_model_spec *s, char **text, size_t *len)

@@ -3,12 +3,15 @@
  * directory (config.json + model.safetensors or indexed shards, as
  * transformers' save_pretrained writes them) into a model file, and a
  * model file or checkpoint out as one (doc/formats.md, "Hugging Face
- * directories"). Names, layouts and config members come from hf_map.h;
- * the directory itself from io/hf_dir.h.
+ * directories"). Names and layouts come from the architecture's own
+ * Hugging Face map (core/hf_map.h), config.json through hf_map.h, which
+ * finds the architecture by model_type; the directory itself from
+ * io/hf_dir.h. Nothing here names an architecture.
  *
  * Streamed tensor by tensor: import holds the largest tensor as f32, plus
- * its source bytes when they are 16-bit, plus a transposed copy for GPT-2's
- * Conv1D weights; export the same the other way round. A directory's names,
+ * its source bytes when they are 16-bit, plus a transposed copy for the
+ * weights the map stores transposed (GPT-2's Conv1D); export the same the
+ * other way round. A directory's names,
  * shapes and dtypes are all checked before the output file is created.
  */
 #include "config.h"
@@ -61,31 +64,24 @@ static void hf_transpose(float *dst, const float *src, size_t rows, size_t cols)
     }
 }
 
-/* p's shape as the state dict holds it. */
-static void hf_shape(const struct fsdp_arch *a, const struct fsdp_param_spec *p, size_t sh[2])
-{
-    int tr = fsdp_hf_param_transposed(a, p);
-    sh[0] = tr ? p->shape[1] : p->shape[0];
-    sh[1] = tr ? p->shape[0] : p->shape[1];
-}
-
 // ----------------------------------------------------------------------------
 // import: which tensor is which parameter
 
 struct hf_import {
     struct fsdp_hf_dir *d;
     const struct fsdp_model_spec *s;
-    const char *prefix;
+    const struct fsdp_hf_map *m; /* s's architecture's */
+    const char *prefix;          /* m's, "" when none */
     long *src;     /* (n_params,) each parameter's tensor in d */
     long lm_head;  /* a tied model's lm_head.weight in d, or -1 */
 };
 
 /* The tensor of fsdpc parameter name: prefix + name, or the bare name (a
- * base model's file); lm_head.weight is never prefixed. */
+ * base model's file); the head is never prefixed. */
 static long hf_lookup(const struct hf_import *im, const char *name)
 {
     char buf[HF_NAME_MAX];
-    if (strcmp(name, "lm_head.weight") == 0) {
+    if (!im->prefix[0] || (im->m->head && strcmp(name, im->m->head) == 0)) {
         return fsdp_hf_dir_find(im->d, name);
     }
     snprintf(buf, sizeof(buf), "%s%s", im->prefix, name);
@@ -97,7 +93,7 @@ static long hf_lookup(const struct hf_import *im, const char *name)
 static int hf_check_aliases(const struct hf_import *im)
 {
     size_t pl = strlen(im->prefix);
-    for (size_t i = 0; i < im->d->n; i++) {
+    for (size_t i = 0; pl && i < im->d->n; i++) {
         const char *n = im->d->t[i].t->name;
         if (strncmp(n, im->prefix, pl) == 0 && fsdp_hf_dir_find(im->d, n + pl) >= 0) {
             char a[HF_SHOW], b[HF_SHOW];
@@ -127,6 +123,7 @@ static int hf_check_one(const struct hf_import *im, size_t k, const struct fsdp_
 {
     const struct fsdp_st_tensor *t = im->d->t[k].t;
     const struct fsdp_arch *a = im->s->arch;
+    int tr = fsdp_hf_param_transposed(im->m, p);
     char show[HF_SHOW], got[96], want[64], why[160] = "";
     if (!fsdp_dtype_is_float(t->dtype)) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has dtype %s; parameters are F32, F16 "
@@ -135,7 +132,7 @@ static int hf_check_one(const struct hf_import *im, size_t k, const struct fsdp_
                         fsdp_dtype_name(t->dtype));
     }
     size_t sh[2];
-    hf_shape(a, p, sh);
+    fsdp_hf_param_shape(im->m, p, sh);
     if (t->ndim == p->ndim && t->shape[0] == sh[0] && (p->ndim == 1 || t->shape[1] == sh[1])) {
         return 0;
     }
@@ -148,7 +145,7 @@ static int hf_check_one(const struct hf_import *im, size_t k, const struct fsdp_
     }
     return fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has shape %s but config.json makes it %s%s%s",
                     fsdp_hf_dir_file(im->d, k), fsdp_str_printable(show, sizeof(show), t->name, 0),
-                    got, want, why, fsdp_hf_param_transposed(a, p) ? " (Conv1D layout: in, out)" : "");
+                    got, want, why, tr ? " (Conv1D layout: in, out)" : "");
 }
 
 /* Every parameter present with its shape; nothing else but buffers and a
@@ -165,22 +162,21 @@ static int hf_match(struct hf_import *im)
         char name[HF_NAME_MAX];
         im->src[i] = hf_lookup(im, s->params[i].name);
         if (im->src[i] < 0) {
-            fsdp_hf_param_name(s->arch, &s->params[i], name, sizeof(name));
+            fsdp_hf_param_name(im->m, &s->params[i], name, sizeof(name));
             rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' is missing", im->d->dir, name);
             break;
         }
         used[im->src[i]] = 1;
         rc = hf_check_one(im, (size_t)im->src[i], &s->params[i]);
     }
-    im->lm_head = fsdp_model_spec_find(s, "lm_head.weight") < 0
-                      ? fsdp_hf_dir_find(im->d, "lm_head.weight") : -1;
+    const char *head = im->m->head;
+    im->lm_head = head && fsdp_model_spec_find(s, head) < 0 ? fsdp_hf_dir_find(im->d, head) : -1;
     if (im->lm_head >= 0) {
         used[im->lm_head] = 1;
     }
-    size_t pl = strlen(im->prefix);
     for (size_t k = 0; rc == 0 && k < im->d->n; k++) {
         const char *n = im->d->t[k].t->name;
-        if (!used[k] && !fsdp_hf_is_buffer(s->arch, strncmp(n, im->prefix, pl) ? n : n + pl)) {
+        if (!used[k] && !fsdp_hf_is_buffer(im->m, n)) {
             char show[HF_SHOW];
             rc = fsdp_err(FSDP_ERR_FORMAT, "%s: unexpected tensor '%s' (not a parameter of the "
                           "%s model config.json describes)", fsdp_hf_dir_file(im->d, k),
@@ -217,8 +213,8 @@ static int hf_check_tied_head(struct hf_import *im, void *buf)
         FSDP_CHECK(hf_hash(im, k, buf, &hb));
     }
     if (!same || ha != hb) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: lm_head.weight differs from %s, but config.json "
-                        "ties them (tie_word_embeddings)", fsdp_hf_dir_file(im->d, k), a->name);
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: %s differs from %s, but config.json ties them "
+                        "(tie_word_embeddings)", fsdp_hf_dir_file(im->d, k), b->name, a->name);
     }
     return 0;
 }
@@ -268,7 +264,7 @@ static void hf_import_sizes(const struct hf_import *im, size_t *f32, size_t *raw
         const struct fsdp_st_tensor *t = im->d->t[im->src[i]].t;
         size_t b = t->end - t->begin;
         *raw = t->dtype != FSDP_F32 && b > *raw ? b : *raw;
-        *tr = fsdp_hf_param_transposed(im->s->arch, p) && p->numel > *tr ? p->numel : *tr;
+        *tr = fsdp_hf_param_transposed(im->m, p) && p->numel > *tr ? p->numel : *tr;
     }
 }
 
@@ -287,7 +283,7 @@ static int hf_import_tensors(struct hf_import *im, struct fsdp_model_writer *w, 
             FSDP_CHECK(fsdp_convert(a, FSDP_F32, raw, t->dtype, p->numel));
         }
         const float *src = a;
-        if (fsdp_hf_param_transposed(im->s->arch, p)) {
+        if (fsdp_hf_param_transposed(im->m, p)) {
             hf_transpose(tbuf, a, p->shape[0], p->shape[1]);
             src = tbuf;
         }
@@ -361,7 +357,8 @@ int fsdp_ckpt_cmd_import_hf(int argc, char **argv)
         fsdp_die(rc, what, NULL);
     }
     im.s = s;
-    im.prefix = fsdp_hf_prefix(s->arch);
+    im.m = fsdp_arch_hf(s->arch);
+    im.prefix = im.m->prefix ? im.m->prefix : "";
     im.src = calloc(s->n_params, sizeof(*im.src));
     if (!im.src) {
         fsdp_fatal("%s: out of memory for the tensor map", what);
@@ -440,11 +437,12 @@ static size_t hf_parse_shard_size(const char *s)
 static void hf_entries(const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
                        struct fsdp_st_entry *e, char (*names)[HF_NAME_MAX])
 {
+    const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
     for (size_t i = 0; i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
-        fsdp_hf_param_name(s->arch, p, names[i], HF_NAME_MAX);
+        fsdp_hf_param_name(m, p, names[i], HF_NAME_MAX);
         e[i] = (struct fsdp_st_entry){.name = names[i], .dtype = dtype, .ndim = p->ndim};
-        hf_shape(s->arch, p, e[i].shape);
+        fsdp_hf_param_shape(m, p, e[i].shape);
     }
 }
 
@@ -466,10 +464,11 @@ static int hf_source_read(struct hf_source *src, size_t i, const struct fsdp_par
 static int hf_export_tensors(struct hf_source *src, const struct fsdp_model_spec *s,
                              enum fsdp_dtype dtype, struct fsdp_hf_writer *w)
 {
+    const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
     size_t big = fsdp_model_spec_largest(s), ntr = 0;
     for (size_t i = 0; i < s->n_params; i++) {
         size_t n = s->params[i].numel;
-        ntr = fsdp_hf_param_transposed(s->arch, &s->params[i]) && n > ntr ? n : ntr;
+        ntr = fsdp_hf_param_transposed(m, &s->params[i]) && n > ntr ? n : ntr;
     }
     float *a = fsdp_alloc(big * sizeof(float));
     float *tbuf = ntr ? fsdp_alloc(ntr * sizeof(float)) : NULL;
@@ -482,7 +481,7 @@ static int hf_export_tensors(struct hf_source *src, const struct fsdp_model_spec
         const struct fsdp_param_spec *p = &s->params[i];
         FSDP_CHECK_GOTO(hf_source_read(src, i, p, a), rc, out);
         const float *f = a;
-        if (fsdp_hf_param_transposed(s->arch, p)) {
+        if (fsdp_hf_param_transposed(m, p)) {
             hf_transpose(tbuf, a, p->shape[1], p->shape[0]);
             f = tbuf;
         }
@@ -623,9 +622,11 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
         }
         s = fsdp_model_file_spec(src.mf);
     }
-    if (!fsdp_hf_prefix(s->arch)) {
-        fsdp_fatal("%s: %s is a %s model; Hugging Face directories are written for gpt2 and "
-                   "llama models", what, in, s->arch->name);
+    if (!fsdp_arch_hf(s->arch)) {
+        char names[128];
+        fsdp_hf_arch_names(names, sizeof(names));
+        fsdp_fatal("%s: %s is a %s model; Hugging Face directories are written for %s models",
+                   what, in, s->arch->name, names);
     }
     if ((rc = fsdp_hf_dir_occupied(out)) < 0) {
         fsdp_die(rc, what, NULL);

@@ -1,9 +1,11 @@
 /*
- * st_tool.c - fsdpc-ckpt export-safetensors / import-safetensors: fsdpc
- * GPT-2 tensors <-> Hugging Face GPT-2 safetensors (names and layout:
- * doc/formats.md, "Mapping to Hugging Face GPT-2"): "transformer." prefix,
- * Conv1D weights (c_attn, c_proj, c_fc) transposed, the tied lm_head left
- * out (the mapping is hf_map.h's, shared with import-hf and export-hf).
+ * st_tool.c - fsdpc-ckpt export-safetensors / import-safetensors: a model's
+ * tensors <-> one Hugging Face safetensors file under the names and layouts
+ * of its architecture's Hugging Face map (core/hf_map.h; for GPT-2:
+ * doc/formats.md, "Mapping to Hugging Face GPT-2"), the tied head left out.
+ * The config travels as metadata (fsdpc_architecture and fsdpc_<attribute>);
+ * a file without it is read by the first registered architecture that can
+ * tell its config from the shapes (config_infer).
  * Streamed tensor by tensor through two buffers of the largest tensor.
  * Names and metadata from a file are printed only through fsdp_str_printable.
  */
@@ -13,7 +15,6 @@
 #include "io/ckpt.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
-#include "model/gpt2_spec.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
@@ -38,17 +39,6 @@ static enum fsdp_dtype st_parse_dtype(const char *cmd, const char *s)
     fsdp_fatal("fsdpc-ckpt %s: --dtype '%s' must be f32, bf16 or f16", cmd, s);
 }
 
-/* Hugging Face Conv1D weights are stored (in, out): ours transposed (hf_map.h). */
-static int st_is_conv1d(const struct fsdp_param_spec *p)
-{
-    return fsdp_hf_param_transposed(&fsdp_gpt2_arch, p);
-}
-
-static void st_hf_name(char *buf, size_t len, const struct fsdp_param_spec *p)
-{
-    fsdp_hf_param_name(&fsdp_gpt2_arch, p, buf, len);
-}
-
 /* dst (rows, cols) = transpose of src (cols, rows) */
 static void st_transpose(float *dst, const float *src, size_t rows, size_t cols)
 {
@@ -62,20 +52,82 @@ static void st_transpose(float *dst, const float *src, size_t rows, size_t cols)
 // ----------------------------------------------------------------------------
 // export
 
+#define ST_META_MAX 32 /* pairs: format, architecture and the attributes */
+
+/* The metadata an export writes: format pt, fsdpc_architecture and
+ * fsdpc_<attribute> for every attribute of the config, as key, value pairs. */
+struct st_meta {
+    const char *kv[2 * ST_META_MAX];
+    char keys[ST_META_MAX][FSDP_ST_NAME_MAX];
+    char vals[ST_META_MAX][32];
+    size_t n;
+};
+
+static void st_meta_of(const struct fsdp_model_spec *s, struct st_meta *m)
+{
+    const struct fsdp_arch *a = s->arch;
+    m->kv[0] = "format";
+    m->kv[1] = "pt";
+    m->kv[2] = "fsdpc_architecture";
+    m->kv[3] = a->name;
+    m->n = 2;
+    for (size_t i = 0; i < a->n_attrs && m->n < ST_META_MAX; i++, m->n++) {
+        const struct fsdp_attr_desc *d = &a->attrs[i];
+        double v = fsdp_attr_get(d, s->cfg);
+        snprintf(m->keys[m->n], sizeof(m->keys[0]), "fsdpc_%s", d->name);
+        if (d->type == FSDP_ATTR_FLOAT) {
+            snprintf(m->vals[m->n], sizeof(m->vals[0]), "%.9g", v);
+        } else {
+            snprintf(m->vals[m->n], sizeof(m->vals[0]), "%.0f", v);
+        }
+        m->kv[2 * m->n] = m->keys[m->n];
+        m->kv[2 * m->n + 1] = m->vals[m->n];
+    }
+}
+
 static void export_usage(FILE *out)
 {
     fprintf(out,
             "usage: fsdpc-ckpt export-safetensors PATH -o FILE.safetensors [--dtype T]\n"
             "\n"
-            "Writes the weights of a model file or checkpoint as a Hugging Face GPT-2\n"
-            "safetensors file: names transformer.h.0.attn.c_attn.weight etc., Conv1D\n"
-            "weights transposed to (in, out), the tied lm_head left out. n_head, ln_eps\n"
-            "and context go to __metadata__ for import-safetensors, with the XXH3-64\n"
-            "checksum of every tensor (fsdpc.xxh3_64.<name>).\n"
+            "Writes the weights of a model file or checkpoint as a Hugging Face\n"
+            "safetensors file under the names its architecture has in transformers\n"
+            "(GPT-2: transformer.h.0.attn.c_attn.weight etc., Conv1D weights transposed\n"
+            "to (in, out)), the tied lm_head left out. The architecture and its config\n"
+            "(fsdpc_architecture, fsdpc_n_head, ...) go to __metadata__ for\n"
+            "import-safetensors, with the XXH3-64 checksum of every tensor\n"
+            "(fsdpc.xxh3_64.<name>).\n"
             "\n"
             "      --dtype T     f32 (default), bf16 or f16\n"
             "  -o, --output F    the file to write (via F.tmp and rename)\n"
             "  -h, --help        this text\n");
+}
+
+/* Every parameter of s from ck or mf: read as f32 into a, transposed
+ * through b where the map says, converted through h, written to w. */
+static int st_export_tensors(struct fsdp_ckpt *ck, struct fsdp_model_file *mf,
+                             const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
+                             struct fsdp_st_writer *w, float *a, float *b, uint16_t *h)
+{
+    const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        size_t n = p->shape[0] * p->shape[1];
+        FSDP_CHECK(ck ? fsdp_ckpt_read_rows(ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], a)
+                      : fsdp_model_file_read_block(mf, i, 0, p->shape[0], 0, p->shape[1], a));
+        const float *src = a;
+        if (fsdp_hf_param_transposed(m, p)) {
+            st_transpose(b, a, p->shape[1], p->shape[0]);
+            src = b;
+        }
+        if (dtype == FSDP_F32) {
+            rc = fsdp_st_writer_put(w, i, src);
+        } else if ((rc = fsdp_convert(h, dtype, src, FSDP_F32, n)) == 0) {
+            rc = fsdp_st_writer_put(w, i, h);
+        }
+    }
+    return rc;
 }
 
 int fsdp_ckpt_cmd_export_st(int argc, char **argv)
@@ -116,9 +168,12 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
         }
         s = fsdp_model_file_spec(mf);
     }
-    if (s->arch != &fsdp_gpt2_arch) {
+    const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
+    if (!m) {
+        char names[128];
+        fsdp_hf_arch_names(names, sizeof(names));
         fsdp_fatal("fsdpc-ckpt export-safetensors: %s is a %s model; the Hugging Face names are "
-                   "known for gpt2 only", in, s->arch->name);
+                   "known for %s", in, s->arch->name, names);
     }
     struct fsdp_st_entry *e = calloc(s->n_params, sizeof(*e));
     char (*names)[FSDP_ST_NAME_MAX] = calloc(s->n_params, sizeof(*names));
@@ -130,39 +185,18 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
     }
     for (size_t i = 0; i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
-        st_hf_name(names[i], sizeof(names[i]), p);
+        fsdp_hf_param_name(m, p, names[i], sizeof(names[i]));
         e[i].name = names[i];
         e[i].dtype = dtype;
         e[i].ndim = p->ndim;
-        e[i].shape[0] = st_is_conv1d(p) ? p->shape[1] : p->shape[0];
-        e[i].shape[1] = st_is_conv1d(p) ? p->shape[0] : p->shape[1];
+        fsdp_hf_param_shape(m, p, e[i].shape);
     }
-    char nh[32], eps[32], ctx[32];
-    snprintf(nh, sizeof(nh), "%d", fsdp_gpt2_cfg(s)->n_head);
-    snprintf(eps, sizeof(eps), "%.9g", (double)fsdp_gpt2_cfg(s)->ln_eps);
-    snprintf(ctx, sizeof(ctx), "%d", fsdp_gpt2_cfg(s)->context);
-    const char *meta[] = {"format", "pt", "fsdpc_n_head", nh, "fsdpc_ln_eps", eps,
-                          "fsdpc_context", ctx};
+    struct st_meta meta;
+    st_meta_of(s, &meta);
     struct fsdp_st_writer *w = NULL;
-    rc = fsdp_st_writer_create(out, e, s->n_params, meta, 4, &w);
-    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
-        const struct fsdp_param_spec *p = &s->params[i];
-        size_t n = p->shape[0] * p->shape[1];
-        rc = ck ? fsdp_ckpt_read_rows(ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], a)
-                : fsdp_model_file_read_block(mf, i, 0, p->shape[0], 0, p->shape[1], a);
-        if (rc < 0) {
-            break;
-        }
-        const float *src = a;
-        if (st_is_conv1d(p)) {
-            st_transpose(b, a, p->shape[1], p->shape[0]);
-            src = b;
-        }
-        if (dtype == FSDP_F32) {
-            rc = fsdp_st_writer_put(w, i, src);
-        } else if ((rc = fsdp_convert(h, dtype, src, FSDP_F32, n)) == 0) {
-            rc = fsdp_st_writer_put(w, i, h);
-        }
+    rc = fsdp_st_writer_create(out, e, s->n_params, meta.kv, meta.n, &w);
+    if (rc == 0) {
+        rc = st_export_tensors(ck, mf, s, dtype, w, a, b, h);
     }
     if (rc == 0) {
         rc = fsdp_st_writer_commit(w);
@@ -191,48 +225,91 @@ static void import_usage(FILE *out)
             "usage: fsdpc-ckpt import-safetensors FILE.safetensors -o MODEL.h5 [--heads N]\n"
             "                 [--ln-eps X] [--dtype T]\n"
             "\n"
-            "Reads a Hugging Face GPT-2 safetensors file (names with or without the\n"
-            "'transformer.' prefix; Conv1D weights transposed back; the attention mask\n"
-            "buffers ignored) into a model file. The architecture comes from the shapes;\n"
-            "n_head, which shapes do not give, from --heads or from the file's metadata.\n"
-            "An lm_head.weight equal to wte.weight (or absent) makes a tied model.\n"
+            "Reads a Hugging Face safetensors file (names with or without their prefix,\n"
+            "such as GPT-2's 'transformer.'; transposed weights turned back; buffers\n"
+            "such as attention masks ignored) into a model file. The architecture and\n"
+            "its config come from the metadata export-safetensors writes; without it,\n"
+            "from the shapes (GPT-2), and n_head, which shapes do not give, from --heads.\n"
+            "An lm_head.weight equal to the embedding (or absent) makes a tied model.\n"
             "Tensors with a checksum in the metadata (fsdpc.xxh3_64.<name>, written by\n"
             "export-safetensors) are checked as they are read; a mismatch is an error.\n"
             "\n"
-            "      --heads N     n_head (GPT-2 small: 12)\n"
-            "      --ln-eps X    layer-norm epsilon (default: metadata, else 1e-5)\n"
+            "      --heads N     n_head, over the metadata's (GPT-2 small: 12)\n"
+            "      --ln-eps X    layer-norm epsilon, over the metadata's (default 1e-5)\n"
             "      --dtype T     stored dtype of the model file: f32 (default), bf16, f16\n"
             "  -o, --output F    the model file to write\n"
             "  -h, --help        this text\n");
 }
 
-/* Tensor index of fsdpc parameter name: "transformer.<name>" or "<name>". */
-static long st_lookup(const struct fsdp_safetensors *st, const char *name)
-{
-    char buf[FSDP_ST_NAME_MAX + 16];
-    snprintf(buf, sizeof(buf), "transformer.%s", name);
-    long i = fsdp_safetensors_find(st, buf);
-    return i >= 0 ? i : fsdp_safetensors_find(st, name);
-}
-
 /* A tensor name from the file, fit to print. */
 #define ST_SHOW 80
 
-/*
- * Each tensor once: a file holding both "transformer.X" and "X" names one
- * tensor twice, and the lookups below would take one spelling for some
- * purposes (lm_head: import) and the other for others (validation).
- */
-static int st_check_aliases(const struct fsdp_safetensors *st)
+/* The file being imported, the map of the architecture tried or chosen,
+ * and the values the command line puts over the file's metadata. */
+struct st_in {
+    struct fsdp_safetensors *st;
+    const struct fsdp_hf_map *m;
+    const char *heads; /* --heads: fsdpc_n_head */
+    const char *eps;   /* --ln-eps: fsdpc_ln_eps */
+};
+
+/* Tensor index of parameter name: prefix + name, or the bare name. */
+static long st_lookup(const struct st_in *in, const char *name)
 {
+    const char *prefix = in->m->prefix ? in->m->prefix : "";
+    if (prefix[0] && !(in->m->head && strcmp(name, in->m->head) == 0)) {
+        char buf[FSDP_ST_NAME_MAX + 32];
+        snprintf(buf, sizeof(buf), "%s%s", prefix, name);
+        long i = fsdp_safetensors_find(in->st, buf);
+        if (i >= 0) {
+            return i;
+        }
+    }
+    return fsdp_safetensors_find(in->st, name);
+}
+
+static int st_shape(void *ctx, const char *name, size_t shape[2])
+{
+    const struct st_in *in = ctx;
+    long k = st_lookup(in, name);
+    if (k < 0) {
+        return -1;
+    }
+    const struct fsdp_st_tensor *t = &in->st->t[k];
+    shape[0] = t->ndim > 0 ? t->shape[0] : 1;
+    shape[1] = t->ndim > 1 ? t->shape[1] : 1;
+    return t->ndim;
+}
+
+static const char *st_meta(void *ctx, const char *key)
+{
+    const struct st_in *in = ctx;
+    if (in->heads && strcmp(key, "fsdpc_n_head") == 0) {
+        return in->heads;
+    }
+    if (in->eps && strcmp(key, "fsdpc_ln_eps") == 0) {
+        return in->eps;
+    }
+    return fsdp_safetensors_meta(in->st, key);
+}
+
+/*
+ * Each tensor once: a file holding both prefix + X and X names one tensor
+ * twice, and the lookups below would take one spelling for some purposes
+ * (the head: import) and the other for others (validation).
+ */
+static int st_check_aliases(const struct st_in *in)
+{
+    const struct fsdp_safetensors *st = in->st;
+    size_t pl = in->m->prefix ? strlen(in->m->prefix) : 0;
     char a[ST_SHOW], b[ST_SHOW];
-    for (size_t i = 0; i < st->n; i++) {
+    for (size_t i = 0; pl && i < st->n; i++) {
         const char *n = st->t[i].name;
-        if (strncmp(n, "transformer.", 12) == 0 && fsdp_safetensors_find(st, n + 12) >= 0) {
+        if (strncmp(n, in->m->prefix, pl) == 0 && fsdp_safetensors_find(st, n + pl) >= 0) {
             return fsdp_err(FSDP_ERR_FORMAT, "%s: both '%s' and '%s' are present: one tensor "
                             "under two names (keep one spelling)", st->path,
                             fsdp_str_printable(a, sizeof(a), n, 0),
-                            fsdp_str_printable(b, sizeof(b), n + 12, 0));
+                            fsdp_str_printable(b, sizeof(b), n + pl, 0));
         }
     }
     return 0;
@@ -250,88 +327,114 @@ static int st_to_f32(const struct fsdp_safetensors *st, const struct fsdp_st_ten
     return fsdp_convert(dst, FSDP_F32, raw, t->dtype, n);
 }
 
-/* The architecture from the tensor shapes (and n_head from heads or metadata). */
-static int st_infer(const struct fsdp_safetensors *st, int heads, double eps,
-                    struct fsdp_gpt2_config *cfg)
+/* Tied when the head is absent or equal, byte for byte, to the embedding. */
+static int st_tied(const struct st_in *in, void *x, void *y, int *tied)
 {
-    long wte = st_lookup(st, "wte.weight"), wpe = st_lookup(st, "wpe.weight");
-    if (wte < 0 || wpe < 0 || st->t[wte].ndim != 2 || st->t[wpe].ndim != 2) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: no 2-D wte.weight / wpe.weight: not a GPT-2 "
-                        "safetensors file", st->path);
-    }
-    char name[64];
-    int L = 0;
-    for (;; L++) {
-        snprintf(name, sizeof(name), "h.%d.ln_1.weight", L);
-        if (st_lookup(st, name) < 0) {
-            break;
-        }
-    }
-    const char *mh = fsdp_safetensors_meta(st, "fsdpc_n_head");
-    const char *me = fsdp_safetensors_meta(st, "fsdpc_ln_eps");
-    long long v;
-    if (heads <= 0 && mh && fsdp_parse_long(mh, &v) == 0 && v > 0 && v < 65536) {
-        heads = (int)v;
-    }
-    if (heads <= 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "%s: n_head is not in the file: pass --heads N "
-                        "(GPT-2 small: 12)", st->path);
-    }
-    if (eps <= 0.0 && me) {
-        char *end;
-        eps = strtod(me, &end);
-        if (end == me || *end || !(eps > 0.0 && eps < 1.0)) {
-            char show[ST_SHOW];
-            return fsdp_err(FSDP_ERR_FORMAT, "%s: metadata fsdpc_ln_eps '%s' is not a number "
-                            "in (0, 1); pass --ln-eps X", st->path,
-                            fsdp_str_printable(show, sizeof(show), me, 0));
-        }
-    } else if (eps <= 0.0) {
-        eps = 1e-5;
-    }
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->vocab_size = (int)st->t[wte].shape[0];
-    cfg->n_embd = (int)st->t[wte].shape[1];
-    cfg->context = (int)st->t[wpe].shape[0];
-    cfg->n_layer = L;
-    cfg->n_head = heads;
-    cfg->ln_eps = (float)eps;
-    cfg->tied = 1;
-    return 0;
-}
-
-/* Tied when lm_head.weight is absent or equal, byte for byte, to wte.weight. */
-static int st_tied(struct fsdp_safetensors *st, void *x, void *y, int *tied)
-{
-    long lh = fsdp_safetensors_find(st, "lm_head.weight"), wte = st_lookup(st, "wte.weight");
+    struct fsdp_safetensors *st = in->st;
+    const char *emb = FSDP_HF_HAS(in->m, embedding) ? in->m->embedding : NULL;
+    long lh = in->m->head ? fsdp_safetensors_find(st, in->m->head) : -1;
+    long e = emb ? st_lookup(in, emb) : -1;
     *tied = 1;
     if (lh < 0) {
         return 0;
     }
-    const struct fsdp_st_tensor *a = &st->t[lh], *b = &st->t[wte];
-    if (a->dtype != b->dtype || a->ndim != 2 || a->shape[0] != b->shape[0] ||
+    *tied = 0;
+    if (e < 0) {
+        return 0;
+    }
+    const struct fsdp_st_tensor *a = &st->t[lh], *b = &st->t[e];
+    if (a->dtype != b->dtype || a->ndim != 2 || b->ndim != 2 || a->shape[0] != b->shape[0] ||
         a->shape[1] != b->shape[1]) {
-        *tied = 0;
         return 0;
     }
     FSDP_CHECK(fsdp_safetensors_read(st, (size_t)lh, x));
-    FSDP_CHECK(fsdp_safetensors_read(st, (size_t)wte, y));
+    FSDP_CHECK(fsdp_safetensors_read(st, (size_t)e, y));
     *tied = memcmp(x, y, a->end - a->begin) == 0;
     return 0;
 }
 
-/* The attention-mask buffers of older Hugging Face files: not parameters. */
-static int st_is_buffer(const char *bare)
+/* The config from the metadata's fsdpc_<attribute> values, every one present. */
+static int st_config_from_meta(struct st_in *in, const struct fsdp_arch *a, void *cfg)
 {
-    return fsdp_hf_is_buffer(&fsdp_gpt2_arch, bare);
+    for (size_t i = 0; i < a->n_attrs; i++) {
+        char key[FSDP_ST_NAME_MAX], show[ST_SHOW];
+        snprintf(key, sizeof(key), "fsdpc_%s", a->attrs[i].name);
+        const char *v = st_meta(in, key);
+        char *end = NULL;
+        double x = v ? strtod(v, &end) : 0.0;
+        if (!v || end == v || *end) {
+            return fsdp_err(FSDP_ERR_FORMAT, "%s: metadata %s is %s%s%s: a %s model's config "
+                            "is written by export-safetensors", in->st->path, key, v ? "'" : "missing",
+                            v ? fsdp_str_printable(show, sizeof(show), v, 0) : "", v ? "'" : "",
+                            a->name);
+        }
+        FSDP_CHECK(fsdp_attr_set(&a->attrs[i], cfg, x));
+    }
+    return 0;
+}
+
+/* Architecture a's config of the file into *cfg (malloc'd): from the
+ * shapes where a can tell it from them, else (when the metadata names a)
+ * from the metadata; 1 when the tensors are not a's. */
+static int st_try(struct st_in *in, const struct fsdp_arch *a, int named, void *x, void *y,
+                  void **cfg)
+{
+    struct fsdp_hf_tensors view = {.file = in->st->path, .ctx = in, .shape = st_shape,
+                                   .meta = st_meta};
+    int tied, rc;
+    if (!(in->m = fsdp_arch_hf(a)) || (!named && !FSDP_HF_HAS(in->m, config_infer))) {
+        return 1;
+    }
+    FSDP_CHECK(st_check_aliases(in));
+    if (!(*cfg = calloc(1, a->cfg_size))) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: config", in->st->path);
+    }
+    rc = st_tied(in, x, y, &tied);
+    if (rc == 0 && FSDP_HF_HAS(in->m, config_infer)) {
+        rc = in->m->config_infer(&view, tied, *cfg);
+    } else if (rc == 0) {
+        rc = st_config_from_meta(in, a, *cfg);
+    }
+    if (rc != 0) {
+        free(*cfg);
+        *cfg = NULL;
+    }
+    return rc;
+}
+
+/* The architecture the metadata names, else the first registered one that
+ * tells its config from the shapes, and its config. */
+static int st_config(struct st_in *in, void *x, void *y, const struct fsdp_arch **arch, void **cfg)
+{
+    const char *name = fsdp_safetensors_meta(in->st, "fsdpc_architecture");
+    const struct fsdp_arch *a = name ? fsdp_arch_find(name) : NULL;
+    int rc = 1;
+    if (name) {
+        rc = a ? st_try(in, a, 1, x, y, cfg) : 1;
+    }
+    for (int i = 0; !name && rc == 1 && (a = fsdp_arch_at(i)) != NULL; i++) {
+        rc = st_try(in, a, 0, x, y, cfg);
+    }
+    if (rc == 1) {
+        char show[ST_SHOW], names[128];
+        fsdp_hf_arch_names(names, sizeof(names));
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: %s%s%s: the tensors are no registered "
+                        "architecture's (those with Hugging Face names: %s)", in->st->path,
+                        name ? "metadata names '" : "no fsdpc_architecture in the metadata",
+                        name ? fsdp_str_printable(show, sizeof(show), name, 0) : "",
+                        name ? "'" : "", names);
+    }
+    *arch = a;
+    return rc;
 }
 
 /* Every parameter of s present with its shape, and nothing else but the
- * buffers and lm_head.weight; linear in the file's tensors (a mark per
- * tensor found), whatever their number. */
-static int st_check_tensors(const struct fsdp_safetensors *st, const struct fsdp_model_spec *s)
+ * buffers and the head; linear in the file's tensors (a mark per tensor
+ * found), whatever their number. */
+static int st_check_tensors(const struct st_in *in, const struct fsdp_model_spec *s)
 {
-    char show[ST_SHOW];
+    const struct fsdp_safetensors *st = in->st;
+    char show[ST_SHOW], hf[FSDP_ST_NAME_MAX + 32];
     unsigned char *used = calloc(st->n ? st->n : 1, 1);
     int rc = 0;
     if (!used) {
@@ -339,34 +442,87 @@ static int st_check_tensors(const struct fsdp_safetensors *st, const struct fsdp
     }
     for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
-        long k = st_lookup(st, p->name);
+        long k = st_lookup(in, p->name);
         if (k < 0) {
-            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor transformer.%s is missing", st->path,
-                          p->name);
+            fsdp_hf_param_name(in->m, p, hf, sizeof(hf));
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor %s is missing", st->path, hf);
             break;
         }
         const struct fsdp_st_tensor *t = &st->t[k];
-        size_t r = st_is_conv1d(p) ? p->shape[1] : p->shape[0];
-        size_t c = st_is_conv1d(p) ? p->shape[0] : p->shape[1];
+        size_t sh[2];
+        int tr = fsdp_hf_param_transposed(in->m, p);
+        fsdp_hf_param_shape(in->m, p, sh);
         used[k] = 1;
-        if (t->ndim != p->ndim || t->shape[0] != r || (p->ndim == 2 && t->shape[1] != c)) {
+        if (t->ndim != p->ndim || t->shape[0] != sh[0] || (p->ndim == 2 && t->shape[1] != sh[1])) {
             rc = fsdp_err(FSDP_ERR_FORMAT, "%s: tensor '%s' has %d dims (%zu, %zu) but the "
                           "model needs (%zu, %zu)%s", st->path,
                           fsdp_str_printable(show, sizeof(show), t->name, 0), t->ndim,
-                          t->shape[0], t->ndim > 1 ? t->shape[1] : 1, r, p->ndim > 1 ? c : 1,
-                          st_is_conv1d(p) ? " (Conv1D layout: in, out)" : "");
+                          t->shape[0], t->ndim > 1 ? t->shape[1] : 1, sh[0],
+                          p->ndim > 1 ? sh[1] : 1, tr ? " (Conv1D layout: in, out)" : "");
         }
     }
     for (size_t i = 0; rc == 0 && i < st->n; i++) {
         const char *n = st->t[i].name;
-        const char *bare = strncmp(n, "transformer.", 12) == 0 ? n + 12 : n;
-        if (!used[i] && !st_is_buffer(bare) && strcmp(n, "lm_head.weight") != 0) {
-            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: unexpected tensor '%s' (not a GPT-2 parameter)",
-                          st->path, fsdp_str_printable(show, sizeof(show), n, 0));
+        int head = in->m->head && strcmp(n, in->m->head) == 0;
+        if (!used[i] && !fsdp_hf_is_buffer(in->m, n) && !head) {
+            rc = fsdp_err(FSDP_ERR_FORMAT, "%s: unexpected tensor '%s' (not a %s parameter)",
+                          st->path, fsdp_str_printable(show, sizeof(show), n, 0),
+                          s->arch->name);
         }
     }
     free(used);
     return rc;
+}
+
+/* Every parameter from the file into a model file at out. */
+static int st_import_write(const struct st_in *in, const struct fsdp_model_spec *s,
+                           const char *out, enum fsdp_dtype dtype, void *raw, float *a, float *b)
+{
+    char created_by[256];
+    snprintf(created_by, sizeof(created_by), "fsdpc-ckpt import-safetensors %s", in->st->path);
+    struct fsdp_model_write_opts wo = {.created_by = created_by, .dtype = dtype};
+    struct fsdp_model_writer *w = NULL;
+    int rc = fsdp_model_writer_create(out, s, &wo, &w);
+    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        size_t k = (size_t)st_lookup(in, p->name), n = p->shape[0] * p->shape[1];
+        int tr = fsdp_hf_param_transposed(in->m, p);
+        rc = fsdp_safetensors_read(in->st, k, raw);
+        if (rc == 0) {
+            rc = st_to_f32(in->st, &in->st->t[k], raw, a, n);
+        }
+        if (rc == 0 && tr) {
+            st_transpose(b, a, p->shape[0], p->shape[1]);
+        }
+        if (rc == 0) {
+            rc = fsdp_model_writer_put(w, i, tr ? b : a);
+        }
+    }
+    if (rc == 0) {
+        rc = fsdp_model_writer_commit(w);
+    }
+    fsdp_model_writer_destroy(w);
+    return rc;
+}
+
+static const char *st_parse_heads(const char *arg)
+{
+    long long v;
+    if (fsdp_parse_long(arg, &v) < 0 || v < 1 || v > 65536) {
+        fsdp_fatal("fsdpc-ckpt import-safetensors: --heads '%s' must be an integer in "
+                   "[1, 65536]", arg);
+    }
+    return arg;
+}
+
+static const char *st_parse_eps(const char *arg)
+{
+    char *end;
+    double eps = strtod(arg, &end);
+    if (end == arg || *end || !(eps > 0.0 && eps < 1.0)) {
+        fsdp_fatal("fsdpc-ckpt import-safetensors: --ln-eps '%s' must be in (0, 1)", arg);
+    }
+    return arg;
 }
 
 int fsdp_ckpt_cmd_import_st(int argc, char **argv)
@@ -379,30 +535,15 @@ int fsdp_ckpt_cmd_import_st(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *out = NULL;
+    const char *out = NULL, *what = "fsdpc-ckpt import-safetensors";
     enum fsdp_dtype dtype = FSDP_F32;
-    int c, rc, heads = 0;
-    double eps = 0.0;
+    struct st_in in = {0};
+    int c, rc;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'H': {
-            long long v;
-            if (fsdp_parse_long(optarg, &v) < 0 || v < 1 || v > 65536) {
-                fsdp_fatal("fsdpc-ckpt import-safetensors: --heads '%s' must be an integer in "
-                           "[1, 65536]", optarg);
-            }
-            heads = (int)v;
-            break;
-        }
-        case 'e': {
-            char *end;
-            eps = strtod(optarg, &end);
-            if (*end || !(eps > 0.0 && eps < 1.0)) {
-                fsdp_fatal("fsdpc-ckpt import-safetensors: --ln-eps '%s' must be in (0, 1)", optarg);
-            }
-            break;
-        }
+        case 'H': in.heads = st_parse_heads(optarg); break;
+        case 'e': in.eps = st_parse_eps(optarg); break;
         case 'd': dtype = st_parse_dtype("import-safetensors", optarg); break;
         case 'o': out = optarg; break;
         case 'h': import_usage(stdout); return 0;
@@ -412,17 +553,12 @@ int fsdp_ckpt_cmd_import_st(int argc, char **argv)
     if (optind != argc - 1 || !out) {
         fsdp_fatal("fsdpc-ckpt import-safetensors: expected one file and -o MODEL.h5 (see --help)");
     }
-    struct fsdp_safetensors *st;
-    struct fsdp_gpt2_config cfg;
-    struct fsdp_model_spec *s = NULL;
-    const char *what = "fsdpc-ckpt import-safetensors";
-    if ((rc = fsdp_safetensors_open(argv[optind], &st)) < 0 ||
-        (rc = st_check_aliases(st)) < 0 || (rc = st_infer(st, heads, eps, &cfg)) < 0) {
+    if ((rc = fsdp_safetensors_open(argv[optind], &in.st)) < 0) {
         fsdp_die(rc, what, NULL);
     }
-    size_t big = (size_t)cfg.vocab_size * (size_t)cfg.n_embd;
-    for (size_t i = 0; i < st->n; i++) {
-        size_t n = (st->t[i].end - st->t[i].begin) / fsdp_dtype_size(st->t[i].dtype);
+    size_t big = 1;
+    for (size_t i = 0; i < in.st->n; i++) {
+        size_t n = (in.st->t[i].end - in.st->t[i].begin) / fsdp_dtype_size(in.st->t[i].dtype);
         big = n > big ? n : big;
     }
     /* each buffer holds the largest tensor in the widest dtype */
@@ -431,46 +567,21 @@ int fsdp_ckpt_cmd_import_st(int argc, char **argv)
     if (!raw || !a || !b) {
         fsdp_fatal("%s: out of memory for one tensor", what);
     }
-    if ((rc = st_tied(st, a, b, &cfg.tied)) < 0 || (rc = fsdp_gpt2_spec_create(&cfg, &s)) < 0 ||
-        (rc = st_check_tensors(st, s)) < 0) {
+    const struct fsdp_arch *arch = NULL;
+    void *cfg = NULL;
+    struct fsdp_model_spec *s = NULL;
+    if ((rc = st_config(&in, a, b, &arch, &cfg)) < 0 || (rc = arch->spec_create(cfg, &s)) < 0 ||
+        (rc = st_check_tensors(&in, s)) < 0 || (rc = st_import_write(&in, s, out, dtype, raw, a, b)) < 0) {
         fsdp_die(rc, what, NULL);
     }
-    char created_by[256];
-    snprintf(created_by, sizeof(created_by), "fsdpc-ckpt import-safetensors %s", argv[optind]);
-    struct fsdp_model_write_opts wo = {.created_by = created_by, .dtype = dtype};
-    struct fsdp_model_writer *w = NULL;
-    rc = fsdp_model_writer_create(out, s, &wo, &w);
-    for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
-        const struct fsdp_param_spec *p = &s->params[i];
-        size_t k = (size_t)st_lookup(st, p->name), n = p->shape[0] * p->shape[1];
-        if (strcmp(p->name, "lm_head.weight") == 0) {
-            k = (size_t)fsdp_safetensors_find(st, "lm_head.weight");
-        }
-        rc = fsdp_safetensors_read(st, k, raw);
-        if (rc == 0) {
-            rc = st_to_f32(st, &st->t[k], raw, a, n);
-        }
-        if (rc == 0 && st_is_conv1d(p)) {
-            st_transpose(b, a, p->shape[0], p->shape[1]);
-        }
-        if (rc == 0) {
-            rc = fsdp_model_writer_put(w, i, st_is_conv1d(p) ? b : a);
-        }
-    }
-    if (rc == 0) {
-        rc = fsdp_model_writer_commit(w);
-    }
-    fsdp_model_writer_destroy(w);
-    if (rc < 0) {
-        fsdp_die(rc, what, NULL);
-    }
-    printf("%s: gpt2 n_layer=%d n_head=%d n_embd=%d vocab_size=%d context=%d %s written to %s\n",
-           argv[optind], cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.context,
-           cfg.tied ? "tied" : "untied", out);
+    char desc[256];
+    fsdp_arch_describe(arch, cfg, desc, sizeof(desc));
+    printf("%s: %s %s written to %s\n", argv[optind], arch->name, desc, out);
+    free(cfg);
     fsdp_free(raw);
     fsdp_free(a);
     fsdp_free(b);
     fsdp_model_spec_destroy(s);
-    fsdp_safetensors_close(st);
+    fsdp_safetensors_close(in.st);
     return 0;
 }

@@ -64,7 +64,7 @@ fi
 "$CKPT" init --layers 1 --heads 4 --width 32 --context 16 --untied -o "$W/u.h5" > /dev/null 2>&1 &&
     "$CKPT" export-safetensors "$W/u.h5" -o "$W/u.st" > /dev/null 2>&1 &&
     "$CKPT" import-safetensors "$W/u.st" -o "$W/u2.h5" > "$W/u.out" 2>&1 &&
-    grep -q 'n_head=4 .* untied' "$W/u.out" &&
+    grep -q 'NH=4 .* untied' "$W/u.out" &&
     "$CKPT" export-safetensors "$W/u2.h5" -o "$W/u2.st" > /dev/null 2>&1 && cmp -s "$W/u.st" "$W/u2.st"
 tap_ok $? "untied model: lm_head exported, imported untied, byte-identical round trip"
 

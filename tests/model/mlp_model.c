@@ -11,6 +11,7 @@
 #include "config.h"
 #include "tests/model/mlp_model.h"
 #include "model/model.h"
+#include "compute/device.h"
 #include "core/error.h"
 #include "core/util.h"
 
@@ -146,7 +147,11 @@ struct mlp {
     size_t BTmax;                    /* max_B * max_T: rows every buffer is sized for */
     int max_B, max_T, B, T;
     const int32_t *tokens, *targets; /* (B, T), borrowed; tokens NULL: no batch */
-    float **params, **grads;         /* (n_units,) the caller's unit buffers */
+    struct fsdp_device *dev;         /* NULL: the unit buffers are host memory */
+    float **dparams, **dgrads;       /* (n_units,) the caller's unit buffers */
+    float **params, **grads;         /* (n_units,) what the host computes on: the caller's
+                                      * buffers, or with dev their copies in host */
+    float *host;                     /* with dev: (2, total_numel) the copies */
     unsigned char *ckpt;             /* (L,) recompute the block's hidden layer in its backward */
     int fwd_next, bwd_next;          /* the unit each direction runs next; -1: none */
     double divisor;
@@ -197,8 +202,9 @@ static void mlp_destroy(struct fsdp_model *base)
 {
     struct mlp *m = (struct mlp *)base;
     if (m) {
-        fsdp_free(m->act), fsdp_free(m->work);
-        free(m->lse), free(m->hid), free(m->ckpt), free(m->grads), free(m->params), free(m);
+        fsdp_free(m->act), fsdp_free(m->work), fsdp_free(m->host);
+        free(m->lse), free(m->hid), free(m->ckpt), free(m->grads), free(m->params);
+        free(m->dgrads), free(m->dparams), free(m);
     }
 }
 
@@ -218,13 +224,20 @@ static int mlp_create(const struct fsdp_model_spec *spec, const struct fsdp_mode
     }
     *m = (struct mlp){.base = {fsdp_model_ops_of(spec), spec}, .c = c, .max_B = o->max_B,
                       .max_T = o->max_T, .BTmax = (size_t)o->max_B * (size_t)o->max_T,
-                      .fwd_next = -1, .bwd_next = -1, .scale = 1.0f, .loss = NAN};
+                      .fwd_next = -1, .bwd_next = -1, .scale = 1.0f, .loss = NAN,
+                      .dev = o->dev};
     m->params = calloc((size_t)spec->n_units, sizeof(float *));
     m->grads = calloc((size_t)spec->n_units, sizeof(float *));
+    m->dparams = calloc((size_t)spec->n_units, sizeof(float *));
+    m->dgrads = calloc((size_t)spec->n_units, sizeof(float *));
+    if (m->dev) {
+        m->host = fsdp_calloc(2 * spec->total_numel * sizeof(float));
+    }
     m->ckpt = calloc((size_t)c->n_layer, 1);
     m->hid = calloc((size_t)c->n_layer, sizeof(float *));
     m->lse = calloc(m->BTmax, sizeof(double));
-    if (!m->params || !m->grads || !m->ckpt || !m->hid || !m->lse) {
+    if (!m->params || !m->grads || !m->dparams || !m->dgrads || !m->ckpt || !m->hid || !m->lse ||
+        (m->dev && !m->host)) {
         mlp_destroy(&m->base);
         return fsdp_err(FSDP_ERR_NOMEM, "mlp model tables");
     }
@@ -256,8 +269,36 @@ static int mlp_set_unit(struct fsdp_model *base, int u, float *params, float *gr
         return fsdp_err(FSDP_ERR_INVALID, "mlp: unit %d out of range [0, %d)", u,
                         base->spec->n_units);
     }
-    m->params[u] = params, m->grads[u] = grads;
+    m->dparams[u] = params, m->dgrads[u] = grads;
+    if (!m->dev) {
+        m->params[u] = params, m->grads[u] = grads;
+        return 0;
+    }
+    size_t off = 0, n = base->spec->total_numel;
+    for (int k = 0; k < u; k++) off += base->spec->unit_numel[k];
+    m->params[u] = params ? m->host + off : NULL;
+    m->grads[u] = grads ? m->host + n + off : NULL;
     return 0;
+}
+
+/* With a device: unit u's parameters (and gradients) into their host copies. */
+static int mlp_pull(struct mlp *m, int u, int grads)
+{
+    size_t bytes = m->base.spec->unit_numel[u] * sizeof(float);
+    if (m->dev) {
+        FSDP_CHECK(fsdp_device_read(m->dev, m->params[u], m->dparams[u], bytes));
+        if (grads) {
+            FSDP_CHECK(fsdp_device_read(m->dev, m->grads[u], m->dgrads[u], bytes));
+        }
+    }
+    return 0;
+}
+
+/* With a device: unit u's gradients back from their host copy. */
+static int mlp_push(struct mlp *m, int u)
+{
+    size_t bytes = m->base.spec->unit_numel[u] * sizeof(float);
+    return m->dev ? fsdp_device_write(m->dev, m->dgrads[u], m->grads[u], bytes) : 0;
 }
 
 static void mlp_set_loss_seed(struct fsdp_model *base, double divisor, float scale)
@@ -355,6 +396,10 @@ static int mlp_forward_unit(struct fsdp_model *base, int u)
         return fsdp_err(FSDP_ERR_INVALID, "mlp: forward: unit %d's parameters are not set%s", u,
                         tied_head ? " (the tied head also reads unit 0)" : "");
     }
+    FSDP_CHECK(mlp_pull(m, u, 0));
+    if (tied_head) {
+        FSDP_CHECK(mlp_pull(m, 0, 0));
+    }
     if (u == 0) {
         mlp_embed_forward(m);
     } else if (u <= L) {
@@ -441,12 +486,20 @@ static int mlp_backward_unit(struct fsdp_model *base, int u)
         return fsdp_err(FSDP_ERR_INVALID, "mlp: backward: unit %d's parameters or gradients are "
                         "not set%s", u, tied_head ? " (the tied head also uses unit 0's)" : "");
     }
+    FSDP_CHECK(mlp_pull(m, u, 1));
+    if (tied_head) {
+        FSDP_CHECK(mlp_pull(m, 0, 1));
+    }
     if (u == 0) {
         mlp_embed_backward(m);
     } else if (u <= L) {
         mlp_block_backward(m, u - 1);
     } else {
         mlp_head_backward(m);
+    }
+    FSDP_CHECK(mlp_push(m, u));
+    if (tied_head) {
+        FSDP_CHECK(mlp_push(m, 0));
     }
     m->bwd_next = u - 1;
     return 0;
@@ -531,6 +584,7 @@ const struct fsdp_arch fsdp_test_mlp_arch = {
     .validate = mlp_validate,
     .spec_create = mlp_spec_create,
     .ops = &mlp_ops,
+    .hf = &fsdp_test_mlp_hf,
 };
 
 int fsdp_test_mlp_register(void)

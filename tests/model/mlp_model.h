@@ -10,11 +10,15 @@
  *
  * Tied, the head reads wte (a tie on unit 0) and keeps only its bias, so
  * no unit is ever empty. Loss: cross-entropy, mean over targets != -1.
- * Plain C, sums in double; nothing here may be used by the library.
+ * Plain C, sums in double; nothing here may be used by the library. On a
+ * device (opts.dev) the unit buffers are device memory: a unit's
+ * parameters (and gradients) are copied to host copies before it computes
+ * and its gradients back after, so the guarded device trains it too.
  */
 #ifndef FSDP_TESTS_MLP_MODEL_H
 #define FSDP_TESTS_MLP_MODEL_H
 
+#include "core/hf_map.h"
 #include "core/spec.h"
 
 #define FSDP_TEST_MLP_ARCH "mlp"
@@ -29,6 +33,8 @@ struct fsdp_test_mlp_config {
 };
 
 extern const struct fsdp_arch fsdp_test_mlp_arch;
+/* Its Hugging Face-style map (mlp_hf.c): model_type "mlp_lm". */
+extern const struct fsdp_hf_map fsdp_test_mlp_hf;
 
 /* Registers "mlp" with fsdp_model_register; again is a no-op. */
 int fsdp_test_mlp_register(void);

@@ -229,11 +229,11 @@ static void test_model(int tied)
 
     /* checkpointing: all blocks, then only block 1, must give the same bits */
     float **g0 = snap(s, &b);
-    size_t full_bytes = fsdp_gpt2_activation_bytes(m);
+    size_t full_bytes = fsdp_gpt2_activation_bytes(&m->lm.base);
     for (int mode = 0; mode < 2; mode++) {
         fsdp_gpt2_set_checkpoint(m, -1, 0);
         fsdp_gpt2_set_checkpoint(m, mode == 0 ? -1 : 1, 1);
-        size_t bytes = fsdp_gpt2_activation_bytes(m);
+        size_t bytes = fsdp_gpt2_activation_bytes(&m->lm.base);
         float l2 = 0;
         rc = run_step(m, &b, tok, tgt, TB, TT, &l2);
         size_t bad = diff_bits(s, g0, b.g, 1.0f);
@@ -308,9 +308,9 @@ static void test_head_chunks(int tied)
     float l0 = 0;
     rc = rc ? rc : run_step(m, &b, tok, tgt, TB, TT, &l0);
     float **g0 = snap(s, &b);
-    size_t bytes0 = fsdp_gpt2_activation_bytes(m);
+    size_t bytes0 = fsdp_gpt2_activation_bytes(&m->lm.base);
     float *all = malloc(BT * V * sizeof(float)), *part = malloc(BT * V * sizeof(float));
-    rc = rc ? rc : fsdp_gpt2_logits(m, 0, BT, all);
+    rc = rc ? rc : fsdp_gpt2_logits(&m->lm.base, 0, BT, all);
     tap_ok(rc == 0, "%s: the head in one tile of %zu rows ran", name, BT);
     const int chunks[] = {1, 3, 5, 15, 64};
     for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
@@ -329,7 +329,7 @@ static void test_head_chunks(int tied)
         /* smaller than one tile: the head buffer shrinks to k rows' worth */
         size_t rows = (size_t)chunks[k] < BT ? (size_t)chunks[k] : BT;
         size_t want = bytes0 - (((BT * V + 15) & ~(size_t)15) - ((rows * V + 15) & ~(size_t)15)) * 4;
-        size_t bytes = fsdp_gpt2_activation_bytes(m);
+        size_t bytes = fsdp_gpt2_activation_bytes(&m->lm.base);
         tap_ok(rc == 0 && fabs(l - l0) <= 1e-6 * fabs(l0) && err < 1e-6 && bytes == want,
                "%s: head tiles of at most %d rows of logits: loss %.8f vs %.8f, max grad err %.3g "
                "relative to the unit's max, activations %zu bytes (want %zu)",
@@ -337,12 +337,12 @@ static void test_head_chunks(int tied)
     }
     /* logits of any row range, after a forward with or without targets */
     rc = fsdp_gpt2_forward(m, tok, NULL, TB, TT, NULL);
-    rc = rc ? rc : fsdp_gpt2_logits(m, 3, 7, part);
+    rc = rc ? rc : fsdp_gpt2_logits(&m->lm.base, 3, 7, part);
     double lerr = 0;
     for (size_t i = 0; i < 7 * V; i++) lerr = fmax(lerr, fabs(part[i] - all[3 * V + i]));
     tap_ok(rc == 0 && lerr <= 1e-6, "%s: logits of rows [3, 10) equal the full product's (%.3g)",
            name, lerr);
-    rc = fsdp_gpt2_logits(m, 10, 7, part);
+    rc = fsdp_gpt2_logits(&m->lm.base, 10, 7, part);
     tap_ok(rc == FSDP_ERR_INVALID, "%s: logits past the batch rejected: %s", name, fsdp_err_msg());
     fsdp_err_clear();
     rc = fsdp_gpt2_set_head_chunk(m, -1);
@@ -350,11 +350,11 @@ static void test_head_chunks(int tied)
     fsdp_err_clear();
     /* 0: the default budget, which holds this whole batch (one chunk) */
     rc = fsdp_gpt2_set_head_chunk(m, 0);
-    rc = rc ? rc : fsdp_gpt2_reserve(m);
+    rc = rc ? rc : fsdp_gpt2_reserve(&m->lm.base);
     tap_ok(rc == 0 && m->head_chunk == (int)(FSDP_GPT2_HEAD_BYTES / (V * sizeof(float))) &&
-               fsdp_gpt2_activation_bytes(m) == bytes0,
+               fsdp_gpt2_activation_bytes(&m->lm.base) == bytes0,
            "%s: head budget 0 is the default of %d rows (one tile here: %zu activation bytes, "
-           "want %zu)", name, m->head_chunk, fsdp_gpt2_activation_bytes(m), bytes0);
+           "want %zu)", name, m->head_chunk, fsdp_gpt2_activation_bytes(&m->lm.base), bytes0);
     free(all), free(part);
     free_snap(s, g0);
     fsdp_gpt2_destroy(m);
@@ -400,16 +400,16 @@ static void test_rows_one(int tied)
                bad);
         if (chunk == 0) {
             float out[32];
-            rc = fsdp_gpt2_logits(r, 0, 1, out);
+            rc = fsdp_gpt2_logits(&r->lm.base, 0, 1, out);
             tap_ok(tied ? rc == FSDP_ERR_INVALID : rc == 0,
                    "%s: logits of a model whose unit 0 is by rows: %s", name,
                    tied ? fsdp_err_msg() : "computed (the untied head is whole)");
             fsdp_err_clear();
-            rc = fsdp_gpt2_set_batch(r, NULL, tgt, TB, TT);
+            rc = fsdp_gpt2_set_batch(&r->lm.base, NULL, tgt, TB, TT);
             tap_ok(rc == FSDP_ERR_INVALID, "%s: targets without tokens rejected: %s", name,
                    fsdp_err_msg());
             fsdp_err_clear();
-            rc = fsdp_gpt2_set_batch(m, NULL, NULL, TB, TT);
+            rc = fsdp_gpt2_set_batch(&m->lm.base, NULL, NULL, TB, TT);
             tap_ok(rc == FSDP_ERR_INVALID, "%s: no tokens rejected unless unit 0 is by rows: %s",
                    name, fsdp_err_msg());
             fsdp_err_clear();
@@ -473,17 +473,17 @@ static void test_errors(void)
            "batch larger than the model's rejected: %s", fsdp_err_msg());
     fsdp_err_clear();
     fsdp_gpt2_forward(m, tok, NULL, TB, TT, NULL);
-    rc = fsdp_gpt2_backward_unit(m, b.n - 1);
+    rc = fsdp_gpt2_backward_unit(&m->lm.base, b.n - 1);
     tap_ok(rc == FSDP_ERR_INVALID,
            "backward after a forward without targets fails: %s", fsdp_err_msg());
     fsdp_err_clear();
-    fsdp_gpt2_set_batch(m, tok, tgt, TB, TT);
-    rc = fsdp_gpt2_forward_unit(m, 2);
+    fsdp_gpt2_set_batch(&m->lm.base, tok, tgt, TB, TT);
+    rc = fsdp_gpt2_forward_unit(&m->lm.base, 2);
     tap_ok(rc == FSDP_ERR_INVALID, "forward of unit 2 before unit 1 fails: %s",
            fsdp_err_msg());
     fsdp_err_clear();
     fsdp_gpt2_forward(m, tok, tgt, TB, TT, NULL);
-    rc = fsdp_gpt2_backward_unit(m, 0);
+    rc = fsdp_gpt2_backward_unit(&m->lm.base, 0);
     tap_ok(rc == FSDP_ERR_INVALID, "backward out of order fails: %s",
            fsdp_err_msg());
     fsdp_err_clear();
@@ -492,7 +492,7 @@ static void test_errors(void)
            "changing checkpointing between forward and backward fails: %s", fsdp_err_msg());
     fsdp_err_clear();
     fsdp_gpt2_set_unit(m, 0, b.p[0], NULL);
-    rc = fsdp_gpt2_backward_unit(m, b.n - 1);
+    rc = fsdp_gpt2_backward_unit(&m->lm.base, b.n - 1);
     tap_ok(rc == FSDP_ERR_INVALID && m->bwd_next == b.n - 1, "tied head backward refuses to run without unit 0's gradient: %s",
            fsdp_err_msg());
     fsdp_err_clear();

@@ -359,11 +359,11 @@ static void test_variant(const struct variant *vr)
 
     /* checkpointing: every block, then only block 1: the same bits */
     float **g0 = snap(s, &b);
-    size_t full_bytes = fsdp_llama_activation_bytes(m);
+    size_t full_bytes = fsdp_llama_activation_bytes(&m->lm.base);
     for (int mode = 0; mode < 2; mode++) {
         fsdp_llama_set_checkpoint(m, -1, 0);
         fsdp_llama_set_checkpoint(m, mode == 0 ? -1 : 1, 1);
-        size_t bytes = fsdp_llama_activation_bytes(m);
+        size_t bytes = fsdp_llama_activation_bytes(&m->lm.base);
         float l2 = 0;
         rc = run_step(m, &b, tok, tgt, TB, TT, &l2);
         size_t bad = diff_bits(s, g0, b.g, 1.0f);
@@ -507,16 +507,16 @@ static void test_errors(void)
     tap_ok(rc == FSDP_ERR_INVALID, "batch larger than the model's rejected: %s", fsdp_err_msg());
     fsdp_err_clear();
     fsdp_llama_forward(m, tok, NULL, TB, TT, NULL);
-    rc = fsdp_llama_backward_unit(m, b.n - 1);
+    rc = fsdp_llama_backward_unit(&m->lm.base, b.n - 1);
     tap_ok(rc == FSDP_ERR_INVALID, "backward after a forward without targets fails: %s",
            fsdp_err_msg());
     fsdp_err_clear();
-    fsdp_llama_set_batch(m, tok, tgt, TB, TT);
-    rc = fsdp_llama_forward_unit(m, 2);
+    fsdp_llama_set_batch(&m->lm.base, tok, tgt, TB, TT);
+    rc = fsdp_llama_forward_unit(&m->lm.base, 2);
     tap_ok(rc == FSDP_ERR_INVALID, "forward of unit 2 before unit 1 fails: %s", fsdp_err_msg());
     fsdp_err_clear();
     fsdp_llama_forward(m, tok, tgt, TB, TT, NULL);
-    rc = fsdp_llama_backward_unit(m, 0);
+    rc = fsdp_llama_backward_unit(&m->lm.base, 0);
     tap_ok(rc == FSDP_ERR_INVALID, "backward out of order fails: %s", fsdp_err_msg());
     fsdp_err_clear();
     rc = fsdp_llama_set_checkpoint(m, 0, 1);
@@ -524,7 +524,7 @@ static void test_errors(void)
            fsdp_err_msg());
     fsdp_err_clear();
     fsdp_llama_set_unit(m, 0, b.p[0], NULL);
-    rc = fsdp_llama_backward_unit(m, b.n - 1);
+    rc = fsdp_llama_backward_unit(&m->lm.base, b.n - 1);
     tap_ok(rc == FSDP_ERR_INVALID && m->bwd_next == b.n - 1,
            "tied head backward refuses to run without unit 0's gradient: %s", fsdp_err_msg());
     fsdp_err_clear();
