@@ -1,0 +1,196 @@
+/*
+ * elementwise.cu - GELU, SwiGLU, rotary position embedding and the
+ * f32 <-> bf16 casts on the GPU: one item per thread in grid-stride loops,
+ * so any n runs on a bounded grid. No item reads another's output, so
+ * every kernel may run in place where kernels.h allows it.
+ *
+ * Formulas follow compute/cpu (layers.c, llama_layers.c, cast.c); the
+ * casts are bit-identical to the CPU's.
+ */
+#include "compute/cuda/common.cuh"
+
+#define FSDP_GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define FSDP_GELU_C 0.044715f
+
+/* grid-stride loop over [0, n) */
+#define FSDP_EW_FOR(i, n)                                                             \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);           \
+         i += (size_t)gridDim.x * blockDim.x)
+
+// ----------------------------------------------------------------------------
+// GELU, tanh form: 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)), one exp and no
+// cancellation; with e = exp(-2u), s = 1 / (1 + e):
+//   gelu'(x) = s + 2 x (e s) s du/dx,   du/dx = k (1 + 3 c x^2)
+
+static __device__ __forceinline__ float fsdp_gelu_exp(float x)
+{
+    float a = x * (-2.0f * FSDP_GELU_K + (-2.0f * FSDP_GELU_K * FSDP_GELU_C) * (x * x));
+    return expf(fminf(fmaxf(a, -87.0f), 88.0f)); /* the CPU's clamp: no inf * 0 */
+}
+
+static __global__ void fsdp_gelu_forward_kernel(float *out, const float *inp, size_t n)
+{
+    FSDP_EW_FOR(i, n)
+    {
+        float x = inp[i];
+        out[i] = x / (1.0f + fsdp_gelu_exp(x));
+    }
+}
+
+static __global__ void fsdp_gelu_backward_kernel(float *dinp, const float *inp, const float *dout,
+                                                 size_t n)
+{
+    FSDP_EW_FOR(i, n)
+    {
+        float x = inp[i];
+        float e = fsdp_gelu_exp(x);
+        float s = 1.0f / (1.0f + e);
+        float du = FSDP_GELU_K * (1.0f + 3.0f * FSDP_GELU_C * x * x);
+        dinp[i] = dout[i] * (s + (2.0f * x * du) * (e * s) * s);
+    }
+}
+
+void fsdp_cuda_gelu_forward(float *out, const float *inp, size_t n, void *stream)
+{
+    if (n) {
+        FSDP_CUDA_LAUNCH(fsdp_gelu_forward_kernel, dim3(fsdp_cuda_ew_blocks(n)),
+                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, out, inp, n);
+    }
+}
+
+void fsdp_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+                             void *stream)
+{
+    if (n) {
+        FSDP_CUDA_LAUNCH(fsdp_gelu_backward_kernel, dim3(fsdp_cuda_ew_blocks(n)),
+                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, dinp, inp, dout, n);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// SwiGLU: out = silu(gate) * up
+
+static __device__ __forceinline__ float fsdp_sigmoid(float g)
+{
+    return 1.0f / (1.0f + expf(fminf(fmaxf(-g, -87.0f), 88.0f)));
+}
+
+static __global__ void fsdp_swiglu_forward_kernel(float *out, const float *gate, const float *up,
+                                                  size_t n)
+{
+    FSDP_EW_FOR(i, n)
+    {
+        float g = gate[i];
+        out[i] = g * fsdp_sigmoid(g) * up[i];
+    }
+}
+
+static __global__ void fsdp_swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
+                                                   const float *gate, const float *up, size_t n)
+{
+    FSDP_EW_FOR(i, n)
+    {
+        float g = gate[i], u = up[i], dy = dout[i];
+        float sg = fsdp_sigmoid(g);
+        dup[i] = dy * g * sg;
+        dgate[i] = dy * u * sg * (1.0f + g * (1.0f - sg));
+    }
+}
+
+void fsdp_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n,
+                              void *stream)
+{
+    if (n) {
+        FSDP_CUDA_LAUNCH(fsdp_swiglu_forward_kernel, dim3(fsdp_cuda_ew_blocks(n)),
+                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, out, gate, up, n);
+    }
+}
+
+void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                               const float *up, size_t n, void *stream)
+{
+    if (n) {
+        FSDP_CUDA_LAUNCH(fsdp_swiglu_backward_kernel, dim3(fsdp_cuda_ew_blocks(n)),
+                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, dgate, dup, dout, gate, up, n);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// RoPE: one thread per pair (x[i], x[i + hs/2]) of a q or k head, rotated
+// by cos, dir * sin of its position's angle (dir -1: the backward)
+
+static __global__ void fsdp_rope_kernel(float *qkv, const float *cos_t, const float *sin_t,
+                                        size_t rows, int T, int heads, int ld_heads, int hs,
+                                        float dir)
+{
+    size_t h2 = (size_t)hs / 2, per_row = (size_t)heads * h2;
+    FSDP_EW_FOR(k, rows * per_row)
+    {
+        size_t row = k / per_row, rem = k % per_row;
+        size_t h = rem / h2, i = rem % h2, t = row % (size_t)T;
+        float *x = qkv + row * (size_t)ld_heads * (size_t)hs + h * (size_t)hs;
+        float c = cos_t[t * h2 + i], s = dir * sin_t[t * h2 + i];
+        float x1 = x[i], x2 = x[i + h2];
+        x[i] = x1 * c - x2 * s;
+        x[i + h2] = x2 * c + x1 * s;
+    }
+}
+
+static void fsdp_rope(float *qkv, const float *cos_t, const float *sin_t, int B, int T, int NH,
+                      int NKV, int hs, float dir, void *stream)
+{
+    size_t rows = (size_t)B * (size_t)T, pairs = rows * (size_t)(NH + NKV) * (size_t)(hs / 2);
+    if (pairs == 0) {
+        return;
+    }
+    FSDP_CUDA_LAUNCH(fsdp_rope_kernel, dim3(fsdp_cuda_ew_blocks(pairs)), dim3(FSDP_CUDA_EW_THREADS),
+                     0, stream, qkv, cos_t, sin_t, rows, T, NH + NKV, NH + 2 * NKV, hs, dir);
+}
+
+void fsdp_cuda_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T,
+                            int NH, int NKV, int hs, void *stream)
+{
+    fsdp_rope(qkv, cos_t, sin_t, B, T, NH, NKV, hs, 1.0f, stream);
+}
+
+void fsdp_cuda_rope_backward(float *dqkv, const float *cos_t, const float *sin_t, int B, int T,
+                             int NH, int NKV, int hs, void *stream)
+{
+    /* the rotation's transpose is the rotation by -angle */
+    fsdp_rope(dqkv, cos_t, sin_t, B, T, NH, NKV, hs, -1.0f, stream);
+}
+
+// ----------------------------------------------------------------------------
+// casts
+
+static __global__ void fsdp_f32_to_bf16_kernel(uint16_t *dst, const float *src, size_t n)
+{
+    FSDP_EW_FOR(i, n)
+    {
+        dst[i] = fsdp_f32_to_bf16_bits(src[i]);
+    }
+}
+
+static __global__ void fsdp_bf16_to_f32_kernel(float *dst, const uint16_t *src, size_t n)
+{
+    FSDP_EW_FOR(i, n)
+    {
+        dst[i] = fsdp_bf16_bits_to_f32(src[i]);
+    }
+}
+
+void fsdp_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n, void *stream)
+{
+    if (n) {
+        FSDP_CUDA_LAUNCH(fsdp_f32_to_bf16_kernel, dim3(fsdp_cuda_ew_blocks(n)),
+                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, dst, src, n);
+    }
+}
+
+void fsdp_cuda_bf16_to_f32(float *dst, const uint16_t *src, size_t n, void *stream)
+{
+    if (n) {
+        FSDP_CUDA_LAUNCH(fsdp_bf16_to_f32_kernel, dim3(fsdp_cuda_ew_blocks(n)),
+                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, dst, src, n);
+    }
+}
