@@ -24,7 +24,7 @@ noinst_HEADERS += tests/kernels/ref_kernels.h
 noinst_HEADERS += src/compute/cuda/emu.h src/compute/cuda/common.cuh \
 	src/compute/cuda/kernels_cuda.h
 EXTRA_DIST += src/compute/cuda/norms.cu src/compute/cuda/elementwise.cu \
-	src/compute/cuda/optim.cu src/compute/cuda/loss.cu
+	src/compute/cuda/optim.cu src/compute/cuda/loss.cu src/compute/cuda/small.cu
 check_PROGRAMS += tests/kernels/test_cuda_emu
 tests_kernels_test_cuda_emu_SOURCES = tests/kernels/test_cuda_emu.cpp \
 	tests/kernels/cuda_emu_kernels.cpp

@@ -9,3 +9,4 @@
 #include "compute/cuda/loss.cu"
 #include "compute/cuda/norms.cu"
 #include "compute/cuda/optim.cu"
+#include "compute/cuda/small.cu"

@@ -64,8 +64,9 @@ static float *dup(const float *x, size_t n)
 
 /* the largest relative error seen per kernel family, for the summary */
 static double worst[8];
-enum { W_NORM, W_EW, W_ROPE, W_ADAMW, W_CE };
-static const char *worst_name[] = {"norms", "gelu/swiglu", "rope", "adamw", "cross-entropy"};
+enum { W_NORM, W_EW, W_ROPE, W_ADAMW, W_CE, W_SUMSQ, W_FAMILIES };
+static const char *worst_name[] = {"norms", "gelu/swiglu", "rope", "adamw", "cross-entropy",
+                                   "sumsq"};
 
 /* 1 when got matches ref within TOL (see the header); else prints the diff */
 static int close_to(const char *what, const float *got, const float *ref, size_t n, int family)
@@ -463,6 +464,123 @@ static void test_emulation(void)
            "emulation: a __syncthreads in divergent code stops the kernel");
 }
 
+// ----------------------------------------------------------------------------
+// the small loops
+
+static int f16_case(void)
+{
+    size_t n = 65536;
+    uint16_t *h = (uint16_t *)malloc(n * 2), *h2 = (uint16_t *)malloc(n * 2);
+    float *f = (float *)malloc(n * 4), *f_c = (float *)malloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        h[i] = (uint16_t)i;
+    }
+    fsdp_cuda_f16_to_f32(f, h, n, NULL);
+    fsdp_cpu_f16_to_f32(f_c, h, n);
+    int ok = same_bits("f16 -> f32 (all patterns)", f, f_c, n * 4);
+    /* f32 patterns over every exponent: subnormal halves, ties, overflow, NaN */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)i << 16 | (uint32_t)(i % 3 == 0 ? 0x1000u : i % 3 == 1 ? 0x0fffu : i);
+        memcpy(f + i, &u, 4);
+    }
+    fsdp_cuda_f32_to_f16(h, f, n, NULL);
+    fsdp_cpu_f32_to_f16(h2, f, n);
+    ok &= same_bits("f32 -> f16", h, h2, n * 2);
+    for (int acc = 0; acc < 2; acc++) {
+        for (int bf = 0; bf < 2; bf++) {
+            float *y = randf(n, 1.0, 0.0), *y_c = dup(y, n);
+            fsdp_cuda_accumulate16(y, h2, n, bf, acc, NULL);
+            fsdp_cpu_accumulate16(y_c, h2, n, bf, acc);
+            ok &= same_bits(bf ? "accumulate16 bf16" : "accumulate16 f16", y, y_c, n * 4);
+            free(y), free(y_c);
+        }
+    }
+    free(h), free(h2), free(f), free(f_c);
+    return ok;
+}
+
+static int rows_case(size_t N, size_t C, size_t V)
+{
+    float *table = randf(V * C, 1.0, 0.0), *d = randf(N * C, 1.0, 0.0), *b = randf(C, 1, 0);
+    float *res = randf(N * C, 1, 0), *out = randf(N * C, 1, 0), *out_c = randf(N * C, 1, 0);
+    float *dt = dup(table, V * C), *dt_c = dup(table, V * C);
+    int32_t *tok = (int32_t *)malloc(N * sizeof(int32_t));
+    for (size_t r = 0; r < N; r++) {
+        tok[r] = (int32_t)(r * 7 % V); /* repeats once N > V */
+    }
+    fsdp_cuda_embed_gather(out, tok, table, N, C, NULL);
+    fsdp_cpu_embed_gather(out_c, tok, table, N, C);
+    int ok = same_bits("embed gather", out, out_c, N * C * 4);
+    fsdp_cuda_embed_scatter_add(dt, d, tok, N, C, NULL);
+    fsdp_cpu_embed_scatter_add(dt_c, d, tok, N, C);
+    ok &= same_bits("embed scatter-add", dt, dt_c, V * C * 4);
+    for (int k = 0; k < 4; k++) {
+        const float *bb = k & 1 ? b : NULL, *rr = k & 2 ? res : NULL;
+        fsdp_cuda_bias_residual_forward(out, d, bb, rr, N, C, NULL);
+        fsdp_cpu_bias_residual_forward(out_c, d, bb, rr, N, C);
+        ok &= same_bits("bias and residual", out, out_c, N * C * 4);
+    }
+    size_t m = (N < V ? N : V) * C;
+    fsdp_cuda_accumulate(dt, d, m, NULL);
+    fsdp_cpu_accumulate(dt_c, d, m);
+    fsdp_cuda_scale(dt, V * C, 0.37f, NULL);
+    fsdp_cpu_scale(dt_c, V * C, 0.37f);
+    fsdp_cuda_fill(dt, (V * C + 2) / 3, 3, -INFINITY, NULL);
+    fsdp_cpu_fill(dt_c, (V * C + 2) / 3, 3, -INFINITY);
+    ok &= same_bits("accumulate, scale, strided fill", dt, dt_c, V * C * 4);
+    float *ptrs[] = {table, d, b, res, out, out_c, dt, dt_c};
+    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++) {
+        free(ptrs[i]);
+    }
+    free(tok);
+    return ok;
+}
+
+static int sums_case(size_t n)
+{
+    float *x = randf(n, 3.0, 0.0), *st = randf(2 * n, 1.0, 0.0), *zt = randf(n, 1.0, 0.0);
+    float *l = randf(n, 1, 0), *l_c = randf(n, 1, 0);
+    for (size_t r = 0; r < n; r++) {
+        st[2 * r + 1] = 1.0f + fabsf(st[2 * r + 1]);
+    }
+    int32_t *tg = (int32_t *)malloc(n * sizeof(int32_t));
+    for (size_t r = 0; r < n; r++) {
+        tg[r] = r % 3 == 2 ? -100 : 5;
+    }
+    fsdp_cuda_xent_losses(l, st, zt, tg, n, -100, NULL);
+    fsdp_cpu_xent_losses(l_c, st, zt, tg, n, -100);
+    int ok = same_bits("xent losses", l, l_c, n * 4);
+    double acc = 0.25, acc_c = 0.25;
+    fsdp_cuda_loss_sum(&acc, l, tg, n, -100, NULL);
+    fsdp_cpu_loss_sum(&acc_c, l_c, tg, n, -100);
+    ok &= same_bits("loss sum", &acc, &acc_c, sizeof(double));
+    double *scratch = (double *)malloc(fsdp_cuda_sumsq_scratch_doubles() * sizeof(double));
+    double ss = 1.5, ss_c = 1.5 + fsdp_cpu_sumsq(x, n);
+    fsdp_cuda_sumsq(&ss, scratch, x, n, NULL);
+    float got = (float)ss, ref = (float)ss_c; /* compared once rounded to f32 */
+    ok &= close_to("sumsq", &got, &ref, 1, W_SUMSQ);
+    free(x), free(st), free(zt), free(l), free(l_c), free(tg), free(scratch);
+    return ok;
+}
+
+static void test_small(void)
+{
+    tap_ok(f16_case(), "f16 casts (all patterns, bitwise) and accumulate16 (f16, bf16, both modes)");
+    static const size_t rows[][3] = {{1, 1, 1}, {9, 33, 4}, {40, 7, 13}};
+    for (size_t s = 0; s < 3; s++) {
+        for (int o = 0; o < 2; o++) {
+            fsdp_emu_order = o;
+            tap_ok(rows_case(rows[s][0], rows[s][1], rows[s][2]),
+                   "embedding rows, bias+residual, accumulate, scale, fill N=%zu C=%zu V=%zu "
+                   "(%s), bitwise", rows[s][0], rows[s][1], rows[s][2], order_name(o));
+        }
+    }
+    static const size_t sums[] = {1, 100, 70001};
+    for (size_t s = 0; s < 3; s++) {
+        tap_ok(sums_case(sums[s]), "xent losses and loss sum (bitwise), sumsq n=%zu", sums[s]);
+    }
+}
+
 int main(void)
 {
     test_emulation();
@@ -470,7 +588,8 @@ int main(void)
     test_elementwise();
     test_casts();
     test_crossentropy();
-    for (size_t k = 0; k < sizeof(worst) / sizeof(worst[0]) && k <= W_CE; k++) {
+    test_small();
+    for (int k = 0; k < W_FAMILIES; k++) {
         tap_diag("largest relative error, %s: %.3g (tolerance %.0e)", worst_name[k], worst[k], TOL);
     }
     return tap_done();

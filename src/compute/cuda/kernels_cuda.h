@@ -93,6 +93,34 @@ void fsdp_cuda_crossentropy_slice_backward(float *dlogits, const float *logits, 
                                            size_t col0, int32_t ignore_index, float dscale,
                                            void *stream);
 
+// ----------------------------------------------------------------------------
+// the small loops (small.cu); bit for bit the CPU's except sumsq
+
+void fsdp_cuda_f32_to_f16(uint16_t *dst, const float *src, size_t n, void *stream);
+void fsdp_cuda_f16_to_f32(float *dst, const uint16_t *src, size_t n, void *stream);
+void fsdp_cuda_accumulate(float *y, const float *x, size_t n, void *stream);
+void fsdp_cuda_accumulate16(float *y, const uint16_t *x, size_t n, int bf16, int accumulate,
+                            void *stream);
+void fsdp_cuda_scale(float *x, size_t n, float s, void *stream);
+void fsdp_cuda_fill(float *x, size_t n, size_t stride, float value, void *stream);
+void fsdp_cuda_bias_residual_forward(float *out, const float *inp, const float *bias,
+                                     const float *residual, size_t N, size_t C, void *stream);
+void fsdp_cuda_embed_gather(float *out, const int32_t *tokens, const float *table, size_t N,
+                            size_t C, void *stream);
+/* rows in order per column: the CPU's sums */
+void fsdp_cuda_embed_scatter_add(float *dtable, const float *dout, const int32_t *tokens,
+                                 size_t N, size_t C, void *stream);
+void fsdp_cuda_xent_losses(float *losses, const float *stats, const float *target_logit,
+                           const int32_t *targets, size_t N, int32_t ignore_index, void *stream);
+/* *acc (device) += the kept rows' losses, in row order, in double */
+void fsdp_cuda_loss_sum(double *acc, const float *losses, const int32_t *targets, size_t N,
+                        int32_t ignore_index, void *stream);
+/* Doubles of scratch that fsdp_cuda_sumsq needs (whatever n). */
+size_t fsdp_cuda_sumsq_scratch_doubles(void);
+/* *acc (device) += the sum of squares of x, summed in double in an order
+ * fixed by n (not the CPU's order: equal to rounding) */
+void fsdp_cuda_sumsq(double *acc, double *scratch, const float *x, size_t n, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
