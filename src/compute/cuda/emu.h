@@ -21,13 +21,14 @@
  *   - __shared__ memory, per block: static storage, which is per block
  *     because blocks run one after another (its contents are left from the
  *     block before, as a GPU leaves them undefined); dynamic shared memory
- *     through FSDP_CUDA_DYNAMIC_SHARED (common.cuh);
+ *     through FSDP_CUDA_DYNAMIC_SHARED (common.cuh), filled with 0xff bytes
+ *     (NaN as floats) before every block;
  *   - the math intrinsics the kernels use, mapped to libm (__expf is expf,
  *     rsqrtf is 1 / sqrtf).
  * Scheduling: blocks one after another; within a block, each warp runs as
  * far as it can (its lanes interleaved at shuffles and __syncwarp) before
- * the next warp starts, so warps reach a __syncthreads one at a time, the
- * most out of step a GPU may run them. fsdp_emu_order picks the order of
+ * the next warp starts, so warps reach a __syncthreads one at a time, as
+ * far out of step as a GPU may run them. fsdp_emu_order picks the order of
  * blocks, warps and lanes: 0 first to last, 1 last to first. A test runs
  * a kernel in both orders, so a thread that reads what another writes
  * without a barrier between them sees the value in one of the two.
@@ -166,6 +167,9 @@ static inline uint64_t fsdp_emu_exchange(unsigned mask, uint64_t v, int src)
 {
     struct fsdp_emu_thread *t = fsdp_emu.cur;
     unsigned tid = fsdp_emu_tid(t), warp = tid / 32, nwarps = (fsdp_emu.nthreads + 31) / 32;
+    /* Two buffers in turn: a lane writes one only after every lane of the
+     * mask has read it two shuffles back (each lane reads right after its
+     * release, before it can arrive at the next shuffle). */
     uint64_t *buf = fsdp_emu.xchg + ((size_t)(t->shfls & 1) * nwarps + warp) * 32;
     t->shfls++;
     buf[tid & 31] = v;
@@ -359,6 +363,7 @@ static inline void fsdp_emu_run(const char *kernel, dim3 grid, dim3 block, size_
         size_t b = fsdp_emu_order ? nblocks - 1 - k : k;
         fsdp_emu.block_idx = dim3((unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
                                   (unsigned)(b / ((size_t)grid.x * grid.y)));
+        memset(fsdp_emu.dyn_shared, 0xff, shmem); /* NaN floats: a read before a write shows */
         fsdp_emu_run_block();
     }
     free(fsdp_emu.dyn_shared);
