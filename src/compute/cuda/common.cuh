@@ -43,6 +43,16 @@ static inline unsigned fsdp_cuda_row_threads(size_t C)
     return t > FSDP_CUDA_ROW_THREADS ? FSDP_CUDA_ROW_THREADS : (t ? (unsigned)t : 32u);
 }
 
+/* for (i over [0, n)) as a grid-stride loop: any n on a bounded grid */
+#define FSDP_CUDA_GRID_FOR(i, n)                                                      \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);           \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* launches an element-wise kernel over n items (n > 0) */
+#define FSDP_CUDA_EW_LAUNCH(k, n, stream, ...)                                        \
+    FSDP_CUDA_LAUNCH(k, dim3(fsdp_cuda_ew_blocks(n)), dim3(FSDP_CUDA_EW_THREADS), 0, stream, \
+                     __VA_ARGS__)
+
 /* Blocks of a grid-stride loop over n items. */
 static inline unsigned fsdp_cuda_ew_blocks(size_t n)
 {
@@ -103,6 +113,41 @@ static __device__ __forceinline__ uint16_t fsdp_f32_to_bf16_bits(float f)
 static __device__ __forceinline__ float fsdp_bf16_bits_to_f32(uint16_t h)
 {
     return __uint_as_float((uint32_t)h << 16);
+}
+
+// ----------------------------------------------------------------------------
+// f16: IEEE binary16, round to nearest even, NaN kept quiet with its top
+// payload bits, overflow to Inf, subnormals kept (core/dtype.c's rule)
+
+static __device__ __forceinline__ uint16_t fsdp_f32_to_f16_bits(float f)
+{
+    uint32_t x = __float_as_uint(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) {
+        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    }
+    if (a >= 0x477ff000u) { /* Inf, or rounds to >= 65520 */
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (a < 0x38800000u) {
+        /* below 2^-14: adding 0.5 rounds |f| * 2^24 to nearest even in the low bits */
+        return (uint16_t)(sign | (__float_as_uint(__uint_as_float(a) + 0.5f) - 0x3f000000u));
+    }
+    return (uint16_t)(sign | ((a + 0xfffu + ((a >> 13) & 1u) - (112u << 23)) >> 13));
+}
+
+static __device__ __forceinline__ float fsdp_f16_bits_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) {
+        return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    }
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f; /* exact */
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * elementwise.cu - GELU, SwiGLU, rotary position embedding and the
- * f32 <-> bf16 casts on the GPU: one item per thread in grid-stride loops,
+ * f32 <-> bf16 and f16 casts on the GPU: one item per thread in grid-stride loops,
  * so any n runs on a bounded grid. No item reads another's output, so
  * every kernel may run in place where kernels.h allows it.
  *
@@ -11,11 +11,6 @@
 
 #define FSDP_GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define FSDP_GELU_C 0.044715f
-
-/* grid-stride loop over [0, n) */
-#define FSDP_EW_FOR(i, n)                                                             \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);           \
-         i += (size_t)gridDim.x * blockDim.x)
 
 // ----------------------------------------------------------------------------
 // GELU, tanh form: 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)), one exp and no
@@ -30,7 +25,7 @@ static __device__ __forceinline__ float fsdp_gelu_exp(float x)
 
 static __global__ void fsdp_gelu_forward_kernel(float *out, const float *inp, size_t n)
 {
-    FSDP_EW_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
         float x = inp[i];
         out[i] = x / (1.0f + fsdp_gelu_exp(x));
@@ -40,7 +35,7 @@ static __global__ void fsdp_gelu_forward_kernel(float *out, const float *inp, si
 static __global__ void fsdp_gelu_backward_kernel(float *dinp, const float *inp, const float *dout,
                                                  size_t n)
 {
-    FSDP_EW_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
         float x = inp[i];
         float e = fsdp_gelu_exp(x);
@@ -53,8 +48,7 @@ static __global__ void fsdp_gelu_backward_kernel(float *dinp, const float *inp, 
 void fsdp_cuda_gelu_forward(float *out, const float *inp, size_t n, void *stream)
 {
     if (n) {
-        FSDP_CUDA_LAUNCH(fsdp_gelu_forward_kernel, dim3(fsdp_cuda_ew_blocks(n)),
-                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, out, inp, n);
+        FSDP_CUDA_EW_LAUNCH(fsdp_gelu_forward_kernel, n, stream, out, inp, n);
     }
 }
 
@@ -62,8 +56,7 @@ void fsdp_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, s
                              void *stream)
 {
     if (n) {
-        FSDP_CUDA_LAUNCH(fsdp_gelu_backward_kernel, dim3(fsdp_cuda_ew_blocks(n)),
-                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, dinp, inp, dout, n);
+        FSDP_CUDA_EW_LAUNCH(fsdp_gelu_backward_kernel, n, stream, dinp, inp, dout, n);
     }
 }
 
@@ -78,7 +71,7 @@ static __device__ __forceinline__ float fsdp_sigmoid(float g)
 static __global__ void fsdp_swiglu_forward_kernel(float *out, const float *gate, const float *up,
                                                   size_t n)
 {
-    FSDP_EW_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
         float g = gate[i];
         out[i] = g * fsdp_sigmoid(g) * up[i];
@@ -88,7 +81,7 @@ static __global__ void fsdp_swiglu_forward_kernel(float *out, const float *gate,
 static __global__ void fsdp_swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
                                                    const float *gate, const float *up, size_t n)
 {
-    FSDP_EW_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
         float g = gate[i], u = up[i], dy = dout[i];
         float sg = fsdp_sigmoid(g);
@@ -101,8 +94,7 @@ void fsdp_cuda_swiglu_forward(float *out, const float *gate, const float *up, si
                               void *stream)
 {
     if (n) {
-        FSDP_CUDA_LAUNCH(fsdp_swiglu_forward_kernel, dim3(fsdp_cuda_ew_blocks(n)),
-                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, out, gate, up, n);
+        FSDP_CUDA_EW_LAUNCH(fsdp_swiglu_forward_kernel, n, stream, out, gate, up, n);
     }
 }
 
@@ -110,8 +102,8 @@ void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, cons
                                const float *up, size_t n, void *stream)
 {
     if (n) {
-        FSDP_CUDA_LAUNCH(fsdp_swiglu_backward_kernel, dim3(fsdp_cuda_ew_blocks(n)),
-                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, dgate, dup, dout, gate, up, n);
+        FSDP_CUDA_EW_LAUNCH(fsdp_swiglu_backward_kernel, n, stream, dgate, dup, dout, gate, up,
+                            n);
     }
 }
 
@@ -124,7 +116,7 @@ static __global__ void fsdp_rope_kernel(float *qkv, const float *cos_t, const fl
                                         float dir)
 {
     size_t h2 = (size_t)hs / 2, per_row = (size_t)heads * h2;
-    FSDP_EW_FOR(k, rows * per_row)
+    FSDP_CUDA_GRID_FOR(k, rows * per_row)
     {
         size_t row = k / per_row, rem = k % per_row;
         size_t h = rem / h2, i = rem % h2, t = row % (size_t)T;
@@ -143,8 +135,8 @@ static void fsdp_rope(float *qkv, const float *cos_t, const float *sin_t, int B,
     if (pairs == 0) {
         return;
     }
-    FSDP_CUDA_LAUNCH(fsdp_rope_kernel, dim3(fsdp_cuda_ew_blocks(pairs)), dim3(FSDP_CUDA_EW_THREADS),
-                     0, stream, qkv, cos_t, sin_t, rows, T, NH + NKV, NH + 2 * NKV, hs, dir);
+    FSDP_CUDA_EW_LAUNCH(fsdp_rope_kernel, pairs, stream, qkv, cos_t, sin_t, rows, T, NH + NKV,
+                        NH + 2 * NKV, hs, dir);
 }
 
 void fsdp_cuda_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T,
@@ -161,36 +153,55 @@ void fsdp_cuda_rope_backward(float *dqkv, const float *cos_t, const float *sin_t
 }
 
 // ----------------------------------------------------------------------------
-// casts
+// casts: one kernel each way, the format a flag that is the same for
+// every thread (no divergence)
 
-static __global__ void fsdp_f32_to_bf16_kernel(uint16_t *dst, const float *src, size_t n)
+static __global__ void fsdp_narrow_kernel(uint16_t *dst, const float *src, size_t n, int bf16)
 {
-    FSDP_EW_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
-        dst[i] = fsdp_f32_to_bf16_bits(src[i]);
+        dst[i] = bf16 ? fsdp_f32_to_bf16_bits(src[i]) : fsdp_f32_to_f16_bits(src[i]);
     }
 }
 
-static __global__ void fsdp_bf16_to_f32_kernel(float *dst, const uint16_t *src, size_t n)
+static __global__ void fsdp_widen_kernel(float *dst, const uint16_t *src, size_t n, int bf16)
 {
-    FSDP_EW_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
-        dst[i] = fsdp_bf16_bits_to_f32(src[i]);
+        dst[i] = bf16 ? fsdp_bf16_bits_to_f32(src[i]) : fsdp_f16_bits_to_f32(src[i]);
+    }
+}
+
+static void fsdp_narrow(uint16_t *dst, const float *src, size_t n, int bf16, void *stream)
+{
+    if (n) {
+        FSDP_CUDA_EW_LAUNCH(fsdp_narrow_kernel, n, stream, dst, src, n, bf16);
+    }
+}
+
+static void fsdp_widen(float *dst, const uint16_t *src, size_t n, int bf16, void *stream)
+{
+    if (n) {
+        FSDP_CUDA_EW_LAUNCH(fsdp_widen_kernel, n, stream, dst, src, n, bf16);
     }
 }
 
 void fsdp_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n, void *stream)
 {
-    if (n) {
-        FSDP_CUDA_LAUNCH(fsdp_f32_to_bf16_kernel, dim3(fsdp_cuda_ew_blocks(n)),
-                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, dst, src, n);
-    }
+    fsdp_narrow(dst, src, n, 1, stream);
 }
 
 void fsdp_cuda_bf16_to_f32(float *dst, const uint16_t *src, size_t n, void *stream)
 {
-    if (n) {
-        FSDP_CUDA_LAUNCH(fsdp_bf16_to_f32_kernel, dim3(fsdp_cuda_ew_blocks(n)),
-                         dim3(FSDP_CUDA_EW_THREADS), 0, stream, dst, src, n);
-    }
+    fsdp_widen(dst, src, n, 1, stream);
+}
+
+void fsdp_cuda_f32_to_f16(uint16_t *dst, const float *src, size_t n, void *stream)
+{
+    fsdp_narrow(dst, src, n, 0, stream);
+}
+
+void fsdp_cuda_f16_to_f32(float *dst, const uint16_t *src, size_t n, void *stream)
+{
+    fsdp_widen(dst, src, n, 0, stream);
 }

@@ -156,7 +156,8 @@ static inline void __syncwarp(unsigned mask = 0xffffffffu)
     struct fsdp_emu_thread *t = fsdp_emu.cur;
     unsigned tid = fsdp_emu_tid(t);
     if (!(mask & (1u << (tid & 31))) || (mask & ~fsdp_emu_warp_lanes(tid))) {
-        fsdp_emu_fail("warp mask leaves out the calling lane or names lanes that do not exist", tid);
+        fsdp_emu_fail("warp mask leaves out the calling lane or names lanes that do not exist",
+                      tid);
     }
     t->mask = mask;
     fsdp_emu_wait(FSDP_EMU_WARP);

@@ -18,8 +18,8 @@ struct fsdp_adamw_scalars {
 static __global__ void fsdp_adamw_kernel(float *param, const float *grad, float *m, float *v,
                                          size_t n, struct fsdp_adamw_scalars k)
 {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
+    FSDP_CUDA_GRID_FOR(i, n)
+    {
         float g = grad[i] * k.grad_scale;
         float p = param[i] * k.wd_mul;
         float mm = m[i] + k.w1 * (g - m[i]);
@@ -49,6 +49,5 @@ void fsdp_cuda_adamw_update(float *param, const float *grad, float *m, float *v,
     k.w2 = 1.0f - hp->beta2;
     k.eps = hp->eps;
     k.grad_scale = grad_scale;
-    FSDP_CUDA_LAUNCH(fsdp_adamw_kernel, dim3(fsdp_cuda_ew_blocks(n)), dim3(FSDP_CUDA_EW_THREADS), 0,
-                     stream, param, grad, m, v, n, k);
+    FSDP_CUDA_EW_LAUNCH(fsdp_adamw_kernel, n, stream, param, grad, m, v, n, k);
 }

@@ -1,9 +1,9 @@
 /*
  * small.cu - the small loops of the models and the engine on the GPU
- * (compute/cpu/small.c's): f16 casts, gradient accumulation (f32 and
- * 16-bit), scale, strided fill, the tensor-parallel bias and residual, the
+ * (compute/cpu/small.c's): gradient accumulation (f32 and 16-bit),
+ * scale, strided fill, the tensor-parallel bias and residual, the
  * embedding's gather and scatter-add, the loss rows and sums, and the
- * squared norm.
+ * squared norm. The 16-bit casts are with the others in elementwise.cu.
  *
  * Where the CPU's result is an order of additions, the kernel keeps it:
  * the scatter-add gives each column one thread that adds the rows in
@@ -16,86 +16,12 @@
 
 #include <math.h>
 
-/* grid-stride loop over [0, n) */
-#define FSDP_SMALL_FOR(i, n)                                                          \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);           \
-         i += (size_t)gridDim.x * blockDim.x)
-
-#define FSDP_EW_LAUNCH(k, n, stream, ...)                                             \
-    FSDP_CUDA_LAUNCH(k, dim3(fsdp_cuda_ew_blocks(n)), dim3(FSDP_CUDA_EW_THREADS), 0, stream, \
-                     __VA_ARGS__)
-
-// ----------------------------------------------------------------------------
-// f16: IEEE binary16, round to nearest even, NaN kept quiet with its top
-// payload bits, overflow to Inf, subnormals kept (core/dtype.c's rule)
-
-static __device__ __forceinline__ uint16_t fsdp_f32_to_f16_bits(float f)
-{
-    uint32_t x = __float_as_uint(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t a = x & 0x7fffffffu;
-    if (a > 0x7f800000u) {
-        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    }
-    if (a >= 0x477ff000u) { /* Inf, or rounds to >= 65520 */
-        return (uint16_t)(sign | 0x7c00u);
-    }
-    if (a < 0x38800000u) {
-        /* below 2^-14: adding 0.5 rounds |f| * 2^24 to nearest even in the low bits */
-        return (uint16_t)(sign | (__float_as_uint(__uint_as_float(a) + 0.5f) - 0x3f000000u));
-    }
-    return (uint16_t)(sign | ((a + 0xfffu + ((a >> 13) & 1u) - (112u << 23)) >> 13));
-}
-
-static __device__ __forceinline__ float fsdp_f16_bits_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1fu) {
-        return __uint_as_float(sign | 0x7f800000u | (m << 13));
-    }
-    if (e == 0) {
-        float v = (float)m * 0x1p-24f; /* exact */
-        return sign ? -v : v;
-    }
-    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
-}
-
-static __global__ void fsdp_f32_to_f16_kernel(uint16_t *dst, const float *src, size_t n)
-{
-    FSDP_SMALL_FOR(i, n)
-    {
-        dst[i] = fsdp_f32_to_f16_bits(src[i]);
-    }
-}
-
-static __global__ void fsdp_f16_to_f32_kernel(float *dst, const uint16_t *src, size_t n)
-{
-    FSDP_SMALL_FOR(i, n)
-    {
-        dst[i] = fsdp_f16_bits_to_f32(src[i]);
-    }
-}
-
-void fsdp_cuda_f32_to_f16(uint16_t *dst, const float *src, size_t n, void *stream)
-{
-    if (n) {
-        FSDP_EW_LAUNCH(fsdp_f32_to_f16_kernel, n, stream, dst, src, n);
-    }
-}
-
-void fsdp_cuda_f16_to_f32(float *dst, const uint16_t *src, size_t n, void *stream)
-{
-    if (n) {
-        FSDP_EW_LAUNCH(fsdp_f16_to_f32_kernel, n, stream, dst, src, n);
-    }
-}
-
 // ----------------------------------------------------------------------------
 // accumulate, scale, fill, bias and residual
 
 static __global__ void fsdp_accumulate_kernel(float *y, const float *x, size_t n)
 {
-    FSDP_SMALL_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
         y[i] += x[i];
     }
@@ -104,7 +30,7 @@ static __global__ void fsdp_accumulate_kernel(float *y, const float *x, size_t n
 static __global__ void fsdp_accumulate16_kernel(float *y, const uint16_t *x, size_t n, int bf16,
                                                 int accumulate)
 {
-    FSDP_SMALL_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
         float w = bf16 ? fsdp_bf16_bits_to_f32(x[i]) : fsdp_f16_bits_to_f32(x[i]);
         y[i] = accumulate ? y[i] + w : w; /* not 0 + w: -0 stays -0 */
@@ -113,7 +39,7 @@ static __global__ void fsdp_accumulate16_kernel(float *y, const uint16_t *x, siz
 
 static __global__ void fsdp_scale_kernel(float *x, size_t n, float s)
 {
-    FSDP_SMALL_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
         x[i] *= s;
     }
@@ -121,7 +47,7 @@ static __global__ void fsdp_scale_kernel(float *x, size_t n, float s)
 
 static __global__ void fsdp_fill_kernel(float *x, size_t n, size_t stride, float value)
 {
-    FSDP_SMALL_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
         x[i * stride] = value;
     }
@@ -130,7 +56,7 @@ static __global__ void fsdp_fill_kernel(float *x, size_t n, size_t stride, float
 static __global__ void fsdp_bias_residual_kernel(float *out, const float *inp, const float *bias,
                                                  const float *residual, size_t N, size_t C)
 {
-    FSDP_SMALL_FOR(i, N * C)
+    FSDP_CUDA_GRID_FOR(i, N * C)
     {
         out[i] = inp[i] + (residual ? residual[i] : 0.0f) + (bias ? bias[i % C] : 0.0f);
     }
@@ -139,7 +65,7 @@ static __global__ void fsdp_bias_residual_kernel(float *out, const float *inp, c
 void fsdp_cuda_accumulate(float *y, const float *x, size_t n, void *stream)
 {
     if (n) {
-        FSDP_EW_LAUNCH(fsdp_accumulate_kernel, n, stream, y, x, n);
+        FSDP_CUDA_EW_LAUNCH(fsdp_accumulate_kernel, n, stream, y, x, n);
     }
 }
 
@@ -147,21 +73,21 @@ void fsdp_cuda_accumulate16(float *y, const uint16_t *x, size_t n, int bf16, int
                             void *stream)
 {
     if (n) {
-        FSDP_EW_LAUNCH(fsdp_accumulate16_kernel, n, stream, y, x, n, bf16, accumulate);
+        FSDP_CUDA_EW_LAUNCH(fsdp_accumulate16_kernel, n, stream, y, x, n, bf16, accumulate);
     }
 }
 
 void fsdp_cuda_scale(float *x, size_t n, float s, void *stream)
 {
     if (n) {
-        FSDP_EW_LAUNCH(fsdp_scale_kernel, n, stream, x, n, s);
+        FSDP_CUDA_EW_LAUNCH(fsdp_scale_kernel, n, stream, x, n, s);
     }
 }
 
 void fsdp_cuda_fill(float *x, size_t n, size_t stride, float value, void *stream)
 {
     if (n) {
-        FSDP_EW_LAUNCH(fsdp_fill_kernel, n, stream, x, n, stride, value);
+        FSDP_CUDA_EW_LAUNCH(fsdp_fill_kernel, n, stream, x, n, stride, value);
     }
 }
 
@@ -169,7 +95,8 @@ void fsdp_cuda_bias_residual_forward(float *out, const float *inp, const float *
                                      const float *residual, size_t N, size_t C, void *stream)
 {
     if (N && C) {
-        FSDP_EW_LAUNCH(fsdp_bias_residual_kernel, N * C, stream, out, inp, bias, residual, N, C);
+        FSDP_CUDA_EW_LAUNCH(fsdp_bias_residual_kernel, N * C, stream, out, inp, bias, residual,
+                            N, C);
     }
 }
 
@@ -179,7 +106,7 @@ void fsdp_cuda_bias_residual_forward(float *out, const float *inp, const float *
 static __global__ void fsdp_embed_gather_kernel(float *out, const int32_t *tokens,
                                                 const float *table, size_t N, size_t C)
 {
-    FSDP_SMALL_FOR(i, N * C)
+    FSDP_CUDA_GRID_FOR(i, N * C)
     {
         out[i] = table[(size_t)tokens[i / C] * C + i % C];
     }
@@ -189,7 +116,7 @@ static __global__ void fsdp_embed_gather_kernel(float *out, const int32_t *token
 static __global__ void fsdp_embed_scatter_add_kernel(float *dtable, const float *dout,
                                                      const int32_t *tokens, size_t N, size_t C)
 {
-    FSDP_SMALL_FOR(c, C)
+    FSDP_CUDA_GRID_FOR(c, C)
     {
         for (size_t r = 0; r < N; r++) {
             dtable[(size_t)tokens[r] * C + c] += dout[r * C + c];
@@ -201,7 +128,7 @@ void fsdp_cuda_embed_gather(float *out, const int32_t *tokens, const float *tabl
                             size_t C, void *stream)
 {
     if (N && C) {
-        FSDP_EW_LAUNCH(fsdp_embed_gather_kernel, N * C, stream, out, tokens, table, N, C);
+        FSDP_CUDA_EW_LAUNCH(fsdp_embed_gather_kernel, N * C, stream, out, tokens, table, N, C);
     }
 }
 
@@ -209,7 +136,7 @@ void fsdp_cuda_embed_scatter_add(float *dtable, const float *dout, const int32_t
                                  size_t N, size_t C, void *stream)
 {
     if (N && C) {
-        FSDP_EW_LAUNCH(fsdp_embed_scatter_add_kernel, C, stream, dtable, dout, tokens, N, C);
+        FSDP_CUDA_EW_LAUNCH(fsdp_embed_scatter_add_kernel, C, stream, dtable, dout, tokens, N, C);
     }
 }
 
@@ -220,7 +147,7 @@ static __global__ void fsdp_xent_losses_kernel(float *losses, const float *stats
                                                const float *target_logit, const int32_t *targets,
                                                size_t N, int32_t ignore_index)
 {
-    FSDP_SMALL_FOR(r, N)
+    FSDP_CUDA_GRID_FOR(r, N)
     {
         int keep = targets[r] != ignore_index;
         losses[r] = keep ? stats[2 * r] + logf(stats[2 * r + 1]) - target_logit[r] : 0.0f;
@@ -245,8 +172,8 @@ void fsdp_cuda_xent_losses(float *losses, const float *stats, const float *targe
                            const int32_t *targets, size_t N, int32_t ignore_index, void *stream)
 {
     if (N) {
-        FSDP_EW_LAUNCH(fsdp_xent_losses_kernel, N, stream, losses, stats, target_logit, targets,
-                       N, ignore_index);
+        FSDP_CUDA_EW_LAUNCH(fsdp_xent_losses_kernel, N, stream, losses, stats, target_logit,
+                            targets, N, ignore_index);
     }
 }
 
@@ -272,7 +199,7 @@ static __global__ void fsdp_sumsq_partial_kernel(double *part, const float *x, s
 {
     __shared__ double sh[32];
     double s = 0.0;
-    FSDP_SMALL_FOR(i, n)
+    FSDP_CUDA_GRID_FOR(i, n)
     {
         s += (double)x[i] * (double)x[i];
     }
