@@ -21,6 +21,7 @@
 extern "C" {
 #include "config.h"
 #include "compute/kernels.h"
+#include "core/dtype.h"
 #include "tests/tap.h"
 }
 #include "compute/cuda/common.cuh"
@@ -398,6 +399,120 @@ static void test_crossentropy(void)
 }
 
 // ----------------------------------------------------------------------------
+// bf16 storage: each result is the f32 result rounded to bf16, so it must
+// be what rounding gives for some f32 value within the f32 tolerance of
+// the CPU's result (one bf16 value, or two where that interval straddles
+// a rounding point): truncating instead of rounding fails
+
+static uint16_t *to_bf16(const float *x, size_t n)
+{
+    uint16_t *h = (uint16_t *)malloc((n ? n : 1) * 2);
+    fsdp_cpu_f32_to_bf16(h, x, n);
+    return h;
+}
+
+static float *from_bf16(const uint16_t *h, size_t n)
+{
+    float *f = (float *)malloc((n ? n : 1) * 4);
+    fsdp_cpu_bf16_to_f32(f, h, n);
+    return f;
+}
+
+/* bf16 bits as an integer that counts ulps across zero */
+static long worst_ulp; /* the most bf16 ulps seen, for the summary */
+
+static long bf16_rank(uint16_t b)
+{
+    return b & 0x8000u ? -(long)(b & 0x7fffu) : (long)b;
+}
+
+static int bf16_close(const char *what, const uint16_t *got, const float *ref, size_t n)
+{
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        ss += (double)ref[i] * (double)ref[i];
+    }
+    double rms = sqrt(ss / (double)(n ? n : 1));
+    long bad = -1, max_ulp = 0;
+    for (size_t i = 0; i < n; i++) {
+        double t = TOL * fmax(fabs((double)ref[i]), rms);
+        long lo = bf16_rank(fsdp_f32_to_bf16((float)((double)ref[i] - t)));
+        long hi = bf16_rank(fsdp_f32_to_bf16((float)((double)ref[i] + t)));
+        long g = bf16_rank(got[i]), d = labs(g - bf16_rank(fsdp_f32_to_bf16(ref[i])));
+        max_ulp = d > max_ulp ? d : max_ulp;
+        worst_ulp = d > worst_ulp ? d : worst_ulp;
+        if ((g < lo || g > hi) && bad < 0) {
+            bad = (long)i;
+        }
+    }
+    if (bad >= 0) {
+        tap_diag("%s: max %ld bf16 ulps from the rounded f32 result; first bad [%ld]: %.9g vs "
+                 "%.9g", what, max_ulp, bad, (double)fsdp_bf16_to_f32(got[bad]), (double)ref[bad]);
+    }
+    return bad < 0;
+}
+
+static int bf16_ew_case(size_t n, int order)
+{
+    float *x = randf(n, 12.0, 0.0), *up = randf(n, 2.0, 0.0), *dy = randf(n, 1.0, 0.0);
+    uint16_t *hx = to_bf16(x, n), *hu = to_bf16(up, n), *hd = to_bf16(dy, n);
+    float *wx = from_bf16(hx, n), *wu = from_bf16(hu, n), *wd = from_bf16(hd, n);
+    uint16_t *h1 = to_bf16(x, n), *h2 = to_bf16(x, n);
+    float *r1 = randf(n, 1, 0), *r2 = randf(n, 1, 0);
+    fsdp_emu_order = order;
+    fsdp_cuda_gelu_forward_bf16(h1, hx, n, NULL);
+    fsdp_cpu_gelu_forward(r1, wx, n);
+    int ok = bf16_close("gelu forward bf16", h1, r1, n);
+    fsdp_cuda_gelu_backward_bf16(h1, hx, hd, n, NULL);
+    fsdp_cpu_gelu_backward(r1, wx, wd, n);
+    ok &= bf16_close("gelu backward bf16", h1, r1, n);
+    fsdp_cuda_swiglu_forward_bf16(h1, hx, hu, n, NULL);
+    fsdp_cpu_swiglu_forward(r1, wx, wu, n);
+    ok &= bf16_close("swiglu forward bf16", h1, r1, n);
+    fsdp_cuda_swiglu_backward_bf16(h1, h2, hd, hx, hu, n, NULL);
+    fsdp_cpu_swiglu_backward(r1, r2, wd, wx, wu, n);
+    ok &= bf16_close("swiglu dgate bf16", h1, r1, n);
+    ok &= bf16_close("swiglu dup bf16", h2, r2, n);
+    free(x), free(up), free(dy), free(hx), free(hu), free(hd), free(wx), free(wu), free(wd);
+    free(h1), free(h2), free(r1), free(r2);
+    return ok;
+}
+
+static int bf16_rmsnorm_case(size_t N, size_t C, int order)
+{
+    float *x = randf(N * C, 2.0, 0.3), *w = randf(C, 1.0, 0.5);
+    uint16_t *hx = to_bf16(x, N * C), *hw = to_bf16(w, C);
+    float *wx = from_bf16(hx, N * C), *ww = from_bf16(hw, C);
+    uint16_t *out = to_bf16(x, N * C), *keep = to_bf16(x, N * C);
+    memset(keep, 0, N * C * 2);
+    float *rs = randf(N, 1, 0), *ref = randf(N * C, 1, 0), *rs_c = randf(N, 1, 0);
+    fsdp_emu_order = order;
+    fsdp_cuda_rmsnorm_forward_bf16(out, rs, keep, hx, hw, N, C, 1e-5f, NULL);
+    fsdp_cpu_rmsnorm_forward(ref, rs_c, wx, ww, N, C, 1e-5f);
+    int ok = bf16_close("rmsnorm out bf16", out, ref, N * C);
+    ok &= close_to("rmsnorm rstd (bf16 input)", rs, rs_c, N, W_NORM);
+    ok &= same_bits("rmsnorm keep bf16", keep, hx, N * C * 2);
+    free(x), free(w), free(hx), free(hw), free(wx), free(ww), free(out), free(keep);
+    free(rs), free(ref), free(rs_c);
+    return ok;
+}
+
+static void test_bf16(void)
+{
+    static const size_t sizes[] = {1, 33, 4099};
+    static const size_t shapes[][2] = {{1, 1}, {5, 33}, {4, 257}};
+    for (int o = 0; o < 2; o++) {
+        for (size_t s = 0; s < 3; s++) {
+            tap_ok(bf16_ew_case(sizes[s], o), "gelu and swiglu on bf16 storage n=%zu (%s)",
+                   sizes[s], order_name(o));
+            tap_ok(bf16_rmsnorm_case(shapes[s][0], shapes[s][1], o),
+                   "rmsnorm forward on bf16 storage N=%zu C=%zu (%s)", shapes[s][0],
+                   shapes[s][1], order_name(o));
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // the emulation itself: what a GPU would hang on or leave undefined stops it
 
 static __global__ void emu_exit_before_barrier(float *x)
@@ -599,8 +714,11 @@ int main(void)
     test_casts();
     test_crossentropy();
     test_small();
+    test_bf16();
     for (int k = 0; k < W_FAMILIES; k++) {
         tap_diag("largest relative error, %s: %.3g (tolerance %.0e)", worst_name[k], worst[k], TOL);
     }
+    tap_diag("largest distance on bf16 storage: %ld bf16 ulp from the CPU's f32 result rounded",
+             worst_ulp);
     return tap_done();
 }

@@ -115,6 +115,21 @@ static __device__ __forceinline__ float fsdp_bf16_bits_to_f32(uint16_t h)
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* element i of a buffer stored as f32 (bf16 0) or bf16 (1) */
+static __device__ __forceinline__ float fsdp_ld(const void *p, size_t i, int bf16)
+{
+    return bf16 ? fsdp_bf16_bits_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static __device__ __forceinline__ void fsdp_st(void *p, size_t i, float v, int bf16)
+{
+    if (bf16) {
+        ((uint16_t *)p)[i] = fsdp_f32_to_bf16_bits(v);
+    } else {
+        ((float *)p)[i] = v;
+    }
+}
+
 // ----------------------------------------------------------------------------
 // f16: IEEE binary16, round to nearest even, NaN kept quiet with its top
 // payload bits, overflow to Inf, subnormals kept (core/dtype.c's rule)

@@ -23,41 +23,67 @@ static __device__ __forceinline__ float fsdp_gelu_exp(float x)
     return expf(fminf(fmaxf(a, -87.0f), 88.0f)); /* the CPU's clamp: no inf * 0 */
 }
 
-static __global__ void fsdp_gelu_forward_kernel(float *out, const float *inp, size_t n)
+/* Every element-wise kernel reads and writes through fsdp_ld / fsdp_st
+ * with one storage flag for all its buffers (bf16 0: f32, 1: bf16, a
+ * value the same for every thread); compute is f32 either way. */
+
+static __global__ void fsdp_gelu_forward_kernel(void *out, const void *inp, size_t n, int bf16)
 {
     FSDP_CUDA_GRID_FOR(i, n)
     {
-        float x = inp[i];
-        out[i] = x / (1.0f + fsdp_gelu_exp(x));
+        float x = fsdp_ld(inp, i, bf16);
+        fsdp_st(out, i, x / (1.0f + fsdp_gelu_exp(x)), bf16);
     }
 }
 
-static __global__ void fsdp_gelu_backward_kernel(float *dinp, const float *inp, const float *dout,
-                                                 size_t n)
+static __global__ void fsdp_gelu_backward_kernel(void *dinp, const void *inp, const void *dout,
+                                                 size_t n, int bf16)
 {
     FSDP_CUDA_GRID_FOR(i, n)
     {
-        float x = inp[i];
+        float x = fsdp_ld(inp, i, bf16);
         float e = fsdp_gelu_exp(x);
         float s = 1.0f / (1.0f + e);
         float du = FSDP_GELU_K * (1.0f + 3.0f * FSDP_GELU_C * x * x);
-        dinp[i] = dout[i] * (s + (2.0f * x * du) * (e * s) * s);
+        fsdp_st(dinp, i, fsdp_ld(dout, i, bf16) * (s + (2.0f * x * du) * (e * s) * s), bf16);
+    }
+}
+
+static void fsdp_gelu(void *out, const void *inp, size_t n, int bf16, void *stream)
+{
+    if (n) {
+        FSDP_CUDA_EW_LAUNCH(fsdp_gelu_forward_kernel, n, stream, out, inp, n, bf16);
+    }
+}
+
+static void fsdp_gelu_back(void *dinp, const void *inp, const void *dout, size_t n, int bf16,
+                           void *stream)
+{
+    if (n) {
+        FSDP_CUDA_EW_LAUNCH(fsdp_gelu_backward_kernel, n, stream, dinp, inp, dout, n, bf16);
     }
 }
 
 void fsdp_cuda_gelu_forward(float *out, const float *inp, size_t n, void *stream)
 {
-    if (n) {
-        FSDP_CUDA_EW_LAUNCH(fsdp_gelu_forward_kernel, n, stream, out, inp, n);
-    }
+    fsdp_gelu(out, inp, n, 0, stream);
 }
 
 void fsdp_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
                              void *stream)
 {
-    if (n) {
-        FSDP_CUDA_EW_LAUNCH(fsdp_gelu_backward_kernel, n, stream, dinp, inp, dout, n);
-    }
+    fsdp_gelu_back(dinp, inp, dout, n, 0, stream);
+}
+
+void fsdp_cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, size_t n, void *stream)
+{
+    fsdp_gelu(out, inp, n, 1, stream);
+}
+
+void fsdp_cuda_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
+                                  size_t n, void *stream)
+{
+    fsdp_gelu_back(dinp, inp, dout, n, 1, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -68,43 +94,70 @@ static __device__ __forceinline__ float fsdp_sigmoid(float g)
     return 1.0f / (1.0f + expf(fminf(fmaxf(-g, -87.0f), 88.0f)));
 }
 
-static __global__ void fsdp_swiglu_forward_kernel(float *out, const float *gate, const float *up,
-                                                  size_t n)
+static __global__ void fsdp_swiglu_forward_kernel(void *out, const void *gate, const void *up,
+                                                  size_t n, int bf16)
 {
     FSDP_CUDA_GRID_FOR(i, n)
     {
-        float g = gate[i];
-        out[i] = g * fsdp_sigmoid(g) * up[i];
+        float g = fsdp_ld(gate, i, bf16);
+        fsdp_st(out, i, g * fsdp_sigmoid(g) * fsdp_ld(up, i, bf16), bf16);
     }
 }
 
-static __global__ void fsdp_swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
-                                                   const float *gate, const float *up, size_t n)
+static __global__ void fsdp_swiglu_backward_kernel(void *dgate, void *dup, const void *dout,
+                                                   const void *gate, const void *up, size_t n,
+                                                   int bf16)
 {
     FSDP_CUDA_GRID_FOR(i, n)
     {
-        float g = gate[i], u = up[i], dy = dout[i];
+        float g = fsdp_ld(gate, i, bf16), u = fsdp_ld(up, i, bf16);
+        float dy = fsdp_ld(dout, i, bf16);
         float sg = fsdp_sigmoid(g);
-        dup[i] = dy * g * sg;
-        dgate[i] = dy * u * sg * (1.0f + g * (1.0f - sg));
+        fsdp_st(dup, i, dy * g * sg, bf16);
+        fsdp_st(dgate, i, dy * u * sg * (1.0f + g * (1.0f - sg)), bf16);
+    }
+}
+
+static void fsdp_swiglu(void *out, const void *gate, const void *up, size_t n, int bf16,
+                        void *stream)
+{
+    if (n) {
+        FSDP_CUDA_EW_LAUNCH(fsdp_swiglu_forward_kernel, n, stream, out, gate, up, n, bf16);
+    }
+}
+
+static void fsdp_swiglu_back(void *dgate, void *dup, const void *dout, const void *gate,
+                             const void *up, size_t n, int bf16, void *stream)
+{
+    if (n) {
+        FSDP_CUDA_EW_LAUNCH(fsdp_swiglu_backward_kernel, n, stream, dgate, dup, dout, gate, up,
+                            n, bf16);
     }
 }
 
 void fsdp_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n,
                               void *stream)
 {
-    if (n) {
-        FSDP_CUDA_EW_LAUNCH(fsdp_swiglu_forward_kernel, n, stream, out, gate, up, n);
-    }
+    fsdp_swiglu(out, gate, up, n, 0, stream);
 }
 
 void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                                const float *up, size_t n, void *stream)
 {
-    if (n) {
-        FSDP_CUDA_EW_LAUNCH(fsdp_swiglu_backward_kernel, n, stream, dgate, dup, dout, gate, up,
-                            n);
-    }
+    fsdp_swiglu_back(dgate, dup, dout, gate, up, n, 0, stream);
+}
+
+void fsdp_cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *gate, const uint16_t *up,
+                                   size_t n, void *stream)
+{
+    fsdp_swiglu(out, gate, up, n, 1, stream);
+}
+
+void fsdp_cuda_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
+                                    const uint16_t *gate, const uint16_t *up, size_t n,
+                                    void *stream)
+{
+    fsdp_swiglu_back(dgate, dup, dout, gate, up, n, 1, stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -36,6 +36,11 @@ size_t fsdp_cuda_norm_scratch_floats(size_t N, size_t C);
 /* keep (N, C) gets a copy of inp, or is NULL */
 void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, float *keep, const float *inp,
                                const float *weight, size_t N, size_t C, float eps, void *stream);
+/* The same on bf16 storage (inp, weight, out, keep), f32 sums and rstd:
+ * out is the f32 result rounded to bf16. */
+void fsdp_cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, uint16_t *keep,
+                                    const uint16_t *inp, const uint16_t *weight, size_t N,
+                                    size_t C, float eps, void *stream);
 /* dinp += ..., dweight += ... */
 void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, float *scratch, const float *dout,
                                 const float *inp, const float *weight, const float *rstd, size_t N,
@@ -61,6 +66,16 @@ void fsdp_cuda_swiglu_forward(float *out, const float *gate, const float *up, si
 /* overwrites dgate and dup */
 void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                                const float *up, size_t n, void *stream);
+/* GELU and SwiGLU on bf16 storage: every buffer bf16, compute in f32, each
+ * result the f32 kernel's rounded to bf16 */
+void fsdp_cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, size_t n, void *stream);
+void fsdp_cuda_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
+                                  size_t n, void *stream);
+void fsdp_cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *gate, const uint16_t *up,
+                                   size_t n, void *stream);
+void fsdp_cuda_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
+                                    const uint16_t *gate, const uint16_t *up, size_t n,
+                                    void *stream);
 /* in place on the q and k heads of qkv (B, T, (NH + 2 NKV) hs); cos_t, sin_t (T, hs / 2) */
 void fsdp_cuda_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T,
                             int NH, int NKV, int hs, void *stream);

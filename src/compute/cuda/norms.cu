@@ -33,24 +33,26 @@ size_t fsdp_cuda_norm_scratch_floats(size_t N, size_t C)
 // ----------------------------------------------------------------------------
 // forward
 
-static __global__ void fsdp_rmsnorm_forward_kernel(float *out, float *rstd, float *keep,
-                                                   const float *inp, const float *weight,
-                                                   size_t C, float eps)
+/* inp, weight, out and keep stored as f32 or bf16 (common.cuh's fsdp_ld);
+ * the sums and rstd in f32 */
+static __global__ void fsdp_rmsnorm_forward_kernel(void *out, float *rstd, void *keep,
+                                                   const void *inp, const void *weight, size_t C,
+                                                   float eps, int bf16)
 {
     __shared__ float sh[32];
     size_t row = blockIdx.x;
-    const float *x = inp + row * C;
     float s = 0.0f;
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        s += x[c] * x[c];
+        float v = fsdp_ld(inp, row * C + c, bf16);
+        s += v * v;
     }
     s = fsdp_block_reduce(s, sh, 0);
     float r = 1.0f / sqrtf(s / (float)C + eps);
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float v = x[c];
-        out[row * C + c] = weight[c] * (v * r);
+        float v = fsdp_ld(inp, row * C + c, bf16);
+        fsdp_st(out, row * C + c, fsdp_ld(weight, c, bf16) * (v * r), bf16);
         if (keep) {
-            keep[row * C + c] = v;
+            fsdp_st(keep, row * C + c, v, bf16);
         }
     }
     if (threadIdx.x == 0) {
@@ -86,14 +88,28 @@ static __global__ void fsdp_layernorm_forward_kernel(float *out, float *mean, fl
     }
 }
 
-void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, float *keep, const float *inp,
-                               const float *weight, size_t N, size_t C, float eps, void *stream)
+static void fsdp_rmsnorm_forward(void *out, float *rstd, void *keep, const void *inp,
+                                 const void *weight, size_t N, size_t C, float eps, int bf16,
+                                 void *stream)
 {
     if (N == 0 || C == 0) {
         return;
     }
     FSDP_CUDA_LAUNCH(fsdp_rmsnorm_forward_kernel, dim3((unsigned)N), dim3(fsdp_cuda_row_threads(C)),
-                     0, stream, out, rstd, keep, inp, weight, C, eps);
+                     0, stream, out, rstd, keep, inp, weight, C, eps, bf16);
+}
+
+void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, float *keep, const float *inp,
+                               const float *weight, size_t N, size_t C, float eps, void *stream)
+{
+    fsdp_rmsnorm_forward(out, rstd, keep, inp, weight, N, C, eps, 0, stream);
+}
+
+void fsdp_cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, uint16_t *keep,
+                                    const uint16_t *inp, const uint16_t *weight, size_t N,
+                                    size_t C, float eps, void *stream)
+{
+    fsdp_rmsnorm_forward(out, rstd, keep, inp, weight, N, C, eps, 1, stream);
 }
 
 void fsdp_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
