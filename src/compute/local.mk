@@ -18,3 +18,16 @@ check_PROGRAMS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kerne
 	tests/kernels/test_device
 TESTS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels tests/kernels/test_device
 noinst_HEADERS += tests/kernels/ref_kernels.h
+
+# CUDA kernels (src/compute/cuda): compiled by nvcc for the GPU, and here as
+# host C++ under the execution-model emulation, against the CPU kernels.
+noinst_HEADERS += src/compute/cuda/emu.h src/compute/cuda/common.cuh \
+	src/compute/cuda/kernels_cuda.h
+EXTRA_DIST += src/compute/cuda/norms.cu src/compute/cuda/elementwise.cu \
+	src/compute/cuda/optim.cu src/compute/cuda/loss.cu src/compute/cuda/small.cu
+check_PROGRAMS += tests/kernels/test_cuda_emu
+tests_kernels_test_cuda_emu_SOURCES = tests/kernels/test_cuda_emu.cpp \
+	tests/kernels/cuda_emu_kernels.cpp
+TESTS += tests/kernels/test_cuda_emu
+dist_check_SCRIPTS += tests/kernels/test_cuda_nvcc.sh
+TESTS += tests/kernels/test_cuda_nvcc.sh

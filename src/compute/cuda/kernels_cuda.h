@@ -1,0 +1,143 @@
+/*
+ * kernels_cuda.h - the CUDA kernels' host entry points, callable from C.
+ * Each is kernels.h's fsdp_cpu_* kernel of the same name, with the same
+ * shapes and the same accumulate-or-overwrite rule, on device memory, and
+ * enqueues its work on stream (a cudaStream_t; NULL: the default stream)
+ * and returns. Launch errors are the caller's to collect
+ * (cudaGetLastError), once per step.
+ *
+ * The weight gradients of the norms are summed without atomics: each
+ * block of rows writes its partial column sums to scratch, and a second
+ * kernel adds the partials in order, so the result depends on (N, C)
+ * only. scratch is fsdp_cuda_norm_scratch_floats(N, C) floats of device
+ * memory.
+ *
+ * The sources (*.cu) compile with nvcc for the GPU and, under the host
+ * emulation of emu.h, with a C++ compiler for the tests.
+ */
+#ifndef FSDP_COMPUTE_CUDA_KERNELS_CUDA_H
+#define FSDP_COMPUTE_CUDA_KERNELS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "compute/kernels.h" /* struct fsdp_adamw_params */
+
+// ----------------------------------------------------------------------------
+// norms (norms.cu)
+
+/* Floats of scratch the norm backwards need: (row blocks, 2 C). */
+size_t fsdp_cuda_norm_scratch_floats(size_t N, size_t C);
+
+/* keep (N, C) gets a copy of inp, or is NULL */
+void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, float *keep, const float *inp,
+                               const float *weight, size_t N, size_t C, float eps, void *stream);
+/* The same on bf16 storage (inp, weight, out, keep), f32 sums and rstd:
+ * out is the f32 result rounded to bf16. */
+void fsdp_cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, uint16_t *keep,
+                                    const uint16_t *inp, const uint16_t *weight, size_t N,
+                                    size_t C, float eps, void *stream);
+/* dinp += ..., dweight += ... */
+void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, float *scratch, const float *dout,
+                                const float *inp, const float *weight, const float *rstd, size_t N,
+                                size_t C, void *stream);
+void fsdp_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                 const float *weight, const float *bias, size_t N, size_t C,
+                                 float eps, void *stream);
+/* dinp += ..., dweight += ..., dbias += ... */
+void fsdp_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, float *scratch,
+                                  const float *dout, const float *inp, const float *weight,
+                                  const float *mean, const float *rstd, size_t N, size_t C,
+                                  void *stream);
+
+// ----------------------------------------------------------------------------
+// element-wise (elementwise.cu)
+
+void fsdp_cuda_gelu_forward(float *out, const float *inp, size_t n, void *stream);
+/* dinp = dout * gelu'(inp); dinp may equal dout */
+void fsdp_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+                             void *stream);
+void fsdp_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n,
+                              void *stream);
+/* overwrites dgate and dup */
+void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                               const float *up, size_t n, void *stream);
+/* GELU and SwiGLU on bf16 storage: every buffer bf16, compute in f32, each
+ * result the f32 kernel's rounded to bf16 */
+void fsdp_cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, size_t n, void *stream);
+void fsdp_cuda_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
+                                  size_t n, void *stream);
+void fsdp_cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *gate, const uint16_t *up,
+                                   size_t n, void *stream);
+void fsdp_cuda_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
+                                    const uint16_t *gate, const uint16_t *up, size_t n,
+                                    void *stream);
+/* in place on the q and k heads of qkv (B, T, (NH + 2 NKV) hs); cos_t, sin_t (T, hs / 2) */
+void fsdp_cuda_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T,
+                            int NH, int NKV, int hs, void *stream);
+void fsdp_cuda_rope_backward(float *dqkv, const float *cos_t, const float *sin_t, int B, int T,
+                             int NH, int NKV, int hs, void *stream);
+void fsdp_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n, void *stream);
+void fsdp_cuda_bf16_to_f32(float *dst, const uint16_t *src, size_t n, void *stream);
+
+// ----------------------------------------------------------------------------
+// optimizer (optim.cu)
+
+void fsdp_cuda_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
+                            const struct fsdp_adamw_params *hp, int decay, float grad_scale,
+                            void *stream);
+
+// ----------------------------------------------------------------------------
+// loss (loss.cu): one block per row; the kept-row count is the host's
+
+void fsdp_cuda_crossentropy_forward(float *losses, float *stats, const float *logits,
+                                    const int32_t *targets, size_t N, size_t V,
+                                    int32_t ignore_index, void *stream);
+void fsdp_cuda_crossentropy_backward(float *dlogits, const float *logits, const float *stats,
+                                     const int32_t *targets, size_t N, size_t V,
+                                     int32_t ignore_index, float dscale, void *stream);
+void fsdp_cuda_crossentropy_slice_forward(float *stats, float *target_logit, const float *logits,
+                                          const int32_t *targets, size_t N, size_t n, size_t col0,
+                                          int32_t ignore_index, int first, void *stream);
+void fsdp_cuda_crossentropy_slice_backward(float *dlogits, const float *logits, const float *stats,
+                                           const int32_t *targets, size_t N, size_t n,
+                                           size_t col0, int32_t ignore_index, float dscale,
+                                           void *stream);
+
+// ----------------------------------------------------------------------------
+// the small loops (small.cu); bit for bit the CPU's except sumsq
+
+void fsdp_cuda_f32_to_f16(uint16_t *dst, const float *src, size_t n, void *stream);
+void fsdp_cuda_f16_to_f32(float *dst, const uint16_t *src, size_t n, void *stream);
+void fsdp_cuda_accumulate(float *y, const float *x, size_t n, void *stream);
+void fsdp_cuda_accumulate16(float *y, const uint16_t *x, size_t n, int bf16, int accumulate,
+                            void *stream);
+void fsdp_cuda_scale(float *x, size_t n, float s, void *stream);
+void fsdp_cuda_fill(float *x, size_t n, size_t stride, float value, void *stream);
+void fsdp_cuda_bias_residual_forward(float *out, const float *inp, const float *bias,
+                                     const float *residual, size_t N, size_t C, void *stream);
+void fsdp_cuda_embed_gather(float *out, const int32_t *tokens, const float *table, size_t N,
+                            size_t C, void *stream);
+/* rows in order per column: the CPU's sums */
+void fsdp_cuda_embed_scatter_add(float *dtable, const float *dout, const int32_t *tokens,
+                                 size_t N, size_t C, void *stream);
+void fsdp_cuda_xent_losses(float *losses, const float *stats, const float *target_logit,
+                           const int32_t *targets, size_t N, int32_t ignore_index, void *stream);
+/* *acc (device) += the kept rows' losses, in row order, in double */
+void fsdp_cuda_loss_sum(double *acc, const float *losses, const int32_t *targets, size_t N,
+                        int32_t ignore_index, void *stream);
+/* Doubles of scratch that fsdp_cuda_sumsq needs (whatever n). */
+size_t fsdp_cuda_sumsq_scratch_doubles(void);
+/* *acc (device) += the sum of squares of x, summed in double in an order
+ * fixed by n (not the CPU's order: equal to rounding) */
+void fsdp_cuda_sumsq(double *acc, double *scratch, const float *x, size_t n, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
