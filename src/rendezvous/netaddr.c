@@ -260,8 +260,11 @@ void fsdp_netaddr_peer(const struct sockaddr_storage *ss, char *buf, size_t len,
         port = ntohs(a->sin6_port);
         memcpy(src + 1, &a->sin6_addr, 16);
     }
-    if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)(src + 1))) {
-        src[0] = 4; /* an IPv4 peer on an IPv6 socket counts as itself */
+    /* ::ffff:a.b.c.d, tested byte by byte (src + 1 is not aligned for an
+     * in6_addr): an IPv4 peer on an IPv6 socket counts as itself */
+    static const unsigned char v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (memcmp(src + 1, v4mapped, sizeof(v4mapped)) == 0) {
+        src[0] = 4;
     }
     snprintf(buf, len, "%s:%u", host, port);
 }
