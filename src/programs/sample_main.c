@@ -282,6 +282,58 @@ static int sample_to_device(const struct sample_config *c, const struct fsdp_mod
     return (*dev)->ops->synchronize(*dev, (*dev)->stream);
 }
 
+/* The prompt's tokens into *seq (grown for the tokenizer's special tokens;
+ * *cap its room), the text's own tokens echoed through sk; *n their count. */
+static int sample_prompt(const struct sample_config *c, struct sink *sk, int V, int32_t **seq,
+                         size_t *cap, size_t *n)
+{
+    if (!c->tokenizer[0]) {
+        FSDP_CHECK(parse_prompt(c->prompt, V, *seq, *cap, n));
+        for (size_t i = 0; c->prompt[0] && i < *n; i++) {
+            FSDP_CHECK(emit(sk, (*seq)[i], 0));
+        }
+        return 0;
+    }
+    FSDP_CHECK(fsdp_tokenizer_load(c->tokenizer, &sk->tok));
+    size_t tv = fsdp_tokenizer_vocab_size(sk->tok);
+    if (tv > (size_t)V) {
+        return fsdp_err(FSDP_ERR_INVALID, "--tokenizer %s has ids up to %zu, but the model's "
+                        "vocabulary is %d: it was trained with another tokenizer", c->tokenizer,
+                        tv - 1, V);
+    }
+    const uint32_t *pre = NULL, *post = NULL;
+    size_t npre = 0, npost = 0, nids = 0;
+    if (c->specials) {
+        FSDP_CHECK(fsdp_tokenizer_specials(sk->tok, &pre, &npre, &post, &npost));
+    }
+    uint32_t *ids = NULL;
+    FSDP_CHECK(fsdp_tokenizer_encode(sk->tok, c->prompt, strlen(c->prompt), &ids, &nids));
+    int32_t *grown = realloc(*seq, (*cap + npre + npost) * sizeof(**seq));
+    int rc = grown ? 0 : fsdp_err(FSDP_ERR_NOMEM, "sampler buffers");
+    if (grown) {
+        *seq = grown;
+        *cap += npre + npost;
+    }
+    for (size_t i = 0; rc == 0 && i < npre; i++) {
+        (*seq)[(*n)++] = (int32_t)pre[i];
+    }
+    for (size_t i = 0; rc == 0 && i < nids; i++) { /* only the text's own tokens are printed */
+        (*seq)[(*n)++] = (int32_t)ids[i];
+        rc = emit(sk, (int32_t)ids[i], 0);
+    }
+    for (size_t i = 0; rc == 0 && i < npost; i++) {
+        (*seq)[(*n)++] = (int32_t)post[i];
+    }
+    free(ids);
+    FSDP_CHECK(rc);
+    FSDP_INFO(FSDP_SUB_SAMPLE, "prompt: %zu tokens, %zu of them from the tokenizer's "
+              "post_processor", *n, npre + npost);
+    if (*n == 0) {
+        (*seq)[(*n)++] = V - 1;
+    }
+    return 0;
+}
+
 static int sample_run(const struct sample_config *c)
 {
     struct fsdp_model_spec *spec = NULL;
@@ -328,58 +380,7 @@ static int sample_run(const struct sample_config *c)
 
     size_t n = 0;
     sk.V = V;
-    if (c->tokenizer[0]) {
-        FSDP_CHECK_GOTO(fsdp_tokenizer_load(c->tokenizer, &sk.tok), rc, out);
-        size_t tv = fsdp_tokenizer_vocab_size(sk.tok);
-        if (tv > (size_t)V) {
-            rc = fsdp_err(FSDP_ERR_INVALID, "--tokenizer %s has ids up to %zu, but the model's "
-                          "vocabulary is %d: it was trained with another tokenizer", c->tokenizer,
-                          tv - 1, V);
-            goto out;
-        }
-        const uint32_t *pre = NULL, *post = NULL;
-        size_t npre = 0, npost = 0;
-        if (c->specials) {
-            FSDP_CHECK_GOTO(fsdp_tokenizer_specials(sk.tok, &pre, &npre, &post, &npost), rc, out);
-        }
-        uint32_t *ids = NULL;
-        size_t nids = 0;
-        FSDP_CHECK_GOTO(fsdp_tokenizer_encode(sk.tok, c->prompt, strlen(c->prompt), &ids, &nids),
-                        rc, out);
-        int32_t *grown = realloc(seq, (cap + npre + npost) * sizeof(*seq));
-        if (!grown) {
-            free(ids);
-            rc = fsdp_err(FSDP_ERR_NOMEM, "sampler buffers");
-            goto out;
-        }
-        seq = grown;
-        cap += npre + npost;
-        for (size_t i = 0; i < npre; i++) {
-            seq[n++] = (int32_t)pre[i];
-        }
-        for (size_t i = 0; i < nids; i++) { /* only the text's own tokens are printed */
-            seq[n++] = (int32_t)ids[i];
-            FSDP_CHECK_GOTO(emit(&sk, seq[n - 1], 0), rc, out_ids);
-        }
-        for (size_t i = 0; i < npost; i++) {
-            seq[n++] = (int32_t)post[i];
-        }
-    out_ids:
-        free(ids);
-        if (rc < 0) {
-            goto out;
-        }
-        FSDP_INFO(FSDP_SUB_SAMPLE, "prompt: %zu tokens, %zu of them from the tokenizer's "
-                  "post_processor", n, npre + npost);
-        if (n == 0) {
-            seq[n++] = V - 1;
-        }
-    } else {
-        FSDP_CHECK_GOTO(parse_prompt(c->prompt, V, seq, cap, &n), rc, out);
-        for (size_t i = 0; c->prompt[0] && i < n; i++) {
-            FSDP_CHECK_GOTO(emit(&sk, seq[i], 0), rc, out);
-        }
-    }
+    FSDP_CHECK_GOTO(sample_prompt(c, &sk, V, &seq, &cap, &n), rc, out);
     uint64_t rng = (uint64_t)c->seed;
     double t0 = fsdp_now();
     if (!c->no_cache && !model->ops->decoder_create) {
