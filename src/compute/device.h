@@ -2,15 +2,19 @@
  * device.h - the compute-device seam: where tensors live and what runs on
  * them. A device object (chosen once, by the training layer) carries its
  * memory kind, an allocator, copies between host and device, streams and
- * their synchronisation (no-ops on the CPU), and the kernel table the model
- * and the parallelisms call instead of naming an implementation. The CPU
- * device is the one built here; a CUDA device fills the same table with
- * cuBLASLt and its own kernels, and its memory kind tells the collectives
- * where their buffers are.
+ * their synchronisation, events, pinned host memory, memory info and
+ * counts, and the kernel table the models, the engine and the optimizer
+ * call instead of naming an implementation. Every kernel takes its device
+ * first and runs on its current stream (d->stream). Built here: the CPU
+ * device (streams and events are no-ops) and the guarded device (the CPU's
+ * kernels on memory the host cannot touch, with a check of stream order:
+ * device_guarded.c). A CUDA device fills the same table with cuBLASLt and
+ * its own kernels, and its memory kind tells the collectives where their
+ * buffers are.
  *
- * Kernel semantics are kernels.h's, entry for entry (the CPU table points
- * at the fsdp_cpu_* functions). Tables are written out longhand and only
- * grow at the end.
+ * Kernel semantics are kernels.h's, entry for entry (the CPU table's
+ * entries run the fsdp_cpu_* functions between the device's hooks).
+ * Tables are written out longhand and only grow at the end.
  */
 #ifndef FSDP_COMPUTE_DEVICE_H
 #define FSDP_COMPUTE_DEVICE_H

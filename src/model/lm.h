@@ -31,7 +31,8 @@
 struct fsdp_lm {
     struct fsdp_model base;             /* ops and spec for the generic interface */
     const struct fsdp_model_spec *spec; /* not owned; outlives the model */
-    struct fsdp_device *dev;            /* where activations live; NULL: host memory */
+    struct fsdp_device *dev;            /* where activations live and kernels run (never NULL:
+                                           the CPU device when created without one) */
     const struct fsdp_kernels *k;       /* the device's kernels (the CPU's without one) */
     const char *name;                   /* the architecture, for messages */
     int max_B, max_T;
