@@ -7,6 +7,7 @@
 #include "compute/device.h"
 #include "compute/device_impl.h"
 #include "core/error.h"
+#include "core/util.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -38,6 +39,9 @@ void fsdp_device_destroy(struct fsdp_device *d)
 {
     if (d && d->ops != &fsdp_cpu_device_ops) {
         fsdp_guarded_device_fini(d);
+    }
+    if (d) {
+        fsdp_free(d->wide);
     }
     free(d);
 }

@@ -62,13 +62,15 @@ static struct fsdp_shard_engine *shard_impl(const struct fsdp_engine *e)
  * policy or the replicas need them, else in the shards themselves. */
 static int shard_bind(struct fsdp_shard_engine *se, int u)
 {
-    float *p = se->direct ? se->units[u].master : se->pslots[fsdp_unit_pslot(se, u)].buf;
+    void *p = se->direct ? se->units[u].master : se->pslots[fsdp_unit_pslot(se, u)].buf;
     float *g = se->direct ? se->units[u].grad : se->gslots[fsdp_unit_gslot(se, u)].buf;
     if (fsdp_shard_by_rows(se, u)) {
         p = p ? p : se->units[u].master;
         g = g ? g : se->units[u].grad;
     }
-    return se->model->ops->set_unit(se->model, u, p, g);
+    /* the master shard (direct, or unit 0's rows) is f32; a slot holds the param dtype */
+    enum fsdp_dtype pt = p == se->units[u].master ? FSDP_F32 : se->ec.param_dtype;
+    return se->model->ops->set_unit(se->model, u, p, pt, g);
 }
 
 /* Whether the model runs this pass: always, unless this rank has no batch

@@ -53,13 +53,14 @@ struct fsdp_unit {
  * place) and are unpacked into the unit layout within the buffer.
  */
 struct fsdp_pslot {
-    float *buf;        /* (floats,) the gathered unit in its layout, f32 for the kernels;
-                          while its all-gather is in flight, the packed shards */
+    void *buf;              /* (cap,) the gathered unit in its layout, in the param dtype (the
+                               kernels read it so); while its all-gather is in flight, the
+                               packed shards */
     struct fsdp_work *work; /* pending all-gather or NULL */
     double issued;     /* fsdp_now() at issue */
     double done;       /* when a progress poll first saw it complete; 0: not yet */
     size_t numel;      /* largest unit that maps here */
-    size_t floats;     /* capacity: max(numel, Rs * S) over those units */
+    size_t cap;        /* capacity in param-dtype elements: max(numel, Rs * S) over those units */
     int unit;          /* unit held (or being gathered); -1: none */
     int ready;         /* buf holds the unit: gathered and cast */
 };
@@ -187,11 +188,12 @@ static inline const struct fsdp_shard_seg *fsdp_shard_seg(const struct fsdp_shar
 }
 /*
  * Unit layout <-> shards packed rank after rank (Rs blocks of S elements,
- * padding zero), within buf (at least max(numel, Rs * S) floats), using
- * se->scratch. Packing casts to t (f32, bf16 or f16) after the move: t's
- * Rs * S values start at buf; unpacking casts from t before it.
+ * padding zero), within buf (at least max(numel, Rs * S) elements), using
+ * se->scratch. Packing moves f32 values and then casts to t (f32, bf16 or
+ * f16): t's Rs * S values start at buf. Unpacking moves elements of t and
+ * keeps them in t (gathered parameters stay in the param dtype).
  */
-void fsdp_shard_unpack_inplace(const struct fsdp_shard_engine *se, int u, float *buf,
+void fsdp_shard_unpack_inplace(const struct fsdp_shard_engine *se, int u, void *buf,
                                enum fsdp_dtype t);
 void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *buf,
                              enum fsdp_dtype t);

@@ -189,18 +189,18 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
 /* A slot's buffer: the largest unit counts where it belongs (gathered
  * parameters or unsharded gradients), the rest of the capacity, the
  * collectives' padding, as communication. */
-static float *shard_slot_buf(struct fsdp_shard_engine *se, size_t numel, size_t floats,
-                             size_t *counter, int *failed, const char *name)
+static void *shard_slot_buf(struct fsdp_shard_engine *se, size_t numel, size_t cap, size_t es,
+                            size_t *counter, int *failed, const char *name)
 {
-    if (floats == 0) {
+    if (cap == 0) {
         return NULL;
     }
-    *counter += numel * sizeof(float);
-    se->comm_bytes += (floats - numel) * sizeof(float);
+    *counter += numel * es;
+    se->comm_bytes += (cap - numel) * es;
     if (se->sizing) {
         return NULL;
     }
-    float *p = se->dev->ops->alloc(se->dev, floats * sizeof(float), name);
+    void *p = se->dev->ops->alloc(se->dev, cap * es, name);
     *failed |= p == NULL;
     return p;
 }
@@ -231,9 +231,10 @@ int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
         se->dnorm = mem;
     }
     /* a slot holds the largest unit that maps to it, and its packed shards
-     * (Rs * S: the unit plus the collectives' padding). Unit 0 by rows is
+     * (Rs * S: the unit plus the collectives' padding), parameters in the
+     * param dtype and gradients in f32. Unit 0 by rows is
      * never gathered: its slot holds this rank's rows cast to the param
-     * dtype and back (none in f32: the model reads the master shard), and
+     * dtype (none in f32: the model reads the master shard), and
      * its gradient slot this rank's rows of the gradient, for the reduce
      * dtype's rounding and the replicas' all-reduce (none in f32 without
      * replicas: the model adds into the gradient shard) */
@@ -247,7 +248,7 @@ int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
         struct fsdp_pslot *ps = &se->pslots[fsdp_unit_pslot(se, u)];
         struct fsdp_gslot *gs = &se->gslots[fsdp_unit_gslot(se, u)];
         ps->numel = numel > ps->numel ? numel : ps->numel;
-        ps->floats = floats > ps->floats ? floats : ps->floats;
+        ps->cap = floats > ps->cap ? floats : ps->cap;
         gs->numel = gnumel > gs->numel ? gnumel : gs->numel;
         gs->floats = gfloats > gs->floats ? gfloats : gs->floats;
     }
@@ -257,15 +258,17 @@ int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
         struct fsdp_pslot *s = &se->pslots[i];
         s->unit = -1;
         s->buf = se->direct ? NULL
-                            : shard_slot_buf(se, s->numel, s->floats, &se->gathered_bytes, &failed,
+                            : shard_slot_buf(se, s->numel, s->cap, fsdp_dtype_size(ec->param_dtype),
+                                             &se->gathered_bytes, &failed,
                                              "fsdp parameter slot (gathered unit)");
     }
     for (int i = 0; i < se->n_gslots; i++) {
         struct fsdp_gslot *s = &se->gslots[i];
         s->unit = -1;
-        s->buf = se->direct ? NULL
-                            : shard_slot_buf(se, s->numel, s->floats, &se->grad_bytes, &failed,
-                                             "fsdp gradient slot (unsharded unit)");
+        s->buf = se->direct
+                     ? NULL
+                     : shard_slot_buf(se, s->numel, s->floats, sizeof(float), &se->grad_bytes,
+                                      &failed, "fsdp gradient slot (unsharded unit)");
     }
     if (failed) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: %zu bytes of gathered, gradient and communication buffers",
@@ -291,9 +294,10 @@ static size_t shard_scratch_at(const struct fsdp_param_spec *big, size_t u)
     return u < big->offset ? u : u - big->numel;
 }
 
-/* to_unit 1: the largest parameter's blocks from packed to unit positions; 0: back. */
+/* to_unit 1: the largest parameter's blocks from packed to unit positions;
+ * 0: back (elements of es bytes). */
 static void shard_move_big(const struct fsdp_shard_engine *se, const struct fsdp_unit *un,
-                           float *buf, int to_unit)
+                           char *buf, size_t es, int to_unit)
 {
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < se->Rs; k++) {
@@ -302,36 +306,33 @@ static void shard_move_big(const struct fsdp_shard_engine *se, const struct fsdp
             size_t u = g->unit_at, len = g->len, p = (size_t)r * un->S + g->block_off;
             size_t src = to_unit ? p : u, dst = to_unit ? u : p;
             if (len > 0 && dst != src && (pass == 0) == (dst < src)) {
-                (void)fsdp_device_copy(se->dev, buf + dst, buf + src, len * sizeof(float));
+                (void)fsdp_device_copy(se->dev, buf + dst * es, buf + src * es, len * es);
             }
         }
     }
 }
 
-void fsdp_shard_unpack_inplace(const struct fsdp_shard_engine *se, int u, float *buf,
+void fsdp_shard_unpack_inplace(const struct fsdp_shard_engine *se, int u, void *buf,
                                enum fsdp_dtype t)
 {
     const struct fsdp_unit *un = &se->units[u];
     const struct fsdp_param_spec *big = &se->spec->params[un->big];
-    float *x = se->scratch;
-    if (t != FSDP_F32) {
-        se->dev->k->widen_inplace(se->dev, buf, (size_t)se->Rs * un->S, t == FSDP_BF16);
-    }
+    size_t es = fsdp_dtype_size(t);
+    char *b = buf, *x = (char *)se->scratch;
     for (int r = 0; r < se->Rs; r++) {
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
             const struct fsdp_shard_seg *g = fsdp_shard_seg(se, r, i);
             if (i != un->big && g->len > 0) {
-                (void)fsdp_device_copy(se->dev, x + shard_scratch_at(big, g->unit_at),
-                                       buf + (size_t)r * un->S + g->block_off,
-                                       g->len * sizeof(float));
+                (void)fsdp_device_copy(se->dev, x + shard_scratch_at(big, g->unit_at) * es,
+                                       b + ((size_t)r * un->S + g->block_off) * es, g->len * es);
             }
         }
     }
-    shard_move_big(se, un, buf, 1);
+    shard_move_big(se, un, b, es, 1);
     size_t tail = un->numel - big->offset - big->numel;
-    (void)fsdp_device_copy(se->dev, buf, x, big->offset * sizeof(float));
-    (void)fsdp_device_copy(se->dev, buf + big->offset + big->numel, x + big->offset,
-                           tail * sizeof(float));
+    (void)fsdp_device_copy(se->dev, b, x, big->offset * es);
+    (void)fsdp_device_copy(se->dev, b + (big->offset + big->numel) * es, x + big->offset * es,
+                           tail * es);
 }
 
 void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *buf,
@@ -344,7 +345,7 @@ void fsdp_shard_pack_inplace(const struct fsdp_shard_engine *se, int u, float *b
     (void)fsdp_device_copy(se->dev, x, buf, big->offset * sizeof(float));
     (void)fsdp_device_copy(se->dev, x + big->offset, buf + big->offset + big->numel,
                            tail * sizeof(float));
-    shard_move_big(se, un, buf, 0);
+    shard_move_big(se, un, (char *)buf, sizeof(float), 0);
     for (int r = 0; r < se->Rs; r++) {
         float *block = buf + (size_t)r * un->S;
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
@@ -642,8 +643,16 @@ static int shard_gather_tp(struct fsdp_shard_engine *se, int u, const float *loc
     return 0;
 }
 
-/* Unit 0 by rows gathered whole (it has no slot of that size). */
-static size_t shard_rows_gather_floats(const struct fsdp_shard_engine *se, int u)
+/* Whether gather_unit needs a buffer of its own for u: unit 0 by rows has
+ * no slot of that size, and with a 16-bit param dtype the slots hold the
+ * unit in that dtype only. */
+static int shard_gather_own(const struct fsdp_shard_engine *se, int u)
+{
+    return fsdp_shard_by_rows(se, u) || se->ec.param_dtype != FSDP_F32;
+}
+
+/* The f32 elements of u gathered whole, with the collectives' padding. */
+static size_t shard_whole_floats(const struct fsdp_shard_engine *se, int u)
 {
     const struct fsdp_unit *un = &se->units[u];
     size_t packed = (size_t)se->Rs * un->S;
@@ -652,14 +661,14 @@ static size_t shard_rows_gather_floats(const struct fsdp_shard_engine *se, int u
 
 size_t fsdp_shard_gather_floats(const struct fsdp_shard_engine *se, int u)
 {
-    return (fsdp_shard_by_rows(se, u) ? shard_rows_gather_floats(se, u) : 0) +
-           (se->plan ? shard_tp_gather_floats(se, u) : 0);
+    int own = fsdp_shard_by_rows(se, u) || (se->shard_g && shard_gather_own(se, u));
+    return (own ? shard_whole_floats(se, u) : 0) + (se->plan ? shard_tp_gather_floats(se, u) : 0);
 }
 
 /* Gathers unit u in f32 into its parameter slot and unpacks it there. Unit
- * 0 by rows has no slot of that size: it is gathered into a buffer of its
- * own, allocated here and freed at the next op (only the final model file
- * asks for whole units). */
+ * 0 by rows, and any unit with a 16-bit param dtype, has no f32 slot of
+ * that size: it is gathered into a buffer of its own, allocated here and
+ * freed at the next op (only the final model file asks for whole units). */
 int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full)
 {
     const struct fsdp_unit *un = &se->units[u];
@@ -670,8 +679,8 @@ int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **fu
         return se->plan ? shard_gather_tp(se, u, un->master, full) : 0;
     }
     float *buf = se->pslots[fsdp_unit_pslot(se, u)].buf;
-    if (fsdp_shard_by_rows(se, u)) {
-        size_t floats = shard_rows_gather_floats(se, u);
+    if (shard_gather_own(se, u)) {
+        size_t floats = shard_whole_floats(se, u);
         void *mem;
         FSDP_CHECK(
             fsdp_device_alloc(se->dev, floats * sizeof(float), "fsdp unit gathered whole", &mem));

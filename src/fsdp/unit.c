@@ -208,11 +208,10 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
         return 0; /* the model reads the master shard itself */
     }
     if (fsdp_shard_by_rows(se, u)) {
-        /* this rank's rows, rounded to the param dtype; even a joined rank's
-         * serve the others */
+        /* this rank's rows in the param dtype; even a joined rank's serve
+         * the others */
         if (pt != FSDP_F32) {
-            unit_to16(se, pt, (uint16_t *)(void *)s->buf, un->master, un->S);
-            se->dev->k->widen_inplace(se->dev, s->buf, un->S, pt == FSDP_BF16);
+            unit_to16(se, pt, s->buf, un->master, un->S);
         }
         s->ready = 1;
         return 0;
@@ -228,7 +227,7 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
         }
     } else {
         /* in place: this rank's block of the 16-bit receive buffer is the send */
-        uint16_t *recv = (uint16_t *)(void *)s->buf, *mine = recv + (size_t)se->rs * un->S;
+        uint16_t *recv = s->buf, *mine = recv + (size_t)se->rs * un->S;
         unit_to16(se, pt, mine, un->master, un->S);
         if (se->shard_g) {
             rc = fsdp_unit_comm_begin(se);
@@ -249,7 +248,6 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
 int fsdp_unit_gather_wait(struct fsdp_shard_engine *se, int u)
 {
     struct fsdp_pslot *s = &se->pslots[fsdp_unit_pslot(se, u)];
-    const struct fsdp_unit *un = &se->units[u];
     const enum fsdp_dtype pt = se->ec.param_dtype;
     if (s->unit != u) {
         return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: unit %d is used before its all-gather was issued",
@@ -265,9 +263,7 @@ int fsdp_unit_gather_wait(struct fsdp_shard_engine *se, int u)
         /* a joined rank computes nothing: the gathered shards stay packed, and
          * the step ends with release_all, so no later compute sees this slot */
     } else if (se->shard_g) {
-        fsdp_shard_unpack_inplace(se, u, s->buf, pt);
-    } else if (pt != FSDP_F32) {
-        se->dev->k->widen_inplace(se->dev, s->buf, un->numel, pt == FSDP_BF16);
+        fsdp_shard_unpack_inplace(se, u, s->buf, pt); /* stays in the param dtype */
     }
     s->ready = 1;
     return 0;

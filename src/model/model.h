@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/dtype.h"
 #include "core/spec.h"
 
 struct fsdp_model;
@@ -69,9 +70,10 @@ struct fsdp_model_ops {
     int (*set_checkpoint)(struct fsdp_model *m, int u, int on);
     /* Allocates (pre-faulted) activation memory now if not yet done. */
     int (*reserve)(struct fsdp_model *m);
-    /* Points unit u at buffers of spec->unit_numel[u] floats (grads may be
-     * NULL for a forward only). */
-    int (*set_unit)(struct fsdp_model *m, int u, float *params, float *grads);
+    /* Points unit u at buffers of spec->unit_numel[u] values: params in
+     * dtype pt (f32, bf16 or f16: the dtype the kernels read them in), grads
+     * in f32 (NULL for a forward only). */
+    int (*set_unit)(struct fsdp_model *m, int u, void *params, enum fsdp_dtype pt, float *grads);
     /* The backward seeds d(objective)/d(loss_i) = scale / divisor for every
      * kept token (divisor 0: this batch's kept count). */
     void (*set_loss_seed)(struct fsdp_model *m, double divisor, float scale);

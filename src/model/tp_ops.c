@@ -158,8 +158,8 @@ int fsdp_tp_seq_scatter_backward(struct fsdp_tp *tp, const float *dy, float *dy_
 // vocabulary-parallel embedding
 
 int fsdp_tp_embed_forward(struct fsdp_tp *tp, float *out, float *full, const int32_t *tokens,
-                          const float *wte, size_t V, const float *pos, size_t T, size_t N,
-                          size_t C)
+                          const void *wte, size_t V, const void *pos, enum fsdp_dtype pt, size_t T,
+                          size_t N, size_t C)
 {
     size_t v0, vn, Vl;
     fsdp_tp_vocab_split(V, tp->size, tp->rank, &v0, &vn, &Vl);
@@ -167,8 +167,8 @@ int fsdp_tp_embed_forward(struct fsdp_tp *tp, float *out, float *full, const int
      * summed over the ranks, each row is the two terms that are not exact
      * zeros, so the sum is the whole tables' lookup bit for bit */
     size_t pn = pos && tp->rank == 0 ? T : 0;
-    tp->k->embed_rows_forward(tp->dev, full, tokens, wte, v0, vn, pos, 0, pn, N, (int)(T ? T : 1),
-                              (int)C);
+    tp->k->embed_rows_forward(tp->dev, full, tokens, wte, v0, vn, pos, 0, pn, pt, N,
+                              (int)(T ? T : 1), (int)C);
     if (tp->sp) {
         if (N % (size_t)tp->size != 0) {
             return fsdp_err(FSDP_ERR_INVALID, "tp embedding: %zu rows do not split over %d ranks",

@@ -146,8 +146,8 @@ int fsdp_tp_seq_scatter_backward(struct fsdp_tp *tp, const float *dy, float *dy_
  * whole tables' lookup bit for bit. Token ids are checked by the caller.
  */
 int fsdp_tp_embed_forward(struct fsdp_tp *tp, float *out, float *full, const int32_t *tokens,
-                          const float *wte, size_t V, const float *pos, size_t T, size_t N,
-                          size_t C);
+                          const void *wte, size_t V, const void *pos, enum fsdp_dtype pt, size_t T,
+                          size_t N, size_t C);
 /* dwte (Vl, C) += the rows of dout_full (N, C) whose token this rank holds,
  * and dpos (T, C; NULL: none) += every row at its position, rows in order:
  * dpos is whole on every rank. dout_full is the whole gradient (with sp,

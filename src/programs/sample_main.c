@@ -375,7 +375,7 @@ static int sample_run(const struct sample_config *c)
     struct fsdp_model_opts mo = {.max_B = 1, .max_T = ctx, .dev = dev};
     FSDP_CHECK_GOTO(fsdp_model_create(spec, &mo, &model), rc, out);
     for (int u = 0, at = 0; u < spec->n_units; at += (int)spec->unit_numel[u], u++) {
-        FSDP_CHECK_GOTO(model->ops->set_unit(model, u, dparams + at, NULL), rc, out);
+        FSDP_CHECK_GOTO(model->ops->set_unit(model, u, dparams + at, FSDP_F32, NULL), rc, out);
     }
 
     size_t n = 0;

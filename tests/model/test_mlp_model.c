@@ -118,7 +118,7 @@ static double ref_loss(const struct fsdp_model_spec *s, double *const *u)
 static int step(struct fsdp_model *m, struct bufs *b, int zero, float *loss)
 {
     for (int u = 0; u < b->n; u++) {
-        m->ops->set_unit(m, u, b->p[u], b->g[u]);
+        m->ops->set_unit(m, u, b->p[u], FSDP_F32, b->g[u]);
         if (zero) memset(b->g[u], 0, m->spec->unit_numel[u] * sizeof(float));
     }
     FSDP_CHECK(fsdp_model_forward(m, tok, tgt, TB, TT, loss));
@@ -132,7 +132,7 @@ static void unit_get(struct fsdp_model *m, struct bufs *b, float **pc, float **g
     if (!pc[u]) {
         pc[u] = malloc(n * sizeof(float)), gc[u] = calloc(n, sizeof(float));
         memcpy(pc[u], b->p[u], n * sizeof(float));
-        m->ops->set_unit(m, u, pc[u], gc[u]);
+        m->ops->set_unit(m, u, pc[u], FSDP_F32, gc[u]);
     }
 }
 
@@ -142,7 +142,7 @@ static void unit_put(struct fsdp_model *m, float **pc, float **gc, float **gout,
     for (size_t i = 0; gout && i < m->spec->unit_numel[u]; i++) gout[u][i] += gc[u][i];
     free(pc[u]), free(gc[u]);
     pc[u] = gc[u] = NULL;
-    m->ops->set_unit(m, u, NULL, NULL);
+    m->ops->set_unit(m, u, NULL, FSDP_F32, NULL);
 }
 
 /* What a sharding engine does: every unit's buffers live only while it (or

@@ -215,7 +215,7 @@ int fsdp_oracle_engine_create(const struct fsdp_model_spec *spec, int B, int T, 
     FSDP_CHECK_GOTO(oe->model->ops->reserve(oe->model), rc, err);
     for (int u = 0; u < spec->n_units; u++) {
         FSDP_CHECK_GOTO(oe->model->ops->set_unit(oe->model, u, oe->params + oe->unit_off[u],
-                                                 oe->grads + oe->unit_off[u]),
+                                                 FSDP_F32, oe->grads + oe->unit_off[u]),
                         rc, err);
     }
     e->flops_per_token = oe->model->ops->flops_per_token(spec, T);
