@@ -31,3 +31,10 @@ tests_kernels_test_cuda_emu_SOURCES = tests/kernels/test_cuda_emu.cpp \
 TESTS += tests/kernels/test_cuda_emu
 dist_check_SCRIPTS += tests/kernels/test_cuda_nvcc.sh
 TESTS += tests/kernels/test_cuda_nvcc.sh
+
+# The cuda device's host side (plain C over the CUDA runtime), in the
+# library of CUDA builds.
+if HAVE_CUDA
+libfsdpc_a_SOURCES += src/compute/cuda/device_cuda.c
+endif
+noinst_HEADERS += src/compute/cuda/device_cuda.h
