@@ -33,6 +33,7 @@ cudaError_t sim_fail_error;
 size_t sim_used[SIM_MAXDEV];
 int sim_mallocs, sim_device_syncs, sim_legacy_uses, sim_blocking_streams, sim_timed_events;
 int sim_bad_calls, sim_hangs;
+int sim_lazy_streams;
 
 static cudaError_t sim_last; /* the last non-sticky error, for cudaGetLastError */
 static int sim_streams, sim_events;
@@ -56,7 +57,9 @@ struct sim_item {
 
 struct CUstream_st {
     int dev;
-    int held;
+    int held;     /* sim_hold(s, 1): nothing runs */
+    int slow;     /* SIM_SLOW: runs only while the host waits for it */
+    int draining; /* the host waits for it now */
     uint64_t issued, done;
     struct sim_item *head, *tail;
     struct CUstream_st *all_next;
@@ -146,7 +149,7 @@ static void sim_progress_locked(void)
     do {
         changed = 0;
         for (struct CUstream_st *s = sim_all_streams; s; s = s->all_next) {
-            while (s->head && !s->held) {
+            while (s->head && !s->held && (!s->slow || s->draining)) {
                 struct sim_item *it = s->head;
                 if (it->kind == SIM_WAIT && it->wait_s->done < it->wait_n) {
                     break;
@@ -163,11 +166,15 @@ static void sim_progress_locked(void)
     } while (changed);
 }
 
-/* Runs what can run; whether s has run its first n items (counted as a
- * hang when not: a real wait would never return). */
-static int sim_drain_locked(const struct CUstream_st *s, uint64_t n)
+/* The host waits for s: what can run runs, a slow stream's (SIM_SLOW)
+ * included, which stays slow for its later work; whether s has run its
+ * first n items (counted as a hang when not: a real wait would never
+ * return). */
+static int sim_drain_locked(struct CUstream_st *s, uint64_t n)
 {
+    s->draining = 1;
     sim_progress_locked();
+    s->draining = 0;
     if (s->done < n) {
         sim_hangs++;
         return 0;
@@ -266,7 +273,13 @@ cudaError_t cudaDeviceSynchronize(void)
     SIM_ENTER("cudaDeviceSynchronize");
     pthread_mutex_lock(&sim_mu);
     sim_device_syncs++;
+    for (struct CUstream_st *s = sim_all_streams; s; s = s->all_next) {
+        s->draining = s->dev == sim_dev;
+    }
     sim_progress_locked();
+    for (struct CUstream_st *s = sim_all_streams; s; s = s->all_next) {
+        s->draining = 0;
+    }
     for (struct CUstream_st *s = sim_all_streams; s; s = s->all_next) {
         if (s->dev == sim_dev && !sim_drain_locked(s, s->issued)) {
             break;
@@ -457,6 +470,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
         return cudaErrorMemoryAllocation;
     }
     s->dev = sim_dev;
+    s->slow = sim_lazy_streams;
     pthread_mutex_lock(&sim_mu);
     sim_init_locked();
     s->all_next = sim_all_streams;
@@ -577,7 +591,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
 void sim_hold(cudaStream_t s, int held)
 {
     pthread_mutex_lock(&sim_mu);
-    sim_resolve_locked(s)->held = held;
+    struct CUstream_st *st = sim_resolve_locked(s);
+    st->held = held == 1;
+    st->slow = held == SIM_SLOW;
     sim_progress_locked();
     pthread_mutex_unlock(&sim_mu);
 }
@@ -611,7 +627,7 @@ void sim_reset(void)
     pthread_mutex_lock(&sim_mu);
     sim_init_locked();
     for (struct CUstream_st *s = sim_all_streams; s; s = s->all_next) {
-        s->held = 0;
+        s->held = s->slow = 0;
     }
     sim_progress_locked();
     sim_ndev = 2;
@@ -619,6 +635,7 @@ void sim_reset(void)
     sim_sticky = cudaSuccess;
     sim_fail_call = NULL;
     sim_fail_error = cudaSuccess;
+    sim_lazy_streams = 0;
     sim_last = cudaSuccess;
     sim_mallocs = sim_device_syncs = sim_legacy_uses = sim_blocking_streams = 0;
     sim_timed_events = sim_bad_calls = sim_hangs = 0;

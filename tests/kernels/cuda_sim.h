@@ -18,7 +18,8 @@
  *            waits on another stream's position. A copy or fill takes
  *            effect when it reaches the head of a stream that is not held
  *            (sim_hold), so a missing order between streams shows up as a
- *            wrong value. The legacy default stream (handle NULL) works
+ *            wrong value; a slow stream (SIM_SLOW) runs only when the
+ *            host waits for it. The legacy default stream (handle NULL) works
  *            too, and every item queued on it is counted (sim_legacy_uses).
  *            A copy from pageable host memory is taken at the call, as the
  *            runtime stages it; a copy into pageable memory returns when
@@ -46,6 +47,7 @@ extern size_t sim_capacity;        /* bytes of memory per device (64 MiB) */
 extern cudaError_t sim_sticky;     /* a sticky error; cudaSuccess: none */
 extern const char *sim_fail_call;  /* the name of a call to fail once (NULL: none) */
 extern cudaError_t sim_fail_error; /* ... with this error */
+extern int sim_lazy_streams;       /* streams made from now on are SIM_SLOW */
 
 /* what happened (sim_reset zeroes them) */
 extern size_t sim_used[SIM_MAXDEV]; /* device bytes allocated */
@@ -57,7 +59,11 @@ extern int sim_timed_events;        /* events made without cudaEventDisableTimin
 extern int sim_bad_calls;           /* copies and fills refused (see above) */
 extern int sim_hangs;               /* waits that would never have returned */
 
-/* Holds (1) or releases (0) a stream: nothing on it runs while held. */
+/* Holds (1) or releases (0) a stream: nothing on it runs while held.
+ * SIM_SLOW: its work runs only when the host waits for it (a
+ * synchronisation of it, of an event on it, or of its device), as work
+ * that takes its time would. */
+#define SIM_SLOW 2
 void sim_hold(cudaStream_t s, int held);
 /* Items queued on s and not yet run. */
 int sim_pending(cudaStream_t s);

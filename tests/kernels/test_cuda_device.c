@@ -98,31 +98,36 @@ static void test_pick(void)
 /* pieces: aligned, named, counted, reused first fit, merged; one chunk */
 static void test_arena(struct fsdp_device *d)
 {
-    void *a = d->ops->alloc(d, 1000, "a"), *b = d->ops->alloc(d, 3000, "b");
-    tap_ok(a && b && aligned(a) && aligned(b) && (char *)b == (char *)a + 1024,
+    void *a = d->ops->alloc(d, 3000, "a"), *b = d->ops->alloc(d, 1000, "b");
+    tap_ok(a && b && aligned(a) && aligned(b) && (char *)b == (char *)a + 3072,
            "pieces are 256-byte aligned and packed (b at a + %td)", (char *)b - (char *)a);
     tap_ok(sim_mallocs == 1 && sim_used[0] == ((size_t)1 << 30),
            "the arena grew once, by a 1 GiB chunk (%d cudaMalloc, %zu bytes)", sim_mallocs,
            sim_used[0]);
     struct fsdp_device_buffer bufs[4];
     size_t n = d->ops->buffers(d, bufs, 4);
-    tap_ok(n == 2 && strcmp(bufs[0].name, "a") == 0 && bufs[0].bytes == 1000 &&
-               strcmp(bufs[1].name, "b") == 0 && bufs[1].bytes == 3000,
+    tap_ok(n == 2 && strcmp(bufs[0].name, "a") == 0 && bufs[0].bytes == 3000 &&
+               strcmp(bufs[1].name, "b") == 0 && bufs[1].bytes == 1000,
            "the live buffers by name and requested size (%zu)", n);
     tap_ok(d->stats.bytes_now == 4000 && d->stats.bytes_peak == 4000, "4000 bytes counted");
     tap_ok(d->ops->memset(d, a, 0xff, 1000, NULL) == 0 && d->ops->synchronize(d, NULL) == 0,
            "a filled with 0xff");
+    /* a copy that reads a is still queued when a is freed and its piece
+     * handed out again: the new owner's zeroing must come after it */
+    unsigned char *h = d->ops->host_alloc(d, 1024), back[1024];
+    sim_hold(d->stream, SIM_SLOW);
+    d->ops->copy(d, h, a, 1000, FSDP_COPY_D2H, NULL);
     d->ops->free(d, a);
-    d->ops->memset(d, b, 0xee, 3000, NULL); /* queued: a reuse must wait for it */
     int syncs = sim_device_syncs;
     void *c = d->ops->alloc(d, 512, "c");
-    unsigned char back[1024];
+    int read_old = all_bytes(h, 0xff, 1000);
+    tap_ok(sim_device_syncs == syncs + 1 && read_old,
+           "reusing a piece freed since the last drain drains the device first (the queued "
+           "copy read the old contents)");
     d->ops->copy(d, back, c, 512, FSDP_COPY_D2H, NULL);
-    d->ops->synchronize(d, d->stream);
     tap_ok(c == a && all_bytes(back, 0, 512), "a freed piece is reused first fit, zeroed");
-    tap_ok(sim_device_syncs == syncs + 1,
-           "reusing a piece freed since the last drain drains the device first");
-    tap_ok(d->stats.bytes_now == 3512 && d->stats.bytes_peak == 4000 &&
+    d->ops->host_free(d, h);
+    tap_ok(d->stats.bytes_now == 1512 && d->stats.bytes_peak == 4000 &&
                d->ops->buffers(d, bufs, 4) == 2,
            "a free is counted, the peak kept");
     d->ops->free(d, c);
@@ -142,6 +147,25 @@ static void test_arena(struct fsdp_device *d)
     tap_ok(d->stats.bytes_now == 0 && d->ops->buffers(d, bufs, 4) == 0, "nothing live");
 }
 
+/* Every stream slow: a new piece must be zero before alloc returns, not
+ * when its zeroing gets round to it. */
+static void test_zeroing(void)
+{
+    struct fsdp_device *d = NULL;
+    sim_lazy_streams = 1;
+    if (!tap_ok(fsdp_cuda_device_create_ops_only(0, &d) == 0, "a device on slow streams")) {
+        return;
+    }
+    void *x = d->ops->alloc(d, 4096, "x");
+    unsigned char back[4096];
+    d->ops->copy(d, back, x, sizeof(back), FSDP_COPY_D2H, NULL);
+    tap_ok(x && all_bytes(back, 0, sizeof(back)),
+           "a new piece is zero when the compute stream first reads it");
+    d->ops->free(d, x);
+    fsdp_cuda_device_destroy(d);
+    sim_lazy_streams = 0;
+}
+
 static void test_memory(void)
 {
     struct fsdp_device *d = NULL;
@@ -152,20 +176,21 @@ static void test_memory(void)
     test_arena(d);
     fsdp_cuda_device_destroy(d);
     tap_ok(sim_used[0] == 0, "the arena went back with the device");
+    test_zeroing();
 
     sim_capacity = 16 * MiB;
     fsdp_cuda_device_create_ops_only(0, &d);
     int mallocs = sim_mallocs;
     int rc = fsdp_device_reserve(d, 8 * MiB);
+    size_t free_b = 0, total_b = 0;
+    d->ops->mem_info(d, &free_b, &total_b);
+    tap_ok(free_b == 16 * MiB && total_b == 16 * MiB,
+           "memory info: the runtime's free plus the arena's unused (%zu of %zu)", free_b, total_b);
     void *p = NULL, *q = NULL;
     rc = rc < 0 ? rc : fsdp_device_alloc(d, 3 * MiB, "weights", &p);
     rc = rc < 0 ? rc : fsdp_device_alloc(d, 5 * MiB, "grads", &q);
     tap_ok(rc == 0 && sim_mallocs == mallocs + 1 && sim_used[0] == 8 * MiB,
            "reserve takes the plan's 8 MiB in one piece; two allocs fill it");
-    size_t free_b = 0, total_b = 0;
-    d->ops->mem_info(d, &free_b, &total_b);
-    tap_ok(free_b == 8 * MiB && total_b == 16 * MiB,
-           "memory info: the runtime's free plus the arena's unused (%zu of %zu)", free_b, total_b);
     void *r = NULL;
     rc = fsdp_device_alloc(d, 10 * MiB, "activations", &r);
     tap_ok(rc == FSDP_ERR_NOMEM && r == NULL &&
@@ -243,10 +268,15 @@ static void test_events(struct fsdp_device *d, unsigned char *h, void *x)
     d->ops->event_record(d, ev, s1);
     d->ops->event_synchronize(d, ev);
     d->ops->synchronize(d, s2);
+    sim_hold(s2, SIM_SLOW);
+    d->ops->memset(d, x, 5, 4096, s2);
+    d->ops->copy(d, h, x, 4096, FSDP_COPY_D2H, s2);
     d->ops->synchronize(d, NULL);
+    tap_ok(all_bytes(h, 5, 4096), "a synchronize of no stream waits for every stream");
+    sim_hold(s2, 0);
     fsdp_device_read(d, h, x, 16);
-    tap_ok(d->stats.host_waits == waits + 4 && d->stats.d2h_copies == d2h + 1,
-           "host waits: event, stream, device, a read (4); device-to-host copies: 1");
+    tap_ok(d->stats.host_waits == waits + 4 && d->stats.d2h_copies == d2h + 2,
+           "host waits: event, stream, device, a read (4); device-to-host copies: 2");
     d->ops->event_destroy(d, ev);
     d->ops->stream_destroy(d, s2);
     d->ops->stream_destroy(d, s1);
