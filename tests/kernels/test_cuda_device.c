@@ -71,7 +71,8 @@ static void test_pick(void)
     }
     setenv("FSDPC_CUDA_DEVICE", "2", 1);
     rc = fsdp_cuda_device_create_ops_only(0, &d);
-    tap_ok(rc == FSDP_ERR_INVALID && one_line(fsdp_err_msg(), "FSDPC_CUDA_DEVICE='2'", "0 to 1"),
+    tap_ok(rc == FSDP_ERR_INVALID &&
+               one_line(fsdp_err_msg(), "FSDPC_CUDA_DEVICE='2'", "2 visible: 0..1"),
            "FSDPC_CUDA_DEVICE past the devices: one line naming it and the range");
     fsdp_err_clear();
     unsetenv("FSDPC_CUDA_DEVICE");

@@ -38,6 +38,7 @@
 #include "compute/device_impl.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/util.h"
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -512,25 +513,30 @@ static const struct fsdp_device_ops cuda_ops = {
 // ----------------------------------------------------------------------------
 // lifetime
 
-/* The ordinal: FSDPC_CUDA_DEVICE when set, else index modulo the count. */
+/* The ordinal: FSDPC_CUDA_DEVICE when set, else index modulo the count
+ * (the nccl backend's choice, so that a rank's buffers and its
+ * communicators are on one device). */
 static int cuda_pick(int index, int *ordinal)
 {
     int count = 0;
     cudaError_t ce = cudaGetDeviceCount(&count);
     if (ce != cudaSuccess || count < 1) {
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
         (void)cudaGetLastError();
-        return fsdp_err(FSDP_ERR_BACKEND, "cuda device: cudaGetDeviceCount failed: %s (error %d)",
-                        cudaGetErrorString(ce), (int)ce);
+        return fsdp_err(
+            FSDP_ERR_BACKEND, "cuda device: no CUDA device visible (CUDA_VISIBLE_DEVICES=%s): %s%s",
+            vis ? vis : "<unset>", ce != cudaSuccess ? "cudaGetDeviceCount failed: " : "",
+            ce != cudaSuccess ? cudaGetErrorString(ce) : "the device count is 0");
     }
-    const char *s = getenv("FSDPC_CUDA_DEVICE");
-    if (s && *s) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (*end != '\0' || v < 0 || v >= count) {
+    const char *pin = getenv("FSDPC_CUDA_DEVICE");
+    if (pin && *pin) {
+        long long v;
+        if (fsdp_parse_long(pin, &v) < 0 || v < 0 || v >= count) {
+            fsdp_err_clear();
             return fsdp_err(FSDP_ERR_INVALID,
-                            "FSDPC_CUDA_DEVICE='%s' is not a device ordinal (this node has %d: "
-                            "0 to %d)",
-                            s, count, count - 1);
+                            "cuda device: FSDPC_CUDA_DEVICE='%s' is not a device of this host (%d "
+                            "visible: 0..%d)",
+                            pin, count, count - 1);
         }
         *ordinal = (int)v;
         return 0;
