@@ -15,8 +15,18 @@
 
 int fsdp_device_create(const char *name, int index, struct fsdp_device **out)
 {
-    int guarded = strcmp(name, "guarded") == 0;
-    if (!guarded && strcmp(name, "cpu") != 0) {
+    int (*init)(struct fsdp_device *, int) = NULL;
+    if (strcmp(name, "cpu") == 0) {
+        init = fsdp_cpu_device_init;
+    } else if (strcmp(name, "guarded") == 0) {
+        init = fsdp_guarded_device_init;
+    }
+#if HAVE_CUDA
+    if (strcmp(name, "cuda") == 0) {
+        init = fsdp_cuda_device_init;
+    }
+#endif
+    if (!init) {
         return fsdp_err(FSDP_ERR_UNSUPPORTED,
                         "device '%s': this build computes on the CPU only "
                         "(devices: %s)",
@@ -26,7 +36,7 @@ int fsdp_device_create(const char *name, int index, struct fsdp_device **out)
     if (!d) {
         return fsdp_err(FSDP_ERR_NOMEM, "device");
     }
-    int rc = guarded ? fsdp_guarded_device_init(d, index) : fsdp_cpu_device_init(d, index);
+    int rc = init(d, index);
     if (rc < 0) {
         free(d);
         return rc;
@@ -37,9 +47,14 @@ int fsdp_device_create(const char *name, int index, struct fsdp_device **out)
 
 void fsdp_device_destroy(struct fsdp_device *d)
 {
-    if (d && d->ops != &fsdp_cpu_device_ops) {
+    if (d && d->mem == FSDP_MEM_GUARDED) {
         fsdp_guarded_device_fini(d);
     }
+#if HAVE_CUDA
+    if (d && d->mem == FSDP_MEM_CUDA) {
+        fsdp_cuda_device_fini(d);
+    }
+#endif
     if (d) {
         fsdp_free(d->wide);
     }
@@ -88,6 +103,11 @@ int fsdp_device_alloc(struct fsdp_device *d, size_t bytes, const char *name, voi
                       d->ops->name, d->index, name, bytes, free_b, total_b);
     fsdp_err_hint("reduce --batch-size or --seq-len, add ranks, or see --print-memory");
     return rc;
+}
+
+int fsdp_device_reserve(struct fsdp_device *d, size_t bytes)
+{
+    return d->ops->reserve ? d->ops->reserve(d, bytes) : 0;
 }
 
 int fsdp_device_zero(struct fsdp_device *d, void *p, size_t bytes)

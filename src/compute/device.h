@@ -218,6 +218,11 @@ struct fsdp_device_ops {
     /* Optional (NULL: the device keeps no names). The live allocations,
      * at most max of them into out; returns how many there are. */
     size_t (*buffers)(struct fsdp_device *d, struct fsdp_device_buffer *out, size_t max);
+    /* Optional (NULL: the device keeps no arena). Reserves device memory
+     * for bytes of allocations in one piece, which later allocs are carved
+     * from (the trainer passes its memory plan's total before it
+     * allocates); blocks the host. */
+    int (*reserve)(struct fsdp_device *d, size_t bytes);
 };
 
 /* What a device counts, for tests and --print-memory. */
@@ -248,7 +253,8 @@ struct fsdp_device {
     size_t wide_floats;
 };
 
-/* name "cpu" or "guarded" (device_guarded.c). index: the device ordinal,
+/* name "cpu" or "guarded" (device_guarded.c); "cuda" (cuda/device_cuda.c)
+ * is refused until its kernel table is built. index: the device ordinal,
  * from the local rank. */
 int fsdp_device_create(const char *name, int index, struct fsdp_device **out);
 void fsdp_device_destroy(struct fsdp_device *d);
@@ -271,6 +277,9 @@ uint32_t fsdp_device_mem_cap(const struct fsdp_device *d);
 /* Device memory of bytes called name, or an out-of-memory error naming
  * it, the bytes and the device's free memory. */
 int fsdp_device_alloc(struct fsdp_device *d, size_t bytes, const char *name, void **out);
+/* Reserves bytes of device memory for later allocations where the device
+ * keeps an arena (ops->reserve); nothing otherwise. */
+int fsdp_device_reserve(struct fsdp_device *d, size_t bytes);
 /* Zeroes bytes at p on the compute stream. */
 int fsdp_device_zero(struct fsdp_device *d, void *p, size_t bytes);
 /* Device to host, waited for: the host may read dst on return. Counted. */

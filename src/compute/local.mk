@@ -31,3 +31,21 @@ tests_kernels_test_cuda_emu_SOURCES = tests/kernels/test_cuda_emu.cpp \
 TESTS += tests/kernels/test_cuda_emu
 dist_check_SCRIPTS += tests/kernels/test_cuda_nvcc.sh
 TESTS += tests/kernels/test_cuda_nvcc.sh
+
+# The cuda device's host side (plain C over the CUDA runtime): in the
+# library of CUDA builds only; its test compiles it in every build against
+# a simulated runtime (tests/kernels/cuda_sim.c and its own copy of the
+# runtime API header), never against libcudart, so it runs without a GPU.
+if HAVE_CUDA
+libfsdpc_a_SOURCES += src/compute/cuda/device_cuda.c
+endif
+noinst_HEADERS += src/compute/cuda/device_cuda.h
+check_PROGRAMS += tests/kernels/test_cuda_device
+TESTS += tests/kernels/test_cuda_device
+tests_kernels_test_cuda_device_SOURCES = tests/kernels/test_cuda_device.c \
+	tests/kernels/cuda_sim.c tests/kernels/cuda_sim.h src/compute/cuda/device_cuda.c
+tests_kernels_test_cuda_device_CPPFLAGS = -I$(top_srcdir)/tests/kernels/cuda_sim_api $(AM_CPPFLAGS)
+# everything the library needs but CUDA, which the simulation replaces
+tests_kernels_test_cuda_device_LDADD = libfsdpc.a $(HDF5_LIBS) $(MPI_LIBS) $(BLAS_LIBS) \
+	$(CRYPTO_LIBS) $(XXHASH_LIBS) $(PCRE2_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) $(LIBS) -lm
+EXTRA_DIST += tests/kernels/cuda_sim_api/cuda_runtime_api.h
