@@ -5,6 +5,7 @@
  */
 #include "config.h"
 
+#include "compute/cuda/attention.cu"
 #include "compute/cuda/elementwise.cu"
 #include "compute/cuda/loss.cu"
 #include "compute/cuda/norms.cu"
