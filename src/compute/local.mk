@@ -31,6 +31,10 @@ tests_kernels_test_cuda_emu_SOURCES = tests/kernels/test_cuda_emu.cpp \
 TESTS += tests/kernels/test_cuda_emu
 noinst_HEADERS += src/compute/cuda/attention_cuda.h
 EXTRA_DIST += src/compute/cuda/attention.cu
+check_PROGRAMS += tests/kernels/test_cuda_attention
+tests_kernels_test_cuda_attention_SOURCES = tests/kernels/test_cuda_attention.cpp \
+	tests/kernels/cuda_emu_kernels.cpp
+TESTS += tests/kernels/test_cuda_attention
 dist_check_SCRIPTS += tests/kernels/test_cuda_nvcc.sh
 TESTS += tests/kernels/test_cuda_nvcc.sh
 
