@@ -73,7 +73,7 @@ static int att_close(const char *what, const float *got, const float *ref, size_
         if (!(rel <= TOL) && bad == n) {
             bad = i;
         }
-        max_abs = fmax(max_abs, e);
+        max_abs = e != e || e > max_abs ? e : max_abs; /* NaN shows */
         max_rel = rel != rel || rel > max_rel ? rel : max_rel;
     }
     if (max_rel != max_rel || max_rel > att_worst[kind]) {
