@@ -159,6 +159,10 @@ struct fsdp_kernels {
                          float *sz, size_t N, int have);
     /* x[i * stride] = value for i < n (padding statistics, -inf maxima). */
     void (*fill)(struct fsdp_device *d, float *x, size_t n, size_t stride, float value);
+    /* --- appended --- */
+    /* Optional (NULL: none). Frees the table's own state (d->kstate):
+     * its workspaces and library handles; fsdp_device_destroy calls it. */
+    void (*kstate_free)(struct fsdp_device *d);
 };
 
 /* A live allocation, as named at alloc. */
@@ -251,6 +255,9 @@ struct fsdp_device {
      * kernel that reads them (grown to the largest, freed with the device). */
     float *wide;
     size_t wide_floats;
+    /* A kernel table's own state (workspaces in device memory, library
+     * handles), made at its first need; NULL for the CPU's. */
+    void *kstate;
 };
 
 /* name "cpu" or "guarded" (device_guarded.c); "cuda" (cuda/device_cuda.c)
@@ -258,8 +265,16 @@ struct fsdp_device {
  * from the local rank. */
 int fsdp_device_create(const char *name, int index, struct fsdp_device **out);
 void fsdp_device_destroy(struct fsdp_device *d);
-/* The names a build knows, for messages ("cpu, guarded"). */
+/* A device a program adds under name (a test's emulated device), created
+ * by init as fsdp_device_create creates the built-in ones. */
+typedef int (*fsdp_device_init_fn)(struct fsdp_device *d, int index);
+int fsdp_device_register(const char *name, fsdp_device_init_fn init);
+/* The names a build knows, for messages ("cpu, guarded", and cuda in a
+ * build with the CUDA kernels). */
 const char *fsdp_device_names(void);
+/* The device a program uses by default: cuda when this build has the CUDA
+ * kernels and a GPU is visible, else cpu. */
+const char *fsdp_device_default_name(void);
 
 /* The CPU kernel table (models created without a device use it). */
 const struct fsdp_kernels *fsdp_cpu_kernels(void);

@@ -19,6 +19,8 @@ void fsdp_guarded_device_fini(struct fsdp_device *d);
 /* Fills d as a cuda device (cuda/device_cuda.c, CUDA builds only); refused
  * until its kernel table is built. */
 int fsdp_cuda_device_init(struct fsdp_device *d, int index);
+/* GPUs visible to this process (0 when none or on an error). */
+int fsdp_cuda_visible(void);
 void fsdp_cuda_device_fini(struct fsdp_device *d);
 
 /* Adds delta bytes to the device's allocation counts. */

@@ -82,7 +82,7 @@ static const struct fsdp_opt sample_opts[] = {
     {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0, "random seed"},
     {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS threads"},
     {"device", FSDP_OPT_STR, F(device), S(device), 0, 0, NULL, "NAME", 0,
-     "compute device: cpu, or guarded (as fsdpc-train's)"},
+     "compute device: cuda, cpu or guarded (as fsdpc-train's; the same default)"},
 };
 #undef F
 #undef S
@@ -458,6 +458,7 @@ int main(int argc, char **argv)
                               .seed = 1337,
                               .threads = 1,
                               .device = "cpu"};
+    snprintf(c.device, sizeof(c.device), "%s", fsdp_device_default_name());
     struct fsdp_optset set = {.prog = "fsdpc-sample", .opts = sample_opts,
                               .n = sizeof(sample_opts) / sizeof(sample_opts[0]), .base = &c};
     fsdp_log_set_rank(0);

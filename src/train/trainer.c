@@ -454,8 +454,9 @@ static int trainer_build_engine(struct fsdp_trainer *t, fsdp_engine_factory fact
     const struct fsdp_train_config *c = t->cfg;
     int rc = fsdp_device_create(c->device, t->dist ? t->dist->local_rank : 0, &t->dev);
     if (rc < 0) {
-        fsdp_err_hint("this build computes on the CPU: --device cpu (the default), or guarded "
-                      "to check that nothing outside the device touches its memory");
+        fsdp_err_hint("this build's devices: %s (--device cpu always works; guarded checks that "
+                      "nothing outside the device touches its memory)",
+                      fsdp_device_names());
         rc = trainer_blame(rc, "device");
     }
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "create its compute device"));

@@ -84,9 +84,9 @@ static void test_pick(void)
     sim_reset();
     rc = fsdp_device_create("cuda", 0, &d);
 #if HAVE_CUDA
-    const char *want = "kernel table is not built yet";
+    const char *want = "has the CUDA toolkit but not the kernels";
 #else
-    const char *want = "computes on the CPU only";
+    const char *want = "not a device of this build";
 #endif
     tap_ok(rc == FSDP_ERR_UNSUPPORTED && one_line(fsdp_err_msg(), "'cuda'", want) &&
                sim_live() == live && sim_mallocs == 0,

@@ -545,6 +545,16 @@ static int cuda_pick(int index, int *ordinal)
     return 0;
 }
 
+int fsdp_cuda_visible(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
 static void cuda_release(struct fsdp_device *d, struct cuda_dev *c)
 {
     (void)cudaSetDevice(c->ordinal);
@@ -588,17 +598,29 @@ static int cuda_setup(struct fsdp_device *d, int index)
     return 0;
 }
 
-/* The kernel table (cuBLASLt and src/compute/cuda) is not in place yet:
- * until it is, no user gets a cuda device, and nothing touches the GPU. */
+#if HAVE_CUDA_KERNELS && !defined(FSDP_CUDA_SIM) /* the simulated runtime's test has no kernels */
+const struct fsdp_kernels *fsdp_cuda_kernels(void); /* table.cu */
+
+int fsdp_cuda_device_init(struct fsdp_device *d, int index)
+{
+    FSDP_CHECK(cuda_setup(d, index));
+    d->k = fsdp_cuda_kernels();
+    return 0;
+}
+#else
+/* A build with the toolkit but without the kernels (the default when
+ * configure only found the toolkit): no user gets a device without a
+ * kernel table, and nothing touches the GPU. */
 int fsdp_cuda_device_init(struct fsdp_device *d, int index)
 {
     (void)d;
     (void)index;
     return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                    "device 'cuda': the cuda device's kernel table is not built yet "
-                    "(devices: %s)",
+                    "device 'cuda': this build has the CUDA toolkit but not the kernels "
+                    "(configure --with-cuda, or --enable-cuda-kernels, builds them; devices: %s)",
                     fsdp_device_names());
 }
+#endif
 
 void fsdp_cuda_device_fini(struct fsdp_device *d)
 {
