@@ -49,3 +49,10 @@ tests_kernels_test_cuda_device_CPPFLAGS = -I$(top_srcdir)/tests/kernels/cuda_sim
 tests_kernels_test_cuda_device_LDADD = libfsdpc.a $(HDF5_LIBS) $(MPI_LIBS) $(BLAS_LIBS) \
 	$(CRYPTO_LIBS) $(XXHASH_LIBS) $(PCRE2_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) $(LIBS) -lm
 EXTRA_DIST += tests/kernels/cuda_sim_api/cuda_runtime_api.h
+
+# The cuda device's matmuls through cuBLASLt (plain C): in the library of
+# CUDA builds only.
+if HAVE_CUDA
+libfsdpc_a_SOURCES += src/compute/cuda/matmul_cuda.c
+endif
+noinst_HEADERS += src/compute/cuda/matmul_cuda.h
