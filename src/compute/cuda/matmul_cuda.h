@@ -31,7 +31,9 @@
 /* A cuBLASLt handle, its workspace and staging buffers (device memory
  * from d, named), and the cached plans: one per (shape, types, epilogue,
  * pointer alignments), made on first use; a later call of the same
- * shape allocates nothing. One per device; not for concurrent use. */
+ * shape allocates nothing. One per device, not for concurrent use: calls
+ * on different streams must be ordered by the caller, as they share the
+ * staging buffer. */
 struct fsdp_cuda_blas;
 
 int fsdp_cuda_blas_create(struct fsdp_device *d, struct fsdp_cuda_blas **out);
