@@ -75,3 +75,22 @@ tests_kernels_test_cuda_device_CPPFLAGS = -DFSDP_CUDA_SIM -I$(top_srcdir)/tests/
 tests_kernels_test_cuda_device_LDADD = libfsdpc.a $(HDF5_LIBS) $(MPI_LIBS) $(BLAS_LIBS) \
 	$(CRYPTO_LIBS) $(XXHASH_LIBS) $(PCRE2_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) $(LIBS) -lm
 EXTRA_DIST += tests/kernels/cuda_sim_api/cuda_runtime_api.h
+
+# The cuda device's matmuls through cuBLASLt (plain C): in the library of
+# CUDA builds only; its test compiles it in every build against the
+# simulated runtime and a simulated cuBLASLt (tests/kernels/cublaslt_sim.c
+# and its own copy of cublasLt.h), never against libcublasLt.
+if HAVE_CUDA
+libfsdpc_a_SOURCES += src/compute/cuda/matmul_cuda.c
+endif
+noinst_HEADERS += src/compute/cuda/matmul_cuda.h
+check_PROGRAMS += tests/kernels/test_cuda_matmul
+TESTS += tests/kernels/test_cuda_matmul
+tests_kernels_test_cuda_matmul_SOURCES = tests/kernels/test_cuda_matmul.c \
+	tests/kernels/cublaslt_sim.c tests/kernels/cublaslt_sim.h \
+	tests/kernels/cuda_sim.c tests/kernels/cuda_sim.h \
+	src/compute/cuda/matmul_cuda.c src/compute/cuda/device_cuda.c
+tests_kernels_test_cuda_matmul_CPPFLAGS = -I$(top_srcdir)/tests/kernels/cublaslt_sim_api \
+	-I$(top_srcdir)/tests/kernels/cuda_sim_api $(AM_CPPFLAGS)
+tests_kernels_test_cuda_matmul_LDADD = $(tests_kernels_test_cuda_device_LDADD)
+EXTRA_DIST += tests/kernels/cublaslt_sim_api/cublasLt.h

@@ -41,7 +41,7 @@ static int sim_streams, sim_events;
 // ----------------------------------------------------------------------------
 // objects
 
-enum sim_kind { SIM_COPY, SIM_SET, SIM_MARK, SIM_WAIT };
+enum sim_kind { SIM_COPY, SIM_SET, SIM_MARK, SIM_WAIT, SIM_FN };
 
 struct sim_item {
     struct sim_item *next;
@@ -53,6 +53,7 @@ struct sim_item {
     int value;
     struct CUstream_st *wait_s; /* SIM_WAIT: until wait_s has run wait_n items */
     uint64_t wait_n;
+    void (*fn)(void *); /* SIM_FN: fn(dst) */
 };
 
 struct CUstream_st {
@@ -137,6 +138,8 @@ static void sim_run(struct sim_item *it)
         memmove(it->dst, it->staged ? it->staged : it->src, it->n);
     } else if (it->kind == SIM_SET) {
         memset(it->dst, it->value, it->n);
+    } else if (it->kind == SIM_FN) {
+        it->fn(it->dst);
     }
     free(it->staged);
     free(it);
@@ -652,4 +655,23 @@ int sim_live(void)
     }
     pthread_mutex_unlock(&sim_mu);
     return n;
+}
+
+cudaError_t sim_enqueue_fn(cudaStream_t s, void (*fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&sim_mu);
+    struct sim_item *it = calloc(1, sizeof(*it));
+    *it = (struct sim_item){.kind = SIM_FN, .fn = fn, .dst = arg};
+    sim_enqueue_locked(sim_resolve_locked(s), it);
+    sim_progress_locked();
+    pthread_mutex_unlock(&sim_mu);
+    return cudaSuccess;
+}
+
+int sim_is_device(const void *p, size_t n)
+{
+    pthread_mutex_lock(&sim_mu);
+    int ok = sim_find_locked(p, n, 1) != NULL;
+    pthread_mutex_unlock(&sim_mu);
+    return ok;
 }

@@ -76,4 +76,12 @@ void sim_reset(void);
  * a difference across create/destroy is a leak. */
 int sim_live(void);
 
+/* For simulations of libraries that run work on streams (the simulated
+ * cuBLASLt, test kernels): fn(arg) runs as an item of s (NULL: the legacy
+ * default stream), in its order, with the simulation's lock held, so fn
+ * calls nothing of the simulation; fn owns arg. */
+cudaError_t sim_enqueue_fn(cudaStream_t s, void (*fn)(void *), void *arg);
+/* Whether [p, p + n) lies in one device allocation. */
+int sim_is_device(const void *p, size_t n);
+
 #endif
