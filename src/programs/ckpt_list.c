@@ -4,13 +4,13 @@
  * not, latest), with the leftovers of interrupted saves; each step is
  * opened as --resume would open it (every shard checked), so "complete"
  * means it loads. recover: puts a root back in order after a crash, as the
- * next run would (io/ckpt_commit.h). And the hint the other commands give
+ * next run would (io/ckpt/ckpt_commit.h). And the hint the other commands give
  * when what they were asked to open is missing because a save was cut short.
  */
 #include "config.h"
 #include "programs/ckpt_tool.h"
-#include "io/ckpt.h"
-#include "io/ckpt_commit.h"
+#include "io/ckpt/ckpt.h"
+#include "io/ckpt/ckpt_commit.h"
 #include "core/error.h"
 
 #include <dirent.h>

@@ -23,9 +23,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "io/ckpt.h"
+#include "io/ckpt/ckpt.h"
 #include "programs/ckpt_tool.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "model/model.h"
 #include "model/llama_spec.h"
 

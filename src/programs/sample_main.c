@@ -7,7 +7,7 @@
  * --model may also name a checkpoint (a run's --ckpt-dir, a step directory
  * or its index.h5): its weights are read through the step's index.h5.
  *
- * With --tokenizer tokenizer.json (a Hugging Face byte-level BPE, io/tokenizer.h)
+ * With --tokenizer tokenizer.json (a Hugging Face byte-level BPE, io/text/tokenizer.h)
  * the prompt is text encoded with it, with the tokens its post_processor
  * puts around a text (Llama 3's <|begin_of_text|>) unless
  * --add-special-tokens off, and the tokens are printed as text.
@@ -31,8 +31,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "io/model_file.h"
-#include "io/tokenizer.h"
+#include "io/h5/model_file.h"
+#include "io/text/tokenizer.h"
 #include "model/model.h"
 #include "compute/device.h"
 

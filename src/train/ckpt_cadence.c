@@ -2,7 +2,7 @@
  * ckpt_cadence.c - checkpoint cadence, preemption, resume, and the
  * agreement around each save (see ckpt_cadence.h; layout in
  * doc/formats.md). The directory commit itself (renames, fsyncs, latest)
- * is io/ckpt_commit.c's; this file decides when it runs and makes every
+ * is io/ckpt/ckpt_commit.c's; this file decides when it runs and makes every
  * rank agree on each step of a save, so a failure anywhere fails the save
  * everywhere:
  *   1. rank 0 draws a nonce and creates D/.tmp_step_<N>_<nonce>/
@@ -27,10 +27,10 @@
 #include "rendezvous/dist.h"
 #include "comm/mesh.h"
 #include "comm/mesh_spec.h"
-#include "io/ckpt.h"
-#include "io/ckpt_commit.h"
-#include "io/fileutil.h"
-#include "io/tokens.h"
+#include "io/ckpt/ckpt.h"
+#include "io/ckpt/ckpt_commit.h"
+#include "io/util/fileutil.h"
+#include "io/text/tokens.h"
 #include "fsdp/engine.h"
 #include "compute/device.h"
 #include "train/stage.h"

@@ -8,7 +8,7 @@
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/model_source.h"
-#include "io/ckpt.h"
+#include "io/ckpt/ckpt.h"
 #include "core/error.h"
 
 #include <libgen.h>

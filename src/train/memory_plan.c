@@ -15,7 +15,7 @@
 #include "train/mesh_check.h"
 #include "compute/device.h"
 #include "model/model.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "rendezvous/dist.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -23,8 +23,8 @@
 #include "compute/device.h"
 #include "train/stage.h"
 #include "fsdp/fsdp.h"
-#include "io/model_file.h"
-#include "io/tokens.h"
+#include "io/h5/model_file.h"
+#include "io/text/tokens.h"
 #include "model/model.h"
 
 #include <cblas.h>
@@ -247,7 +247,7 @@ static int trainer_check_readable(struct fsdp_trainer *t, const char *path, cons
     return 0;
 }
 
-/* Hints for the loader's refusals that a user meets (its messages, io/tokens.c). */
+/* Hints for the loader's refusals that a user meets (its messages, io/text/tokens.c). */
 static void trainer_data_hint(const char *what)
 {
     const char *msg = fsdp_err_msg();

@@ -7,8 +7,8 @@
  */
 #include "config.h"
 #include "tests/fuzz/fuzz.h"
-#include "io/ckpt.h"
-#include "io/model_file.h"
+#include "io/ckpt/ckpt.h"
+#include "io/h5/model_file.h"
 #include "core/spec.h"
 
 #include <stdio.h>

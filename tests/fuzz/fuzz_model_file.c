@@ -5,7 +5,7 @@
  */
 #include "config.h"
 #include "tests/fuzz/fuzz.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "core/spec.h"
 
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * test_checksum.c - per-tensor checksums of model files and checkpoints
- * (io/checksum.h; the definition is doc/formats.md, "Checksums"):
+ * (io/h5/checksum.h; the definition is doc/formats.md, "Checksums"):
  *  - the attributes fsdpc writes hold what formats.md defines, recomputed
  *    here from each dataset's bytes with plain HDF5 and xxhash (f32 and
  *    bf16 model files with one block and with several, checkpoint shards,
@@ -17,8 +17,8 @@
 #include "config.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "io/ckpt.h"
-#include "io/model_file.h"
+#include "io/ckpt/ckpt.h"
+#include "io/h5/model_file.h"
 #include "model/gpt2_spec.h"
 #include "model/model.h"
 #include "tests/tap.h"

@@ -1,6 +1,6 @@
 /*
- * test_ckpt_commit.c - the checkpoint directory commit (io/ckpt_commit.h)
- * and the file helpers under it (io/fileutil.h): the layout a commit leaves
+ * test_ckpt_commit.c - the checkpoint directory commit (io/ckpt/ckpt_commit.h)
+ * and the file helpers under it (io/util/fileutil.h): the layout a commit leaves
  * (step_<N>, latest, no .tmp_ leftovers, a step written twice replaced,
  * with and without an atomic exchange), removal, recovery of a root left by
  * a crash, their refusals, and the order of their fsyncs and renames. The
@@ -12,8 +12,8 @@
  */
 #include "config.h"
 #include "core/error.h"
-#include "io/ckpt_commit.h"
-#include "io/fileutil.h"
+#include "io/ckpt/ckpt_commit.h"
+#include "io/util/fileutil.h"
 #include "tests/tap.h"
 
 #include <dirent.h>

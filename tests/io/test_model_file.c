@@ -7,7 +7,7 @@
 #include "config.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "model/gpt2_spec.h"
 #include "model/model.h"
 #include "tests/tap.h"

@@ -38,9 +38,27 @@ grep -q "no longer there" "$W/out"
 [ $rc -ne 0 ] && [ $? -eq 0 ]
 tap_ok $? "an allowed include that is gone fails until the list shrinks"
 mkdir -p "$W/t/src/fsdp"
-printf '#include "io/f.h"\n' > "$W/t/src/fsdp/e.c"
+printf '#include "io/h5/f.h"\n' > "$W/t/src/fsdp/e.c"
 sh "$CHECK" "$W/t" > "$W/out" 2>&1
 [ $? -ne 0 ]
 tap_ok $? "the sharding engine including io/ fails (it never opens files)"
+rm "$W/t/src/fsdp/e.c"
+mkdir -p "$W/t/io/util" "$W/t/io/h5"
+printf '#include "io/util/u.h"\n#include "core/a.h"\n' > "$W/t/io/h5/h.c"
+sh "$CHECK" "$W/t" > "$W/out" 2>&1
+tap_ok $? "an io folder that builds on io/util passes"
+printf '#include "io/h5/h.h"\n' > "$W/t/io/util/u.c"
+sh "$CHECK" "$W/t" > "$W/out" 2>&1
+rc=$?
+grep -q "io/util/u.c -> io/h5/h.h" "$W/out"
+[ $rc -ne 0 ] && [ $? -eq 0 ]
+tap_ok $? "io/util including another io folder fails and is named"
+rm "$W/t/io/util/u.c"
+printf '/* nothing */\n' > "$W/t/io/loose.c"
+sh "$CHECK" "$W/t" > "$W/out" 2>&1
+rc=$?
+grep -q "io/loose.c is in no layer" "$W/out"
+[ $rc -ne 0 ] && [ $? -eq 0 ]
+tap_ok $? "a file outside io's concern folders is in no layer"
 
 tap_done

@@ -12,7 +12,7 @@
 #include "config.h"
 #include "tests/model/mlp_model.h"
 #include "model/model.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "core/error.h"
 #include "tests/kernels/ref_kernels.h"
 #include "tests/tap.h"

@@ -38,8 +38,8 @@
 #include "train/schedule.h"
 #include "train/uneven.h"
 #include "core/error.h"
-#include "io/model_file.h"
-#include "io/tokens.h"
+#include "io/h5/model_file.h"
+#include "io/text/tokens.h"
 #include "model/model.h"
 
 #include <math.h>

@@ -4,7 +4,7 @@
  * which members a document must have.
  */
 #include "config.h"
-#include "io/json.h"
+#include "io/util/json.h"
 #include "core/error.h"
 #include "core/util.h"
 

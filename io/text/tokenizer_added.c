@@ -7,7 +7,7 @@
  * Private to io/tokenizer*.c.
  */
 #include "config.h"
-#include "io/tokenizer_impl.h"
+#include "io/text/tokenizer_impl.h"
 #include "core/error.h"
 
 #include <stdio.h>

@@ -11,10 +11,10 @@
  * attributes only: which checkpoint they belong to is ckpt.c's.
  */
 #include "config.h"
-#include "io/ckpt_attrs.h"
-#include "io/ckpt.h"
-#include "io/h5util.h"
-#include "io/model_file.h"
+#include "io/ckpt/ckpt_attrs.h"
+#include "io/ckpt/ckpt.h"
+#include "io/h5/h5util.h"
+#include "io/h5/model_file.h"
 #include "core/error.h"
 #include "core/spec.h"
 

@@ -6,7 +6,7 @@
  * are the caller's.
  */
 #include "config.h"
-#include "io/checksum.h"
+#include "io/h5/checksum.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"

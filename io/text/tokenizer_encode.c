@@ -17,7 +17,7 @@
  * bound per text (tk_match), so that no pattern makes encoding quadratic.
  */
 #include "config.h"
-#include "io/tokenizer_impl.h"
+#include "io/text/tokenizer_impl.h"
 #include "core/error.h"
 
 #include <stdio.h>

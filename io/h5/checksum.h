@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "io/h5util.h"
+#include "io/h5/h5util.h"
 
 #define FSDP_SUM_ATTR "xxh3_64"
 #define FSDP_SUM_ROWS_ATTR "xxh3_64_rows"

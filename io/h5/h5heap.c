@@ -19,7 +19,7 @@
  * short under the scan must not raise SIGBUS).
  */
 #include "config.h"
-#include "io/h5util.h"
+#include "io/h5/h5util.h"
 #include "core/error.h"
 
 #include <errno.h>

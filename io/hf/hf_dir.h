@@ -26,8 +26,8 @@
 
 #include <stddef.h>
 
-#include "io/json.h"
-#include "io/safetensors.h"
+#include "io/util/json.h"
+#include "io/hf/safetensors.h"
 
 #define FSDP_HF_CONFIG "config.json"
 #define FSDP_HF_WEIGHTS "model.safetensors"

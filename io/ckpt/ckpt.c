@@ -13,12 +13,12 @@
  * name).
  */
 #include "config.h"
-#include "io/ckpt.h"
-#include "io/checksum.h"
-#include "io/ckpt_attrs.h"
-#include "io/fileutil.h"
-#include "io/h5util.h"
-#include "io/model_file.h"
+#include "io/ckpt/ckpt.h"
+#include "io/h5/checksum.h"
+#include "io/ckpt/ckpt_attrs.h"
+#include "io/util/fileutil.h"
+#include "io/h5/h5util.h"
+#include "io/h5/model_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"

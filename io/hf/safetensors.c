@@ -10,8 +10,8 @@
  * checked by the reader as each tensor is read.
  */
 #include "config.h"
-#include "io/safetensors.h"
-#include "io/fileutil.h"
+#include "io/hf/safetensors.h"
+#include "io/util/fileutil.h"
 #include "core/error.h"
 #include "core/util.h"
 

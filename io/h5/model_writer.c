@@ -10,10 +10,10 @@
  * bytes as they are written.
  */
 #include "config.h"
-#include "io/model_file.h"
-#include "io/checksum.h"
-#include "io/fileutil.h"
-#include "io/h5util.h"
+#include "io/h5/model_file.h"
+#include "io/h5/checksum.h"
+#include "io/util/fileutil.h"
+#include "io/h5/h5util.h"
 #include "core/error.h"
 #include "core/util.h"
 

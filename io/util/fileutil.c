@@ -4,7 +4,7 @@
  * directory fsync commit of one file, and removal of directory trees.
  */
 #include "config.h"
-#include "io/fileutil.h"
+#include "io/util/fileutil.h"
 #include "core/error.h"
 
 #include <errno.h>

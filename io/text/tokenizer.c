@@ -9,8 +9,8 @@
  * before any table is sized from them. Encoding lives in tokenizer_encode.c.
  */
 #include "config.h"
-#include "io/tokenizer_impl.h"
-#include "io/json.h"
+#include "io/text/tokenizer_impl.h"
+#include "io/util/json.h"
 #include "core/error.h"
 #include "core/util.h"
 

@@ -9,7 +9,7 @@
  * floating-point type (f32; f16, bf16 and f64 are converted to f32 on read).
  * Every problem is one error line that names the file and the field.
  *
- * Writing goes to a fresh "<path>.tmp.XXXXXX" (io/fileutil.h) and becomes
+ * Writing goes to a fresh "<path>.tmp.XXXXXX" (io/util/fileutil.h) and becomes
  * visible under <path> only on commit (fsync, then rename), so a crash never
  * leaves a half-written model under the real name. Tensors are written one at a time, so a caller can
  * stream a model much larger than its memory unit by unit.

@@ -6,9 +6,9 @@
  * and no policy on which steps are kept (the trainer's cadence).
  */
 #include "config.h"
-#include "io/ckpt_commit.h"
-#include "io/ckpt.h"
-#include "io/fileutil.h"
+#include "io/ckpt/ckpt_commit.h"
+#include "io/ckpt/ckpt.h"
+#include "io/util/fileutil.h"
 #include "core/error.h"
 
 #include <dirent.h>

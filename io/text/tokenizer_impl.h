@@ -8,7 +8,7 @@
 #ifndef FSDP_IO_TOKENIZER_IMPL_H
 #define FSDP_IO_TOKENIZER_IMPL_H
 
-#include "io/tokenizer.h"
+#include "io/text/tokenizer.h"
 #include "core/util.h"
 
 #include <stddef.h>

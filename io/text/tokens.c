@@ -7,8 +7,8 @@
  * into memory or keep a mapping that a truncation could turn into SIGBUS.
  */
 #include "config.h"
-#include "io/tokens.h"
-#include "io/fileutil.h"
+#include "io/text/tokens.h"
+#include "io/util/fileutil.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"

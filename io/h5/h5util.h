@@ -80,7 +80,7 @@ int fsdp_h5_check_storage(const char *path, const char *name, hid_t dset);
  * object smaller than its header makes it loop forever, an object larger
  * than its collection makes it copy past the collection's buffer. This walks
  * every collection in path (every "GCOL" signature) as HDF5 would, before
- * HDF5 opens the file (io/h5heap.c). The work is linear in the file's size:
+ * HDF5 opens the file (io/h5/h5heap.c). The work is linear in the file's size:
  * one read of the file (about 0.2 s per 500 MB cached) plus the walks, which
  * may together cover about twice the file; collections overlapping beyond
  * that (no HDF5 writes them) are refused as damaged.

@@ -15,10 +15,10 @@
  * Writing lives in model_writer.c.
  */
 #include "config.h"
-#include "io/model_file.h"
-#include "io/checksum.h"
-#include "io/ckpt_attrs.h"
-#include "io/h5util.h"
+#include "io/h5/model_file.h"
+#include "io/h5/checksum.h"
+#include "io/ckpt/ckpt_attrs.h"
+#include "io/h5/h5util.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/spec.h"

@@ -8,7 +8,7 @@
  * first). Other types are recorded and refused only when applied.
  */
 #include "config.h"
-#include "io/tokenizer_impl.h"
+#include "io/text/tokenizer_impl.h"
 #include "core/error.h"
 
 #include <stdio.h>

@@ -6,7 +6,7 @@
  * checksums are recorded; only reading the rows checks the data.
  */
 #include "config.h"
-#include "io/ckpt.h"
+#include "io/ckpt/ckpt.h"
 #include "core/error.h"
 #include "core/util.h"
 

@@ -6,9 +6,9 @@
  * config members a model needs is the caller's.
  */
 #include "config.h"
-#include "io/hf_dir.h"
-#include "io/ckpt_commit.h"
-#include "io/fileutil.h"
+#include "io/hf/hf_dir.h"
+#include "io/ckpt/ckpt_commit.h"
+#include "io/util/fileutil.h"
 #include "core/error.h"
 #include "core/util.h"
 

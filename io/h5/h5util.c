@@ -8,8 +8,8 @@
  * reports through fsdp_err, so the next call starts from a clean stack.
  */
 #include "config.h"
-#include "io/h5util.h"
-#include "io/model_file.h"
+#include "io/h5/h5util.h"
+#include "io/h5/model_file.h"
 #include "core/spec.h"
 #include "core/error.h"
 #include "core/util.h"
