@@ -6,13 +6,14 @@
 #   io/text  llm.c token files and the data loader; tokenizer.json tokenizers
 libfsdpc_a_SOURCES += io/util/fileutil.c io/util/json.c \
 	io/h5/h5util.c io/h5/h5heap.c io/h5/model_file.c io/h5/model_writer.c io/h5/checksum.c \
-	io/ckpt/ckpt.c io/ckpt/ckpt_attrs.c io/ckpt/ckpt_commit.c io/ckpt/ckpt_verify.c \
+	io/ckpt/ckpt_writer.c io/ckpt/ckpt_index.c io/ckpt/ckpt_reader.c \
+	io/ckpt/ckpt_consolidate.c io/ckpt/ckpt_attrs.c io/ckpt/ckpt_commit.c io/ckpt/ckpt_verify.c \
 	io/hf/safetensors.c io/hf/hf_dir.c \
 	io/text/tokens.c io/text/tokenizer.c io/text/tokenizer_added.c io/text/tokenizer_encode.c \
 	io/text/tokenizer_post.c
 noinst_HEADERS += io/util/fileutil.h io/util/json.h \
 	io/h5/h5util.h io/h5/model_file.h io/h5/checksum.h \
-	io/ckpt/ckpt.h io/ckpt/ckpt_attrs.h io/ckpt/ckpt_commit.h \
+	io/ckpt/ckpt.h io/ckpt/ckpt_impl.h io/ckpt/ckpt_attrs.h io/ckpt/ckpt_commit.h \
 	io/hf/safetensors.h io/hf/hf_dir.h \
 	io/text/tokens.h io/text/tokenizer.h io/text/tokenizer_impl.h
 
