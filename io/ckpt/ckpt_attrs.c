@@ -8,7 +8,8 @@
  * for floats (read as double: exact for f32 and f64), "name\0s <bytes>" for
  * strings as stored. The order is this file's table followed by the
  * architecture's attribute table (its config, as spec.h lists it). Knows
- * attributes only: which checkpoint they belong to is ckpt.c's.
+ * attributes only: which checkpoint they belong to is ckpt_index.c's and
+ * ckpt_reader.c's.
  */
 #include "config.h"
 #include "io/ckpt/ckpt_attrs.h"

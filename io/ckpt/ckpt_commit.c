@@ -2,8 +2,9 @@
  * ckpt_commit.c - the checkpoint directory commit, removal and crash
  * recovery (see ckpt_commit.h): the order of fsyncs and renames that makes
  * a step directory and root/latest durable, and never leaves a committed
- * step without a complete copy. Owns no file contents (ckpt.c writes them)
- * and no policy on which steps are kept (the trainer's cadence).
+ * step without a complete copy; the names of step directories and the scan
+ * of a root for them. Owns no file contents (ckpt_writer.c and ckpt_index.c
+ * write them) and no policy on which steps are kept (the trainer's cadence).
  */
 #include "config.h"
 #include "io/ckpt/ckpt_commit.h"
@@ -196,19 +197,58 @@ int fsdp_ckpt_commit_remove(const char *root, long step, unsigned nonce)
 }
 
 // ----------------------------------------------------------------------------
+// step directories
+
+/* The decimal number after prefix at the start of name (digits only, no
+ * sign or space), *end just past it; -1 when name does not start so or the
+ * number overflows. */
+static long commit_step_at(const char *name, const char *prefix, const char **end)
+{
+    size_t k = strlen(prefix);
+    if (strncmp(name, prefix, k) != 0 || name[k] < '0' || name[k] > '9') {
+        return -1;
+    }
+    char *e;
+    errno = 0;
+    long n = strtol(name + k, &e, 10);
+    *end = e;
+    return errno ? -1 : n;
+}
+
+long fsdp_ckpt_step_of(const char *name)
+{
+    const char *end;
+    long n = commit_step_at(name, "step_", &end);
+    return n >= 0 && *end == '\0' ? n : -1;
+}
+
+int fsdp_ckpt_step_scan(const char *root, int leftovers, fsdp_ckpt_entry_fn fn, void *arg)
+{
+    DIR *d = opendir(root);
+    if (!d) {
+        return fsdp_err(FSDP_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
+    }
+    struct dirent *e;
+    int rc = 0;
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        long step = fsdp_ckpt_step_of(e->d_name);
+        int tmp = strncmp(e->d_name, FSDP_CKPT_TMP_PREFIX, strlen(FSDP_CKPT_TMP_PREFIX)) == 0;
+        if (step >= 0 || (leftovers && tmp)) {
+            rc = fn(e->d_name, step, arg);
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
 // recovery
 
 long fsdp_ckpt_commit_aside_step(const char *name)
 {
-    const char *p = name + strlen(FSDP_CKPT_ASIDE_PREFIX "step_");
-    if (strncmp(name, FSDP_CKPT_ASIDE_PREFIX "step_", strlen(FSDP_CKPT_ASIDE_PREFIX "step_")) != 0 ||
-        *p < '0' || *p > '9') {
-        return -1;
-    }
-    char *end;
-    errno = 0;
-    long n = strtol(p, &end, 10);
-    return *end == '_' && errno == 0 ? n : -1;
+    const char *end;
+    long n = commit_step_at(name, FSDP_CKPT_ASIDE_PREFIX "step_", &end);
+    return n >= 0 && *end == '_' ? n : -1;
 }
 
 /* The .tmp_* names directly under root (malloc'd, *n of them); listing

@@ -71,6 +71,23 @@ int fsdp_ckpt_commit_step(const char *root, const char *tmp, long step, unsigned
  */
 int fsdp_ckpt_commit_remove(const char *root, long step, unsigned nonce);
 
+/* The step N of a step directory's name "step_<N>" (N: decimal digits only),
+ * or -1 for any other name. */
+long fsdp_ckpt_step_of(const char *name);
+
+/* Called by fsdp_ckpt_step_scan for an entry of a root: its name and its
+ * step (-1: a leftover). Nonzero stops the scan. */
+typedef int (*fsdp_ckpt_entry_fn)(const char *name, long step, void *arg);
+
+/*
+ * Calls fn for each entry of root that is a step directory's name and, with
+ * leftovers set, each leftover of an interrupted save or removal (a name
+ * that starts with FSDP_CKPT_TMP_PREFIX), in the order the directory lists
+ * them, until fn returns nonzero. 0, fn's nonzero value, or FSDP_ERR_IO
+ * ("<root>: cannot list: <reason>") when root cannot be listed.
+ */
+int fsdp_ckpt_step_scan(const char *root, int leftovers, fsdp_ckpt_entry_fn fn, void *arg);
+
 /* The step of an aside copy's name ".tmp_old_step_<N>_<nonce>", or -1. */
 long fsdp_ckpt_commit_aside_step(const char *name);
 

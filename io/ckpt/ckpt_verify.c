@@ -7,11 +7,10 @@
  */
 #include "config.h"
 #include "io/ckpt/ckpt.h"
+#include "io/ckpt/ckpt_commit.h"
 #include "core/error.h"
 #include "core/util.h"
 
-#include <dirent.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,39 +33,34 @@ int fsdp_ckpt_verify_data(const char *path)
     return rc;
 }
 
-/* Step of "step_<N>", or -1. */
-static long cv_step_of(const char *name)
+/* The newest step below *bound: the state of fsdp_ckpt_newest_verified's scan. */
+struct cv_newest {
+    long below, best;
+};
+
+static int cv_newest_of(const char *name, long step, void *arg)
 {
-    if (strncmp(name, "step_", 5) != 0 || name[5] < '0' || name[5] > '9') {
-        return -1;
-    }
-    char *end;
-    errno = 0;
-    long n = strtol(name + 5, &end, 10);
-    return *end || errno || n < 0 ? -1 : n;
+    struct cv_newest *nw = arg;
+    (void)name;
+    nw->best = step < nw->below && step > nw->best ? step : nw->best;
+    return 0;
 }
 
 long fsdp_ckpt_newest_verified(const char *root, long below, char *dir, size_t len)
 {
     for (;;) {
-        DIR *d = opendir(root);
-        long best = -1;
-        struct dirent *de;
-        while (d && (de = readdir(d)) != NULL) {
-            long s = cv_step_of(de->d_name);
-            best = s >= 0 && s < below && s > best ? s : best;
+        struct cv_newest nw = {.below = below, .best = -1};
+        if (fsdp_ckpt_step_scan(root, 0, cv_newest_of, &nw) < 0) {
+            fsdp_err_clear(); /* an unreadable root holds no verified step */
         }
-        if (d) {
-            closedir(d);
-        }
-        if (best < 0) {
+        if (nw.best < 0) {
             return -1;
         }
-        snprintf(dir, len, "%s/step_%ld", root, best);
+        snprintf(dir, len, "%s/step_%ld", root, nw.best);
         if (fsdp_ckpt_verify_data(dir) == 0) {
-            return best;
+            return nw.best;
         }
         fsdp_err_clear();
-        below = best;
+        below = nw.best;
     }
 }

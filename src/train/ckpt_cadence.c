@@ -123,18 +123,6 @@ static int cad_mkdirs(const char *dir)
     return 0;
 }
 
-/* Step number of a "step_<N>" entry, or -1. */
-static long cad_step_of(const char *name)
-{
-    if (strncmp(name, "step_", 5) != 0 || !name[5]) {
-        return -1;
-    }
-    char *end;
-    errno = 0;
-    long n = strtol(name + 5, &end, 10);
-    return *end || errno || n < 0 ? -1 : n;
-}
-
 /* Puts D back in order after a crash (see fsdp_ckpt_commit_recover) and
  * says what it did. */
 static int cad_recover(const char *dir)
@@ -152,29 +140,39 @@ static int cad_recover(const char *dir)
     return 0;
 }
 
+/* Where cad_list_steps's steps go. */
+struct cad_steps {
+    const char *dir;
+    long *steps;
+    size_t cap, *n;
+};
+
+static int cad_add_step(const char *name, long step, void *arg)
+{
+    struct cad_steps *a = arg;
+    (void)name;
+    if (*a->n == a->cap) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "ckpt-dir %s: more than %zu step directories; "
+                        "ckpt-keep leaves them all (remove old ones by hand)",
+                        a->dir, a->cap);
+    }
+    a->steps[(*a->n)++] = step;
+    return 0;
+}
+
 /* Steps of D's step_<N> directories, at most cap; *n of them. */
 static int cad_list_steps(const char *dir, long *steps, size_t cap, size_t *n)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
+    struct cad_steps a = {dir, steps, cap, n};
     *n = 0;
-    if (!d) {
-        return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot list: %s", dir, strerror(errno));
+    int rc = fsdp_ckpt_step_scan(dir, 0, cad_add_step, &a);
+    if (rc == FSDP_ERR_IO) { /* the scan names dir; say which flag it came from */
+        char why[1024];
+        fsdp_err_take(why, sizeof(why));
+        return fsdp_err(rc, "ckpt-dir %s", why);
     }
-    while ((e = readdir(d))) {
-        long s = cad_step_of(e->d_name);
-        if (s < 0) {
-            continue;
-        }
-        if (*n == cap) {
-            closedir(d);
-            return fsdp_err(FSDP_ERR_INVALID, "ckpt-dir %s: more than %zu step directories; "
-                            "ckpt-keep leaves them all (remove old ones by hand)", dir, cap);
-        }
-        steps[(*n)++] = s;
-    }
-    closedir(d);
-    return 0;
+    return rc;
 }
 
 static int cad_cmp_desc(const void *a, const void *b)
