@@ -106,9 +106,10 @@ struct fsdp_ckpt;
  * directory (whose `latest` is followed). Validates the index attributes and
  * every shard file (present, readable, same step, expected shapes and row
  * ranges, the checksums the index records for it) and fails with one line
- * naming the file otherwise.
+ * naming the file otherwise. Its architecture must be one of archs (the
+ * caller's: io knows none).
  */
-int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out);
+int fsdp_ckpt_open(const char *path, const struct fsdp_arch_set *archs, struct fsdp_ckpt **out);
 /*
  * The same, but each shard file only found present here, and checked (all
  * of the above) and opened at its first read: a rank that reads a few
@@ -116,11 +117,13 @@ int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out);
  * index's virtual datasets are checked for their mapping (which file,
  * which dataset, which rows) without opening the files they map.
  */
-int fsdp_ckpt_open_lazy(const char *path, struct fsdp_ckpt **out);
+int fsdp_ckpt_open_lazy(const char *path, const struct fsdp_arch_set *archs,
+                        struct fsdp_ckpt **out);
 void fsdp_ckpt_close(struct fsdp_ckpt *ck);
-/* The index's attributes alone (path as for fsdp_ckpt_open): one file opened,
- * no shard checked, for listing many checkpoints quickly. */
-int fsdp_ckpt_read_meta(const char *path, struct fsdp_ckpt_meta *meta);
+/* The index's attributes alone (path and archs as for fsdp_ckpt_open): one
+ * file opened, no shard checked, for listing many checkpoints quickly. */
+int fsdp_ckpt_read_meta(const char *path, const struct fsdp_arch_set *archs,
+                        struct fsdp_ckpt_meta *meta);
 
 const struct fsdp_ckpt_meta *fsdp_ckpt_meta(const struct fsdp_ckpt *ck);
 const struct fsdp_model_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck);
@@ -137,11 +140,12 @@ int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t i
 /* Opens path as fsdp_ckpt_open does and reads every tensor of every kind
  * whole through its checksums (ckpt_verify.c): 0 when the data is intact,
  * else the first failure. */
-int fsdp_ckpt_verify_data(const char *path);
+int fsdp_ckpt_verify_data(const char *path, const struct fsdp_arch_set *archs);
 /* The newest step below `below` of checkpoint root `root` whose data
  * verifies (its directory into dir), or -1 when none does. Reads every
  * step it tries in full, newest first. */
-long fsdp_ckpt_newest_verified(const char *root, long below, char *dir, size_t len);
+long fsdp_ckpt_newest_verified(const char *root, const struct fsdp_arch_set *archs, long below,
+                               char *dir, size_t len);
 
 /* Checksum blocks the index records for tensor (kind, idx), every one
  * checked as read_rows reads it; 0: none recorded (a checkpoint from before

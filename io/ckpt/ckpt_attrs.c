@@ -39,15 +39,16 @@ static const char *const ca_fixed[] = {
 #define CA_NFIXED (sizeof(ca_fixed) / sizeof(ca_fixed[0]))
 
 /* The covered attributes of f: the fixed ones, then those of the
- * architecture f names (none when it names no registered one: its own
- * hash then tells). *names is allocated; free() it. */
-static int ca_names(const char *path, hid_t f, const char ***names, size_t *n)
+ * architecture f names (none when it names none of archs: its own hash
+ * then tells). *names is allocated; free() it. */
+static int ca_names(const char *path, hid_t f, const struct fsdp_arch_set *archs,
+                    const char ***names, size_t *n)
 {
     char s[64] = "";
     const struct fsdp_arch *arch = NULL;
     if (fsdp_h5_attr_exists(f, "architecture")) {
         if (fsdp_h5_attr_str(path, f, "architecture", s, sizeof(s)) == 0) {
-            arch = fsdp_arch_find(s);
+            arch = fsdp_arch_set_find(archs, s);
         } else {
             fsdp_err_clear(); /* its own hash names it */
         }
@@ -138,11 +139,12 @@ static int ca_hash(const char *path, hid_t f, const char *name, uint64_t *h)
     return 0;
 }
 
-int fsdp_ckpt_attrs_sum_put(const char *path, hid_t f)
+int fsdp_ckpt_attrs_sum_put(const char *path, hid_t f, const struct fsdp_arch *arch)
 {
     const char **names;
     size_t n;
-    FSDP_CHECK(ca_names(path, f, &names, &n));
+    const struct fsdp_arch_set one = {&arch, 1};
+    FSDP_CHECK(ca_names(path, f, &one, &names, &n));
     uint64_t *h = malloc(n * sizeof(*h));
     int rc = h ? 0 : fsdp_err(FSDP_ERR_NOMEM, "%s: attribute checksums", path);
     for (size_t i = 0; rc == 0 && i < n; i++) {
@@ -209,7 +211,7 @@ static int ca_known_version(const char *path, hid_t f)
     return mv == FSDP_MODEL_FORMAT_VERSION && cv == FSDP_CKPT_VERSION;
 }
 
-int fsdp_ckpt_attrs_sum_check(const char *path, hid_t f)
+int fsdp_ckpt_attrs_sum_check(const char *path, hid_t f, const struct fsdp_arch_set *archs)
 {
     if (!fsdp_h5_attr_exists(f, FSDP_CKPT_ATTRS_SUM) || !ca_known_version(path, f)) {
         return 0;
@@ -219,7 +221,7 @@ int fsdp_ckpt_attrs_sum_check(const char *path, hid_t f)
     size_t n = 0, m = 0;
     int rc = ca_read(path, f, &want, &m);
     if (rc == 0) {
-        rc = ca_names(path, f, &names, &n);
+        rc = ca_names(path, f, archs, &names, &n);
     }
     for (size_t i = 0; rc == 0 && i < n && i < m; i++) {
         rc = ca_hash(path, f, names[i], &got);

@@ -179,7 +179,7 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
     }
     int bad = rc < 0 || fsdp_h5_put_model_attrs(f, spec, meta->created_by) < 0 ||
               ck_write_meta(f, meta) < 0 || ck_make_groups(f) < 0;
-    if (!bad && (rc = fsdp_ckpt_attrs_sum_put(path, f)) < 0) {
+    if (!bad && (rc = fsdp_ckpt_attrs_sum_put(path, f, spec->arch)) < 0) {
         bad = 1;
     }
     for (int k = 0; !bad && k < FSDP_CKPT_NKINDS; k++) {

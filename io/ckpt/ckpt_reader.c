@@ -156,7 +156,8 @@ static int ck_read_text(const char *path, hid_t f, const char *name, char *buf, 
     return 0;
 }
 
-static int ck_read_meta(const char *path, hid_t f, struct fsdp_ckpt_meta *m)
+static int ck_read_meta(const char *path, hid_t f, const struct fsdp_arch_set *archs,
+                        struct fsdp_ckpt_meta *m)
 {
     char fmt[64];
     long long x;
@@ -166,7 +167,7 @@ static int ck_read_meta(const char *path, hid_t f, struct fsdp_ckpt_meta *m)
                         "attribute; a plain model file?)",
                         path);
     }
-    int summed = fsdp_ckpt_attrs_sum_check(path, f);
+    int summed = fsdp_ckpt_attrs_sum_check(path, f, archs);
     if (summed < 0) {
         return summed;
     }
@@ -431,7 +432,8 @@ static int ck_shard_ready(struct fsdp_ckpt *ck, int r)
     return rc;
 }
 
-static int ck_open(const char *path, int lazy, struct fsdp_ckpt **out)
+static int ck_open(const char *path, const struct fsdp_arch_set *archs, int lazy,
+                   struct fsdp_ckpt **out)
 {
     char index[CK_PATH_MAX + 16];
     int rc;
@@ -446,7 +448,7 @@ static int ck_open(const char *path, int lazy, struct fsdp_ckpt **out)
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", index, strerror(errno));
         goto err;
     }
-    FSDP_CHECK_GOTO(fsdp_model_file_read_spec(index, &ck->spec), rc, err);
+    FSDP_CHECK_GOTO(fsdp_model_file_read_spec(index, archs, &ck->spec), rc, err);
     hid_t f = H5Fopen(index, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) {
         char why[256];
@@ -454,7 +456,7 @@ static int ck_open(const char *path, int lazy, struct fsdp_ckpt **out)
                       fsdp_h5_reason(why, sizeof(why)));
         goto err;
     }
-    rc = ck_read_meta(index, f, &ck->meta);
+    rc = ck_read_meta(index, f, archs, &ck->meta);
     if (rc == 0) {
         rc = ck_read_sums(ck, index, f);
     }
@@ -486,17 +488,18 @@ err:
     return rc;
 }
 
-int fsdp_ckpt_open(const char *path, struct fsdp_ckpt **out)
+int fsdp_ckpt_open(const char *path, const struct fsdp_arch_set *archs, struct fsdp_ckpt **out)
 {
-    return ck_open(path, 0, out);
+    return ck_open(path, archs, 0, out);
 }
 
-int fsdp_ckpt_open_lazy(const char *path, struct fsdp_ckpt **out)
+int fsdp_ckpt_open_lazy(const char *path, const struct fsdp_arch_set *archs, struct fsdp_ckpt **out)
 {
-    return ck_open(path, 1, out);
+    return ck_open(path, archs, 1, out);
 }
 
-int fsdp_ckpt_read_meta(const char *path, struct fsdp_ckpt_meta *meta)
+int fsdp_ckpt_read_meta(const char *path, const struct fsdp_arch_set *archs,
+                        struct fsdp_ckpt_meta *meta)
 {
     char dir[CK_PATH_MAX], index[CK_PATH_MAX + 16], why[256];
     fsdp_h5_quiet();
@@ -512,7 +515,7 @@ int fsdp_ckpt_read_meta(const char *path, struct fsdp_ckpt_meta *meta)
         return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open HDF5 file: %s", index,
                         fsdp_h5_reason(why, sizeof(why)));
     }
-    int rc = ck_read_meta(index, f, meta);
+    int rc = ck_read_meta(index, f, archs, meta);
     H5Fclose(f);
     return rc;
 }

@@ -15,10 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-int fsdp_ckpt_verify_data(const char *path)
+int fsdp_ckpt_verify_data(const char *path, const struct fsdp_arch_set *archs)
 {
     struct fsdp_ckpt *ck;
-    FSDP_CHECK(fsdp_ckpt_open(path, &ck));
+    FSDP_CHECK(fsdp_ckpt_open(path, archs, &ck));
     const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
     float *buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
     int rc = buf ? 0 : fsdp_err(FSDP_ERR_NOMEM, "%s: one tensor's buffer", path);
@@ -46,7 +46,8 @@ static int cv_newest_of(const char *name, long step, void *arg)
     return 0;
 }
 
-long fsdp_ckpt_newest_verified(const char *root, long below, char *dir, size_t len)
+long fsdp_ckpt_newest_verified(const char *root, const struct fsdp_arch_set *archs, long below,
+                               char *dir, size_t len)
 {
     for (;;) {
         struct cv_newest nw = {.below = below, .best = -1};
@@ -57,7 +58,7 @@ long fsdp_ckpt_newest_verified(const char *root, long below, char *dir, size_t l
             return -1;
         }
         snprintf(dir, len, "%s/step_%ld", root, nw.best);
-        if (fsdp_ckpt_verify_data(dir) == 0) {
+        if (fsdp_ckpt_verify_data(dir, archs) == 0) {
             return nw.best;
         }
         fsdp_err_clear();

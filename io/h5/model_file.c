@@ -92,17 +92,17 @@ static int mf_read_token_ids(const char *path, hid_t file, struct fsdp_model_spe
 }
 
 /*
- * The root attributes: format, version, the architecture (one registered in
- * core's table) and its config attributes, walked from the architecture's
+ * The root attributes: format, version, the architecture (one of archs,
+ * which the caller hands down) and its config attributes, walked from the architecture's
  * attribute table; then the parameter table of that config.
  */
-static int mf_read_spec(const char *path, hid_t file, struct fsdp_model_spec **spec,
-                        char *created_by, size_t cb_len)
+static int mf_read_spec(const char *path, hid_t file, const struct fsdp_arch_set *archs,
+                        struct fsdp_model_spec **spec, char *created_by, size_t cb_len)
 {
     char s[FSDP_H5_STR_MAX + 1];
     long long version;
     /* a checkpoint's index.h5 read as a model: its attributes' own checksums first */
-    int summed = fsdp_ckpt_attrs_sum_check(path, file);
+    int summed = fsdp_ckpt_attrs_sum_check(path, file, archs);
     if (summed < 0) {
         return summed;
     }
@@ -122,10 +122,10 @@ static int mf_read_spec(const char *path, hid_t file, struct fsdp_model_spec **s
                         version, FSDP_MODEL_FORMAT_VERSION);
     }
     FSDP_CHECK(fsdp_h5_attr_str(path, file, "architecture", s, sizeof(s)));
-    const struct fsdp_arch *arch = fsdp_arch_find(s);
+    const struct fsdp_arch *arch = fsdp_arch_set_find(archs, s);
     if (!arch) {
         char known[256];
-        fsdp_arch_names(known, sizeof(known));
+        fsdp_arch_set_names(archs, known, sizeof(known));
         return fsdp_err(FSDP_ERR_FORMAT,
                         "%s: attribute 'architecture' is '%s'; supported architectures: %s", path,
                         fsdp_str_printable(s, FSDP_H5_SHOW, s, 0), known);
@@ -392,7 +392,8 @@ static int mf_h5_open(const char *path, hid_t *file)
     return 0;
 }
 
-int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
+int fsdp_model_file_open(const char *path, const struct fsdp_arch_set *archs,
+                         struct fsdp_model_file **out)
 {
     int rc;
     hid_t group = -1;
@@ -404,9 +405,9 @@ int fsdp_model_file_open(const char *path, struct fsdp_model_file **out)
     }
     mf->file = mf->f16_type = mf->bf16_type = mf->dapl = -1;
     FSDP_CHECK_GOTO(mf_h5_open(path, &mf->file), rc, err);
-    FSDP_CHECK_GOTO(mf_read_spec(path, mf->file, &mf->spec, mf->created_by,
-                                 sizeof(mf->created_by)),
-                    rc, err);
+    FSDP_CHECK_GOTO(
+        mf_read_spec(path, mf->file, archs, &mf->spec, mf->created_by, sizeof(mf->created_by)), rc,
+        err);
     mf->tensors = calloc(mf->spec->n_params, sizeof(*mf->tensors));
     mf->f16_type = fsdp_h5_half_type(0);
     mf->bf16_type = fsdp_h5_half_type(1);
@@ -500,12 +501,13 @@ size_t fsdp_model_file_tensor_bytes(const struct fsdp_model_file *mf, size_t idx
     return mf->spec->params[idx].numel * fsdp_h5_float_size(mf->tensors[idx].kind);
 }
 
-int fsdp_model_file_read_spec(const char *path, struct fsdp_model_spec **out)
+int fsdp_model_file_read_spec(const char *path, const struct fsdp_arch_set *archs,
+                              struct fsdp_model_spec **out)
 {
     hid_t file;
     fsdp_h5_quiet();
     FSDP_CHECK(mf_h5_open(path, &file));
-    int rc = mf_read_spec(path, file, out, NULL, 0);
+    int rc = mf_read_spec(path, file, archs, out, NULL, 0);
     H5Fclose(file);
     return rc;
 }
@@ -627,11 +629,12 @@ int fsdp_model_file_read_unit(struct fsdp_model_file *mf, int unit, float *buf)
     return 0;
 }
 
-int fsdp_model_file_read(const char *path, const struct fsdp_model_spec *spec, float *const *units)
+int fsdp_model_file_read(const char *path, const struct fsdp_arch_set *archs,
+                         const struct fsdp_model_spec *spec, float *const *units)
 {
     struct fsdp_model_file *mf;
     int rc = 0;
-    FSDP_CHECK(fsdp_model_file_open(path, &mf));
+    FSDP_CHECK(fsdp_model_file_open(path, archs, &mf));
     const struct fsdp_model_spec *fs = mf->spec;
     int k = fs->arch == spec->arch ? fsdp_attrs_diff(spec->arch, fs->cfg, spec->cfg) : -2;
     if (k == -2) {

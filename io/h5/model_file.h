@@ -36,9 +36,12 @@ struct fsdp_model_file; /* an open, validated model file */
 
 /*
  * Opens path read-only and validates everything except the tensor values.
- * On success *out owns the parameter table built from the file's attributes.
+ * The file's architecture must be one of archs (the caller's: io knows
+ * none). On success *out owns the parameter table built from the file's
+ * attributes.
  */
-int fsdp_model_file_open(const char *path, struct fsdp_model_file **out);
+int fsdp_model_file_open(const char *path, const struct fsdp_arch_set *archs,
+                         struct fsdp_model_file **out);
 void fsdp_model_file_close(struct fsdp_model_file *mf);
 
 /* The parameter table of the file's architecture (owned by mf). */
@@ -71,16 +74,18 @@ int fsdp_model_file_read_block(struct fsdp_model_file *mf, size_t idx, size_t ro
 int fsdp_model_file_read_unit(struct fsdp_model_file *mf, int unit, float *buf);
 
 /* Reads and validates only the root attributes and builds the parameter
- * table of the file's architecture (one registered in core/spec.h). */
-int fsdp_model_file_read_spec(const char *path, struct fsdp_model_spec **out);
+ * table of the file's architecture (one of archs). */
+int fsdp_model_file_read_spec(const char *path, const struct fsdp_arch_set *archs,
+                              struct fsdp_model_spec **out);
 
 /*
- * Opens path, checks that its architecture and config equal spec's (the
+ * Opens path (of one of archs), checks that its architecture and config equal spec's (the
  * error names the first attribute that differs) and reads every parameter into
  * units[unit] + offset, units being (spec->n_units,) buffers of
  * spec->unit_numel[u] floats each.
  */
-int fsdp_model_file_read(const char *path, const struct fsdp_model_spec *spec, float *const *units);
+int fsdp_model_file_read(const char *path, const struct fsdp_arch_set *archs,
+                         const struct fsdp_model_spec *spec, float *const *units);
 
 /* ---------------------------------------------------------------------------
  * Writing

@@ -139,7 +139,7 @@ static int list_scan(const char *root, struct list_entry *out, size_t *n)
 static void list_quick(const char *dir, char *ranks, char *mesh, char *state, size_t len)
 {
     struct fsdp_ckpt_meta m;
-    if (fsdp_ckpt_read_meta(dir, &m) < 0) {
+    if (fsdp_ckpt_read_meta(dir, fsdp_arch_registered(), &m) < 0) {
         char msg[512];
         fsdp_err_take(msg, sizeof(msg));
         fsdp_err_clear();
@@ -178,14 +178,14 @@ static void list_step(const char *root, const struct list_entry *en, const char 
     char ranks[16] = "-", mesh[128] = "-";
     if (mode == LIST_QUICK) {
         list_quick(dir, ranks, mesh, state, sizeof(state));
-    } else if (fsdp_ckpt_open(dir, &ck) == 0) {
+    } else if (fsdp_ckpt_open(dir, fsdp_arch_registered(), &ck) == 0) {
         const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
         snprintf(ranks, sizeof(ranks), "%d", m->world_size);
         snprintf(mesh, sizeof(mesh), "%s", m->mesh);
         snprintf(state, sizeof(state), mode == LIST_VERIFY ? "complete, data verified"
                                                             : "complete (data not read)");
         fsdp_ckpt_close(ck);
-        if (mode == LIST_VERIFY && fsdp_ckpt_verify_data(dir) < 0) {
+        if (mode == LIST_VERIFY && fsdp_ckpt_verify_data(dir, fsdp_arch_registered()) < 0) {
             char msg[512];
             fsdp_err_take(msg, sizeof(msg));
             fsdp_err_clear();

@@ -312,7 +312,7 @@ static int cmd_inspect(int argc, char **argv)
         return fsdp_ckpt_tool_inspect(argv[optind]);
     }
     struct fsdp_model_file *mf;
-    if ((rc = fsdp_model_file_open(argv[optind], &mf)) < 0) {
+    if ((rc = fsdp_model_file_open(argv[optind], fsdp_arch_registered(), &mf)) < 0) {
         fsdp_ckpt_tool_recovery_hint(argv[optind]); /* a step an interrupted save moved aside */
         fsdp_die(rc, "fsdpc-ckpt inspect", NULL);
     }

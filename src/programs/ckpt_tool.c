@@ -51,7 +51,7 @@ static struct fsdp_ckpt *tool_open(const char *cmd, const char *path)
 {
     struct fsdp_ckpt *ck;
     char what[64];
-    int rc = fsdp_ckpt_open(path, &ck);
+    int rc = fsdp_ckpt_open(path, fsdp_arch_registered(), &ck);
     if (rc < 0) {
         snprintf(what, sizeof(what), "fsdpc-ckpt %s", cmd);
         fsdp_ckpt_tool_recovery_hint(path);
@@ -267,7 +267,8 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
     char index[4200];
     snprintf(index, sizeof(index), "%s/%s", fsdp_ckpt_dir(v.ck), FSDP_CKPT_INDEX);
     struct fsdp_model_file *mf;
-    if ((rc = fsdp_model_file_open(index, &mf)) < 0) { /* virtual sources, as a model file */
+    /* virtual sources, as a model file */
+    if ((rc = fsdp_model_file_open(index, fsdp_arch_registered(), &mf)) < 0) {
         fsdp_die(rc, "fsdpc-ckpt verify", NULL);
     }
     fsdp_model_file_close(mf);
@@ -574,7 +575,7 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
         ck = tool_open("convert", in);
         s = fsdp_ckpt_spec(ck);
     } else {
-        if ((rc = fsdp_model_file_open(in, &mf)) < 0) {
+        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &mf)) < 0) {
             fsdp_die(rc, "fsdpc-ckpt convert", NULL);
         }
         s = fsdp_model_file_spec(mf);

@@ -612,12 +612,12 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
     struct hf_source src = {0};
     const struct fsdp_model_spec *s;
     if (fsdp_ckpt_is_checkpoint(in)) {
-        if ((rc = fsdp_ckpt_open(in, &src.ck)) < 0) {
+        if ((rc = fsdp_ckpt_open(in, fsdp_arch_registered(), &src.ck)) < 0) {
             fsdp_die(rc, what, NULL);
         }
         s = fsdp_ckpt_spec(src.ck);
     } else {
-        if ((rc = fsdp_model_file_open(in, &src.mf)) < 0) {
+        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &src.mf)) < 0) {
             fsdp_die(rc, what, NULL);
         }
         s = fsdp_model_file_spec(src.mf);

@@ -973,7 +973,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && stat(link, &st) != 0) {
         rc = cad_latest_missing(path, link);
     } else { /* each rank checks and opens the shards it reads, not all of them */
-        rc = fsdp_ckpt_damage_hint(path, fsdp_ckpt_open_lazy(path, &ck));
+        rc = fsdp_ckpt_damage_hint(path, fsdp_ckpt_open_lazy(path, fsdp_arch_registered(), &ck));
     }
     if (rc == 0) {
         rc = cad_check_model(t, ck);

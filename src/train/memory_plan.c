@@ -33,7 +33,7 @@ static int plan_spec(const char *model, struct fsdp_model_spec **out, char *what
     char path[FSDP_TRAIN_PATH_MAX];
     if (access(model, F_OK) == 0) {
         FSDP_CHECK(fsdp_model_source_resolve(model, path, sizeof(path), NULL));
-        FSDP_CHECK(fsdp_model_file_read_spec(path, out));
+        FSDP_CHECK(fsdp_model_file_read_spec(path, fsdp_arch_registered(), out));
         snprintf(what, len, "%s", path);
         return 0;
     }

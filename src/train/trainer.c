@@ -191,7 +191,7 @@ static int trainer_open_model(struct fsdp_trainer *t, struct fsdp_model_file **m
     const struct fsdp_train_config *c = t->cfg;
     int rc = fsdp_model_source_resolve(c->model, t->model_path, sizeof(t->model_path), NULL);
     if (rc == 0) {
-        rc = fsdp_model_file_open(t->model_path, mf);
+        rc = fsdp_model_file_open(t->model_path, fsdp_arch_registered(), mf);
     }
     if (rc == 0) {
         const struct fsdp_model_spec *fs = fsdp_model_file_spec(*mf);

@@ -36,7 +36,7 @@ static void fuzz_shards(void)
 static int fuzz_read_ckpt(const char *dir)
 {
     struct fsdp_ckpt *ck;
-    int rc = fsdp_ckpt_open(dir, &ck);
+    int rc = fsdp_ckpt_open(dir, fsdp_arch_registered(), &ck);
     if (rc < 0) {
         return rc;
     }
@@ -55,7 +55,7 @@ static int fuzz_read_ckpt(const char *dir)
 static int fuzz_read_model(const char *path)
 {
     struct fsdp_model_file *mf;
-    int rc = fsdp_model_file_open(path, &mf);
+    int rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     if (rc < 0) {
         return rc;
     }

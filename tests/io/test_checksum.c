@@ -271,7 +271,7 @@ static void test_model_f32(void)
     struct fsdp_model_file *mf;
     float *buf = malloc((size_t)V * C * sizeof(float));
     const float *w = param(&m, "wte.weight");
-    rc = fsdp_model_file_open(path, &mf);
+    rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     rc = rc ? rc : fsdp_model_file_read_rows(mf, "wte.weight", 0, V, buf);
     tap_ok(rc == 0 && same(buf, w, (size_t)V * C, "wte"), "checked read of the whole tensor");
     rc = fsdp_model_file_read_rows(mf, "wte.weight", 8000, 400, buf);
@@ -287,7 +287,7 @@ static void test_model_f32(void)
 
     /* a byte in row 9000 (block 4: rows [8192, 10240)) */
     ok = flip(path, "/model/wte.weight", (size_t)9000 * C * 4 + 6) == 0;
-    rc = fsdp_model_file_open(path, &mf);
+    rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     tap_ok(ok && rc == 0, "a flipped byte: the file still opens (opening reads no tensor)");
     if (rc < 0) {
         fsdp_err_clear();
@@ -330,13 +330,13 @@ static void test_model_bf16(void)
     fsdp_convert(h, FSDP_BF16, param(&m, "wte.weight") + 12100 * C, FSDP_F32, 400 * C);
     fsdp_convert(want, FSDP_F32, h, FSDP_BF16, 400 * C);
     struct fsdp_model_file *mf;
-    rc = fsdp_model_file_open(path, &mf);
+    rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     rc = rc ? rc : fsdp_model_file_read_rows(mf, "wte.weight", 12100, 400, buf);
     tap_ok(rc == 0 && same(buf, want, 400 * C, "bf16 rows"),
            "bf16 rows across a block boundary read back as written");
     fsdp_model_file_close(mf);
     rc = flip(path, "/model/wte.weight", (size_t)17000 * C * 2 + 1);
-    rc = rc ? rc : fsdp_model_file_open(path, &mf);
+    rc = rc ? rc : fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     int a = rc == 0 ? fsdp_model_file_read_rows(mf, "wte.weight", 0, 16384, buf) : -1;
     int b = rc == 0 ? fsdp_model_file_read_rows(mf, "wte.weight", 16900, 200, buf) : 0;
     tap_ok(a == 0 && failed_with(b, "tensor 'wte.weight' rows [16384, 20000)", "mismatch", NULL),
@@ -399,7 +399,7 @@ static void test_foreign(void)
     struct fsdp_model_file *mf;
     int rc = fsdp_model_file_write(path, m.spec, (const float *const *)m.units, NULL);
     rc = rc ? rc : rewrite_be16(path, name, v, 1);
-    rc = rc ? rc : fsdp_model_file_open(path, &mf);
+    rc = rc ? rc : fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     int r = rc ? rc : fsdp_model_file_read_rows(mf, name, 10, 100, buf);
     tap_ok(r == 0 && same(buf, v + 10 * C, 100 * C, name),
            "big-endian f16 with one hash of its bytes as stored and no xxh3_64_rows: reads (%s)",
@@ -409,7 +409,7 @@ static void test_foreign(void)
         fsdp_model_file_close(mf);
     }
     rc = flip(path, "/model/h.0.attn.c_attn.weight", 3 * C * 2);
-    rc = rc ? rc : fsdp_model_file_open(path, &mf);
+    rc = rc ? rc : fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     r = rc ? rc : fsdp_model_file_read_rows(mf, name, 300, 10, buf);
     tap_ok(failed_with(r, "tensor 'h.0.attn.c_attn.weight' rows [0, 384)", "mismatch", NULL),
            "... and a flipped byte anywhere in it fails any read of it");
@@ -417,7 +417,7 @@ static void test_foreign(void)
         fsdp_model_file_close(mf);
     }
     rc = rewrite_be16(path, name, v, 0);
-    rc = rc ? rc : fsdp_model_file_open(path, &mf);
+    rc = rc ? rc : fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     r = rc ? rc : fsdp_model_file_read_rows(mf, name, 0, p->shape[0], buf);
     tap_ok(r == 0 && same(buf, v, p->numel, name), "without checksum attributes: read unchecked");
     fsdp_err_clear();
@@ -515,7 +515,7 @@ static void test_ckpt(void)
     for (size_t j = 0; j < (size_t)V * C; j++) {
         want[j] = value(j, 7 + 100); /* exp_avg of wte (k = 1, i = 0) */
     }
-    rc = fsdp_ckpt_open(d, &ck);
+    rc = fsdp_ckpt_open(d, fsdp_arch_registered(), &ck);
     rc = rc ? rc : fsdp_ckpt_read_rows(ck, FSDP_CKPT_EXP_AVG, 0, 9000, 2000, buf);
     tap_ok(rc == 0 && same(buf, want + 9000 * C, 2000 * C, "exp_avg rows") &&
                fsdp_ckpt_checksum_blocks(ck, FSDP_CKPT_EXP_AVG, 0) == 10,
@@ -526,7 +526,7 @@ static void test_ckpt(void)
     /* a byte in shard 1's row 100 (tensor row 10100): its block is [10000, 12048) */
     snprintf(sh, sizeof(sh), "%s/shard_1.h5", d);
     rc = flip(sh, "/optim/exp_avg/wte.weight", 100 * C * 4 + 2);
-    rc = rc ? rc : fsdp_ckpt_open(d, &ck);
+    rc = rc ? rc : fsdp_ckpt_open(d, fsdp_arch_registered(), &ck);
     tap_ok(rc == 0, "a flipped byte in a shard: the checkpoint still opens");
     if (rc == 0) {
         int a = fsdp_ckpt_read_rows(ck, FSDP_CKPT_EXP_AVG, 0, 0, 10000, buf);

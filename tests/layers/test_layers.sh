@@ -15,6 +15,13 @@ rc=$?
 [ $rc -eq 0 ] || tap_diag "$out"
 tap_ok $rc "no include reaches a layer above, beyond allowed.txt ($(grep -vc '^#' "$ALLOWED") left)"
 
+# io knows the architectures its callers hand it (struct fsdp_arch_set), never
+# the table that src/model fills
+uses=$(grep -rnE 'fsdp_arch_(find|names|at|registered|register|preset)\(' "$top_srcdir/io")
+[ -z "$uses" ] || tap_diag "$uses"
+[ -z "$uses" ]
+tap_ok $? "io reads no global architecture table"
+
 # a small tree: core below model below train
 mkdir -p "$W/t/src/core" "$W/t/src/model" "$W/t/src/train" "$W/t/io" "$W/t/backends"
 printf '#include "core/a.h"\n' > "$W/t/src/model/m.c"
