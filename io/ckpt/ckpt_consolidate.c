@@ -34,7 +34,8 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
                  fsdp_ckpt_dir(ck), step) >= (int)sizeof(created_by)) {
         snprintf(created_by, sizeof(created_by), "fsdpc-ckpt consolidate (step %ld)", step);
     }
-    const int kinds = with_optim ? FSDP_CKPT_NKINDS : 1;
+    const struct fsdp_ckpt_kinds *kinds = fsdp_ckpt_kinds(ck);
+    const int n_kinds = with_optim ? kinds->n : 1; /* the model first */
     hid_t f = H5Fcreate(tmp, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
     if (f < 0) {
         /* whatever is at tmp now is not ours to remove */
@@ -43,22 +44,22 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
     }
     if (fsdp_h5_put_model_attrs(f, spec, created_by) < 0 ||
         (with_optim
-             ? ck_make_groups(f)
+             ? ck_make_groups(f, kinds)
              : H5Gclose(H5Gcreate2(f, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT))) < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, fsdp_h5_reason(why, sizeof(why)));
         H5Fclose(f);
         goto out_unlink;
     }
-    size_t total = (size_t)kinds * spec->n_params, done = 0;
-    for (int k = 0; k < kinds && rc == 0; k++) {
+    size_t total = (size_t)n_kinds * spec->n_params, done = 0;
+    for (int k = 0; k < n_kinds && rc == 0; k++) {
         for (size_t i = 0; i < spec->n_params && rc == 0; i++) {
             const struct fsdp_param_spec *p = &spec->params[i];
             hsize_t dims[2];
-            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, 0, p->shape[0], buf);
+            rc = fsdp_ckpt_read_rows(ck, k, i, 0, p->shape[0], buf);
             if (rc < 0) {
                 break;
             }
-            snprintf(name, sizeof(name), "%s/%s", ck_groups[k], p->name);
+            snprintf(name, sizeof(name), "%s/%s", kinds->group[k], p->name);
             hid_t sp = H5Screate_simple(ck_dims(p, p->shape[0], dims), dims, NULL);
             hid_t dcpl = fsdp_h5_dcpl_write_once();
             hid_t d = sp < 0 || dcpl < 0

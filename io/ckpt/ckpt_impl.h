@@ -1,8 +1,8 @@
 /*
- * ckpt_impl.h - what the checkpoint's files share (ckpt_writer.c: shard
- * files and the layout; ckpt_index.c: index.h5; ckpt_reader.c: opening and
- * reading; ckpt_consolidate.c: one model file): the group of each tensor
- * kind, shard file names, file creation, and the split of checksum blocks
+ * ckpt_impl.h - what the checkpoint's files share (ckpt_writer.c: the
+ * kinds, shard files and the layout; ckpt_index.c: index.h5; ckpt_reader.c: opening and
+ * reading; ckpt_consolidate.c: one model file): the groups of the tensor
+ * kinds, shard file names, file creation, and the split of checksum blocks
  * over shards. Private to io/ckpt/ckpt_*.c.
  */
 #ifndef FSDP_IO_CKPT_IMPL_H
@@ -20,17 +20,15 @@
 
 #define CK_PATH_MAX 4096
 
-/* (FSDP_CKPT_NKINDS,) the group of each kind: "model", "optim/exp_avg", ... */
-FSDP_PRIVATE extern const char *const ck_groups[FSDP_CKPT_NKINDS];
-
 /*
  * Creates a new HDF5 file at path, reserves `reserve` bytes for it and
  * reopens it for writing (ckpt_writer.c says why); v18: objects in the HDF5
  * 1.8 format at least. 0 with *out set, or a negative FSDP_ERR_* naming path.
  */
 FSDP_PRIVATE int ck_h5_create(const char *path, size_t reserve, int v18, hid_t *out);
-/* Creates the /model and /optim/... groups; 0 or -1 (HDF5's error stack). */
-FSDP_PRIVATE int ck_make_groups(hid_t f);
+/* Creates the groups of k's kinds (/model, /optim, /optim/<state>); 0 or -1
+ * (HDF5's error stack). */
+FSDP_PRIVATE int ck_make_groups(hid_t f, const struct fsdp_ckpt_kinds *k);
 
 static inline size_t ck_file_bound(size_t n, size_t data)
 {

@@ -48,9 +48,10 @@ static int ck_write_meta(hid_t f, const struct fsdp_ckpt_meta *m)
                : 0;
 }
 
-/* Shard r's checksums of every tensor appended to sums (NKINDS * n_params,),
+/* Shard r's checksums of every tensor appended to sums (kinds->n * n_params,),
  * each preallocated for all shards. */
-static int ck_gather_shard(const char *dir, const struct fsdp_model_spec *spec, int n_shards, int r,
+static int ck_gather_shard(const char *dir, const struct fsdp_model_spec *spec,
+                           const struct fsdp_ckpt_kinds *kinds, int n_shards, int r,
                            struct fsdp_sum *sums)
 {
     char path[CK_PATH_MAX], name[256], why[256];
@@ -64,13 +65,13 @@ static int ck_gather_shard(const char *dir, const struct fsdp_model_spec *spec, 
                         fsdp_h5_reason(why, sizeof(why)));
     }
     int rc = 0;
-    for (size_t j = 0; rc == 0 && j < FSDP_CKPT_NKINDS * spec->n_params; j++) {
+    for (size_t j = 0; rc == 0 && j < (size_t)kinds->n * spec->n_params; j++) {
         const struct fsdp_param_spec *p = &spec->params[j % spec->n_params];
         struct fsdp_sum *all = &sums[j], one;
         size_t row0, rows;
         hid_t d;
         fsdp_ckpt_rows(p->shape[0], n_shards, r, &row0, &rows);
-        snprintf(name, sizeof(name), "%s/%s", ck_groups[j / spec->n_params], p->name);
+        snprintf(name, sizeof(name), "%s/%s", kinds->group[j / spec->n_params], p->name);
         if ((rc = fsdp_h5_open_dataset(path, f, name, H5P_DEFAULT, &d)) < 0) {
             break;
         }
@@ -98,11 +99,11 @@ static int ck_gather_shard(const char *dir, const struct fsdp_model_spec *spec, 
 }
 
 /* Every shard's checksums of every tensor, shards in order: what the index
- * records (sums: (NKINDS * n_params,), freed by the caller). */
-static int ck_gather_sums(const char *dir, const struct fsdp_model_spec *spec, int n_shards,
-                          struct fsdp_sum *sums)
+ * records (sums: (kinds->n * n_params,), freed by the caller). */
+static int ck_gather_sums(const char *dir, const struct fsdp_model_spec *spec,
+                          const struct fsdp_ckpt_kinds *kinds, int n_shards, struct fsdp_sum *sums)
 {
-    for (size_t j = 0; j < FSDP_CKPT_NKINDS * spec->n_params; j++) {
+    for (size_t j = 0; j < (size_t)kinds->n * spec->n_params; j++) {
         const struct fsdp_param_spec *p = &spec->params[j % spec->n_params];
         sums[j].block_rows = ck_block_rows(p);
         size_t n = ck_sum_first(p, n_shards, n_shards, sums[j].block_rows);
@@ -111,21 +112,21 @@ static int ck_gather_sums(const char *dir, const struct fsdp_model_spec *spec, i
         }
     }
     for (int r = 0; r < n_shards; r++) {
-        FSDP_CHECK(ck_gather_shard(dir, spec, n_shards, r, sums));
+        FSDP_CHECK(ck_gather_shard(dir, spec, kinds, n_shards, r, sums));
     }
     return 0;
 }
 
-/* One virtual dataset: the full tensor, row block r from ./shard_<r>.h5,
- * with every shard's checksums. */
-static int ck_write_vds(hid_t f, const struct fsdp_param_spec *p, enum fsdp_ckpt_kind kind,
-                        int n_shards, const struct fsdp_sum *sum)
+/* One virtual dataset, <group>/<name>: the full tensor, row block r from
+ * ./shard_<r>.h5, with every shard's checksums. */
+static int ck_write_vds(hid_t f, const struct fsdp_param_spec *p, const char *group, int n_shards,
+                        const struct fsdp_sum *sum)
 {
     char name[256], src[64];
     hsize_t dims[2], start[2] = {0, 0}, count[2];
     int ndim = ck_dims(p, p->shape[0], dims);
     int rc = 0;
-    snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
+    snprintf(name, sizeof(name), "%s/%s", group, p->name);
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     hid_t vspace = H5Screate_simple(ndim, dims, NULL);
     float fill = 0.0f;
@@ -161,30 +162,30 @@ static int ck_write_vds(hid_t f, const struct fsdp_param_spec *p, enum fsdp_ckpt
 }
 
 int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
-                          const struct fsdp_ckpt_meta *meta)
+                          const struct fsdp_ckpt_kinds *kinds, const struct fsdp_ckpt_meta *meta)
 {
     char path[CK_PATH_MAX], why[256];
     snprintf(path, sizeof(path), "%s/%s", dir, FSDP_CKPT_INDEX);
     fsdp_h5_quiet();
-    size_t n = FSDP_CKPT_NKINDS * spec->n_params;
+    size_t n = (size_t)kinds->n * spec->n_params;
     hid_t f = -1;
     struct fsdp_sum *sums = calloc(n, sizeof(*sums));
-    int rc = sums ? ck_gather_sums(dir, spec, meta->n_shards, sums)
+    int rc = sums ? ck_gather_sums(dir, spec, kinds, meta->n_shards, sums)
                   : fsdp_err(FSDP_ERR_NOMEM, "%s: checksum table", path);
     /* per dataset and shard: a mapping and a hash; one hash more per 1 MiB of tensor */
     size_t maps = n * (size_t)meta->n_shards * (256 + sizeof(uint64_t));
-    size_t hashes = spec->total_numel * FSDP_CKPT_NKINDS * sizeof(float) / 65536;
+    size_t hashes = spec->total_numel * (size_t)kinds->n * sizeof(float) / 65536;
     if (rc == 0) {
         rc = ck_h5_create(path, ck_file_bound(n, maps + hashes), 1, &f);
     }
     int bad = rc < 0 || fsdp_h5_put_model_attrs(f, spec, meta->created_by) < 0 ||
-              ck_write_meta(f, meta) < 0 || ck_make_groups(f) < 0;
+              ck_write_meta(f, meta) < 0 || ck_make_groups(f, kinds) < 0;
     if (!bad && (rc = fsdp_ckpt_attrs_sum_put(path, f, spec->arch)) < 0) {
         bad = 1;
     }
-    for (int k = 0; !bad && k < FSDP_CKPT_NKINDS; k++) {
+    for (int k = 0; !bad && k < kinds->n; k++) {
         for (size_t i = 0; !bad && i < spec->n_params; i++) {
-            bad = ck_write_vds(f, &spec->params[i], (enum fsdp_ckpt_kind)k, meta->n_shards,
+            bad = ck_write_vds(f, &spec->params[i], kinds->group[k], meta->n_shards,
                                &sums[k * spec->n_params + i]) < 0;
         }
     }

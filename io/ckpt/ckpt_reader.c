@@ -29,9 +29,10 @@ struct fsdp_ckpt {
     char dir[CK_PATH_MAX];
     struct fsdp_ckpt_meta meta;
     struct fsdp_model_spec *spec;
+    struct fsdp_ckpt_kinds kinds; /* the index's: /model and each group under /optim */
     hid_t *shards;           /* (n_shards,) open shard files (-1: not yet, when lazy) */
     int lazy;                /* a shard is checked and opened when first read */
-    struct fsdp_sum *sums;   /* (NKINDS * n_params,) the index's checksums of every tensor */
+    struct fsdp_sum *sums;   /* (kinds.n * n_params,) the index's checksums of every tensor */
     struct fsdp_sum_buf buf; /* blocks read only in part */
 };
 
@@ -48,6 +49,11 @@ const struct fsdp_model_spec *fsdp_ckpt_spec(const struct fsdp_ckpt *ck)
 const char *fsdp_ckpt_dir(const struct fsdp_ckpt *ck)
 {
     return ck->dir;
+}
+
+const struct fsdp_ckpt_kinds *fsdp_ckpt_kinds(const struct fsdp_ckpt *ck)
+{
+    return &ck->kinds;
 }
 
 static int ck_is_dir(const char *p)
@@ -219,18 +225,69 @@ static int ck_read_meta(const char *path, hid_t f, const struct fsdp_arch_set *a
     return 0;
 }
 
+/* The names under /optim, collected in the order H5Literate gives them. */
+struct ck_states {
+    int n, over;
+    char name[FSDP_CKPT_MAX_STATE][2 * FSDP_CKPT_STATE_MAX];
+};
+
+static herr_t ck_note_state(hid_t g, const char *name, const H5L_info_t *info, void *arg)
+{
+    struct ck_states *st = arg;
+    (void)g;
+    (void)info;
+    if (st->n == FSDP_CKPT_MAX_STATE) {
+        st->over = 1;
+        return 1;
+    }
+    snprintf(st->name[st->n++], sizeof(st->name[0]), "%s", name);
+    return 0;
+}
+
+/* The kinds index.h5 keeps: /model, then one per member of /optim in name
+ * order (AdamW's exp_avg, exp_avg_sq), each the optimizer's name of a state
+ * tensor. Its datasets are opened, and so checked, by the callers. */
+static int ck_read_kinds(const char *index, hid_t f, struct fsdp_ckpt_kinds *k)
+{
+    struct ck_states st = {0};
+    const char *names[FSDP_CKPT_MAX_STATE];
+    hid_t g;
+    FSDP_CHECK(fsdp_h5_open_group(index, f, "optim", &g));
+    herr_t e = H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL, ck_note_state, &st);
+    H5Gclose(g);
+    if (e < 0) {
+        char why[256];
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot list /optim: %s", index,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    if (st.over) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: /optim holds more than %d state tensors", index,
+                        FSDP_CKPT_MAX_STATE);
+    }
+    for (int i = 0; i < st.n; i++) {
+        names[i] = st.name[i];
+    }
+    int rc = fsdp_ckpt_kinds_init(k, st.n, names);
+    if (rc < 0) { /* name the file */
+        char why[1024];
+        fsdp_err_take(why, sizeof(why));
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: /optim: %s", index, why);
+    }
+    return 0;
+}
+
 /* The checksums index.h5 records, every tensor's (none: block_rows 0). */
 static int ck_read_sums(struct fsdp_ckpt *ck, const char *index, hid_t f)
 {
     const size_t np = ck->spec->n_params, R = (size_t)ck->meta.n_shards;
     size_t *rows = malloc(R * sizeof(size_t));
-    ck->sums = calloc(FSDP_CKPT_NKINDS * np, sizeof(*ck->sums));
+    ck->sums = calloc((size_t)ck->kinds.n * np, sizeof(*ck->sums));
     if (!rows || !ck->sums) {
         free(rows);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: checksum table", index);
     }
     int rc = 0;
-    for (size_t j = 0; rc == 0 && j < FSDP_CKPT_NKINDS * np; j++) {
+    for (size_t j = 0; rc == 0 && j < (size_t)ck->kinds.n * np; j++) {
         const struct fsdp_param_spec *p = &ck->spec->params[j % np];
         char name[256];
         hid_t d;
@@ -238,7 +295,7 @@ static int ck_read_sums(struct fsdp_ckpt *ck, const char *index, hid_t f)
             size_t row0;
             fsdp_ckpt_rows(p->shape[0], (int)R, (int)r, &row0, &rows[r]);
         }
-        snprintf(name, sizeof(name), "%s/%s", ck_groups[j / np], p->name);
+        snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[j / np], p->name);
         if ((rc = fsdp_h5_open_dataset(index, f, name, H5P_DEFAULT, &d)) == 0) {
             rc = fsdp_sum_get(index, name, d, rows, R, &ck->sums[j]);
             H5Dclose(d);
@@ -254,7 +311,7 @@ static int ck_read_sums(struct fsdp_ckpt *ck, const char *index, hid_t f)
  * with the same step and shapes, is refused here, before anything is read.
  */
 static int ck_check_shard_sum(struct fsdp_ckpt *ck, const char *path, const char *name, hid_t d,
-                              int r, enum fsdp_ckpt_kind k, size_t i, size_t rows)
+                              int r, int k, size_t i, size_t rows)
 {
     const struct fsdp_param_spec *p = &ck->spec->params[i];
     const struct fsdp_sum *want = &ck->sums[k * ck->spec->n_params + i];
@@ -342,14 +399,14 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
         return fsdp_err(FSDP_ERR_FORMAT, "%s: shard %lld of %lld, expected %d of %d", path, x, ns,
                         r, ck->meta.n_shards);
     }
-    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+    for (int k = 0; k < ck->kinds.n; k++) {
         for (size_t i = 0; i < ck->spec->n_params; i++) {
             const struct fsdp_param_spec *p = &ck->spec->params[i];
             size_t row0, rows;
             hsize_t dims[H5S_MAX_RANK], want[2];
             enum fsdp_h5_float kind;
             fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &row0, &rows);
-            snprintf(name, sizeof(name), "%s/%s", ck_groups[k], p->name);
+            snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[k], p->name);
             hid_t d;
             FSDP_CHECK(fsdp_h5_open_dataset(path, f, name, H5P_DEFAULT, &d));
             int rc = fsdp_h5_check_storage(path, name, d);
@@ -384,7 +441,7 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
                                 "of %s as shard %d of %d must",
                                 path, name, row0, row0 + rows, p->name, r, ck->meta.n_shards);
             }
-            rc = ck_check_shard_sum(ck, path, name, d, r, (enum fsdp_ckpt_kind)k, i, rows);
+            rc = ck_check_shard_sum(ck, path, name, d, r, k, i, rows);
             fsdp_h5_close(d);
             FSDP_CHECK(rc);
         }
@@ -401,11 +458,11 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
 static int ck_check_index(struct fsdp_ckpt *ck, const char *index, hid_t f)
 {
     char name[256];
-    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+    for (int k = 0; k < ck->kinds.n; k++) {
         for (size_t i = 0; i < ck->spec->n_params; i++) {
             const struct fsdp_param_spec *p = &ck->spec->params[i];
             hid_t d;
-            snprintf(name, sizeof(name), "%s/%s", ck_groups[k], p->name);
+            snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[k], p->name);
             FSDP_CHECK(fsdp_h5_open_dataset(index, f, name, H5P_DEFAULT, &d));
             int rc = fsdp_h5_check_shard_vds(index, name, d, p->ndim, p->shape[0], p->shape[1],
                                              ck->meta.n_shards, ck->lazy ? NULL : ck->shards);
@@ -457,6 +514,9 @@ static int ck_open(const char *path, const struct fsdp_arch_set *archs, int lazy
         goto err;
     }
     rc = ck_read_meta(index, f, archs, &ck->meta);
+    if (rc == 0) {
+        rc = ck_read_kinds(index, f, &ck->kinds);
+    }
     if (rc == 0) {
         rc = ck_read_sums(ck, index, f);
     }
@@ -529,7 +589,7 @@ void fsdp_ckpt_close(struct fsdp_ckpt *ck)
         fsdp_h5_close(ck->shards[r]);
     }
     free(ck->shards);
-    for (size_t j = 0; ck->sums && j < FSDP_CKPT_NKINDS * ck->spec->n_params; j++) {
+    for (size_t j = 0; ck->sums && j < (size_t)ck->kinds.n * ck->spec->n_params; j++) {
         fsdp_sum_clear(&ck->sums[j]);
     }
     free(ck->sums);
@@ -540,8 +600,8 @@ void fsdp_ckpt_close(struct fsdp_ckpt *ck)
 
 /* Tensor rows [lo, lo + n) from shard r (which holds them) through the
  * checksums, into dst. */
-static int ck_read_checked(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx, int r,
-                           size_t lo, size_t n, float *dst)
+static int ck_read_checked(struct fsdp_ckpt *ck, int kind, size_t idx, int r, size_t lo, size_t n,
+                           float *dst)
 {
     const struct fsdp_param_spec *p = &ck->spec->params[idx];
     const struct fsdp_sum *sum = &ck->sums[kind * ck->spec->n_params + idx];
@@ -550,7 +610,7 @@ static int ck_read_checked(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_
     enum fsdp_h5_float fk;
     fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &s0, &sn);
     ck_shard_path(path, sizeof(path), ck->dir, r);
-    snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
+    snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[kind], p->name);
     FSDP_CHECK(ck_shard_ready(ck, r));
     hid_t d = H5Dopen2(ck->shards[r], name, H5P_DEFAULT);
     hid_t t = d < 0 ? -1 : H5Dget_type(d);
@@ -581,9 +641,13 @@ static int ck_read_checked(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_
     return rc;
 }
 
-int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx, size_t row0,
-                        size_t nrows, float *dst)
+int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, int kind, size_t idx, size_t row0, size_t nrows,
+                        float *dst)
 {
+    if (kind < 0 || kind >= ck->kinds.n) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: tensor kind %d (the checkpoint keeps %d)", ck->dir,
+                        kind, ck->kinds.n);
+    }
     const struct fsdp_param_spec *p = &ck->spec->params[idx];
     const struct fsdp_sum *sum = &ck->sums[kind * ck->spec->n_params + idx];
     const size_t cols = p->shape[1];
@@ -592,7 +656,7 @@ int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t i
         return fsdp_err(FSDP_ERR_INVALID, "%s: rows [%zu, %zu) of %s are out of range", ck->dir,
                         row0, row0 + nrows, p->name);
     }
-    snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
+    snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[kind], p->name);
     for (int r = 0; r < ck->meta.n_shards && nrows > 0; r++) {
         size_t s0, sn;
         fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &s0, &sn);
@@ -624,9 +688,9 @@ int fsdp_ckpt_read_rows(struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t i
     return 0;
 }
 
-size_t fsdp_ckpt_checksum_blocks(const struct fsdp_ckpt *ck, enum fsdp_ckpt_kind kind, size_t idx)
+size_t fsdp_ckpt_checksum_blocks(const struct fsdp_ckpt *ck, int kind, size_t idx)
 {
-    if ((unsigned)kind >= FSDP_CKPT_NKINDS || idx >= ck->spec->n_params) {
+    if (kind < 0 || kind >= ck->kinds.n || idx >= ck->spec->n_params) {
         return 0;
     }
     const struct fsdp_sum *s = &ck->sums[kind * ck->spec->n_params + idx];

@@ -22,10 +22,9 @@ int fsdp_ckpt_verify_data(const char *path, const struct fsdp_arch_set *archs)
     const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
     float *buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
     int rc = buf ? 0 : fsdp_err(FSDP_ERR_NOMEM, "%s: one tensor's buffer", path);
-    for (int k = 0; rc == 0 && k < FSDP_CKPT_NKINDS; k++) {
+    for (int k = 0; rc == 0 && k < fsdp_ckpt_kinds(ck)->n; k++) {
         for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
-            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, 0, s->params[i].shape[0],
-                                     buf);
+            rc = fsdp_ckpt_read_rows(ck, k, i, 0, s->params[i].shape[0], buf);
         }
     }
     fsdp_free(buf);

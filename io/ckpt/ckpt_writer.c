@@ -12,18 +12,72 @@
 #include "io/h5/h5util.h"
 #include "core/error.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-const char *const ck_groups[FSDP_CKPT_NKINDS] = {"model", "optim/exp_avg", "optim/exp_avg_sq"};
+// ----------------------------------------------------------------------------
+// kinds
 
-const char *fsdp_ckpt_kind_group(enum fsdp_ckpt_kind k)
+/* A state name that is also a plain HDF5 link name and a word in messages. */
+static int ck_state_name_ok(const char *s)
 {
-    return (unsigned)k < FSDP_CKPT_NKINDS ? ck_groups[k] : "?";
+    size_t n = strlen(s);
+    if (n == 0 || n >= FSDP_CKPT_STATE_MAX) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_') {
+            return 0;
+        }
+    }
+    return 1;
 }
+
+int fsdp_ckpt_kinds_init(struct fsdp_ckpt_kinds *k, int n_state, const char *const *state)
+{
+    memset(k, 0, sizeof(*k));
+    if (n_state < 0 || n_state > FSDP_CKPT_MAX_STATE) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "checkpoint: %d optimizer state tensors per parameter (at most %d)",
+                        n_state, FSDP_CKPT_MAX_STATE);
+    }
+    snprintf(k->group[0], sizeof(k->group[0]), "model");
+    k->n = 1;
+    for (int i = 0; i < n_state; i++) {
+        char shown[FSDP_CKPT_STATE_MAX + 4];
+        int ok = ck_state_name_ok(state[i]);
+        if (!ok || fsdp_ckpt_kind_of(k, state[i]) >= 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "checkpoint: optimizer state '%s' is %s",
+                            fsdp_str_printable(shown, sizeof(shown), state[i], 0),
+                            ok ? "named twice"
+                               : "not a name (letters, digits and '_', fewer than 32)");
+        }
+        snprintf(k->group[k->n++], sizeof(k->group[0]), "optim/%s", state[i]);
+    }
+    return 0;
+}
+
+const char *fsdp_ckpt_kind_group(const struct fsdp_ckpt_kinds *k, int kind)
+{
+    return kind >= 0 && kind < k->n ? k->group[kind] : "?";
+}
+
+int fsdp_ckpt_kind_of(const struct fsdp_ckpt_kinds *k, const char *state)
+{
+    for (int i = 1; i < k->n; i++) {
+        if (strcmp(k->group[i] + sizeof("optim/") - 1, state) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// files
 
 /*
  * Reserves bytes for path before HDF5 writes into it: a full disk or a
@@ -90,12 +144,12 @@ int ck_h5_create(const char *path, size_t reserve, int v18, hid_t *out)
     return rc;
 }
 
-/* Creates the /model and /optim/... groups. */
-int ck_make_groups(hid_t f)
+int ck_make_groups(hid_t f, const struct fsdp_ckpt_kinds *k)
 {
-    const char *g[] = {"model", "optim", "optim/exp_avg", "optim/exp_avg_sq"};
-    for (size_t i = 0; i < 4; i++) {
-        hid_t id = H5Gcreate2(f, g[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    for (int i = 0; i <= k->n; i++) {
+        /* model, optim, then optim/<state> for each state */
+        const char *g = i == 0 ? k->group[0] : i == 1 ? "optim" : k->group[i - 1];
+        hid_t id = H5Gcreate2(f, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         if (id < 0) {
             return -1;
         }
@@ -110,21 +164,23 @@ int ck_make_groups(hid_t f)
 struct fsdp_ckpt_shard_writer {
     char path[CK_PATH_MAX];
     const struct fsdp_model_spec *spec;
+    struct fsdp_ckpt_kinds kinds;
     int shard, n_shards;
     hid_t file;
-    unsigned char *written; /* (NKINDS * n_params,) */
+    unsigned char *written; /* (kinds.n * n_params,) */
     int created;            /* path is ours: remove it unless committed */
     int committed;
 };
 
 int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
-                           const struct fsdp_model_spec *spec, struct fsdp_ckpt_shard_writer **out)
+                           const struct fsdp_model_spec *spec, const struct fsdp_ckpt_kinds *kinds,
+                           struct fsdp_ckpt_shard_writer **out)
 {
     char why[256];
     int rc;
     fsdp_h5_quiet();
     struct fsdp_ckpt_shard_writer *w = calloc(1, sizeof(*w));
-    if (!w || !(w->written = calloc(FSDP_CKPT_NKINDS * spec->n_params, 1))) {
+    if (!w || !(w->written = calloc((size_t)kinds->n * spec->n_params, 1))) {
         free(w);
         return fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard writer");
     }
@@ -134,18 +190,19 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
         return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", dir);
     }
     w->spec = spec;
+    w->kinds = *kinds;
     w->shard = shard;
     w->n_shards = n_shards;
     size_t data = 0;
     for (size_t i = 0; i < spec->n_params; i++) {
         size_t row0, rows;
         fsdp_ckpt_rows(spec->params[i].shape[0], n_shards, shard, &row0, &rows);
-        data += FSDP_CKPT_NKINDS * rows * spec->params[i].shape[1] * sizeof(float);
+        data += (size_t)kinds->n * rows * spec->params[i].shape[1] * sizeof(float);
     }
     w->file = -1;
     /* and a hash per 1 MiB of rows (the bound gives each dataset one) */
     FSDP_CHECK_GOTO(
-        ck_h5_create(w->path, ck_file_bound(FSDP_CKPT_NKINDS * spec->n_params, data + data / 65536),
+        ck_h5_create(w->path, ck_file_bound((size_t)kinds->n * spec->n_params, data + data / 65536),
                      0, &w->file),
         rc, err);
     w->created = 1;
@@ -153,7 +210,8 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
         fsdp_h5_put_attr_int(w->file, "format_version", FSDP_CKPT_VERSION) < 0 ||
         fsdp_h5_put_attr_i64(w->file, "step", step) < 0 ||
         fsdp_h5_put_attr_int(w->file, "shard", shard) < 0 ||
-        fsdp_h5_put_attr_int(w->file, "n_shards", n_shards) < 0 || ck_make_groups(w->file) < 0) {
+        fsdp_h5_put_attr_int(w->file, "n_shards", n_shards) < 0 ||
+        ck_make_groups(w->file, kinds) < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", w->path,
                       fsdp_h5_reason(why, sizeof(why)));
         goto err;
@@ -165,15 +223,18 @@ err:
     return rc;
 }
 
-int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, enum fsdp_ckpt_kind kind, size_t idx,
-                        const float *data)
+int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, int kind, size_t idx, const float *data)
 {
     const struct fsdp_param_spec *p = &w->spec->params[idx];
     char name[256], why[256];
     size_t row0, rows;
     hsize_t dims[2];
+    if (kind < 0 || kind >= w->kinds.n) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: tensor kind %d of %s (the checkpoint keeps %d)",
+                        w->path, kind, p->name, w->kinds.n);
+    }
     fsdp_ckpt_rows(p->shape[0], w->n_shards, w->shard, &row0, &rows);
-    snprintf(name, sizeof(name), "%s/%s", ck_groups[kind], p->name);
+    snprintf(name, sizeof(name), "%s/%s", w->kinds.group[kind], p->name);
     int nd = ck_dims(p, rows, dims);
     hid_t space = H5Screate_simple(nd, dims, NULL);
     hid_t dcpl = fsdp_h5_dcpl_write_once();
@@ -202,10 +263,10 @@ int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, enum fsdp_ckpt_kind ki
 int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w)
 {
     char why[256];
-    for (size_t i = 0; i < FSDP_CKPT_NKINDS * w->spec->n_params; i++) {
+    for (size_t i = 0; i < (size_t)w->kinds.n * w->spec->n_params; i++) {
         if (!w->written[i]) {
             return fsdp_err(FSDP_ERR_INVALID, "%s: /%s/%s was never written", w->path,
-                            ck_groups[i / w->spec->n_params],
+                            w->kinds.group[i / w->spec->n_params],
                             w->spec->params[i % w->spec->n_params].name);
         }
     }

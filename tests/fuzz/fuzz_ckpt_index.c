@@ -42,9 +42,9 @@ static int fuzz_read_ckpt(const char *dir)
     }
     const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
     float *buf = malloc(fsdp_model_spec_largest(s) * sizeof(float));
-    for (int k = 0; buf && rc == 0 && k < FSDP_CKPT_NKINDS; k++) {
+    for (int k = 0; buf && rc == 0 && k < fsdp_ckpt_kinds(ck)->n; k++) {
         for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
-            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, 0, s->params[i].shape[0], buf);
+            rc = fsdp_ckpt_read_rows(ck, k, i, 0, s->params[i].shape[0], buf);
         }
     }
     free(buf);
