@@ -7,7 +7,7 @@
  * --model may also name a checkpoint (a run's --ckpt-dir, a step directory
  * or its index.h5): its weights are read through the step's index.h5.
  *
- * With --tokenizer tokenizer.json (a Hugging Face byte-level BPE, io/tokenizer.h)
+ * With --tokenizer tokenizer.json (a Hugging Face byte-level BPE, io/text/tokenizer.h)
  * the prompt is text encoded with it, with the tokens its post_processor
  * puts around a text (Llama 3's <|begin_of_text|>) unless
  * --add-special-tokens off, and the tokens are printed as text.
@@ -31,8 +31,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "io/model_file.h"
-#include "io/tokenizer.h"
+#include "io/h5/model_file.h"
+#include "io/text/tokenizer.h"
 #include "model/model.h"
 #include "compute/device.h"
 
@@ -352,7 +352,7 @@ static int sample_run(const struct sample_config *c)
     char path[sizeof(c->model) + 64];
     FSDP_CHECK(fsdp_model_registry_init());
     FSDP_CHECK(fsdp_model_source_resolve(c->model, path, sizeof(path), NULL));
-    FSDP_CHECK(fsdp_model_file_read_spec(path, &spec));
+    FSDP_CHECK(fsdp_model_file_read_spec(path, fsdp_arch_registered(), &spec));
     const int V = spec->vocab_size, ctx = spec->context;
     size_t cap = strlen(c->prompt) + 1 + (size_t)c->tokens;
     params = fsdp_alloc(spec->total_numel * sizeof(float));
@@ -370,7 +370,7 @@ static int sample_run(const struct sample_config *c)
         units[u] = params + off;
         off += spec->unit_numel[u];
     }
-    FSDP_CHECK_GOTO(fsdp_model_file_read(path, spec, units), rc, out);
+    FSDP_CHECK_GOTO(fsdp_model_file_read(path, fsdp_arch_registered(), spec, units), rc, out);
     FSDP_CHECK_GOTO(sample_to_device(c, spec, params, &dev, &dparams, &dlogits), rc, out);
     struct fsdp_model_opts mo = {.max_B = 1, .max_T = ctx, .dev = dev};
     FSDP_CHECK_GOTO(fsdp_model_create(spec, &mo, &model), rc, out);

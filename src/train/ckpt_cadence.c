@@ -2,7 +2,7 @@
  * ckpt_cadence.c - checkpoint cadence, preemption, resume, and the
  * agreement around each save (see ckpt_cadence.h; layout in
  * doc/formats.md). The directory commit itself (renames, fsyncs, latest)
- * is io/ckpt_commit.c's; this file decides when it runs and makes every
+ * is io/ckpt/ckpt_commit.c's; this file decides when it runs and makes every
  * rank agree on each step of a save, so a failure anywhere fails the save
  * everywhere:
  *   1. rank 0 draws a nonce and creates D/.tmp_step_<N>_<nonce>/
@@ -27,10 +27,10 @@
 #include "rendezvous/dist.h"
 #include "comm/mesh.h"
 #include "comm/mesh_spec.h"
-#include "io/ckpt.h"
-#include "io/ckpt_commit.h"
-#include "io/fileutil.h"
-#include "io/tokens.h"
+#include "io/ckpt/ckpt.h"
+#include "io/ckpt/ckpt_commit.h"
+#include "io/util/fileutil.h"
+#include "io/text/tokens.h"
 #include "fsdp/engine.h"
 #include "compute/device.h"
 #include "train/stage.h"
@@ -123,18 +123,6 @@ static int cad_mkdirs(const char *dir)
     return 0;
 }
 
-/* Step number of a "step_<N>" entry, or -1. */
-static long cad_step_of(const char *name)
-{
-    if (strncmp(name, "step_", 5) != 0 || !name[5]) {
-        return -1;
-    }
-    char *end;
-    errno = 0;
-    long n = strtol(name + 5, &end, 10);
-    return *end || errno || n < 0 ? -1 : n;
-}
-
 /* Puts D back in order after a crash (see fsdp_ckpt_commit_recover) and
  * says what it did. */
 static int cad_recover(const char *dir)
@@ -152,29 +140,39 @@ static int cad_recover(const char *dir)
     return 0;
 }
 
+/* Where cad_list_steps's steps go. */
+struct cad_steps {
+    const char *dir;
+    long *steps;
+    size_t cap, *n;
+};
+
+static int cad_add_step(const char *name, long step, void *arg)
+{
+    struct cad_steps *a = arg;
+    (void)name;
+    if (*a->n == a->cap) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "ckpt-dir %s: more than %zu step directories; "
+                        "ckpt-keep leaves them all (remove old ones by hand)",
+                        a->dir, a->cap);
+    }
+    a->steps[(*a->n)++] = step;
+    return 0;
+}
+
 /* Steps of D's step_<N> directories, at most cap; *n of them. */
 static int cad_list_steps(const char *dir, long *steps, size_t cap, size_t *n)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
+    struct cad_steps a = {dir, steps, cap, n};
     *n = 0;
-    if (!d) {
-        return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot list: %s", dir, strerror(errno));
+    int rc = fsdp_ckpt_step_scan(dir, 0, cad_add_step, &a);
+    if (rc == FSDP_ERR_IO) { /* the scan names dir; say which flag it came from */
+        char why[1024];
+        fsdp_err_take(why, sizeof(why));
+        return fsdp_err(rc, "ckpt-dir %s", why);
     }
-    while ((e = readdir(d))) {
-        long s = cad_step_of(e->d_name);
-        if (s < 0) {
-            continue;
-        }
-        if (*n == cap) {
-            closedir(d);
-            return fsdp_err(FSDP_ERR_INVALID, "ckpt-dir %s: more than %zu step directories; "
-                            "ckpt-keep leaves them all (remove old ones by hand)", dir, cap);
-        }
-        steps[(*n)++] = s;
-    }
-    closedir(d);
-    return 0;
+    return rc;
 }
 
 static int cad_cmp_desc(const void *a, const void *b)
@@ -319,6 +317,13 @@ static void cad_save_hint(const struct fsdp_ckpt_cadence *c)
 // ----------------------------------------------------------------------------
 // the engine's state in and out of checkpoint files, as row ranges
 
+/* What the checkpoint keeps per parameter: the parameter (kind 0), then the
+ * optimizer's state tensors by its names, kind k being the engine's. */
+static int cad_kinds(const struct fsdp_engine *e, struct fsdp_ckpt_kinds *kinds)
+{
+    return fsdp_ckpt_kinds_init(kinds, e->n_state, e->state_names);
+}
+
 /*
  * A tensor-parallel engine's shard: its pieces are blocks, so every tensor
  * is re-laid out as this shard's whole rows first (save_rows, collective:
@@ -336,8 +341,11 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
         rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint: %zu bytes of rows",
                       fsdp_model_spec_largest(s) * sizeof(float));
     }
+    struct fsdp_ckpt_kinds kinds;
     if (rc == 0 && e->writes_state) {
-        rc = fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, s, &w);
+        rc = cad_kinds(e, &kinds);
+        rc = rc < 0 ? rc
+                    : fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, s, &kinds, &w);
         fsdp_save_progress_total(&t->ckpt->progress, (size_t)(e->n_state + 1) * s->n_params);
     }
     for (int k = 0; k <= e->n_state; k++) {
@@ -350,7 +358,7 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
                 return src; /* a collective failed: every rank hears of it */
             }
             if (rc == 0 && w) {
-                rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)k, i, rows);
+                rc = fsdp_ckpt_shard_put(w, k, i, rows);
                 fsdp_save_progress_tick(&t->ckpt->progress);
             }
         }
@@ -378,7 +386,10 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
     }
     if (e->writes_state) {
         struct fsdp_ckpt_shard_writer *w = NULL;
-        FSDP_CHECK(fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, t->spec, &w));
+        struct fsdp_ckpt_kinds kinds;
+        FSDP_CHECK(cad_kinds(e, &kinds));
+        FSDP_CHECK(
+            fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, t->spec, &kinds, &w));
         int rc = 0;
         size_t n = e->ops->n_pieces(e);
         struct fsdp_stage st;
@@ -390,7 +401,7 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
             e->ops->piece(e, k, &pc);
             size_t cols = fsdp_state_piece_cols(&pc, t->spec->params[pc.param].shape[1]);
             rc = fsdp_stage_read(&st, pc.data, pc.rows * cols, &host);
-            rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)pc.kind, pc.param, host);
+            rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, pc.kind, pc.param, host);
             fsdp_save_progress_tick(&t->ckpt->progress);
         }
         fsdp_stage_free(&st);
@@ -410,7 +421,9 @@ static int cad_write_index(struct fsdp_trainer *t, const char *dir,
 {
     struct fsdp_engine *e = t->engine;
     struct fsdp_ckpt_meta m = *meta;
+    struct fsdp_ckpt_kinds kinds;
     struct fsdp_engine_counters cn;
+    FSDP_CHECK(cad_kinds(e, &kinds));
     e->ops->get_counters(e, &cn);
     m.n_shards = e->n_shards;
     m.world_size = t->world->size;
@@ -420,7 +433,7 @@ static int cad_write_index(struct fsdp_trainer *t, const char *dir,
     m.loss_scale = cn.loss_scale;
     m.scale_good_steps = cn.scale_good_steps;
     m.skipped_steps = cn.skipped_steps;
-    return fsdp_ckpt_index_write(dir, t->spec, &m);
+    return fsdp_ckpt_index_write(dir, t->spec, &kinds, &m);
 }
 
 /* Every piece this rank holds, from whatever shard count ck was written
@@ -430,10 +443,20 @@ static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
 {
     struct fsdp_engine *e = t->engine;
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
-    if (e->n_state + 1 != FSDP_CKPT_NKINDS) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: the checkpoint keeps %d optimizer tensors per "
-                        "parameter, the optimizer %d", fsdp_ckpt_dir(ck), FSDP_CKPT_NKINDS - 1,
-                        e->n_state);
+    const struct fsdp_ckpt_kinds *ks = fsdp_ckpt_kinds(ck);
+    int kind_of[1 + FSDP_CKPT_MAX_STATE] = {FSDP_CKPT_MODEL}; /* the engine's kind -> ck's */
+    if (e->n_state + 1 != ks->n) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                        "%s: the checkpoint keeps %d optimizer tensors per parameter, the "
+                        "optimizer %d",
+                        fsdp_ckpt_dir(ck), ks->n - 1, e->n_state);
+    }
+    for (int k = 1; k <= e->n_state; k++) {
+        if ((kind_of[k] = fsdp_ckpt_kind_of(ks, e->state_names[k - 1])) < 0) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                            "%s: the checkpoint keeps no optimizer state '%s'", fsdp_ckpt_dir(ck),
+                            e->state_names[k - 1]);
+        }
     }
     size_t n = e->ops->n_pieces(e);
     struct fsdp_stage st;
@@ -450,8 +473,8 @@ static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
         if (cols == W) { /* whole rows: through the stage */
             rc = fsdp_stage_reserve(&st, pc.rows * W, p->name);
             rc = rc < 0 ? rc
-                        : fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0,
-                                              pc.rows, st.buf);
+                        : fsdp_ckpt_read_rows(ck, kind_of[pc.kind], pc.param, pc.row0, pc.rows,
+                                              st.buf);
             rc = rc < 0 ? rc : fsdp_stage_write(&st, pc.data, st.buf, pc.rows * W);
             continue;
         }
@@ -460,8 +483,7 @@ static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
         size_t step = st.cap / W;
         for (size_t r = 0; r < pc.rows && rc == 0; r += step) {
             size_t nr = pc.rows - r < step ? pc.rows - r : step;
-            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0 + r, nr,
-                                     st.buf);
+            rc = fsdp_ckpt_read_rows(ck, kind_of[pc.kind], pc.param, pc.row0 + r, nr, st.buf);
             for (size_t j = 0; rc == 0 && j < nr; j++) {
                 rc = fsdp_device_write(t->dev, pc.data + (r + j) * cols, st.buf + j * W + pc.col0,
                                        cols * sizeof(float));
@@ -975,7 +997,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && stat(link, &st) != 0) {
         rc = cad_latest_missing(path, link);
     } else { /* each rank checks and opens the shards it reads, not all of them */
-        rc = fsdp_ckpt_damage_hint(path, fsdp_ckpt_open_lazy(path, &ck));
+        rc = fsdp_ckpt_damage_hint(path, fsdp_ckpt_open_lazy(path, fsdp_arch_registered(), &ck));
     }
     if (rc == 0) {
         rc = cad_check_model(t, ck);

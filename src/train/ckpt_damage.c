@@ -8,7 +8,7 @@
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/model_source.h"
-#include "io/ckpt.h"
+#include "io/ckpt/ckpt.h"
 #include "core/error.h"
 
 #include <libgen.h>
@@ -51,7 +51,9 @@ int fsdp_ckpt_damage_hint(const char *path, int rc)
     char msg[1024], root[4096], good[4200];
     fsdp_err_take(msg, sizeof(msg));
     long step = dmg_locate(path, root, sizeof(root));
-    long ok = step > 0 ? fsdp_ckpt_newest_verified(root, step, good, sizeof(good)) : -1;
+    long ok =
+        step > 0 ? fsdp_ckpt_newest_verified(root, fsdp_arch_registered(), step, good, sizeof(good))
+                 : -1;
     fsdp_err_clear();
     fsdp_err(rc, "%s", msg);
     if (ok >= 0) {

@@ -23,8 +23,8 @@
 #include "compute/device.h"
 #include "train/stage.h"
 #include "fsdp/fsdp.h"
-#include "io/model_file.h"
-#include "io/tokens.h"
+#include "io/h5/model_file.h"
+#include "io/text/tokens.h"
 #include "model/model.h"
 
 #include <cblas.h>
@@ -191,7 +191,7 @@ static int trainer_open_model(struct fsdp_trainer *t, struct fsdp_model_file **m
     const struct fsdp_train_config *c = t->cfg;
     int rc = fsdp_model_source_resolve(c->model, t->model_path, sizeof(t->model_path), NULL);
     if (rc == 0) {
-        rc = fsdp_model_file_open(t->model_path, mf);
+        rc = fsdp_model_file_open(t->model_path, fsdp_arch_registered(), mf);
     }
     if (rc == 0) {
         const struct fsdp_model_spec *fs = fsdp_model_file_spec(*mf);
@@ -247,7 +247,7 @@ static int trainer_check_readable(struct fsdp_trainer *t, const char *path, cons
     return 0;
 }
 
-/* Hints for the loader's refusals that a user meets (its messages, io/tokens.c). */
+/* Hints for the loader's refusals that a user meets (its messages, io/text/tokens.c). */
 static void trainer_data_hint(const char *what)
 {
     const char *msg = fsdp_err_msg();

@@ -29,7 +29,7 @@
 #include "fsdp/fsdp.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "io/tokens.h"
+#include "io/text/tokens.h"
 #include "model/model.h"
 
 #include <hdf5.h>
