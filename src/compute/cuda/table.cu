@@ -29,7 +29,9 @@ extern "C" {
 #include "core/dtype.h"
 }
 #if defined(__CUDACC__)
+extern "C" {
 #include "compute/cuda/matmul_cuda.h"
+}
 #endif
 
 #include <stdio.h>
