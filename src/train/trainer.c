@@ -372,6 +372,32 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
     return 0;
 }
 
+/* Room the kernel table's own workspaces take beside the plan (cuBLASLt's
+ * workspace and staging, the norms' partial sums, the cast chunk). */
+#define TRAINER_KERNEL_ROOM ((size_t)256 << 20)
+
+/* A device that keeps an arena (a GPU's) takes this rank's whole plan at
+ * once, as --print-memory plans it, so no step allocates from the runtime. */
+static int trainer_reserve(struct fsdp_trainer *t, const struct fsdp_shard_groups *g,
+                           const struct fsdp_optim_config *oc, const struct fsdp_shard_config *sc)
+{
+    if (!t->dev->ops->reserve) {
+        return 0;
+    }
+    struct fsdp_shard_shape sh = {
+        .dp = g->dp ? g->dp->size : 1,
+        .rdp = g->rdp ? g->rdp->size : 1,
+        .tp = g->tp ? g->tp->size : 1,
+        .dp_rank = g->dp ? g->dp->rank : 0,
+        .tp_rank = g->tp ? g->tp->rank : 0,
+    };
+    struct fsdp_engine_stats st;
+    FSDP_CHECK(fsdp_shard_engine_plan(t->spec, &sh, t->dev, oc, sc, &st));
+    size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(t->cfg) * sizeof(int32_t);
+    return fsdp_device_reserve(t->dev, st.peak_bytes + st.ckpt_bytes + batch +
+                                           TRAINER_KERNEL_ROOM);
+}
+
 int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 {
     const struct fsdp_train_config *c = t->cfg;
@@ -387,6 +413,7 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
         .backends = t->mesh ? t->mesh->backends : "no backend",
         .tp = t->mesh ? fsdp_mesh_group(t->mesh, "tp") : NULL,
     };
+    FSDP_CHECK(trainer_reserve(t, &g, &oc, &sc));
     return fsdp_shard_engine_create(t->spec, &g, t->dev, &oc, &sc, out);
 }
 
