@@ -156,6 +156,11 @@ step() {
     return $s_rc
 }
 
+# the last line of a log that says what went wrong (not the hint after it)
+tail_msg() {
+    grep -v '^fsdpc: hint:' "$1" | grep . | tail -n 1
+}
+
 # check NAME CAP MIN CMD...: a step that passes when CMD exits 0
 check() {
     c_name=$1
@@ -165,7 +170,7 @@ check() {
     if [ $c_rc -eq 0 ]; then
         say "PASS  $c_name (${dt} s)"
     else
-        fail "$c_name (exit $c_rc, ${dt} s): $(tail -n 1 "$L/$c_name.log")"
+        fail "$c_name (exit $c_rc, ${dt} s): $(tail_msg "$L/$c_name.log")"
     fi
     return $c_rc
 }
@@ -277,7 +282,7 @@ for model in gpt2-tiny llama-tiny; do
         rc=$?
         [ $rc -eq 200 ] && continue
         if [ $rc -ne 0 ]; then
-            fail "$model $dt_ on cpu (exit $rc): $(tail -n 1 "$L/$model-$dt_-cpu.log")"
+            fail "$model $dt_ on cpu (exit $rc): $(tail_msg "$L/$model-$dt_-cpu.log")"
             continue
         fi
         say "PASS  $model $dt_ on cpu: 10 steps, final loss $(records "$L/$model-$dt_-cpu.jsonl" |
@@ -290,7 +295,7 @@ for model in gpt2-tiny llama-tiny; do
         rc=$?
         [ $rc -eq 200 ] && continue
         if [ $rc -ne 0 ]; then
-            fail "$model $dt_ on cuda (exit $rc): $(tail -n 1 "$L/$model-$dt_-cuda.log")"
+            fail "$model $dt_ on cuda (exit $rc): $(tail_msg "$L/$model-$dt_-cuda.log")"
             continue
         fi
         if [ "$dt_" = f32 ]; then tl=1e-4 tn=1e-4; else tl=2e-2 tn=0; fi
@@ -349,7 +354,7 @@ bench_report() {
     if [ "$3" -eq 0 ]; then
         say "PASS  $2: $b_fig (${dt} s)"
     elif [ "$3" -ne 200 ]; then
-        fail "$2 (exit $3, ${dt} s, ${b_n:-0} steps done): $(tail -n 1 "$L/$1.log")"
+        fail "$2 (exit $3, ${dt} s, ${b_n:-0} steps done): $(tail_msg "$L/$1.log")"
         [ -n "$b_fig" ] && say "      $2 so far: $b_fig"
     fi
 }
@@ -374,7 +379,7 @@ else
         if [ $rc -eq 0 ]; then
             say "PASS  $(grep "^torch $mode:" "$L/torch-$mode.log")"
         elif [ $rc -ne 200 ]; then
-            fail "PyTorch GPT-2 124M $mode (exit $rc): $(tail -n 1 "$L/torch-$mode.log")"
+            fail "PyTorch GPT-2 124M $mode (exit $rc): $(tail_msg "$L/torch-$mode.log")"
         fi
     done
 fi
@@ -415,7 +420,7 @@ else
     elif [ $rc -eq 0 ]; then
         fail "fsdpc-bench --backend nccl: $res"
     elif [ $rc -ne 200 ]; then
-        fail "fsdpc-bench --backend nccl (exit $rc): $(tail -n 1 "$L/bench-nccl.log")"
+        fail "fsdpc-bench --backend nccl (exit $rc): $(tail_msg "$L/bench-nccl.log")"
     fi
 fi
 
