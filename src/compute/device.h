@@ -22,9 +22,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/backend.h"
 #include "compute/kernels.h"
 #include "core/dtype.h"
+#include "core/mem.h"
 
 struct fsdp_device;
 
