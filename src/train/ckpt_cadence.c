@@ -439,6 +439,20 @@ static int cad_write_index(struct fsdp_trainer *t, const char *dir,
 /* Every piece this rank holds, from whatever shard count ck was written
  * with, and the counters. Local: the caller agrees on the outcome, then
  * tells the engine (state_changed, collective). */
+/* A checkpoint as a row source: the engine's kind k is the checkpoint's kind_of[k]. */
+struct cad_rows {
+    struct fsdp_ckpt *ck;
+    const int *kind_of;
+};
+
+static int cad_ckpt_rows(void *arg, int kind, size_t param, const struct fsdp_param_spec *p,
+                         size_t row0, size_t rows, float *dst)
+{
+    const struct cad_rows *src = arg;
+    (void)p;
+    return fsdp_ckpt_read_rows(src->ck, src->kind_of[kind], param, row0, rows, dst);
+}
+
 static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
 {
     struct fsdp_engine *e = t->engine;
@@ -458,41 +472,8 @@ static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
                             e->state_names[k - 1]);
         }
     }
-    size_t n = e->ops->n_pieces(e);
-    struct fsdp_stage st;
-    int rc = 0;
-    fsdp_stage_init(&st, t->dev);
-    for (size_t k = 0; k < n && rc == 0; k++) {
-        struct fsdp_state_piece pc = {0};
-        e->ops->piece(e, k, &pc);
-        const struct fsdp_param_spec *p = &t->spec->params[pc.param];
-        size_t cols = fsdp_state_piece_cols(&pc, p->shape[1]), W = p->shape[1];
-        if (pc.rows == 0) {
-            continue;
-        }
-        if (cols == W) { /* whole rows: through the stage */
-            rc = fsdp_stage_reserve(&st, pc.rows * W, p->name);
-            rc = rc < 0 ? rc
-                        : fsdp_ckpt_read_rows(ck, kind_of[pc.kind], pc.param, pc.row0, pc.rows,
-                                              st.buf);
-            rc = rc < 0 ? rc : fsdp_stage_write(&st, pc.data, st.buf, pc.rows * W);
-            continue;
-        }
-        /* a block of columns (tensor parallelism): its rows whole, a few MiB at a time */
-        rc = fsdp_stage_reserve(&st, W * (((size_t)4 << 20) / W + 1), p->name);
-        size_t step = st.cap / W;
-        for (size_t r = 0; r < pc.rows && rc == 0; r += step) {
-            size_t nr = pc.rows - r < step ? pc.rows - r : step;
-            rc = fsdp_ckpt_read_rows(ck, kind_of[pc.kind], pc.param, pc.row0 + r, nr, st.buf);
-            for (size_t j = 0; rc == 0 && j < nr; j++) {
-                rc = fsdp_device_write(t->dev, pc.data + (r + j) * cols, st.buf + j * W + pc.col0,
-                                       cols * sizeof(float));
-            }
-            rc = rc < 0 ? rc : t->dev->ops->synchronize(t->dev, t->dev->stream);
-        }
-    }
-    fsdp_stage_free(&st);
-    FSDP_CHECK(rc);
+    struct cad_rows src = {ck, kind_of};
+    FSDP_CHECK(fsdp_stage_fill_pieces(e, t->spec, t->dev, 1 + e->n_state, cad_ckpt_rows, &src));
     struct fsdp_engine_counters cn = {.opt_step = m->adam_step, .loss_scale = m->loss_scale,
                                       .scale_good_steps = m->scale_good_steps,
                                       .skipped_steps = m->skipped_steps};

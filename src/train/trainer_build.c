@@ -294,27 +294,13 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
     return fsdp_shard_engine_create(t->spec, &g, t->dev, &oc, &sc, out);
 }
 
-/* A piece of columns [col0, col0 + cols) of its rows: the rows are read
- * whole, a few at a time through buf (room for `room` floats, at least
- * one row), and the piece's columns kept. */
-static int trainer_read_block(struct fsdp_stage *st, struct fsdp_model_file *mf,
-                              const struct fsdp_param_spec *p, const struct fsdp_state_piece *pc,
-                              size_t cols)
+/* The model file as a row source: its parameters (kind 0). */
+static int trainer_file_rows(void *arg, int kind, size_t param, const struct fsdp_param_spec *p,
+                             size_t row0, size_t rows, float *dst)
 {
-    size_t W = p->shape[1];
-    FSDP_CHECK(fsdp_stage_reserve(st, W * (((size_t)4 << 20) / W + 1), p->name));
-    size_t step = st->cap / W;
-    for (size_t r = 0; r < pc->rows; r += step) {
-        size_t n = pc->rows - r < step ? pc->rows - r : step;
-        FSDP_CHECK(fsdp_model_file_read_rows(mf, p->name, pc->row0 + r, n, st->buf));
-        for (size_t i = 0; i < n; i++) {
-            FSDP_CHECK(fsdp_device_write(st->dev, pc->data + (r + i) * cols,
-                                         st->buf + i * W + pc->col0, cols * sizeof(float)));
-        }
-        /* the buffer is read again by the next rows */
-        FSDP_CHECK(st->dev->ops->synchronize(st->dev, st->dev->stream));
-    }
-    return 0;
+    (void)kind;
+    (void)param;
+    return fsdp_model_file_read_rows(arg, p->name, row0, rows, dst);
 }
 
 /* Every rank reads its part of every parameter from the model file into
@@ -322,30 +308,7 @@ static int trainer_read_block(struct fsdp_stage *st, struct fsdp_model_file *mf,
  * (local; the caller agrees, then tells the engine, which is collective). */
 static int trainer_load_model(struct fsdp_trainer *t, struct fsdp_model_file *mf)
 {
-    struct fsdp_engine *e = t->engine;
-    size_t n = e->ops->n_pieces(e);
-    struct fsdp_stage st;
-    int rc = 0;
-    fsdp_stage_init(&st, t->dev);
-    for (size_t k = 0; k < n && rc == 0; k++) {
-        struct fsdp_state_piece pc = {0};
-        e->ops->piece(e, k, &pc);
-        const struct fsdp_param_spec *p = &t->spec->params[pc.param];
-        size_t cols = fsdp_state_piece_cols(&pc, p->shape[1]);
-        if (pc.kind != 0 || pc.rows == 0) {
-            continue;
-        }
-        if (cols == p->shape[1]) { /* whole rows: through the stage */
-            size_t floats = pc.rows * cols;
-            rc = fsdp_stage_reserve(&st, floats, p->name);
-            rc = rc < 0 ? rc : fsdp_model_file_read_rows(mf, p->name, pc.row0, pc.rows, st.buf);
-            rc = rc < 0 ? rc : fsdp_stage_write(&st, pc.data, st.buf, floats);
-            continue;
-        }
-        rc = trainer_read_block(&st, mf, p, &pc, cols); /* a few MiB of whole rows at a time */
-    }
-    fsdp_stage_free(&st);
-    return rc;
+    return fsdp_stage_fill_pieces(t->engine, t->spec, t->dev, 1, trainer_file_rows, mf);
 }
 
 /*
