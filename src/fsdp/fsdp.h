@@ -106,7 +106,7 @@ struct fsdp_engine_stats {
      * calls, payload, ring wire bytes per kind): the units' all-gathers and
      * reduce-scatters over dp and all-reduces over the replicas; the tp
      * operators; the model's own exchanges (unit 0 by rows). */
-    struct fsdp_tp_counts fsdp_comm, tp_comm, model_comm;
+    struct fsdp_comm_counts fsdp_comm, tp_comm, model_comm;
     size_t act_saved_bytes; /* of act_bytes, the activations saved for the backward (the rest:
                                activation gradients and scratch) */
     size_t ckpt_bytes;     /* allocated at the first checkpoint and held from then on (with

@@ -165,9 +165,9 @@ struct fsdp_shard_engine {
                                           counted, none allocated; the groups are shapes */
 
     double comm_total, comm_exposed;   /* seconds, since creation */
-    struct fsdp_tp_counts unit_comm;   /* the units' all-gathers and reduce-scatters over the
-                                          shard group and all-reduces over the replicas,
-                                          since creation (ring wire bytes, model/tp_ops.h) */
+    struct fsdp_comm_counts unit_comm; /* the units' all-gathers and reduce-scatters over the
+                                        shard group and all-reduces over the replicas,
+                                        since creation (ring wire bytes, model/tp_ops.h) */
     size_t state_bytes, gathered_bytes, grad_bytes, comm_bytes;
 };
 

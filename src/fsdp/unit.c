@@ -236,8 +236,8 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
         }
     }
     if (se->shard_g && rc == 0) {
-        fsdp_tp_count(&se->unit_comm, FSDP_TP_ALLGATHER, se->Rs,
-                      (double)se->Rs * (double)un->S * (double)fsdp_dtype_size(pt));
+        fsdp_comm_count(&se->unit_comm, FSDP_COLL_ALLGATHER, se->Rs,
+                        (double)se->Rs * (double)un->S * (double)fsdp_dtype_size(pt));
     }
     if (rc < 0) {
         s->unit = -1;
@@ -327,8 +327,8 @@ int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate)
                  : fsdp_reduce_scatter(se->shard_g, s->buf, unit_block(s->buf, se->rs, un->S, rt),
                                        un->S, rt, FSDP_SUM, &se->attr, &s->work);
         if (rc == 0) {
-            fsdp_tp_count(&se->unit_comm, FSDP_TP_REDUCE_SCATTER, se->Rs,
-                          (double)se->Rs * (double)un->S * (double)fsdp_dtype_size(rt));
+            fsdp_comm_count(&se->unit_comm, FSDP_COLL_REDUCE_SCATTER, se->Rs,
+                            (double)se->Rs * (double)un->S * (double)fsdp_dtype_size(rt));
         }
     }
     if (rc < 0) {
@@ -370,8 +370,8 @@ static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *mov
         struct fsdp_group *rep = se->rep_g[s->phase++];
         s->issued = fsdp_now();
         s->done = 0.0;
-        fsdp_tp_count(&se->unit_comm, FSDP_TP_ALLREDUCE, rep->size,
-                      (double)un->cnt * (double)fsdp_dtype_size(rt));
+        fsdp_comm_count(&se->unit_comm, FSDP_COLL_ALLREDUCE, rep->size,
+                        (double)un->cnt * (double)fsdp_dtype_size(rt));
         FSDP_CHECK(fsdp_unit_comm_begin(se));
         return fsdp_allreduce(rep, buf, buf, un->cnt, rt, FSDP_SUM, &se->attr, &s->work);
     }

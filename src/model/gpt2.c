@@ -728,9 +728,9 @@ static int gpt2_op_tp_cut(const struct fsdp_model_spec *spec, int tp, size_t i,
     return 0;
 }
 
-static void gpt2_op_comm_counts(const struct fsdp_model *m, struct fsdp_tp_counts *out)
+static void gpt2_op_comm_counts(const struct fsdp_model *m, struct fsdp_comm_counts *out)
 {
-    fsdp_tp_counts_add(out, &((const struct fsdp_gpt2 *)m)->rows_x.counts);
+    fsdp_comm_counts_add(out, &((const struct fsdp_gpt2 *)m)->rows_x.counts);
 }
 
 const struct fsdp_model_ops fsdp_gpt2_ops = {

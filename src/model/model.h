@@ -33,7 +33,7 @@ struct fsdp_device;
 struct fsdp_group;
 struct fsdp_decoder;
 struct fsdp_tp;
-struct fsdp_tp_counts;
+struct fsdp_comm_counts;
 
 /* What an instance is sized for, and where it computes. */
 struct fsdp_model_opts {
@@ -126,7 +126,7 @@ struct fsdp_model_ops {
      * set_unit_rows. (The tp operators count into the struct fsdp_tp the
      * model was created with, which its creator reads.)
      */
-    void (*comm_counts)(const struct fsdp_model *m, struct fsdp_tp_counts *out);
+    void (*comm_counts)(const struct fsdp_model *m, struct fsdp_comm_counts *out);
 };
 
 /*

@@ -383,11 +383,11 @@ static int trainer_stop(struct fsdp_trainer *t, int sig)
  * the analytical volumes. */
 static void trainer_print_comm(const struct fsdp_trainer *t, const struct fsdp_engine_stats *st)
 {
-    const struct fsdp_tp_counts *c[3] = {&st->fsdp_comm, &st->tp_comm, &st->model_comm};
+    const struct fsdp_comm_counts *c[3] = {&st->fsdp_comm, &st->tp_comm, &st->model_comm};
     long steps = t->step - t->start_step;
     double any = 0;
     for (int i = 0; i < 3; i++) {
-        for (int k = 0; k < FSDP_TP_NCOLL; k++) {
+        for (int k = 0; k < FSDP_COLL_OP_COUNT; k++) {
             any += c[i]->wire[k];
         }
     }
@@ -401,10 +401,10 @@ static void trainer_print_comm(const struct fsdp_trainer *t, const struct fsdp_e
            t->val ? ", validations included" : "");
     for (int i = 0; i < 3; i++) { /* the groups that moved anything */
         const double *x = c[i]->wire;
-        if (x[FSDP_TP_ALLGATHER] + x[FSDP_TP_REDUCE_SCATTER] + x[FSDP_TP_ALLREDUCE] > 0) {
+        if (x[FSDP_COLL_ALLGATHER] + x[FSDP_COLL_REDUCE_SCATTER] + x[FSDP_COLL_ALLREDUCE] > 0) {
             printf("%s %s all-gather %.0f, reduce-scatter %.0f, all-reduce %.0f", sep, what[i],
-                   x[FSDP_TP_ALLGATHER] / n, x[FSDP_TP_REDUCE_SCATTER] / n,
-                   x[FSDP_TP_ALLREDUCE] / n);
+                   x[FSDP_COLL_ALLGATHER] / n, x[FSDP_COLL_REDUCE_SCATTER] / n,
+                   x[FSDP_COLL_ALLREDUCE] / n);
             sep = " |";
         }
     }
