@@ -42,7 +42,7 @@ struct fsdp_model_opts {
     struct fsdp_device *dev; /* activations and kernels (compute/device.h); NULL: the CPU */
     /* Tensor parallelism (model/tp_ops.h; NULL or one rank: none). The spec
      * is then the tp-local table, every parameter cut as the model's tp_cut
-     * says (fsdp/tp.h makes it), and the model computes its slice of the
+     * says (parallel/tp.h makes it), and the model computes its slice of the
      * heads and features, calling the tp operators on tp's group; every
      * rank of the group runs the same calls with the same batch. Borrowed. */
     struct fsdp_tp *tp;

@@ -32,7 +32,7 @@
 #include "io/ckpt/ckpt_commit.h"
 #include "io/util/fileutil.h"
 #include "io/text/tokens.h"
-#include "fsdp/engine.h"
+#include "parallel/engine.h"
 #include "compute/device.h"
 #include "train/stage.h"
 

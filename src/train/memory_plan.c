@@ -9,7 +9,7 @@
 #include "train/memory_plan.h"
 #include "train/model_source.h"
 #include "train/trainer.h"
-#include "fsdp/fsdp.h"
+#include "parallel/fsdp.h"
 #include "optim/optim.h"
 #include "comm/mesh_spec.h"
 #include "train/mesh_check.h"

@@ -7,7 +7,7 @@
 #include "comm/group.h"
 #include "core/error.h"
 #include "core/spec.h"
-#include "fsdp/engine.h"
+#include "parallel/engine.h"
 
 void fsdp_stage_init(struct fsdp_stage *st, struct fsdp_device *dev)
 {

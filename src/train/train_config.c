@@ -6,7 +6,7 @@
 #include "config.h"
 #include "train/train_config.h"
 #include "compute/device.h"
-#include "fsdp/fsdp.h"
+#include "parallel/fsdp.h"
 #include "optim/optim.h"
 #include "core/dtype.h"
 #include "core/error.h"

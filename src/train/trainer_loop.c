@@ -20,7 +20,7 @@
 #include "train/mesh_check.h"
 #include "compute/device.h"
 #include "train/stage.h"
-#include "fsdp/fsdp.h"
+#include "parallel/fsdp.h"
 #include "io/h5/model_file.h"
 #include "io/text/tokens.h"
 #include "model/model.h"

@@ -8,7 +8,7 @@
  * accounting says: a unit less its largest parameter, the largest such.
  */
 #include "config.h"
-#include "fsdp/fsdp_impl.h"
+#include "parallel/fsdp_impl.h"
 #include "model/gpt2_spec.h"
 #include "core/dtype.h"
 #include "core/error.h"

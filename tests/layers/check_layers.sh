@@ -5,7 +5,7 @@
 # that ALLOWED (a file of such lines) does not list, or when ALLOWED lists
 # one that is gone (so the list only ever shrinks). Tests are not checked:
 # they may include anything. Two more rules than the ranks: the
-# parallelisms (src/fsdp) never include io/, as they never open files (the
+# parallelisms (src/parallel) never include io/, as they never open files (the
 # training layer reads and writes their state as row ranges); and inside io,
 # whose files sit in one folder per concern, io/util (file helpers, JSON)
 # includes no other io folder, as every other one builds on it.
@@ -24,7 +24,7 @@ layer_of() {
     src/compute/*) echo 5 ;;
     src/model/*) echo 6 ;;
     src/optim/*) echo 7 ;;
-    src/fsdp/*) echo 8 ;;
+    src/parallel/*) echo 8 ;;
     src/train/*) echo 9 ;;
     src/programs/*) echo 10 ;;
     *) echo "" ;;

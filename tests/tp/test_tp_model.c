@@ -1,7 +1,7 @@
 /*
  * test_tp_model.c - the models' tensor-parallel paths element by element:
  * GPT-2 and Llama cut over every rank of the job (the tp-local table of
- * src/fsdp/tp.h, the model created with it and a struct fsdp_tp) against
+ * src/parallel/tp.h, the model created with it and a struct fsdp_tp) against
  * the whole model on one process, which every rank computes for itself on
  * the same batch. For each case:
  *   - the loss equals the whole model's (rel 1e-5);
@@ -20,7 +20,7 @@
  *   mpiexec -n N test_tp_model --backend mpi|tcp
  */
 #include "config.h"
-#include "fsdp/tp.h"
+#include "parallel/tp.h"
 #include "model/gpt2.h"
 #include "model/llama.h"
 #include "model/model.h"

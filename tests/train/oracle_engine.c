@@ -4,7 +4,7 @@
  * N floats, each laid out unit after unit as the parameter table says), one
  * optimizer step as K x (forward, backward), global-norm clip, AdamW. No
  * shards, no collectives, no precision policy: the plainest implementation
- * of the engine table (src/fsdp/engine.h), which the sharding engine must
+ * of the engine table (src/parallel/engine.h), which the sharding engine must
  * equal.
  *
  * Gradient accumulation needs no extra pass: the backward's seed divides

@@ -26,7 +26,7 @@
 #include "config.h"
 #include "train/trainer.h"
 #include "tests/train/oracle_engine.h"
-#include "fsdp/fsdp.h"
+#include "parallel/fsdp.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/text/tokens.h"

@@ -10,13 +10,13 @@
  *             the optimizer update and loss scaling
  *   tp.c      the tensor-parallel plan (tp.h)
  */
-#ifndef FSDP_FSDP_IMPL_H
-#define FSDP_FSDP_IMPL_H
+#ifndef FSDP_PARALLEL_IMPL_H
+#define FSDP_PARALLEL_IMPL_H
 
 #include <stdint.h>
 
-#include "fsdp/fsdp.h"
-#include "fsdp/tp.h"
+#include "parallel/fsdp.h"
+#include "parallel/tp.h"
 #include "comm/group.h"
 #include "core/util.h"
 #include "compute/device.h"

@@ -13,8 +13,8 @@
  * Ops are written out longhand; members are only ever added at the end.
  * Every op marked collective is called by every rank of the engine, in order.
  */
-#ifndef FSDP_FSDP_ENGINE_H
-#define FSDP_FSDP_ENGINE_H
+#ifndef FSDP_PARALLEL_ENGINE_H
+#define FSDP_PARALLEL_ENGINE_H
 
 #include <stddef.h>
 #include <stdint.h>

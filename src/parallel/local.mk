@@ -1,6 +1,7 @@
-# src/fsdp: the sharding engine (FSDP2 fully_shard semantics) behind fsdp/engine.h.
-libfsdpc_a_SOURCES += src/fsdp/shard.c src/fsdp/unit.c src/fsdp/engine.c src/fsdp/tp.c
-noinst_HEADERS += src/fsdp/fsdp.h src/fsdp/engine.h src/fsdp/fsdp_impl.h src/fsdp/tp.h
+# src/parallel: the parallelisms: the sharding engine (FSDP2 fully_shard semantics) behind
+# parallel/engine.h, and the tensor-parallel plan.
+libfsdpc_a_SOURCES += src/parallel/shard.c src/parallel/unit.c src/parallel/engine.c src/parallel/tp.c
+noinst_HEADERS += src/parallel/fsdp.h src/parallel/engine.h src/parallel/fsdp_impl.h src/parallel/tp.h
 
 # tests: sharded runs against single-rank runs of the same global batch
 dist_check_SCRIPTS += tests/fsdp/test_fsdp_equiv.sh

@@ -4,7 +4,7 @@
  * blocks of the whole tensors, both ways.
  */
 #include "config.h"
-#include "fsdp/tp.h"
+#include "parallel/tp.h"
 #include "model/tp_ops.h"
 #include "compute/device.h"
 #include "core/error.h"

@@ -36,7 +36,7 @@
  * parameters on tp rank 0 only and is summed over the tp group too.
  */
 #include "config.h"
-#include "fsdp/fsdp_impl.h"
+#include "parallel/fsdp_impl.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"

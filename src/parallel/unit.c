@@ -23,7 +23,7 @@
  * the replicas.
  */
 #include "config.h"
-#include "fsdp/fsdp_impl.h"
+#include "parallel/fsdp_impl.h"
 #include "core/error.h"
 #include "core/util.h"
 #include "compute/kernels.h"

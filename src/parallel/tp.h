@@ -17,8 +17,8 @@
  * tensors, so that files never see tp. Pure bookkeeping: no group, no
  * collective, nothing of io.
  */
-#ifndef FSDP_FSDP_TP_H
-#define FSDP_FSDP_TP_H
+#ifndef FSDP_PARALLEL_TP_H
+#define FSDP_PARALLEL_TP_H
 
 #include <stddef.h>
 

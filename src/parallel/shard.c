@@ -11,7 +11,7 @@
  * first checkpoint).
  */
 #include "config.h"
-#include "fsdp/fsdp_impl.h"
+#include "parallel/fsdp_impl.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"

@@ -14,7 +14,7 @@
  * after its backward, and with a replicate dimension ("rdp") the gradient
  * shard is then all-reduced over the replicas (HSDP). With a tensor-parallel
  * group ("tp") the engine does all of this to the rank's tp-local table
- * (fsdp/tp.h: the model cut Megatron-style, each slice then sharded over dp,
+ * (parallel/tp.h: the model cut Megatron-style, each slice then sharded over dp,
  * 2-D sharding), creates the model with the tp operators' context, sums the
  * gradient norm over tp as well, and reports its state as blocks of the
  * whole tensors. doc/sharding.md describes the schedule, the precision
@@ -24,14 +24,14 @@
  * the training layer, which builds the mesh; it opens no file and reads no
  * data: the parameters arrive through the engine's state pieces.
  */
-#ifndef FSDP_FSDP_FSDP_H
-#define FSDP_FSDP_FSDP_H
+#ifndef FSDP_PARALLEL_FSDP_H
+#define FSDP_PARALLEL_FSDP_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "core/dtype.h"
-#include "fsdp/engine.h"
+#include "parallel/engine.h"
 #include "model/tp_ops.h"
 #include "optim/optim.h"
 
