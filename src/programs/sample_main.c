@@ -27,7 +27,7 @@
  */
 #include "config.h"
 #include "train/model_source.h"
-#include "train/options.h"
+#include "core/options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"

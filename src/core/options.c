@@ -3,7 +3,7 @@
  * Owns no state: everything lives in the caller's struct fsdp_optset.
  */
 #include "config.h"
-#include "train/options.h"
+#include "core/options.h"
 #include "core/error.h"
 #include "core/util.h"
 

@@ -11,8 +11,8 @@
  * key) is one error message that names the key and where it came from
  * ("--lr" or "run.cfg:7"). Nothing here prints or exits: programs decide.
  */
-#ifndef FSDP_TRAIN_OPTIONS_H
-#define FSDP_TRAIN_OPTIONS_H
+#ifndef FSDP_CORE_OPTIONS_H
+#define FSDP_CORE_OPTIONS_H
 
 #include <stddef.h>
 #include <stdio.h>
