@@ -5,3 +5,5 @@ noinst_HEADERS += src/core/error.h src/core/log.h src/core/dtype.h src/core/util
 
 check_PROGRAMS += tests/core/test_dtype
 TESTS += tests/core/test_dtype
+check_PROGRAMS += tests/core/test_options
+TESTS += tests/core/test_options

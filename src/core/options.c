@@ -4,6 +4,7 @@
  */
 #include "config.h"
 #include "core/options.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
 
@@ -156,26 +157,123 @@ static const char *opt_implied(const struct fsdp_opt *o)
     return o->choices;
 }
 
+/* An unknown key: the closest known one as a hint, else where to look. */
+static int opt_unknown(const struct fsdp_optset *s, const char *key, int flag, const char *where)
+{
+    const char *hint = opt_closest(s, key);
+    if (flag && hint) {
+        return fsdp_err(FSDP_ERR_INVALID, "unknown option --%s (did you mean --%s?)", key, hint);
+    }
+    if (flag) {
+        return fsdp_err(FSDP_ERR_INVALID, "unknown option --%s (see %s --help)", key, s->prog);
+    }
+    if (hint) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: unknown key '%s' (did you mean '%s'?)", where, key,
+                        hint);
+    }
+    return fsdp_err(FSDP_ERR_INVALID, "%s: unknown key '%s' (see %s --help)", where, key, s->prog);
+}
+
+/* Whether v lies in o's range, open ends included. */
+static int opt_in_range(const struct fsdp_opt *o, double v)
+{
+    if ((o->flags & FSDP_OPT_MIN_OPEN) ? !(v > o->min) : !(v >= o->min)) {
+        return 0;
+    }
+    return (o->flags & FSDP_OPT_MAX_OPEN) ? v < o->max : v <= o->max;
+}
+
+/* "is out of range [1, 16]" or "(0, 1)" as the ends are. */
+static int opt_out_of_range(const struct fsdp_opt *o, const char *desc)
+{
+    return fsdp_err(FSDP_ERR_INVALID, "%s is out of range %c%.15g, %.15g%c", desc,
+                    (o->flags & FSDP_OPT_MIN_OPEN) ? '(' : '[', o->min, o->max,
+                    (o->flags & FSDP_OPT_MAX_OPEN) ? ')' : ']');
+}
+
+static int opt_set_number(const struct fsdp_opt *o, char *field, const char *value,
+                          const char *desc)
+{
+    if (o->type == FSDP_OPT_INT) {
+        long long v;
+        if (fsdp_parse_long(value, &v) < 0) {
+            fsdp_err_clear();
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not an integer", desc);
+        }
+        if (!opt_in_range(o, (double)v)) {
+            return opt_out_of_range(o, desc);
+        }
+        long lv = (long)v;
+        memcpy(field, &lv, sizeof(lv));
+        return 0;
+    }
+    if (o->type == FSDP_OPT_SIZE) {
+        size_t v;
+        if (fsdp_parse_size(value, &v) < 0) {
+            fsdp_err_clear();
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not a byte count such as 4, 64K, 256M", desc);
+        }
+        if (!opt_in_range(o, (double)v)) {
+            return opt_out_of_range(o, desc);
+        }
+        memcpy(field, &v, sizeof(v));
+        return 0;
+    }
+    double v;
+    if (fsdp_parse_double(value, &v) < 0 || !isfinite(v)) {
+        fsdp_err_clear();
+        return fsdp_err(FSDP_ERR_INVALID, "%s is not a finite number", desc);
+    }
+    if (!opt_in_range(o, v)) {
+        return opt_out_of_range(o, desc);
+    }
+    memcpy(field, &v, sizeof(v));
+    return 0;
+}
+
+/* FLAG, BOOL, CHOICE and DTYPE: a word out of a list. */
+static int opt_set_word(const struct fsdp_opt *o, char *field, const char *value, const char *desc)
+{
+    int c;
+    switch (o->type) {
+    case FSDP_OPT_FLAG:
+        if ((c = opt_choice_index(OPT_FLAG_WORDS, value)) < 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not on or off", desc);
+        }
+        c &= 1;
+        break;
+    case FSDP_OPT_BOOL:
+        if ((c = opt_choice_index(OPT_BOOL_WORDS, value)) < 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not one of on|off", desc);
+        }
+        break;
+    case FSDP_OPT_DTYPE: {
+        enum fsdp_dtype t;
+        if (fsdp_dtype_parse(value, &t) < 0 ||
+            opt_choice_index(o->choices, fsdp_dtype_name(t)) < 0) {
+            fsdp_err_clear();
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not one of %s", desc, o->choices);
+        }
+        memcpy(field, &t, sizeof(t));
+        return 0;
+    }
+    default:
+        if ((c = opt_choice_index(o->choices, value)) < 0) {
+            return fsdp_err(FSDP_ERR_INVALID, "%s is not one of %s", desc, o->choices);
+        }
+        break;
+    }
+    memcpy(field, &c, sizeof(c));
+    return 0;
+}
+
 int fsdp_opt_set(struct fsdp_optset *s, const char *key, const char *value,
                  enum fsdp_opt_source src, const char *where)
 {
     const int flag = src == FSDP_SRC_FLAG;
     long idx = fsdp_opt_find(s, key);
     if (idx < 0) {
-        const char *hint = opt_closest(s, key);
-        if (flag && hint) {
-            return fsdp_err(FSDP_ERR_INVALID, "unknown option --%s (did you mean --%s?)", key,
-                            hint);
-        }
-        if (flag) {
-            return fsdp_err(FSDP_ERR_INVALID, "unknown option --%s (see %s --help)", key, s->prog);
-        }
-        if (hint) {
-            return fsdp_err(FSDP_ERR_INVALID, "%s: unknown key '%s' (did you mean '%s'?)", where,
-                            key, hint);
-        }
-        return fsdp_err(FSDP_ERR_INVALID, "%s: unknown key '%s' (see %s --help)", where, key,
-                        s->prog);
+        return opt_unknown(s, key, flag, where);
     }
     const struct fsdp_opt *o = &s->opts[idx];
     /* what the messages quote: "--lr 'fast'" or "run.cfg:3: lr = 'fast'" */
@@ -190,68 +288,17 @@ int fsdp_opt_set(struct fsdp_optset *s, const char *key, const char *value,
                         key);
     }
     char *field = (char *)s->base + o->offset;
-    switch (o->type) {
-    case FSDP_OPT_STR: {
+    if (o->type == FSDP_OPT_STR) {
         size_t n = strlen(value);
         if (n >= o->size) {
             return fsdp_err(FSDP_ERR_INVALID, "%s%s%s: value is longer than %zu characters",
                             flag ? "--" : where, flag ? "" : ": ", key, o->size - 1);
         }
         memcpy(field, value, n + 1);
-        break;
-    }
-    case FSDP_OPT_INT: {
-        long long v;
-        if (fsdp_parse_long(value, &v) < 0) {
-            fsdp_err_clear();
-            return fsdp_err(FSDP_ERR_INVALID, "%s is not an integer", desc);
-        }
-        if ((double)v < o->min || (double)v > o->max) {
-            return fsdp_err(FSDP_ERR_INVALID, "%s is out of range [%.15g, %.15g]", desc, o->min,
-                            o->max);
-        }
-        long lv = (long)v;
-        memcpy(field, &lv, sizeof(lv));
-        break;
-    }
-    case FSDP_OPT_FLOAT: {
-        double v;
-        if (fsdp_parse_double(value, &v) < 0 || !isfinite(v)) {
-            fsdp_err_clear();
-            return fsdp_err(FSDP_ERR_INVALID, "%s is not a finite number", desc);
-        }
-        if (v < o->min || v > o->max) {
-            return fsdp_err(FSDP_ERR_INVALID, "%s is out of range [%.15g, %.15g]", desc, o->min,
-                            o->max);
-        }
-        memcpy(field, &v, sizeof(v));
-        break;
-    }
-    case FSDP_OPT_FLAG: {
-        int c = opt_choice_index(OPT_FLAG_WORDS, value);
-        if (c < 0) {
-            return fsdp_err(FSDP_ERR_INVALID, "%s is not on or off", desc);
-        }
-        c &= 1;
-        memcpy(field, &c, sizeof(c));
-        break;
-    }
-    case FSDP_OPT_BOOL: {
-        int c = opt_choice_index(OPT_BOOL_WORDS, value);
-        if (c < 0) {
-            return fsdp_err(FSDP_ERR_INVALID, "%s is not one of on|off", desc);
-        }
-        memcpy(field, &c, sizeof(c));
-        break;
-    }
-    case FSDP_OPT_CHOICE: {
-        int c = opt_choice_index(o->choices, value);
-        if (c < 0) {
-            return fsdp_err(FSDP_ERR_INVALID, "%s is not one of %s", desc, o->choices);
-        }
-        memcpy(field, &c, sizeof(c));
-        break;
-    }
+    } else if (o->type == FSDP_OPT_INT || o->type == FSDP_OPT_FLOAT || o->type == FSDP_OPT_SIZE) {
+        FSDP_CHECK(opt_set_number(o, field, value, desc));
+    } else {
+        FSDP_CHECK(opt_set_word(o, field, value, desc));
     }
     s->source[idx] = (unsigned char)src;
     return 0;
@@ -332,8 +379,8 @@ int fsdp_opt_load_file(struct fsdp_optset *s, const char *path)
             rc = fsdp_err(FSDP_ERR_INVALID, "%s: '%s' is set twice in the file", where, key);
             break;
         }
-        if ((rc = fsdp_opt_set(s, key, bare && implied ? implied : value, FSDP_SRC_FILE,
-                               where)) < 0) {
+        if ((rc = fsdp_opt_set(s, key, bare && implied ? implied : value, FSDP_SRC_FILE, where)) <
+            0) {
             break;
         }
     }
@@ -352,38 +399,23 @@ static int opt_is_help(const char *a)
     return strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0;
 }
 
+/* One word of argv, or two ("--key value"), as the parser reads them. */
+struct opt_word {
+    char key[128];     /* the option's name; "" for an operand */
+    const char *value; /* the value; NULL for an unknown key (reported by the caller) */
+};
+
 /*
- * Splits argv[*i] into key and value ("--k=v" or "--k v"), advancing *i
- * past a separate value. key points into keybuf. A flag takes no separate
- * value; an option with an implied value takes one only when the next word
- * does not start with '-' (that word is another option), else the implied
- * value.
+ * The value of option idx, written as shown ("--output" or "-o"), whose word
+ * held none: a flag takes no separate value; an option with an implied value
+ * takes one only when the next word does not start with '-' (that word is
+ * another option), else the implied value; any other takes the next word.
  */
-static int opt_split(const struct fsdp_optset *s, int argc, char **argv, int *i, char *keybuf,
-                     size_t keylen, const char **value)
+static int opt_take_value(const struct fsdp_optset *s, long idx, int argc, char **argv, int *i,
+                          const char *shown, const char **value)
 {
-    const char *a = argv[*i];
-    if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
-        return fsdp_err(FSDP_ERR_INVALID, "unexpected argument '%s' (options are --key value; see %s --help)",
-                        a, s->prog);
-    }
-    const char *eq = strchr(a + 2, '=');
-    size_t kn = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-    if (kn >= keylen) {
-        return fsdp_err(FSDP_ERR_INVALID, "unknown option %.40s... (see %s --help)", a, s->prog);
-    }
-    memcpy(keybuf, a + 2, kn);
-    keybuf[kn] = '\0';
-    if (eq) {
-        *value = eq + 1;
-        return 0;
-    }
-    long idx = fsdp_opt_find(s, keybuf);
-    if (idx < 0) {
-        return 0; /* reported as unknown by the caller, value or not */
-    }
     if (s->opts[idx].type == FSDP_OPT_FLAG) {
-        *value = "on"; /* a bare flag takes no value */
+        *value = "on";
         return 0;
     }
     const char *implied = opt_implied(&s->opts[idx]);
@@ -392,47 +424,133 @@ static int opt_split(const struct fsdp_optset *s, int argc, char **argv, int *i,
         return 0;
     }
     if (*i + 1 >= argc) {
-        return fsdp_err(FSDP_ERR_INVALID, "--%s needs a value", keybuf);
+        return fsdp_err(FSDP_ERR_INVALID, "%s needs a value", shown);
     }
     *value = argv[++*i];
     return 0;
 }
 
+/* "-o FILE", "-oFILE" or "-q": an option by its letter. */
+static int opt_short(const struct fsdp_optset *s, int argc, char **argv, int *i, struct opt_word *w)
+{
+    const char *a = argv[*i];
+    long idx = -1;
+    for (size_t k = 0; k < s->n && idx < 0; k++) {
+        idx = s->opts[k].letter == a[1] ? (long)k : -1;
+    }
+    if (idx < 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "unknown option -%c (see %s --help)", a[1], s->prog);
+    }
+    snprintf(w->key, sizeof(w->key), "%s", s->opts[idx].name);
+    if (a[2] && s->opts[idx].type == FSDP_OPT_FLAG) {
+        return fsdp_err(FSDP_ERR_INVALID, "-%c takes no value: '%.40s' (see %s --help)", a[1], a,
+                        s->prog);
+    }
+    if (a[2]) {
+        w->value = a + 2;
+        return 0;
+    }
+    char shown[3] = {'-', a[1], '\0'};
+    return opt_take_value(s, idx, argc, argv, i, shown, &w->value);
+}
+
+/*
+ * Reads argv[*i] (and its value, advancing *i past a separate one) into w:
+ * "--k=v", "--k v", "--flag", "-o v", or an operand where the set takes them
+ * (every word after "--", which itself makes w->key and w->value NULL).
+ */
+static int opt_next(const struct fsdp_optset *s, int argc, char **argv, int *i, int *dashdash,
+                    struct opt_word *w)
+{
+    const char *a = argv[*i];
+    w->key[0] = '\0';
+    w->value = NULL;
+    if (s->operands && !*dashdash && strcmp(a, "--") == 0) {
+        *dashdash = 1;
+        return 0;
+    }
+    if (s->operands && (*dashdash || a[0] != '-' || a[1] == '\0')) {
+        w->value = a;
+        return 0;
+    }
+    if (a[0] == '-' && a[1] != '-' && a[1] != '\0') {
+        return opt_short(s, argc, argv, i, w);
+    }
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "unexpected argument '%s' (options are --key value; see %s --help)", a,
+                        s->prog);
+    }
+    const char *eq = strchr(a + 2, '=');
+    size_t kn = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+    if (kn >= sizeof(w->key)) {
+        return fsdp_err(FSDP_ERR_INVALID, "unknown option %.40s... (see %s --help)", a, s->prog);
+    }
+    memcpy(w->key, a + 2, kn);
+    w->key[kn] = '\0';
+    if (eq) {
+        w->value = eq + 1;
+        return 0;
+    }
+    long idx = fsdp_opt_find(s, w->key);
+    if (idx < 0) {
+        return 0; /* reported as unknown by the caller, value or not */
+    }
+    char shown[sizeof(w->key) + 2];
+    snprintf(shown, sizeof(shown), "--%s", w->key);
+    return opt_take_value(s, idx, argc, argv, i, shown, &w->value);
+}
+
+/* Pass 1: the config file config_key names on the command line, or NULL. */
+static int opt_find_config(struct fsdp_optset *s, int argc, char **argv, const char *config_key,
+                           struct opt_word *w, const char **path)
+{
+    int dashdash = 0;
+    *path = NULL;
+    for (int i = 1; config_key && i < argc; i++) {
+        if (opt_next(s, argc, argv, &i, &dashdash, w) < 0) {
+            fsdp_err_clear(); /* pass 2 reports it, in command-line order */
+            break;
+        }
+        if (strcmp(w->key, config_key) == 0 && w->value) {
+            if (*path) {
+                return fsdp_err(FSDP_ERR_INVALID, "--%s is given twice", config_key);
+            }
+            *path = w->value;
+        }
+    }
+    return 0;
+}
+
 int fsdp_opt_parse(struct fsdp_optset *s, int argc, char **argv, const char *config_key)
 {
-    char key[128], where[160];
-    const char *config_path = NULL;
+    struct opt_word w;
+    char where[160];
+    const char *config_path;
+    int dashdash = 0;
     for (int i = 1; i < argc; i++) {
         if (opt_is_help(argv[i])) {
             return 1;
         }
     }
     /* pass 1: the config file, so that flags given in any order override it */
-    for (int i = 1; config_key && i < argc; i++) {
-        const char *value = NULL;
-        if (opt_split(s, argc, argv, &i, key, sizeof(key), &value) < 0) {
-            fsdp_err_clear(); /* pass 2 reports it, in command-line order */
-            break;
-        }
-        if (strcmp(key, config_key) == 0 && value) {
-            if (config_path) {
-                return fsdp_err(FSDP_ERR_INVALID, "--%s is given twice", config_key);
-            }
-            config_path = value;
-        }
-    }
+    FSDP_CHECK(opt_find_config(s, argc, argv, config_key, &w, &config_path));
     if (config_path) {
         FSDP_CHECK(fsdp_opt_load_file(s, config_path));
     }
-    /* pass 2: flags */
+    /* pass 2: flags and operands */
+    s->n_operands = 0;
     for (int i = 1; i < argc; i++) {
-        const char *value = NULL;
-        FSDP_CHECK(opt_split(s, argc, argv, &i, key, sizeof(key), &value));
-        snprintf(where, sizeof(where), "--%s", key);
-        if (!value) { /* an unknown key: fsdp_opt_set names it */
-            value = "";
+        FSDP_CHECK(opt_next(s, argc, argv, &i, &dashdash, &w));
+        if (w.key[0] == '\0') {
+            if (w.value && s->n_operands < FSDP_OPT_MAX_OPERANDS) {
+                s->operand[s->n_operands] = w.value;
+            }
+            s->n_operands += w.value != NULL;
+            continue;
         }
-        FSDP_CHECK(fsdp_opt_set(s, key, value, FSDP_SRC_FLAG, where));
+        snprintf(where, sizeof(where), "--%s", w.key);
+        FSDP_CHECK(fsdp_opt_set(s, w.key, w.value ? w.value : "", FSDP_SRC_FLAG, where));
     }
     return 0;
 }
@@ -441,7 +559,8 @@ int fsdp_opt_check_required(const struct fsdp_optset *s)
 {
     for (size_t i = 0; i < s->n; i++) {
         if ((s->opts[i].flags & FSDP_OPT_REQUIRED) && s->source[i] == FSDP_SRC_DEFAULT) {
-            return fsdp_err(FSDP_ERR_INVALID, "missing required option '%s' (--%s %s, or '%s = %s' in a config file)",
+            return fsdp_err(FSDP_ERR_INVALID,
+                            "missing required option '%s' (--%s %s, or '%s = %s' in a config file)",
                             s->opts[i].name, s->opts[i].name, s->opts[i].arg, s->opts[i].name,
                             s->opts[i].arg);
         }
@@ -457,6 +576,23 @@ int fsdp_opt_given(const struct fsdp_optset *s, const char *name)
 
 // ----------------------------------------------------------------------------
 // printing
+
+/* "256M" for 268435456: the largest binary suffix that divides it, as
+ * fsdp_parse_size reads it back. */
+static void opt_format_size(size_t v, char *buf, size_t len)
+{
+    static const char suffix[] = "KMGT";
+    int u = -1;
+    while (u < 3 && v >= 1024 && v % 1024 == 0) {
+        v /= 1024;
+        u++;
+    }
+    if (u < 0) {
+        snprintf(buf, len, "%zu", v);
+    } else {
+        snprintf(buf, len, "%zu%c", v, suffix[u]);
+    }
+}
 
 void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, size_t len)
 {
@@ -500,6 +636,18 @@ void fsdp_opt_format_value(const struct fsdp_optset *s, size_t i, char *buf, siz
         snprintf(buf, len, "%s", c ? "on" : "off");
         break;
     }
+    case FSDP_OPT_SIZE: {
+        size_t v;
+        memcpy(&v, field, sizeof(v));
+        opt_format_size(v, buf, len);
+        break;
+    }
+    case FSDP_OPT_DTYPE: {
+        enum fsdp_dtype t;
+        memcpy(&t, field, sizeof(t));
+        snprintf(buf, len, "%s", fsdp_dtype_name(t));
+        break;
+    }
     }
 }
 
@@ -541,26 +689,66 @@ size_t fsdp_opt_print_given(const struct fsdp_optset *s, FILE *fp, const char *i
     return opt_print(s, fp, indent, 1);
 }
 
+/* The default --help shows for option i, or "" when it has none to show:
+ * required, an empty string, or a number outside its own range (a value the
+ * program works out, which the help line explains). */
+static void opt_usage_default(const struct fsdp_optset *s, size_t i, char *buf, size_t len)
+{
+    const struct fsdp_opt *o = &s->opts[i];
+    const char *field = (const char *)s->base + o->offset;
+    buf[0] = '\0';
+    if (o->flags & FSDP_OPT_REQUIRED) {
+        snprintf(buf, len, "(required)");
+        return;
+    }
+    double v = 0.0;
+    if (o->type == FSDP_OPT_INT) {
+        long l;
+        memcpy(&l, field, sizeof(l));
+        v = (double)l;
+    } else if (o->type == FSDP_OPT_SIZE) {
+        size_t z;
+        memcpy(&z, field, sizeof(z));
+        v = (double)z;
+    } else if (o->type == FSDP_OPT_FLOAT) {
+        memcpy(&v, field, sizeof(v));
+    }
+    int number = o->type == FSDP_OPT_INT || o->type == FSDP_OPT_SIZE || o->type == FSDP_OPT_FLOAT;
+    if (number && !opt_in_range(o, v)) {
+        return;
+    }
+    char value[256];
+    fsdp_opt_format_value(s, i, value, sizeof(value));
+    if (value[0] && strcmp(value, "\"\"") != 0) {
+        snprintf(buf, len, "[%s]", value);
+    }
+}
+
 void fsdp_opt_usage(const struct fsdp_optset *s, FILE *fp, const char *synopsis)
 {
-    char left[96], value[256];
-    fprintf(fp, "usage: %s %s\n\noptions:\n", s->prog, synopsis);
+    char left[96], dflt[300];
+    int letters = 0; /* a set with one-letter aliases indents the options without one */
+    for (size_t i = 0; i < s->n; i++) {
+        letters |= s->opts[i].letter != 0;
+    }
+    fprintf(fp, "usage: %s %s\n", s->prog, synopsis);
+    if (s->about) {
+        fprintf(fp, "\n%s%s", s->about, s->about[strlen(s->about) - 1] == '\n' ? "" : "\n");
+    }
+    fprintf(fp, "\noptions:\n");
     for (size_t i = 0; i < s->n; i++) {
         const struct fsdp_opt *o = &s->opts[i];
         if (o->flags & FSDP_OPT_HIDDEN) {
             continue;
         }
-        snprintf(left, sizeof(left), opt_implied(o) ? "--%s [%s]" : "--%s %s", o->name, o->arg);
-        fprintf(fp, "  %-26s %s", left, o->help);
-        if (o->flags & FSDP_OPT_REQUIRED) {
-            fprintf(fp, " (required)");
-        } else {
-            fsdp_opt_format_value(s, i, value, sizeof(value));
-            if (value[0] && strcmp(value, "\"\"") != 0) {
-                fprintf(fp, " [%s]", value);
-            }
+        char lead[8] = "";
+        if (letters) {
+            snprintf(lead, sizeof(lead), o->letter ? "-%c, " : "    ", o->letter);
         }
-        fprintf(fp, "\n");
+        snprintf(left, sizeof(left), opt_implied(o) ? "%s--%s [%s]" : "%s--%s %s", lead, o->name,
+                 o->arg);
+        opt_usage_default(s, i, dflt, sizeof(dflt));
+        fprintf(fp, "  %-26s %s%s%s\n", left, o->help, dflt[0] ? " " : "", dflt);
     }
     fprintf(fp, "  %-26s %s\n", "-h, --help", "this text");
 }
