@@ -1,0 +1,29 @@
+/*
+ * cli.c - subcommand flags through the one option parser (see cli.h).
+ */
+#include "config.h"
+#include "programs/cli.h"
+#include "core/error.h"
+
+#include <stdio.h>
+
+int fsdp_cli_parse(struct fsdp_optset *s, int argc, char **argv, const char *synopsis)
+{
+    int rc = fsdp_opt_parse(s, argc, argv, NULL);
+    if (rc == 1) {
+        fsdp_opt_usage(s, stdout, synopsis);
+        return 1;
+    }
+    if (rc < 0) {
+        fsdp_fatal("%s: %s", s->prog, fsdp_err_msg());
+    }
+    return 0;
+}
+
+const char *fsdp_cli_operand(const struct fsdp_optset *s, const char *what)
+{
+    if (s->n_operands != 1) {
+        fsdp_fatal("%s: expected one %s, got %d (see --help)", s->prog, what, s->n_operands);
+    }
+    return s->operand[0];
+}
