@@ -27,3 +27,17 @@ const char *fsdp_cli_operand(const struct fsdp_optset *s, const char *what)
     }
     return s->operand[0];
 }
+
+int fsdp_cli_command(const char *program, const struct fsdp_cli_cmd *cmd, void *base, int argc,
+                     char **argv, struct fsdp_optset *set)
+{
+    static char prog[96]; /* what messages and --help call the command */
+    snprintf(prog, sizeof(prog), "%s %s", program, argv[0]);
+    *set = (struct fsdp_optset){.prog = prog,
+                                .opts = cmd->opts,
+                                .n = cmd->n,
+                                .base = base,
+                                .about = cmd->about,
+                                .operands = 1};
+    return fsdp_cli_parse(set, argc, argv, cmd->synopsis);
+}

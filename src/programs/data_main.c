@@ -133,17 +133,33 @@ static const struct fsdp_opt inspect_opts[] = {
 #undef F
 #undef S
 
+#define N_OPTS(t) (sizeof(t) / sizeof(t[0]))
+static const struct fsdp_cli_cmd tokenize_cmd = {
+    "[--tokenizer tokenizer.json] TEXT -o FILE.bin\n"
+    "                           [--val-fraction X --val-out VAL.bin]",
+    "Tokenizes TEXT into an llm.c token file (256 x int32 header, magic 20240520,\n"
+    "then the tokens: version 1 holds uint16, version 2 uint32).",
+    tokenize_opts, N_OPTS(tokenize_opts)};
+static const struct fsdp_cli_cmd decode_cmd = {
+    "--tokenizer tokenizer.json FILE.bin [-o TEXT] [--skip-special]",
+    "Turns the tokens of an llm.c token file back into text with the tokenizer's\n"
+    "ByteLevel decoder, as the `tokenizers` package's decode does (byte sequences\n"
+    "that are not UTF-8 become U+FFFD).",
+    decode_opts, N_OPTS(decode_opts)};
+static const struct fsdp_cli_cmd inspect_cmd = {
+    "FILE.bin [--vocab N] [--head N] [--tokenizer FILE]",
+    "Checks an llm.c token file (header, size) and prints its version and token\n"
+    "width, token count, the range of token values and the first tokens.",
+    inspect_opts, N_OPTS(inspect_opts)};
+#undef N_OPTS
+
 /* The subcommand's flags and its one operand (what it is: "TEXT file");
  * NULL after --help. */
-static const char *data_parse(struct data_args *a, const struct fsdp_opt *opts, size_t n, int argc,
-                              char **argv, const char *about, const char *synopsis,
-                              const char *what)
+static const char *data_parse(struct data_args *a, const struct fsdp_cli_cmd *cmd, int argc,
+                              char **argv, const char *what)
 {
-    char prog[64];
-    snprintf(prog, sizeof(prog), "fsdpc-data %s", argv[0]);
-    struct fsdp_optset set = {
-        .prog = prog, .opts = opts, .n = n, .base = a, .about = about, .operands = 1};
-    if (fsdp_cli_parse(&set, argc, argv, synopsis) == 1) {
+    struct fsdp_optset set;
+    if (fsdp_cli_command("fsdpc-data", cmd, a, argc, argv, &set) == 1) {
         return NULL;
     }
     return fsdp_cli_operand(&set, what);
@@ -336,13 +352,7 @@ static int cmd_tokenize(int argc, char **argv)
 {
     struct data_args a = {0};
     struct tokenize_job j = {NULL, NULL, NULL, 0.0, -1, 0};
-    j.text =
-        data_parse(&a, tokenize_opts, sizeof(tokenize_opts) / sizeof(tokenize_opts[0]), argc, argv,
-                   "Tokenizes TEXT into an llm.c token file (256 x int32 header, magic "
-                   "20240520,\nthen the tokens: version 1 holds uint16, version 2 uint32).",
-                   "[--tokenizer tokenizer.json] TEXT -o FILE.bin\n"
-                   "                           [--val-fraction X --val-out VAL.bin]",
-                   "TEXT file");
+    j.text = data_parse(&a, &tokenize_cmd, argc, argv, "TEXT file");
     if (!j.text) {
         return 0;
     }
@@ -465,12 +475,7 @@ static int cmd_decode(int argc, char **argv)
 {
     struct data_args a = {0};
     int rc;
-    const char *in =
-        data_parse(&a, decode_opts, sizeof(decode_opts) / sizeof(decode_opts[0]), argc, argv,
-                   "Turns the tokens of an llm.c token file back into text with the tokenizer's\n"
-                   "ByteLevel decoder, as the `tokenizers` package's decode does (byte sequences\n"
-                   "that are not UTF-8 become U+FFFD).",
-                   "--tokenizer tokenizer.json FILE.bin [-o TEXT] [--skip-special]", "token file");
+    const char *in = data_parse(&a, &decode_cmd, argc, argv, "token file");
     if (!in) {
         return 0;
     }
@@ -577,11 +582,7 @@ out:
 static int cmd_inspect(int argc, char **argv)
 {
     struct data_args a = {.head = 16};
-    const char *in =
-        data_parse(&a, inspect_opts, sizeof(inspect_opts) / sizeof(inspect_opts[0]), argc, argv,
-                   "Checks an llm.c token file (header, size) and prints its version and token\n"
-                   "width, token count, the range of token values and the first tokens.",
-                   "FILE.bin [--vocab N] [--head N] [--tokenizer FILE]", "token file");
+    const char *in = data_parse(&a, &inspect_cmd, argc, argv, "token file");
     if (!in) {
         return 0;
     }
