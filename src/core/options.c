@@ -78,12 +78,12 @@ const char *fsdp_opt_nearest(const char *word, const char *const *names, size_t 
 }
 
 /* The one visible option that name abbreviates ("temp" for "temperature"),
- * or NULL when none or several do. */
-static const char *opt_prefix_of(const struct fsdp_optset *s, const char *name)
+ * or NULL when none or several do or name is shorter than min. */
+static const char *opt_prefix_of(const struct fsdp_optset *s, const char *name, size_t min)
 {
     const char *found = NULL;
     size_t n = strlen(name);
-    for (size_t i = 0; n >= 3 && i < s->n; i++) {
+    for (size_t i = 0; n >= min && i < s->n; i++) {
         if (!(s->opts[i].flags & FSDP_OPT_HIDDEN) && strncmp(s->opts[i].name, name, n) == 0) {
             if (found) {
                 return NULL;
@@ -96,7 +96,7 @@ static const char *opt_prefix_of(const struct fsdp_optset *s, const char *name)
 
 static const char *opt_closest(const struct fsdp_optset *s, const char *name)
 {
-    const char *best = opt_prefix_of(s, name);
+    const char *best = opt_prefix_of(s, name, 3);
     size_t best_d = 4; /* further than 3 edits is no hint */
     if (best) {
         return best;
@@ -488,6 +488,11 @@ static int opt_next(const struct fsdp_optset *s, int argc, char **argv, int *i, 
     }
     memcpy(w->key, a + 2, kn);
     w->key[kn] = '\0';
+    const char *full =
+        s->abbreviations && fsdp_opt_find(s, w->key) < 0 ? opt_prefix_of(s, w->key, 1) : NULL;
+    if (full) { /* as getopt_long: "--out" for "--output" */
+        snprintf(w->key, sizeof(w->key), "%s", full);
+    }
     if (eq) {
         w->value = eq + 1;
         return 0;

@@ -87,6 +87,8 @@ struct fsdp_optset {
     unsigned char source[FSDP_OPT_MAX]; /* (n,) enum fsdp_opt_source per option */
     const char *about; /* --help's paragraphs between the usage line and the options */
     int operands;      /* nonzero: words that are no option are operands (after "--": all) */
+    int abbreviations; /* nonzero: a long option's unique prefix stands for it ("--out" for
+                          "--output"), as getopt_long takes it */
     const char *operand[FSDP_OPT_MAX_OPERANDS]; /* the first operands, in argv */
     int n_operands;                             /* how many were given (may exceed the array) */
 };

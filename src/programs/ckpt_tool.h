@@ -17,6 +17,7 @@ struct fsdp_model_spec;
 /* The flags of the checkpoint subcommands, one struct: each command's
  * table points at the fields it takes (init has its own, ckpt_program.c). */
 struct fsdp_ckpt_args {
+    int n_operands;                          /* how many the command was given (the parse's) */
     char out[FSDP_CKPT_TOOL_PATH];           /* -o, --output */
     enum fsdp_dtype dtype;                   /* --dtype */
     int quiet, scan_nan;                     /* verify */
@@ -24,7 +25,6 @@ struct fsdp_ckpt_args {
     int with_optimizer;                      /* consolidate */
     long world_size;                         /* reshard: 0 unless given */
     char mesh[256];                          /* reshard */
-    int n_operands;                          /* how many the command was given */
     long heads;                              /* import-safetensors: 0 unless given */
     double ln_eps;                           /* import-safetensors: 0 unless given */
     char max_shard_size[64];                 /* export-hf */
@@ -34,7 +34,8 @@ struct fsdp_ckpt_args {
 };
 
 /* Parses a subcommand's argv into a with cmd's table: 1 after --help, else
- * 0 with *in the one operand, or NULL when there is not exactly one. */
+ * 0 with *in the one operand, or NULL when there is not exactly one (how
+ * many there were: a->n_operands). */
 int fsdp_ckpt_tool_parse(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_args *a, int argc,
                          char **argv, const char **in);
 

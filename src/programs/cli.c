@@ -38,6 +38,7 @@ int fsdp_cli_command(const char *program, const struct fsdp_cli_cmd *cmd, void *
                                 .n = cmd->n,
                                 .base = base,
                                 .about = cmd->about,
-                                .operands = 1};
+                                .operands = 1,
+                                .abbreviations = 1};
     return fsdp_cli_parse(set, argc, argv, cmd->synopsis);
 }

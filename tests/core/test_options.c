@@ -39,6 +39,8 @@ static const struct fsdp_opt tool_opts[] = {
 };
 #undef F
 
+static int abbreviations; /* the next parse takes unique prefixes, as getopt_long */
+
 /* Parses args (NULL-terminated) into a fresh config; returns the rc. */
 static int parse(struct tool_config *c, struct fsdp_optset *s, const char **args)
 {
@@ -55,7 +57,8 @@ static int parse(struct tool_config *c, struct fsdp_optset *s, const char **args
                               .n = sizeof(tool_opts) / sizeof(tool_opts[0]),
                               .base = c,
                               .about = "Does a thing.",
-                              .operands = 1};
+                              .operands = 1,
+                              .abbreviations = abbreviations};
     fsdp_err_clear();
     return fsdp_opt_parse(s, argc, argv, NULL);
 }
@@ -91,6 +94,15 @@ static void test_letters_and_operands(void)
     const char *a6[] = {"--outptu", "x", NULL};
     tap_ok(parse(&c, &s, a6) < 0 && err_has("unknown option --outptu (did you mean --output?)"),
            "a misspelt long option gets a suggestion");
+    const char *a7[] = {"--out", "x.h5", "--se=4", NULL};
+    tap_ok(parse(&c, &s, a7) < 0 && err_has("unknown option --out (did you mean --output?)"),
+           "a prefix is no option of its own");
+    abbreviations = 1;
+    tap_ok(parse(&c, &s, a7) == 0 && !strcmp(c.out, "x.h5") && c.seed == 4,
+           "with abbreviations, unique prefixes stand for their options (--out, --se=4)");
+    const char *a8[] = {"--t", "5", NULL}; /* only timeout starts with t */
+    tap_ok(parse(&c, &s, a8) == 0 && c.timeout == 5, "a one-letter prefix when it is unique");
+    abbreviations = 0;
 }
 
 static void test_values(void)

@@ -300,7 +300,8 @@ static void bench_parse(int argc, char **argv, struct bench_opts *o)
                               .opts = bench_table,
                               .n = sizeof(bench_table) / sizeof(bench_table[0]),
                               .base = f,
-                              .about = bench_about};
+                              .about = bench_about,
+                              .abbreviations = 1};
     int rc = fsdp_opt_parse(&set, argc, argv, NULL);
     if (rc == 1) {
         if (fsdp_dist_launcher_rank() == 0) {
