@@ -29,15 +29,10 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "core/mem.h"
 
 struct fsdp_store;
 struct fsdp_group;
-
-enum fsdp_mem {
-    FSDP_MEM_HOST = 0,
-    FSDP_MEM_CUDA = 1,
-    FSDP_MEM_GUARDED = 2, /* a guarded device's (compute/device.h): no backend takes it */
-};
 
 /* Where a collective's buffers live and what it is ordered after. */
 struct fsdp_coll_attr {
@@ -45,11 +40,9 @@ struct fsdp_coll_attr {
     void *stream;      /* cudaStream_t for FSDP_MEM_CUDA, else NULL */
 };
 
-#define FSDP_CAP_MEM_HOST (1u << 0)
-#define FSDP_CAP_MEM_CUDA (1u << 1)
+/* FSDP_CAP_MEM_HOST, _CUDA, _GUARDED: core/mem.h */
 #define FSDP_CAP_SEND_RECV (1u << 2)
 #define FSDP_CAP_ASYNC_PROGRESS (1u << 3) /* progresses while the caller computes */
-#define FSDP_CAP_MEM_GUARDED (1u << 4)    /* never set: guarded memory is always staged */
 
 struct fsdp_backend_caps {
     uint32_t flags;  /* FSDP_CAP_* */

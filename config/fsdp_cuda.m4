@@ -15,7 +15,7 @@ AC_DEFUN([FSDP_CHECK_CUDA], [
       fsdp_have_cuda=yes
       NVCC="$fsdp_cuda_dir/bin/nvcc"
       CUDA_CFLAGS="-I$fsdp_cuda_dir/include"
-      CUDA_LIBS="-L$fsdp_cuda_dir/lib64 -Wl,-rpath,$fsdp_cuda_dir/lib64 -lcublas -lcudart"
+      CUDA_LIBS="-L$fsdp_cuda_dir/lib64 -Wl,-rpath,$fsdp_cuda_dir/lib64 -lcublasLt -lcublas -lcudart"
     ])
     AS_IF([test "x$fsdp_have_cuda" = xno && test "x$with_cuda" != xcheck],
       [AC_MSG_ERROR([--with-cuda given but no usable CUDA toolkit in $fsdp_cuda_dir (need bin/nvcc and include/cuda_runtime.h)])])

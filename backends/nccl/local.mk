@@ -35,6 +35,6 @@ endif
 
 # the checks a person runs on a GPU machine (see doc/backend-nccl.md), and
 # the check that they skip cleanly on a machine without one
-EXTRA_DIST += tests/gpu/run_gpu_checks.sh tests/backends/nccl_sim_api/nccl.h
+EXTRA_DIST += tests/gpu/run_gpu_checks.sh tests/gpu/kit.sh tests/peers/torch_gpt2_bench.py tests/backends/nccl_sim_api/nccl.h
 dist_check_SCRIPTS += tests/gpu/test_gpu_skip.sh
 TESTS += tests/gpu/test_gpu_skip.sh

@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "io/fileutil.h"
+#include "core/tmpfile.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,8 +1,8 @@
 # src/comm: process groups, the device mesh, and the debug layer (flight
 # recorder, watchdog, DETAIL fingerprints, monitored barrier). Above the
 # backends.
-libfsdpc_a_SOURCES += src/comm/group.c src/comm/stage.c src/comm/mesh.c src/comm/mesh_spec.c
-noinst_HEADERS += src/comm/group.h src/comm/stage.h src/comm/mesh.h src/comm/mesh_spec.h
+libfsdpc_a_SOURCES += src/comm/group.c src/comm/stage.c src/comm/mesh.c src/comm/mesh_spec.c src/comm/counts.c
+noinst_HEADERS += src/comm/group.h src/comm/stage.h src/comm/mesh.h src/comm/mesh_spec.h src/comm/counts.h
 check_PROGRAMS += tests/dist/test_mesh tests/dist/test_mesh_parse
 dist_check_SCRIPTS += tests/dist/test_mesh.sh
 TESTS += tests/dist/test_mesh.sh tests/dist/test_mesh_parse

@@ -7,25 +7,60 @@
 #include "compute/device.h"
 #include "compute/device_impl.h"
 #include "core/error.h"
+#include "core/util.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* Devices a program added (a test's emulated device). */
+static struct {
+    const char *name;
+    fsdp_device_init_fn init;
+} extra_devices[4];
+
+int fsdp_device_register(const char *name, fsdp_device_init_fn init)
+{
+    for (size_t i = 0; i < sizeof(extra_devices) / sizeof(extra_devices[0]); i++) {
+        if (!extra_devices[i].name) {
+            extra_devices[i].name = name;
+            extra_devices[i].init = init;
+            return 0;
+        }
+    }
+    return fsdp_err(FSDP_ERR_INVALID, "device '%s': no room for another registered device", name);
+}
+
 int fsdp_device_create(const char *name, int index, struct fsdp_device **out)
 {
-    int guarded = strcmp(name, "guarded") == 0;
-    if (!guarded && strcmp(name, "cpu") != 0) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                        "device '%s': this build computes on the CPU only "
-                        "(devices: %s)",
+    int (*init)(struct fsdp_device *, int) = NULL;
+    for (size_t i = 0; i < sizeof(extra_devices) / sizeof(extra_devices[0]); i++) {
+        if (extra_devices[i].name && strcmp(name, extra_devices[i].name) == 0) {
+            init = extra_devices[i].init;
+        }
+    }
+    if (init) {
+        /* a registered device */
+    } else if (strcmp(name, "cpu") == 0) {
+        init = fsdp_cpu_device_init;
+    } else if (strcmp(name, "guarded") == 0) {
+        init = fsdp_guarded_device_init;
+    }
+#if HAVE_CUDA
+    if (strcmp(name, "cuda") == 0) {
+        init = fsdp_cuda_device_init;
+    }
+#endif
+    if (!init) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "device '%s': not a device of this build (devices: %s)",
                         name, fsdp_device_names());
     }
     struct fsdp_device *d = calloc(1, sizeof(*d));
     if (!d) {
         return fsdp_err(FSDP_ERR_NOMEM, "device");
     }
-    int rc = guarded ? fsdp_guarded_device_init(d, index) : fsdp_cpu_device_init(d, index);
+    int rc = init(d, index);
     if (rc < 0) {
         free(d);
         return rc;
@@ -36,15 +71,37 @@ int fsdp_device_create(const char *name, int index, struct fsdp_device **out)
 
 void fsdp_device_destroy(struct fsdp_device *d)
 {
-    if (d && d->ops != &fsdp_cpu_device_ops) {
+    if (d && d->k && d->kstate &&
+        d->k->size >= offsetof(struct fsdp_kernels, kstate_free) + sizeof(d->k->kstate_free) &&
+        d->k->kstate_free) {
+        d->k->kstate_free(d); /* before the memory it holds goes */
+    }
+    if (d && d->mem == FSDP_MEM_GUARDED) {
         fsdp_guarded_device_fini(d);
+    }
+#if HAVE_CUDA
+    if (d && d->mem == FSDP_MEM_CUDA) {
+        fsdp_cuda_device_fini(d);
+    }
+#endif
+    if (d) {
+        fsdp_free(d->wide);
     }
     free(d);
 }
 
+const char *fsdp_device_default_name(void)
+{
+#if HAVE_CUDA && HAVE_CUDA_KERNELS
+    return fsdp_cuda_visible() > 0 ? "cuda" : "cpu";
+#else
+    return "cpu";
+#endif
+}
+
 const char *fsdp_device_names(void)
 {
-    return "cpu, guarded";
+    return HAVE_CUDA && HAVE_CUDA_KERNELS ? "cpu, guarded, cuda" : "cpu, guarded";
 }
 
 static struct fsdp_device cpu_device;
@@ -84,6 +141,11 @@ int fsdp_device_alloc(struct fsdp_device *d, size_t bytes, const char *name, voi
                       d->ops->name, d->index, name, bytes, free_b, total_b);
     fsdp_err_hint("reduce --batch-size or --seq-len, add ranks, or see --print-memory");
     return rc;
+}
+
+int fsdp_device_reserve(struct fsdp_device *d, size_t bytes)
+{
+    return d->ops->reserve ? d->ops->reserve(d, bytes) : 0;
 }
 
 int fsdp_device_zero(struct fsdp_device *d, void *p, size_t bytes)

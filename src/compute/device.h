@@ -22,28 +22,43 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/backend.h"
 #include "compute/kernels.h"
+#include "core/dtype.h"
+#include "core/mem.h"
 
 struct fsdp_device;
 
+/*
+ * Parameters in storage dtypes: the entries that read model parameters
+ * (weights, biases, norm scales, embedding tables) take them as const void *
+ * with their dtype pt (FSDP_F32, FSDP_BF16 or FSDP_F16), so gathered
+ * parameters stay in the dtype they were gathered in; activations, their
+ * gradients and parameter gradients are f32. The CPU table widens a 16-bit
+ * parameter exactly into a workspace of the device (or row by row for the
+ * embedding lookups) and computes in f32, so a bf16 run computes the same
+ * numbers as one whose parameters were widened before the kernel.
+ */
 struct fsdp_kernels {
     size_t size; /* sizeof(struct fsdp_kernels) of the implementation */
     void (*encoder_forward)(struct fsdp_device *d, float *out, const int32_t *tokens,
-                            const float *wte, const float *wpe, int B, int T, int C);
+                            const void *wte, const void *wpe, enum fsdp_dtype pt, int B, int T,
+                            int C);
     void (*encoder_backward)(struct fsdp_device *d, float *dwte, float *dwpe, const float *dout,
                              const int32_t *tokens, int B, int T, int C);
     void (*layernorm_forward)(struct fsdp_device *d, float *out, float *mean, float *rstd,
-                              const float *inp, const float *weight, const float *bias, size_t N,
-                              size_t C, float eps);
+                              const float *inp, const void *weight, const void *bias,
+                              enum fsdp_dtype pt, size_t N, size_t C, float eps);
     void (*layernorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const float *weight,
-                               const float *mean, const float *rstd, size_t N, size_t C);
-    void (*matmul_forward)(struct fsdp_device *d, float *out, const float *inp, const float *weight,
-                           const float *bias, const float *residual, size_t N, size_t C, size_t OC);
+                               const float *dout, const float *inp, const void *weight,
+                               enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
+                               size_t C);
+    void (*matmul_forward)(struct fsdp_device *d, float *out, const float *inp, const void *weight,
+                           const void *bias, enum fsdp_dtype pt, const float *residual, size_t N,
+                           size_t C, size_t OC);
     void (*matmul_backward)(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight, size_t N,
-                            size_t C, size_t OC, float alpha, int accumulate_dinp);
+                            const float *dout, const float *inp, const void *weight,
+                            enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
+                            int accumulate_dinp);
     size_t (*attention_scratch_floats)(struct fsdp_device *d, int T);
     void (*attention_forward)(struct fsdp_device *d, float *out, float *lse, float *scratch,
                               const float *qkv, int B, int T, int C, int NH);
@@ -74,8 +89,8 @@ struct fsdp_kernels {
     void (*f32_to_f16)(struct fsdp_device *d, uint16_t *dst, const float *src, size_t n);
     void (*f16_to_f32)(struct fsdp_device *d, float *dst, const uint16_t *src, size_t n);
     void (*embed_rows_forward)(struct fsdp_device *d, float *out, const int32_t *tokens,
-                               const float *wte, size_t v0, size_t vn, const float *wpe, size_t p0,
-                               size_t pn, size_t N, int T, int C);
+                               const void *wte, size_t v0, size_t vn, const void *wpe, size_t p0,
+                               size_t pn, enum fsdp_dtype pt, size_t N, int T, int C);
     void (*embed_rows_backward)(struct fsdp_device *d, float *dwte, float *dwpe, const float *dout,
                                 const int32_t *tokens, size_t v0, size_t vn, size_t p0, size_t pn,
                                 size_t N, int T, int C);
@@ -86,14 +101,16 @@ struct fsdp_kernels {
                                         const float *stats, const int32_t *targets, size_t N,
                                         size_t n, size_t col0, int32_t ignore_index, float dscale);
     void (*bias_residual_forward)(struct fsdp_device *d, float *out, const float *inp,
-                                  const float *bias, const float *residual, size_t N, size_t C);
+                                  const void *bias, enum fsdp_dtype pt, const float *residual,
+                                  size_t N, size_t C);
     /* --- appended: the Llama family, the decoders, the engine's loops --- */
     /* rmsnorm_forward with an optional copy of inp (keep may be NULL). */
     void (*rmsnorm_forward)(struct fsdp_device *d, float *out, float *rstd, float *keep,
-                            const float *inp, const float *weight, size_t N, size_t C, float eps);
+                            const float *inp, const void *weight, enum fsdp_dtype pt, size_t N,
+                            size_t C, float eps);
     void (*rmsnorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, const float *dout,
-                             const float *inp, const float *weight, const float *rstd, size_t N,
-                             size_t C);
+                             const float *inp, const void *weight, enum fsdp_dtype pt,
+                             const float *rstd, size_t N, size_t C);
     void (*rope_forward)(struct fsdp_device *d, float *qkv, const float *cos_t, const float *sin_t,
                          int B, int T, int NH, int NKV, int hs);
     void (*rope_backward)(struct fsdp_device *d, float *dqkv, const float *cos_t,
@@ -110,7 +127,7 @@ struct fsdp_kernels {
                                    const float *lse, int B, int T, int NH, int NKV, int hs);
     /* out[r,:] = table[tokens[r],:] (N rows of C) */
     void (*embed_gather)(struct fsdp_device *d, float *out, const int32_t *tokens,
-                         const float *table, size_t N, size_t C);
+                         const void *table, enum fsdp_dtype pt, size_t N, size_t C);
     /* dtable[tokens[r],:] += dout[r,:], rows in order (deterministic) */
     void (*embed_scatter_add)(struct fsdp_device *d, float *dtable, const float *dout,
                               const int32_t *tokens, size_t N, size_t C);
@@ -142,6 +159,10 @@ struct fsdp_kernels {
                          float *sz, size_t N, int have);
     /* x[i * stride] = value for i < n (padding statistics, -inf maxima). */
     void (*fill)(struct fsdp_device *d, float *x, size_t n, size_t stride, float value);
+    /* --- appended --- */
+    /* Optional (NULL: none). Frees the table's own state (d->kstate):
+     * its workspaces and library handles; fsdp_device_destroy calls it. */
+    void (*kstate_free)(struct fsdp_device *d);
 };
 
 /* A live allocation, as named at alloc. */
@@ -201,6 +222,11 @@ struct fsdp_device_ops {
     /* Optional (NULL: the device keeps no names). The live allocations,
      * at most max of them into out; returns how many there are. */
     size_t (*buffers)(struct fsdp_device *d, struct fsdp_device_buffer *out, size_t max);
+    /* Optional (NULL: the device keeps no arena). Reserves device memory
+     * for bytes of allocations in one piece, which later allocs are carved
+     * from (the trainer passes its memory plan's total before it
+     * allocates); blocks the host. */
+    int (*reserve)(struct fsdp_device *d, size_t bytes);
 };
 
 /* What a device counts, for tests and --print-memory. */
@@ -225,14 +251,30 @@ struct fsdp_device {
     void (*kernel_enter)(struct fsdp_device *d, const void *const *p, int nw, int n);
     void (*kernel_leave)(struct fsdp_device *d);
     void *impl;
+    /* The CPU table's workspace: 16-bit parameters widened to f32 for the
+     * kernel that reads them (grown to the largest, freed with the device). */
+    float *wide;
+    size_t wide_floats;
+    /* A kernel table's own state (workspaces in device memory, library
+     * handles), made at its first need; NULL for the CPU's. */
+    void *kstate;
 };
 
-/* name "cpu" or "guarded" (device_guarded.c). index: the device ordinal,
+/* name "cpu" or "guarded" (device_guarded.c); "cuda" (cuda/device_cuda.c)
+ * is refused until its kernel table is built. index: the device ordinal,
  * from the local rank. */
 int fsdp_device_create(const char *name, int index, struct fsdp_device **out);
 void fsdp_device_destroy(struct fsdp_device *d);
-/* The names a build knows, for messages ("cpu, guarded"). */
+/* A device a program adds under name (a test's emulated device), created
+ * by init as fsdp_device_create creates the built-in ones. */
+typedef int (*fsdp_device_init_fn)(struct fsdp_device *d, int index);
+int fsdp_device_register(const char *name, fsdp_device_init_fn init);
+/* The names a build knows, for messages ("cpu, guarded", and cuda in a
+ * build with the CUDA kernels). */
 const char *fsdp_device_names(void);
+/* The device a program uses by default: cuda when this build has the CUDA
+ * kernels and a GPU is visible, else cpu. */
+const char *fsdp_device_default_name(void);
 
 /* The CPU kernel table (models created without a device use it). */
 const struct fsdp_kernels *fsdp_cpu_kernels(void);
@@ -250,6 +292,9 @@ uint32_t fsdp_device_mem_cap(const struct fsdp_device *d);
 /* Device memory of bytes called name, or an out-of-memory error naming
  * it, the bytes and the device's free memory. */
 int fsdp_device_alloc(struct fsdp_device *d, size_t bytes, const char *name, void **out);
+/* Reserves bytes of device memory for later allocations where the device
+ * keeps an arena (ops->reserve); nothing otherwise. */
+int fsdp_device_reserve(struct fsdp_device *d, size_t bytes);
 /* Zeroes bytes at p on the compute stream. */
 int fsdp_device_zero(struct fsdp_device *d, void *p, size_t bytes);
 /* Device to host, waited for: the host may read dst on return. Counted. */

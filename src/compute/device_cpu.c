@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,14 +34,88 @@ static inline void k_leave(struct fsdp_device *d)
 }
 
 // ----------------------------------------------------------------------------
+// parameters in 16-bit storage, widened exactly for the f32 kernels
+
+static void k_widen_into(float *dst, const void *src, size_t n, enum fsdp_dtype pt)
+{
+    (pt == FSDP_BF16 ? fsdp_cpu_bf16_to_f32 : fsdp_cpu_f16_to_f32)(dst, src, n);
+}
+
+/*
+ * The parameters a kernel reads, as f32: themselves when pt is f32, else
+ * widened into the device's workspace (a's na values, then b's nb; either
+ * may be NULL, as an absent bias is). A kernel returns nothing, so a
+ * workspace that cannot grow ends the process with one line naming what was
+ * asked.
+ */
+static void k_widen(struct fsdp_device *d, enum fsdp_dtype pt, const void *a, size_t na,
+                    const float **wa, const void *b, size_t nb, const float **wb)
+{
+    if (pt == FSDP_F32) {
+        *wa = a;
+        if (wb) {
+            *wb = b;
+        }
+        return;
+    }
+    na = a ? na : 0;
+    size_t need = na + (b ? nb : 0);
+    if (need > d->wide_floats) {
+        fsdp_free(d->wide);
+        d->wide = fsdp_alloc(need * sizeof(float));
+        d->wide_floats = d->wide ? need : 0;
+        if (!d->wide) {
+            fprintf(stderr,
+                    "fsdpc: error: device %s: no host memory to widen %zu %s parameter values "
+                    "for a kernel (%zu bytes); free memory or use --param-dtype f32\n",
+                    d->ops->name, need, fsdp_dtype_name(pt), need * sizeof(float));
+            exit(1);
+        }
+    }
+    *wa = NULL;
+    if (a) {
+        k_widen_into(d->wide, a, na, pt);
+        *wa = d->wide;
+    }
+    if (wb) {
+        *wb = NULL;
+        if (b) {
+            k_widen_into(d->wide + na, b, nb, pt);
+            *wb = d->wide + na;
+        }
+    }
+}
+
+/* out[r,:] = table[tokens[r],:] widened from 16-bit, row by row. */
+static void k_rows16(float *out, const int32_t *tokens, const void *table, size_t N, size_t C,
+                     enum fsdp_dtype pt)
+{
+    const uint16_t *t = table;
+    for (size_t r = 0; r < N; r++) {
+        k_widen_into(out + r * C, t + (size_t)tokens[r] * C, C, pt);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // kernels: the fsdp_cpu_* functions between the hooks
 
 static void k_encoder_forward(struct fsdp_device *d, float *out, const int32_t *tokens,
-                              const float *wte, const float *wpe, int B, int T, int C)
+                              const void *wte, const void *wpe, enum fsdp_dtype pt, int B, int T,
+                              int C)
 {
     const void *p[] = {out, tokens, wte, wpe};
     k_enter(d, p, 1, 4);
-    fsdp_cpu_encoder_forward(out, tokens, wte, wpe, B, T, C);
+    if (pt == FSDP_F32) {
+        fsdp_cpu_encoder_forward(out, tokens, wte, wpe, B, T, C);
+    } else { /* the looked-up rows, then + wpe: the f32 kernel's sums */
+        size_t BT = (size_t)B * (size_t)T, Cs = (size_t)C;
+        const float *pos;
+        k_widen(d, pt, wpe, (size_t)T * Cs, &pos, NULL, 0, NULL);
+        k_rows16(out, tokens, wte, BT, Cs, pt);
+        for (size_t bt = 0; bt < BT; bt++) {
+            fsdp_cpu_accumulate(out + bt * Cs, pos + (bt % (size_t)T) * Cs, Cs);
+        }
+    }
     k_leave(d);
 }
 
@@ -54,43 +129,52 @@ static void k_encoder_backward(struct fsdp_device *d, float *dwte, float *dwpe, 
 }
 
 static void k_layernorm_forward(struct fsdp_device *d, float *out, float *mean, float *rstd,
-                                const float *inp, const float *weight, const float *bias, size_t N,
-                                size_t C, float eps)
+                                const float *inp, const void *weight, const void *bias,
+                                enum fsdp_dtype pt, size_t N, size_t C, float eps)
 {
     const void *p[] = {out, mean, rstd, inp, weight, bias};
+    const float *w, *b;
     k_enter(d, p, 3, 6);
-    fsdp_cpu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+    k_widen(d, pt, weight, C, &w, bias, C, &b);
+    fsdp_cpu_layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps);
     k_leave(d);
 }
 
 static void k_layernorm_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const float *weight,
-                                 const float *mean, const float *rstd, size_t N, size_t C)
+                                 const float *dout, const float *inp, const void *weight,
+                                 enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
+                                 size_t C)
 {
     const void *p[] = {dinp, dweight, dbias, dout, inp, weight, mean, rstd};
+    const float *w;
     k_enter(d, p, 3, 8);
-    fsdp_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    k_widen(d, pt, weight, C, &w, NULL, 0, NULL);
+    fsdp_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, w, mean, rstd, N, C);
     k_leave(d);
 }
 
 static void k_matmul_forward(struct fsdp_device *d, float *out, const float *inp,
-                             const float *weight, const float *bias, const float *residual,
-                             size_t N, size_t C, size_t OC)
+                             const void *weight, const void *bias, enum fsdp_dtype pt,
+                             const float *residual, size_t N, size_t C, size_t OC)
 {
     const void *p[] = {out, inp, weight, bias, residual};
+    const float *w, *b;
     k_enter(d, p, 1, 5);
-    fsdp_cpu_matmul_forward(out, inp, weight, bias, residual, N, C, OC);
+    k_widen(d, pt, weight, OC * C, &w, bias, OC, &b);
+    fsdp_cpu_matmul_forward(out, inp, w, b, residual, N, C, OC);
     k_leave(d);
 }
 
 static void k_matmul_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                              const float *dout, const float *inp, const float *weight, size_t N,
-                              size_t C, size_t OC, float alpha, int accumulate_dinp)
+                              const float *dout, const float *inp, const void *weight,
+                              enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
+                              int accumulate_dinp)
 {
     const void *p[] = {dinp, dweight, dbias, dout, inp, weight};
+    const float *w;
     k_enter(d, p, 3, 6);
-    fsdp_cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, alpha,
-                             accumulate_dinp);
+    k_widen(d, pt, weight, dinp ? OC * C : 0, &w, NULL, 0, NULL);
+    fsdp_cpu_matmul_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC, alpha, accumulate_dinp);
     k_leave(d);
 }
 
@@ -232,12 +316,14 @@ static void k_f16_to_f32(struct fsdp_device *d, float *dst, const uint16_t *src,
 }
 
 static void k_embed_rows_forward(struct fsdp_device *d, float *out, const int32_t *tokens,
-                                 const float *wte, size_t v0, size_t vn, const float *wpe,
-                                 size_t p0, size_t pn, size_t N, int T, int C)
+                                 const void *wte, size_t v0, size_t vn, const void *wpe, size_t p0,
+                                 size_t pn, enum fsdp_dtype pt, size_t N, int T, int C)
 {
     const void *p[] = {out, tokens, wte, wpe};
+    const float *e, *pos;
     k_enter(d, p, 1, 4);
-    fsdp_cpu_embed_rows_forward(out, tokens, wte, v0, vn, wpe, p0, pn, N, T, C);
+    k_widen(d, pt, wte, vn * (size_t)C, &e, wpe, pn * (size_t)C, &pos);
+    fsdp_cpu_embed_rows_forward(out, tokens, e, v0, vn, pos, p0, pn, N, T, C);
     k_leave(d);
 }
 
@@ -275,30 +361,38 @@ static void k_crossentropy_slice_backward(struct fsdp_device *d, float *dlogits,
 }
 
 static void k_bias_residual_forward(struct fsdp_device *d, float *out, const float *inp,
-                                    const float *bias, const float *residual, size_t N, size_t C)
+                                    const void *bias, enum fsdp_dtype pt, const float *residual,
+                                    size_t N, size_t C)
 {
     const void *p[] = {out, inp, bias, residual};
+    const float *b;
     k_enter(d, p, 1, 4);
-    fsdp_cpu_bias_residual_forward(out, inp, bias, residual, N, C);
+    k_widen(d, pt, bias, C, &b, NULL, 0, NULL);
+    fsdp_cpu_bias_residual_forward(out, inp, b, residual, N, C);
     k_leave(d);
 }
 
 static void k_rmsnorm_forward(struct fsdp_device *d, float *out, float *rstd, float *keep,
-                              const float *inp, const float *weight, size_t N, size_t C, float eps)
+                              const float *inp, const void *weight, enum fsdp_dtype pt, size_t N,
+                              size_t C, float eps)
 {
     const void *p[] = {out, rstd, keep, inp, weight};
+    const float *w;
     k_enter(d, p, 3, 5);
-    fsdp_cpu_rmsnorm_forward_keep(out, rstd, keep, inp, weight, N, C, eps);
+    k_widen(d, pt, weight, C, &w, NULL, 0, NULL);
+    fsdp_cpu_rmsnorm_forward_keep(out, rstd, keep, inp, w, N, C, eps);
     k_leave(d);
 }
 
 static void k_rmsnorm_backward(struct fsdp_device *d, float *dinp, float *dweight,
-                               const float *dout, const float *inp, const float *weight,
-                               const float *rstd, size_t N, size_t C)
+                               const float *dout, const float *inp, const void *weight,
+                               enum fsdp_dtype pt, const float *rstd, size_t N, size_t C)
 {
     const void *p[] = {dinp, dweight, dout, inp, weight, rstd};
+    const float *weight_f;
     k_enter(d, p, 2, 6);
-    fsdp_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    k_widen(d, pt, weight, C, &weight_f, NULL, 0, NULL);
+    fsdp_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight_f, rstd, N, C);
     k_leave(d);
 }
 
@@ -364,11 +458,15 @@ static void k_gqa_attention_backward(struct fsdp_device *d, float *dqkv, float *
 }
 
 static void k_embed_gather(struct fsdp_device *d, float *out, const int32_t *tokens,
-                           const float *table, size_t N, size_t C)
+                           const void *table, enum fsdp_dtype pt, size_t N, size_t C)
 {
     const void *p[] = {out, tokens, table};
     k_enter(d, p, 1, 3);
-    fsdp_cpu_embed_gather(out, tokens, table, N, C);
+    if (pt == FSDP_F32) {
+        fsdp_cpu_embed_gather(out, tokens, table, N, C);
+    } else {
+        k_rows16(out, tokens, table, N, C, pt);
+    }
     k_leave(d);
 }
 

@@ -21,8 +21,8 @@
 
 #include "core/spec.h"
 
-struct fsdp_json_obj;    /* io/json.h: a parsed JSON object */
-struct fsdp_json_writer; /* io/json.h: a JSON text being written */
+struct fsdp_json_obj;    /* io/util/json.h: a parsed JSON object */
+struct fsdp_json_writer; /* io/util/json.h: a JSON text being written */
 
 /*
  * A state dict seen through its tensor names and shapes, for an

@@ -221,28 +221,47 @@ int fsdp_attrs_diff(const struct fsdp_arch *arch, const void *a, const void *b)
 // ----------------------------------------------------------------------------
 // the architecture table
 
+const struct fsdp_arch *fsdp_arch_set_find(const struct fsdp_arch_set *set, const char *name)
+{
+    for (size_t i = 0; i < set->n; i++) {
+        if (strcmp(set->arch[i]->name, name) == 0) {
+            return set->arch[i];
+        }
+    }
+    return NULL;
+}
+
+void fsdp_arch_set_names(const struct fsdp_arch_set *set, char *buf, size_t len)
+{
+    size_t o = 0;
+    if (len) {
+        buf[0] = '\0';
+    }
+    for (size_t i = 0; i < set->n && o < len; i++) {
+        int n = snprintf(buf + o, len - o, "%s%s", i ? ", " : "", set->arch[i]->name);
+        o += n > 0 ? (size_t)n : 0;
+    }
+}
+
 #define ARCH_MAX 16
 
 static struct {
     pthread_mutex_t mu;
-    int n;
     const struct fsdp_arch *arch[ARCH_MAX];
-} archs = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    struct fsdp_arch_set set; /* over arch; entries are only ever appended */
+} archs = {.mu = PTHREAD_MUTEX_INITIALIZER, .set = {.arch = archs.arch}};
 
 int fsdp_arch_register(const struct fsdp_arch *arch)
 {
     int rc = 0;
     pthread_mutex_lock(&archs.mu);
-    for (int i = 0; i < archs.n && rc == 0; i++) {
-        if (strcmp(archs.arch[i]->name, arch->name) == 0) {
-            rc = archs.arch[i] == arch ? 1 : -1; /* the same one again is a no-op */
-        }
-    }
-    if (rc == 0) {
-        rc = archs.n < ARCH_MAX ? 0 : -2;
-        if (rc == 0) {
-            archs.arch[archs.n++] = arch;
-        }
+    const struct fsdp_arch *had = fsdp_arch_set_find(&archs.set, arch->name);
+    if (had) {
+        rc = had == arch ? 1 : -1; /* the same one again is a no-op */
+    } else if (archs.set.n == ARCH_MAX) {
+        rc = -2;
+    } else {
+        archs.arch[archs.set.n++] = arch;
     }
     pthread_mutex_unlock(&archs.mu);
     if (rc == -1) {
@@ -254,15 +273,15 @@ int fsdp_arch_register(const struct fsdp_arch *arch)
     return 0;
 }
 
+const struct fsdp_arch_set *fsdp_arch_registered(void)
+{
+    return &archs.set;
+}
+
 const struct fsdp_arch *fsdp_arch_find(const char *name)
 {
-    const struct fsdp_arch *a = NULL;
     pthread_mutex_lock(&archs.mu);
-    for (int i = 0; i < archs.n && !a; i++) {
-        if (strcmp(archs.arch[i]->name, name) == 0) {
-            a = archs.arch[i];
-        }
-    }
+    const struct fsdp_arch *a = fsdp_arch_set_find(&archs.set, name);
     pthread_mutex_unlock(&archs.mu);
     return a;
 }
@@ -271,22 +290,15 @@ const struct fsdp_arch *fsdp_arch_at(int i)
 {
     const struct fsdp_arch *a;
     pthread_mutex_lock(&archs.mu);
-    a = i >= 0 && i < archs.n ? archs.arch[i] : NULL;
+    a = i >= 0 && (size_t)i < archs.set.n ? archs.arch[i] : NULL;
     pthread_mutex_unlock(&archs.mu);
     return a;
 }
 
 void fsdp_arch_names(char *buf, size_t len)
 {
-    size_t o = 0;
-    if (len) {
-        buf[0] = '\0';
-    }
     pthread_mutex_lock(&archs.mu);
-    for (int i = 0; i < archs.n && o < len; i++) {
-        int n = snprintf(buf + o, len - o, "%s%s", i ? ", " : "", archs.arch[i]->name);
-        o += n > 0 ? (size_t)n : 0;
-    }
+    fsdp_arch_set_names(&archs.set, buf, len);
     pthread_mutex_unlock(&archs.mu);
 }
 

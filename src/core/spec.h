@@ -2,13 +2,14 @@
  * spec.h - models described as data: the parameter table every layer reads
  * (names, shapes, units, offsets, init, weight decay, tensor-parallel
  * placement, tied parameters), the architecture attribute table that io
- * walks to read, write, compare and print a model's config, and the table
- * of registered architectures.
+ * walks to read, write, compare and print a model's config, sets of
+ * architectures, and the table of registered architectures.
  *
  * Nothing here computes a model. An architecture (src/model) builds its
- * spec from its config and registers a struct fsdp_arch, so that io can
- * open a file of any registered architecture without knowing any of them,
- * and the engine can shard any model by its table alone.
+ * spec from its config and registers a struct fsdp_arch; the callers of io
+ * hand it a set of them, so that io can open a file of any architecture it
+ * is given without knowing any of them, and the engine can shard any model
+ * by its table alone.
  *
  * Units are what the sharding engine gathers and reduces as one buffer:
  * a unit's parameters sit one after the other in one contiguous buffer, at
@@ -182,12 +183,30 @@ struct fsdp_arch {
 /* arch->describe, or the attribute list. */
 void fsdp_arch_describe(const struct fsdp_arch *arch, const void *cfg, char *buf, size_t len);
 
+/*
+ * A set of architectures, handed down by whoever knows them: io reads and
+ * checks files of the architectures its caller passes it and of no other,
+ * so it depends on no table an upper layer must have filled first.
+ */
+struct fsdp_arch_set {
+    const struct fsdp_arch *const *arch; /* (n,) */
+    size_t n;
+};
+
+/* The architecture of set called name, or NULL (no error recorded). */
+const struct fsdp_arch *fsdp_arch_set_find(const struct fsdp_arch_set *set, const char *name);
+/* "gpt2, mlp": set's names, for messages. */
+void fsdp_arch_set_names(const struct fsdp_arch_set *set, char *buf, size_t len);
+
 /* Adds arch to the table (its name must be new). At most 16. */
 int fsdp_arch_register(const struct fsdp_arch *arch);
 /* The architecture called name, or NULL (no error recorded). */
 const struct fsdp_arch *fsdp_arch_find(const char *name);
 /* "gpt2, mlp" for messages. */
 void fsdp_arch_names(char *buf, size_t len);
+/* The registered architectures as a set for io (the table itself: one
+ * registered later is in it too; register before the first file is read). */
+const struct fsdp_arch_set *fsdp_arch_registered(void);
 /* The i-th registered architecture (registration order), NULL past the last. */
 const struct fsdp_arch *fsdp_arch_at(int i);
 /* The registered architecture with a preset called name, and that preset's

@@ -78,26 +78,31 @@ static int gpt2_map_params(struct fsdp_gpt2 *m)
     return 0;
 }
 
-void fsdp_gpt2_embed_view(const struct fsdp_gpt2 *m, float *unit0, struct fsdp_gpt2_embed_view *v)
+void fsdp_gpt2_embed_view(const struct fsdp_gpt2 *m, struct fsdp_lm_mem unit0,
+                          struct fsdp_gpt2_embed_view *v)
 {
-    v->wte = unit0 + m->emb_off[0];
-    v->wpe = unit0 + m->emb_off[1];
+    v->wte = fsdp_lm_at(unit0, m->emb_off[0]);
+    v->wpe = fsdp_lm_at(unit0, m->emb_off[1]);
+    v->pt = unit0.pt;
 }
 
-void fsdp_gpt2_block_view(const struct fsdp_gpt2 *m, float *unit, struct fsdp_gpt2_block_view *v)
+void fsdp_gpt2_block_view(const struct fsdp_gpt2 *m, struct fsdp_lm_mem unit,
+                          struct fsdp_gpt2_block_view *v)
 {
-#define FSDP_GPT2_X(id, field, suffix, rows, cols, init, std, decay, tp) \
-    v->field = unit + m->blk_off[FSDP_GPT2_BLK_##id];
+#define FSDP_GPT2_X(id, field, suffix, rows, cols, init, std, decay, tp)                           \
+    v->field = fsdp_lm_at(unit, m->blk_off[FSDP_GPT2_BLK_##id]);
     FSDP_GPT2_BLOCK_TENSORS(FSDP_GPT2_X)
 #undef FSDP_GPT2_X
+    v->pt = unit.pt;
 }
 
-void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, float *unit_last, float *unit0,
-                         struct fsdp_gpt2_head_view *v)
+void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, struct fsdp_lm_mem unit_last,
+                         struct fsdp_lm_mem unit0, struct fsdp_gpt2_head_view *v)
 {
-    v->lnfw = unit_last + m->head_off[0];
-    v->lnfb = unit_last + m->head_off[1];
-    v->lm_head = m->cfg->tied ? unit0 + m->head_off[2] : unit_last + m->head_off[2];
+    v->lnfw = fsdp_lm_at(unit_last, m->head_off[0]);
+    v->lnfb = fsdp_lm_at(unit_last, m->head_off[1]);
+    v->lm_head = fsdp_lm_at(m->cfg->tied ? unit0 : unit_last, m->head_off[2]);
+    v->pt = unit_last.pt;
 }
 
 // ----------------------------------------------------------------------------
@@ -364,9 +369,9 @@ int fsdp_gpt2_set_unit_rows(struct fsdp_gpt2 *m, int u, struct fsdp_group *g)
     return 1;
 }
 
-int fsdp_gpt2_set_unit(struct fsdp_gpt2 *m, int u, float *params, float *grads)
+int fsdp_gpt2_set_unit(struct fsdp_gpt2 *m, int u, void *params, enum fsdp_dtype pt, float *grads)
 {
-    return fsdp_lm_set_unit(&m->lm, u, params, grads);
+    return fsdp_lm_set_unit(&m->lm, u, params, pt, grads);
 }
 
 void fsdp_gpt2_set_ignore_index(struct fsdp_gpt2 *m, int32_t ignore_index)
@@ -416,22 +421,23 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
     float *x = fsdp_lm_residual(&m->lm, l);
     const float *in;
-    fsdp_gpt2_block_view(m, m->lm.unit_params[1 + l], &w);
-    m->lm.k->layernorm_forward(m->lm.dev, a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, BR,
-                               C, c->ln_eps);
+    fsdp_gpt2_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
+    m->lm.k->layernorm_forward(m->lm.dev, a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, w.pt,
+                               BR, C, c->ln_eps);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qkvw, w.qkvb, NULL, BT, C, 3 * lc);
+    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qkvw, w.qkvb, w.pt, NULL, BT, C, 3 * lc);
     m->lm.k->attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->lm.B,
                                m->lm.T, (int)lc, m->lnh);
-    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.attprojw, w.attprojb, x, BT, lc));
+    FSDP_CHECK(
+        fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.attprojw, w.attprojb, w.pt, x, BT, lc));
     m->lm.k->layernorm_forward(m->lm.dev, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b,
-                               BR, C, c->ln_eps);
+                               w.pt, BR, C, c->ln_eps);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->fch, in, w.fcw, w.fcb, NULL, BT, C, 4 * lc);
+    m->lm.k->matmul_forward(m->lm.dev, a->fch, in, w.fcw, w.fcb, w.pt, NULL, BT, C, 4 * lc);
     m->lm.k->gelu_forward(m->lm.dev, a->fch_gelu, a->fch, BT * 4 * lc);
     if (full) {
         FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, fsdp_lm_residual(&m->lm, l + 1), a->fch_gelu,
-                                        w.fcprojw, w.fcprojb, a->res2, BT, 4 * lc));
+                                        w.fcprojw, w.fcprojb, w.pt, a->res2, BT, 4 * lc));
     }
     return 0;
 }
@@ -449,20 +455,21 @@ static int gpt2_embed_forward(struct fsdp_gpt2 *m)
     float *x = fsdp_lm_residual(&m->lm, 0);
     if (m->lm.tp) { /* vocabulary parallel; sequence parallel: through dbtc to this rank's rows */
         struct fsdp_gpt2_embed_view w;
-        fsdp_gpt2_embed_view(m, m->lm.unit_params[0], &w);
+        fsdp_gpt2_embed_view(m, fsdp_lm_params(&m->lm, 0), &w);
         return fsdp_tp_embed_forward(m->lm.tp, x, m->lm.sp ? m->gacts.dbtc : x, m->lm.dtokens,
-                                     w.wte, (size_t)c->vocab_size, w.wpe, (size_t)m->lm.T, BT,
+                                     w.wte, (size_t)c->vocab_size, w.wpe, w.pt, (size_t)m->lm.T, BT,
                                      (size_t)c->n_embd);
     }
     if (!m->rows_on) {
         struct fsdp_gpt2_embed_view w;
-        fsdp_gpt2_embed_view(m, m->lm.unit_params[0], &w);
-        m->lm.k->encoder_forward(m->lm.dev, x, m->lm.dtokens, w.wte, w.wpe, m->lm.B, m->lm.T,
+        fsdp_gpt2_embed_view(m, fsdp_lm_params(&m->lm, 0), &w);
+        m->lm.k->encoder_forward(m->lm.dev, x, m->lm.dtokens, w.wte, w.wpe, w.pt, m->lm.B, m->lm.T,
                                  c->n_embd);
         return 0;
     }
     int32_t *mine = m->acts.tok_all + (size_t)m->rows_r * BT;
-    const float *p = m->lm.unit_params[0];
+    struct fsdp_lm_mem p = fsdp_lm_params(&m->lm, 0);
+    const void *wte = fsdp_lm_at(p, m->wte_at), *wpe = fsdp_lm_at(p, m->wpe_at);
     if (m->lm.shadow) {
         FSDP_CHECK(fsdp_device_zero(m->lm.dev, mine, BT * sizeof(int32_t)));
     } else {
@@ -470,16 +477,15 @@ static int gpt2_embed_forward(struct fsdp_gpt2 *m)
     }
     m->head_x_ready = 0;
     if (m->rows_W == 1) {
-        m->lm.k->embed_rows_forward(m->lm.dev, x, mine, p + m->wte_at, m->wte_row0, m->wte_rows,
-                                    p + m->wpe_at, m->wpe_row0, m->wpe_rows, BT, m->lm.T,
-                                    c->n_embd);
+        m->lm.k->embed_rows_forward(m->lm.dev, x, mine, wte, m->wte_row0, m->wte_rows, wpe,
+                                    m->wpe_row0, m->wpe_rows, p.pt, BT, m->lm.T, c->n_embd);
         return 0;
     }
     size_t all = gpt2_rows_all(m, BT);
     FSDP_CHECK(gpt2_allgather(m, mine, m->acts.tok_all, BT, FSDP_I32));
-    m->lm.k->embed_rows_forward(m->lm.dev, m->gacts.xall, m->acts.tok_all, p + m->wte_at,
-                                m->wte_row0, m->wte_rows, p + m->wpe_at, m->wpe_row0, m->wpe_rows,
-                                all, m->lm.T, c->n_embd);
+    m->lm.k->embed_rows_forward(m->lm.dev, m->gacts.xall, m->acts.tok_all, wte, m->wte_row0,
+                                m->wte_rows, wpe, m->wpe_row0, m->wpe_rows, p.pt, all, m->lm.T,
+                                c->n_embd);
     return gpt2_reduce_scatter(m, m->gacts.xall, x, BT * (size_t)c->n_embd);
 }
 
@@ -532,36 +538,36 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     if (m->lm.checkpoint[l]) {
         FSDP_CHECK(gpt2_block_forward(m, l, 0));
     }
-    fsdp_gpt2_block_view(m, m->lm.unit_params[1 + l], &w);
-    fsdp_gpt2_block_view(m, m->lm.unit_grads[1 + l], &dw);
+    fsdp_gpt2_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
+    fsdp_gpt2_block_view(m, fsdp_lm_grads(&m->lm, 1 + l), &dw);
     if (m->lm.sp) {
         FSDP_CHECK(fsdp_device_zero(m->lm.dev, spg, 4 * C * sizeof(float)));
     }
     /* MLP */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, g->dfch, dw.fcprojw, dw.fcprojb, dout, a->fch_gelu,
-                             w.fcprojw, BT, 4 * lc, C, 1.0f, 0);
+                             w.fcprojw, w.pt, BT, 4 * lc, C, 1.0f, 0);
     m->lm.k->gelu_backward(m->lm.dev, g->dfch, a->fch, g->dfch, BT * 4 * lc);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.fcw, dw.fcb, g->dfch, in, w.fcw, BT, C, 4 * lc,
-                             1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.fcw, dw.fcb, g->dfch, in, w.fcw, w.pt, BT, C,
+                             4 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.ln2w,
-                                m->lm.sp ? spg + C : dw.ln2b, din, a->res2, w.ln2w, a->ln2_mean,
-                                a->ln2_rstd, BR, C);
+                                m->lm.sp ? spg + C : dw.ln2b, din, a->res2, w.ln2w, w.pt,
+                                a->ln2_mean, a->ln2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, datty, dw.attprojw, dw.attprojb, dout, a->atty, w.attprojw,
-                             BT, lc, C, 1.0f, 0);
+                             w.pt, BT, lc, C, 1.0f, 0);
     m->lm.k->attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
                                 a->att_lse, m->lm.B, m->lm.T, (int)lc, m->lnh);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, w.qkvw, BT, C,
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, w.qkvw, w.pt, BT, C,
                              3 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + 2 * C : dw.ln1w,
                                 m->lm.sp ? spg + 3 * C : dw.ln1b, din, fsdp_lm_residual(&m->lm, l),
-                                w.ln1w, a->ln1_mean, a->ln1_rstd, BR, C);
+                                w.ln1w, w.pt, a->ln1_mean, a->ln1_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[4] = {dw.ln2w, dw.ln2b, dw.ln1w, dw.ln1b};
         FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 4));
@@ -581,14 +587,14 @@ static int gpt2_embed_backward(struct fsdp_gpt2 *m)
         struct fsdp_gpt2_embed_view dw;
         const float *dout;
         FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-        fsdp_gpt2_embed_view(m, dg, &dw);
+        fsdp_gpt2_embed_view(m, fsdp_lm_grads(&m->lm, 0), &dw);
         fsdp_tp_embed_backward(m->lm.tp, dw.wte, dw.wpe, dout, m->lm.dtokens, (size_t)c->vocab_size,
                                (size_t)m->lm.T, BT, C);
         return 0;
     }
     if (!m->rows_on) {
         struct fsdp_gpt2_embed_view dw;
-        fsdp_gpt2_embed_view(m, dg, &dw);
+        fsdp_gpt2_embed_view(m, fsdp_lm_grads(&m->lm, 0), &dw);
         m->lm.k->encoder_backward(m->lm.dev, dw.wte, dw.wpe, dres, m->lm.dtokens, m->lm.B, m->lm.T,
                                   c->n_embd);
         return 0;
@@ -722,9 +728,9 @@ static int gpt2_op_tp_cut(const struct fsdp_model_spec *spec, int tp, size_t i,
     return 0;
 }
 
-static void gpt2_op_comm_counts(const struct fsdp_model *m, struct fsdp_tp_counts *out)
+static void gpt2_op_comm_counts(const struct fsdp_model *m, struct fsdp_comm_counts *out)
 {
-    fsdp_tp_counts_add(out, &((const struct fsdp_gpt2 *)m)->rows_x.counts);
+    fsdp_comm_counts_add(out, &((const struct fsdp_gpt2 *)m)->rows_x.counts);
 }
 
 const struct fsdp_model_ops fsdp_gpt2_ops = {

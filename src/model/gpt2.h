@@ -41,24 +41,28 @@
 #include <stdint.h>
 
 // ----------------------------------------------------------------------------
-// parameter views: pointers into one unit buffer (params or grads alike)
+// parameter views: pointers into one unit buffer (params or grads alike),
+// in its dtype pt (parameters: their storage dtype; gradients: f32)
 
 struct fsdp_gpt2_embed_view {
-    float *wte; /* (V, C) */
-    float *wpe; /* (T, C) */
+    void *wte; /* (V, C) */
+    void *wpe; /* (T, C) */
+    enum fsdp_dtype pt;
 };
 
 /* A block's tensors (shapes: FSDP_GPT2_BLOCK_TENSORS, e.g. qkvw (3C, C)) */
 struct fsdp_gpt2_block_view {
-#define FSDP_GPT2_X(id, field, suffix, rows, cols, init, std, decay, tp) float *field;
+#define FSDP_GPT2_X(id, field, suffix, rows, cols, init, std, decay, tp) void *field;
     FSDP_GPT2_BLOCK_TENSORS(FSDP_GPT2_X)
 #undef FSDP_GPT2_X
+    enum fsdp_dtype pt;
 };
 
 struct fsdp_gpt2_head_view {
-    float *lnfw;    /* (C) */
-    float *lnfb;    /* (C) */
-    float *lm_head; /* (V, C): unit 0's wte when tied */
+    void *lnfw;    /* (C) */
+    void *lnfb;    /* (C) */
+    void *lm_head; /* (V, C): unit 0's wte when tied */
+    enum fsdp_dtype pt;
 };
 
 // ----------------------------------------------------------------------------
@@ -233,7 +237,7 @@ int fsdp_gpt2_set_unit_rows(struct fsdp_gpt2 *m, int u, struct fsdp_group *g);
 int fsdp_gpt2_reserve(struct fsdp_model *m);
 
 /* Points unit u at caller-owned buffers of spec->unit_numel[u] floats each. */
-int fsdp_gpt2_set_unit(struct fsdp_gpt2 *m, int u, float *params, float *grads);
+int fsdp_gpt2_set_unit(struct fsdp_gpt2 *m, int u, void *params, enum fsdp_dtype pt, float *grads);
 
 /* Targets equal to this value are padding (default -1). */
 void fsdp_gpt2_set_ignore_index(struct fsdp_gpt2 *m, int32_t ignore_index);
@@ -249,11 +253,13 @@ void fsdp_gpt2_set_loss_seed(struct fsdp_gpt2 *m, double divisor, float scale);
 // ----------------------------------------------------------------------------
 // views
 
-void fsdp_gpt2_embed_view(const struct fsdp_gpt2 *m, float *unit0, struct fsdp_gpt2_embed_view *v);
-void fsdp_gpt2_block_view(const struct fsdp_gpt2 *m, float *unit, struct fsdp_gpt2_block_view *v);
+void fsdp_gpt2_embed_view(const struct fsdp_gpt2 *m, struct fsdp_lm_mem unit0,
+                          struct fsdp_gpt2_embed_view *v);
+void fsdp_gpt2_block_view(const struct fsdp_gpt2 *m, struct fsdp_lm_mem unit,
+                          struct fsdp_gpt2_block_view *v);
 /* unit0 supplies lm_head when tied */
-void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, float *unit_last, float *unit0,
-                         struct fsdp_gpt2_head_view *v);
+void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, struct fsdp_lm_mem unit_last,
+                         struct fsdp_lm_mem unit0, struct fsdp_gpt2_head_view *v);
 
 // ----------------------------------------------------------------------------
 // forward / backward

@@ -54,33 +54,34 @@ size_t fsdp_gpt2_head_tile_floats(const struct fsdp_gpt2 *m)
 /* The head's weight rows (the vocabulary [v0, v0 + Vh) it holds) and their
  * gradient: unit 0's wte rows when split by vocabulary, else the whole
  * lm_head (wte when tied). */
-static void gpt2_head_weights(const struct fsdp_gpt2 *m, int with_grad, const float **w,
+static void gpt2_head_weights(const struct fsdp_gpt2 *m, int with_grad, struct fsdp_lm_mem *w,
                               float **dw, size_t *v0)
 {
     int last = m->cfg->n_layer + 1;
     if (gpt2_vp_head(m)) {
-        *w = m->lm.unit_params[0] + m->wte_at;
+        struct fsdp_lm_mem p = fsdp_lm_params(&m->lm, 0);
+        *w = (struct fsdp_lm_mem){fsdp_lm_at(p, m->wte_at), p.pt};
         *dw = with_grad ? m->lm.unit_grads[0] + m->wte_at : NULL;
         *v0 = m->wte_row0;
         return;
     }
     struct fsdp_gpt2_head_view hv, dhv;
-    fsdp_gpt2_head_view(m, m->lm.unit_params[last], m->lm.unit_params[0], &hv);
-    *w = hv.lm_head;
+    fsdp_gpt2_head_view(m, fsdp_lm_params(&m->lm, last), fsdp_lm_params(&m->lm, 0), &hv);
+    *w = (struct fsdp_lm_mem){hv.lm_head, hv.pt};
     *dw = NULL;
     if (with_grad) {
-        fsdp_gpt2_head_view(m, m->lm.unit_grads[last], m->lm.unit_grads[0], &dhv);
+        fsdp_gpt2_head_view(m, fsdp_lm_grads(&m->lm, last), fsdp_lm_grads(&m->lm, 0), &dhv);
         *dw = dhv.lm_head;
     }
     *v0 = m->lm.tp ? m->lm.tv0 : 0; /* tensor parallel: this rank's slice of the vocabulary */
 }
 
 /* logits (rows, n) of X's rows against weight rows [c0, c0 + n) of w */
-static void gpt2_head_tile_logits(const struct fsdp_gpt2 *m, const float *X, const float *w,
+static void gpt2_head_tile_logits(const struct fsdp_gpt2 *m, const float *X, struct fsdp_lm_mem w,
                                   size_t c0, size_t rows, size_t n, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd;
-    m->lm.k->matmul_forward(m->lm.dev, out, X, w + c0 * C, NULL, NULL, rows, C, n);
+    m->lm.k->matmul_forward(m->lm.dev, out, X, fsdp_lm_at(w, c0 * C), NULL, w.pt, NULL, rows, C, n);
 }
 
 /*
@@ -150,9 +151,10 @@ int fsdp_gpt2_head_forward(struct fsdp_gpt2 *m)
     if (!m->lm.shadow) { /* sequence parallel: this rank's rows, then every rank's gathered */
         struct fsdp_gpt2_head_view w;
         float *mine = fsdp_lm_lnf_mine(&m->lm, a->lnf, BT);
-        fsdp_gpt2_head_view(m, m->lm.unit_params[c->n_layer + 1], m->lm.unit_params[0], &w);
+        fsdp_gpt2_head_view(m, fsdp_lm_params(&m->lm, c->n_layer + 1), fsdp_lm_params(&m->lm, 0),
+                            &w);
         m->lm.k->layernorm_forward(m->lm.dev, mine, a->lnf_mean, a->lnf_rstd,
-                                   fsdp_lm_residual(&m->lm, c->n_layer), w.lnfw, w.lnfb,
+                                   fsdp_lm_residual(&m->lm, c->n_layer), w.lnfw, w.lnfb, w.pt,
                                    fsdp_lm_rows_here(&m->lm, BT), C, c->ln_eps);
         FSDP_CHECK(fsdp_lm_lnf_gather(&m->lm, mine, a->lnf, BT));
     }
@@ -169,7 +171,8 @@ int fsdp_gpt2_head_forward(struct fsdp_gpt2 *m)
         return 0;
     }
     size_t R = gpt2_head_R(m, BT), Vh = gpt2_head_V(m), own = 0, v0, rt, ct;
-    const float *X = a->lnf, *W;
+    const float *X = a->lnf;
+    struct fsdp_lm_mem W;
     const int32_t *tgt = m->lm.dtargets, *htgt = m->lm.targets; /* device, host */
     float *dW;
     gpt2_head_weights(m, 0, &W, &dW, &v0);
@@ -226,11 +229,11 @@ int fsdp_gpt2_logits(struct fsdp_model *base, size_t row0, size_t rows, float *o
                         "the tied head", m->wte_row0, m->wte_row0 + m->wte_rows);
     }
     struct fsdp_gpt2_head_view w;
-    fsdp_gpt2_head_view(m, m->lm.unit_params[last], m->lm.unit_params[0], &w);
+    fsdp_gpt2_head_view(m, fsdp_lm_params(&m->lm, last), fsdp_lm_params(&m->lm, 0), &w);
     if (rows > 0) {
         size_t C = (size_t)m->cfg->n_embd;
-        gpt2_head_tile_logits(m, m->acts.lnf + row0 * C, w.lm_head, 0, rows,
-                              (size_t)m->cfg->vocab_size, out);
+        gpt2_head_tile_logits(m, m->acts.lnf + row0 * C, (struct fsdp_lm_mem){w.lm_head, w.pt}, 0,
+                              rows, (size_t)m->cfg->vocab_size, out);
     }
     return 0;
 }
@@ -256,7 +259,8 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
         return fsdp_device_zero(m->lm.dev, g->dres, BT * C * sizeof(float));
     }
     size_t R = gpt2_head_R(m, BT), Vh = gpt2_head_V(m), v0, rt, ct;
-    const float *X = a->lnf, *W;
+    const float *X = a->lnf;
+    struct fsdp_lm_mem W;
     const int32_t *tgt = m->lm.dtargets, *htgt = m->lm.targets; /* device, host */
     float *dX = g->dbtc, *dW;
     gpt2_head_weights(m, 1, &W, &dW, &v0);
@@ -290,7 +294,8 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
                                                  a->ce_stats + 2 * i0, tgt + i0, rows, n, v0 + c0,
                                                  m->lm.ignore_index, 1.0f);
             m->lm.k->matmul_backward(m->lm.dev, dX + i0 * C, dW + c0 * C, NULL, a->head_logits,
-                                     X + i0 * C, W + c0 * C, rows, C, n, alpha, c0 > 0);
+                                     X + i0 * C, fsdp_lm_at(W, c0 * C), W.pt, rows, C, n, alpha,
+                                     c0 > 0);
         }
     }
     const float *dlnf = dX;
@@ -308,14 +313,14 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
     FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->dres, BR * C * sizeof(float)));
     if (!m->lm.shadow) {
         struct fsdp_gpt2_head_view w, dw;
-        fsdp_gpt2_head_view(m, m->lm.unit_params[last], m->lm.unit_params[0], &w);
-        fsdp_gpt2_head_view(m, m->lm.unit_grads[last], m->lm.unit_grads[0], &dw);
+        fsdp_gpt2_head_view(m, fsdp_lm_params(&m->lm, last), fsdp_lm_params(&m->lm, 0), &w);
+        fsdp_gpt2_head_view(m, fsdp_lm_grads(&m->lm, last), fsdp_lm_grads(&m->lm, 0), &dw);
         if (m->lm.sp) {
             FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->spg, 2 * C * sizeof(float)));
         }
         m->lm.k->layernorm_backward(
             m->lm.dev, g->dres, m->lm.sp ? g->spg : dw.lnfw, m->lm.sp ? g->spg + C : dw.lnfb, dlnf,
-            fsdp_lm_residual(&m->lm, c->n_layer), w.lnfw, a->lnf_mean, a->lnf_rstd, BR, C);
+            fsdp_lm_residual(&m->lm, c->n_layer), w.lnfw, w.pt, a->lnf_mean, a->lnf_rstd, BR, C);
         if (m->lm.sp) {
             float *const dst[2] = {dw.lnfw, dw.lnfb};
             FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 2));

@@ -9,7 +9,7 @@
 
 #include "core/hf_map.h"
 #include "core/spec.h"
-#include "io/json.h"
+#include "io/util/json.h"
 
 /* Member key of j (dflt when absent) must be want1 or want2 (NULL: only
  * want1); else one error naming the member and why (what fsdpc computes). */

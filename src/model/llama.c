@@ -107,20 +107,24 @@ static int llama_map_params(struct fsdp_llama *m)
     return 0;
 }
 
-void fsdp_llama_block_view(const struct fsdp_llama *m, float *unit, struct fsdp_llama_block_view *v)
+void fsdp_llama_block_view(const struct fsdp_llama *m, struct fsdp_lm_mem unit,
+                           struct fsdp_llama_block_view *v)
 {
 #define FSDP_LLAMA_X(id, field, suffix, rows, cols, init, decay, tp, bias)                         \
-    v->field = m->blk_off[FSDP_LLAMA_BLK_##id] == SIZE_MAX ? NULL                                  \
-                                                           : unit + m->blk_off[FSDP_LLAMA_BLK_##id];
+    v->field = m->blk_off[FSDP_LLAMA_BLK_##id] == SIZE_MAX                                         \
+                   ? NULL                                                                          \
+                   : fsdp_lm_at(unit, m->blk_off[FSDP_LLAMA_BLK_##id]);
     FSDP_LLAMA_BLOCK_TENSORS(FSDP_LLAMA_X)
 #undef FSDP_LLAMA_X
+    v->pt = unit.pt;
 }
 
-void fsdp_llama_head_view(const struct fsdp_llama *m, float *unit_last, float *unit0,
-                          struct fsdp_llama_head_view *v)
+void fsdp_llama_head_view(const struct fsdp_llama *m, struct fsdp_lm_mem unit_last,
+                          struct fsdp_lm_mem unit0, struct fsdp_llama_head_view *v)
 {
-    v->norm = unit_last + m->head_off[0];
-    v->lm_head = m->cfg->tied ? unit0 + m->head_off[1] : unit_last + m->head_off[1];
+    v->norm = fsdp_lm_at(unit_last, m->head_off[0]);
+    v->lm_head = fsdp_lm_at(m->cfg->tied ? unit0 : unit_last, m->head_off[1]);
+    v->pt = unit_last.pt;
 }
 
 // ----------------------------------------------------------------------------
@@ -379,9 +383,9 @@ int fsdp_llama_set_head_chunk(struct fsdp_llama *m, int rows)
     return 0;
 }
 
-int fsdp_llama_set_unit(struct fsdp_llama *m, int u, float *params, float *grads)
+int fsdp_llama_set_unit(struct fsdp_llama *m, int u, void *params, enum fsdp_dtype pt, float *grads)
 {
-    return fsdp_lm_set_unit(&m->lm, u, params, grads);
+    return fsdp_lm_set_unit(&m->lm, u, params, pt, grads);
 }
 
 void fsdp_llama_set_ignore_index(struct fsdp_llama *m, int32_t ignore_index)
@@ -422,13 +426,14 @@ int fsdp_llama_set_batch(struct fsdp_model *base, const int32_t *tokens, const i
 static int llama_embed_forward(struct fsdp_llama *m)
 {
     size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd;
-    const float *wte = m->lm.unit_params[0] + m->emb_off;
+    struct fsdp_lm_mem p = fsdp_lm_params(&m->lm, 0);
+    const void *wte = fsdp_lm_at(p, m->emb_off);
     float *x = fsdp_lm_residual(&m->lm, 0);
     if (m->lm.tp) {
         return fsdp_tp_embed_forward(m->lm.tp, x, m->lm.sp ? m->gacts.dbtc : x, m->lm.dtokens, wte,
-                                     (size_t)m->cfg->vocab_size, NULL, 0, BT, C);
+                                     (size_t)m->cfg->vocab_size, NULL, p.pt, 0, BT, C);
     }
-    m->lm.k->embed_gather(m->lm.dev, x, m->lm.dtokens, wte, BT, C);
+    m->lm.k->embed_gather(m->lm.dev, x, m->lm.dtokens, wte, p.pt, BT, C);
     return 0;
 }
 
@@ -445,53 +450,53 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
     float *x = fsdp_lm_residual(&m->lm, l);
     const float *in;
-    fsdp_llama_block_view(m, m->lm.unit_params[1 + l], &w);
+    fsdp_llama_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
     /* Without tensor parallelism the norms' pass over the residual stream
      * also copies it to where the next row-parallel product accumulates
      * (beta = 1), so that product needs no prefill pass of its own. */
     float *keep1 = m->lm.tp ? NULL : a->res2;
     float *keep2 = m->lm.tp || !full ? NULL : fsdp_lm_residual(&m->lm, l + 1);
     /* attention: one product for q, k and v (and their biases), RoPE in place */
-    m->lm.k->rmsnorm_forward(m->lm.dev, a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, BR, C,
+    m->lm.k->rmsnorm_forward(m->lm.dev, a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, w.pt, BR, C,
                              c->norm_eps);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, NULL, BT, C, (size_t)m->qkv_w);
+    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, w.pt, NULL, BT, C, (size_t)m->qkv_w);
     m->lm.k->rope_forward(m->lm.dev, a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                           m->lnkv, m->hs);
     m->lm.k->gqa_attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv,
                                    m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
-    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.ow, NULL, keep1 ? a->res2 : x, BT,
-                                    m->lq));
+    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.ow, NULL, w.pt, keep1 ? a->res2 : x,
+                                    BT, m->lq));
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
-    m->lm.k->rmsnorm_forward(m->lm.dev, a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, BR, C,
-                             c->norm_eps);
+    m->lm.k->rmsnorm_forward(m->lm.dev, a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, w.pt, BR,
+                             C, c->norm_eps);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->gate, in, w.gatew, NULL, NULL, BT, C, F);
-    m->lm.k->matmul_forward(m->lm.dev, a->up, in, w.upw, NULL, NULL, BT, C, F);
+    m->lm.k->matmul_forward(m->lm.dev, a->gate, in, w.gatew, NULL, w.pt, NULL, BT, C, F);
+    m->lm.k->matmul_forward(m->lm.dev, a->up, in, w.upw, NULL, w.pt, NULL, BT, C, F);
     m->lm.k->swiglu_forward(m->lm.dev, a->h, a->gate, a->up, BT * F);
     if (full) {
         float *out = fsdp_lm_residual(&m->lm, l + 1);
-        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, a->h, w.downw, NULL, keep2 ? out : a->res2,
-                                        BT, F));
+        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, a->h, w.downw, NULL, w.pt,
+                                        keep2 ? out : a->res2, BT, F));
     }
     return 0;
 }
 
 /* logits (rows, V) of rows [r0, r0 + rows): lnf rows @ lm_head^T; with
  * tensor parallelism (rows, tvn), this rank's vocabulary slice */
-static void llama_head_logits(const struct fsdp_llama *m, const float *lm_head, size_t r0,
-                              size_t rows, float *out)
+static void llama_head_logits(const struct fsdp_llama *m, const struct fsdp_llama_head_view *w,
+                              size_t r0, size_t rows, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd;
-    m->lm.k->matmul_forward(m->lm.dev, out, m->acts.lnf + r0 * C, lm_head, NULL, NULL, rows, C,
-                            m->lm.tp ? m->lm.tvn : (size_t)m->cfg->vocab_size);
+    m->lm.k->matmul_forward(m->lm.dev, out, m->acts.lnf + r0 * C, w->lm_head, NULL, w->pt, NULL,
+                            rows, C, m->lm.tp ? m->lm.tvn : (size_t)m->cfg->vocab_size);
 }
 
 /* Tensor parallel: each row's loss over this rank's vocabulary slice, a
  * row chunk at a time, then the parallel cross-entropy's combination over
  * the ranks; *kept counts the rows not ignored. */
-static int llama_head_loss_tp(struct fsdp_llama *m, const float *lm_head, size_t BT,
+static int llama_head_loss_tp(struct fsdp_llama *m, const struct fsdp_llama_head_view *w, size_t BT,
                               size_t *kept)
 {
     struct fsdp_llama_acts *a = &m->acts;
@@ -504,7 +509,7 @@ static int llama_head_loss_tp(struct fsdp_llama *m, const float *lm_head, size_t
             m->lm.k->fill(m->lm.dev, a->zt + r0, rows, 1, 0.0f);
             continue;
         }
-        llama_head_logits(m, lm_head, r0, rows, a->head_logits);
+        llama_head_logits(m, w, r0, rows, a->head_logits);
         m->lm.k->crossentropy_slice_forward(m->lm.dev, a->ce_stats + 2 * r0, a->zt + r0,
                                             a->head_logits, m->lm.dtargets + r0, rows, m->lm.tvn,
                                             m->lm.tv0, m->lm.ignore_index, 1);
@@ -530,10 +535,10 @@ static int llama_head_forward(struct fsdp_llama *m)
     struct fsdp_llama_acts *a = &m->acts;
     struct fsdp_llama_head_view w;
     float *mine = fsdp_lm_lnf_mine(&m->lm, a->lnf, BT);
-    fsdp_llama_head_view(m, m->lm.unit_params[c->n_layer + 1], m->lm.unit_params[0], &w);
+    fsdp_llama_head_view(m, fsdp_lm_params(&m->lm, c->n_layer + 1), fsdp_lm_params(&m->lm, 0), &w);
     /* sequence parallel: this rank's rows, then every rank's gathered for the head */
     m->lm.k->rmsnorm_forward(m->lm.dev, mine, a->lnf_rstd, NULL,
-                             fsdp_lm_residual(&m->lm, c->n_layer), w.norm,
+                             fsdp_lm_residual(&m->lm, c->n_layer), w.norm, w.pt,
                              fsdp_lm_rows_here(&m->lm, BT), C, c->norm_eps);
     FSDP_CHECK(fsdp_lm_lnf_gather(&m->lm, mine, a->lnf, BT));
     m->bwd_next = -1;
@@ -542,11 +547,11 @@ static int llama_head_forward(struct fsdp_llama *m)
     }
     size_t kept = 0;
     if (m->lm.tp) {
-        FSDP_CHECK(llama_head_loss_tp(m, w.lm_head, BT, &kept));
+        FSDP_CHECK(llama_head_loss_tp(m, &w, BT, &kept));
     }
     for (size_t r0 = 0; r0 < BT && !m->lm.tp; r0 += chunk) {
         size_t rows = BT - r0 < chunk ? BT - r0 : chunk;
-        llama_head_logits(m, w.lm_head, r0, rows, a->head_logits);
+        llama_head_logits(m, &w, r0, rows, a->head_logits);
         m->lm.k->crossentropy_forward(m->lm.dev, a->losses + r0, a->ce_stats + 2 * r0,
                                       a->head_logits, m->lm.dtargets + r0, rows, V,
                                       m->lm.ignore_index);
@@ -566,9 +571,9 @@ int fsdp_llama_logits(struct fsdp_model *base, size_t row0, size_t rows, float *
     int last = m->lm.spec->n_units - 1;
     FSDP_CHECK(fsdp_lm_check_logits(&m->lm, row0, rows, m->cfg->tied));
     struct fsdp_llama_head_view w;
-    fsdp_llama_head_view(m, m->lm.unit_params[last], m->lm.unit_params[0], &w);
+    fsdp_llama_head_view(m, fsdp_lm_params(&m->lm, last), fsdp_lm_params(&m->lm, 0), &w);
     if (rows > 0) {
-        llama_head_logits(m, w.lm_head, row0, rows, out);
+        llama_head_logits(m, &w, row0, rows, out);
     }
     return 0;
 }
@@ -614,8 +619,8 @@ static int llama_head_backward(struct fsdp_llama *m)
     struct fsdp_llama_grad_acts *g = &m->gacts;
     struct fsdp_llama_head_view w, dw;
     int last = c->n_layer + 1;
-    fsdp_llama_head_view(m, m->lm.unit_params[last], m->lm.unit_params[0], &w);
-    fsdp_llama_head_view(m, m->lm.unit_grads[last], m->lm.unit_grads[0], &dw);
+    fsdp_llama_head_view(m, fsdp_lm_params(&m->lm, last), fsdp_lm_params(&m->lm, 0), &w);
+    fsdp_llama_head_view(m, fsdp_lm_grads(&m->lm, last), fsdp_lm_grads(&m->lm, 0), &dw);
     float alpha = fsdp_lm_seed_alpha(&m->lm, m->n_kept);
     size_t cols = m->lm.tp ? m->lm.tvn : V; /* tensor parallel: this rank's vocabulary slice */
     for (size_t r0 = 0; r0 < BT; r0 += chunk) {
@@ -625,7 +630,7 @@ static int llama_head_backward(struct fsdp_llama *m)
             continue;
         }
         if (chunk < BT) {
-            llama_head_logits(m, w.lm_head, r0, rows, a->head_logits);
+            llama_head_logits(m, &w, r0, rows, a->head_logits);
         }
         if (m->lm.tp) {
             m->lm.k->crossentropy_slice_backward(m->lm.dev, a->head_logits, a->head_logits,
@@ -637,7 +642,7 @@ static int llama_head_backward(struct fsdp_llama *m)
                                            m->lm.ignore_index, 1.0f);
         }
         m->lm.k->matmul_backward(m->lm.dev, g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
-                                 a->lnf + r0 * C, w.lm_head, rows, C, cols, alpha, 0);
+                                 a->lnf + r0 * C, w.lm_head, w.pt, rows, C, cols, alpha, 0);
     }
     /* tensor parallel: each rank's d(norm output) is its vocabulary slice's
      * part, summed over the ranks into the rows held here */
@@ -651,7 +656,8 @@ static int llama_head_backward(struct fsdp_llama *m)
         FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->spg, C * sizeof(float)));
     }
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? g->spg : dw.norm, dlnf,
-                              fsdp_lm_residual(&m->lm, c->n_layer), w.norm, a->lnf_rstd, BR, C);
+                              fsdp_lm_residual(&m->lm, c->n_layer), w.norm, w.pt, a->lnf_rstd, BR,
+                              C);
     if (m->lm.sp) {
         float *const dst[1] = {dw.norm};
         FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 1));
@@ -678,38 +684,39 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     if (m->lm.checkpoint[l]) {
         FSDP_CHECK(llama_block_forward(m, l, 0));
     }
-    fsdp_llama_block_view(m, m->lm.unit_params[1 + l], &w);
-    fsdp_llama_block_view(m, m->lm.unit_grads[1 + l], &dw);
+    fsdp_llama_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
+    fsdp_llama_block_view(m, fsdp_lm_grads(&m->lm, 1 + l), &dw);
     if (m->lm.sp) {
         FSDP_CHECK(fsdp_device_zero(m->lm.dev, spg, 2 * C * sizeof(float)));
     }
     /* MLP */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(m->lm.dev, g->dh, dw.downw, NULL, dout, a->h, w.downw, BT, F, C, 1.0f,
-                             0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dh, dw.downw, NULL, dout, a->h, w.downw, w.pt, BT, F, C,
+                             1.0f, 0);
     m->lm.k->swiglu_backward(m->lm.dev, a->gate, a->up, g->dh, a->gate, a->up,
                              BT * F); /* in place */
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, BT, C, F,
-                             1.0f, 0);
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.upw, NULL, a->up, in, w.upw, BT, C, F, 1.0f, 1);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, w.pt, BT, C,
+                             F, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.upw, NULL, a->up, in, w.upw, w.pt, BT, C, F,
+                             1.0f, 1);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.mlp_norm, din, a->res2,
-                              w.mlp_norm, a->rms2_rstd, BR, C);
+                              w.mlp_norm, w.pt, a->rms2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, a->atty, w.ow, BT, m->lq, C, 1.0f,
-                             0);
+    m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, a->atty, w.ow, w.pt, BT, m->lq, C,
+                             1.0f, 0);
     m->lm.k->gqa_attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
                                     a->att_lse, m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
     m->lm.k->rope_backward(m->lm.dev, g->dqkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                            m->lnkv, m->hs);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qw, dw.qb, g->dqkv, in, w.qw, BT, C,
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qw, dw.qb, g->dqkv, in, w.qw, w.pt, BT, C,
                              (size_t)m->qkv_w, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + C : dw.attn_norm, din,
-                              fsdp_lm_residual(&m->lm, l), w.attn_norm, a->rms1_rstd, BR, C);
+                              fsdp_lm_residual(&m->lm, l), w.attn_norm, w.pt, a->rms1_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[2] = {dw.mlp_norm, dw.attn_norm};
         FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 2));

@@ -41,14 +41,16 @@
 /* A block's tensors (shapes: FSDP_LLAMA_BLOCK_TENSORS); the biases are
  * NULL without attn_bias. qw, kw, vw are consecutive, as are qb, kb, vb. */
 struct fsdp_llama_block_view {
-#define FSDP_LLAMA_X(id, field, suffix, rows, cols, init, decay, tp, bias) float *field;
+#define FSDP_LLAMA_X(id, field, suffix, rows, cols, init, decay, tp, bias) void *field;
     FSDP_LLAMA_BLOCK_TENSORS(FSDP_LLAMA_X)
 #undef FSDP_LLAMA_X
+    enum fsdp_dtype pt; /* parameters: their storage dtype; gradients: f32 */
 };
 
 struct fsdp_llama_head_view {
-    float *norm;    /* (C) */
-    float *lm_head; /* (V, C): unit 0's embed_tokens when tied */
+    void *norm;    /* (C) */
+    void *lm_head; /* (V, C): unit 0's embed_tokens when tied */
+    enum fsdp_dtype pt;
 };
 
 // ----------------------------------------------------------------------------
@@ -154,18 +156,19 @@ int fsdp_llama_set_checkpoint(struct fsdp_llama *m, int l, int on);
 #define FSDP_LLAMA_HEAD_BYTES ((size_t)16 << 20)
 int fsdp_llama_set_head_chunk(struct fsdp_llama *m, int rows);
 int fsdp_llama_reserve(struct fsdp_model *m);
-int fsdp_llama_set_unit(struct fsdp_llama *m, int u, float *params, float *grads);
+int fsdp_llama_set_unit(struct fsdp_llama *m, int u, void *params, enum fsdp_dtype pt,
+                        float *grads);
 void fsdp_llama_set_ignore_index(struct fsdp_llama *m, int32_t ignore_index);
 void fsdp_llama_set_loss_seed(struct fsdp_llama *m, double divisor, float scale);
 
 // ----------------------------------------------------------------------------
 // views
 
-void fsdp_llama_block_view(const struct fsdp_llama *m, float *unit,
+void fsdp_llama_block_view(const struct fsdp_llama *m, struct fsdp_lm_mem unit,
                            struct fsdp_llama_block_view *v);
 /* unit0 supplies lm_head when tied */
-void fsdp_llama_head_view(const struct fsdp_llama *m, float *unit_last, float *unit0,
-                          struct fsdp_llama_head_view *v);
+void fsdp_llama_head_view(const struct fsdp_llama *m, struct fsdp_lm_mem unit_last,
+                          struct fsdp_lm_mem unit0, struct fsdp_llama_head_view *v);
 
 // ----------------------------------------------------------------------------
 // forward / backward (as gpt2.h's namesakes)

@@ -44,34 +44,35 @@ static int llama_decode_step(struct fsdp_decoder *d, int32_t token, float *logit
     int L = c->n_layer, pos = d->pos;
     float *x = g->c.x;
     FSDP_CHECK(fsdp_lm_decode_begin(&m->lm, &g->c, token));
-    k->embed_gather(dev, x, g->c.token, m->lm.unit_params[0] + m->emb_off, 1, C);
+    struct fsdp_lm_mem u0 = fsdp_lm_params(&m->lm, 0);
+    k->embed_gather(dev, x, g->c.token, fsdp_lm_at(u0, m->emb_off), u0.pt, 1, C);
     /* this position's angles, on the host from the same frequencies as the forward's tables */
     fsdp_cpu_rope_table(g->hcs, g->hcs + hs / 2, g->inv_freq, pos, 1, (int)hs);
     FSDP_CHECK(fsdp_device_write(dev, g->cs, g->hcs, hs * sizeof(float)));
     for (int l = 0; l < L; l++) {
         struct fsdp_llama_block_view w;
-        fsdp_llama_block_view(m, m->lm.unit_params[1 + l], &w);
+        fsdp_llama_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
         float *kc = g->c.kv + (size_t)l * 2 * T * KV, *vc = kc + T * KV;
-        k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, w.attn_norm, 1, C, c->norm_eps);
+        k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, w.attn_norm, w.pt, 1, C, c->norm_eps);
         /* q, k, v (and their biases) are consecutive: one product */
-        k->matmul_forward(dev, g->qkv, g->r, w.qw, w.qb, NULL, 1, C, QKV);
+        k->matmul_forward(dev, g->qkv, g->r, w.qw, w.qb, w.pt, NULL, 1, C, QKV);
         k->rope_forward(dev, g->qkv, g->cs, g->sn, 1, 1, c->n_head, c->n_kv_head, (int)hs);
         FSDP_CHECK(fsdp_device_copy(dev, kc + (size_t)pos * KV, g->qkv + C, KV * sizeof(float)));
         FSDP_CHECK(
             fsdp_device_copy(dev, vc + (size_t)pos * KV, g->qkv + C + KV, KV * sizeof(float)));
         k->attention_decode(dev, g->att, g->scores, g->qkv, kc, vc, pos + 1, c->n_head,
                             c->n_kv_head, (int)hs, (int)KV);
-        k->matmul_forward(dev, x, g->att, w.ow, NULL, x, 1, C, C);
-        k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, w.mlp_norm, 1, C, c->norm_eps);
-        k->matmul_forward(dev, g->gate, g->r, w.gatew, NULL, NULL, 1, C, F);
-        k->matmul_forward(dev, g->up, g->r, w.upw, NULL, NULL, 1, C, F);
+        k->matmul_forward(dev, x, g->att, w.ow, NULL, w.pt, x, 1, C, C);
+        k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, w.mlp_norm, w.pt, 1, C, c->norm_eps);
+        k->matmul_forward(dev, g->gate, g->r, w.gatew, NULL, w.pt, NULL, 1, C, F);
+        k->matmul_forward(dev, g->up, g->r, w.upw, NULL, w.pt, NULL, 1, C, F);
         k->swiglu_forward(dev, g->gate, g->gate, g->up, F);
-        k->matmul_forward(dev, x, g->gate, w.downw, NULL, x, 1, F, C);
+        k->matmul_forward(dev, x, g->gate, w.downw, NULL, w.pt, x, 1, F, C);
     }
     struct fsdp_llama_head_view h;
-    fsdp_llama_head_view(m, m->lm.unit_params[L + 1], m->lm.unit_params[0], &h);
-    k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, h.norm, 1, C, c->norm_eps);
-    k->matmul_forward(dev, g->c.logits, g->r, h.lm_head, NULL, NULL, 1, C, V);
+    fsdp_llama_head_view(m, fsdp_lm_params(&m->lm, L + 1), fsdp_lm_params(&m->lm, 0), &h);
+    k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, h.norm, h.pt, 1, C, c->norm_eps);
+    k->matmul_forward(dev, g->c.logits, g->r, h.lm_head, NULL, h.pt, NULL, 1, C, V);
     return fsdp_lm_decode_end(&m->lm, &g->c, logits);
 }
 

@@ -68,11 +68,12 @@ int fsdp_lm_init(struct fsdp_lm *lm, const struct fsdp_model_spec *spec,
                         lm->tpn);
     }
     size_t nu = (size_t)spec->n_units, L = (size_t)lm->L;
-    lm->unit_params = calloc(nu, sizeof(float *));
+    lm->unit_params = calloc(nu, sizeof(void *));
+    lm->unit_pt = calloc(nu, sizeof(*lm->unit_pt));
     lm->unit_grads = calloc(nu, sizeof(float *));
     lm->fwd_done = calloc(nu, 1);
     lm->checkpoint = calloc(L, 1);
-    if (!lm->unit_params || !lm->unit_grads || !lm->fwd_done || !lm->checkpoint) {
+    if (!lm->unit_params || !lm->unit_pt || !lm->unit_grads || !lm->fwd_done || !lm->checkpoint) {
         fsdp_lm_free(lm);
         return fsdp_err(FSDP_ERR_NOMEM, "%s model tables", name);
     }
@@ -102,10 +103,13 @@ void fsdp_lm_free(struct fsdp_lm *lm)
     free(lm->checkpoint);
     free(lm->fwd_done);
     free(lm->unit_grads);
+    free(lm->unit_pt);
     free(lm->unit_params);
     lm->act_memory = lm->grad_act_memory = NULL;
     lm->checkpoint = lm->fwd_done = NULL;
-    lm->unit_params = lm->unit_grads = NULL;
+    lm->unit_params = NULL;
+    lm->unit_pt = NULL;
+    lm->unit_grads = NULL;
 }
 
 int fsdp_lm_locate(const struct fsdp_model_spec *s, const char *name, int u, size_t rows,
@@ -226,12 +230,17 @@ int fsdp_lm_check_head_chunk(int rows, int busy)
     return 0;
 }
 
-int fsdp_lm_set_unit(struct fsdp_lm *lm, int u, float *params, float *grads)
+int fsdp_lm_set_unit(struct fsdp_lm *lm, int u, void *params, enum fsdp_dtype pt, float *grads)
 {
     if (u < 0 || u >= lm->spec->n_units) {
         return fsdp_err(FSDP_ERR_INVALID, "unit %d out of range [0, %d)", u, lm->spec->n_units);
     }
+    if (pt != FSDP_F32 && pt != FSDP_BF16 && pt != FSDP_F16) {
+        return fsdp_err(FSDP_ERR_INVALID, "unit %d: parameters in %s (need f32, bf16 or f16)", u,
+                        fsdp_dtype_name(pt));
+    }
     lm->unit_params[u] = params;
+    lm->unit_pt[u] = pt;
     lm->unit_grads[u] = grads;
     return 0;
 }
@@ -424,9 +433,9 @@ double fsdp_lm_flops(double N, double L, double C, int T)
 // ----------------------------------------------------------------------------
 // the generic interface
 
-int fsdp_lm_op_set_unit(struct fsdp_model *m, int u, float *params, float *grads)
+int fsdp_lm_op_set_unit(struct fsdp_model *m, int u, void *params, enum fsdp_dtype pt, float *grads)
 {
-    return fsdp_lm_set_unit((struct fsdp_lm *)m, u, params, grads);
+    return fsdp_lm_set_unit((struct fsdp_lm *)m, u, params, pt, grads);
 }
 
 void fsdp_lm_op_set_loss_seed(struct fsdp_model *m, double divisor, float scale)

@@ -39,8 +39,9 @@ struct fsdp_lm {
     int L;                              /* blocks: units 1 .. L; unit L+1 is the head */
     size_t C, V;                        /* width of the residual stream, vocabulary */
 
-    float **unit_params; /* (n_units,) caller-owned unit buffers */
-    float **unit_grads;  /* (n_units,) caller-owned, may be NULL for forward only */
+    void **unit_params;        /* (n_units,) caller-owned unit buffers, in unit_pt[u] */
+    enum fsdp_dtype *unit_pt;  /* (n_units,) each unit's parameter storage dtype */
+    float **unit_grads;        /* (n_units,) caller-owned, may be NULL for forward only */
     unsigned char *checkpoint; /* (L,) 1: recompute block l in backward */
     unsigned char *fwd_done;   /* (n_units,) */
 
@@ -146,7 +147,27 @@ void fsdp_lm_relayout(struct fsdp_lm *lm);
 int fsdp_lm_set_checkpoint(struct fsdp_lm *lm, int l, int on, int busy);
 /* A head chunk of rows (>= 0; 0: the default) may be set now. */
 int fsdp_lm_check_head_chunk(int rows, int busy);
-int fsdp_lm_set_unit(struct fsdp_lm *lm, int u, float *params, float *grads);
+int fsdp_lm_set_unit(struct fsdp_lm *lm, int u, void *params, enum fsdp_dtype pt, float *grads);
+
+/* Where a unit's tensors are: its parameters (in their storage dtype) or
+ * its gradient (f32); a model's views are offsets into one. */
+struct fsdp_lm_mem {
+    void *base;
+    enum fsdp_dtype pt;
+};
+static inline struct fsdp_lm_mem fsdp_lm_params(const struct fsdp_lm *lm, int u)
+{
+    return (struct fsdp_lm_mem){lm->unit_params[u], lm->unit_pt[u]};
+}
+static inline struct fsdp_lm_mem fsdp_lm_grads(const struct fsdp_lm *lm, int u)
+{
+    return (struct fsdp_lm_mem){lm->unit_grads[u], FSDP_F32};
+}
+/* The tensor at element offset off of mem (NULL when mem has no buffer). */
+static inline void *fsdp_lm_at(struct fsdp_lm_mem mem, size_t off)
+{
+    return mem.base ? (char *)mem.base + off * fsdp_dtype_size(mem.pt) : NULL;
+}
 void fsdp_lm_set_loss_seed(struct fsdp_lm *lm, double divisor, float scale);
 /* Zeroes unit u's gradient (every unit when u < 0); unit 0 has numel0 floats. */
 int fsdp_lm_zero_grad(struct fsdp_lm *lm, int u, size_t numel0);
@@ -209,8 +230,9 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n);
  * through dbtc, which no forward uses otherwise. out and residual have the
  * rows held here.
  */
-int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const float *w,
-                         const float *bias, const float *residual, size_t BT, size_t K);
+int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const void *w,
+                         const void *bias, enum fsdp_dtype pt, const float *residual, size_t BT,
+                         size_t K);
 /* Block l's input, residual[l] (l = L: the final norm's). */
 float *fsdp_lm_residual(const struct fsdp_lm *lm, int l);
 /* The final norm's output rows held here within lnf (every row): with
@@ -235,7 +257,8 @@ double fsdp_lm_flops(double N, double L, double C, int T);
 // ----------------------------------------------------------------------------
 // the generic interface (model.h): the ops that are the same in every LM
 
-int fsdp_lm_op_set_unit(struct fsdp_model *m, int u, float *params, float *grads);
+int fsdp_lm_op_set_unit(struct fsdp_model *m, int u, void *params, enum fsdp_dtype pt,
+                        float *grads);
 void fsdp_lm_op_set_loss_seed(struct fsdp_model *m, double divisor, float scale);
 float fsdp_lm_op_loss(const struct fsdp_model *m);
 

@@ -59,23 +59,24 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n)
     return 0;
 }
 
-int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const float *w,
-                         const float *bias, const float *residual, size_t BT, size_t K)
+int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const void *w,
+                         const void *bias, enum fsdp_dtype pt, const float *residual, size_t BT,
+                         size_t K)
 {
     size_t C = lm->C, BR = fsdp_lm_rows_here(lm, BT);
     if (!lm->tp) {
-        lm->k->matmul_forward(lm->dev, out, inp, w, bias, residual, BT, K, C);
+        lm->k->matmul_forward(lm->dev, out, inp, w, bias, pt, residual, BT, K, C);
         return 0;
     }
     float *part = lm->dbtc;
-    lm->k->matmul_forward(lm->dev, part, inp, w, NULL, NULL, BT, K, C);
+    lm->k->matmul_forward(lm->dev, part, inp, w, NULL, pt, NULL, BT, K, C);
     if (lm->sp) {
         FSDP_CHECK(fsdp_tp_seq_scatter_forward(lm->tp, part, out, BR, C));
-        lm->k->bias_residual_forward(lm->dev, out, out, bias, residual, BR, C);
+        lm->k->bias_residual_forward(lm->dev, out, out, bias, pt, residual, BR, C);
         return 0;
     }
     FSDP_CHECK(fsdp_tp_reduce_out_forward(lm->tp, part, BT * C));
-    lm->k->bias_residual_forward(lm->dev, out, part, bias, residual, BT, C);
+    lm->k->bias_residual_forward(lm->dev, out, part, bias, pt, residual, BT, C);
     return 0;
 }
 

@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/dtype.h"
 #include "core/spec.h"
 
 struct fsdp_model;
@@ -32,7 +33,7 @@ struct fsdp_device;
 struct fsdp_group;
 struct fsdp_decoder;
 struct fsdp_tp;
-struct fsdp_tp_counts;
+struct fsdp_comm_counts;
 
 /* What an instance is sized for, and where it computes. */
 struct fsdp_model_opts {
@@ -41,7 +42,7 @@ struct fsdp_model_opts {
     struct fsdp_device *dev; /* activations and kernels (compute/device.h); NULL: the CPU */
     /* Tensor parallelism (model/tp_ops.h; NULL or one rank: none). The spec
      * is then the tp-local table, every parameter cut as the model's tp_cut
-     * says (fsdp/tp.h makes it), and the model computes its slice of the
+     * says (parallel/tp.h makes it), and the model computes its slice of the
      * heads and features, calling the tp operators on tp's group; every
      * rank of the group runs the same calls with the same batch. Borrowed. */
     struct fsdp_tp *tp;
@@ -69,9 +70,10 @@ struct fsdp_model_ops {
     int (*set_checkpoint)(struct fsdp_model *m, int u, int on);
     /* Allocates (pre-faulted) activation memory now if not yet done. */
     int (*reserve)(struct fsdp_model *m);
-    /* Points unit u at buffers of spec->unit_numel[u] floats (grads may be
-     * NULL for a forward only). */
-    int (*set_unit)(struct fsdp_model *m, int u, float *params, float *grads);
+    /* Points unit u at buffers of spec->unit_numel[u] values: params in
+     * dtype pt (f32, bf16 or f16: the dtype the kernels read them in), grads
+     * in f32 (NULL for a forward only). */
+    int (*set_unit)(struct fsdp_model *m, int u, void *params, enum fsdp_dtype pt, float *grads);
     /* The backward seeds d(objective)/d(loss_i) = scale / divisor for every
      * kept token (divisor 0: this batch's kept count). */
     void (*set_loss_seed)(struct fsdp_model *m, double divisor, float scale);
@@ -124,7 +126,7 @@ struct fsdp_model_ops {
      * set_unit_rows. (The tp operators count into the struct fsdp_tp the
      * model was created with, which its creator reads.)
      */
-    void (*comm_counts)(const struct fsdp_model *m, struct fsdp_tp_counts *out);
+    void (*comm_counts)(const struct fsdp_model *m, struct fsdp_comm_counts *out);
 };
 
 /*

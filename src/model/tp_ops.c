@@ -37,27 +37,10 @@ void fsdp_tp_vocab_split(size_t V, int size, int rank, size_t *v0, size_t *vn, s
 // ----------------------------------------------------------------------------
 // collectives
 
-void fsdp_tp_count(struct fsdp_tp_counts *c, enum fsdp_tp_coll k, int size, double bytes)
-{
-    double p = size, f = k == FSDP_TP_ALLREDUCE ? 2.0 * (p - 1.0) / p : (p - 1.0) / p;
-    c->calls[k]++;
-    c->payload[k] += bytes;
-    c->wire[k] += f * bytes;
-}
-
-void fsdp_tp_counts_add(struct fsdp_tp_counts *a, const struct fsdp_tp_counts *b)
-{
-    for (int k = 0; k < FSDP_TP_NCOLL; k++) {
-        a->calls[k] += b->calls[k];
-        a->payload[k] += b->payload[k];
-        a->wire[k] += b->wire[k];
-    }
-}
-
 /* Counts one call moving a full buffer of `bytes` (ring volumes). */
-static void tp_count(struct fsdp_tp *tp, enum fsdp_tp_coll c, double bytes)
+static void tp_count(struct fsdp_tp *tp, enum fsdp_coll_op c, double bytes)
 {
-    fsdp_tp_count(&tp->counts, c, tp->size, bytes);
+    fsdp_comm_count(&tp->counts, c, tp->size, bytes);
 }
 
 static int tp_finish(struct fsdp_work *w)
@@ -74,7 +57,7 @@ int fsdp_tp_all_reduce(struct fsdp_tp *tp, float *buf, size_t n, enum fsdp_redop
     }
     struct fsdp_work *w = NULL;
     FSDP_CHECK(fsdp_allreduce(tp->g, buf, buf, n, FSDP_F32, op, &tp->attr, &w));
-    tp_count(tp, FSDP_TP_ALLREDUCE, (double)n * sizeof(float));
+    tp_count(tp, FSDP_COLL_ALLREDUCE, (double)n * sizeof(float));
     return tp_finish(w);
 }
 
@@ -96,7 +79,7 @@ int fsdp_tp_all_gather(struct fsdp_tp *tp, const void *send, void *recv, size_t 
     }
     struct fsdp_work *w = NULL;
     FSDP_CHECK(fsdp_allgather(tp->g, send, recv, n, t, &tp->attr, &w));
-    tp_count(tp, FSDP_TP_ALLGATHER, (double)n * tp->size * 4.0);
+    tp_count(tp, FSDP_COLL_ALLGATHER, (double)n * tp->size * 4.0);
     return tp_finish(w);
 }
 
@@ -113,7 +96,7 @@ int fsdp_tp_reduce_scatter(struct fsdp_tp *tp, const float *send, float *recv, s
     }
     struct fsdp_work *w = NULL;
     FSDP_CHECK(fsdp_reduce_scatter(tp->g, send, recv, n, FSDP_F32, FSDP_SUM, &tp->attr, &w));
-    tp_count(tp, FSDP_TP_REDUCE_SCATTER, (double)n * tp->size * sizeof(float));
+    tp_count(tp, FSDP_COLL_REDUCE_SCATTER, (double)n * tp->size * sizeof(float));
     return tp_finish(w);
 }
 
@@ -158,8 +141,8 @@ int fsdp_tp_seq_scatter_backward(struct fsdp_tp *tp, const float *dy, float *dy_
 // vocabulary-parallel embedding
 
 int fsdp_tp_embed_forward(struct fsdp_tp *tp, float *out, float *full, const int32_t *tokens,
-                          const float *wte, size_t V, const float *pos, size_t T, size_t N,
-                          size_t C)
+                          const void *wte, size_t V, const void *pos, enum fsdp_dtype pt, size_t T,
+                          size_t N, size_t C)
 {
     size_t v0, vn, Vl;
     fsdp_tp_vocab_split(V, tp->size, tp->rank, &v0, &vn, &Vl);
@@ -167,8 +150,8 @@ int fsdp_tp_embed_forward(struct fsdp_tp *tp, float *out, float *full, const int
      * summed over the ranks, each row is the two terms that are not exact
      * zeros, so the sum is the whole tables' lookup bit for bit */
     size_t pn = pos && tp->rank == 0 ? T : 0;
-    tp->k->embed_rows_forward(tp->dev, full, tokens, wte, v0, vn, pos, 0, pn, N, (int)(T ? T : 1),
-                              (int)C);
+    tp->k->embed_rows_forward(tp->dev, full, tokens, wte, v0, vn, pos, 0, pn, pt, N,
+                              (int)(T ? T : 1), (int)C);
     if (tp->sp) {
         if (N % (size_t)tp->size != 0) {
             return fsdp_err(FSDP_ERR_INVALID, "tp embedding: %zu rows do not split over %d ranks",

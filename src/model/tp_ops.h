@@ -41,25 +41,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/counts.h"
 #include "comm/group.h"
 
 struct fsdp_device;
 
 struct fsdp_kernels;
-
-enum fsdp_tp_coll {
-    FSDP_TP_ALLREDUCE = 0,
-    FSDP_TP_ALLGATHER,
-    FSDP_TP_REDUCE_SCATTER,
-    FSDP_TP_NCOLL,
-};
-
-/* What the operators moved since the counters were last cleared. */
-struct fsdp_tp_counts {
-    uint64_t calls[FSDP_TP_NCOLL];
-    double payload[FSDP_TP_NCOLL]; /* bytes of the full buffer of each call */
-    double wire[FSDP_TP_NCOLL];    /* bytes each rank sends, ring volumes */
-};
 
 struct fsdp_tp {
     struct fsdp_group *g;        /* the tp group; NULL: one rank */
@@ -68,15 +55,8 @@ struct fsdp_tp {
     struct fsdp_coll_attr attr;  /* where the operators' buffers live */
     struct fsdp_device *dev;     /* where the operators compute (never NULL) */
     const struct fsdp_kernels *k; /* dev's kernels */
-    struct fsdp_tp_counts counts;
+    struct fsdp_comm_counts counts;
 };
-
-/* Counts one collective over `size` ranks whose full buffer is `bytes` into
- * c (calls, payload, ring wire bytes as above), for collectives issued
- * elsewhere (the sharding engine's) that are reported alike. */
-void fsdp_tp_count(struct fsdp_tp_counts *c, enum fsdp_tp_coll k, int size, double bytes);
-/* a += b */
-void fsdp_tp_counts_add(struct fsdp_tp_counts *a, const struct fsdp_tp_counts *b);
 
 /* tp over g (NULL: one rank), buffers in mem, kernels k (NULL: the CPU's). */
 void fsdp_tp_init(struct fsdp_tp *tp, struct fsdp_group *g, int sp, struct fsdp_device *dev);
@@ -146,8 +126,8 @@ int fsdp_tp_seq_scatter_backward(struct fsdp_tp *tp, const float *dy, float *dy_
  * whole tables' lookup bit for bit. Token ids are checked by the caller.
  */
 int fsdp_tp_embed_forward(struct fsdp_tp *tp, float *out, float *full, const int32_t *tokens,
-                          const float *wte, size_t V, const float *pos, size_t T, size_t N,
-                          size_t C);
+                          const void *wte, size_t V, const void *pos, enum fsdp_dtype pt, size_t T,
+                          size_t N, size_t C);
 /* dwte (Vl, C) += the rows of dout_full (N, C) whose token this rank holds,
  * and dpos (T, C; NULL: none) += every row at its position, rows in order:
  * dpos is whole on every rank. dout_full is the whole gradient (with sp,

@@ -4,13 +4,13 @@
  * not, latest), with the leftovers of interrupted saves; each step is
  * opened as --resume would open it (every shard checked), so "complete"
  * means it loads. recover: puts a root back in order after a crash, as the
- * next run would (io/ckpt_commit.h). And the hint the other commands give
+ * next run would (io/ckpt/ckpt_commit.h). And the hint the other commands give
  * when what they were asked to open is missing because a save was cut short.
  */
 #include "config.h"
 #include "programs/ckpt_tool.h"
-#include "io/ckpt.h"
-#include "io/ckpt_commit.h"
+#include "io/ckpt/ckpt.h"
+#include "io/ckpt/ckpt_commit.h"
 #include "core/error.h"
 
 #include <dirent.h>
@@ -66,18 +66,6 @@ static const struct fsdp_cli_cmd list_cmd = {
     "shows only with --verify.",
     list_opts, sizeof(list_opts) / sizeof(list_opts[0])};
 
-/* Step number of "step_<N>", or -1. */
-static long list_step_of(const char *name)
-{
-    if (strncmp(name, "step_", 5) != 0 || !name[5]) {
-        return -1;
-    }
-    char *end;
-    errno = 0;
-    long n = strtol(name + 5, &end, 10);
-    return *end || errno || n < 0 ? -1 : n;
-}
-
 static int list_cmp(const void *a, const void *b)
 {
     const struct list_entry *x = a, *y = b;
@@ -121,27 +109,31 @@ static void list_size(char *buf, size_t len, double b)
     snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
 }
 
+/* Where list_scan's entries go: out, *n of them so far. */
+struct list_acc {
+    struct list_entry *out;
+    size_t *n;
+};
+
+static int list_add(const char *name, long step, void *arg)
+{
+    struct list_acc *a = arg;
+    struct list_entry *x = &a->out[(*a->n)++];
+    x->step = step;
+    x->tmp = step < 0;
+    snprintf(x->name, sizeof(x->name), "%s", name);
+    return *a->n == LIST_MAX;
+}
+
 /* The entries of root: step directories and .tmp_* leftovers. */
 static int list_scan(const char *root, struct list_entry *out, size_t *n)
 {
-    DIR *d = opendir(root);
+    struct list_acc a = {out, n};
     *n = 0;
-    if (!d) {
-        return fsdp_err(FSDP_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
+    int rc = fsdp_ckpt_step_scan(root, 1, list_add, &a);
+    if (rc < 0) {
+        return rc;
     }
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL && *n < LIST_MAX) {
-        long s = list_step_of(e->d_name);
-        int tmp = strncmp(e->d_name, FSDP_CKPT_TMP_PREFIX, strlen(FSDP_CKPT_TMP_PREFIX)) == 0;
-        if (s < 0 && !tmp) {
-            continue;
-        }
-        out[*n].step = s;
-        out[*n].tmp = tmp;
-        snprintf(out[*n].name, sizeof(out[*n].name), "%s", e->d_name);
-        (*n)++;
-    }
-    closedir(d);
     qsort(out, *n, sizeof(*out), list_cmp);
     return 0;
 }
@@ -150,7 +142,7 @@ static int list_scan(const char *root, struct list_entry *out, size_t *n)
 static void list_quick(const char *dir, char *ranks, char *mesh, char *state, size_t len)
 {
     struct fsdp_ckpt_meta m;
-    if (fsdp_ckpt_read_meta(dir, &m) < 0) {
+    if (fsdp_ckpt_read_meta(dir, fsdp_arch_registered(), &m) < 0) {
         char msg[512];
         fsdp_err_take(msg, sizeof(msg));
         fsdp_err_clear();
@@ -189,14 +181,14 @@ static void list_step(const char *root, const struct list_entry *en, const char 
     char ranks[16] = "-", mesh[128] = "-";
     if (mode == LIST_QUICK) {
         list_quick(dir, ranks, mesh, state, sizeof(state));
-    } else if (fsdp_ckpt_open(dir, &ck) == 0) {
+    } else if (fsdp_ckpt_open(dir, fsdp_arch_registered(), &ck) == 0) {
         const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
         snprintf(ranks, sizeof(ranks), "%d", m->world_size);
         snprintf(mesh, sizeof(mesh), "%s", m->mesh);
         snprintf(state, sizeof(state), mode == LIST_VERIFY ? "complete, data verified"
                                                             : "complete (data not read)");
         fsdp_ckpt_close(ck);
-        if (mode == LIST_VERIFY && fsdp_ckpt_verify_data(dir) < 0) {
+        if (mode == LIST_VERIFY && fsdp_ckpt_verify_data(dir, fsdp_arch_registered()) < 0) {
             char msg[512];
             fsdp_err_take(msg, sizeof(msg));
             fsdp_err_clear();

@@ -23,9 +23,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "io/ckpt.h"
+#include "io/ckpt/ckpt.h"
 #include "programs/ckpt_tool.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "model/model.h"
 #include "model/llama_spec.h"
 
@@ -292,7 +292,7 @@ static int cmd_inspect(int argc, char **argv)
         return fsdp_ckpt_tool_inspect(in);
     }
     struct fsdp_model_file *mf;
-    if ((rc = fsdp_model_file_open(in, &mf)) < 0) {
+    if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &mf)) < 0) {
         fsdp_ckpt_tool_recovery_hint(in); /* a step an interrupted save moved aside */
         fsdp_die(rc, "fsdpc-ckpt inspect", NULL);
     }

@@ -11,10 +11,10 @@
 #include "config.h"
 #include "programs/ckpt_tool.h"
 #include "comm/mesh_spec.h"
-#include "io/ckpt.h"
-#include "io/ckpt_commit.h"
-#include "io/fileutil.h"
-#include "io/model_file.h"
+#include "io/ckpt/ckpt.h"
+#include "io/ckpt/ckpt_commit.h"
+#include "io/util/fileutil.h"
+#include "io/h5/model_file.h"
 #include "core/error.h"
 #include "core/util.h"
 
@@ -57,7 +57,7 @@ static struct fsdp_ckpt *tool_open(const char *cmd, const char *path)
 {
     struct fsdp_ckpt *ck;
     char what[64];
-    int rc = fsdp_ckpt_open(path, &ck);
+    int rc = fsdp_ckpt_open(path, fsdp_arch_registered(), &ck);
     if (rc < 0) {
         snprintf(what, sizeof(what), "fsdpc-ckpt %s", cmd);
         fsdp_ckpt_tool_recovery_hint(path);
@@ -112,10 +112,11 @@ int fsdp_ckpt_tool_inspect(const char *path)
            m->adam_step, m->loss_scale, m->scale_good_steps, m->skipped_steps);
     printf("architecture  %s: %s\n", s->arch->name, attrs);
     fsdp_ckpt_tool_print_tokens(s);
-    size_t summed = 0, all = (size_t)FSDP_CKPT_NKINDS * s->n_params;
-    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+    const int n_kinds = fsdp_ckpt_kinds(ck)->n;
+    size_t summed = 0, all = (size_t)n_kinds * s->n_params;
+    for (int k = 0; k < n_kinds; k++) {
         for (size_t i = 0; i < s->n_params; i++) {
-            summed += fsdp_ckpt_checksum_blocks(ck, (enum fsdp_ckpt_kind)k, i) > 0;
+            summed += fsdp_ckpt_checksum_blocks(ck, k, i) > 0;
         }
     }
     if (summed == all) {
@@ -151,9 +152,15 @@ int fsdp_ckpt_tool_inspect(const char *path)
         }
     }
     double b = (double)s->total_numel * 4.0;
-    printf("\ntotal         %zu tensors x 3 (weights, exp_avg, exp_avg_sq), %zu parameters, "
-           "%.0f bytes of weights + %.0f bytes of optimizer state\n", s->n_params,
-           s->total_numel, b, 2.0 * b);
+    char kinds[256] = "weights";
+    for (int k = 1; k < n_kinds; k++) { /* "weights, exp_avg, exp_avg_sq" */
+        size_t o = strlen(kinds);
+        snprintf(kinds + o, sizeof(kinds) - o, ", %s",
+                 fsdp_ckpt_kind_group(fsdp_ckpt_kinds(ck), k) + strlen("optim/"));
+    }
+    printf("\ntotal         %zu tensors x %d (%s), %zu parameters, "
+           "%.0f bytes of weights + %.0f bytes of optimizer state\n",
+           s->n_params, n_kinds, kinds, s->total_numel, b, (double)(n_kinds - 1) * b);
     fsdp_ckpt_close(ck);
     return 0;
 }
@@ -192,8 +199,8 @@ struct verify_run {
 };
 
 /* Reads tensor (k, i) whole; a failure is reported under its table row. */
-static enum verify_status verify_tensor(struct verify_run *v, enum fsdp_ckpt_kind k, size_t i,
-                                        char *why, size_t len)
+static enum verify_status verify_tensor(struct verify_run *v, int k, size_t i, char *why,
+                                        size_t len)
 {
     const struct fsdp_param_spec *p = &fsdp_ckpt_spec(v->ck)->params[i];
     int rc = fsdp_ckpt_read_rows(v->ck, k, i, 0, p->shape[0], v->buf);
@@ -208,8 +215,8 @@ static enum verify_status verify_tensor(struct verify_run *v, enum fsdp_ckpt_kin
     for (size_t j = 0; v->scan && j < n; j++) {
         if (!isfinite(v->buf[j])) {
             fsdp_fatal("fsdpc-ckpt verify: %s: /%s/%s holds %g at element %zu",
-                       fsdp_ckpt_dir(v->ck), fsdp_ckpt_kind_group(k), p->name,
-                       (double)v->buf[j], j);
+                       fsdp_ckpt_dir(v->ck), fsdp_ckpt_kind_group(fsdp_ckpt_kinds(v->ck), k),
+                       p->name, (double)v->buf[j], j);
         }
     }
     if (fsdp_ckpt_checksum_blocks(v->ck, k, i) == 0) {
@@ -219,25 +226,38 @@ static enum verify_status verify_tensor(struct verify_run *v, enum fsdp_ckpt_kin
     return VERIFY_OK;
 }
 
-/* One row of the table: a parameter's three tensors, then what failed. */
+/* One row of the table, a column per kind: "%-*s %-10s ... %s". */
+static void verify_row(int width, const char *first, const char *const *cols, int n)
+{
+    printf("%-*s", width, first);
+    for (int k = 0; k < n; k++) {
+        printf(k + 1 < n ? " %-10s" : " %s", cols[k]);
+    }
+    printf("\n");
+}
+
+/* One row of the table: a parameter's tensors (the model, then each of the
+ * optimizer's states), then what failed. */
 static void verify_param(struct verify_run *v, size_t i, int width)
 {
     static const char *const word[] = {"ok", "unchecked", "FAILED"};
     const struct fsdp_param_spec *p = &fsdp_ckpt_spec(v->ck)->params[i];
-    char why[FSDP_CKPT_NKINDS][1024];
-    enum verify_status st[FSDP_CKPT_NKINDS];
+    const struct fsdp_ckpt_kinds *kinds = fsdp_ckpt_kinds(v->ck);
+    char why[1 + FSDP_CKPT_MAX_STATE][1024];
+    enum verify_status st[1 + FSDP_CKPT_MAX_STATE];
+    const char *cols[1 + FSDP_CKPT_MAX_STATE];
     int bad = 0;
-    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
-        st[k] = verify_tensor(v, (enum fsdp_ckpt_kind)k, i, why[k], sizeof(why[k]));
+    for (int k = 0; k < kinds->n; k++) {
+        st[k] = verify_tensor(v, k, i, why[k], sizeof(why[k]));
+        cols[k] = word[st[k]];
         bad |= st[k] == VERIFY_FAILED;
     }
     if (!v->quiet || bad) {
-        printf("%-*s %-10s %-10s %s\n", width, p->name, word[st[0]], word[st[1]], word[st[2]]);
+        verify_row(width, p->name, cols, kinds->n);
     }
-    for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+    for (int k = 0; k < kinds->n; k++) {
         if (st[k] == VERIFY_FAILED) {
-            printf("  %s/%s: %s\n", fsdp_ckpt_kind_group((enum fsdp_ckpt_kind)k), p->name,
-                   why[k]);
+            printf("  %s/%s: %s\n", fsdp_ckpt_kind_group(kinds, k), p->name, why[k]);
         }
     }
     fflush(stdout);
@@ -264,7 +284,8 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
     char index[4200];
     snprintf(index, sizeof(index), "%s/%s", fsdp_ckpt_dir(v.ck), FSDP_CKPT_INDEX);
     struct fsdp_model_file *mf;
-    if ((rc = fsdp_model_file_open(index, &mf)) < 0) { /* virtual sources, as a model file */
+    /* virtual sources, as a model file */
+    if ((rc = fsdp_model_file_open(index, fsdp_arch_registered(), &mf)) < 0) {
         fsdp_die(rc, "fsdpc-ckpt verify", NULL);
     }
     fsdp_model_file_close(mf);
@@ -277,16 +298,23 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
         int n = (int)strlen(s->params[i].name);
         width = n > width ? n : width;
     }
-    if (!v.quiet) {
-        printf("%-*s %-10s %-10s %s\n", width, "tensor", "model", "exp_avg", "exp_avg_sq");
+    const struct fsdp_ckpt_kinds *kinds = fsdp_ckpt_kinds(v.ck);
+    if (!v.quiet) { /* model, then the optimizer's state names */
+        const char *heads[1 + FSDP_CKPT_MAX_STATE];
+        for (int k = 0; k < kinds->n; k++) {
+            const char *g = fsdp_ckpt_kind_group(kinds, k), *slash = strchr(g, '/');
+            heads[k] = slash ? slash + 1 : g;
+        }
+        verify_row(width, "tensor", heads, kinds->n);
     }
+    const size_t n_kinds = (size_t)kinds->n;
     for (size_t i = 0; i < s->n_params; i++) {
         verify_param(&v, i, width);
         if (v.quiet) {
-            tool_progress((i + 1) * FSDP_CKPT_NKINDS, FSDP_CKPT_NKINDS * s->n_params, "verify");
+            tool_progress((i + 1) * n_kinds, n_kinds * s->n_params, "verify");
         }
     }
-    size_t total = FSDP_CKPT_NKINDS * s->n_params;
+    size_t total = n_kinds * s->n_params;
     if (v.failed) {
         fsdp_fatal("fsdpc-ckpt verify: %s: %zu of %zu tensors failed; the first: %s",
                    fsdp_ckpt_dir(v.ck), v.failed, total, v.first);
@@ -298,9 +326,10 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
         snprintf(sums, sizeof(sums), "%zu matched their checksums, %zu have none recorded",
                  v.checked, total - v.checked);
     }
-    printf("ok: %s: step %ld, %d shard%s, %zu tensors x 3 readable, %s, %s%s\n",
+    printf("ok: %s: step %ld, %d shard%s, %zu tensors x %d readable, %s, %s%s\n",
            fsdp_ckpt_dir(v.ck), m->step, m->n_shards, m->n_shards > 1 ? "s" : "", s->n_params,
-           sums, m->attrs_summed ? "attributes matched theirs" : "attributes have none recorded",
+           kinds->n, sums,
+           m->attrs_summed ? "attributes matched theirs" : "attributes have none recorded",
            v.scan ? ", all finite" : "");
     fsdp_free(v.buf);
     fsdp_ckpt_close(v.ck);
@@ -400,14 +429,14 @@ static int reshard_write(struct fsdp_ckpt *ck, const char *dir, int shards, floa
     for (int r = 0; r < shards; r++) {
         struct fsdp_ckpt_shard_writer *w;
         int rc;
-        FSDP_CHECK(fsdp_ckpt_shard_create(dir, r, shards, m->step, s, &w));
-        for (int k = 0; k < FSDP_CKPT_NKINDS; k++) {
+        FSDP_CHECK(fsdp_ckpt_shard_create(dir, r, shards, m->step, s, fsdp_ckpt_kinds(ck), &w));
+        for (int k = 0; k < fsdp_ckpt_kinds(ck)->n; k++) {
             for (size_t i = 0; i < s->n_params; i++) {
                 size_t row0, rows;
                 fsdp_ckpt_rows(s->params[i].shape[0], shards, r, &row0, &rows);
-                rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, row0, rows, buf);
+                rc = fsdp_ckpt_read_rows(ck, k, i, row0, rows, buf);
                 if (rc == 0) {
-                    rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)k, i, buf);
+                    rc = fsdp_ckpt_shard_put(w, k, i, buf);
                 }
                 if (rc < 0) {
                     fsdp_ckpt_shard_destroy(w);
@@ -435,7 +464,7 @@ static int reshard_commit(struct fsdp_ckpt *ck, const struct fsdp_mesh_dims *dim
     }
     char *tmp;
     FSDP_CHECK(fsdp_file_tmp_mkdir(out, &tmp));
-    size_t done = 0, total = (size_t)shards * FSDP_CKPT_NKINDS * s->n_params;
+    size_t done = 0, total = (size_t)shards * (size_t)fsdp_ckpt_kinds(ck)->n * s->n_params;
     int rc = reshard_write(ck, tmp, shards, buf, &done, total);
     *m = *fsdp_ckpt_meta(ck);
     m->n_shards = shards;
@@ -444,7 +473,7 @@ static int reshard_commit(struct fsdp_ckpt *ck, const struct fsdp_mesh_dims *dim
     /* a normalized spec is at most 4 x "name15=16777216" with commas: 99 characters */
     snprintf(m->created_by, sizeof(m->created_by), "fsdpc-ckpt reshard to %.99s", dims->spec);
     if (rc == 0) {
-        rc = fsdp_ckpt_index_write(tmp, s, m);
+        rc = fsdp_ckpt_index_write(tmp, s, fsdp_ckpt_kinds(ck), m);
     }
     if (rc == 0) {
         rc = fsdp_ckpt_commit_dir(tmp, out);
@@ -526,7 +555,7 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
         ck = tool_open("convert", in);
         s = fsdp_ckpt_spec(ck);
     } else {
-        if ((rc = fsdp_model_file_open(in, &mf)) < 0) {
+        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &mf)) < 0) {
             fsdp_die(rc, "fsdpc-ckpt convert", NULL);
         }
         s = fsdp_model_file_spec(mf);

@@ -9,7 +9,7 @@
  *
  * Without --tokenizer, tokenization is byte level (vocabulary 256, token =
  * byte value), streamed in chunks so any text size works. With a Hugging
- * Face tokenizer.json it is that tokenizer's byte-level BPE (io/tokenizer.h);
+ * Face tokenizer.json it is that tokenizer's byte-level BPE (io/text/tokenizer.h);
  * the text is read whole and the tokens stream to the file, uint16 or
  * uint32 as the vocabulary needs. The validation split is the last
  * floor(X * tokens) tokens (bytes, at byte level). Errors end the program
@@ -20,9 +20,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "io/fileutil.h"
-#include "io/tokenizer.h"
-#include "io/tokens.h"
+#include "io/util/fileutil.h"
+#include "io/text/tokenizer.h"
+#include "io/text/tokens.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -17,7 +17,7 @@
 #include "core/dtype.h"
 #include "core/hf_map.h"
 #include "core/spec.h"
-#include "io/json.h"
+#include "io/util/json.h"
 
 /* What config.json describes. */
 struct fsdp_hf_model {

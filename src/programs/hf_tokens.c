@@ -11,9 +11,9 @@
  */
 #include "config.h"
 #include "programs/hf_map.h"
-#include "io/json.h"
+#include "io/util/json.h"
 #include "model/hf_json.h"
-#include "io/tokenizer.h"
+#include "io/text/tokenizer.h"
 #include "core/error.h"
 #include "core/log.h"
 

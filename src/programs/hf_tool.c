@@ -6,7 +6,7 @@
  * directories"). Names and layouts come from the architecture's own
  * Hugging Face map (core/hf_map.h), config.json through hf_map.h, which
  * finds the architecture by model_type; the directory itself from
- * io/hf_dir.h. Nothing here names an architecture.
+ * io/hf/hf_dir.h. Nothing here names an architecture.
  *
  * Streamed tensor by tensor: import holds the largest tensor as f32, plus
  * its source bytes when they are 16-bit, plus a transposed copy for the
@@ -17,9 +17,9 @@
 #include "config.h"
 #include "programs/ckpt_tool.h"
 #include "programs/hf_map.h"
-#include "io/ckpt.h"
-#include "io/hf_dir.h"
-#include "io/model_file.h"
+#include "io/ckpt/ckpt.h"
+#include "io/hf/hf_dir.h"
+#include "io/h5/model_file.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
@@ -569,12 +569,12 @@ static const struct fsdp_model_spec *hf_export_open(const char *in, struct hf_so
     const struct fsdp_model_spec *s;
     int rc;
     if (fsdp_ckpt_is_checkpoint(in)) {
-        if ((rc = fsdp_ckpt_open(in, &src->ck)) < 0) {
+        if ((rc = fsdp_ckpt_open(in, fsdp_arch_registered(), &src->ck)) < 0) {
             fsdp_die(rc, what, NULL);
         }
         s = fsdp_ckpt_spec(src->ck);
     } else {
-        if ((rc = fsdp_model_file_open(in, &src->mf)) < 0) {
+        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &src->mf)) < 0) {
             fsdp_die(rc, what, NULL);
         }
         s = fsdp_model_file_spec(src->mf);

@@ -7,7 +7,7 @@
  * --model may also name a checkpoint (a run's --ckpt-dir, a step directory
  * or its index.h5): its weights are read through the step's index.h5.
  *
- * With --tokenizer tokenizer.json (a Hugging Face byte-level BPE, io/tokenizer.h)
+ * With --tokenizer tokenizer.json (a Hugging Face byte-level BPE, io/text/tokenizer.h)
  * the prompt is text encoded with it, with the tokens its post_processor
  * puts around a text (Llama 3's <|begin_of_text|>) unless
  * --add-special-tokens off, and the tokens are printed as text.
@@ -31,8 +31,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "io/model_file.h"
-#include "io/tokenizer.h"
+#include "io/h5/model_file.h"
+#include "io/text/tokenizer.h"
 #include "model/model.h"
 #include "compute/device.h"
 
@@ -83,7 +83,7 @@ static const struct fsdp_opt sample_opts[] = {
     {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0, "random seed", 0},
     {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS threads", 0},
     {"device", FSDP_OPT_STR, F(device), S(device), 0, 0, NULL, "NAME", 0,
-     "compute device: cpu, or guarded (as fsdpc-train's)", 0},
+     "compute device: cuda, cpu or guarded (as fsdpc-train's; the same default)", 0},
 };
 #undef F
 #undef S
@@ -358,7 +358,7 @@ static int sample_setup(const struct sample_config *c, struct sampler *sm)
     char path[sizeof(c->model) + 64];
     FSDP_CHECK(fsdp_model_registry_init());
     FSDP_CHECK(fsdp_model_source_resolve(c->model, path, sizeof(path), NULL));
-    FSDP_CHECK(fsdp_model_file_read_spec(path, &sm->spec));
+    FSDP_CHECK(fsdp_model_file_read_spec(path, fsdp_arch_registered(), &sm->spec));
     const struct fsdp_model_spec *spec = sm->spec;
     const int V = spec->vocab_size;
     sm->cap = strlen(c->prompt) + 1 + (size_t)c->tokens;
@@ -376,12 +376,12 @@ static int sample_setup(const struct sample_config *c, struct sampler *sm)
         sm->units[u] = sm->params + off;
         off += spec->unit_numel[u];
     }
-    FSDP_CHECK(fsdp_model_file_read(path, spec, sm->units));
+    FSDP_CHECK(fsdp_model_file_read(path, fsdp_arch_registered(), spec, sm->units));
     FSDP_CHECK(sample_to_device(c, spec, sm->params, &sm->dev, &sm->dparams, &sm->dlogits));
     struct fsdp_model_opts mo = {.max_B = 1, .max_T = spec->context, .dev = sm->dev};
     FSDP_CHECK(fsdp_model_create(spec, &mo, &sm->model));
     for (int u = 0, at = 0; u < spec->n_units; at += (int)spec->unit_numel[u], u++) {
-        FSDP_CHECK(sm->model->ops->set_unit(sm->model, u, sm->dparams + at, NULL));
+        FSDP_CHECK(sm->model->ops->set_unit(sm->model, u, sm->dparams + at, FSDP_F32, NULL));
     }
     return 0;
 }
@@ -498,6 +498,7 @@ int main(int argc, char **argv)
                               .seed = 1337,
                               .threads = 1,
                               .device = "cpu"};
+    snprintf(c.device, sizeof(c.device), "%s", fsdp_device_default_name());
     struct fsdp_optset set = {.prog = "fsdpc-sample", .opts = sample_opts,
                               .n = sizeof(sample_opts) / sizeof(sample_opts[0]), .base = &c};
     fsdp_log_set_rank(0);

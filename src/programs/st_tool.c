@@ -12,9 +12,9 @@
 #include "config.h"
 #include "programs/ckpt_tool.h"
 #include "programs/hf_map.h"
-#include "io/ckpt.h"
-#include "io/model_file.h"
-#include "io/safetensors.h"
+#include "io/ckpt/ckpt.h"
+#include "io/h5/model_file.h"
+#include "io/hf/safetensors.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
@@ -134,12 +134,12 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
     struct fsdp_model_file *mf = NULL;
     const struct fsdp_model_spec *s;
     if (fsdp_ckpt_is_checkpoint(in)) {
-        if ((rc = fsdp_ckpt_open(in, &ck)) < 0) {
+        if ((rc = fsdp_ckpt_open(in, fsdp_arch_registered(), &ck)) < 0) {
             fsdp_die(rc, "fsdpc-ckpt export-safetensors", NULL);
         }
         s = fsdp_ckpt_spec(ck);
     } else {
-        if ((rc = fsdp_model_file_open(in, &mf)) < 0) {
+        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &mf)) < 0) {
             fsdp_die(rc, "fsdpc-ckpt export-safetensors", NULL);
         }
         s = fsdp_model_file_spec(mf);

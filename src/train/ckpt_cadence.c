@@ -2,7 +2,7 @@
  * ckpt_cadence.c - checkpoint cadence, preemption, resume, and the
  * agreement around each save (see ckpt_cadence.h; layout in
  * doc/formats.md). The directory commit itself (renames, fsyncs, latest)
- * is io/ckpt_commit.c's; this file decides when it runs and makes every
+ * is io/ckpt/ckpt_commit.c's; this file decides when it runs and makes every
  * rank agree on each step of a save, so a failure anywhere fails the save
  * everywhere:
  *   1. rank 0 draws a nonce and creates D/.tmp_step_<N>_<nonce>/
@@ -17,6 +17,7 @@
  */
 #include "config.h"
 #include "train/ckpt_cadence.h"
+#include "train/ckpt_cadence_impl.h"
 #include "train/trainer.h"
 #include "train/save_progress.h"
 #include "train/schedule.h"
@@ -27,11 +28,11 @@
 #include "rendezvous/dist.h"
 #include "comm/mesh.h"
 #include "comm/mesh_spec.h"
-#include "io/ckpt.h"
-#include "io/ckpt_commit.h"
-#include "io/fileutil.h"
-#include "io/tokens.h"
-#include "fsdp/engine.h"
+#include "io/ckpt/ckpt.h"
+#include "io/ckpt/ckpt_commit.h"
+#include "io/util/fileutil.h"
+#include "io/text/tokens.h"
+#include "parallel/engine.h"
 #include "compute/device.h"
 #include "train/stage.h"
 
@@ -45,25 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CAD_PATH_MAX 4096
-
-struct fsdp_ckpt_cadence {
-    char dir[FSDP_TRAIN_PATH_MAX]; /* the checkpoint root D */
-    int rank;
-    long last_saved;               /* step of the last committed checkpoint; -1: none */
-    long last_tried;               /* step of the last save attempt; -1: none */
-    long resumed_from;             /* step this run resumed from; -1: it started afresh */
-    /* (n_foreign) rank 0: the step directories in D at the start that this
-     * run has not written since; those above resumed_from are another
-     * lineage's, which retention neither counts nor removes */
-    long *foreign;
-    size_t n_foreign;
-    int warned_foreign;            /* the warning about them is logged once */
-    int existed;                   /* rank 0: D was there before this run */
-    struct fsdp_save_progress progress; /* of the save under way */
-};
-
-static int cad_rank(const struct fsdp_trainer *t)
+int fsdp_cad_rank(const struct fsdp_trainer *t)
 {
     return t->dist ? t->dist->rank : 0;
 }
@@ -73,7 +56,7 @@ static int cad_rank(const struct fsdp_trainer *t)
 
 /* Bytes of the regular files directly under dir (a checkpoint step's
  * shards and index), for the throughput figure in the log; 0 when unreadable. */
-static double cad_dir_bytes(const char *dir)
+double fsdp_cad_dir_bytes(const char *dir)
 {
     DIR *d = opendir(dir);
     double total = 0;
@@ -94,7 +77,7 @@ static double cad_dir_bytes(const char *dir)
 }
 
 /* "1.40 GiB in 1.75 s, 0.86 GB/s" */
-static void cad_rate_str(double bytes, double secs, char *buf, size_t n)
+void fsdp_cad_rate_str(double bytes, double secs, char *buf, size_t n)
 {
     snprintf(buf, n, "%.2f GiB in %.2f s, %.2f GB/s", bytes / (1024.0 * 1024 * 1024), secs,
              secs > 0 ? bytes / secs / 1e9 : 0.0);
@@ -123,18 +106,6 @@ static int cad_mkdirs(const char *dir)
     return 0;
 }
 
-/* Step number of a "step_<N>" entry, or -1. */
-static long cad_step_of(const char *name)
-{
-    if (strncmp(name, "step_", 5) != 0 || !name[5]) {
-        return -1;
-    }
-    char *end;
-    errno = 0;
-    long n = strtol(name + 5, &end, 10);
-    return *end || errno || n < 0 ? -1 : n;
-}
-
 /* Puts D back in order after a crash (see fsdp_ckpt_commit_recover) and
  * says what it did. */
 static int cad_recover(const char *dir)
@@ -152,38 +123,46 @@ static int cad_recover(const char *dir)
     return 0;
 }
 
-/* Steps of D's step_<N> directories, at most cap; *n of them. */
-static int cad_list_steps(const char *dir, long *steps, size_t cap, size_t *n)
+/* Where fsdp_cad_list_steps's steps go. */
+struct cad_steps {
+    const char *dir;
+    long *steps;
+    size_t cap, *n;
+};
+
+static int cad_add_step(const char *name, long step, void *arg)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    *n = 0;
-    if (!d) {
-        return fsdp_err(FSDP_ERR_IO, "ckpt-dir %s: cannot list: %s", dir, strerror(errno));
+    struct cad_steps *a = arg;
+    (void)name;
+    if (*a->n == a->cap) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "ckpt-dir %s: more than %zu step directories; "
+                        "ckpt-keep leaves them all (remove old ones by hand)",
+                        a->dir, a->cap);
     }
-    while ((e = readdir(d))) {
-        long s = cad_step_of(e->d_name);
-        if (s < 0) {
-            continue;
-        }
-        if (*n == cap) {
-            closedir(d);
-            return fsdp_err(FSDP_ERR_INVALID, "ckpt-dir %s: more than %zu step directories; "
-                            "ckpt-keep leaves them all (remove old ones by hand)", dir, cap);
-        }
-        steps[(*n)++] = s;
-    }
-    closedir(d);
+    a->steps[(*a->n)++] = step;
     return 0;
 }
 
-static int cad_cmp_desc(const void *a, const void *b)
+/* Steps of D's step_<N> directories, at most cap; *n of them. */
+int fsdp_cad_list_steps(const char *dir, long *steps, size_t cap, size_t *n)
+{
+    struct cad_steps a = {dir, steps, cap, n};
+    *n = 0;
+    int rc = fsdp_ckpt_step_scan(dir, 0, cad_add_step, &a);
+    if (rc == FSDP_ERR_IO) { /* the scan names dir; say which flag it came from */
+        char why[1024];
+        fsdp_err_take(why, sizeof(why));
+        return fsdp_err(rc, "ckpt-dir %s", why);
+    }
+    return rc;
+}
+
+int fsdp_cad_cmp_desc(const void *a, const void *b)
 {
     long x = *(const long *)a, y = *(const long *)b;
     return x < y ? 1 : x > y ? -1 : 0;
 }
-
-#define CAD_MAX_STEPS 4096
 
 static int cad_is_foreign(const struct fsdp_ckpt_cadence *c, long step)
 {
@@ -211,7 +190,7 @@ static int cad_snapshot_foreign(struct fsdp_ckpt_cadence *c)
 {
     long steps[CAD_MAX_STEPS];
     size_t n;
-    if (cad_list_steps(c->dir, steps, CAD_MAX_STEPS, &n) < 0) {
+    if (fsdp_cad_list_steps(c->dir, steps, CAD_MAX_STEPS, &n) < 0) {
         fsdp_err_clear(); /* retention, the only reader, lists again and reports it */
         n = 0;
     }
@@ -261,11 +240,11 @@ static void cad_warn_foreign(struct fsdp_ckpt_cadence *c, const long *steps, siz
  * checkpoints (its resume point first) to keep that abandoned run's, so it
  * is left alone, with a warning.
  */
-static int cad_retain(struct fsdp_ckpt_cadence *c, long keep, long current, unsigned nonce)
+int fsdp_cad_retain(struct fsdp_ckpt_cadence *c, long keep, long current, unsigned nonce)
 {
     long steps[CAD_MAX_STEPS], other[CAD_MAX_STEPS];
     size_t n, n_line = 0, n_other = 0;
-    FSDP_CHECK(cad_list_steps(c->dir, steps, CAD_MAX_STEPS, &n));
+    FSDP_CHECK(fsdp_cad_list_steps(c->dir, steps, CAD_MAX_STEPS, &n));
     for (size_t i = 0; i < n; i++) {
         if (steps[i] > c->resumed_from && cad_is_foreign(c, steps[i])) {
             other[n_other++] = steps[i];
@@ -273,7 +252,7 @@ static int cad_retain(struct fsdp_ckpt_cadence *c, long keep, long current, unsi
             steps[n_line++] = steps[i];
         }
     }
-    qsort(steps, n_line, sizeof(steps[0]), cad_cmp_desc);
+    qsort(steps, n_line, sizeof(steps[0]), fsdp_cad_cmp_desc);
     for (size_t i = (size_t)keep; i < n_line; i++) {
         if (steps[i] != current) {
             FSDP_CHECK(fsdp_ckpt_commit_remove(c->dir, steps[i], nonce));
@@ -281,7 +260,7 @@ static int cad_retain(struct fsdp_ckpt_cadence *c, long keep, long current, unsi
         }
     }
     if (n_other > 0 && !c->warned_foreign) {
-        qsort(other, n_other, sizeof(other[0]), cad_cmp_desc);
+        qsort(other, n_other, sizeof(other[0]), fsdp_cad_cmp_desc);
         cad_warn_foreign(c, other, n_other);
     }
     return 0;
@@ -293,7 +272,7 @@ static int cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, u
 {
     FSDP_CHECK(fsdp_ckpt_commit_step(c->dir, tmp, step, nonce));
     cad_own(c, step);
-    return keep > 0 ? cad_retain(c, keep, step, nonce) : 0;
+    return keep > 0 ? fsdp_cad_retain(c, keep, step, nonce) : 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -319,6 +298,13 @@ static void cad_save_hint(const struct fsdp_ckpt_cadence *c)
 // ----------------------------------------------------------------------------
 // the engine's state in and out of checkpoint files, as row ranges
 
+/* What the checkpoint keeps per parameter: the parameter (kind 0), then the
+ * optimizer's state tensors by its names, kind k being the engine's. */
+static int cad_kinds(const struct fsdp_engine *e, struct fsdp_ckpt_kinds *kinds)
+{
+    return fsdp_ckpt_kinds_init(kinds, e->n_state, e->state_names);
+}
+
 /*
  * A tensor-parallel engine's shard: its pieces are blocks, so every tensor
  * is re-laid out as this shard's whole rows first (save_rows, collective:
@@ -336,8 +322,11 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
         rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint: %zu bytes of rows",
                       fsdp_model_spec_largest(s) * sizeof(float));
     }
+    struct fsdp_ckpt_kinds kinds;
     if (rc == 0 && e->writes_state) {
-        rc = fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, s, &w);
+        rc = cad_kinds(e, &kinds);
+        rc = rc < 0 ? rc
+                    : fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, s, &kinds, &w);
         fsdp_save_progress_total(&t->ckpt->progress, (size_t)(e->n_state + 1) * s->n_params);
     }
     for (int k = 0; k <= e->n_state; k++) {
@@ -350,7 +339,7 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
                 return src; /* a collective failed: every rank hears of it */
             }
             if (rc == 0 && w) {
-                rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)k, i, rows);
+                rc = fsdp_ckpt_shard_put(w, k, i, rows);
                 fsdp_save_progress_tick(&t->ckpt->progress);
             }
         }
@@ -378,7 +367,10 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
     }
     if (e->writes_state) {
         struct fsdp_ckpt_shard_writer *w = NULL;
-        FSDP_CHECK(fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, t->spec, &w));
+        struct fsdp_ckpt_kinds kinds;
+        FSDP_CHECK(cad_kinds(e, &kinds));
+        FSDP_CHECK(
+            fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, t->spec, &kinds, &w));
         int rc = 0;
         size_t n = e->ops->n_pieces(e);
         struct fsdp_stage st;
@@ -390,7 +382,7 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
             e->ops->piece(e, k, &pc);
             size_t cols = fsdp_state_piece_cols(&pc, t->spec->params[pc.param].shape[1]);
             rc = fsdp_stage_read(&st, pc.data, pc.rows * cols, &host);
-            rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)pc.kind, pc.param, host);
+            rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, pc.kind, pc.param, host);
             fsdp_save_progress_tick(&t->ckpt->progress);
         }
         fsdp_stage_free(&st);
@@ -410,7 +402,9 @@ static int cad_write_index(struct fsdp_trainer *t, const char *dir,
 {
     struct fsdp_engine *e = t->engine;
     struct fsdp_ckpt_meta m = *meta;
+    struct fsdp_ckpt_kinds kinds;
     struct fsdp_engine_counters cn;
+    FSDP_CHECK(cad_kinds(e, &kinds));
     e->ops->get_counters(e, &cn);
     m.n_shards = e->n_shards;
     m.world_size = t->world->size;
@@ -420,62 +414,7 @@ static int cad_write_index(struct fsdp_trainer *t, const char *dir,
     m.loss_scale = cn.loss_scale;
     m.scale_good_steps = cn.scale_good_steps;
     m.skipped_steps = cn.skipped_steps;
-    return fsdp_ckpt_index_write(dir, t->spec, &m);
-}
-
-/* Every piece this rank holds, from whatever shard count ck was written
- * with, and the counters. Local: the caller agrees on the outcome, then
- * tells the engine (state_changed, collective). */
-static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
-{
-    struct fsdp_engine *e = t->engine;
-    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
-    if (e->n_state + 1 != FSDP_CKPT_NKINDS) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: the checkpoint keeps %d optimizer tensors per "
-                        "parameter, the optimizer %d", fsdp_ckpt_dir(ck), FSDP_CKPT_NKINDS - 1,
-                        e->n_state);
-    }
-    size_t n = e->ops->n_pieces(e);
-    struct fsdp_stage st;
-    int rc = 0;
-    fsdp_stage_init(&st, t->dev);
-    for (size_t k = 0; k < n && rc == 0; k++) {
-        struct fsdp_state_piece pc = {0};
-        e->ops->piece(e, k, &pc);
-        const struct fsdp_param_spec *p = &t->spec->params[pc.param];
-        size_t cols = fsdp_state_piece_cols(&pc, p->shape[1]), W = p->shape[1];
-        if (pc.rows == 0) {
-            continue;
-        }
-        if (cols == W) { /* whole rows: through the stage */
-            rc = fsdp_stage_reserve(&st, pc.rows * W, p->name);
-            rc = rc < 0 ? rc
-                        : fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0,
-                                              pc.rows, st.buf);
-            rc = rc < 0 ? rc : fsdp_stage_write(&st, pc.data, st.buf, pc.rows * W);
-            continue;
-        }
-        /* a block of columns (tensor parallelism): its rows whole, a few MiB at a time */
-        rc = fsdp_stage_reserve(&st, W * (((size_t)4 << 20) / W + 1), p->name);
-        size_t step = st.cap / W;
-        for (size_t r = 0; r < pc.rows && rc == 0; r += step) {
-            size_t nr = pc.rows - r < step ? pc.rows - r : step;
-            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)pc.kind, pc.param, pc.row0 + r, nr,
-                                     st.buf);
-            for (size_t j = 0; rc == 0 && j < nr; j++) {
-                rc = fsdp_device_write(t->dev, pc.data + (r + j) * cols, st.buf + j * W + pc.col0,
-                                       cols * sizeof(float));
-            }
-            rc = rc < 0 ? rc : t->dev->ops->synchronize(t->dev, t->dev->stream);
-        }
-    }
-    fsdp_stage_free(&st);
-    FSDP_CHECK(rc);
-    struct fsdp_engine_counters cn = {.opt_step = m->adam_step, .loss_scale = m->loss_scale,
-                                      .scale_good_steps = m->scale_good_steps,
-                                      .skipped_steps = m->skipped_steps};
-    e->ops->set_counters(e, &cn);
-    return 0;
+    return fsdp_ckpt_index_write(dir, t->spec, &kinds, &m);
 }
 
 /* The resolved config as 'key = value' lines. */
@@ -580,7 +519,7 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
     if (c->rank == 0) {
         char final[CAD_PATH_MAX], rate[96];
         snprintf(final, sizeof(final), "%s/step_%ld", c->dir, step);
-        cad_rate_str(cad_dir_bytes(final), fsdp_now() - t_save, rate, sizeof(rate));
+        fsdp_cad_rate_str(fsdp_cad_dir_bytes(final), fsdp_now() - t_save, rate, sizeof(rate));
         FSDP_INFO(FSDP_SUB_TRAIN, "checkpoint step %ld written to %s (%s, all ranks, fsync "
                   "and commit included)", step, final, rate);
     }
@@ -619,7 +558,7 @@ int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **
         return fsdp_err(FSDP_ERR_NOMEM, "checkpoint cadence");
     }
     snprintf(c->dir, sizeof(c->dir), "%s", cfg->ckpt_dir);
-    c->rank = cad_rank(t);
+    c->rank = fsdp_cad_rank(t);
     c->last_saved = -1;
     c->last_tried = -1;
     c->resumed_from = -1;
@@ -663,343 +602,6 @@ void fsdp_ckpt_cadence_destroy(struct fsdp_ckpt_cadence *c)
         free(c->foreign);
     }
     free(c);
-}
-
-/* The error for a root whose latest names nothing: what it names and which
- * steps there are to resume from instead. */
-static int cad_latest_missing(const char *root, const char *link)
-{
-    char target[256], list[512];
-    long steps[CAD_MAX_STEPS];
-    size_t n, used = 0;
-    ssize_t k = readlink(link, target, sizeof(target) - 1);
-    target[k > 0 ? k : 0] = '\0';
-    list[0] = '\0';
-    if (cad_list_steps(root, steps, CAD_MAX_STEPS, &n) < 0) {
-        fsdp_err_clear();
-        n = 0;
-    }
-    qsort(steps, n, sizeof(steps[0]), cad_cmp_desc);
-    for (size_t i = 0; i < n && used < sizeof(list); i++) {
-        int w = snprintf(list + used, sizeof(list) - used, "%sstep_%ld", i ? ", " : "", steps[i]);
-        used += w > 0 ? (size_t)w : 0;
-    }
-    return fsdp_err(FSDP_ERR_FORMAT, "%s names %s, which is missing; step directories in %s: %s%s",
-                    link, target, root, n ? list : "none",
-                    n ? " (resume one of them by its path)" : "");
-}
-
-/* --resume latest with no checkpoint in ckpt-dir yet: start from the model,
- * and say so on stderr (a mistyped --ckpt-dir looks just like this). */
-static void cad_warn_no_latest(const struct fsdp_trainer *t, const char *root)
-{
-    if (cad_rank(t) != 0) {
-        return;
-    }
-    const int existed = t->ckpt ? t->ckpt->existed : 1;
-    FSDP_WARN(FSDP_SUB_TRAIN, "resume latest: no checkpoint in %s%s; training starts at step 0 "
-              "from %s. If a run should be continued, check --ckpt-dir; --resume required "
-              "makes this an error", root,
-              existed ? " yet" : " (the directory did not exist before this run)",
-              t->cfg->model);
-}
-
-/* The model of the checkpoint is the model of --model (same architecture
- * and attributes), or one error naming what differs, with both values. */
-static int cad_check_model(const struct fsdp_trainer *t, struct fsdp_ckpt *ck)
-{
-    const struct fsdp_model_spec *have = fsdp_ckpt_spec(ck), *want = t->spec;
-    int k = have->arch == want->arch ? fsdp_attrs_diff(want->arch, have->cfg, want->cfg) : -2;
-    int rc;
-    if (k == -1) {
-        return 0;
-    }
-    char hs[256];
-    fsdp_arch_describe(have->arch, have->cfg, hs, sizeof(hs));
-    if (k >= 0) {
-        const struct fsdp_attr_desc *a = &want->arch->attrs[k];
-        rc = fsdp_err(FSDP_ERR_INVALID, "%s: the checkpoint's model (%s %s) is not the "
-                      "model of %s: %s is %g in the checkpoint and %g in the model",
-                      fsdp_ckpt_dir(ck), have->arch->name, hs, t->cfg->model, a->name,
-                      fsdp_attr_get(a, have->cfg), fsdp_attr_get(a, want->cfg));
-    } else {
-        rc = fsdp_err(FSDP_ERR_INVALID, "%s: the checkpoint's model (%s %s) is not the "
-                      "model of %s (%s)", fsdp_ckpt_dir(ck), have->arch->name, hs, t->cfg->model,
-                      want->arch->name);
-    }
-    fsdp_err_hint("--model must be the model the checkpoint was trained from (or the "
-                  "checkpoint itself: --model %s); 'fsdpc-ckpt inspect' shows both",
-                  fsdp_ckpt_dir(ck));
-    return rc;
-}
-
-/* The configuration the checkpoint's run stored (index.h5), read back into
- * a config of its own: set->source[i] is FSDP_SRC_FILE for each key it held. */
-static int cad_stored_config(const struct fsdp_ckpt_meta *m, struct fsdp_train_config *old,
-                             struct fsdp_optset *set)
-{
-    char line[FSDP_TRAIN_PATH_MAX + 64];
-    fsdp_train_config_init(old, set);
-    for (const char *p = m->config; *p;) {
-        size_t n = strcspn(p, "\n");
-        snprintf(line, sizeof(line), "%.*s", (int)(n < sizeof(line) ? n : sizeof(line) - 1), p);
-        p += n + (p[n] == '\n');
-        char *eq = strstr(line, " = ");
-        if (!eq) {
-            continue;
-        }
-        *eq = '\0';
-        const char *value = eq + 3;
-        if (strcmp(value, "\"\"") == 0) {
-            value = "";
-        }
-        if (fsdp_opt_set(set, line, value, FSDP_SRC_FILE, "checkpoint") < 0) {
-            fsdp_err_clear(); /* a key of another version: not compared */
-        }
-    }
-    return 0;
-}
-
-/* Appends "key A -> B" for each of keys whose values differ. */
-static int cad_diff_keys(struct fsdp_optset *set, const struct fsdp_train_config *old,
-                         const struct fsdp_train_config *now, const char *const *keys,
-                         char *buf, size_t len)
-{
-    int n = 0;
-    size_t used = strlen(buf);
-    for (const char *const *k = keys; *k; k++) {
-        long i = fsdp_opt_find(set, *k);
-        char a[160], b[160];
-        if (i < 0 || set->source[i] != FSDP_SRC_FILE) {
-            continue;
-        }
-        set->base = (void *)old;
-        fsdp_opt_format_value(set, (size_t)i, a, sizeof(a));
-        set->base = (void *)now;
-        fsdp_opt_format_value(set, (size_t)i, b, sizeof(b));
-        if (strcmp(a, b) != 0 && used < len) {
-            int w = snprintf(buf + used, len - used, "%s%s %s -> %s", used ? ", " : "", *k, a, b);
-            used += w > 0 ? (size_t)w : 0;
-            n++;
-        }
-    }
-    return n;
-}
-
-/* The data-parallel ranks of the run that wrote m: its ranks less its mesh's
- * tp dimension (tp peers share a batch). */
-static int cad_data_world(const struct fsdp_ckpt_meta *m)
-{
-    struct fsdp_mesh_dims d;
-    if (fsdp_mesh_parse(m->mesh, &d) < 0 || d.nranks != m->world_size) {
-        fsdp_err_clear(); /* "single rank", or a mesh from elsewhere: every rank is one */
-        return m->world_size;
-    }
-    for (int i = 0; i < d.ndims; i++) {
-        if (strcmp(d.name[i], "tp") == 0) {
-            return m->world_size / d.size[i];
-        }
-    }
-    return m->world_size;
-}
-
-/*
- * Rank 0, after a resume: what changed since the run that wrote the
- * checkpoint and changes what this run does. The learning rate is a
- * function of the step and the schedule keys; the data cursor is a token
- * position, so another global batch reads other batches than the
- * uninterrupted run would have.
- */
-static void cad_warn_config(const struct fsdp_trainer *t, const struct fsdp_ckpt_meta *m,
-                            const char *dir)
-{
-    static const char *const sched_keys[] = {"steps", "epochs", "warmup", "lr-schedule", "lr",
-                                             "min-lr", NULL};
-    struct fsdp_train_config *old = malloc(sizeof(*old));
-    struct fsdp_optset set;
-    char diff[768] = "";
-    if (!old || cad_rank(t) != 0) {
-        free(old);
-        return;
-    }
-    cad_stored_config(m, old, &set);
-    if (cad_diff_keys(&set, old, t->cfg, sched_keys, diff, sizeof(diff)) > 0) {
-        struct fsdp_lr_schedule was;
-        fsdp_lr_schedule_init(&was, old);
-        if (old->epochs > 0) {
-            was.steps = t->total_steps; /* its planned length is not stored; the pass length is */
-        }
-        FSDP_WARN(FSDP_SUB_TRAIN, "resume: the learning-rate schedule differs from the run that "
-                  "wrote %s (%s): step %ld runs at lr %.3g here, and at %.3g on that run's "
-                  "schedule; give the same values to continue its schedule", dir, diff,
-                  m->step + 1, fsdp_lr_at(&t->sched, m->step), fsdp_lr_at(&was, m->step));
-    }
-    long i_b = fsdp_opt_find(&set, "batch-size"), i_k = fsdp_opt_find(&set, "grad-accum"),
-         i_t = fsdp_opt_find(&set, "seq-len");
-    if (i_b >= 0 && i_k >= 0 && i_t >= 0 && set.source[i_b] == FSDP_SRC_FILE && m->world_size > 0) {
-        int old_dw = cad_data_world(m);
-        double was = (double)old->batch_size * (double)old->grad_accum * (double)old->seq_len *
-                     (double)old_dw;
-        double now = (double)fsdp_train_config_step_tokens(t->cfg) * (double)t->data_world;
-        if (was != now) {
-            FSDP_WARN(FSDP_SUB_TRAIN, "resume: the global batch differs from the run that wrote "
-                      "the checkpoint: %d rank%s x %ld seq x %ld tokens x %ld micro-steps = %.0f "
-                      "tokens per step there, %d x %ld x %ld x %ld = %.0f here; the data goes on "
-                      "from the same token, but the steps see other batches than that run's (and "
-                      "the schedule counts steps, not tokens)",
-                      old_dw, old_dw > 1 ? "s" : "", old->batch_size, old->seq_len,
-                      old->grad_accum, was, t->data_world, t->cfg->batch_size, t->cfg->seq_len,
-                      t->cfg->grad_accum, now);
-        }
-    }
-    static const char *const prec_keys[] = {"param-dtype", "reduce-dtype", "loss-scale", NULL};
-    diff[0] = '\0';
-    if (cad_diff_keys(&set, old, t->cfg, prec_keys, diff, sizeof(diff)) > 0) {
-        FSDP_WARN(FSDP_SUB_TRAIN, "resume: the precision differs from the run that "
-                  "wrote %s (%s): the f32 master weights and optimizer state go on as saved, but "
-                  "the steps from here round differently than that run's would", dir, diff);
-    }
-    free(old);
-    if (strcmp(m->mesh, t->mesh ? t->mesh->spec : "single rank") != 0) {
-        FSDP_INFO(FSDP_SUB_TRAIN, "resume: %s was written on mesh %s (%d rank%s), this run is %s: "
-                  "the state is re-sharded as it is read", dir, m->mesh, m->world_size,
-                  m->world_size == 1 ? "" : "s", t->mesh ? t->mesh->spec : "single rank");
-    }
-}
-
-/*
- * Rank 0, after a resume: checkpoints in ckpt-dir newer than the one
- * resumed (a rollback, or a resume of an older step by mistake). latest
- * follows this run from its first save; retention leaves them alone
- * (cad_retain, which names them again at its first removal).
- */
-static void cad_warn_newer(struct fsdp_ckpt_cadence *c, long resumed)
-{
-    char list[512];
-    size_t used = 0, n = 0;
-    list[0] = '\0';
-    if (!c || c->rank != 0) {
-        return;
-    }
-    for (size_t i = 0; i < c->n_foreign; i++) {
-        if (c->foreign[i] > resumed) {
-            n++;
-        }
-    }
-    if (n == 0) {
-        return;
-    }
-    long *newer = malloc(n * sizeof(*newer));
-    if (!newer) {
-        return;
-    }
-    n = 0;
-    for (size_t i = 0; i < c->n_foreign; i++) {
-        if (c->foreign[i] > resumed) {
-            newer[n++] = c->foreign[i];
-        }
-    }
-    qsort(newer, n, sizeof(*newer), cad_cmp_desc);
-    for (size_t i = 0; i < n && used < sizeof(list); i++) {
-        int w = snprintf(list + used, sizeof(list) - used, "%sstep_%ld", i ? ", " : "", newer[i]);
-        used += w > 0 ? (size_t)w : 0;
-    }
-    FSDP_WARN(FSDP_SUB_TRAIN, "resume: step_%ld is older than %s in %s: from this run's first "
-              "save on, latest names this run's checkpoints and moves back past %s; a step this "
-              "run saves again replaces the old one, and ckpt-keep neither counts nor removes the "
-              "others (remove them by hand when done with them)", resumed, list, c->dir,
-              n > 1 ? "them" : "it");
-    free(newer);
-}
-
-/* The step directory dir is, "ROOT/step_N" for "ROOT/latest". */
-static void cad_step_dir(const char *dir, char *out, size_t len)
-{
-    char target[256];
-    const char *base = strrchr(dir, '/');
-    base = base ? base + 1 : dir;
-    ssize_t k = strcmp(base, FSDP_CKPT_LATEST) == 0 ? readlink(dir, target, sizeof(target) - 1)
-                                                     : -1;
-    if (k <= 0) {
-        snprintf(out, len, "%s", dir);
-        return;
-    }
-    target[k] = '\0';
-    snprintf(out, len, "%.*s%s", (int)(base - dir), dir, target);
-}
-
-/* After the checkpoint is read: the run's counters, and what rank 0 says. */
-static void cad_resumed(struct fsdp_trainer *t, struct fsdp_ckpt *ck, double load_s)
-{
-    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
-    t->step = m->step;
-    t->tokens_seen = m->tokens_seen;
-    t->resumed_from = m->step;
-    cad_step_dir(fsdp_ckpt_dir(ck), t->resumed_dir, sizeof(t->resumed_dir));
-    if (t->ckpt) {
-        t->ckpt->last_saved = m->step;
-        t->ckpt->last_tried = m->step;
-        t->ckpt->resumed_from = m->step;
-    }
-    if (cad_rank(t) != 0) {
-        return;
-    }
-    char rate[96];
-    cad_rate_str(cad_dir_bytes(fsdp_ckpt_dir(ck)), load_s, rate, sizeof(rate));
-    FSDP_INFO(FSDP_SUB_TRAIN, "resumed from %s: step %ld, %.0f tokens seen, written by %d "
-              "rank%s (mesh %s, %d shard%s); read %s", t->resumed_dir, m->step,
-              m->tokens_seen, m->world_size, m->world_size > 1 ? "s" : "", m->mesh,
-              m->n_shards, m->n_shards > 1 ? "s" : "", rate);
-    cad_warn_config(t, m, t->resumed_dir);
-    cad_warn_newer(t->ckpt, m->step);
-}
-
-int fsdp_ckpt_resume(struct fsdp_trainer *t)
-{
-    const struct fsdp_train_config *cfg = t->cfg;
-    struct fsdp_ckpt *ck = NULL;
-    int rc;
-    if (!cfg->resume[0]) {
-        return 0;
-    }
-    const int latest = fsdp_train_config_resume_latest(cfg);
-    const char *path = latest ? cfg->ckpt_dir : cfg->resume;
-    char link[FSDP_TRAIN_PATH_MAX + 16];
-    struct stat st;
-    snprintf(link, sizeof(link), "%s/%s", path, FSDP_CKPT_LATEST);
-    if (latest && lstat(link, &st) != 0) { /* a dangling latest is an error, below */
-        cad_warn_no_latest(t, path);
-        return 0;
-    }
-    const double t_load = fsdp_now();
-    if (lstat(link, &st) == 0 && S_ISLNK(st.st_mode) && stat(link, &st) != 0) {
-        rc = cad_latest_missing(path, link);
-    } else { /* each rank checks and opens the shards it reads, not all of them */
-        rc = fsdp_ckpt_damage_hint(path, fsdp_ckpt_open_lazy(path, &ck));
-    }
-    if (rc == 0) {
-        rc = cad_check_model(t, ck);
-    }
-    /* every rank opened it before any goes into the collectives below */
-    FSDP_CHECK_GOTO(fsdp_trainer_agree(t, rc, "open the checkpoint"), rc, out);
-    const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
-    struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};
-    rc = fsdp_uneven_resume_state(t, m, &ds);
-    if (rc == 0) {
-        rc = fsdp_ckpt_damage_hint(path, cad_read_state(t, ck));
-    }
-    if (rc == 0) {
-        rc = fsdp_dataloader_set_state(t->train, &ds);
-    }
-    FSDP_CHECK_GOTO(fsdp_trainer_agree(t, rc, "read the checkpoint"), rc, out);
-    FSDP_CHECK_GOTO(t->engine->ops->state_changed(t->engine), rc, out);
-    /* every rank has its state when the slowest is done */
-    FSDP_CHECK_GOTO(fsdp_world_barrier(t->world), rc, out);
-    cad_resumed(t, ck, fsdp_now() - t_load);
-    rc = 0;
-out:
-    fsdp_ckpt_close(ck);
-    return rc;
 }
 
 int fsdp_ckpt_cadence_save_now(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)

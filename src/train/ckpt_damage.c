@@ -8,7 +8,8 @@
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/model_source.h"
-#include "io/ckpt.h"
+#include "io/ckpt/ckpt.h"
+#include "io/ckpt/ckpt_commit.h"
 #include "core/error.h"
 
 #include <libgen.h>
@@ -33,9 +34,8 @@ static long dmg_locate(const char *path, char *root, size_t len)
     *slash = '\0'; /* .../step_N */
     const char *base = strrchr(step_dir, '/');
     base = base ? base + 1 : step_dir;
-    char *end;
-    long step = strncmp(base, "step_", 5) == 0 ? strtol(base + 5, &end, 10) : -1;
-    if (step < 0 || *end) {
+    long step = fsdp_ckpt_step_of(base);
+    if (step < 0) {
         return -1;
     }
     snprintf(root, len, "%.*s", base == step_dir ? 1 : (int)(base - step_dir - 1),
@@ -51,7 +51,9 @@ int fsdp_ckpt_damage_hint(const char *path, int rc)
     char msg[1024], root[4096], good[4200];
     fsdp_err_take(msg, sizeof(msg));
     long step = dmg_locate(path, root, sizeof(root));
-    long ok = step > 0 ? fsdp_ckpt_newest_verified(root, step, good, sizeof(good)) : -1;
+    long ok =
+        step > 0 ? fsdp_ckpt_newest_verified(root, fsdp_arch_registered(), step, good, sizeof(good))
+                 : -1;
     fsdp_err_clear();
     fsdp_err(rc, "%s", msg);
     if (ok >= 0) {

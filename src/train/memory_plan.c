@@ -9,13 +9,13 @@
 #include "train/memory_plan.h"
 #include "train/model_source.h"
 #include "train/trainer.h"
-#include "fsdp/fsdp.h"
+#include "parallel/fsdp.h"
 #include "optim/optim.h"
 #include "comm/mesh_spec.h"
 #include "train/mesh_check.h"
 #include "compute/device.h"
 #include "model/model.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "rendezvous/dist.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -33,7 +33,7 @@ static int plan_spec(const char *model, struct fsdp_model_spec **out, char *what
     char path[FSDP_TRAIN_PATH_MAX];
     if (access(model, F_OK) == 0) {
         FSDP_CHECK(fsdp_model_source_resolve(model, path, sizeof(path), NULL));
-        FSDP_CHECK(fsdp_model_file_read_spec(path, out));
+        FSDP_CHECK(fsdp_model_file_read_spec(path, fsdp_arch_registered(), out));
         snprintf(what, len, "%s", path);
         return 0;
     }

@@ -6,7 +6,7 @@
 #include "config.h"
 #include "train/model_source.h"
 #include "core/error.h"
-#include "io/ckpt.h"
+#include "io/ckpt/ckpt.h"
 
 #include <stdio.h>
 #include <string.h>

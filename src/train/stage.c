@@ -6,6 +6,8 @@
 #include "compute/device.h"
 #include "comm/group.h"
 #include "core/error.h"
+#include "core/spec.h"
+#include "parallel/engine.h"
 
 void fsdp_stage_init(struct fsdp_stage *st, struct fsdp_device *dev)
 {
@@ -89,4 +91,57 @@ void fsdp_stage_stager(struct fsdp_device *dev, struct fsdp_stager *out)
         .to_host = stager_to_host,
         .to_device = stager_to_device,
     };
+}
+
+// ----------------------------------------------------------------------------
+// filling the engine's pieces from a row source
+
+/* A block of columns [col0, col0 + cols) of its rows: the rows are read
+ * whole, a few at a time through the stage, and the block's columns kept. */
+static int stage_fill_block(struct fsdp_stage *st, const struct fsdp_state_piece *pc,
+                            const struct fsdp_param_spec *p, size_t cols, fsdp_row_source read,
+                            void *arg)
+{
+    size_t W = p->shape[1];
+    FSDP_CHECK(fsdp_stage_reserve(st, W * (((size_t)4 << 20) / W + 1), p->name));
+    size_t step = st->cap / W;
+    for (size_t r = 0; r < pc->rows; r += step) {
+        size_t n = pc->rows - r < step ? pc->rows - r : step;
+        FSDP_CHECK(read(arg, pc->kind, pc->param, p, pc->row0 + r, n, st->buf));
+        for (size_t i = 0; i < n; i++) {
+            FSDP_CHECK(fsdp_device_write(st->dev, pc->data + (r + i) * cols,
+                                         st->buf + i * W + pc->col0, cols * sizeof(float)));
+        }
+        /* the buffer is read again by the next rows */
+        FSDP_CHECK(st->dev->ops->synchronize(st->dev, st->dev->stream));
+    }
+    return 0;
+}
+
+int fsdp_stage_fill_pieces(struct fsdp_engine *e, const struct fsdp_model_spec *spec,
+                           struct fsdp_device *dev, int kinds, fsdp_row_source read, void *arg)
+{
+    size_t n = e->ops->n_pieces(e);
+    struct fsdp_stage st;
+    int rc = 0;
+    fsdp_stage_init(&st, dev);
+    for (size_t k = 0; k < n && rc == 0; k++) {
+        struct fsdp_state_piece pc = {0};
+        e->ops->piece(e, k, &pc);
+        const struct fsdp_param_spec *p = &spec->params[pc.param];
+        size_t cols = fsdp_state_piece_cols(&pc, p->shape[1]);
+        if (pc.kind >= kinds || pc.rows == 0) {
+            continue;
+        }
+        if (cols == p->shape[1]) { /* whole rows: through the stage */
+            size_t floats = pc.rows * cols;
+            rc = fsdp_stage_reserve(&st, floats, p->name);
+            rc = rc < 0 ? rc : read(arg, pc.kind, pc.param, p, pc.row0, pc.rows, st.buf);
+            rc = rc < 0 ? rc : fsdp_stage_write(&st, pc.data, st.buf, floats);
+            continue;
+        }
+        rc = stage_fill_block(&st, &pc, p, cols, read, arg);
+    }
+    fsdp_stage_free(&st);
+    return rc;
 }

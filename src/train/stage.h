@@ -10,6 +10,9 @@
 #include <stddef.h>
 
 struct fsdp_device;
+struct fsdp_engine;
+struct fsdp_model_spec;
+struct fsdp_param_spec;
 struct fsdp_stager;
 
 struct fsdp_stage {
@@ -31,5 +34,20 @@ int fsdp_stage_read(struct fsdp_stage *st, const float *src, size_t n, const flo
 /* n floats at host (st->buf or any host array) to device memory dst,
  * complete when this returns. */
 int fsdp_stage_write(struct fsdp_stage *st, float *dst, const float *host, size_t n);
+
+/* A source of whole rows of a parameter's tensor of one state kind (0: the
+ * parameters, 1..: the optimizer's states): rows [row0, row0 + rows) of
+ * parameter `param` (spec p) into host memory dst. A model file serves kind
+ * 0, a checkpoint every kind it keeps. */
+typedef int (*fsdp_row_source)(void *arg, int kind, size_t param, const struct fsdp_param_spec *p,
+                               size_t row0, size_t rows, float *dst);
+/*
+ * Every piece of the engine's state whose kind is below kinds, from read:
+ * whole rows through the stage, a block of columns (tensor parallelism) as
+ * its rows whole, a few MiB at a time. Local: the caller agrees on the
+ * outcome, then tells the engine (state_changed, collective).
+ */
+int fsdp_stage_fill_pieces(struct fsdp_engine *e, const struct fsdp_model_spec *spec,
+                           struct fsdp_device *dev, int kinds, fsdp_row_source read, void *arg);
 
 #endif

@@ -5,7 +5,8 @@
  */
 #include "config.h"
 #include "train/train_config.h"
-#include "fsdp/fsdp.h"
+#include "compute/device.h"
+#include "parallel/fsdp.h"
 #include "optim/optim.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -77,8 +78,10 @@ static const struct fsdp_opt train_opts[] = {
      "or on loopback keyed by public values instead of the per-user secret",
      0},
     {"device", FSDP_OPT_STR, F(device), S(device), 0, 0, NULL, "NAME", 0,
-     "compute device: cpu, or guarded (the CPU with device memory the host cannot touch: "
-     "checks that nothing outside the device reads it; for tests and debugging)",
+     "compute device: cuda (a build with the CUDA kernels, one GPU per rank), cpu, or guarded "
+     "(the CPU with device memory the host cannot touch: checks that nothing outside the device "
+     "reads it; for tests and debugging); default cuda when the build has it and a GPU is "
+     "visible, else cpu",
      0},
     {"timeout", FSDP_OPT_FLOAT, F(timeout), 0, 0, 1e6, NULL, "SEC", 0,
      "deadline of rendezvous and collectives (0: $FSDPC_TIMEOUT or 300)", 0},
@@ -152,7 +155,7 @@ void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set
     c->val_batches = 10;
     c->threads = 1;
     snprintf(c->init, sizeof(c->init), "auto");
-    snprintf(c->device, sizeof(c->device), "cpu");
+    snprintf(c->device, sizeof(c->device), "%s", fsdp_device_default_name());
     c->reshard_after_forward = 1;
     c->sequence_parallel = 1;
     c->prefetch = 1;

@@ -96,7 +96,7 @@ int fsdp_train_config_loss_scale(const struct fsdp_train_config *c, int *dynamic
 /* The optimizer's settings (betas, eps, weight decay, clip) from c. */
 struct fsdp_optim_config;
 void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_optim_config *oc);
-/* The sharding engine's settings (fsdp/fsdp.h) from c: batch, sharding,
+/* The sharding engine's settings (parallel/fsdp.h) from c: batch, sharding,
  * precision, loss scaling, checkpointing, sequence parallelism. */
 struct fsdp_shard_config;
 int fsdp_train_config_shard(const struct fsdp_train_config *c, struct fsdp_shard_config *sc);

@@ -18,7 +18,7 @@
 
 #include "comm/group.h"
 #include "train/train_config.h"
-#include "fsdp/engine.h"
+#include "parallel/engine.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "train/world.h"

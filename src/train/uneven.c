@@ -14,8 +14,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "rendezvous/dist.h"
-#include "io/ckpt.h"
-#include "io/tokens.h"
+#include "io/ckpt/ckpt.h"
+#include "io/text/tokens.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * test_ckpt_crash.c - the checkpoint commit protocol under a crash at every
- * boundary (io/ckpt_commit.h). A save (the trainer's: mkdir of the
+ * boundary (io/ckpt/ckpt_commit.h). A save (the trainer's: mkdir of the
  * temporary step directory, each file created, written and fsynced, then
  * fsdp_ckpt_commit_step) and a retention removal run in a child that
  * crash_shim kills before its k-th file-system call, for every k until the
@@ -18,8 +18,8 @@
  */
 #include "config.h"
 #include "core/error.h"
-#include "io/ckpt_commit.h"
-#include "io/fileutil.h"
+#include "io/ckpt/ckpt_commit.h"
+#include "io/util/fileutil.h"
 #include "tests/ckpt/crash_shim.h"
 #include "tests/tap.h"
 

@@ -117,7 +117,7 @@ static void run_case(struct ctx *c, int tied, int head_rows, int ckpt, int idle)
     struct fsdp_gpt2 *ref = NULL, *m = NULL;
     int rc = fsdp_gpt2_create(s, nc * TB, TT, &ref);
     for (int u = 0; rc == 0 && u < nu; u++) {
-        rc = fsdp_gpt2_set_unit(ref, u, p[u], gref[u]);
+        rc = fsdp_gpt2_set_unit(ref, u, p[u], FSDP_F32, gref[u]);
     }
     rc = rc ? rc : fsdp_gpt2_forward(ref, rtok, rtgt, nc * TB, TT, NULL);
     rc = rc ? rc : fsdp_gpt2_backward(ref);
@@ -138,10 +138,10 @@ static void run_case(struct ctx *c, int tied, int head_rows, int ckpt, int idle)
         const float *wte = p[0] + m->emb_off[0], *wpe = p[0] + m->emb_off[1];
         memcpy(rows + m->wte_at, wte + m->wte_row0 * C, m->wte_rows * C * sizeof(float));
         memcpy(rows + m->wpe_at, wpe + m->wpe_row0 * C, m->wpe_rows * C * sizeof(float));
-        rc = fsdp_gpt2_set_unit(m, 0, rows, drows);
+        rc = fsdp_gpt2_set_unit(m, 0, rows, FSDP_F32, drows);
     }
     for (int u = 1; rc == 0 && u < nu; u++) {
-        rc = fsdp_gpt2_set_unit(m, u, p[u], g[u]);
+        rc = fsdp_gpt2_set_unit(m, u, p[u], FSDP_F32, g[u]);
     }
     fsdp_gpt2_set_loss_seed(m, kept, 1.0f);
     int mine = c->rank != idle;

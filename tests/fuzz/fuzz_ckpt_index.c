@@ -7,8 +7,8 @@
  */
 #include "config.h"
 #include "tests/fuzz/fuzz.h"
-#include "io/ckpt.h"
-#include "io/model_file.h"
+#include "io/ckpt/ckpt.h"
+#include "io/h5/model_file.h"
 #include "core/spec.h"
 
 #include <stdio.h>
@@ -36,15 +36,15 @@ static void fuzz_shards(void)
 static int fuzz_read_ckpt(const char *dir)
 {
     struct fsdp_ckpt *ck;
-    int rc = fsdp_ckpt_open(dir, &ck);
+    int rc = fsdp_ckpt_open(dir, fsdp_arch_registered(), &ck);
     if (rc < 0) {
         return rc;
     }
     const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
     float *buf = malloc(fsdp_model_spec_largest(s) * sizeof(float));
-    for (int k = 0; buf && rc == 0 && k < FSDP_CKPT_NKINDS; k++) {
+    for (int k = 0; buf && rc == 0 && k < fsdp_ckpt_kinds(ck)->n; k++) {
         for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
-            rc = fsdp_ckpt_read_rows(ck, (enum fsdp_ckpt_kind)k, i, 0, s->params[i].shape[0], buf);
+            rc = fsdp_ckpt_read_rows(ck, k, i, 0, s->params[i].shape[0], buf);
         }
     }
     free(buf);
@@ -55,7 +55,7 @@ static int fuzz_read_ckpt(const char *dir)
 static int fuzz_read_model(const char *path)
 {
     struct fsdp_model_file *mf;
-    int rc = fsdp_model_file_open(path, &mf);
+    int rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     if (rc < 0) {
         return rc;
     }

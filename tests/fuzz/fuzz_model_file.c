@@ -5,7 +5,7 @@
  */
 #include "config.h"
 #include "tests/fuzz/fuzz.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "core/spec.h"
 
 #include <stdlib.h>
@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fsdp_model_file *mf;
     fuzz_init();
-    int rc = fsdp_model_file_open(fuzz_write("model.h5", data, size), &mf);
+    int rc = fsdp_model_file_open(fuzz_write("model.h5", data, size), fsdp_arch_registered(), &mf);
     if (rc == 0) {
         const struct fsdp_model_spec *s = fsdp_model_file_spec(mf);
         float *buf = malloc(fsdp_model_spec_largest(s) * sizeof(float));

@@ -5,7 +5,7 @@
  */
 #include "config.h"
 #include "tests/fuzz/fuzz.h"
-#include "io/safetensors.h"
+#include "io/hf/safetensors.h"
 #include "core/error.h"
 
 #include <stdlib.h>

@@ -10,7 +10,7 @@
  */
 #include "config.h"
 #include "tests/fuzz/fuzz.h"
-#include "io/tokenizer.h"
+#include "io/text/tokenizer.h"
 
 #include <stdint.h>
 #include <stdlib.h>

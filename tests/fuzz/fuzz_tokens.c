@@ -5,7 +5,7 @@
  */
 #include "config.h"
 #include "tests/fuzz/fuzz.h"
-#include "io/tokens.h"
+#include "io/text/tokens.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -35,8 +35,12 @@ libs="${HDF5_LIBS:-$(pkg-config --libs hdf5-mpich)} -lxxhash -ljansson -lpcre2-8
 san="address,undefined"
 objs=""
 for f in src/core/error.c src/core/log.c src/core/dtype.c src/core/util.c src/core/spec.c \
-    src/model/gpt2_spec.c io/model_file.c io/h5util.c io/ckpt.c io/checksum.c io/fileutil.c \
-    io/safetensors.c io/tokens.c io/tokenizer.c io/tokenizer_encode.c io/tokenizer_post.c io/json.c \
+    src/core/tmpfile.c src/core/hf_map.c src/model/gpt2_spec.c src/model/hf_json.c \
+    io/h5/model_file.c io/h5/h5util.c io/h5/h5heap.c \
+    io/ckpt/ckpt_writer.c io/ckpt/ckpt_index.c io/ckpt/ckpt_reader.c io/ckpt/ckpt_consolidate.c \
+    io/ckpt/ckpt_attrs.c io/h5/checksum.c io/util/fileutil.c io/hf/safetensors.c \
+    io/text/tokens.c io/text/tokenizer.c io/text/tokenizer_added.c io/text/tokenizer_encode.c \
+    io/text/tokenizer_post.c io/util/json.c \
     tests/fuzz/fuzz_common.c; do
     o="$obj/$(echo "$f" | tr / _).o"
     # shellcheck disable=SC2086

@@ -1,60 +1,56 @@
 #!/bin/sh
-# run_gpu_checks.sh - the checks that need a CUDA GPU, for a person (or a
-# lent GPU machine) with one. It builds fsdpc with CUDA and NCCL in a
-# scratch build directory (the source tree is left unconfigured), runs the
-# nccl backend's tests (test_nccl covers, with two or more GPUs: the
-# collectives across ranks, the send-first exchange, cudaStreamPerThread
-# refused on every rank, no context on cuda:0 from a second thread, and two
-# groups on one stream with a stuck peer aborted by the watchdog), a short
-# allreduce sweep with fsdpc-bench, and the small-message latency against
-# nccl-tests' all_reduce_perf when nccl-tests is at hand. Every step's
-# output is saved under $OUT; the last lines of summary.txt say what passed.
+# run_gpu_checks.sh - the checks that need a CUDA GPU, run on a bare GPU
+# machine from the kit that tests/gpu/kit.sh builds elsewhere: nothing is
+# built here, and the machine needs no MPI, HDF5 or BLAS of its own; only a
+# CUDA driver, CUDA's libraries (the toolkit's lib64, or python3's nvidia
+# wheels), and for the peer benchmark PyTorch.
 #
-# Without a GPU it does nothing and says so (exit 0): the GPU checks skip
-# cleanly on every other machine.
+# Most valuable first, each step with a time limit, under one budget for the
+# whole run (BUDGET seconds; a step that no longer fits is skipped, and the
+# summary says so):
+#   a. probe: the GPU, driver and CUDA versions, where CUDA's libraries were
+#      found, whether the kit's fsdpc-train has the cuda device
+#   b. GPT-2 and Llama (tiny) trained 10 steps with --device cuda and with
+#      --device cpu: every step's loss and gradient norm within 1e-4
+#      (relative) in f32; with --param-dtype bf16, the loss within 2e-2
+#   c. compute-sanitizer memcheck and racecheck on a 2-step GPT-2 run
+#   d. GPT-2 124M, bf16, batch 16 x 1024: fsdpc-train's tokens/s and MFU
+#      (against PEAK_FLOPS), and PyTorch's on the same GPU, eager and compiled
+#      (tests/peers/torch_gpt2_bench.py)
+#   e. the nccl backend: its test program (the one-GPU checks) and a
+#      one-rank allreduce sweep with fsdpc-bench
+#   f. a Llama of 1B parameters (Llama 3.2 1B's shape), bf16, if time is left
+# When the kit's build has no cuda device, every step that needs it says so
+# and skips; the CPU runs and the PyTorch benchmark still run.
 #
-# Usage: tests/gpu/run_gpu_checks.sh [-j JOBS] [-k]
-#   -j JOBS   parallel make jobs (default: the number of CPUs)
-#   -k        keep the build directory (default: removed when all passed)
+# Without a GPU it does nothing and says so (exit 0), before it looks for
+# the kit: the GPU checks skip cleanly on every other machine.
+#
+# Usage: tests/gpu/run_gpu_checks.sh [KIT]
+#   KIT   the kit archive (default: build-gpu-kit/fsdpc-gpu-kit.tar.gz at the
+#         top of the source), or an unpacked kit's directory (the default
+#         when this script runs from one)
 # Environment:
-#   OUT            where logs go (default ./gpu-logs)
-#   BUILD          build directory (default: a new one under ${TMPDIR:-/tmp})
-#   CONFIGURE_ARGS extra configure arguments (e.g. --with-nccl=/opt/nccl)
-#   STEP_TIMEOUT   seconds each test or benchmark may run (default 600)
-#   MPIEXEC        launcher for fsdpc-bench (default: what configure found)
-#   NCCL_TESTS_DIR a checkout (or build) of github.com/NVIDIA/nccl-tests;
-#                  built here when its all_reduce_perf is missing (default:
-#                  the first of ../nccl-tests next to the source, /opt/nccl-tests)
-#   NCCL_TESTS_MAKE_ARGS  extra make arguments for that build (e.g.
-#                  NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90)
-#   LAT_FACTOR     the small-message check fails when fsdpc-bench's 8-byte
-#   LAT_SLACK_US   allreduce takes longer than LAT_FACTOR x all_reduce_perf's
-#                  + LAT_SLACK_US (defaults 2 and 10)
+#   OUT         where summary.txt and logs.tar.gz go (default ./gpu-logs)
+#   BUDGET      seconds for the whole run (default 330)
+#   PEAK_FLOPS  the GPU's dense bf16 peak for MFU (default 989e12: H100/H200)
+#   PYTHON      the Python with PyTorch (default python3)
 #
 # Exit status: 0 when every step that ran passed (or there is no GPU), 1
 # otherwise.
 
 set -u
 
-jobs=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
-keep=0
-while getopts "j:k" opt; do
-    case $opt in
-    j) jobs=$OPTARG ;;
-    k) keep=1 ;;
-    *) echo "usage: $0 [-j JOBS] [-k]" >&2; exit 2 ;;
-    esac
-done
-
+t_start=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
-src=$(cd "$here/../.." && pwd)
 OUT=${OUT:-./gpu-logs}
-STEP_TIMEOUT=${STEP_TIMEOUT:-600}
-LAT_FACTOR=${LAT_FACTOR:-2}
-LAT_SLACK_US=${LAT_SLACK_US:-10}
+BUDGET=${BUDGET:-330}
+PEAK_FLOPS=${PEAK_FLOPS:-989e12}
+PYTHON=${PYTHON:-python3}
+deadline=$((t_start + BUDGET))
 mkdir -p "$OUT" || { echo "$0: cannot create $OUT" >&2; exit 1; }
 OUT=$(cd "$OUT" && pwd)
-summary="$OUT/summary.txt"
+summary=$OUT/summary.txt
 failed=0
 : >"$summary"
 
@@ -62,33 +58,9 @@ say() {
     echo "$*" | tee -a "$summary"
 }
 
-# run NAME CMD...: runs CMD with a time limit, output to $OUT/NAME.log
-run() {
-    name=$1
-    shift
-    t0=$(date +%s)
-    if command -v timeout >/dev/null 2>&1; then
-        timeout -k 10 "$STEP_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
-    else
-        "$@" >"$OUT/$name.log" 2>&1
-    fi
-    rc=$?
-    dt=$(($(date +%s) - t0))
-    if [ $rc -eq 0 ]; then
-        say "PASS  $name (${dt} s)"
-    else
-        [ $rc -eq 124 ] && say "      $name: killed after $STEP_TIMEOUT s"
-        say "FAIL  $name (exit $rc, ${dt} s): see $OUT/$name.log"
-        failed=1
-    fi
-    return $rc
-}
-
-# TAP summary of a test log: counts of ok, not ok and skips.
-tap_counts() {
-    awk '/^ok /{ok++} /^not ok /{bad++} /# SKIP/{skip++}
-         END{printf "      %d ok (%d skipped), %d not ok\n", ok, skip, bad}' "$1" | tee -a "$summary"
-    grep '^not ok' "$1" | head -20 | sed 's/^/      /' | tee -a "$summary"
+fail() {
+    say "FAIL  $*"
+    failed=1
 }
 
 # How many GPUs this process would see: CUDA_VISIBLE_DEVICES when set (empty
@@ -110,154 +82,365 @@ count_gpus() {
     echo "$phys"
 }
 
-say "fsdpc GPU checks: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
-
-# -- the machine -------------------------------------------------------------
+say "fsdpc GPU checks: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), budget $BUDGET s"
 ngpu=$(count_gpus)
 say "GPUs visible: $ngpu (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>})"
 if [ "$ngpu" -eq 0 ]; then
     say "SKIP  all GPU checks: no GPU visible on this machine"
     exit 0
 fi
-if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi >"$OUT/nvidia-smi.log" 2>&1
-    nvidia-smi topo -m >>"$OUT/nvidia-smi.log" 2>&1
-fi
-[ "$ngpu" -lt 2 ] && say "note: 1 GPU: the checks that need two are skipped (test_nccl says which)"
 
-# -- build -------------------------------------------------------------------
-BUILD=${BUILD:-$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-gpu.XXXXXX")}
-mkdir -p "$BUILD" || { echo "$0: cannot create $BUILD" >&2; exit 1; }
-say "source $src, build $BUILD, logs $OUT"
-if [ -f "$src/config.status" ]; then
-    say "$src is configured in place; run 'make distclean' there first (builds here are out of tree)"
+# -- the kit -----------------------------------------------------------------
+kit_arg=${1:-}
+if [ -z "$kit_arg" ]; then
+    if [ -f "$here/KIT_INFO" ]; then
+        kit_arg=$here
+    else
+        kit_arg=$(cd "$here/../.." && pwd)/build-gpu-kit/fsdpc-gpu-kit.tar.gz
+    fi
+fi
+W=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-gpu.XXXXXX") || exit 1
+L=$W/logs
+D=$W/data
+mkdir -p "$L" "$D"
+# shellcheck disable=SC2317 # called by the trap
+finish() {
+    cp "$summary" "$L/" 2>/dev/null
+    tar -C "$W" -czf "$OUT/logs.tar.gz" logs 2>/dev/null
+    rm -rf "$W"
+}
+trap finish EXIT
+trap 'exit 1' INT TERM
+if [ -d "$kit_arg" ]; then
+    kit=$(cd "$kit_arg" && pwd)
+elif [ -f "$kit_arg" ]; then
+    tar -C "$W" -xzf "$kit_arg" || { fail "cannot unpack the kit $kit_arg"; exit 1; }
+    kit=$W/fsdpc-gpu-kit
+else
+    fail "no kit at $kit_arg (build it with tests/gpu/kit.sh on a machine with the dependencies)"
     exit 1
 fi
-if [ ! -x "$src/configure" ]; then
-    run autogen sh "$src/autogen.sh" || { say "cannot generate configure"; exit 1; }
-fi
-cd "$BUILD" || exit 1
-# shellcheck disable=SC2086 # CONFIGURE_ARGS is a list of arguments
-run configure "$src/configure" --with-cuda --with-nccl ${CONFIGURE_ARGS:-} ||
-    { say "configure failed (CUDA or NCCL not found?)"; exit 1; }
-grep -E 'CUDA:|NCCL:' "$OUT/configure.log" | sed 's/^ */      /' | tee -a "$summary"
-# the whole tree must build with CUDA; the tests below still run if only
-# something unrelated failed
-run build make -j"$jobs"
-run build-tests make -j"$jobs" tests/backends/test_nccl tests/backends/test_nccl_sim || exit 1
+[ -f "$kit/KIT_INFO" ] || { fail "$kit holds no KIT_INFO: not a kit"; exit 1; }
+info() {
+    sed -n "s/^$1=//p" "$kit/KIT_INFO"
+}
+say "kit: $kit_arg (source $(info source), built $(info built))"
+bin=$kit/libexec
 
-# -- the nccl backend's tests ------------------------------------------------
-NCCL_DEBUG=${NCCL_DEBUG:-WARN}
-export NCCL_DEBUG
-run test_nccl ./tests/backends/test_nccl
-tap_counts "$OUT/test_nccl.log"
-nodev=0
-if grep -q '^# 0 CUDA device(s) visible' "$OUT/test_nccl.log"; then
-    say "FAIL  no CUDA device visible to the tests although $ngpu GPU(s) are listed"
-    nodev=1
-    failed=1
-fi
-run test_nccl_sim ./tests/backends/test_nccl_sim
-tap_counts "$OUT/test_nccl_sim.log"
+# -- step runner ---------------------------------------------------------------
+left() {
+    echo $((deadline - $(date +%s)))
+}
 
-# -- fsdpc-bench with the nccl backend ---------------------------------------
-mpiexec=${MPIEXEC:-$(sed -n 's/^MPIEXEC = //p' Makefile)}
-mpiexec=${mpiexec:-mpiexec}
-nbench=$ngpu
-[ "$nbench" -gt 8 ] && nbench=8
-if [ $nodev -eq 1 ]; then
-    say "SKIP  fsdpc-bench (no CUDA device)"
-elif [ -x ./fsdpc-bench ]; then
-    # $mpiexec may carry its own arguments (e.g. "srun --mpi=pmi2"): split it
-    # shellcheck disable=SC2086
-    run bench_allreduce_n1 $mpiexec -n 1 ./fsdpc-bench --backend nccl --op allreduce \
-        --min 1M --max 256M
-    if [ "$ngpu" -ge 2 ]; then
-        for op in allreduce allgather reduce_scatter; do
-            # shellcheck disable=SC2086
-            run "bench_${op}_n$nbench" $mpiexec -n "$nbench" ./fsdpc-bench --backend nccl \
-                --op "$op" --min 1M --max 256M
-        done
+# step NAME CAP MIN CMD...: runs CMD into $L/NAME.log with a limit of CAP
+# seconds, or of what is left of the budget (less 10 s to pack the logs)
+# when that is less; when under MIN seconds are left, says it skips and
+# returns 200. Sets dt to the seconds it took.
+step() {
+    s_name=$1 s_cap=$2 s_min=$3
+    shift 3
+    s_lim=$(($(left) - 10))
+    [ "$s_lim" -gt "$s_cap" ] && s_lim=$s_cap
+    if [ "$s_lim" -lt "$s_min" ]; then
+        say "SKIP  $s_name: out of time ($(left) s of the $BUDGET s budget left)"
+        dt=0
+        return 200
     fi
-else
-    say "SKIP  fsdpc-bench (not built)"
-fi
-
-# -- small-message latency against nccl-tests --------------------------------
-# out-of-place time (us) of the row of `size` bytes: column 6 in both tools
-time_at() {
-    awk -v s="$2" '$1 !~ /^#/ && $1 == s { print $6; exit }' "$1"
+    s_t0=$(date +%s)
+    timeout -k 5 "$s_lim" "$@" >"$L/$s_name.log" 2>&1
+    s_rc=$?
+    dt=$(($(date +%s) - s_t0))
+    if [ $s_rc -eq 124 ] || [ $s_rc -eq 137 ]; then
+        echo "killed after its limit of $s_lim s" >>"$L/$s_name.log"
+    fi
+    return $s_rc
 }
 
-# Sets perf to nccl-tests' all_reduce_perf, building a checkout when needed.
-find_nccl_tests() {
-    perf=
-    for d in ${NCCL_TESTS_DIR:-} "$src/../nccl-tests" /opt/nccl-tests; do
-        [ -n "$d" ] || continue
-        for p in "$d/build/all_reduce_perf" "$d/all_reduce_perf"; do
-            if [ -x "$p" ]; then
-                perf=$p
-                return 0
-            fi
-        done
-        if [ -f "$d/Makefile" ] && [ -d "$d/src" ]; then
-            cuda_home=$(sed -n 's/^NVCC = \(.*\)\/bin\/nvcc$/\1/p' Makefile)
-            nccl_home=$(sed -n 's/^NCCL_CFLAGS = -I\(.*\)\/include *$/\1/p' Makefile)
-            # shellcheck disable=SC2086 # NCCL_TESTS_MAKE_ARGS is a list
-            run nccl_tests_build make -C "$d" -j"$jobs" src.build \
-                CUDA_HOME="${cuda_home:-/usr/local/cuda}" NCCL_HOME="${nccl_home:-/usr/local/cuda}" \
-                ${NCCL_TESTS_MAKE_ARGS:-}
-            if [ -x "$d/build/all_reduce_perf" ]; then
-                perf=$d/build/all_reduce_perf
-                return 0
-            fi
-        fi
-    done
-    return 1
+# the last line of a log that says what went wrong (not the hint after it)
+tail_msg() {
+    grep -v '^fsdpc: hint:' "$1" | grep . | tail -n 1
 }
 
-if [ $nodev -eq 1 ] || [ ! -x ./fsdpc-bench ]; then
-    say "SKIP  latency against all_reduce_perf (no device or no fsdpc-bench)"
-elif [ "$ngpu" -lt 2 ]; then
-    say "SKIP  latency against all_reduce_perf: needs 2 GPUs (a 1-rank allreduce moves nothing)"
-elif ! find_nccl_tests; then
-    say "SKIP  latency against all_reduce_perf: nccl-tests not found (set NCCL_TESTS_DIR to a" \
-        "checkout of github.com/NVIDIA/nccl-tests; it is built here when needed)"
-else
-    n=2
-    # one process per GPU for fsdpc, one process driving both GPUs for
-    # nccl-tests (-g): the same NCCL transports inside one machine
-    # shellcheck disable=SC2086
-    run latency_fsdpc $mpiexec -n "$n" ./fsdpc-bench --backend nccl --op allreduce \
-        --sizes 8,1K,64K --iters 500 --warmup 50 --stat median --check 0
-    run latency_nccl_tests "$perf" -b 8 -e 65536 -f 128 -g "$n" -w 50 -n 500 -c 0
-    say "      allreduce latency, $n GPUs, out of place (us): size fsdpc-bench all_reduce_perf"
-    worst=0
-    for size in 8 1024 65536; do
-        a=$(time_at "$OUT/latency_fsdpc.log" $size)
-        b=$(time_at "$OUT/latency_nccl_tests.log" $size)
-        say "      $size ${a:-?} ${b:-?}"
-        if [ -n "$a" ] && [ -n "$b" ] && [ "$size" -eq 8 ]; then
-            worst=$(awk -v a="$a" -v b="$b" -v f="$LAT_FACTOR" -v s="$LAT_SLACK_US" \
-                'BEGIN { print (a > f * b + s) ? 1 : 0 }')
-        fi
-    done
-    if [ -z "$(time_at "$OUT/latency_fsdpc.log" 8)" ] || [ -z "$(time_at "$OUT/latency_nccl_tests.log" 8)" ]; then
-        say "FAIL  latency: a tool printed no 8-byte row (see the latency_*.log files)"
-        failed=1
-    elif [ "$worst" -eq 1 ]; then
-        say "FAIL  latency: fsdpc-bench's 8-byte allreduce is over $LAT_FACTOR x all_reduce_perf's + $LAT_SLACK_US us"
-        failed=1
+# check NAME CAP MIN CMD...: a step that passes when CMD exits 0
+check() {
+    c_name=$1
+    step "$@"
+    c_rc=$?
+    [ $c_rc -eq 200 ] && return $c_rc
+    if [ $c_rc -eq 0 ]; then
+        say "PASS  $c_name (${dt} s)"
     else
-        say "PASS  latency: fsdpc-bench's 8-byte allreduce within $LAT_FACTOR x all_reduce_perf's + $LAT_SLACK_US us"
+        fail "$c_name (exit $c_rc, ${dt} s): $(tail_msg "$L/$c_name.log")"
+    fi
+    return $c_rc
+}
+
+# -- a. probe ------------------------------------------------------------------
+say "== a. probe"
+nvidia-smi >"$L/nvidia-smi.log" 2>&1
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+cuda_drv=$(sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' "$L/nvidia-smi.log" | head -n 1)
+nvcc_v=$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
+torch_v=$("$PYTHON" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null)
+say "GPU: ${gpu:-?} | driver's CUDA ${cuda_drv:-?} | nvcc ${nvcc_v:-none} | glibc ${glibc:-?} (kit needs >= $(info glibc_min)) | torch ${torch_v:-none}"
+say "kit: cuda kernels $(info cuda_kernels), nccl $(info nccl); CUDA libraries it loads: $(info cuda_libs)"
+
+# CUDA's libraries: the toolkit's lib64 (or one the loader already knows),
+# else python3's nvidia wheels; each one's directory goes on the path
+wheel_dirs=
+nv=$("$PYTHON" -c 'import nvidia; print("\n".join(list(nvidia.__path__)))' 2>/dev/null)
+for d in $nv; do
+    wheel_dirs="$wheel_dirs $(find "$d" -maxdepth 3 -name 'lib*.so*' 2>/dev/null |
+        sed 's|/[^/]*$||' | sort -u | tr '\n' ' ')"
+done
+sys_dirs="${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib"
+cuda_path=
+missing=
+for lib in $(info cuda_libs); do
+    where=
+    for d in $sys_dirs; do
+        [ -e "$d/$lib" ] && { where="$d (system CUDA)"; break; }
+    done
+    if [ -z "$where" ] && { /sbin/ldconfig -p 2>/dev/null || ldconfig -p 2>/dev/null; } | grep -q "[[:space:]]$lib "; then
+        where="the loader's cache (system)"
+    fi
+    if [ -z "$where" ]; then
+        for d in $wheel_dirs; do
+            [ -e "$d/$lib" ] && { where="$d (python3's nvidia wheels)"; break; }
+        done
+    fi
+    if [ -z "$where" ]; then
+        say "      $lib: not found"
+        missing="$missing $lib"
+        continue
+    fi
+    say "      $lib: $where"
+    d=${where%% (*}
+    case $d in
+    /*) case ":$cuda_path:" in *":$d:"*) ;; *) cuda_path=${cuda_path:+$cuda_path:}$d ;; esac ;;
+    esac
+done
+FSDPC_KIT_CUDA_LIBS=$cuda_path
+export FSDPC_KIT_CUDA_LIBS
+# shellcheck disable=SC1091 # the kit's, found at run time
+. "$kit/env.sh"
+ldd "$bin/fsdpc-train" >"$L/ldd.log" 2>&1
+if grep -q 'not found' "$L/ldd.log"; then
+    fail "probe: fsdpc-train cannot load: $(grep 'not found' "$L/ldd.log" | awk '{ print $1 }' | tr '\n' ' ')"
+else
+    say "PASS  probe: every library fsdpc-train needs is found"
+fi
+"$bin/fsdpc-train" --help >"$L/help.log" 2>&1
+grep -A3 -- '--device' "$L/help.log" | sed 's/^/      /' | tee -a "$summary"
+cuda=yes
+if [ "$(info cuda_kernels)" != yes ]; then
+    cuda="this kit's build has no cuda device (configured without --enable-cuda-kernels)"
+elif ! grep -A1 -- '--device' "$L/help.log" | grep -q cuda; then
+    cuda="fsdpc-train --help names no cuda device"
+elif [ -n "$missing" ]; then
+    cuda="CUDA libraries not found:$missing"
+fi
+[ "$cuda" = yes ] || say "note: no --device cuda: $cuda; every cuda step skips"
+
+# -- b. cuda against cpu -------------------------------------------------------
+say "== b. training on cuda against cpu (10 steps)"
+sh "$kit/corpus.sh" 300000 >"$D/text"
+check fixtures 60 20 sh -c "'$bin/fsdpc-data' tokenize '$D/text' -o '$D/train.bin' &&
+    '$bin/fsdpc-ckpt' init --preset tiny --seed 1 -o '$D/gpt2-tiny.h5' &&
+    '$bin/fsdpc-ckpt' init --preset llama-tiny --seed 3 -o '$D/llama-tiny.h5'"
+
+# train NAME MODEL DEVICE DTYPE STEPS: a run into $L/NAME.{log,jsonl}
+train() {
+    step "$1" 60 10 "$bin/fsdpc-train" --model "$D/$2.h5" --data "$D/train.bin" \
+        --device "$3" --param-dtype "$4" --steps "$5" --batch-size 4 --seq-len 64 \
+        --lr 1e-3 --seed 1 --peak-flops 1e12 --metrics "$L/$1.jsonl"
+}
+
+# step loss norm, one line per step of a metrics file
+records() {
+    grep '"loss"' "$1" | sed 's/.*"step":\([0-9]*\).*"loss":\([^,]*\).*"grad_norm":\([^,}]*\).*/\1 \2 \3/'
+}
+
+# compare A B LOSS_TOL NORM_TOL (0: reported only): prints the largest
+# relative differences; exit status 0 when within the tolerances
+compare() {
+    records "$1" >"$1.rec"
+    records "$2" >"$2.rec"
+    paste -d ' ' "$1.rec" "$2.rec" | awk -v tl="$3" -v tn="$4" '
+        function rel(a, b) { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; return m > 0 ? d / m : d }
+        { n++; l = rel($5, $2); g = rel($6, $3); if (l > ml) ml = l; if (g > mg) mg = g
+          if ($1 != $4 || l > tl || (tn > 0 && g > tn)) { if (!bad) first = $1; bad = 1 } }
+        END { printf "%d steps, loss max rel %.2e, grad norm max rel %.2e%s", n, ml, mg,
+                  bad ? ", first bad step " first : ""
+              exit (bad || n < 10) }'
+}
+
+for model in gpt2-tiny llama-tiny; do
+    for dt_ in f32 bf16; do
+        train "$model-$dt_-cpu" "$model" cpu "$dt_" 10
+        rc=$?
+        [ $rc -eq 200 ] && continue
+        if [ $rc -ne 0 ]; then
+            fail "$model $dt_ on cpu (exit $rc): $(tail_msg "$L/$model-$dt_-cpu.log")"
+            continue
+        fi
+        say "PASS  $model $dt_ on cpu: 10 steps, final loss $(records "$L/$model-$dt_-cpu.jsonl" |
+            tail -n 1 | awk '{ print $2 }') (${dt} s)"
+        if [ "$cuda" != yes ]; then
+            say "SKIP  $model $dt_ cuda = cpu: $cuda"
+            continue
+        fi
+        train "$model-$dt_-cuda" "$model" cuda "$dt_" 10
+        rc=$?
+        [ $rc -eq 200 ] && continue
+        if [ $rc -ne 0 ]; then
+            fail "$model $dt_ on cuda (exit $rc): $(tail_msg "$L/$model-$dt_-cuda.log")"
+            continue
+        fi
+        if [ "$dt_" = f32 ]; then tl=1e-4 tn=1e-4; else tl=2e-2 tn=0; fi
+        if res=$(compare "$L/$model-$dt_-cpu.jsonl" "$L/$model-$dt_-cuda.jsonl" $tl $tn); then
+            say "PASS  $model $dt_ cuda = cpu: $res (tolerance: loss $tl$([ "$tn" = 0 ] && echo ', norm reported' || echo ", norm $tn"))"
+        else
+            fail "$model $dt_ cuda = cpu: $res (tolerance: loss $tl$([ "$tn" = 0 ] || echo ", norm $tn"))"
+        fi
+    done
+done
+
+# -- c. compute-sanitizer --------------------------------------------------------
+say "== c. compute-sanitizer (2 steps of gpt2-tiny, f32)"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ "$cuda" != yes ]; then
+    say "SKIP  compute-sanitizer: $cuda"
+elif [ ! -x "$sanitizer" ]; then
+    say "SKIP  compute-sanitizer: not installed"
+else
+    for tool in memcheck racecheck; do
+        step "sanitizer-$tool" 60 20 "$sanitizer" --tool $tool --error-exitcode 99 \
+            "$bin/fsdpc-train" --model "$D/gpt2-tiny.h5" --data "$D/train.bin" --device cuda \
+            --steps 2 --batch-size 4 --seq-len 64 --lr 1e-3 --peak-flops 1e12
+        rc=$?
+        [ $rc -eq 200 ] && continue
+        log=$L/sanitizer-$tool.log
+        errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -n 1)
+        hazards=$(sed -n 's/.*RACECHECK SUMMARY: \([0-9]*\) hazard.*/\1/p' "$log" | tail -n 1)
+        [ $tool = racecheck ] && [ -n "$hazards" ] && errors=$(sed -n \
+            's/.*RACECHECK SUMMARY: .*(\([0-9]*\) error.*/\1/p' "$log" | tail -n 1)
+        if grep -q 'Device not supported' "$log"; then
+            say "SKIP  compute-sanitizer $tool: the device or runtime refuses it (Device not supported)"
+        elif [ $rc -eq 0 ] && [ "${errors:-x}" = 0 ]; then
+            say "PASS  compute-sanitizer $tool: 0 errors${hazards:+ ($hazards hazards)} (${dt} s)"
+        else
+            fail "compute-sanitizer $tool: ${errors:-?} errors${hazards:+, $hazards hazards} (exit $rc, ${dt} s)"
+        fi
+    done
+fi
+
+# -- d. GPT-2 124M: fsdpc against PyTorch ----------------------------------------
+say "== d. GPT-2 124M, bf16, batch 16 x 1024, peak $PEAK_FLOPS FLOP/s"
+# median of a field over the steps after the first 2 (warm-up)
+median() {
+    grep '"loss"' "$1" | sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" | tail -n +3 | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# bench_report NAME LABEL RC: the figures of a benchmark run, also of one
+# killed at its limit once it has done a step past the warm-up
+bench_report() {
+    b_file=$L/$1.jsonl
+    b_n=$(grep -c '"loss"' "$b_file" 2>/dev/null)
+    b_fig=
+    [ "${b_n:-0}" -ge 3 ] && b_fig="$(median "$b_file" tokens_per_s) tok/s, mfu $(median "$b_file" mfu)%,\
+ $(median "$b_file" ms) ms/step (median of steps 3-$b_n), $(median "$b_file" mem_mib) MiB"
+    if [ "$3" -eq 0 ]; then
+        say "PASS  $2: $b_fig (${dt} s)"
+    elif [ "$3" -ne 200 ]; then
+        fail "$2 (exit $3, ${dt} s, ${b_n:-0} steps done): $(tail_msg "$L/$1.log")"
+        [ -n "$b_fig" ] && say "      $2 so far: $b_fig"
+    fi
+}
+if [ "$cuda" != yes ]; then
+    say "SKIP  fsdpc-train GPT-2 124M: $cuda"
+elif check init-gpt2 60 20 "$bin/fsdpc-ckpt" init --preset gpt2 --seed 1 -o "$D/gpt2.h5"; then
+    step bench-gpt2 90 30 "$bin/fsdpc-train" --model "$D/gpt2.h5" --data "$D/train.bin" \
+        --device cuda --param-dtype bf16 --batch-size 16 --seq-len 1024 --steps 8 \
+        --lr 6e-4 --peak-flops "$PEAK_FLOPS" --metrics "$L/bench-gpt2.jsonl"
+    bench_report bench-gpt2 "fsdpc-train GPT-2 124M" $?
+fi
+peer=$kit/share/torch_gpt2_bench.py
+[ -f "$peer" ] || peer=$here/../peers/torch_gpt2_bench.py
+if [ -z "$torch_v" ]; then
+    say "SKIP  PyTorch GPT-2 124M: no torch in $PYTHON"
+else
+    for mode in eager compile; do
+        if [ $mode = eager ]; then cap=60 min=30; else cap=150 min=60; fi
+        step "torch-$mode" $cap $min "$PYTHON" "$peer" --mode $mode --batch 16 --seq 1024 \
+            --steps 10 --warmup 3 --peak-flops "$PEAK_FLOPS"
+        rc=$?
+        if [ $rc -eq 0 ]; then
+            say "PASS  $(grep "^torch $mode:" "$L/torch-$mode.log")"
+        elif [ $rc -ne 200 ]; then
+            fail "PyTorch GPT-2 124M $mode (exit $rc): $(tail_msg "$L/torch-$mode.log")"
+        fi
+    done
+fi
+
+# -- e. the nccl backend -----------------------------------------------------------
+say "== e. the nccl backend: its test program, a one-rank allreduce sweep"
+if [ ! -x "$kit/tests/test_nccl" ]; then
+    say "SKIP  test_nccl: not in this kit"
+else
+    step test_nccl 60 20 "$kit/tests/test_nccl"
+    rc=$?
+    if [ $rc -ne 200 ]; then
+        counts=$(awk '/^ok /{ok++} /^not ok /{bad++} /# SKIP/{skip++}
+            END{printf "%d ok (%d skipped), %d not ok", ok, skip, bad}' "$L/test_nccl.log")
+        if grep -q '^# 0 CUDA device(s) visible' "$L/test_nccl.log"; then
+            fail "test_nccl: $counts, but it saw no CUDA device although $ngpu GPU(s) are listed"
+        elif [ $rc -eq 0 ]; then
+            say "PASS  test_nccl: $counts (${dt} s)"
+        else
+            fail "test_nccl: $counts (exit $rc)"
+        fi
+        grep '^not ok' "$L/test_nccl.log" | head -n 10 | sed 's/^/      /' | tee -a "$summary"
     fi
 fi
 
-cd "$OUT" || exit 1
-if [ $failed -eq 0 ]; then
-    say "all GPU checks passed"
-    [ $keep -eq 1 ] || rm -rf "$BUILD"
+if [ "$(info nccl)" != yes ]; then
+    say "SKIP  fsdpc-bench --backend nccl: this kit's build has no nccl backend"
 else
-    say "some GPU checks failed; build kept in $BUILD"
+    step bench-nccl 40 15 "$bin/fsdpc-bench" --backend nccl --op allreduce --min 1M --max 256M
+    rc=$?
+    # rows: size count type redop root, then time algbw busbw #wrong out of
+    # place and in place
+    res=$(awk '$1 ~ /^[0-9]+$/ { n++; wrong += $9 + $13; last = $1 " B: " $6 " us out of place, " $10 " us in place" }
+        END { printf "%d sizes, %d wrong, %s", n, wrong, last; exit (n == 0 || wrong > 0) }' "$L/bench-nccl.log")
+    wrong=$?
+    if [ $rc -eq 0 ] && [ $wrong -eq 0 ]; then
+        say "PASS  fsdpc-bench --backend nccl, 1 rank, allreduce 1M-256M: $res (${dt} s)"
+    elif [ $rc -eq 0 ]; then
+        fail "fsdpc-bench --backend nccl: $res"
+    elif [ $rc -ne 200 ]; then
+        fail "fsdpc-bench --backend nccl (exit $rc): $(tail_msg "$L/bench-nccl.log")"
+    fi
+fi
+
+# -- f. Llama 1B -------------------------------------------------------------------
+say "== f. Llama 1B (Llama 3.2 1B's shape), bf16, batch 4 x 2048"
+if [ "$cuda" != yes ]; then
+    say "SKIP  fsdpc-train Llama 1B: $cuda"
+elif [ "$(left)" -lt 120 ]; then
+    say "SKIP  fsdpc-train Llama 1B: out of time ($(left) s left)"
+elif check init-llama-1b 60 30 "$bin/fsdpc-ckpt" init --preset llama-1b --dtype bf16 --seed 1 \
+    -o "$D/llama-1b.h5"; then
+    step bench-llama-1b 120 40 "$bin/fsdpc-train" --model "$D/llama-1b.h5" --data "$D/train.bin" \
+        --device cuda --param-dtype bf16 --batch-size 4 --seq-len 2048 --steps 6 \
+        --lr 3e-4 --peak-flops "$PEAK_FLOPS" --metrics "$L/bench-llama-1b.jsonl"
+    bench_report bench-llama-1b "fsdpc-train Llama 1B" $?
+fi
+
+if [ $failed -eq 0 ]; then
+    say "all GPU checks that ran passed ($(($(date +%s) - t_start)) s)"
+else
+    say "some GPU checks failed ($(($(date +%s) - t_start)) s): see logs.tar.gz"
 fi
 exit $failed

@@ -1,6 +1,6 @@
 /*
  * test_checksum.c - per-tensor checksums of model files and checkpoints
- * (io/checksum.h; the definition is doc/formats.md, "Checksums"):
+ * (io/h5/checksum.h; the definition is doc/formats.md, "Checksums"):
  *  - the attributes fsdpc writes hold what formats.md defines, recomputed
  *    here from each dataset's bytes with plain HDF5 and xxhash (f32 and
  *    bf16 model files with one block and with several, checkpoint shards,
@@ -17,8 +17,9 @@
 #include "config.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "io/ckpt.h"
-#include "io/model_file.h"
+#include "io/ckpt/ckpt.h"
+#include "io/h5/model_file.h"
+#include "io/util/fileutil.h"
 #include "model/gpt2_spec.h"
 #include "model/model.h"
 #include "tests/tap.h"
@@ -271,7 +272,7 @@ static void test_model_f32(void)
     struct fsdp_model_file *mf;
     float *buf = malloc((size_t)V * C * sizeof(float));
     const float *w = param(&m, "wte.weight");
-    rc = fsdp_model_file_open(path, &mf);
+    rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     rc = rc ? rc : fsdp_model_file_read_rows(mf, "wte.weight", 0, V, buf);
     tap_ok(rc == 0 && same(buf, w, (size_t)V * C, "wte"), "checked read of the whole tensor");
     rc = fsdp_model_file_read_rows(mf, "wte.weight", 8000, 400, buf);
@@ -287,7 +288,7 @@ static void test_model_f32(void)
 
     /* a byte in row 9000 (block 4: rows [8192, 10240)) */
     ok = flip(path, "/model/wte.weight", (size_t)9000 * C * 4 + 6) == 0;
-    rc = fsdp_model_file_open(path, &mf);
+    rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     tap_ok(ok && rc == 0, "a flipped byte: the file still opens (opening reads no tensor)");
     if (rc < 0) {
         fsdp_err_clear();
@@ -330,13 +331,13 @@ static void test_model_bf16(void)
     fsdp_convert(h, FSDP_BF16, param(&m, "wte.weight") + 12100 * C, FSDP_F32, 400 * C);
     fsdp_convert(want, FSDP_F32, h, FSDP_BF16, 400 * C);
     struct fsdp_model_file *mf;
-    rc = fsdp_model_file_open(path, &mf);
+    rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     rc = rc ? rc : fsdp_model_file_read_rows(mf, "wte.weight", 12100, 400, buf);
     tap_ok(rc == 0 && same(buf, want, 400 * C, "bf16 rows"),
            "bf16 rows across a block boundary read back as written");
     fsdp_model_file_close(mf);
     rc = flip(path, "/model/wte.weight", (size_t)17000 * C * 2 + 1);
-    rc = rc ? rc : fsdp_model_file_open(path, &mf);
+    rc = rc ? rc : fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     int a = rc == 0 ? fsdp_model_file_read_rows(mf, "wte.weight", 0, 16384, buf) : -1;
     int b = rc == 0 ? fsdp_model_file_read_rows(mf, "wte.weight", 16900, 200, buf) : 0;
     tap_ok(a == 0 && failed_with(b, "tensor 'wte.weight' rows [16384, 20000)", "mismatch", NULL),
@@ -399,7 +400,7 @@ static void test_foreign(void)
     struct fsdp_model_file *mf;
     int rc = fsdp_model_file_write(path, m.spec, (const float *const *)m.units, NULL);
     rc = rc ? rc : rewrite_be16(path, name, v, 1);
-    rc = rc ? rc : fsdp_model_file_open(path, &mf);
+    rc = rc ? rc : fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     int r = rc ? rc : fsdp_model_file_read_rows(mf, name, 10, 100, buf);
     tap_ok(r == 0 && same(buf, v + 10 * C, 100 * C, name),
            "big-endian f16 with one hash of its bytes as stored and no xxh3_64_rows: reads (%s)",
@@ -409,7 +410,7 @@ static void test_foreign(void)
         fsdp_model_file_close(mf);
     }
     rc = flip(path, "/model/h.0.attn.c_attn.weight", 3 * C * 2);
-    rc = rc ? rc : fsdp_model_file_open(path, &mf);
+    rc = rc ? rc : fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     r = rc ? rc : fsdp_model_file_read_rows(mf, name, 300, 10, buf);
     tap_ok(failed_with(r, "tensor 'h.0.attn.c_attn.weight' rows [0, 384)", "mismatch", NULL),
            "... and a flipped byte anywhere in it fails any read of it");
@@ -417,7 +418,7 @@ static void test_foreign(void)
         fsdp_model_file_close(mf);
     }
     rc = rewrite_be16(path, name, v, 0);
-    rc = rc ? rc : fsdp_model_file_open(path, &mf);
+    rc = rc ? rc : fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     r = rc ? rc : fsdp_model_file_read_rows(mf, name, 0, p->shape[0], buf);
     tap_ok(r == 0 && same(buf, v, p->numel, name), "without checksum attributes: read unchecked");
     fsdp_err_clear();
@@ -431,17 +432,21 @@ static void test_foreign(void)
 // ----------------------------------------------------------------------------
 // Checkpoints
 
-#define KINDS FSDP_CKPT_NKINDS
+/* AdamW's state tensors, as the optimizer names them: kinds 1 and 2 */
+static const char *const adamw[] = {"exp_avg", "exp_avg_sq"};
+#define KINDS 3
+#define EXP_AVG 1
 
-static int write_ckpt(const char *d, const struct model *m, unsigned salt, int n_shards)
+static int write_ckpt_kinds(const char *d, const struct model *m, unsigned salt, int n_shards,
+                            const struct fsdp_ckpt_kinds *kinds)
 {
     const struct fsdp_model_spec *s = m->spec;
     float *buf = malloc(fsdp_model_spec_largest(s) * sizeof(float));
     int rc = 0;
     for (int r = 0; rc == 0 && r < n_shards; r++) {
         struct fsdp_ckpt_shard_writer *w;
-        rc = fsdp_ckpt_shard_create(d, r, n_shards, 3, s, &w);
-        for (int k = 0; rc == 0 && k < KINDS; k++) {
+        rc = fsdp_ckpt_shard_create(d, r, n_shards, 3, s, kinds, &w);
+        for (int k = 0; rc == 0 && k < kinds->n; k++) {
             for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
                 const struct fsdp_param_spec *p = &s->params[i];
                 size_t row0, rows;
@@ -449,7 +454,7 @@ static int write_ckpt(const char *d, const struct model *m, unsigned salt, int n
                 for (size_t j = 0; j < rows * p->shape[1]; j++) {
                     buf[j] = value(row0 * p->shape[1] + j, salt + (unsigned)(k * 100 + (int)i));
                 }
-                rc = fsdp_ckpt_shard_put(w, (enum fsdp_ckpt_kind)k, i, buf);
+                rc = fsdp_ckpt_shard_put(w, k, i, buf);
             }
         }
         rc = rc ? rc : fsdp_ckpt_shard_commit(w);
@@ -461,7 +466,54 @@ static int write_ckpt(const char *d, const struct model *m, unsigned salt, int n
     }
     struct fsdp_ckpt_meta meta = {.step = 3, .world_size = n_shards, .n_shards = n_shards,
                                   .mesh = "dp=2", .backends = "dp=tcp", .loss_scale = 1.0};
-    return fsdp_ckpt_index_write(d, s, &meta);
+    return fsdp_ckpt_index_write(d, s, kinds, &meta);
+}
+
+static int write_ckpt(const char *d, const struct model *m, unsigned salt, int n_shards)
+{
+    struct fsdp_ckpt_kinds kinds;
+    FSDP_CHECK(fsdp_ckpt_kinds_init(&kinds, 2, adamw));
+    return write_ckpt_kinds(d, m, salt, n_shards, &kinds);
+}
+
+/* io fixes no optimizer: a checkpoint keeps the states it is given, by name */
+static void test_ckpt_kinds(void)
+{
+    struct model m;
+    struct fsdp_ckpt_kinds kinds;
+    const char *const one[] = {"momentum_buffer"}, *const bad[] = {"m", "../v"},
+                      *const twice[] = {"v", "v"};
+    model_make(&m, 4);
+    int rc = fsdp_ckpt_kinds_init(&kinds, 2, bad);
+    tap_ok(rc == FSDP_ERR_INVALID && strstr(fsdp_err_msg(), "'../v' is not a name"),
+           "a state name that is not a plain name is refused (%s)", fsdp_err_msg());
+    fsdp_err_clear();
+    rc = fsdp_ckpt_kinds_init(&kinds, 2, twice);
+    tap_ok(rc == FSDP_ERR_INVALID && strstr(fsdp_err_msg(), "'v' is named twice"),
+           "a state named twice is refused (%s)", fsdp_err_msg());
+    fsdp_err_clear();
+    const char *d = tpath("ck_sgd");
+    mkdir(d, 0755);
+    rc = fsdp_ckpt_kinds_init(&kinds, 1, one);
+    rc = rc ? rc : write_ckpt_kinds(d, &m, 9, 2, &kinds);
+    struct fsdp_ckpt *ck = NULL;
+    rc = rc ? rc : fsdp_ckpt_open(d, fsdp_arch_registered(), &ck);
+    float *buf = malloc((size_t)V * C * sizeof(float));
+    rc = rc ? rc : fsdp_ckpt_read_rows(ck, 1, 0, 0, V, buf);
+    int ok = rc == 0 && fsdp_ckpt_kinds(ck)->n == 2 &&
+             fsdp_ckpt_kind_of(fsdp_ckpt_kinds(ck), "momentum_buffer") == 1 &&
+             fsdp_ckpt_kind_of(fsdp_ckpt_kinds(ck), "exp_avg") < 0;
+    for (size_t j = 0; ok && j < (size_t)V * C; j++) {
+        ok = buf[j] == value(j, 9 + 100);
+    }
+    tap_ok(ok, "a checkpoint of one state tensor, 'momentum_buffer', written and read back (%s)",
+           rc ? fsdp_err_msg() : "ok");
+    rc = ck ? fsdp_ckpt_read_rows(ck, 2, 0, 0, 1, buf) : -1;
+    tap_ok(rc == FSDP_ERR_INVALID, "a kind the checkpoint does not keep is refused");
+    fsdp_err_clear();
+    fsdp_ckpt_close(ck);
+    free(buf);
+    model_free(&m);
 }
 
 static void test_ckpt(void)
@@ -483,8 +535,11 @@ static void test_ckpt(void)
             const struct fsdp_param_spec *p = &m.spec->params[i];
             uint64_t all[64], idx[64];
             size_t n = 0;
-            snprintf(name, sizeof(name), "/%s/%s", fsdp_ckpt_kind_group((enum fsdp_ckpt_kind)k),
-                     p->name);
+            if (k == 0) {
+                snprintf(name, sizeof(name), "/model/%s", p->name);
+            } else { /* the layout of every fsdpc checkpoint: /optim/<state>/<name> */
+                snprintf(name, sizeof(name), "/optim/%s/%s", adamw[k - 1], p->name);
+            }
             for (int r = 0; ok && r < 2; r++) {
                 snprintf(sh, sizeof(sh), "%s/shard_%d.h5", d, r);
                 hid_t f = H5Fopen(sh, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -515,10 +570,17 @@ static void test_ckpt(void)
     for (size_t j = 0; j < (size_t)V * C; j++) {
         want[j] = value(j, 7 + 100); /* exp_avg of wte (k = 1, i = 0) */
     }
-    rc = fsdp_ckpt_open(d, &ck);
-    rc = rc ? rc : fsdp_ckpt_read_rows(ck, FSDP_CKPT_EXP_AVG, 0, 9000, 2000, buf);
+    rc = fsdp_ckpt_open(d, fsdp_arch_registered(), &ck);
+    if (rc == 0) { /* the kinds come back from the file by the optimizer's names */
+        const struct fsdp_ckpt_kinds *ks = fsdp_ckpt_kinds(ck);
+        tap_ok(ks->n == KINDS && fsdp_ckpt_kind_of(ks, "exp_avg") == EXP_AVG &&
+                   fsdp_ckpt_kind_of(ks, "exp_avg_sq") == 2 && fsdp_ckpt_kind_of(ks, "m") < 0 &&
+                   strcmp(fsdp_ckpt_kind_group(ks, 2), "optim/exp_avg_sq") == 0,
+               "kinds read back: model, exp_avg, exp_avg_sq (%d)", ks->n);
+    }
+    rc = rc ? rc : fsdp_ckpt_read_rows(ck, EXP_AVG, 0, 9000, 2000, buf);
     tap_ok(rc == 0 && same(buf, want + 9000 * C, 2000 * C, "exp_avg rows") &&
-               fsdp_ckpt_checksum_blocks(ck, FSDP_CKPT_EXP_AVG, 0) == 10,
+               fsdp_ckpt_checksum_blocks(ck, EXP_AVG, 0) == 10,
            "rows [9000, 11000), a partial block of each shard, read back (10 blocks in all)");
     fsdp_err_clear();
     fsdp_ckpt_close(ck);
@@ -526,15 +588,15 @@ static void test_ckpt(void)
     /* a byte in shard 1's row 100 (tensor row 10100): its block is [10000, 12048) */
     snprintf(sh, sizeof(sh), "%s/shard_1.h5", d);
     rc = flip(sh, "/optim/exp_avg/wte.weight", 100 * C * 4 + 2);
-    rc = rc ? rc : fsdp_ckpt_open(d, &ck);
+    rc = rc ? rc : fsdp_ckpt_open(d, fsdp_arch_registered(), &ck);
     tap_ok(rc == 0, "a flipped byte in a shard: the checkpoint still opens");
     if (rc == 0) {
-        int a = fsdp_ckpt_read_rows(ck, FSDP_CKPT_EXP_AVG, 0, 0, 10000, buf);
-        int b = fsdp_ckpt_read_rows(ck, FSDP_CKPT_EXP_AVG, 0, 12048, V - 12048, buf);
+        int a = fsdp_ckpt_read_rows(ck, EXP_AVG, 0, 0, 10000, buf);
+        int b = fsdp_ckpt_read_rows(ck, EXP_AVG, 0, 12048, V - 12048, buf);
         int c = fsdp_ckpt_read_rows(ck, FSDP_CKPT_MODEL, 0, 0, V, buf);
         tap_ok(a == 0 && b == 0 && c == 0,
                "shard 0, the undamaged block of shard 1 and the other tensors read");
-        rc = fsdp_ckpt_read_rows(ck, FSDP_CKPT_EXP_AVG, 0, 9990, 20, buf);
+        rc = fsdp_ckpt_read_rows(ck, EXP_AVG, 0, 9990, 20, buf);
         tap_ok(failed_with(rc, "ck/shard_1.h5: tensor 'optim/exp_avg/wte.weight' rows "
                                "[10000, 12048): checksum mismatch (stored 0x",
                            "the shard file is damaged", NULL),
@@ -547,10 +609,12 @@ static void test_ckpt(void)
     const char *e = tpath("early");
     mkdir(e, 0755);
     struct fsdp_ckpt_shard_writer *w;
-    rc = fsdp_ckpt_shard_create(e, 0, 2, 3, m.spec, &w);
+    struct fsdp_ckpt_kinds kinds;
+    fsdp_ckpt_kinds_init(&kinds, 2, adamw);
+    rc = fsdp_ckpt_shard_create(e, 0, 2, 3, m.spec, &kinds, &w);
     fsdp_ckpt_shard_destroy(w);
     struct fsdp_ckpt_meta meta = {.step = 3, .world_size = 2, .n_shards = 2, .loss_scale = 1.0};
-    rc = fsdp_ckpt_index_write(e, m.spec, &meta);
+    rc = fsdp_ckpt_index_write(e, m.spec, &kinds, &meta);
     tap_ok(rc < 0 && access(tpath("early/index.h5"), F_OK) != 0,
            "the index refuses to be written before its shards, and leaves nothing: %s",
            fsdp_err_msg());
@@ -574,12 +638,14 @@ int main(void)
     test_model_bf16();
     test_foreign();
     test_ckpt();
+    test_ckpt_kinds();
     const char *files[] = {"f32.h5", "bf16.h5", "foreign.h5", "ck/shard_0.h5", "ck/shard_1.h5",
                            "ck/index.h5"};
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         unlink(tpath(files[i]));
     }
     rmdir(tpath("ck"));
+    fsdp_file_rmtree(tpath("ck_sgd"));
     rmdir(dir);
     return tap_done();
 }

@@ -1,6 +1,6 @@
 /*
- * test_ckpt_commit.c - the checkpoint directory commit (io/ckpt_commit.h)
- * and the file helpers under it (io/fileutil.h): the layout a commit leaves
+ * test_ckpt_commit.c - the checkpoint directory commit (io/ckpt/ckpt_commit.h)
+ * and the file helpers under it (io/util/fileutil.h): the layout a commit leaves
  * (step_<N>, latest, no .tmp_ leftovers, a step written twice replaced,
  * with and without an atomic exchange), removal, recovery of a root left by
  * a crash, their refusals, and the order of their fsyncs and renames. The
@@ -12,8 +12,8 @@
  */
 #include "config.h"
 #include "core/error.h"
-#include "io/ckpt_commit.h"
-#include "io/fileutil.h"
+#include "io/ckpt/ckpt_commit.h"
+#include "io/util/fileutil.h"
 #include "tests/tap.h"
 
 #include <dirent.h>
@@ -435,6 +435,76 @@ static void test_rmtree(void)
     fsdp_err_clear();
 }
 
+/* What test_scan's callback saw: the steps, and the leftovers' names. */
+struct scan_seen {
+    long sum; /* of the steps */
+    int steps, tmps, stop_after;
+};
+
+static int scan_note(const char *name, long step, void *arg)
+{
+    struct scan_seen *w = arg;
+    if (step >= 0) {
+        w->steps++;
+        w->sum += step;
+    } else if (strncmp(name, FSDP_CKPT_TMP_PREFIX, strlen(FSDP_CKPT_TMP_PREFIX)) == 0) {
+        w->tmps++;
+    } else {
+        w->tmps = -1000; /* neither: never passed */
+    }
+    return w->stop_after && w->steps + w->tmps == w->stop_after ? 7 : 0;
+}
+
+static void test_scan(void)
+{
+    static const struct {
+        const char *name;
+        long step;
+    } names[] = {{"step_12", 12},
+                 {"step_0", 0},
+                 {"step_05", 5},
+                 {"step_", -1},
+                 {"step_+5", -1},
+                 {"step_ 5", -1},
+                 {"step_5x", -1},
+                 {"step_-1", -1},
+                 {"step", -1},
+                 {"latest", -1},
+                 {".tmp_step_3_0000000a", -1},
+                 {"step_99999999999999999999999", -1}};
+    int bad = -1;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && bad < 0; i++) {
+        bad = fsdp_ckpt_step_of(names[i].name) == names[i].step ? -1 : (int)i;
+    }
+    tap_ok(bad < 0, "step directory names: step_<digits> only (%s)",
+           bad < 0 ? "all" : names[bad].name);
+
+    char dir[PATH_MAX + 16];
+    snprintf(dir, sizeof(dir), "%s/scan", root);
+    mkdir(dir, 0755);
+    const char *entries[] = {"step_2", "step_10", ".tmp_step_4_00000001", "step_x", "latest"};
+    for (size_t i = 0; i < sizeof(entries) / sizeof(entries[0]); i++) {
+        put_file(dir, entries[i], "x");
+    }
+    struct scan_seen all = {0}, steps = {0}, stop = {.stop_after = 1};
+    int a = fsdp_ckpt_step_scan(dir, 1, scan_note, &all);
+    int b = fsdp_ckpt_step_scan(dir, 0, scan_note, &steps);
+    int c = fsdp_ckpt_step_scan(dir, 1, scan_note, &stop);
+    tap_ok(a == 0 && all.steps == 2 && all.sum == 12 && all.tmps == 1 && b == 0 &&
+               steps.steps == 2 && steps.sum == 12 && steps.tmps == 0,
+           "scan: the step directories, and the leftovers when asked (%d steps, %d leftovers)",
+           all.steps, all.tmps);
+    tap_ok(c == 7 && stop.steps + stop.tmps == 1,
+           "scan: a callback's nonzero stops it and is "
+           "returned (%d)",
+           c);
+    fsdp_file_rmtree(dir);
+    int rc = fsdp_ckpt_step_scan(dir, 1, scan_note, &all);
+    tap_ok(rc == FSDP_ERR_IO && strstr(fsdp_err_msg(), "/scan: cannot list: "),
+           "scan: a missing root is an error naming it (%s)", fsdp_err_msg());
+    fsdp_err_clear();
+}
+
 int main(void)
 {
     char made[] = "/tmp/fsdpc-commit.XXXXXX";
@@ -454,6 +524,7 @@ int main(void)
     test_dir();
     test_files();
     test_rmtree();
+    test_scan();
     fsdp_file_rmtree(root);
     return tap_done();
 }

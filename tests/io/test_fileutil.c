@@ -1,6 +1,6 @@
 /*
  * test_fileutil.c - the temporaries every io writer starts from
- * (io/fileutil.h): their names ("<path>.tmp.XXXXXX", different on every
+ * (io/util/fileutil.h): their names ("<path>.tmp.XXXXXX", different on every
  * call), what they are created as (a regular file open O_CLOEXEC with mode
  * 0644 less the umask, a directory 0755 less the umask), that an exclusive
  * create refuses a symbolic link at its name (dangling or not) instead of
@@ -10,7 +10,7 @@
  */
 #include "config.h"
 #include "core/error.h"
-#include "io/fileutil.h"
+#include "io/util/fileutil.h"
 #include "tests/tap.h"
 
 #include <hdf5.h>

@@ -9,7 +9,7 @@
  */
 #include "config.h"
 #include "core/error.h"
-#include "io/h5util.h"
+#include "io/h5/h5util.h"
 #include "tests/tap.h"
 
 #include <hdf5.h>

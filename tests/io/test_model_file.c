@@ -7,7 +7,7 @@
 #include "config.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "model/gpt2_spec.h"
 #include "model/model.h"
 #include "tests/tap.h"
@@ -154,21 +154,31 @@ static void test_round_trip(int tied)
     tap_ok(tmp_entries(tied ? "tied.h5" : "untied.h5", NULL, 0) == 0,
            "%s: no temporary left after commit", tied ? "tied" : "untied");
 
+    /* io knows the architectures its caller hands it, and no others */
     struct fsdp_model_spec *rs = NULL;
-    rc = fsdp_model_file_read_spec(path, &rs);
+    const struct fsdp_arch_set only = {&m.spec->arch, 1}, none = {NULL, 0};
+    rc = fsdp_model_file_read_spec(path, &only, &rs);
     tap_ok(rc == 0 && rs->arch == m.spec->arch &&
                memcmp(rs->cfg, m.spec->cfg, sizeof(struct fsdp_gpt2_config)) == 0 &&
                rs->n_params == m.spec->n_params,
            "%s: read_spec", tied ? "tied" : "untied");
     fsdp_model_spec_destroy(rs);
+    rs = NULL;
+    rc = fsdp_model_file_read_spec(path, &none, &rs);
+    tap_ok(rc == FSDP_ERR_FORMAT && !rs &&
+               strstr(fsdp_err_msg(), "attribute 'architecture' is "
+                                      "'gpt2'; supported architectures: "),
+           "%s: an architecture the caller did not hand over is refused (%s)",
+           tied ? "tied" : "untied", fsdp_err_msg());
+    fsdp_err_clear();
 
     float **got = units_like(&m);
-    rc = fsdp_model_file_read(path, m.spec, got);
+    rc = fsdp_model_file_read(path, fsdp_arch_registered(), m.spec, got);
     tap_ok(rc == 0 && units_equal(&m, got), "%s: read is bit-identical (%s)",
            tied ? "tied" : "untied", fsdp_err_msg());
 
     struct fsdp_model_file *mf;
-    rc = fsdp_model_file_open(path, &mf);
+    rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     tap_ok(rc == 0, "%s: open", tied ? "tied" : "untied");
     if (rc < 0) {
         fsdp_err_clear();
@@ -217,7 +227,7 @@ static void test_round_trip(int tied)
     struct fsdp_model_spec *s2;
     c2.n_layer = 3;
     fsdp_gpt2_spec_create(&c2, &s2);
-    rc = fsdp_model_file_read(path, s2, got);
+    rc = fsdp_model_file_read(path, fsdp_arch_registered(), s2, got);
     tap_ok(rc == FSDP_ERR_MISMATCH && strstr(fsdp_err_msg(), "n_layer is 2 in the file"),
            "config mismatch named: %s", fsdp_err_msg());
     fsdp_err_clear();
@@ -242,7 +252,7 @@ static void test_half_storage(enum fsdp_dtype dt)
     int rc = fsdp_model_file_write(path, m.spec, (const float *const *)m.units, &o);
     tap_ok(rc == 0, "%s: write", fsdp_dtype_name(dt));
     float **got = units_like(&m);
-    rc = fsdp_model_file_read(path, m.spec, got);
+    rc = fsdp_model_file_read(path, fsdp_arch_registered(), m.spec, got);
     /* expected: f32 -> 16 bit (round to nearest even) -> f32 */
     for (int u = 0; u < m.spec->n_units; u++) {
         size_t n = m.spec->unit_numel[u];
@@ -254,7 +264,7 @@ static void test_half_storage(enum fsdp_dtype dt)
     tap_ok(rc == 0 && units_equal(&m, got), "%s: read converts to the rounded f32 values",
            fsdp_dtype_name(dt));
     struct fsdp_model_file *mf;
-    rc = fsdp_model_file_open(path, &mf);
+    rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     tap_ok(rc == 0 && strcmp(fsdp_model_file_tensor_dtype(mf, 0), fsdp_dtype_name(dt)) == 0 &&
                fsdp_model_file_tensor_bytes(mf, 0) == m.spec->params[0].numel * 2,
            "%s: dtype and bytes reported", fsdp_dtype_name(dt));
@@ -325,7 +335,7 @@ static void test_foreign_types(void)
     }
     tap_ok(rc == 0, "wrote big-endian f16, bf16 and f64 datasets with HDF5");
     struct fsdp_model_file *mf;
-    rc = fsdp_model_file_open(path, &mf);
+    rc = fsdp_model_file_open(path, fsdp_arch_registered(), &mf);
     tap_ok(rc == 0, "foreign types accepted (%s)", fsdp_err_msg());
     if (rc < 0) {
         fsdp_err_clear();

@@ -8,7 +8,7 @@
  */
 #include "config.h"
 #include "core/error.h"
-#include "io/tokens.h"
+#include "io/text/tokens.h"
 #include "tests/tap.h"
 
 #include <dirent.h>

@@ -1,5 +1,5 @@
 /*
- * tokenizer_api.c - io/tokenizer.h as a program other than fsdpc-data uses
+ * tokenizer_api.c - io/text/tokenizer.h as a program other than fsdpc-data uses
  * it (the sampler): encode into an array, token ids by name, decode with
  * and without RAW, the streaming UTF-8 repair, an empty text, a sink that
  * stops the encode, the post-processor's tokens (none for ByteLevel; with
@@ -10,7 +10,7 @@
  */
 #include "config.h"
 #include "core/error.h"
-#include "io/tokenizer.h"
+#include "io/text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

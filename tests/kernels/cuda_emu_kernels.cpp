@@ -5,8 +5,11 @@
  */
 #include "config.h"
 
+#include "compute/cuda/attention.cu"
 #include "compute/cuda/elementwise.cu"
+#include "compute/cuda/embed.cu"
 #include "compute/cuda/loss.cu"
 #include "compute/cuda/norms.cu"
 #include "compute/cuda/optim.cu"
 #include "compute/cuda/small.cu"
+#include "compute/cuda/table.cu"

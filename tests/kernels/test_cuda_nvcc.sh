@@ -25,7 +25,7 @@ W=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-nvcc.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 for f in "$dir"/*.cu; do
     b=$(basename "$f" .cu)
-    "$NVCC" -std=c++17 -I"$top_srcdir/src" \
+    "$NVCC" -std=c++17 -I"$top_srcdir/src" -I"$top_srcdir" -I"$top_builddir" \
         -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
         -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
         -c "$f" -o "$W/$b.o" >"$W/$b.log" 2>&1

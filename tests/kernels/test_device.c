@@ -3,15 +3,17 @@
  * cpu and guarded devices: allocation is zeroed and counted, copies and
  * kernels reach device memory, a host read or write of guarded memory
  * stops the process with the buffer's name (checked in a child process),
- * host waits and device-to-host copies are counted, and an allocation past
+ * host waits and device-to-host copies are counted, an allocation past
  * the device's memory is one error naming the buffer, the bytes and the
- * free memory.
+ * free memory, and every kernel that reads parameters gives, from bf16 or
+ * f16 parameters, bit for bit what it gives from the same values in f32.
  */
 #include "config.h"
 #include "compute/device.h"
 #include "core/error.h"
 #include "tests/tap.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,12 +125,151 @@ static void test_device(const char *name)
     fsdp_device_destroy(d);
 }
 
+// ----------------------------------------------------------------------------
+// parameters in 16-bit storage
+
+enum { PN = 6, PT = 3, PC = 40, PV = 11, POC = 24 };
+
+struct pbufs {
+    struct fsdp_device *d;
+    float *x, *x2, *out, *out2, *stat, *stat2;
+    int32_t *tok;
+    void *w32, *w16; /* (PV + PT) x max(PC, POC) parameter values, f32 and 16-bit */
+    size_t nw;
+};
+
+/* Device memory holding n host values. */
+static void *pdev(struct fsdp_device *d, const void *host, size_t bytes)
+{
+    void *p = NULL;
+    if (fsdp_device_alloc(d, bytes, "kernel test buffer", &p) == 0 && host) {
+        (void)fsdp_device_write(d, p, host, bytes);
+    }
+    return p;
+}
+
+/* out (n floats of device memory) equal to out2, bit for bit. */
+static int psame(struct fsdp_device *d, const float *a, const float *b, size_t n)
+{
+    float *ha = malloc(n * sizeof(float)), *hb = malloc(n * sizeof(float));
+    int same = ha && hb && fsdp_device_read(d, ha, a, n * sizeof(float)) == 0 &&
+               fsdp_device_read(d, hb, b, n * sizeof(float)) == 0 &&
+               memcmp(ha, hb, n * sizeof(float)) == 0;
+    free(ha);
+    free(hb);
+    return same;
+}
+
+static void pzero(struct pbufs *b, size_t n)
+{
+    (void)fsdp_device_zero(b->d, b->out, n * sizeof(float));
+    (void)fsdp_device_zero(b->d, b->out2, n * sizeof(float));
+    (void)fsdp_device_zero(b->d, b->stat, 4 * PC * sizeof(float));
+    (void)fsdp_device_zero(b->d, b->stat2, 4 * PC * sizeof(float));
+}
+
+/* Each parameter-reading kernel with w32 (f32) and w16 (t): equal outputs. */
+static int pkernels(struct pbufs *b, enum fsdp_dtype t)
+{
+    struct fsdp_device *d = b->d;
+    const struct fsdp_kernels *k = d->k;
+    const float *w = b->w32;
+    const uint16_t *h = b->w16;
+    size_t big = PN * (PV > POC ? PV : POC) * PC;
+    int bad = 0;
+    pzero(b, big);
+    k->encoder_forward(d, b->out, b->tok, w, w + PV * PC, FSDP_F32, 2, PT, PC);
+    k->encoder_forward(d, b->out2, b->tok, h, h + PV * PC, t, 2, PT, PC);
+    bad += !psame(d, b->out, b->out2, PN * PC);
+    k->embed_gather(d, b->out, b->tok, w, FSDP_F32, PN, PC);
+    k->embed_gather(d, b->out2, b->tok, h, t, PN, PC);
+    bad += !psame(d, b->out, b->out2, PN * PC);
+    k->embed_rows_forward(d, b->out, b->tok, w, 2, 5, w + PV * PC, 1, 2, FSDP_F32, PN, PT, PC);
+    k->embed_rows_forward(d, b->out2, b->tok, h, 2, 5, h + PV * PC, 1, 2, t, PN, PT, PC);
+    bad += !psame(d, b->out, b->out2, PN * PC);
+    k->layernorm_forward(d, b->out, b->stat, b->stat + PC, b->x, w, w + PC, FSDP_F32, PN, PC,
+                         1e-5f);
+    k->layernorm_forward(d, b->out2, b->stat2, b->stat2 + PC, b->x, h, h + PC, t, PN, PC, 1e-5f);
+    bad += !psame(d, b->out, b->out2, PN * PC);
+    k->layernorm_backward(d, b->out, b->stat + 2 * PC, b->stat + 3 * PC, b->x2, b->x, w, FSDP_F32,
+                          b->stat, b->stat + PC, 1, PC);
+    k->layernorm_backward(d, b->out2, b->stat2 + 2 * PC, b->stat2 + 3 * PC, b->x2, b->x, h, t,
+                          b->stat, b->stat + PC, 1, PC);
+    bad += !psame(d, b->out, b->out2, PC);
+    k->rmsnorm_forward(d, b->out, b->stat, NULL, b->x, w, FSDP_F32, PN, PC, 1e-5f);
+    k->rmsnorm_forward(d, b->out2, b->stat2, NULL, b->x, h, t, PN, PC, 1e-5f);
+    bad += !psame(d, b->out, b->out2, PN * PC);
+    k->rmsnorm_backward(d, b->out, b->stat + PC, b->x2, b->x, w, FSDP_F32, b->stat, PN, PC);
+    k->rmsnorm_backward(d, b->out2, b->stat2 + PC, b->x2, b->x, h, t, b->stat, PN, PC);
+    bad += !psame(d, b->out, b->out2, PN * PC);
+    k->matmul_forward(d, b->out, b->x, w, w + POC * PC, FSDP_F32, NULL, PN, PC, POC);
+    k->matmul_forward(d, b->out2, b->x, h, h + POC * PC, t, NULL, PN, PC, POC);
+    bad += !psame(d, b->out, b->out2, PN * POC);
+    k->matmul_backward(d, b->out, NULL, NULL, b->x2, b->x, w, FSDP_F32, PN, PC, POC, 1.0f, 0);
+    k->matmul_backward(d, b->out2, NULL, NULL, b->x2, b->x, h, t, PN, PC, POC, 1.0f, 0);
+    bad += !psame(d, b->out, b->out2, PN * PC);
+    k->bias_residual_forward(d, b->out, b->x, w, FSDP_F32, b->x2, PN, PC);
+    k->bias_residual_forward(d, b->out2, b->x, h, t, b->x2, PN, PC);
+    bad += !psame(d, b->out, b->out2, PN * PC);
+    k->bias_residual_forward(d, b->out, b->x, NULL, FSDP_F32, b->x2, PN, PC);
+    k->bias_residual_forward(d, b->out2, b->x, NULL, t, b->x2, PN, PC);
+    bad += !psame(d, b->out, b->out2, PN * PC);
+    return bad;
+}
+
+static void test_param_dtypes(const char *name)
+{
+    struct pbufs b = {0};
+    if (fsdp_device_create(name, 0, &b.d) < 0) {
+        tap_ok(0, "%s: created for the parameter-dtype checks", name);
+        return;
+    }
+    size_t rows = (PV > POC ? PV : POC) + PT, nw = rows * PC, nx = PN * (PV > POC ? PV : POC) * PC;
+    float *hw = malloc(nw * sizeof(float)), *hx = malloc(nx * sizeof(float));
+    uint16_t *h16 = malloc(nw * sizeof(uint16_t));
+    int32_t tok[PN] = {3, 0, 10, 3, 7, 1};
+    for (size_t i = 0; i < nx; i++) {
+        hx[i] = sinf(0.37f * (float)i) + 0.1f;
+    }
+    const enum fsdp_dtype types[] = {FSDP_BF16, FSDP_F16};
+    for (int k = 0; k < 2; k++) {
+        enum fsdp_dtype t = types[k];
+        for (size_t i = 0; i < nw; i++) {
+            hw[i] = 0.8f + 0.3f * cosf(0.11f * (float)i); /* rounded to t below: exact both ways */
+        }
+        (t == FSDP_BF16 ? fsdp_cpu_f32_to_bf16 : fsdp_cpu_f32_to_f16)(h16, hw, nw);
+        (t == FSDP_BF16 ? fsdp_cpu_bf16_to_f32 : fsdp_cpu_f16_to_f32)(hw, h16, nw);
+        b.w32 = pdev(b.d, hw, nw * sizeof(float));
+        b.w16 = pdev(b.d, h16, nw * sizeof(uint16_t));
+        b.x = pdev(b.d, hx, nx * sizeof(float));
+        b.x2 = pdev(b.d, hx + 7, (nx - 7) * sizeof(float));
+        b.out = pdev(b.d, NULL, nx * sizeof(float));
+        b.out2 = pdev(b.d, NULL, nx * sizeof(float));
+        b.stat = pdev(b.d, NULL, 4 * PC * sizeof(float));
+        b.stat2 = pdev(b.d, NULL, 4 * PC * sizeof(float));
+        b.tok = pdev(b.d, tok, sizeof(tok));
+        int bad = b.tok ? pkernels(&b, t) : -1;
+        tap_ok(bad == 0,
+               "%s: every parameter-reading kernel from %s parameters equals f32 bit for "
+               "bit (%d differ)",
+               name, fsdp_dtype_name(t), bad);
+        void *all[] = {b.w32, b.w16, b.x, b.x2, b.out, b.out2, b.stat, b.stat2, b.tok};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+            b.d->ops->free(b.d, all[i]);
+        }
+    }
+    free(hw), free(hx), free(h16);
+    fsdp_device_destroy(b.d);
+}
+
 int main(void)
 {
     /* the guarded device's reservation, small for the test */
     setenv("FSDPC_GUARDED_BYTES", "67108864", 1);
     test_device("cpu");
     test_device("guarded");
+    test_param_dtypes("cpu");
+    test_param_dtypes("guarded");
     struct fsdp_device *d = NULL;
     int rc = fsdp_device_create("gpu9", 0, &d);
     tap_ok(rc < 0 && strstr(fsdp_err_msg(), "(devices: cpu, guarded)"),

@@ -15,6 +15,22 @@ rc=$?
 [ $rc -eq 0 ] || tap_diag "$out"
 tap_ok $rc "no include reaches a layer above, beyond allowed.txt ($(grep -vc '^#' "$ALLOWED") left)"
 
+# io knows the architectures its callers hand it (struct fsdp_arch_set), never
+# the table that src/model fills
+uses=$(grep -rnE 'fsdp_arch_(find|names|at|registered|register|preset)\(' "$top_srcdir/io")
+[ -z "$uses" ] || tap_diag "$uses"
+[ -z "$uses" ]
+tap_ok $? "io reads no global architecture table"
+
+# fails_naming TEXT [ALLOWED]: the check of the small tree fails and says TEXT
+fails_naming() {
+    sh "$CHECK" "$W/t" ${2:+"$2"} > "$W/out" 2>&1
+    rc=$?
+    grep -q "$1" "$W/out"
+    found=$?
+    [ $rc -ne 0 ] && [ $found -eq 0 ]
+}
+
 # a small tree: core below model below train
 mkdir -p "$W/t/src/core" "$W/t/src/model" "$W/t/src/train" "$W/t/io" "$W/t/backends"
 printf '#include "core/a.h"\n' > "$W/t/src/model/m.c"
@@ -23,24 +39,29 @@ printf '/* nothing */\n' > "$W/t/src/core/a.h"
 sh "$CHECK" "$W/t" > "$W/out" 2>&1
 tap_ok $? "a tree whose includes point down passes"
 printf '#include "train/t.h"\n' > "$W/t/src/core/up.c"
-sh "$CHECK" "$W/t" > "$W/out" 2>&1
-rc=$?
-grep -q "src/core/up.c -> train/t.h" "$W/out"
-[ $rc -ne 0 ] && [ $? -eq 0 ]
+fails_naming "src/core/up.c -> train/t.h"
 tap_ok $? "a planted upward include (core -> train) fails and is named"
 echo "src/core/up.c -> train/t.h" > "$W/allowed"
 sh "$CHECK" "$W/t" "$W/allowed" > "$W/out" 2>&1
 tap_ok $? "the same include passes when it is listed as allowed"
 rm "$W/t/src/core/up.c"
-sh "$CHECK" "$W/t" "$W/allowed" > "$W/out" 2>&1
-rc=$?
-grep -q "no longer there" "$W/out"
-[ $rc -ne 0 ] && [ $? -eq 0 ]
+fails_naming "no longer there" "$W/allowed"
 tap_ok $? "an allowed include that is gone fails until the list shrinks"
-mkdir -p "$W/t/src/fsdp"
-printf '#include "io/f.h"\n' > "$W/t/src/fsdp/e.c"
-sh "$CHECK" "$W/t" > "$W/out" 2>&1
-[ $? -ne 0 ]
+mkdir -p "$W/t/src/parallel"
+printf '#include "io/h5/f.h"\n' > "$W/t/src/parallel/e.c"
+fails_naming "src/parallel/e.c -> io/h5/f.h"
 tap_ok $? "the sharding engine including io/ fails (it never opens files)"
+rm "$W/t/src/parallel/e.c"
+mkdir -p "$W/t/io/util" "$W/t/io/h5"
+printf '#include "io/util/u.h"\n#include "core/a.h"\n' > "$W/t/io/h5/h.c"
+sh "$CHECK" "$W/t" > "$W/out" 2>&1
+tap_ok $? "an io folder that builds on io/util passes"
+printf '#include "io/h5/h.h"\n' > "$W/t/io/util/u.c"
+fails_naming "io/util/u.c -> io/h5/h.h"
+tap_ok $? "io/util including another io folder fails and is named"
+rm "$W/t/io/util/u.c"
+printf '/* nothing */\n' > "$W/t/io/loose.c"
+fails_naming "io/loose.c is in no layer"
+tap_ok $? "a file outside io's concern folders is in no layer"
 
 tap_done

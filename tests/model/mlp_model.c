@@ -262,12 +262,19 @@ static int mlp_set_checkpoint(struct fsdp_model *base, int u, int on)
     return 0;
 }
 
-static int mlp_set_unit(struct fsdp_model *base, int u, float *params, float *grads)
+static int mlp_set_unit(struct fsdp_model *base, int u, void *params, enum fsdp_dtype pt,
+                        float *grads)
 {
     struct mlp *m = (struct mlp *)base;
     if (u < 0 || u >= base->spec->n_units) {
         return fsdp_err(FSDP_ERR_INVALID, "mlp: unit %d out of range [0, %d)", u,
                         base->spec->n_units);
+    }
+    if (pt != FSDP_F32) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                        "mlp: parameters in %s (this model computes in f32 "
+                        "only: use --param-dtype f32)",
+                        fsdp_dtype_name(pt));
     }
     m->dparams[u] = params, m->dgrads[u] = grads;
     if (!m->dev) {

@@ -13,7 +13,7 @@
 #include "programs/train_program.h"
 #include "core/error.h"
 #include "core/util.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "model/model.h"
 
 #include <stdio.h>

@@ -55,7 +55,7 @@ static void check(const char *what, const struct fsdp_arch *arch, const void *cf
     struct fsdp_model_opts mo = {.max_B = 1, .max_T = T};
     int ok = fsdp_model_create(spec, &mo, &m) == 0;
     for (int u = 0; ok && u < spec->n_units; u++) {
-        ok = m->ops->set_unit(m, u, units[u], NULL) == 0;
+        ok = m->ops->set_unit(m, u, units[u], FSDP_F32, NULL) == 0;
     }
     int32_t *tok = malloc((size_t)T * sizeof(*tok));
     for (int t = 0; t < T; t++) {

@@ -133,7 +133,8 @@ static void fill_params(const struct fsdp_model_spec *s, struct bufs *b)
 static int run_step(struct fsdp_gpt2 *m, struct bufs *b, const int32_t *tok, const int32_t *tgt,
                     int B, int T, float *loss)
 {
-    for (int u = 0; u < b->n; u++) fsdp_gpt2_set_unit(m, u, b->p[u], b->g[u]);
+    for (int u = 0; u < b->n; u++)
+        fsdp_gpt2_set_unit(m, u, b->p[u], FSDP_F32, b->g[u]);
     FSDP_CHECK(fsdp_gpt2_zero_grad(m, -1));
     FSDP_CHECK(fsdp_gpt2_forward(m, tok, tgt, B, T, loss));
     return fsdp_gpt2_backward(m);
@@ -451,7 +452,8 @@ static void test_errors(void)
     tap_ok(rc == FSDP_ERR_INVALID,
            "forward without unit buffers fails: %s", fsdp_err_msg());
     fsdp_err_clear();
-    for (int u = 0; u < b.n; u++) fsdp_gpt2_set_unit(m, u, b.p[u], b.g[u]);
+    for (int u = 0; u < b.n; u++)
+        fsdp_gpt2_set_unit(m, u, b.p[u], FSDP_F32, b.g[u]);
     tok[5] = 32;
     rc = fsdp_gpt2_forward(m, tok, tgt, TB, TT, NULL);
     tap_ok(rc == FSDP_ERR_INVALID, "token 32 (V=32) rejected: %s",
@@ -491,7 +493,7 @@ static void test_errors(void)
     tap_ok(rc == FSDP_ERR_INVALID,
            "changing checkpointing between forward and backward fails: %s", fsdp_err_msg());
     fsdp_err_clear();
-    fsdp_gpt2_set_unit(m, 0, b.p[0], NULL);
+    fsdp_gpt2_set_unit(m, 0, b.p[0], FSDP_F32, NULL);
     rc = fsdp_gpt2_backward_unit(&m->lm.base, b.n - 1);
     tap_ok(rc == FSDP_ERR_INVALID && m->bwd_next == b.n - 1, "tied head backward refuses to run without unit 0's gradient: %s",
            fsdp_err_msg());

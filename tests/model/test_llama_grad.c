@@ -252,7 +252,8 @@ static void make_batch(int32_t *tok, int32_t *tgt, int V, int every)
 static int run_step(struct fsdp_llama *m, struct bufs *b, const int32_t *tok, const int32_t *tgt,
                     int B, int T, float *loss)
 {
-    for (int u = 0; u < b->n; u++) fsdp_llama_set_unit(m, u, b->p[u], b->g[u]);
+    for (int u = 0; u < b->n; u++)
+        fsdp_llama_set_unit(m, u, b->p[u], FSDP_F32, b->g[u]);
     FSDP_CHECK(fsdp_llama_zero_grad(m, -1));
     FSDP_CHECK(fsdp_llama_forward(m, tok, tgt, B, T, loss));
     return fsdp_llama_backward(m);
@@ -433,7 +434,8 @@ static void test_ops(void)
     rc = rc ? rc : fsdp_model_registry_init();
     rc = rc ? rc : fsdp_model_create(s, &o, &gm);
     rc = rc ? rc : gm->ops->set_checkpoint(gm, -1, 1);
-    for (int u = 0; rc == 0 && u < b.n; u++) rc = gm->ops->set_unit(gm, u, b.p[u], b.g[u]);
+    for (int u = 0; rc == 0 && u < b.n; u++)
+        rc = gm->ops->set_unit(gm, u, b.p[u], FSDP_F32, b.g[u]);
     for (int u = 0; u < b.n; u++) memset(b.g[u], 0, s->unit_numel[u] * sizeof(float));
     rc = rc ? rc : fsdp_model_forward(gm, tok, tgt, TB, TT, &l1);
     rc = rc ? rc : fsdp_model_backward(gm);
@@ -488,7 +490,8 @@ static void test_errors(void)
     rc = fsdp_llama_forward(m, tok, tgt, TB, TT, NULL);
     tap_ok(rc == FSDP_ERR_INVALID, "forward without unit buffers fails: %s", fsdp_err_msg());
     fsdp_err_clear();
-    for (int u = 0; u < b.n; u++) fsdp_llama_set_unit(m, u, b.p[u], b.g[u]);
+    for (int u = 0; u < b.n; u++)
+        fsdp_llama_set_unit(m, u, b.p[u], FSDP_F32, b.g[u]);
     tok[5] = 37;
     rc = fsdp_llama_forward(m, tok, tgt, TB, TT, NULL);
     tap_ok(rc == FSDP_ERR_INVALID, "token 37 (V=37) rejected: %s", fsdp_err_msg());
@@ -523,7 +526,7 @@ static void test_errors(void)
     tap_ok(rc == FSDP_ERR_INVALID, "changing checkpointing between forward and backward fails: %s",
            fsdp_err_msg());
     fsdp_err_clear();
-    fsdp_llama_set_unit(m, 0, b.p[0], NULL);
+    fsdp_llama_set_unit(m, 0, b.p[0], FSDP_F32, NULL);
     rc = fsdp_llama_backward_unit(&m->lm.base, b.n - 1);
     tap_ok(rc == FSDP_ERR_INVALID && m->bwd_next == b.n - 1,
            "tied head backward refuses to run without unit 0's gradient: %s", fsdp_err_msg());

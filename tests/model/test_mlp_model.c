@@ -12,7 +12,7 @@
 #include "config.h"
 #include "tests/model/mlp_model.h"
 #include "model/model.h"
-#include "io/model_file.h"
+#include "io/h5/model_file.h"
 #include "core/error.h"
 #include "tests/kernels/ref_kernels.h"
 #include "tests/tap.h"
@@ -118,7 +118,7 @@ static double ref_loss(const struct fsdp_model_spec *s, double *const *u)
 static int step(struct fsdp_model *m, struct bufs *b, int zero, float *loss)
 {
     for (int u = 0; u < b->n; u++) {
-        m->ops->set_unit(m, u, b->p[u], b->g[u]);
+        m->ops->set_unit(m, u, b->p[u], FSDP_F32, b->g[u]);
         if (zero) memset(b->g[u], 0, m->spec->unit_numel[u] * sizeof(float));
     }
     FSDP_CHECK(fsdp_model_forward(m, tok, tgt, TB, TT, loss));
@@ -132,7 +132,7 @@ static void unit_get(struct fsdp_model *m, struct bufs *b, float **pc, float **g
     if (!pc[u]) {
         pc[u] = malloc(n * sizeof(float)), gc[u] = calloc(n, sizeof(float));
         memcpy(pc[u], b->p[u], n * sizeof(float));
-        m->ops->set_unit(m, u, pc[u], gc[u]);
+        m->ops->set_unit(m, u, pc[u], FSDP_F32, gc[u]);
     }
 }
 
@@ -142,7 +142,7 @@ static void unit_put(struct fsdp_model *m, float **pc, float **gc, float **gout,
     for (size_t i = 0; gout && i < m->spec->unit_numel[u]; i++) gout[u][i] += gc[u][i];
     free(pc[u]), free(gc[u]);
     pc[u] = gc[u] = NULL;
-    m->ops->set_unit(m, u, NULL, NULL);
+    m->ops->set_unit(m, u, NULL, FSDP_F32, NULL);
 }
 
 /* What a sharding engine does: every unit's buffers live only while it (or
@@ -296,15 +296,15 @@ static void test_file(void)
     bufs_alloc(&b, s), bufs_alloc(&c, s);
     fill_params(s, &b);
     int rc = fsdp_model_file_write(path, s, (const float *const *)b.p, NULL);
-    rc = rc ? rc : fsdp_model_file_read_spec(path, &r);
+    rc = rc ? rc : fsdp_model_file_read_spec(path, fsdp_arch_registered(), &r);
     tap_ok(rc == 0 && r->arch == &fsdp_test_mlp_arch && r->n_ties == 1 &&
                fsdp_attrs_diff(r->arch, r->cfg, s->cfg) < 0 && r->total_numel == s->total_numel,
            "file: written, read back as arch %s with the same config", r ? r->arch->name : "-");
-    rc = rc ? rc : fsdp_model_file_read(path, r, c.p);
+    rc = rc ? rc : fsdp_model_file_read(path, fsdp_arch_registered(), r, c.p);
     size_t bad = 0;
     for (int u = 0; u < s->n_units; u++) bad += memcmp(b.p[u], c.p[u], s->unit_numel[u] * 4) != 0;
     tap_ok(rc == 0 && bad == 0, "file: every tensor reads back bitwise (%zu units differ)", bad);
-    rc = fsdp_model_file_read(path, su, c.p);
+    rc = fsdp_model_file_read(path, fsdp_arch_registered(), su, c.p);
     tap_ok(rc < 0 && strstr(fsdp_err_msg(), "tied"), "file: read as untied refused: %s",
            fsdp_err_msg());
     fsdp_err_clear();
@@ -314,7 +314,7 @@ static void test_file(void)
     herr_t e = H5Awrite(a, H5T_NATIVE_LLONG, &zero);
     H5Aclose(a), H5Fclose(f);
     fsdp_model_spec_destroy(r), r = NULL;
-    rc = fsdp_model_file_read_spec(path, &r);
+    rc = fsdp_model_file_read_spec(path, fsdp_arch_registered(), &r);
     tap_ok(e >= 0 && rc < 0 && strstr(fsdp_err_msg(), "n_hidden"), "file: n_hidden 0 refused: %s",
            fsdp_err_msg());
     fsdp_err_clear();

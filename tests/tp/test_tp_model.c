@@ -1,7 +1,7 @@
 /*
  * test_tp_model.c - the models' tensor-parallel paths element by element:
  * GPT-2 and Llama cut over every rank of the job (the tp-local table of
- * src/fsdp/tp.h, the model created with it and a struct fsdp_tp) against
+ * src/parallel/tp.h, the model created with it and a struct fsdp_tp) against
  * the whole model on one process, which every rank computes for itself on
  * the same batch. For each case:
  *   - the loss equals the whole model's (rel 1e-5);
@@ -20,7 +20,7 @@
  *   mpiexec -n N test_tp_model --backend mpi|tcp
  */
 #include "config.h"
-#include "fsdp/tp.h"
+#include "parallel/tp.h"
 #include "model/gpt2.h"
 #include "model/llama.h"
 #include "model/model.h"
@@ -169,7 +169,7 @@ static void run_case(struct ctx *c, const char *what, struct fsdp_model_spec *s,
     float loss_ref = 0, loss = 0;
     must(fsdp_model_create(s, &mo, &ref), "whole model");
     for (int u = 0; u < nu; u++) {
-        must(ref->ops->set_unit(ref, u, p[u], g[u]), "set_unit");
+        must(ref->ops->set_unit(ref, u, p[u], FSDP_F32, g[u]), "set_unit");
     }
     must(fsdp_model_forward(ref, tok, tgt, TB, TT, &loss_ref), "whole forward");
     must(fsdp_model_backward(ref), "whole backward");
@@ -182,7 +182,7 @@ static void run_case(struct ctx *c, const char *what, struct fsdp_model_spec *s,
         must(m->ops->set_checkpoint(m, -1, 1), "checkpointing");
     }
     for (int u = 0; u < nu; u++) {
-        must(m->ops->set_unit(m, u, lp[u], lg[u]), "set_unit");
+        must(m->ops->set_unit(m, u, lp[u], FSDP_F32, lg[u]), "set_unit");
     }
     must(fsdp_model_forward(m, tok, tgt, TB, TT, &loss), "tp forward");
     must(fsdp_model_backward(m), "tp backward");

@@ -350,7 +350,8 @@ static size_t emb_rows(const struct emb *e)
 static double emb_obj(void *arg)
 {
     struct emb *e = arg;
-    must(fsdp_tp_embed_forward(e->tp, e->out, e->full, e->tok, e->wte, EV, e->pos, ET, EN, EC),
+    must(fsdp_tp_embed_forward(e->tp, e->out, e->full, e->tok, e->wte, EV, e->pos, FSDP_F32, ET, EN,
+                               EC),
          "embed");
     size_t rows = emb_rows(e), r0 = e->tp->sp ? (size_t)e->tp->rank * rows : 0;
     double L = 0;

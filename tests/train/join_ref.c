@@ -38,8 +38,8 @@
 #include "train/schedule.h"
 #include "train/uneven.h"
 #include "core/error.h"
-#include "io/model_file.h"
-#include "io/tokens.h"
+#include "io/h5/model_file.h"
+#include "io/text/tokens.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -134,7 +134,7 @@ static int read_model(const char *path, const struct fsdp_model_spec *spec, floa
         units[u] = w + off;
         off += spec->unit_numel[u];
     }
-    int rc = fsdp_model_file_read(path, spec, units);
+    int rc = fsdp_model_file_read(path, fsdp_arch_registered(), spec, units);
     if (rc < 0) {
         free(w);
         return rc;
@@ -180,7 +180,7 @@ static int same_model(const char *a, const char *b)
     float *wa = NULL, *wb = NULL;
     const float *ref_units[64];
     int rc;
-    FSDP_CHECK(fsdp_model_file_read_spec(a, &spec));
+    FSDP_CHECK(fsdp_model_file_read_spec(a, fsdp_arch_registered(), &spec));
     FSDP_CHECK_GOTO(read_model(a, spec, &wa), rc, out);
     FSDP_CHECK_GOTO(read_model(b, spec, &wb), rc, out);
     size_t off = 0;
@@ -201,7 +201,7 @@ static int load_params(struct fsdp_engine *e, const char *path)
 {
     struct fsdp_model_file *mf;
     int rc = 0;
-    FSDP_CHECK(fsdp_model_file_open(path, &mf));
+    FSDP_CHECK(fsdp_model_file_open(path, fsdp_arch_registered(), &mf));
     for (size_t k = 0; k < e->ops->n_pieces(e) && rc == 0; k++) {
         struct fsdp_state_piece pc;
         e->ops->piece(e, k, &pc);
@@ -289,7 +289,7 @@ static int check(int world, const char *metrics, const char *model, int argc, ch
     struct fsdp_lr_schedule sched;
     fsdp_lr_schedule_init(&sched, &R.c);
     sched.steps = steps;
-    FSDP_CHECK_GOTO(fsdp_model_file_read_spec(R.c.model, &spec), rc, out);
+    FSDP_CHECK_GOTO(fsdp_model_file_read_spec(R.c.model, fsdp_arch_registered(), &spec), rc, out);
     FSDP_CHECK_GOTO(fsdp_oracle_engine_create(spec, (int)R.B, (int)R.T, 0, &oc, &e), rc, out);
     FSDP_CHECK_GOTO(load_params(e, R.c.model), rc, out);
     FSDP_CHECK_GOTO(fsdp_dataloader_create(ref_path, R.B, R.T, 0, 1, 0, &dl), rc, out);

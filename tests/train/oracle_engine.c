@@ -4,7 +4,7 @@
  * N floats, each laid out unit after unit as the parameter table says), one
  * optimizer step as K x (forward, backward), global-norm clip, AdamW. No
  * shards, no collectives, no precision policy: the plainest implementation
- * of the engine table (src/fsdp/engine.h), which the sharding engine must
+ * of the engine table (src/parallel/engine.h), which the sharding engine must
  * equal.
  *
  * Gradient accumulation needs no extra pass: the backward's seed divides
@@ -215,7 +215,7 @@ int fsdp_oracle_engine_create(const struct fsdp_model_spec *spec, int B, int T, 
     FSDP_CHECK_GOTO(oe->model->ops->reserve(oe->model), rc, err);
     for (int u = 0; u < spec->n_units; u++) {
         FSDP_CHECK_GOTO(oe->model->ops->set_unit(oe->model, u, oe->params + oe->unit_off[u],
-                                                 oe->grads + oe->unit_off[u]),
+                                                 FSDP_F32, oe->grads + oe->unit_off[u]),
                         rc, err);
     }
     e->flops_per_token = oe->model->ops->flops_per_token(spec, T);

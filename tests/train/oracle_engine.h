@@ -1,13 +1,13 @@
 /*
  * oracle_engine.h - a single-rank engine for tests: whole tensors in one
  * process, the plainest implementation of the engine table
- * (src/fsdp/engine.h). The sharding engine must equal it on one rank, and it
+ * (src/parallel/engine.h). The sharding engine must equal it on one rank, and it
  * is what the PyTorch comparison reads gradients and moments from.
  */
 #ifndef FSDP_TESTS_ORACLE_ENGINE_H
 #define FSDP_TESTS_ORACLE_ENGINE_H
 
-#include "fsdp/engine.h"
+#include "parallel/engine.h"
 #include "optim/optim.h"
 
 struct fsdp_model;

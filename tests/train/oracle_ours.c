@@ -26,10 +26,10 @@
 #include "config.h"
 #include "train/trainer.h"
 #include "tests/train/oracle_engine.h"
-#include "fsdp/fsdp.h"
+#include "parallel/fsdp.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "io/tokens.h"
+#include "io/text/tokens.h"
 #include "model/model.h"
 
 #include <hdf5.h>

@@ -120,8 +120,10 @@ hint "a missing data file: how to make one" "data: $W/none.bin: cannot open" \
 hint "an unknown option: --help lists them" "unknown option --bach-size (did you mean --batch-size?)" \
     "fsdpc-train --help" --model "$W/m.h5" --data "$W/train.bin" $base --bach-size 2
 # shellcheck disable=SC2086
-hint "--device cuda on a CPU build" "device: device 'cuda': this build computes on the CPU only (devices: cpu, guarded)" \
-    "--device cpu" --model "$W/m.h5" --data "$W/train.bin" $base --device cuda
+# (a CPU build: not a device of it; a build with the CUDA toolkit but not its
+# kernels: says how to build them)
+hint "--device cuda on a build without the CUDA kernels" "device: device 'cuda': " \
+    "--device cpu always works" --model "$W/m.h5" --data "$W/train.bin" $base --device cuda
 # shellcheck disable=SC2086
 hint "an unwritable --out, before training" "cannot write in directory $W/no/such" "mkdir -p" \
     --model "$W/m.h5" --data "$W/train.bin" $base --out "$W/no/such/m.h5"

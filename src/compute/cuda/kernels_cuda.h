@@ -136,6 +136,27 @@ size_t fsdp_cuda_sumsq_scratch_doubles(void);
  * fixed by n (not the CPU's order: equal to rounding) */
 void fsdp_cuda_sumsq(double *acc, double *scratch, const float *x, size_t n, void *stream);
 
+// ----------------------------------------------------------------------------
+// embeddings and the parallel cross-entropy's combination (embed.cu)
+
+/* Parameters in their storage dtype pt (enum fsdp_dtype: f32, f16, bf16),
+ * widened exactly; the gradients in the CPU's order of additions. */
+void fsdp_cuda_encoder_forward(float *out, const int32_t *tokens, const void *wte,
+                               const void *wpe, int pt, int B, int T, int C, void *stream);
+void fsdp_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout,
+                                const int32_t *tokens, int B, int T, int C, void *stream);
+void fsdp_cuda_embed_rows_forward(float *out, const int32_t *tokens, const void *wte, size_t v0,
+                                  size_t vn, const void *wpe, size_t p0, size_t pn, int pt,
+                                  size_t N, int T, int C, void *stream);
+void fsdp_cuda_embed_rows_backward(float *dwte, float *dwpe, const float *dout,
+                                   const int32_t *tokens, size_t v0, size_t vn, size_t p0,
+                                   size_t pn, size_t N, int T, int C, void *stream);
+/* out[r,:] = table[tokens[r],:] with the table in pt */
+void fsdp_cuda_embed_gather16(float *out, const int32_t *tokens, const void *table, int pt,
+                              size_t N, size_t C, void *stream);
+void fsdp_cuda_xent_combine(int phase, float *stats, float *zt, float *mx, float *sz, size_t N,
+                            int have, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

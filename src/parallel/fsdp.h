@@ -1,0 +1,142 @@
+/*
+ * fsdp.h - the sharding engine: PyTorch FSDP2 fully_shard semantics over the
+ * units of any model's parameter table (core/spec.h), behind the engine
+ * table (engine.h).
+ *
+ * Every parameter is sharded on dim 0 over the shard group (mesh dimension
+ * "dp"): its rows are split as evenly as possible, and a rank's shard of a
+ * unit is its rows of each of the unit's parameters, packed one after the
+ * other and zero-padded to the longest rank's length, so that one
+ * all-gather per unit brings every rank's rows. A rank keeps only its f32
+ * master shard, its gradient shard and the optimizer state of that shard. A
+ * unit's parameters are all-gathered before its forward and again before
+ * its backward (with prefetch), its gradient is reduce-scattered right
+ * after its backward, and with a replicate dimension ("rdp") the gradient
+ * shard is then all-reduced over the replicas (HSDP). With a tensor-parallel
+ * group ("tp") the engine does all of this to the rank's tp-local table
+ * (parallel/tp.h: the model cut Megatron-style, each slice then sharded over dp,
+ * 2-D sharding), creates the model with the tp operators' context, sums the
+ * gradient norm over tp as well, and reports its state as blocks of the
+ * whole tensors. doc/sharding.md describes the schedule, the precision
+ * policy, loss scaling, tensor parallelism and the memory accounting.
+ *
+ * The engine is handed its groups, its model and its optimizer settings by
+ * the training layer, which builds the mesh; it opens no file and reads no
+ * data: the parameters arrive through the engine's state pieces.
+ */
+#ifndef FSDP_PARALLEL_FSDP_H
+#define FSDP_PARALLEL_FSDP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/dtype.h"
+#include "parallel/engine.h"
+#include "model/tp_ops.h"
+#include "optim/optim.h"
+
+struct fsdp_group;
+struct fsdp_device;
+
+enum fsdp_sharding {
+    FSDP_SHARD_FULL = 0, /* order matches the choice string "full|grad-op|none" */
+    FSDP_SHARD_GRAD_OP,  /* params kept gathered from forward to backward (ZeRO-2) */
+    FSDP_SHARD_NONE,     /* full replica on every rank, gradients all-reduced (DDP) */
+};
+
+struct fsdp_shard_config {
+    int B, T;                     /* micro-batch of this rank */
+    enum fsdp_sharding sharding;
+    bool reshard_after_forward;   /* free gathered params after each unit's forward */
+    int prefetch;                 /* units gathered ahead of the one computing (0: no overlap) */
+    enum fsdp_dtype param_dtype;  /* all-gather and compute-input dtype: f32, bf16, f16 */
+    enum fsdp_dtype reduce_dtype; /* reduce-scatter dtype: f32, bf16, f16 */
+    bool loss_scale_dynamic;
+    double loss_scale;            /* static scale (or the initial dynamic scale); 0: none */
+    bool no_sync_accum;           /* keep full gradients until the last micro-batch */
+    bool activation_checkpointing; /* recompute every block in its backward */
+    int lm_head_chunk;            /* rows per output-head chunk (0: the model's default) */
+    bool sequence_parallel;       /* with a tp group: norms and residuals hold 1/tp of the rows */
+};
+
+/* The defaults: full sharding, reshard after forward, prefetch 1, f32. */
+void fsdp_shard_config_init(struct fsdp_shard_config *sc);
+
+/* The groups the engine works over (from the mesh). */
+struct fsdp_shard_groups {
+    struct fsdp_group *dp;  /* shard dimension; NULL: one rank */
+    struct fsdp_group *rdp; /* replicate dimension; NULL: none */
+    int world_rank;         /* for logs: rank 0 reports */
+    const char *mesh;       /* "rdp=2,dp=2" or "single rank", for describe */
+    const char *backends;   /* "dp=tcp", for describe */
+    struct fsdp_group *tp;  /* tensor-parallel dimension; NULL: none (doc/sharding.md,
+                               "Tensor parallelism": the model is cut over it, each
+                               tp-local parameter sharded over dp) */
+};
+
+/*
+ * The sharding engine for spec (borrowed; it must outlive the engine) over
+ * g's groups, on device dev (borrowed), with AdamW settings oc. Every
+ * group's backend must take the device's memory (refused with one line
+ * naming the backend otherwise). Allocates every buffer the steps will
+ * use; the parameters are zero until the caller writes the pieces of kind 0
+ * and calls state_changed. Collective over the groups' ranks.
+ */
+int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
+                             struct fsdp_device *dev, const struct fsdp_optim_config *oc,
+                             const struct fsdp_shard_config *sc, struct fsdp_engine **out);
+
+/* True when e is a sharding engine. */
+int fsdp_shard_engine_is(const struct fsdp_engine *e);
+
+/* What the engine measured and holds, for reports. */
+struct fsdp_engine_stats {
+    double comm_total_s;   /* sum over collectives of issue-to-completion time */
+    double comm_exposed_s; /* time the compute thread spent blocked waiting */
+    size_t state_bytes;    /* master, gradient and AdamW shards: 16 bytes per element */
+    size_t gathered_bytes; /* gathered parameter buffers (root + prefetch ring) */
+    size_t model_bytes;    /* model states: state_bytes + gathered_bytes */
+    size_t grad_bytes;     /* unsharded gradient buffers (reduce-scatter inputs) */
+    size_t comm_bytes;     /* packing scratch and the slots' padding for the collectives */
+    size_t act_bytes;      /* activations and activation gradients */
+    size_t peak_bytes;     /* all of the above: allocated once, held throughout */
+    long skipped_steps;    /* steps skipped by loss scaling */
+    double loss_scale;     /* current loss scale (1 when off) */
+    /* What each rank's collectives moved since creation (model/tp_ops.h:
+     * calls, payload, ring wire bytes per kind): the units' all-gathers and
+     * reduce-scatters over dp and all-reduces over the replicas; the tp
+     * operators; the model's own exchanges (unit 0 by rows). */
+    struct fsdp_comm_counts fsdp_comm, tp_comm, model_comm;
+    size_t act_saved_bytes; /* of act_bytes, the activations saved for the backward (the rest:
+                               activation gradients and scratch) */
+    size_t ckpt_bytes;     /* allocated at the first checkpoint and held from then on (with
+                              tensor parallelism: a whole tensor re-laid out as rows); 0: none */
+    size_t gather_bytes;   /* allocated while the final model file is written, one unit at a
+                              time (the largest unit gathered whole); 0: none */
+    int shards, replicas;  /* the shard group's size and the number of replicas */
+};
+void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_stats *st);
+/* The memory line the engine logs at create (FSDPC_LOG=info), from st. */
+void fsdp_shard_memory_line(const struct fsdp_engine_stats *st, char *buf, size_t len);
+
+/* The shape of one rank's place in a mesh, for planning: the sizes of the
+ * engine's dimensions (1: absent) and the rank's coordinates in dp and tp. */
+struct fsdp_shard_shape {
+    int dp, rdp, tp;
+    int dp_rank, tp_rank;
+};
+
+/*
+ * What fsdp_shard_engine_create would hold on the rank of shape sh, without
+ * allocating it, communicating or needing any other rank: the byte fields
+ * of *out (the timings and counters zero), sized exactly as the engine
+ * sizes them, so that a model of any size can be planned for a mesh of any
+ * size on one process (fsdpc-train --print-memory). dev supplies the memory
+ * kind and kernels only. The same refusals as create (a tp the model
+ * cannot be cut into, a seq-len sequence parallelism cannot split).
+ */
+int fsdp_shard_engine_plan(const struct fsdp_model_spec *spec, const struct fsdp_shard_shape *sh,
+                           struct fsdp_device *dev, const struct fsdp_optim_config *oc,
+                           const struct fsdp_shard_config *sc, struct fsdp_engine_stats *out);
+
+#endif
