@@ -15,7 +15,7 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,25 +43,28 @@ struct list_entry {
     int tmp; /* a leftover of an interrupted save (.tmp_*) */
 };
 
-static void list_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt list [--quick | --verify] DIR\n"
-            "\n"
-            "Lists the checkpoints of a checkpoint root (the --ckpt-dir of a run): for each\n"
-            "step directory its step, when its index was written, its size, the ranks and\n"
-            "mesh that wrote it, whether it is complete (opens as --resume would open it)\n"
-            "and which one 'latest' names; then any leftovers of interrupted saves, which\n"
-            "the next run with this --ckpt-dir removes. The last line says what was\n"
-            "checked and what was not: opening does not read the data, so a damaged byte\n"
-            "shows only with --verify.\n"
-            "\n"
-            "  -q, --quick   read each step's index.h5 only and count its shard files,\n"
-            "                without opening them (every shard costs an HDF5 open)\n"
-            "  -v, --verify  also read every tensor of every step against its checksums\n"
-            "                (as fsdpc-ckpt verify does; reads every byte)\n"
-            "  -h, --help    this text\n");
-}
+#define F(field) offsetof(struct fsdp_ckpt_args, field)
+static const struct fsdp_opt list_opts[] = {
+    {"quick", FSDP_OPT_FLAG, F(quick), 0, 0, 0, NULL, "", 0,
+     "read each step's index.h5 only and count its shard files, without opening them (every "
+     "shard costs an HDF5 open)",
+     'q'},
+    {"verify", FSDP_OPT_FLAG, F(verify), 0, 0, 0, NULL, "", 0,
+     "also read every tensor of every step against its checksums (as fsdpc-ckpt verify does; "
+     "reads every byte)",
+     'v'},
+};
+#undef F
+static const struct fsdp_cli_cmd list_cmd = {
+    "[--quick | --verify] DIR",
+    "Lists the checkpoints of a checkpoint root (the --ckpt-dir of a run): for each\n"
+    "step directory its step, when its index was written, its size, the ranks and\n"
+    "mesh that wrote it, whether it is complete (opens as --resume would open it)\n"
+    "and which one 'latest' names; then any leftovers of interrupted saves, which\n"
+    "the next run with this --ckpt-dir removes. The last line says what was\n"
+    "checked and what was not: opening does not read the data, so a damaged byte\n"
+    "shows only with --verify.",
+    list_opts, sizeof(list_opts) / sizeof(list_opts[0])};
 
 static int list_cmp(const void *a, const void *b)
 {
@@ -201,46 +204,30 @@ static void list_step(const char *root, const struct list_entry *en, const char 
            strcmp(en->name, latest) == 0 ? ", latest" : "");
 }
 
-/* The one checkpoint root a command takes (and --help, and --quick or
- * --verify where mode is not NULL); NULL after --help. */
-static const char *root_arg(const char *cmd, int argc, char **argv, void (*usage)(FILE *),
-                            int *mode)
+/* The one checkpoint root a command takes (cmd: its flags and help, a:
+ * what they set); NULL after --help. */
+static const char *root_arg(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_args *a, int argc,
+                            char **argv)
 {
-    static const struct option opts[] = {
-        {"help", no_argument, NULL, 'h'},
-        {"quick", no_argument, NULL, 'q'},
-        {"verify", no_argument, NULL, 'v'},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, mode ? ":hqv" : ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'h': usage(stdout); return NULL;
-        case 'q':
-        case 'v':
-            if (mode) {
-                *mode = c == 'q' ? LIST_QUICK : LIST_VERIFY;
-                break;
-            }
-            /* fallthrough */
-        default: fsdp_ckpt_tool_bad_option(cmd, c, argv);
-        }
+    const char *root;
+    if (fsdp_ckpt_tool_parse(cmd, a, argc, argv, &root) == 1) {
+        return NULL;
     }
-    if (optind != argc - 1) {
-        fsdp_fatal("fsdpc-ckpt %s: expected one checkpoint root, got %d (see --help)", cmd,
-                   argc - optind);
+    if (!root) {
+        fsdp_fatal("fsdpc-ckpt %s: expected one checkpoint root, got %d (see --help)", argv[0],
+                   a->n_operands);
     }
-    return argv[optind];
+    return root;
 }
 
 int fsdp_ckpt_cmd_list(int argc, char **argv)
 {
-    int mode = LIST_OPEN;
-    const char *root = root_arg("list", argc, argv, list_usage, &mode);
+    struct fsdp_ckpt_args a = {0};
+    const char *root = root_arg(&list_cmd, &a, argc, argv);
     if (!root) {
         return 0;
     }
+    int mode = a.verify ? LIST_VERIFY : a.quick ? LIST_QUICK : LIST_OPEN;
     struct stat st;
     if (stat(root, &st) != 0) {
         fsdp_fatal("fsdpc-ckpt list: %s: %s", root, strerror(errno));
@@ -312,18 +299,13 @@ int fsdp_ckpt_cmd_list(int argc, char **argv)
 // ----------------------------------------------------------------------------
 // recover
 
-static void recover_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt recover DIR\n"
-            "\n"
-            "Puts a checkpoint root (the --ckpt-dir of a run) back in order after a crash,\n"
-            "as the next run with that --ckpt-dir would: a step that an interrupted save\n"
-            "moved aside is renamed back, other leftovers of interrupted saves are removed.\n"
-            "Complete checkpoints are never touched. Says what it did.\n"
-            "\n"
-            "  -h, --help   this text\n");
-}
+static const struct fsdp_cli_cmd recover_cmd = {
+    "DIR",
+    "Puts a checkpoint root (the --ckpt-dir of a run) back in order after a crash,\n"
+    "as the next run with that --ckpt-dir would: a step that an interrupted save\n"
+    "moved aside is renamed back, other leftovers of interrupted saves are removed.\n"
+    "Complete checkpoints are never touched. Says what it did.",
+    NULL, 0};
 
 /* path as a root to scan: a directory (0), else -1. */
 static int recover_root_of(const char *path, char *root, size_t len)
@@ -370,7 +352,8 @@ void fsdp_ckpt_tool_recovery_hint(const char *path)
 
 int fsdp_ckpt_cmd_recover(int argc, char **argv)
 {
-    const char *root = root_arg("recover", argc, argv, recover_usage, NULL);
+    struct fsdp_ckpt_args a = {0};
+    const char *root = root_arg(&recover_cmd, &a, argc, argv);
     if (!root) {
         return 0;
     }

@@ -29,7 +29,7 @@
 #include "model/model.h"
 #include "model/llama_spec.h"
 
-#include <getopt.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,15 +41,6 @@ struct ckpt_cmd {
     const char *summary;
     int (*run)(int argc, char **argv);
 };
-
-static int parse_int_flag(const char *flag, const char *s, long long lo, long long hi)
-{
-    long long v;
-    if (fsdp_parse_long(s, &v) < 0 || v < lo || v > hi) {
-        fsdp_fatal("fsdpc-ckpt init: %s '%s' must be an integer in [%lld, %lld]", flag, s, lo, hi);
-    }
-    return (int)v;
-}
 
 static void human_bytes(char *buf, size_t len, double b)
 {
@@ -65,178 +56,151 @@ static void human_bytes(char *buf, size_t len, double b)
 // ----------------------------------------------------------------------------
 // init
 
-static void init_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt init [--preset NAME] [overrides] [--seed S] [--dtype T] -o FILE\n"
-            "\n"
-            "Creates a freshly initialised model file. The preset picks the architecture:\n"
-            "  gpt2:  tiny (default), bench-small, gpt2, gpt2-medium, gpt2-large, gpt2-xl;\n"
-            "         weights N(0, 0.02) (residual projections N(0, 0.02/sqrt(2*n_layer))),\n"
-            "         layer-norm weights 1, biases 0\n"
-            "  llama: llama-tiny, llama-small, llama-1b (Llama 3.2 1B), llama-8b (Llama 3.1\n"
-            "         8B); weights N(0, 0.02), RMSNorm weights 1, biases 0 (Hugging Face's)\n"
-            "The file is written under a fresh temporary name beside it (FILE.tmp.XXXXXX)\n"
-            "and renamed to FILE when complete.\n"
-            "\n"
-            "      --preset NAME        a preset above\n"
-            "      --layers N           override n_layer\n"
-            "      --heads N            override n_head\n"
-            "      --width N            override n_embd (divisible by n_head)\n"
-            "      --vocab N            override vocab_size\n"
-            "      --context N          override the maximum sequence length\n"
-            "      --untied             separate lm_head.weight instead of the embedding's\n"
-            "  llama only:\n"
-            "      --kv-heads N         override n_kv_head (dividing n_head; 1: multi-query)\n"
-            "      --ffn N              override ffn_hidden (the MLP's intermediate size)\n"
-            "      --attn-bias          biases on the q/k/v projections (Qwen2)\n"
-            "      --rope-theta X       override rope_theta\n"
-            "      --rope-scaling TYPE  none, linear or llama3\n"
-            "      --rope-factor X      the scaling factor (linear, llama3)\n"
-            "      --rope-original N    llama3's original context\n"
-            "\n"
-            "      --seed S             RNG seed (default 0); same seed, same values\n"
-            "      --dtype T            stored type: f32 (default), bf16 or f16\n"
-            "  -o, --output FILE        the model file to create\n"
-            "  -h, --help               this text\n");
-}
+/* init's flags; every override is 0 (or "") unless given. */
+struct init_args {
+    char preset[64];
+    char out[FSDP_CKPT_TOOL_PATH];
+    long seed;
+    enum fsdp_dtype dtype;
+    long layers, heads, width, vocab, context, kv_heads, ffn, rope_original;
+    int untied, attn_bias;
+    double rope_theta, rope_factor;
+    char rope_scaling[16];
+};
+
+#define F(field) offsetof(struct init_args, field)
+#define S(field) sizeof(((struct init_args *)0)->field)
+#define INIT_DIM(flag, field, what)                                                                \
+    {                                                                                              \
+        flag, FSDP_OPT_INT, F(field), 0, 1, 1 << 20, NULL, "N", 0, what, 0                         \
+    }
+static const struct fsdp_opt init_opts[] = {
+    {"preset", FSDP_OPT_STR, F(preset), S(preset), 0, 0, NULL, "NAME", 0, "a preset above", 0},
+    INIT_DIM("layers", layers, "override n_layer"),
+    INIT_DIM("heads", heads, "override n_head"),
+    INIT_DIM("width", width, "override n_embd (divisible by n_head)"),
+    INIT_DIM("vocab", vocab, "override vocab_size"),
+    INIT_DIM("context", context, "override the maximum sequence length"),
+    {"untied", FSDP_OPT_FLAG, F(untied), 0, 0, 0, NULL, "", 0,
+     "separate lm_head.weight instead of the embedding's", 0},
+    INIT_DIM("kv-heads", kv_heads,
+             "llama only: override n_kv_head (dividing n_head; 1: "
+             "multi-query)"),
+    INIT_DIM("ffn", ffn, "llama only: override ffn_hidden (the MLP's intermediate size)"),
+    {"attn-bias", FSDP_OPT_FLAG, F(attn_bias), 0, 0, 0, NULL, "", 0,
+     "llama only: biases on the q/k/v projections (Qwen2)", 0},
+    {"rope-theta", FSDP_OPT_FLOAT, F(rope_theta), 0, 0, 1e300, NULL, "X", FSDP_OPT_MIN_OPEN,
+     "llama only: override rope_theta", 0},
+    {"rope-scaling", FSDP_OPT_STR, F(rope_scaling), S(rope_scaling), 0, 0, NULL, "TYPE", 0,
+     "llama only: none, linear or llama3", 0},
+    {"rope-factor", FSDP_OPT_FLOAT, F(rope_factor), 0, 0, 1e300, NULL, "X", FSDP_OPT_MIN_OPEN,
+     "llama only: the scaling factor (linear, llama3)", 0},
+    INIT_DIM("rope-original", rope_original, "llama only: llama3's original context"),
+    {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0, "RNG seed; same seed, same values",
+     0},
+    {"dtype", FSDP_OPT_DTYPE, F(dtype), 0, 0, 0, "f32|bf16|f16", "T", 0, "stored type", 0},
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "FILE", 0, "the model file to create",
+     'o'},
+};
+#undef INIT_DIM
+#undef F
+#undef S
+
+static const struct fsdp_cli_cmd init_cmd = {
+    "[--preset NAME] [overrides] [--seed S] [--dtype T] -o FILE",
+    "Creates a freshly initialised model file. The preset picks the architecture:\n"
+    "  gpt2:  tiny (default), bench-small, gpt2, gpt2-medium, gpt2-large, gpt2-xl;\n"
+    "         weights N(0, 0.02) (residual projections N(0, 0.02/sqrt(2*n_layer))),\n"
+    "         layer-norm weights 1, biases 0\n"
+    "  llama: llama-tiny, llama-small, llama-1b (Llama 3.2 1B), llama-8b (Llama 3.1\n"
+    "         8B); weights N(0, 0.02), RMSNorm weights 1, biases 0 (Hugging Face's)\n"
+    "The file is written under a fresh temporary name beside it (FILE.tmp.XXXXXX)\n"
+    "and renamed to FILE when complete.",
+    init_opts, sizeof(init_opts) / sizeof(init_opts[0])};
 
 /* Flags that set one config attribute, by the attribute's name in the
  * architecture's table (an architecture without it refuses the flag). */
-enum init_val { INIT_INT, INIT_FLOAT, INIT_ROPE, INIT_ONE, INIT_ZERO };
 static const struct init_override {
     const char *flag;
     const char *attr;
-    enum init_val kind;
 } init_overrides[] = {
-    {"layers", "n_layer", INIT_INT},
-    {"heads", "n_head", INIT_INT},
-    {"width", "n_embd", INIT_INT},
-    {"vocab", "vocab_size", INIT_INT},
-    {"context", "context", INIT_INT},
-    {"untied", "tied_embeddings", INIT_ZERO},
-    {"kv-heads", "n_kv_head", INIT_INT},
-    {"ffn", "ffn_hidden", INIT_INT},
-    {"attn-bias", "attn_bias", INIT_ONE},
-    {"rope-theta", "rope_theta", INIT_FLOAT},
-    {"rope-scaling", "rope_scaling", INIT_ROPE},
-    {"rope-factor", "rope_factor", INIT_FLOAT},
-    {"rope-original", "rope_original_context", INIT_INT},
+    {"layers", "n_layer"},
+    {"heads", "n_head"},
+    {"width", "n_embd"},
+    {"vocab", "vocab_size"},
+    {"context", "context"},
+    {"untied", "tied_embeddings"},
+    {"kv-heads", "n_kv_head"},
+    {"ffn", "ffn_hidden"},
+    {"attn-bias", "attn_bias"},
+    {"rope-theta", "rope_theta"},
+    {"rope-scaling", "rope_scaling"},
+    {"rope-factor", "rope_factor"},
+    {"rope-original", "rope_original_context"},
 };
 #define INIT_N_OVERRIDES (sizeof(init_overrides) / sizeof(init_overrides[0]))
 
-/* The value of override i from its argument (already range-checked). */
-static double init_override_value(size_t i, const char *arg)
+/* The attribute value override flag gives, from its field in set's config
+ * (range-checked by the parser). */
+static double init_override_value(const struct fsdp_optset *set, const char *flag)
 {
-    const struct init_override *o = &init_overrides[i];
-    char flag[32];
-    snprintf(flag, sizeof(flag), "--%s", o->flag);
-    switch (o->kind) {
-    case INIT_INT: return parse_int_flag(flag, arg, 1, 1 << 20);
-    case INIT_ONE: return 1;
-    case INIT_ZERO: return 0;
-    case INIT_ROPE: {
+    const struct fsdp_opt *o = &set->opts[fsdp_opt_find(set, flag)];
+    const char *field = (const char *)set->base + o->offset;
+    long l;
+    double d;
+    int b;
+    switch (o->type) {
+    case FSDP_OPT_INT:
+        memcpy(&l, field, sizeof(l));
+        return (double)l;
+    case FSDP_OPT_FLOAT:
+        memcpy(&d, field, sizeof(d));
+        return d;
+    case FSDP_OPT_FLAG: /* --untied clears tied_embeddings, --attn-bias sets attn_bias */
+        memcpy(&b, field, sizeof(b));
+        return strcmp(flag, "untied") == 0 ? !b : b;
+    default: {
         int t;
-        if (fsdp_llama_rope_parse(arg, &t) < 0) {
+        if (fsdp_llama_rope_parse(field, &t) < 0) {
             fsdp_die(FSDP_ERR_INVALID, "fsdpc-ckpt init: --rope-scaling", NULL);
         }
         return t;
     }
-    default: {
-        char *end;
-        double v = strtod(arg, &end);
-        if (end == arg || *end != '\0' || !isfinite(v) || v <= 0) {
-            fsdp_fatal("fsdpc-ckpt init: %s '%s' must be a positive number", flag, arg);
-        }
-        return v;
-    }
     }
 }
 
-static int cmd_init(int argc, char **argv)
+/* The preset's architecture and config with the given overrides applied. */
+static void init_config(const struct fsdp_optset *set, const char *preset,
+                        const struct fsdp_arch **arch, void **cfg)
 {
-    static const struct option opts[] = {
-        {"preset", required_argument, NULL, 'p'},
-        {"layers", required_argument, NULL, 0},
-        {"heads", required_argument, NULL, 1},
-        {"width", required_argument, NULL, 2},
-        {"vocab", required_argument, NULL, 3},
-        {"context", required_argument, NULL, 4},
-        {"untied", no_argument, NULL, 5},
-        {"kv-heads", required_argument, NULL, 6},
-        {"ffn", required_argument, NULL, 7},
-        {"attn-bias", no_argument, NULL, 8},
-        {"rope-theta", required_argument, NULL, 9},
-        {"rope-scaling", required_argument, NULL, 10},
-        {"rope-factor", required_argument, NULL, 11},
-        {"rope-original", required_argument, NULL, 12},
-        {"seed", required_argument, NULL, 's'},
-        {"dtype", required_argument, NULL, 'd'},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *preset = "tiny", *out = NULL;
-    int given[INIT_N_OVERRIDES] = {0}, c, rc;
-    double value[INIT_N_OVERRIDES] = {0};
-    long long seed = 0;
-    enum fsdp_dtype dtype = FSDP_F32;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
-        if (c >= 0 && (size_t)c < INIT_N_OVERRIDES) {
-            given[c] = 1;
-            value[c] = init_override_value((size_t)c, optarg);
-            continue;
-        }
-        switch (c) {
-        case 'p': preset = optarg; break;
-        case 's':
-            if (fsdp_parse_long(optarg, &seed) < 0 || seed < 0) {
-                fsdp_fatal("fsdpc-ckpt init: --seed '%s' must be a non-negative integer", optarg);
-            }
-            break;
-        case 'd':
-            if (fsdp_dtype_parse(optarg, &dtype) < 0 ||
-                (dtype != FSDP_F32 && dtype != FSDP_BF16 && dtype != FSDP_F16)) {
-                fsdp_fatal("fsdpc-ckpt init: --dtype '%s' must be f32, bf16 or f16", optarg);
-            }
-            break;
-        case 'o': out = optarg; break;
-        case 'h': init_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("init", c, argv);
-        }
-    }
-    if (optind != argc) {
-        fsdp_fatal("fsdpc-ckpt init: unexpected argument '%s' (see --help)", argv[optind]);
-    }
-    if (!out) {
-        fsdp_fatal("fsdpc-ckpt init: missing -o FILE (see --help)");
-    }
-    void *cfg = NULL;
-    const struct fsdp_arch *arch = NULL;
-    if ((rc = fsdp_arch_preset(preset, &arch, &cfg)) < 0) {
+    int rc;
+    if ((rc = fsdp_arch_preset(preset, arch, cfg)) < 0) {
         fsdp_die(rc, "fsdpc-ckpt init: --preset", NULL);
     }
     for (size_t i = 0; i < INIT_N_OVERRIDES; i++) {
+        const struct init_override *ov = &init_overrides[i];
+        if (!fsdp_opt_given(set, ov->flag)) {
+            continue;
+        }
         const struct fsdp_attr_desc *a = NULL;
-        for (size_t k = 0; given[i] && k < arch->n_attrs && !a; k++) {
-            a = strcmp(arch->attrs[k].name, init_overrides[i].attr) == 0 ? &arch->attrs[k] : NULL;
+        for (size_t k = 0; k < (*arch)->n_attrs && !a; k++) {
+            a = strcmp((*arch)->attrs[k].name, ov->attr) == 0 ? &(*arch)->attrs[k] : NULL;
         }
-        if (given[i] && !a) {
-            fsdp_fatal("fsdpc-ckpt init: --%s does not apply to %s models (preset %s)",
-                       init_overrides[i].flag, arch->name, preset);
+        if (!a) {
+            fsdp_fatal("fsdpc-ckpt init: --%s does not apply to %s models (preset %s)", ov->flag,
+                       (*arch)->name, preset);
         }
-        if (given[i] && fsdp_attr_set(a, cfg, value[i]) < 0) {
+        if (fsdp_attr_set(a, *cfg, init_override_value(set, ov->flag)) < 0) {
             fsdp_die(FSDP_ERR_INVALID, "fsdpc-ckpt init: model config", NULL);
         }
     }
-    struct fsdp_model_spec *spec;
-    if ((rc = arch->spec_create(cfg, &spec)) < 0) {
-        fsdp_die(rc, "fsdpc-ckpt init: model config", NULL);
-    }
-    free(cfg);
+}
 
+/* Streams spec's initial values unit by unit into the model file out. */
+static void init_write(const struct fsdp_model_spec *spec, const struct init_args *a)
+{
     size_t widest = 0;
+    int rc;
     for (int u = 0; u < spec->n_units; u++) {
         widest = spec->unit_numel[u] > widest ? spec->unit_numel[u] : widest;
     }
@@ -245,82 +209,98 @@ static int cmd_init(int argc, char **argv)
         fsdp_fatal("fsdpc-ckpt init: cannot allocate the %zu-float unit buffer", widest);
     }
     char created_by[256];
-    snprintf(created_by, sizeof(created_by), "fsdpc-ckpt init %s (preset %s, seed %lld)",
-             PACKAGE_VERSION, preset, seed);
-    struct fsdp_model_write_opts wopts = {.created_by = created_by, .dtype = dtype};
+    snprintf(created_by, sizeof(created_by), "fsdpc-ckpt init %s (preset %s, seed %ld)",
+             PACKAGE_VERSION, a->preset, a->seed);
+    struct fsdp_model_write_opts wopts = {.created_by = created_by, .dtype = a->dtype};
     struct fsdp_model_writer *w;
-    double t0 = fsdp_now();
-    if ((rc = fsdp_model_writer_create(out, spec, &wopts, &w)) < 0) {
+    if ((rc = fsdp_model_writer_create(a->out, spec, &wopts, &w)) < 0) {
         fsdp_die(rc, "fsdpc-ckpt init", NULL);
     }
     for (int u = 0; u < spec->n_units; u++) {
-        FSDP_CHECK_GOTO(fsdp_model_init_range(spec, (uint64_t)seed, u, 0, spec->unit_numel[u], buf),
-                        rc, fail);
+        FSDP_CHECK_GOTO(
+            fsdp_model_init_range(spec, (uint64_t)a->seed, u, 0, spec->unit_numel[u], buf), rc,
+            fail);
         FSDP_CHECK_GOTO(fsdp_model_writer_put_unit(w, u, buf), rc, fail);
     }
     FSDP_CHECK_GOTO(fsdp_model_writer_commit(w), rc, fail);
     fsdp_model_writer_destroy(w);
-    char hb[32], desc[256];
-    human_bytes(hb, sizeof(hb), (double)spec->total_numel * (double)fsdp_dtype_size(dtype));
-    fsdp_arch_describe(spec->arch, spec->cfg, desc, sizeof(desc));
-    printf("%s: %s %s, %zu parameters, %s %s, seed %lld (%.1f s)\n", out, spec->arch->name, desc,
-           spec->total_numel, hb, fsdp_dtype_name(dtype), seed, fsdp_now() - t0);
     fsdp_free(buf);
-    fsdp_model_spec_destroy(spec);
-    return 0;
+    return;
 fail:
     fsdp_model_writer_destroy(w);
     fsdp_die(rc, "fsdpc-ckpt init", NULL);
 }
 
+static int cmd_init(int argc, char **argv)
+{
+    struct init_args a = {.preset = "tiny", .dtype = FSDP_F32};
+    struct fsdp_optset set;
+    int rc;
+    if (fsdp_cli_command("fsdpc-ckpt", &init_cmd, &a, argc, argv, &set) == 1) {
+        return 0;
+    }
+    if (set.n_operands > 0) {
+        fsdp_fatal("fsdpc-ckpt init: unexpected argument '%s' (see --help)", set.operand[0]);
+    }
+    if (!a.out[0]) {
+        fsdp_fatal("fsdpc-ckpt init: missing -o FILE (see --help)");
+    }
+    void *cfg = NULL;
+    const struct fsdp_arch *arch = NULL;
+    init_config(&set, a.preset, &arch, &cfg);
+    struct fsdp_model_spec *spec;
+    if ((rc = arch->spec_create(cfg, &spec)) < 0) {
+        fsdp_die(rc, "fsdpc-ckpt init: model config", NULL);
+    }
+    free(cfg);
+    double t0 = fsdp_now();
+    init_write(spec, &a);
+    char hb[32], desc[256];
+    human_bytes(hb, sizeof(hb), (double)spec->total_numel * (double)fsdp_dtype_size(a.dtype));
+    fsdp_arch_describe(spec->arch, spec->cfg, desc, sizeof(desc));
+    printf("%s: %s %s, %zu parameters, %s %s, seed %ld (%.1f s)\n", a.out, spec->arch->name, desc,
+           spec->total_numel, hb, fsdp_dtype_name(a.dtype), a.seed, fsdp_now() - t0);
+    fsdp_model_spec_destroy(spec);
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // inspect
 
-static void inspect_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt inspect FILE|CHECKPOINT\n"
-            "\n"
-            "Validates a model file (attributes, every dataset's name, shape and type) and\n"
-            "prints its architecture and a table of its tensors. Exit status 0 only when\n"
-            "the file is valid. For a checkpoint (a step directory, its index.h5, or a\n"
-            "checkpoint root whose 'latest' is followed) it also prints the step, tokens\n"
-            "seen, mesh, data-loader and optimizer state and the stored configuration.\n"
-            "\n"
-            "  -h, --help   this text\n");
-}
+static const struct fsdp_cli_cmd inspect_cmd = {
+    "FILE|CHECKPOINT",
+    "Validates a model file (attributes, every dataset's name, shape and type) and\n"
+    "prints its architecture and a table of its tensors. Exit status 0 only when\n"
+    "the file is valid. For a checkpoint (a step directory, its index.h5, or a\n"
+    "checkpoint root whose 'latest' is followed) it also prints the step, tokens\n"
+    "seen, mesh, data-loader and optimizer state and the stored configuration.",
+    NULL, 0};
 
 static int cmd_inspect(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'h': inspect_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("inspect", c, argv);
-        }
+    struct fsdp_ckpt_args a = {0};
+    const char *in;
+    int rc;
+    if (fsdp_ckpt_tool_parse(&inspect_cmd, &a, argc, argv, &in) == 1) {
+        return 0;
     }
-    if (optind != argc - 1) {
+    if (!in) {
         fsdp_fatal("fsdpc-ckpt inspect: expected one model file, got %d (see --help)",
-                   argc - optind);
+                   a.n_operands);
     }
-    if (fsdp_ckpt_is_checkpoint(argv[optind])) {
-        return fsdp_ckpt_tool_inspect(argv[optind]);
+    if (fsdp_ckpt_is_checkpoint(in)) {
+        return fsdp_ckpt_tool_inspect(in);
     }
     struct fsdp_model_file *mf;
-    if ((rc = fsdp_model_file_open(argv[optind], fsdp_arch_registered(), &mf)) < 0) {
-        fsdp_ckpt_tool_recovery_hint(argv[optind]); /* a step an interrupted save moved aside */
+    if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &mf)) < 0) {
+        fsdp_ckpt_tool_recovery_hint(in); /* a step an interrupted save moved aside */
         fsdp_die(rc, "fsdpc-ckpt inspect", NULL);
     }
     const struct fsdp_model_spec *s = fsdp_model_file_spec(mf);
     const char *cb = fsdp_model_file_created_by(mf);
     char attrs[512];
     fsdp_attrs_format(s->arch, s->cfg, attrs, sizeof(attrs));
-    printf("file          %s\n", argv[optind]);
+    printf("file          %s\n", in);
     printf("format        %s version %d\n", FSDP_MODEL_FORMAT, FSDP_MODEL_FORMAT_VERSION);
     if (cb[0]) {
         printf("created by    %s\n", cb);

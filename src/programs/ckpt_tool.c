@@ -18,22 +18,28 @@
 #include "core/error.h"
 #include "core/util.h"
 
-#include <getopt.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-_Noreturn void fsdp_ckpt_tool_bad_option(const char *cmd, int c, char **argv)
+int fsdp_ckpt_tool_parse(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_args *a, int argc,
+                         char **argv, const char **in)
 {
-    if (c == ':') {
-        fsdp_fatal("fsdpc-ckpt %s: option '%s' needs a value (see fsdpc-ckpt %s --help)", cmd,
-                   argv[optind - 1], cmd);
+    struct fsdp_optset set;
+    if (fsdp_cli_command("fsdpc-ckpt", cmd, a, argc, argv, &set) == 1) {
+        return 1;
     }
-    fsdp_fatal("fsdpc-ckpt %s: unknown option '%s' (see fsdpc-ckpt %s --help)", cmd,
-               argv[optind - 1], cmd);
+    *in = set.n_operands == 1 ? set.operand[0] : NULL;
+    a->n_operands = set.n_operands;
+    return 0;
 }
+
+#define F(field) offsetof(struct fsdp_ckpt_args, field)
+#define S(field) sizeof(((struct fsdp_ckpt_args *)0)->field)
+#define N_OPTS(t) (sizeof(t) / sizeof(t[0]))
 
 static void tool_progress(size_t done, size_t total, void *arg)
 {
@@ -162,24 +168,23 @@ int fsdp_ckpt_tool_inspect(const char *path)
 // ----------------------------------------------------------------------------
 // verify
 
-static void verify_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt verify PATH [--scan-nan] [--quiet]\n"
-            "\n"
-            "Checks a checkpoint (a step directory, its index.h5, or a checkpoint root\n"
-            "whose 'latest' is followed): index attributes, every shard file present,\n"
-            "readable, of the same step and with the expected rows, every shard's\n"
-            "checksums those the index recorded (a shard of another run is refused),\n"
-            "every virtual source of index.h5 present, and every tensor read in full\n"
-            "and checked against its checksums (xxh3_64). Prints each tensor's status\n"
-            "(ok, FAILED, or unchecked when the checkpoint recorded no checksum) and\n"
-            "goes on past a failed tensor; exit status 0 only when all of it holds.\n"
-            "\n"
-            "      --scan-nan   also fail on any NaN or infinity in weights or moments\n"
-            "  -q, --quiet      print failures and the summary only\n"
-            "  -h, --help       this text\n");
-}
+static const struct fsdp_opt verify_opts[] = {
+    {"scan-nan", FSDP_OPT_FLAG, F(scan_nan), 0, 0, 0, NULL, "", 0,
+     "also fail on any NaN or infinity in weights or moments", 0},
+    {"quiet", FSDP_OPT_FLAG, F(quiet), 0, 0, 0, NULL, "", 0, "print failures and the summary only",
+     'q'},
+};
+static const struct fsdp_cli_cmd verify_cmd = {
+    "PATH [--scan-nan] [--quiet]",
+    "Checks a checkpoint (a step directory, its index.h5, or a checkpoint root\n"
+    "whose 'latest' is followed): index attributes, every shard file present,\n"
+    "readable, of the same step and with the expected rows, every shard's\n"
+    "checksums those the index recorded (a shard of another run is refused),\n"
+    "every virtual source of index.h5 present, and every tensor read in full\n"
+    "and checked against its checksums (xxh3_64). Prints each tensor's status\n"
+    "(ok, FAILED, or unchecked when the checkpoint recorded no checksum) and\n"
+    "goes on past a failed tensor; exit status 0 only when all of it holds.",
+    verify_opts, N_OPTS(verify_opts)};
 
 /* What reading one tensor through its checksums gave. */
 enum verify_status { VERIFY_OK, VERIFY_UNCHECKED, VERIFY_FAILED };
@@ -260,28 +265,20 @@ static void verify_param(struct verify_run *v, size_t i, int width)
 
 int fsdp_ckpt_cmd_verify(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"scan-nan", no_argument, NULL, 'n'},
-        {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
+    struct fsdp_ckpt_args a = {0};
     struct verify_run v = {0};
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":qh", opts, NULL)) != -1) {
-        switch (c) {
-        case 'n': v.scan = 1; break;
-        case 'q': v.quiet = 1; break;
-        case 'h': verify_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("verify", c, argv);
-        }
+    const char *in;
+    int rc;
+    if (fsdp_ckpt_tool_parse(&verify_cmd, &a, argc, argv, &in) == 1) {
+        return 0;
     }
-    if (optind != argc - 1) {
+    if (!in) {
         fsdp_fatal("fsdpc-ckpt verify: expected one checkpoint path, got %d (see --help)",
-                   argc - optind);
+                   a.n_operands);
     }
-    v.ck = tool_open("verify", argv[optind]);
+    v.scan = a.scan_nan;
+    v.quiet = a.quiet;
+    v.ck = tool_open("verify", in);
     const struct fsdp_model_spec *s = fsdp_ckpt_spec(v.ck);
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(v.ck);
     char index[4200];
@@ -342,43 +339,31 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
 // ----------------------------------------------------------------------------
 // consolidate
 
-static void consolidate_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt consolidate PATH -o MODEL.h5 [--with-optimizer]\n"
-            "\n"
-            "Writes a checkpoint's full tensors into one model file (f32), tensor by tensor:\n"
-            "memory is about one tensor's worth. The file is written under a fresh\n"
-            "temporary name beside it (MODEL.h5.tmp.XXXXXX) and renamed when complete.\n"
-            "\n"
-            "  -o, --output FILE      the model file to write\n"
-            "      --with-optimizer   also write /optim/exp_avg and /optim/exp_avg_sq\n"
-            "  -h, --help             this text\n");
-}
+static const struct fsdp_opt consolidate_opts[] = {
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "FILE", 0, "the model file to write", 'o'},
+    {"with-optimizer", FSDP_OPT_FLAG, F(with_optimizer), 0, 0, 0, NULL, "", 0,
+     "also write /optim/exp_avg and /optim/exp_avg_sq", 0},
+};
+static const struct fsdp_cli_cmd consolidate_cmd = {
+    "PATH -o MODEL.h5 [--with-optimizer]",
+    "Writes a checkpoint's full tensors into one model file (f32), tensor by tensor:\n"
+    "memory is about one tensor's worth. The file is written under a fresh\n"
+    "temporary name beside it (MODEL.h5.tmp.XXXXXX) and renamed when complete.",
+    consolidate_opts, N_OPTS(consolidate_opts)};
 
 int fsdp_ckpt_cmd_consolidate(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'},
-        {"with-optimizer", no_argument, NULL, 'w'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *out = NULL;
-    int c, with = 0, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case 'w': with = 1; break;
-        case 'h': consolidate_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("consolidate", c, argv);
-        }
+    struct fsdp_ckpt_args a = {0};
+    const char *in, *out = a.out;
+    int rc, with;
+    if (fsdp_ckpt_tool_parse(&consolidate_cmd, &a, argc, argv, &in) == 1) {
+        return 0;
     }
-    if (optind != argc - 1 || !out) {
+    if (!in || !out[0]) {
         fsdp_fatal("fsdpc-ckpt consolidate: expected one checkpoint path and -o FILE (see --help)");
     }
-    struct fsdp_ckpt *ck = tool_open("consolidate", argv[optind]);
+    with = a.with_optimizer;
+    struct fsdp_ckpt *ck = tool_open("consolidate", in);
     if ((rc = fsdp_ckpt_consolidate(ck, out, with, tool_progress, "consolidate")) < 0) {
         fsdp_die(rc, "fsdpc-ckpt consolidate", NULL);
     }
@@ -391,23 +376,22 @@ int fsdp_ckpt_cmd_consolidate(int argc, char **argv)
 // ----------------------------------------------------------------------------
 // reshard
 
-static void reshard_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt reshard PATH (--world-size N | --mesh SPEC) -o OUTDIR\n"
-            "\n"
-            "Rewrites a checkpoint for another world size or mesh, offline (no MPI):\n"
-            "OUTDIR gets one shard file per shard rank and an index.h5, with the same\n"
-            "step, data cursor and optimizer state. Each output shard is streamed tensor\n"
-            "by tensor. OUTDIR must not exist; it appears only when complete.\n"
-            "\n"
-            "      --world-size N   shard over N ranks (mesh dp=N)\n"
-            "      --mesh SPEC      dp=N or rdp=R,dp=N (N shards, R x N ranks), either with\n"
-            "                       tp=T (N x T shards: a tensor-parallel run's checkpoint\n"
-            "                       is one of a data-parallel run of N x T ranks)\n"
-            "  -o, --output DIR     the new step directory\n"
-            "  -h, --help           this text\n");
-}
+static const struct fsdp_opt reshard_opts[] = {
+    {"world-size", FSDP_OPT_INT, F(world_size), 0, 1, 65536, NULL, "N", 0,
+     "shard over N ranks (mesh dp=N)", 0},
+    {"mesh", FSDP_OPT_STR, F(mesh), S(mesh), 0, 0, NULL, "SPEC", 0,
+     "dp=N or rdp=R,dp=N (N shards, R x N ranks), either with tp=T (N x T shards: a "
+     "tensor-parallel run's checkpoint is one of a data-parallel run of N x T ranks)",
+     0},
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "DIR", 0, "the new step directory", 'o'},
+};
+static const struct fsdp_cli_cmd reshard_cmd = {
+    "PATH (--world-size N | --mesh SPEC) -o OUTDIR",
+    "Rewrites a checkpoint for another world size or mesh, offline (no MPI):\n"
+    "OUTDIR gets one shard file per shard rank and an index.h5, with the same\n"
+    "step, data cursor and optimizer state. Each output shard is streamed tensor\n"
+    "by tensor. OUTDIR must not exist; it appears only when complete.",
+    reshard_opts, N_OPTS(reshard_opts)};
 
 /* "dp=4" or "rdp=2,dp=2" (in either order), with "tp=T" or without, read by
  * the mesh parser every program shares: shards (dp x tp) and world size,
@@ -468,81 +452,71 @@ static int reshard_write(struct fsdp_ckpt *ck, const char *dir, int shards, floa
     return 0;
 }
 
-int fsdp_ckpt_cmd_reshard(int argc, char **argv)
+/* The step directory out, written from ck for the mesh dims (shards files
+ * for world ranks) through a temporary directory; its new metadata in *m. */
+static int reshard_commit(struct fsdp_ckpt *ck, const struct fsdp_mesh_dims *dims, int shards,
+                          int world, const char *out, struct fsdp_ckpt_meta *m)
 {
-    static const struct option opts[] = {
-        {"world-size", required_argument, NULL, 'n'},
-        {"mesh", required_argument, NULL, 'm'},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *out = NULL, *mesh = NULL;
-    char mesh_buf[64];
-    struct fsdp_mesh_dims dims;
-    int c, rc, shards = 0, world = 0;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'n': {
-            long long v;
-            if (fsdp_parse_long(optarg, &v) < 0 || v < 1 || v > 65536) {
-                fsdp_fatal("fsdpc-ckpt reshard: --world-size '%s' must be an integer in [1, 65536]",
-                           optarg);
-            }
-            snprintf(mesh_buf, sizeof(mesh_buf), "dp=%lld", v);
-            mesh = mesh_buf;
-            break;
-        }
-        case 'm': mesh = optarg; break;
-        case 'o': out = optarg; break;
-        case 'h': reshard_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("reshard", c, argv);
-        }
-    }
-    if (optind != argc - 1 || !out || !mesh) {
-        fsdp_fatal("fsdpc-ckpt reshard: expected one checkpoint path, --world-size N or --mesh "
-                   "SPEC, and -o DIR (see --help)");
-    }
-    if (reshard_parse_mesh(mesh, &dims, &shards, &world) < 0) {
-        fsdp_fatal("fsdpc-ckpt reshard: --mesh '%s' must be dp=N or rdp=R,dp=N, either with "
-                   "tp=T or without (each name once, at most 65536 ranks in all)", mesh);
-    }
-    if (access(out, F_OK) == 0) {
-        fsdp_fatal("fsdpc-ckpt reshard: %s already exists", out);
-    }
-    struct fsdp_ckpt *ck = tool_open("reshard", argv[optind]);
     const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
     float *buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
     if (!buf) {
         fsdp_fatal("fsdpc-ckpt reshard: out of memory for one tensor");
     }
     char *tmp;
-    if ((rc = fsdp_file_tmp_mkdir(out, &tmp)) < 0) {
-        fsdp_die(rc, "fsdpc-ckpt reshard", NULL);
-    }
+    FSDP_CHECK(fsdp_file_tmp_mkdir(out, &tmp));
     size_t done = 0, total = (size_t)shards * (size_t)fsdp_ckpt_kinds(ck)->n * s->n_params;
-    rc = reshard_write(ck, tmp, shards, buf, &done, total);
-    struct fsdp_ckpt_meta m = *fsdp_ckpt_meta(ck);
-    m.n_shards = shards;
-    m.world_size = world;
-    snprintf(m.mesh, sizeof(m.mesh), "%s", dims.spec);
+    int rc = reshard_write(ck, tmp, shards, buf, &done, total);
+    *m = *fsdp_ckpt_meta(ck);
+    m->n_shards = shards;
+    m->world_size = world;
+    snprintf(m->mesh, sizeof(m->mesh), "%s", dims->spec);
     /* a normalized spec is at most 4 x "name15=16777216" with commas: 99 characters */
-    snprintf(m.created_by, sizeof(m.created_by), "fsdpc-ckpt reshard to %.99s", dims.spec);
+    snprintf(m->created_by, sizeof(m->created_by), "fsdpc-ckpt reshard to %.99s", dims->spec);
     if (rc == 0) {
-        rc = fsdp_ckpt_index_write(tmp, s, fsdp_ckpt_kinds(ck), &m);
+        rc = fsdp_ckpt_index_write(tmp, s, fsdp_ckpt_kinds(ck), m);
     }
     if (rc == 0) {
         rc = fsdp_ckpt_commit_dir(tmp, out);
     }
     if (rc < 0) {
         fsdp_file_rmtree(tmp); /* a failure here leaves the recorded cause in place */
+    }
+    free(tmp);
+    fsdp_free(buf);
+    return rc;
+}
+
+int fsdp_ckpt_cmd_reshard(int argc, char **argv)
+{
+    struct fsdp_ckpt_args a = {0};
+    struct fsdp_mesh_dims dims;
+    const char *in;
+    int rc, shards = 0, world = 0;
+    if (fsdp_ckpt_tool_parse(&reshard_cmd, &a, argc, argv, &in) == 1) {
+        return 0;
+    }
+    if (!a.mesh[0] && a.world_size > 0) {
+        snprintf(a.mesh, sizeof(a.mesh), "dp=%ld", a.world_size);
+    }
+    if (!in || !a.out[0] || !a.mesh[0]) {
+        fsdp_fatal("fsdpc-ckpt reshard: expected one checkpoint path, --world-size N or --mesh "
+                   "SPEC, and -o DIR (see --help)");
+    }
+    if (reshard_parse_mesh(a.mesh, &dims, &shards, &world) < 0) {
+        fsdp_fatal("fsdpc-ckpt reshard: --mesh '%s' must be dp=N or rdp=R,dp=N, either with "
+                   "tp=T or without (each name once, at most 65536 ranks in all)",
+                   a.mesh);
+    }
+    if (access(a.out, F_OK) == 0) {
+        fsdp_fatal("fsdpc-ckpt reshard: %s already exists", a.out);
+    }
+    struct fsdp_ckpt *ck = tool_open("reshard", in);
+    struct fsdp_ckpt_meta m;
+    if ((rc = reshard_commit(ck, &dims, shards, world, a.out, &m)) < 0) {
         fsdp_die(rc, "fsdpc-ckpt reshard", NULL);
     }
     printf("%s: step %ld resharded to %s (%d shard%s) in %s\n", fsdp_ckpt_dir(ck), m.step,
-           dims.spec, shards, shards > 1 ? "s" : "", out);
-    free(tmp);
-    fsdp_free(buf);
+           dims.spec, shards, shards > 1 ? "s" : "", a.out);
     fsdp_ckpt_close(ck);
     return 0;
 }
@@ -550,52 +524,30 @@ int fsdp_ckpt_cmd_reshard(int argc, char **argv)
 // ----------------------------------------------------------------------------
 // convert
 
-static void convert_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt convert PATH --dtype bf16|f16|f32 -o MODEL.h5\n"
-            "\n"
-            "Writes the weights of a model file or a checkpoint as a model file stored in\n"
-            "the given dtype (round to nearest even), tensor by tensor.\n"
-            "\n"
-            "      --dtype T     bf16, f16 or f32\n"
-            "  -o, --output F    the model file to write\n"
-            "  -h, --help        this text\n");
-}
+static const struct fsdp_opt convert_opts[] = {
+    {"dtype", FSDP_OPT_DTYPE, F(dtype), 0, 0, 0, "bf16|f16|f32", "T", FSDP_OPT_REQUIRED,
+     "the stored dtype", 0},
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "F", 0, "the model file to write", 'o'},
+};
+static const struct fsdp_cli_cmd convert_cmd = {
+    "PATH --dtype bf16|f16|f32 -o MODEL.h5",
+    "Writes the weights of a model file or a checkpoint as a model file stored in\n"
+    "the given dtype (round to nearest even), tensor by tensor.",
+    convert_opts, N_OPTS(convert_opts)};
 
 int fsdp_ckpt_cmd_convert(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"dtype", required_argument, NULL, 'd'},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *out = NULL, *dt = NULL;
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'd': dt = optarg; break;
-        case 'o': out = optarg; break;
-        case 'h': convert_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("convert", c, argv);
-        }
+    struct fsdp_ckpt_args a = {.dtype = FSDP_DTYPE_COUNT}; /* none until given */
+    const char *in, *out = a.out;
+    int rc;
+    if (fsdp_ckpt_tool_parse(&convert_cmd, &a, argc, argv, &in) == 1) {
+        return 0;
     }
-    if (optind != argc - 1 || !out || !dt) {
+    if (!in || !out[0] || a.dtype == FSDP_DTYPE_COUNT) {
         fsdp_fatal("fsdpc-ckpt convert: expected one input, --dtype T and -o FILE (see --help)");
     }
-    enum fsdp_dtype dtype;
-    if (strcmp(dt, "f32") == 0) {
-        dtype = FSDP_F32;
-    } else if (strcmp(dt, "bf16") == 0) {
-        dtype = FSDP_BF16;
-    } else if (strcmp(dt, "f16") == 0) {
-        dtype = FSDP_F16;
-    } else {
-        fsdp_fatal("fsdpc-ckpt convert: --dtype '%s' must be bf16, f16 or f32", dt);
-    }
-    const char *in = argv[optind];
+    enum fsdp_dtype dtype = a.dtype;
+    const char *dt = fsdp_dtype_name(dtype);
     struct fsdp_ckpt *ck = NULL;
     struct fsdp_model_file *mf = NULL;
     const struct fsdp_model_spec *s;

@@ -1,19 +1,47 @@
 /*
  * ckpt_tool.h - fsdpc-ckpt's checkpoint subcommands (ckpt_tool.c): each takes
- * its own argv (argv[0] the subcommand name), parses its flags, prints, and
- * returns the exit status; errors end the program with one line.
+ * its own argv (argv[0] the subcommand name), parses its flags with its own
+ * option table (programs/cli.h), prints, and returns the exit status; errors
+ * end the program with one line.
  */
 #ifndef FSDP_PROGRAMS_CKPT_TOOL_H
 #define FSDP_PROGRAMS_CKPT_TOOL_H
 
+#include "core/dtype.h"
+#include "programs/cli.h"
+
 struct fsdp_model_spec;
+
+#define FSDP_CKPT_TOOL_PATH 4096
+
+/* The flags of the checkpoint subcommands, one struct: each command's
+ * table points at the fields it takes (init has its own, ckpt_program.c). */
+struct fsdp_ckpt_args {
+    int n_operands;                          /* how many the command was given (the parse's) */
+    char out[FSDP_CKPT_TOOL_PATH];           /* -o, --output */
+    enum fsdp_dtype dtype;                   /* --dtype */
+    int quiet, scan_nan;                     /* verify */
+    int quick, verify;                       /* list */
+    int with_optimizer;                      /* consolidate */
+    long world_size;                         /* reshard: 0 unless given */
+    char mesh[256];                          /* reshard */
+    long heads;                              /* import-safetensors: 0 unless given */
+    double ln_eps;                           /* import-safetensors: 0 unless given */
+    char max_shard_size[64];                 /* export-hf */
+    int force;                               /* export-hf */
+    char tokenizer[FSDP_CKPT_TOOL_PATH];     /* export-hf */
+    char bos_token_id[32], eos_token_id[32]; /* export-hf, checked against the model */
+};
+
+/* Parses a subcommand's argv into a with cmd's table: 1 after --help, else
+ * 0 with *in the one operand, or NULL when there is not exactly one (how
+ * many there were: a->n_operands). */
+int fsdp_ckpt_tool_parse(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_args *a, int argc,
+                         char **argv, const char **in);
 
 /* The whole of fsdpc-ckpt (ckpt_program.c): the built-in architectures are
  * registered, then argv[1] names the subcommand; returns the exit status. */
 int fsdp_ckpt_program(int argc, char **argv);
-
-/* Exits naming the option getopt refused (c: its return, '?' or ':'). */
-_Noreturn void fsdp_ckpt_tool_bad_option(const char *cmd, int c, char **argv);
 
 /* Prints a checkpoint's state and tensor table; 0 on success. */
 int fsdp_ckpt_tool_inspect(const char *path);

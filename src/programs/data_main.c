@@ -16,6 +16,7 @@
  * with one line and a non-zero exit status.
  */
 #include "config.h"
+#include "programs/cli.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -25,11 +26,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,17 +46,6 @@ struct data_cmd {
 static void die_rc(int rc, const char *what)
 {
     fsdp_die(rc, what, NULL);
-}
-
-/* getopt_long's failures, in our words. */
-static _Noreturn void bad_option(const char *cmd, int c, char **argv)
-{
-    if (c == ':') {
-        fsdp_fatal("fsdpc-data %s: option '%s' needs a value (see fsdpc-data %s --help)", cmd,
-                   argv[optind - 1], cmd);
-    }
-    fsdp_fatal("fsdpc-data %s: unknown option '%s' (see fsdpc-data %s --help)", cmd,
-               argv[optind - 1], cmd);
 }
 
 /* pread until n bytes; 0 or an error naming path. */
@@ -93,24 +83,86 @@ static struct fsdp_tokenizer *load_tokenizer(const char *cmd, const char *path)
 // ----------------------------------------------------------------------------
 // tokenize
 
-static void tokenize_usage(FILE *out)
+#define DATA_PATH 4096
+
+/* A subcommand's flags: its own table over the fields it uses. */
+struct data_args {
+    char out[DATA_PATH];
+    char tokenizer[DATA_PATH];
+    char val_out[DATA_PATH];
+    double val_fraction;
+    int skip_special;
+    long vocab; /* 0: no check */
+    long head;
+};
+
+#define F(field) offsetof(struct data_args, field)
+#define S(field) sizeof(((struct data_args *)0)->field)
+static const struct fsdp_opt tokenize_opts[] = {
+    {"tokenizer", FSDP_OPT_STR, F(tokenizer), S(tokenizer), 0, 0, NULL, "FILE", 0,
+     "a Hugging Face tokenizer.json (byte-level BPE, GPT-2 or Llama 3 family): tokens as the "
+     "`tokenizers` package makes them; the file's width follows its vocabulary (without it: "
+     "byte level, vocabulary 256, version 1)",
+     't'},
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "FILE", 0,
+     "training tokens (written to FILE.tmp.XXXXXX, then renamed)", 'o'},
+    {"val-fraction", FSDP_OPT_FLOAT, F(val_fraction), 0, 0, 1, NULL, "X",
+     FSDP_OPT_MIN_OPEN | FSDP_OPT_MAX_OPEN,
+     "the last floor(X * tokens) tokens become the validation split (at byte level: the last "
+     "bytes)",
+     0},
+    {"val-out", FSDP_OPT_STR, F(val_out), S(val_out), 0, 0, NULL, "FILE", 0,
+     "where the validation tokens go (needs --val-fraction)", 0},
+};
+static const struct fsdp_opt decode_opts[] = {
+    {"tokenizer", FSDP_OPT_STR, F(tokenizer), S(tokenizer), 0, 0, NULL, "FILE", 0,
+     "the Hugging Face tokenizer.json the tokens came from", 't'},
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "FILE", 0,
+     "where the text goes (default: standard output)", 'o'},
+    {"skip-special", FSDP_OPT_FLAG, F(skip_special), 0, 0, 0, NULL, "", 0,
+     "leave out special tokens (decode's skip_special_tokens)", 0},
+};
+static const struct fsdp_opt inspect_opts[] = {
+    {"vocab", FSDP_OPT_INT, F(vocab), 0, 1, 4294967296.0, NULL, "N", 0,
+     "also check that every token is < N (exit 1 if not)", 0},
+    {"head", FSDP_OPT_INT, F(head), 0, 0, 1 << 20, NULL, "N", 0, "how many leading tokens to print",
+     0},
+    {"tokenizer", FSDP_OPT_STR, F(tokenizer), S(tokenizer), 0, 0, NULL, "FILE", 0,
+     "also print the first tokens decoded with this tokenizer.json", 't'},
+};
+#undef F
+#undef S
+
+#define N_OPTS(t) (sizeof(t) / sizeof(t[0]))
+static const struct fsdp_cli_cmd tokenize_cmd = {
+    "[--tokenizer tokenizer.json] TEXT -o FILE.bin\n"
+    "                           [--val-fraction X --val-out VAL.bin]",
+    "Tokenizes TEXT into an llm.c token file (256 x int32 header, magic 20240520,\n"
+    "then the tokens: version 1 holds uint16, version 2 uint32).",
+    tokenize_opts, N_OPTS(tokenize_opts)};
+static const struct fsdp_cli_cmd decode_cmd = {
+    "--tokenizer tokenizer.json FILE.bin [-o TEXT] [--skip-special]",
+    "Turns the tokens of an llm.c token file back into text with the tokenizer's\n"
+    "ByteLevel decoder, as the `tokenizers` package's decode does (byte sequences\n"
+    "that are not UTF-8 become U+FFFD).",
+    decode_opts, N_OPTS(decode_opts)};
+static const struct fsdp_cli_cmd inspect_cmd = {
+    "FILE.bin [--vocab N] [--head N] [--tokenizer FILE]",
+    "Checks an llm.c token file (header, size) and prints its version and token\n"
+    "width, token count, the range of token values and the first tokens.",
+    inspect_opts, N_OPTS(inspect_opts)};
+#undef N_OPTS
+
+/* The subcommand's flags and its one operand (what it is: "TEXT file");
+ * NULL after --help. */
+static const char *data_parse(struct data_args *a, const struct fsdp_cli_cmd *cmd, int argc,
+                              char **argv, const char *what)
 {
-    fprintf(out,
-            "usage: fsdpc-data tokenize [--tokenizer tokenizer.json] TEXT -o FILE.bin\n"
-            "                           [--val-fraction X --val-out VAL.bin]\n"
-            "\n"
-            "Tokenizes TEXT into an llm.c token file (256 x int32 header, magic 20240520,\n"
-            "then the tokens: version 1 holds uint16, version 2 uint32).\n"
-            "\n"
-            "  -t, --tokenizer FILE    a Hugging Face tokenizer.json (byte-level BPE, GPT-2 or\n"
-            "                          Llama 3 family): tokens as the `tokenizers` package\n"
-            "                          makes them; the file's width follows its vocabulary.\n"
-            "                          Without it: byte level, vocabulary 256, version 1\n"
-            "  -o, --output FILE       training tokens (written to FILE.tmp.XXXXXX, then renamed)\n"
-            "      --val-fraction X    0 < X < 1: the last floor(X * tokens) tokens become the\n"
-            "                          validation split (at byte level: the last bytes)\n"
-            "      --val-out FILE      where the validation tokens go (needs --val-fraction)\n"
-            "  -h, --help              this text\n");
+    struct fsdp_optset set;
+    if (fsdp_cli_command("fsdpc-data", cmd, a, argc, argv, &set) == 1) {
+        return NULL;
+    }
+    return fsdp_cli_operand(&set, what);
 }
 
 /* Streams bytes [from, to) of fd into w as tokens. */
@@ -298,45 +350,25 @@ fail:
 
 static int cmd_tokenize(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'},
-        {"tokenizer", required_argument, NULL, 't'},
-        {"val-fraction", required_argument, NULL, 'f'},
-        {"val-out", required_argument, NULL, 'v'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
+    struct data_args a = {0};
     struct tokenize_job j = {NULL, NULL, NULL, 0.0, -1, 0};
-    const char *frac_s = NULL, *tok_path = NULL;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:t:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': j.out = optarg; break;
-        case 't': tok_path = optarg; break;
-        case 'f': frac_s = optarg; break;
-        case 'v': j.val_out = optarg; break;
-        case 'h': tokenize_usage(stdout); return 0;
-        default: bad_option("tokenize", c, argv);
-        }
+    j.text = data_parse(&a, &tokenize_cmd, argc, argv, "TEXT file");
+    if (!j.text) {
+        return 0;
     }
-    if (optind != argc - 1) {
-        fsdp_fatal("fsdpc-data tokenize: expected one TEXT file, got %d (see --help)",
-                   argc - optind);
-    }
-    j.text = argv[optind];
-    if (!j.out) {
+    if (!a.out[0]) {
         fsdp_fatal("fsdpc-data tokenize: missing -o FILE.bin (see --help)");
     }
-    if (frac_s && (fsdp_parse_double(frac_s, &j.frac) < 0 || !(j.frac > 0.0 && j.frac < 1.0))) {
-        fsdp_fatal("fsdpc-data tokenize: --val-fraction '%s' must be a number in (0, 1)", frac_s);
-    }
-    if (!!frac_s != !!j.val_out) {
+    j.out = a.out;
+    j.val_out = a.val_out[0] ? a.val_out : NULL;
+    j.frac = a.val_fraction;
+    if ((a.val_fraction > 0.0) != !!j.val_out) {
         fsdp_fatal("fsdpc-data tokenize: --val-fraction and --val-out go together");
     }
     if (j.val_out && strcmp(j.val_out, j.out) == 0) {
         fsdp_fatal("fsdpc-data tokenize: --val-out and -o name the same file '%s'", j.out);
     }
+    const char *tok_path = a.tokenizer[0] ? a.tokenizer : NULL;
 
     struct stat st;
     j.fd = open(j.text, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -361,22 +393,6 @@ static int cmd_tokenize(int argc, char **argv)
 
 // ----------------------------------------------------------------------------
 // decode
-
-static void decode_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-data decode --tokenizer tokenizer.json FILE.bin [-o TEXT] "
-            "[--skip-special]\n"
-            "\n"
-            "Turns the tokens of an llm.c token file back into text with the tokenizer's\n"
-            "ByteLevel decoder, as the `tokenizers` package's decode does (byte sequences\n"
-            "that are not UTF-8 become U+FFFD).\n"
-            "\n"
-            "  -t, --tokenizer FILE    the Hugging Face tokenizer.json the tokens came from\n"
-            "  -o, --output FILE       where the text goes (default: standard output)\n"
-            "      --skip-special      leave out special tokens (decode's skip_special_tokens)\n"
-            "  -h, --help              this text\n");
-}
 
 /* Writes n bytes to fd; 0 or an error naming where. */
 static int write_all(int fd, const char *where, const char *p, size_t n)
@@ -457,37 +473,21 @@ out:
 
 static int cmd_decode(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"tokenizer", required_argument, NULL, 't'},
-        {"output", required_argument, NULL, 'o'},
-        {"skip-special", no_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *tok_path = NULL, *out = NULL;
-    unsigned flags = 0;
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":t:o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 't': tok_path = optarg; break;
-        case 'o': out = optarg; break;
-        case 's': flags |= FSDP_TOKENIZER_SKIP_SPECIAL; break;
-        case 'h': decode_usage(stdout); return 0;
-        default: bad_option("decode", c, argv);
-        }
+    struct data_args a = {0};
+    int rc;
+    const char *in = data_parse(&a, &decode_cmd, argc, argv, "token file");
+    if (!in) {
+        return 0;
     }
-    if (optind != argc - 1) {
-        fsdp_fatal("fsdpc-data decode: expected one token file, got %d (see --help)",
-                   argc - optind);
-    }
-    if (!tok_path) {
+    if (!a.tokenizer[0]) {
         fsdp_fatal("fsdpc-data decode: missing --tokenizer tokenizer.json (see --help)");
     }
+    const char *tok_path = a.tokenizer, *out = a.out[0] ? a.out : NULL;
+    unsigned flags = a.skip_special ? FSDP_TOKENIZER_SKIP_SPECIAL : 0;
     struct fsdp_tokenizer *tok = load_tokenizer("decode", tok_path);
     struct decode_job j = {tok, NULL, flags, STDOUT_FILENO, "standard output"};
     char *tmp = NULL;
-    FSDP_CHECK_GOTO(fsdp_tokens_open(argv[optind], &j.t), rc, fail);
+    FSDP_CHECK_GOTO(fsdp_tokens_open(in, &j.t), rc, fail);
     /* names the first token the vocabulary lacks by its place in the file */
     FSDP_CHECK_GOTO(fsdp_tokens_check_vocab(j.t, (int)fsdp_tokenizer_vocab_size(tok)), rc, fail);
     if (out) {
@@ -522,32 +522,6 @@ fail:
 // ----------------------------------------------------------------------------
 // inspect
 
-static void inspect_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-data inspect FILE.bin [--vocab N] [--head N] [--tokenizer FILE]\n"
-            "\n"
-            "Checks an llm.c token file (header, size) and prints its version and token\n"
-            "width, token count, the range of token values and the first tokens.\n"
-            "\n"
-            "      --vocab N         also check that every token is < N (exit 1 if not)\n"
-            "      --head N          how many leading tokens to print (default 16)\n"
-            "  -t, --tokenizer FILE  also print the first tokens decoded with this\n"
-            "                        tokenizer.json\n"
-            "  -h, --help            this text\n");
-}
-
-static long long parse_count(const char *cmd, const char *flag, const char *s, long long lo,
-                             long long hi)
-{
-    long long v;
-    if (fsdp_parse_long(s, &v) < 0 || v < lo || v > hi) {
-        fsdp_fatal("fsdpc-data %s: %s '%s' must be an integer in [%lld, %lld]", cmd, flag, s, lo,
-                   hi);
-    }
-    return v;
-}
-
 /* Prints v[0, n) as a C string literal (escapes for what is not printable ASCII). */
 static void print_escaped(const unsigned char *v, size_t n)
 {
@@ -566,41 +540,62 @@ static void print_escaped(const unsigned char *v, size_t n)
     printf("\"\n");
 }
 
+/* The first n tokens of t: as numbers, as bytes when they are all bytes,
+ * as text when there is a tokenizer. */
+static int inspect_head(struct fsdp_tokens *t, struct fsdp_tokenizer *tok, size_t n, uint32_t hi)
+{
+    uint32_t *v = malloc(n * sizeof(uint32_t));
+    int rc;
+    if (!v) {
+        fsdp_fatal("fsdpc-data inspect: out of memory");
+    }
+    FSDP_CHECK_GOTO(fsdp_tokens_read(t, 0, n, v), rc, out);
+    printf("first %-6zu", n);
+    for (size_t i = 0; i < n; i++) {
+        printf(" %u", v[i]);
+    }
+    printf("\n");
+    if (hi < 256 && !tok) {
+        /* byte-level data: show it as text too */
+        unsigned char *b = malloc(n);
+        for (size_t i = 0; b && i < n; i++) {
+            b[i] = (unsigned char)v[i];
+        }
+        printf("as bytes     ");
+        print_escaped(b, b ? n : 0);
+        free(b);
+    }
+    if (tok) {
+        char *text;
+        size_t len;
+        FSDP_CHECK_GOTO(fsdp_tokenizer_decode(tok, v, n, 0, &text, &len), rc, out);
+        printf("as text      ");
+        print_escaped((const unsigned char *)text, len);
+        free(text);
+    }
+    rc = 0;
+out:
+    free(v);
+    return rc;
+}
+
 static int cmd_inspect(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"vocab", required_argument, NULL, 'V'},
-        {"head", required_argument, NULL, 'n'},
-        {"tokenizer", required_argument, NULL, 't'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    long long vocab = 0, head = 16;
-    const char *tok_path = NULL;
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":t:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'V': vocab = parse_count("inspect", "--vocab", optarg, 1, 1LL << 32); break;
-        case 't': tok_path = optarg; break;
-        case 'n': head = parse_count("inspect", "--head", optarg, 0, 1 << 20); break;
-        case 'h': inspect_usage(stdout); return 0;
-        default: bad_option("inspect", c, argv);
-        }
-    }
-    if (optind != argc - 1) {
-        fsdp_fatal("fsdpc-data inspect: expected one token file, got %d (see --help)",
-                   argc - optind);
+    struct data_args a = {.head = 16};
+    const char *in = data_parse(&a, &inspect_cmd, argc, argv, "token file");
+    if (!in) {
+        return 0;
     }
     struct fsdp_tokens *t;
-    struct fsdp_tokenizer *tok = tok_path ? load_tokenizer("inspect", tok_path) : NULL;
+    struct fsdp_tokenizer *tok = a.tokenizer[0] ? load_tokenizer("inspect", a.tokenizer) : NULL;
     uint32_t lo, hi;
-    FSDP_CHECK_GOTO(fsdp_tokens_open(argv[optind], &t), rc, fail);
+    int rc;
+    FSDP_CHECK_GOTO(fsdp_tokens_open(in, &t), rc, fail);
     size_t count = fsdp_tokens_count(t);
     int version = fsdp_tokens_version(t);
     size_t width = version == FSDP_TOKENS_VERSION_U16 ? 2 : 4;
     FSDP_CHECK_GOTO(fsdp_tokens_range(t, &lo, &hi), rc, fail);
-    printf("file         %s\n", argv[optind]);
+    printf("file         %s\n", in);
     printf("format       llm.c tokens, version %d, %s\n", version,
            width == 2 ? "uint16" : "uint32");
     printf("tokens       %zu\n", count);
@@ -609,41 +604,13 @@ static int cmd_inspect(int argc, char **argv)
         printf("token range  %u .. %u (needs vocab_size >= %llu)\n", lo, hi,
                (unsigned long long)hi + 1);
     }
-    size_t n = (size_t)head < count ? (size_t)head : count;
+    size_t n = (size_t)a.head < count ? (size_t)a.head : count;
     if (n) {
-        uint32_t *v = malloc(n * sizeof(uint32_t));
-        if (!v) {
-            fsdp_fatal("fsdpc-data inspect: out of memory");
-        }
-        FSDP_CHECK_GOTO(fsdp_tokens_read(t, 0, n, v), rc, fail);
-        printf("first %-6zu", n);
-        for (size_t i = 0; i < n; i++) {
-            printf(" %u", v[i]);
-        }
-        printf("\n");
-        if (hi < 256 && !tok) {
-            /* byte-level data: show it as text too */
-            unsigned char *b = malloc(n);
-            for (size_t i = 0; b && i < n; i++) {
-                b[i] = (unsigned char)v[i];
-            }
-            printf("as bytes     ");
-            print_escaped(b, b ? n : 0);
-            free(b);
-        }
-        if (tok) {
-            char *text;
-            size_t len;
-            FSDP_CHECK_GOTO(fsdp_tokenizer_decode(tok, v, n, 0, &text, &len), rc, fail);
-            printf("as text      ");
-            print_escaped((const unsigned char *)text, len);
-            free(text);
-        }
-        free(v);
+        FSDP_CHECK_GOTO(inspect_head(t, tok, n, hi), rc, fail);
     }
-    if (vocab > 0) {
-        FSDP_CHECK_GOTO(fsdp_tokens_check_vocab(t, (int)vocab), rc, fail);
-        printf("vocab check  all tokens < %lld\n", vocab);
+    if (a.vocab > 0) {
+        FSDP_CHECK_GOTO(fsdp_tokens_check_vocab(t, (int)a.vocab), rc, fail);
+        printf("vocab check  all tokens < %ld\n", a.vocab);
     }
     fsdp_tokens_close(t);
     fsdp_tokenizer_free(tok);

@@ -25,7 +25,7 @@
 #include "core/util.h"
 #include "core/log.h"
 
-#include <getopt.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,14 +37,9 @@
 #define HF_SHOW 96
 #define HF_NAME_MAX (FSDP_PARAM_NAME_MAX + 16)
 
-static enum fsdp_dtype hf_parse_dtype(const char *cmd, const char *s)
-{
-    enum fsdp_dtype t;
-    if (fsdp_dtype_parse(s, &t) < 0 || (t != FSDP_F32 && t != FSDP_BF16 && t != FSDP_F16)) {
-        fsdp_fatal("fsdpc-ckpt %s: --dtype '%s' must be f32, bf16 or f16", cmd, s);
-    }
-    return t;
-}
+#define F(field) offsetof(struct fsdp_ckpt_args, field)
+#define S(field) sizeof(((struct fsdp_ckpt_args *)0)->field)
+#define N_OPTS(t) (sizeof(t) / sizeof(t[0]))
 
 /* dst (rows, cols) = transpose of src (cols, rows), in tiles so that both
  * sides stay in the cache (a Conv1D weight's rows are kilobytes apart). */
@@ -237,21 +232,20 @@ static void hf_print_tokens(const struct fsdp_model_spec *s, const char *where)
 // ----------------------------------------------------------------------------
 // import
 
-static void import_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt import-hf DIR -o MODEL.h5 [--dtype T]\n"
-            "\n"
-            "Reads a Hugging Face model directory, as transformers' save_pretrained\n"
-            "writes it (config.json, and model.safetensors or the shards that\n"
-            "model.safetensors.index.json lists), into a model file. model_type gpt2\n"
-            "makes a gpt2 model; llama, mistral (without a sliding window) and qwen2 a\n"
-            "llama one. Tensors may be f32, bf16 or f16; they are read one at a time.\n"
-            "\n"
-            "      --dtype T     stored dtype of the model file: f32 (default), bf16, f16\n"
-            "  -o, --output F    the model file to write (via F.tmp.XXXXXX and rename)\n"
-            "  -h, --help        this text\n");
-}
+static const struct fsdp_opt import_opts[] = {
+    {"dtype", FSDP_OPT_DTYPE, F(dtype), 0, 0, 0, "f32|bf16|f16", "T", 0,
+     "stored dtype of the model file", 0},
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "F", 0,
+     "the model file to write (via F.tmp.XXXXXX and rename)", 'o'},
+};
+static const struct fsdp_cli_cmd import_cmd = {
+    "DIR -o MODEL.h5 [--dtype T]",
+    "Reads a Hugging Face model directory, as transformers' save_pretrained\n"
+    "writes it (config.json, and model.safetensors or the shards that\n"
+    "model.safetensors.index.json lists), into a model file. model_type gpt2\n"
+    "makes a gpt2 model; llama, mistral (without a sliding window) and qwen2 a\n"
+    "llama one. Tensors may be f32, bf16 or f16; they are read one at a time.",
+    import_opts, N_OPTS(import_opts)};
 
 /* Largest f32 elements, largest 16-bit source bytes and largest transposed
  * elements over the parameters: what the three buffers must hold. */
@@ -323,31 +317,20 @@ out:
 
 int fsdp_ckpt_cmd_import_hf(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"dtype", required_argument, NULL, 'd'},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *out = NULL, *what = "fsdpc-ckpt import-hf";
-    enum fsdp_dtype dtype = FSDP_F32;
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'd': dtype = hf_parse_dtype("import-hf", optarg); break;
-        case 'o': out = optarg; break;
-        case 'h': import_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("import-hf", c, argv);
-        }
+    struct fsdp_ckpt_args args = {.dtype = FSDP_F32};
+    const char *in, *out = args.out, *what = "fsdpc-ckpt import-hf";
+    int rc;
+    if (fsdp_ckpt_tool_parse(&import_cmd, &args, argc, argv, &in) == 1) {
+        return 0;
     }
-    if (optind != argc - 1 || !out) {
+    if (!in || !out[0]) {
         fsdp_fatal("fsdpc-ckpt import-hf: expected one directory and -o MODEL.h5 (see --help)");
     }
+    enum fsdp_dtype dtype = args.dtype;
     struct hf_import im = {.lm_head = -1};
     struct fsdp_hf_model hm = {0};
     struct fsdp_model_spec *s = NULL;
-    if ((rc = fsdp_hf_dir_open(argv[optind], &im.d)) < 0 ||
+    if ((rc = fsdp_hf_dir_open(in, &im.d)) < 0 ||
         (rc = fsdp_hf_config_read(&im.d->config, &hm)) < 0 ||
         (rc = hm.arch->spec_create(hm.cfg, &s)) < 0) {
         fsdp_die(rc, what, NULL);
@@ -383,32 +366,37 @@ int fsdp_ckpt_cmd_import_hf(int argc, char **argv)
 // ----------------------------------------------------------------------------
 // export
 
-static void export_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt export-hf PATH -o DIR [--dtype T] [--max-shard-size S]\n"
-            "                 [--force] [--tokenizer FILE] [--bos-token-id N] [--eos-token-id N]\n"
-            "\n"
-            "Writes a model file or checkpoint (a root, a step directory or its index.h5)\n"
-            "as a Hugging Face model directory that AutoModelForCausalLM.from_pretrained\n"
-            "loads: config.json, and model.safetensors or, above the shard size, shards\n"
-            "model-00001-of-0000N.safetensors with model.safetensors.index.json. A gpt2\n"
-            "model becomes GPT2LMHeadModel, a llama one LlamaForCausalLM (Qwen2ForCausalLM\n"
-            "with q/k/v biases). DIR is filled as DIR.tmp.XXXXXX and renamed into place.\n"
-            "\n"
-            "The model's bos_token_id and eos_token_id (from import-hf, or kept by the\n"
-            "trainer) go into config.json and generation_config.json; without an\n"
-            "eos_token_id, generate() would stop at transformers' default (Llama: 2).\n"
-            "\n"
-            "      --dtype T            f32 (default), bf16 or f16\n"
-            "      --tokenizer FILE     take the special-token ids from a tokenizer.json\n"
-            "      --bos-token-id N     --eos-token-id N   set them (over the above)\n"
-            "      --max-shard-size S   largest shard: bytes, or with KB MB GB (powers of\n"
-            "                           1000) or KiB MiB GiB (of 1024); default 5GB\n"
-            "      --force              replace DIR when it exists and is not empty\n"
-            "  -o, --output DIR         the directory to write\n"
-            "  -h, --help               this text\n");
-}
+static const struct fsdp_opt export_opts[] = {
+    {"dtype", FSDP_OPT_DTYPE, F(dtype), 0, 0, 0, "f32|bf16|f16", "T", 0, "stored dtype", 0},
+    {"tokenizer", FSDP_OPT_STR, F(tokenizer), S(tokenizer), 0, 0, NULL, "FILE", 0,
+     "take the special-token ids from a tokenizer.json", 0},
+    {"bos-token-id", FSDP_OPT_STR, F(bos_token_id), S(bos_token_id), 0, 0, NULL, "N", 0,
+     "set bos_token_id (over the above)", 0},
+    {"eos-token-id", FSDP_OPT_STR, F(eos_token_id), S(eos_token_id), 0, 0, NULL, "N", 0,
+     "set eos_token_id (over the above)", 0},
+    {"max-shard-size", FSDP_OPT_STR, F(max_shard_size), S(max_shard_size), 0, 0, NULL, "S", 0,
+     "largest shard: bytes, or with KB MB GB (powers of 1000) or KiB MiB GiB (of 1024)", 0},
+    {"force", FSDP_OPT_FLAG, F(force), 0, 0, 0, NULL, "", 0,
+     "replace DIR when it exists and is not empty", 0},
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "DIR", 0, "the directory to write", 'o'},
+};
+static const struct fsdp_cli_cmd export_cmd = {
+    "PATH -o DIR [--dtype T] [--max-shard-size S]\n"
+    "                 [--force] [--tokenizer FILE] [--bos-token-id N] [--eos-token-id N]",
+    "Writes a model file or checkpoint (a root, a step directory or its index.h5)\n"
+    "as a Hugging Face model directory that AutoModelForCausalLM.from_pretrained\n"
+    "loads: config.json, and model.safetensors or, above the shard size, shards\n"
+    "model-00001-of-0000N.safetensors with model.safetensors.index.json. A gpt2\n"
+    "model becomes GPT2LMHeadModel, a llama one LlamaForCausalLM (Qwen2ForCausalLM\n"
+    "with q/k/v biases). DIR is filled as DIR.tmp.XXXXXX and renamed into place.\n"
+    "\n"
+    "The model's bos_token_id and eos_token_id (from import-hf, or kept by the\n"
+    "trainer) go into config.json and generation_config.json; without an\n"
+    "eos_token_id, generate() would stop at transformers' default (Llama: 2).",
+    export_opts, N_OPTS(export_opts)};
+#undef F
+#undef S
+#undef N_OPTS
 
 /* transformers' spelling of sizes: "5GB" is 5 * 10^9 bytes, "500MiB" 500 * 2^20. */
 static size_t hf_parse_shard_size(const char *s)
@@ -573,54 +561,23 @@ static void hf_export_tokens(struct fsdp_model_spec *s, const char *in, const ch
     }
 }
 
-int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
+/* The model file or checkpoint in, opened into src, as one with a Hugging
+ * Face map; its spec. */
+static const struct fsdp_model_spec *hf_export_open(const char *in, struct hf_source *src)
 {
-    static const struct option opts[] = {
-        {"dtype", required_argument, NULL, 'd'},
-        {"max-shard-size", required_argument, NULL, 'm'},
-        {"force", no_argument, NULL, 'f'},
-        {"tokenizer", required_argument, NULL, 't'},
-        {"bos-token-id", required_argument, NULL, 'B'},
-        {"eos-token-id", required_argument, NULL, 'E'},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *out = NULL, *what = "fsdpc-ckpt export-hf", *tokenizer = NULL;
-    const char *ids[2] = {NULL, NULL}; /* --bos-token-id, --eos-token-id */
-    enum fsdp_dtype dtype = FSDP_F32;
-    size_t max_shard = 5000000000u;
-    int c, rc, force = 0;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'd': dtype = hf_parse_dtype("export-hf", optarg); break;
-        case 'm': max_shard = hf_parse_shard_size(optarg); break;
-        case 'f': force = 1; break;
-        case 't': tokenizer = optarg; break;
-        case 'B': ids[0] = optarg; break;
-        case 'E': ids[1] = optarg; break;
-        case 'o': out = optarg; break;
-        case 'h': export_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("export-hf", c, argv);
-        }
-    }
-    if (optind != argc - 1 || !out) {
-        fsdp_fatal("fsdpc-ckpt export-hf: expected one input and -o DIR (see --help)");
-    }
-    const char *in = argv[optind];
-    struct hf_source src = {0};
+    const char *what = "fsdpc-ckpt export-hf";
     const struct fsdp_model_spec *s;
+    int rc;
     if (fsdp_ckpt_is_checkpoint(in)) {
-        if ((rc = fsdp_ckpt_open(in, fsdp_arch_registered(), &src.ck)) < 0) {
+        if ((rc = fsdp_ckpt_open(in, fsdp_arch_registered(), &src->ck)) < 0) {
             fsdp_die(rc, what, NULL);
         }
-        s = fsdp_ckpt_spec(src.ck);
+        s = fsdp_ckpt_spec(src->ck);
     } else {
-        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &src.mf)) < 0) {
+        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &src->mf)) < 0) {
             fsdp_die(rc, what, NULL);
         }
-        s = fsdp_model_file_spec(src.mf);
+        s = fsdp_model_file_spec(src->mf);
     }
     if (!fsdp_arch_hf(s->arch)) {
         char names[128];
@@ -628,10 +585,31 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
         fsdp_fatal("%s: %s is a %s model; Hugging Face directories are written for %s models",
                    what, in, s->arch->name, names);
     }
+    return s;
+}
+
+int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
+{
+    struct fsdp_ckpt_args args = {.dtype = FSDP_F32, .max_shard_size = "5GB"};
+    const char *in, *out = args.out, *what = "fsdpc-ckpt export-hf";
+    int rc;
+    if (fsdp_ckpt_tool_parse(&export_cmd, &args, argc, argv, &in) == 1) {
+        return 0;
+    }
+    size_t max_shard = hf_parse_shard_size(args.max_shard_size);
+    if (!in || !out[0]) {
+        fsdp_fatal("fsdpc-ckpt export-hf: expected one input and -o DIR (see --help)");
+    }
+    const char *tokenizer = args.tokenizer[0] ? args.tokenizer : NULL;
+    const char *ids[2] = {args.bos_token_id[0] ? args.bos_token_id : NULL,
+                          args.eos_token_id[0] ? args.eos_token_id : NULL};
+    enum fsdp_dtype dtype = args.dtype;
+    struct hf_source src = {0};
+    const struct fsdp_model_spec *s = hf_export_open(in, &src);
     if ((rc = fsdp_hf_dir_occupied(out)) < 0) {
         fsdp_die(rc, what, NULL);
     }
-    if (rc > 0 && !force) {
+    if (rc > 0 && !args.force) {
         fsdp_fatal("%s: %s exists and is not empty (--force replaces it)", what, out);
     }
     /* a copy that only the ids differ in: the writers read it, nothing frees it */
@@ -639,7 +617,7 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
     hf_export_tokens(&sx, in, tokenizer, ids);
     s = &sx;
     size_t shards = 0;
-    if ((rc = hf_export_write(&src, s, dtype, out, max_shard, force, &shards)) < 0) {
+    if ((rc = hf_export_write(&src, s, dtype, out, max_shard, args.force, &shards)) < 0) {
         fsdp_die(rc, what, NULL);
     }
     char desc[256];

@@ -2,12 +2,12 @@
 # printing, exit codes): the only place that ends the process on an error.
 bin_PROGRAMS += fsdpc-train fsdpc-sample fsdpc-data fsdpc-ckpt fsdpc-flight
 fsdpc_train_SOURCES = src/programs/train_main.c src/programs/train_program.c
-noinst_HEADERS += src/programs/train_program.h
+noinst_HEADERS += src/programs/train_program.h src/programs/cli.h
 fsdpc_sample_SOURCES = src/programs/sample_main.c
-fsdpc_data_SOURCES = src/programs/data_main.c
+fsdpc_data_SOURCES = src/programs/data_main.c src/programs/cli.c
 fsdpc_ckpt_SOURCES = src/programs/ckpt_main.c $(ckpt_program_sources)
 # fsdpc-ckpt without its main, for test programs that register an architecture first
-ckpt_program_sources = src/programs/ckpt_program.c src/programs/ckpt_tool.c \
+ckpt_program_sources = src/programs/ckpt_program.c src/programs/ckpt_tool.c src/programs/cli.c \
 	src/programs/ckpt_tool.h src/programs/st_tool.c src/programs/ckpt_list.c \
 	src/programs/hf_tool.c src/programs/hf_map.c src/programs/hf_map.h \
 	src/programs/hf_tokens.c

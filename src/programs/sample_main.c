@@ -27,7 +27,7 @@
  */
 #include "config.h"
 #include "train/model_source.h"
-#include "train/options.h"
+#include "core/options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -62,27 +62,28 @@ struct sample_config {
 #define S(field) sizeof(((struct sample_config *)0)->field)
 static const struct fsdp_opt sample_opts[] = {
     {"model", FSDP_OPT_STR, F(model), S(model), 0, 0, NULL, "FILE|DIR", FSDP_OPT_REQUIRED,
-     "HDF5 model file, or a checkpoint (a --ckpt-dir, a step directory or its index.h5)"},
+     "HDF5 model file, or a checkpoint (a --ckpt-dir, a step directory or its index.h5)", 0},
     {"tokenizer", FSDP_OPT_STR, F(tokenizer), S(tokenizer), 0, 0, NULL, "FILE", 0,
-     "a Hugging Face tokenizer.json: the prompt is text for it, the output text"},
+     "a Hugging Face tokenizer.json: the prompt is text for it, the output text", 0},
     {"prompt", FSDP_OPT_STR, F(prompt), S(prompt), 0, 0, NULL, "TEXT", 0,
-     "text to continue (without --tokenizer: token ids when the vocabulary is not 256 bytes)"},
-    {"tokens", FSDP_OPT_INT, F(tokens), 0, 0, 1 << 24, NULL, "N", 0, "tokens to generate"},
+     "text to continue (without --tokenizer: token ids when the vocabulary is not 256 bytes)", 0},
+    {"tokens", FSDP_OPT_INT, F(tokens), 0, 0, 1 << 24, NULL, "N", 0, "tokens to generate", 0},
     {"temperature", FSDP_OPT_FLOAT, F(temperature), 0, 0, 100, NULL, "X", 0,
-     "softmax temperature (0: always the most likely token)"},
+     "softmax temperature (0: always the most likely token)", 0},
     {"top-k", FSDP_OPT_INT, F(top_k), 0, 0, 1 << 24, NULL, "K", 0,
-     "sample among the K most likely tokens (0: all)"},
+     "sample among the K most likely tokens (0: all)", 0},
     {"top-p", FSDP_OPT_FLOAT, F(top_p), 0, 1e-6, 1, NULL, "P", 0,
-     "sample among the most likely tokens whose probability adds up to P (1: all)"},
+     "sample among the most likely tokens whose probability adds up to P (1: all)", 0},
     {"add-special-tokens", FSDP_OPT_BOOL, F(specials), 0, 0, 0, NULL, "X", 0,
      "on|off: with --tokenizer, the tokens its post_processor puts around a text (Llama 3's "
-     "<|begin_of_text|> first) go around the prompt, as transformers' encode does"},
+     "<|begin_of_text|> first) go around the prompt, as transformers' encode does",
+     0},
     {"no-cache", FSDP_OPT_FLAG, F(no_cache), 0, 0, 0, NULL, "", 0,
-     "no key/value cache: run the whole window for every token (slower; for comparison)"},
-    {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0, "random seed"},
-    {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS threads"},
+     "no key/value cache: run the whole window for every token (slower; for comparison)", 0},
+    {"seed", FSDP_OPT_INT, F(seed), 0, 0, 9.0e18, NULL, "S", 0, "random seed", 0},
+    {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS threads", 0},
     {"device", FSDP_OPT_STR, F(device), S(device), 0, 0, NULL, "NAME", 0,
-     "compute device: cuda, cpu or guarded (as fsdpc-train's; the same default)"},
+     "compute device: cuda, cpu or guarded (as fsdpc-train's; the same default)", 0},
 };
 #undef F
 #undef S
@@ -334,118 +335,157 @@ static int sample_prompt(const struct sample_config *c, struct sink *sk, int V, 
     return 0;
 }
 
-static int sample_run(const struct sample_config *c)
-{
-    struct fsdp_model_spec *spec = NULL;
-    struct fsdp_model *model = NULL;
-    float *params = NULL, **units = NULL;
-    int32_t *seq = NULL;
-    struct scored *cand = NULL;
-    double *probs = NULL;
-    float *logits = NULL;
-    struct fsdp_decoder *dec = NULL;
-    struct sink sk = {0};
-    struct fsdp_device *dev = NULL;
-    float *dparams = NULL, *dlogits = NULL;
-    int rc;
+/* Everything a run holds: the model on its device, the decoder, the
+ * sequence so far and the sampling scratch. */
+struct sampler {
+    struct fsdp_model_spec *spec;
+    struct fsdp_model *model;
+    float *params, **units; /* (total_numel,) on the host; units point into it */
+    struct fsdp_device *dev;
+    float *dparams, *dlogits; /* device: (total_numel,), (V,) */
+    struct fsdp_decoder *dec; /* NULL: the whole window per token */
+    int32_t *seq;             /* (cap,) prompt and generated tokens */
+    size_t cap, n;
+    struct scored *cand; /* (V,) */
+    double *probs;       /* (V,) */
+    float *logits;       /* (V,) host */
+    struct sink sk;
+};
 
+/* The model file (or checkpoint) c names, read and placed on c's device. */
+static int sample_setup(const struct sample_config *c, struct sampler *sm)
+{
     char path[sizeof(c->model) + 64];
     FSDP_CHECK(fsdp_model_registry_init());
     FSDP_CHECK(fsdp_model_source_resolve(c->model, path, sizeof(path), NULL));
-    FSDP_CHECK(fsdp_model_file_read_spec(path, fsdp_arch_registered(), &spec));
-    const int V = spec->vocab_size, ctx = spec->context;
-    size_t cap = strlen(c->prompt) + 1 + (size_t)c->tokens;
-    params = fsdp_alloc(spec->total_numel * sizeof(float));
-    units = calloc((size_t)spec->n_units, sizeof(*units));
-    seq = malloc(cap * sizeof(*seq));
-    cand = malloc((size_t)V * sizeof(*cand));
-    probs = malloc((size_t)V * sizeof(*probs));
-    logits = malloc((size_t)V * sizeof(*logits));
-    if (!params || !units || !seq || !cand || !probs || !logits) {
-        rc = fsdp_err(FSDP_ERR_NOMEM, "sampler buffers");
-        goto out;
+    FSDP_CHECK(fsdp_model_file_read_spec(path, fsdp_arch_registered(), &sm->spec));
+    const struct fsdp_model_spec *spec = sm->spec;
+    const int V = spec->vocab_size;
+    sm->cap = strlen(c->prompt) + 1 + (size_t)c->tokens;
+    sm->params = fsdp_alloc(spec->total_numel * sizeof(float));
+    sm->units = calloc((size_t)spec->n_units, sizeof(*sm->units));
+    sm->seq = malloc(sm->cap * sizeof(*sm->seq));
+    sm->cand = malloc((size_t)V * sizeof(*sm->cand));
+    sm->probs = malloc((size_t)V * sizeof(*sm->probs));
+    sm->logits = malloc((size_t)V * sizeof(*sm->logits));
+    if (!sm->params || !sm->units || !sm->seq || !sm->cand || !sm->probs || !sm->logits) {
+        return fsdp_err(FSDP_ERR_NOMEM, "sampler buffers");
     }
     size_t off = 0;
     for (int u = 0; u < spec->n_units; u++) {
-        units[u] = params + off;
+        sm->units[u] = sm->params + off;
         off += spec->unit_numel[u];
     }
-    FSDP_CHECK_GOTO(fsdp_model_file_read(path, fsdp_arch_registered(), spec, units), rc, out);
-    FSDP_CHECK_GOTO(sample_to_device(c, spec, params, &dev, &dparams, &dlogits), rc, out);
-    struct fsdp_model_opts mo = {.max_B = 1, .max_T = ctx, .dev = dev};
-    FSDP_CHECK_GOTO(fsdp_model_create(spec, &mo, &model), rc, out);
+    FSDP_CHECK(fsdp_model_file_read(path, fsdp_arch_registered(), spec, sm->units));
+    FSDP_CHECK(sample_to_device(c, spec, sm->params, &sm->dev, &sm->dparams, &sm->dlogits));
+    struct fsdp_model_opts mo = {.max_B = 1, .max_T = spec->context, .dev = sm->dev};
+    FSDP_CHECK(fsdp_model_create(spec, &mo, &sm->model));
     for (int u = 0, at = 0; u < spec->n_units; at += (int)spec->unit_numel[u], u++) {
-        FSDP_CHECK_GOTO(model->ops->set_unit(model, u, dparams + at, FSDP_F32, NULL), rc, out);
+        FSDP_CHECK(sm->model->ops->set_unit(sm->model, u, sm->dparams + at, FSDP_F32, NULL));
     }
+    return 0;
+}
 
-    size_t n = 0;
-    sk.V = V;
-    FSDP_CHECK_GOTO(sample_prompt(c, &sk, V, &seq, &cap, &n), rc, out);
+/* The logits after seq[0, n) into sm->logits: with the decoder, feeds
+ * token tok (restarting from the last half-context when the cache is
+ * full); without it, runs the whole window. */
+static int sample_next_logits(struct sampler *sm, int tok, size_t keep)
+{
+    struct fsdp_decoder *dec = sm->dec;
+    if (dec) {
+        if (dec->pos == dec->max_T) { /* full: restart from the last half-context */
+            dec->pos = 0;
+            for (size_t j = sm->n - keep; j + 1 < sm->n; j++) {
+                FSDP_CHECK(dec->ops->step(dec, sm->seq[j], sm->logits));
+            }
+        }
+        return dec->ops->step(dec, tok, sm->logits);
+    }
+    const int V = sm->spec->vocab_size;
+    const size_t ctx = (size_t)sm->spec->context;
+    size_t window = sm->n < ctx ? sm->n : ctx;
+    FSDP_CHECK(fsdp_model_forward(sm->model, sm->seq + sm->n - window, NULL, 1, (int)window, NULL));
+    FSDP_CHECK(sm->model->ops->logits(sm->model, window - 1, 1, sm->dlogits));
+    return fsdp_device_read(sm->dev, sm->logits, sm->dlogits, (size_t)V * sizeof(float));
+}
+
+/* The prompt, then c->tokens sampled tokens, each printed as it comes. */
+static int sample_generate(const struct sample_config *c, struct sampler *sm)
+{
+    const int V = sm->spec->vocab_size, ctx = sm->spec->context;
+    struct fsdp_model *model = sm->model;
+    sm->sk.V = V;
+    FSDP_CHECK(sample_prompt(c, &sm->sk, V, &sm->seq, &sm->cap, &sm->n));
     uint64_t rng = (uint64_t)c->seed;
     double t0 = fsdp_now();
     if (!c->no_cache && !model->ops->decoder_create) {
-        FSDP_WARN(FSDP_SUB_SAMPLE, "architecture %s has no key/value cache: every token runs "
-                  "the whole window", spec->arch->name);
+        FSDP_WARN(FSDP_SUB_SAMPLE,
+                  "architecture %s has no key/value cache: every token runs "
+                  "the whole window",
+                  sm->spec->arch->name);
     }
     if (!c->no_cache && model->ops->decoder_create) {
-        FSDP_CHECK_GOTO(model->ops->decoder_create(model, ctx, &dec), rc, out);
+        FSDP_CHECK(model->ops->decoder_create(model, ctx, &sm->dec));
     }
     /* the logits after seq[0, n): prefill the cache with the prompt */
     size_t keep = (size_t)ctx - (size_t)ctx / 2; /* tokens kept when the cache is full */
-    for (size_t i = n > (size_t)ctx ? n - keep : 0; dec && i < n; i++) {
-        FSDP_CHECK_GOTO(dec->ops->step(dec, seq[i], logits), rc, out);
+    for (size_t i = sm->n > (size_t)ctx ? sm->n - keep : 0; sm->dec && i < sm->n; i++) {
+        FSDP_CHECK(sm->dec->ops->step(sm->dec, sm->seq[i], sm->logits));
     }
     for (long i = 0; i < c->tokens; i++) {
-        if (!dec) {
-            size_t window = n < (size_t)ctx ? n : (size_t)ctx;
-            FSDP_CHECK_GOTO(fsdp_model_forward(model, seq + n - window, NULL, 1, (int)window, NULL),
-                            rc, out);
-            FSDP_CHECK_GOTO(model->ops->logits(model, window - 1, 1, dlogits), rc, out);
-            FSDP_CHECK_GOTO(fsdp_device_read(dev, logits, dlogits, (size_t)V * sizeof(float)), rc,
-                            out);
+        if (!sm->dec) {
+            FSDP_CHECK(sample_next_logits(sm, -1, keep));
         }
-        int tok = sample_token(logits, V, c->temperature, c->top_k, c->top_p, cand, probs, &rng);
-        seq[n++] = tok;
-        FSDP_CHECK_GOTO(emit(&sk, tok, 0), rc, out);
-        if (dec && i + 1 < c->tokens) {
-            if (dec->pos == dec->max_T) { /* full: restart from the last half-context */
-                dec->pos = 0;
-                for (size_t j = n - keep; j + 1 < n; j++) {
-                    FSDP_CHECK_GOTO(dec->ops->step(dec, seq[j], logits), rc, out);
-                }
-            }
-            FSDP_CHECK_GOTO(dec->ops->step(dec, tok, logits), rc, out);
+        int tok = sample_token(sm->logits, V, c->temperature, c->top_k, c->top_p, sm->cand,
+                               sm->probs, &rng);
+        sm->seq[sm->n++] = tok;
+        FSDP_CHECK(emit(&sm->sk, tok, 0));
+        if (sm->dec && i + 1 < c->tokens) {
+            FSDP_CHECK(sample_next_logits(sm, tok, keep));
         }
     }
-    FSDP_CHECK_GOTO(emit(&sk, -1, 1), rc, out); /* what an incomplete sequence left */
+    FSDP_CHECK(emit(&sm->sk, -1, 1)); /* what an incomplete sequence left */
     /* the text ends with a line of its own before any log line on stderr */
-    if (sk.last != '\n') {
+    if (sm->sk.last != '\n') {
         putchar('\n');
     }
     fflush(stdout);
     double dt = fsdp_now() - t0;
     FSDP_INFO(FSDP_SUB_SAMPLE, "%ld tokens in %.2f s (%.1f tok/s, %s)", c->tokens, dt,
               dt > 0 ? (double)c->tokens / dt : 0.0,
-              dec ? "key/value cache" : "whole window per token");
-    rc = 0;
-out:
-    if (dec) {
-        dec->ops->destroy(dec);
+              sm->dec ? "key/value cache" : "whole window per token");
+    return 0;
+}
+
+static void sample_free(struct sampler *sm)
+{
+    if (sm->dec) {
+        sm->dec->ops->destroy(sm->dec);
     }
-    fsdp_tokenizer_free(sk.tok);
-    fsdp_model_destroy(model);
-    if (dev) {
-        dev->ops->free(dev, dparams);
-        dev->ops->free(dev, dlogits);
-        fsdp_device_destroy(dev);
+    fsdp_tokenizer_free(sm->sk.tok);
+    fsdp_model_destroy(sm->model);
+    if (sm->dev) {
+        sm->dev->ops->free(sm->dev, sm->dparams);
+        sm->dev->ops->free(sm->dev, sm->dlogits);
+        fsdp_device_destroy(sm->dev);
     }
-    free(probs);
-    free(logits);
-    free(cand);
-    free(seq);
-    free(units);
-    fsdp_free(params);
-    fsdp_model_spec_destroy(spec);
+    free(sm->probs);
+    free(sm->logits);
+    free(sm->cand);
+    free(sm->seq);
+    free(sm->units);
+    fsdp_free(sm->params);
+    fsdp_model_spec_destroy(sm->spec);
+}
+
+static int sample_run(const struct sample_config *c)
+{
+    struct sampler sm = {0};
+    int rc = sample_setup(c, &sm);
+    if (rc == 0) {
+        rc = sample_generate(c, &sm);
+    }
+    sample_free(&sm);
     return rc;
 }
 

@@ -19,25 +19,15 @@
 #include "core/error.h"
 #include "core/util.h"
 
-#include <getopt.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static enum fsdp_dtype st_parse_dtype(const char *cmd, const char *s)
-{
-    if (strcmp(s, "f32") == 0) {
-        return FSDP_F32;
-    }
-    if (strcmp(s, "bf16") == 0) {
-        return FSDP_BF16;
-    }
-    if (strcmp(s, "f16") == 0) {
-        return FSDP_F16;
-    }
-    fsdp_fatal("fsdpc-ckpt %s: --dtype '%s' must be f32, bf16 or f16", cmd, s);
-}
+#define F(field) offsetof(struct fsdp_ckpt_args, field)
+#define S(field) sizeof(((struct fsdp_ckpt_args *)0)->field)
+#define N_OPTS(t) (sizeof(t) / sizeof(t[0]))
 
 /* dst (rows, cols) = transpose of src (cols, rows) */
 static void st_transpose(float *dst, const float *src, size_t rows, size_t cols)
@@ -85,23 +75,21 @@ static void st_meta_of(const struct fsdp_model_spec *s, struct st_meta *m)
     }
 }
 
-static void export_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt export-safetensors PATH -o FILE.safetensors [--dtype T]\n"
-            "\n"
-            "Writes the weights of a model file or checkpoint as a Hugging Face\n"
-            "safetensors file under the names its architecture has in transformers\n"
-            "(GPT-2: transformer.h.0.attn.c_attn.weight etc., Conv1D weights transposed\n"
-            "to (in, out)), the tied lm_head left out. The architecture and its config\n"
-            "(fsdpc_architecture, fsdpc_n_head, ...) go to __metadata__ for\n"
-            "import-safetensors, with the XXH3-64 checksum of every tensor\n"
-            "(fsdpc.xxh3_64.<name>).\n"
-            "\n"
-            "      --dtype T     f32 (default), bf16 or f16\n"
-            "  -o, --output F    the file to write (via F.tmp and rename)\n"
-            "  -h, --help        this text\n");
-}
+static const struct fsdp_opt export_opts[] = {
+    {"dtype", FSDP_OPT_DTYPE, F(dtype), 0, 0, 0, "f32|bf16|f16", "T", 0, "stored dtype", 0},
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "F", 0,
+     "the file to write (via F.tmp and rename)", 'o'},
+};
+static const struct fsdp_cli_cmd export_cmd = {
+    "PATH -o FILE.safetensors [--dtype T]",
+    "Writes the weights of a model file or checkpoint as a Hugging Face\n"
+    "safetensors file under the names its architecture has in transformers\n"
+    "(GPT-2: transformer.h.0.attn.c_attn.weight etc., Conv1D weights transposed\n"
+    "to (in, out)), the tied lm_head left out. The architecture and its config\n"
+    "(fsdpc_architecture, fsdpc_n_head, ...) go to __metadata__ for\n"
+    "import-safetensors, with the XXH3-64 checksum of every tensor\n"
+    "(fsdpc.xxh3_64.<name>).",
+    export_opts, N_OPTS(export_opts)};
 
 /* Every parameter of s from ck or mf: read as f32 into a, transposed
  * through b where the map says, converted through h, written to w. */
@@ -132,28 +120,16 @@ static int st_export_tensors(struct fsdp_ckpt *ck, struct fsdp_model_file *mf,
 
 int fsdp_ckpt_cmd_export_st(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"dtype", required_argument, NULL, 'd'},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *out = NULL;
-    enum fsdp_dtype dtype = FSDP_F32;
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'd': dtype = st_parse_dtype("export-safetensors", optarg); break;
-        case 'o': out = optarg; break;
-        case 'h': export_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("export-safetensors", c, argv);
-        }
+    struct fsdp_ckpt_args args = {.dtype = FSDP_F32};
+    const char *in, *out = args.out;
+    if (fsdp_ckpt_tool_parse(&export_cmd, &args, argc, argv, &in) == 1) {
+        return 0;
     }
-    if (optind != argc - 1 || !out) {
+    if (!in || !out[0]) {
         fsdp_fatal("fsdpc-ckpt export-safetensors: expected one input and -o FILE (see --help)");
     }
-    const char *in = argv[optind];
+    enum fsdp_dtype dtype = args.dtype;
+    int rc;
     struct fsdp_ckpt *ck = NULL;
     struct fsdp_model_file *mf = NULL;
     const struct fsdp_model_spec *s;
@@ -219,27 +195,30 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
 // ----------------------------------------------------------------------------
 // import
 
-static void import_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdpc-ckpt import-safetensors FILE.safetensors -o MODEL.h5 [--heads N]\n"
-            "                 [--ln-eps X] [--dtype T]\n"
-            "\n"
-            "Reads a Hugging Face safetensors file (names with or without their prefix,\n"
-            "such as GPT-2's 'transformer.'; transposed weights turned back; buffers\n"
-            "such as attention masks ignored) into a model file. The architecture and\n"
-            "its config come from the metadata export-safetensors writes; without it,\n"
-            "from the shapes (GPT-2), and n_head, which shapes do not give, from --heads.\n"
-            "An lm_head.weight equal to the embedding (or absent) makes a tied model.\n"
-            "Tensors with a checksum in the metadata (fsdpc.xxh3_64.<name>, written by\n"
-            "export-safetensors) are checked as they are read; a mismatch is an error.\n"
-            "\n"
-            "      --heads N     n_head, over the metadata's (GPT-2 small: 12)\n"
-            "      --ln-eps X    layer-norm epsilon, over the metadata's (default 1e-5)\n"
-            "      --dtype T     stored dtype of the model file: f32 (default), bf16, f16\n"
-            "  -o, --output F    the model file to write\n"
-            "  -h, --help        this text\n");
-}
+static const struct fsdp_opt import_opts[] = {
+    {"heads", FSDP_OPT_INT, F(heads), 0, 1, 65536, NULL, "N", 0,
+     "n_head, over the metadata's (GPT-2 small: 12)", 0},
+    {"ln-eps", FSDP_OPT_FLOAT, F(ln_eps), 0, 0, 1, NULL, "X", FSDP_OPT_MIN_OPEN | FSDP_OPT_MAX_OPEN,
+     "layer-norm epsilon, over the metadata's (default 1e-5)", 0},
+    {"dtype", FSDP_OPT_DTYPE, F(dtype), 0, 0, 0, "f32|bf16|f16", "T", 0,
+     "stored dtype of the model file", 0},
+    {"output", FSDP_OPT_STR, F(out), S(out), 0, 0, NULL, "F", 0, "the model file to write", 'o'},
+};
+static const struct fsdp_cli_cmd import_cmd = {
+    "FILE.safetensors -o MODEL.h5 [--heads N]\n"
+    "                 [--ln-eps X] [--dtype T]",
+    "Reads a Hugging Face safetensors file (names with or without their prefix,\n"
+    "such as GPT-2's 'transformer.'; transposed weights turned back; buffers\n"
+    "such as attention masks ignored) into a model file. The architecture and\n"
+    "its config come from the metadata export-safetensors writes; without it,\n"
+    "from the shapes (GPT-2), and n_head, which shapes do not give, from --heads.\n"
+    "An lm_head.weight equal to the embedding (or absent) makes a tied model.\n"
+    "Tensors with a checksum in the metadata (fsdpc.xxh3_64.<name>, written by\n"
+    "export-safetensors) are checked as they are read; a mismatch is an error.",
+    import_opts, N_OPTS(import_opts)};
+#undef F
+#undef S
+#undef N_OPTS
 
 /* A tensor name from the file, fit to print. */
 #define ST_SHOW 80
@@ -505,57 +484,44 @@ static int st_import_write(const struct st_in *in, const struct fsdp_model_spec 
     return rc;
 }
 
-static const char *st_parse_heads(const char *arg)
-{
-    long long v;
-    if (fsdp_parse_long(arg, &v) < 0 || v < 1 || v > 65536) {
-        fsdp_fatal("fsdpc-ckpt import-safetensors: --heads '%s' must be an integer in "
-                   "[1, 65536]", arg);
-    }
-    return arg;
-}
+/* --heads and --ln-eps as the metadata values they replace. */
+struct st_overrides {
+    char heads[32], eps[32];
+};
 
-static const char *st_parse_eps(const char *arg)
+/* The file, opened, with the command line's values over its metadata. */
+static void st_import_open(const struct fsdp_ckpt_args *args, const char *path,
+                           struct st_overrides *ov, struct st_in *in)
 {
-    char *end;
-    double eps = strtod(arg, &end);
-    if (end == arg || *end || !(eps > 0.0 && eps < 1.0)) {
-        fsdp_fatal("fsdpc-ckpt import-safetensors: --ln-eps '%s' must be in (0, 1)", arg);
+    int rc;
+    if (args->heads > 0) {
+        snprintf(ov->heads, sizeof(ov->heads), "%ld", args->heads);
+        in->heads = ov->heads;
     }
-    return arg;
+    if (args->ln_eps > 0) {
+        snprintf(ov->eps, sizeof(ov->eps), "%.17g", args->ln_eps);
+        in->eps = ov->eps;
+    }
+    if ((rc = fsdp_safetensors_open(path, &in->st)) < 0) {
+        fsdp_die(rc, "fsdpc-ckpt import-safetensors", NULL);
+    }
 }
 
 int fsdp_ckpt_cmd_import_st(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"heads", required_argument, NULL, 'H'},
-        {"ln-eps", required_argument, NULL, 'e'},
-        {"dtype", required_argument, NULL, 'd'},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *out = NULL, *what = "fsdpc-ckpt import-safetensors";
-    enum fsdp_dtype dtype = FSDP_F32;
+    struct fsdp_ckpt_args args = {.dtype = FSDP_F32};
+    const char *path, *out = args.out, *what = "fsdpc-ckpt import-safetensors";
+    struct st_overrides ov;
     struct st_in in = {0};
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'H': in.heads = st_parse_heads(optarg); break;
-        case 'e': in.eps = st_parse_eps(optarg); break;
-        case 'd': dtype = st_parse_dtype("import-safetensors", optarg); break;
-        case 'o': out = optarg; break;
-        case 'h': import_usage(stdout); return 0;
-        default: fsdp_ckpt_tool_bad_option("import-safetensors", c, argv);
-        }
+    int rc;
+    if (fsdp_ckpt_tool_parse(&import_cmd, &args, argc, argv, &path) == 1) {
+        return 0;
     }
-    if (optind != argc - 1 || !out) {
+    if (!path || !out[0]) {
         fsdp_fatal("fsdpc-ckpt import-safetensors: expected one file and -o MODEL.h5 (see --help)");
     }
-    if ((rc = fsdp_safetensors_open(argv[optind], &in.st)) < 0) {
-        fsdp_die(rc, what, NULL);
-    }
+    enum fsdp_dtype dtype = args.dtype;
+    st_import_open(&args, path, &ov, &in);
     size_t big = 1;
     for (size_t i = 0; i < in.st->n; i++) {
         size_t n = (in.st->t[i].end - in.st->t[i].begin) / fsdp_dtype_size(in.st->t[i].dtype);
@@ -576,7 +542,7 @@ int fsdp_ckpt_cmd_import_st(int argc, char **argv)
     }
     char desc[256];
     fsdp_arch_describe(arch, cfg, desc, sizeof(desc));
-    printf("%s: %s %s written to %s\n", argv[optind], arch->name, desc, out);
+    printf("%s: %s %s written to %s\n", path, arch->name, desc, out);
     free(cfg);
     fsdp_free(raw);
     fsdp_free(a);

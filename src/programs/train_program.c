@@ -95,11 +95,62 @@ static int main_wants_version(int argc, char **argv)
     return 0;
 }
 
+/* The job, joined with the settings cfg asks for; rank 0 prints what was
+ * asked for (every key is in the metrics and checkpoints). */
+static struct fsdp_dist *main_rendezvous(const struct fsdp_train_config *cfg,
+                                         const struct fsdp_optset *set, int *argc, char ***argv)
+{
+    struct fsdp_dist *dist = NULL;
+    if (cfg->debug > 0) {
+        /* read by the debug layer when the first group is created */
+        static const char *const levels[] = {"", "OFF", "INFO", "DETAIL"};
+        setenv("FSDPC_DEBUG", levels[cfg->debug], 1);
+    }
+    if (cfg->insecure) {
+        setenv("FSDPC_INSECURE", "1", 1); /* read by the rendezvous (dist.h) */
+    }
+    int rc = fsdp_dist_init(argc, argv, cfg->init, cfg->timeout, &dist);
+    if (rc < 0) {
+        fsdp_die(rc, "fsdpc-train: rendezvous", NULL);
+    }
+    if (dist->rank == 0) {
+        printf("# fsdpc-train %s configuration (each key: file or flag)\n", PACKAGE_VERSION);
+        size_t left = fsdp_opt_print_given(set, stdout, "");
+        printf("# %zu more keys at their defaults (fsdpc-train --help lists them; the metrics "
+               "start record and every checkpoint hold all of them)\n",
+               left);
+        fflush(stdout);
+    }
+    return dist;
+}
+
+/* The run; returns whether a signal stopped it. A failure ends the job. */
+static int main_run(struct fsdp_trainer *t, struct fsdp_dist *dist)
+{
+    int rc = fsdp_trainer_run(t);
+    if (rc == FSDP_ERR_ABORTED) {
+        /* every rank is here, between collectives: the groups can be freed */
+        char msg[1024], hint[512];
+        fsdp_err_take(msg, sizeof(msg));
+        snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
+        fsdp_trainer_destroy(t);
+        fsdp_err_clear();
+        if (msg[0]) {
+            fsdp_err(rc, "%s", msg);
+            fsdp_err_hint("%s", hint);
+        }
+        main_fail_together(dist, "fsdpc-train");
+    }
+    if (rc < 0) {
+        fsdp_die(rc, "fsdpc-train", NULL);
+    }
+    return t->stopped_by != 0;
+}
+
 int fsdp_train_program(int argc, char **argv)
 {
     struct fsdp_train_config cfg;
     struct fsdp_optset set;
-    struct fsdp_dist *dist = NULL;
     struct fsdp_trainer *t = NULL;
 
     /* --version, --help and --print-memory print once under a launcher */
@@ -128,26 +179,7 @@ int fsdp_train_program(int argc, char **argv)
         }
         return 0;
     }
-
-    if (cfg.debug > 0) {
-        /* read by the debug layer when the first group is created */
-        static const char *const levels[] = {"", "OFF", "INFO", "DETAIL"};
-        setenv("FSDPC_DEBUG", levels[cfg.debug], 1);
-    }
-    if (cfg.insecure) {
-        setenv("FSDPC_INSECURE", "1", 1); /* read by the rendezvous (dist.h) */
-    }
-    rc = fsdp_dist_init(&argc, &argv, cfg.init, cfg.timeout, &dist);
-    if (rc < 0) {
-        fsdp_die(rc, "fsdpc-train: rendezvous", NULL);
-    }
-    if (dist->rank == 0) { /* what was asked for; every key is in the metrics and checkpoints */
-        printf("# fsdpc-train %s configuration (each key: file or flag)\n", PACKAGE_VERSION);
-        size_t left = fsdp_opt_print_given(&set, stdout, "");
-        printf("# %zu more keys at their defaults (fsdpc-train --help lists them; the metrics "
-               "start record and every checkpoint hold all of them)\n", left);
-        fflush(stdout);
-    }
+    struct fsdp_dist *dist = main_rendezvous(&cfg, &set, &argc, &argv);
     rc = fsdp_trainer_create(&cfg, dist, NULL, &t);
     if (rc == FSDP_ERR_ABORTED) {
         main_fail_together(dist, "fsdpc-train");
@@ -158,24 +190,7 @@ int fsdp_train_program(int argc, char **argv)
     if (dist->rank == 0) {
         fsdp_trainer_print_header(t, stdout);
     }
-    rc = fsdp_trainer_run(t);
-    if (rc == FSDP_ERR_ABORTED) {
-        /* every rank is here, between collectives: the groups can be freed */
-        char msg[1024], hint[512];
-        fsdp_err_take(msg, sizeof(msg));
-        snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
-        fsdp_trainer_destroy(t);
-        fsdp_err_clear();
-        if (msg[0]) {
-            fsdp_err(rc, "%s", msg);
-            fsdp_err_hint("%s", hint);
-        }
-        main_fail_together(dist, "fsdpc-train");
-    }
-    if (rc < 0) {
-        fsdp_die(rc, "fsdpc-train", NULL);
-    }
-    const int stopped = t->stopped_by != 0;
+    const int stopped = main_run(t, dist);
     fsdp_trainer_destroy(t);
     fsdp_dist_finalize(dist);
     return stopped ? FSDP_TRAIN_EXIT_STOPPED : 0;

@@ -7,7 +7,7 @@
  */
 #include "config.h"
 #include "train/mesh_check.h"
-#include "train/options.h"
+#include "core/options.h"
 #include "model/model.h"
 #include "core/error.h"
 

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "train/options.h"
+#include "core/options.h"
 
 #define FSDP_TRAIN_PATH_MAX 1024
 

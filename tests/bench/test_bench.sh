@@ -70,7 +70,7 @@ check_bad() {
     [ "$n" -eq 1 ] || tap_diag "$(head -n 5 "$tmp/bad.out")"
 }
 check_bad "unknown --op" "--op 'allfoo': unknown collective" --op allfoo
-check_bad "unknown flag" "unknown option '--frobnicate'" --frobnicate 3
+check_bad "unknown flag" "unknown option --frobnicate" --frobnicate 3
 check_bad "bad size" "--max 'lots'" --max lots
 check_bad "min above max" "--min 1024 is larger than --max 64" --min 1K --max 64
 check_bad "dimension not in the mesh" "--dim 'tp': the mesh dp=2 has no such dimension" \

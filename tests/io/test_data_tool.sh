@@ -64,16 +64,16 @@ expect_fail "missing text" "cannot open text 'nope.txt': No such file" \
     "$DATA" tokenize nope.txt -o x.bin
 : >empty.txt
 expect_fail "empty text" "text 'empty.txt' is empty" "$DATA" tokenize empty.txt -o x.bin
-expect_fail "fraction out of range" "--val-fraction '1.5' must be a number in (0, 1)" \
+expect_fail "fraction out of range" "--val-fraction '1.5' is out of range (0, 1)" \
     "$DATA" tokenize t.txt -o x.bin --val-fraction 1.5 --val-out v.bin
-expect_fail "fraction not a number" "--val-fraction 'abc' must be a number" \
+expect_fail "fraction not a number" "--val-fraction 'abc' is not a finite number" \
     "$DATA" tokenize t.txt -o x.bin --val-fraction abc --val-out v.bin
 expect_fail "fraction without --val-out" "--val-fraction and --val-out go together" \
     "$DATA" tokenize t.txt -o x.bin --val-fraction 0.1
 expect_fail "split too small" "leaves no validation tokens" \
     "$DATA" tokenize bin.txt -o x.bin --val-fraction 0.1 --val-out v.bin
 expect_fail "missing -o" "missing -o FILE.bin" "$DATA" tokenize t.txt
-expect_fail "unknown option" "unknown option '--frobnicate'" "$DATA" tokenize --frobnicate t.txt
+expect_fail "unknown option" "unknown option --frobnicate" "$DATA" tokenize --frobnicate t.txt
 [ ! -e x.bin ] && ! ls -a | grep -q -F -e x.bin.tmp -e v.bin.tmp && [ ! -e v.bin ]
 tap_ok $? "failed runs leave no output files"
 printf 'not a token file at all, but longer than nothing' >bad.bin

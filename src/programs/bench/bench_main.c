@@ -20,13 +20,14 @@
 #include "config.h"
 #include "programs/bench/bench.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "core/util.h"
 #include "rendezvous/dist.h"
 #include "comm/group.h"
 #include "comm/mesh.h"
 
-#include <getopt.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +47,29 @@ enum bench_stat {
     BENCH_STAT_MEDIAN,
 };
 
+/* The flags as given, what the option table fills. */
+struct bench_flags {
+    char op[256];
+    char backend[256];
+    char mesh[256];
+    char dim[64];
+    char init[1024];
+    enum fsdp_dtype dtype;
+    int redop; /* index into bench_redops */
+    long root;
+    size_t min_bytes, max_bytes;
+    long step_factor;
+    char sizes[2048];
+    long iters, warmup;
+    int stat; /* enum bench_stat */
+    long check;
+    int insecure;
+    double timeout_s; /* 0: the job's default */
+    char csv[4096];
+};
+
 struct bench_opts {
+    struct bench_flags f; /* what the strings below point into */
     unsigned ops;        /* bit i selects bench_colls[i] */
     const char *backend; /* NULL: the mesh's default */
     const char *mesh;    /* NULL: dp=<world size> */
@@ -96,44 +119,63 @@ struct bench_result {
 // ----------------------------------------------------------------------------
 // flags
 
-static void bench_usage(FILE *f)
-{
-    fprintf(f,
-            "Usage: mpiexec.mpich -n N fsdpc-bench [options]\n"
-            "Measures collectives like nccl-tests: time, algbw and busbw per size.\n"
-            "\n"
-            "  --op NAME          allreduce, allgather, reduce_scatter, broadcast, a comma list,\n"
-            "                     or all (default allreduce)\n"
-            "  --backend SPEC     tcp, mpi, nccl, or per dimension: dp=tcp,tp=mpi\n"
-            "                     (default: mpi when launched by MPI, else tcp)\n"
-            "  --mesh SPEC        device mesh, e.g. dp=2,tp=2 (default dp=<world size>)\n"
-            "  --dim NAME         mesh dimension to measure (needed when the mesh has several)\n"
-            "  --dtype T          f32 f16 bf16 i32 i64 u8 (default f32)\n"
-            "  --redop OP         sum avg max min (default sum)\n"
-            "  --root R           broadcast root, a rank of the group (default 0)\n"
-            "  --min BYTES        smallest size, total bytes, K/M/G suffixes (default 4)\n"
-            "  --max BYTES        largest size (default 256M)\n"
-            "  --step-factor F    multiply the size by F each step (default 2)\n"
-            "  --sizes LIST       explicit sizes instead of --min/--max, e.g. 4,4K,1M,64M\n"
-            "  --iters N          timed iterations per size (default 20)\n"
-            "  --warmup N         untimed iterations before them (default 5)\n"
-            "  --stat avg|median  per-rank statistic of iteration times (default avg);\n"
-            "                     the max over ranks is reported\n"
-            "  --check 0|1        verify one extra iteration per size (default 1)\n"
-            "  --init METHOD      mpi, env://, tcp://HOST:PORT, file:///PATH (default auto)\n"
-            "  --insecure         env:// or tcp:// without a job secret (FSDPC_SECRET_FILE):\n"
-            "                     on a non-loopback address, or on loopback keyed by\n"
-            "                     public values instead of the per-user secret\n"
-            "  --timeout S        deadline for setup and each collective\n"
-            "                     (default $FSDPC_TIMEOUT, else 300)\n"
-            "  --csv FILE         also write one row per size and placement to FILE (rank 0)\n"
-            "  --help             this text\n"
-            "\n"
-            "Sizes are total bytes as in nccl-tests: the allreduce/broadcast buffer, the whole\n"
-            "allgather output, the whole reduce_scatter input (count per rank = size/N/elem).\n"
-            "busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter),\n"
-            "1 (broadcast). The exit status is 1 when any checked element was wrong.\n");
-}
+#define F(field) offsetof(struct bench_flags, field)
+#define S(field) sizeof(((struct bench_flags *)0)->field)
+static const struct fsdp_opt bench_table[] = {
+    {"op", FSDP_OPT_STR, F(op), S(op), 0, 0, NULL, "NAME", 0,
+     "allreduce, allgather, reduce_scatter, broadcast, a comma list, or all", 0},
+    {"backend", FSDP_OPT_STR, F(backend), S(backend), 0, 0, NULL, "SPEC", 0,
+     "tcp, mpi, nccl, or per dimension: dp=tcp,tp=mpi (default: mpi when launched by MPI, else "
+     "tcp)",
+     0},
+    {"mesh", FSDP_OPT_STR, F(mesh), S(mesh), 0, 0, NULL, "SPEC", 0,
+     "device mesh, e.g. dp=2,tp=2 (default dp=<world size>)", 0},
+    {"dim", FSDP_OPT_STR, F(dim), S(dim), 0, 0, NULL, "NAME", 0,
+     "mesh dimension to measure (needed when the mesh has several)", 0},
+    {"dtype", FSDP_OPT_DTYPE, F(dtype), 0, 0, 0, "f32|f16|bf16|i32|i64|u8", "T", 0,
+     "f32 f16 bf16 i32 i64 u8", 0},
+    {"redop", FSDP_OPT_CHOICE, F(redop), 0, 0, 0, "sum|avg|max|min", "OP", 0, "sum avg max min", 0},
+    {"root", FSDP_OPT_INT, F(root), 0, 0, 1 << 30, NULL, "R", 0,
+     "broadcast root, a rank of the group", 0},
+    {"min", FSDP_OPT_SIZE, F(min_bytes), 0, 1, 1e15, NULL, "BYTES", 0,
+     "smallest size, total bytes, K/M/G suffixes", 0},
+    {"max", FSDP_OPT_SIZE, F(max_bytes), 0, 1, 1e15, NULL, "BYTES", 0, "largest size", 0},
+    {"step-factor", FSDP_OPT_INT, F(step_factor), 0, 2, 1024, NULL, "F", 0,
+     "multiply the size by F each step", 0},
+    {"sizes", FSDP_OPT_STR, F(sizes), S(sizes), 0, 0, NULL, "LIST", 0,
+     "explicit sizes instead of --min/--max, e.g. 4,4K,1M,64M", 0},
+    {"iters", FSDP_OPT_INT, F(iters), 0, 1, 1000000, NULL, "N", 0, "timed iterations per size", 0},
+    {"warmup", FSDP_OPT_INT, F(warmup), 0, 0, 1000000, NULL, "N", 0,
+     "untimed iterations before them", 0},
+    {"stat", FSDP_OPT_CHOICE, F(stat), 0, 0, 0, "avg|median", "avg|median", 0,
+     "per-rank statistic of iteration times; the max over ranks is reported", 0},
+    {"check", FSDP_OPT_INT, F(check), 0, 0, 1, NULL, "0|1", 0,
+     "verify one extra iteration per size", 0},
+    {"init", FSDP_OPT_STR, F(init), S(init), 0, 0, NULL, "METHOD", 0,
+     "mpi, env://, tcp://HOST:PORT, file:///PATH (default auto)", 0},
+    {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0,
+     "env:// or tcp:// without a job secret (FSDPC_SECRET_FILE): on a non-loopback address, "
+     "or on loopback keyed by public values instead of the per-user secret",
+     0},
+    {"timeout", FSDP_OPT_FLOAT, F(timeout_s), 0, 0, 1e9, NULL, "S", FSDP_OPT_MIN_OPEN,
+     "deadline for setup and each collective (default $FSDPC_TIMEOUT, else 300)", 0},
+    {"csv", FSDP_OPT_STR, F(csv), S(csv), 0, 0, NULL, "FILE", 0,
+     "also write one row per size and placement to FILE (rank 0)", 0},
+};
+#undef F
+#undef S
+
+/* --redop's choices, in the table's order. */
+static const enum fsdp_redop bench_redops[] = {FSDP_SUM, FSDP_AVG, FSDP_MAX, FSDP_MIN};
+
+static const char bench_about[] =
+    "Measures collectives like nccl-tests: time, algbw and busbw per size; run it\n"
+    "under a launcher (mpiexec.mpich -n N fsdpc-bench [options]).\n"
+    "\n"
+    "Sizes are total bytes as in nccl-tests: the allreduce/broadcast buffer, the whole\n"
+    "allgather output, the whole reduce_scatter input (count per rank = size/N/elem).\n"
+    "busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter),\n"
+    "1 (broadcast). The exit status is 1 when any checked element was wrong.";
 
 /* Every rank parses the same flags, so every rank exits here alike. */
 __attribute__((format(printf, 1, 2))) _Noreturn static void bench_bad_flag(const char *fmt, ...)
@@ -178,15 +220,6 @@ static unsigned bench_parse_ops(const char *s)
     return ops;
 }
 
-static long long bench_parse_int(const char *flag, const char *s, long long lo, long long hi)
-{
-    long long v;
-    if (fsdp_parse_long(s, &v) < 0 || v < lo || v > hi) {
-        bench_bad_flag("%s '%s': expected an integer in [%lld, %lld]", flag, s, lo, hi);
-    }
-    return v;
-}
-
 static size_t bench_parse_bytes(const char *flag, const char *s)
 {
     size_t v;
@@ -224,102 +257,10 @@ static void bench_parse_sizes(const char *s, struct bench_opts *o)
     o->sizes_listed = 1;
 }
 
-static void bench_parse(int argc, char **argv, struct bench_opts *o)
+/* The sizes to run: --sizes, else --min times --step-factor up to --max;
+ * the buffers are sized for the largest. */
+static void bench_size_range(struct bench_opts *o)
 {
-    enum { OPT_OP = 256, OPT_BACKEND, OPT_MESH, OPT_DIM, OPT_DTYPE, OPT_REDOP, OPT_ROOT, OPT_MIN,
-           OPT_MAX, OPT_STEP, OPT_SIZES, OPT_ITERS, OPT_WARMUP, OPT_STAT, OPT_CHECK, OPT_INIT,
-           OPT_INSECURE, OPT_TIMEOUT, OPT_CSV, OPT_HELP };
-    static const struct option longopts[] = {
-        {"op", required_argument, NULL, OPT_OP},
-        {"backend", required_argument, NULL, OPT_BACKEND},
-        {"mesh", required_argument, NULL, OPT_MESH},
-        {"dim", required_argument, NULL, OPT_DIM},
-        {"dtype", required_argument, NULL, OPT_DTYPE},
-        {"redop", required_argument, NULL, OPT_REDOP},
-        {"root", required_argument, NULL, OPT_ROOT},
-        {"min", required_argument, NULL, OPT_MIN},
-        {"max", required_argument, NULL, OPT_MAX},
-        {"step-factor", required_argument, NULL, OPT_STEP},
-        {"sizes", required_argument, NULL, OPT_SIZES},
-        {"iters", required_argument, NULL, OPT_ITERS},
-        {"warmup", required_argument, NULL, OPT_WARMUP},
-        {"stat", required_argument, NULL, OPT_STAT},
-        {"check", required_argument, NULL, OPT_CHECK},
-        {"init", required_argument, NULL, OPT_INIT},
-        {"insecure", no_argument, NULL, OPT_INSECURE},
-        {"timeout", required_argument, NULL, OPT_TIMEOUT},
-        {"csv", required_argument, NULL, OPT_CSV},
-        {"help", no_argument, NULL, OPT_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    *o = (struct bench_opts){
-        .ops = 1u, /* allreduce */
-        .dtype = FSDP_F32,
-        .redop = FSDP_SUM,
-        .min_bytes = 4,
-        .max_bytes = (size_t)256 << 20,
-        .step_factor = 2,
-        .iters = 20,
-        .warmup = 5,
-        .timeout_s = 0.0, /* the job's default: $FSDPC_TIMEOUT, else 300 s */
-        .check = 1,
-        .stat = BENCH_STAT_AVG,
-    };
-    opterr = 0; /* our own one-line messages */
-    int c;
-    while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
-        switch (c) {
-        case OPT_OP: o->ops = bench_parse_ops(optarg); break;
-        case OPT_BACKEND: o->backend = optarg; break;
-        case OPT_MESH: o->mesh = optarg; break;
-        case OPT_DIM: o->dim = optarg; break;
-        case OPT_DTYPE:
-            if (fsdp_dtype_parse(optarg, &o->dtype) < 0) {
-                bench_bad_flag("--dtype '%s': expected f32, f16, bf16, i32, i64 or u8", optarg);
-            }
-            break;
-        case OPT_REDOP:
-            if (fsdp_redop_parse(optarg, &o->redop) < 0) {
-                bench_bad_flag("--redop '%s': expected sum, avg, max or min", optarg);
-            }
-            break;
-        case OPT_ROOT: o->root = (int)bench_parse_int("--root", optarg, 0, 1 << 30); break;
-        case OPT_MIN: o->min_bytes = bench_parse_bytes("--min", optarg); break;
-        case OPT_MAX: o->max_bytes = bench_parse_bytes("--max", optarg); break;
-        case OPT_STEP: o->step_factor = bench_parse_int("--step-factor", optarg, 2, 1024); break;
-        case OPT_SIZES: bench_parse_sizes(optarg, o); break;
-        case OPT_ITERS: o->iters = bench_parse_int("--iters", optarg, 1, 1000000); break;
-        case OPT_WARMUP: o->warmup = bench_parse_int("--warmup", optarg, 0, 1000000); break;
-        case OPT_STAT:
-            if (strcmp(optarg, "avg") == 0) {
-                o->stat = BENCH_STAT_AVG;
-            } else if (strcmp(optarg, "median") == 0) {
-                o->stat = BENCH_STAT_MEDIAN;
-            } else {
-                bench_bad_flag("--stat '%s': expected avg or median", optarg);
-            }
-            break;
-        case OPT_CHECK: o->check = (int)bench_parse_int("--check", optarg, 0, 1); break;
-        case OPT_INIT: o->init = optarg; break;
-        case OPT_INSECURE: setenv("FSDPC_INSECURE", "1", 1); break; /* dist.h */
-        case OPT_TIMEOUT:
-            if (fsdp_parse_double(optarg, &o->timeout_s) < 0 || !(o->timeout_s > 0)) {
-                bench_bad_flag("--timeout '%s': expected a positive number of seconds", optarg);
-            }
-            break;
-        case OPT_CSV: o->csv = optarg; break;
-        case OPT_HELP:
-            if (fsdp_dist_launcher_rank() == 0) {
-                bench_usage(stdout);
-            }
-            exit(0);
-        case ':': bench_bad_flag("%s: missing value", argv[optind - 1]);
-        default: bench_bad_flag("unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) {
-        bench_bad_flag("unexpected argument '%s'", argv[optind]);
-    }
     size_t elem = fsdp_dtype_size(o->dtype);
     if (!o->sizes_listed) {
         if (o->min_bytes > o->max_bytes) {
@@ -334,13 +275,67 @@ static void bench_parse(int argc, char **argv, struct bench_opts *o)
             }
         }
     }
-    /* the buffers are sized for the largest size actually run */
     o->min_bytes = o->sizes[0];
     o->max_bytes = o->sizes[o->nsizes - 1];
     if (o->max_bytes < elem) {
         bench_bad_flag("--max %zu is smaller than one %s element", o->max_bytes,
                        fsdp_dtype_name(o->dtype));
     }
+}
+
+static void bench_parse(int argc, char **argv, struct bench_opts *o)
+{
+    *o = (struct bench_opts){
+        .f = {.op = "allreduce",
+              .dtype = FSDP_F32,
+              .min_bytes = 4,
+              .max_bytes = (size_t)256 << 20,
+              .step_factor = 2,
+              .iters = 20,
+              .warmup = 5,
+              .check = 1},
+    };
+    struct bench_flags *f = &o->f;
+    struct fsdp_optset set = {.prog = "fsdpc-bench",
+                              .opts = bench_table,
+                              .n = sizeof(bench_table) / sizeof(bench_table[0]),
+                              .base = f,
+                              .about = bench_about,
+                              .abbreviations = 1};
+    int rc = fsdp_opt_parse(&set, argc, argv, NULL);
+    if (rc == 1) {
+        if (fsdp_dist_launcher_rank() == 0) {
+            fsdp_opt_usage(&set, stdout, "[options]");
+        }
+        exit(0);
+    }
+    if (rc < 0) {
+        bench_bad_flag("%s", fsdp_err_msg());
+    }
+    o->ops = bench_parse_ops(f->op);
+    o->backend = f->backend[0] ? f->backend : NULL;
+    o->mesh = f->mesh[0] ? f->mesh : NULL;
+    o->dim = f->dim[0] ? f->dim : NULL;
+    o->init = f->init[0] ? f->init : NULL;
+    o->csv = f->csv[0] ? f->csv : NULL;
+    o->dtype = f->dtype;
+    o->redop = bench_redops[f->redop];
+    o->root = (int)f->root;
+    o->min_bytes = f->min_bytes;
+    o->max_bytes = f->max_bytes;
+    o->step_factor = f->step_factor;
+    o->iters = f->iters;
+    o->warmup = f->warmup;
+    o->timeout_s = f->timeout_s;
+    o->check = (int)f->check;
+    o->stat = (enum bench_stat)f->stat;
+    if (f->insecure) {
+        setenv("FSDPC_INSECURE", "1", 1); /* dist.h */
+    }
+    if (f->sizes[0]) {
+        bench_parse_sizes(f->sizes, o);
+    }
+    bench_size_range(o);
 }
 
 // ----------------------------------------------------------------------------

@@ -1,18 +1,21 @@
 /*
- * options.h - table-driven program options: long GNU-style flags
- * ("--key value" or "--key=value", or a bare "--key" for an option whose
- * value is optional), a config file of "key = value" lines with the same
- * keys, range and choice checks, and printing of the resolved set as a valid
- * config file.
+ * options.h - the one option parser of every program: table-driven long
+ * GNU-style flags ("--key value" or "--key=value", or a bare "--key" for an
+ * option whose value is optional), one-letter aliases ("-o FILE", "-oFILE"),
+ * operands where a program takes them (fsdpc-ckpt's PATH), a config file of
+ * "key = value" lines with the same keys, range and choice checks, the
+ * --help text generated from the table, and printing of the resolved set as
+ * a valid config file.
  *
  * A program describes its options once, as an array of struct fsdp_opt
  * pointing into its own config struct; the parser fills that struct. Every
  * problem (unknown key, malformed or out-of-range value, missing required
  * key) is one error message that names the key and where it came from
- * ("--lr" or "run.cfg:7"). Nothing here prints or exits: programs decide.
+ * ("--lr" or "run.cfg:7"). Nothing here exits: programs decide; printing is
+ * only what a caller asks for (--help, the resolved set).
  */
-#ifndef FSDP_TRAIN_OPTIONS_H
-#define FSDP_TRAIN_OPTIONS_H
+#ifndef FSDP_CORE_OPTIONS_H
+#define FSDP_CORE_OPTIONS_H
 
 #include <stddef.h>
 #include <stdio.h>
@@ -25,12 +28,16 @@ enum fsdp_opt_type {
     FSDP_OPT_FLAG,    /* int 0/1: a bare "--key" sets it; "--key=off", "key = on" */
     FSDP_OPT_BOOL,    /* int 0/1 from a value that must be given: "--key on|off",
                          "--key=off", "key = on"; printed on or off */
+    FSDP_OPT_SIZE,    /* size_t byte count: 4, 64K, 256M, 1G (binary suffixes), within
+                         [min, max] */
+    FSDP_OPT_DTYPE,   /* enum fsdp_dtype by name or alias (core/dtype.h), one of the
+                         '|'-separated choices ("f32|bf16|f16") */
 };
 
 enum fsdp_opt_flags {
-    FSDP_OPT_REQUIRED = 1u << 0, /* must be given by a flag or the file */
+    FSDP_OPT_REQUIRED = 1u << 0,  /* must be given by a flag or the file */
     FSDP_OPT_ARGV_ONLY = 1u << 1, /* not allowed in a config file (e.g. "config") */
-    FSDP_OPT_HIDDEN = 1u << 2,   /* left out of --help and of the printed config */
+    FSDP_OPT_HIDDEN = 1u << 2,    /* left out of --help and of the printed config */
     /*
      * STR, INT and FLOAT options: the value may be left out, like getopt's
      * optional_argument; the key then takes its implied value, the option's
@@ -41,6 +48,9 @@ enum fsdp_opt_flags {
      * it, while 'key = ""' is an empty value.
      */
     FSDP_OPT_OPTIONAL_VALUE = 1u << 3,
+    /* FLOAT: min (MIN_OPEN) or max (MAX_OPEN) itself is outside the range */
+    FSDP_OPT_MIN_OPEN = 1u << 4,
+    FSDP_OPT_MAX_OPEN = 1u << 5,
 };
 
 /* Where a value came from; the printed config says so for each key. */
@@ -51,27 +61,36 @@ enum fsdp_opt_source {
 };
 
 struct fsdp_opt {
-    const char *name;       /* "batch-size": the flag without dashes and the file key */
+    const char *name; /* "batch-size": the flag without dashes and the file key */
     enum fsdp_opt_type type;
-    size_t offset;          /* of the field inside the config struct */
-    size_t size;            /* FSDP_OPT_STR: buffer size, including the NUL */
-    double min, max;        /* inclusive range for INT and FLOAT */
-    const char *choices;    /* FSDP_OPT_CHOICE: "cosine|linear|constant";
-                               FSDP_OPT_OPTIONAL_VALUE: the implied value */
-    const char *arg;        /* placeholder in --help: "N", "FILE", "X" */
-    unsigned flags;         /* enum fsdp_opt_flags */
-    const char *help;       /* one line */
+    size_t offset;       /* of the field inside the config struct */
+    size_t size;         /* FSDP_OPT_STR: buffer size, including the NUL */
+    double min, max;     /* inclusive range for INT and FLOAT */
+    const char *choices; /* FSDP_OPT_CHOICE: "cosine|linear|constant";
+                            FSDP_OPT_OPTIONAL_VALUE: the implied value */
+    const char *arg;     /* placeholder in --help: "N", "FILE", "X" */
+    unsigned flags;      /* enum fsdp_opt_flags */
+    const char *help;    /* one line; --help adds the default (a default outside
+                            [min, max] means "worked out", which help says) */
+    char letter;         /* one-letter alias: 'o' for "-o"; 0: none */
 };
 
 #define FSDP_OPT_MAX 64
+#define FSDP_OPT_MAX_OPERANDS 8
 
 /* A program's options bound to its config struct. */
 struct fsdp_optset {
-    const char *prog;                     /* "fsdpc-train" */
-    const struct fsdp_opt *opts;          /* (n,) */
-    size_t n;                             /* <= FSDP_OPT_MAX */
-    void *base;                           /* the config struct being filled */
-    unsigned char source[FSDP_OPT_MAX];   /* (n,) enum fsdp_opt_source per option */
+    const char *prog;                   /* "fsdpc-train", "fsdpc-ckpt init" */
+    const struct fsdp_opt *opts;        /* (n,) */
+    size_t n;                           /* <= FSDP_OPT_MAX */
+    void *base;                         /* the config struct being filled */
+    unsigned char source[FSDP_OPT_MAX]; /* (n,) enum fsdp_opt_source per option */
+    const char *about; /* --help's paragraphs between the usage line and the options */
+    int operands;      /* nonzero: words that are no option are operands (after "--": all) */
+    int abbreviations; /* nonzero: a long option's unique prefix stands for it ("--out" for
+                          "--output"), as getopt_long takes it */
+    const char *operand[FSDP_OPT_MAX_OPERANDS]; /* the first operands, in argv */
+    int n_operands;                             /* how many were given (may exceed the array) */
 };
 
 /* Index of the option called name, or -1. */
@@ -132,7 +151,10 @@ void fsdp_opt_print(const struct fsdp_optset *s, FILE *fp, const char *indent);
  * same configuration while the defaults stay the same). */
 size_t fsdp_opt_print_given(const struct fsdp_optset *s, FILE *fp, const char *indent);
 
-/* Prints the --help text. */
+/*
+ * Prints the --help text: "usage: PROG SYNOPSIS", the set's about text, then
+ * one line per visible option ("-o, --output FILE  help [default]") and -h.
+ */
 void fsdp_opt_usage(const struct fsdp_optset *s, FILE *fp, const char *synopsis);
 
 #endif
