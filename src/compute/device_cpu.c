@@ -45,8 +45,8 @@ static void k_widen_into(float *dst, const void *src, size_t n, enum fsdp_dtype 
  * The parameters a kernel reads, as f32: themselves when pt is f32, else
  * widened into the device's workspace (a's na values, then b's nb; either
  * may be NULL, as an absent bias is). A kernel returns nothing, so a
- * workspace that cannot grow ends the process with one line naming what was
- * asked.
+ * workspace that cannot grow ends the job with one line naming what was
+ * asked (fsdp_fatal).
  */
 static void k_widen(struct fsdp_device *d, enum fsdp_dtype pt, const void *a, size_t na,
                     const float **wa, const void *b, size_t nb, const float **wb)
@@ -65,11 +65,9 @@ static void k_widen(struct fsdp_device *d, enum fsdp_dtype pt, const void *a, si
         d->wide = fsdp_alloc(need * sizeof(float));
         d->wide_floats = d->wide ? need : 0;
         if (!d->wide) {
-            fprintf(stderr,
-                    "fsdpc: error: device %s: no host memory to widen %zu %s parameter values "
-                    "for a kernel (%zu bytes); free memory or use --param-dtype f32\n",
-                    d->ops->name, need, fsdp_dtype_name(pt), need * sizeof(float));
-            exit(1);
+            fsdp_fatal("device %s: no host memory to widen %zu %s parameter values for a kernel "
+                       "(%zu bytes); free memory or use --param-dtype f32",
+                       d->ops->name, need, fsdp_dtype_name(pt), need * sizeof(float));
         }
     }
     *wa = NULL;

@@ -103,14 +103,19 @@ void fsdp_err_trace(const char *file, int line, int code);
  * aborts the whole job through the registered abort hook (MPI_Abort,
  * backend abort, _exit).
  */
-_Noreturn void fsdp_die(int code, const char *what, const char *hint);
+#if defined(__cplusplus) /* the CUDA sources include this header as C++ */
+#define FSDP_NORETURN [[noreturn]]
+#else
+#define FSDP_NORETURN _Noreturn
+#endif
+FSDP_NORETURN void fsdp_die(int code, const char *what, const char *hint);
 /* Same with a formatted message and no error code. */
-_Noreturn void fsdp_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+FSDP_NORETURN void fsdp_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The job-wide abort; set by the distribution layer once it is up. */
 typedef void (*fsdp_abort_fn)(int exit_code, void *arg);
 void fsdp_set_abort_hook(fsdp_abort_fn fn, void *arg);
 /* Runs the hook (or _exit) with exit_code; never returns. */
-_Noreturn void fsdp_abort_job(int exit_code);
+FSDP_NORETURN void fsdp_abort_job(int exit_code);
 
 #endif

@@ -15,7 +15,7 @@
  * chunk for the in-place casts, and the cuBLASLt handle. A workspace grows
  * at its first use with a larger size (the first step), from the device's
  * arena; a kernel cannot return an error, so a workspace that cannot grow
- * ends the process with one line naming it.
+ * ends the job with one line naming it (fsdp_fatal, through the abort hook).
  *
  * Under the host emulation (tests/kernels/test_cuda_table) the same file
  * runs every entry on the CPU; there the matmuls are the CPU's (the one
@@ -27,6 +27,7 @@
 extern "C" {
 #include "compute/device.h"
 #include "core/dtype.h"
+#include "core/error.h"
 }
 #if defined(__CUDACC__)
 extern "C" {
@@ -56,11 +57,9 @@ static void ks_die(struct fsdp_device *d, const char *what, size_t bytes)
 {
     size_t free_b = 0, total_b = 0;
     (void)d->ops->mem_info(d, &free_b, &total_b);
-    fprintf(stderr,
-            "fsdpc: error: out of memory on device %s:%d: the kernels' %s needs %zu bytes, %zu "
-            "of %zu free; use a smaller batch or --activation-checkpointing\n",
-            d->ops->name, d->index, what, bytes, free_b, total_b);
-    exit(1);
+    fsdp_fatal("out of memory on device %s:%d: the kernels' %s needs %zu bytes, %zu of %zu free; "
+               "use a smaller batch or --activation-checkpointing",
+               d->ops->name, d->index, what, bytes, free_b, total_b);
 }
 
 static struct cuda_ks *ks_of(struct fsdp_device *d)
@@ -304,11 +303,9 @@ static void c_embed_scatter_add(struct fsdp_device *d, float *dtable, const floa
 static void ks_check_hs(struct fsdp_device *d, int hs)
 {
     if (hs > FSDP_CUDA_ATTENTION_MAX_HS) {
-        fprintf(stderr,
-                "fsdpc: error: device %s:%d: attention heads %d wide are wider than the cuda "
-                "kernels take (%d); use --device cpu for this model\n",
-                d->ops->name, d->index, hs, FSDP_CUDA_ATTENTION_MAX_HS);
-        exit(1);
+        fsdp_fatal("device %s:%d: attention heads %d wide are wider than the cuda kernels take "
+                   "(%d); use --device cpu for this model",
+                   d->ops->name, d->index, hs, FSDP_CUDA_ATTENTION_MAX_HS);
     }
 }
 
