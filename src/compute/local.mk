@@ -41,7 +41,7 @@ TESTS += tests/kernels/test_cuda_attention
 # fsdpc-train with the CUDA table under emulation as device cuda-emu
 check_PROGRAMS += tests/kernels/train_cuda_emu
 tests_kernels_train_cuda_emu_SOURCES = tests/kernels/train_cuda_emu.cpp \
-	tests/kernels/cuda_emu_kernels.cpp src/programs/train_program.c
+	tests/kernels/cuda_emu_kernels.cpp src/programs/train_program.c src/programs/sample_program.c
 dist_check_SCRIPTS += tests/kernels/test_cuda_train.sh
 TESTS += tests/kernels/test_cuda_train.sh
 dist_check_SCRIPTS += tests/kernels/test_cuda_nvcc.sh

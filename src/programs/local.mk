@@ -3,7 +3,8 @@
 bin_PROGRAMS += fsdpc-train fsdpc-sample fsdpc-data fsdpc-ckpt fsdpc-flight
 fsdpc_train_SOURCES = src/programs/train_main.c src/programs/train_program.c
 noinst_HEADERS += src/programs/train_program.h src/programs/cli.h
-fsdpc_sample_SOURCES = src/programs/sample_main.c
+fsdpc_sample_SOURCES = src/programs/sample_main.c src/programs/sample_program.c
+noinst_HEADERS += src/programs/sample_program.h
 fsdpc_data_SOURCES = src/programs/data_main.c src/programs/cli.c
 fsdpc_ckpt_SOURCES = src/programs/ckpt_main.c $(ckpt_program_sources)
 # fsdpc-ckpt without its main, for test programs that register an architecture first

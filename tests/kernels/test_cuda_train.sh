@@ -4,7 +4,8 @@
 # (train_cuda_emu: fsdpc-train with device cuda-emu), against --device cpu:
 # every step's loss and gradient norm within 1e-5 relative, and the final
 # weights within 1e-4 (f32), for GPT-2 and Llama on one rank and over
-# dp=2 (unit 0 by rows) and tp=2, with bf16 parameters too. The kernels
+# dp=2 (unit 0 by rows) and tp=2, with bf16 parameters too; and the
+# sampler's greedy text with and without its key/value cache. The kernels
 # differ from the
 # CPU's in their order of sums (block trees against SIMD lanes) and in
 # exp, a few ulp a step; a wrong index or a missing barrier is off by the
@@ -73,8 +74,29 @@ near() {
 }
 
 near "gpt2 1 rank" 1 --model "$W/gpt2.h5" --data "$W/train.bin"
+
+# the sampler through the table: greedy text from each trained model, with
+# its key/value cache (the decode kernels) and without
+sample_both() {
+    s_model=$1 cache=$2
+    ok=0
+    "$BIN/fsdpc-sample" --device cpu --model "$W/$s_model.cpu.h5" --prompt "int " \
+        --tokens 24 --temperature 0 $cache > "$W/sample.cpu" 2> "$W/sample.err" || ok=1
+    "$EMU" sample --device cuda-emu --model "$W/$s_model.cpu.h5" --prompt "int " \
+        --tokens 24 --temperature 0 $cache > "$W/sample.emu" 2>> "$W/sample.err" || ok=1
+    [ $ok -eq 0 ] && [ -s "$W/sample.cpu" ] && cmp -s "$W/sample.cpu" "$W/sample.emu" || {
+        ok=1
+        tap_diag "$(tail -n 3 "$W/sample.err"; od -c "$W/sample.cpu" | head -n 2; od -c "$W/sample.emu" | head -n 2)"
+    }
+    tap_ok $ok "fsdpc-sample through the cuda table (emulated) = cpu, greedy, 24 tokens: $s_model${cache:+ ($cache)}"
+}
 near "llama 1 rank, activation checkpointing" 1 --model "$W/llama.h5" --data "$W/train.bin" \
     --activation-checkpointing
+for m in "gpt2 1 rank" "llama 1 rank, activation checkpointing"; do
+    for cache in "" --no-cache; do
+        sample_both "$m" "$cache"
+    done
+done
 near "gpt2 1 rank, bf16 parameters" 1 --model "$W/gpt2.h5" --data "$W/train.bin" \
     --param-dtype bf16 --reduce-dtype bf16
 if [ -z "$MPIEXEC" ]; then
