@@ -14,6 +14,31 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+/* Tensor p's whole data (buf) as dataset name of f (tmp, for messages),
+ * written once, with its block checksums. */
+static int ck_write_tensor(hid_t f, const char *tmp, const char *name,
+                           const struct fsdp_param_spec *p, const float *buf)
+{
+    char why[256];
+    hsize_t dims[2];
+    hid_t sp = H5Screate_simple(ck_dims(p, p->shape[0], dims), dims, NULL);
+    hid_t dcpl = fsdp_h5_dcpl_write_once();
+    hid_t d = sp < 0 || dcpl < 0
+                  ? -1
+                  : H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    fsdp_h5_close(dcpl);
+    int rc = d < 0 ? -1
+                   : fsdp_sum_write(d, H5T_NATIVE_FLOAT, p->ndim, p->shape[0], p->shape[1],
+                                    sizeof(float), buf, ck_block_rows(p));
+    if (rc == -1) {
+        rc = fsdp_err(FSDP_ERR_IO, "%s: writing /%s failed: %s", tmp, name,
+                      fsdp_h5_reason(why, sizeof(why)));
+    }
+    fsdp_h5_close(d);
+    fsdp_h5_close(sp);
+    return rc;
+}
+
 int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
                           fsdp_ckpt_progress_fn progress, void *arg)
 {
@@ -54,27 +79,12 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
     for (int k = 0; k < n_kinds && rc == 0; k++) {
         for (size_t i = 0; i < spec->n_params && rc == 0; i++) {
             const struct fsdp_param_spec *p = &spec->params[i];
-            hsize_t dims[2];
             rc = fsdp_ckpt_read_rows(ck, k, i, 0, p->shape[0], buf);
             if (rc < 0) {
                 break;
             }
             snprintf(name, sizeof(name), "%s/%s", kinds->group[k], p->name);
-            hid_t sp = H5Screate_simple(ck_dims(p, p->shape[0], dims), dims, NULL);
-            hid_t dcpl = fsdp_h5_dcpl_write_once();
-            hid_t d = sp < 0 || dcpl < 0
-                          ? -1
-                          : H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-            fsdp_h5_close(dcpl);
-            rc = d < 0 ? -1
-                       : fsdp_sum_write(d, H5T_NATIVE_FLOAT, p->ndim, p->shape[0], p->shape[1],
-                                        sizeof(float), buf, ck_block_rows(p));
-            if (rc == -1) {
-                rc = fsdp_err(FSDP_ERR_IO, "%s: writing /%s failed: %s", tmp, name,
-                              fsdp_h5_reason(why, sizeof(why)));
-            }
-            fsdp_h5_close(d);
-            fsdp_h5_close(sp);
+            rc = ck_write_tensor(f, tmp, name, p, buf);
             if (progress && rc == 0) {
                 progress(++done, total, arg);
             }
