@@ -348,8 +348,6 @@ static int ck_check_shard_sum(struct fsdp_ckpt *ck, const char *path, const char
     return rc;
 }
 
-/* Shard r: present, readable, of this checkpoint and step, every tensor
- * with the rows the split rule gives and the checksums the index records. */
 /* Shard r's file is there and readable; its path into path. */
 static int ck_shard_present(const struct fsdp_ckpt *ck, int r, char *path, size_t len)
 {
@@ -363,9 +361,61 @@ static int ck_shard_present(const struct fsdp_ckpt *ck, int r, char *path, size_
     return 0;
 }
 
+/* Tensor i of kind k in shard r (f, at path): a float dataset of the rows
+ * the split rule gives, stored plainly, with the checksums the index records. */
+static int ck_check_shard_tensor(struct fsdp_ckpt *ck, const char *path, hid_t f, int r, int k,
+                                 size_t i)
+{
+    char name[256], why[256];
+    const struct fsdp_param_spec *p = &ck->spec->params[i];
+    size_t row0, rows;
+    hsize_t dims[H5S_MAX_RANK], want[2];
+    enum fsdp_h5_float kind;
+    fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &row0, &rows);
+    snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[k], p->name);
+    hid_t d;
+    FSDP_CHECK(fsdp_h5_open_dataset(path, f, name, H5P_DEFAULT, &d));
+    int rc = fsdp_h5_check_storage(path, name, d);
+    hid_t t = rc < 0 ? -1 : H5Dget_type(d);
+    if (rc == 0 && (t < 0 || fsdp_h5_classify_float(t, &kind, why, sizeof(why)) < 0)) {
+        rc = fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s %s", path, name,
+                      t < 0 ? "has an unreadable type" : why);
+    }
+    fsdp_h5_close(t);
+    if (rc < 0) {
+        H5Dclose(d);
+        H5Eclear2(H5E_DEFAULT);
+        return rc;
+    }
+    hid_t s = H5Dget_space(d);
+    int nd = s < 0 ? -1 : H5Sget_simple_extent_dims(s, dims, NULL);
+    long long a0 = -1, an = -1;
+    int ok = nd == ck_dims(p, rows, want) && dims[0] == want[0] && (nd == 1 || dims[1] == want[1]);
+    if (ok && (fsdp_h5_attr_int(path, d, "row0", &a0) < 0 ||
+               fsdp_h5_attr_int(path, d, "rows", &an) < 0)) {
+        fsdp_h5_close(s);
+        fsdp_h5_close(d);
+        return FSDP_ERR_FORMAT;
+    }
+    fsdp_h5_close(s);
+    H5Eclear2(H5E_DEFAULT);
+    if (!ok || a0 != (long long)row0 || an != (long long)rows) {
+        fsdp_h5_close(d);
+        return fsdp_err(FSDP_ERR_FORMAT,
+                        "%s: dataset /%s does not hold rows [%zu, %zu) "
+                        "of %s as shard %d of %d must",
+                        path, name, row0, row0 + rows, p->name, r, ck->meta.n_shards);
+    }
+    rc = ck_check_shard_sum(ck, path, name, d, r, k, i, rows);
+    fsdp_h5_close(d);
+    return rc;
+}
+
+/* Shard r: present, readable, of this checkpoint and step, every tensor
+ * with the rows the split rule gives and the checksums the index records. */
 static int ck_check_shard(struct fsdp_ckpt *ck, int r)
 {
-    char path[CK_PATH_MAX], name[256], fmt[64], why[256];
+    char path[CK_PATH_MAX], fmt[64], why[256];
     long long x;
     FSDP_CHECK(ck_shard_present(ck, r, path, sizeof(path)));
     FSDP_CHECK(fsdp_h5_check_regular(path));
@@ -401,49 +451,7 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
     }
     for (int k = 0; k < ck->kinds.n; k++) {
         for (size_t i = 0; i < ck->spec->n_params; i++) {
-            const struct fsdp_param_spec *p = &ck->spec->params[i];
-            size_t row0, rows;
-            hsize_t dims[H5S_MAX_RANK], want[2];
-            enum fsdp_h5_float kind;
-            fsdp_ckpt_rows(p->shape[0], ck->meta.n_shards, r, &row0, &rows);
-            snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[k], p->name);
-            hid_t d;
-            FSDP_CHECK(fsdp_h5_open_dataset(path, f, name, H5P_DEFAULT, &d));
-            int rc = fsdp_h5_check_storage(path, name, d);
-            hid_t t = rc < 0 ? -1 : H5Dget_type(d);
-            if (rc == 0 && (t < 0 || fsdp_h5_classify_float(t, &kind, why, sizeof(why)) < 0)) {
-                rc = fsdp_err(FSDP_ERR_FORMAT, "%s: dataset /%s %s", path, name,
-                              t < 0 ? "has an unreadable type" : why);
-            }
-            fsdp_h5_close(t);
-            if (rc < 0) {
-                H5Dclose(d);
-                H5Eclear2(H5E_DEFAULT);
-                return rc;
-            }
-            hid_t s = H5Dget_space(d);
-            int nd = s < 0 ? -1 : H5Sget_simple_extent_dims(s, dims, NULL);
-            long long a0 = -1, an = -1;
-            int ok = nd == ck_dims(p, rows, want) && dims[0] == want[0] &&
-                     (nd == 1 || dims[1] == want[1]);
-            if (ok && (fsdp_h5_attr_int(path, d, "row0", &a0) < 0 ||
-                       fsdp_h5_attr_int(path, d, "rows", &an) < 0)) {
-                fsdp_h5_close(s);
-                fsdp_h5_close(d);
-                return FSDP_ERR_FORMAT;
-            }
-            fsdp_h5_close(s);
-            H5Eclear2(H5E_DEFAULT);
-            if (!ok || a0 != (long long)row0 || an != (long long)rows) {
-                fsdp_h5_close(d);
-                return fsdp_err(FSDP_ERR_FORMAT,
-                                "%s: dataset /%s does not hold rows [%zu, %zu) "
-                                "of %s as shard %d of %d must",
-                                path, name, row0, row0 + rows, p->name, r, ck->meta.n_shards);
-            }
-            rc = ck_check_shard_sum(ck, path, name, d, r, k, i, rows);
-            fsdp_h5_close(d);
-            FSDP_CHECK(rc);
+            FSDP_CHECK(ck_check_shard_tensor(ck, path, f, r, k, i));
         }
     }
     return 0;
