@@ -535,6 +535,33 @@ static int dist_check_secretless(const char *method, const char *host, const cha
  * two jobs with one secret stay apart; without a secret only a loopback
  * store (or --insecure) is allowed, keyed by the shared values alone. The
  * job nonce proper is random and published by rank 0 through the store. */
+/* The job's nonce: drawn by rank 0, set in the store, read by every rank. */
+static int dist_agree_nonce(struct fsdp_dist *d, const char *method)
+{
+    unsigned char nb[8];
+    if (d->rank == 0) {
+        uint64_t n = fsdp_store_random64();
+        for (int i = 0; i < 8; i++) {
+            nb[i] = (unsigned char)(n >> (8 * i));
+        }
+        FSDP_CHECK(fsdp_store_set(d->store, "fsdpc/nonce", nb, sizeof(nb)));
+    }
+    void *v;
+    size_t len;
+    FSDP_CHECK(fsdp_store_get(d->store, "fsdpc/nonce", &v, &len, d->timeout_s));
+    if (len != 8) {
+        free(v);
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: the job nonce in the store is %zu bytes", method,
+                        len);
+    }
+    d->nonce = 0;
+    for (int i = 0; i < 8; i++) {
+        d->nonce |= (uint64_t)((unsigned char *)v)[i] << (8 * i);
+    }
+    free(v);
+    return 0;
+}
+
 static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct dist_impl *im)
 {
     const char *method = sp->method == FSDP_INIT_ENV ? "env://" : "tcp://";
@@ -597,27 +624,7 @@ static int dist_init_tcp(struct fsdp_dist *d, const struct dist_spec *sp, struct
                         "its job: another job uses this address (set FSDPC_JOB_ID, or another "
                         "port)", method, host, port, d->world_size);
     }
-    unsigned char nb[8];
-    if (d->rank == 0) {
-        uint64_t n = fsdp_store_random64();
-        for (int i = 0; i < 8; i++) {
-            nb[i] = (unsigned char)(n >> (8 * i));
-        }
-        FSDP_CHECK(fsdp_store_set(d->store, "fsdpc/nonce", nb, sizeof(nb)));
-    }
-    void *v;
-    size_t len;
-    FSDP_CHECK(fsdp_store_get(d->store, "fsdpc/nonce", &v, &len, d->timeout_s));
-    if (len != 8) {
-        free(v);
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: the job nonce in the store is %zu bytes", method,
-                        len);
-    }
-    d->nonce = 0;
-    for (int i = 0; i < 8; i++) {
-        d->nonce |= (uint64_t)((unsigned char *)v)[i] << (8 * i);
-    }
-    free(v);
+    FSDP_CHECK(dist_agree_nonce(d, method));
     /* without a secret the job key is derived from the nonce alone, which
      * any client that passed the (public) store handshake can read */
     dist_job_key(d, secret, slen);
