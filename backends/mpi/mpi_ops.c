@@ -190,9 +190,10 @@ static void mpibe_set_avg(struct mpibe_work *w, void *buf, size_t count, enum fs
 // ----------------------------------------------------------------------------
 // create, destroy, abort, capabilities
 
-static int mpibe_create(const struct fsdp_group_info *info, struct fsdp_backend **out)
+/* MPI is up, on this thread, with the job's world as its own. */
+static int mpibe_check_world(const struct fsdp_group_info *info)
 {
-    int up = 0, down = 0, main_thread = 0, wrank = -1, wsize = 0, rc, mpirc;
+    int up = 0, down = 0, main_thread = 0, wrank = -1, wsize = 0;
     MPI_Initialized(&up);
     if (up) {
         MPI_Finalized(&down);
@@ -216,7 +217,13 @@ static int mpibe_create(const struct fsdp_group_info *info, struct fsdp_backend 
                         "--backend tcp",
                         wrank, wsize, info->world_rank, info->world_size);
     }
+    return 0;
+}
 
+static int mpibe_create(const struct fsdp_group_info *info, struct fsdp_backend **out)
+{
+    int rc, mpirc;
+    FSDP_CHECK(mpibe_check_world(info));
     struct mpibe *be = calloc(1, sizeof(*be));
     if (!be) {
         return fsdp_err(FSDP_ERR_NOMEM, "mpi group %s: out of memory", info->name);
