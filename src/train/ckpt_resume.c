@@ -414,7 +414,8 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     FSDP_CHECK_GOTO(fsdp_trainer_agree(t, rc, "open the checkpoint"), rc, out);
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
     struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};
-    rc = fsdp_uneven_resume_state(t, m, &ds);
+    struct fsdp_uneven_run run = fsdp_trainer_uneven_run(t);
+    rc = fsdp_uneven_resume_state(&run, t->uneven, m, &ds);
     if (rc == 0) {
         rc = fsdp_ckpt_damage_hint(path, cad_read_state(t, ck));
     }

@@ -173,6 +173,16 @@ static void trainer_run_id(struct fsdp_trainer *t)
     snprintf(t->run_id, sizeof(t->run_id), "%016llx", (unsigned long long)x);
 }
 
+struct fsdp_uneven_run fsdp_trainer_uneven_run(const struct fsdp_trainer *t)
+{
+    return (struct fsdp_uneven_run){.world = t->world,
+                                    .rank = fsdp_trainer_rank(t),
+                                    .size = fsdp_trainer_world(t),
+                                    .train = t->train,
+                                    .cfg = t->cfg,
+                                    .per_rank_data = t->per_rank_data};
+}
+
 /* Phase 3: loaders, passes, checkpoints, resume, metrics and peak FLOP/s. */
 static int trainer_open_run(struct fsdp_trainer *t)
 {
@@ -180,7 +190,8 @@ static int trainer_open_run(struct fsdp_trainer *t)
     int rc = fsdp_trainer_open_data(t, cfg->data, "data", &t->train, &t->per_rank_data);
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "open its data file"));
     FSDP_CHECK(fsdp_trainer_open_val(t));
-    rc = fsdp_uneven_create(t, &t->uneven);
+    struct fsdp_uneven_run run = fsdp_trainer_uneven_run(t);
+    rc = fsdp_uneven_create(&run, &t->uneven);
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "plan the passes over its data"));
     t->total_steps = t->uneven ? t->uneven->total_steps : cfg->steps;
     t->sched.steps = t->total_steps;

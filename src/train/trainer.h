@@ -101,6 +101,9 @@ int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *d
  * ("open its data file") is for the others' log line.
  */
 int fsdp_trainer_agree(struct fsdp_trainer *t, int rc, const char *what);
+/* What the plan for uneven inputs needs of t (uneven.h): its world, its
+ * data loader and settings. */
+struct fsdp_uneven_run fsdp_trainer_uneven_run(const struct fsdp_trainer *t);
 
 /* The sharding engine over t's mesh (the default factory). */
 int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out);

@@ -63,7 +63,7 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
     }
     if (t->uneven) {
         char line[256];
-        fsdp_uneven_describe(t->uneven, t, line, sizeof(line));
+        fsdp_uneven_describe(t->uneven, line, sizeof(line));
         fprintf(fp, "%s\n", line);
     }
     if (t->val) {
@@ -287,7 +287,7 @@ static int trainer_agree(struct fsdp_trainer *t, int *sig)
     int mine = fsdp_stop_signal();
     *sig = 0;
     if (t->uneven) {
-        return fsdp_uneven_vote(t->uneven, t, mine, sig);
+        return fsdp_uneven_vote(t->uneven, t->step, mine, sig);
     }
     int32_t v = mine;
     FSDP_CHECK(fsdp_world_max(t->world, &v, 1));
@@ -458,7 +458,7 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
     double val_loss;
     int sig = 0;
     if (t->uneven) { /* who has a batch for the first step (a signal waits for a step) */
-        FSDP_CHECK(fsdp_uneven_vote(t->uneven, t, 0, &sig));
+        FSDP_CHECK(fsdp_uneven_vote(t->uneven, t->step, 0, &sig));
     }
     if (t->resumed_from >= 0 && !trainer_more(t)) {
         if (fsdp_trainer_rank(t) == 0) {

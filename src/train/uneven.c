@@ -10,7 +10,8 @@
  */
 #include "config.h"
 #include "train/uneven.h"
-#include "train/trainer.h"
+#include "train/train_config.h"
+#include "train/world.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "rendezvous/dist.h"
@@ -20,16 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int unv_rank(const struct fsdp_trainer *t)
-{
-    return t->dist ? t->dist->rank : 0;
-}
-
-static int unv_world(const struct fsdp_trainer *t)
-{
-    return t->dist ? t->dist->world_size : 1;
-}
 
 int fsdp_uneven_path(const char *tmpl, int rank, char *out, size_t len, int *per_rank)
 {
@@ -66,15 +57,9 @@ int fsdp_uneven_path(const char *tmpl, int rank, char *out, size_t len, int *per
 // ----------------------------------------------------------------------------
 // setup
 
-/* Every rank's value of x in v[0..world) (world x int32, one collective). */
-static int unv_gather(struct fsdp_trainer *t, int32_t *v, int32_t x)
+int fsdp_uneven_create(const struct fsdp_uneven_run *run, struct fsdp_uneven **out)
 {
-    return fsdp_world_allgather(t->world, x, v);
-}
-
-int fsdp_uneven_create(struct fsdp_trainer *t, struct fsdp_uneven **out)
-{
-    const struct fsdp_train_config *c = t->cfg;
+    const struct fsdp_train_config *c = run->cfg;
     struct fsdp_uneven *u;
     int rc;
     *out = NULL;
@@ -84,12 +69,13 @@ int fsdp_uneven_create(struct fsdp_trainer *t, struct fsdp_uneven **out)
     if (!(u = calloc(1, sizeof(*u)))) {
         return fsdp_err(FSDP_ERR_NOMEM, "uneven inputs");
     }
-    u->rank = unv_rank(t);
-    u->world = unv_world(t);
+    u->run = *run;
+    u->rank = run->rank;
+    u->world = run->size;
     u->join = c->uneven == FSDP_UNEVEN_JOIN;
     u->K = (int)c->grad_accum;
     u->epochs = c->epochs;
-    t->train->wrap = 0; /* a pass ends at the end of the data; the vote starts the next */
+    run->train->wrap = 0; /* a pass ends at the end of the data; the vote starts the next */
     u->per_pass = calloc((size_t)u->world, sizeof(*u->per_pass));
     u->vote = calloc((size_t)u->world + 1, sizeof(*u->vote));
     u->had = calloc((size_t)u->world, sizeof(*u->had));
@@ -98,9 +84,11 @@ int fsdp_uneven_create(struct fsdp_trainer *t, struct fsdp_uneven **out)
         rc = fsdp_err(FSDP_ERR_NOMEM, "uneven inputs: tables for %d ranks", u->world);
         goto err;
     }
-    uint64_t mine = fsdp_dataloader_steps_per_pass(t->train, u->K);
-    FSDP_CHECK_GOTO(unv_gather(t, u->vote, mine > INT32_MAX ? INT32_MAX : (int32_t)mine), rc,
-                    err);
+    uint64_t mine = fsdp_dataloader_steps_per_pass(run->train, u->K);
+    /* every rank's count in vote[0..world), one collective */
+    FSDP_CHECK_GOTO(
+        fsdp_world_allgather(run->world, mine > INT32_MAX ? INT32_MAX : (int32_t)mine, u->vote), rc,
+        err);
     uint64_t lo = UINT64_MAX, hi = 0;
     int lo_rank = 0;
     for (int r = 0; r < u->world; r++) {
@@ -157,8 +145,7 @@ void fsdp_uneven_destroy(struct fsdp_uneven *u)
     free(u);
 }
 
-void fsdp_uneven_describe(const struct fsdp_uneven *u, const struct fsdp_trainer *t, char *buf,
-                          size_t len)
+void fsdp_uneven_describe(const struct fsdp_uneven *u, char *buf, size_t len)
 {
     uint64_t lo = UINT64_MAX, hi = 0;
     for (int r = 0; r < u->world; r++) {
@@ -170,7 +157,7 @@ void fsdp_uneven_describe(const struct fsdp_uneven *u, const struct fsdp_trainer
     if (n < 0 || (size_t)n >= len) {
         return;
     }
-    if (t->cfg->steps > 0 && t->cfg->steps == u->total_steps) {
+    if (u->run.cfg->steps > 0 && u->run.cfg->steps == u->total_steps) {
         int m = snprintf(buf + n, len - (size_t)n, " (capped by --steps)");
         n += m > 0 && (size_t)m < len - (size_t)n ? m : 0;
     }
@@ -218,16 +205,16 @@ static int unv_count(struct fsdp_uneven *u)
 }
 
 /* One agreement over [signal, has a batch of rank 0 .. world-1]. */
-static int unv_agree(struct fsdp_uneven *u, struct fsdp_trainer *t, int signalled)
+static int unv_agree(struct fsdp_uneven *u, int signalled)
 {
     memset(u->vote, 0, ((size_t)u->world + 1) * sizeof(*u->vote));
     u->vote[0] = signalled; /* a signal number: the highest wins */
-    u->vote[1 + u->rank] = fsdp_dataloader_fits(t->train, u->K);
-    return fsdp_world_max(t->world, u->vote, u->world + 1);
+    u->vote[1 + u->rank] = fsdp_dataloader_fits(u->run.train, u->K);
+    return fsdp_world_max(u->run.world, u->vote, u->world + 1);
 }
 
 /* Rank 0's line when ranks run out in the middle of a pass (join). */
-static void unv_log_join(struct fsdp_uneven *u, struct fsdp_trainer *t, int n)
+static void unv_log_join(struct fsdp_uneven *u, long step, int n)
 {
     int32_t *out_now = u->scratch;
     int any = 0;
@@ -238,23 +225,27 @@ static void unv_log_join(struct fsdp_uneven *u, struct fsdp_trainer *t, int n)
     if (any && u->rank == 0) {
         char who[128];
         unv_list(out_now, u->world, who, sizeof(who));
-        FSDP_INFO(FSDP_SUB_TRAIN, "rank%s %s out of data at step %ld (pass %llu of %ld); %d of "
-                  "%d ranks contribute", strchr(who, ',') ? "s" : "", who, t->step + 1,
-                  (unsigned long long)t->train->epoch + 1, u->epochs, n, u->world);
+        FSDP_INFO(FSDP_SUB_TRAIN,
+                  "rank%s %s out of data at step %ld (pass %llu of %ld); %d of "
+                  "%d ranks contribute",
+                  strchr(who, ',') ? "s" : "", who, step + 1,
+                  (unsigned long long)u->run.train->epoch + 1, u->epochs, n, u->world);
     }
 }
 
 /* Rank 0's line when a pass ends. */
-static void unv_log_pass_end(struct fsdp_uneven *u, struct fsdp_trainer *t, int n)
+static void unv_log_pass_end(struct fsdp_uneven *u, long step, int n)
 {
-    unsigned long long pass = (unsigned long long)t->train->epoch + 1;
+    unsigned long long pass = (unsigned long long)u->run.train->epoch + 1;
     int last = (long)pass >= u->epochs;
     if (u->rank != 0) {
         return;
     }
     if (u->join || n == 0) {
-        FSDP_INFO(FSDP_SUB_TRAIN, "pass %llu of %ld ended after step %ld: no rank has data "
-                  "left%s", pass, u->epochs, t->step, last ? "; training ends" : "");
+        FSDP_INFO(FSDP_SUB_TRAIN,
+                  "pass %llu of %ld ended after step %ld: no rank has data "
+                  "left%s",
+                  pass, u->epochs, step, last ? "; training ends" : "");
         return;
     }
     int32_t *lacking = u->scratch;
@@ -264,41 +255,43 @@ static void unv_log_pass_end(struct fsdp_uneven *u, struct fsdp_trainer *t, int 
     }
     unv_list(lacking, u->world, who, sizeof(who));
     unv_list(u->vote + 1, u->world, rest, sizeof(rest));
-    FSDP_INFO(FSDP_SUB_TRAIN, "uneven stop: rank%s %s out of data at step %ld; pass %llu of %ld "
+    FSDP_INFO(FSDP_SUB_TRAIN,
+              "uneven stop: rank%s %s out of data at step %ld; pass %llu of %ld "
               "ends here on all %d ranks (rank%s %s had batches left)%s",
-              strchr(who, ',') ? "s" : "", who, t->step + 1, pass, u->epochs, u->world,
+              strchr(who, ',') ? "s" : "", who, step + 1, pass, u->epochs, u->world,
               strchr(rest, ',') ? "s" : "", rest, last ? "; training ends" : "");
 }
 
-int fsdp_uneven_vote(struct fsdp_uneven *u, struct fsdp_trainer *t, int signalled,
-                     int *preempt)
+int fsdp_uneven_vote(struct fsdp_uneven *u, long step, int signalled, int *preempt)
 {
-    FSDP_CHECK(unv_agree(u, t, signalled));
+    FSDP_CHECK(unv_agree(u, signalled));
     *preempt = u->vote[0];
     int n = unv_count(u);
     int ended = u->join ? n == 0 : n < u->world;
     if (ended) {
-        unv_log_pass_end(u, t, n);
-        if ((long)t->train->epoch + 1 >= u->epochs) {
+        unv_log_pass_end(u, step, n);
+        if ((long)u->run.train->epoch + 1 >= u->epochs) {
             u->done = 1;
             u->have = 0;
             u->n_contrib = 0;
             return 0;
         }
-        fsdp_dataloader_new_pass(t->train);
-        FSDP_CHECK(unv_agree(u, t, 0));
+        fsdp_dataloader_new_pass(u->run.train);
+        FSDP_CHECK(unv_agree(u, 0));
         n = unv_count(u);
         if (u->join ? n == 0 : n < u->world) {
             /* every rank's next pass starts at token 0 of an unchanged file */
-            return fsdp_err(FSDP_ERR_INTERNAL, "pass %llu: %d of %d ranks have a batch at its "
-                            "start", (unsigned long long)t->train->epoch + 1, n, u->world);
+            return fsdp_err(FSDP_ERR_INTERNAL,
+                            "pass %llu: %d of %d ranks have a batch at its "
+                            "start",
+                            (unsigned long long)u->run.train->epoch + 1, n, u->world);
         }
         for (int r = 0; r < u->world; r++) {
             u->had[r] = 1;
         }
     }
     if (u->join) {
-        unv_log_join(u, t, n);
+        unv_log_join(u, step, n);
     }
     for (int r = 0; r < u->world; r++) {
         u->had[r] = u->vote[1 + r];
@@ -312,16 +305,15 @@ int fsdp_uneven_vote(struct fsdp_uneven *u, struct fsdp_trainer *t, int signalle
 // resume
 
 /* This rank's cursor after `steps` steps, computed as the loop moves it. */
-static void unv_state_after(const struct fsdp_trainer *t, long steps,
-                            struct fsdp_dataloader_state *st)
+static void unv_state_after(const struct fsdp_uneven_run *run, const struct fsdp_uneven *u,
+                            long steps, struct fsdp_dataloader_state *st)
 {
-    const struct fsdp_uneven *u = t->uneven;
-    const uint64_t K = (uint64_t)t->cfg->grad_accum;
+    const uint64_t K = (uint64_t)run->cfg->grad_accum;
     if (!u) { /* wrapping: every step takes K micro-batches */
-        fsdp_dataloader_state_after(t->train, (uint64_t)steps * K, st);
+        fsdp_dataloader_state_after(run->train, (uint64_t)steps * K, st);
         return;
     }
-    st->n_tokens = fsdp_tokens_count(t->train->tokens);
+    st->n_tokens = fsdp_tokens_count(run->train->tokens);
     st->position = 0;
     st->epoch = 0;
     if (steps <= 0) {
@@ -339,43 +331,44 @@ static void unv_state_after(const struct fsdp_trainer *t, long steps,
     uint64_t in_pass = s - (s - 1) / L * L;
     uint64_t mine = u->per_pass[u->rank];
     st->epoch = (s - 1) / L;
-    st->position = (in_pass < mine ? in_pass : mine) * K * t->train->step_tokens;
+    st->position = (in_pass < mine ? in_pass : mine) * K * run->train->step_tokens;
 }
 
-int fsdp_uneven_resume_state(struct fsdp_trainer *t, const struct fsdp_ckpt_meta *m,
-                             struct fsdp_dataloader_state *ds)
+int fsdp_uneven_resume_state(const struct fsdp_uneven_run *run, const struct fsdp_uneven *u,
+                             const struct fsdp_ckpt_meta *m, struct fsdp_dataloader_state *ds)
 {
-    const struct fsdp_train_config *c = t->cfg;
+    const struct fsdp_train_config *c = run->cfg;
     int rc = 0;
-    if (!t->per_rank_data) {
+    if (!run->per_rank_data) {
         return 0;
     }
-    if (m->world_size != unv_world(t)) {
+    if (m->world_size != run->size) {
         /* every rank finds this alike; rank 0 alone reports it (trainer.h) */
-        if (unv_rank(t) != 0) {
+        if (run->rank != 0) {
             return FSDP_ERR_ABORTED;
         }
-        return fsdp_err(FSDP_ERR_ABORTED, "per-rank data files (%s): the checkpoint was "
+        return fsdp_err(FSDP_ERR_ABORTED,
+                        "per-rank data files (%s): the checkpoint was "
                         "written by %d rank%s and this run has %d; each rank's cursor is only "
-                        "known for the same ranks and files", c->data, m->world_size,
-                        m->world_size > 1 ? "s" : "", unv_world(t));
+                        "known for the same ranks and files",
+                        c->data, m->world_size, m->world_size > 1 ? "s" : "", run->size);
     }
     struct fsdp_dataloader_state st;
-    unv_state_after(t, m->step, &st);
-    if (unv_rank(t) == 0 && (st.position != ds->position || st.epoch != ds->epoch ||
-                             (ds->n_tokens != 0 && st.n_tokens != ds->n_tokens))) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "per-rank data files (%s): the checkpoint's cursor of "
+    unv_state_after(run, u, m->step, &st);
+    if (run->rank == 0 && (st.position != ds->position || st.epoch != ds->epoch ||
+                           (ds->n_tokens != 0 && st.n_tokens != ds->n_tokens))) {
+        rc = fsdp_err(FSDP_ERR_INVALID,
+                      "per-rank data files (%s): the checkpoint's cursor of "
                       "rank 0 (token %llu of pass %llu, file of %llu tokens) is not where %ld "
                       "steps leave %s (token %llu of pass %llu, %llu tokens); resume with the "
                       "files, batch-size, seq-len, grad-accum and epochs of the run that wrote it",
-                      c->data, (unsigned long long)ds->position,
-                      (unsigned long long)ds->epoch + 1, (unsigned long long)ds->n_tokens,
-                      m->step, fsdp_tokens_path(t->train->tokens),
-                      (unsigned long long)st.position, (unsigned long long)st.epoch + 1,
-                      (unsigned long long)st.n_tokens);
+                      c->data, (unsigned long long)ds->position, (unsigned long long)ds->epoch + 1,
+                      (unsigned long long)ds->n_tokens, m->step,
+                      fsdp_tokens_path(run->train->tokens), (unsigned long long)st.position,
+                      (unsigned long long)st.epoch + 1, (unsigned long long)st.n_tokens);
     }
     int32_t failed = rc < 0;
-    FSDP_CHECK(fsdp_world_max(t->world, &failed, 1));
+    FSDP_CHECK(fsdp_world_max(run->world, &failed, 1));
     if (failed) { /* every rank knows now; rank 0, the one with the message, reports it */
         return FSDP_ERR_ABORTED;
     }

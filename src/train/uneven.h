@@ -20,11 +20,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct fsdp_trainer;
 struct fsdp_ckpt_meta;
+struct fsdp_dataloader;
 struct fsdp_dataloader_state;
+struct fsdp_train_config;
+struct fsdp_world;
+
+/* What the plan for uneven inputs needs of the run: its world, this rank's
+ * data loader and the settings (the trainer fills it; nothing here reaches
+ * the trainer). */
+struct fsdp_uneven_run {
+    struct fsdp_world *world; /* the agreements' group */
+    int rank, size;           /* in the world */
+    struct fsdp_dataloader *train;
+    const struct fsdp_train_config *cfg;
+    int per_rank_data; /* each rank reads its own file ({rank} in --data) */
+};
 
 struct fsdp_uneven {
+    struct fsdp_uneven_run run;
     int rank, world;
     int join;           /* 1: join, 0: stop */
     int K;              /* micro-batches per step */
@@ -47,27 +61,25 @@ struct fsdp_uneven {
 int fsdp_uneven_path(const char *tmpl, int rank, char *out, size_t len, int *per_rank);
 
 /*
- * With --epochs: learns every rank's steps per pass of t->train (one
+ * With --epochs: learns every rank's steps per pass of run->train (one
  * collective) and plans the run's length; *out NULL without --epochs.
  * Fails when the data gives no step at all (stop: when some rank has none).
  */
-int fsdp_uneven_create(struct fsdp_trainer *t, struct fsdp_uneven **out);
+int fsdp_uneven_create(const struct fsdp_uneven_run *run, struct fsdp_uneven **out);
 void fsdp_uneven_destroy(struct fsdp_uneven *u);
 
 /*
- * The per-step agreement, before each step: which ranks have a batch for
+ * The per-step agreement, before step + 1: which ranks have a batch for
  * it, and the highest signal number any rank brings (signalled, 0: none;
  * returned in *preempt). Starts the
  * next pass when this one has ended (then agrees once more) and sets done
  * after the last; logs on rank 0 when ranks start joining and when a pass
  * ends.
  */
-int fsdp_uneven_vote(struct fsdp_uneven *u, struct fsdp_trainer *t, int signalled,
-                     int *preempt);
+int fsdp_uneven_vote(struct fsdp_uneven *u, long step, int signalled, int *preempt);
 
 /* One line for the run header, without newline. */
-void fsdp_uneven_describe(const struct fsdp_uneven *u, const struct fsdp_trainer *t, char *buf,
-                          size_t len);
+void fsdp_uneven_describe(const struct fsdp_uneven *u, char *buf, size_t len);
 
 /*
  * Resume with per-rank data files: a checkpoint stores rank 0's cursor
@@ -78,7 +90,7 @@ void fsdp_uneven_describe(const struct fsdp_uneven *u, const struct fsdp_trainer
  * data file, whose global cursor is stored whole. Collective; a refusal is
  * FSDP_ERR_ABORTED on every rank with the message on rank 0 only.
  */
-int fsdp_uneven_resume_state(struct fsdp_trainer *t, const struct fsdp_ckpt_meta *m,
-                             struct fsdp_dataloader_state *ds);
+int fsdp_uneven_resume_state(const struct fsdp_uneven_run *run, const struct fsdp_uneven *u,
+                             const struct fsdp_ckpt_meta *m, struct fsdp_dataloader_state *ds);
 
 #endif
