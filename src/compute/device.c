@@ -7,7 +7,6 @@
 #include "compute/device.h"
 #include "compute/device_impl.h"
 #include "core/error.h"
-#include "core/util.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -84,9 +83,6 @@ void fsdp_device_destroy(struct fsdp_device *d)
         fsdp_cuda_device_fini(d);
     }
 #endif
-    if (d) {
-        fsdp_free(d->wide);
-    }
     free(d);
 }
 

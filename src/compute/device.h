@@ -251,18 +251,15 @@ struct fsdp_device {
     void (*kernel_enter)(struct fsdp_device *d, const void *const *p, int nw, int n);
     void (*kernel_leave)(struct fsdp_device *d);
     void *impl;
-    /* The CPU table's workspace: 16-bit parameters widened to f32 for the
-     * kernel that reads them (grown to the largest, freed with the device). */
-    float *wide;
-    size_t wide_floats;
-    /* A kernel table's own state (workspaces in device memory, library
-     * handles), made at its first need; NULL for the CPU's. */
+    /* The kernel table's own state (its workspaces: the CPU's widened 16-bit
+     * parameters, a GPU's device buffers and library handles), made at its
+     * first need and freed by the table's kstate_free with the device. */
     void *kstate;
 };
 
-/* name "cpu" or "guarded" (device_guarded.c); "cuda" (cuda/device_cuda.c)
- * is refused until its kernel table is built. index: the device ordinal,
- * from the local rank. */
+/* name "cpu", "guarded" (device_guarded.c), "cuda" (cuda/device_cuda.c; in
+ * a build with the CUDA kernels) or one a program registered. index: the
+ * device ordinal, from the local rank. */
 int fsdp_device_create(const char *name, int index, struct fsdp_device **out);
 void fsdp_device_destroy(struct fsdp_device *d);
 /* A device a program adds under name (a test's emulated device), created

@@ -48,6 +48,13 @@ static void k_widen_into(float *dst, const void *src, size_t n, enum fsdp_dtype 
  * workspace that cannot grow ends the job with one line naming what was
  * asked (fsdp_fatal).
  */
+/* The CPU table's state (d->kstate): the widening workspace, grown to the
+ * largest tensor one kernel reads; host memory, freed with the device. */
+struct cpu_kstate {
+    float *wide;
+    size_t floats;
+};
+
 static void k_widen(struct fsdp_device *d, enum fsdp_dtype pt, const void *a, size_t na,
                     const float **wa, const void *b, size_t nb, const float **wb)
 {
@@ -60,11 +67,15 @@ static void k_widen(struct fsdp_device *d, enum fsdp_dtype pt, const void *a, si
     }
     na = a ? na : 0;
     size_t need = na + (b ? nb : 0);
-    if (need > d->wide_floats) {
-        fsdp_free(d->wide);
-        d->wide = fsdp_alloc(need * sizeof(float));
-        d->wide_floats = d->wide ? need : 0;
-        if (!d->wide) {
+    struct cpu_kstate *ks = d->kstate;
+    if (!ks || need > ks->floats) {
+        if (!ks && !(ks = d->kstate = calloc(1, sizeof(*ks)))) {
+            fsdp_fatal("device %s: no host memory for the kernels' state", d->ops->name);
+        }
+        fsdp_free(ks->wide);
+        ks->wide = fsdp_alloc(need * sizeof(float));
+        ks->floats = ks->wide ? need : 0;
+        if (!ks->wide) {
             fsdp_fatal("device %s: no host memory to widen %zu %s parameter values for a kernel "
                        "(%zu bytes); free memory or use --param-dtype f32",
                        d->ops->name, need, fsdp_dtype_name(pt), need * sizeof(float));
@@ -72,16 +83,24 @@ static void k_widen(struct fsdp_device *d, enum fsdp_dtype pt, const void *a, si
     }
     *wa = NULL;
     if (a) {
-        k_widen_into(d->wide, a, na, pt);
-        *wa = d->wide;
+        k_widen_into(ks->wide, a, na, pt);
+        *wa = ks->wide;
     }
     if (wb) {
         *wb = NULL;
         if (b) {
-            k_widen_into(d->wide + na, b, nb, pt);
-            *wb = d->wide + na;
+            k_widen_into(ks->wide + na, b, nb, pt);
+            *wb = ks->wide + na;
         }
     }
+}
+
+static void k_kstate_free(struct fsdp_device *d)
+{
+    struct cpu_kstate *ks = d->kstate;
+    fsdp_free(ks->wide);
+    free(ks);
+    d->kstate = NULL;
 }
 
 /* out[r,:] = table[tokens[r],:] widened from 16-bit, row by row. */
@@ -587,6 +606,7 @@ static const struct fsdp_kernels cpu_kernels = {
     .xent_losses = k_xent_losses,
     .xent_combine = k_xent_combine,
     .fill = k_fill,
+    .kstate_free = k_kstate_free,
 };
 
 const struct fsdp_kernels *fsdp_cpu_kernels(void)

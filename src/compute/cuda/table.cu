@@ -94,6 +94,13 @@ static void *ks_grow(struct fsdp_device *d, void **p, size_t *have, size_t need,
     return mem;
 }
 
+/* *p of bytes that never change size, allocated at its first use. */
+static void *ks_once(struct fsdp_device *d, void **p, size_t bytes, const char *name)
+{
+    size_t have = *p ? 1 : 0;
+    return ks_grow(d, p, &have, 1, bytes, name);
+}
+
 static void ks_free(struct fsdp_device *d)
 {
     struct cuda_ks *k = (struct cuda_ks *)d->kstate;
@@ -440,10 +447,9 @@ static void c_adamw_update(struct fsdp_device *d, float *param, const float *gra
 static void c_sumsq(struct fsdp_device *d, double *acc, const float *x, size_t n)
 {
     struct cuda_ks *k = ks_of(d);
-    size_t have = k->sumsq ? fsdp_cuda_sumsq_scratch_doubles() : 0;
-    double *scratch = (double *)ks_grow(d, (void **)&k->sumsq, &have,
-                                        fsdp_cuda_sumsq_scratch_doubles(), sizeof(double),
-                                        "squared-norm partials");
+    double *scratch =
+        (double *)ks_once(d, (void **)&k->sumsq, fsdp_cuda_sumsq_scratch_doubles() * sizeof(double),
+                          "squared-norm partials");
     fsdp_cuda_sumsq(acc, scratch, x, n, d->stream);
 }
 
@@ -458,9 +464,8 @@ static void c_scale(struct fsdp_device *d, float *x, size_t n, float s)
 static void c_narrow_inplace(struct fsdp_device *d, void *buf, size_t n, int bf16)
 {
     struct cuda_ks *k = ks_of(d);
-    size_t have = k->cast ? CUDA_CAST_CHUNK : 0;
-    uint16_t *ws = (uint16_t *)ks_grow(d, (void **)&k->cast, &have, CUDA_CAST_CHUNK,
-                                       sizeof(float), "cast chunk");
+    uint16_t *ws =
+        (uint16_t *)ks_once(d, (void **)&k->cast, CUDA_CAST_CHUNK * sizeof(float), "cast chunk");
     for (size_t i0 = 0; i0 < n; i0 += CUDA_CAST_CHUNK) {
         size_t m = n - i0 < CUDA_CAST_CHUNK ? n - i0 : CUDA_CAST_CHUNK;
         const float *src = (const float *)buf + i0;
@@ -479,9 +484,8 @@ static void c_narrow_inplace(struct fsdp_device *d, void *buf, size_t n, int bf1
 static void c_widen_inplace(struct fsdp_device *d, void *buf, size_t n, int bf16)
 {
     struct cuda_ks *k = ks_of(d);
-    size_t have = k->cast ? CUDA_CAST_CHUNK : 0;
-    float *ws = (float *)ks_grow(d, (void **)&k->cast, &have, CUDA_CAST_CHUNK, sizeof(float),
-                                 "cast chunk");
+    float *ws =
+        (float *)ks_once(d, (void **)&k->cast, CUDA_CAST_CHUNK * sizeof(float), "cast chunk");
     for (size_t end = n; end > 0;) {
         size_t m = end < CUDA_CAST_CHUNK ? end : CUDA_CAST_CHUNK, i0 = end - m;
         ks_widen_into(ws, (const uint16_t *)buf + i0, m, bf16 ? FSDP_BF16 : FSDP_F16, d->stream);
