@@ -1,7 +1,9 @@
 # src/parallel: the parallelisms: the sharding engine (FSDP2 fully_shard semantics) behind
 # parallel/engine.h, and the tensor-parallel plan.
-libfsdpc_a_SOURCES += src/parallel/shard.c src/parallel/unit.c src/parallel/engine.c src/parallel/tp.c
-noinst_HEADERS += src/parallel/fsdp.h src/parallel/engine.h src/parallel/fsdp_impl.h src/parallel/tp.h
+libfsdpc_a_SOURCES += src/parallel/shard.c src/parallel/unit.c src/parallel/engine.c src/parallel/tp.c \
+	src/parallel/pp_schedule.c
+noinst_HEADERS += src/parallel/fsdp.h src/parallel/engine.h src/parallel/fsdp_impl.h src/parallel/tp.h \
+	src/parallel/pp_schedule.h
 
 # tests: sharded runs against single-rank runs of the same global batch
 dist_check_SCRIPTS += tests/fsdp/test_fsdp_equiv.sh
@@ -34,3 +36,8 @@ dist_check_SCRIPTS += tests/tp/test_tp_equiv.sh
 TESTS += tests/tp/test_tp_equiv.sh
 # the tensor-parallel benchmark (doc/performance.md), run by hand
 EXTRA_DIST += tests/tp/run_tp_bench.sh tests/tp/tp_volumes.py
+
+# pipeline schedules (gpipe, 1f1b, interleaved): every pass once, the
+# published tables, peaks of held activations, no deadlock, the bubble
+check_PROGRAMS += tests/pp/test_pp_schedule
+TESTS += tests/pp/test_pp_schedule
