@@ -13,6 +13,9 @@
 #   b. GPT-2 and Llama (tiny) trained 10 steps with --device cuda and with
 #      --device cpu: every step's loss and gradient norm within 1e-4
 #      (relative) in f32; with --param-dtype bf16, the loss within 2e-2
+#   b2. the sharded engine on device memory: dp=2 over tcp in two
+#      processes on the one GPU equal to one process (same global batch),
+#      and the nccl backend through fsdpc-train at one rank
 #   c. compute-sanitizer memcheck and racecheck on a 2-step GPT-2 run
 #   d. GPT-2 124M, bf16, batch 16 x 1024: fsdpc-train's tokens/s and MFU
 #      (against PEAK_FLOPS), and PyTorch's on the same GPU, eager and compiled
@@ -306,6 +309,65 @@ for model in gpt2-tiny llama-tiny; do
         fi
     done
 done
+
+# -- b2. the sharded engine on device memory ------------------------------------
+say "== b2. sharded training on the one GPU: dp=2 over tcp in two processes, nccl at one rank"
+# ranks N NAME ARGS...: N processes of fsdpc-train meeting through env://
+# (the kit has no mpiexec), every one on the same GPU; the first failure's
+# status, after all have ended
+ranks() {
+    r_n=$1 r_name=$2
+    shift 2
+    step "$r_name" 90 20 sh -c '
+        n=$1 port=$2
+        shift 2
+        pids=
+        for r in $(seq 0 $((n - 1))); do
+            RANK=$r LOCAL_RANK=$r WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
+                MASTER_PORT=$port "$@" &
+            pids="$pids $!"
+        done
+        rc=0
+        for p in $pids; do wait $p || { [ $rc -eq 0 ] && rc=$?; }; done
+        exit $rc' ranks "$r_n" $((20000 + $$ % 20000)) "$@"
+}
+# shard NAME BATCH MESH BACKEND N: gpt2-tiny on cuda, 10 steps, f32
+shard() {
+    ranks "$5" "$1" "$bin/fsdpc-train" --model "$D/gpt2-tiny.h5" --data "$D/train.bin" \
+        --device cuda --steps 10 --batch-size "$2" --seq-len 64 --lr 1e-3 --seed 1 \
+        --peak-flops 1e12 --init env:// --mesh "$3" --backend "$4" --metrics "$L/$1.jsonl"
+}
+if [ "$cuda" != yes ]; then
+    say "SKIP  sharded training on the GPU: $cuda"
+else
+    secret=$W/secret
+    (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$secret")
+    export FSDPC_SECRET_FILE=$secret
+    shard shard-one 8 dp=1 tcp 1
+    rc1=$?
+    shard shard-dp2-tcp 4 dp=2 tcp 2
+    rc2=$?
+    if [ $rc1 -eq 200 ] || [ $rc2 -eq 200 ]; then
+        :
+    elif [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ]; then
+        fail "dp=2 over tcp on one GPU (exit $rc1/$rc2): $(tail_msg "$L/shard-dp2-tcp.log")"
+    elif res=$(compare "$L/shard-one.jsonl" "$L/shard-dp2-tcp.jsonl" 1e-4 1e-4); then
+        say "PASS  dp=2 over tcp, two processes on one GPU = one process, same global batch: $res"
+    else
+        fail "dp=2 over tcp on one GPU = one process: $res (tolerance 1e-4)"
+    fi
+    if [ "$(info nccl)" != yes ]; then
+        say "SKIP  fsdpc-train --backend nccl: this kit's build has no nccl backend"
+    else
+        shard shard-nccl 8 dp=1 nccl 1
+        rc=$?
+        if [ $rc -eq 0 ] && res=$(compare "$L/shard-one.jsonl" "$L/shard-nccl.jsonl" 1e-4 1e-4); then
+            say "PASS  fsdpc-train --backend nccl at one rank = tcp: $res"
+        elif [ $rc -ne 200 ]; then
+            fail "fsdpc-train --backend nccl at one rank (exit $rc): ${res:-$(tail_msg "$L/shard-nccl.log")}"
+        fi
+    fi
+fi
 
 # -- c. compute-sanitizer --------------------------------------------------------
 say "== c. compute-sanitizer (2 steps of gpt2-tiny, f32)"
