@@ -78,6 +78,7 @@ struct fsdp_work {
     uint64_t flight_id;       /* the group layer's flight record (0: none) */
     int done;                 /* the group layer saw it complete (fsdp_group_progress) */
     struct fsdp_staged *staged; /* the group layer's host staging of it (NULL: none) */
+    struct fsdp_p2p_desc *p2p;  /* the group layer's check of a point-to-point op (NULL: none) */
 };
 
 struct fsdp_backend; /* opaque, defined by each backend */

@@ -168,6 +168,11 @@ void fsdp_debug_mark_steady(void)
 // ----------------------------------------------------------------------------
 // records
 
+const char *fsdp_debug_op_kind(enum fsdp_coll_op op)
+{
+    return op == FSDP_COLL_SEND || op == FSDP_COLL_RECV ? "message" : "collective";
+}
+
 void fsdp_debug_call_str(const struct fsdp_debug_call *c, char *buf, size_t len)
 {
     const char *op = fsdp_coll_op_name(c->op);
@@ -176,6 +181,10 @@ void fsdp_debug_call_str(const struct fsdp_debug_call *c, char *buf, size_t len)
     case FSDP_COLL_BARRIER: snprintf(buf, len, "%s()", op); break;
     case FSDP_COLL_BROADCAST:
         snprintf(buf, len, "%s(%s, %zu, root %d)", op, dt, c->count, c->root);
+        break;
+    case FSDP_COLL_SEND:
+    case FSDP_COLL_RECV:
+        snprintf(buf, len, "%s(%s, %zu, tag %u)", op, dt, c->count, (unsigned)c->tag);
         break;
     case FSDP_COLL_ALLREDUCE:
     case FSDP_COLL_REDUCE_SCATTER:
@@ -188,11 +197,41 @@ void fsdp_debug_call_str(const struct fsdp_debug_call *c, char *buf, size_t len)
 
 uint64_t fsdp_debug_issued(struct fsdp_group *g, int id, const struct fsdp_debug_call *c)
 {
+    return fsdp_debug_issued_p2p(g, id, g->seq, c);
+}
+
+void fsdp_debug_channel_add(struct fsdp_group *g, int src, int dst, int *id)
+{
+    *id = -1;
+    if (!dbg.flight) {
+        return;
+    }
+    char name[96];
+    int w[2] = {g->world_ranks[src], g->world_ranks[dst]};
+    if (w[0] > w[1]) {
+        int t = w[0];
+        w[0] = w[1], w[1] = t;
+    }
+    snprintf(name, sizeof(name), "%s:%d>%d", g->name, src, dst);
+    int k = fsdp_flight_add_group(dbg.flight, name, w, 2);
+    if (k < 0) {
+        char why[256];
+        fsdp_err_take(why, sizeof(why));
+        FSDP_WARN(FSDP_SUB_DIST, "group %s: flight-recorder dumps will not name channel %s: %s",
+                  g->name, name, why);
+        return;
+    }
+    *id = k;
+}
+
+uint64_t fsdp_debug_issued_p2p(struct fsdp_group *g, int id, uint64_t seq,
+                               const struct fsdp_debug_call *c)
+{
     if (!dbg.flight) {
         return 0;
     }
     struct fsdp_flight_entry e = {
-        .seq = g->seq,
+        .seq = seq,
         .count = c->count,
         .t_issue = fsdp_now(),
         .deadline_s = fsdp_debug_timeout(g),
@@ -201,6 +240,7 @@ uint64_t fsdp_debug_issued(struct fsdp_group *g, int id, const struct fsdp_debug
         .op = (uint8_t)c->op,
         .dtype = (uint8_t)c->dtype,
         .redop = c->redop < 0 ? FSDP_FLIGHT_NO_REDOP : (uint8_t)c->redop,
+        .tag = c->tag,
     };
     return fsdp_flight_issue(dbg.flight, &e);
 }
@@ -213,6 +253,7 @@ static void debug_entry_call(const struct fsdp_flight_entry *e, struct fsdp_debu
         .count = e->count,
         .root = e->root,
         .redop = e->redop == FSDP_FLIGHT_NO_REDOP ? -1 : e->redop,
+        .tag = e->tag,
     };
 }
 
@@ -233,11 +274,12 @@ int fsdp_debug_finished(uint64_t id, int rc, double waited_s)
         debug_entry_call(&e, &c);
         fsdp_debug_call_str(&c, call, sizeof(call));
         if (rc == FSDP_ERR_TIMEOUT) {
-            rc = fsdp_err(rc, "collective #%" PRIu64 " %s on group %s not complete after %.1f s (%s)",
-                          e.seq, call, fsdp_flight_group_name(dbg.flight, e.group), waited_s, why);
+            rc = fsdp_err(rc, "%s #%" PRIu64 " %s on group %s not complete after %.1f s (%s)",
+                          fsdp_debug_op_kind(c.op), e.seq, call,
+                          fsdp_flight_group_name(dbg.flight, e.group), waited_s, why);
         } else {
-            rc = fsdp_err(rc, "collective #%" PRIu64 " %s on group %s failed: %s", e.seq, call,
-                          fsdp_flight_group_name(dbg.flight, e.group), why);
+            rc = fsdp_err(rc, "%s #%" PRIu64 " %s on group %s failed: %s", fsdp_debug_op_kind(c.op),
+                          e.seq, call, fsdp_flight_group_name(dbg.flight, e.group), why);
         }
     }
     fsdp_debug_dump(fsdp_err_msg());

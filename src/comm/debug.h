@@ -54,6 +54,7 @@ struct fsdp_debug_call {
     size_t count;
     int root;    /* group rank; 0 where the op has none */
     int redop;   /* enum fsdp_redop or -1 */
+    uint32_t tag; /* send and recv: what the caller says the message is */
 };
 
 /* The level in force (FSDP_DEBUG_OFF before the first group). */
@@ -71,6 +72,13 @@ void fsdp_debug_mark_steady(void);
 
 /* Records collective g->seq as issued; returns its record id (0: none). */
 uint64_t fsdp_debug_issued(struct fsdp_group *g, int id, const struct fsdp_debug_call *c);
+/* The channel of g's point-to-point messages from group rank src to dst,
+ * named "<g>:<src>><dst>" in the recorder's group table (its messages are
+ * numbered apart from g's collectives); *id as fsdp_debug_group_add's. */
+void fsdp_debug_channel_add(struct fsdp_group *g, int src, int dst, int *id);
+/* Records message seq of channel id (send or recv) as issued. */
+uint64_t fsdp_debug_issued_p2p(struct fsdp_group *g, int id, uint64_t seq,
+                               const struct fsdp_debug_call *c);
 /* The wait/test of record id ended with rc (0: complete). On error the
  * message is rewritten to name the collective, and the recorder dumped. */
 int fsdp_debug_finished(uint64_t id, int rc, double waited_s);
@@ -91,6 +99,10 @@ void fsdp_debug_dump(const char *reason);
 
 /* Summary at INFO, dump when FSDPC_FLIGHT_DUMP_AT_EXIT=1, threads stopped. */
 void fsdp_debug_finalize(void);
+
+/* What the debug layer calls an op in its messages: "message" (send,
+ * recv) or "collective". */
+const char *fsdp_debug_op_kind(enum fsdp_coll_op op);
 
 /* "all_gather(bf16, 1024)", with root or reduce op where they matter. */
 void fsdp_debug_call_str(const struct fsdp_debug_call *c, char *buf, size_t len);

@@ -56,7 +56,7 @@ struct fsdp_flight {
 };
 
 static const char *const flight_op_names[FSDP_COLL_OP_COUNT] = {
-    "allreduce", "all_gather", "reduce_scatter", "broadcast", "barrier",
+    "allreduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "recv",
 };
 
 static const char *const flight_state_names[] = {"?", "issued", "completed", "failed",
@@ -245,10 +245,11 @@ static void flight_write_entry(FILE *fp, const struct fsdp_flight *f,
     fprintf(fp,
             "{\"id\":%" PRIu64 ",\"group\":\"%s\",\"seq\":%" PRIu64 ",\"op\":\"%s\","
             "\"dtype\":\"%s\",\"count\":%zu,\"root\":%d,\"redop\":\"%s\",\"state\":\"%s\","
-            "\"t_issue\":%.6f,\"t_done\":%.6f}%s\n",
+            "\"t_issue\":%.6f,\"t_done\":%.6f,\"tag\":%" PRIu32 "}%s\n",
             e->id, group, e->seq, fsdp_coll_op_name((enum fsdp_coll_op)e->op),
             fsdp_dtype_name((enum fsdp_dtype)e->dtype), e->count, e->root, redop, state,
-            e->t_issue + to_unix, e->t_done > 0 ? e->t_done + to_unix : 0.0, last ? "" : ",");
+            e->t_issue + to_unix, e->t_done > 0 ? e->t_done + to_unix : 0.0, e->tag,
+            last ? "" : ",");
 }
 
 static int flight_mkdir(const char *dir)

@@ -25,6 +25,8 @@ enum fsdp_coll_op {
     FSDP_COLL_REDUCE_SCATTER,
     FSDP_COLL_BROADCAST,
     FSDP_COLL_BARRIER,
+    FSDP_COLL_SEND, /* point-to-point: recorded on the pair's channel (group "dp[0]:0>1") */
+    FSDP_COLL_RECV,
     FSDP_COLL_OP_COUNT,
 };
 
@@ -54,6 +56,7 @@ struct fsdp_flight_entry {
     uint8_t dtype;     /* enum fsdp_dtype */
     uint8_t redop;     /* enum fsdp_redop or FSDP_FLIGHT_NO_REDOP */
     uint8_t state;     /* enum fsdp_flight_state */
+    uint32_t tag;      /* point-to-point: what the caller says the message is */
 };
 
 struct fsdp_flight;

@@ -16,6 +16,7 @@
  */
 #include "config.h"
 #include "comm/group.h"
+#include "comm/group_impl.h"
 #include "comm/stage.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -29,29 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The public struct followed by what only this file needs. */
-#define GROUP_MAX_INFLIGHT 64
-
-struct group_impl {
-    struct fsdp_group g;          /* must stay first */
-    struct fsdp_group_info info;  /* lives as long as the backend instance */
-    struct fsdp_backend_caps caps;
-    /* collectives issued and not yet freed, for fsdp_group_progress; more
-     * than fit are left to their waits */
-    struct fsdp_work *inflight[GROUP_MAX_INFLIGHT];
-    int n_inflight;
-    int abort_registered;
-    int debug_id; /* index in the flight recorder's group table */
-    struct fsdp_fingerprint *fp; /* FSDPC_DEBUG=DETAIL's checker; NULL: off */
-};
-
 /* Groups created by this process so far (the k in the store prefix). */
 static unsigned group_created;
-
-static inline struct group_impl *group_impl_of(struct fsdp_group *g)
-{
-    return (struct group_impl *)(void *)g;
-}
 
 static void group_on_abort(void *arg, const char *why)
 {
@@ -197,6 +177,7 @@ void fsdp_group_destroy(struct fsdp_group *g)
         return;
     }
     struct group_impl *gi = group_impl_of(g);
+    fsdp_p2p_free(g);
     fsdp_fingerprint_destroy(gi->fp);
     fsdp_stage_pool_free(g);
     if (gi->abort_registered) {
@@ -354,6 +335,14 @@ static inline int group_enter(struct fsdp_group *g, enum fsdp_coll_op op, enum f
     return 0;
 }
 
+void fsdp_group_track(struct fsdp_group *g, struct fsdp_work *w)
+{
+    struct group_impl *gi = group_impl_of(g);
+    if (gi->n_inflight < GROUP_MAX_INFLIGHT) {
+        gi->inflight[gi->n_inflight++] = w;
+    }
+}
+
 /* rc is the backend's answer to the issue. */
 static inline int group_issued(struct fsdp_group *g, int rc, uint64_t fid, struct fsdp_work *w)
 {
@@ -370,10 +359,8 @@ static inline int group_issued(struct fsdp_group *g, int rc, uint64_t fid, struc
     w->flight_id = fid;
     w->done = 0;
     w->staged = NULL; /* a staged collective's caller binds it after this */
-    struct group_impl *gi = group_impl_of(g);
-    if (gi->n_inflight < GROUP_MAX_INFLIGHT) {
-        gi->inflight[gi->n_inflight++] = w;
-    }
+    w->p2p = NULL;
+    fsdp_group_track(g, w);
     if (__builtin_expect(group_impl_of(g)->fp != NULL, 0)) {
         fsdp_fingerprint_bind(group_impl_of(g)->fp, w);
     }
@@ -545,6 +532,10 @@ static int group_wait(struct fsdp_work *w, double timeout_s, int deadline)
         timeout_s -= fsdp_now() - t0;
         timeout_s = timeout_s > 0 ? timeout_s : 0;
     }
+    if (rc == 0 && __builtin_expect(w->p2p != NULL, 0)) {
+        rc = fsdp_p2p_wait(w, timeout_s, deadline);
+        named = rc < 0 && rc != FSDP_ERR_TIMEOUT;
+    }
     if (rc == 0) {
         rc = w->ops->work_wait(w, timeout_s);
         if (fp && (rc == FSDP_ERR_PEER || rc == FSDP_ERR_ABORTED)) {
@@ -605,6 +596,13 @@ int fsdp_work_test(struct fsdp_work *w, int *done)
             frc = fsdp_fingerprint_explain(fp, rc);
             named = frc != rc;
             rc = frc;
+        }
+    }
+    if (!named && __builtin_expect(w->p2p != NULL, 0)) {
+        int prc = fsdp_p2p_test(w, rc < 0 || *done);
+        if (prc < 0) {
+            rc = prc;
+            named = 1;
         }
     }
     if (rc < 0 || *done) {
@@ -671,6 +669,7 @@ void fsdp_work_free(struct fsdp_work *w)
 {
     if (w) {
         fsdp_stage_release(w);
+        fsdp_p2p_release(w);
         group_forget(w);
         fsdp_debug_abandoned(w->flight_id);
         struct fsdp_fingerprint *fp = group_fp(w);
@@ -736,5 +735,21 @@ int fsdp_barrier_sync(struct fsdp_group *g)
 {
     struct fsdp_work *w;
     FSDP_CHECK(fsdp_barrier(g, &w));
+    return group_finish(g, w);
+}
+
+int fsdp_send_sync(struct fsdp_group *g, const void *buf, size_t count, enum fsdp_dtype dtype,
+                   int peer, uint32_t tag)
+{
+    struct fsdp_work *w;
+    FSDP_CHECK(fsdp_send(g, buf, count, dtype, peer, tag, NULL, &w));
+    return group_finish(g, w);
+}
+
+int fsdp_recv_sync(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtype dtype, int peer,
+                   uint32_t tag)
+{
+    struct fsdp_work *w;
+    FSDP_CHECK(fsdp_recv(g, buf, count, dtype, peer, tag, NULL, &w));
     return group_finish(g, w);
 }

@@ -75,6 +75,26 @@ int fsdp_broadcast(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtyp
 int fsdp_barrier(struct fsdp_group *g, struct fsdp_work **work);
 
 /*
+ * Point-to-point (p2p.c): count elements to or from group rank peer, for
+ * the messages a pipeline passes between its stages. Messages between two
+ * ranks arrive in the order they were sent; tag is what the caller says the
+ * message is (a pipeline's stage and micro-batch): it is recorded and, under
+ * FSDPC_DEBUG=DETAIL, checked against the sender's, with dtype and count,
+ * before the receive completes (FSDP_ERR_MISMATCH naming both calls). The
+ * flight recorder keeps each direction of a pair as a channel of its own,
+ * "<group>:<src>><dst>", numbered apart from the group's collectives, so a
+ * message that never came is named like a stuck collective. A backend
+ * without FSDP_CAP_SEND_RECV answers FSDP_ERR_UNSUPPORTED. A group's
+ * operations start in issue order on tcp (one at a time): two ranks that
+ * each post a receive from the other before their send wait for ever, so
+ * order a pair's calls as a schedule does (one side sends first).
+ */
+int fsdp_send(struct fsdp_group *g, const void *buf, size_t count, enum fsdp_dtype dtype, int peer,
+              uint32_t tag, const struct fsdp_coll_attr *attr, struct fsdp_work **work);
+int fsdp_recv(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtype dtype, int peer,
+              uint32_t tag, const struct fsdp_coll_attr *attr, struct fsdp_work **work);
+
+/*
  * Progress is the group layer's job. fsdp_group_progress drives the group's
  * collectives in flight on a backend that moves data only inside its calls
  * (mpi): a caller that computes between collectives calls it once per group
@@ -103,6 +123,10 @@ int fsdp_reduce_scatter_sync(struct fsdp_group *g, const void *sendbuf, void *re
 int fsdp_broadcast_sync(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtype dtype,
                         int root);
 int fsdp_barrier_sync(struct fsdp_group *g);
+int fsdp_send_sync(struct fsdp_group *g, const void *buf, size_t count, enum fsdp_dtype dtype,
+                   int peer, uint32_t tag);
+int fsdp_recv_sync(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtype dtype, int peer,
+                   uint32_t tag);
 
 /*
  * A barrier through the group's store that names who is missing (torch's

@@ -79,16 +79,17 @@ static void watchdog_fire(struct fsdp_watchdog *w, const struct fsdp_flight_entr
         .count = e->count,
         .root = e->root,
         .redop = e->redop == FSDP_FLIGHT_NO_REDOP ? -1 : e->redop,
+        .tag = e->tag,
     };
     char call[128];
     fsdp_arm_hard_exit(1); /* fsdp_die's exit status */
     fsdp_debug_call_str(&c, call, sizeof(call));
     fsdp_err_clear();
     fsdp_err(FSDP_ERR_TIMEOUT,
-             "collective #%" PRIu64 " %s on group %s not complete after %.1f s (deadline %.1f s; "
+             "%s #%" PRIu64 " %s on group %s not complete after %.1f s (deadline %.1f s; "
              "some rank of the group is stuck or never called it)",
-             e->seq, call, fsdp_flight_group_name(w->flight, e->group), now - e->t_issue,
-             e->deadline_s);
+             fsdp_debug_op_kind(c.op), e->seq, call, fsdp_flight_group_name(w->flight, e->group),
+             now - e->t_issue, e->deadline_s);
     fsdp_debug_dump(fsdp_err_msg());
     fsdp_die(FSDP_ERR_TIMEOUT, "watchdog",
              "the flight recorder dumps show which rank is behind: fsdpc-flight merge DIR");

@@ -8,9 +8,11 @@
  * For every group it walks the sequence numbers that the dumped members
  * recorded and stops at the first one that not all of them completed (or
  * that they recorded as different calls); members without a dump (stopped,
- * killed before they could write one) are listed with the finding. Of those per-group candidates the one issued first is the
- * culprit: the others are usually its fallout. It also reports members
- * whose records for the same (group, seq) disagree on the call. Exit status:
+ * killed before they could write one) are listed with the finding. Of those per-group candidates
+ * the one issued first is the culprit: the others are usually its fallout. It also reports members
+ * whose records for the same (group, seq) disagree on the call. A pair's
+ * point-to-point messages are a group of their own ("dp[0]:0>1": the send
+ * on one side, the receive on the other, numbered alike). Exit status:
  * 0 when the dumps agree and nothing is pending, 1 when a stuck or
  * mismatched collective was found, 2 on bad input.
  */
@@ -36,6 +38,7 @@ struct merge_entry {
     char dtype[16];
     char redop[16];
     char state[16];
+    unsigned long tag; /* send and recv */
 };
 
 struct merge_rank {
@@ -107,7 +110,23 @@ static int merge_parse_entry(const char *line, struct merge_entry *e)
                    "\"state\":\"%15[^\"]\",\"t_issue\":%lf,\"t_done\":%lf}",
                    &id, e->group, &e->seq, e->op, e->dtype, &e->count, &e->root, e->redop,
                    e->state, &e->t_issue, &t_done);
+    const char *tag = strstr(line, "\"tag\":"); /* dumps of older builds have none */
+    e->tag = tag ? strtoul(tag + 6, NULL, 10) : 0;
     return n == 11 ? 0 : -1;
+}
+
+/* A point-to-point channel's two sides record a send and a receive. */
+static int merge_p2p(const char *op)
+{
+    return !strcmp(op, "send") || !strcmp(op, "recv");
+}
+
+/* Whether two records of the same (group, seq) are the same call. */
+static int merge_same_call(const struct merge_entry *a, const struct merge_entry *b)
+{
+    int ops = merge_p2p(a->op) && merge_p2p(b->op) ? a->tag == b->tag : !strcmp(a->op, b->op);
+    return ops && !strcmp(a->dtype, b->dtype) && a->count == b->count && a->root == b->root &&
+           !strcmp(a->redop, b->redop);
 }
 
 /* The header's "reason" string, unescaped (\uXXXX shown as '?'). */
@@ -247,6 +266,8 @@ static void merge_call(const struct merge_entry *e, char *buf, size_t len)
 {
     if (!strcmp(e->op, "barrier")) {
         snprintf(buf, len, "barrier()");
+    } else if (merge_p2p(e->op)) {
+        snprintf(buf, len, "%s(%s, %zu, tag %lu)", e->op, e->dtype, e->count, e->tag);
     } else if (!strcmp(e->op, "broadcast")) {
         snprintf(buf, len, "broadcast(%s, %zu, root %d)", e->dtype, e->count, e->root);
     } else if (strcmp(e->redop, "-") != 0) {
@@ -285,7 +306,7 @@ static int merge_group_scan(const struct merge *m, const struct merge_group *g,
     }
     for (unsigned long long s = lo ? lo : 1; s <= hi; s++) {
         const struct merge_entry *ref = NULL;
-        int pending = 0, mismatch = 0;
+        int pending = 0, mismatch = 0, arrived = 0;
         double t = 0;
         for (int i = 0; i < g->size; i++) {
             const struct merge_rank *mr = &m->ranks[g->ranks[i]];
@@ -301,16 +322,18 @@ static int merge_group_scan(const struct merge *m, const struct merge_group *g,
             if (!ref) {
                 ref = e;
                 t = e->t_issue;
-            } else if (strcmp(e->op, ref->op) || strcmp(e->dtype, ref->dtype) ||
-                       e->count != ref->count || e->root != ref->root ||
-                       strcmp(e->redop, ref->redop)) {
+            } else if (!merge_same_call(e, ref)) {
                 mismatch = 1;
             }
             if (e->t_issue < t) {
                 t = e->t_issue;
             }
             pending |= strcmp(e->state, "completed") != 0;
+            /* a message the receiver has is complete, whether or not its
+             * sender has waited for its send yet */
+            arrived |= !strcmp(e->op, "recv") && !strcmp(e->state, "completed");
         }
+        pending &= !arrived;
         if (ref && (pending || mismatch)) {
             *out = (struct merge_finding){g, s, ref, t, mismatch};
             return 1;
@@ -323,9 +346,9 @@ static void merge_report(const struct merge *m, const struct merge_finding *f)
 {
     char call[160];
     merge_call(f->first, call, sizeof(call));
-    printf("%s: collective #%llu %s on group %s\n",
-           f->mismatch ? "mismatched collective" : "first stuck collective", f->seq, call,
-           f->g->name);
+    const char *kind = merge_p2p(f->first->op) ? "message" : "collective";
+    printf("%s %s: %s #%llu %s on group %s\n", f->mismatch ? "mismatched" : "first stuck", kind,
+           kind, f->seq, call, f->g->name);
     char entered[1024] = "", missing[1024] = "", nodump[1024] = "";
     size_t oe = 0, om = 0, on = 0;
     for (int i = 0; i < f->g->size; i++) {
