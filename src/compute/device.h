@@ -227,6 +227,12 @@ struct fsdp_device_ops {
      * from (the trainer passes its memory plan's total before it
      * allocates); blocks the host. */
     int (*reserve)(struct fsdp_device *d, size_t bytes);
+    /* Optional (NULL: the caller measures the host). The device's dense
+     * peak FLOP/s for matmuls whose weights are dt (f32, bf16, f16), from
+     * what it knows of its hardware: *flops > 0 and what says where the
+     * figure comes from, or *flops = 0 and what says why it is unknown. */
+    int (*peak_flops)(struct fsdp_device *d, enum fsdp_dtype dt, double *flops, char *what,
+                      size_t n);
 };
 
 /* What a device counts, for tests and --print-memory. */

@@ -8,10 +8,13 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "compute/device.h"
 
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -281,6 +284,32 @@ out:
     fsdp_free(b);
     fsdp_free(c);
     return rc;
+}
+
+int fsdp_peak_flops(struct fsdp_device *dev, enum fsdp_dtype dt, int threads, double *flops,
+                    char *method, size_t method_len)
+{
+    const struct fsdp_device_ops *ops = dev->ops;
+    int has = ops->size >= offsetof(struct fsdp_device_ops, peak_flops) + sizeof(ops->peak_flops) &&
+              ops->peak_flops;
+    if (has) {
+        FSDP_CHECK(ops->peak_flops(dev, dt, flops, method, method_len));
+        if (*flops > 0) {
+            return 0;
+        }
+    }
+    if (dev->mem != FSDP_MEM_HOST && dev->mem != FSDP_MEM_GUARDED) {
+        if (!has) {
+            snprintf(method, method_len, "device %s knows no peak: give --peak-flops for MFU",
+                     ops->name);
+        }
+        *flops = 0;
+        if (fsdp_log_rank() <= 0) {
+            FSDP_WARN(FSDP_SUB_TRAIN, "no MFU: %s", method);
+        }
+        return 0;
+    }
+    return fsdp_probe_peak_flops(threads, flops, method, method_len);
 }
 
 double fsdp_mfu(double rate, double *peak, int given, long step, int *said)

@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "core/dtype.h"
+
 struct fsdp_step_stats {
     long step;           /* 1-based */
     long steps;          /* planned total */
@@ -85,6 +87,17 @@ double fsdp_peak_rss_mib(void);
  * `threads` threads afterwards. method gets a one-line description.
  */
 int fsdp_probe_peak_flops(int threads, double *flops, char *method, size_t method_len);
+
+struct fsdp_device;
+/*
+ * This rank's peak FLOP/s for MFU on dev, whose matmul weights are dt: the
+ * device's own figure where it has one (a GPU's data sheet), the host
+ * probe above on the host; a device that computes apart from the host but
+ * does not know its peak gets 0 (no MFU: a host figure would be wrong by
+ * orders of magnitude), with method saying why and how to give one.
+ */
+int fsdp_peak_flops(struct fsdp_device *dev, enum fsdp_dtype dt, int threads, double *flops,
+                    char *method, size_t method_len);
 
 /*
  * MFU in percent of rate (FLOP/s per rank) against *peak (-1 when *peak is

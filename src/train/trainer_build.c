@@ -456,6 +456,7 @@ int fsdp_trainer_peak(struct fsdp_trainer *t)
         snprintf(t->peak_method, sizeof(t->peak_method), "--peak-flops");
         return 0;
     }
-    return fsdp_probe_peak_flops((int)cfg->threads, &t->peak_flops, t->peak_method,
-                                 sizeof(t->peak_method));
+    return fsdp_peak_flops(t->dev, (enum fsdp_dtype)fsdp_train_config_dtype(cfg->param_dtype),
+                           (int)cfg->threads, &t->peak_flops, t->peak_method,
+                           sizeof(t->peak_method));
 }

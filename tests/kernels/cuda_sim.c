@@ -15,6 +15,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,8 @@ static pthread_mutex_t sim_mu = PTHREAD_MUTEX_INITIALIZER;
 int sim_ndev = 2;
 _Thread_local int sim_dev;
 size_t sim_capacity = (size_t)64 << 20;
+char sim_name[256] = "NVIDIA H200";
+int sim_cc = 90;
 cudaError_t sim_sticky;
 const char *sim_fail_call;
 cudaError_t sim_fail_error;
@@ -216,6 +219,20 @@ cudaError_t cudaGetDeviceCount(int *count)
     SIM_ENTER("cudaGetDeviceCount");
     *count = sim_ndev;
     return sim_ndev > 0 ? cudaSuccess : cudaErrorNoDevice;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    SIM_ENTER("cudaGetDeviceProperties");
+    if (device < 0 || device >= sim_ndev) {
+        return cudaErrorInvalidDevice;
+    }
+    memset(prop, 0, sizeof(*prop));
+    snprintf(prop->name, sizeof(prop->name), "%s", sim_name);
+    prop->major = sim_cc / 10;
+    prop->minor = sim_cc % 10;
+    prop->multiProcessorCount = 132;
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int *device)
@@ -635,6 +652,8 @@ void sim_reset(void)
     sim_progress_locked();
     sim_ndev = 2;
     sim_capacity = (size_t)64 << 20;
+    snprintf(sim_name, sizeof(sim_name), "NVIDIA H200");
+    sim_cc = 90;
     sim_sticky = cudaSuccess;
     sim_fail_call = NULL;
     sim_fail_error = cudaSuccess;

@@ -44,6 +44,8 @@
 extern int sim_ndev;               /* visible devices (2); 0: cudaGetDeviceCount fails */
 extern _Thread_local int sim_dev;  /* this thread's current device */
 extern size_t sim_capacity;        /* bytes of memory per device (64 MiB) */
+extern char sim_name[256];         /* what cudaGetDeviceProperties names ("NVIDIA H200") */
+extern int sim_cc;                 /* its compute capability, major * 10 + minor (90) */
 extern cudaError_t sim_sticky;     /* a sticky error; cudaSuccess: none */
 extern const char *sim_fail_call;  /* the name of a call to fail once (NULL: none) */
 extern cudaError_t sim_fail_error; /* ... with this error */

@@ -335,6 +335,44 @@ static void test_work(void)
     tap_ok(sim_live() == live, "streams, events and memory all went back");
 }
 
+/* The data sheet's dense peak by the runtime's name and the weights'
+ * dtype; a GPU not in the table has none (and says so). */
+static void test_peak(void)
+{
+    struct fsdp_device *d = NULL;
+    if (!tap_ok(fsdp_cuda_device_create_ops_only(0, &d) == 0, "device 0 created")) {
+        return;
+    }
+    static const struct {
+        const char *name;
+        enum fsdp_dtype dt;
+        int tf32;
+        double want;
+    } cases[] = {
+        {"NVIDIA H200", FSDP_BF16, 0, 989.4e12},
+        {"NVIDIA H200", FSDP_F32, 0, 66.9e12},
+        {"NVIDIA H200", FSDP_F32, 1, 494.7e12},
+        {"NVIDIA H100 PCIe", FSDP_F16, 0, 756.5e12},
+        {"NVIDIA H100 80GB HBM3", FSDP_BF16, 0, 989.4e12},
+        {"NVIDIA A100-SXM4-80GB", FSDP_BF16, 0, 312e12},
+        {"Imaginary GPU", FSDP_BF16, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        double f = -1;
+        char what[256] = "";
+        snprintf(sim_name, sizeof(sim_name), "%s", cases[i].name);
+        setenv("FSDPC_CUDA_TF32", cases[i].tf32 ? "1" : "0", 1);
+        int rc = d->ops->peak_flops(d, cases[i].dt, &f, what, sizeof(what));
+        int ok = rc == 0 && f == cases[i].want &&
+                 (f > 0 ? strstr(what, cases[i].name) != NULL
+                        : strstr(what, "--peak-flops") && strstr(what, "sm_90"));
+        tap_ok(ok, "peak of %s, %s weights%s: %.1f TFLOP/s (%s)", cases[i].name,
+               fsdp_dtype_name(cases[i].dt), cases[i].tf32 ? ", TF32" : "", f / 1e12, what);
+    }
+    unsetenv("FSDPC_CUDA_TF32");
+    fsdp_cuda_device_destroy(d);
+}
+
 int main(void)
 {
     unsetenv("FSDPC_CUDA_DEVICE");
@@ -343,5 +381,7 @@ int main(void)
     test_memory();
     sim_reset();
     test_work();
+    sim_reset();
+    test_peak();
     return tap_done();
 }

@@ -487,6 +487,49 @@ static int cuda_event_synchronize(struct fsdp_device *d, void *ev)
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// peak FLOP/s
+
+/* Dense peaks from the vendor's data sheets (no sparsity), by the name the
+ * runtime gives; the first match wins, so "H100 PCIe" stands before "H100". */
+static const struct cuda_peak {
+    const char *name;
+    double tensor16, tf32, f32; /* bf16/f16 tensor cores, TF32, plain f32 */
+} cuda_peaks[] = {
+    {"H100 PCIe", 756.5e12, 378e12, 51.2e12},
+    {"H100", 989.4e12, 494.7e12, 66.9e12}, /* SXM; H100 NVL differs little */
+    {"H200", 989.4e12, 494.7e12, 66.9e12},
+    {"H800", 989.4e12, 494.7e12, 66.9e12},
+    {"A100", 312e12, 156e12, 19.5e12},
+    {"A800", 312e12, 156e12, 19.5e12},
+    {"L40S", 362.05e12, 183.2e12, 91.6e12},
+    {"L4", 121e12, 60e12, 30.3e12},
+};
+
+static int cuda_peak_flops(struct fsdp_device *d, enum fsdp_dtype dt, double *flops, char *what,
+                           size_t n)
+{
+    struct cudaDeviceProp p;
+    *flops = 0;
+    CUDA_TRY(d, cudaGetDeviceProperties(&p, cuda_of(d)->ordinal));
+    p.name[sizeof(p.name) - 1] = '\0';
+    int tf32 = fsdp_env_int("FSDPC_CUDA_TF32", 0) == 1;
+    const char *kind = dt != FSDP_F32 ? "dense bf16/f16" : tf32 ? "dense TF32" : "f32";
+    for (size_t i = 0; i < sizeof(cuda_peaks) / sizeof(cuda_peaks[0]); i++) {
+        const struct cuda_peak *k = &cuda_peaks[i];
+        if (strstr(p.name, k->name)) {
+            *flops = dt != FSDP_F32 ? k->tensor16 : tf32 ? k->tf32 : k->f32;
+            snprintf(what, n, "%s's %s peak, from its data sheet", p.name, kind);
+            return 0;
+        }
+    }
+    snprintf(what, n,
+             "%s (sm_%d%d) is not in fsdpc's table of peaks: give --peak-flops for "
+             "MFU",
+             p.name, p.major, p.minor);
+    return 0;
+}
+
 static const struct fsdp_device_ops cuda_ops = {
     .size = sizeof(struct fsdp_device_ops),
     .name = "cuda",
@@ -508,6 +551,7 @@ static const struct fsdp_device_ops cuda_ops = {
     .mem_info = cuda_mem_info,
     .buffers = cuda_buffers,
     .reserve = cuda_reserve,
+    .peak_flops = cuda_peak_flops,
 };
 
 // ----------------------------------------------------------------------------

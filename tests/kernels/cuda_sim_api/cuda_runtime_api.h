@@ -50,7 +50,16 @@ typedef struct CUevent_st *cudaEvent_t;
 #define cudaEventDisableTiming 0x02
 #define cudaHostAllocDefault 0x00
 
+/* The fields of the runtime's struct that fsdpc reads (the real one has
+ * many more; code that names only these compiles against both). */
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor;
+    int multiProcessorCount;
+};
+
 cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaSetDevice(int device);
 const char *cudaGetErrorString(cudaError_t error);
