@@ -90,7 +90,7 @@ tests_kernels_test_cuda_matmul_SOURCES = tests/kernels/test_cuda_matmul.c \
 	tests/kernels/cublaslt_sim.c tests/kernels/cublaslt_sim.h \
 	tests/kernels/cuda_sim.c tests/kernels/cuda_sim.h \
 	src/compute/cuda/matmul_cuda.c src/compute/cuda/device_cuda.c
-tests_kernels_test_cuda_matmul_CPPFLAGS = -I$(top_srcdir)/tests/kernels/cublaslt_sim_api \
+tests_kernels_test_cuda_matmul_CPPFLAGS = -DFSDP_CUDA_SIM -I$(top_srcdir)/tests/kernels/cublaslt_sim_api \
 	-I$(top_srcdir)/tests/kernels/cuda_sim_api $(AM_CPPFLAGS)
 tests_kernels_test_cuda_matmul_LDADD = $(tests_kernels_test_cuda_device_LDADD)
 EXTRA_DIST += tests/kernels/cublaslt_sim_api/cublasLt.h
