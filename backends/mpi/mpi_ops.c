@@ -464,8 +464,11 @@ static int mpibe_barrier(struct fsdp_backend *b, struct fsdp_work **work)
     return mpibe_issue(be, w, MPI_Ibarrier(be->comm, &w->req), "MPI_Ibarrier", work);
 }
 
-static int mpibe_send(struct fsdp_backend *b, const void *buf, size_t count, enum fsdp_dtype dtype,
-                      int peer, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
+/* One message to or from peer: MPI_Isend of sbuf when send is set, MPI_Irecv
+ * into rbuf otherwise. */
+static int mpibe_p2p(struct fsdp_backend *b, int send, const void *sbuf, void *rbuf, size_t count,
+                     enum fsdp_dtype dtype, int peer, const struct fsdp_coll_attr *attr,
+                     struct fsdp_work **work)
 {
     struct mpibe *be = mpibe_of(b);
     struct mpibe_work *w = NULL;
@@ -473,35 +476,30 @@ static int mpibe_send(struct fsdp_backend *b, const void *buf, size_t count, enu
     MPI_Datatype t = be->types[dtype];
     int mpirc;
     if (count <= INT_MAX) {
-        mpirc = MPI_Isend(buf, (int)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
+        mpirc = send ? MPI_Isend(sbuf, (int)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req)
+                     : MPI_Irecv(rbuf, (int)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
     } else {
 #if MPIBE_LARGE_COUNT
-        mpirc = MPI_Isend_c(buf, (MPI_Count)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
+        MPI_Count n = (MPI_Count)count;
+        mpirc = send ? MPI_Isend_c(sbuf, n, t, peer, MPIBE_P2P_TAG, be->comm, &w->req)
+                     : MPI_Irecv_c(rbuf, n, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
 #else
         mpirc = MPI_ERR_COUNT; /* refused in mpibe_begin */
 #endif
     }
-    return mpibe_issue(be, w, mpirc, "MPI_Isend", work);
+    return mpibe_issue(be, w, mpirc, send ? "MPI_Isend" : "MPI_Irecv", work);
+}
+
+static int mpibe_send(struct fsdp_backend *b, const void *buf, size_t count, enum fsdp_dtype dtype,
+                      int peer, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
+{
+    return mpibe_p2p(b, 1, buf, NULL, count, dtype, peer, attr, work);
 }
 
 static int mpibe_recv(struct fsdp_backend *b, void *buf, size_t count, enum fsdp_dtype dtype,
                       int peer, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
-    struct mpibe *be = mpibe_of(b);
-    struct mpibe_work *w = NULL;
-    FSDP_CHECK(mpibe_begin(be, attr, count, &w));
-    MPI_Datatype t = be->types[dtype];
-    int mpirc;
-    if (count <= INT_MAX) {
-        mpirc = MPI_Irecv(buf, (int)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
-    } else {
-#if MPIBE_LARGE_COUNT
-        mpirc = MPI_Irecv_c(buf, (MPI_Count)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
-#else
-        mpirc = MPI_ERR_COUNT; /* refused in mpibe_begin */
-#endif
-    }
-    return mpibe_issue(be, w, mpirc, "MPI_Irecv", work);
+    return mpibe_p2p(b, 0, NULL, buf, count, dtype, peer, attr, work);
 }
 
 // ----------------------------------------------------------------------------
