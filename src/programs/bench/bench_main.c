@@ -719,6 +719,36 @@ static void bench_csv_row(struct bench *b, const struct fsdp_bench_coll *coll,
 }
 
 // ----------------------------------------------------------------------------
+// sizes
+
+size_t fsdp_bench_count_whole(size_t bytes, size_t elem_size, int nranks)
+{
+    (void)nranks;
+    return bytes / elem_size;
+}
+
+size_t fsdp_bench_bytes_whole(size_t count, size_t elem_size, int nranks)
+{
+    (void)nranks;
+    return count * elem_size;
+}
+
+size_t fsdp_bench_count_blocks(size_t bytes, size_t elem_size, int nranks)
+{
+    return bytes / elem_size / (size_t)nranks;
+}
+
+size_t fsdp_bench_bytes_blocks(size_t count, size_t elem_size, int nranks)
+{
+    return count * elem_size * (size_t)nranks;
+}
+
+double fsdp_bench_busbw_blocks(int nranks)
+{
+    return nranks > 0 ? (double)(nranks - 1) / nranks : 0.0;
+}
+
+// ----------------------------------------------------------------------------
 // one collective over the size range
 
 static void bench_run_coll(struct bench *b, const struct fsdp_bench_coll *coll, uint32_t op_seed)
