@@ -177,16 +177,22 @@ static const char bench_about[] =
     "busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter),\n"
     "1 (broadcast). The exit status is 1 when any checked element was wrong.";
 
+/* A wrong flag's message and where to look, from one rank. */
+static void bench_say_bad_flag(const char *fmt, va_list ap)
+{
+    fprintf(stderr, "fsdpc-bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nTry 'fsdpc-bench --help' for the options.\n");
+}
+
 /* Every rank parses the same flags, so every rank exits here alike. */
 __attribute__((format(printf, 1, 2))) _Noreturn static void bench_bad_flag(const char *fmt, ...)
 {
     if (fsdp_dist_launcher_rank() == 0) {
         va_list ap;
-        fprintf(stderr, "fsdpc-bench: ");
         va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
+        bench_say_bad_flag(fmt, ap);
         va_end(ap);
-        fprintf(stderr, "\nTry 'fsdpc-bench --help' for the options.\n");
     }
     exit(2);
 }
@@ -348,11 +354,9 @@ __attribute__((format(printf, 2, 3))) _Noreturn static void bench_config_error(s
 {
     if (b->dist->rank == 0) {
         va_list ap;
-        fprintf(stderr, "fsdpc-bench: ");
         va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
+        bench_say_bad_flag(fmt, ap);
         va_end(ap);
-        fprintf(stderr, "\nTry 'fsdpc-bench --help' for the options.\n");
     }
     fsdp_mesh_destroy(b->mesh);
     fsdp_dist_finalize(b->dist);
