@@ -200,18 +200,8 @@ int fsdp_llama_spec_create(const struct fsdp_llama_config *c, struct fsdp_model_
     int last = c->n_layer + 1;
     rc |= fsdp_model_spec_add(s, last, "norm.weight", C, 1, 1, FSDP_INIT_ONES, 0.0f, 0,
                               FSDP_TP_REPLICATE);
-    if (c->tied) {
-        rc |= fsdp_model_spec_tie(s, last, "embed_tokens.weight");
-    } else {
-        rc |= fsdp_model_spec_add(s, last, "lm_head.weight", V, C, 2, FSDP_INIT_NORMAL, STD, 1,
-                                  FSDP_TP_VOCAB);
-    }
-    if (rc != 0) {
-        fsdp_model_spec_destroy(s);
-        return FSDP_ERR_INTERNAL;
-    }
-    *out = s;
-    return 0;
+    rc |= fsdp_model_spec_add_head(s, last, c->tied, "embed_tokens.weight", V, C, STD);
+    return fsdp_model_spec_finish(s, rc, out);
 }
 
 static int llama_validate(const void *cfg)
