@@ -160,17 +160,9 @@ void fsdp_cpu_crossentropy_backward(float *dlogits, const float *logits, const f
                                     const int32_t *targets, size_t N, size_t V,
                                     int32_t ignore_index, float dscale)
 {
-    for (size_t r = 0; r < N; r++) {
-        float *d = dlogits + r * V;
-        int32_t t = targets[r];
-        if (t == ignore_index) {
-            memset(d, 0, V * sizeof(float));
-            continue;
-        }
-        /* the forward's sum, not this pass's: the same terms in the same order */
-        cpu_row_expsum(d, logits + r * V, stats[2 * r], V);
-        cpu_ce_grad_row(d, V, dscale / stats[2 * r + 1], t, dscale);
-    }
+    /* one slice that is the whole row */
+    fsdp_cpu_crossentropy_slice_backward(dlogits, logits, stats, targets, N, V, 0, ignore_index,
+                                         dscale);
 }
 
 void fsdp_cpu_crossentropy_slice_forward(float *stats, float *target_logit, const float *logits,
@@ -218,6 +210,7 @@ void fsdp_cpu_crossentropy_slice_backward(float *dlogits, const float *logits, c
             memset(d, 0, n * sizeof(float));
             continue;
         }
+        /* the forward's sum, not this pass's: the same terms in the same order */
         cpu_row_expsum(d, logits + r * n, stats[2 * r], n);
         cpu_ce_grad_row(d, n, dscale / stats[2 * r + 1], cpu_ce_slice_col(t, col0, n), dscale);
     }
