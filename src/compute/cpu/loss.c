@@ -19,43 +19,6 @@
 #include <math.h>
 #include <string.h>
 
-static float cpu_row_max(const float *x, size_t n)
-{
-    size_t i = 0;
-    cpu_vf vm = cpu_vset1(-INFINITY);
-    for (; i + CPU_VW <= n; i += CPU_VW) {
-        vm = cpu_vmax(vm, cpu_vload(x + i));
-    }
-    float m = cpu_vhmax(vm);
-    for (; i < n; i++) {
-        m = x[i] > m ? x[i] : m;
-    }
-    return m;
-}
-
-/* sum of exp(x - m); writes the terms to e unless e is NULL (e may equal x) */
-static float cpu_row_expsum(float *e, const float *x, float m, size_t n)
-{
-    size_t i = 0;
-    cpu_vf vs = cpu_vset1(0.0f);
-    for (; i + CPU_VW <= n; i += CPU_VW) {
-        cpu_vf t = cpu_vexp(cpu_vload(x + i) - m);
-        vs += t;
-        if (e) {
-            cpu_vstore(e + i, t);
-        }
-    }
-    if (i < n) {
-        cpu_vf t = cpu_vexp(cpu_vload_tail(x + i, n - i, 0.0f) - m);
-        t = cpu_vselect(cpu_vtail_mask(n - i), t, cpu_vset1(0.0f));
-        vs += t;
-        if (e) {
-            cpu_vstore_tail(e + i, n - i, t);
-        }
-    }
-    return cpu_vhsum(vs);
-}
-
 /* Counts the rows whose target is not ignore_index; an error names the first bad target. */
 static int cpu_ce_validate(const int32_t *targets, size_t N, size_t V, int32_t ignore_index,
                            size_t *kept)
