@@ -113,6 +113,19 @@ static int llama_validate_rope(const struct fsdp_llama_config *c)
     return 0;
 }
 
+/* n parts (named pn) of a whole w (named wn): in [1, w] and dividing it, as
+ * heads split the width and key/value heads the heads. */
+static int llama_validate_split(const char *pn, int n, const char *wn, int w)
+{
+    if (n < 1 || n > w) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s %d out of range [1, %s %d]", pn, n, wn, w);
+    }
+    if (w % n != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s %d is not divisible by %s %d", wn, w, pn, n);
+    }
+    return 0;
+}
+
 int fsdp_llama_config_validate(const struct fsdp_llama_config *c)
 {
     if (c->vocab_size < 1 || c->vocab_size > (1 << 20)) {
@@ -128,27 +141,13 @@ int fsdp_llama_config_validate(const struct fsdp_llama_config *c)
     if (c->n_embd < 1 || c->n_embd > (1 << 16)) {
         return fsdp_err(FSDP_ERR_INVALID, "n_embd %d out of range [1, 65536]", c->n_embd);
     }
-    if (c->n_head < 1 || c->n_head > c->n_embd) {
-        return fsdp_err(FSDP_ERR_INVALID, "n_head %d out of range [1, n_embd %d]", c->n_head,
-                        c->n_embd);
-    }
-    if (c->n_embd % c->n_head != 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "n_embd %d is not divisible by n_head %d", c->n_embd,
-                        c->n_head);
-    }
+    FSDP_CHECK(llama_validate_split("n_head", c->n_head, "n_embd", c->n_embd));
     if ((c->n_embd / c->n_head) % 2 != 0) {
         return fsdp_err(FSDP_ERR_INVALID,
                         "head size n_embd / n_head = %d is odd (RoPE rotates pairs of dimensions)",
                         c->n_embd / c->n_head);
     }
-    if (c->n_kv_head < 1 || c->n_kv_head > c->n_head) {
-        return fsdp_err(FSDP_ERR_INVALID, "n_kv_head %d out of range [1, n_head %d]", c->n_kv_head,
-                        c->n_head);
-    }
-    if (c->n_head % c->n_kv_head != 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "n_head %d is not divisible by n_kv_head %d", c->n_head,
-                        c->n_kv_head);
-    }
+    FSDP_CHECK(llama_validate_split("n_kv_head", c->n_kv_head, "n_head", c->n_head));
     if (c->ffn_hidden < 1 || c->ffn_hidden > (1 << 20)) {
         return fsdp_err(FSDP_ERR_INVALID, "ffn_hidden %d out of range [1, 2^20]", c->ffn_hidden);
     }
