@@ -1,8 +1,8 @@
 /*
  * simd.h - private to src/compute/cpu: float vectors written with the
  * GCC/Clang vector extensions, the few transcendental functions the
- * kernels need (exp, sqrt) in a branch-free form, and the row reductions
- * (max, sum of exponentials) the softmax kernels share.
+ * kernels need (exp, sqrt) in a branch-free form, and the row operations
+ * the kernels share (max, sum of exponentials, sum of two rows).
  *
  * Why vector extensions: the default build is -O2 without -march, where the
  * compiler does not auto-vectorise; these types compile to SSE2 on any
@@ -250,6 +250,21 @@ static inline float cpu_row_expsum(float *e, const float *x, float m, size_t n)
         }
     }
     return cpu_vhsum(vs);
+}
+
+// ----------------------------------------------------------------------------
+// element-wise rows
+
+/* out[0..n) = a + b; out may be a or b */
+static inline void cpu_row_add(float *out, const float *a, const float *b, size_t n)
+{
+    size_t i = 0;
+    for (; i + CPU_VW <= n; i += CPU_VW) {
+        cpu_vstore(out + i, cpu_vload(a + i) + cpu_vload(b + i));
+    }
+    for (; i < n; i++) {
+        out[i] = a[i] + b[i];
+    }
 }
 
 #endif
