@@ -36,6 +36,15 @@
 #define MPIBE_LARGE_COUNT 0
 #endif
 
+/* MPI call fn for n elements: fn itself when n fits an int, else its
+ * large-count form fn_c (the count arguments convert to the count type of
+ * the one called); without MPI 4 such counts never get here (mpibe_begin). */
+#if MPIBE_LARGE_COUNT
+#define MPIBE_COUNTED(fn, n, ...) ((n) <= INT_MAX ? fn(__VA_ARGS__) : fn##_c(__VA_ARGS__))
+#else
+#define MPIBE_COUNTED(fn, n, ...) ((n) <= INT_MAX ? fn(__VA_ARGS__) : MPI_ERR_COUNT)
+#endif
+
 /* Point-to-point tag; collectives have their own matching context in MPI. */
 #define MPIBE_P2P_TAG 7
 
@@ -348,16 +357,8 @@ static int mpibe_allreduce(struct fsdp_backend *b, const void *sendbuf, void *re
     const void *src = sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf;
     MPI_Datatype t = be->types[dtype];
     MPI_Op mop = be->ops[dtype][op];
-    int mpirc;
-    if (count <= INT_MAX) {
-        mpirc = MPI_Iallreduce(src, recvbuf, (int)count, t, mop, be->comm, &w->req);
-    } else {
-#if MPIBE_LARGE_COUNT
-        mpirc = MPI_Iallreduce_c(src, recvbuf, (MPI_Count)count, t, mop, be->comm, &w->req);
-#else
-        mpirc = MPI_ERR_COUNT; /* refused in mpibe_begin */
-#endif
-    }
+    int mpirc =
+        MPIBE_COUNTED(MPI_Iallreduce, count, src, recvbuf, count, t, mop, be->comm, &w->req);
     if (op == FSDP_AVG) {
         mpibe_set_avg(w, recvbuf, count, dtype);
     }
@@ -375,26 +376,12 @@ static int mpibe_allgather(struct fsdp_backend *b, const void *sendbuf, void *re
     int in_place = sendbuf == (const char *)recvbuf + (size_t)be->rank * count * esize;
     MPI_Datatype t = be->types[dtype];
     int mpirc;
-    if (count <= INT_MAX) {
-        if (in_place) {
-            mpirc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuf, (int)count, t,
-                                   be->comm, &w->req);
-        } else {
-            mpirc = MPI_Iallgather(sendbuf, (int)count, t, recvbuf, (int)count, t, be->comm,
-                                   &w->req);
-        }
+    if (in_place) {
+        mpirc = MPIBE_COUNTED(MPI_Iallgather, count, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuf,
+                              count, t, be->comm, &w->req);
     } else {
-#if MPIBE_LARGE_COUNT
-        MPI_Count c = (MPI_Count)count;
-        if (in_place) {
-            mpirc = MPI_Iallgather_c(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuf, c, t, be->comm,
-                                     &w->req);
-        } else {
-            mpirc = MPI_Iallgather_c(sendbuf, c, t, recvbuf, c, t, be->comm, &w->req);
-        }
-#else
-        mpirc = MPI_ERR_COUNT; /* refused in mpibe_begin */
-#endif
+        mpirc = MPIBE_COUNTED(MPI_Iallgather, count, sendbuf, count, t, recvbuf, count, t, be->comm,
+                              &w->req);
     }
     return mpibe_issue(be, w, mpirc, "MPI_Iallgather", work);
 }
@@ -414,17 +401,8 @@ static int mpibe_reduce_scatter(struct fsdp_backend *b, const void *sendbuf, voi
     const void *src = in_place ? MPI_IN_PLACE : sendbuf;
     MPI_Datatype t = be->types[dtype];
     MPI_Op mop = be->ops[dtype][op];
-    int mpirc;
-    if (count <= INT_MAX) {
-        mpirc = MPI_Ireduce_scatter_block(src, mpi_recv, (int)count, t, mop, be->comm, &w->req);
-    } else {
-#if MPIBE_LARGE_COUNT
-        mpirc = MPI_Ireduce_scatter_block_c(src, mpi_recv, (MPI_Count)count, t, mop, be->comm,
-                                            &w->req);
-#else
-        mpirc = MPI_ERR_COUNT; /* refused in mpibe_begin */
-#endif
-    }
+    int mpirc = MPIBE_COUNTED(MPI_Ireduce_scatter_block, count, src, mpi_recv, count, t, mop,
+                              be->comm, &w->req);
     if (mpi_recv != recvbuf && bytes > 0) {
         w->move_dst = recvbuf;
         w->move_src = mpi_recv;
@@ -443,16 +421,7 @@ static int mpibe_broadcast(struct fsdp_backend *b, void *buf, size_t count, enum
     struct mpibe_work *w = NULL;
     FSDP_CHECK(mpibe_begin(be, attr, count, &w));
     MPI_Datatype t = be->types[dtype];
-    int mpirc;
-    if (count <= INT_MAX) {
-        mpirc = MPI_Ibcast(buf, (int)count, t, root, be->comm, &w->req);
-    } else {
-#if MPIBE_LARGE_COUNT
-        mpirc = MPI_Ibcast_c(buf, (MPI_Count)count, t, root, be->comm, &w->req);
-#else
-        mpirc = MPI_ERR_COUNT; /* refused in mpibe_begin */
-#endif
-    }
+    int mpirc = MPIBE_COUNTED(MPI_Ibcast, count, buf, count, t, root, be->comm, &w->req);
     return mpibe_issue(be, w, mpirc, "MPI_Ibcast", work);
 }
 
@@ -464,44 +433,33 @@ static int mpibe_barrier(struct fsdp_backend *b, struct fsdp_work **work)
     return mpibe_issue(be, w, MPI_Ibarrier(be->comm, &w->req), "MPI_Ibarrier", work);
 }
 
-static int mpibe_send(struct fsdp_backend *b, const void *buf, size_t count, enum fsdp_dtype dtype,
-                      int peer, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
+/* One message to or from peer: MPI_Isend of sbuf when send is set, MPI_Irecv
+ * into rbuf otherwise. */
+static int mpibe_p2p(struct fsdp_backend *b, int send, const void *sbuf, void *rbuf, size_t count,
+                     enum fsdp_dtype dtype, int peer, const struct fsdp_coll_attr *attr,
+                     struct fsdp_work **work)
 {
     struct mpibe *be = mpibe_of(b);
     struct mpibe_work *w = NULL;
     FSDP_CHECK(mpibe_begin(be, attr, count, &w));
     MPI_Datatype t = be->types[dtype];
-    int mpirc;
-    if (count <= INT_MAX) {
-        mpirc = MPI_Isend(buf, (int)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
-    } else {
-#if MPIBE_LARGE_COUNT
-        mpirc = MPI_Isend_c(buf, (MPI_Count)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
-#else
-        mpirc = MPI_ERR_COUNT; /* refused in mpibe_begin */
-#endif
-    }
-    return mpibe_issue(be, w, mpirc, "MPI_Isend", work);
+    int mpirc = send ? MPIBE_COUNTED(MPI_Isend, count, sbuf, count, t, peer, MPIBE_P2P_TAG,
+                                     be->comm, &w->req)
+                     : MPIBE_COUNTED(MPI_Irecv, count, rbuf, count, t, peer, MPIBE_P2P_TAG,
+                                     be->comm, &w->req);
+    return mpibe_issue(be, w, mpirc, send ? "MPI_Isend" : "MPI_Irecv", work);
+}
+
+static int mpibe_send(struct fsdp_backend *b, const void *buf, size_t count, enum fsdp_dtype dtype,
+                      int peer, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
+{
+    return mpibe_p2p(b, 1, buf, NULL, count, dtype, peer, attr, work);
 }
 
 static int mpibe_recv(struct fsdp_backend *b, void *buf, size_t count, enum fsdp_dtype dtype,
                       int peer, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
-    struct mpibe *be = mpibe_of(b);
-    struct mpibe_work *w = NULL;
-    FSDP_CHECK(mpibe_begin(be, attr, count, &w));
-    MPI_Datatype t = be->types[dtype];
-    int mpirc;
-    if (count <= INT_MAX) {
-        mpirc = MPI_Irecv(buf, (int)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
-    } else {
-#if MPIBE_LARGE_COUNT
-        mpirc = MPI_Irecv_c(buf, (MPI_Count)count, t, peer, MPIBE_P2P_TAG, be->comm, &w->req);
-#else
-        mpirc = MPI_ERR_COUNT; /* refused in mpibe_begin */
-#endif
-    }
-    return mpibe_issue(be, w, mpirc, "MPI_Irecv", work);
+    return mpibe_p2p(b, 0, NULL, buf, count, dtype, peer, attr, work);
 }
 
 // ----------------------------------------------------------------------------

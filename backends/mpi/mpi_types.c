@@ -45,48 +45,32 @@ typedef int mpibe_len_t;
 #define mpibe_op_create MPI_Op_create
 #endif
 
-static void mpibe_f16_sum(void *in, void *inout, mpibe_len_t *len, MPI_Datatype *dt)
+/* The 16-bit format of one of our datatypes: MPI hands a user op the
+ * datatype of the call, so one function serves both formats. */
+static enum fsdp_dtype mpibe_half_of(const MPI_Datatype *dt)
 {
-    (void)dt;
-    fsdp_reduce(inout, in, (size_t)*len, FSDP_F16, FSDP_SUM);
+    return *dt == mpibe_types.types[HALF_BF16] ? FSDP_BF16 : FSDP_F16;
 }
 
-static void mpibe_f16_max(void *in, void *inout, mpibe_len_t *len, MPI_Datatype *dt)
+static void mpibe_half_sum(void *in, void *inout, mpibe_len_t *len, MPI_Datatype *dt)
 {
-    (void)dt;
-    fsdp_reduce(inout, in, (size_t)*len, FSDP_F16, FSDP_MAX);
+    fsdp_reduce(inout, in, (size_t)*len, mpibe_half_of(dt), FSDP_SUM);
 }
 
-static void mpibe_f16_min(void *in, void *inout, mpibe_len_t *len, MPI_Datatype *dt)
+static void mpibe_half_max(void *in, void *inout, mpibe_len_t *len, MPI_Datatype *dt)
 {
-    (void)dt;
-    fsdp_reduce(inout, in, (size_t)*len, FSDP_F16, FSDP_MIN);
+    fsdp_reduce(inout, in, (size_t)*len, mpibe_half_of(dt), FSDP_MAX);
 }
 
-static void mpibe_bf16_sum(void *in, void *inout, mpibe_len_t *len, MPI_Datatype *dt)
+static void mpibe_half_min(void *in, void *inout, mpibe_len_t *len, MPI_Datatype *dt)
 {
-    (void)dt;
-    fsdp_reduce(inout, in, (size_t)*len, FSDP_BF16, FSDP_SUM);
-}
-
-static void mpibe_bf16_max(void *in, void *inout, mpibe_len_t *len, MPI_Datatype *dt)
-{
-    (void)dt;
-    fsdp_reduce(inout, in, (size_t)*len, FSDP_BF16, FSDP_MAX);
-}
-
-static void mpibe_bf16_min(void *in, void *inout, mpibe_len_t *len, MPI_Datatype *dt)
-{
-    (void)dt;
-    fsdp_reduce(inout, in, (size_t)*len, FSDP_BF16, FSDP_MIN);
+    fsdp_reduce(inout, in, (size_t)*len, mpibe_half_of(dt), FSDP_MIN);
 }
 
 typedef void mpibe_user_fn(void *, void *, mpibe_len_t *, MPI_Datatype *);
 
-static mpibe_user_fn *const mpibe_user_fns[HALF_COUNT][HOP_COUNT] = {
-    [HALF_F16] = {mpibe_f16_sum, mpibe_f16_max, mpibe_f16_min},
-    [HALF_BF16] = {mpibe_bf16_sum, mpibe_bf16_max, mpibe_bf16_min},
-};
+static mpibe_user_fn *const mpibe_user_fns[HOP_COUNT] = {mpibe_half_sum, mpibe_half_max,
+                                                         mpibe_half_min};
 
 // ----------------------------------------------------------------------------
 // lifetime
@@ -137,7 +121,7 @@ int fsdp_mpi_types_acquire(void)
             goto err_free;
         }
         for (int o = 0; o < HOP_COUNT; o++) {
-            rc = mpibe_op_create(mpibe_user_fns[h][o], 1, &mpibe_types.ops[h][o]);
+            rc = mpibe_op_create(mpibe_user_fns[o], 1, &mpibe_types.ops[h][o]);
             if (rc != MPI_SUCCESS) {
                 rc = mpibe_types_fail(rc, "creating a 16-bit float reduce op");
                 goto err_free;

@@ -214,6 +214,24 @@ static int nccl_bad_overlap(struct fsdp_backend *be, const char *op)
                     "are not the in-place layout (see backend.h)", be->name, op);
 }
 
+/* The buffers of an allgather (full: recvbuf) or a reduce_scatter (full:
+ * sendbuf): full holds every rank's block of `bytes`, part this rank's. part
+ * is either full's block `rank` (in place) or apart from full. */
+static int nccl_check_blocks(struct fsdp_backend *be, const char *op, const char *full_name,
+                             const void *full, const char *part_name, const void *part,
+                             size_t bytes)
+{
+    size_t total = bytes * (size_t)be->size;
+    FSDP_CHECK(nccl_check_ptr(be, op, full_name, full, total));
+    if (bytes && part != (const char *)full + bytes * (size_t)be->rank) {
+        FSDP_CHECK(nccl_check_ptr(be, op, part_name, part, bytes));
+        if (nccl_overlap(part, bytes, full, total)) {
+            return nccl_bad_overlap(be, op);
+        }
+    }
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // launch: hand to NCCL, wait until NCCL has queued, record the events
 
@@ -480,13 +498,7 @@ static int nccl_allgather(struct fsdp_backend *be, const void *sendbuf, void *re
 
     FSDP_CHECK(nccl_check_call(be, &c, attr, work));
     bytes = count * fsdp_dtype_size(dtype);
-    FSDP_CHECK(nccl_check_ptr(be, c.op, "recvbuf", recvbuf, bytes * (size_t)be->size));
-    if (bytes && sendbuf != (const char *)recvbuf + bytes * (size_t)be->rank) {
-        FSDP_CHECK(nccl_check_ptr(be, c.op, "sendbuf", sendbuf, bytes));
-        if (nccl_overlap(sendbuf, bytes, recvbuf, bytes * (size_t)be->size)) {
-            return nccl_bad_overlap(be, c.op);
-        }
-    }
+    FSDP_CHECK(nccl_check_blocks(be, c.op, "recvbuf", recvbuf, "sendbuf", sendbuf, bytes));
     return nccl_submit(be, &c, attr, work);
 }
 
@@ -500,13 +512,7 @@ static int nccl_reduce_scatter(struct fsdp_backend *be, const void *sendbuf, voi
 
     FSDP_CHECK(nccl_check_call(be, &c, attr, work));
     bytes = count * fsdp_dtype_size(dtype);
-    FSDP_CHECK(nccl_check_ptr(be, c.op, "sendbuf", sendbuf, bytes * (size_t)be->size));
-    if (bytes && recvbuf != (const char *)sendbuf + bytes * (size_t)be->rank) {
-        FSDP_CHECK(nccl_check_ptr(be, c.op, "recvbuf", recvbuf, bytes));
-        if (nccl_overlap(sendbuf, bytes * (size_t)be->size, recvbuf, bytes)) {
-            return nccl_bad_overlap(be, c.op);
-        }
-    }
+    FSDP_CHECK(nccl_check_blocks(be, c.op, "sendbuf", sendbuf, "recvbuf", recvbuf, bytes));
     return nccl_submit(be, &c, attr, work);
 }
 

@@ -317,22 +317,15 @@ void fsdp_hf_dir_close(struct fsdp_hf_dir *d)
     free(d);
 }
 
+static int hf_tensor_named(const void *name, const void *e)
+{
+    return strcmp(name, ((const struct fsdp_hf_tensor *)e)->t->name);
+}
+
 long fsdp_hf_dir_find(const struct fsdp_hf_dir *d, const char *name)
 {
-    size_t lo = 0, hi = d->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int c = strcmp(d->t[mid].t->name, name);
-        if (c == 0) {
-            return (long)mid;
-        }
-        if (c < 0) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return -1;
+    const struct fsdp_hf_tensor *e = bsearch(name, d->t, d->n, sizeof(*d->t), hf_tensor_named);
+    return e ? (long)(e - d->t) : -1;
 }
 
 const char *fsdp_hf_dir_file(const struct fsdp_hf_dir *d, size_t i)

@@ -550,22 +550,16 @@ void fsdp_safetensors_close(struct fsdp_safetensors *st)
     free(st);
 }
 
+static int st_tensor_named(const void *name, const void *e)
+{
+    return strcmp(name, (*(const struct fsdp_st_tensor *const *)e)->name);
+}
+
 long fsdp_safetensors_find(const struct fsdp_safetensors *st, const char *name)
 {
-    size_t lo = 0, hi = st->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int c = strcmp(st->by_name[mid]->name, name);
-        if (c == 0) {
-            return (long)(st->by_name[mid] - st->t);
-        }
-        if (c < 0) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return -1;
+    struct fsdp_st_tensor *const *e =
+        bsearch(name, st->by_name, st->n, sizeof(*st->by_name), st_tensor_named);
+    return e ? (long)(*e - st->t) : -1;
 }
 
 const char *fsdp_safetensors_meta(const struct fsdp_safetensors *st, const char *key)

@@ -164,6 +164,28 @@ static int json_wrong(const struct fsdp_json_obj *o, const char *key, const json
                     json_show(show, sizeof(show), v), want);
 }
 
+/* The JSON types a getter takes, as a mask of bits (1 << json_type). */
+#define JSON_TYPES_NUMBER ((1u << JSON_INTEGER) | (1u << JSON_REAL))
+#define JSON_TYPES_BOOL ((1u << JSON_TRUE) | (1u << JSON_FALSE))
+#define JSON_TYPES_STRING (1u << JSON_STRING)
+
+/* key's value into *v when it has one of the types; NULL when absent or
+ * null and the caller has a default; otherwise an error naming what was
+ * wanted. */
+static int json_need(const struct fsdp_json_obj *o, const char *key, int has_dflt, unsigned types,
+                     const char *want, json_t **v)
+{
+    int present;
+    *v = json_member(o, key, &present);
+    if (!*v) {
+        return has_dflt ? 0 : json_missing(o, key, present, want);
+    }
+    if (!(types & (1u << json_typeof(*v)))) {
+        return json_wrong(o, key, *v, want);
+    }
+    return 0;
+}
+
 int fsdp_json_has(const struct fsdp_json_obj *o, const char *key)
 {
     return json_object_get(o->obj, key) != NULL;
@@ -179,21 +201,17 @@ int fsdp_json_int(const struct fsdp_json_obj *o, const char *key, long long lo, 
                   const long long *dflt, long long *out)
 {
     char want[96];
-    int present;
-    json_t *v = json_member(o, key, &present);
+    json_t *v;
     snprintf(want, sizeof(want), "an integer in [%lld, %lld]", lo, hi);
-    if (!v && dflt) {
+    FSDP_CHECK(json_need(o, key, dflt != NULL, JSON_TYPES_NUMBER, want, &v));
+    if (!v) {
         *out = *dflt;
         return 0;
-    }
-    if (!v) {
-        return json_missing(o, key, present, want);
     }
     long long x;
     if (json_is_integer(v)) {
         x = (long long)json_integer_value(v);
-    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
-               fabs(json_real_value(v)) < 9e15) {
+    } else if (json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 9e15) {
         x = (long long)json_real_value(v); /* 4096.0: a whole number written as a float */
     } else {
         return json_wrong(o, key, v, want);
@@ -240,56 +258,26 @@ int fsdp_json_int_list(const struct fsdp_json_obj *o, const char *key, long long
 int fsdp_json_num(const struct fsdp_json_obj *o, const char *key, const double *dflt,
                   double *out)
 {
-    int present;
-    json_t *v = json_member(o, key, &present);
-    if (!v && dflt) {
-        *out = *dflt;
-        return 0;
-    }
-    if (!v) {
-        return json_missing(o, key, present, "a number");
-    }
-    if (!json_is_number(v)) {
-        return json_wrong(o, key, v, "a number");
-    }
-    *out = json_number_value(v);
+    json_t *v;
+    FSDP_CHECK(json_need(o, key, dflt != NULL, JSON_TYPES_NUMBER, "a number", &v));
+    *out = v ? json_number_value(v) : *dflt;
     return 0;
 }
 
 int fsdp_json_bool(const struct fsdp_json_obj *o, const char *key, const int *dflt, int *out)
 {
-    int present;
-    json_t *v = json_member(o, key, &present);
-    if (!v && dflt) {
-        *out = *dflt;
-        return 0;
-    }
-    if (!v) {
-        return json_missing(o, key, present, "true or false");
-    }
-    if (!json_is_boolean(v)) {
-        return json_wrong(o, key, v, "true or false");
-    }
-    *out = json_is_true(v);
+    json_t *v;
+    FSDP_CHECK(json_need(o, key, dflt != NULL, JSON_TYPES_BOOL, "true or false", &v));
+    *out = v ? json_is_true(v) : *dflt;
     return 0;
 }
 
 int fsdp_json_str(const struct fsdp_json_obj *o, const char *key, const char *dflt,
                   const char **out)
 {
-    int present;
-    json_t *v = json_member(o, key, &present);
-    if (!v && dflt) {
-        *out = dflt;
-        return 0;
-    }
-    if (!v) {
-        return json_missing(o, key, present, "a string");
-    }
-    if (!json_is_string(v)) {
-        return json_wrong(o, key, v, "a string");
-    }
-    *out = json_string_value(v);
+    json_t *v;
+    FSDP_CHECK(json_need(o, key, dflt != NULL, JSON_TYPES_STRING, "a string", &v));
+    *out = v ? json_string_value(v) : dflt;
     return 0;
 }
 

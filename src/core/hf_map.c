@@ -5,6 +5,7 @@
  */
 #include "config.h"
 #include "core/hf_map.h"
+#include "core/error.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -105,6 +106,42 @@ void fsdp_hf_param_name(const struct fsdp_hf_map *m, const struct fsdp_param_spe
 int fsdp_hf_param_transposed(const struct fsdp_hf_map *m, const struct fsdp_param_spec *p)
 {
     return p->ndim == 2 && hf_ends_with_any(p->name, m->transposed);
+}
+
+/* In tiles, so that both sides stay in the cache (a Conv1D weight's rows
+ * are kilobytes apart). */
+void fsdp_hf_transpose(float *dst, const float *src, size_t rows, size_t cols)
+{
+    enum { TILE = 32 };
+    for (size_t r0 = 0; r0 < rows; r0 += TILE) {
+        size_t r1 = r0 + TILE < rows ? r0 + TILE : rows;
+        for (size_t c0 = 0; c0 < cols; c0 += TILE) {
+            size_t c1 = c0 + TILE < cols ? c0 + TILE : cols;
+            for (size_t r = r0; r < r1; r++) {
+                for (size_t c = c0; c < c1; c++) {
+                    dst[r * cols + c] = src[c * rows + r];
+                }
+            }
+        }
+    }
+}
+
+int fsdp_hf_param_export(const struct fsdp_hf_map *m, const struct fsdp_param_spec *p,
+                         const float *a, enum fsdp_dtype dtype, float *tr, void *h,
+                         const void **out)
+{
+    const float *f = a;
+    if (fsdp_hf_param_transposed(m, p)) {
+        fsdp_hf_transpose(tr, a, p->shape[1], p->shape[0]);
+        f = tr;
+    }
+    if (dtype == FSDP_F32) {
+        *out = f;
+        return 0;
+    }
+    FSDP_CHECK(fsdp_convert(h, dtype, f, FSDP_F32, p->numel));
+    *out = h;
+    return 0;
 }
 
 void fsdp_hf_param_shape(const struct fsdp_hf_map *m, const struct fsdp_param_spec *p,

@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 
+#include "core/dtype.h"
 #include "core/spec.h"
 
 struct fsdp_json_obj;    /* io/util/json.h: a parsed JSON object */
@@ -97,6 +98,16 @@ void fsdp_hf_param_name(const struct fsdp_hf_map *m, const struct fsdp_param_spe
                         size_t len);
 /* 1 when the state dict holds p transposed. */
 int fsdp_hf_param_transposed(const struct fsdp_hf_map *m, const struct fsdp_param_spec *p);
+/* dst (rows, cols) = transpose of src (cols, rows): a weight between its
+ * layout here and the state dict's transposed one. */
+void fsdp_hf_transpose(float *dst, const float *src, size_t rows, size_t cols);
+/* p's f32 values a as the state dict holds them, in dtype: *out is a itself,
+ * or a transposed into tr (p->numel floats, used only when the state dict
+ * holds p transposed), converted into h (p->numel elements of dtype, used
+ * only when dtype is not f32). 0 or a negative error code. */
+int fsdp_hf_param_export(const struct fsdp_hf_map *m, const struct fsdp_param_spec *p,
+                         const float *a, enum fsdp_dtype dtype, float *tr, void *h,
+                         const void **out);
 /* p's shape as the state dict holds it. */
 void fsdp_hf_param_shape(const struct fsdp_hf_map *m, const struct fsdp_param_spec *p,
                          size_t shape[2]);

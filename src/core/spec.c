@@ -89,6 +89,26 @@ int fsdp_model_spec_tie(struct fsdp_model_spec *s, int user, const char *name)
     return 0;
 }
 
+int fsdp_model_spec_add_head(struct fsdp_model_spec *s, int unit, int tied, const char *embedding,
+                             size_t vocab, size_t n_embd, float std)
+{
+    if (tied) {
+        return fsdp_model_spec_tie(s, unit, embedding);
+    }
+    return fsdp_model_spec_add(s, unit, "lm_head.weight", vocab, n_embd, 2, FSDP_INIT_NORMAL, std,
+                               1, FSDP_TP_VOCAB);
+}
+
+int fsdp_model_spec_finish(struct fsdp_model_spec *s, int rc, struct fsdp_model_spec **out)
+{
+    if (rc != 0) {
+        fsdp_model_spec_destroy(s);
+        return FSDP_ERR_INTERNAL;
+    }
+    *out = s;
+    return 0;
+}
+
 void fsdp_model_spec_destroy(struct fsdp_model_spec *s)
 {
     if (!s) {

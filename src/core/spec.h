@@ -99,6 +99,14 @@ int fsdp_model_spec_add(struct fsdp_model_spec *s, int unit, const char *name, s
                         enum fsdp_tp_place tp);
 /* Records that unit `user` uses parameter `name` of another unit. */
 int fsdp_model_spec_tie(struct fsdp_model_spec *s, int user, const char *name);
+/* A language model's head in unit `unit`: tied to the embedding `embedding`,
+ * or a weight of its own, lm_head.weight (vocab, n_embd), N(0, std), decayed,
+ * split over the vocabulary. */
+int fsdp_model_spec_add_head(struct fsdp_model_spec *s, int unit, int tied, const char *embedding,
+                             size_t vocab, size_t n_embd, float std);
+/* A spec builder's last step: *out = s when rc, the OR of its adds and ties,
+ * is 0; otherwise s is destroyed and the error is internal. */
+int fsdp_model_spec_finish(struct fsdp_model_spec *s, int rc, struct fsdp_model_spec **out);
 void fsdp_model_spec_destroy(struct fsdp_model_spec *s);
 /* Elements of the largest parameter (at least 1): one tensor's buffer. */
 size_t fsdp_model_spec_largest(const struct fsdp_model_spec *s);

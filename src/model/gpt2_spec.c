@@ -112,18 +112,8 @@ int fsdp_gpt2_spec_create(const struct fsdp_gpt2_config *c, struct fsdp_model_sp
                               FSDP_TP_REPLICATE);
     rc |= fsdp_model_spec_add(s, last, "ln_f.bias", C, 1, 1, FSDP_INIT_ZEROS, 0.0f, 0,
                               FSDP_TP_REPLICATE);
-    if (c->tied) {
-        rc |= fsdp_model_spec_tie(s, last, "wte.weight");
-    } else {
-        rc |= fsdp_model_spec_add(s, last, "lm_head.weight", V, C, 2, FSDP_INIT_NORMAL, STD, 1,
-                                  FSDP_TP_VOCAB);
-    }
-    if (rc != 0) {
-        fsdp_model_spec_destroy(s);
-        return FSDP_ERR_INTERNAL;
-    }
-    *out = s;
-    return 0;
+    rc |= fsdp_model_spec_add_head(s, last, c->tied, "wte.weight", V, C, STD);
+    return fsdp_model_spec_finish(s, rc, out);
 }
 
 /* Which config fields a parameter's shape follows: "vocab_size=256, n_embd=128". */

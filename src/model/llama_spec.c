@@ -113,6 +113,19 @@ static int llama_validate_rope(const struct fsdp_llama_config *c)
     return 0;
 }
 
+/* n parts (named pn) of a whole w (named wn): in [1, w] and dividing it, as
+ * heads split the width and key/value heads the heads. */
+static int llama_validate_split(const char *pn, int n, const char *wn, int w)
+{
+    if (n < 1 || n > w) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s %d out of range [1, %s %d]", pn, n, wn, w);
+    }
+    if (w % n != 0) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s %d is not divisible by %s %d", wn, w, pn, n);
+    }
+    return 0;
+}
+
 int fsdp_llama_config_validate(const struct fsdp_llama_config *c)
 {
     if (c->vocab_size < 1 || c->vocab_size > (1 << 20)) {
@@ -128,27 +141,13 @@ int fsdp_llama_config_validate(const struct fsdp_llama_config *c)
     if (c->n_embd < 1 || c->n_embd > (1 << 16)) {
         return fsdp_err(FSDP_ERR_INVALID, "n_embd %d out of range [1, 65536]", c->n_embd);
     }
-    if (c->n_head < 1 || c->n_head > c->n_embd) {
-        return fsdp_err(FSDP_ERR_INVALID, "n_head %d out of range [1, n_embd %d]", c->n_head,
-                        c->n_embd);
-    }
-    if (c->n_embd % c->n_head != 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "n_embd %d is not divisible by n_head %d", c->n_embd,
-                        c->n_head);
-    }
+    FSDP_CHECK(llama_validate_split("n_head", c->n_head, "n_embd", c->n_embd));
     if ((c->n_embd / c->n_head) % 2 != 0) {
         return fsdp_err(FSDP_ERR_INVALID,
                         "head size n_embd / n_head = %d is odd (RoPE rotates pairs of dimensions)",
                         c->n_embd / c->n_head);
     }
-    if (c->n_kv_head < 1 || c->n_kv_head > c->n_head) {
-        return fsdp_err(FSDP_ERR_INVALID, "n_kv_head %d out of range [1, n_head %d]", c->n_kv_head,
-                        c->n_head);
-    }
-    if (c->n_head % c->n_kv_head != 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "n_head %d is not divisible by n_kv_head %d", c->n_head,
-                        c->n_kv_head);
-    }
+    FSDP_CHECK(llama_validate_split("n_kv_head", c->n_kv_head, "n_head", c->n_head));
     if (c->ffn_hidden < 1 || c->ffn_hidden > (1 << 20)) {
         return fsdp_err(FSDP_ERR_INVALID, "ffn_hidden %d out of range [1, 2^20]", c->ffn_hidden);
     }
@@ -200,18 +199,8 @@ int fsdp_llama_spec_create(const struct fsdp_llama_config *c, struct fsdp_model_
     int last = c->n_layer + 1;
     rc |= fsdp_model_spec_add(s, last, "norm.weight", C, 1, 1, FSDP_INIT_ONES, 0.0f, 0,
                               FSDP_TP_REPLICATE);
-    if (c->tied) {
-        rc |= fsdp_model_spec_tie(s, last, "embed_tokens.weight");
-    } else {
-        rc |= fsdp_model_spec_add(s, last, "lm_head.weight", V, C, 2, FSDP_INIT_NORMAL, STD, 1,
-                                  FSDP_TP_VOCAB);
-    }
-    if (rc != 0) {
-        fsdp_model_spec_destroy(s);
-        return FSDP_ERR_INTERNAL;
-    }
-    *out = s;
-    return 0;
+    rc |= fsdp_model_spec_add_head(s, last, c->tied, "embed_tokens.weight", V, C, STD);
+    return fsdp_model_spec_finish(s, rc, out);
 }
 
 static int llama_validate(const void *cfg)

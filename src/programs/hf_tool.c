@@ -41,24 +41,6 @@
 #define S(field) sizeof(((struct fsdp_ckpt_args *)0)->field)
 #define N_OPTS(t) (sizeof(t) / sizeof(t[0]))
 
-/* dst (rows, cols) = transpose of src (cols, rows), in tiles so that both
- * sides stay in the cache (a Conv1D weight's rows are kilobytes apart). */
-static void hf_transpose(float *dst, const float *src, size_t rows, size_t cols)
-{
-    enum { TILE = 32 };
-    for (size_t r0 = 0; r0 < rows; r0 += TILE) {
-        size_t r1 = r0 + TILE < rows ? r0 + TILE : rows;
-        for (size_t c0 = 0; c0 < cols; c0 += TILE) {
-            size_t c1 = c0 + TILE < cols ? c0 + TILE : cols;
-            for (size_t r = r0; r < r1; r++) {
-                for (size_t c = c0; c < c1; c++) {
-                    dst[r * cols + c] = src[c * rows + r];
-                }
-            }
-        }
-    }
-}
-
 // ----------------------------------------------------------------------------
 // import: which tensor is which parameter
 
@@ -278,7 +260,7 @@ static int hf_import_tensors(struct hf_import *im, struct fsdp_model_writer *w, 
         }
         const float *src = a;
         if (fsdp_hf_param_transposed(im->m, p)) {
-            hf_transpose(tbuf, a, p->shape[0], p->shape[1]);
+            fsdp_hf_transpose(tbuf, a, p->shape[0], p->shape[1]);
             src = tbuf;
         }
         FSDP_CHECK(fsdp_model_writer_put(w, i, src));
@@ -467,17 +449,10 @@ static int hf_export_tensors(struct hf_source *src, const struct fsdp_model_spec
     }
     for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
+        const void *v;
         FSDP_CHECK_GOTO(hf_source_read(src, i, p, a), rc, out);
-        const float *f = a;
-        if (fsdp_hf_param_transposed(m, p)) {
-            hf_transpose(tbuf, a, p->shape[1], p->shape[0]);
-            f = tbuf;
-        }
-        if (dtype == FSDP_F32) {
-            rc = fsdp_hf_writer_put(w, i, f);
-        } else if ((rc = fsdp_convert(h, dtype, f, FSDP_F32, p->numel)) == 0) {
-            rc = fsdp_hf_writer_put(w, i, h);
-        }
+        FSDP_CHECK_GOTO(fsdp_hf_param_export(m, p, a, dtype, tbuf, h, &v), rc, out);
+        rc = fsdp_hf_writer_put(w, i, v);
     }
 out:
     fsdp_free(a);

@@ -29,16 +29,6 @@
 #define S(field) sizeof(((struct fsdp_ckpt_args *)0)->field)
 #define N_OPTS(t) (sizeof(t) / sizeof(t[0]))
 
-/* dst (rows, cols) = transpose of src (cols, rows) */
-static void st_transpose(float *dst, const float *src, size_t rows, size_t cols)
-{
-    for (size_t r = 0; r < rows; r++) {
-        for (size_t c = 0; c < cols; c++) {
-            dst[r * cols + c] = src[c * rows + r];
-        }
-    }
-}
-
 // ----------------------------------------------------------------------------
 // export
 
@@ -101,19 +91,11 @@ static int st_export_tensors(struct fsdp_ckpt *ck, struct fsdp_model_file *mf,
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
-        size_t n = p->shape[0] * p->shape[1];
+        const void *v;
         FSDP_CHECK(ck ? fsdp_ckpt_read_rows(ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], a)
                       : fsdp_model_file_read_block(mf, i, 0, p->shape[0], 0, p->shape[1], a));
-        const float *src = a;
-        if (fsdp_hf_param_transposed(m, p)) {
-            st_transpose(b, a, p->shape[1], p->shape[0]);
-            src = b;
-        }
-        if (dtype == FSDP_F32) {
-            rc = fsdp_st_writer_put(w, i, src);
-        } else if ((rc = fsdp_convert(h, dtype, src, FSDP_F32, n)) == 0) {
-            rc = fsdp_st_writer_put(w, i, h);
-        }
+        FSDP_CHECK(fsdp_hf_param_export(m, p, a, dtype, b, h, &v));
+        rc = fsdp_st_writer_put(w, i, v);
     }
     return rc;
 }
@@ -471,7 +453,7 @@ static int st_import_write(const struct st_in *in, const struct fsdp_model_spec 
             rc = st_to_f32(in->st, &in->st->t[k], raw, a, n);
         }
         if (rc == 0 && tr) {
-            st_transpose(b, a, p->shape[0], p->shape[1]);
+            fsdp_hf_transpose(b, a, p->shape[0], p->shape[1]);
         }
         if (rc == 0) {
             rc = fsdp_model_writer_put(w, i, tr ? b : a);

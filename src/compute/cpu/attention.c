@@ -65,28 +65,8 @@ size_t fsdp_cpu_attention_scratch_floats(int T)
  */
 static float cpu_softmax_row(float *row, size_t n, size_t ld, float *sum)
 {
-    size_t i = 0;
-    cpu_vf vm = cpu_vset1(-INFINITY);
-    for (; i + CPU_VW <= n; i += CPU_VW) {
-        vm = cpu_vmax(vm, cpu_vload(row + i));
-    }
-    float m = cpu_vhmax(vm);
-    for (; i < n; i++) {
-        m = row[i] > m ? row[i] : m;
-    }
-    cpu_vf vs = cpu_vset1(0.0f);
-    for (i = 0; i + CPU_VW <= n; i += CPU_VW) {
-        cpu_vf e = cpu_vexp(cpu_vload(row + i) - m);
-        vs += e;
-        cpu_vstore(row + i, e);
-    }
-    if (i < n) {
-        cpu_vf e = cpu_vexp(cpu_vload_tail(row + i, n - i, 0.0f) - m);
-        e = cpu_vselect(cpu_vtail_mask(n - i), e, cpu_vset1(0.0f));
-        vs += e;
-        cpu_vstore_tail(row + i, n - i, e);
-    }
-    float s = cpu_vhsum(vs);
+    float m = cpu_row_max(row, n);
+    float s = cpu_row_expsum(row, row, m, n);
     memset(row + n, 0, (ld - n) * sizeof(float));
     *sum = s;
     return m + logf(s);

@@ -23,24 +23,7 @@ void fsdp_cpu_encoder_forward(float *out, const int32_t *tokens, const float *wt
         float *o = out + (size_t)bt * Cs;
         const float *e = wte + (size_t)tokens[bt] * Cs;
         const float *p = wpe + (size_t)(bt % T) * Cs;
-        size_t i = 0;
-        for (; i + CPU_VW <= Cs; i += CPU_VW) {
-            cpu_vstore(o + i, cpu_vload(e + i) + cpu_vload(p + i));
-        }
-        for (; i < Cs; i++) {
-            o[i] = e[i] + p[i];
-        }
-    }
-}
-
-static inline void cpu_add_into(float *restrict dst, const float *restrict src, size_t n)
-{
-    size_t i = 0;
-    for (; i + CPU_VW <= n; i += CPU_VW) {
-        cpu_vstore(dst + i, cpu_vload(dst + i) + cpu_vload(src + i));
-    }
-    for (; i < n; i++) {
-        dst[i] += src[i];
+        cpu_row_add(o, e, p, Cs);
     }
 }
 
@@ -53,8 +36,9 @@ void fsdp_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout,
         for (int t = 0; t < T; t++) {
             size_t bt = (size_t)b * (size_t)T + (size_t)t;
             const float *d = dout + bt * Cs;
-            cpu_add_into(dwte + (size_t)tokens[bt] * Cs, d, Cs);
-            cpu_add_into(dwpe + (size_t)t * Cs, d, Cs);
+            float *ge = dwte + (size_t)tokens[bt] * Cs, *gp = dwpe + (size_t)t * Cs;
+            cpu_row_add(ge, ge, d, Cs);
+            cpu_row_add(gp, gp, d, Cs);
         }
     }
 }
@@ -76,14 +60,8 @@ void fsdp_cpu_embed_rows_forward(float *out, const int32_t *tokens, const float 
         float *o = out + r * Cs;
         const float *e = cpu_held_row(wte, v0, vn, (size_t)tokens[r], Cs);
         const float *p = cpu_held_row(wpe, p0, pn, r % (size_t)T, Cs);
-        size_t i = 0;
         if (e && p) {
-            for (; i + CPU_VW <= Cs; i += CPU_VW) {
-                cpu_vstore(o + i, cpu_vload(e + i) + cpu_vload(p + i));
-            }
-            for (; i < Cs; i++) {
-                o[i] = e[i] + p[i];
-            }
+            cpu_row_add(o, e, p, Cs);
         } else if (e || p) {
             memcpy(o, e ? e : p, Cs * sizeof(float));
         } else {
@@ -103,10 +81,10 @@ void fsdp_cpu_embed_rows_backward(float *dwte, float *dwpe, const float *dout,
         float *e = (float *)cpu_held_row(dwte, v0, vn, (size_t)tokens[r], Cs);
         float *p = (float *)cpu_held_row(dwpe, p0, pn, r % (size_t)T, Cs);
         if (e) {
-            cpu_add_into(e, d, Cs);
+            cpu_row_add(e, e, d, Cs);
         }
         if (p) {
-            cpu_add_into(p, d, Cs);
+            cpu_row_add(p, p, d, Cs);
         }
     }
 }
@@ -271,13 +249,7 @@ void fsdp_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, si
 
 void fsdp_cpu_residual_forward(float *out, const float *a, const float *b, size_t n)
 {
-    size_t i = 0;
-    for (; i + CPU_VW <= n; i += CPU_VW) {
-        cpu_vstore(out + i, cpu_vload(a + i) + cpu_vload(b + i));
-    }
-    for (; i < n; i++) {
-        out[i] = a[i] + b[i];
-    }
+    cpu_row_add(out, a, b, n);
 }
 
 void fsdp_cpu_bias_residual_forward(float *out, const float *inp, const float *bias,

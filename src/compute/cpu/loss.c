@@ -19,43 +19,6 @@
 #include <math.h>
 #include <string.h>
 
-static float cpu_row_max(const float *x, size_t n)
-{
-    size_t i = 0;
-    cpu_vf vm = cpu_vset1(-INFINITY);
-    for (; i + CPU_VW <= n; i += CPU_VW) {
-        vm = cpu_vmax(vm, cpu_vload(x + i));
-    }
-    float m = cpu_vhmax(vm);
-    for (; i < n; i++) {
-        m = x[i] > m ? x[i] : m;
-    }
-    return m;
-}
-
-/* sum of exp(x - m); writes the terms to e unless e is NULL (e may equal x) */
-static float cpu_row_expsum(float *e, const float *x, float m, size_t n)
-{
-    size_t i = 0;
-    cpu_vf vs = cpu_vset1(0.0f);
-    for (; i + CPU_VW <= n; i += CPU_VW) {
-        cpu_vf t = cpu_vexp(cpu_vload(x + i) - m);
-        vs += t;
-        if (e) {
-            cpu_vstore(e + i, t);
-        }
-    }
-    if (i < n) {
-        cpu_vf t = cpu_vexp(cpu_vload_tail(x + i, n - i, 0.0f) - m);
-        t = cpu_vselect(cpu_vtail_mask(n - i), t, cpu_vset1(0.0f));
-        vs += t;
-        if (e) {
-            cpu_vstore_tail(e + i, n - i, t);
-        }
-    }
-    return cpu_vhsum(vs);
-}
-
 /* Counts the rows whose target is not ignore_index; an error names the first bad target. */
 static int cpu_ce_validate(const int32_t *targets, size_t N, size_t V, int32_t ignore_index,
                            size_t *kept)
@@ -160,17 +123,9 @@ void fsdp_cpu_crossentropy_backward(float *dlogits, const float *logits, const f
                                     const int32_t *targets, size_t N, size_t V,
                                     int32_t ignore_index, float dscale)
 {
-    for (size_t r = 0; r < N; r++) {
-        float *d = dlogits + r * V;
-        int32_t t = targets[r];
-        if (t == ignore_index) {
-            memset(d, 0, V * sizeof(float));
-            continue;
-        }
-        /* the forward's sum, not this pass's: the same terms in the same order */
-        cpu_row_expsum(d, logits + r * V, stats[2 * r], V);
-        cpu_ce_grad_row(d, V, dscale / stats[2 * r + 1], t, dscale);
-    }
+    /* one slice that is the whole row */
+    fsdp_cpu_crossentropy_slice_backward(dlogits, logits, stats, targets, N, V, 0, ignore_index,
+                                         dscale);
 }
 
 void fsdp_cpu_crossentropy_slice_forward(float *stats, float *target_logit, const float *logits,
@@ -218,6 +173,7 @@ void fsdp_cpu_crossentropy_slice_backward(float *dlogits, const float *logits, c
             memset(d, 0, n * sizeof(float));
             continue;
         }
+        /* the forward's sum, not this pass's: the same terms in the same order */
         cpu_row_expsum(d, logits + r * n, stats[2 * r], n);
         cpu_ce_grad_row(d, n, dscale / stats[2 * r + 1], cpu_ce_slice_col(t, col0, n), dscale);
     }

@@ -18,14 +18,8 @@ static void cpu_prefill(float *out, const float *bias, const float *residual, si
     for (size_t r = 0; r < N; r++) {
         float *o = out + r * OC;
         const float *res = residual ? residual + r * OC : NULL;
-        size_t i = 0;
         if (res && bias) {
-            for (; i + CPU_VW <= OC; i += CPU_VW) {
-                cpu_vstore(o + i, cpu_vload(res + i) + cpu_vload(bias + i));
-            }
-            for (; i < OC; i++) {
-                o[i] = res[i] + bias[i];
-            }
+            cpu_row_add(o, res, bias, OC);
         } else if (bias) {
             memcpy(o, bias, OC * sizeof(float));
         } else if (res != o) {
@@ -57,14 +51,7 @@ static void cpu_bias_grad(float *dbias, const float *dout, size_t N, size_t OC, 
         float acc[256];
         memset(acc, 0, sizeof(acc));
         for (size_t r = 0; r < N; r++) {
-            const float *d = dout + r * OC;
-            size_t o = o0;
-            for (; o + CPU_VW <= o1; o += CPU_VW) {
-                cpu_vstore(acc + (o - o0), cpu_vload(acc + (o - o0)) + cpu_vload(d + o));
-            }
-            for (; o < o1; o++) {
-                acc[o - o0] += d[o];
-            }
+            cpu_row_add(acc, acc, dout + r * OC + o0, o1 - o0);
         }
         for (size_t o = o0; o < o1; o++) {
             dbias[o] += alpha * acc[o - o0];

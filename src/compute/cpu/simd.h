@@ -1,7 +1,8 @@
 /*
  * simd.h - private to src/compute/cpu: float vectors written with the
- * GCC/Clang vector extensions, and the few transcendental functions the
- * kernels need (exp, sqrt) in a branch-free form.
+ * GCC/Clang vector extensions, the few transcendental functions the
+ * kernels need (exp, sqrt) in a branch-free form, and the row operations
+ * the kernels share (max, sum of exponentials, sum of two rows).
  *
  * Why vector extensions: the default build is -O2 without -march, where the
  * compiler does not auto-vectorise; these types compile to SSE2 on any
@@ -19,6 +20,7 @@
 #ifndef FSDP_COMPUTE_CPU_SIMD_H
 #define FSDP_COMPUTE_CPU_SIMD_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -206,6 +208,63 @@ static inline cpu_vf cpu_vsqrt(cpu_vf x)
     }
 #endif
     return x;
+}
+
+// ----------------------------------------------------------------------------
+// row reductions the softmax kernels share (attention, cross-entropy): the
+// same terms in the same order wherever a row is reduced
+
+/* max of x[0..n) */
+static inline float cpu_row_max(const float *x, size_t n)
+{
+    size_t i = 0;
+    cpu_vf vm = cpu_vset1(-INFINITY);
+    for (; i + CPU_VW <= n; i += CPU_VW) {
+        vm = cpu_vmax(vm, cpu_vload(x + i));
+    }
+    float m = cpu_vhmax(vm);
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
+/* sum of exp(x - m); writes the terms to e unless e is NULL (e may equal x) */
+static inline float cpu_row_expsum(float *e, const float *x, float m, size_t n)
+{
+    size_t i = 0;
+    cpu_vf vs = cpu_vset1(0.0f);
+    for (; i + CPU_VW <= n; i += CPU_VW) {
+        cpu_vf t = cpu_vexp(cpu_vload(x + i) - m);
+        vs += t;
+        if (e) {
+            cpu_vstore(e + i, t);
+        }
+    }
+    if (i < n) {
+        cpu_vf t = cpu_vexp(cpu_vload_tail(x + i, n - i, 0.0f) - m);
+        t = cpu_vselect(cpu_vtail_mask(n - i), t, cpu_vset1(0.0f));
+        vs += t;
+        if (e) {
+            cpu_vstore_tail(e + i, n - i, t);
+        }
+    }
+    return cpu_vhsum(vs);
+}
+
+// ----------------------------------------------------------------------------
+// element-wise rows
+
+/* out[0..n) = a + b; out may be a or b */
+static inline void cpu_row_add(float *out, const float *a, const float *b, size_t n)
+{
+    size_t i = 0;
+    for (; i + CPU_VW <= n; i += CPU_VW) {
+        cpu_vstore(out + i, cpu_vload(a + i) + cpu_vload(b + i));
+    }
+    for (; i < n; i++) {
+        out[i] = a[i] + b[i];
+    }
 }
 
 #endif

@@ -73,6 +73,16 @@ struct fsdp_bench_coll {
     size_t (*verify)(const struct fsdp_bench_ctx *c, int in_place, uint32_t seed);
 };
 
+/* The size mappings the collectives share (bench_main.c): a buffer that is
+ * the count whole (allreduce, broadcast), or one of nranks blocks of count
+ * elements (allgather's output, reduce_scatter's input), whose busbw factor
+ * is (n-1)/n: each rank moves the n-1 blocks it does not hold. */
+size_t fsdp_bench_count_whole(size_t bytes, size_t elem_size, int nranks);
+size_t fsdp_bench_bytes_whole(size_t count, size_t elem_size, int nranks);
+size_t fsdp_bench_count_blocks(size_t bytes, size_t elem_size, int nranks);
+size_t fsdp_bench_bytes_blocks(size_t count, size_t elem_size, int nranks);
+double fsdp_bench_busbw_blocks(int nranks);
+
 extern const struct fsdp_bench_coll fsdp_bench_allreduce;
 extern const struct fsdp_bench_coll fsdp_bench_allgather;
 extern const struct fsdp_bench_coll fsdp_bench_reduce_scatter;

@@ -9,21 +9,6 @@
 #include "programs/bench/bench.h"
 #include "comm/group.h"
 
-static size_t allgather_count(size_t bytes, size_t elem_size, int nranks)
-{
-    return bytes / elem_size / (size_t)nranks;
-}
-
-static size_t allgather_bytes(size_t count, size_t elem_size, int nranks)
-{
-    return count * elem_size * (size_t)nranks;
-}
-
-static double allgather_busbw_factor(int nranks)
-{
-    return nranks > 0 ? (double)(nranks - 1) / nranks : 0.0;
-}
-
 /* This rank's block of the output: where its input goes, in place. */
 static void *allgather_block(void *buf, const struct fsdp_bench_ctx *c, int r)
 {
@@ -58,9 +43,9 @@ static size_t allgather_verify(const struct fsdp_bench_ctx *c, int in_place, uin
 const struct fsdp_bench_coll fsdp_bench_allgather = {
     .name = "allgather",
     .flags = 0,
-    .count = allgather_count,
-    .bytes = allgather_bytes,
-    .busbw_factor = allgather_busbw_factor,
+    .count = fsdp_bench_count_blocks,
+    .bytes = fsdp_bench_bytes_blocks,
+    .busbw_factor = fsdp_bench_busbw_blocks,
     .run = allgather_run,
     .fill = allgather_fill,
     .verify = allgather_verify,

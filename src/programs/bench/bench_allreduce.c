@@ -9,18 +9,6 @@
 #include "programs/bench/bench.h"
 #include "comm/group.h"
 
-static size_t allreduce_count(size_t bytes, size_t elem_size, int nranks)
-{
-    (void)nranks;
-    return bytes / elem_size;
-}
-
-static size_t allreduce_bytes(size_t count, size_t elem_size, int nranks)
-{
-    (void)nranks;
-    return count * elem_size;
-}
-
 static double allreduce_busbw_factor(int nranks)
 {
     return nranks > 0 ? 2.0 * (nranks - 1) / nranks : 0.0;
@@ -49,8 +37,8 @@ static size_t allreduce_verify(const struct fsdp_bench_ctx *c, int in_place, uin
 const struct fsdp_bench_coll fsdp_bench_allreduce = {
     .name = "allreduce",
     .flags = FSDP_BENCH_REDOP,
-    .count = allreduce_count,
-    .bytes = allreduce_bytes,
+    .count = fsdp_bench_count_whole,
+    .bytes = fsdp_bench_bytes_whole,
     .busbw_factor = allreduce_busbw_factor,
     .run = allreduce_run,
     .fill = allreduce_fill,

@@ -9,18 +9,6 @@
 #include "programs/bench/bench.h"
 #include "comm/group.h"
 
-static size_t broadcast_count(size_t bytes, size_t elem_size, int nranks)
-{
-    (void)nranks;
-    return bytes / elem_size;
-}
-
-static size_t broadcast_bytes(size_t count, size_t elem_size, int nranks)
-{
-    (void)nranks;
-    return count * elem_size;
-}
-
 static double broadcast_busbw_factor(int nranks)
 {
     (void)nranks;
@@ -52,8 +40,8 @@ static size_t broadcast_verify(const struct fsdp_bench_ctx *c, int in_place, uin
 const struct fsdp_bench_coll fsdp_bench_broadcast = {
     .name = "broadcast",
     .flags = FSDP_BENCH_ROOT | FSDP_BENCH_IN_PLACE_ONLY,
-    .count = broadcast_count,
-    .bytes = broadcast_bytes,
+    .count = fsdp_bench_count_whole,
+    .bytes = fsdp_bench_bytes_whole,
     .busbw_factor = broadcast_busbw_factor,
     .run = broadcast_run,
     .fill = broadcast_fill,

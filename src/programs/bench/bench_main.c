@@ -177,16 +177,22 @@ static const char bench_about[] =
     "busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter),\n"
     "1 (broadcast). The exit status is 1 when any checked element was wrong.";
 
+/* A wrong flag's message and where to look, from one rank. */
+static void bench_say_bad_flag(const char *fmt, va_list ap)
+{
+    fprintf(stderr, "fsdpc-bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nTry 'fsdpc-bench --help' for the options.\n");
+}
+
 /* Every rank parses the same flags, so every rank exits here alike. */
 __attribute__((format(printf, 1, 2))) _Noreturn static void bench_bad_flag(const char *fmt, ...)
 {
     if (fsdp_dist_launcher_rank() == 0) {
         va_list ap;
-        fprintf(stderr, "fsdpc-bench: ");
         va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
+        bench_say_bad_flag(fmt, ap);
         va_end(ap);
-        fprintf(stderr, "\nTry 'fsdpc-bench --help' for the options.\n");
     }
     exit(2);
 }
@@ -348,11 +354,9 @@ __attribute__((format(printf, 2, 3))) _Noreturn static void bench_config_error(s
 {
     if (b->dist->rank == 0) {
         va_list ap;
-        fprintf(stderr, "fsdpc-bench: ");
         va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
+        bench_say_bad_flag(fmt, ap);
         va_end(ap);
-        fprintf(stderr, "\nTry 'fsdpc-bench --help' for the options.\n");
     }
     fsdp_mesh_destroy(b->mesh);
     fsdp_dist_finalize(b->dist);
@@ -716,6 +720,36 @@ static void bench_csv_row(struct bench *b, const struct fsdp_bench_coll *coll,
             in_place ? "in" : "out", t * 1e6, algbw, algbw * coll->busbw_factor(c->nranks),
             (long long)r->wrong, r->avg_s * 1e6, r->median_s * 1e6, r->min_s * 1e6);
     fflush(b->csv);
+}
+
+// ----------------------------------------------------------------------------
+// sizes
+
+size_t fsdp_bench_count_whole(size_t bytes, size_t elem_size, int nranks)
+{
+    (void)nranks;
+    return bytes / elem_size;
+}
+
+size_t fsdp_bench_bytes_whole(size_t count, size_t elem_size, int nranks)
+{
+    (void)nranks;
+    return count * elem_size;
+}
+
+size_t fsdp_bench_count_blocks(size_t bytes, size_t elem_size, int nranks)
+{
+    return bytes / elem_size / (size_t)nranks;
+}
+
+size_t fsdp_bench_bytes_blocks(size_t count, size_t elem_size, int nranks)
+{
+    return count * elem_size * (size_t)nranks;
+}
+
+double fsdp_bench_busbw_blocks(int nranks)
+{
+    return nranks > 0 ? (double)(nranks - 1) / nranks : 0.0;
 }
 
 // ----------------------------------------------------------------------------

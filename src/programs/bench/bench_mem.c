@@ -65,54 +65,47 @@ void fsdp_bench_mem_free(enum fsdp_mem mem, void *p)
 #endif
 }
 
-int fsdp_bench_mem_upload(enum fsdp_mem mem, void *dst, const void *host, size_t bytes)
+/* A copy between a host image and a buffer of the space, up (to the space)
+ * or down. For CUDA memory the device is waited for after an upload (from
+ * pageable memory cudaMemcpy may return before the DMA lands, and the
+ * collective runs on a non-blocking stream) and before a download
+ * (cudaMemcpy orders after the legacy default stream only, not after the
+ * non-blocking stream the collective ran on). */
+static int bench_mem_copy(enum fsdp_mem mem, void *dst, const void *src, size_t bytes, int up)
 {
-    if (bytes == 0 || dst == host) {
+    if (bytes == 0 || dst == src) {
         return 0;
     }
     if (mem == FSDP_MEM_HOST) {
-        memcpy(dst, host, bytes);
+        memcpy(dst, src, bytes);
         return 0;
     }
 #if HAVE_CUDA
-    /* from pageable memory cudaMemcpy may return before the DMA lands;
-     * the collective runs on a non-blocking stream, so wait for it here */
-    cudaError_t e = cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice);
+    cudaError_t e = up ? cudaSuccess : cudaDeviceSynchronize();
     if (e == cudaSuccess) {
+        e = cudaMemcpy(dst, src, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+    }
+    if (e == cudaSuccess && up) {
         e = cudaDeviceSynchronize();
     }
     if (e != cudaSuccess) {
-        return bench_mem_cuda_err(e, "cudaMemcpy to device");
+        return bench_mem_cuda_err(e, up ? "cudaMemcpy to device" : "cudaMemcpy to host");
     }
     return 0;
 #else
+    (void)up;
     return fsdp_err(FSDP_ERR_UNSUPPORTED, "CUDA memory requested but fsdpc was built without CUDA");
 #endif
 }
 
+int fsdp_bench_mem_upload(enum fsdp_mem mem, void *dst, const void *host, size_t bytes)
+{
+    return bench_mem_copy(mem, dst, host, bytes, 1);
+}
+
 int fsdp_bench_mem_download(enum fsdp_mem mem, void *host, const void *src, size_t bytes)
 {
-    if (bytes == 0 || src == host) {
-        return 0;
-    }
-    if (mem == FSDP_MEM_HOST) {
-        memcpy(host, src, bytes);
-        return 0;
-    }
-#if HAVE_CUDA
-    /* cudaMemcpy orders after the legacy default stream only, not after the
-     * non-blocking stream the collective ran on */
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e == cudaSuccess) {
-        e = cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost);
-    }
-    if (e != cudaSuccess) {
-        return bench_mem_cuda_err(e, "cudaMemcpy to host");
-    }
-    return 0;
-#else
-    return fsdp_err(FSDP_ERR_UNSUPPORTED, "CUDA memory requested but fsdpc was built without CUDA");
-#endif
+    return bench_mem_copy(mem, host, src, bytes, 0);
 }
 
 int fsdp_bench_mem_stream_create(enum fsdp_mem mem, int local_rank, void **stream)

@@ -9,21 +9,6 @@
 #include "programs/bench/bench.h"
 #include "comm/group.h"
 
-static size_t reduce_scatter_count(size_t bytes, size_t elem_size, int nranks)
-{
-    return bytes / elem_size / (size_t)nranks;
-}
-
-static size_t reduce_scatter_bytes(size_t count, size_t elem_size, int nranks)
-{
-    return count * elem_size * (size_t)nranks;
-}
-
-static double reduce_scatter_busbw_factor(int nranks)
-{
-    return nranks > 0 ? (double)(nranks - 1) / nranks : 0.0;
-}
-
 /* This rank's block of the input: where the result goes, in place. */
 static void *reduce_scatter_block(void *buf, const struct fsdp_bench_ctx *c)
 {
@@ -56,9 +41,9 @@ static size_t reduce_scatter_verify(const struct fsdp_bench_ctx *c, int in_place
 const struct fsdp_bench_coll fsdp_bench_reduce_scatter = {
     .name = "reduce_scatter",
     .flags = FSDP_BENCH_REDOP,
-    .count = reduce_scatter_count,
-    .bytes = reduce_scatter_bytes,
-    .busbw_factor = reduce_scatter_busbw_factor,
+    .count = fsdp_bench_count_blocks,
+    .bytes = fsdp_bench_bytes_blocks,
+    .busbw_factor = fsdp_bench_busbw_blocks,
     .run = reduce_scatter_run,
     .fill = reduce_scatter_fill,
     .verify = reduce_scatter_verify,
