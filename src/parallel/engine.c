@@ -623,7 +623,8 @@ static int shard_build(const struct fsdp_model_spec *spec, const struct fsdp_sha
     se->attr.mem = dev->mem;
     fsdp_loss_scaler_init(&se->scaler, sc->loss_scale_dynamic, sc->loss_scale);
     if (g->tp && g->tp->size > 1) { /* the engine shards and computes the tp-local table */
-        FSDP_CHECK(fsdp_tp_plan_create(spec, g->tp->size, g->tp->rank, &se->plan));
+        FSDP_CHECK(fsdp_tp_plan_create(spec, g->tp->size, g->tp->rank, fsdp_model_tp_cut_of(spec),
+                                       &se->plan));
         se->spec = se->plan->local;
     }
     fsdp_tp_init(&se->tp, se->plan ? g->tp : NULL, sc->sequence_parallel, dev);

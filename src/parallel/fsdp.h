@@ -14,7 +14,7 @@
  * after its backward, and with a replicate dimension ("rdp") the gradient
  * shard is then all-reduced over the replicas (HSDP). With a tensor-parallel
  * group ("tp") the engine does all of this to the rank's tp-local table
- * (parallel/tp.h: the model cut Megatron-style, each slice then sharded over dp,
+ * (tp/tp_plan.h: the model cut Megatron-style, each slice then sharded over dp,
  * 2-D sharding), creates the model with the tp operators' context, sums the
  * gradient norm over tp as well, and reports its state as blocks of the
  * whole tensors. doc/sharding.md describes the schedule, the precision
@@ -32,7 +32,7 @@
 
 #include "core/dtype.h"
 #include "parallel/engine.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "optim/optim.h"
 
 struct fsdp_group;
@@ -102,7 +102,7 @@ struct fsdp_engine_stats {
     size_t peak_bytes;     /* all of the above: allocated once, held throughout */
     long skipped_steps;    /* steps skipped by loss scaling */
     double loss_scale;     /* current loss scale (1 when off) */
-    /* What each rank's collectives moved since creation (model/tp_ops.h:
+    /* What each rank's collectives moved since creation (tp/tp_ops.h:
      * calls, payload, ring wire bytes per kind): the units' all-gathers and
      * reduce-scatters over dp and all-reduces over the replicas; the tp
      * operators; the model's own exchanges (unit 0 by rows). */

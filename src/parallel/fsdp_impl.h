@@ -16,12 +16,12 @@
 #include <stdint.h>
 
 #include "parallel/fsdp.h"
-#include "parallel/tp.h"
+#include "tp/tp_plan.h"
 #include "comm/group.h"
 #include "core/util.h"
 #include "compute/device.h"
 #include "model/model.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "optim/optim.h"
 
 #define FSDP_MAX_REP_GROUPS 2
@@ -167,7 +167,7 @@ struct fsdp_shard_engine {
     double comm_total, comm_exposed;   /* seconds, since creation */
     struct fsdp_comm_counts unit_comm; /* the units' all-gathers and reduce-scatters over the
                                         shard group and all-reduces over the replicas,
-                                        since creation (ring wire bytes, model/tp_ops.h) */
+                                        since creation (ring wire bytes, tp/tp_ops.h) */
     size_t state_bytes, gathered_bytes, grad_bytes, comm_bytes;
 };
 
