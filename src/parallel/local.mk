@@ -16,6 +16,10 @@ dist_doc_DATA += doc/sharding.md
 check_PROGRAMS += tests/fsdp/test_shard_pack
 TESTS += tests/fsdp/test_shard_pack
 
+# the parts the trainer hands the engine (src/train/parts.c): borrowed, checked, applied
+check_PROGRAMS += tests/fsdp/test_parts
+TESTS += tests/fsdp/test_parts
+
 # GPT-2 with unit 0 by rows (vocabulary-parallel embedding and tied head)
 # over 2 and 3 ranks against one process with the global batch
 check_PROGRAMS += tests/fsdp/test_rows
