@@ -10,7 +10,7 @@
 #include "config.h"
 #include "model/gpt2.h"
 #include "model/gpt2_head.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "comm/group.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -724,7 +724,7 @@ static int gpt2_op_tp_cut(const struct fsdp_model_spec *spec, int tp, size_t i,
     const struct fsdp_gpt2_config *c = fsdp_gpt2_cfg(spec);
     const struct fsdp_param_spec *p = &spec->params[i];
     FSDP_CHECK(fsdp_lm_tp_check_heads(c->n_head, tp));
-    fsdp_lm_tp_cut_place(p->tp, strstr(p->name, ".attn.c_attn.") != NULL ? 3 : 1, out);
+    fsdp_tp_cut_of_place(p->tp, strstr(p->name, ".attn.c_attn.") != NULL ? 3 : 1, out);
     return 0;
 }
 

@@ -34,7 +34,7 @@
 #include "model/gpt2_spec.h"
 #include "model/lm.h"
 #include "model/model.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "compute/device.h"
 
 #include <stddef.h>
@@ -152,7 +152,7 @@ struct fsdp_gpt2 {
 
     /* unit 0 by rows (fsdp_gpt2_set_unit_rows) */
     struct fsdp_group *rows_g; /* the ranks that hold the other rows; NULL: one rank */
-    struct fsdp_tp rows_x;     /* the exchanges over rows_g, counted (model/tp_ops.h) */
+    struct fsdp_tp rows_x;     /* the exchanges over rows_g, counted (tp/tp_ops.h) */
     int rows_on;               /* unit 0's buffers hold this rank's rows only */
     int rows_W, rows_r;        /* ranks (1 without a group) and this rank */
     size_t wte_row0, wte_rows; /* wte rows held: vocabulary [wte_row0, wte_row0 + wte_rows) */

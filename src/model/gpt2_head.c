@@ -8,7 +8,7 @@
  */
 #include "config.h"
 #include "model/gpt2_head.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "core/error.h"
 
 #include <math.h>

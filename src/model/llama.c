@@ -9,7 +9,7 @@
  */
 #include "config.h"
 #include "model/llama.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -817,7 +817,7 @@ static int llama_op_tp_cut(const struct fsdp_model_spec *spec, int tp, size_t i,
         return fsdp_err(FSDP_ERR_INVALID, "ffn_hidden %d is not divisible by tp %d: the MLP is "
                         "split by features", c->ffn_hidden, tp);
     }
-    fsdp_lm_tp_cut_place(p->tp, 1, out);
+    fsdp_tp_cut_of_place(p->tp, 1, out);
     return 0;
 }
 

@@ -12,7 +12,7 @@
  * norms, attention, the head's loss - stays in the model's own file; this
  * module never reads a parameter.
  *
- * Tensor-parallel regions (model/tp_ops.h; doc/model.md, "Tensor
+ * Tensor-parallel regions (tp/tp_ops.h; doc/model.md, "Tensor
  * parallelism"): a block enters a column-parallel product from a norm's
  * output and leaves through a row-parallel one into the residual stream.
  * With sequence parallelism the residual stream and the norms hold this
@@ -22,7 +22,7 @@
 #define FSDP_MODEL_LM_H
 
 #include "model/model.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "compute/device.h"
 
 #include <stddef.h>
@@ -77,7 +77,7 @@ struct fsdp_lm {
     int sp;             /* sequence parallel: the residual stream and the norms hold this
                            rank's 1/tpn of the batch's rows */
     size_t tv0, tvn;    /* the vocabulary ids [tv0, tv0 + tvn) of this rank's slice of the
-                           embedding (and lm_head) (model/tp_ops.h fsdp_tp_vocab_split) */
+                           embedding (and lm_head) (tp/tp_ops.h fsdp_tp_vocab_split) */
     size_t tvl;         /* rows of that slice: ceil(V / tpn), padding after the tvn ids */
 
     /* views of the model's activation memory (fsdp_lm_bind) */
@@ -242,14 +242,9 @@ float *fsdp_lm_lnf_mine(const struct fsdp_lm *lm, float *lnf, size_t BT);
  * for the head: sequence parallel only, else nothing to do. */
 int fsdp_lm_lnf_gather(struct fsdp_lm *lm, const float *mine, float *lnf, size_t BT);
 
-/*
- * How a parameter placed by p is cut over tp ranks (Megatron-LM's layout):
- * column-parallel by rows in `chunks` blocks, row-parallel by columns, a
- * vocabulary by rows, padded; the rest whole. check_heads first: every rank
- * needs a whole number of the n_head heads.
- */
+/* Before a tensor-parallel cut (the placement's, tp/tp_plan.h
+ * fsdp_tp_cut_of_place): every rank needs a whole number of the n_head heads. */
 int fsdp_lm_tp_check_heads(int n_head, int tp);
-void fsdp_lm_tp_cut_place(enum fsdp_tp_place p, int chunks, struct fsdp_tp_cut *out);
 
 /* Training FLOPs per token: 6 N + 12 L C T (doc/model.md). */
 double fsdp_lm_flops(double N, double L, double C, int T);

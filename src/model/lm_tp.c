@@ -1,9 +1,10 @@
 /*
  * lm_tp.c - the tensor-parallel regions of a transformer LM's blocks
- * (lm.h; model/tp_ops.h; doc/model.md, "Tensor parallelism"): entering a
+ * (lm.h; tp/tp_ops.h; doc/model.md, "Tensor parallelism"): entering a
  * column-parallel product and leaving a row-parallel one, with and without
  * sequence parallelism, the norms' parameter gradients over a rank's rows,
- * the final norm's rows, and how a parameter is cut over the tp ranks.
+ * the final norm's rows, and the heads check before a cut (the cut of each
+ * placement is the plan's, tp/tp_plan.h).
  * Without tensor parallelism every region is the plain product. It moves
  * activations only, through the model's workspace views (fsdp_lm_bind).
  */
@@ -111,18 +112,4 @@ int fsdp_lm_tp_check_heads(int n_head, int tp)
                         "split by heads", n_head, tp);
     }
     return 0;
-}
-
-void fsdp_lm_tp_cut_place(enum fsdp_tp_place p, int chunks, struct fsdp_tp_cut *out)
-{
-    *out = (struct fsdp_tp_cut){.dim = -1, .chunks = 1, .pad = 0};
-    if (p == FSDP_TP_COLWISE) {
-        out->dim = 0;
-        out->chunks = chunks;
-    } else if (p == FSDP_TP_ROWWISE) {
-        out->dim = 1;
-    } else if (p == FSDP_TP_VOCAB) {
-        out->dim = 0;
-        out->pad = 1;
-    }
 }

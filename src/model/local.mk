@@ -1,5 +1,5 @@
-libfsdpc_a_SOURCES += src/model/gpt2_spec.c src/model/model.c src/model/tp_ops.c src/model/hf_json.c
-noinst_HEADERS += src/model/gpt2_spec.h src/model/model.h src/model/tp_ops.h src/model/hf_json.h
+libfsdpc_a_SOURCES += src/model/gpt2_spec.c src/model/model.c src/model/hf_json.c
+noinst_HEADERS += src/model/gpt2_spec.h src/model/model.h src/model/hf_json.h
 
 # what the transformer LMs share: bookkeeping, batch, tensor-parallel regions
 libfsdpc_a_SOURCES += src/model/lm.c src/model/lm_tp.c

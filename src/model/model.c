@@ -10,6 +10,7 @@
 #include "core/util.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -60,6 +61,15 @@ int fsdp_model_create(const struct fsdp_model_spec *spec, const struct fsdp_mode
         return fsdp_err(FSDP_ERR_INVALID, "model: the spec has no architecture ops");
     }
     return fsdp_model_ops_of(spec)->create(spec, opts, out);
+}
+
+fsdp_tp_cut_fn fsdp_model_tp_cut_of(const struct fsdp_model_spec *spec)
+{
+    const struct fsdp_model_ops *ops = spec->arch ? fsdp_model_ops_of(spec) : NULL;
+    if (!ops || ops->size < offsetof(struct fsdp_model_ops, tp_cut) + sizeof(ops->tp_cut)) {
+        return NULL;
+    }
+    return ops->tp_cut;
 }
 
 void fsdp_model_destroy(struct fsdp_model *m)

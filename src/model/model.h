@@ -26,6 +26,7 @@
 
 #include "core/dtype.h"
 #include "core/spec.h"
+#include "tp/tp_plan.h"
 
 struct fsdp_model;
 
@@ -40,22 +41,12 @@ struct fsdp_model_opts {
     int max_B, max_T;  /* the largest batch (max_T <= spec->context) */
     int head_chunk;    /* rows of the output head computed at a time; 0: the model's default */
     struct fsdp_device *dev; /* activations and kernels (compute/device.h); NULL: the CPU */
-    /* Tensor parallelism (model/tp_ops.h; NULL or one rank: none). The spec
+    /* Tensor parallelism (tp/tp_ops.h; NULL or one rank: none). The spec
      * is then the tp-local table, every parameter cut as the model's tp_cut
-     * says (parallel/tp.h makes it), and the model computes its slice of the
+     * says (tp/tp_plan.h makes it), and the model computes its slice of the
      * heads and features, calling the tp operators on tp's group; every
      * rank of the group runs the same calls with the same batch. Borrowed. */
     struct fsdp_tp *tp;
-};
-
-/* How tensor parallelism over tp ranks cuts one parameter (Megatron-LM's
- * layout); tp rank r holds piece r. */
-struct fsdp_tp_cut {
-    int dim;    /* -1: whole on every rank (replicated); 0: rows split; 1: columns split */
-    int chunks; /* dim 0: the rows are `chunks` equal blocks, each split over the ranks
-                   (GPT-2's packed [q | k | v]); 1 otherwise */
-    int pad;    /* dim 0: the rows padded with zero rows to a multiple of tp (a vocabulary,
-                   model/tp_ops.h fsdp_tp_vocab_split); 0 otherwise */
 };
 
 struct fsdp_model_ops {
@@ -116,12 +107,12 @@ struct fsdp_model_ops {
      * Optional (NULL: no tensor parallelism). How parameter i of spec (the
      * whole table) is cut over tp ranks; an error naming the config field
      * when the model cannot be split tp ways (heads not divisible by tp,
-     * fewer heads than ranks). The parallelism builds the tp-local table
-     * from it and creates the model with opts.tp.
+     * fewer heads than ranks). The trainer builds the tp-local table from
+     * it (tp/tp_plan.h) and creates the model with opts.tp.
      */
-    int (*tp_cut)(const struct fsdp_model_spec *spec, int tp, size_t i, struct fsdp_tp_cut *out);
+    fsdp_tp_cut_fn tp_cut;
     /*
-     * Optional (NULL: none). Adds into out (model/tp_ops.h) what the model's
+     * Optional (NULL: none). Adds into out (tp/tp_ops.h) what the model's
      * own exchanges moved since it was created: those over the groups of
      * set_unit_rows. (The tp operators count into the struct fsdp_tp the
      * model was created with, which its creator reads.)
@@ -156,6 +147,10 @@ static inline const struct fsdp_model_ops *fsdp_model_ops_of(const struct fsdp_m
 {
     return (const struct fsdp_model_ops *)spec->arch->ops;
 }
+
+/* spec's architecture's tensor-parallel cut (fsdp_tp_plan_create's), NULL
+ * when it has none. */
+fsdp_tp_cut_fn fsdp_model_tp_cut_of(const struct fsdp_model_spec *spec);
 
 // ----------------------------------------------------------------------------
 // the registry

@@ -239,7 +239,7 @@ static int shard_sumsq(struct fsdp_shard_engine *se, double *local, double *out)
     if (se->shard_g) {
         FSDP_CHECK(shard_group_sum(se, se->shard_g, out));
     }
-    return se->plan ? shard_group_sum(se, se->tp.g, out) : 0;
+    return se->plan ? shard_group_sum(se, se->tp->g, out) : 0;
 }
 
 static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_step_result *out)
@@ -253,7 +253,7 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
      * (tests read these lines from every rank). */
     const int finite = isfinite(sumsq);
     FSDP_DEBUG(FSDP_SUB_FSDP, "update %ld: local gradient shard %s, shard group %s: step %s",
-               se->opt.step + se->scaler.skipped + 1, isfinite(local) ? "finite" : "overflowed",
+               se->opt->step + se->scaler.skipped + 1, isfinite(local) ? "finite" : "overflowed",
                finite ? "finite" : "overflowed", finite ? "applied" : "skipped");
     if (!finite) {
         out->grad_norm = NAN;
@@ -273,9 +273,9 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
     }
     sumsq /= scale * scale;
     out->grad_norm = sqrt(sumsq);
-    out->clip_coef = se->opt.oc.clip > 0.0f ? fsdp_cpu_clip_coef(sumsq, se->opt.oc.clip) : 1.0f;
+    out->clip_coef = se->opt->oc.clip > 0.0f ? fsdp_cpu_clip_coef(sumsq, se->opt->oc.clip) : 1.0f;
     fsdp_loss_scaler_update(&se->scaler, 1);
-    fsdp_optimizer_begin(&se->opt, lr);
+    fsdp_optimizer_begin(se->opt, lr);
     float grad_scale = (float)(out->clip_coef / scale);
     for (int u = 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
@@ -284,9 +284,8 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
             if (g->len > 0) {
                 size_t off = g->block_off;
                 float *state[2] = {un->m + off, un->v + off};
-                FSDP_CHECK(fsdp_optimizer_update(&se->opt, u, g->unit_at, g->len,
-                                                 un->master + off, un->grad + off, state,
-                                                 grad_scale));
+                FSDP_CHECK(fsdp_optimizer_update(se->opt, u, g->unit_at, g->len, un->master + off,
+                                                 un->grad + off, state, grad_scale));
             }
         }
     }
@@ -386,7 +385,7 @@ static int shard_gather_unit(struct fsdp_engine *e, int u, const float **full)
 static void shard_get_counters(const struct fsdp_engine *e, struct fsdp_engine_counters *c)
 {
     const struct fsdp_shard_engine *se = shard_impl(e);
-    c->opt_step = se->opt.step;
+    c->opt_step = se->opt->step;
     c->loss_scale = se->scaler.scale;
     c->scale_good_steps = se->scaler.good_steps;
     c->skipped_steps = se->scaler.skipped;
@@ -396,7 +395,7 @@ static void shard_get_counters(const struct fsdp_engine *e, struct fsdp_engine_c
 static void shard_set_counters(struct fsdp_engine *e, const struct fsdp_engine_counters *c)
 {
     struct fsdp_shard_engine *se = shard_impl(e);
-    se->opt.step = c->opt_step;
+    se->opt->step = c->opt_step;
     se->scaler.skipped = c->skipped_steps;
     if (se->scaler.dynamic) {
         se->scaler.scale = (float)c->loss_scale;
@@ -417,8 +416,8 @@ static void shard_describe(const struct fsdp_engine *e, char *buf, size_t len)
     }
     char tp[96] = "";
     if (se->plan) {
-        snprintf(tp, sizeof(tp), " | tensor parallel over %d ranks%s", se->tp.size,
-                 se->tp.sp ? ", sequence parallel" : "");
+        snprintf(tp, sizeof(tp), " | tensor parallel over %d ranks%s", se->tp->size,
+                 se->tp->sp ? ", sequence parallel" : "");
     }
     snprintf(buf, len,
              "fsdp: mesh %s (%s) | %d-way dim-0 shards x %d replicas | sharding %s, reshard after "
@@ -442,8 +441,7 @@ static void shard_destroy(struct fsdp_engine *e)
         return;
     }
     struct fsdp_shard_engine *se = shard_impl(e);
-    fsdp_model_destroy(se->model);
-    fsdp_shard_teardown(se);
+    fsdp_shard_teardown(se); /* the parts (model, plan, optimizer) are the caller's */
     fsdp_unit_streams_fini(se);
     free(se);
 }
@@ -520,20 +518,13 @@ static void shard_log_memory(const struct fsdp_shard_engine *se)
 }
 
 /*
- * The model instance: activations for (B, T), checkpointing, and whether it
- * takes unit 0 by rows over the shard group (a model that can, with a shard
- * group: the root's tables then never exist whole on any rank).
+ * Sharding applied to the parts' model: whether it takes unit 0 by rows
+ * over the shard group (a model that can, with a shard group: the root's
+ * tables then never exist whole on any rank), then its activations.
  */
-static int shard_model(struct fsdp_shard_engine *se)
+static int shard_apply_model(struct fsdp_shard_engine *se)
 {
-    const struct fsdp_shard_config *ec = &se->ec;
-    const struct fsdp_model_ops *ops = fsdp_model_ops_of(se->spec);
-    struct fsdp_model_opts mo = {.max_B = ec->B, .max_T = ec->T, .head_chunk = ec->lm_head_chunk,
-                                 .dev = se->dev, .tp = se->plan ? &se->tp : NULL};
-    FSDP_CHECK(fsdp_model_create(se->spec, &mo, &se->model));
-    if (ec->activation_checkpointing) {
-        FSDP_CHECK(se->model->ops->set_checkpoint(se->model, -1, 1));
-    }
+    const struct fsdp_model_ops *ops = se->model->ops;
     int has_rows = ops->size >= offsetof(struct fsdp_model_ops, set_unit_rows) +
                                     sizeof(ops->set_unit_rows) &&
                    ops->set_unit_rows;
@@ -548,7 +539,7 @@ static int shard_model(struct fsdp_shard_engine *se)
 /* Each group's backend must take the device's memory in its collectives. */
 static int shard_check_backends(const struct fsdp_shard_engine *se)
 {
-    struct fsdp_group *gs[2 + FSDP_MAX_REP_GROUPS] = {se->shard_g, se->tp.g};
+    struct fsdp_group *gs[2 + FSDP_MAX_REP_GROUPS] = {se->shard_g, se->tp->g};
     int n = 2;
     for (int i = 0; i < se->n_rep; i++) {
         gs[n++] = se->rep_g[i];
@@ -591,19 +582,53 @@ static int shard_check_ties(const struct fsdp_model_spec *spec)
     return 0;
 }
 
+const struct fsdp_model_spec *fsdp_shard_parts_table(const struct fsdp_shard_parts *p)
+{
+    return p->plan ? p->plan->local : p->spec;
+}
+
+/* The parts fit together: the model and the optimizer on the table the
+ * plan cuts (or the whole one), the tp context the plan's rank. */
+static int shard_check_parts(const struct fsdp_shard_parts *p)
+{
+    if (!p->spec || !p->model || !p->opt) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: the parts lack a %s",
+                        !p->spec    ? "parameter table"
+                        : !p->model ? "model"
+                                    : "optimizer");
+    }
+    const struct fsdp_model_spec *table = fsdp_shard_parts_table(p);
+    const int tp = p->tp ? p->tp->size : 1, rank = p->tp ? p->tp->rank : 0;
+    if (p->model->spec != table || p->opt->spec != table) {
+        return fsdp_err(FSDP_ERR_INTERNAL,
+                        "fsdp: the %s was made for another parameter table "
+                        "than the %s one the engine shards",
+                        p->model->spec != table ? "model" : "optimizer",
+                        p->plan ? "tp-local" : "whole");
+    }
+    if (p->plan ? p->plan->full != p->spec || p->plan->size != tp || p->plan->rank != rank
+                : tp != 1) {
+        return fsdp_err(FSDP_ERR_INTERNAL,
+                        "fsdp: tp context (rank %d of %d) and plan (%s) "
+                        "disagree",
+                        rank, tp, p->plan ? "another rank or table" : "none");
+    }
+    return 0;
+}
+
 /*
- * The engine for spec over g, sized and (unless sizing) allocated: the
- * tensor-parallel plan, the layout, the model, the slots. *out is the
+ * The engine for the parts p over g, sized and (unless sizing) allocated:
+ * the layout, the model's rows and activations, the slots. *out is the
  * engine, also on failure (for shard_destroy) unless it could not be made.
  */
-static int shard_build(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
-                       struct fsdp_device *dev, const struct fsdp_optim_config *oc,
-                       const struct fsdp_shard_config *sc, int sizing,
+static int shard_build(const struct fsdp_shard_parts *p, const struct fsdp_shard_groups *g,
+                       struct fsdp_device *dev, const struct fsdp_shard_config *sc, int sizing,
                        struct fsdp_shard_engine **out)
 {
     *out = NULL;
     FSDP_CHECK(shard_check_config(sc));
-    FSDP_CHECK(shard_check_ties(spec));
+    FSDP_CHECK(shard_check_parts(p));
+    FSDP_CHECK(shard_check_ties(p->spec));
     struct fsdp_shard_engine *se = calloc(1, sizeof(*se));
     if (!se) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp engine");
@@ -615,43 +640,34 @@ static int shard_build(const struct fsdp_model_spec *spec, const struct fsdp_sha
     struct fsdp_engine *e = &se->base;
     e->ops = &shard_ops;
     e->impl = se;
-    e->spec = spec;
-    se->spec = spec;
-    se->full = spec;
+    e->spec = p->spec;
+    se->full = p->spec;
+    se->plan = p->plan; /* the engine shards and computes the tp-local table */
+    se->spec = fsdp_shard_parts_table(p);
+    se->model = p->model;
+    se->opt = p->opt;
     se->ec = *sc;
     se->dev = dev;
     se->attr.mem = dev->mem;
     fsdp_loss_scaler_init(&se->scaler, sc->loss_scale_dynamic, sc->loss_scale);
-    if (g->tp && g->tp->size > 1) { /* the engine shards and computes the tp-local table */
-        FSDP_CHECK(fsdp_tp_plan_create(spec, g->tp->size, g->tp->rank, &se->plan));
-        se->spec = se->plan->local;
-    }
-    fsdp_tp_init(&se->tp, se->plan ? g->tp : NULL, sc->sequence_parallel, dev);
-    if (se->tp.sp && sc->T % se->tp.size != 0) {
-        return fsdp_err(FSDP_ERR_INVALID, "seq-len %d is not divisible by tp %d: with sequence "
-                        "parallelism each tp rank holds 1/%d of every sequence "
-                        "(--sequence-parallel off keeps them whole)", sc->T, se->tp.size,
-                        se->tp.size);
-    }
-    fsdp_adamw_init(&se->opt, oc, se->spec, dev);
+    fsdp_tp_init(&se->solo, NULL, 0, dev);
+    se->tp = p->tp ? p->tp : &se->solo;
     fsdp_shard_groups_set(se, g);
     if (!sizing) {
         FSDP_CHECK(shard_check_backends(se));
-    }
-    if (!sizing) {
         FSDP_CHECK(fsdp_unit_streams_init(se));
     }
     FSDP_CHECK(fsdp_shard_layout_create(se));
-    FSDP_CHECK(shard_model(se));
+    FSDP_CHECK(shard_apply_model(se));
     FSDP_CHECK(fsdp_shard_alloc_slots(se));
-    e->flops_per_token = se->model->ops->flops_per_token(spec, sc->T);
-    e->n_state = se->opt.n_state;
-    e->state_names = se->opt.state_names;
+    e->flops_per_token = se->model->ops->flops_per_token(p->spec, sc->T);
+    e->n_state = se->opt->n_state;
+    e->state_names = se->opt->state_names;
     e->shard = se->rs;
     e->n_shards = se->Rs;
     if (se->plan) { /* checkpoint shard rs T + t of Rs T, re-laid out as rows (save_rows) */
-        e->shard = se->rs * se->tp.size + se->tp.rank;
-        e->n_shards = se->Rs * se->tp.size;
+        e->shard = se->rs * se->tp->size + se->tp->rank;
+        e->n_shards = se->Rs * se->tp->size;
         e->blocks = 1;
     }
     e->writes_state = 1;
@@ -661,12 +677,12 @@ static int shard_build(const struct fsdp_model_spec *spec, const struct fsdp_sha
     return 0;
 }
 
-int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
-                             struct fsdp_device *dev, const struct fsdp_optim_config *oc,
-                             const struct fsdp_shard_config *sc, struct fsdp_engine **out)
+int fsdp_shard_engine_create(const struct fsdp_shard_parts *p, const struct fsdp_shard_groups *g,
+                             struct fsdp_device *dev, const struct fsdp_shard_config *sc,
+                             struct fsdp_engine **out)
 {
     struct fsdp_shard_engine *se;
-    int rc = shard_build(spec, g, dev, oc, sc, 0, &se);
+    int rc = shard_build(p, g, dev, sc, 0, &se);
     if (rc == 0) { /* the root stays bound: a tied unit reads and accumulates into it */
         rc = shard_bind(se, 0);
     }
@@ -681,23 +697,25 @@ int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fs
     return 0;
 }
 
-int fsdp_shard_engine_plan(const struct fsdp_model_spec *spec, const struct fsdp_shard_shape *sh,
-                           struct fsdp_device *dev, const struct fsdp_optim_config *oc,
-                           const struct fsdp_shard_config *sc, struct fsdp_engine_stats *out)
+int fsdp_shard_engine_plan(const struct fsdp_shard_parts *p, const struct fsdp_shard_shape *sh,
+                           struct fsdp_device *dev, const struct fsdp_shard_config *sc,
+                           struct fsdp_engine_stats *out)
 {
     /* groups that are only shapes: the sizing build reads their size and
      * rank and never calls a collective on them */
     struct fsdp_group dp = {.name = "dp", .size = sh->dp, .rank = sh->dp_rank};
     struct fsdp_group rdp = {.name = "rdp", .size = sh->rdp};
-    struct fsdp_group tp = {.name = "tp", .size = sh->tp, .rank = sh->tp_rank};
-    if (sh->dp < 1 || sh->rdp < 1 || sh->tp < 1 || sh->dp_rank < 0 || sh->dp_rank >= sh->dp ||
-        sh->tp_rank < 0 || sh->tp_rank >= sh->tp) {
-        return fsdp_err(FSDP_ERR_INVALID, "fsdp plan: rank (dp %d of %d, tp %d of %d), rdp %d",
-                        sh->dp_rank, sh->dp, sh->tp_rank, sh->tp, sh->rdp);
+    const int tp = p->tp ? p->tp->size : 1, tp_rank = p->tp ? p->tp->rank : 0;
+    if (sh->dp < 1 || sh->rdp < 1 || sh->dp_rank < 0 || sh->dp_rank >= sh->dp || sh->tp != tp ||
+        sh->tp_rank != tp_rank) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "fsdp plan: rank (dp %d of %d, tp %d of %d), rdp %d, "
+                        "for parts of tp rank %d of %d",
+                        sh->dp_rank, sh->dp, sh->tp_rank, sh->tp, sh->rdp, tp_rank, tp);
     }
-    struct fsdp_shard_groups g = {.dp = &dp, .rdp = &rdp, .tp = &tp, .world_rank = -1};
+    struct fsdp_shard_groups g = {.dp = &dp, .rdp = &rdp, .world_rank = -1};
     struct fsdp_shard_engine *se;
-    int rc = shard_build(spec, &g, dev, oc, sc, 1, &se);
+    int rc = shard_build(p, &g, dev, sc, 1, &se);
     if (rc == 0) {
         fsdp_shard_engine_stats(&se->base, out);
     }
@@ -737,7 +755,7 @@ void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_sta
     st->skipped_steps = se->scaler.skipped;
     st->loss_scale = se->scaler.scale;
     st->fsdp_comm = se->unit_comm;
-    st->tp_comm = se->tp.counts;
+    st->tp_comm = se->tp->counts;
     const struct fsdp_model_ops *mops = se->model ? se->model->ops : NULL;
     if (mops && mops->size >= offsetof(struct fsdp_model_ops, comm_counts) +
                                  sizeof(mops->comm_counts) && mops->comm_counts) {

@@ -12,16 +12,18 @@
  * unit's parameters are all-gathered before its forward and again before
  * its backward (with prefetch), its gradient is reduce-scattered right
  * after its backward, and with a replicate dimension ("rdp") the gradient
- * shard is then all-reduced over the replicas (HSDP). With a tensor-parallel
- * group ("tp") the engine does all of this to the rank's tp-local table
- * (parallel/tp.h: the model cut Megatron-style, each slice then sharded over dp,
- * 2-D sharding), creates the model with the tp operators' context, sums the
- * gradient norm over tp as well, and reports its state as blocks of the
- * whole tensors. doc/sharding.md describes the schedule, the precision
- * policy, loss scaling, tensor parallelism and the memory accounting.
+ * shard is then all-reduced over the replicas (HSDP). With tensor
+ * parallelism (a tp plan, tp/tp_plan.h: the model cut Megatron-style) the
+ * engine does all of this to the rank's tp-local table, each slice sharded
+ * over dp (2-D sharding), sums the gradient norm over tp as well, and
+ * reports its state as blocks of the whole tensors. doc/sharding.md
+ * describes the schedule, the precision policy, loss scaling, tensor
+ * parallelism and the memory accounting.
  *
- * The engine is handed its groups, its model and its optimizer settings by
- * the training layer, which builds the mesh; it opens no file and reads no
+ * The engine applies sharding and nothing else. The training layer builds
+ * the mesh, the tensor-parallel plan, the model (tp applied, activation
+ * checkpointing applied) and the optimizer, and hands them over as parts
+ * (struct fsdp_shard_parts) with the groups; it opens no file and reads no
  * data: the parameters arrive through the engine's state pieces.
  */
 #ifndef FSDP_PARALLEL_FSDP_H
@@ -32,11 +34,14 @@
 
 #include "core/dtype.h"
 #include "parallel/engine.h"
-#include "model/tp_ops.h"
-#include "optim/optim.h"
+#include "comm/counts.h"
 
 struct fsdp_group;
 struct fsdp_device;
+struct fsdp_model;
+struct fsdp_optimizer;
+struct fsdp_tp;
+struct fsdp_tp_plan;
 
 enum fsdp_sharding {
     FSDP_SHARD_FULL = 0, /* order matches the choice string "full|grad-op|none" */
@@ -54,9 +59,11 @@ struct fsdp_shard_config {
     bool loss_scale_dynamic;
     double loss_scale;            /* static scale (or the initial dynamic scale); 0: none */
     bool no_sync_accum;           /* keep full gradients until the last micro-batch */
+    /* Applied to the model by whoever builds the parts (the engine only
+     * reports activation checkpointing in its describe line): */
     bool activation_checkpointing; /* recompute every block in its backward */
     int lm_head_chunk;            /* rows per output-head chunk (0: the model's default) */
-    bool sequence_parallel;       /* with a tp group: norms and residuals hold 1/tp of the rows */
+    bool sequence_parallel;       /* with tp: norms and residuals hold 1/tp of the rows */
 };
 
 /* The defaults: full sharding, reshard after forward, prefetch 1, f32. */
@@ -69,22 +76,47 @@ struct fsdp_shard_groups {
     int world_rank;         /* for logs: rank 0 reports */
     const char *mesh;       /* "rdp=2,dp=2" or "single rank", for describe */
     const char *backends;   /* "dp=tcp", for describe */
-    struct fsdp_group *tp;  /* tensor-parallel dimension; NULL: none (doc/sharding.md,
-                               "Tensor parallelism": the model is cut over it, each
-                               tp-local parameter sharded over dp) */
 };
 
 /*
- * The sharding engine for spec (borrowed; it must outlive the engine) over
- * g's groups, on device dev (borrowed), with AdamW settings oc. Every
- * group's backend must take the device's memory (refused with one line
- * naming the backend otherwise). Allocates every buffer the steps will
- * use; the parameters are zero until the caller writes the pieces of kind 0
- * and calls state_changed. Collective over the groups' ranks.
+ * What the training layer built before sharding, handed to the engine.
+ * Everything is borrowed: the caller created it, keeps it until the engine
+ * is destroyed, and destroys it after the engine, in the reverse order of
+ * its creation. The model's table (`table`) is the tp-local one with a
+ * plan, else spec; the optimizer is over the same table.
+ *
+ * The engine applies sharding to the model: it asks it to take unit 0 by
+ * rows over the shard group (set_unit_rows, before anything is reserved),
+ * reserves its activations and binds its units to the engine's slots; from
+ * then on the model is used only through the engine. The optimizer's step
+ * count and state names become the engine's (counters, state pieces).
  */
-int fsdp_shard_engine_create(const struct fsdp_model_spec *spec, const struct fsdp_shard_groups *g,
-                             struct fsdp_device *dev, const struct fsdp_optim_config *oc,
-                             const struct fsdp_shard_config *sc, struct fsdp_engine **out);
+struct fsdp_shard_parts {
+    const struct fsdp_model_spec *spec; /* the whole parameter table: files and checkpoints */
+    const struct fsdp_tp_plan *plan;    /* tensor parallelism; NULL: none */
+    struct fsdp_tp *tp;                 /* the tp operators' context the model was created
+                                           with (its group is the engine's tp group); NULL:
+                                           one rank, no tensor parallelism */
+    struct fsdp_model *model;           /* on `table`, sized for (B, T) of the shard config, not
+                                           yet reserved */
+    struct fsdp_optimizer *opt;         /* over `table` */
+};
+
+/* The table the parts compute: the plan's tp-local one, else the whole one. */
+const struct fsdp_model_spec *fsdp_shard_parts_table(const struct fsdp_shard_parts *p);
+
+/*
+ * The sharding engine for the parts p over g's groups (and p->tp's group),
+ * on device dev (borrowed; the one the parts were made on). Every group's
+ * backend must take the device's memory (refused with one line naming the
+ * backend otherwise). Allocates every buffer the steps will use; the
+ * parameters are zero until the caller writes the pieces of kind 0 and
+ * calls state_changed. Collective over the groups' ranks. The parts are not
+ * the engine's: destroy them after it (fsdp_shard_parts above).
+ */
+int fsdp_shard_engine_create(const struct fsdp_shard_parts *p, const struct fsdp_shard_groups *g,
+                             struct fsdp_device *dev, const struct fsdp_shard_config *sc,
+                             struct fsdp_engine **out);
 
 /* True when e is a sharding engine. */
 int fsdp_shard_engine_is(const struct fsdp_engine *e);
@@ -102,7 +134,7 @@ struct fsdp_engine_stats {
     size_t peak_bytes;     /* all of the above: allocated once, held throughout */
     long skipped_steps;    /* steps skipped by loss scaling */
     double loss_scale;     /* current loss scale (1 when off) */
-    /* What each rank's collectives moved since creation (model/tp_ops.h:
+    /* What each rank's collectives moved since creation (tp/tp_ops.h:
      * calls, payload, ring wire bytes per kind): the units' all-gathers and
      * reduce-scatters over dp and all-reduces over the replicas; the tp
      * operators; the model's own exchanges (unit 0 by rows). */
@@ -120,23 +152,25 @@ void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_sta
 void fsdp_shard_memory_line(const struct fsdp_engine_stats *st, char *buf, size_t len);
 
 /* The shape of one rank's place in a mesh, for planning: the sizes of the
- * engine's dimensions (1: absent) and the rank's coordinates in dp and tp. */
+ * engine's dimensions (1: absent) and the rank's coordinates in dp and tp
+ * (tp and tp_rank: the parts' plan's, checked). */
 struct fsdp_shard_shape {
     int dp, rdp, tp;
     int dp_rank, tp_rank;
 };
 
 /*
- * What fsdp_shard_engine_create would hold on the rank of shape sh, without
- * allocating it, communicating or needing any other rank: the byte fields
- * of *out (the timings and counters zero), sized exactly as the engine
- * sizes them, so that a model of any size can be planned for a mesh of any
- * size on one process (fsdpc-train --print-memory). dev supplies the memory
- * kind and kernels only. The same refusals as create (a tp the model
- * cannot be cut into, a seq-len sequence parallelism cannot split).
+ * What fsdp_shard_engine_create would hold for the parts p on the rank of
+ * shape sh, without allocating it, communicating or needing any other rank:
+ * the byte fields of *out (the timings and counters zero), sized exactly as
+ * the engine sizes them, so that a model of any size can be planned for a
+ * mesh of any size on one process (fsdpc-train --print-memory). The parts
+ * are made for sh's tp rank (their tp group may be a shape only: a struct
+ * fsdp_group with its size and rank, never called); their model is sized,
+ * never reserved. dev supplies the memory kind and kernels only.
  */
-int fsdp_shard_engine_plan(const struct fsdp_model_spec *spec, const struct fsdp_shard_shape *sh,
-                           struct fsdp_device *dev, const struct fsdp_optim_config *oc,
-                           const struct fsdp_shard_config *sc, struct fsdp_engine_stats *out);
+int fsdp_shard_engine_plan(const struct fsdp_shard_parts *p, const struct fsdp_shard_shape *sh,
+                           struct fsdp_device *dev, const struct fsdp_shard_config *sc,
+                           struct fsdp_engine_stats *out);
 
 #endif

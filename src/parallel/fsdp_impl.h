@@ -7,8 +7,9 @@
  *   unit.c    the per-unit gather / reduce state machine: buffer slots,
  *             precision casts, replica all-reduces, polls and wait timers
  *   engine.c  the engine table: the overlap schedule, step, eval, clipping,
- *             the optimizer update and loss scaling
- *   tp.c      the tensor-parallel plan (tp.h)
+ *             the optimizer update and loss scaling; the parts checked
+ * The model, the tensor-parallel plan and context and the optimizer are the
+ * caller's parts (fsdp.h, struct fsdp_shard_parts), borrowed.
  */
 #ifndef FSDP_PARALLEL_IMPL_H
 #define FSDP_PARALLEL_IMPL_H
@@ -16,12 +17,12 @@
 #include <stdint.h>
 
 #include "parallel/fsdp.h"
-#include "parallel/tp.h"
+#include "tp/tp_plan.h"
 #include "comm/group.h"
 #include "core/util.h"
 #include "compute/device.h"
 #include "model/model.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "optim/optim.h"
 
 #define FSDP_MAX_REP_GROUPS 2
@@ -110,12 +111,13 @@ struct fsdp_shard_engine {
     const struct fsdp_model_spec *spec; /* what is sharded and computed: the tp-local
                                            table with tensor parallelism, else base.spec */
     const struct fsdp_model_spec *full; /* the whole table (base.spec) */
-    struct fsdp_tp_plan *plan;          /* NULL without tensor parallelism */
-    struct fsdp_tp tp;                  /* the model's tp operators (one rank without tp) */
+    const struct fsdp_tp_plan *plan;    /* borrowed; NULL without tensor parallelism */
+    struct fsdp_tp *tp;                 /* the model's tp operators: the parts', else solo */
+    struct fsdp_tp solo;                /* one rank's, when the parts hold no tp context */
     struct fsdp_shard_tp_piece *tp_pieces; /* (n_tp_pieces,) this rank's kind-0 pieces */
     size_t n_tp_pieces;
-    struct fsdp_model *model;
-    struct fsdp_optimizer opt;         /* AdamW over this rank's shard ranges */
+    struct fsdp_model *model;   /* borrowed: bound to the slots, used only from here */
+    struct fsdp_optimizer *opt; /* borrowed: AdamW over this rank's shard ranges */
     struct fsdp_loss_scaler scaler;
     struct fsdp_shard_config ec;
     char mesh[128], backends[128];     /* for describe */
@@ -167,7 +169,7 @@ struct fsdp_shard_engine {
     double comm_total, comm_exposed;   /* seconds, since creation */
     struct fsdp_comm_counts unit_comm; /* the units' all-gathers and reduce-scatters over the
                                         shard group and all-reduces over the replicas,
-                                        since creation (ring wire bytes, model/tp_ops.h) */
+                                        since creation (ring wire bytes, tp/tp_ops.h) */
     size_t state_bytes, gathered_bytes, grad_bytes, comm_bytes;
 };
 

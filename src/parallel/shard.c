@@ -220,8 +220,8 @@ int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
     se->gslots = calloc((size_t)se->n_gslots, sizeof(*se->gslots));
     se->rqueue = calloc((size_t)se->n_gslots, sizeof(*se->rqueue));
     /* one double per rank of the largest group summed over: dp x rdp, or tp */
-    se->sum_buf = calloc((size_t)(se->world > se->tp.size ? se->world : se->tp.size),
-                         sizeof(*se->sum_buf));
+    se->sum_buf =
+        calloc((size_t)(se->world > se->tp->size ? se->world : se->tp->size), sizeof(*se->sum_buf));
     if (!se->pslots || !se->gslots || !se->rqueue || !se->sum_buf) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: slot tables");
     }
@@ -411,7 +411,6 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
     free(se->units);
     free(se->segs);
     free(se->tp_pieces);
-    fsdp_tp_plan_destroy(se->plan);
     if (se->relayout) {
         se->dev->ops->free(se->dev, se->relayout);
     }
@@ -425,7 +424,7 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
 size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se)
 {
     size_t per = se->plan ? se->n_tp_pieces : se->spec->n_params;
-    return (size_t)(1 + se->opt.n_state) * per;
+    return (size_t)(1 + se->opt->n_state) * per;
 }
 
 /* Tensor parallelism: piece k is block k % n of the table, a block of the
@@ -564,8 +563,8 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
 {
     const struct fsdp_param_spec *p = &se->full->params[i];
     const size_t n = p->shape[0], m = p->shape[1], R = (size_t)se->base.n_shards;
-    const size_t T = (size_t)se->tp.size, per = (n + R - 1) / R;
-    if (!se->plan || kind < 0 || kind > se->opt.n_state || i >= se->full->n_params) {
+    const size_t T = (size_t)se->tp->size, per = (n + R - 1) / R;
+    if (!se->plan || kind < 0 || kind > se->opt->n_state || i >= se->full->n_params) {
         return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: save_rows of tensor %d/%zu", kind, i);
     }
     if (!se->relayout) { /* the largest pass's, at the first save */
@@ -580,13 +579,13 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
     for (size_t c0 = 0; c0 < m; c0 += step) {
         const size_t w = m - c0 < step ? m - c0 : step, slot = per * w;
         float *buf = se->relayout, *group = buf + (size_t)se->rs * T * slot;
-        float *mine = group + (size_t)se->tp.rank * slot;
+        float *mine = group + (size_t)se->tp->rank * slot;
         FSDP_CHECK(fsdp_device_zero(se->dev, buf, R * slot * sizeof(float)));
         shard_place_blocks(se, kind, i, buf, per, c0, w);
         if (se->shard_g) {
             FSDP_CHECK(shard_rs_wait(se, se->shard_g, buf, group, T * slot));
         }
-        FSDP_CHECK(shard_rs_wait(se, se->tp.g, group, mine, slot));
+        FSDP_CHECK(shard_rs_wait(se, se->tp->g, group, mine, slot));
         /* into the host's rows: the one way device memory reaches a file */
         for (size_t j = 0; out && j < rows; j++) {
             FSDP_CHECK(se->dev->ops->copy(se->dev, out + j * m + c0, mine + j * w,
@@ -610,7 +609,7 @@ void fsdp_shard_drop_saved(struct fsdp_shard_engine *se)
 /* Tensor parallelism: every tp rank's local unit u and the whole one. */
 static size_t shard_tp_gather_floats(const struct fsdp_shard_engine *se, int u)
 {
-    return (size_t)se->tp.size * se->spec->unit_numel[u] + se->full->unit_numel[u];
+    return (size_t)se->tp->size * se->spec->unit_numel[u] + se->full->unit_numel[u];
 }
 
 /* Tensor parallelism: every tp rank's local unit u (local, the
@@ -618,7 +617,7 @@ static size_t shard_tp_gather_floats(const struct fsdp_shard_engine *se, int u)
 static int shard_gather_tp(struct fsdp_shard_engine *se, int u, const float *local,
                            const float **full)
 {
-    size_t ln = se->spec->unit_numel[u], T = (size_t)se->tp.size;
+    size_t ln = se->spec->unit_numel[u], T = (size_t)se->tp->size;
     size_t floats = shard_tp_gather_floats(se, u);
     void *mem;
     FSDP_CHECK(
@@ -626,7 +625,7 @@ static int shard_gather_tp(struct fsdp_shard_engine *se, int u, const float *loc
     float *buf = mem;
     struct fsdp_work *w;
     int rc = fsdp_unit_comm_begin(se);
-    rc = rc < 0 ? rc : fsdp_allgather(se->tp.g, local, buf, ln, FSDP_F32, &se->attr, &w);
+    rc = rc < 0 ? rc : fsdp_allgather(se->tp->g, local, buf, ln, FSDP_F32, &se->attr, &w);
     if (rc == 0) {
         rc = fsdp_work_wait(w, -1.0);
         rc = rc < 0 ? rc : fsdp_unit_comm_end(se);

@@ -1,15 +1,16 @@
 /*
  * memory_plan.c - fsdpc-train --print-memory (memory_plan.h): the model's
  * parameter table from a file or a preset, the mesh from --mesh, and the
- * sharding engine's own sizing for every tensor-parallel rank and the
- * first and last shard rank; the largest of those is printed, part by
- * part, with what the figures leave out.
+ * sharding engine's own sizing (over the parts a run builds, parts.h) for
+ * every tensor-parallel rank and the first and last shard rank; the largest
+ * of those is printed, part by part, with what the figures leave out.
  */
 #include "config.h"
 #include "train/memory_plan.h"
 #include "train/model_source.h"
 #include "train/trainer.h"
 #include "parallel/fsdp.h"
+#include "train/parts.h"
 #include "optim/optim.h"
 #include "comm/mesh_spec.h"
 #include "train/mesh_check.h"
@@ -91,7 +92,7 @@ static int plan_largest(const struct fsdp_model_spec *spec, struct fsdp_shard_sh
             struct fsdp_engine_stats st;
             sh.tp_rank = t;
             sh.dp_rank = dps[k];
-            FSDP_CHECK(fsdp_shard_engine_plan(spec, &sh, dev, oc, sc, &st));
+            FSDP_CHECK(fsdp_train_parts_plan(spec, &sh, dev, oc, sc, &st));
             if (st.peak_bytes + st.ckpt_bytes > best->peak_bytes + best->ckpt_bytes ||
                 (t == 0 && k == 0)) {
                 *best = st;

@@ -62,15 +62,14 @@ int fsdp_trainer_mesh_check(const struct fsdp_mesh_dims *d)
 /* 0 when spec's architecture splits over tp ranks (every parameter cut). */
 static int mc_tp_splits(const struct fsdp_model_spec *spec, int tp)
 {
-    const struct fsdp_model_ops *ops = fsdp_model_ops_of(spec);
-    if (!ops || ops->size < offsetof(struct fsdp_model_ops, tp_cut) + sizeof(ops->tp_cut) ||
-        !ops->tp_cut) {
+    fsdp_tp_cut_fn cut = fsdp_model_tp_cut_of(spec);
+    if (!cut) {
         return fsdp_err(FSDP_ERR_UNSUPPORTED, "architecture %s has no tensor-parallel layout",
                         spec->arch->name);
     }
     for (size_t i = 0; i < spec->n_params; i++) {
-        struct fsdp_tp_cut cut = {.dim = -1, .chunks = 1};
-        FSDP_CHECK(ops->tp_cut(spec, tp, i, &cut));
+        struct fsdp_tp_cut c = {.dim = -1, .chunks = 1};
+        FSDP_CHECK(cut(spec, tp, i, &c));
     }
     return 0;
 }

@@ -27,6 +27,7 @@ struct fsdp_dist;
 struct fsdp_mesh;
 struct fsdp_device;
 struct fsdp_trainer;
+struct fsdp_train_parts;
 
 /* Makes the engine for t (t->spec, t->mesh are set). */
 typedef int (*fsdp_engine_factory)(struct fsdp_trainer *t, struct fsdp_engine **out);
@@ -41,6 +42,8 @@ struct fsdp_trainer {
     struct fsdp_stager stager;     /* the mesh's groups stage dev's memory through it where
                                       their backends cannot take it */
     struct fsdp_engine *engine;
+    struct fsdp_train_parts *parts; /* what the sharding engine applies to (train/parts.h):
+                                       destroyed after it; NULL with another engine */
     int32_t *batch_in, *batch_tgt; /* (K, B, T) this step's micro-batches */
     struct fsdp_dataloader *train; /* this rank's slice of each global batch */
     struct fsdp_dataloader *val;   /* NULL without val-data */

@@ -1,9 +1,11 @@
 /*
  * trainer_build.c - building the trainer (trainer.c): the inputs checked,
- * the device, the mesh and the world group, the engine (the model, its
- * tensor-parallel plan and sharding, applied by the engine factory) and the
- * model file's parameters loaded into it, the data loaders, the metrics
- * file and the peak FLOP/s. Each phase ends in an agreement of every rank.
+ * the device, the mesh and the world group, then the parallelisms applied
+ * in order (the engine factory; the default's: tensor parallelism, the
+ * model, activation checkpointing and the optimizer, train/parts.h, then
+ * sharding, parallel/fsdp.h) and the model file's parameters loaded into
+ * the engine, the data loaders, the metrics file and the peak FLOP/s. Each
+ * phase ends in an agreement of every rank.
  */
 #include "config.h"
 #include "train/trainer.h"
@@ -23,6 +25,7 @@
 #include "compute/device.h"
 #include "train/stage.h"
 #include "parallel/fsdp.h"
+#include "train/parts.h"
 #include "io/h5/model_file.h"
 #include "io/text/tokens.h"
 #include "model/model.h"
@@ -257,7 +260,8 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
 /* A device that keeps an arena (a GPU's) takes this rank's whole plan at
  * once, as --print-memory plans it, so no step allocates from the runtime. */
 static int trainer_reserve(struct fsdp_trainer *t, const struct fsdp_shard_groups *g,
-                           const struct fsdp_optim_config *oc, const struct fsdp_shard_config *sc)
+                           struct fsdp_group *tp, const struct fsdp_optim_config *oc,
+                           const struct fsdp_shard_config *sc)
 {
     if (!t->dev->ops->reserve) {
         return 0;
@@ -265,16 +269,23 @@ static int trainer_reserve(struct fsdp_trainer *t, const struct fsdp_shard_group
     struct fsdp_shard_shape sh = {
         .dp = g->dp ? g->dp->size : 1,
         .rdp = g->rdp ? g->rdp->size : 1,
-        .tp = g->tp ? g->tp->size : 1,
+        .tp = tp ? tp->size : 1,
         .dp_rank = g->dp ? g->dp->rank : 0,
-        .tp_rank = g->tp ? g->tp->rank : 0,
+        .tp_rank = tp ? tp->rank : 0,
     };
     struct fsdp_engine_stats st;
-    FSDP_CHECK(fsdp_shard_engine_plan(t->spec, &sh, t->dev, oc, sc, &st));
+    FSDP_CHECK(fsdp_train_parts_plan(t->spec, &sh, t->dev, oc, sc, &st));
     size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(t->cfg) * sizeof(int32_t);
     return fsdp_device_reserve(t->dev, st.peak_bytes + st.ckpt_bytes + batch + TRAINER_KERNEL_ROOM);
 }
 
+/*
+ * The parallelisms applied to the model, in order, each through its own
+ * layer: tensor parallelism over the mesh's tp group, the model on its
+ * tp-local table, activation checkpointing and the optimizer (the parts,
+ * which t keeps and destroys after the engine), then sharding over dp and
+ * rdp (the engine).
+ */
 int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 {
     const struct fsdp_train_config *c = t->cfg;
@@ -288,10 +299,11 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
         .world_rank = fsdp_trainer_rank(t),
         .mesh = t->mesh ? t->mesh->spec : "single rank",
         .backends = t->mesh ? t->mesh->backends : "no backend",
-        .tp = t->mesh ? fsdp_mesh_group(t->mesh, "tp") : NULL,
     };
-    FSDP_CHECK(trainer_reserve(t, &g, &oc, &sc));
-    return fsdp_shard_engine_create(t->spec, &g, t->dev, &oc, &sc, out);
+    struct fsdp_group *tp = t->mesh ? fsdp_mesh_group(t->mesh, "tp") : NULL;
+    FSDP_CHECK(trainer_reserve(t, &g, tp, &oc, &sc));
+    FSDP_CHECK(fsdp_train_parts_create(t->spec, tp, t->dev, &oc, &sc, &t->parts));
+    return fsdp_shard_engine_create(&t->parts->shard, &g, t->dev, &sc, out);
 }
 
 /* The model file as a row source: its parameters (kind 0). */
@@ -409,6 +421,7 @@ void fsdp_trainer_close_engine(struct fsdp_trainer *t)
     if (t->engine) {
         t->engine->ops->destroy(t->engine);
     }
+    fsdp_train_parts_destroy(t->parts);
     free(t->batch_in);
     free(t->batch_tgt);
     fsdp_world_destroy(t->world);

@@ -5,8 +5,8 @@
 # that ALLOWED (a file of such lines) does not list, or when ALLOWED lists
 # one that is gone (so the list only ever shrinks). Tests are not checked:
 # they may include anything. Two more rules than the ranks: the
-# parallelisms (src/parallel) never include io/, as they never open files (the
-# training layer reads and writes their state as row ranges); and inside io,
+# parallelisms (src/parallel, src/tp) never include io/, as they never open files
+# (the training layer reads and writes their state as row ranges); and inside io,
 # whose files sit in one folder per concern, io/util (file helpers, JSON)
 # includes no other io folder, as every other one builds on it.
 top=${1:?usage: check_layers.sh TOP [ALLOWED]}
@@ -22,11 +22,12 @@ layer_of() {
     backends/*) echo 3 ;;
     src/comm/*) echo 4 ;;
     src/compute/*) echo 5 ;;
-    src/model/*) echo 6 ;;
-    src/optim/*) echo 7 ;;
-    src/parallel/*) echo 8 ;;
-    src/train/*) echo 9 ;;
-    src/programs/*) echo 10 ;;
+    src/tp/*) echo 6 ;;
+    src/model/*) echo 7 ;;
+    src/optim/*) echo 8 ;;
+    src/parallel/*) echo 9 ;;
+    src/train/*) echo 10 ;;
+    src/programs/*) echo 11 ;;
     *) echo "" ;;
     esac
 }
@@ -47,7 +48,7 @@ for f in $(find src io backends -name '*.[ch]' -o -name '*.cu' | sort); do
         lh=$(layer_of "$hp")
         if [ -n "$lh" ] && [ "$lh" -gt "$lf" ]; then
             echo "$f -> $h"
-        elif [ "$lf" -eq 8 ] && [ "$lh" = 1 ]; then
+        elif { [ "$lf" -eq 9 ] || [ "$lf" -eq 6 ]; } && [ "$lh" = 1 ]; then
             echo "$f -> $h"
         else
             case "$f:$h" in

@@ -1,7 +1,7 @@
 /*
  * test_tp_model.c - the models' tensor-parallel paths element by element:
  * GPT-2 and Llama cut over every rank of the job (the tp-local table of
- * src/parallel/tp.h, the model created with it and a struct fsdp_tp) against
+ * src/tp/tp_plan.h, the model created with it and a struct fsdp_tp) against
  * the whole model on one process, which every rank computes for itself on
  * the same batch. For each case:
  *   - the loss equals the whole model's (rel 1e-5);
@@ -20,11 +20,11 @@
  *   mpiexec -n N test_tp_model --backend mpi|tcp
  */
 #include "config.h"
-#include "parallel/tp.h"
+#include "tp/tp_plan.h"
 #include "model/gpt2.h"
 #include "model/llama.h"
 #include "model/model.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "comm/group.h"
 #include "core/error.h"
 #include "rendezvous/dist.h"
@@ -138,7 +138,7 @@ static void run_case(struct ctx *c, const char *what, struct fsdp_model_spec *s,
 {
     const int nu = s->n_units;
     struct fsdp_tp_plan *plan = NULL;
-    must(fsdp_tp_plan_create(s, c->P, c->r, &plan), "tp plan");
+    must(fsdp_tp_plan_create(s, c->P, c->r, fsdp_model_tp_cut_of(s), &plan), "tp plan");
     const struct fsdp_model_spec *ls = plan->local;
     uint64_t rng = 0x9E3779B97F4A7C15ULL; /* the same stream on every rank */
     float **p = calloc((size_t)nu, sizeof(float *)), **g = calloc((size_t)nu, sizeof(float *));

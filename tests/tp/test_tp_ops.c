@@ -1,5 +1,5 @@
 /*
- * test_tp_ops.c - the tensor-parallel operators (src/model/tp_ops.h) over a
+ * test_tp_ops.c - the tensor-parallel operators (src/tp/tp_ops.h) over a
  * group of every rank, each against the unsharded computation that every
  * rank does for itself in double, and each backward against central
  * differences of a scalar objective evaluated through the sharded forward
@@ -21,7 +21,7 @@
  *   mpiexec -n N test_tp_ops --backend mpi|tcp
  */
 #include "config.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "comm/group.h"
 #include "core/error.h"
 #include "rendezvous/dist.h"

@@ -5,7 +5,7 @@
  * parallel cross-entropy. Buffers are the caller's; nothing is allocated.
  */
 #include "config.h"
-#include "model/tp_ops.h"
+#include "tp/tp_ops.h"
 #include "compute/device.h"
 #include "core/error.h"
 
@@ -131,8 +131,8 @@ int fsdp_tp_seq_scatter_forward(struct fsdp_tp *tp, const float *y_full, float *
     return fsdp_tp_reduce_scatter(tp, y_full, y, rows * C);
 }
 
-int fsdp_tp_seq_scatter_backward(struct fsdp_tp *tp, const float *dy, float *dy_full,
-                                 size_t rows, size_t C)
+int fsdp_tp_seq_scatter_backward(struct fsdp_tp *tp, const float *dy, float *dy_full, size_t rows,
+                                 size_t C)
 {
     return fsdp_tp_all_gather(tp, dy, dy_full, rows * C, FSDP_F32);
 }

@@ -1,7 +1,8 @@
 /*
  * tp_ops.h - the tensor-parallel operators a model calls inside its
  * forward and backward (Megatron-LM's layout), over the tp group it is
- * handed (struct fsdp_tp, filled by the parallelism that owns the group):
+ * handed (struct fsdp_tp, filled by whoever applies tensor parallelism: the
+ * trainer, over its mesh's tp group):
  *
  *   copy in / reduce out   Megatron's f and g: entering a column-parallel
  *                          region the input is used as it is and its
@@ -35,8 +36,8 @@
  * doc/performance.md's comparison with the analytical volumes. With one
  * rank (g NULL or size 1) nothing is communicated and nothing counted.
  */
-#ifndef FSDP_MODEL_TP_OPS_H
-#define FSDP_MODEL_TP_OPS_H
+#ifndef FSDP_TP_TP_OPS_H
+#define FSDP_TP_TP_OPS_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -49,11 +50,11 @@ struct fsdp_device;
 struct fsdp_kernels;
 
 struct fsdp_tp {
-    struct fsdp_group *g;        /* the tp group; NULL: one rank */
-    int size, rank;              /* g's (1 and 0 without one) */
-    int sp;                      /* sequence parallel: norms and residuals hold 1/size of the rows */
-    struct fsdp_coll_attr attr;  /* where the operators' buffers live */
-    struct fsdp_device *dev;     /* where the operators compute (never NULL) */
+    struct fsdp_group *g;       /* the tp group; NULL: one rank */
+    int size, rank;             /* g's (1 and 0 without one) */
+    int sp;                     /* sequence parallel: norms and residuals hold 1/size of the rows */
+    struct fsdp_coll_attr attr; /* where the operators' buffers live */
+    struct fsdp_device *dev;    /* where the operators compute (never NULL) */
     const struct fsdp_kernels *k; /* dev's kernels */
     struct fsdp_comm_counts counts;
 };
@@ -108,8 +109,8 @@ int fsdp_tp_seq_gather_backward(struct fsdp_tp *tp, const float *dx_full, float 
  * rank's dy (rows, C). */
 int fsdp_tp_seq_scatter_forward(struct fsdp_tp *tp, const float *y_full, float *y, size_t rows,
                                 size_t C);
-int fsdp_tp_seq_scatter_backward(struct fsdp_tp *tp, const float *dy, float *dy_full,
-                                 size_t rows, size_t C);
+int fsdp_tp_seq_scatter_backward(struct fsdp_tp *tp, const float *dy, float *dy_full, size_t rows,
+                                 size_t C);
 
 // ----------------------------------------------------------------------------
 // vocabulary-parallel embedding

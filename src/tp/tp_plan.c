@@ -1,11 +1,12 @@
 /*
- * tp.c - the tensor-parallel plan (tp.h): the tp-local parameter table of
- * one tp rank from the model's cuts, and the map between local rows and
- * blocks of the whole tensors, both ways.
+ * tp_plan.c - the tensor-parallel plan (tp_plan.h): the cut of each
+ * placement, the tp-local parameter table of one tp rank from the
+ * architecture's cuts, and the map between local rows and blocks of the
+ * whole tensors, both ways.
  */
 #include "config.h"
-#include "parallel/tp.h"
-#include "model/tp_ops.h"
+#include "tp/tp_plan.h"
+#include "tp/tp_ops.h"
 #include "compute/device.h"
 #include "core/error.h"
 
@@ -24,14 +25,18 @@ static int tp_local_shape(const struct fsdp_param_spec *p, const struct fsdp_tp_
     } else if (c->dim == 0) {
         size_t k = c->chunks > 0 ? (size_t)c->chunks : 0;
         if (k == 0 || n % (k * t) != 0) {
-            return fsdp_err(FSDP_ERR_INVALID, "tensor parallel: %s has %zu rows, which do not "
-                            "split into %d blocks over tp=%d", p->name, n, c->chunks, size);
+            return fsdp_err(FSDP_ERR_INVALID,
+                            "tensor parallel: %s has %zu rows, which do not "
+                            "split into %d blocks over tp=%d",
+                            p->name, n, c->chunks, size);
         }
         *rows = n / t;
     } else if (c->dim == 1) {
         if (p->ndim != 2 || m % t != 0) {
-            return fsdp_err(FSDP_ERR_INVALID, "tensor parallel: %s has %zu columns, which do not "
-                            "split over tp=%d", p->name, m, size);
+            return fsdp_err(FSDP_ERR_INVALID,
+                            "tensor parallel: %s has %zu columns, which do not "
+                            "split over tp=%d",
+                            p->name, m, size);
         }
         *cols = m / t;
     } else if (c->dim != -1) {
@@ -41,30 +46,45 @@ static int tp_local_shape(const struct fsdp_param_spec *p, const struct fsdp_tp_
     return 0;
 }
 
-static int tp_cuts(struct fsdp_tp_plan *p)
+void fsdp_tp_cut_of_place(enum fsdp_tp_place p, int chunks, struct fsdp_tp_cut *out)
+{
+    *out = (struct fsdp_tp_cut){.dim = -1, .chunks = 1, .pad = 0};
+    if (p == FSDP_TP_COLWISE) {
+        out->dim = 0;
+        out->chunks = chunks;
+    } else if (p == FSDP_TP_ROWWISE) {
+        out->dim = 1;
+    } else if (p == FSDP_TP_VOCAB) {
+        out->dim = 0;
+        out->pad = 1;
+    }
+}
+
+static int tp_cuts(struct fsdp_tp_plan *p, fsdp_tp_cut_fn cut)
 {
     const struct fsdp_model_spec *s = p->full;
-    const struct fsdp_model_ops *ops = s->arch ? fsdp_model_ops_of(s) : NULL;
-    int has = ops && ops->size >= offsetof(struct fsdp_model_ops, tp_cut) + sizeof(ops->tp_cut) &&
-              ops->tp_cut;
-    if (!has) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED, "architecture %s has no tensor-parallel layout: "
-                        "use a mesh without tp", s->arch ? s->arch->name : "(none)");
+    if (!cut) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                        "architecture %s has no tensor-parallel layout: "
+                        "use a mesh without tp",
+                        s->arch ? s->arch->name : "(none)");
     }
     for (size_t i = 0; i < s->n_params; i++) {
         struct fsdp_tp_cut *c = &p->cuts[i];
         *c = (struct fsdp_tp_cut){.dim = -1, .chunks = 1};
-        FSDP_CHECK(ops->tp_cut(s, p->size, i, c));
+        FSDP_CHECK(cut(s, p->size, i, c));
         c->chunks = c->chunks > 0 ? c->chunks : 1;
         if (c->chunks > FSDP_TP_MAX_CHUNKS) {
-            return fsdp_err(FSDP_ERR_INTERNAL, "tensor parallel: %s cut in %d row blocks (at most "
-                            "%d)", s->params[i].name, c->chunks, FSDP_TP_MAX_CHUNKS);
+            return fsdp_err(FSDP_ERR_INTERNAL,
+                            "tensor parallel: %s cut in %d row blocks (at most "
+                            "%d)",
+                            s->params[i].name, c->chunks, FSDP_TP_MAX_CHUNKS);
         }
     }
     return 0;
 }
 
-int fsdp_tp_plan_create(const struct fsdp_model_spec *full, int size, int rank,
+int fsdp_tp_plan_create(const struct fsdp_model_spec *full, int size, int rank, fsdp_tp_cut_fn cut,
                         struct fsdp_tp_plan **out)
 {
     int rc = 0;
@@ -79,9 +99,9 @@ int fsdp_tp_plan_create(const struct fsdp_model_spec *full, int size, int rank,
     p->size = size;
     p->rank = rank;
     p->full = full;
-    FSDP_CHECK_GOTO(tp_cuts(p), rc, err);
-    FSDP_CHECK_GOTO(fsdp_model_spec_alloc(full->arch, full->n_units, full->n_params, &p->local),
-                    rc, err);
+    FSDP_CHECK_GOTO(tp_cuts(p, cut), rc, err);
+    FSDP_CHECK_GOTO(fsdp_model_spec_alloc(full->arch, full->n_units, full->n_params, &p->local), rc,
+                    err);
     struct fsdp_model_spec *l = p->local;
     memcpy(l->cfg, full->cfg, full->arch && full->arch->cfg_size ? full->arch->cfg_size : 1);
     l->vocab_size = full->vocab_size;
@@ -96,8 +116,7 @@ int fsdp_tp_plan_create(const struct fsdp_model_spec *full, int size, int rank,
     }
     for (int t = 0; t < full->n_ties; t++) {
         const struct fsdp_tie *tie = &full->ties[t];
-        FSDP_CHECK_GOTO(fsdp_model_spec_tie(l, tie->user, full->params[tie->param].name), rc,
-                        err);
+        FSDP_CHECK_GOTO(fsdp_model_spec_tie(l, tie->user, full->params[tie->param].name), rc, err);
     }
     *out = p;
     return 0;
@@ -122,8 +141,8 @@ size_t fsdp_tp_plan_blocks(const struct fsdp_tp_plan *p, size_t i, int rank, siz
     const struct fsdp_param_spec *q = &p->full->params[i];
     const struct fsdp_tp_cut *c = &p->cuts[i];
     const size_t lrows = p->local->params[i].shape[0], lcols = p->local->params[i].shape[1];
-    struct fsdp_tp_block b = {.local_row = r0, .row0 = r0, .rows = n, .col0 = 0,
-                              .cols = q->shape[1]};
+    struct fsdp_tp_block b = {
+        .local_row = r0, .row0 = r0, .rows = n, .col0 = 0, .cols = q->shape[1]};
     if (n == 0) {
         return 0;
     }
@@ -158,7 +177,9 @@ size_t fsdp_tp_plan_blocks(const struct fsdp_tp_plan *p, size_t i, int rank, siz
         }
         out[cnt++] = (struct fsdp_tp_block){.local_row = lo,
                                             .row0 = j * whole + (size_t)rank * per + (lo - j * per),
-                                            .rows = hi - lo, .col0 = 0, .cols = q->shape[1]};
+                                            .rows = hi - lo,
+                                            .col0 = 0,
+                                            .cols = q->shape[1]};
     }
     return cnt;
 }
