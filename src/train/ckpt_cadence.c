@@ -18,16 +18,11 @@
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/ckpt_cadence_impl.h"
-#include "train/trainer.h"
 #include "train/save_progress.h"
-#include "train/schedule.h"
-#include "train/uneven.h"
+#include "train/world.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "rendezvous/dist.h"
-#include "comm/mesh.h"
-#include "comm/mesh_spec.h"
 #include "io/ckpt/ckpt.h"
 #include "io/ckpt/ckpt_commit.h"
 #include "io/util/fileutil.h"
@@ -45,11 +40,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-int fsdp_cad_rank(const struct fsdp_trainer *t)
-{
-    return t->dist ? t->dist->rank : 0;
-}
 
 // ----------------------------------------------------------------------------
 // directory plumbing (rank 0)
@@ -279,12 +269,12 @@ static int cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, u
 // agreement
 
 /* All ranks learn whether any failed: FSDP_ERR_ABORTED on every rank then,
- * the message with the lowest rank that failed (fsdp_trainer_agree). */
-static int cad_agree_ok(struct fsdp_trainer *t, int rc, long step, const char *what)
+ * the message with the lowest rank that failed (fsdp_world_outcome). */
+static int cad_agree_ok(struct fsdp_ckpt_cadence *c, int rc, long step, const char *what)
 {
     char why[128];
     snprintf(why, sizeof(why), "%s for checkpoint step %ld", what, step);
-    return fsdp_trainer_agree(t, rc, why);
+    return fsdp_world_outcome(c->run.world, rc, why);
 }
 
 /* What to check when a save failed here. */
@@ -310,11 +300,11 @@ static int cad_kinds(const struct fsdp_engine *e, struct fsdp_ckpt_kinds *kinds)
  * is re-laid out as this shard's whole rows first (save_rows, collective:
  * every rank takes part in the same order, the writers put the rows).
  */
-static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
+static int cad_write_rows(struct fsdp_ckpt_cadence *c, const char *dir,
                           const struct fsdp_ckpt_meta *meta)
 {
-    struct fsdp_engine *e = t->engine;
-    const struct fsdp_model_spec *s = t->spec;
+    struct fsdp_engine *e = c->run.engine;
+    const struct fsdp_model_spec *s = c->run.spec;
     struct fsdp_ckpt_shard_writer *w = NULL;
     int rc = 0;
     float *rows = malloc(fsdp_model_spec_largest(s) * sizeof(float));
@@ -327,7 +317,7 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
         rc = cad_kinds(e, &kinds);
         rc = rc < 0 ? rc
                     : fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, s, &kinds, &w);
-        fsdp_save_progress_total(&t->ckpt->progress, (size_t)(e->n_state + 1) * s->n_params);
+        fsdp_save_progress_total(&c->progress, (size_t)(e->n_state + 1) * s->n_params);
     }
     for (int k = 0; k <= e->n_state; k++) {
         for (size_t i = 0; i < s->n_params; i++) {
@@ -340,7 +330,7 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
             }
             if (rc == 0 && w) {
                 rc = fsdp_ckpt_shard_put(w, k, i, rows);
-                fsdp_save_progress_tick(&t->ckpt->progress);
+                fsdp_save_progress_tick(&c->progress);
             }
         }
     }
@@ -357,33 +347,34 @@ static int cad_write_rows(struct fsdp_trainer *t, const char *dir,
  * from the engine's pieces, straight from its shards (no gather). Returns
  * this rank's status only: the caller agrees on the outcome.
  */
-static int cad_write_state(struct fsdp_trainer *t, const char *dir,
+static int cad_write_state(struct fsdp_ckpt_cadence *c, const char *dir,
                            const struct fsdp_ckpt_meta *meta)
 {
-    struct fsdp_engine *e = t->engine;
+    struct fsdp_engine *e = c->run.engine;
+    const struct fsdp_model_spec *spec = c->run.spec;
     FSDP_CHECK(e->ops->state_changed(e));
     if (e->blocks) {
-        return cad_write_rows(t, dir, meta);
+        return cad_write_rows(c, dir, meta);
     }
     if (e->writes_state) {
         struct fsdp_ckpt_shard_writer *w = NULL;
         struct fsdp_ckpt_kinds kinds;
         FSDP_CHECK(cad_kinds(e, &kinds));
         FSDP_CHECK(
-            fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, t->spec, &kinds, &w));
+            fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, spec, &kinds, &w));
         int rc = 0;
         size_t n = e->ops->n_pieces(e);
         struct fsdp_stage st;
-        fsdp_stage_init(&st, t->dev);
-        fsdp_save_progress_total(&t->ckpt->progress, n);
+        fsdp_stage_init(&st, c->run.dev);
+        fsdp_save_progress_total(&c->progress, n);
         for (size_t k = 0; k < n && rc == 0; k++) {
             struct fsdp_state_piece pc = {0};
             const float *host;
             e->ops->piece(e, k, &pc);
-            size_t cols = fsdp_state_piece_cols(&pc, t->spec->params[pc.param].shape[1]);
+            size_t cols = fsdp_state_piece_cols(&pc, spec->params[pc.param].shape[1]);
             rc = fsdp_stage_read(&st, pc.data, pc.rows * cols, &host);
             rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, pc.kind, pc.param, host);
-            fsdp_save_progress_tick(&t->ckpt->progress);
+            fsdp_save_progress_tick(&c->progress);
         }
         fsdp_stage_free(&st);
         if (rc == 0) {
@@ -397,24 +388,25 @@ static int cad_write_state(struct fsdp_trainer *t, const char *dir,
 
 /* On rank 0, once every shard is written: the index with meta and the
  * engine's counters (it records the checksums of every shard). */
-static int cad_write_index(struct fsdp_trainer *t, const char *dir,
+static int cad_write_index(struct fsdp_ckpt_cadence *c, const char *dir,
                            const struct fsdp_ckpt_meta *meta)
 {
-    struct fsdp_engine *e = t->engine;
+    const struct fsdp_ckpt_run *r = &c->run;
+    struct fsdp_engine *e = r->engine;
     struct fsdp_ckpt_meta m = *meta;
     struct fsdp_ckpt_kinds kinds;
     struct fsdp_engine_counters cn;
     FSDP_CHECK(cad_kinds(e, &kinds));
     e->ops->get_counters(e, &cn);
     m.n_shards = e->n_shards;
-    m.world_size = t->world->size;
-    snprintf(m.mesh, sizeof(m.mesh), "%s", t->mesh ? t->mesh->spec : "single rank");
-    snprintf(m.backends, sizeof(m.backends), "%s", t->mesh ? t->mesh->backends : "none");
+    m.world_size = r->world->size;
+    snprintf(m.mesh, sizeof(m.mesh), "%s", r->mesh);
+    snprintf(m.backends, sizeof(m.backends), "%s", r->backends);
     m.adam_step = cn.opt_step;
     m.loss_scale = cn.loss_scale;
     m.scale_good_steps = cn.scale_good_steps;
     m.skipped_steps = cn.skipped_steps;
-    return fsdp_ckpt_index_write(dir, t->spec, &kinds, &m);
+    return fsdp_ckpt_index_write(dir, r->spec, &kinds, &m);
 }
 
 /* The resolved config as 'key = value' lines. */
@@ -444,24 +436,25 @@ static int cad_config_text(const struct fsdp_train_config *cfg, char *buf, size_
 }
 
 /* What index.h5 records besides the tensors and the engine's counters. */
-static int cad_meta(const struct fsdp_trainer *t, long step, struct fsdp_ckpt_meta *meta)
+static int cad_meta(const struct fsdp_ckpt_run *r, long step, struct fsdp_ckpt_meta *meta)
 {
     struct fsdp_dataloader_state ds;
     meta->step = step;
-    meta->tokens_seen = t->tokens_seen;
-    meta->seed = t->cfg->seed;
-    fsdp_dataloader_get_state(t->train, &ds);
+    meta->tokens_seen = r->count->tokens_seen;
+    meta->seed = r->cfg->seed;
+    fsdp_dataloader_get_state(r->train, &ds);
     meta->data_position = ds.position;
     meta->data_epoch = ds.epoch;
     meta->data_n_tokens = ds.n_tokens;
     snprintf(meta->created_by, sizeof(meta->created_by), "fsdpc-train %s, step %ld",
              PACKAGE_VERSION, step);
-    return cad_config_text(t->cfg, meta->config, sizeof(meta->config));
+    return cad_config_text(r->cfg, meta->config, sizeof(meta->config));
 }
 
-static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
+static int cad_save(struct fsdp_ckpt_cadence *c)
 {
-    const long step = t->step;
+    const struct fsdp_ckpt_run *r = &c->run;
+    const long step = r->count->step;
     char tmp[CAD_PATH_MAX];
     int32_t nonce = 0;
     int rc = 0;
@@ -471,34 +464,34 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
         nonce = (int32_t)(((unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL) ^
                            (unsigned)step * 40503u) & 0x7fffffffu);
     }
-    FSDP_CHECK(fsdp_world_broadcast(t->world, &nonce, 0));
+    FSDP_CHECK(fsdp_world_broadcast(r->world, &nonce, 0));
     rc = fsdp_ckpt_commit_tmp_path(tmp, sizeof(tmp), c->dir, step, (unsigned)nonce);
     if (rc == 0 && c->rank == 0 && mkdir(tmp, 0755) != 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     }
-    FSDP_CHECK(cad_agree_ok(t, rc, step, "create the temporary directory"));
+    FSDP_CHECK(cad_agree_ok(c, rc, step, "create the temporary directory"));
 
     struct fsdp_ckpt_meta *meta = calloc(1, sizeof(*meta));
-    rc = meta ? cad_meta(t, step, meta) : fsdp_err(FSDP_ERR_NOMEM, "checkpoint metadata");
+    rc = meta ? cad_meta(r, step, meta) : fsdp_err(FSDP_ERR_NOMEM, "checkpoint metadata");
     const double t_save = fsdp_now();
     if (rc == 0) {
-        rc = cad_write_state(t, tmp, meta);
+        rc = cad_write_state(c, tmp, meta);
     }
     if (rc < 0) {
         cad_save_hint(c);
     }
-    rc = cad_agree_ok(t, rc, step, "write its shard");
+    rc = cad_agree_ok(c, rc, step, "write its shard");
     if (rc == 0 && c->rank == 0) {
-        rc = cad_write_index(t, tmp, meta);
+        rc = cad_write_index(c, tmp, meta);
     }
     free(meta);
     if (rc == 0 && c->rank == 0) {
-        rc = cad_commit(c, tmp, step, (unsigned)nonce, t->cfg->ckpt_keep);
+        rc = cad_commit(c, tmp, step, (unsigned)nonce, r->cfg->ckpt_keep);
     }
     if (rc < 0 && c->rank == 0) {
         cad_save_hint(c);
     }
-    rc = cad_agree_ok(t, rc, step, "commit the checkpoint");
+    rc = cad_agree_ok(c, rc, step, "commit the checkpoint");
     if (rc < 0) {
         if (c->rank == 0) {
             char msg[1024], hint[512];
@@ -527,16 +520,18 @@ static int cad_save(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
 }
 
 /* A failed save: the error, or with ckpt-keep-going a warning. */
-static int cad_save_checked(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
+static int cad_save_checked(struct fsdp_ckpt_cadence *c)
 {
-    int rc = cad_save(c, t);
-    if (rc < 0 && t->cfg->ckpt_keep_going) {
+    int rc = cad_save(c);
+    if (rc < 0 && c->run.cfg->ckpt_keep_going) {
         char msg[1024];
         fsdp_err_take(msg, sizeof(msg));
         fsdp_err_clear();
         if (msg[0]) { /* the rank that reports it; the others were told */
-            FSDP_WARN(FSDP_SUB_TRAIN, "checkpoint step %ld failed: %s; training continues "
-                      "(ckpt-keep-going)", t->step, msg);
+            FSDP_WARN(FSDP_SUB_TRAIN,
+                      "checkpoint step %ld failed: %s; training continues "
+                      "(ckpt-keep-going)",
+                      c->run.count->step, msg);
         }
         return 0;
     }
@@ -546,9 +541,9 @@ static int cad_save_checked(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
 // ----------------------------------------------------------------------------
 // API
 
-int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **out)
+int fsdp_ckpt_cadence_create(const struct fsdp_ckpt_run *run, struct fsdp_ckpt_cadence **out)
 {
-    const struct fsdp_train_config *cfg = t->cfg;
+    const struct fsdp_train_config *cfg = run->cfg;
     *out = NULL;
     if (!cfg->ckpt_dir[0]) {
         return 0;
@@ -557,8 +552,9 @@ int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **
     if (!c) {
         return fsdp_err(FSDP_ERR_NOMEM, "checkpoint cadence");
     }
+    c->run = *run;
     snprintf(c->dir, sizeof(c->dir), "%s", cfg->ckpt_dir);
-    c->rank = fsdp_cad_rank(t);
+    c->rank = run->world->rank;
     c->last_saved = -1;
     c->last_tried = -1;
     c->resumed_from = -1;
@@ -585,7 +581,7 @@ int fsdp_ckpt_cadence_create(struct fsdp_trainer *t, struct fsdp_ckpt_cadence **
             rc = cad_snapshot_foreign(c);
         }
     }
-    rc = fsdp_trainer_agree(t, rc, "prepare ckpt-dir");
+    rc = fsdp_world_outcome(run->world, rc, "prepare ckpt-dir");
     if (rc < 0) {
         fsdp_ckpt_cadence_destroy(c);
         return rc;
@@ -604,23 +600,23 @@ void fsdp_ckpt_cadence_destroy(struct fsdp_ckpt_cadence *c)
     free(c);
 }
 
-int fsdp_ckpt_cadence_save_now(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
+int fsdp_ckpt_cadence_save_now(struct fsdp_ckpt_cadence *c)
 {
-    return c ? cad_save(c, t) : 0;
+    return c ? cad_save(c) : 0;
 }
 
-int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
+int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c)
 {
-    if (c && t->cfg->ckpt_every > 0 && t->step % t->cfg->ckpt_every == 0) {
-        return cad_save_checked(c, t);
+    if (c && c->run.cfg->ckpt_every > 0 && c->run.count->step % c->run.cfg->ckpt_every == 0) {
+        return cad_save_checked(c);
     }
     return 0;
 }
 
-int fsdp_ckpt_cadence_final(struct fsdp_ckpt_cadence *c, struct fsdp_trainer *t)
+int fsdp_ckpt_cadence_final(struct fsdp_ckpt_cadence *c)
 {
-    if (!c || c->last_tried == t->step) {
+    if (!c || c->last_tried == c->run.count->step) {
         return 0; /* saved (or, with ckpt-keep-going, tried and logged) after this step */
     }
-    return cad_save_checked(c, t);
+    return cad_save_checked(c);
 }

@@ -7,12 +7,13 @@
 
 #include "train/ckpt_cadence.h"
 #include "train/save_progress.h"
-#include "train/trainer.h"
+#include "train/train_config.h"
 
 #define CAD_PATH_MAX 4096
 #define CAD_MAX_STEPS 4096
 
 struct fsdp_ckpt_cadence {
+    struct fsdp_ckpt_run run;
     char dir[FSDP_TRAIN_PATH_MAX]; /* the checkpoint root D */
     int rank;
     long last_saved;   /* step of the last committed checkpoint; -1: none */
@@ -27,8 +28,6 @@ struct fsdp_ckpt_cadence {
     int existed;                        /* rank 0: D was there before this run */
     struct fsdp_save_progress progress; /* of the save under way */
 };
-
-int fsdp_cad_rank(const struct fsdp_trainer *t);
 
 /* Bytes of the regular files directly under dir (a checkpoint step's
  * shards and index), for the throughput figure in the log; 0 when unreadable. */

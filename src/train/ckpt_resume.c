@@ -9,15 +9,13 @@
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/ckpt_cadence_impl.h"
-#include "train/trainer.h"
 #include "train/save_progress.h"
 #include "train/schedule.h"
 #include "train/uneven.h"
+#include "train/world.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
-#include "rendezvous/dist.h"
-#include "comm/mesh.h"
 #include "comm/mesh_spec.h"
 #include "io/ckpt/ckpt.h"
 #include "io/ckpt/ckpt_commit.h"
@@ -54,9 +52,9 @@ static int cad_ckpt_rows(void *arg, int kind, size_t param, const struct fsdp_pa
     return fsdp_ckpt_read_rows(src->ck, src->kind_of[kind], param, row0, rows, dst);
 }
 
-static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
+static int cad_read_state(const struct fsdp_ckpt_run *r, struct fsdp_ckpt *ck)
 {
-    struct fsdp_engine *e = t->engine;
+    struct fsdp_engine *e = r->engine;
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
     const struct fsdp_ckpt_kinds *ks = fsdp_ckpt_kinds(ck);
     int kind_of[1 + FSDP_CKPT_MAX_STATE] = {FSDP_CKPT_MODEL}; /* the engine's kind -> ck's */
@@ -74,7 +72,7 @@ static int cad_read_state(struct fsdp_trainer *t, struct fsdp_ckpt *ck)
         }
     }
     struct cad_rows src = {ck, kind_of};
-    FSDP_CHECK(fsdp_stage_fill_pieces(e, t->spec, t->dev, 1 + e->n_state, cad_ckpt_rows, &src));
+    FSDP_CHECK(fsdp_stage_fill_pieces(e, r->spec, r->dev, 1 + e->n_state, cad_ckpt_rows, &src));
     struct fsdp_engine_counters cn = {.opt_step = m->adam_step,
                                       .loss_scale = m->loss_scale,
                                       .scale_good_steps = m->scale_good_steps,
@@ -109,25 +107,26 @@ static int cad_latest_missing(const char *root, const char *link)
 
 /* --resume latest with no checkpoint in ckpt-dir yet: start from the model,
  * and say so on stderr (a mistyped --ckpt-dir looks just like this). */
-static void cad_warn_no_latest(const struct fsdp_trainer *t, const char *root)
+static void cad_warn_no_latest(const struct fsdp_ckpt_cadence *c, const struct fsdp_ckpt_run *r,
+                               const char *root)
 {
-    if (fsdp_cad_rank(t) != 0) {
+    if (r->world->rank != 0) {
         return;
     }
-    const int existed = t->ckpt ? t->ckpt->existed : 1;
+    const int existed = c ? c->existed : 1;
     FSDP_WARN(FSDP_SUB_TRAIN,
               "resume latest: no checkpoint in %s%s; training starts at step 0 "
               "from %s. If a run should be continued, check --ckpt-dir; --resume required "
               "makes this an error",
               root, existed ? " yet" : " (the directory did not exist before this run)",
-              t->cfg->model);
+              r->cfg->model);
 }
 
 /* The model of the checkpoint is the model of --model (same architecture
  * and attributes), or one error naming what differs, with both values. */
-static int cad_check_model(const struct fsdp_trainer *t, struct fsdp_ckpt *ck)
+static int cad_check_model(const struct fsdp_ckpt_run *r, struct fsdp_ckpt *ck)
 {
-    const struct fsdp_model_spec *have = fsdp_ckpt_spec(ck), *want = t->spec;
+    const struct fsdp_model_spec *have = fsdp_ckpt_spec(ck), *want = r->spec;
     int k = have->arch == want->arch ? fsdp_attrs_diff(want->arch, have->cfg, want->cfg) : -2;
     int rc;
     if (k == -1) {
@@ -140,13 +139,13 @@ static int cad_check_model(const struct fsdp_trainer *t, struct fsdp_ckpt *ck)
         rc = fsdp_err(FSDP_ERR_INVALID,
                       "%s: the checkpoint's model (%s %s) is not the "
                       "model of %s: %s is %g in the checkpoint and %g in the model",
-                      fsdp_ckpt_dir(ck), have->arch->name, hs, t->cfg->model, a->name,
+                      fsdp_ckpt_dir(ck), have->arch->name, hs, r->cfg->model, a->name,
                       fsdp_attr_get(a, have->cfg), fsdp_attr_get(a, want->cfg));
     } else {
         rc = fsdp_err(FSDP_ERR_INVALID,
                       "%s: the checkpoint's model (%s %s) is not the "
                       "model of %s (%s)",
-                      fsdp_ckpt_dir(ck), have->arch->name, hs, t->cfg->model, want->arch->name);
+                      fsdp_ckpt_dir(ck), have->arch->name, hs, r->cfg->model, want->arch->name);
     }
     fsdp_err_hint("--model must be the model the checkpoint was trained from (or the "
                   "checkpoint itself: --model %s); 'fsdpc-ckpt inspect' shows both",
@@ -231,7 +230,7 @@ static int cad_data_world(const struct fsdp_ckpt_meta *m)
  * position, so another global batch reads other batches than the
  * uninterrupted run would have.
  */
-static void cad_warn_config(const struct fsdp_trainer *t, const struct fsdp_ckpt_meta *m,
+static void cad_warn_config(const struct fsdp_ckpt_run *r, const struct fsdp_ckpt_meta *m,
                             const char *dir)
 {
     static const char *const sched_keys[] = {"steps", "epochs", "warmup", "lr-schedule",
@@ -239,23 +238,22 @@ static void cad_warn_config(const struct fsdp_trainer *t, const struct fsdp_ckpt
     struct fsdp_train_config *old = malloc(sizeof(*old));
     struct fsdp_optset set;
     char diff[768] = "";
-    if (!old || fsdp_cad_rank(t) != 0) {
+    if (!old || r->world->rank != 0) {
         free(old);
         return;
     }
     cad_stored_config(m, old, &set);
-    if (cad_diff_keys(&set, old, t->cfg, sched_keys, diff, sizeof(diff)) > 0) {
+    if (cad_diff_keys(&set, old, r->cfg, sched_keys, diff, sizeof(diff)) > 0) {
         struct fsdp_lr_schedule was;
         fsdp_lr_schedule_init(&was, old);
         if (old->epochs > 0) {
-            was.steps = t->total_steps; /* its planned length is not stored; the pass length is */
+            was.steps = r->sched->steps; /* its planned length is not stored; the pass length is */
         }
         FSDP_WARN(FSDP_SUB_TRAIN,
                   "resume: the learning-rate schedule differs from the run that "
                   "wrote %s (%s): step %ld runs at lr %.3g here, and at %.3g on that run's "
                   "schedule; give the same values to continue its schedule",
-                  dir, diff, m->step + 1, fsdp_lr_at(&t->sched, m->step),
-                  fsdp_lr_at(&was, m->step));
+                  dir, diff, m->step + 1, fsdp_lr_at(r->sched, m->step), fsdp_lr_at(&was, m->step));
     }
     long i_b = fsdp_opt_find(&set, "batch-size"), i_k = fsdp_opt_find(&set, "grad-accum"),
          i_t = fsdp_opt_find(&set, "seq-len");
@@ -263,7 +261,7 @@ static void cad_warn_config(const struct fsdp_trainer *t, const struct fsdp_ckpt
         int old_dw = cad_data_world(m);
         double was = (double)old->batch_size * (double)old->grad_accum * (double)old->seq_len *
                      (double)old_dw;
-        double now = (double)fsdp_train_config_step_tokens(t->cfg) * (double)t->data_world;
+        double now = (double)fsdp_train_config_step_tokens(r->cfg) * (double)r->data_world;
         if (was != now) {
             FSDP_WARN(FSDP_SUB_TRAIN,
                       "resume: the global batch differs from the run that wrote "
@@ -272,13 +270,13 @@ static void cad_warn_config(const struct fsdp_trainer *t, const struct fsdp_ckpt
                       "from the same token, but the steps see other batches than that run's (and "
                       "the schedule counts steps, not tokens)",
                       old_dw, old_dw > 1 ? "s" : "", old->batch_size, old->seq_len, old->grad_accum,
-                      was, t->data_world, t->cfg->batch_size, t->cfg->seq_len, t->cfg->grad_accum,
+                      was, r->data_world, r->cfg->batch_size, r->cfg->seq_len, r->cfg->grad_accum,
                       now);
         }
     }
     static const char *const prec_keys[] = {"param-dtype", "reduce-dtype", "loss-scale", NULL};
     diff[0] = '\0';
-    if (cad_diff_keys(&set, old, t->cfg, prec_keys, diff, sizeof(diff)) > 0) {
+    if (cad_diff_keys(&set, old, r->cfg, prec_keys, diff, sizeof(diff)) > 0) {
         FSDP_WARN(FSDP_SUB_TRAIN,
                   "resume: the precision differs from the run that "
                   "wrote %s (%s): the f32 master weights and optimizer state go on as saved, but "
@@ -286,12 +284,11 @@ static void cad_warn_config(const struct fsdp_trainer *t, const struct fsdp_ckpt
                   dir, diff);
     }
     free(old);
-    if (strcmp(m->mesh, t->mesh ? t->mesh->spec : "single rank") != 0) {
+    if (strcmp(m->mesh, r->mesh) != 0) {
         FSDP_INFO(FSDP_SUB_TRAIN,
                   "resume: %s was written on mesh %s (%d rank%s), this run is %s: "
                   "the state is re-sharded as it is read",
-                  dir, m->mesh, m->world_size, m->world_size == 1 ? "" : "s",
-                  t->mesh ? t->mesh->spec : "single rank");
+                  dir, m->mesh, m->world_size, m->world_size == 1 ? "" : "s", r->mesh);
     }
 }
 
@@ -358,19 +355,21 @@ static void cad_step_dir(const char *dir, char *out, size_t len)
 }
 
 /* After the checkpoint is read: the run's counters, and what rank 0 says. */
-static void cad_resumed(struct fsdp_trainer *t, struct fsdp_ckpt *ck, double load_s)
+static void cad_resumed(struct fsdp_ckpt_cadence *c, const struct fsdp_ckpt_run *r,
+                        struct fsdp_ckpt *ck, double load_s)
 {
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
-    t->step = m->step;
-    t->tokens_seen = m->tokens_seen;
-    t->resumed_from = m->step;
-    cad_step_dir(fsdp_ckpt_dir(ck), t->resumed_dir, sizeof(t->resumed_dir));
-    if (t->ckpt) {
-        t->ckpt->last_saved = m->step;
-        t->ckpt->last_tried = m->step;
-        t->ckpt->resumed_from = m->step;
+    struct fsdp_run_counters *n = r->count;
+    n->step = m->step;
+    n->tokens_seen = m->tokens_seen;
+    n->resumed_from = m->step;
+    cad_step_dir(fsdp_ckpt_dir(ck), n->resumed_dir, sizeof(n->resumed_dir));
+    if (c) {
+        c->last_saved = m->step;
+        c->last_tried = m->step;
+        c->resumed_from = m->step;
     }
-    if (fsdp_cad_rank(t) != 0) {
+    if (r->world->rank != 0) {
         return;
     }
     char rate[96];
@@ -378,15 +377,15 @@ static void cad_resumed(struct fsdp_trainer *t, struct fsdp_ckpt *ck, double loa
     FSDP_INFO(FSDP_SUB_TRAIN,
               "resumed from %s: step %ld, %.0f tokens seen, written by %d "
               "rank%s (mesh %s, %d shard%s); read %s",
-              t->resumed_dir, m->step, m->tokens_seen, m->world_size, m->world_size > 1 ? "s" : "",
+              n->resumed_dir, m->step, m->tokens_seen, m->world_size, m->world_size > 1 ? "s" : "",
               m->mesh, m->n_shards, m->n_shards > 1 ? "s" : "", rate);
-    cad_warn_config(t, m, t->resumed_dir);
-    cad_warn_newer(t->ckpt, m->step);
+    cad_warn_config(r, m, n->resumed_dir);
+    cad_warn_newer(c, m->step);
 }
 
-int fsdp_ckpt_resume(struct fsdp_trainer *t)
+int fsdp_ckpt_resume(struct fsdp_ckpt_cadence *c, const struct fsdp_ckpt_run *r)
 {
-    const struct fsdp_train_config *cfg = t->cfg;
+    const struct fsdp_train_config *cfg = r->cfg;
     struct fsdp_ckpt *ck = NULL;
     int rc;
     if (!cfg->resume[0]) {
@@ -398,7 +397,7 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
     struct stat st;
     snprintf(link, sizeof(link), "%s/%s", path, FSDP_CKPT_LATEST);
     if (latest && lstat(link, &st) != 0) { /* a dangling latest is an error, below */
-        cad_warn_no_latest(t, path);
+        cad_warn_no_latest(c, r, path);
         return 0;
     }
     const double t_load = fsdp_now();
@@ -408,25 +407,30 @@ int fsdp_ckpt_resume(struct fsdp_trainer *t)
         rc = fsdp_ckpt_damage_hint(path, fsdp_ckpt_open_lazy(path, fsdp_arch_registered(), &ck));
     }
     if (rc == 0) {
-        rc = cad_check_model(t, ck);
+        rc = cad_check_model(r, ck);
     }
     /* every rank opened it before any goes into the collectives below */
-    FSDP_CHECK_GOTO(fsdp_trainer_agree(t, rc, "open the checkpoint"), rc, out);
+    FSDP_CHECK_GOTO(fsdp_world_outcome(r->world, rc, "open the checkpoint"), rc, out);
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(ck);
     struct fsdp_dataloader_state ds = {m->data_position, m->data_epoch, m->data_n_tokens};
-    struct fsdp_uneven_run run = fsdp_trainer_uneven_run(t);
-    rc = fsdp_uneven_resume_state(&run, t->uneven, m, &ds);
+    struct fsdp_uneven_run run = {.world = r->world,
+                                  .rank = r->world->rank,
+                                  .size = r->world->size,
+                                  .train = r->train,
+                                  .cfg = r->cfg,
+                                  .per_rank_data = r->per_rank_data};
+    rc = fsdp_uneven_resume_state(&run, r->uneven, m, &ds);
     if (rc == 0) {
-        rc = fsdp_ckpt_damage_hint(path, cad_read_state(t, ck));
+        rc = fsdp_ckpt_damage_hint(path, cad_read_state(r, ck));
     }
     if (rc == 0) {
-        rc = fsdp_dataloader_set_state(t->train, &ds);
+        rc = fsdp_dataloader_set_state(r->train, &ds);
     }
-    FSDP_CHECK_GOTO(fsdp_trainer_agree(t, rc, "read the checkpoint"), rc, out);
-    FSDP_CHECK_GOTO(t->engine->ops->state_changed(t->engine), rc, out);
+    FSDP_CHECK_GOTO(fsdp_world_outcome(r->world, rc, "read the checkpoint"), rc, out);
+    FSDP_CHECK_GOTO(r->engine->ops->state_changed(r->engine), rc, out);
     /* every rank has its state when the slowest is done */
-    FSDP_CHECK_GOTO(fsdp_world_barrier(t->world), rc, out);
-    cad_resumed(t, ck, fsdp_now() - t_load);
+    FSDP_CHECK_GOTO(fsdp_world_barrier(r->world), rc, out);
+    cad_resumed(c, r, ck, fsdp_now() - t_load);
     rc = 0;
 out:
     fsdp_ckpt_close(ck);

@@ -104,58 +104,14 @@ int fsdp_trainer_blame(int rc, const char *what)
     return fsdp_err(rc, "%s: %s", what, msg);
 }
 
-/* The error this rank brought to an agreement, put back after it (the
- * agreement's own calls may clear the thread's record). */
-static int trainer_restore(int rc, const char *msg, const char *hint)
-{
-    fsdp_err_clear();
-    rc = fsdp_err(rc, "%s", msg);
-    if (hint[0]) {
-        fsdp_err_hint("%s", hint);
-    }
-    return rc;
-}
-
 int fsdp_trainer_agree(struct fsdp_trainer *t, int rc, const char *what)
 {
-    /* 2: this rank has a message to report, 1: it failed and another reports */
-    const int state = rc >= 0 ? 0 : fsdp_err_msg()[0] ? 2 : 1;
-    char msg[900], hint[512];
-    int first, n, arc;
-    snprintf(msg, sizeof(msg), "%s", fsdp_err_msg());
-    snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
     if (t->world_ready) {
-        arc = fsdp_world_agree(t->world, state, &first, &n);
-    } else {
-        char name[32];
-        snprintf(name, sizeof(name), "setup%d", t->agree_seq++);
-        arc = fsdp_world_agree_store(t->dist, name, state, &first, &n);
+        return fsdp_world_outcome(t->world, rc, what);
     }
-    if (arc < 0) { /* nobody knows who failed: the job aborts on this rank's error */
-        return rc < 0 ? trainer_restore(rc, msg, hint) : arc;
-    }
-    fsdp_err_clear();
-    if (n == 0) {
-        return 0;
-    }
-    if (first != fsdp_trainer_rank(t)) {
-        if (first >= 0) {
-            FSDP_INFO(FSDP_SUB_TRAIN, "rank %d could not %s; it reports why", first, what);
-        } else if (fsdp_trainer_rank(t) == 0) {
-            return fsdp_err(FSDP_ERR_ABORTED, "%d rank%s could not %s", n, n > 1 ? "s" : "", what);
-        }
-        return FSDP_ERR_ABORTED;
-    }
-    char full[1024];
-    if (rc == FSDP_ERR_ABORTED) { /* agreed on before: the message has its class */
-        snprintf(full, sizeof(full), "%s", msg);
-    } else if (n == 1 || n == fsdp_trainer_world(t)) {
-        snprintf(full, sizeof(full), "%s (%s)", msg, fsdp_strerror(rc));
-    } else {
-        snprintf(full, sizeof(full), "%s (%s; %d of %d ranks failed here, this is the lowest)", msg,
-                 fsdp_strerror(rc), n, fsdp_trainer_world(t));
-    }
-    return trainer_restore(FSDP_ERR_ABORTED, full, hint);
+    char name[32];
+    snprintf(name, sizeof(name), "setup%d", t->agree_seq++);
+    return fsdp_world_outcome_store(t->dist, name, rc, what);
 }
 
 /* A run id: random enough to tell runs appended to one metrics file apart. */
@@ -183,6 +139,24 @@ struct fsdp_uneven_run fsdp_trainer_uneven_run(const struct fsdp_trainer *t)
                                     .per_rank_data = t->per_rank_data};
 }
 
+/* What checkpointing needs of t (ckpt_cadence.h). */
+static struct fsdp_ckpt_run trainer_ckpt_run(struct fsdp_trainer *t)
+{
+    return (struct fsdp_ckpt_run){.world = t->world,
+                                  .engine = t->engine,
+                                  .spec = t->spec,
+                                  .dev = t->dev,
+                                  .cfg = t->cfg,
+                                  .train = t->train,
+                                  .uneven = t->uneven,
+                                  .per_rank_data = t->per_rank_data,
+                                  .data_world = t->data_world,
+                                  .mesh = t->mesh ? t->mesh->spec : "single rank",
+                                  .backends = t->mesh ? t->mesh->backends : "none",
+                                  .sched = &t->sched,
+                                  .count = &t->count};
+}
+
 /* Phase 3: loaders, passes, checkpoints, resume, metrics and peak FLOP/s. */
 static int trainer_open_run(struct fsdp_trainer *t)
 {
@@ -195,13 +169,14 @@ static int trainer_open_run(struct fsdp_trainer *t)
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "plan the passes over its data"));
     t->total_steps = t->uneven ? t->uneven->total_steps : cfg->steps;
     t->sched.steps = t->total_steps;
-    rc = fsdp_ckpt_cadence_create(t, &t->ckpt);
+    const struct fsdp_ckpt_run ck = trainer_ckpt_run(t);
+    rc = fsdp_ckpt_cadence_create(&ck, &t->ckpt);
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "prepare ckpt-dir"));
-    if ((rc = fsdp_ckpt_resume(t)) < 0) {
+    if ((rc = fsdp_ckpt_resume(t->ckpt, &ck)) < 0) {
         rc = fsdp_trainer_blame(rc, "resume");
     }
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "resume"));
-    t->start_step = t->step;
+    t->start_step = t->count.step;
     FSDP_CHECK(fsdp_trainer_agree(t, fsdp_trainer_open_metrics(t), "open the metrics file"));
     return fsdp_trainer_agree(t, fsdp_trainer_peak(t), "measure its peak FLOP/s");
 }
@@ -219,7 +194,7 @@ int fsdp_trainer_create(const struct fsdp_train_config *cfg, struct fsdp_dist *d
     t->dist = dist;
     t->last_loss = NAN;
     t->last_val_loss = NAN;
-    t->resumed_from = -1;
+    t->count.resumed_from = -1;
     t->start_unix = fsdp_trainer_wall();
     trainer_run_id(t);
     fsdp_lr_schedule_init(&t->sched, cfg);

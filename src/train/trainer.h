@@ -22,6 +22,7 @@
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "train/world.h"
+#include "train/counters.h"
 
 struct fsdp_dist;
 struct fsdp_mesh;
@@ -52,7 +53,7 @@ struct fsdp_trainer {
     double peak_flops;             /* per rank, FLOP/s */
     char peak_method[128];         /* how peak_flops was obtained */
     int peak_beaten;               /* a step ran above peak_flops (said once) */
-    long step;                     /* optimizer steps done */
+    struct fsdp_run_counters count; /* step, tokens seen, resume point */
     long val_batches;              /* per validation, capped to what the file holds */
     double last_loss;
     double last_val_loss;          /* NaN until a validation ran */
@@ -64,12 +65,9 @@ struct fsdp_trainer {
     struct fsdp_uneven *uneven;    /* NULL without epochs: the data wraps around */
     int per_rank_data;             /* data names one file per rank ({rank}) */
     long total_steps;              /* steps the run plans (the schedule's length) */
-    double tokens_seen;            /* training tokens of every rank, resumed runs included */
     double run_tokens;             /* of those, the ones this run trained on */
     char model_path[FSDP_TRAIN_PATH_MAX]; /* the file read: --model, or a checkpoint's index.h5 */
-    long start_step;               /* step this run started at: 0, or the step resumed */
-    long resumed_from;             /* -1: started from the model file */
-    char resumed_dir[FSDP_TRAIN_PATH_MAX]; /* the step directory resumed from */
+    long start_step;                      /* step this run started at: 0, or the step resumed */
     int stopped_by;                /* the signal that stopped the run early (agreed), 0: none */
     char run_id[24];               /* random per run, in the metrics file */
     double start_unix;             /* wall-clock start of the run */

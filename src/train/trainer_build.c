@@ -452,8 +452,8 @@ int fsdp_trainer_open_metrics(struct fsdp_trainer *t)
         .global_batch_seqs = (long)seqs,
         .global_batch_tokens = (long)(seqs * (size_t)t->cfg->seq_len),
         .steps = t->total_steps,
-        .resumed_from = t->resumed_from,
-        .resumed_dir = t->resumed_dir,
+        .resumed_from = t->count.resumed_from,
+        .resumed_dir = t->count.resumed_dir,
         .config_json = config,
     };
     int rc = fsdp_metrics_start(t->metrics, &rs);

@@ -105,8 +105,8 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
     if (line[0]) {
         fprintf(fp, "%s\n", line);
     }
-    if (t->resumed_from >= 0) {
-        fprintf(fp, "resumed: %s | step %ld of %ld\n", t->resumed_dir, t->resumed_from,
+    if (t->count.resumed_from >= 0) {
+        fprintf(fp, "resumed: %s | step %ld of %ld\n", t->count.resumed_dir, t->count.resumed_from,
                 t->total_steps);
     }
     fflush(fp);
@@ -114,7 +114,7 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
 
 static int trainer_should_log(const struct fsdp_trainer *t)
 {
-    long s = t->step; /* 1-based number of the step just done */
+    long s = t->count.step; /* 1-based number of the step just done */
     return s == 1 || s == t->total_steps || s % t->cfg->log_every == 0;
 }
 
@@ -123,7 +123,7 @@ static int trainer_should_log(const struct fsdp_trainer *t)
  * saves so far spread over the steps, times the steps to go; -1: unknown. */
 static double trainer_eta(const struct fsdp_trainer *t, double first_step_s)
 {
-    long done = t->step - t->start_step, left = t->total_steps - t->step;
+    long done = t->count.step - t->start_step, left = t->total_steps - t->count.step;
     if (done < 1 || left <= 0) {
         return -1.0;
     }
@@ -155,7 +155,7 @@ static int trainer_next_batch(struct fsdp_trainer *t, struct fsdp_batch *b)
 static int trainer_step_failed(struct fsdp_trainer *t, int rc, const struct fsdp_step_result *res)
 {
     char what[32];
-    snprintf(what, sizeof(what), "step %ld", t->step + 1);
+    snprintf(what, sizeof(what), "step %ld", t->count.step + 1);
     const int group = rc == FSDP_ERR_INVALID && !isfinite(res->grad_norm);
     if (group) {
         fsdp_err_hint("lower --lr (or --warmup longer), keep --clip on, and look at the data "
@@ -188,7 +188,7 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     const struct fsdp_train_config *c = t->cfg;
     const struct fsdp_uneven *u = t->uneven;
     struct fsdp_step_result res = {0};
-    double lr = fsdp_lr_at(&t->sched, t->step);
+    double lr = fsdp_lr_at(&t->sched, t->count.step);
     uint64_t epoch = t->train->epoch;
     /* with epochs the vote before this step said who has a batch (every tp
      * peer of a data-parallel rank alike) */
@@ -200,7 +200,7 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
         rc = trainer_next_batch(t, &b);
         if (rc < 0) {
             char what[32];
-            snprintf(what, sizeof(what), "step %ld", t->step + 1);
+            snprintf(what, sizeof(what), "step %ld", t->count.step + 1);
             return fsdp_trainer_blame(rc, what);
         }
     }
@@ -210,30 +210,30 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     if (rc < 0) {
         return trainer_step_failed(t, rc, &res);
     }
-    t->step++;
-    if (t->step == t->start_step + 1) {
+    t->count.step++;
+    if (t->count.step == t->start_step + 1) {
         trainer_log_buffers(t);
     }
     /* what the step made the host wait for (doc/design.md lists each) */
     FSDP_DEBUG(FSDP_SUB_TRAIN, "step %ld: device %s: %ld host waits, %ld device-to-host copies",
-               t->step, t->dev->ops->name, t->dev->stats.host_waits - ds.host_waits,
+               t->count.step, t->dev->ops->name, t->dev->stats.host_waits - ds.host_waits,
                t->dev->stats.d2h_copies - ds.d2h_copies);
     fsdp_debug_mark_steady(); /* from now on collectives get the regular deadline */
     t->train_seconds += dt;
-    if (t->step == t->start_step + 1) {
+    if (t->count.step == t->start_step + 1) {
         t->first_step_s = dt;
     }
     t->last_loss = res.loss;
     if (t->train->epoch != epoch) {
-        FSDP_INFO(FSDP_SUB_TRAIN, "step %ld: pass %llu over %s complete, starting again", t->step,
-                  (unsigned long long)t->train->epoch, c->data);
+        FSDP_INFO(FSDP_SUB_TRAIN, "step %ld: pass %llu over %s complete, starting again",
+                  t->count.step, (unsigned long long)t->train->epoch, c->data);
     }
 
     double tokens = (double)fsdp_train_config_step_tokens(c) * (double)contrib;
-    t->tokens_seen += tokens;
+    t->count.tokens_seen += tokens;
     t->run_tokens += tokens;
     memset(stats, 0, sizeof(*stats));
-    stats->step = t->step;
+    stats->step = t->count.step;
     stats->steps = t->total_steps;
     stats->loss = res.loss;
     stats->grad_norm = res.grad_norm;
@@ -242,9 +242,9 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     stats->ms = dt * 1e3;
     stats->tokens_per_s = tokens / dt;
     stats->mfu = fsdp_mfu(t->engine->flops_per_token * stats->tokens_per_s / fsdp_trainer_world(t),
-                          &t->peak_flops, t->cfg->peak_flops > 0, t->step, &t->peak_beaten);
+                          &t->peak_flops, t->cfg->peak_flops > 0, t->count.step, &t->peak_beaten);
     stats->mem_mib = fsdp_peak_rss_mib();
-    stats->tokens = t->tokens_seen;
+    stats->tokens = t->count.tokens_seen;
     stats->eta_s = trainer_eta(t, t->first_step_s);
     stats->time = fsdp_trainer_wall();
     if (t->metrics && trainer_should_log(t)) {
@@ -270,8 +270,8 @@ int fsdp_trainer_validate(struct fsdp_trainer *t, double *val_loss)
     *val_loss = sum / (double)t->val_batches;
     t->last_val_loss = *val_loss;
     if (t->metrics) {
-        FSDP_CHECK(fsdp_metrics_val(t->metrics, t->step, t->total_steps, *val_loss, t->val_batches,
-                                    fsdp_trainer_wall()));
+        FSDP_CHECK(fsdp_metrics_val(t->metrics, t->count.step, t->total_steps, *val_loss,
+                                    t->val_batches, fsdp_trainer_wall()));
     }
     return 0;
 }
@@ -287,7 +287,7 @@ static int trainer_agree(struct fsdp_trainer *t, int *sig)
     int mine = fsdp_stop_signal();
     *sig = 0;
     if (t->uneven) {
-        return fsdp_uneven_vote(t->uneven, t->step, mine, sig);
+        return fsdp_uneven_vote(t->uneven, t->count.step, mine, sig);
     }
     int32_t v = mine;
     FSDP_CHECK(fsdp_world_max(t->world, &v, 1));
@@ -334,9 +334,9 @@ static int trainer_save_model(struct fsdp_trainer *t, const char *path, const ch
 static int trainer_more(const struct fsdp_trainer *t)
 {
     if (t->uneven) {
-        return !t->uneven->done && (t->cfg->steps == 0 || t->step < t->cfg->steps);
+        return !t->uneven->done && (t->cfg->steps == 0 || t->count.step < t->cfg->steps);
     }
-    return t->step < t->cfg->steps;
+    return t->count.step < t->cfg->steps;
 }
 
 /*
@@ -350,29 +350,29 @@ static int trainer_stop(struct fsdp_trainer *t, int sig)
     const char *name = fsdp_stop_signal_name(sig);
     t->stopped_by = sig;
     if (t->ckpt) {
-        FSDP_CHECK(fsdp_ckpt_cadence_save_now(t->ckpt, t));
+        FSDP_CHECK(fsdp_ckpt_cadence_save_now(t->ckpt));
         if (fsdp_trainer_rank(t) == 0) {
             printf("preempted: a rank received %s; checkpoint step %ld written to %s/step_%ld; "
                    "exiting with status %d (run again with --resume to continue)\n",
-                   name, t->step, c->ckpt_dir, t->step, FSDP_TRAIN_EXIT_STOPPED);
+                   name, t->count.step, c->ckpt_dir, t->count.step, FSDP_TRAIN_EXIT_STOPPED);
         }
     } else if (c->out[0]) {
         char created_by[160];
         snprintf(created_by, sizeof(created_by),
                  "fsdpc-train %s, stopped by %s after %ld of %ld "
                  "steps",
-                 PACKAGE_VERSION, name, t->step, t->total_steps);
+                 PACKAGE_VERSION, name, t->count.step, t->total_steps);
         FSDP_CHECK(trainer_save_model(t, c->out, created_by));
         if (fsdp_trainer_rank(t) == 0) {
             printf("preempted: a rank received %s; stopped after step %ld of %ld with no "
                    "--ckpt-dir, so there is no checkpoint to resume from; the model so far is in "
                    "%s; exiting with status %d\n",
-                   name, t->step, t->total_steps, c->out, FSDP_TRAIN_EXIT_STOPPED);
+                   name, t->count.step, t->total_steps, c->out, FSDP_TRAIN_EXIT_STOPPED);
         }
     } else if (fsdp_trainer_rank(t) == 0) {
         printf("preempted: a rank received %s; stopped after step %ld of %ld with neither "
                "--ckpt-dir nor --out: nothing was kept; exiting with status %d\n",
-               name, t->step, t->total_steps, FSDP_TRAIN_EXIT_STOPPED);
+               name, t->count.step, t->total_steps, FSDP_TRAIN_EXIT_STOPPED);
     }
     fflush(stdout);
     return 0;
@@ -384,7 +384,7 @@ static int trainer_stop(struct fsdp_trainer *t, int sig)
 static void trainer_print_comm(const struct fsdp_trainer *t, const struct fsdp_engine_stats *st)
 {
     const struct fsdp_comm_counts *c[3] = {&st->fsdp_comm, &st->tp_comm, &st->model_comm};
-    long steps = t->step - t->start_step;
+    long steps = t->count.step - t->start_step;
     double any = 0;
     for (int i = 0; i < 3; i++) {
         for (int k = 0; k < FSDP_COLL_OP_COUNT; k++) {
@@ -415,10 +415,10 @@ static void trainer_print_comm(const struct fsdp_trainer *t, const struct fsdp_e
 static void trainer_print_done(const struct fsdp_trainer *t)
 {
     const struct fsdp_train_config *c = t->cfg;
-    long made = t->step - t->start_step;
+    long made = t->count.step - t->start_step;
     printf("done: %ld step%s", made, made == 1 ? "" : "s");
     if (t->start_step > 0) {
-        printf(" (%ld -> %ld)", t->start_step, t->step);
+        printf(" (%ld -> %ld)", t->start_step, t->count.step);
     }
     printf(" in %.1f s (%.0f tok/s) | final loss %.4f", t->train_seconds,
            t->train_seconds > 0 ? t->run_tokens / t->train_seconds : 0.0, t->last_loss);
@@ -458,12 +458,12 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
     double val_loss;
     int sig = 0;
     if (t->uneven) { /* who has a batch for the first step (a signal waits for a step) */
-        FSDP_CHECK(fsdp_uneven_vote(t->uneven, t->step, 0, &sig));
+        FSDP_CHECK(fsdp_uneven_vote(t->uneven, t->count.step, 0, &sig));
     }
-    if (t->resumed_from >= 0 && !trainer_more(t)) {
+    if (t->count.resumed_from >= 0 && !trainer_more(t)) {
         if (fsdp_trainer_rank(t) == 0) {
             printf("fsdpc-train: already at step %ld of %ld (resumed from %s): nothing to do\n",
-                   t->step, t->total_steps, t->resumed_dir);
+                   t->count.step, t->total_steps, t->count.resumed_dir);
             fflush(stdout);
         }
         return 0;
@@ -475,7 +475,7 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
     while (trainer_more(t)) {
         FSDP_CHECK(fsdp_trainer_step(t, &stats));
         double t0 = fsdp_now();
-        if (t->val && c->val_every > 0 && t->step % c->val_every == 0) {
+        if (t->val && c->val_every > 0 && t->count.step % c->val_every == 0) {
             FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
         }
         t->side_seconds += fsdp_now() - t0;
@@ -484,19 +484,19 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
             return trainer_stop(t, sig);
         }
         t0 = fsdp_now();
-        FSDP_CHECK(fsdp_ckpt_cadence_after_step(t->ckpt, t));
+        FSDP_CHECK(fsdp_ckpt_cadence_after_step(t->ckpt));
         t->side_seconds += fsdp_now() - t0;
     }
-    if (t->val && (c->val_every == 0 || t->step % c->val_every != 0)) {
+    if (t->val && (c->val_every == 0 || t->count.step % c->val_every != 0)) {
         FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
     }
     if (c->out[0]) {
         char created_by[128];
         snprintf(created_by, sizeof(created_by), "fsdpc-train %s, %ld steps", PACKAGE_VERSION,
-                 t->step);
+                 t->count.step);
         FSDP_CHECK(trainer_save_model(t, c->out, created_by));
     }
-    FSDP_CHECK(fsdp_ckpt_cadence_final(t->ckpt, t));
+    FSDP_CHECK(fsdp_ckpt_cadence_final(t->ckpt));
     if (fsdp_trainer_rank(t) == 0) {
         trainer_print_done(t);
     }

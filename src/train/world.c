@@ -6,6 +6,7 @@
 #include "train/world.h"
 #include "comm/group.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "rendezvous/dist.h"
 #include "rendezvous/store.h"
 
@@ -142,4 +143,76 @@ int fsdp_world_agree_store(struct fsdp_dist *d, const char *name, int state, int
         }
     }
     return 0;
+}
+
+// ----------------------------------------------------------------------------
+// the outcome of a step every rank took
+
+/* The error this rank brought to an agreement, put back after it (the
+ * agreement's own calls may clear the thread's record). */
+static int world_restore(int rc, const char *msg, const char *hint)
+{
+    fsdp_err_clear();
+    rc = fsdp_err(rc, "%s", msg);
+    if (hint[0]) {
+        fsdp_err_hint("%s", hint);
+    }
+    return rc;
+}
+
+/* Who reports what, once the states are known (arc: the agreement's own code). */
+static int world_settle(int rank, int size, int rc, int arc, int first, int n, const char *msg,
+                        const char *hint, const char *what)
+{
+    if (arc < 0) { /* nobody knows who failed: the job aborts on this rank's error */
+        return rc < 0 ? world_restore(rc, msg, hint) : arc;
+    }
+    fsdp_err_clear();
+    if (n == 0) {
+        return 0;
+    }
+    if (first != rank) {
+        if (first >= 0) {
+            FSDP_INFO(FSDP_SUB_TRAIN, "rank %d could not %s; it reports why", first, what);
+        } else if (rank == 0) {
+            return fsdp_err(FSDP_ERR_ABORTED, "%d rank%s could not %s", n, n > 1 ? "s" : "", what);
+        }
+        return FSDP_ERR_ABORTED;
+    }
+    char full[1024];
+    if (rc == FSDP_ERR_ABORTED) { /* agreed on before: the message has its class */
+        snprintf(full, sizeof(full), "%s", msg);
+    } else if (n == 1 || n == size) {
+        snprintf(full, sizeof(full), "%s (%s)", msg, fsdp_strerror(rc));
+    } else {
+        snprintf(full, sizeof(full), "%s (%s; %d of %d ranks failed here, this is the lowest)", msg,
+                 fsdp_strerror(rc), n, size);
+    }
+    return world_restore(FSDP_ERR_ABORTED, full, hint);
+}
+
+/* 2: this rank has a message to report, 1: it failed and another reports, 0: fine. */
+static int world_state(int rc)
+{
+    return rc >= 0 ? 0 : fsdp_err_msg()[0] ? 2 : 1;
+}
+
+int fsdp_world_outcome(struct fsdp_world *w, int rc, const char *what)
+{
+    char msg[900], hint[512];
+    int first, n;
+    snprintf(msg, sizeof(msg), "%s", fsdp_err_msg());
+    snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
+    int arc = fsdp_world_agree(w, world_state(rc), &first, &n);
+    return world_settle(w->rank, w->size, rc, arc, first, n, msg, hint, what);
+}
+
+int fsdp_world_outcome_store(struct fsdp_dist *d, const char *name, int rc, const char *what)
+{
+    char msg[900], hint[512];
+    int first, n;
+    snprintf(msg, sizeof(msg), "%s", fsdp_err_msg());
+    snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
+    int arc = fsdp_world_agree_store(d, name, world_state(rc), &first, &n);
+    return world_settle(d ? d->rank : 0, d ? d->world_size : 1, rc, arc, first, n, msg, hint, what);
 }

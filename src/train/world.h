@@ -50,4 +50,18 @@ int fsdp_world_any_failed(struct fsdp_world *w, int rc, int *any);
 int fsdp_world_agree(struct fsdp_world *w, int state, int *first, int *n);
 int fsdp_world_agree_store(struct fsdp_dist *d, const char *name, int state, int *first, int *n);
 
+/*
+ * Agreement on an outcome whose value on this rank is rc: 0 when no rank
+ * failed; otherwise FSDP_ERR_ABORTED on every rank, the message kept (with
+ * the class of its error appended, and how many ranks failed when not all
+ * did) by the lowest rank that has one and cleared on the others, which log
+ * "rank R could not WHAT; it reports why" at info level. Only an agreement
+ * that itself fails (a peer lost) leaves another code: this rank's error,
+ * which need not have happened elsewhere. Collective over w;
+ * fsdp_world_outcome_store over the rendezvous store (name as for
+ * fsdp_world_agree_store), for setup before the world group exists.
+ */
+int fsdp_world_outcome(struct fsdp_world *w, int rc, const char *what);
+int fsdp_world_outcome_store(struct fsdp_dist *d, const char *name, int rc, const char *what);
+
 #endif
