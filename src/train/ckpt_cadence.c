@@ -1,24 +1,17 @@
 /*
- * ckpt_cadence.c - checkpoint cadence, preemption, resume, and the
- * agreement around each save (see ckpt_cadence.h; layout in
- * doc/formats.md). The directory commit itself (renames, fsyncs, latest)
- * is io/ckpt/ckpt_commit.c's; this file decides when it runs and makes every
- * rank agree on each step of a save, so a failure anywhere fails the save
- * everywhere:
- *   1. rank 0 draws a nonce and creates D/.tmp_step_<N>_<nonce>/
- *   2. every shard writer writes and fsyncs its shard_<r>.h5, rank 0 the
- *      index.h5; the agreement that follows is the barrier
- *   3. rank 0 commits the directory as D/step_<N> and moves D/latest to it
- *      (fsdp_ckpt_commit_step), then applies --ckpt-keep to this run's
- *      lineage (cad_retain)
- * A crash at any point leaves either the previous latest or the new one,
- * and every committed step complete; rank 0 puts D back in order at the
- * next start (fsdp_ckpt_commit_recover) before anyone reads it.
+ * ckpt_cadence.c - when the loop checkpoints (see ckpt_cadence.h; layout in
+ * doc/formats.md): the checkpoint directory prepared and put back in order
+ * at the start, the --ckpt-every cadence, the save at the end and on a
+ * signal, each after the save in flight, whether saves run in the
+ * background (--ckpt-async), and --ckpt-keep over this run's lineage. A
+ * save itself, and the agreement around each of its steps, is
+ * ckpt_save.c's; resuming is ckpt_resume.c's.
  */
 #include "config.h"
 #include "train/ckpt_cadence.h"
 #include "train/ckpt_cadence_impl.h"
 #include "train/save_progress.h"
+#include "train/ckpt_async.h"
 #include "train/world.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -257,8 +250,8 @@ int fsdp_cad_retain(struct fsdp_ckpt_cadence *c, long keep, long current, unsign
 }
 
 /* Rank 0: tmp -> step_<N>, latest -> step_<N>, then retention. */
-static int cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, unsigned nonce,
-                      long keep)
+int fsdp_cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, unsigned nonce,
+                    long keep)
 {
     FSDP_CHECK(fsdp_ckpt_commit_step(c->dir, tmp, step, nonce));
     cad_own(c, step);
@@ -266,274 +259,70 @@ static int cad_commit(struct fsdp_ckpt_cadence *c, const char *tmp, long step, u
 }
 
 // ----------------------------------------------------------------------------
-// agreement
+// saves in the background or in the loop
 
-/* All ranks learn whether any failed: FSDP_ERR_ABORTED on every rank then,
- * the message with the lowest rank that failed (fsdp_world_outcome). */
-static int cad_agree_ok(struct fsdp_ckpt_cadence *c, int rc, long step, const char *what)
+/* Bytes of memory the host has available (MemAvailable), 0 when unknown. */
+static double cad_host_available(void)
 {
-    char why[128];
-    snprintf(why, sizeof(why), "%s for checkpoint step %ld", what, step);
-    return fsdp_world_outcome(c->run.world, rc, why);
-}
-
-/* What to check when a save failed here. */
-static void cad_save_hint(const struct fsdp_ckpt_cadence *c)
-{
-    fsdp_err_hint("check free space, quotas and permissions where --ckpt-dir points (df -h %s); "
-                  "--ckpt-keep K keeps fewer checkpoints, --ckpt-keep-going trains on after a "
-                  "failed save", c->dir);
-}
-
-// ----------------------------------------------------------------------------
-// the engine's state in and out of checkpoint files, as row ranges
-
-/* What the checkpoint keeps per parameter: the parameter (kind 0), then the
- * optimizer's state tensors by its names, kind k being the engine's. */
-static int cad_kinds(const struct fsdp_engine *e, struct fsdp_ckpt_kinds *kinds)
-{
-    return fsdp_ckpt_kinds_init(kinds, e->n_state, e->state_names);
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kib = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) {
+            break;
+        }
+    }
+    if (f) {
+        fclose(f);
+    }
+    if (kib > 0) {
+        return kib * 1024.0;
+    }
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
 }
 
 /*
- * A tensor-parallel engine's shard: its pieces are blocks, so every tensor
- * is re-laid out as this shard's whole rows first (save_rows, collective:
- * every rank takes part in the same order, the writers put the rows).
+ * --ckpt-async: on, off, or auto: on when the snapshot of every rank of a
+ * host takes at most half the memory the host has available, on every
+ * host (agreed). A tensor-parallel engine saves in the loop whatever the
+ * flag says: its shard is re-laid out by a collective. Collective.
  */
-static int cad_write_rows(struct fsdp_ckpt_cadence *c, const char *dir,
-                          const struct fsdp_ckpt_meta *meta)
-{
-    struct fsdp_engine *e = c->run.engine;
-    const struct fsdp_model_spec *s = c->run.spec;
-    struct fsdp_ckpt_shard_writer *w = NULL;
-    int rc = 0;
-    float *rows = malloc(fsdp_model_spec_largest(s) * sizeof(float));
-    if (!rows) {
-        rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint: %zu bytes of rows",
-                      fsdp_model_spec_largest(s) * sizeof(float));
-    }
-    struct fsdp_ckpt_kinds kinds;
-    if (rc == 0 && e->writes_state) {
-        rc = cad_kinds(e, &kinds);
-        rc = rc < 0 ? rc
-                    : fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, s, &kinds, &w);
-        fsdp_save_progress_total(&c->progress, (size_t)(e->n_state + 1) * s->n_params);
-    }
-    for (int k = 0; k <= e->n_state; k++) {
-        for (size_t i = 0; i < s->n_params; i++) {
-            /* a collective: every rank takes part after a local failure too */
-            int src = e->ops->save_rows(e, k, i, rc == 0 ? rows : NULL);
-            if (src < 0) {
-                fsdp_ckpt_shard_destroy(w);
-                free(rows);
-                return src; /* a collective failed: every rank hears of it */
-            }
-            if (rc == 0 && w) {
-                rc = fsdp_ckpt_shard_put(w, k, i, rows);
-                fsdp_save_progress_tick(&c->progress);
-            }
-        }
-    }
-    if (rc == 0 && w) {
-        rc = fsdp_ckpt_shard_commit(w);
-    }
-    fsdp_ckpt_shard_destroy(w);
-    free(rows);
-    return rc;
-}
-
-/*
- * This rank's shard file (when it writes one: the first replica's ranks)
- * from the engine's pieces, straight from its shards (no gather). Returns
- * this rank's status only: the caller agrees on the outcome.
- */
-static int cad_write_state(struct fsdp_ckpt_cadence *c, const char *dir,
-                           const struct fsdp_ckpt_meta *meta)
-{
-    struct fsdp_engine *e = c->run.engine;
-    const struct fsdp_model_spec *spec = c->run.spec;
-    FSDP_CHECK(e->ops->state_changed(e));
-    if (e->blocks) {
-        return cad_write_rows(c, dir, meta);
-    }
-    if (e->writes_state) {
-        struct fsdp_ckpt_shard_writer *w = NULL;
-        struct fsdp_ckpt_kinds kinds;
-        FSDP_CHECK(cad_kinds(e, &kinds));
-        FSDP_CHECK(
-            fsdp_ckpt_shard_create(dir, e->shard, e->n_shards, meta->step, spec, &kinds, &w));
-        int rc = 0;
-        size_t n = e->ops->n_pieces(e);
-        struct fsdp_stage st;
-        fsdp_stage_init(&st, c->run.dev);
-        fsdp_save_progress_total(&c->progress, n);
-        for (size_t k = 0; k < n && rc == 0; k++) {
-            struct fsdp_state_piece pc = {0};
-            const float *host;
-            e->ops->piece(e, k, &pc);
-            size_t cols = fsdp_state_piece_cols(&pc, spec->params[pc.param].shape[1]);
-            rc = fsdp_stage_read(&st, pc.data, pc.rows * cols, &host);
-            rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, pc.kind, pc.param, host);
-            fsdp_save_progress_tick(&c->progress);
-        }
-        fsdp_stage_free(&st);
-        if (rc == 0) {
-            rc = fsdp_ckpt_shard_commit(w);
-        }
-        fsdp_ckpt_shard_destroy(w);
-        FSDP_CHECK(rc);
-    }
-    return 0;
-}
-
-/* On rank 0, once every shard is written: the index with meta and the
- * engine's counters (it records the checksums of every shard). */
-static int cad_write_index(struct fsdp_ckpt_cadence *c, const char *dir,
-                           const struct fsdp_ckpt_meta *meta)
+static int cad_choose_async(struct fsdp_ckpt_cadence *c)
 {
     const struct fsdp_ckpt_run *r = &c->run;
-    struct fsdp_engine *e = r->engine;
-    struct fsdp_ckpt_meta m = *meta;
-    struct fsdp_ckpt_kinds kinds;
-    struct fsdp_engine_counters cn;
-    FSDP_CHECK(cad_kinds(e, &kinds));
-    e->ops->get_counters(e, &cn);
-    m.n_shards = e->n_shards;
-    m.world_size = r->world->size;
-    snprintf(m.mesh, sizeof(m.mesh), "%s", r->mesh);
-    snprintf(m.backends, sizeof(m.backends), "%s", r->backends);
-    m.adam_step = cn.opt_step;
-    m.loss_scale = cn.loss_scale;
-    m.scale_good_steps = cn.scale_good_steps;
-    m.skipped_steps = cn.skipped_steps;
-    return fsdp_ckpt_index_write(dir, r->spec, &kinds, &m);
-}
-
-/* The resolved config as 'key = value' lines. */
-static int cad_config_text(const struct fsdp_train_config *cfg, char *buf, size_t len)
-{
-    /* the option table comes with a config to point at; cfg's values are read */
-    struct fsdp_train_config *scratch = malloc(sizeof(*scratch));
-    struct fsdp_optset set;
-    char value[1024];
-    size_t used = 0;
-    if (!scratch) {
-        return fsdp_err(FSDP_ERR_NOMEM, "checkpoint config text");
+    const int mode = r->cfg->ckpt_async;
+    if (mode == FSDP_CKPT_ASYNC_OFF) {
+        return 0;
     }
-    fsdp_train_config_init(scratch, &set);
-    set.base = (void *)cfg;
-    buf[0] = '\0';
-    for (size_t i = 0; i < set.n && used < len; i++) {
-        if (set.opts[i].flags & FSDP_OPT_HIDDEN) {
-            continue;
-        }
-        fsdp_opt_format_value(&set, i, value, sizeof(value));
-        int n = snprintf(buf + used, len - used, "%s = %s\n", set.opts[i].name, value);
-        used += n > 0 ? (size_t)n : 0;
-    }
-    free(scratch);
-    return 0;
-}
-
-/* What index.h5 records besides the tensors and the engine's counters. */
-static int cad_meta(const struct fsdp_ckpt_run *r, long step, struct fsdp_ckpt_meta *meta)
-{
-    struct fsdp_dataloader_state ds;
-    meta->step = step;
-    meta->tokens_seen = r->count->tokens_seen;
-    meta->seed = r->cfg->seed;
-    fsdp_dataloader_get_state(r->train, &ds);
-    meta->data_position = ds.position;
-    meta->data_epoch = ds.epoch;
-    meta->data_n_tokens = ds.n_tokens;
-    snprintf(meta->created_by, sizeof(meta->created_by), "fsdpc-train %s, step %ld",
-             PACKAGE_VERSION, step);
-    return cad_config_text(r->cfg, meta->config, sizeof(meta->config));
-}
-
-static int cad_save(struct fsdp_ckpt_cadence *c)
-{
-    const struct fsdp_ckpt_run *r = &c->run;
-    const long step = r->count->step;
-    char tmp[CAD_PATH_MAX];
-    int32_t nonce = 0;
-    int rc = 0;
-    c->last_tried = step;
-    fsdp_save_progress_start(&c->progress, c->rank, step, c->dir);
-    if (c->rank == 0) {
-        nonce = (int32_t)(((unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL) ^
-                           (unsigned)step * 40503u) & 0x7fffffffu);
-    }
-    FSDP_CHECK(fsdp_world_broadcast(r->world, &nonce, 0));
-    rc = fsdp_ckpt_commit_tmp_path(tmp, sizeof(tmp), c->dir, step, (unsigned)nonce);
-    if (rc == 0 && c->rank == 0 && mkdir(tmp, 0755) != 0) {
-        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    }
-    FSDP_CHECK(cad_agree_ok(c, rc, step, "create the temporary directory"));
-
-    struct fsdp_ckpt_meta *meta = calloc(1, sizeof(*meta));
-    rc = meta ? cad_meta(r, step, meta) : fsdp_err(FSDP_ERR_NOMEM, "checkpoint metadata");
-    const double t_save = fsdp_now();
-    if (rc == 0) {
-        rc = cad_write_state(c, tmp, meta);
-    }
-    if (rc < 0) {
-        cad_save_hint(c);
-    }
-    rc = cad_agree_ok(c, rc, step, "write its shard");
-    if (rc == 0 && c->rank == 0) {
-        rc = cad_write_index(c, tmp, meta);
-    }
-    free(meta);
-    if (rc == 0 && c->rank == 0) {
-        rc = cad_commit(c, tmp, step, (unsigned)nonce, r->cfg->ckpt_keep);
-    }
-    if (rc < 0 && c->rank == 0) {
-        cad_save_hint(c);
-    }
-    rc = cad_agree_ok(c, rc, step, "commit the checkpoint");
-    if (rc < 0) {
-        if (c->rank == 0) {
-            char msg[1024], hint[512];
-            fsdp_err_take(msg, sizeof(msg));
-            snprintf(hint, sizeof(hint), "%s", fsdp_err_hint_msg());
-            fsdp_file_rmtree(tmp);
-            fsdp_err_clear();
-            if (msg[0]) { /* rank 0 is the one that reports it */
-                rc = fsdp_err(rc, "%s", msg);
-                if (hint[0]) {
-                    fsdp_err_hint("%s", hint);
-                }
-            }
-        }
-        return rc;
-    }
-    c->last_saved = step;
-    if (c->rank == 0) {
-        char final[CAD_PATH_MAX], rate[96];
-        snprintf(final, sizeof(final), "%s/step_%ld", c->dir, step);
-        fsdp_cad_rate_str(fsdp_cad_dir_bytes(final), fsdp_now() - t_save, rate, sizeof(rate));
-        FSDP_INFO(FSDP_SUB_TRAIN, "checkpoint step %ld written to %s (%s, all ranks, fsync "
-                  "and commit included)", step, final, rate);
-    }
-    return 0;
-}
-
-/* A failed save: the error, or with ckpt-keep-going a warning. */
-static int cad_save_checked(struct fsdp_ckpt_cadence *c)
-{
-    int rc = cad_save(c);
-    if (rc < 0 && c->run.cfg->ckpt_keep_going) {
-        char msg[1024];
-        fsdp_err_take(msg, sizeof(msg));
-        fsdp_err_clear();
-        if (msg[0]) { /* the rank that reports it; the others were told */
+    if (r->engine->blocks) {
+        if (mode == FSDP_CKPT_ASYNC_ON && c->rank == 0) {
             FSDP_WARN(FSDP_SUB_TRAIN,
-                      "checkpoint step %ld failed: %s; training continues "
-                      "(ckpt-keep-going)",
-                      c->run.count->step, msg);
+                      "ckpt-async on: a tensor-parallel run's checkpoints are "
+                      "saved in the loop (their rows are re-laid out by a collective)");
         }
         return 0;
+    }
+    const double bytes = (double)fsdp_ckpt_async_bytes(r->engine, r->spec);
+    const double avail = cad_host_available();
+    int32_t fits = mode == FSDP_CKPT_ASYNC_ON || bytes * r->local_ranks <= 0.5 * avail;
+    FSDP_CHECK(fsdp_world_min(r->world, &fits, 1));
+    if (!fits) {
+        if (c->rank == 0) {
+            FSDP_INFO(FSDP_SUB_TRAIN,
+                      "checkpoints are saved in the loop: a snapshot of %.1f MiB "
+                      "per rank, %d rank%s on a host, is over half the memory a host has "
+                      "available (--ckpt-async on writes them in the background anyway)",
+                      bytes / 1048576.0, r->local_ranks, r->local_ranks > 1 ? "s" : "");
+        }
+        return 0;
+    }
+    int rc = fsdp_ckpt_async_create(r->engine, r->spec, r->dev, &c->async);
+    if (rc == 0 && c->rank == 0) {
+        FSDP_INFO(FSDP_SUB_TRAIN,
+                  "checkpoint shards are written in the background from a "
+                  "snapshot of %.1f MiB of pinned host memory per rank (--ckpt-async)",
+                  bytes / 1048576.0);
     }
     return rc;
 }
@@ -582,6 +371,10 @@ int fsdp_ckpt_cadence_create(const struct fsdp_ckpt_run *run, struct fsdp_ckpt_c
         }
     }
     rc = fsdp_world_outcome(run->world, rc, "prepare ckpt-dir");
+    if (rc == 0) {
+        rc =
+            fsdp_world_outcome(run->world, cad_choose_async(c), "allocate the checkpoint snapshot");
+    }
     if (rc < 0) {
         fsdp_ckpt_cadence_destroy(c);
         return rc;
@@ -595,28 +388,56 @@ int fsdp_ckpt_cadence_create(const struct fsdp_ckpt_run *run, struct fsdp_ckpt_c
 void fsdp_ckpt_cadence_destroy(struct fsdp_ckpt_cadence *c)
 {
     if (c) {
+        fsdp_ckpt_async_destroy(c->async); /* an uncommitted write: recovered at the next start */
         free(c->foreign);
     }
     free(c);
 }
 
+int fsdp_ckpt_cadence_wait(struct fsdp_ckpt_cadence *c)
+{
+    return c ? fsdp_cad_poll(c, 1) : 0;
+}
+
 int fsdp_ckpt_cadence_save_now(struct fsdp_ckpt_cadence *c)
 {
-    return c ? cad_save(c) : 0;
+    if (!c) {
+        return 0;
+    }
+    FSDP_CHECK(fsdp_cad_poll(c, 1));
+    return fsdp_cad_save(c, 0); /* the run ends after it: nothing to overlap */
 }
 
 int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c)
 {
-    if (c && c->run.cfg->ckpt_every > 0 && c->run.count->step % c->run.cfg->ckpt_every == 0) {
-        return cad_save_checked(c);
+    if (!c) {
+        return 0;
     }
-    return 0;
+    FSDP_CHECK(fsdp_cad_poll(c, 0));
+    const long step = c->run.count->step, every = c->run.cfg->ckpt_every;
+    if (every == 0 || step % every != 0) {
+        return 0;
+    }
+    if (c->in_flight) {
+        if (c->rank == 0) {
+            FSDP_INFO(FSDP_SUB_TRAIN,
+                      "checkpoint step %ld waits for the save of step %ld, still "
+                      "being written",
+                      step, c->cur.step);
+        }
+        FSDP_CHECK(fsdp_cad_poll(c, 1));
+    }
+    return fsdp_cad_save_checked(c, 1);
 }
 
 int fsdp_ckpt_cadence_final(struct fsdp_ckpt_cadence *c)
 {
-    if (!c || c->last_tried == c->run.count->step) {
+    if (!c) {
+        return 0;
+    }
+    FSDP_CHECK(fsdp_cad_poll(c, 1));
+    if (c->last_tried == c->run.count->step) {
         return 0; /* saved (or, with ckpt-keep-going, tried and logged) after this step */
     }
-    return cad_save_checked(c);
+    return fsdp_cad_save_checked(c, 0);
 }

@@ -38,6 +38,7 @@ struct fsdp_ckpt_run {
     const struct fsdp_uneven *uneven;     /* NULL without epochs */
     int per_rank_data;                    /* data names one file per rank ({rank}) */
     int data_world;                       /* data-parallel ranks (every dimension but tp) */
+    int local_ranks;                      /* ranks on this host (the snapshot's memory bound) */
     const char *mesh, *backends;          /* as the mesh reports them; "single rank", "none" */
     const struct fsdp_lr_schedule *sched; /* this run's (its steps: the planned length) */
     struct fsdp_run_counters *count;      /* the trainer's: read at a save, set by a resume */
@@ -68,14 +69,28 @@ int fsdp_ckpt_resume(struct fsdp_ckpt_cadence *c, const struct fsdp_ckpt_run *ru
  * --resume for it (ckpt_damage.c; reads older steps). Returns rc. */
 int fsdp_ckpt_damage_hint(const char *path, int rc);
 
-/* After each step: saves when the cadence (ckpt-every) says so. c may be NULL. */
+/* After each step: commits the save in flight when every rank's write is
+ * done, and saves when the cadence (ckpt-every) says so (after the save in
+ * flight, which it waits for and says so). c may be NULL. */
 int fsdp_ckpt_cadence_after_step(struct fsdp_ckpt_cadence *c);
 
-/* A save of the step just done, now (a run stopped by a signal); a failure
- * is an error whatever ckpt-keep-going says. c may be NULL. */
+/* A save of the step just done, now (a run stopped by a signal), after the
+ * save in flight; a failure of this one is an error whatever
+ * ckpt-keep-going says. c may be NULL. */
 int fsdp_ckpt_cadence_save_now(struct fsdp_ckpt_cadence *c);
 
-/* The save at the end of training (unless this step was just saved). */
+/* The save at the end of training (unless this step was just saved),
+ * after the save in flight. */
 int fsdp_ckpt_cadence_final(struct fsdp_ckpt_cadence *c);
+
+/*
+ * With --ckpt-async, a save's shards are written by a thread while the
+ * loop goes on: fsdp_ckpt_cadence_after_step takes the snapshot and starts
+ * it, and at each later step agrees whether every rank's write is done and
+ * commits the checkpoint then. This waits for the save in flight and
+ * commits it (nothing when none is). Before any other HDF5 use of the
+ * process (the --out model); the saves above wait by themselves. Collective.
+ */
+int fsdp_ckpt_cadence_wait(struct fsdp_ckpt_cadence *c);
 
 #endif

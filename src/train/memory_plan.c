@@ -21,6 +21,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/spec.h"
+#include "core/util.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -73,6 +74,26 @@ static int plan_mesh(const struct fsdp_train_config *c, struct fsdp_shard_shape 
     return 0;
 }
 
+/* --ckpt-async's snapshot on the largest writer (dp rank 0 of the first
+ * replica): its rows of every parameter, once per state kind; 0 where the
+ * saves stay in the loop (off, or tensor parallelism). What
+ * fsdp_ckpt_async_bytes finds on that rank's engine. */
+static size_t plan_snapshot(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
+                            const struct fsdp_shard_shape *sh, int kinds)
+{
+    size_t floats = 0;
+    if (c->ckpt_async == FSDP_CKPT_ASYNC_OFF || sh->tp > 1) {
+        return 0;
+    }
+    for (size_t i = 0; i < spec->n_params; i++) {
+        const struct fsdp_param_spec *p = &spec->params[i];
+        size_t row0, rows;
+        fsdp_split_even(p->shape[0], (size_t)sh->dp, 0, &row0, &rows);
+        floats += rows * p->shape[1];
+    }
+    return floats * (size_t)kinds * sizeof(float);
+}
+
 static void plan_row(FILE *fp, const char *what, size_t bytes)
 {
     fprintf(fp, "  %-52s %16zu  %10.2f MiB\n", what, bytes, (double)bytes / 1048576.0);
@@ -105,7 +126,8 @@ static int plan_largest(const struct fsdp_model_spec *spec, struct fsdp_shard_sh
 
 static void plan_print(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
                        const char *model, const char *mesh, const struct fsdp_shard_shape *w,
-                       const struct fsdp_engine_stats *st, struct fsdp_device *dev, FILE *fp)
+                       const struct fsdp_engine_stats *st, size_t snapshot, struct fsdp_device *dev,
+                       FILE *fp)
 {
     static const char *const shard[] = {"full", "grad-op", "none"}; /* enum fsdp_sharding */
     char desc[256], line[512];
@@ -147,6 +169,9 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
     if (st->ckpt_bytes) {
         plan_row(fp, "+ from the first checkpoint on (tensor re-layout)", st->ckpt_bytes);
     }
+    if (snapshot) {
+        plan_row(fp, "+ host, pinned: checkpoint snapshot (--ckpt-async)", snapshot);
+    }
     if (st->gather_bytes && c->out[0]) {
         plan_row(fp, "+ while --out is written (one unit gathered whole)", st->gather_bytes);
     }
@@ -183,7 +208,10 @@ int fsdp_train_print_memory(const struct fsdp_train_config *c, FILE *fp)
     fsdp_train_config_optim(c, &oc);
     FSDP_CHECK_GOTO(fsdp_device_create(c->device, 0, &dev), rc, out);
     FSDP_CHECK_GOTO(plan_largest(spec, sh, dev, &oc, &sc, &st, &where), rc, out);
-    plan_print(c, spec, model, mesh, &where, &st, dev, fp);
+    struct fsdp_optimizer opt;
+    fsdp_adamw_init(&opt, &oc, spec, dev);
+    plan_print(c, spec, model, mesh, &where, &st, plan_snapshot(c, spec, &sh, 1 + opt.n_state), dev,
+               fp);
     fflush(fp);
 out:
     fsdp_device_destroy(dev);

@@ -129,6 +129,10 @@ static const struct fsdp_opt train_opts[] = {
      "keep only the newest K checkpoints (0: keep all)", 0},
     {"ckpt-keep-going", FSDP_OPT_FLAG, F(ckpt_keep_going), 0, 0, 0, NULL, "", 0,
      "log a failed checkpoint save and keep training (default: stop with the error)", 0},
+    {"ckpt-async", FSDP_OPT_CHOICE, F(ckpt_async), 0, 0, 0, "auto|on|off", "WHEN", 0,
+     "write checkpoint shards in the background from a snapshot of the state (auto: when the "
+     "snapshot takes under half the host's available memory and there is no tp)",
+     0},
     /* a bare --resume (or "resume =" in a file) means latest */
     {"resume", FSDP_OPT_STR, F(resume), S(resume), 0, 0, "latest", "latest|required|PATH",
      FSDP_OPT_OPTIONAL_VALUE,

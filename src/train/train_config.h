@@ -20,6 +20,12 @@ enum fsdp_lr_kind {
     FSDP_LR_CONSTANT,
 };
 
+enum fsdp_ckpt_async_mode {
+    FSDP_CKPT_ASYNC_AUTO = 0, /* order matches the choice string "auto|on|off" */
+    FSDP_CKPT_ASYNC_ON,
+    FSDP_CKPT_ASYNC_OFF,
+};
+
 enum fsdp_uneven_kind {
     FSDP_UNEVEN_JOIN = 0, /* order matches the choice string "join|stop" */
     FSDP_UNEVEN_STOP,
@@ -81,6 +87,7 @@ struct fsdp_train_config {
     long ckpt_every;         /* save every N steps (0: only at the end and on preemption) */
     long ckpt_keep;          /* keep the newest K checkpoints (0: keep all) */
     int ckpt_keep_going;     /* a failed save is logged and training continues */
+    int ckpt_async;          /* enum fsdp_ckpt_async_mode: shards written in the background */
     char resume[FSDP_TRAIN_PATH_MAX]; /* "latest" (of ckpt-dir; also a bare --resume; none yet:
                                          start from the model, with a warning), "required"
                                          (latest, and none is an error), a checkpoint path,

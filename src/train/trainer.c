@@ -151,6 +151,7 @@ static struct fsdp_ckpt_run trainer_ckpt_run(struct fsdp_trainer *t)
                                   .uneven = t->uneven,
                                   .per_rank_data = t->per_rank_data,
                                   .data_world = t->data_world,
+                                  .local_ranks = t->dist ? t->dist->local_size : 1,
                                   .mesh = t->mesh ? t->mesh->spec : "single rank",
                                   .backends = t->mesh ? t->mesh->backends : "none",
                                   .sched = &t->sched,

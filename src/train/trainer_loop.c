@@ -490,6 +490,9 @@ int fsdp_trainer_run(struct fsdp_trainer *t)
     if (t->val && (c->val_every == 0 || t->count.step % c->val_every != 0)) {
         FSDP_CHECK(fsdp_trainer_validate(t, &val_loss));
     }
+    /* the save in flight is committed first: the model file is HDF5 too, which one
+     * thread at a time may call */
+    FSDP_CHECK(fsdp_ckpt_cadence_wait(t->ckpt));
     if (c->out[0]) {
         char created_by[128];
         snprintf(created_by, sizeof(created_by), "fsdpc-train %s, %ld steps", PACKAGE_VERSION,

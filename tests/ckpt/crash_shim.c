@@ -26,6 +26,7 @@ static long shim_count;
 static char shim_under[4096];
 static int shim_note = -1;
 static int shim_no_exchange;
+static long shim_slow_us; /* sleep before each counted call (a slow file system) */
 
 void crash_shim_arm(long k, const char *under, int note_fd, int no_exchange)
 {
@@ -40,6 +41,8 @@ __attribute__((constructor)) static void shim_from_env(void)
 {
     const char *at = getenv("FSDPC_CRASH_AT"), *under = getenv("FSDPC_CRASH_UNDER");
     const char *note = getenv("FSDPC_CRASH_NOTE"), *nox = getenv("FSDPC_CRASH_NO_EXCHANGE");
+    const char *slow = getenv("FSDPC_CRASH_SLOW_MS");
+    shim_slow_us = slow ? atol(slow) * 1000 : 0;
     if (!at && !under && !note && !nox) {
         return; /* linked into a test: armed by crash_shim_arm */
     }
@@ -85,6 +88,9 @@ static void shim_boundary(const char *call, const char *a, const char *b)
     }
     if (shim_at > 0 && k == shim_at) {
         _exit(CRASH_SHIM_STATUS);
+    }
+    if (shim_slow_us > 0) {
+        usleep((useconds_t)shim_slow_us);
     }
 }
 

@@ -9,6 +9,8 @@
  *   FSDPC_CRASH_NOTE=FILE     one line per counted call, "<k> <call> <paths>"
  *   FSDPC_CRASH_NO_EXCHANGE=1 renameat2(RENAME_EXCHANGE) fails with EINVAL,
  *                             as on a file system that cannot exchange
+ *   FSDPC_CRASH_SLOW_MS=ms    sleep ms before each counted call, as on a slow
+ *                             file system (a save that outlasts some steps)
  * Counted calls: mkdir, open/open64 for writing or creating, write, pwrite,
  * posix_fallocate, fsync, fdatasync, rename, renameat, renameat2, symlink,
  * unlink, rmdir, remove; every call through which a save or a recovery

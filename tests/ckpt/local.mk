@@ -20,6 +20,12 @@ tests_ckpt_crash_shim_so_LDADD = -ldl
 dist_check_SCRIPTS += tests/ckpt/test_ckpt_rollback.sh
 TESTS += tests/ckpt/test_ckpt_crash tests/ckpt/test_ckpt_rollback.sh
 
+# Saves in the background (--ckpt-async): the synchronous saves' bytes, a
+# resume, a signal while one is in flight, and a crash at every call of one
+# (crash_shim.so preloaded, also as a slow file system).
+dist_check_SCRIPTS += tests/ckpt/test_ckpt_async.sh
+TESTS += tests/ckpt/test_ckpt_async.sh
+
 # Readers refuse files that would take bytes from other files; faults of
 # the readers (FIFOs, escapes in names, huge safetensors headers).
 dist_check_SCRIPTS += tests/ckpt/test_ckpt_escape.sh tests/ckpt/test_reader_faults.sh

@@ -24,10 +24,11 @@ tap_ok $? "io reads no global architecture table"
 
 # The files that see the run through a narrow interface (the world, the
 # engine, the settings, the trainer's counters) include no trainer header:
-# checkpoint cadence and resume (struct fsdp_ckpt_run), uneven inputs
+# checkpoint cadence, saves and resume (struct fsdp_ckpt_run), uneven inputs
 # (struct fsdp_uneven_run).
 NARROW="src/train/ckpt_cadence.c src/train/ckpt_cadence.h src/train/ckpt_cadence_impl.h
-src/train/ckpt_resume.c src/train/ckpt_damage.c src/train/uneven.c src/train/uneven.h"
+src/train/ckpt_save.c src/train/ckpt_async.c src/train/ckpt_async.h src/train/ckpt_resume.c
+src/train/ckpt_damage.c src/train/uneven.c src/train/uneven.h"
 # trainer_includes ROOT: the narrow files under ROOT that include trainer.h or trainer_impl.h
 trainer_includes() {
     for f in $NARROW; do
@@ -36,7 +37,7 @@ trainer_includes() {
 }
 uses=$(trainer_includes "$top_srcdir")
 [ -z "$uses" ] || tap_diag "$uses"
-[ -z "$uses" ] && [ "$(for f in $NARROW; do [ -f "$top_srcdir/$f" ] && echo "$f"; done | wc -l)" -eq 7 ]
+[ -z "$uses" ] && [ "$(for f in $NARROW; do [ -f "$top_srcdir/$f" ] && echo "$f"; done | wc -l)" -eq 10 ]
 tap_ok $? "checkpoint cadence, resume and uneven inputs include no trainer header"
 mkdir -p "$W/n/src/train"
 printf '#include "train/world.h"\n#include "train/trainer.h"\n' > "$W/n/src/train/ckpt_resume.c"

@@ -13,6 +13,7 @@
 #  - the refusals are one line each (no such model or preset, a mesh
 #    dimension the trainer does not use, a tp the heads do not divide, a
 #    seq-len past the context, a missing --batch-size);
+#  - the checkpoint snapshot of --ckpt-async is the bytes a run's takes;
 #  - under a launcher the plan is printed once, by rank 0.
 . "$top_srcdir/tests/tap.sh"
 
@@ -111,6 +112,28 @@ tap_ok $? "twice the shards, less per rank ($t2 < $total bytes)"
     grep -q "^mesh: dp=1 (1 rank)" "$W/1b.out" &&
     [ "$(row "$W/1b.out" "parameter shards")" -eq $((1235814400 * 4)) ]
 tap_ok $? "one rank without --mesh: the whole model's f32 weights"
+
+# ---------------------------------------------------------------------------
+# --ckpt-async's snapshot: the plan's row is the bytes the run's snapshot
+# takes on its largest rank (dp rank 0 of uneven rows); none with tp, none
+# with the saves in the loop
+
+# shellcheck disable=SC2086
+FSDPC_LOG=warn,train=debug timeout 120 $MPIEXEC -n 3 "$TRAIN" --model "$W/g.h5" \
+    --data "$W/train.bin" --lr 1e-3 --steps 1 --batch-size 1 --seq-len 16 --mesh dp=3 \
+    --backend tcp --ckpt-dir "$W/ck" --ckpt-every 1 --ckpt-async on > "$W/run.out" 2> "$W/run.err"
+real=$(sed -n 's/.*checkpoint step 1: snapshot of \([0-9]*\) bytes taken.*/\1/p' "$W/run.err")
+"$TRAIN" --print-memory --model "$W/g.h5" --batch-size 1 --seq-len 16 --mesh dp=3 \
+    > "$W/snap.out" 2>&1
+plan=$(row "$W/snap.out" "+ host, pinned: checkpoint snapshot")
+[ -n "$real" ] && [ "$real" = "$plan" ]
+tap_ok $? "dp=3: the planned checkpoint snapshot is the run's ($plan = $real bytes)"
+"$TRAIN" --print-memory --model "$W/g.h5" --batch-size 1 --seq-len 16 --mesh tp=2 \
+    > "$W/snap.out" 2>&1 &&
+    "$TRAIN" --print-memory --model "$W/g.h5" --batch-size 1 --seq-len 16 --ckpt-async off \
+        > "$W/snap2.out" 2>&1 && grep -q '^  total, held' "$W/snap.out" &&
+    ! grep -q 'checkpoint snapshot' "$W/snap.out" "$W/snap2.out"
+tap_ok $? "no snapshot row with tp (saved in the loop) or with --ckpt-async off"
 
 # ---------------------------------------------------------------------------
 # refusals: one line, non-zero exit
