@@ -55,3 +55,32 @@ losses() {
 have_h5py() {
     "$PY" -c 'import h5py, numpy' > /dev/null 2>&1
 }
+
+# crash_restart CALLS K ARGS...: fsdpc-train $COMMON ARGS on one rank, on a
+# fresh copy of $W/base in $W/ck (ARGS name it as --ckpt-dir), killed before
+# its call K under $W/ck (crash_shim.so, $SHIM; FSDPC_CRASH_NO_EXCHANGE from
+# the environment), then a restart that resumes latest and trains to step 6,
+# its metrics in $W/m.jsonl. 1 with $crash_msg naming call K (as the calls
+# file CALLS lists it) when the run was not killed there or the restart
+# failed.
+crash_restart() {
+    calls=$1 k=$2
+    shift 2
+    rm -rf "$W/ck" "$W/m.jsonl"
+    cp -R -P "$W/base" "$W/ck"
+    # shellcheck disable=SC2086
+    timeout 60 env LD_PRELOAD="$SHIM" FSDPC_CRASH_AT="$k" FSDPC_CRASH_UNDER="$W/ck" "$TRAIN" \
+        $COMMON "$@" > "$W/crash.out" 2>&1
+    rc=$?
+    call=$(awk -v k="$k" '$1 == k { print $2, $NF }' "$calls" | sed "s|$W/ck/||g")
+    if [ $rc -ne 113 ]; then
+        crash_msg="call $k ($call): the run was not killed there (rc $rc)"
+        return 1
+    fi
+    if ! train 1 --batch-size 4 --steps 6 --ckpt-dir "$W/ck" --resume latest \
+        --metrics "$W/m.jsonl"; then
+        crash_msg="call $k ($call): the restart failed: $(grep fsdpc "$W/last.out" | tail -n 1)"
+        return 1
+    fi
+    return 0
+}

@@ -139,24 +139,11 @@ points=0
 bad=0
 msg=""
 for k in $(awk '$2 !~ /^pwrite/ || $1 % 25 == 0 { print $1 }' "$W/calls"); do
-    rm -rf "$W/ck" "$W/m.jsonl"
-    cp -R -P "$W/base" "$W/ck"
-    # shellcheck disable=SC2086
-    timeout 60 env LD_PRELOAD="$SHIM" FSDPC_CRASH_AT="$k" FSDPC_CRASH_UNDER="$W/ck" "$TRAIN" \
-        $COMMON --batch-size 4 --steps 6 --ckpt-every 2 --ckpt-dir "$W/ck" --resume latest \
-        --ckpt-async on > "$W/crash.out" 2>&1
-    rc=$?
     points=$((points + 1))
-    call=$(awk -v k="$k" '$1 == k { print $2, $NF }' "$W/calls" | sed "s|$W/ck/||g")
-    if [ $rc -ne 113 ]; then
+    if ! crash_restart "$W/calls" "$k" --batch-size 4 --steps 6 --ckpt-every 2 \
+        --ckpt-dir "$W/ck" --resume latest --ckpt-async on; then
         bad=$((bad + 1))
-        msg="call $k ($call): the run was not killed there (rc $rc)"
-        continue
-    fi
-    if ! train 1 --batch-size 4 --steps 6 --ckpt-dir "$W/ck" --resume latest \
-        --metrics "$W/m.jsonl"; then
-        bad=$((bad + 1))
-        msg="call $k ($call): the restart failed: $(grep fsdpc "$W/last.out" | tail -n 1)"
+        msg=$crash_msg
         continue
     fi
     # the step the restart resumed from: the newest committed before the kill

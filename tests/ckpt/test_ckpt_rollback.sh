@@ -66,25 +66,14 @@ kill_each() {
     msg=""
     ref5=$(loss_of "$W/ref.jsonl" 5)
     ref6=$(loss_of "$W/ref.jsonl" 6)
+    FSDPC_CRASH_NO_EXCHANGE=$mode
+    export FSDPC_CRASH_NO_EXCHANGE
     for k in $(awk '$2 !~ /^pwrite/ || $1 % 25 == 0 { print $1 }' "$W/calls.$mode"); do
-        rm -rf "$W/ck" "$W/m.jsonl"
-        cp -R -P "$W/base" "$W/ck"
-        # shellcheck disable=SC2086
-        timeout 60 env LD_PRELOAD="$SHIM" FSDPC_CRASH_AT="$k" FSDPC_CRASH_UNDER="$W/ck" \
-            FSDPC_CRASH_NO_EXCHANGE="$mode" "$TRAIN" $COMMON --batch-size 4 --steps 4 \
-            --ckpt-every 2 --ckpt-dir "$W/ck" --resume "$W/ck/step_2" > "$W/crash.out" 2>&1
-        rc=$?
         points=$((points + 1))
-        call=$(awk -v k="$k" '$1 == k { print $2, $NF }' "$W/calls.$mode" | sed "s|$W/ck/||g")
-        if [ $rc -ne 113 ]; then
+        if ! crash_restart "$W/calls.$mode" "$k" --batch-size 4 --steps 4 --ckpt-every 2 \
+            --ckpt-dir "$W/ck" --resume "$W/ck/step_2"; then
             bad=$((bad + 1))
-            msg="call $k ($call): the run was not killed there (rc $rc)"
-            continue
-        fi
-        if ! train 1 --batch-size 4 --steps 6 --ckpt-dir "$W/ck" --resume latest \
-            --metrics "$W/m.jsonl"; then
-            bad=$((bad + 1))
-            msg="call $k ($call): the restart failed: $(grep fsdpc "$W/last.out" | tail -n 1)"
+            msg=$crash_msg
             continue
         fi
         grep -q 'step_4 restored from the copy a save of that step moved aside' "$W/last.out" &&
@@ -99,6 +88,7 @@ kill_each() {
             msg="call $k ($call): first step $first, losses 5, 6: $(loss_of "$W/m.jsonl" 5) $(loss_of "$W/m.jsonl" 6), expected $ref5 $ref6; $(ls -a "$W/ck" | tr '\n' ' ')"
         fi
     done
+    unset FSDPC_CRASH_NO_EXCHANGE
 }
 
 for mode in 0 1; do
