@@ -11,7 +11,9 @@
 #   - stall: the wall time between the end of the step saved and the start
 #     of the next, from the metrics file (the step's end is its "time", the
 #     next step's start is its own "time" less its "ms"); the steps before
-#     a save give the baseline gap (the per-step vote);
+#     a save give the baseline gap (the per-step vote); in the background
+#     the commit (index, renames, fsyncs) runs at a later boundary: the
+#     largest gap of the 3 after the save is counted with it;
 #   - snapshot: with --ckpt-async on, the copy of the rank's pieces into
 #     the snapshot, as rank 0 logs it (FSDPC_LOG=train=debug);
 #   - the first two steps after the save (during the background write) and
@@ -44,7 +46,8 @@ gaps() {
         awk 'NR > 1 { printf "%d %.4f %.1f\n", $1 - 1, $3 - $2 / 1000 - t, $2 } { t = $3 }'
 }
 
-: > off_stall.txt; : > on_stall.txt; : > on_snap.txt; : > base_gap.txt
+: > off_stall.txt; : > on_stall.txt; : > off_commit.txt; : > on_commit.txt; : > off_total.txt
+: > on_total.txt; : > on_snap.txt; : > base_gap.txt
 : > on_after.txt; : > off_after.txt; : > before.txt
 for r in $(seq 1 "$REPS"); do
     for mode in off on; do
@@ -54,8 +57,13 @@ for r in $(seq 1 "$REPS"); do
             --backend tcp --peak-flops 1e11 --steps 12 --ckpt-every 4 --ckpt-dir ck \
             --ckpt-async "$mode" --metrics m.jsonl > "run_$mode.$r.log" 2>&1
         gaps m.jsonl > "gaps_$mode.$r.txt"
-        # stall after the saves of steps 4 and 8; the gap of steps 2, 3, 6, 7: the vote alone
+        # stall after the saves of steps 4 and 8; the largest of the 3 boundaries after
+        # each (in the background: the one where the commit ran); their sum
         awk '$1 == 4 || $1 == 8 { print $2 }' "gaps_$mode.$r.txt" >> "${mode}_stall.txt"
+        awk '$1 == 4 || $1 == 8 { s = $1; c = 0 } s > 0 && $1 > s && $1 <= s + 3 && $2 > c { c = $2 }
+            s > 0 && $1 == s + 3 { print c }' "gaps_$mode.$r.txt" >> "${mode}_commit.txt"
+        awk '$1 == 4 || $1 == 8 { s = $1; a = $2; c = 0 } s > 0 && $1 > s && $1 <= s + 3 && $2 > c { c = $2 }
+            s > 0 && $1 == s + 3 { print a + c }' "gaps_$mode.$r.txt" >> "${mode}_total.txt"
         awk '$1 == 2 || $1 == 3 || $1 == 6 || $1 == 7 { print $2 }' "gaps_$mode.$r.txt" \
             >> base_gap.txt
         # the two steps after each save (5, 6, 9, 10), and the steps before (2, 3, 7)
@@ -74,6 +82,10 @@ echo "|---|---|---|"
 printf '| loop stall per save, --ckpt-async off | %.3f s | %d |\n' "$(median < off_stall.txt)" "$(wc -l < off_stall.txt)"
 printf '| loop stall per save, --ckpt-async on | %.3f s | %d |\n' "$(median < on_stall.txt)" "$(wc -l < on_stall.txt)"
 printf '| of which the snapshot copy (rank 0) | %.3f s | %d |\n' "$(median < on_snap.txt)" "$(wc -l < on_snap.txt)"
+printf '| largest gap of the 3 step boundaries after a save, off | %.3f s | %d |\n' "$(median < off_commit.txt)" "$(wc -l < off_commit.txt)"
+printf '| largest gap of the 3 step boundaries after a save, on (the commit) | %.3f s | %d |\n' "$(median < on_commit.txt)" "$(wc -l < on_commit.txt)"
+printf '| stall per save in all (save point + that gap), off | %.3f s | %d |\n' "$(median < off_total.txt)" "$(wc -l < off_total.txt)"
+printf '| stall per save in all (save point + that gap), on | %.3f s | %d |\n' "$(median < on_total.txt)" "$(wc -l < on_total.txt)"
 printf '| gap between steps without a save (the vote) | %.4f s | %d |\n' "$(median < base_gap.txt)" "$(wc -l < base_gap.txt)"
 printf '| step time, no save under way | %.0f ms | %d |\n' "$(median < before.txt)" "$(wc -l < before.txt)"
 printf '| step time, the 2 steps after a save, off | %.0f ms | %d |\n' "$(median < off_after.txt)" "$(wc -l < off_after.txt)"

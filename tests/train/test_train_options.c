@@ -352,6 +352,28 @@ static void test_bool_option(void)
 #undef REQ
 }
 
+/* --ckpt-async: auto unless given, on and off, anything else refused naming the choices. */
+static void test_ckpt_async_option(void)
+{
+    struct fsdp_train_config c;
+    struct fsdp_optset s;
+#define REQ                                                                                        \
+    "--model", "m.h5", "--data", "d.bin", "--batch-size", "2", "--seq-len", "8", "--lr", "1e-3",   \
+        "--ckpt-dir", "ck"
+    const char *dflt[] = {REQ, "--steps", "5", NULL};
+    int rc = parse(&c, &s, dflt);
+    tap_ok(rc == 0 && c.ckpt_async == FSDP_CKPT_ASYNC_AUTO, "--ckpt-async is auto by default");
+    const char *on[] = {REQ, "--steps", "5", "--ckpt-async", "on", NULL};
+    const char *off[] = {REQ, "--steps", "5", "--ckpt-async=off", NULL};
+    tap_ok(parse(&c, &s, on) == 0 && c.ckpt_async == FSDP_CKPT_ASYNC_ON &&
+               parse(&c, &s, off) == 0 && c.ckpt_async == FSDP_CKPT_ASYNC_OFF,
+           "--ckpt-async on and off");
+    const char *bad[] = {REQ, "--steps", "5", "--ckpt-async", "yes", NULL};
+    tap_ok(parse(&c, &s, bad) < 0 && err_has("ckpt-async") && err_has("auto|on|off"),
+           "--ckpt-async yes is refused, naming the choices");
+#undef REQ
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) {
@@ -362,6 +384,7 @@ int main(void)
     test_flags_and_file();
     test_resume_optional_value();
     test_bool_option();
+    test_ckpt_async_option();
     static const char *const files[] = {"a.cfg",  "printed.cfg", "dup.cfg", "nest.cfg",
                                         "unk.cfg", "print.txt",  "help.txt", "r1.cfg",
                                         "r2.cfg",  "r3.cfg",     "r4.cfg",   "r5.cfg",
