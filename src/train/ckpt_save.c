@@ -372,10 +372,11 @@ static int cad_start_background(struct fsdp_ckpt_cadence *c)
     /* collective: every rank takes part after a local failure too */
     FSDP_CHECK(e->ops->state_changed(e));
     const double t_snap = fsdp_now();
-    int rc = p->rc < 0 ? 0 : fsdp_ckpt_async_snapshot(c->async);
+    /* a rank that could not record the step's state (p->rc) writes nothing */
+    int rc = p->rc < 0 ? p->rc : fsdp_ckpt_async_snapshot(c->async);
     const double snap_s = fsdp_now() - t_snap;
     rc = rc < 0 ? rc : fsdp_ckpt_async_start(c->async, p->tmp, p->step, &c->progress);
-    if (rc < 0) {
+    if (rc < 0 && p->rc >= 0) {
         cad_keep_error(p, rc);
     }
     p->background = 1;
@@ -438,8 +439,8 @@ int fsdp_cad_poll(struct fsdp_ckpt_cadence *c, int wait)
         }
     }
     double write_s = 0;
-    int wrc = fsdp_ckpt_async_wait(c->async, &write_s);
-    int rc = c->cur.rc < 0 ? cad_kept_error(&c->cur) : wrc;
+    /* a rank whose snapshot failed started no write: its own error is the outcome */
+    int rc = c->cur.rc < 0 ? cad_kept_error(&c->cur) : fsdp_ckpt_async_wait(c->async, &write_s);
     c->in_flight = 0;
     return cad_checked(c, cad_finish(c, rc, 0, write_s), c->cur.step);
 }
