@@ -229,6 +229,8 @@ void fsdp_cpu_crossentropy_slice_backward(float *dlogits,         /* (N, n) */
 // ----------------------------------------------------------------------------
 // optimizer and gradient utilities
 
+#define FSDP_ADAMW_MAX_THREADS 64
+
 /* torch.optim.AdamW hyper-parameters; step counts from 1. */
 struct fsdp_adamw_params {
     float lr;
@@ -237,6 +239,10 @@ struct fsdp_adamw_params {
     float eps;
     float weight_decay;
     long step;
+    /* host threads the CPU kernel may split a range over (0 or 1: the
+     * calling thread only; at most FSDP_ADAMW_MAX_THREADS); the result does
+     * not depend on it. Other devices ignore it. */
+    int threads;
 };
 
 /*
@@ -245,6 +251,10 @@ struct fsdp_adamw_params {
  *   p *= 1 - lr * weight_decay        (only when decay != 0)
  *   m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g^2
  *   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+ * every operation rounded to f32 on its own (no fused multiply-add), so an
+ * element's result is the same in every build, at every offset and for
+ * every thread count (src/compute/cpu/adamw.c). One pass over memory:
+ * 28 bytes per element.
  */
 void fsdp_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
                            const struct fsdp_adamw_params *hp, int decay, float grad_scale);

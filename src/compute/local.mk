@@ -7,6 +7,7 @@ libfsdpc_a_SOURCES += \
 	src/compute/cpu/decode.c \
 	src/compute/cpu/loss.c \
 	src/compute/cpu/optim.c \
+	src/compute/cpu/adamw.c \
 	src/compute/cpu/cast.c \
 	src/compute/cpu/small.c \
 	src/compute/device.c \

@@ -2,3 +2,9 @@
 # scaler, used by the parallelisms and the single-rank oracle.
 libfsdpc_a_SOURCES += src/optim/optim.c
 noinst_HEADERS += src/optim/optim.h
+
+# the CPU AdamW kernel against its one-element reference (bit for bit), and
+# the optimizer's threaded ranges against one thread
+check_PROGRAMS += tests/optim/test_adamw
+TESTS += tests/optim/test_adamw
+

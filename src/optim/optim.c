@@ -37,6 +37,7 @@ int fsdp_optimizer_update(const struct fsdp_optimizer *o, int u, size_t start, s
         .eps = o->oc.eps,
         .weight_decay = o->oc.weight_decay,
         .step = o->step,
+        .threads = o->oc.threads,
     };
     FSDP_CHECK(fsdp_model_spec_range_check(s, u, start, count));
     for (size_t i = s->unit_first[u]; i < s->n_params && s->params[i].unit == u; i++) {

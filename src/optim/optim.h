@@ -26,6 +26,10 @@ struct fsdp_optim_config {
     float beta1, beta2, eps;
     float weight_decay; /* applied where the parameter table says decay */
     float clip;         /* max global gradient norm; 0: no clipping */
+    /* host threads for one update where the shards are host memory (the CPU
+     * device, or pinned host memory when the optimizer runs on the CPU);
+     * 0 or 1: the calling thread. The result does not depend on it. */
+    int threads;
 };
 
 #define FSDP_OPTIM_MAX_STATE 2
