@@ -14,7 +14,8 @@
  *   - no kernel allocates: scratch space is passed in by the caller and
  *     sized by the matching *_scratch_floats function;
  *   - matrix products go through cblas_sgemm (OpenBLAS); its thread count is
- *     the only parallelism unless the library is built with -fopenmp.
+ *     the only parallelism unless the library is built with -fopenmp, or a
+ *     caller asks the AdamW update for threads (fsdp_adamw_params.threads).
  * A CUDA implementation of the same operations would sit beside these under
  * the fsdp_cuda_ prefix.
  */

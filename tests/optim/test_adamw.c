@@ -9,8 +9,8 @@
  * the kernel's: a tail left out or computed otherwise, a
  * vector that reads past its range or from the wrong offset, a thread piece
  * missing or overlapping, a constant rounded otherwise. Sizes 0, 1, 7, 33
- * and 1000003 (vector body, tails of every length class, pieces for up to 7
- * threads); the four buffers each start at their own odd offset from a
+ * and 1000003 (vector body, tails of every length class), and 1900003 over
+ * 2 to 7 threads; the four buffers each start at their own odd offset from a
  * 64-byte boundary; with and without weight decay; gradient scales 1 and a
  * clip coefficient; steps 1 to 3 (the bias corrections); special gradients
  * (zero, huge enough to overflow g^2, subnormal, infinite, NaN: the kernel
@@ -249,8 +249,9 @@ int main(void)
     }
     test_case(33, 1, 0.5f, 1, 1);
     test_case(1000003, 1, 0.5f, 1, 1);
+    /* 2 to 7 pieces of at least 2^18 elements (adamw.c's least per thread) */
     for (int threads = 2; threads <= 7; threads++) {
-        test_case(1000003, threads & 1, 0.37f, threads, threads == 7);
+        test_case(1900003, threads & 1, 0.37f, threads, threads == 7);
     }
     test_case(1000003, 1, 1.0f, FSDP_ADAMW_MAX_THREADS + 5, 0);
     test_optimizer_threads();
