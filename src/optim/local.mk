@@ -8,3 +8,7 @@ noinst_HEADERS += src/optim/optim.h
 check_PROGRAMS += tests/optim/test_adamw
 TESTS += tests/optim/test_adamw
 
+# the CPU AdamW benchmark, built on request only (`make tests/bench/bench_adamw`),
+# and its driver beside torch.optim.AdamW (doc/performance.md)
+EXTRA_PROGRAMS = tests/bench/bench_adamw
+EXTRA_DIST += tests/peers/run_adamw_bench.sh tests/peers/torch_adamw_bench.py
