@@ -252,10 +252,10 @@ struct fsdp_adamw_params {
  *   p *= 1 - lr * weight_decay        (only when decay != 0)
  *   m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g^2
  *   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
- * every operation rounded to f32 on its own (no fused multiply-add), so an
- * element's result is the same in every build, at every offset and for
- * every thread count (src/compute/cpu/adamw.c). One pass over memory:
- * 28 bytes per element.
+ * each operation rounded to f32 on its own but for three multiply-adds
+ * fused on targets with FMA, so an element's result is the same at every
+ * offset and for every thread count (src/compute/cpu/adamw.c). One pass
+ * over memory: 28 bytes per element.
  */
 void fsdp_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
                            const struct fsdp_adamw_params *hp, int decay, float grad_scale);

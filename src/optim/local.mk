@@ -11,4 +11,5 @@ TESTS += tests/optim/test_adamw
 # the CPU AdamW benchmark, built on request only (`make tests/bench/bench_adamw`),
 # and its driver beside torch.optim.AdamW (doc/performance.md)
 EXTRA_PROGRAMS = tests/bench/bench_adamw
+CLEANFILES += tests/bench/bench_adamw$(EXEEXT)
 EXTRA_DIST += tests/peers/run_adamw_bench.sh tests/peers/torch_adamw_bench.py

@@ -3,11 +3,13 @@
  * memory, vectors of simd.h's width, optionally split over host threads.
  *
  * What it guarantees:
- *   - torch.optim.AdamW's order of operations with every product, quotient
- *     and sum rounded to f32 on its own (no fused multiply-add: the pragma
- *     below), so an element's result depends on its four inputs and the step
- *     constants only, not on the build's vector width, not on where a range
- *     starts or how it is split over threads or ranks;
+ *   - torch.optim.AdamW's order of operations, every product, quotient and
+ *     sum rounded to f32 on its own except three multiply-adds that are
+ *     fused where the target has FMA (adamw_vec says which, and why): no
+ *     other contraction (the pragma below). So an element's result depends
+ *     on its four inputs, the step constants and whether the build has FMA
+ *     only: not on the vector width, not on where a range starts, not on
+ *     how it is split over threads or ranks;
  *   - the last n % CPU_VW elements go through the same vector code (loaded
  *     into a padded vector), never through a second, scalar copy of the
  *     formula that could round differently;
@@ -38,7 +40,8 @@
  * traffic, about 0.35 ms at one core's 20 GB/s, against 18 us (idle) to
  * 80 us (busy machine) to start and join a thread here */
 #define ADAMW_MIN_PER_THREAD ((size_t)1 << 18)
-/* pieces start on 64-byte boundaries (of the parameter), so no two
+/* pieces are whole multiples of 16 elements from the range's start, so
+ * that (for a range that starts on a 64-byte line, as shards do) no two
  * threads write into one cache line */
 #define ADAMW_PIECE_ALIGN 16
 
