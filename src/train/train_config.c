@@ -70,7 +70,7 @@ static const struct fsdp_opt train_opts[] = {
      "read 'key = value' lines first; flags override them", 0},
     {"peak-flops", FSDP_OPT_FLOAT, F(peak_flops), 0, 0, 1e21, NULL, "X", 0,
      "peak FLOP/s per rank for MFU (0: measure with an sgemm probe)", 0},
-    {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS threads per rank", 0},
+    {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS and AdamW threads per rank", 0},
     {"init", FSDP_OPT_STR, F(init), S(init), 0, 0, NULL, "METHOD", 0,
      "rendezvous: auto, mpi, env://, tcp://HOST:PORT, file:///PATH", 0},
     {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0,
@@ -319,6 +319,7 @@ void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_opti
         .eps = (float)c->eps,
         .weight_decay = (float)c->weight_decay,
         .clip = (float)c->clip,
+        .threads = (int)c->threads, /* the host AdamW's; the CPU step runs between BLAS calls */
     };
 }
 
