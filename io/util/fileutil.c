@@ -7,6 +7,7 @@
 #include "io/util/fileutil.h"
 #include "core/error.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -90,4 +91,30 @@ int fsdp_file_rmtree(const char *path)
         return fsdp_err(FSDP_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
     }
     return 0;
+}
+
+double fsdp_file_dir_bytes(const char *dir, time_t *newest)
+{
+    DIR *d = opendir(dir);
+    double total = 0;
+    if (newest) {
+        *newest = 0;
+    }
+    if (!d) {
+        return 0;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char path[8192];
+        struct stat st;
+        int n = snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (n > 0 && (size_t)n < sizeof(path) && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+            total += (double)st.st_size;
+            if (newest && st.st_mtime > *newest) {
+                *newest = st.st_mtime;
+            }
+        }
+    }
+    closedir(d);
+    return total;
 }

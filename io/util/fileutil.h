@@ -14,6 +14,8 @@
 #ifndef FSDP_IO_FILEUTIL_H
 #define FSDP_IO_FILEUTIL_H
 
+#include <time.h>
+
 #include "core/tmpfile.h"
 
 /* fsync of a regular file by name (data and size). 0 or FSDP_ERR_IO naming path. */
@@ -34,5 +36,10 @@ int fsdp_file_commit(const char *tmp, const char *path);
 /* rm -rf path without following symbolic links; a missing path is no error.
  * 0 or FSDP_ERR_IO. */
 int fsdp_file_rmtree(const char *path);
+
+/* Bytes of the regular files directly under dir (a checkpoint step's
+ * shards and index), 0 when unreadable; *newest (unless NULL) gets their
+ * latest modification time, 0 when there are none. */
+double fsdp_file_dir_bytes(const char *dir, time_t *newest);
 
 #endif

@@ -245,7 +245,7 @@ uint64_t fsdp_debug_issued_p2p(struct fsdp_group *g, int id, uint64_t seq,
     return fsdp_flight_issue(dbg.flight, &e);
 }
 
-static void debug_entry_call(const struct fsdp_flight_entry *e, struct fsdp_debug_call *c)
+void fsdp_debug_entry_call(const struct fsdp_flight_entry *e, struct fsdp_debug_call *c)
 {
     *c = (struct fsdp_debug_call){
         .op = (enum fsdp_coll_op)e->op,
@@ -271,7 +271,7 @@ int fsdp_debug_finished(uint64_t id, int rc, double waited_s)
         char why[768], call[128];
         struct fsdp_debug_call c;
         fsdp_err_take(why, sizeof(why));
-        debug_entry_call(&e, &c);
+        fsdp_debug_entry_call(&e, &c);
         fsdp_debug_call_str(&c, call, sizeof(call));
         if (rc == FSDP_ERR_TIMEOUT) {
             rc = fsdp_err(rc, "%s #%" PRIu64 " %s on group %s not complete after %.1f s (%s)",

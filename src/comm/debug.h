@@ -104,6 +104,9 @@ void fsdp_debug_finalize(void);
  * recv) or "collective". */
 const char *fsdp_debug_op_kind(enum fsdp_coll_op op);
 
+/* The call a flight record describes. */
+void fsdp_debug_entry_call(const struct fsdp_flight_entry *e, struct fsdp_debug_call *c);
+
 /* "all_gather(bf16, 1024)", with root or reduce op where they matter. */
 void fsdp_debug_call_str(const struct fsdp_debug_call *c, char *buf, size_t len);
 

@@ -303,32 +303,34 @@ static int p2p_issue(struct fsdp_group *g, int recv, void *buf, size_t count, en
 
 static const struct fsdp_coll_attr p2p_host_attr = {.mem = FSDP_MEM_HOST, .stream = NULL};
 
+/* Staged through host memory when g's backend cannot take attr's: a
+ * send's bytes go to the host now, a receive's come back at its wait. */
+static int p2p_staged(struct fsdp_group *g, int recv, void *buf, size_t count,
+                      enum fsdp_dtype dtype, int peer, uint32_t tag,
+                      const struct fsdp_coll_attr *attr, struct fsdp_work **work)
+{
+    if (!g || !work || !fsdp_stage_needed(g, attr)) {
+        return p2p_issue(g, recv, buf, count, dtype, peer, tag, attr, work);
+    }
+    const void *hs;
+    void *hr;
+    struct fsdp_staged *st;
+    size_t bytes = count * fsdp_dtype_size(dtype);
+    FSDP_CHECK(fsdp_stage_begin(g, attr->stream, recv ? NULL : buf, recv ? 0 : bytes,
+                                recv ? buf : NULL, recv ? bytes : 0, &hs, &hr, &st));
+    int rc =
+        p2p_issue(g, recv, recv ? hr : (void *)hs, count, dtype, peer, tag, &p2p_host_attr, work);
+    return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
+}
+
 int fsdp_send(struct fsdp_group *g, const void *buf, size_t count, enum fsdp_dtype dtype, int peer,
               uint32_t tag, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
-    if (g && work && fsdp_stage_needed(g, attr)) {
-        const void *hs;
-        void *hr;
-        struct fsdp_staged *st;
-        size_t bytes = count * fsdp_dtype_size(dtype);
-        FSDP_CHECK(fsdp_stage_begin(g, attr->stream, buf, bytes, NULL, 0, &hs, &hr, &st));
-        int rc = p2p_issue(g, 0, (void *)hs, count, dtype, peer, tag, &p2p_host_attr, work);
-        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
-    }
-    return p2p_issue(g, 0, (void *)buf, count, dtype, peer, tag, attr, work);
+    return p2p_staged(g, 0, (void *)buf, count, dtype, peer, tag, attr, work);
 }
 
 int fsdp_recv(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtype dtype, int peer,
               uint32_t tag, const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
-    if (g && work && fsdp_stage_needed(g, attr)) {
-        const void *hs;
-        void *hr;
-        struct fsdp_staged *st;
-        size_t bytes = count * fsdp_dtype_size(dtype);
-        FSDP_CHECK(fsdp_stage_begin(g, attr->stream, NULL, 0, buf, bytes, &hs, &hr, &st));
-        int rc = p2p_issue(g, 1, hr, count, dtype, peer, tag, &p2p_host_attr, work);
-        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
-    }
-    return p2p_issue(g, 1, buf, count, dtype, peer, tag, attr, work);
+    return p2p_staged(g, 1, buf, count, dtype, peer, tag, attr, work);
 }

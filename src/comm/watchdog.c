@@ -73,14 +73,8 @@ static void watchdog_on_usr2(int sig)
 
 static void watchdog_fire(struct fsdp_watchdog *w, const struct fsdp_flight_entry *e, double now)
 {
-    struct fsdp_debug_call c = {
-        .op = (enum fsdp_coll_op)e->op,
-        .dtype = e->dtype,
-        .count = e->count,
-        .root = e->root,
-        .redop = e->redop == FSDP_FLIGHT_NO_REDOP ? -1 : e->redop,
-        .tag = e->tag,
-    };
+    struct fsdp_debug_call c;
+    fsdp_debug_entry_call(e, &c);
     char call[128];
     fsdp_arm_hard_exit(1); /* fsdp_die's exit status */
     fsdp_debug_call_str(&c, call, sizeof(call));

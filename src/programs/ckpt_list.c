@@ -11,6 +11,7 @@
 #include "programs/ckpt_tool.h"
 #include "io/ckpt/ckpt.h"
 #include "io/ckpt/ckpt_commit.h"
+#include "io/util/fileutil.h"
 #include "core/error.h"
 
 #include <dirent.h>
@@ -73,29 +74,6 @@ static int list_cmp(const void *a, const void *b)
         return x->tmp - y->tmp;
     }
     return x->step < y->step ? -1 : x->step > y->step ? 1 : strcmp(x->name, y->name);
-}
-
-/* Bytes of the regular files directly under dir; *newest their latest mtime. */
-static double list_bytes(const char *dir, time_t *newest)
-{
-    DIR *d = opendir(dir);
-    double total = 0;
-    *newest = 0;
-    if (!d) {
-        return 0;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        char path[8192];
-        struct stat st;
-        int n = snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (n > 0 && (size_t)n < sizeof(path) && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-            total += (double)st.st_size;
-            *newest = st.st_mtime > *newest ? st.st_mtime : *newest;
-        }
-    }
-    closedir(d);
-    return total;
 }
 
 static void list_size(char *buf, size_t len, double b)
@@ -171,7 +149,7 @@ static void list_step(const char *root, const struct list_entry *en, const char 
     char dir[8192], when[32] = "-", size[32], state[600];
     time_t newest;
     snprintf(dir, sizeof(dir), "%s/%s", root, en->name);
-    list_size(size, sizeof(size), list_bytes(dir, &newest));
+    list_size(size, sizeof(size), fsdp_file_dir_bytes(dir, &newest));
     if (newest) {
         struct tm tm;
         localtime_r(&newest, &tm);

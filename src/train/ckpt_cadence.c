@@ -24,7 +24,6 @@
 #include "compute/device.h"
 #include "train/stage.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -36,28 +35,6 @@
 
 // ----------------------------------------------------------------------------
 // directory plumbing (rank 0)
-
-/* Bytes of the regular files directly under dir (a checkpoint step's
- * shards and index), for the throughput figure in the log; 0 when unreadable. */
-double fsdp_cad_dir_bytes(const char *dir)
-{
-    DIR *d = opendir(dir);
-    double total = 0;
-    if (!d) {
-        return 0;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        char path[CAD_PATH_MAX];
-        struct stat st;
-        int n = snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (n > 0 && (size_t)n < sizeof(path) && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-            total += (double)st.st_size;
-        }
-    }
-    closedir(d);
-    return total;
-}
 
 /* "1.40 GiB in 1.75 s, 0.86 GB/s" */
 void fsdp_cad_rate_str(double bytes, double secs, char *buf, size_t n)

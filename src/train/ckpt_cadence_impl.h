@@ -49,10 +49,6 @@ struct fsdp_ckpt_cadence {
     int in_flight;                      /* cur is being written in the background */
 };
 
-/* Bytes of the regular files directly under dir (a checkpoint step's
- * shards and index), for the throughput figure in the log; 0 when unreadable. */
-double fsdp_cad_dir_bytes(const char *dir);
-
 /* "1.40 GiB in 1.75 s, 0.86 GB/s" */
 void fsdp_cad_rate_str(double bytes, double secs, char *buf, size_t n);
 

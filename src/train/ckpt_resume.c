@@ -373,7 +373,7 @@ static void cad_resumed(struct fsdp_ckpt_cadence *c, const struct fsdp_ckpt_run 
         return;
     }
     char rate[96];
-    fsdp_cad_rate_str(fsdp_cad_dir_bytes(fsdp_ckpt_dir(ck)), load_s, rate, sizeof(rate));
+    fsdp_cad_rate_str(fsdp_file_dir_bytes(fsdp_ckpt_dir(ck), NULL), load_s, rate, sizeof(rate));
     FSDP_INFO(FSDP_SUB_TRAIN,
               "resumed from %s: step %ld, %.0f tokens seen, written by %d "
               "rank%s (mesh %s, %d shard%s); read %s",

@@ -316,7 +316,8 @@ static void cad_log_done(const struct fsdp_ckpt_cadence *c, double t_write, doub
     snprintf(final, sizeof(final), "%s/step_%ld", c->dir, p->step);
     if (!p->background) {
         char rate[96];
-        fsdp_cad_rate_str(fsdp_cad_dir_bytes(final), fsdp_now() - t_write, rate, sizeof(rate));
+        fsdp_cad_rate_str(fsdp_file_dir_bytes(final, NULL), fsdp_now() - t_write, rate,
+                          sizeof(rate));
         FSDP_INFO(FSDP_SUB_TRAIN,
                   "checkpoint step %ld written to %s (%s, all ranks, fsync "
                   "and commit included)",
@@ -327,7 +328,7 @@ static void cad_log_done(const struct fsdp_ckpt_cadence *c, double t_write, doub
               "checkpoint step %ld written to %s in the background (%.2f GiB, "
               "all ranks; rank 0 wrote its shard in %.2f s; committed %.2f s after the save "
               "began; the loop stopped %.3f s for it)",
-              p->step, final, fsdp_cad_dir_bytes(final) / (1024.0 * 1024 * 1024), write_s,
+              p->step, final, fsdp_file_dir_bytes(final, NULL) / (1024.0 * 1024 * 1024), write_s,
               fsdp_now() - p->t0, p->stall_s);
 }
 
