@@ -11,6 +11,7 @@
 #include <hdf5.h>
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "io/ckpt/ckpt.h"
@@ -58,6 +59,54 @@ static inline size_t ck_sum_first(const struct fsdp_param_spec *p, int n_shards,
     return big * fsdp_sum_nblocks(base + 1, block_rows) +
            ((size_t)r - big) * fsdp_sum_nblocks(base, block_rows);
 }
+
+// ----------------------------------------------------------------------------
+// Shard summary (ckpt_summary.c; doc/formats.md, "Shard summary")
+
+#define CK_SUM_ATTR "ckpt_summary"
+
+/* Summaries are written and used where f32 in memory is the file's
+ * little-endian f32 (their rows are then read with pread, as they are). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define CK_SUM_HOST 1
+#else
+#define CK_SUM_HOST 0
+#endif
+
+/* One tensor of a shard as its summary records it. */
+struct ck_entry {
+    uint64_t row0, rows, cols; /* rows [row0, row0 + rows) of a tensor of cols columns */
+    uint64_t offset, bytes;    /* its contiguous f32 data in the file (bytes 0: none) */
+    uint64_t addr;             /* its dataset's object address: where its link must point */
+    struct fsdp_sum sum;       /* its checksums */
+};
+
+/* Which shard of which checkpoint a summary must describe. */
+struct ck_shard_id {
+    long step;
+    int shard, n_shards;
+};
+
+/* Stores the summary of e (n_kinds * n_params entries, kind-major) on f's
+ * root; 0, or -1 (HDF5's error stack) / a negative FSDP_ERR_*. */
+FSDP_PRIVATE int ck_summary_put(hid_t f, const struct ck_shard_id *id, int n_kinds, size_t n_params,
+                                const struct ck_entry *e);
+/* Loads f's summary into e (n_kinds * n_params, zeroed; free with
+ * ck_entries_free) when it is the summary of shard id of spec's tensors with
+ * every tensor inside the file's file_size bytes: 0; 1 when f has none; or
+ * one error naming path. */
+FSDP_PRIVATE int ck_summary_load(const char *path, hid_t f, const struct ck_shard_id *id,
+                                 const struct fsdp_model_spec *spec, int n_kinds,
+                                 uint64_t file_size, struct ck_entry *e);
+/* Every tensor's link is a hard link to the object e records: 0; 1 with
+ * *odd the first that is not (the caller's full check says why); or an error. */
+FSDP_PRIVATE int ck_summary_links(const char *path, hid_t f, const struct fsdp_model_spec *spec,
+                                  const struct fsdp_ckpt_kinds *k, const struct ck_entry *e,
+                                  size_t *odd);
+FSDP_PRIVATE void ck_entries_free(struct ck_entry *e, size_t n);
+/* File access for reading shards one after another: a small metadata
+ * cache, no sieve buffer. -1 on failure. */
+FSDP_PRIVATE hid_t ck_h5_fapl_small(void);
 
 /* Dataset dims of `rows` rows of parameter p. */
 static inline int ck_dims(const struct fsdp_param_spec *p, size_t rows, hsize_t *dims)

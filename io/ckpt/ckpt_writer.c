@@ -166,8 +166,10 @@ struct fsdp_ckpt_shard_writer {
     const struct fsdp_model_spec *spec;
     struct fsdp_ckpt_kinds kinds;
     int shard, n_shards;
+    long step;
     hid_t file;
     unsigned char *written; /* (kinds.n * n_params,) */
+    struct ck_entry *entries; /* (kinds.n * n_params,) the summary, as tensors are written */
     int created;            /* path is ours: remove it unless committed */
     int committed;
 };
@@ -180,11 +182,16 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
     int rc;
     fsdp_h5_quiet();
     struct fsdp_ckpt_shard_writer *w = calloc(1, sizeof(*w));
-    if (!w || !(w->written = calloc((size_t)kinds->n * spec->n_params, 1))) {
+    if (!w || !(w->written = calloc((size_t)kinds->n * spec->n_params, 1)) ||
+        !(w->entries = calloc((size_t)kinds->n * spec->n_params, sizeof(*w->entries)))) {
+        if (w) {
+            free(w->written);
+        }
         free(w);
         return fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard writer");
     }
     if (ck_shard_path(w->path, sizeof(w->path), dir, shard) < 0) {
+        free(w->entries);
         free(w->written);
         free(w);
         return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", dir);
@@ -193,6 +200,7 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
     w->kinds = *kinds;
     w->shard = shard;
     w->n_shards = n_shards;
+    w->step = step;
     size_t data = 0;
     for (size_t i = 0; i < spec->n_params; i++) {
         size_t row0, rows;
@@ -200,10 +208,12 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
         data += (size_t)kinds->n * rows * spec->params[i].shape[1] * sizeof(float);
     }
     w->file = -1;
-    /* and a hash per 1 MiB of rows (the bound gives each dataset one) */
+    /* and a hash per 1 MiB of rows, twice (each dataset's and the summary's; the
+     * bound gives each dataset one); HDF5 1.8 objects at least, for a summary
+     * attribute over 64 KiB */
     FSDP_CHECK_GOTO(
         ck_h5_create(w->path, ck_file_bound((size_t)kinds->n * spec->n_params, data + data / 65536),
-                     0, &w->file),
+                     1, &w->file),
         rc, err);
     w->created = 1;
     if (fsdp_h5_put_attr_str(w->file, "format", FSDP_CKPT_SHARD_FORMAT) < 0 ||
@@ -223,6 +233,22 @@ err:
     return rc;
 }
 
+/* Where dataset d's bytes and object lie (the summary's entry e). */
+static int ck_locate(hid_t d, struct ck_entry *e)
+{
+    H5O_info_t oi;
+    if (H5Oget_info2(d, &oi, H5O_INFO_BASIC) < 0) {
+        return -1;
+    }
+    haddr_t off = e->bytes > 0 ? H5Dget_offset(d) : HADDR_UNDEF;
+    if (e->bytes > 0 && off == HADDR_UNDEF) {
+        return -1; /* written, so allocated: contiguous storage has an offset */
+    }
+    e->offset = off == HADDR_UNDEF ? UINT64_MAX : (uint64_t)off;
+    e->addr = (uint64_t)oi.addr;
+    return 0;
+}
+
 int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, int kind, size_t idx, const float *data)
 {
     const struct fsdp_param_spec *p = &w->spec->params[idx];
@@ -233,6 +259,7 @@ int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, int kind, size_t idx, 
         return fsdp_err(FSDP_ERR_INVALID, "%s: tensor kind %d of %s (the checkpoint keeps %d)",
                         w->path, kind, p->name, w->kinds.n);
     }
+    struct ck_entry *e = &w->entries[kind * w->spec->n_params + idx];
     fsdp_ckpt_rows(p->shape[0], w->n_shards, w->shard, &row0, &rows);
     snprintf(name, sizeof(name), "%s/%s", w->kinds.group[kind], p->name);
     int nd = ck_dims(p, rows, dims);
@@ -243,11 +270,15 @@ int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, int kind, size_t idx, 
                                                  dcpl, H5P_DEFAULT);
     fsdp_h5_close(dcpl);
     fsdp_h5_close(space);
+    fsdp_sum_clear(&e->sum);
+    *e = (struct ck_entry){.row0 = row0, .rows = rows, .cols = p->shape[1]};
+    e->bytes = (uint64_t)rows * p->shape[1] * sizeof(float);
     int rc = d < 0 ? -1
-                   : fsdp_sum_write(d, H5T_NATIVE_FLOAT, nd, rows, p->shape[1], sizeof(float), data,
-                                    ck_block_rows(p));
+                   : fsdp_sum_write_keep(d, H5T_NATIVE_FLOAT, nd, rows, p->shape[1], sizeof(float),
+                                         data, ck_block_rows(p), &e->sum);
     int bad = rc == -1 || (rc == 0 && (fsdp_h5_put_attr_i64(d, "row0", (long long)row0) < 0 ||
-                                       fsdp_h5_put_attr_i64(d, "rows", (long long)rows) < 0));
+                                       fsdp_h5_put_attr_i64(d, "rows", (long long)rows) < 0 ||
+                                       ck_locate(d, e) < 0));
     fsdp_h5_close(d);
     if (rc < -1) {
         return rc;
@@ -269,6 +300,16 @@ int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w)
                             w->kinds.group[i / w->spec->n_params],
                             w->spec->params[i % w->spec->n_params].name);
         }
+    }
+    const struct ck_shard_id id = {w->step, w->shard, w->n_shards};
+    int sr =
+        CK_SUM_HOST ? ck_summary_put(w->file, &id, w->kinds.n, w->spec->n_params, w->entries) : 0;
+    if (sr < -1) {
+        return sr;
+    }
+    if (sr < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: writing its summary failed: %s", w->path,
+                        fsdp_h5_reason(why, sizeof(why)));
     }
     herr_t e = H5Fclose(w->file);
     w->file = -1;
@@ -293,6 +334,7 @@ void fsdp_ckpt_shard_destroy(struct fsdp_ckpt_shard_writer *w)
     if (w->created && !w->committed) {
         unlink(w->path);
     }
+    ck_entries_free(w->entries, (size_t)w->kinds.n * w->spec->n_params);
     free(w->written);
     free(w);
 }

@@ -30,6 +30,11 @@ TESTS += tests/ckpt/test_ckpt_escape.sh tests/ckpt/test_reader_faults.sh
 dist_check_SCRIPTS += tests/ckpt/test_checksums.sh
 TESTS += tests/ckpt/test_checksums.sh
 
+# Shard summaries: rows read through them equal HDF5's, checkpoints without
+# them still read, and a damaged, foreign or stale summary is refused.
+dist_check_SCRIPTS += tests/ckpt/test_ckpt_summary.sh
+TESTS += tests/ckpt/test_ckpt_summary.sh
+
 # Hugging Face model directories (import-hf, export-hf) against transformers
 # 4.38 (hf-venv, see doc/testing.md).
 dist_check_SCRIPTS += tests/ckpt/test_hf_dir.sh
