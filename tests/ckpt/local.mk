@@ -46,3 +46,8 @@ TESTS += tests/ckpt/test_hf_dir.sh
 dist_check_SCRIPTS += tests/ckpt/test_hf_tokens.sh
 dist_check_DATA += tests/ckpt/hf_tokens_check.py
 TESTS += tests/ckpt/test_hf_tokens.sh
+
+# The io layer's save and load throughput at a model's shape, without a
+# trainer (tests/peers/run_ckpt_bench.sh runs it; not a test).
+check_PROGRAMS += tests/ckpt/bench_ckpt_io
+tests_ckpt_bench_ckpt_io_SOURCES = tests/ckpt/bench_ckpt_io.c
