@@ -21,12 +21,15 @@
 
 #define CK_PATH_MAX 4096
 
+#define CK_H5_V18 1   /* objects in the HDF5 1.8 format at least */
+#define CK_H5_ALIGN 2 /* datasets of CK_DIRECT_MIN bytes or more start at a multiple of CK_ALIGN   \
+                       */
 /*
  * Creates a new HDF5 file at path, reserves `reserve` bytes for it and
- * reopens it for writing (ckpt_writer.c says why); v18: objects in the HDF5
- * 1.8 format at least. 0 with *out set, or a negative FSDP_ERR_* naming path.
+ * reopens it for writing (ckpt_writer.c says why), with the CK_H5_* flags.
+ * 0 with *out set, or a negative FSDP_ERR_* naming path.
  */
-FSDP_PRIVATE int ck_h5_create(const char *path, size_t reserve, int v18, hid_t *out);
+FSDP_PRIVATE int ck_h5_create(const char *path, size_t reserve, unsigned flags, hid_t *out);
 /* Creates the groups of k's kinds (/model, /optim, /optim/<state>); 0 or -1
  * (HDF5's error stack). */
 FSDP_PRIVATE int ck_make_groups(hid_t f, const struct fsdp_ckpt_kinds *k);
@@ -59,6 +62,31 @@ static inline size_t ck_sum_first(const struct fsdp_param_spec *p, int n_shards,
     return big * fsdp_sum_nblocks(base + 1, block_rows) +
            ((size_t)r - big) * fsdp_sum_nblocks(base, block_rows);
 }
+
+// ----------------------------------------------------------------------------
+// Direct writes (ckpt_direct.c)
+
+#define CK_ALIGN 4096                    /* O_DIRECT's unit: offsets, sizes, buffers */
+#define CK_DIRECT_MIN ((size_t)64 << 10) /* datasets this large are aligned, written direct */
+#define CK_DIRECT_BUF (8 << 20)          /* the aligned buffer; rows up to half of it */
+
+struct ck_direct {
+    int dfd;   /* O_DIRECT descriptor (-1: the file system refused it) */
+    int bfd;   /* an ordinary one, for what is not a whole CK_ALIGN block */
+    void *buf; /* (CK_DIRECT_BUF,) aligned to CK_ALIGN */
+};
+
+/* 0 when FSDPC_CKPT_DIRECT=0 asks for the page cache, else 1. */
+FSDP_PRIVATE int ck_direct_wanted(void);
+/* Descriptors of path (an existing file) and the buffer; 0 or an error. */
+FSDP_PRIVATE int ck_direct_open(const char *path, struct ck_direct *d);
+FSDP_PRIVATE void ck_direct_close(struct ck_direct *d);
+/* rows of row_bytes from data to file offset off (a multiple of CK_ALIGN),
+ * each block of block_rows hashed into *sum (new; the caller frees it) as
+ * it is copied; what names the dataset in messages. 0 or an error. */
+FSDP_PRIVATE int ck_direct_write(struct ck_direct *d, const char *what, uint64_t off,
+                                 const void *data, size_t rows, size_t row_bytes, size_t block_rows,
+                                 struct fsdp_sum *sum);
 
 // ----------------------------------------------------------------------------
 // Shard summary (ckpt_summary.c; doc/formats.md, "Shard summary")

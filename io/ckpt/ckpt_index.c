@@ -221,7 +221,7 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
     size_t maps = n * (size_t)meta->n_shards * (256 + sizeof(uint64_t));
     size_t hashes = spec->total_numel * (size_t)kinds->n * sizeof(float) / 65536;
     if (rc == 0) {
-        rc = ck_h5_create(path, ck_file_bound(n, maps + hashes), 1, &f);
+        rc = ck_h5_create(path, ck_file_bound(n, maps + hashes), CK_H5_V18, &f);
     }
     int bad = rc < 0 || fsdp_h5_put_model_attrs(f, spec, meta->created_by) < 0 ||
               ck_write_meta(f, meta) < 0 || ck_make_groups(f, kinds) < 0;

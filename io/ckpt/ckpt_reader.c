@@ -38,6 +38,8 @@ struct fsdp_ckpt {
     unsigned char *how;           /* (n_shards,) CK_UNCHECKED, CK_BY_SUMMARY or CK_BY_H5 */
     uint64_t **offsets; /* (n_shards,) a summarized shard's data offsets (kinds.n * n_params,) */
     int fd, fd_shard;   /* the summarized shard open for reading (-1: none) */
+    int dfd;            /* the same with O_DIRECT (-1: none, or refused) */
+    void *scratch;      /* (CK_DIRECT_BUF,) for aligned reads past the page cache */
     int lazy;                /* a shard is checked and opened when first read */
     int all_summed;          /* the index records checksums of every tensor */
     struct fsdp_sum *sums;   /* (kinds.n * n_params,) the index's checksums of every tensor */
@@ -616,7 +618,11 @@ static int ck_open(const char *path, const struct fsdp_arch_set *archs, int lazy
     if (!ck) {
         return fsdp_err(FSDP_ERR_NOMEM, "checkpoint handle");
     }
-    ck->fd = ck->fd_shard = -1;
+    ck->fd = ck->fd_shard = ck->dfd = -1;
+    if (CK_SUM_HOST && ck_direct_wanted() &&
+        posix_memalign(&ck->scratch, CK_ALIGN, CK_DIRECT_BUF) != 0) {
+        ck->scratch = NULL; /* reads go through the page cache */
+    }
     FSDP_CHECK_GOTO(ck_resolve(path, ck->dir, sizeof(ck->dir)), rc, err);
     snprintf(index, sizeof(index), "%s/%s", ck->dir, FSDP_CKPT_INDEX);
     if (access(index, R_OK) != 0) {
@@ -718,6 +724,10 @@ void fsdp_ckpt_close(struct fsdp_ckpt *ck)
     if (ck->fd >= 0) {
         close(ck->fd);
     }
+    if (ck->dfd >= 0) {
+        close(ck->dfd);
+    }
+    free(ck->scratch);
     free(ck->offsets);
     free(ck->how);
     free(ck->shards);
@@ -751,6 +761,11 @@ static int ck_shard_fd(struct fsdp_ckpt *ck, int r, const char *path, int *fd)
         }
         ck->fd_shard = r;
         (void)posix_fadvise(ck->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        if (ck->dfd >= 0) {
+            close(ck->dfd);
+        }
+        /* past the page cache when the file system allows (ckpt_direct.c says why) */
+        ck->dfd = ck->scratch ? open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_DIRECT) : -1;
     }
     *fd = ck->fd;
     return 0;
@@ -787,8 +802,12 @@ static int ck_read_checked(struct fsdp_ckpt *ck, int kind, size_t idx, int r, si
     };
     if (ck->how[r] == CK_BY_SUMMARY) { /* its bytes where the summary says, as they are */
         struct fsdp_sum_raw raw = {.offset = ck->offsets[r][kind * ck->spec->n_params + idx],
-                                   .bytes = (uint64_t)sn * p->shape[1] * sizeof(float)};
+                                   .bytes = (uint64_t)sn * p->shape[1] * sizeof(float),
+                                   .align = CK_ALIGN,
+                                   .scratch_len = CK_DIRECT_BUF};
         FSDP_CHECK(ck_shard_fd(ck, r, path, &raw.fd));
+        raw.dfd = ck->dfd;
+        raw.scratch = ck->scratch;
         src.raw = &raw;
         return fsdp_sum_read(&src, lo - s0, n, 0, p->shape[1], dst, &ck->buf);
     }

@@ -276,6 +276,37 @@ static int sum_buf_reserve(struct fsdp_sum_buf *b, size_t bytes)
     return 0;
 }
 
+/* [off, off + left) of raw's file into p through its O_DIRECT descriptor,
+ * in aligned runs through its scratch buffer: 0, 1 when the descriptor
+ * refuses (the caller reads it the ordinary way), -1 with errno set. */
+static int sum_pread_direct(const struct fsdp_sum_raw *raw, uint64_t off, uint64_t left,
+                            unsigned char *p)
+{
+    while (left > 0) {
+        uint64_t a0 = off / raw->align * raw->align, skip = off - a0;
+        uint64_t want = skip + left < raw->scratch_len ? skip + left : raw->scratch_len;
+        uint64_t len = (want + raw->align - 1) / raw->align * raw->align;
+        ssize_t got = pread(raw->dfd, raw->scratch, len, (off_t)a0);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got < 0 && errno == EINVAL) {
+            return 1;
+        }
+        if (got <= 0 || (uint64_t)got <= skip) {
+            errno = got < 0 ? errno : 0; /* 0: the file ends before the piece */
+            return -1;
+        }
+        uint64_t take = (uint64_t)got - skip < left ? (uint64_t)got - skip : left;
+        take = take < want - skip ? take : want - skip;
+        memcpy(p, (unsigned char *)raw->scratch + skip, take);
+        p += take;
+        off += take;
+        left -= take;
+    }
+    return 0;
+}
+
 /* Rows [row, row + n) of a raw piece (s->raw) into dst with pread; -1 with
  * errno set (0 for a read past the end of the file). */
 static int sum_pread_rows(const struct fsdp_sum_src *s, size_t row, size_t n, void *dst)
@@ -288,6 +319,12 @@ static int sum_pread_rows(const struct fsdp_sum_src *s, size_t row, size_t n, vo
         return -1;
     }
     off += s->raw->offset;
+    if (s->raw->dfd >= 0 && s->raw->scratch) {
+        int d = sum_pread_direct(s->raw, off, left, p);
+        if (d <= 0) {
+            return d;
+        }
+    }
     while (left > 0) {
         ssize_t got = pread(s->raw->fd, p, left, (off_t)off);
         if (got < 0 && errno == EINTR) {

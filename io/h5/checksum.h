@@ -131,6 +131,13 @@ struct fsdp_sum_raw {
     int fd;
     uint64_t offset; /* of the piece's first row (row_off is added in rows) */
     uint64_t bytes;  /* of the piece: reads past it are refused */
+    /* optional: the same file opened with O_DIRECT (-1: none), read in
+     * aligned runs through scratch (scratch_len bytes, a multiple of align,
+     * itself aligned) past the page cache; a refusal falls back to fd */
+    int dfd;
+    size_t align;
+    void *scratch;
+    size_t scratch_len;
 };
 
 /* One piece of a dataset to read through its checksums. */

@@ -13,9 +13,10 @@
  *       SHARDS ranks would: each process opens it lazily and reads its rows
  *       of every tensor of every kind through the checksums
  *
- * Every tensor's rows are a deterministic pattern of the tensor, so a load
- * also checks the values it gets (a wrong offset is a mismatch, not a
- * figure). Not a test: built with the checks, run only by the script.
+ * Every tensor piece holds the same pattern, written into each process's
+ * buffer before the clock starts, so a load also checks the values it gets
+ * (a wrong offset is a mismatch, not a figure). Not a test: built with the
+ * checks, run only by the script.
  */
 #include "config.h"
 #include "io/ckpt/ckpt.h"
@@ -38,23 +39,16 @@ static double bench_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The value of element e of rows from row0 of tensor (kind, idx). */
-static float bench_value(int kind, size_t idx, size_t row0, size_t cols, size_t e)
+/* The value of element e of every tensor piece (filled once, before the
+ * clock starts: the figures are the io layer's, not the pattern's). */
+static float bench_value(size_t e)
 {
-    size_t g = row0 * cols + e;
-    return (float)((g * 2654435761u + idx * 40503u + (size_t)kind * 977u) % 65521u) / 65521.0f;
-}
-
-static void bench_fill(float *buf, int kind, size_t idx, size_t row0, size_t rows, size_t cols)
-{
-    for (size_t e = 0; e < rows * cols; e++) {
-        buf[e] = bench_value(kind, idx, row0, cols, e);
-    }
+    return (float)((e * 2654435761u) % 65521u) / 65521.0f;
 }
 
 /* Shard r of R of spec's tensors (kinds k) into dir. */
 static int bench_save_shard(const char *dir, int r, int R, const struct fsdp_model_spec *s,
-                            const struct fsdp_ckpt_kinds *k, float *buf)
+                            const struct fsdp_ckpt_kinds *k, const float *buf)
 {
     struct fsdp_ckpt_shard_writer *w;
     FSDP_CHECK(fsdp_ckpt_shard_create(dir, r, R, 1, s, k, &w));
@@ -63,7 +57,6 @@ static int bench_save_shard(const char *dir, int r, int R, const struct fsdp_mod
         for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
             size_t row0, rows;
             fsdp_ckpt_rows(s->params[i].shape[0], R, r, &row0, &rows);
-            bench_fill(buf, kind, i, row0, rows, s->params[i].shape[1]);
             rc = fsdp_ckpt_shard_put(w, kind, i, buf);
         }
     }
@@ -85,7 +78,7 @@ static int bench_load_shard(const char *dir, int r, int R, float *buf)
             fsdp_ckpt_rows(s->params[i].shape[0], R, r, &row0, &rows);
             rc = fsdp_ckpt_read_rows(ck, kind, i, row0, rows, buf);
             for (size_t e = 0; rc == 0 && e < rows * cols; e += 4093) {
-                if (buf[e] != bench_value(kind, i, row0, cols, e)) {
+                if (buf[e] != bench_value(e)) {
                     rc = fsdp_err(FSDP_ERR_FORMAT, "%s: %s element %zu of rank %d's rows is %g",
                                   dir, s->params[i].name, e, r, (double)buf[e]);
                 }
@@ -96,16 +89,29 @@ static int bench_load_shard(const char *dir, int r, int R, float *buf)
     return rc;
 }
 
-/* Runs one process per shard (fn for each r), waits for all: 0 when all succeeded. */
-static int bench_fan_out(int R, int (*fn)(int r, void *arg), void *arg)
+/* Runs one process per shard: each gets its buffer ready (prep), then all
+ * run fn at once from *t0 (taken when every one is ready); 0 when all
+ * succeeded. */
+static int bench_fan_out(int R, int (*fn)(int r, void *arg, float *buf), void *arg,
+                         float *(*prep)(void *arg), double *t0)
 {
+    int ready[2], go[2];
+    char c = 0;
+    if (pipe(ready) != 0 || pipe(go) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "pipe failed");
+    }
     for (int r = 0; r < R; r++) {
         pid_t pid = fork();
         if (pid < 0) {
             return fsdp_err(FSDP_ERR_IO, "fork failed");
         }
         if (pid == 0) {
-            int rc = fn(r, arg);
+            float *buf = prep(arg);
+            int rc = buf ? 0 : fsdp_err(FSDP_ERR_NOMEM, "one tensor");
+            if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1) {
+                _exit(1);
+            }
+            rc = rc < 0 ? rc : fn(r, arg, buf);
             if (rc < 0) {
                 char msg[1024];
                 fsdp_err_take(msg, sizeof(msg));
@@ -114,10 +120,25 @@ static int bench_fan_out(int R, int (*fn)(int r, void *arg), void *arg)
             _exit(rc < 0 ? 1 : 0);
         }
     }
+    for (int r = 0; r < R; r++) {
+        if (read(ready[0], &c, 1) != 1) {
+            return fsdp_err(FSDP_ERR_IO, "a shard's process did not start");
+        }
+    }
+    *t0 = bench_now();
+    for (int r = 0; r < R; r++) {
+        if (write(go[1], &c, 1) != 1) {
+            return fsdp_err(FSDP_ERR_IO, "pipe failed");
+        }
+    }
     int bad = 0, st;
     while (wait(&st) > 0) {
         bad |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
     }
+    close(ready[0]);
+    close(ready[1]);
+    close(go[0]);
+    close(go[1]);
     return bad ? fsdp_err(FSDP_ERR_IO, "a shard's process failed") : 0;
 }
 
@@ -128,23 +149,28 @@ struct bench_job {
     struct fsdp_ckpt_kinds kinds;
 };
 
-static int bench_save_one(int r, void *arg)
+/* The largest tensor's buffer, its pattern written (every page touched). */
+static float *bench_prep(void *arg)
 {
     const struct bench_job *j = arg;
-    float *buf = fsdp_alloc(fsdp_model_spec_largest(j->s) * sizeof(float));
-    int rc = buf ? bench_save_shard(j->dir, r, j->R, j->s, &j->kinds, buf)
-                 : fsdp_err(FSDP_ERR_NOMEM, "one tensor");
-    fsdp_free(buf);
-    return rc;
+    size_t n = fsdp_model_spec_largest(j->s);
+    float *buf = fsdp_alloc(n * sizeof(float));
+    for (size_t e = 0; buf && e < n; e++) {
+        buf[e] = bench_value(e);
+    }
+    return buf;
 }
 
-static int bench_load_one(int r, void *arg)
+static int bench_save_one(int r, void *arg, float *buf)
 {
     const struct bench_job *j = arg;
-    float *buf = fsdp_alloc(fsdp_model_spec_largest(j->s) * sizeof(float));
-    int rc = buf ? bench_load_shard(j->dir, r, j->R, buf) : fsdp_err(FSDP_ERR_NOMEM, "one tensor");
-    fsdp_free(buf);
-    return rc;
+    return bench_save_shard(j->dir, r, j->R, j->s, &j->kinds, buf);
+}
+
+static int bench_load_one(int r, void *arg, float *buf)
+{
+    const struct bench_job *j = arg;
+    return bench_load_shard(j->dir, r, j->R, buf);
 }
 
 static int bench_run(const char *mode, const char *preset, const char *dir, int R)
@@ -159,10 +185,10 @@ static int bench_run(const char *mode, const char *preset, const char *dir, int 
     free(cfg);
     FSDP_CHECK(rc);
     struct bench_job j = {dir, R, s, {0}};
-    double bytes = (double)s->total_numel * sizeof(float) * 3.0, t0 = bench_now();
+    double bytes = (double)s->total_numel * sizeof(float) * 3.0, t0 = 0;
     rc = fsdp_ckpt_kinds_init(&j.kinds, 2, states);
     if (rc == 0 && strcmp(mode, "save") == 0) {
-        rc = bench_fan_out(R, bench_save_one, &j);
+        rc = bench_fan_out(R, bench_save_one, &j, bench_prep, &t0);
         double t1 = bench_now();
         struct fsdp_ckpt_meta m = {.step = 1, .world_size = R, .n_shards = R, .loss_scale = 1};
         snprintf(m.mesh, sizeof(m.mesh), "dp=%d", R);
@@ -173,7 +199,7 @@ static int bench_run(const char *mode, const char *preset, const char *dir, int 
                "index.h5 %.3f s (%.3f GB/s)\n", preset, bytes, R, t1 - t0, bytes / (t1 - t0) / 1e9,
                t2 - t0, bytes / (t2 - t0) / 1e9);
     } else if (rc == 0) {
-        rc = bench_fan_out(R, bench_load_one, &j);
+        rc = bench_fan_out(R, bench_load_one, &j, bench_prep, &t0);
         double t1 = bench_now();
         printf("load %s: %.0f bytes of tensors on %d ranks: %.3f s (%.3f GB/s)\n", preset, bytes,
                R, t1 - t0, bytes / (t1 - t0) / 1e9);
