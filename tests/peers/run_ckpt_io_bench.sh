@@ -43,9 +43,9 @@ run() { # NAME BENCH MODE: seconds of BENCH MODE into $W/NAME.MODE
     bytes=$(du -sb "$d" | cut -f1)
     # the program's own seconds: from every process ready (buffers filled)
     # to the last one done (save: index.h5 written too)
-    secs=$(sed -n 's/.*with index.h5 \([0-9.]*\) s.*/\1/p; s/^load .*: \([0-9.]*\) s (.*/\1/p' "$W/out")
+    secs=$(sed -n 's/.*with index.h5 \([0-9.]*\) s.*/\1/p; s/^load .*: \([0-9.]*\) s [(].*/\1/p' "$W/out")
     awk -v b="$bytes" -v s="$secs" 'BEGIN {printf "%.3f\n", b / s / 1e9}' >> "$W/$1.$3"
-    echo "$bytes" > "$W/bytes""
+    echo "$bytes" > "$W/bytes"
 }
 ddw() { # NAME FLAGS: N parallel dd writes of the checkpoint's size, into $W/NAME.save
     bytes=$(cat "$W/bytes"); mib=$((bytes / 1048576 / N))
