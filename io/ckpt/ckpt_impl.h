@@ -1,9 +1,11 @@
 /*
  * ckpt_impl.h - what the checkpoint's files share (ckpt_writer.c: the
- * kinds, shard files and the layout; ckpt_index.c: index.h5; ckpt_reader.c: opening and
+ * kinds, shard files and the layout; ckpt_direct.c: their large datasets'
+ * bytes; ckpt_summary.c: each shard's summary; ckpt_index.c: index.h5;
+ * ckpt_path.c: which step a path names; ckpt_reader.c: opening and
  * reading; ckpt_consolidate.c: one model file): the groups of the tensor
- * kinds, shard file names, file creation, and the split of checksum blocks
- * over shards. Private to io/ckpt/ckpt_*.c.
+ * kinds, shard file names, file creation, direct writes, summaries, and the
+ * split of checksum blocks over shards. Private to io/ckpt/ckpt_*.c.
  */
 #ifndef FSDP_IO_CKPT_IMPL_H
 #define FSDP_IO_CKPT_IMPL_H
@@ -30,6 +32,9 @@
  * 0 with *out set, or a negative FSDP_ERR_* naming path.
  */
 FSDP_PRIVATE int ck_h5_create(const char *path, size_t reserve, unsigned flags, hid_t *out);
+/* path -> the step directory it names (index.h5's directory, or
+ * root/latest) into dir (ckpt_path.c); 0 or an error naming path. */
+FSDP_PRIVATE int ck_resolve(const char *path, char *dir, size_t len);
 /* Creates the groups of k's kinds (/model, /optim, /optim/<state>); 0 or -1
  * (HDF5's error stack). */
 FSDP_PRIVATE int ck_make_groups(hid_t f, const struct fsdp_ckpt_kinds *k);

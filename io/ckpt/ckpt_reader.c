@@ -1,10 +1,13 @@
 /*
  * ckpt_reader.c - opening and reading a checkpoint (see ckpt.h; layout in
- * doc/formats.md): a path resolved to its step directory, the index's
- * attributes and checksums, every shard file validated (present, same step,
- * expected shapes and row ranges, the checksums the index records for it),
- * at open or, lazily, at its first read; rows read from only the shard files
- * that hold them, every block hashed as it arrives (a damaged shard is
+ * doc/formats.md): the step directory a path names (ckpt_path.c), the
+ * index's attributes, checksums and mappings, every shard file validated
+ * (present, same step, expected shapes and row ranges, the checksums the
+ * index records for it) through its summary (ckpt_summary.c), one file
+ * open at a time, or, without one, dataset by dataset; at open or, lazily,
+ * at its first read; rows read from only the shard files that hold them
+ * (a summarized shard's with pread at its offsets, past the page cache for
+ * large pieces), every block hashed as it arrives (a damaged shard is
  * refused by name).
  */
 #include "config.h"
@@ -38,7 +41,7 @@ struct fsdp_ckpt {
     unsigned char *how;           /* (n_shards,) CK_UNCHECKED, CK_BY_SUMMARY or CK_BY_H5 */
     uint64_t **offsets; /* (n_shards,) a summarized shard's data offsets (kinds.n * n_params,) */
     int fd, fd_shard;   /* the summarized shard open for reading (-1: none) */
-    int dfd;            /* the same with O_DIRECT (-1: none, or refused) */
+    int dfd, dfd_tried; /* the same with O_DIRECT (-1: none yet, or refused) */
     void *scratch;      /* (CK_DIRECT_BUF,) for aligned reads past the page cache */
     int lazy;                /* a shard is checked and opened when first read */
     int all_summed;          /* the index records checksums of every tensor */
@@ -64,76 +67,6 @@ const char *fsdp_ckpt_dir(const struct fsdp_ckpt *ck)
 const struct fsdp_ckpt_kinds *fsdp_ckpt_kinds(const struct fsdp_ckpt *ck)
 {
     return &ck->kinds;
-}
-
-static int ck_is_dir(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* path -> the step directory it names (index.h5's directory, or root/latest). */
-static int ck_resolve(const char *path, char *dir, size_t len)
-{
-    char buf[CK_PATH_MAX];
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') {
-        n--;
-    }
-    if (n >= sizeof(buf)) {
-        return fsdp_err(FSDP_ERR_INVALID, "%s: path too long", path);
-    }
-    snprintf(buf, sizeof(buf), "%.*s", (int)n, path);
-    const char *base = strrchr(buf, '/');
-    base = base ? base + 1 : buf;
-    if (strcmp(base, FSDP_CKPT_INDEX) == 0) {
-        if (base == buf) {
-            snprintf(dir, len, ".");
-        } else {
-            snprintf(dir, len, "%.*s", (int)(base - buf - 1), buf);
-        }
-        return 0;
-    }
-    if (!ck_is_dir(buf)) {
-        return fsdp_err(FSDP_ERR_IO, "%s: not a checkpoint: %s", path,
-                        access(buf, F_OK) == 0 ? "neither a directory nor an index.h5"
-                                               : strerror(errno));
-    }
-    char probe[CK_PATH_MAX + 16];
-    snprintf(probe, sizeof(probe), "%s/%s", buf, FSDP_CKPT_INDEX);
-    if (access(probe, F_OK) == 0) {
-        snprintf(dir, len, "%s", buf);
-        return 0;
-    }
-    snprintf(probe, sizeof(probe), "%s/%s", buf, FSDP_CKPT_LATEST);
-    if (ck_is_dir(probe)) {
-        int w = snprintf(dir, len, "%s", probe);
-        return w >= 0 && (size_t)w < len ? 0
-                                         : fsdp_err(FSDP_ERR_INVALID, "%s: path too long", path);
-    }
-    return fsdp_err(FSDP_ERR_FORMAT,
-                    "%s: not a checkpoint: no %s in it and no '%s' pointing to a step directory",
-                    path, FSDP_CKPT_INDEX, FSDP_CKPT_LATEST);
-}
-
-int fsdp_ckpt_is_checkpoint(const char *path)
-{
-    if (ck_is_dir(path)) {
-        return 1; /* opening it says what is missing, if anything */
-    }
-    const char *base = strrchr(path, '/');
-    if (strcmp(base ? base + 1 : path, FSDP_CKPT_INDEX) != 0) {
-        return 0;
-    }
-    if (fsdp_h5_check_regular(path) < 0) {
-        fsdp_err_clear(); /* opening it says why (HDF5 would block on a FIFO) */
-        return 1;
-    }
-    /* an index.h5 carries checkpoint_format; a model file of that name does not */
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    int yes = f < 0 || fsdp_h5_attr_exists(f, "checkpoint_format");
-    fsdp_h5_close(f);
-    return yes;
 }
 
 static int ck_read_u64(const char *path, hid_t f, const char *name, uint64_t *v)
@@ -764,11 +697,27 @@ static int ck_shard_fd(struct fsdp_ckpt *ck, int r, const char *path, int *fd)
         if (ck->dfd >= 0) {
             close(ck->dfd);
         }
-        /* past the page cache when the file system allows (ckpt_direct.c says why) */
-        ck->dfd = ck->scratch ? open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_DIRECT) : -1;
+        ck->dfd = -1;
+        ck->dfd_tried = 0;
     }
     *fd = ck->fd;
     return 0;
+}
+
+/* The O_DIRECT descriptor of the open shard (path) for a piece of `bytes`:
+ * past the page cache (ckpt_direct.c says why) for pieces as large as the
+ * writer writes that way, opened at the first; -1 for small pieces, whose
+ * every read would wait for the disk, and where the file system refuses. */
+static int ck_shard_dfd(struct fsdp_ckpt *ck, const char *path, uint64_t bytes)
+{
+    if (bytes < CK_DIRECT_MIN || !ck->scratch) {
+        return -1;
+    }
+    if (!ck->dfd_tried) {
+        ck->dfd_tried = 1;
+        ck->dfd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_DIRECT);
+    }
+    return ck->dfd;
 }
 
 /* Tensor rows [lo, lo + n) from shard r (which holds them) through the
@@ -806,7 +755,7 @@ static int ck_read_checked(struct fsdp_ckpt *ck, int kind, size_t idx, int r, si
                                    .align = CK_ALIGN,
                                    .scratch_len = CK_DIRECT_BUF};
         FSDP_CHECK(ck_shard_fd(ck, r, path, &raw.fd));
-        raw.dfd = ck->dfd;
+        raw.dfd = ck_shard_dfd(ck, path, raw.bytes);
         raw.scratch = ck->scratch;
         src.raw = &raw;
         return fsdp_sum_read(&src, lo - s0, n, 0, p->shape[1], dst, &ck->buf);

@@ -216,10 +216,11 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
     /* and a hash per 1 MiB of rows, twice (each dataset's and the summary's; the
      * bound gives each dataset one); HDF5 1.8 objects at least, for a summary
      * attribute over 64 KiB */
-    FSDP_CHECK_GOTO(
-        ck_h5_create(w->path, ck_file_bound((size_t)kinds->n * spec->n_params, data + data / 65536),
-                     CK_H5_V18 | (CK_SUM_HOST ? CK_H5_ALIGN : 0), &w->file),
-        rc, err);
+    const size_t n_dsets = (size_t)kinds->n * spec->n_params; /* each padded to CK_ALIGN, at most */
+    FSDP_CHECK_GOTO(ck_h5_create(w->path,
+                                 ck_file_bound(n_dsets, data + data / 65536) + n_dsets * CK_ALIGN,
+                                 CK_H5_V18 | (CK_SUM_HOST ? CK_H5_ALIGN : 0), &w->file),
+                    rc, err);
     w->created = 1;
     if (CK_SUM_HOST) {
         FSDP_CHECK_GOTO(ck_direct_open(w->path, &w->direct), rc, err);
