@@ -4,7 +4,8 @@ EXTRA_DIST += tests/peers/run_train_bench.sh tests/peers/torch_train_bench.py \
 	tests/peers/torch_ddp_bench.py tests/peers/run_ckpt_bench.sh tests/peers/run_debug_bench.sh \
 	tests/peers/run_build_compare.sh tests/peers/run_ctrlc_repeat.sh \
 	tests/peers/hf_llama_train_bench.py tests/peers/run_hosts_bench.sh \
-	tests/peers/run_llama_bench.sh tests/peers/run_ckpt_async_bench.sh
+	tests/peers/run_llama_bench.sh tests/peers/run_ckpt_async_bench.sh \
+	tests/peers/run_ckpt_io_bench.sh
 
 # the include directions between layers (doc/design.md)
 dist_check_SCRIPTS += tests/layers/test_layers.sh

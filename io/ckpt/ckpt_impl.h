@@ -1,9 +1,11 @@
 /*
  * ckpt_impl.h - what the checkpoint's files share (ckpt_writer.c: the
- * kinds, shard files and the layout; ckpt_index.c: index.h5; ckpt_reader.c: opening and
+ * kinds, shard files and the layout; ckpt_direct.c: their large datasets'
+ * bytes; ckpt_summary.c: each shard's summary; ckpt_index.c: index.h5;
+ * ckpt_path.c: which step a path names; ckpt_reader.c: opening and
  * reading; ckpt_consolidate.c: one model file): the groups of the tensor
- * kinds, shard file names, file creation, and the split of checksum blocks
- * over shards. Private to io/ckpt/ckpt_*.c.
+ * kinds, shard file names, file creation, direct writes, summaries, and the
+ * split of checksum blocks over shards. Private to io/ckpt/ckpt_*.c.
  */
 #ifndef FSDP_IO_CKPT_IMPL_H
 #define FSDP_IO_CKPT_IMPL_H
@@ -11,6 +13,7 @@
 #include <hdf5.h>
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "io/ckpt/ckpt.h"
@@ -20,12 +23,18 @@
 
 #define CK_PATH_MAX 4096
 
+#define CK_H5_V18 1   /* objects in the HDF5 1.8 format at least */
+#define CK_H5_ALIGN 2 /* datasets of CK_DIRECT_MIN bytes or more start at a multiple of CK_ALIGN   \
+                       */
 /*
  * Creates a new HDF5 file at path, reserves `reserve` bytes for it and
- * reopens it for writing (ckpt_writer.c says why); v18: objects in the HDF5
- * 1.8 format at least. 0 with *out set, or a negative FSDP_ERR_* naming path.
+ * reopens it for writing (ckpt_writer.c says why), with the CK_H5_* flags.
+ * 0 with *out set, or a negative FSDP_ERR_* naming path.
  */
-FSDP_PRIVATE int ck_h5_create(const char *path, size_t reserve, int v18, hid_t *out);
+FSDP_PRIVATE int ck_h5_create(const char *path, size_t reserve, unsigned flags, hid_t *out);
+/* path -> the step directory it names (index.h5's directory, or
+ * root/latest) into dir (ckpt_path.c); 0 or an error naming path. */
+FSDP_PRIVATE int ck_resolve(const char *path, char *dir, size_t len);
 /* Creates the groups of k's kinds (/model, /optim, /optim/<state>); 0 or -1
  * (HDF5's error stack). */
 FSDP_PRIVATE int ck_make_groups(hid_t f, const struct fsdp_ckpt_kinds *k);
@@ -58,6 +67,79 @@ static inline size_t ck_sum_first(const struct fsdp_param_spec *p, int n_shards,
     return big * fsdp_sum_nblocks(base + 1, block_rows) +
            ((size_t)r - big) * fsdp_sum_nblocks(base, block_rows);
 }
+
+// ----------------------------------------------------------------------------
+// Direct writes (ckpt_direct.c)
+
+#define CK_ALIGN 4096                    /* O_DIRECT's unit: offsets, sizes, buffers */
+#define CK_DIRECT_MIN ((size_t)64 << 10) /* datasets this large are aligned, written direct */
+#define CK_DIRECT_BUF (8 << 20)          /* the aligned buffer; rows up to half of it */
+
+struct ck_direct {
+    int dfd;   /* O_DIRECT descriptor (-1: the file system refused it) */
+    int bfd;   /* an ordinary one, for what is not a whole CK_ALIGN block */
+    void *buf; /* (CK_DIRECT_BUF,) aligned to CK_ALIGN */
+};
+
+/* 0 when FSDPC_CKPT_DIRECT=0 asks for the page cache, else 1. */
+FSDP_PRIVATE int ck_direct_wanted(void);
+/* Descriptors of path (an existing file) and the buffer; 0 or an error. */
+FSDP_PRIVATE int ck_direct_open(const char *path, struct ck_direct *d);
+FSDP_PRIVATE void ck_direct_close(struct ck_direct *d);
+/* rows of row_bytes from data to file offset off (a multiple of CK_ALIGN),
+ * each block of block_rows hashed into *sum (new; the caller frees it) as
+ * it is copied; what names the dataset in messages. 0 or an error. */
+FSDP_PRIVATE int ck_direct_write(struct ck_direct *d, const char *what, uint64_t off,
+                                 const void *data, size_t rows, size_t row_bytes, size_t block_rows,
+                                 struct fsdp_sum *sum);
+
+// ----------------------------------------------------------------------------
+// Shard summary (ckpt_summary.c; doc/formats.md, "Shard summary")
+
+#define CK_SUM_ATTR "ckpt_summary"
+
+/* Summaries are written and used where f32 in memory is the file's
+ * little-endian f32 (their rows are then read with pread, as they are). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define CK_SUM_HOST 1
+#else
+#define CK_SUM_HOST 0
+#endif
+
+/* One tensor of a shard as its summary records it. */
+struct ck_entry {
+    uint64_t row0, rows, cols; /* rows [row0, row0 + rows) of a tensor of cols columns */
+    uint64_t offset, bytes;    /* its contiguous f32 data in the file (bytes 0: none) */
+    uint64_t addr;             /* its dataset's object address: where its link must point */
+    struct fsdp_sum sum;       /* its checksums */
+};
+
+/* Which shard of which checkpoint a summary must describe. */
+struct ck_shard_id {
+    long step;
+    int shard, n_shards;
+};
+
+/* Stores the summary of e (n_kinds * n_params entries, kind-major) on f's
+ * root; 0, or -1 (HDF5's error stack) / a negative FSDP_ERR_*. */
+FSDP_PRIVATE int ck_summary_put(hid_t f, const struct ck_shard_id *id, int n_kinds, size_t n_params,
+                                const struct ck_entry *e);
+/* Loads f's summary into e (n_kinds * n_params, zeroed; free with
+ * ck_entries_free) when it is the summary of shard id of spec's tensors with
+ * every tensor inside the file's file_size bytes: 0; 1 when f has none; or
+ * one error naming path. */
+FSDP_PRIVATE int ck_summary_load(const char *path, hid_t f, const struct ck_shard_id *id,
+                                 const struct fsdp_model_spec *spec, int n_kinds,
+                                 uint64_t file_size, struct ck_entry *e);
+/* Every tensor's link is a hard link to the object e records: 0; 1 with
+ * *odd the first that is not (the caller's full check says why); or an error. */
+FSDP_PRIVATE int ck_summary_links(const char *path, hid_t f, const struct fsdp_model_spec *spec,
+                                  const struct fsdp_ckpt_kinds *k, const struct ck_entry *e,
+                                  size_t *odd);
+FSDP_PRIVATE void ck_entries_free(struct ck_entry *e, size_t n);
+/* File access for reading shards one after another: a small metadata
+ * cache, no sieve buffer. -1 on failure. */
+FSDP_PRIVATE hid_t ck_h5_fapl_small(void);
 
 /* Dataset dims of `rows` rows of parameter p. */
 static inline int ck_dims(const struct fsdp_param_spec *p, size_t rows, hsize_t *dims)

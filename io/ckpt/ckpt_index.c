@@ -14,8 +14,10 @@
 #include "io/h5/model_file.h"
 #include "core/error.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
@@ -48,6 +50,42 @@ static int ck_write_meta(hid_t f, const struct fsdp_ckpt_meta *m)
                : 0;
 }
 
+/* Shard r's checksums of every tensor from its summary, appended to sums;
+ * 1 when it has none. */
+static int ck_gather_summary(const char *path, hid_t f, const struct fsdp_model_spec *spec,
+                             const struct fsdp_ckpt_kinds *kinds, int n_shards, int r,
+                             struct fsdp_sum *sums)
+{
+    const size_t n = (size_t)kinds->n * spec->n_params;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    struct ck_entry *e = calloc(n, sizeof(*e));
+    if (!e) {
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: shard summary", path);
+    }
+    long long step = 0;
+    int rc = fsdp_h5_attr_int(path, f, "step", &step);
+    const struct ck_shard_id id = {(long)step, r, n_shards};
+    rc = rc < 0 ? rc : ck_summary_load(path, f, &id, spec, kinds->n, (uint64_t)st.st_size, e);
+    for (size_t j = 0; rc == 0 && j < n; j++) {
+        if (e[j].sum.block_rows != sums[j].block_rows) {
+            rc = fsdp_err(FSDP_ERR_FORMAT,
+                          "%s: /%s/%s has checksums over blocks of %zu rows, not "
+                          "the %zu of its tensor",
+                          path, kinds->group[j / spec->n_params],
+                          spec->params[j % spec->n_params].name, e[j].sum.block_rows,
+                          sums[j].block_rows);
+            break;
+        }
+        memcpy(sums[j].h + sums[j].n, e[j].sum.h, e[j].sum.n * sizeof(uint64_t));
+        sums[j].n += e[j].sum.n;
+    }
+    ck_entries_free(e, n);
+    return rc;
+}
+
 /* Shard r's checksums of every tensor appended to sums (kinds->n * n_params,),
  * each preallocated for all shards. */
 static int ck_gather_shard(const char *dir, const struct fsdp_model_spec *spec,
@@ -59,12 +97,19 @@ static int ck_gather_shard(const char *dir, const struct fsdp_model_spec *spec,
         return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", dir);
     }
     FSDP_CHECK(fsdp_h5_check_regular(path));
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t fapl = ck_h5_fapl_small();
+    hid_t f = fapl < 0 ? -1 : H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    fsdp_h5_close(fapl);
     if (f < 0) {
         return fsdp_err(FSDP_ERR_IO, "%s: cannot open to record its checksums: %s", path,
                         fsdp_h5_reason(why, sizeof(why)));
     }
-    int rc = 0;
+    int rc = ck_gather_summary(path, f, spec, kinds, n_shards, r, sums);
+    if (rc != 1) {
+        H5Fclose(f);
+        return rc;
+    }
+    rc = 0; /* no summary: each dataset's checksum attributes */
     for (size_t j = 0; rc == 0 && j < (size_t)kinds->n * spec->n_params; j++) {
         const struct fsdp_param_spec *p = &spec->params[j % spec->n_params];
         struct fsdp_sum *all = &sums[j], one;
@@ -176,7 +221,7 @@ int fsdp_ckpt_index_write(const char *dir, const struct fsdp_model_spec *spec,
     size_t maps = n * (size_t)meta->n_shards * (256 + sizeof(uint64_t));
     size_t hashes = spec->total_numel * (size_t)kinds->n * sizeof(float) / 65536;
     if (rc == 0) {
-        rc = ck_h5_create(path, ck_file_bound(n, maps + hashes), 1, &f);
+        rc = ck_h5_create(path, ck_file_bound(n, maps + hashes), CK_H5_V18, &f);
     }
     int bad = rc < 0 || fsdp_h5_put_model_attrs(f, spec, meta->created_by) < 0 ||
               ck_write_meta(f, meta) < 0 || ck_make_groups(f, kinds) < 0;

@@ -1,10 +1,13 @@
 /*
  * ckpt_reader.c - opening and reading a checkpoint (see ckpt.h; layout in
- * doc/formats.md): a path resolved to its step directory, the index's
- * attributes and checksums, every shard file validated (present, same step,
- * expected shapes and row ranges, the checksums the index records for it),
- * at open or, lazily, at its first read; rows read from only the shard files
- * that hold them, every block hashed as it arrives (a damaged shard is
+ * doc/formats.md): the step directory a path names (ckpt_path.c), the
+ * index's attributes, checksums and mappings, every shard file validated
+ * (present, same step, expected shapes and row ranges, the checksums the
+ * index records for it) through its summary (ckpt_summary.c), one file
+ * open at a time, or, without one, dataset by dataset; at open or, lazily,
+ * at its first read; rows read from only the shard files that hold them
+ * (a summarized shard's with pread at its offsets, past the page cache for
+ * large pieces), every block hashed as it arrives (a damaged shard is
  * refused by name).
  */
 #include "config.h"
@@ -16,6 +19,7 @@
 #include "core/log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,13 +29,22 @@
 // ----------------------------------------------------------------------------
 // reader
 
+/* How a shard was checked, and so how it is read. */
+enum { CK_UNCHECKED = 0, CK_BY_SUMMARY, CK_BY_H5 };
+
 struct fsdp_ckpt {
     char dir[CK_PATH_MAX];
     struct fsdp_ckpt_meta meta;
     struct fsdp_model_spec *spec;
     struct fsdp_ckpt_kinds kinds; /* the index's: /model and each group under /optim */
-    hid_t *shards;           /* (n_shards,) open shard files (-1: not yet, when lazy) */
+    hid_t *shards;                /* (n_shards,) shard files open in HDF5 (-1: none) */
+    unsigned char *how;           /* (n_shards,) CK_UNCHECKED, CK_BY_SUMMARY or CK_BY_H5 */
+    uint64_t **offsets; /* (n_shards,) a summarized shard's data offsets (kinds.n * n_params,) */
+    int fd, fd_shard;   /* the summarized shard open for reading (-1: none) */
+    int dfd, dfd_tried; /* the same with O_DIRECT (-1: none yet, or refused) */
+    void *scratch;      /* (CK_DIRECT_BUF,) for aligned reads past the page cache */
     int lazy;                /* a shard is checked and opened when first read */
+    int all_summed;          /* the index records checksums of every tensor */
     struct fsdp_sum *sums;   /* (kinds.n * n_params,) the index's checksums of every tensor */
     struct fsdp_sum_buf buf; /* blocks read only in part */
 };
@@ -54,76 +67,6 @@ const char *fsdp_ckpt_dir(const struct fsdp_ckpt *ck)
 const struct fsdp_ckpt_kinds *fsdp_ckpt_kinds(const struct fsdp_ckpt *ck)
 {
     return &ck->kinds;
-}
-
-static int ck_is_dir(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* path -> the step directory it names (index.h5's directory, or root/latest). */
-static int ck_resolve(const char *path, char *dir, size_t len)
-{
-    char buf[CK_PATH_MAX];
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') {
-        n--;
-    }
-    if (n >= sizeof(buf)) {
-        return fsdp_err(FSDP_ERR_INVALID, "%s: path too long", path);
-    }
-    snprintf(buf, sizeof(buf), "%.*s", (int)n, path);
-    const char *base = strrchr(buf, '/');
-    base = base ? base + 1 : buf;
-    if (strcmp(base, FSDP_CKPT_INDEX) == 0) {
-        if (base == buf) {
-            snprintf(dir, len, ".");
-        } else {
-            snprintf(dir, len, "%.*s", (int)(base - buf - 1), buf);
-        }
-        return 0;
-    }
-    if (!ck_is_dir(buf)) {
-        return fsdp_err(FSDP_ERR_IO, "%s: not a checkpoint: %s", path,
-                        access(buf, F_OK) == 0 ? "neither a directory nor an index.h5"
-                                               : strerror(errno));
-    }
-    char probe[CK_PATH_MAX + 16];
-    snprintf(probe, sizeof(probe), "%s/%s", buf, FSDP_CKPT_INDEX);
-    if (access(probe, F_OK) == 0) {
-        snprintf(dir, len, "%s", buf);
-        return 0;
-    }
-    snprintf(probe, sizeof(probe), "%s/%s", buf, FSDP_CKPT_LATEST);
-    if (ck_is_dir(probe)) {
-        int w = snprintf(dir, len, "%s", probe);
-        return w >= 0 && (size_t)w < len ? 0
-                                         : fsdp_err(FSDP_ERR_INVALID, "%s: path too long", path);
-    }
-    return fsdp_err(FSDP_ERR_FORMAT,
-                    "%s: not a checkpoint: no %s in it and no '%s' pointing to a step directory",
-                    path, FSDP_CKPT_INDEX, FSDP_CKPT_LATEST);
-}
-
-int fsdp_ckpt_is_checkpoint(const char *path)
-{
-    if (ck_is_dir(path)) {
-        return 1; /* opening it says what is missing, if anything */
-    }
-    const char *base = strrchr(path, '/');
-    if (strcmp(base ? base + 1 : path, FSDP_CKPT_INDEX) != 0) {
-        return 0;
-    }
-    if (fsdp_h5_check_regular(path) < 0) {
-        fsdp_err_clear(); /* opening it says why (HDF5 would block on a FIFO) */
-        return 1;
-    }
-    /* an index.h5 carries checkpoint_format; a model file of that name does not */
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    int yes = f < 0 || fsdp_h5_attr_exists(f, "checkpoint_format");
-    fsdp_h5_close(f);
-    return yes;
 }
 
 static int ck_read_u64(const char *path, hid_t f, const char *name, uint64_t *v)
@@ -276,7 +219,8 @@ static int ck_read_kinds(const char *index, hid_t f, struct fsdp_ckpt_kinds *k)
     return 0;
 }
 
-/* The checksums index.h5 records, every tensor's (none: block_rows 0). */
+/* The checksums index.h5 records, every tensor's (none: block_rows 0), and
+ * each virtual dataset's mapping (ck_check_index). */
 static int ck_read_sums(struct fsdp_ckpt *ck, const char *index, hid_t f)
 {
     const size_t np = ck->spec->n_params, R = (size_t)ck->meta.n_shards;
@@ -298,6 +242,11 @@ static int ck_read_sums(struct fsdp_ckpt *ck, const char *index, hid_t f)
         snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[j / np], p->name);
         if ((rc = fsdp_h5_open_dataset(index, f, name, H5P_DEFAULT, &d)) == 0) {
             rc = fsdp_sum_get(index, name, d, rows, R, &ck->sums[j]);
+            /* the mapping too while the dataset is open (opening one of many
+             * shards is most of the cost); its sources with the shards */
+            rc = rc < 0 ? rc
+                        : fsdp_h5_check_shard_vds(index, name, d, p->ndim, p->shape[0], p->shape[1],
+                                                  (int)R, NULL);
             H5Dclose(d);
         }
     }
@@ -305,45 +254,51 @@ static int ck_read_sums(struct fsdp_ckpt *ck, const char *index, hid_t f)
     return rc;
 }
 
-/*
- * Dataset d (`name`, shard r's rows of parameter i) carries the checksums
- * index.h5 records for it: a shard written for another checkpoint or run,
- * with the same step and shapes, is refused here, before anything is read.
- */
-static int ck_check_shard_sum(struct fsdp_ckpt *ck, const char *path, const char *name, hid_t d,
-                              int r, int k, size_t i, size_t rows)
+/* got, shard r's checksums of tensor (k, i) (`name`), are those index.h5
+ * records for it: a shard written for another checkpoint or run, with the
+ * same step and shapes, is refused here, before anything is read. */
+static int ck_compare_sums(const struct fsdp_ckpt *ck, const char *path, const char *name, int r,
+                           int k, size_t i, const struct fsdp_sum *got)
 {
     const struct fsdp_param_spec *p = &ck->spec->params[i];
     const struct fsdp_sum *want = &ck->sums[k * ck->spec->n_params + i];
+    const uint64_t *w = want->h + ck_sum_first(p, ck->meta.n_shards, r, want->block_rows);
+    size_t bad = 0;
+    while (got->block_rows == want->block_rows && bad < got->n && got->h[bad] == w[bad]) {
+        bad++;
+    }
+    if (got->block_rows == 0) {
+        return fsdp_err(FSDP_ERR_FORMAT,
+                        "%s: tensor '%s' has no checksums but index.h5 records "
+                        "them for shard %d: not the shard this index was written with",
+                        path, name, r);
+    } else if (got->block_rows != want->block_rows) {
+        return fsdp_err(FSDP_ERR_FORMAT,
+                        "%s: tensor '%s' has checksums over blocks of %zu rows, "
+                        "index.h5 over %zu: not the shard this index was written with",
+                        path, name, got->block_rows, want->block_rows);
+    } else if (bad < got->n) {
+        return fsdp_err(FSDP_ERR_FORMAT,
+                        "%s: tensor '%s': the shard's checksum 0x%016llx (block "
+                        "%zu) differs from 0x%016llx, which index.h5 records for shard %d: a "
+                        "shard file from another checkpoint or run",
+                        path, name, (unsigned long long)got->h[bad], bad,
+                        (unsigned long long)w[bad], r);
+    }
+    return 0;
+}
+
+/* Dataset d (`name`, shard r's rows of parameter i) carries the checksums
+ * index.h5 records for it. */
+static int ck_check_shard_sum(struct fsdp_ckpt *ck, const char *path, const char *name, hid_t d,
+                              int r, int k, size_t i, size_t rows)
+{
     struct fsdp_sum got;
-    if (want->block_rows == 0) {
+    if (ck->sums[k * ck->spec->n_params + i].block_rows == 0) {
         return 0; /* nothing recorded (an index from before checksums) */
     }
     FSDP_CHECK(fsdp_sum_get(path, name, d, &rows, 1, &got));
-    const uint64_t *w = want->h + ck_sum_first(p, ck->meta.n_shards, r, want->block_rows);
-    size_t bad = 0;
-    while (got.block_rows == want->block_rows && bad < got.n && got.h[bad] == w[bad]) {
-        bad++;
-    }
-    int rc = 0;
-    if (got.block_rows == 0) {
-        rc = fsdp_err(FSDP_ERR_FORMAT,
-                      "%s: tensor '%s' has no checksums but index.h5 records "
-                      "them for shard %d: not the shard this index was written with",
-                      path, name, r);
-    } else if (got.block_rows != want->block_rows) {
-        rc = fsdp_err(FSDP_ERR_FORMAT,
-                      "%s: tensor '%s' has checksums over blocks of %zu rows, "
-                      "index.h5 over %zu: not the shard this index was written with",
-                      path, name, got.block_rows, want->block_rows);
-    } else if (bad < got.n) {
-        rc = fsdp_err(FSDP_ERR_FORMAT,
-                      "%s: tensor '%s': the shard's checksum 0x%016llx (block "
-                      "%zu) differs from 0x%016llx, which index.h5 records for shard %d: a shard "
-                      "file from another checkpoint or run",
-                      path, name, (unsigned long long)got.h[bad], bad, (unsigned long long)w[bad],
-                      r);
-    }
+    int rc = ck_compare_sums(ck, path, name, r, k, i, &got);
     fsdp_sum_clear(&got);
     return rc;
 }
@@ -411,6 +366,77 @@ static int ck_check_shard_tensor(struct fsdp_ckpt *ck, const char *path, hid_t f
     return rc;
 }
 
+/* Shard r (f, at path) as its summary e describes it: every tensor's
+ * checksums those the index records, every link to the dataset the summary
+ * recorded (one that is not gets the full check, which says why). */
+static int ck_check_by_summary(struct fsdp_ckpt *ck, const char *path, hid_t f, int r,
+                               const struct ck_entry *e)
+{
+    char name[256];
+    const size_t np = ck->spec->n_params, n = (size_t)ck->kinds.n * np;
+    for (size_t j = 0; j < n; j++) {
+        snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[j / np],
+                 ck->spec->params[j % np].name);
+        FSDP_CHECK(ck_compare_sums(ck, path, name, r, (int)(j / np), j % np, &e[j].sum));
+    }
+    size_t odd = 0;
+    int rc = ck_summary_links(path, f, ck->spec, &ck->kinds, e, &odd);
+    if (rc == 1) { /* replaced since it was written: the full check of that dataset says how */
+        snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[odd / np],
+                 ck->spec->params[odd % np].name);
+        FSDP_CHECK(fsdp_h5_check_heaps(path));
+        FSDP_CHECK(ck_check_shard_tensor(ck, path, f, r, (int)(odd / np), odd % np));
+        rc = fsdp_err(FSDP_ERR_FORMAT,
+                      "%s: /%s is not the dataset the shard's summary records "
+                      "(the file was changed after it was written)",
+                      path, name);
+    }
+    if (rc == 0 && !(ck->offsets[r] = malloc(n * sizeof(uint64_t)))) {
+        rc = fsdp_err(FSDP_ERR_NOMEM, "%s: data offsets", path);
+    }
+    for (size_t j = 0; rc == 0 && j < n; j++) {
+        ck->offsets[r][j] = e[j].offset;
+    }
+    return rc;
+}
+
+/*
+ * Shard r through its summary (ckpt_summary.c): one attribute read, the
+ * links listed, the file closed again; its rows are then read with pread.
+ * 1: the shard has no summary (or the index records no checksums to compare
+ * it with), for the full check.
+ */
+static int ck_try_summary(struct fsdp_ckpt *ck, const char *path, int r)
+{
+    char why[256];
+    struct stat st;
+    const size_t n = (size_t)ck->kinds.n * ck->spec->n_params;
+    if (!ck->all_summed || stat(path, &st) != 0) {
+        return 1;
+    }
+    hid_t fapl = ck_h5_fapl_small();
+    hid_t f = fapl < 0 || H5Fis_hdf5(path) <= 0 ? -1 : H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    fsdp_h5_close(fapl);
+    if (f < 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open shard (truncated or damaged?): %s", path,
+                        fsdp_h5_reason(why, sizeof(why)));
+    }
+    const struct ck_shard_id id = {ck->meta.step, r, ck->meta.n_shards};
+    struct ck_entry *e = calloc(n, sizeof(*e));
+    int rc = e ? ck_summary_load(path, f, &id, ck->spec, ck->kinds.n, (uint64_t)st.st_size, e)
+               : fsdp_err(FSDP_ERR_NOMEM, "%s: shard summary", path);
+    if (rc == 0) {
+        rc = ck_check_by_summary(ck, path, f, r, e);
+    }
+    ck_entries_free(e, n);
+    H5Fclose(f);
+    H5Eclear2(H5E_DEFAULT);
+    if (rc == 0) {
+        ck->how[r] = CK_BY_SUMMARY;
+    }
+    return rc;
+}
+
 /* Shard r: present, readable, of this checkpoint and step, every tensor
  * with the rows the split rule gives and the checksums the index records. */
 static int ck_check_shard(struct fsdp_ckpt *ck, int r)
@@ -419,6 +445,10 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
     long long x;
     FSDP_CHECK(ck_shard_present(ck, r, path, sizeof(path)));
     FSDP_CHECK(fsdp_h5_check_regular(path));
+    int rc = ck_try_summary(ck, path, r);
+    if (rc != 1) {
+        return rc;
+    }
     FSDP_CHECK(fsdp_h5_check_heaps(path));
     if (H5Fis_hdf5(path) <= 0 || (ck->shards[r] = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {
         return fsdp_err(FSDP_ERR_FORMAT, "%s: cannot open shard (truncated or damaged?): %s", path,
@@ -454,6 +484,7 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
             FSDP_CHECK(ck_check_shard_tensor(ck, path, f, r, k, i));
         }
     }
+    ck->how[r] = CK_BY_H5;
     return 0;
 }
 
@@ -466,6 +497,16 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
 static int ck_check_index(struct fsdp_ckpt *ck, const char *index, hid_t f)
 {
     char name[256];
+    /* the mappings were checked with the checksums; the sources of shards
+     * checked through their summaries are known (the links point to the
+     * datasets their writer wrote), and lazy shards are checked when read */
+    int by_h5 = 0;
+    for (int r = 0; !ck->lazy && r < ck->meta.n_shards; r++) {
+        by_h5 |= ck->how[r] == CK_BY_H5;
+    }
+    if (!by_h5) {
+        return 0;
+    }
     for (int k = 0; k < ck->kinds.n; k++) {
         for (size_t i = 0; i < ck->spec->n_params; i++) {
             const struct fsdp_param_spec *p = &ck->spec->params[i];
@@ -473,7 +514,7 @@ static int ck_check_index(struct fsdp_ckpt *ck, const char *index, hid_t f)
             snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[k], p->name);
             FSDP_CHECK(fsdp_h5_open_dataset(index, f, name, H5P_DEFAULT, &d));
             int rc = fsdp_h5_check_shard_vds(index, name, d, p->ndim, p->shape[0], p->shape[1],
-                                             ck->meta.n_shards, ck->lazy ? NULL : ck->shards);
+                                             ck->meta.n_shards, ck->shards);
             H5Dclose(d);
             FSDP_CHECK(rc);
         }
@@ -484,15 +525,18 @@ static int ck_check_index(struct fsdp_ckpt *ck, const char *index, hid_t f)
 /* Shard r checked and open (a lazy handle checks it at its first read). */
 static int ck_shard_ready(struct fsdp_ckpt *ck, int r)
 {
-    if (ck->shards[r] >= 0) {
+    if (ck->how[r] != CK_UNCHECKED) {
         return 0;
     }
     FSDP_DEBUG(FSDP_SUB_IO, "%s: shard %d of %d checked at its first read", ck->dir, r,
                ck->meta.n_shards);
     int rc = ck_check_shard(ck, r);
-    if (rc < 0 && ck->shards[r] >= 0) { /* a shard that failed is never taken as checked */
+    if (rc < 0) { /* a shard that failed is never taken as checked */
         fsdp_h5_close(ck->shards[r]);
         ck->shards[r] = -1;
+        free(ck->offsets[r]);
+        ck->offsets[r] = NULL;
+        ck->how[r] = CK_UNCHECKED;
     }
     return rc;
 }
@@ -506,6 +550,11 @@ static int ck_open(const char *path, const struct fsdp_arch_set *archs, int lazy
     struct fsdp_ckpt *ck = calloc(1, sizeof(*ck));
     if (!ck) {
         return fsdp_err(FSDP_ERR_NOMEM, "checkpoint handle");
+    }
+    ck->fd = ck->fd_shard = ck->dfd = -1;
+    if (CK_SUM_HOST && ck_direct_wanted() &&
+        posix_memalign(&ck->scratch, CK_ALIGN, CK_DIRECT_BUF) != 0) {
+        ck->scratch = NULL; /* reads go through the page cache */
     }
     FSDP_CHECK_GOTO(ck_resolve(path, ck->dir, sizeof(ck->dir)), rc, err);
     snprintf(index, sizeof(index), "%s/%s", ck->dir, FSDP_CKPT_INDEX);
@@ -528,8 +577,14 @@ static int ck_open(const char *path, const struct fsdp_arch_set *archs, int lazy
     if (rc == 0) {
         rc = ck_read_sums(ck, index, f);
     }
-    if (rc == 0 && !(ck->shards = malloc((size_t)ck->meta.n_shards * sizeof(*ck->shards)))) {
+    const size_t R = (size_t)ck->meta.n_shards;
+    if (rc == 0 && (!(ck->shards = malloc(R * sizeof(*ck->shards))) || !(ck->how = calloc(R, 1)) ||
+                    !(ck->offsets = calloc(R, sizeof(uint64_t *))))) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard table");
+    }
+    ck->all_summed = 1;
+    for (size_t j = 0; rc == 0 && j < (size_t)ck->kinds.n * ck->spec->n_params; j++) {
+        ck->all_summed &= ck->sums[j].block_rows > 0;
     }
     for (int r = 0; rc == 0 && r < ck->meta.n_shards; r++) {
         ck->shards[r] = -1;
@@ -596,6 +651,18 @@ void fsdp_ckpt_close(struct fsdp_ckpt *ck)
     for (int r = 0; ck->shards && r < ck->meta.n_shards; r++) {
         fsdp_h5_close(ck->shards[r]);
     }
+    for (int r = 0; ck->offsets && r < ck->meta.n_shards; r++) {
+        free(ck->offsets[r]);
+    }
+    if (ck->fd >= 0) {
+        close(ck->fd);
+    }
+    if (ck->dfd >= 0) {
+        close(ck->dfd);
+    }
+    free(ck->scratch);
+    free(ck->offsets);
+    free(ck->how);
     free(ck->shards);
     for (size_t j = 0; ck->sums && j < (size_t)ck->kinds.n * ck->spec->n_params; j++) {
         fsdp_sum_clear(&ck->sums[j]);
@@ -604,6 +671,53 @@ void fsdp_ckpt_close(struct fsdp_ckpt *ck)
     fsdp_sum_buf_free(&ck->buf);
     fsdp_model_spec_destroy(ck->spec);
     free(ck);
+}
+
+/* The descriptor of summarized shard r (path) for pread: one shard file is
+ * open at a time, read front to back. */
+static int ck_shard_fd(struct fsdp_ckpt *ck, int r, const char *path, int *fd)
+{
+    if (ck->fd_shard != r) {
+        if (ck->fd >= 0) {
+            close(ck->fd);
+        }
+        ck->fd_shard = -1;
+        struct stat st;
+        /* checked regular at open; O_NONBLOCK: a FIFO put there since does not block */
+        if ((ck->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)) < 0) {
+            return fsdp_err(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        }
+        if (fstat(ck->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            close(ck->fd);
+            ck->fd = -1;
+            return fsdp_err(FSDP_ERR_IO, "%s: no longer a regular file", path);
+        }
+        ck->fd_shard = r;
+        (void)posix_fadvise(ck->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        if (ck->dfd >= 0) {
+            close(ck->dfd);
+        }
+        ck->dfd = -1;
+        ck->dfd_tried = 0;
+    }
+    *fd = ck->fd;
+    return 0;
+}
+
+/* The O_DIRECT descriptor of the open shard (path) for a piece of `bytes`:
+ * past the page cache (ckpt_direct.c says why) for pieces as large as the
+ * writer writes that way, opened at the first; -1 for small pieces, whose
+ * every read would wait for the disk, and where the file system refuses. */
+static int ck_shard_dfd(struct fsdp_ckpt *ck, const char *path, uint64_t bytes)
+{
+    if (bytes < CK_DIRECT_MIN || !ck->scratch) {
+        return -1;
+    }
+    if (!ck->dfd_tried) {
+        ck->dfd_tried = 1;
+        ck->dfd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_DIRECT);
+    }
+    return ck->dfd;
 }
 
 /* Tensor rows [lo, lo + n) from shard r (which holds them) through the
@@ -620,6 +734,32 @@ static int ck_read_checked(struct fsdp_ckpt *ck, int kind, size_t idx, int r, si
     ck_shard_path(path, sizeof(path), ck->dir, r);
     snprintf(name, sizeof(name), "%s/%s", ck->kinds.group[kind], p->name);
     FSDP_CHECK(ck_shard_ready(ck, r));
+    struct fsdp_sum_src src = {
+        .file = path,
+        .tensor = name,
+        .hint = "the shard file is damaged",
+        .dset = -1,
+        .ftype = H5T_NATIVE_FLOAT,
+        .kind = FSDP_H5_F32,
+        .ndim = p->ndim,
+        .cols = p->shape[1],
+        .row_off = 0,
+        .show_row0 = s0,
+        .rows = sn,
+        .block_rows = sum->block_rows,
+        .h = sum->h + ck_sum_first(p, ck->meta.n_shards, r, sum->block_rows),
+    };
+    if (ck->how[r] == CK_BY_SUMMARY) { /* its bytes where the summary says, as they are */
+        struct fsdp_sum_raw raw = {.offset = ck->offsets[r][kind * ck->spec->n_params + idx],
+                                   .bytes = (uint64_t)sn * p->shape[1] * sizeof(float),
+                                   .align = CK_ALIGN,
+                                   .scratch_len = CK_DIRECT_BUF};
+        FSDP_CHECK(ck_shard_fd(ck, r, path, &raw.fd));
+        raw.dfd = ck_shard_dfd(ck, path, raw.bytes);
+        raw.scratch = ck->scratch;
+        src.raw = &raw;
+        return fsdp_sum_read(&src, lo - s0, n, 0, p->shape[1], dst, &ck->buf);
+    }
     hid_t d = H5Dopen2(ck->shards[r], name, H5P_DEFAULT);
     hid_t t = d < 0 ? -1 : H5Dget_type(d);
     int rc = 0;
@@ -627,21 +767,9 @@ static int ck_read_checked(struct fsdp_ckpt *ck, int kind, size_t idx, int r, si
         rc = fsdp_err(FSDP_ERR_IO, "%s: reading /%s failed: %s", path, name,
                       t < 0 ? fsdp_h5_reason(why, sizeof(why)) : why);
     } else {
-        struct fsdp_sum_src src = {
-            .file = path,
-            .tensor = name,
-            .hint = "the shard file is damaged",
-            .dset = d,
-            .ftype = t,
-            .kind = fk,
-            .ndim = p->ndim,
-            .cols = p->shape[1],
-            .row_off = 0,
-            .show_row0 = s0,
-            .rows = sn,
-            .block_rows = sum->block_rows,
-            .h = sum->h + ck_sum_first(p, ck->meta.n_shards, r, sum->block_rows),
-        };
+        src.dset = d;
+        src.ftype = t;
+        src.kind = fk;
         rc = fsdp_sum_read(&src, lo - s0, n, 0, p->shape[1], dst, &ck->buf);
     }
     fsdp_h5_close(t);

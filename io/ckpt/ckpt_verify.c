@@ -22,9 +22,15 @@ int fsdp_ckpt_verify_data(const char *path, const struct fsdp_arch_set *archs)
     const struct fsdp_model_spec *s = fsdp_ckpt_spec(ck);
     float *buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
     int rc = buf ? 0 : fsdp_err(FSDP_ERR_NOMEM, "%s: one tensor's buffer", path);
-    for (int k = 0; rc == 0 && k < fsdp_ckpt_kinds(ck)->n; k++) {
-        for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
-            rc = fsdp_ckpt_read_rows(ck, k, i, 0, s->params[i].shape[0], buf);
+    /* shard by shard: each file read front to back, then left */
+    for (int r = 0; rc == 0 && r < fsdp_ckpt_meta(ck)->n_shards; r++) {
+        for (int k = 0; rc == 0 && k < fsdp_ckpt_kinds(ck)->n; k++) {
+            for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
+                size_t row0, rows;
+                fsdp_ckpt_rows(s->params[i].shape[0], fsdp_ckpt_meta(ck)->n_shards, r, &row0,
+                               &rows);
+                rc = rows ? fsdp_ckpt_read_rows(ck, k, i, row0, rows, buf) : 0;
+            }
         }
     }
     fsdp_free(buf);

@@ -106,18 +106,21 @@ static int ck_reserve(const char *path, size_t bytes)
  * a failed write fails in H5Dwrite, where it is reported. The create is
  * exclusive (the probe gives the OS's reason, H5F_ACC_EXCL the guarantee):
  * an entry already at path, a planted link included, fails it rather than
- * being truncated or written through. v18: objects in the HDF5 1.8 format at
- * least, whose attributes may exceed 64 KiB (an index's checksums of
- * thousands of shards).
+ * being truncated or written through. CK_H5_V18: objects in the HDF5 1.8
+ * format at least, whose attributes may exceed 64 KiB (an index's checksums
+ * of thousands of shards, a shard's summary). CK_H5_ALIGN: large datasets
+ * aligned for O_DIRECT (ckpt_direct.c).
  */
-int ck_h5_create(const char *path, size_t reserve, int v18, hid_t *out)
+int ck_h5_create(const char *path, size_t reserve, unsigned flags, hid_t *out)
 {
     char why[256];
     int rc = 0;
     FSDP_CHECK(fsdp_file_probe_create(path));
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl < 0 || H5Pset_sieve_buf_size(fapl, 0) < 0 ||
-        (v18 && H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0)) {
+        ((flags & CK_H5_V18) &&
+         H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0) ||
+        ((flags & CK_H5_ALIGN) && H5Pset_alignment(fapl, CK_DIRECT_MIN, CK_ALIGN) < 0)) {
         fsdp_h5_close(fapl);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: file access properties", path);
     }
@@ -166,8 +169,11 @@ struct fsdp_ckpt_shard_writer {
     const struct fsdp_model_spec *spec;
     struct fsdp_ckpt_kinds kinds;
     int shard, n_shards;
+    long step;
     hid_t file;
     unsigned char *written; /* (kinds.n * n_params,) */
+    struct ck_entry *entries; /* (kinds.n * n_params,) the summary, as tensors are written */
+    struct ck_direct direct;  /* large datasets' bytes (buf NULL: none, HDF5 writes them) */
     int created;            /* path is ours: remove it unless committed */
     int committed;
 };
@@ -180,11 +186,16 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
     int rc;
     fsdp_h5_quiet();
     struct fsdp_ckpt_shard_writer *w = calloc(1, sizeof(*w));
-    if (!w || !(w->written = calloc((size_t)kinds->n * spec->n_params, 1))) {
+    if (!w || !(w->written = calloc((size_t)kinds->n * spec->n_params, 1)) ||
+        !(w->entries = calloc((size_t)kinds->n * spec->n_params, sizeof(*w->entries)))) {
+        if (w) {
+            free(w->written);
+        }
         free(w);
         return fsdp_err(FSDP_ERR_NOMEM, "checkpoint shard writer");
     }
     if (ck_shard_path(w->path, sizeof(w->path), dir, shard) < 0) {
+        free(w->entries);
         free(w->written);
         free(w);
         return fsdp_err(FSDP_ERR_INVALID, "%s: checkpoint directory path too long", dir);
@@ -193,6 +204,7 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
     w->kinds = *kinds;
     w->shard = shard;
     w->n_shards = n_shards;
+    w->step = step;
     size_t data = 0;
     for (size_t i = 0; i < spec->n_params; i++) {
         size_t row0, rows;
@@ -200,12 +212,19 @@ int fsdp_ckpt_shard_create(const char *dir, int shard, int n_shards, long step,
         data += (size_t)kinds->n * rows * spec->params[i].shape[1] * sizeof(float);
     }
     w->file = -1;
-    /* and a hash per 1 MiB of rows (the bound gives each dataset one) */
-    FSDP_CHECK_GOTO(
-        ck_h5_create(w->path, ck_file_bound((size_t)kinds->n * spec->n_params, data + data / 65536),
-                     0, &w->file),
-        rc, err);
+    w->direct.dfd = w->direct.bfd = -1;
+    /* and a hash per 1 MiB of rows, twice (each dataset's and the summary's; the
+     * bound gives each dataset one); HDF5 1.8 objects at least, for a summary
+     * attribute over 64 KiB */
+    const size_t n_dsets = (size_t)kinds->n * spec->n_params; /* each padded to CK_ALIGN, at most */
+    FSDP_CHECK_GOTO(ck_h5_create(w->path,
+                                 ck_file_bound(n_dsets, data + data / 65536) + n_dsets * CK_ALIGN,
+                                 CK_H5_V18 | (CK_SUM_HOST ? CK_H5_ALIGN : 0), &w->file),
+                    rc, err);
     w->created = 1;
+    if (CK_SUM_HOST) {
+        FSDP_CHECK_GOTO(ck_direct_open(w->path, &w->direct), rc, err);
+    }
     if (fsdp_h5_put_attr_str(w->file, "format", FSDP_CKPT_SHARD_FORMAT) < 0 ||
         fsdp_h5_put_attr_int(w->file, "format_version", FSDP_CKPT_VERSION) < 0 ||
         fsdp_h5_put_attr_i64(w->file, "step", step) < 0 ||
@@ -223,6 +242,22 @@ err:
     return rc;
 }
 
+/* Where dataset d's bytes and object lie (the summary's entry e). */
+static int ck_locate(hid_t d, struct ck_entry *e)
+{
+    H5O_info_t oi;
+    if (H5Oget_info2(d, &oi, H5O_INFO_BASIC) < 0) {
+        return -1;
+    }
+    haddr_t off = e->bytes > 0 ? H5Dget_offset(d) : HADDR_UNDEF;
+    if (e->bytes > 0 && off == HADDR_UNDEF) {
+        return -1; /* written, so allocated: contiguous storage has an offset */
+    }
+    e->offset = off == HADDR_UNDEF ? UINT64_MAX : (uint64_t)off;
+    e->addr = (uint64_t)oi.addr;
+    return 0;
+}
+
 int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, int kind, size_t idx, const float *data)
 {
     const struct fsdp_param_spec *p = &w->spec->params[idx];
@@ -233,21 +268,43 @@ int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, int kind, size_t idx, 
         return fsdp_err(FSDP_ERR_INVALID, "%s: tensor kind %d of %s (the checkpoint keeps %d)",
                         w->path, kind, p->name, w->kinds.n);
     }
+    struct ck_entry *e = &w->entries[kind * w->spec->n_params + idx];
     fsdp_ckpt_rows(p->shape[0], w->n_shards, w->shard, &row0, &rows);
     snprintf(name, sizeof(name), "%s/%s", w->kinds.group[kind], p->name);
     int nd = ck_dims(p, rows, dims);
+    fsdp_sum_clear(&e->sum);
+    *e = (struct ck_entry){.row0 = row0, .rows = rows, .cols = p->shape[1]};
+    e->bytes = (uint64_t)rows * p->shape[1] * sizeof(float);
+    const size_t row_bytes = p->shape[1] * sizeof(float);
+    const int direct = w->direct.buf && e->bytes >= CK_DIRECT_MIN && row_bytes <= CK_DIRECT_BUF / 2;
     hid_t space = H5Screate_simple(nd, dims, NULL);
     hid_t dcpl = fsdp_h5_dcpl_write_once();
+    /* direct: allocated now, so that its offset is known before its bytes */
+    if (direct && dcpl >= 0 && H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) < 0) {
+        fsdp_h5_close(dcpl);
+        dcpl = -1;
+    }
     hid_t d = space < 0 || dcpl < 0 ? -1
                                     : H5Dcreate2(w->file, name, H5T_IEEE_F32LE, space, H5P_DEFAULT,
                                                  dcpl, H5P_DEFAULT);
     fsdp_h5_close(dcpl);
     fsdp_h5_close(space);
-    int rc = d < 0 ? -1
-                   : fsdp_sum_write(d, H5T_NATIVE_FLOAT, nd, rows, p->shape[1], sizeof(float), data,
-                                    ck_block_rows(p));
+    haddr_t off = d >= 0 && direct ? H5Dget_offset(d) : HADDR_UNDEF;
+    int rc;
+    if (off != HADDR_UNDEF && off % CK_ALIGN == 0) {
+        char what[CK_PATH_MAX + 300];
+        snprintf(what, sizeof(what), "%s: /%s", w->path, name);
+        rc = ck_direct_write(&w->direct, what, off, data, rows, row_bytes, ck_block_rows(p),
+                             &e->sum);
+        rc = rc < 0 ? rc : fsdp_sum_put(d, &e->sum);
+    } else {
+        rc = d < 0 ? -1
+                   : fsdp_sum_write_keep(d, H5T_NATIVE_FLOAT, nd, rows, p->shape[1], sizeof(float),
+                                         data, ck_block_rows(p), &e->sum);
+    }
     int bad = rc == -1 || (rc == 0 && (fsdp_h5_put_attr_i64(d, "row0", (long long)row0) < 0 ||
-                                       fsdp_h5_put_attr_i64(d, "rows", (long long)rows) < 0));
+                                       fsdp_h5_put_attr_i64(d, "rows", (long long)rows) < 0 ||
+                                       ck_locate(d, e) < 0));
     fsdp_h5_close(d);
     if (rc < -1) {
         return rc;
@@ -269,6 +326,17 @@ int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w)
                             w->kinds.group[i / w->spec->n_params],
                             w->spec->params[i % w->spec->n_params].name);
         }
+    }
+    ck_direct_close(&w->direct); /* its bytes are in the file; the fsync below makes them stay */
+    const struct ck_shard_id id = {w->step, w->shard, w->n_shards};
+    int sr =
+        CK_SUM_HOST ? ck_summary_put(w->file, &id, w->kinds.n, w->spec->n_params, w->entries) : 0;
+    if (sr < -1) {
+        return sr;
+    }
+    if (sr < 0) {
+        return fsdp_err(FSDP_ERR_IO, "%s: writing its summary failed: %s", w->path,
+                        fsdp_h5_reason(why, sizeof(why)));
     }
     herr_t e = H5Fclose(w->file);
     w->file = -1;
@@ -293,6 +361,8 @@ void fsdp_ckpt_shard_destroy(struct fsdp_ckpt_shard_writer *w)
     if (w->created && !w->committed) {
         unlink(w->path);
     }
+    ck_direct_close(&w->direct);
+    ck_entries_free(w->entries, (size_t)w->kinds.n * w->spec->n_params);
     free(w->written);
     free(w);
 }

@@ -13,9 +13,11 @@
 
 #include <xxhash.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 size_t fsdp_sum_block_rows(size_t rows, size_t row_bytes)
 {
@@ -139,6 +141,12 @@ int fsdp_sum_put(hid_t dset, const struct fsdp_sum *s)
 int fsdp_sum_write(hid_t dset, hid_t mtype, int ndim, size_t rows, size_t cols, size_t esize,
                    const void *data, size_t block_rows)
 {
+    return fsdp_sum_write_keep(dset, mtype, ndim, rows, cols, esize, data, block_rows, NULL);
+}
+
+int fsdp_sum_write_keep(hid_t dset, hid_t mtype, int ndim, size_t rows, size_t cols, size_t esize,
+                        const void *data, size_t block_rows, struct fsdp_sum *keep)
+{
     struct fsdp_sum_stream st;
     FSDP_CHECK(fsdp_sum_stream_begin(&st, rows, block_rows, cols, esize));
     const unsigned char *p = data;
@@ -158,6 +166,10 @@ int fsdp_sum_write(hid_t dset, hid_t mtype, int ndim, size_t rows, size_t cols, 
     fsdp_h5_close(fs);
     if (e >= 0 && (fsdp_sum_stream_end(&st) < 0 || fsdp_sum_put(dset, &st.sum) < 0)) {
         e = -1;
+    }
+    if (e >= 0 && keep) { /* hand over the hashes instead of freeing them */
+        *keep = st.sum;
+        memset(&st.sum, 0, sizeof(st.sum));
     }
     fsdp_sum_stream_free(&st);
     return e < 0 ? -1 : 0;
@@ -264,6 +276,71 @@ static int sum_buf_reserve(struct fsdp_sum_buf *b, size_t bytes)
     return 0;
 }
 
+/* [off, off + left) of raw's file into p through its O_DIRECT descriptor,
+ * in aligned runs through its scratch buffer: 0, 1 when the descriptor
+ * refuses (the caller reads it the ordinary way), -1 with errno set. */
+static int sum_pread_direct(const struct fsdp_sum_raw *raw, uint64_t off, uint64_t left,
+                            unsigned char *p)
+{
+    while (left > 0) {
+        uint64_t a0 = off / raw->align * raw->align, skip = off - a0;
+        uint64_t want = skip + left < raw->scratch_len ? skip + left : raw->scratch_len;
+        uint64_t len = (want + raw->align - 1) / raw->align * raw->align;
+        ssize_t got = pread(raw->dfd, raw->scratch, len, (off_t)a0);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got < 0 && errno == EINVAL) {
+            return 1;
+        }
+        if (got <= 0 || (uint64_t)got <= skip) {
+            errno = got < 0 ? errno : 0; /* 0: the file ends before the piece */
+            return -1;
+        }
+        uint64_t take = (uint64_t)got - skip < left ? (uint64_t)got - skip : left;
+        take = take < want - skip ? take : want - skip;
+        memcpy(p, (unsigned char *)raw->scratch + skip, take);
+        p += take;
+        off += take;
+        left -= take;
+    }
+    return 0;
+}
+
+/* Rows [row, row + n) of a raw piece (s->raw) into dst with pread; -1 with
+ * errno set (0 for a read past the end of the file). */
+static int sum_pread_rows(const struct fsdp_sum_src *s, size_t row, size_t n, void *dst)
+{
+    const size_t row_bytes = s->cols * sizeof(float);
+    uint64_t off = (uint64_t)row * row_bytes, left = (uint64_t)n * row_bytes;
+    unsigned char *p = dst;
+    if (off + left > s->raw->bytes) {
+        errno = EINVAL;
+        return -1;
+    }
+    off += s->raw->offset;
+    if (s->raw->dfd >= 0 && s->raw->scratch) {
+        int d = sum_pread_direct(s->raw, off, left, p);
+        if (d <= 0) {
+            return d;
+        }
+    }
+    while (left > 0) {
+        ssize_t got = pread(s->raw->fd, p, left, (off_t)off);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got <= 0) {
+            errno = got == 0 ? 0 : errno; /* 0: the file ends before the piece */
+            return -1;
+        }
+        p += got;
+        off += (uint64_t)got;
+        left -= (uint64_t)got;
+    }
+    return 0;
+}
+
 /* Dataset rows [row, row + n) of all cols, in memory type mtype, into dst. */
 static herr_t sum_read_rows(const struct fsdp_sum_src *s, size_t row, size_t n, hid_t mtype,
                             void *dst)
@@ -343,8 +420,13 @@ int fsdp_sum_read(const struct fsdp_sum_src *s, size_t r0, size_t nr, size_t c0,
             FSDP_CHECK(sum_buf_reserve(buf, (b1 - b0) * s->cols * wide));
             land = buf->p;
         }
-        if (sum_read_rows(s, s->row_off + b0, b1 - b0, direct ? H5T_NATIVE_FLOAT : s->ftype,
-                          land) < 0) {
+        if (s->raw && sum_pread_rows(s, s->row_off + b0, b1 - b0, land) < 0) {
+            return fsdp_err(FSDP_ERR_IO, "%s: reading tensor '%s' rows [%zu, %zu) failed: %s",
+                            s->file, s->tensor, s->show_row0 + b0, s->show_row0 + b1,
+                            errno ? strerror(errno) : "the file ends before them (truncated?)");
+        }
+        if (!s->raw && sum_read_rows(s, s->row_off + b0, b1 - b0,
+                                     direct ? H5T_NATIVE_FLOAT : s->ftype, land) < 0) {
             return fsdp_err(FSDP_ERR_IO, "%s: reading tensor '%s' rows [%zu, %zu) failed: %s",
                             s->file, s->tensor, s->show_row0 + b0, s->show_row0 + b1,
                             fsdp_h5_reason(why, sizeof(why)));

@@ -94,6 +94,10 @@ void fsdp_sum_stream_free(struct fsdp_sum_stream *s); /* frees the state and s->
  */
 int fsdp_sum_write(hid_t dset, hid_t mtype, int ndim, size_t rows, size_t cols, size_t esize,
                    const void *data, size_t block_rows);
+/* The same, also handing the checksums to keep (freed by the caller with
+ * fsdp_sum_clear; left empty on failure). */
+int fsdp_sum_write_keep(hid_t dset, hid_t mtype, int ndim, size_t rows, size_t cols, size_t esize,
+                        const void *data, size_t block_rows, struct fsdp_sum *keep);
 
 /* Stores s as the attributes of dset (uint64 array, int64 scalar). 0, or -1
  * with HDF5's error stack set. */
@@ -120,6 +124,22 @@ struct fsdp_sum_buf {
 };
 void fsdp_sum_buf_free(struct fsdp_sum_buf *b);
 
+/* A piece whose bytes are read with pread from an open file instead of
+ * through HDF5: little-endian f32, row-major, starting at offset (a
+ * checkpoint shard's contiguous dataset, located by its summary). */
+struct fsdp_sum_raw {
+    int fd;
+    uint64_t offset; /* of the piece's first row (row_off is added in rows) */
+    uint64_t bytes;  /* of the piece: reads past it are refused */
+    /* optional: the same file opened with O_DIRECT (-1: none), read in
+     * aligned runs through scratch (scratch_len bytes, a multiple of align,
+     * itself aligned) past the page cache; a refusal falls back to fd */
+    int dfd;
+    size_t align;
+    void *scratch;
+    size_t scratch_len;
+};
+
 /* One piece of a dataset to read through its checksums. */
 struct fsdp_sum_src {
     const char *file;    /* the file whose bytes these are (for messages) */
@@ -135,6 +155,7 @@ struct fsdp_sum_src {
     size_t rows;         /* rows of the piece */
     size_t block_rows;
     const uint64_t *h;   /* (fsdp_sum_nblocks(rows, block_rows),) */
+    const struct fsdp_sum_raw *raw; /* NULL: read dset through HDF5 */
 };
 
 /*

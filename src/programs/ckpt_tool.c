@@ -191,39 +191,41 @@ enum verify_status { VERIFY_OK, VERIFY_UNCHECKED, VERIFY_FAILED };
 
 struct verify_run {
     struct fsdp_ckpt *ck;
-    float *buf;        /* (largest,) one tensor */
+    float *buf; /* (largest,) one shard's rows of a tensor */
     int scan, quiet;
-    size_t checked;    /* tensors that matched their checksums */
+    enum verify_status *st; /* (kinds * n_params,) */
+    char (*why)[1024];      /* (kinds * n_params,) each failed tensor's first failure */
     size_t failed;
-    char first[1024];  /* the first failure's message */
+    char first[1024]; /* the first failure's message */
 };
 
-/* Reads tensor (k, i) whole; a failure is reported under its table row. */
-static enum verify_status verify_tensor(struct verify_run *v, int k, size_t i, char *why,
-                                        size_t len)
+/* Shard r's rows of tensor j = (k, i); a failure is kept for its table row. */
+static void verify_piece(struct verify_run *v, int r, size_t j)
 {
-    const struct fsdp_param_spec *p = &fsdp_ckpt_spec(v->ck)->params[i];
-    int rc = fsdp_ckpt_read_rows(v->ck, k, i, 0, p->shape[0], v->buf);
-    if (rc < 0) {
-        fsdp_err_take(why, len);
-        if (v->failed++ == 0) {
-            snprintf(v->first, sizeof(v->first), "%s", why);
-        }
-        return VERIFY_FAILED;
+    const struct fsdp_model_spec *s = fsdp_ckpt_spec(v->ck);
+    const int k = (int)(j / s->n_params);
+    const struct fsdp_param_spec *p = &s->params[j % s->n_params];
+    size_t row0, rows;
+    fsdp_ckpt_rows(p->shape[0], fsdp_ckpt_meta(v->ck)->n_shards, r, &row0, &rows);
+    if (rows == 0 || v->st[j] == VERIFY_FAILED) {
+        return;
     }
-    size_t n = p->shape[0] * p->shape[1];
-    for (size_t j = 0; v->scan && j < n; j++) {
-        if (!isfinite(v->buf[j])) {
+    if (fsdp_ckpt_read_rows(v->ck, k, j % s->n_params, row0, rows, v->buf) < 0) {
+        fsdp_err_take(v->why[j], sizeof(v->why[j]));
+        if (v->failed++ == 0) {
+            snprintf(v->first, sizeof(v->first), "%s", v->why[j]);
+        }
+        v->st[j] = VERIFY_FAILED;
+        return;
+    }
+    size_t n = rows * p->shape[1];
+    for (size_t e = 0; v->scan && e < n; e++) {
+        if (!isfinite(v->buf[e])) {
             fsdp_fatal("fsdpc-ckpt verify: %s: /%s/%s holds %g at element %zu",
                        fsdp_ckpt_dir(v->ck), fsdp_ckpt_kind_group(fsdp_ckpt_kinds(v->ck), k),
-                       p->name, (double)v->buf[j], j);
+                       p->name, (double)v->buf[e], row0 * p->shape[1] + e);
         }
     }
-    if (fsdp_ckpt_checksum_blocks(v->ck, k, i) == 0) {
-        return VERIFY_UNCHECKED;
-    }
-    v->checked++;
-    return VERIFY_OK;
 }
 
 /* One row of the table, a column per kind: "%-*s %-10s ... %s". */
@@ -241,24 +243,61 @@ static void verify_row(int width, const char *first, const char *const *cols, in
 static void verify_param(struct verify_run *v, size_t i, int width)
 {
     static const char *const word[] = {"ok", "unchecked", "FAILED"};
-    const struct fsdp_param_spec *p = &fsdp_ckpt_spec(v->ck)->params[i];
+    const struct fsdp_model_spec *s = fsdp_ckpt_spec(v->ck);
     const struct fsdp_ckpt_kinds *kinds = fsdp_ckpt_kinds(v->ck);
-    char why[1 + FSDP_CKPT_MAX_STATE][1024];
-    enum verify_status st[1 + FSDP_CKPT_MAX_STATE];
     const char *cols[1 + FSDP_CKPT_MAX_STATE];
     int bad = 0;
     for (int k = 0; k < kinds->n; k++) {
-        st[k] = verify_tensor(v, k, i, why[k], sizeof(why[k]));
-        cols[k] = word[st[k]];
-        bad |= st[k] == VERIFY_FAILED;
+        cols[k] = word[v->st[k * s->n_params + i]];
+        bad |= v->st[k * s->n_params + i] == VERIFY_FAILED;
     }
     if (!v->quiet || bad) {
-        verify_row(width, p->name, cols, kinds->n);
+        verify_row(width, s->params[i].name, cols, kinds->n);
     }
     for (int k = 0; k < kinds->n; k++) {
-        if (st[k] == VERIFY_FAILED) {
-            printf("  %s/%s: %s\n", fsdp_ckpt_kind_group(kinds, k), p->name, why[k]);
+        if (v->st[k * s->n_params + i] == VERIFY_FAILED) {
+            printf("  %s/%s: %s\n", fsdp_ckpt_kind_group(kinds, k), s->params[i].name,
+                   v->why[k * s->n_params + i]);
         }
+    }
+}
+
+/* Every shard's rows of every tensor, one shard file after another (each
+ * read front to back, then left), then the table. */
+static void verify_all(struct verify_run *v)
+{
+    const struct fsdp_model_spec *s = fsdp_ckpt_spec(v->ck);
+    const struct fsdp_ckpt_kinds *kinds = fsdp_ckpt_kinds(v->ck);
+    const int R = fsdp_ckpt_meta(v->ck)->n_shards;
+    const size_t n = (size_t)kinds->n * s->n_params;
+    for (size_t j = 0; j < n; j++) {
+        v->st[j] = fsdp_ckpt_checksum_blocks(v->ck, (int)(j / s->n_params), j % s->n_params)
+                       ? VERIFY_OK
+                       : VERIFY_UNCHECKED;
+    }
+    for (int r = 0; r < R; r++) {
+        for (size_t j = 0; j < n; j++) {
+            verify_piece(v, r, j);
+        }
+        if (v->quiet) {
+            tool_progress(((size_t)r + 1) * n, (size_t)R * n, "verify (tensor pieces)");
+        }
+    }
+    int width = 6;
+    for (size_t i = 0; i < s->n_params; i++) {
+        int w = (int)strlen(s->params[i].name);
+        width = w > width ? w : width;
+    }
+    if (!v->quiet) { /* model, then the optimizer's state names */
+        const char *heads[1 + FSDP_CKPT_MAX_STATE];
+        for (int k = 0; k < kinds->n; k++) {
+            const char *g = fsdp_ckpt_kind_group(kinds, k), *slash = strchr(g, '/');
+            heads[k] = slash ? slash + 1 : g;
+        }
+        verify_row(width, "tensor", heads, kinds->n);
+    }
+    for (size_t i = 0; i < s->n_params; i++) {
+        verify_param(v, i, width);
     }
     fflush(stdout);
 }
@@ -268,7 +307,6 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
     struct fsdp_ckpt_args a = {0};
     struct verify_run v = {0};
     const char *in;
-    int rc;
     if (fsdp_ckpt_tool_parse(&verify_cmd, &a, argc, argv, &in) == 1) {
         return 0;
     }
@@ -278,59 +316,41 @@ int fsdp_ckpt_cmd_verify(int argc, char **argv)
     }
     v.scan = a.scan_nan;
     v.quiet = a.quiet;
+    /* opening checks the index's virtual datasets and every shard they map */
     v.ck = tool_open("verify", in);
     const struct fsdp_model_spec *s = fsdp_ckpt_spec(v.ck);
     const struct fsdp_ckpt_meta *m = fsdp_ckpt_meta(v.ck);
-    char index[4200];
-    snprintf(index, sizeof(index), "%s/%s", fsdp_ckpt_dir(v.ck), FSDP_CKPT_INDEX);
-    struct fsdp_model_file *mf;
-    /* virtual sources, as a model file */
-    if ((rc = fsdp_model_file_open(index, fsdp_arch_registered(), &mf)) < 0) {
-        fsdp_die(rc, "fsdpc-ckpt verify", NULL);
-    }
-    fsdp_model_file_close(mf);
+    const struct fsdp_ckpt_kinds *kinds = fsdp_ckpt_kinds(v.ck);
+    const size_t total = (size_t)kinds->n * s->n_params;
     v.buf = fsdp_alloc(fsdp_model_spec_largest(s) * sizeof(float));
-    if (!v.buf) {
+    v.st = calloc(total, sizeof(*v.st));
+    v.why = calloc(total, sizeof(*v.why));
+    if (!v.buf || !v.st || !v.why) {
         fsdp_fatal("fsdpc-ckpt verify: out of memory for one tensor");
     }
-    int width = 6;
-    for (size_t i = 0; i < s->n_params; i++) {
-        int n = (int)strlen(s->params[i].name);
-        width = n > width ? n : width;
-    }
-    const struct fsdp_ckpt_kinds *kinds = fsdp_ckpt_kinds(v.ck);
-    if (!v.quiet) { /* model, then the optimizer's state names */
-        const char *heads[1 + FSDP_CKPT_MAX_STATE];
-        for (int k = 0; k < kinds->n; k++) {
-            const char *g = fsdp_ckpt_kind_group(kinds, k), *slash = strchr(g, '/');
-            heads[k] = slash ? slash + 1 : g;
-        }
-        verify_row(width, "tensor", heads, kinds->n);
-    }
-    const size_t n_kinds = (size_t)kinds->n;
-    for (size_t i = 0; i < s->n_params; i++) {
-        verify_param(&v, i, width);
-        if (v.quiet) {
-            tool_progress((i + 1) * n_kinds, n_kinds * s->n_params, "verify");
-        }
-    }
-    size_t total = n_kinds * s->n_params;
+    verify_all(&v);
     if (v.failed) {
         fsdp_fatal("fsdpc-ckpt verify: %s: %zu of %zu tensors failed; the first: %s",
                    fsdp_ckpt_dir(v.ck), v.failed, total, v.first);
     }
+    size_t checked = 0;
+    for (size_t j = 0; j < total; j++) {
+        checked += v.st[j] == VERIFY_OK;
+    }
     char sums[96];
-    if (v.checked == total) {
+    if (checked == total) {
         snprintf(sums, sizeof(sums), "all matched their checksums (xxh3_64)");
     } else {
-        snprintf(sums, sizeof(sums), "%zu matched their checksums, %zu have none recorded",
-                 v.checked, total - v.checked);
+        snprintf(sums, sizeof(sums), "%zu matched their checksums, %zu have none recorded", checked,
+                 total - checked);
     }
     printf("ok: %s: step %ld, %d shard%s, %zu tensors x %d readable, %s, %s%s\n",
            fsdp_ckpt_dir(v.ck), m->step, m->n_shards, m->n_shards > 1 ? "s" : "", s->n_params,
            kinds->n, sums,
            m->attrs_summed ? "attributes matched theirs" : "attributes have none recorded",
            v.scan ? ", all finite" : "");
+    free(v.why);
+    free(v.st);
     fsdp_free(v.buf);
     fsdp_ckpt_close(v.ck);
     return 0;

@@ -36,6 +36,11 @@ TESTS += tests/ckpt/test_ckpt_escape.sh tests/ckpt/test_reader_faults.sh
 dist_check_SCRIPTS += tests/ckpt/test_checksums.sh
 TESTS += tests/ckpt/test_checksums.sh
 
+# Shard summaries: rows read through them equal HDF5's, checkpoints without
+# them still read, and a damaged, foreign or stale summary is refused.
+dist_check_SCRIPTS += tests/ckpt/test_ckpt_summary.sh
+TESTS += tests/ckpt/test_ckpt_summary.sh
+
 # Hugging Face model directories (import-hf, export-hf) against transformers
 # 4.38 (hf-venv, see doc/testing.md).
 dist_check_SCRIPTS += tests/ckpt/test_hf_dir.sh
@@ -47,3 +52,8 @@ TESTS += tests/ckpt/test_hf_dir.sh
 dist_check_SCRIPTS += tests/ckpt/test_hf_tokens.sh
 dist_check_DATA += tests/ckpt/hf_tokens_check.py
 TESTS += tests/ckpt/test_hf_tokens.sh
+
+# The io layer's save and load throughput at a model's shape, without a
+# trainer (tests/peers/run_ckpt_bench.sh runs it; not a test).
+check_PROGRAMS += tests/ckpt/bench_ckpt_io
+tests_ckpt_bench_ckpt_io_SOURCES = tests/ckpt/bench_ckpt_io.c

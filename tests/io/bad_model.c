@@ -28,8 +28,8 @@
  *   flip:DSET[=BYTE]        flip the lowest bit of byte BYTE (default: the
  *                           middle one) of DSET's data in the file
  *   unsum                   delete the checksum attributes of every dataset
- *                           and of the root attributes (a file from before
- *                           checksums)
+ *                           and of the root attributes, and a shard's
+ *                           summary (a file from before checksums)
  *   sum-whole:DSET          replace DSET's checksums by one XXH3-64 of all
  *                           its bytes as stored, without xxh3_64_rows (what
  *                           a hand-written file with h5py would hold)
@@ -361,6 +361,9 @@ int main(int argc, char **argv)
         }
         if (H5Aexists(f, "xxh3_64_attrs") > 0) {
             H5Adelete(f, "xxh3_64_attrs");
+        }
+        if (H5Aexists(f, "ckpt_summary") > 0) { /* a shard's, which came later */
+            H5Adelete(f, "ckpt_summary");
         }
     } else if (!strncmp(kind, "sum-", 4) && arg) {
         sum_attr(f, kind, arg, val);
