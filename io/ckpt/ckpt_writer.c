@@ -124,7 +124,13 @@ int ck_h5_create(const char *path, size_t reserve, unsigned flags, hid_t *out)
         fsdp_h5_close(fapl);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: file access properties", path);
     }
-    hid_t f = H5Fcreate(path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
+    /* no times in the object headers (the newer format keeps them): the same
+     * state makes the same bytes whenever it is written */
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    hid_t f = fcpl >= 0 && H5Pset_obj_track_times(fcpl, 0) >= 0
+                  ? H5Fcreate(path, H5F_ACC_EXCL, fcpl, fapl)
+                  : H5I_INVALID_HID;
+    fsdp_h5_close(fcpl);
     if (f < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", path, fsdp_h5_reason(why, sizeof(why)));
         H5Pclose(fapl);
@@ -149,16 +155,20 @@ int ck_h5_create(const char *path, size_t reserve, unsigned flags, hid_t *out)
 
 int ck_make_groups(hid_t f, const struct fsdp_ckpt_kinds *k)
 {
-    for (int i = 0; i <= k->n; i++) {
+    hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE); /* no times: see ck_h5_create */
+    int rc = gcpl >= 0 && H5Pset_obj_track_times(gcpl, 0) >= 0 ? 0 : -1;
+    for (int i = 0; i <= k->n && rc == 0; i++) {
         /* model, optim, then optim/<state> for each state */
         const char *g = i == 0 ? k->group[0] : i == 1 ? "optim" : k->group[i - 1];
-        hid_t id = H5Gcreate2(f, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        hid_t id = H5Gcreate2(f, g, H5P_DEFAULT, gcpl, H5P_DEFAULT);
         if (id < 0) {
-            return -1;
+            rc = -1;
+            break;
         }
         H5Gclose(id);
     }
-    return 0;
+    fsdp_h5_close(gcpl);
+    return rc;
 }
 
 // ----------------------------------------------------------------------------

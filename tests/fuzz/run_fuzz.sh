@@ -38,7 +38,8 @@ for f in src/core/error.c src/core/log.c src/core/dtype.c src/core/util.c src/co
     src/core/tmpfile.c src/core/hf_map.c src/model/gpt2_spec.c src/model/hf_json.c \
     io/h5/model_file.c io/h5/h5util.c io/h5/h5heap.c \
     io/ckpt/ckpt_writer.c io/ckpt/ckpt_index.c io/ckpt/ckpt_reader.c io/ckpt/ckpt_consolidate.c \
-    io/ckpt/ckpt_attrs.c io/h5/checksum.c io/util/fileutil.c io/hf/safetensors.c \
+    io/ckpt/ckpt_summary.c io/ckpt/ckpt_direct.c io/ckpt/ckpt_path.c io/ckpt/ckpt_verify.c \
+    io/ckpt/ckpt_commit.c io/ckpt/ckpt_attrs.c io/h5/checksum.c io/util/fileutil.c io/hf/safetensors.c \
     io/text/tokens.c io/text/tokenizer.c io/text/tokenizer_added.c io/text/tokenizer_encode.c \
     io/text/tokenizer_post.c io/util/json.c \
     tests/fuzz/fuzz_common.c; do
