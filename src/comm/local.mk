@@ -12,6 +12,7 @@ libfsdpc_a_SOURCES += src/comm/debug.c src/comm/flight.c src/comm/watchdog.c \
 noinst_HEADERS += src/comm/debug.h src/comm/flight.h
 # tests of the debug layer
 check_PROGRAMS += tests/debug/debug_probe
+EXTRA_DIST += tests/debug/probe.h
 dist_check_SCRIPTS += tests/debug/test_detail.sh tests/debug/test_monitor.sh \
 	tests/debug/test_fuzz.sh tests/debug/test_watchdog.sh
 TESTS += tests/debug/test_detail.sh tests/debug/test_monitor.sh tests/debug/test_fuzz.sh \

@@ -38,6 +38,7 @@
  * theirs, and takes the job down (fsdp_die), as a program would.
  */
 #include "config.h"
+#include "tests/debug/probe.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/util.h"
@@ -53,24 +54,6 @@
 #include <unistd.h>
 
 #define PROBE_MAX_COUNT 256
-
-static int probe_rank;
-
-static _Noreturn void probe_fail(int rc)
-{
-    printf("rank %d: error: %s\n", probe_rank, fsdp_err_msg());
-    fflush(stdout);
-    sleep(1);
-    fsdp_die(rc, "debug_probe", NULL);
-}
-
-#define PROBE_CHECK(call)         \
-    do {                          \
-        int probe_rc_ = (call);   \
-        if (probe_rc_ < 0) {      \
-            probe_fail(probe_rc_); \
-        }                         \
-    } while (0)
 
 static float sendbuf[PROBE_MAX_COUNT * 4], recvbuf[PROBE_MAX_COUNT * 16];
 
@@ -282,34 +265,13 @@ static void probe_fuzz(struct fsdp_mesh *m, uint64_t seed, int frank, int at)
 
 int main(int argc, char **argv)
 {
-    const char *init = NULL, *mesh = NULL, *backend = NULL;
-    int i = 1;
-    for (; i + 1 < argc && !strncmp(argv[i], "--", 2); i += 2) {
-        if (!strcmp(argv[i], "--init")) {
-            init = argv[i + 1];
-        } else if (!strcmp(argv[i], "--mesh")) {
-            mesh = argv[i + 1];
-        } else if (!strcmp(argv[i], "--backend")) {
-            backend = argv[i + 1];
-        } else {
-            fsdp_fatal("debug_probe: unknown flag %s", argv[i]);
-        }
-    }
-    if (i >= argc) {
-        fsdp_fatal("debug_probe: no mode given (detail, ahead, pace, mbarrier, stall, usr2, fuzz)");
-    }
-    const char *mode = argv[i];
-    char **a = argv + i + 1;
-    int na = argc - i - 1;
+    const char *mode;
+    char **a;
+    int na;
     struct fsdp_dist *d;
     struct fsdp_mesh *m;
-    int rc = fsdp_dist_init(&argc, &argv, init, 0, &d);
-    if (rc < 0) {
-        fsdp_die(rc, "debug_probe: dist init", NULL);
-    }
-    probe_rank = d->rank;
-    PROBE_CHECK(fsdp_mesh_create(d, mesh, backend, &m));
-    fsdp_debug_mark_steady();
+    probe_start(argc, argv, "debug_probe", "detail, ahead, pace, mbarrier, stall, usr2, fuzz",
+                &mode, &a, &na, &d, &m);
     for (size_t k = 0; k < sizeof(sendbuf) / sizeof(sendbuf[0]); k++) {
         sendbuf[k] = (float)(k % 7);
     }

@@ -27,6 +27,7 @@
  * theirs, and takes the job down (fsdp_die), as a program would.
  */
 #include "config.h"
+#include "tests/debug/probe.h"
 #include "comm/debug.h"
 #include "comm/mesh.h"
 #include "core/dtype.h"
@@ -39,24 +40,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int probe_rank;
-
-static _Noreturn void probe_fail(int rc)
-{
-    printf("rank %d: error: %s\n", probe_rank, fsdp_err_msg());
-    fflush(stdout);
-    sleep(1);
-    fsdp_die(rc, "p2p_probe", NULL);
-}
-
-#define PROBE_CHECK(call)                                                                          \
-    do {                                                                                           \
-        int probe_rc_ = (call);                                                                    \
-        if (probe_rc_ < 0) {                                                                       \
-            probe_fail(probe_rc_);                                                                 \
-        }                                                                                          \
-    } while (0)
 
 // ----------------------------------------------------------------------------
 // a stand-in device: "CUDA" memory that is host memory, copied by memcpy
@@ -223,34 +206,12 @@ static void probe_fault(struct fsdp_group *g, const char *kind, int frank, int a
 
 int main(int argc, char **argv)
 {
-    const char *init = NULL, *mesh = NULL, *backend = NULL;
-    int i = 1;
-    for (; i + 1 < argc && !strncmp(argv[i], "--", 2); i += 2) {
-        if (!strcmp(argv[i], "--init")) {
-            init = argv[i + 1];
-        } else if (!strcmp(argv[i], "--mesh")) {
-            mesh = argv[i + 1];
-        } else if (!strcmp(argv[i], "--backend")) {
-            backend = argv[i + 1];
-        } else {
-            fsdp_fatal("p2p_probe: unknown flag %s", argv[i]);
-        }
-    }
-    if (i >= argc) {
-        fsdp_fatal("p2p_probe: no mode given (ring, staged, fault)");
-    }
-    const char *mode = argv[i];
-    char **a = argv + i + 1;
-    int na = argc - i - 1;
+    const char *mode;
+    char **a;
+    int na;
     struct fsdp_dist *d;
     struct fsdp_mesh *m;
-    int rc = fsdp_dist_init(&argc, &argv, init, 0, &d);
-    if (rc < 0) {
-        fsdp_die(rc, "p2p_probe: dist init", NULL);
-    }
-    probe_rank = d->rank;
-    PROBE_CHECK(fsdp_mesh_create(d, mesh, backend, &m));
-    fsdp_debug_mark_steady();
+    probe_start(argc, argv, "p2p_probe", "ring, staged, fault", &mode, &a, &na, &d, &m);
     struct fsdp_group *g0 = m->dims[0].group;
     if (!strcmp(mode, "ring") && na == 1) {
         probe_ring(g0, atoi(a[0]), 0);
