@@ -1,9 +1,9 @@
 # src/parallel: the sharding engine (FSDP2 fully_shard semantics) behind parallel/engine.h,
 # and pipeline schedules as tables.
 libfsdpc_a_SOURCES += src/parallel/shard.c src/parallel/unit.c src/parallel/engine.c \
-	src/parallel/pp_schedule.c
+	src/parallel/pp_schedule.c src/parallel/pp_plan.c
 noinst_HEADERS += src/parallel/fsdp.h src/parallel/engine.h src/parallel/fsdp_impl.h \
-	src/parallel/pp_schedule.h
+	src/parallel/pp_schedule.h src/parallel/pp_plan.h
 
 # tests: sharded runs against single-rank runs of the same global batch
 dist_check_SCRIPTS += tests/fsdp/test_fsdp_equiv.sh
@@ -30,3 +30,7 @@ TESTS += tests/fsdp/test_rows.sh
 # published tables, peaks of held activations, no deadlock, the bubble
 check_PROGRAMS += tests/pp/test_pp_schedule
 TESTS += tests/pp/test_pp_schedule
+# pipeline stages as blocks of layers: the balanced split against every
+# split, and --pp-layers
+check_PROGRAMS += tests/pp/test_pp_plan
+TESTS += tests/pp/test_pp_plan
