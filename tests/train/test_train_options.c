@@ -187,13 +187,16 @@ static int printed_line(const struct fsdp_optset *s, const char *key, char *out,
     return found;
 }
 
-static void test_resume_optional_value(void)
+#define REQ                                                                                        \
+    "--model", "m.h5", "--data", "d.bin", "--batch-size", "2", "--seq-len", "8", "--lr", "1e-3",   \
+        "--ckpt-dir", "ck"
+
+/* --resume on the command line: bare (latest), with a path, empty. */
+static void test_resume_flag(void)
 {
     struct fsdp_train_config c;
     struct fsdp_optset s;
     char line[4096];
-#define REQ "--model", "m.h5", "--data", "d.bin", "--batch-size", "2", "--seq-len", "8", \
-            "--lr", "1e-3", "--ckpt-dir", "ck"
     const char *end[] = {REQ, "--steps", "5", "--resume", NULL};
     int rc = parse(&c, &s, end);
     tap_ok(rc == 0 && !strcmp(c.resume, "latest") && fsdp_opt_given(&s, "resume"),
@@ -237,7 +240,15 @@ static void test_resume_optional_value(void)
     const char *stray[] = {REQ, "--steps", "5", "--resume", "ck/a", "ck/b", NULL};
     tap_ok(parse(&c, &s, stray) < 0 && err_has("unexpected argument 'ck/b'"),
            "--resume takes one word at most");
+}
 
+/* --resume in a config file, and a bare --resume against the file. */
+static void test_resume_config_file(void)
+{
+    struct fsdp_train_config c;
+    struct fsdp_optset s;
+    char line[4096];
+    int rc;
     /* config files */
     const char *base = "model = m.h5\ndata = d.bin\nbatch-size = 2\nseq-len = 8\nlr = 1e-3\n"
                        "steps = 5\nckpt-dir = ck\n";
@@ -277,8 +288,15 @@ static void test_resume_optional_value(void)
     rc = parse(&c, &s, f7);
     tap_ok(rc == 0 && !strcmp(c.resume, "latest") && c.steps == 5 && !strcmp(c.config, f1[1]),
            "bare --resume before --config: the file is still read (rc %d %s)", rc, fsdp_err_msg());
+}
 
-    /* the printout reads back: unset as "", bare as latest */
+/* The printout reads back: unset as "", bare as latest. */
+static void test_resume_printout(void)
+{
+    struct fsdp_train_config c;
+    struct fsdp_optset s;
+    char line[4096];
+    int rc;
     const char *unset[] = {REQ, "--steps", "5", NULL};
     rc = parse(&c, &s, unset);
     tap_ok(rc == 0 && printed_line(&s, "resume", line, sizeof(line)) &&
@@ -300,8 +318,13 @@ static void test_resume_optional_value(void)
                "the printed configuration reads back with resume '%s' (rc %d %s)", c.resume, rc,
                fsdp_err_msg());
     }
+}
 
-    /* --help */
+/* --help shows --resume's value as optional. */
+static void test_resume_help(void)
+{
+    struct fsdp_train_config c;
+    struct fsdp_optset s;
     char path[256], help[8192];
     snprintf(path, sizeof(path), "%s/help.txt", tmpdir);
     FILE *fp = fopen(path, "w+");
@@ -313,7 +336,15 @@ static void test_resume_optional_value(void)
     fclose(fp);
     tap_ok(strstr(help, "--resume [latest|required|PATH]") && !strstr(help, "[\"\"]"),
            "--help shows the value of --resume as optional");
+}
 #undef REQ
+
+static void test_resume_optional_value(void)
+{
+    test_resume_flag();
+    test_resume_config_file();
+    test_resume_printout();
+    test_resume_help();
 }
 
 /* An on/off option that takes a value (reshard-after-forward): stored 1 for
