@@ -53,29 +53,24 @@ int fsdp_pp_partition(const struct fsdp_pp_costs *c, int P, const size_t *held, 
         return fsdp_err(FSDP_ERR_NOMEM, "pipeline plan of %d stages", P);
     }
 #define AT(s, j) ((size_t)(s) * (size_t)(L + 1) + (size_t)(j))
+    for (size_t i = 0; i < n; i++) {
+        best[i] = DBL_MAX; /* no split reaches (s, j) */
+    }
     for (int s = 0; s < P; s++) {
         /* stage s ends at layer j: stages 0 .. s take at least s + 1 layers,
-         * and leave at least P - 1 - s for the rest */
+         * and leave at least P - 1 - s for the rest; the first starts at 0 */
         for (int j = s + 1; j <= L - (P - 1 - s); j++) {
-            best[AT(s, j)] = DBL_MAX;
-            for (int a = s; a < j; a++) { /* stage s holds [a, j) */
-                if (s > 0 && best[AT(s - 1, a)] == DBL_MAX) {
+            for (int a = s; a < (s == 0 ? 1 : j); a++) { /* stage s holds [a, j) */
+                double before = s == 0 ? 0 : best[AT(s - 1, a)];
+                if (before == DBL_MAX) {
                     continue;
                 }
-                if (s == 0 && a != 0) {
-                    break;
-                }
                 double here = fsdp_pp_stage_bytes(c, s, P, a, j, held[s]);
-                double worst = s == 0 || best[AT(s - 1, a)] < here ? here : best[AT(s - 1, a)];
+                double worst = before < here ? here : before;
                 if (worst < best[AT(s, j)]) {
                     best[AT(s, j)] = worst;
                     from[AT(s, j)] = a;
                 }
-            }
-        }
-        for (int j = 0; j <= L; j++) {
-            if (j < s + 1 || j > L - (P - 1 - s)) {
-                best[AT(s, j)] = DBL_MAX;
             }
         }
     }
