@@ -2,8 +2,9 @@
  * fsdp_impl.h - the sharding engine's private state, shared by its files:
  *   shard.c   groups, the dim-0 row layout and its packing, every buffer,
  *             the state pieces (blocks of the whole tensors with tensor
- *             parallelism, re-laid out as rows for checkpoints) and whole
- *             units gathered for saving
+ *             parallelism) and whole units gathered for saving
+ *   shard_save.c  with tensor parallelism, the pieces re-laid out as a
+ *             checkpoint shard's rows (save_rows): the exchange, its group
  *   unit.c    the per-unit gather / reduce state machine: buffer slots,
  *             precision casts, replica all-reduces, polls and wait timers
  *   engine.c  the engine table: the overlap schedule, step, eval, clipping,
@@ -156,6 +157,17 @@ struct fsdp_shard_engine {
                                           allocated at the first save */
     size_t relayout_bound;             /* floats that buffer may take: FSDPC_CKPT_RELAYOUT_BYTES
                                           (64 MiB), read at create */
+    int save_mode;                     /* FSDP_SAVE_*: how save_rows re-lays out (0: not yet
+                                          chosen; FSDPC_CKPT_TP_SAVE, at the first save) */
+    struct fsdp_group *save_g;         /* the exchange's: the dp-shard x tp ranks of this
+                                          replica (tp's group when Rs == 1) */
+    int save_own_g;                    /* save_g was made at the first save (and is freed) */
+    int *save_rank;                    /* (Rs T,) save_g rank of checkpoint shard s */
+    struct fsdp_work **save_w;         /* (2 Rs T,) one band's messages in flight */
+    struct fsdp_comm_counts save_comm; /* what this rank's saves sent and received since
+                                          creation (a send's bytes are its wire bytes) */
+    struct fsdp_comm_counts save_mark; /* save_comm when the current save began */
+    double save_t0;
     double *sum_buf;                   /* (max(world, tp),) one double per rank of a group */
     double *dnorm;                     /* (1) device: this rank's squared gradient norm */
     void *comm_stream;                 /* the dp, rdp and tp collectives' stream (attr.stream) */
@@ -212,13 +224,23 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se);
 size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se);
 void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out);
 int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full);
+
+/* shard_save.c */
+enum { FSDP_SAVE_EXCHANGE = 1, FSDP_SAVE_REDUCE_SCATTER = 2 };
 /* engine.h's save_rows: tensor (kind, i) of the whole table re-laid out
  * from every rank's blocks into the rows checkpoint shard base.shard of
- * base.n_shards holds (collective over the shard and tp groups). */
+ * base.n_shards holds. Collective over the save group (the exchange: the
+ * replica that writes; the others return at once) or over the shard and tp
+ * groups (the reduce-scatters: every rank); the first call makes the save
+ * group, on every rank. */
 int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float *out);
-/* Floats of save_rows' re-layout buffer: the largest whole tensor cut in
- * n_shards equal row slots (0 without tensor parallelism). */
+/* Floats of save_rows' re-layout buffer (0 without tensor parallelism):
+ * the largest tensor's send, receive and placed rows for the exchange, or
+ * its n_shards equal row slots for the reduce-scatters, a band of columns
+ * within relayout_bound. */
 size_t fsdp_shard_relayout_floats(const struct fsdp_shard_engine *se);
+/* Frees the save group (when made here) and its tables. */
+void fsdp_shard_save_fini(struct fsdp_shard_engine *se);
 /* Floats gather_unit allocates for unit u (freed at the next op): unit 0 by
  * rows gathered whole, with tensor parallelism every tp rank's local unit
  * and the assembled whole one; 0 when it uses a slot. */
