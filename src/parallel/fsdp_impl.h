@@ -167,6 +167,8 @@ struct fsdp_shard_engine {
     struct fsdp_comm_counts save_comm; /* what this rank's saves sent and received since
                                           creation (a send's bytes are its wire bytes) */
     struct fsdp_comm_counts save_mark; /* save_comm when the current save began */
+    double save_kept, save_kept0;      /* bytes the exchange kept here (its own rows' cuts),
+                                          since creation and when the current save began */
     double save_t0;
     double *sum_buf;                   /* (max(world, tp),) one double per rank of a group */
     double *dnorm;                     /* (1) device: this rank's squared gradient norm */

@@ -11,6 +11,11 @@ dist_check_SCRIPTS += tests/fsdp/test_fsdp_equiv.sh
 dist_check_DATA += tests/fsdp/compare_models.py
 TESTS += tests/fsdp/test_fsdp_equiv.sh
 
+# tensor-parallel checkpoint saves by exchange (shard_save.c): the same
+# shards as the reduce-scatters, each rank sending at most its state
+dist_check_SCRIPTS += tests/tp/test_tp_save.sh
+TESTS += tests/tp/test_tp_save.sh
+
 dist_doc_DATA += doc/sharding.md
 
 # in-place packing against the row layout, every dtype, uneven splits

@@ -299,6 +299,7 @@ static int save_exchange_band(struct fsdp_shard_engine *se, int kind, size_t i, 
             FSDP_CHECK(save_copy2d(se->dev, to, r < 0 ? w : cut[j].cols, base + cut[j].at,
                                    cut[j].ld, cut[j].rows, cut[j].cols));
             so += r < 0 ? 0 : cut[j].rows * cut[j].cols;
+            se->save_kept += r < 0 ? (double)(cut[j].rows * cut[j].cols * sizeof(float)) : 0;
         }
     }
     FSDP_CHECK(fsdp_unit_comm_begin(se));
@@ -565,11 +566,11 @@ static void save_log(const struct fsdp_shard_engine *se)
     save_state_bytes(se, &all, &copies);
     FSDP_DEBUG(FSDP_SUB_FSDP,
                "checkpoint re-layout (%s): checkpoint shard %d of %d sent %.0f bytes in %llu "
-               "operations; its state is %.0f bytes (%.0f of them copies of replicated "
-               "parameters, sent by tp rank 0); %.3f s",
+               "operations and kept %.0f; its state is %.0f bytes (%.0f of them copies of "
+               "replicated parameters, sent by tp rank 0); %.3f s",
                se->save_mode == FSDP_SAVE_EXCHANGE ? "exchange" : "reduce-scatter", se->base.shard,
-               se->base.n_shards, sent, (unsigned long long)calls, all, copies,
-               fsdp_now() - se->save_t0);
+               se->base.n_shards, sent, (unsigned long long)calls, se->save_kept - se->save_kept0,
+               all, copies, fsdp_now() - se->save_t0);
 }
 
 int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float *out)
@@ -582,6 +583,7 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
     }
     if (kind == 0 && i == 0) {
         se->save_mark = se->save_comm;
+        se->save_kept0 = se->save_kept;
         se->save_t0 = fsdp_now();
     }
     if (!se->relayout) { /* the largest tensor's, at the first save */
@@ -596,7 +598,8 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
     } else if (se->base.writes_state) { /* the other replicas write nothing */
         FSDP_CHECK(save_exchange(se, kind, i, out));
     }
-    if (kind == se->opt->n_state && i == se->full->n_params - 1) {
+    if (kind == se->opt->n_state && i == se->full->n_params - 1 &&
+        (se->base.writes_state || se->save_mode == FSDP_SAVE_REDUCE_SCATTER)) {
         save_log(se);
     }
     return 0;
