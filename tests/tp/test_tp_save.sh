@@ -3,7 +3,8 @@
 # (src/parallel/shard_save.c): each rank sends the cuts of its blocks only
 # to the ranks that write their rows. For dp=2,tp=2 and tp=2 over tcp and
 # mpi, tp=4, dp=3,tp=2 (six shards, uneven rows), tp=3 (an odd count: the
-# rounds have byes) and rdp=2,dp=1,tp=2 (the second replica writes nothing),
+# rounds have byes), rdp=2,dp=1,tp=2 (the second replica writes nothing)
+# and tp=2,dp=2 (tp outermost: shard s is not world rank s),
 # fsdpc-train writes a checkpoint at step 4 through the exchange and through
 # the reduce-scatters (FSDPC_CKPT_TP_SAVE=reduce-scatter, the re-layout it
 # replaces), and:
@@ -144,6 +145,8 @@ case_run t4 4 h4 tp=4 mpi 4
 case_run d3t2 6 h4 dp=3,tp=2 tcp 6
 case_run t3 3 h3 tp=3 tcp 3
 case_run hsdp 4 h4 rdp=2,dp=1,tp=2 mpi 2
+# tp outermost: the save group's ranks are not in checkpoint-shard order
+case_run t2d2 4 h4 tp=2,dp=2 tcp 4
 
 FSDPC_DEBUG=DETAIL save detail 4 h4 dp=2,tp=2 tcp && same detail d2t2tcp 4
 tap_ok $? "dp=2,tp=2 under FSDPC_DEBUG=DETAIL (every message checked against its sender's): the same shards"
