@@ -28,6 +28,7 @@ PY=/usr/bin/python3
 MPIEXEC=${MPIEXEC:-mpiexec.mpich}
 W=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-tpsave.XXXXXX")
 trap 'rm -rf "$W"' EXIT
+export FSDPC_FLIGHT_DIR="$W/flight" # a planted hang's dumps stay out of the build tree
 
 if ! "$PY" -c 'import h5py, numpy' > /dev/null 2>&1; then
     tap_skip_dep h5py "h5py/numpy not importable by $PY"
