@@ -373,8 +373,13 @@ static int cad_start_background(struct fsdp_ckpt_cadence *c)
     /* collective: every rank takes part after a local failure too */
     FSDP_CHECK(e->ops->state_changed(e));
     const double t_snap = fsdp_now();
-    /* a rank that could not record the step's state (p->rc) writes nothing */
-    int rc = p->rc < 0 ? p->rc : fsdp_ckpt_async_snapshot(c->async);
+    /* a rank that could not record the step's state (p->rc) writes nothing,
+     * but takes part in a tensor-parallel snapshot's re-layout (collective) */
+    int rc = p->rc;
+    if (rc == 0 || e->blocks) {
+        int src = fsdp_ckpt_async_snapshot(c->async);
+        rc = rc < 0 ? rc : src;
+    }
     const double snap_s = fsdp_now() - t_snap;
     rc = rc < 0 ? rc : fsdp_ckpt_async_start(c->async, p->tmp, p->step, &c->progress);
     if (rc < 0 && p->rc >= 0) {

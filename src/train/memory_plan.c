@@ -75,20 +75,21 @@ static int plan_mesh(const struct fsdp_train_config *c, struct fsdp_shard_shape 
 }
 
 /* --ckpt-async's snapshot on the largest writer (dp rank 0 of the first
- * replica): its rows of every parameter, once per state kind; 0 where the
- * saves stay in the loop (off, or tensor parallelism). What
- * fsdp_ckpt_async_bytes finds on that rank's engine. */
+ * replica, tp rank 0): its rows of every parameter (of dp x tp checkpoint
+ * shards with tensor parallelism), once per state kind; 0 where the saves
+ * stay in the loop (off). What fsdp_ckpt_async_bytes finds on that rank's
+ * engine. */
 static size_t plan_snapshot(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
                             const struct fsdp_shard_shape *sh, int kinds)
 {
     size_t floats = 0;
-    if (c->ckpt_async == FSDP_CKPT_ASYNC_OFF || sh->tp > 1) {
+    if (c->ckpt_async == FSDP_CKPT_ASYNC_OFF) {
         return 0;
     }
     for (size_t i = 0; i < spec->n_params; i++) {
         const struct fsdp_param_spec *p = &spec->params[i];
         size_t row0, rows;
-        fsdp_split_even(p->shape[0], (size_t)sh->dp, 0, &row0, &rows);
+        fsdp_split_even(p->shape[0], (size_t)sh->dp * (size_t)sh->tp, 0, &row0, &rows);
         floats += rows * p->shape[1];
     }
     return floats * (size_t)kinds * sizeof(float);

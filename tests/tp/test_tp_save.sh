@@ -16,7 +16,9 @@
 #     its shard files): no cut sent twice, none missing;
 #   - the reduce-scatters on dp=2,tp=2 send more than that bound (what the
 #     check is for).
-# Then the exchange under FSDPC_DEBUG=DETAIL (each message's count checked
+# Saves in the background (--ckpt-async on) write the same shards on
+# dp=2,tp=2 and, by either method, on rdp=2,dp=1,tp=2. Then the exchange
+# under FSDPC_DEBUG=DETAIL (each message's count checked
 # against its sender's) and a band of one column at a time
 # (FSDPC_CKPT_RELAYOUT_BYTES=256) write the same shards, and an unknown
 # FSDPC_CKPT_TP_SAVE is one line and no hang. Needs h5py for /usr/bin/python3.
@@ -49,15 +51,18 @@ sh "$top_srcdir/tests/corpus.sh" 40000 > "$W/text"
         --untied -o "$W/h3.h5" > "$W/log" 2>&1
 tap_ok $? "token file; untied gpt2 models with 4 and 3 heads"
 
-# save NAME NRANKS MODEL MESH BACKEND: 4 steps and a checkpoint in $W/NAME,
-# every rank's re-layout line in $W/NAME.log (environment from the caller)
+# save NAME NRANKS MODEL MESH BACKEND [ARGS...]: 4 steps and a checkpoint in
+# $W/NAME, every rank's re-layout line in $W/NAME.log (environment from the
+# caller)
 save() {
-    timeout 90 "$MPIEXEC" -n "$2" env FSDPC_LOG=warn,fsdp=debug FSDPC_LOG_RANKS=all \
-        "$TRAIN" --model "$W/$3.h5" --data "$W/tok.bin" --seq-len 24 --batch-size 2 \
-        --steps 4 --lr 3e-3 --lr-schedule constant --timeout 30 --mesh "$4" --backend "$5" \
-        --ckpt-dir "$W/$1" > "$W/$1.log" 2>&1
+    s_name=$1 s_n=$2 s_model=$3 s_mesh=$4 s_be=$5
+    shift 5
+    timeout 90 "$MPIEXEC" -n "$s_n" env FSDPC_LOG=warn,fsdp=debug,train=info FSDPC_LOG_RANKS=all \
+        "$TRAIN" --model "$W/$s_model.h5" --data "$W/tok.bin" --seq-len 24 --batch-size 2 \
+        --steps 4 --lr 3e-3 --lr-schedule constant --timeout 30 --mesh "$s_mesh" \
+        --backend "$s_be" --ckpt-dir "$W/$s_name" "$@" > "$W/$s_name.log" 2>&1
     s_rc=$?
-    [ $s_rc -eq 0 ] || tap_diag "$(grep -v DEBUG "$W/$1.log" | tail -5)"
+    [ $s_rc -eq 0 ] || tap_diag "$(grep -v DEBUG "$W/$s_name.log" | tail -5)"
     return $s_rc
 }
 
@@ -148,6 +153,19 @@ case_run t3 3 h3 tp=3 tcp 3
 case_run hsdp 4 h4 rdp=2,dp=1,tp=2 mpi 2
 # tp outermost: the save group's ranks are not in checkpoint-shard order
 case_run t2d2 4 h4 tp=2,dp=2 tcp 4
+
+# in the background (--ckpt-async on, a save every 2 steps): the snapshot
+# holds this shard's rows after the exchange (or the reduce-scatters) and
+# the thread writes the shards a save in the loop writes
+for a in "d2t2tcp 4 dp=2,tp=2 tcp exchange" "hsdp 4 rdp=2,dp=1,tp=2 mpi exchange" \
+    "hsdp 4 rdp=2,dp=1,tp=2 mpi reduce-scatter"; do
+    set -- $a
+    FSDPC_CKPT_TP_SAVE=$5 save "bg$1$5" "$2" h4 "$3" "$4" --ckpt-every 2 --ckpt-async on &&
+        grep -q "checkpoint step 4 written to .* in the background" "$W/bg$1$5.log" &&
+        grep -q "checkpoint step 2 written to .* in the background" "$W/bg$1$5.log" &&
+        same "bg$1$5" "$1" "$( [ "$3" = dp=2,tp=2 ] && echo 4 || echo 2)"
+    tap_ok $? "$3 over $4, $5, saved in the background: the shards of a save in the loop"
+done
 
 FSDPC_DEBUG=DETAIL save detail 4 h4 dp=2,tp=2 tcp && same detail d2t2tcp 4
 tap_ok $? "dp=2,tp=2 under FSDPC_DEBUG=DETAIL (every message checked against its sender's): the same shards"
