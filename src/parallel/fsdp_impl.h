@@ -169,7 +169,7 @@ struct fsdp_shard_engine {
     struct fsdp_comm_counts save_mark; /* save_comm when the current save began */
     double save_kept, save_kept0;      /* bytes the exchange kept here (its own rows' cuts),
                                           since creation and when the current save began */
-    double save_t0;
+    double save_s;                     /* seconds in save_rows in the current save */
     double *sum_buf;                   /* (max(world, tp),) one double per rank of a group */
     double *dnorm;                     /* (1) device: this rank's squared gradient norm */
     void *comm_stream;                 /* the dp, rdp and tp collectives' stream (attr.stream) */

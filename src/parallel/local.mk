@@ -15,6 +15,8 @@ TESTS += tests/fsdp/test_fsdp_equiv.sh
 # shards as the reduce-scatters, each rank sending at most its state
 dist_check_SCRIPTS += tests/tp/test_tp_save.sh
 TESTS += tests/tp/test_tp_save.sh
+# their bytes and save times against the reduce-scatters' (doc/performance.md)
+EXTRA_DIST += tests/tp/run_tp_save_bench.sh
 
 dist_doc_DATA += doc/sharding.md
 

@@ -567,10 +567,10 @@ static void save_log(const struct fsdp_shard_engine *se)
     FSDP_DEBUG(FSDP_SUB_FSDP,
                "checkpoint re-layout (%s): checkpoint shard %d of %d sent %.0f bytes in %llu "
                "operations and kept %.0f; its state is %.0f bytes (%.0f of them copies of "
-               "replicated parameters, sent by tp rank 0); %.3f s",
+               "replicated parameters, sent by tp rank 0); %.3f s in the re-layout",
                se->save_mode == FSDP_SAVE_EXCHANGE ? "exchange" : "reduce-scatter", se->base.shard,
                se->base.n_shards, sent, (unsigned long long)calls, se->save_kept - se->save_kept0,
-               all, copies, fsdp_now() - se->save_t0);
+               all, copies, se->save_s);
 }
 
 int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float *out)
@@ -581,10 +581,11 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
     if (!se->save_mode) { /* collective: the save group is made here */
         FSDP_CHECK(save_setup(se));
     }
+    const double t0 = fsdp_now();
     if (kind == 0 && i == 0) {
         se->save_mark = se->save_comm;
         se->save_kept0 = se->save_kept;
-        se->save_t0 = fsdp_now();
+        se->save_s = 0;
     }
     if (!se->relayout) { /* the largest tensor's, at the first save */
         size_t need = fsdp_shard_relayout_floats(se);
@@ -598,6 +599,7 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
     } else if (se->base.writes_state) { /* the other replicas write nothing */
         FSDP_CHECK(save_exchange(se, kind, i, out));
     }
+    se->save_s += fsdp_now() - t0;
     if (kind == se->opt->n_state && i == se->full->n_params - 1 &&
         (se->base.writes_state || se->save_mode == FSDP_SAVE_REDUCE_SCATTER)) {
         save_log(se);
