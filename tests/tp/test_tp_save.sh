@@ -17,7 +17,8 @@
 #   - the reduce-scatters on dp=2,tp=2 send more than that bound (what the
 #     check is for).
 # Saves in the background (--ckpt-async on) write the same shards on
-# dp=2,tp=2 and, by either method, on rdp=2,dp=1,tp=2. Then the exchange
+# dp=2,tp=2 and, by either method, on rdp=2,dp=1,tp=2; the guarded device
+# (tests/train/test_guarded.sh) writes the same shards. Then the exchange
 # under FSDPC_DEBUG=DETAIL (each message's count checked
 # against its sender's) and a band of one column at a time
 # (FSDPC_CKPT_RELAYOUT_BYTES=256) write the same shards, and an unknown
@@ -166,6 +167,13 @@ for a in "d2t2tcp 4 dp=2,tp=2 tcp exchange" "hsdp 4 rdp=2,dp=1,tp=2 mpi exchange
         same "bg$1$5" "$1" "$( [ "$3" = dp=2,tp=2 ] && echo 4 || echo 2)"
     tap_ok $? "$3 over $4, $5, saved in the background: the shards of a save in the loop"
 done
+
+# on the guarded device (memory the host cannot read): the cuts are packed
+# and placed by the device, the messages staged through host memory
+save guarded 4 h4 dp=2,tp=2 tcp --device guarded && same guarded d2t2tcp 4 &&
+    save bgguarded 4 h4 dp=2,tp=2 mpi --device guarded --ckpt-every 2 --ckpt-async on &&
+    same bgguarded d2t2tcp 4
+tap_ok $? "dp=2,tp=2 on the guarded device, in the loop (tcp) and in the background (mpi): the same shards"
 
 FSDPC_DEBUG=DETAIL save detail 4 h4 dp=2,tp=2 tcp && same detail d2t2tcp 4
 tap_ok $? "dp=2,tp=2 under FSDPC_DEBUG=DETAIL (every message checked against its sender's): the same shards"
