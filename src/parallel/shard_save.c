@@ -134,10 +134,12 @@ static int save_group_create(struct fsdp_shard_engine *se)
     return 0;
 }
 
-/* At the first save: the method, and for the exchange its group. */
+/* At the first save (and after a first save that failed here): the
+ * method, and for the exchange its group. */
 static int save_setup(struct fsdp_shard_engine *se)
 {
     int mode;
+    fsdp_shard_save_fini(se); /* what a failed setup left */
     FSDP_CHECK(save_mode_env(&mode));
     if (mode == FSDP_SAVE_EXCHANGE) {
         FSDP_CHECK(save_group_create(se));
