@@ -52,8 +52,8 @@ same() {
     for o in none optim params,optim; do
         ok=0
         train "$name.$o" "$n" --offload $o "$@" || ok=1
-        if [ $ok -ne 0 ]; then
-            tap_diag "$(tail -n 5 "$W/$name.$o.err")"
+        if [ $ok -ne 0 ]; then # a fault on the guarded device names the buffer
+            tap_diag "$(grep -m 1 'guarded device:' "$W/$name.$o.err" || tail -n 5 "$W/$name.$o.err")"
         elif [ $o != none ]; then
             records "$W/$name.none.jsonl" > "$W/a.rec"
             records "$W/$name.$o.jsonl" > "$W/b.rec"
