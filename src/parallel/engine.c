@@ -340,6 +340,7 @@ static int shard_step(struct fsdp_engine *e, const struct fsdp_batch *b, double 
                         b->B, b->T, se->ec.B, se->ec.T);
     }
     se->shadow = !have;
+    fsdp_offload_step_begin(se);
     se->model->ops->set_loss_seed(se->model, (double)K * (double)bt * n_contrib,
                                   se->scaler.scale);
     for (int k = 0; k < K && rc == 0; k++) {

@@ -287,6 +287,8 @@ void fsdp_offload_fini(struct fsdp_shard_engine *se);
  * the copy stream, after what the compute stream has issued (once a step;
  * nothing without offload). */
 int fsdp_offload_stage_grad(struct fsdp_shard_engine *se, int u);
+/* A step starts: no gradient staged yet (also after a step that failed). */
+void fsdp_offload_step_begin(struct fsdp_shard_engine *se);
 /* AdamW on the host over every unit's staged shards (grad_scale: the
  * unscale and clip factor), the master copied back to the device; the
  * compute stream waits for those copies. */

@@ -106,6 +106,13 @@ int fsdp_offload_stage_grad(struct fsdp_shard_engine *se, int u)
                         se->copy_stream);
 }
 
+void fsdp_offload_step_begin(struct fsdp_shard_engine *se)
+{
+    for (int u = 0; se->offload && u < se->n_units; u++) {
+        se->units[u].staged = 0;
+    }
+}
+
 /* optim: hmaster from the device's master where a load made it stale. */
 static int offload_fetch_master(struct fsdp_shard_engine *se)
 {

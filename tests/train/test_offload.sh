@@ -4,8 +4,9 @@
 # read only the pinned copies the device copied out) give bit for bit what
 # the same run without offload gives: every step's loss and gradient norm
 # and the final weights, for GPT-2 and llama-tiny on one rank and dp=2 over
-# mpi and tcp, with accumulation (with and without sync), clipping, bf16
-# and f16 with dynamic loss scaling; checkpoints written with offload equal
+# mpi and tcp (and rdp=2,dp=2), with accumulation (with and without sync),
+# clipping, bf16, f16 with dynamic loss scaling and a skipped step, and a
+# rank that joins (no batch); checkpoints written with offload equal
 # those written without, and resume across offload settings either way;
 # the step's host waits stay fixed; the flag's errors are one line.
 . "$top_srcdir/tests/tap.sh"
@@ -25,6 +26,16 @@ sh "$top_srcdir/tests/corpus.sh" 200000 > "$W/text"
     -o "$W/gpt2-4.h5" > /dev/null 2>&1 &&
 "$BIN/fsdpc-ckpt" init --preset llama-tiny --seed 3 -o "$W/llama.h5" > /dev/null 2>&1
 tap_ok $? "fixtures: a token file, GPT-2 (2 and 4 layers) and llama-tiny"
+
+# uneven per-rank token files for join: 3000 and 1500 tokens
+python3 - "$W" <<'PY'
+import struct, sys
+w = sys.argv[1]
+d = open(w + "/train.bin", "rb").read()
+for r, n in ((0, 3000), (1, 1500)):
+    h = bytearray(d[:1024]); struct.pack_into("<i", h, 8, n)
+    open("%s/u%d.bin" % (w, r), "wb").write(bytes(h) + d[1024:1024 + 2 * n])
+PY
 
 # the step records' loss, norm and scale, as text: equal strings, equal bits
 records() {
@@ -92,6 +103,8 @@ else
     tap_ok $? "the f16 run skipped a step on overflow (the offload's skip path ran)"
     same "gpt2 rdp=2,dp=2 tcp" 4 --model "$W/gpt2.h5" --data "$W/train.bin" \
         --mesh rdp=2,dp=2 --backend tcp
+    same "gpt2 dp=2 tcp, uneven data: join (a rank shadows)" 2 --model "$W/gpt2.h5" \
+        --data "$W/u{rank}.bin" --mesh dp=2 --backend tcp --epochs 1 --steps 0
 
     # checkpoints: written with and without offload at dp=2, resumed on one
     # rank with each setting
