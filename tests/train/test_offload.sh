@@ -108,10 +108,15 @@ else
 
     # checkpoints: written with and without offload at dp=2, resumed on one
     # rank with each setting
+    # ck OFFLOAD [NAME ARGS...]
     ck() {
+        c_off=$1 c_name=${2:-$1}
+        shift
+        [ $# -gt 0 ] && shift
         "$MPIEXEC" -n 2 "$TRAIN" --device guarded --model "$W/llama.h5" --data "$W/train.bin" \
             --batch-size 2 --seq-len 64 --steps 2 --lr 3e-3 --mesh dp=2 --backend tcp \
-            --clip 0.5 --offload "$1" --ckpt-dir "$W/ck.$1" > /dev/null 2> "$W/ck.$1.err"
+            --clip 0.5 --offload "$c_off" --ckpt-dir "$W/ck.$c_name" "$@" \
+            > /dev/null 2> "$W/ck.$c_name.err"
     }
     resume() {
         "$TRAIN" --device guarded --model "$W/llama.h5" --data "$W/train.bin" --batch-size 4 \
@@ -123,13 +128,15 @@ else
     for o in none optim params,optim; do
         ck $o || { ok=1; tap_diag "$(tail -n 3 "$W/ck.$o.err")"; }
     done
-    for o in optim params,optim; do
+    # the save in the loop (no background snapshot) reads the host pieces too
+    ck params,optim sync --ckpt-async off || { ok=1; tap_diag "$(tail -n 3 "$W/ck.sync.err")"; }
+    for o in optim params,optim sync; do
         for s in 0 1; do
             h5diff "$W/ck.none/step_2/shard_$s.h5" "$W/ck.$o/step_2/shard_$s.h5" \
                 > "$W/diff" 2>&1 || { ok=1; tap_diag "$o shard $s: $(head -n 3 "$W/diff")"; }
         done
     done
-    tap_ok $ok "checkpoint shards written with offload optim and params,optim = without, bit for bit"
+    tap_ok $ok "checkpoint shards written with offload optim and params,optim (background and in-loop saves) = without, bit for bit"
     ok=0
     for pair in "none none" "none optim" "none params,optim" "optim none" "optim optim" \
         "params,optim none" "params,optim params,optim" "optim params,optim"; do
