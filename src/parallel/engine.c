@@ -14,9 +14,9 @@
  *             reduce-scatter (completed while the next units compute)
  * After every unit's compute fsdp_unit_progress has the group layer drive
  * what is in flight, notes finished collectives and moves finished
- * reduce-scatters on to their all-reduces over the replicas. Unit 0's gradient buffer is zeroed before unit L+1's
- * backward, which adds the tied head's gradient into it, and is reduced
- * only after unit 0's own backward.
+ * reduce-scatters on to their all-reduces over the replicas. Unit 0's gradient buffer is zeroed
+ * before unit L+1's backward, which adds the tied head's gradient into it, and is reduced only
+ * after unit 0's own backward.
  *
  * The loss seed divides every token's loss by the global token count
  * K * B * T * world, and the reductions SUM, so the gradient shards hold
@@ -28,6 +28,9 @@
  * nor reduce-scattered, and its gradient exists only as this rank's rows.
  * Those exchanges are collectives of every rank, so a rank without a batch
  * runs the model's units too (the model does only the exchanges).
+ *
+ * With offload (offload.c) the gradient shards are copied to the host as
+ * they become final and AdamW runs there, after the norm.
  *
  * With tensor parallelism (a tp group) everything above runs on the rank's
  * tp-local table; the model calls its tp collectives inside forward_unit and
@@ -133,6 +136,14 @@ static int shard_zero_root(struct fsdp_shard_engine *se, int first, int accumula
     return 0;
 }
 
+/* Whether unit u's gradient shard is written by its backward itself (no
+ * reduction retires into it): the direct engine's, unit 0 by rows without
+ * a slot. */
+static int shard_grad_unreduced(const struct fsdp_shard_engine *se, int u)
+{
+    return se->direct || (fsdp_shard_by_rows(se, u) && !se->gslots[fsdp_unit_gslot(se, u)].buf);
+}
+
 /* reduce: issue the reductions of this micro-batch; first: its grads start
  * at zero; accumulate: the reduced result adds to the gradient shard. A
  * direct engine's backward adds into the gradient shard itself, which only
@@ -170,6 +181,9 @@ static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, i
         }
         if (reduce) {
             FSDP_CHECK(fsdp_unit_reduce_issue(se, u, accumulate));
+        }
+        if (se->stage_grads && shard_grad_unreduced(se, u)) {
+            FSDP_CHECK(fsdp_offload_stage_grad(se, u)); /* final: to the host now */
         }
     }
     return 0;
@@ -264,6 +278,9 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
                             sqrt(sumsq), out->loss);
         }
         fsdp_loss_scaler_update(&se->scaler, 0);
+        if (se->offload) {
+            FSDP_CHECK(fsdp_offload_skip(se));
+        }
         if (se->world_rank == 0) {
             FSDP_WARN(FSDP_SUB_FSDP,
                       "step skipped: gradients overflowed at loss scale %g; scale now %g", scale,
@@ -277,6 +294,9 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
     fsdp_loss_scaler_update(&se->scaler, 1);
     fsdp_optimizer_begin(se->opt, lr);
     float grad_scale = (float)(out->clip_coef / scale);
+    if (se->offload) {
+        return fsdp_offload_update(se, grad_scale); /* on the host, over staged shards */
+    }
     for (int u = 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
@@ -320,6 +340,7 @@ static int shard_step(struct fsdp_engine *e, const struct fsdp_batch *b, double 
                         b->B, b->T, se->ec.B, se->ec.T);
     }
     se->shadow = !have;
+    fsdp_offload_step_begin(se);
     se->model->ops->set_loss_seed(se->model, (double)K * (double)bt * n_contrib,
                                   se->scaler.scale);
     for (int k = 0; k < K && rc == 0; k++) {
@@ -329,6 +350,7 @@ static int shard_step(struct fsdp_engine *e, const struct fsdp_batch *b, double 
         loss_sum += have ? se->model->ops->loss(se->model) : 0.0;
         int first = nosync ? k == 0 : 1;
         int reduce = nosync ? k == K - 1 : 1;
+        se->stage_grads = se->offload && k == K - 1; /* gradients final as they are reduced */
         FSDP_CHECK_GOTO(shard_backward(se, first, reduce, !nosync && k > 0), rc, out);
     }
     FSDP_CHECK_GOTO(fsdp_unit_reduce_wait_all(se), rc, out);
@@ -338,6 +360,7 @@ static int shard_step(struct fsdp_engine *e, const struct fsdp_batch *b, double 
     rc = shard_optimize(se, lr, out);
 out:
     se->shadow = 0;
+    se->stage_grads = 0;
     fsdp_unit_release_all(se); /* the parameters changed (or the step failed) */
     return rc;
 }
@@ -370,7 +393,7 @@ static int shard_state_changed(struct fsdp_engine *e)
 {
     fsdp_shard_drop_saved(shard_impl(e));
     fsdp_unit_release_all(shard_impl(e));
-    return 0;
+    return fsdp_offload_state_changed(shard_impl(e));
 }
 
 static int shard_gather_unit(struct fsdp_engine *e, int u, const float **full)
@@ -403,6 +426,13 @@ static void shard_set_counters(struct fsdp_engine *e, const struct fsdp_engine_c
     }
 }
 
+static const char *shard_offload_words(int offload)
+{
+    static const char *const words[] = {"", " | offload: optimizer state on the host",
+                                        " | offload: master and optimizer state on the host"};
+    return offload >= 0 && offload < 3 ? words[offload] : "";
+}
+
 static void shard_describe(const struct fsdp_engine *e, char *buf, size_t len)
 {
     static const char *const modes[] = {"full", "grad-op", "none"};
@@ -421,13 +451,13 @@ static void shard_describe(const struct fsdp_engine *e, char *buf, size_t len)
     }
     snprintf(buf, len,
              "fsdp: mesh %s (%s) | %d-way dim-0 shards x %d replicas | sharding %s, reshard after "
-             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s%s%s",
+             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s%s%s%s",
              se->mesh, se->backends, se->Rs, se->world / se->Rs, modes[ec->sharding],
              se->keep_gathered ? "off" : "on", ec->prefetch, fsdp_dtype_name(ec->param_dtype),
              fsdp_dtype_name(ec->reduce_dtype), scale,
              ec->no_sync_accum ? " | no-sync accumulation" : "",
              ec->activation_checkpointing ? " | activation checkpointing" : "",
-             se->rows_root ? " | unit 0 by rows" : "", tp);
+             se->rows_root ? " | unit 0 by rows" : "", tp, shard_offload_words(se->offload));
 }
 
 static int shard_save_rows(struct fsdp_engine *e, int kind, size_t param, float *out)
@@ -441,6 +471,7 @@ static void shard_destroy(struct fsdp_engine *e)
         return;
     }
     struct fsdp_shard_engine *se = shard_impl(e);
+    fsdp_offload_fini(se);   /* its copies finish before the buffers go */
     fsdp_shard_teardown(se); /* the parts (model, plan, optimizer) are the caller's */
     fsdp_unit_streams_fini(se);
     free(se);
@@ -496,16 +527,25 @@ static int shard_check_config(const struct fsdp_shard_config *ec)
     if (ec->loss_scale < 0.0 || (ec->loss_scale_dynamic && ec->loss_scale <= 0.0)) {
         return fsdp_err(FSDP_ERR_INVALID, "loss scale %g must be positive", ec->loss_scale);
     }
+    if (ec->offload < FSDP_OFFLOAD_NONE || ec->offload > FSDP_OFFLOAD_PARAMS_OPTIM) {
+        return fsdp_err(FSDP_ERR_INVALID, "offload %d is not none, optim or params,optim",
+                        (int)ec->offload);
+    }
     return 0;
 }
 
 void fsdp_shard_memory_line(const struct fsdp_engine_stats *st, char *buf, size_t len)
 {
-    snprintf(buf, len, "fsdp: %d-way shards x %d replicas | model states %zu bytes (shards %zu + "
-             "gathered params %zu) | unsharded grads %zu | comm %zu | activations %zu (saved %zu, "
-             "workspace %zu) | total %zu bytes", st->shards, st->replicas, st->model_bytes,
-             st->state_bytes, st->gathered_bytes, st->grad_bytes, st->comm_bytes, st->act_bytes,
-             st->act_saved_bytes, st->act_bytes - st->act_saved_bytes, st->peak_bytes);
+    int n = snprintf(buf, len,
+                     "fsdp: %d-way shards x %d replicas | model states %zu bytes "
+                     "(shards %zu + gathered params %zu) | unsharded grads %zu | comm %zu | "
+                     "activations %zu (saved %zu, workspace %zu) | total %zu bytes",
+                     st->shards, st->replicas, st->model_bytes, st->state_bytes, st->gathered_bytes,
+                     st->grad_bytes, st->comm_bytes, st->act_bytes, st->act_saved_bytes,
+                     st->act_bytes - st->act_saved_bytes, st->peak_bytes);
+    if (st->host_bytes && n > 0 && (size_t)n < len) {
+        snprintf(buf + n, len - (size_t)n, " | host pinned %zu bytes (offload)", st->host_bytes);
+    }
 }
 
 static void shard_log_memory(const struct fsdp_shard_engine *se)
@@ -616,6 +656,21 @@ static int shard_check_parts(const struct fsdp_shard_parts *p)
     return 0;
 }
 
+/* Offload keeps the pieces in whole rows of host memory: not with tensor
+ * parallelism, whose checkpoints re-lay out blocks through device buffers. */
+static int shard_check_offload(struct fsdp_shard_engine *se, const struct fsdp_shard_parts *p)
+{
+    se->offload = se->ec.offload;
+    if (se->offload && p->plan) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                        "offload %s with tensor parallelism (tp=%d) is not "
+                        "supported: drop --offload or the tp dimension",
+                        se->offload == FSDP_OFFLOAD_OPTIM ? "optim" : "params,optim",
+                        p->plan->size);
+    }
+    return 0;
+}
+
 /*
  * The engine for the parts p over g, sized and (unless sizing) allocated:
  * the layout, the model's rows and activations, the slots. *out is the
@@ -653,9 +708,11 @@ static int shard_build(const struct fsdp_shard_parts *p, const struct fsdp_shard
     fsdp_tp_init(&se->solo, NULL, 0, dev);
     se->tp = p->tp ? p->tp : &se->solo;
     fsdp_shard_groups_set(se, g);
+    FSDP_CHECK(shard_check_offload(se, p));
     if (!sizing) {
         FSDP_CHECK(shard_check_backends(se));
         FSDP_CHECK(fsdp_unit_streams_init(se));
+        FSDP_CHECK(fsdp_offload_init(se));
     }
     FSDP_CHECK(fsdp_shard_layout_create(se));
     FSDP_CHECK(shard_apply_model(se));
@@ -692,6 +749,11 @@ int fsdp_shard_engine_create(const struct fsdp_shard_parts *p, const struct fsdp
     }
     if (se->world_rank == 0) {
         shard_log_memory(se);
+        if (se->offload && strcmp(dev->ops->name, "cpu") == 0) {
+            FSDP_WARN(FSDP_SUB_FSDP,
+                      "offload on device cpu changes nothing: its memory is host "
+                      "memory already (the state is only copied between two host buffers)");
+        }
     }
     *out = &se->base;
     return 0;
@@ -754,6 +816,8 @@ void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_sta
     }
     st->skipped_steps = se->scaler.skipped;
     st->loss_scale = se->scaler.scale;
+    st->host_bytes = se->host_bytes;
+    st->offload = se->offload;
     st->fsdp_comm = se->unit_comm;
     st->tp_comm = se->tp->counts;
     const struct fsdp_model_ops *mops = se->model ? se->model->ops : NULL;

@@ -54,6 +54,8 @@ struct fsdp_state_piece {
     size_t col0, cols;
     int copy; /* 1: another rank holds and writes the same block (a parameter that
                  tensor parallelism replicates, on tp ranks other than 0) */
+    int host; /* 1: data is pinned host memory (state an engine offloads), 0: device
+                 memory; either way the device's copies reach it (device.h copy) */
 };
 
 /* The columns a piece covers (cols 0: every column of shape[1]). */

@@ -9,6 +9,9 @@
  *             precision casts, replica all-reduces, polls and wait timers
  *   engine.c  the engine table: the overlap schedule, step, eval, clipping,
  *             the optimizer update and loss scaling; the parts checked
+ *   offload.c optimizer state in pinned host memory: the copy stream, the
+ *             gradient shards staged device-to-host as their reductions
+ *             finish, AdamW on the host, the master copied back
  * The model, the tensor-parallel plan and context and the optimizer are the
  * caller's parts (fsdp.h, struct fsdp_shard_parts), borrowed.
  */
@@ -44,8 +47,13 @@ struct fsdp_unit {
                       the unit is packed or unpacked, the others through se->scratch */
     float *master; /* (S,) f32 parameters; padding zero */
     float *grad;   /* (S,) reduced gradient, accumulated over micro-batches */
-    float *m;      /* (S,) AdamW first moment */
-    float *v;      /* (S,) AdamW second moment */
+    float *m;      /* (S,) AdamW first moment (pinned host memory with offload) */
+    float *v;      /* (S,) AdamW second moment (pinned host memory with offload) */
+    /* offload only (offload.c), pinned host memory: */
+    float *hgrad;   /* (S,) the reduced gradient shard, copied from grad once final */
+    float *hmaster; /* (S,) f32 parameters: with params the master itself (master then being
+                       the device's copy the all-gathers send), else a staged copy */
+    int staged;     /* this step's D2H copy of grad into hgrad is issued */
 };
 
 /*
@@ -84,6 +92,8 @@ struct fsdp_gslot {
     int unit;          /* unit whose reduction is pending; -1: none */
     int accumulate;    /* 1: add the result into the shard; 0: overwrite */
     int phase;         /* replica all-reduces issued after the reduce-scatter */
+    int final;         /* the step's last reduction of the unit: offload stages the
+                          gradient shard when it retires */
 };
 
 /*
@@ -152,9 +162,11 @@ struct fsdp_shard_engine {
                                           until the next op; with tensor parallelism every
                                           tp rank's local unit and the assembled whole one */
     size_t scratch_floats;
-    float *relayout;                   /* save_rows: a band of columns of a whole tensor cut
-                                          in n_shards row slots (fsdp_shard_relayout_floats),
-                                          allocated at the first save */
+    float *relayout;                   /* save_rows' buffer, allocated at the first save
+                                          (fsdp_shard_relayout_floats): the exchange's cuts
+                                          to send, received and placed, or the
+                                          reduce-scatters' n_shards row slots; a band of
+                                          columns of a tensor at a time */
     size_t relayout_bound;             /* floats that buffer may take: FSDPC_CKPT_RELAYOUT_BYTES
                                           (64 MiB), read at create */
     int save_mode;                     /* FSDP_SAVE_*: how save_rows re-lays out (0: not yet
@@ -185,6 +197,16 @@ struct fsdp_shard_engine {
                                         shard group and all-reduces over the replicas,
                                         since creation (ring wire bytes, tp/tp_ops.h) */
     size_t state_bytes, gathered_bytes, grad_bytes, comm_bytes;
+    /* offload (offload.c) */
+    int offload;       /* enum fsdp_offload */
+    float *host_state; /* pinned: every unit's m, v, hgrad and hmaster */
+    size_t host_bytes;
+    void *copy_stream;       /* the offload's D2H and H2D copies */
+    void *ev_grad, *ev_copy; /* compute -> copy, copy -> compute */
+    int stage_grads;         /* the step's last micro-batch: a unit's gradient is
+                                final once reduced (or computed, direct) */
+    int hmaster_stale;       /* optim: the device master was written (a load):
+                                hmaster is copied from it before the update */
 };
 
 /* shard.c */
@@ -282,5 +304,26 @@ int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double is
  * completed, and moves finished reduce-scatters on to their replica
  * all-reduces. */
 int fsdp_unit_progress(struct fsdp_shard_engine *se);
+
+/* offload.c */
+/* The copy stream and its events (not when sizing, nor without offload). */
+int fsdp_offload_init(struct fsdp_shard_engine *se);
+void fsdp_offload_fini(struct fsdp_shard_engine *se);
+/* Issues the D2H copy of unit u's gradient shard into its host copy on
+ * the copy stream, after what the compute stream has issued (once a step;
+ * nothing without offload). */
+int fsdp_offload_stage_grad(struct fsdp_shard_engine *se, int u);
+/* A step starts: no gradient staged yet (also after a step that failed). */
+void fsdp_offload_step_begin(struct fsdp_shard_engine *se);
+/* AdamW on the host over every unit's staged shards (grad_scale: the
+ * unscale and clip factor), the master copied back to the device; the
+ * compute stream waits for those copies. */
+int fsdp_offload_update(struct fsdp_shard_engine *se, float grad_scale);
+/* A step that takes no update (overflow): the staged copies are dropped,
+ * the compute stream ordered after them. */
+int fsdp_offload_skip(struct fsdp_shard_engine *se);
+/* The pieces were written: params, the host master to the device; optim,
+ * the staged master is stale. */
+int fsdp_offload_state_changed(struct fsdp_shard_engine *se);
 
 #endif

@@ -8,7 +8,8 @@
  * which shard_save.c re-lays out as a checkpoint shard's rows) for the
  * training layer to fill and save; and whole units gathered for the final
  * model file. Every buffer is allocated here, once (but the re-layout's, at
- * the first checkpoint, in shard_save.c).
+ * the first checkpoint, in shard_save.c); with offload the moments and the
+ * staged shards are pinned host memory (offload.c moves them).
  */
 #include "config.h"
 #include "parallel/fsdp_impl.h"
@@ -112,6 +113,55 @@ static int shard_tp_pieces(struct fsdp_shard_engine *se)
     return 0;
 }
 
+/*
+ * The state shards of every unit (total elements each): one device
+ * allocation for the four (master, gradient, moments), or with offload one
+ * for the parameter and gradient shards and one of pinned host memory for
+ * the moments and the staged gradient and master (offload.c).
+ */
+static int shard_state_alloc(struct fsdp_shard_engine *se, size_t total)
+{
+    const int off = se->offload != FSDP_OFFLOAD_NONE;
+    size_t bytes = (off ? 2 : 4) * total * sizeof(float);
+    se->state_bytes = bytes;
+    se->host_bytes = off ? 4 * total * sizeof(float) : 0;
+    if (se->sizing) {
+        return 0;
+    }
+    void *mem;
+    FSDP_CHECK(fsdp_device_alloc(se->dev, bytes,
+                                 off ? "fsdp parameter and gradient shards"
+                                     : "fsdp parameter, gradient and AdamW shards",
+                                 &mem));
+    float *p = mem, *h = NULL;
+    if (off) {
+        h = se->host_state = se->dev->ops->host_alloc(se->dev, se->host_bytes);
+        if (!h) {
+            return fsdp_err(FSDP_ERR_NOMEM,
+                            "fsdp offload: %zu bytes of pinned host memory for "
+                            "the optimizer state (drop --offload, or use more ranks)",
+                            se->host_bytes);
+        }
+    }
+    for (int u = 0; u < se->n_units; u++) {
+        struct fsdp_unit *un = &se->units[u];
+        un->master = p;
+        un->grad = p + total;
+        if (off) {
+            un->m = h;
+            un->v = h + total;
+            un->hgrad = h + 2 * total;
+            un->hmaster = h + 3 * total;
+            h += un->S;
+        } else {
+            un->m = p + 2 * total;
+            un->v = p + 3 * total;
+        }
+        p += un->S;
+    }
+    return 0;
+}
+
 /* Elements of rank r's shard of unit un. */
 static size_t shard_len(const struct fsdp_shard_engine *se, const struct fsdp_unit *un, int r)
 {
@@ -158,25 +208,12 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
         se->scratch_floats = 0; /* nothing is ever packed */
     }
     FSDP_CHECK(shard_tp_pieces(se));
-    /* one allocation for the four shards of every unit */
-    size_t bytes = 4 * total * sizeof(float);
-    se->state_bytes = bytes;
     se->comm_bytes += se->scratch_floats * sizeof(float);
+    FSDP_CHECK(shard_state_alloc(se, total));
     if (se->sizing) {
         return 0;
     }
     void *mem;
-    FSDP_CHECK(
-        fsdp_device_alloc(se->dev, bytes, "fsdp parameter, gradient and AdamW shards", &mem));
-    float *p = mem;
-    for (int u = 0; u < se->n_units; u++) {
-        struct fsdp_unit *un = &se->units[u];
-        un->master = p;
-        un->grad = p + total;
-        un->m = p + 2 * total;
-        un->v = p + 3 * total;
-        p += un->S;
-    }
     /* unit 0 by rows is packed only when gather_unit saves it, through the same scratch */
     if (se->scratch_floats > 0) {
         FSDP_CHECK(fsdp_device_alloc(se->dev, se->scratch_floats * sizeof(float),
@@ -405,8 +442,11 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
     if (se->scratch) {
         se->dev->ops->free(se->dev, se->scratch);
     }
-    if (se->units) {
+    if (se->units && se->units[0].master) {
         se->dev->ops->free(se->dev, se->units[0].master); /* the one state allocation */
+    }
+    if (se->host_state) {
+        se->dev->ops->host_free(se->dev, se->host_state);
     }
     free(se->units);
     free(se->segs);
@@ -457,7 +497,9 @@ void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_
     size_t i = k % s->n_params;
     const struct fsdp_unit *un = &se->units[s->params[i].unit];
     const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
-    float *const base[3] = {un->master, un->m, un->v};
+    /* offloaded: the moments, and with params the master, are host memory */
+    const int params = se->offload == FSDP_OFFLOAD_PARAMS_OPTIM;
+    float *const base[3] = {params ? un->hmaster : un->master, un->m, un->v};
     out->kind = (int)(k / s->n_params);
     out->param = i;
     out->row0 = g->row0;
@@ -466,6 +508,7 @@ void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_
     out->col0 = 0;
     out->cols = s->params[i].shape[1];
     out->copy = 0;
+    out->host = se->offload != FSDP_OFFLOAD_NONE && (out->kind > 0 || params);
 }
 
 void fsdp_shard_drop_saved(struct fsdp_shard_engine *se)

@@ -186,6 +186,10 @@ int fsdp_ckpt_async_snapshot(struct fsdp_ckpt_async *a)
     for (size_t k = 0; k < a->n; k++) {
         struct fsdp_state_piece pc = {0};
         e->ops->piece(e, k, &pc);
+        if (pc.host) { /* offloaded state: host memory already */
+            memcpy(a->snap + a->pieces[k].off, pc.data, a->pieces[k].floats * sizeof(float));
+            continue;
+        }
         FSDP_CHECK(a->dev->ops->copy(a->dev, a->snap + a->pieces[k].off, pc.data,
                                      a->pieces[k].floats * sizeof(float), FSDP_COPY_D2H,
                                      a->dev->stream));

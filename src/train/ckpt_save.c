@@ -152,7 +152,7 @@ static int cad_write_state(struct fsdp_ckpt_cadence *c, const char *dir,
             const float *host;
             e->ops->piece(e, k, &pc);
             size_t cols = fsdp_state_piece_cols(&pc, spec->params[pc.param].shape[1]);
-            rc = fsdp_stage_read(&st, pc.data, pc.rows * cols, &host);
+            rc = fsdp_stage_read_piece(&st, &pc, pc.rows * cols, &host);
             rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, pc.kind, pc.param, host);
             fsdp_save_progress_tick(&c->progress);
         }

@@ -36,6 +36,10 @@ TESTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh tests/train/te
 dist_check_SCRIPTS += tests/train/test_guarded.sh
 TESTS += tests/train/test_guarded.sh
 
+# --offload optim and params,optim on the guarded device equal no offload bit for bit
+dist_check_SCRIPTS += tests/train/test_offload.sh
+TESTS += tests/train/test_offload.sh
+
 # --print-memory: the plan equals the engine's own accounting, without allocating
 dist_check_SCRIPTS += tests/train/test_print_memory.sh
 TESTS += tests/train/test_print_memory.sh

@@ -144,22 +144,33 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
         fprintf(fp, "device: %s (this process's), %.2f GiB free of %.2f GiB\n", dev->ops->name,
                 (double)free_b / 1073741824.0, (double)total_b / 1073741824.0);
     }
-    fprintf(fp, "batch: %ld x %ld per data-parallel rank, grad-accum %ld; sharding %s, prefetch "
+    fprintf(fp,
+            "batch: %ld x %ld per data-parallel rank, grad-accum %ld; sharding %s, prefetch "
             "%ld, reshard-after-forward %s; param-dtype %s, reduce-dtype %s; activation "
-            "checkpointing %s%s%s\n", c->batch_size, c->seq_len, c->grad_accum,
-            shard[c->sharding], c->prefetch, c->reshard_after_forward ? "on" : "off",
+            "checkpointing %s%s%s%s\n",
+            c->batch_size, c->seq_len, c->grad_accum, shard[c->sharding], c->prefetch,
+            c->reshard_after_forward ? "on" : "off",
             fsdp_dtype_name(fsdp_train_config_dtype(c->param_dtype)),
             fsdp_dtype_name(fsdp_train_config_dtype(c->reduce_dtype)),
-            c->activation_checkpointing ? "on" : "off",
-            w->tp > 1 ? "; sequence parallel " : "",
-            w->tp > 1 ? (c->sequence_parallel ? "on" : "off") : "");
+            c->activation_checkpointing ? "on" : "off", w->tp > 1 ? "; sequence parallel " : "",
+            w->tp > 1 ? (c->sequence_parallel ? "on" : "off") : "",
+            st->offload == FSDP_OFFLOAD_OPTIM          ? "; offload optim"
+            : st->offload == FSDP_OFFLOAD_PARAMS_OPTIM ? "; offload params,optim"
+                                                       : "");
     char head[96];
     snprintf(head, sizeof(head), "per rank (the largest: dp rank %d, tp rank %d)", w->dp_rank,
              w->tp_rank);
     fprintf(fp, "%-54s %16s  %14s\n", head, "bytes", "");
-    plan_row(fp, "parameter shards (f32 master)", st->state_bytes / 4);
-    plan_row(fp, "gradient shards (f32)", st->state_bytes / 4);
-    plan_row(fp, "AdamW moments (2 x f32)", st->state_bytes / 2);
+    /* elements of this rank's shards: 16 bytes each, 8 of them on the host with offload */
+    const size_t elems = st->state_bytes / (st->host_bytes ? 8 : 16);
+    plan_row(fp,
+             st->offload == FSDP_OFFLOAD_PARAMS_OPTIM ? "parameter shards (f32, the master's copy)"
+                                                      : "parameter shards (f32 master)",
+             elems * 4);
+    plan_row(fp, "gradient shards (f32)", elems * 4);
+    plan_row(fp,
+             st->host_bytes ? "AdamW moments (offloaded: on the host)" : "AdamW moments (2 x f32)",
+             st->host_bytes ? 0 : elems * 8);
     plan_row(fp, "gathered parameters (root unit + prefetch ring)", st->gathered_bytes);
     plan_row(fp, "unsharded gradients (reduce-scatter buffers)", st->grad_bytes);
     plan_row(fp, "communication (packing scratch, padding)", st->comm_bytes);
@@ -169,6 +180,14 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
     plan_row(fp, "total, held from the first step", st->peak_bytes + batch);
     if (st->ckpt_bytes) {
         plan_row(fp, "+ from the first checkpoint on (tensor re-layout)", st->ckpt_bytes);
+    }
+    if (st->host_bytes) { /* --offload: moments, staged gradient, master (or its staging) */
+        plan_row(fp, "+ host, pinned: AdamW moments (2 x f32, --offload)", elems * 8);
+        plan_row(fp,
+                 st->offload == FSDP_OFFLOAD_PARAMS_OPTIM
+                     ? "+ host, pinned: f32 master and gradient staging"
+                     : "+ host, pinned: gradient and master staging (f32)",
+                 st->host_bytes - elems * 8);
     }
     if (snapshot) {
         plan_row(fp, "+ host, pinned: checkpoint snapshot (--ckpt-async)", snapshot);

@@ -70,7 +70,8 @@ static const struct fsdp_opt train_opts[] = {
      "read 'key = value' lines first; flags override them", 0},
     {"peak-flops", FSDP_OPT_FLOAT, F(peak_flops), 0, 0, 1e21, NULL, "X", 0,
      "peak FLOP/s per rank for MFU (0: measure with an sgemm probe)", 0},
-    {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0, "BLAS and AdamW threads per rank", 0},
+    {"threads", FSDP_OPT_INT, F(threads), 0, 1, 4096, NULL, "N", 0,
+     "BLAS and AdamW threads per rank", 0},
     {"init", FSDP_OPT_STR, F(init), S(init), 0, 0, NULL, "METHOD", 0,
      "rendezvous: auto, mpi, env://, tcp://HOST:PORT, file:///PATH", 0},
     {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0,
@@ -107,6 +108,10 @@ static const struct fsdp_opt train_opts[] = {
      "loss scaling for f16: off, dynamic, or a fixed scale N", 0},
     {"loss-scale-init", FSDP_OPT_FLOAT, F(loss_scale_init), 0, 1e-30, 1e38, NULL, "X",
      FSDP_OPT_HIDDEN, "initial dynamic loss scale", 0},
+    {"offload", FSDP_OPT_CHOICE, F(offload), 0, 0, 0, "none|optim|params,optim", "WHAT", 0,
+     "keep the AdamW moments (optim), and the f32 master (params,optim), in pinned host memory "
+     "and run AdamW on the host (changes nothing on device cpu)",
+     0},
     {"no-sync-accum", FSDP_OPT_FLAG, F(no_sync_accum), 0, 0, 0, NULL, "", 0,
      "keep unsharded gradients until the last micro-step (one reduction per step)", 0},
     {"activation-checkpointing", FSDP_OPT_FLAG, F(activation_checkpointing), 0, 0, 0, NULL, "", 0,
@@ -307,8 +312,8 @@ int fsdp_train_config_loss_scale(const struct fsdp_train_config *c, int *dynamic
 int fsdp_train_config_wants_fsdp(const struct fsdp_train_config *c)
 {
     return c->mesh[0] || c->param_dtype != 0 || c->reduce_dtype != 0 ||
-           strcmp(c->loss_scale, "off") != 0 || c->no_sync_accum ||
-           c->activation_checkpointing || c->sharding != 0 || !c->reshard_after_forward;
+           strcmp(c->loss_scale, "off") != 0 || c->no_sync_accum || c->activation_checkpointing ||
+           c->sharding != 0 || !c->reshard_after_forward || c->offload != 0;
 }
 
 void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_optim_config *oc)
@@ -340,6 +345,7 @@ int fsdp_train_config_shard(const struct fsdp_train_config *c, struct fsdp_shard
     sc->activation_checkpointing = c->activation_checkpointing != 0;
     sc->sequence_parallel = c->sequence_parallel != 0;
     sc->lm_head_chunk = (int)c->lm_head_chunk;
+    sc->offload = (enum fsdp_offload)c->offload; /* the choice's order is the enum's */
     return 0;
 }
 
