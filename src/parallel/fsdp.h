@@ -74,6 +74,7 @@ struct fsdp_shard_config {
     int lm_head_chunk;            /* rows per output-head chunk (0: the model's default) */
     bool sequence_parallel;       /* with tp: norms and residuals hold 1/tp of the rows */
     enum fsdp_offload offload;    /* optimizer state (and master) in pinned host memory */
+    enum fsdp_dtype act_dtype;    /* storage of saved activations: f32, bf16 (model.h) */
 };
 
 /* The defaults: full sharding, reshard after forward, prefetch 1, f32. */

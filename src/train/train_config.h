@@ -95,6 +95,7 @@ struct fsdp_train_config {
     int sequence_parallel;   /* with tp: norms and residuals hold 1/tp of the rows (default 1) */
     int print_memory;        /* print the per-rank memory plan and exit (memory_plan.h) */
     int offload;             /* choice index into none|optim|params,optim (enum fsdp_offload) */
+    int activation_dtype;    /* choice index into f32|bf16 (saved activations' storage) */
 };
 
 /* The dtype behind a param-dtype / reduce-dtype choice index. */
