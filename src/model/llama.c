@@ -591,6 +591,10 @@ int fsdp_llama_forward_unit(struct fsdp_model *base, int u)
         FSDP_CHECK(llama_head_forward(m));
     }
     m->lm.fwd_done[u] = 1;
+    if (u == m->lm.stage_hi && u <= L) { /* a pipeline stage's last block: its backward starts
+                                            from the output gradient written into dres */
+        m->bwd_next = m->lm.targets ? u : -1;
+    }
     return 0;
 }
 
@@ -859,4 +863,6 @@ const struct fsdp_model_ops fsdp_llama_ops = {
     .flops_per_token = fsdp_llama_flops_per_token,
     .decoder_create = fsdp_llama_decoder_create,
     .tp_cut = llama_op_tp_cut,
+    .set_stage = fsdp_lm_op_set_stage,
+    .stage_buffers = fsdp_lm_op_stage_buffers,
 };

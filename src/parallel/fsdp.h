@@ -64,6 +64,10 @@ struct fsdp_shard_config {
     bool activation_checkpointing; /* recompute every block in its backward */
     int lm_head_chunk;            /* rows per output-head chunk (0: the model's default) */
     bool sequence_parallel;       /* with tp: norms and residuals hold 1/tp of the rows */
+    /* A pipeline stage (pp_engine.h): the engine holds state for units
+     * [unit_lo, unit_hi] only (every other unit has no rows on this rank)
+     * and its micro-batch passes run over them; unit_hi 0: every unit. */
+    int unit_lo, unit_hi;
 };
 
 /* The defaults: full sharding, reshard after forward, prefetch 1, f32. */

@@ -1,0 +1,544 @@
+/*
+ * pp_engine.c - the pipeline runtime (pp_engine.h): one step as the rank's
+ * schedule table with its messages (pp_comm.h), each pass through the
+ * stage's sharding engine (engine.c's micro-batch passes over the stage's
+ * units), the held stage inputs, the sums over the stages, and whole units
+ * brought to world rank 0 for the final model file. The sharding engine
+ * keeps the state; this file keeps only the boundary buffers.
+ */
+#include "config.h"
+#include "parallel/pp_engine.h"
+#include "parallel/pp_comm.h"
+#include "parallel/fsdp_impl.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct pp_engine {
+    struct fsdp_engine base;
+    struct fsdp_engine *inner;    /* the stage's sharding engine (owned) */
+    struct fsdp_shard_engine *se; /* its state */
+    struct fsdp_model *model;     /* borrowed: the inner engine's parts */
+    struct fsdp_group *pp;
+    struct fsdp_pp_config pc;
+    int *first; /* (P + 1,) a copy of pc.first */
+    int P, stage, lo, hi, L;
+    struct fsdp_pp_schedule sched;
+    struct fsdp_pp_step *steps; /* (n_steps,) */
+    size_t n_steps;
+    size_t count;    /* B T C: one boundary message */
+    size_t n_held;   /* slots of held stage inputs: the schedule's peak */
+    float *held;     /* (n_held, count) device: stage inputs (stage > 0) */
+    int *slot_of;    /* (M,) held slot of each micro-batch; -1: none */
+    int *slot_busy;  /* (n_held,) */
+    float *gbuf;     /* (count) device: the received output gradient */
+    float *unit_buf; /* world rank 0: a unit received from its stage */
+    double *sums;    /* (P,) the pipeline sum's all-gather */
+    int model_mb;    /* the micro-batch the model's activations hold; -1 */
+    size_t held_now, peak;
+    long step_no;
+    char *order; /* the executed passes of the step, for the log */
+    size_t order_len, order_cap;
+};
+
+static struct pp_engine *pp_impl(const struct fsdp_engine *e)
+{
+    return e->impl;
+}
+
+void fsdp_pp_stage_units(const int *first, int P, int s, int *lo, int *hi)
+{
+    const int L = first[P];
+    *lo = s == 0 ? 0 : first[s] + 1;
+    *hi = s == P - 1 ? L + 1 : first[s + 1];
+}
+
+/* The stage that holds unit u. */
+static int pp_owner(const struct pp_engine *pe, int u)
+{
+    for (int s = 0; s < pe->P; s++) {
+        int lo, hi;
+        fsdp_pp_stage_units(pe->first, pe->P, s, &lo, &hi);
+        if (u >= lo && u <= hi) {
+            return s;
+        }
+    }
+    return -1;
+}
+
+/* x summed over the pipeline's ranks in rank order: the same on every rank. */
+static int pp_sum(void *arg, double *x)
+{
+    struct pp_engine *pe = arg;
+    FSDP_CHECK(fsdp_allgather_sync(pe->pp, x, pe->sums, sizeof(double), FSDP_U8));
+    double sum = 0.0;
+    for (int r = 0; r < pe->P; r++) {
+        sum += pe->sums[r];
+    }
+    *x = sum;
+    return 0;
+}
+
+static void pp_note(struct pp_engine *pe, const struct fsdp_pp_action *a)
+{
+    int n = snprintf(pe->order + pe->order_len, pe->order_cap - pe->order_len, "%s%c%d",
+                     pe->order_len ? " " : "", a->op == FSDP_PP_FWD ? 'F' : 'B', a->mb);
+    if (n > 0 && pe->order_len + (size_t)n < pe->order_cap) {
+        pe->order_len += (size_t)n;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// passes
+
+static struct fsdp_device *pp_dev(const struct pp_engine *pe)
+{
+    return pe->se->dev;
+}
+
+/* The model's boundary buffers for the current batch. */
+static int pp_buffers(struct pp_engine *pe, float **in, float **out, float **dres)
+{
+    size_t count;
+    FSDP_CHECK(pe->model->ops->stage_buffers(pe->model, in, out, dres, &count));
+    if (count != pe->count) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: boundary of %zu floats, %zu expected", count,
+                        pe->count);
+    }
+    return 0;
+}
+
+/* The stage's forward of micro-batch mb of b: from its held input (stage >
+ * 0), through its units (the last: the loss). */
+static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb)
+{
+    const size_t bt = (size_t)b->B * (size_t)b->T;
+    const int32_t *in = b->inputs + (size_t)mb * bt, *tg = b->targets + (size_t)mb * bt;
+    FSDP_CHECK(pe->model->ops->set_batch(pe->model, in, tg, b->B, b->T));
+    if (pe->stage > 0) {
+        float *x, *y, *d;
+        FSDP_CHECK(pp_buffers(pe, &x, &y, &d));
+        if (pe->slot_of[mb] < 0) {
+            return fsdp_err(FSDP_ERR_INTERNAL,
+                            "pipeline stage %d: forward of micro-batch %d "
+                            "without its input",
+                            pe->stage, mb);
+        }
+        FSDP_CHECK(fsdp_device_copy(pp_dev(pe), x, pe->held + (size_t)pe->slot_of[mb] * pe->count,
+                                    pe->count * sizeof(float)));
+    }
+    FSDP_CHECK(fsdp_shard_mb_forward(pe->se, in, tg));
+    /* the sharding engine keeps the last unit gathered for the backward
+     * that follows at once in its own step; here another forward may come
+     * first, and its units may need that buffer */
+    fsdp_unit_release_all(pe->se);
+    pe->model_mb = mb;
+    return 0;
+}
+
+/* The stage's backward of micro-batch mb (k-th backward of the step): its
+ * forward again unless the model still holds it, the received output
+ * gradient into the model (not the last stage), then the units' backward
+ * with the step's reduction policy; the held input is freed. */
+static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int k)
+{
+    if (pe->model_mb != mb) {
+        FSDP_CHECK(pp_forward(pe, b, mb));
+    }
+    if (pe->stage < pe->P - 1) {
+        float *x, *y, *d;
+        FSDP_CHECK(pp_buffers(pe, &x, &y, &d));
+        FSDP_CHECK(fsdp_device_copy(pp_dev(pe), d, pe->gbuf, pe->count * sizeof(float)));
+    }
+    const int nosync = pe->se->ec.no_sync_accum, K = b->K;
+    int first = nosync ? k == 0 : 1, reduce = nosync ? k == K - 1 : 1;
+    FSDP_CHECK(fsdp_shard_mb_backward(pe->se, first, reduce, !nosync && k > 0));
+    pe->model_mb = -1;
+    if (pe->slot_of[mb] >= 0) {
+        pe->slot_busy[pe->slot_of[mb]] = 0;
+        pe->slot_of[mb] = -1;
+    }
+    pe->held_now--;
+    return 0;
+}
+
+/* A free slot for micro-batch mb's input. */
+static int pp_take_slot(struct pp_engine *pe, int mb)
+{
+    for (size_t i = 0; i < pe->n_held; i++) {
+        if (!pe->slot_busy[i]) {
+            pe->slot_busy[i] = 1;
+            pe->slot_of[mb] = (int)i;
+            return 0;
+        }
+    }
+    return fsdp_err(FSDP_ERR_INTERNAL,
+                    "pipeline stage %d: more than %zu inputs held "
+                    "(micro-batch %d)",
+                    pe->stage, pe->n_held, mb);
+}
+
+static int pp_recv(struct pp_engine *pe, const struct fsdp_pp_step *st)
+{
+    const struct fsdp_pp_action *a = &pe->sched.at[st->act];
+    float *dst = pe->gbuf;
+    if (a->op == FSDP_PP_FWD) {
+        FSDP_CHECK(pp_take_slot(pe, a->mb));
+        dst = pe->held + (size_t)pe->slot_of[a->mb] * pe->count;
+    }
+    return fsdp_recv_sync(pe->pp, dst, pe->count, FSDP_F32, st->peer, fsdp_pp_tag(a, st->peer));
+}
+
+static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
+{
+    const struct fsdp_pp_action *a = &pe->sched.at[st->act];
+    float *x, *y, *d;
+    FSDP_CHECK(pp_buffers(pe, &x, &y, &d));
+    return fsdp_send_sync(pe->pp, a->op == FSDP_PP_FWD ? y : d, pe->count, FSDP_F32, st->peer,
+                          fsdp_pp_tag(a, pe->stage));
+}
+
+/* One step of the table; *loss_sum gains the last stage's forward losses. */
+static int pp_run_step(struct pp_engine *pe, const struct fsdp_pp_step *st,
+                       const struct fsdp_batch *b, int *n_bwd, double *loss_sum)
+{
+    const struct fsdp_pp_action *a = &pe->sched.at[st->act];
+    if (st->kind == FSDP_PP_RECV) {
+        return pp_recv(pe, st);
+    }
+    if (st->kind == FSDP_PP_SEND) {
+        return pp_send(pe, st);
+    }
+    pp_note(pe, a);
+    if (a->op == FSDP_PP_BWD) {
+        FSDP_CHECK(pp_backward(pe, b, a->mb, *n_bwd));
+        (*n_bwd)++;
+        return 0;
+    }
+    FSDP_CHECK(pp_forward(pe, b, a->mb));
+    pe->held_now++;
+    pe->peak = pe->held_now > pe->peak ? pe->held_now : pe->peak;
+    if (pe->stage == pe->P - 1) {
+        *loss_sum += pe->model->ops->loss(pe->model);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// ops
+
+static void pp_reset(struct pp_engine *pe)
+{
+    for (int i = 0; i < pe->pc.M; i++) {
+        pe->slot_of[i] = -1;
+    }
+    memset(pe->slot_busy, 0, pe->n_held * sizeof(*pe->slot_busy));
+    pe->model_mb = -1;
+    pe->held_now = pe->peak = 0;
+    pe->order_len = 0;
+    pe->order[0] = '\0';
+}
+
+static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr, int n_contrib,
+                   struct fsdp_step_result *out)
+{
+    struct pp_engine *pe = pp_impl(e);
+    struct fsdp_shard_engine *se = pe->se;
+    if (!b->inputs) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "pipeline: a rank without a batch (uneven data, "
+                                              "join) is not supported with pp; use --uneven stop");
+    }
+    if (b->K != pe->pc.M || b->B != se->ec.B || b->T != se->ec.T) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: batch %d x %d x %d, made for %d x %d x %d",
+                        b->K, b->B, b->T, pe->pc.M, se->ec.B, se->ec.T);
+    }
+    fsdp_shard_drop_saved(se);
+    pp_reset(pe);
+    pe->step_no++;
+    se->shadow = 0;
+    pe->model->ops->set_loss_seed(pe->model, (double)b->K * (double)b->B * (double)b->T * n_contrib,
+                                  se->scaler.scale);
+    double loss_sum = 0.0;
+    int n_bwd = 0, rc = 0;
+    for (size_t i = 0; i < pe->n_steps && rc == 0; i++) {
+        rc = pp_run_step(pe, &pe->steps[i], b, &n_bwd, &loss_sum);
+    }
+    if (rc < 0) {
+        fsdp_unit_release_all(se);
+        return rc;
+    }
+    FSDP_DEBUG(FSDP_SUB_FSDP, "pipeline stage %d step %ld: %s | peak %zu", pe->stage, pe->step_no,
+               pe->order, pe->peak);
+    double loss = loss_sum / b->K;
+    FSDP_CHECK(fsdp_shard_mb_finish(se, lr, &loss, out));
+    FSDP_CHECK(pp_sum(pe, &out->loss));
+    out->loss /= n_contrib;
+    return 0;
+}
+
+/* The loss of one batch through the stages in turn, summed like a step's. */
+static int pp_eval(struct fsdp_engine *e, const int32_t *inputs, const int32_t *targets,
+                   double *loss)
+{
+    struct pp_engine *pe = pp_impl(e);
+    struct fsdp_shard_engine *se = pe->se;
+    const struct fsdp_pp_action a = {.op = FSDP_PP_FWD, .mb = 0, .chunk = 0};
+    float *x, *y, *d;
+    int rc = pe->model->ops->set_batch(pe->model, inputs, targets, se->ec.B, se->ec.T);
+    fsdp_shard_drop_saved(se);
+    rc = rc < 0 ? rc : pp_buffers(pe, &x, &y, &d);
+    if (rc == 0 && pe->stage > 0) {
+        rc = fsdp_recv_sync(pe->pp, x, pe->count, FSDP_F32, pe->stage - 1,
+                            fsdp_pp_tag(&a, pe->stage - 1));
+    }
+    rc = rc < 0 ? rc : fsdp_shard_mb_forward(se, inputs, targets);
+    if (rc == 0 && pe->stage < pe->P - 1) {
+        rc = fsdp_send_sync(pe->pp, y, pe->count, FSDP_F32, pe->stage + 1,
+                            fsdp_pp_tag(&a, pe->stage));
+    }
+    fsdp_unit_release_all(se);
+    pe->model_mb = -1;
+    FSDP_CHECK(rc);
+    double l = pe->stage == pe->P - 1 ? pe->model->ops->loss(pe->model) : 0.0;
+    FSDP_CHECK(fsdp_shard_loss_sum(se, &l));
+    FSDP_CHECK(pp_sum(pe, &l));
+    *loss = l / se->world;
+    return 0;
+}
+
+static size_t pp_n_pieces(const struct fsdp_engine *e)
+{
+    const struct pp_engine *pe = pp_impl(e);
+    return pe->inner->ops->n_pieces(pe->inner);
+}
+
+static void pp_piece(struct fsdp_engine *e, size_t k, struct fsdp_state_piece *out)
+{
+    struct pp_engine *pe = pp_impl(e);
+    pe->inner->ops->piece(pe->inner, k, out);
+}
+
+static int pp_state_changed(struct fsdp_engine *e)
+{
+    struct pp_engine *pe = pp_impl(e);
+    return pe->inner->ops->state_changed(pe->inner);
+}
+
+/*
+ * Unit u whole: its stage gathers it over its data-parallel group; on the
+ * pipeline line of world rank 0 a unit of another stage then comes to
+ * stage 0 over the pipeline group. *full is the unit on stage 0 of that
+ * line (world rank 0, the writer) and on the owning stage, NULL elsewhere.
+ */
+static int pp_gather_unit(struct fsdp_engine *e, int u, const float **full)
+{
+    struct pp_engine *pe = pp_impl(e);
+    const int owner = pp_owner(pe, u);
+    const float *f = NULL;
+    *full = NULL;
+    if (owner == pe->stage) {
+        FSDP_CHECK(pe->inner->ops->gather_unit(pe->inner, u, &f));
+        *full = f;
+    }
+    if (owner == 0 || !pe->pc.root_line) {
+        return 0;
+    }
+    const struct fsdp_pp_action a = {.op = FSDP_PP_FWD, .mb = u, .chunk = 0};
+    size_t n = pe->se->full->unit_numel[u];
+    if (pe->stage == owner) {
+        return fsdp_send_sync(pe->pp, f, n, FSDP_F32, 0, fsdp_pp_tag(&a, owner));
+    }
+    if (pe->stage == 0) {
+        FSDP_CHECK(
+            fsdp_recv_sync(pe->pp, pe->unit_buf, n, FSDP_F32, owner, fsdp_pp_tag(&a, owner)));
+        *full = pe->unit_buf;
+    }
+    return 0;
+}
+
+static void pp_get_counters(const struct fsdp_engine *e, struct fsdp_engine_counters *c)
+{
+    const struct pp_engine *pe = pp_impl(e);
+    pe->inner->ops->get_counters(pe->inner, c);
+}
+
+static void pp_set_counters(struct fsdp_engine *e, const struct fsdp_engine_counters *c)
+{
+    struct pp_engine *pe = pp_impl(e);
+    pe->inner->ops->set_counters(pe->inner, c);
+}
+
+static void pp_describe(const struct fsdp_engine *e, char *buf, size_t len)
+{
+    const struct pp_engine *pe = pp_impl(e);
+    char inner[640];
+    pe->inner->ops->describe(pe->inner, inner, sizeof(inner));
+    snprintf(buf, len,
+             "pipeline: %d stages, schedule %s, %d micro-batches, stage %d holds units "
+             "%d-%d (stage inputs kept, forward recomputed in the backward) | %s",
+             pe->P, fsdp_pp_kind_name(pe->pc.kind), pe->pc.M, pe->stage, pe->lo, pe->hi, inner);
+}
+
+static void pp_destroy(struct fsdp_engine *e)
+{
+    if (!e) {
+        return;
+    }
+    struct pp_engine *pe = pp_impl(e);
+    struct fsdp_device *dev = pe->se ? pe->se->dev : NULL;
+    if (dev) {
+        if (pe->held) {
+            dev->ops->free(dev, pe->held);
+        }
+        if (pe->gbuf) {
+            dev->ops->free(dev, pe->gbuf);
+        }
+        if (pe->unit_buf) {
+            dev->ops->free(dev, pe->unit_buf);
+        }
+    }
+    if (pe->inner) {
+        pe->inner->ops->destroy(pe->inner);
+    }
+    fsdp_pp_schedule_free(&pe->sched);
+    free(pe->steps);
+    free(pe->first);
+    free(pe->slot_of);
+    free(pe->slot_busy);
+    free(pe->sums);
+    free(pe->order);
+    free(pe);
+}
+
+static const struct fsdp_engine_ops pp_ops = {
+    .size = sizeof(struct fsdp_engine_ops),
+    .name = "pipeline (sharded stages)",
+    .step = pp_step,
+    .eval = pp_eval,
+    .n_pieces = pp_n_pieces,
+    .piece = pp_piece,
+    .state_changed = pp_state_changed,
+    .gather_unit = pp_gather_unit,
+    .get_counters = pp_get_counters,
+    .set_counters = pp_set_counters,
+    .describe = pp_describe,
+    .destroy = pp_destroy,
+    .save_rows = NULL,
+};
+
+// ----------------------------------------------------------------------------
+// setup
+
+/* The boundary buffers: the held inputs (the schedule's peak of them), the
+ * received gradient, and on world rank 0 room for the largest unit. */
+static int pp_alloc(struct pp_engine *pe)
+{
+    struct fsdp_device *dev = pp_dev(pe);
+    const struct fsdp_model_spec *full = pe->se->full;
+    void *mem;
+    pe->n_held = fsdp_pp_schedule_peak(&pe->sched);
+    pe->slot_of = calloc((size_t)pe->pc.M, sizeof(*pe->slot_of));
+    pe->slot_busy = calloc(pe->n_held + 1, sizeof(*pe->slot_busy));
+    pe->sums = calloc((size_t)pe->P, sizeof(*pe->sums));
+    pe->order_cap = 16 * pe->sched.n + 16;
+    pe->order = calloc(pe->order_cap, 1);
+    if (!pe->slot_of || !pe->slot_busy || !pe->sums || !pe->order) {
+        return fsdp_err(FSDP_ERR_NOMEM, "pipeline tables");
+    }
+    if (pe->stage > 0) {
+        FSDP_CHECK(fsdp_device_alloc(dev, pe->n_held * pe->count * sizeof(float),
+                                     "pipeline stage inputs", &mem));
+        pe->held = mem;
+    }
+    if (pe->stage < pe->P - 1) {
+        FSDP_CHECK(
+            fsdp_device_alloc(dev, pe->count * sizeof(float), "pipeline output gradient", &mem));
+        pe->gbuf = mem;
+    }
+    if (pe->stage == 0 && pe->pc.root_line) {
+        size_t most = 0;
+        for (int u = 0; u < full->n_units; u++) {
+            most = full->unit_numel[u] > most ? full->unit_numel[u] : most;
+        }
+        FSDP_CHECK(fsdp_device_alloc(dev, most * sizeof(float), "pipeline unit for saving", &mem));
+        pe->unit_buf = mem;
+    }
+    return 0;
+}
+
+/* The schedule, its steps and the stage's units; the model must be able to
+ * be cut and already be cut at those units. */
+static int pp_setup(struct pp_engine *pe)
+{
+    const struct fsdp_pp_config *pc = &pe->pc;
+    const struct fsdp_model_ops *ops = pe->model->ops;
+    if (ops->size < offsetof(struct fsdp_model_ops, stage_buffers) + sizeof(ops->stage_buffers) ||
+        !ops->stage_buffers) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "pipeline: the %s model cannot be cut into stages",
+                        ops->name);
+    }
+    fsdp_pp_stage_units(pe->first, pe->P, pe->stage, &pe->lo, &pe->hi);
+    if (pe->lo != pe->se->u_lo || pe->hi != pe->se->u_hi) {
+        return fsdp_err(FSDP_ERR_INTERNAL,
+                        "pipeline stage %d: units %d-%d, engine made for "
+                        "%d-%d",
+                        pe->stage, pe->lo, pe->hi, pe->se->u_lo, pe->se->u_hi);
+    }
+    FSDP_CHECK(fsdp_pp_check(pc->kind, pe->P, pc->V, pc->M));
+    FSDP_CHECK(fsdp_pp_schedule_create(pc->kind, pe->P, pc->V, pc->M, pe->stage, &pe->sched));
+    FSDP_CHECK(fsdp_pp_steps_create(&pe->sched, 1, &pe->steps, &pe->n_steps));
+    pe->count = (size_t)pe->se->ec.B * (size_t)pe->se->ec.T * pc->C;
+    return pp_alloc(pe);
+}
+
+int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *model,
+                          struct fsdp_group *pp, const struct fsdp_pp_config *pc,
+                          struct fsdp_engine **out)
+{
+    *out = NULL;
+    if (!fsdp_shard_engine_is(inner) || !pp || !pc->first) {
+        if (inner) {
+            inner->ops->destroy(inner);
+        }
+        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: needs a sharding engine, a group and a "
+                                           "stage split");
+    }
+    struct pp_engine *pe = calloc(1, sizeof(*pe));
+    if (!pe) {
+        inner->ops->destroy(inner);
+        return fsdp_err(FSDP_ERR_NOMEM, "pipeline engine");
+    }
+    pe->base.impl = pe;
+    pe->inner = inner;
+    pe->se = inner->impl;
+    pe->model = model;
+    pe->pp = pp;
+    pe->pc = *pc;
+    pe->P = pp->size;
+    pe->stage = pp->rank;
+    pe->first = calloc((size_t)pe->P + 1, sizeof(int));
+    int rc = pe->first ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
+    if (rc == 0) {
+        memcpy(pe->first, pc->first, ((size_t)pe->P + 1) * sizeof(int));
+        pe->pc.first = pe->first;
+        pe->L = pe->first[pe->P];
+        rc = pp_setup(pe);
+    }
+    if (rc < 0) {
+        pp_destroy(&pe->base);
+        return rc;
+    }
+    pe->se->sumsq_hook = pp_sum;
+    pe->se->sumsq_arg = pe;
+    struct fsdp_engine *e = &pe->base;
+    *e = *inner;
+    /* the table's fields: spec, state names, shard of the checkpoint */
+    e->ops = &pp_ops;
+    e->impl = pe;
+    e->flops_per_token = inner->flops_per_token / pe->P; /* a stage's share, about */
+    *out = e;
+    return 0;
+}

@@ -1,0 +1,64 @@
+/*
+ * pp_engine.h - the pipeline-parallel runtime behind the engine table
+ * (engine.h): a rank holds one stage of the model (a block of units,
+ * pp_plan.h) sharded over its data-parallel groups by a sharding engine
+ * restricted to those units (fsdp.h, unit_lo/unit_hi), and runs its passes
+ * of the step's M micro-batches in the order its schedule's table gives
+ * (pp_schedule.h: gpipe or 1f1b), with the messages around each pass in
+ * the order pp_comm.h gives.
+ *
+ *   forward   stage s > 0 receives the residual stream at its input from
+ *             s - 1 (B x T x C floats), runs its units, and sends its
+ *             output to s + 1; the last stage computes the loss
+ *   backward  the last stage starts from the loss, the others from the
+ *             residual's gradient received from s + 1; each sends the
+ *             gradient of its input to s - 1 (not stage 0)
+ *
+ * Activations: a stage keeps, for each micro-batch between its forward and
+ * its backward, only the residual stream at its input (stage-input
+ * checkpointing); the backward runs the stage's forward again from it
+ * (unless the model still holds that micro-batch, as the last stage under
+ * 1f1b always does) and then its backward. One model instance serves every
+ * micro-batch, bound to the one set of gathered parameters and gradient
+ * buffers; held inputs peak at the schedule's bound (fsdp_pp_peak_bound).
+ *
+ * The step's loss is summed over the stages (only the last has one) and
+ * the data-parallel ranks, the squared gradient norm over the stages too,
+ * so every rank reports and clips by the whole model's. With
+ * FSDPC_LOG=fsdp=debug each rank logs the order its passes ran in and the
+ * most inputs it held, one line per step. Opens no file, reads no data.
+ */
+#ifndef FSDP_PARALLEL_PP_ENGINE_H
+#define FSDP_PARALLEL_PP_ENGINE_H
+
+#include "parallel/engine.h"
+#include "parallel/pp_schedule.h"
+
+struct fsdp_group;
+struct fsdp_model;
+
+struct fsdp_pp_config {
+    enum fsdp_pp_kind kind;
+    int V;            /* virtual stages per rank (1: only gpipe and 1f1b are built) */
+    int M;            /* micro-batches per step (the batch's K) */
+    const int *first; /* (P + 1,) first layer of each stage; first[P] = L */
+    size_t C;         /* width of the residual stream at the stage boundaries */
+    int root_line;    /* this rank's pipeline group holds world rank 0 (its other
+                         coordinates are all 0): gather_unit brings units there */
+};
+
+/*
+ * The pipeline engine over the pipeline group pp (this rank's stage is its
+ * rank) around inner, a sharding engine made for this stage's units, whose
+ * model (borrowed; set_stage already applied) it drives. Takes inner: it is
+ * destroyed with the engine, also on failure. Collective over pp.
+ */
+int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *model,
+                          struct fsdp_group *pp, const struct fsdp_pp_config *pc,
+                          struct fsdp_engine **out);
+
+/* The units [*lo, *hi] stage s of P holds, for layers split at first
+ * (P + 1 entries) of a model with L layers (units 0 .. L + 1). */
+void fsdp_pp_stage_units(const int *first, int P, int s, int *lo, int *hi);
+
+#endif

@@ -1,0 +1,153 @@
+#!/bin/sh
+# test_pp_equiv.sh - the pipeline runtime against one rank: llama-tiny
+# (untied, 4 layers) trained on --mesh pp=2 and pp=4 with the gpipe and
+# 1f1b schedules, and on pp=2,dp=2 with mixed backends (pp=tcp,dp=mpi and
+# pp=mpi,dp=tcp), each against the single-rank oracle engine on the same
+# global batch (per-step losses and gradient norms, then the final model,
+# rel 1e-5: compare_models.py); the passes each stage ran, as it logs them,
+# equal its schedule's table, and the stage inputs it held at most equal
+# the schedule's bound (pp_table); --pp-microbatches and --pp-layers; and
+# what the runtime does not do is one line each (a tied model, a split
+# that cannot be made, checkpoints, interleaved).
+# Needs h5py for /usr/bin/python3 (skips without it).
+. "$top_srcdir/tests/tap.sh"
+
+BIN="$top_builddir"
+TRAIN="$BIN/fsdpc-train"
+CKPT="$BIN/fsdpc-ckpt"
+ORACLE="$BIN/tests/train/oracle_ours"
+TABLE="$BIN/tests/pp/pp_table"
+PY=/usr/bin/python3
+CMP="$top_srcdir/tests/fsdp/compare_models.py"
+MPIEXEC=${MPIEXEC:-mpiexec.mpich}
+W=$(mktemp -d "${TMPDIR:-/tmp}/fsdpc-pp.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+export FSDPC_LOG=warn
+
+if ! "$PY" -c 'import h5py, numpy' > /dev/null 2>&1; then
+    tap_skip_dep h5py "h5py/numpy not importable by $PY"
+    tap_done
+    exit 0
+fi
+
+sh "$top_srcdir/tests/corpus.sh" 60000 > "$W/text"
+"$BIN/fsdpc-data" tokenize "$W/text" -o "$W/tok.bin" > "$W/log" 2>&1
+tap_ok $? "token file"
+SHAPE="--preset llama-tiny --width 48 --ffn 72 --context 32"
+"$CKPT" init $SHAPE --layers 4 --seed 6 --untied -o "$W/untied.h5" > "$W/init.out" 2>&1 &&
+    "$CKPT" init $SHAPE --layers 4 --seed 5 -o "$W/tied.h5" >> "$W/init.out" 2>&1 &&
+    "$CKPT" init $SHAPE --layers 1 --seed 5 --untied -o "$W/one.h5" >> "$W/init.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || tap_diag "$(cat "$W/init.out")"
+tap_ok $rc "llama-tiny: 4 layers untied and tied, 1 layer untied"
+
+COMMON="--data $W/tok.bin --seq-len 16 --steps 6 --lr 3e-3 --warmup 2 --min-lr 3e-4 \
+--weight-decay 0.1 --clip 1.0 --peak-flops 1e11 --log-every 1 --timeout 30"
+
+# run NAME NRANKS MODEL B EXTRA...: one training run (1 rank: the oracle engine)
+run() {
+    r_name=$1 r_n=$2 r_model=$3 r_b=$4
+    shift 4
+    rm -f "$W/$r_name.jsonl"
+    if [ "$r_n" -eq 1 ]; then
+        # shellcheck disable=SC2086
+        "$ORACLE" --run --model "$W/$r_model.h5" $COMMON --batch-size "$r_b" \
+            --metrics "$W/$r_name.jsonl" --out "$W/$r_name.h5" "$@" > "$W/$r_name.log" 2>&1
+    else
+        # shellcheck disable=SC2086
+        timeout 90 "$MPIEXEC" -n "$r_n" "$TRAIN" --model "$W/$r_model.h5" $COMMON \
+            --batch-size "$r_b" --metrics "$W/$r_name.jsonl" --out "$W/$r_name.h5" "$@" \
+            > "$W/$r_name.log" 2>&1
+    fi
+    r_rc=$?
+    [ $r_rc -eq 0 ] || tap_diag "$(tail -5 "$W/$r_name.log")"
+    return $r_rc
+}
+
+# same NAME REF DESCRIPTION: losses and final model of NAME equal REF's (1e-5)
+same() {
+    out=$("$PY" "$CMP" losses "$W/$1.jsonl" "$W/$2.jsonl" --tol 1e-5 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        out="$out
+$("$PY" "$CMP" models "$W/$1.h5" "$W/$2.h5" --tol 1e-5 2>&1)"
+        rc=$?
+    fi
+    tap_diag "$out"
+    tap_ok $rc "$3"
+}
+
+# order NAME KIND P M: every stage's logged passes of step 1 and its peak
+# of held inputs equal pp_table's
+order() {
+    o_ok=0
+    s=0
+    while [ $s -lt "$3" ]; do
+        want=$("$TABLE" "$2" "$3" "$4" $s)
+        got=$(sed -n "s/.*pipeline stage $s step 1: //p" "$W/$1.log")
+        if [ "$want" != "$got" ]; then
+            tap_diag "stage $s: table '$want', ran '$got'"
+            o_ok=1
+        fi
+        s=$((s + 1))
+    done
+    tap_ok $o_ok "$1: each stage ran its $2 table (P $3, M $4) and held at most its bound"
+}
+
+run ref 1 untied 2 --grad-accum 4
+tap_ok $? "one rank, batch 2, 4 micro-steps"
+run ref4 1 untied 4 --grad-accum 4
+tap_ok $? "one rank, batch 4, 4 micro-steps"
+
+export FSDPC_LOG=warn,fsdp=debug FSDPC_LOG_RANKS=all
+for kind in 1f1b gpipe; do
+    run "pp2-$kind" 2 untied 2 --grad-accum 4 --mesh pp=2 --pp-schedule $kind --backend tcp
+    tap_ok $? "pp=2 $kind over tcp ran"
+    same "pp2-$kind" ref "pp=2 $kind equals one rank"
+    order "pp2-$kind" $kind 2 4
+    run "pp4-$kind" 4 untied 2 --grad-accum 4 --mesh pp=4 --pp-schedule $kind --backend mpi
+    tap_ok $? "pp=4 $kind over mpi ran"
+    same "pp4-$kind" ref "pp=4 $kind equals one rank"
+    order "pp4-$kind" $kind 4 4
+done
+export FSDPC_LOG=warn
+unset FSDPC_LOG_RANKS
+
+run ppdp 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --backend pp=tcp,dp=mpi
+tap_ok $? "pp=2,dp=2 1f1b (pp=tcp, dp=mpi) ran"
+same ppdp ref4 "pp=2,dp=2 1f1b with mixed backends equals one rank with batch 4"
+run ppdp-g 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --pp-schedule gpipe \
+    --backend pp=mpi,dp=tcp
+tap_ok $? "pp=2,dp=2 gpipe (pp=mpi, dp=tcp) ran"
+same ppdp-g ref4 "pp=2,dp=2 gpipe with mixed backends equals one rank with batch 4"
+
+run mb 2 untied 2 --pp-microbatches 4 --mesh pp=2 --pp-layers 1,3 --backend tcp
+tap_ok $? "pp=2 with --pp-microbatches 4 and --pp-layers 1,3 ran"
+grep -q "stage 0 holds units 0-1 " "$W/mb.log"
+tap_ok $? "--pp-layers 1,3: stage 0 holds the embedding and one block"
+same mb ref "--pp-microbatches 4 is the step of --grad-accum 4; an uneven split equals one rank"
+
+# refuse NAME PATTERN DESCRIPTION ARGS...: the run fails with one line matching PATTERN
+refuse() {
+    f_name=$1 f_pat=$2 f_what=$3
+    shift 3
+    timeout 60 "$MPIEXEC" -n 2 "$TRAIN" $COMMON --batch-size 2 "$@" > "$W/$f_name.log" 2>&1
+    f_rc=$?
+    grep -q "$f_pat" "$W/$f_name.log" && [ $f_rc -ne 0 ] && [ $f_rc -ne 124 ]
+    r=$?
+    [ $r -eq 0 ] || tap_diag "rc $f_rc: $(tail -3 "$W/$f_name.log")"
+    tap_ok $r "$f_what"
+}
+refuse tied "ties its embedding and head" "a tied model under pp: one line" \
+    --model "$W/tied.h5" --mesh pp=2
+refuse few "stage" "pp=2 of a 1-layer model: one line" --model "$W/one.h5" --mesh pp=2
+refuse layers "pp-layers\|layers" "--pp-layers that do not sum to the layers: one line" \
+    --model "$W/untied.h5" --mesh pp=2 --pp-layers 1,1
+refuse ckpt "pipeline checkpoints are not built" "--ckpt-dir under pp: one line" \
+    --model "$W/untied.h5" --mesh pp=2 --ckpt-dir "$W/ck"
+refuse inter "interleaved" "--pp-schedule interleaved: one line" \
+    --model "$W/untied.h5" --mesh pp=2 --pp-schedule interleaved
+refuse twice "differ" "--pp-microbatches and a different --grad-accum: one line" \
+    --model "$W/untied.h5" --mesh pp=2 --pp-microbatches 4 --grad-accum 2
+
+tap_done
