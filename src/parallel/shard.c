@@ -126,6 +126,10 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
 {
     const struct fsdp_model_spec *spec = se->spec;
     size_t total = 0;
+    if (se->u_hi <= 0) { /* no stage set: every unit (a stage always holds a block) */
+        se->u_lo = 0;
+        se->u_hi = spec->n_units - 1;
+    }
     FSDP_CHECK(shard_segs_create(se));
     se->n_units = spec->n_units;
     se->units = calloc((size_t)se->n_units, sizeof(*se->units));
