@@ -36,6 +36,8 @@ struct pp_engine {
     int *slot_busy;  /* (n_held,) */
     float *gbuf;     /* (count) device: the received output gradient */
     float *unit_buf; /* world rank 0: a unit received from its stage */
+    float *save_buf; /* stage 0 of a writing pipeline: a tensor's rows received for a
+                        checkpoint (at the first save) */
     double *sums;    /* (P,) the pipeline sum's all-gather */
     int model_mb;    /* the micro-batch the model's activations hold; -1 */
     size_t held_now, peak;
@@ -359,6 +361,52 @@ static int pp_gather_unit(struct fsdp_engine *e, int u, const float **full)
     return 0;
 }
 
+/*
+ * engine.h's save_rows: checkpoint shard base.shard (this rank's dp rank)
+ * holds rows of every tensor; a tensor of another stage comes from that
+ * stage's rank of the same dp coordinate to stage 0, which writes the
+ * shard. Every rank calls it for every tensor in the same order; only the
+ * writing replica's pipelines exchange.
+ */
+static int pp_save_rows(struct fsdp_engine *e, int kind, size_t param, float *out)
+{
+    struct pp_engine *pe = pp_impl(e);
+    const struct fsdp_model_spec *spec = pe->se->full;
+    const struct fsdp_param_spec *p = &spec->params[param];
+    const int owner = pp_owner(pe, p->unit);
+    if (!pe->inner->writes_state || (pe->stage != owner && pe->stage != 0)) {
+        return 0;
+    }
+    struct fsdp_state_piece pc = {0};
+    size_t row0, rows;
+    fsdp_split_even(p->shape[0], (size_t)pe->se->Rs, (size_t)pe->se->rs, &row0, &rows);
+    const size_t n = rows * p->shape[1];
+    if (pe->stage == owner) {
+        pe->inner->ops->piece(pe->inner, (size_t)kind * spec->n_params + param, &pc);
+        if (pc.row0 != row0 || pc.rows != rows) {
+            return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: %s rows %zu+%zu, shard holds %zu+%zu",
+                            p->name, pc.row0, pc.rows, row0, rows);
+        }
+    }
+    const struct fsdp_pp_action a = {.op = FSDP_PP_BWD, .mb = kind, .chunk = 0};
+    if (owner != 0 && pe->stage == owner) {
+        return fsdp_send_sync(pe->pp, pc.data, n, FSDP_F32, 0, fsdp_pp_tag(&a, owner));
+    }
+    const float *src = pc.data;
+    if (owner != 0) {
+        if (!pe->save_buf) {
+            void *mem;
+            FSDP_CHECK(fsdp_device_alloc(pp_dev(pe), fsdp_model_spec_largest(spec) * sizeof(float),
+                                         "pipeline checkpoint rows", &mem));
+            pe->save_buf = mem;
+        }
+        FSDP_CHECK(
+            fsdp_recv_sync(pe->pp, pe->save_buf, n, FSDP_F32, owner, fsdp_pp_tag(&a, owner)));
+        src = pe->save_buf;
+    }
+    return out ? fsdp_device_read(pp_dev(pe), out, src, n * sizeof(float)) : 0;
+}
+
 static void pp_get_counters(const struct fsdp_engine *e, struct fsdp_engine_counters *c)
 {
     const struct pp_engine *pe = pp_impl(e);
@@ -399,6 +447,9 @@ static void pp_destroy(struct fsdp_engine *e)
         if (pe->unit_buf) {
             dev->ops->free(dev, pe->unit_buf);
         }
+        if (pe->save_buf) {
+            dev->ops->free(dev, pe->save_buf);
+        }
     }
     if (pe->inner) {
         pe->inner->ops->destroy(pe->inner);
@@ -426,7 +477,7 @@ static const struct fsdp_engine_ops pp_ops = {
     .set_counters = pp_set_counters,
     .describe = pp_describe,
     .destroy = pp_destroy,
-    .save_rows = NULL,
+    .save_rows = pp_save_rows,
 };
 
 // ----------------------------------------------------------------------------
@@ -539,6 +590,9 @@ int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *model,
     e->ops = &pp_ops;
     e->impl = pe;
     e->flops_per_token = inner->flops_per_token / pe->P; /* a stage's share, about */
+    /* checkpoint shard = dp rank, as without pp; stage 0 writes every stage's rows */
+    e->blocks = 1;
+    e->writes_state = inner->writes_state && pe->stage == 0;
     *out = e;
     return 0;
 }

@@ -226,8 +226,6 @@ static int config_validate_pp(const struct fsdp_train_config *c, const struct fs
     const char *no = tp > 1 ? "a tp dimension (pp with tp is not built: --mesh pp=P,dp=N)"
                      : c->pp_schedule == 2 || c->pp_virtual > 1
                          ? "--pp-schedule interleaved / --pp-virtual (not built: use 1f1b or gpipe)"
-                     : c->ckpt_dir[0] || c->resume[0]
-                         ? "--ckpt-dir / --resume (pipeline checkpoints are not built: use --out)"
                      : c->uneven == FSDP_UNEVEN_JOIN && c->epochs > 0
                          ? "--uneven join (use --uneven stop)"
                          : NULL;

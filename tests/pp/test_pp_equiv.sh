@@ -6,9 +6,10 @@
 # global batch (per-step losses and gradient norms, then the final model,
 # rel 1e-5: compare_models.py); the passes each stage ran, as it logs them,
 # equal its schedule's table, and the stage inputs it held at most equal
-# the schedule's bound (pp_table); --pp-microbatches and --pp-layers; and
-# what the runtime does not do is one line each (a tied model, a split
-# that cannot be made, checkpoints, interleaved).
+# the schedule's bound (pp_table); --pp-microbatches and --pp-layers;
+# checkpoints written under pp resume on pp (bitwise), dp and one rank, and
+# a dp checkpoint on pp; and what the runtime does not do is one line each
+# (a tied model, a split that cannot be made, interleaved).
 # Needs h5py for /usr/bin/python3 (skips without it).
 . "$top_srcdir/tests/tap.sh"
 
@@ -44,18 +45,19 @@ tap_ok $rc "llama-tiny: 4 layers untied and tied, 1 layer untied"
 COMMON="--data $W/tok.bin --seq-len 16 --steps 6 --lr 3e-3 --warmup 2 --min-lr 3e-4 \
 --weight-decay 0.1 --clip 1.0 --peak-flops 1e11 --log-every 1 --timeout 30"
 
-# run NAME NRANKS MODEL B EXTRA...: one training run (1 rank: the oracle engine)
+# run NAME NRANKS MODEL B EXTRA...: one training run (1: the oracle engine;
+# 1t: the trainer on one rank)
 run() {
     r_name=$1 r_n=$2 r_model=$3 r_b=$4
     shift 4
     rm -f "$W/$r_name.jsonl"
-    if [ "$r_n" -eq 1 ]; then
+    if [ "$r_n" = 1 ]; then
         # shellcheck disable=SC2086
         "$ORACLE" --run --model "$W/$r_model.h5" $COMMON --batch-size "$r_b" \
             --metrics "$W/$r_name.jsonl" --out "$W/$r_name.h5" "$@" > "$W/$r_name.log" 2>&1
     else
         # shellcheck disable=SC2086
-        timeout 90 "$MPIEXEC" -n "$r_n" "$TRAIN" --model "$W/$r_model.h5" $COMMON \
+        timeout 90 "$MPIEXEC" -n "${r_n%t}" "$TRAIN" --model "$W/$r_model.h5" $COMMON \
             --batch-size "$r_b" --metrics "$W/$r_name.jsonl" --out "$W/$r_name.h5" "$@" \
             > "$W/$r_name.log" 2>&1
     fi
@@ -127,6 +129,51 @@ grep -q "stage 0 holds units 0-1 " "$W/mb.log"
 tap_ok $? "--pp-layers 1,3: stage 0 holds the embedding and one block"
 same mb ref "--pp-microbatches 4 is the step of --grad-accum 4; an uneven split equals one rank"
 
+# checkpoints: rows of the whole tensors whatever the mesh. One written by
+# pp=2 at step 4 of 8 resumes on pp=2 bitwise the uninterrupted run, and on
+# dp=2 to 1e-5; one written by pp=2,dp=2 (two shards, each by a stage-0
+# rank) resumes on one rank, and one written by dp=2 on pp=2, both to 1e-5
+COMMON="$COMMON --lr-schedule constant --steps 8"
+run full 2 untied 2 --grad-accum 4 --mesh pp=2 --backend tcp
+tap_ok $? "pp=2, 8 steps"
+run half 2 untied 2 --grad-accum 4 --mesh pp=2 --backend tcp --steps 4 --ckpt-dir "$W/ck"
+tap_ok $? "pp=2, 4 steps and a checkpoint"
+run back 2 untied 2 --grad-accum 4 --mesh pp=2 --backend tcp --resume "$W/ck/step_4"
+sed -n 's/^{"step":\([5-8]\),"loss":\([^,]*\),.*/\1 \2/p' "$W/full.jsonl" > "$W/full.loss"
+sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$W/back.jsonl" > "$W/back.loss"
+[ "$(wc -l < "$W/back.loss")" -eq 4 ] && cmp -s "$W/full.loss" "$W/back.loss" &&
+    cmp -s "$W/full.h5" "$W/back.h5"
+r=$?
+[ $r -eq 0 ] || tap_diag "$(diff "$W/full.loss" "$W/back.loss")"
+tap_ok $r "the pp=2 checkpoint resumed on pp=2: steps 5-8 and the final model bitwise the uninterrupted run's"
+run dpback 2 untied 1 --grad-accum 4 --mesh dp=2 --backend mpi --resume "$W/ck/step_4"
+tap_ok $? "the pp=2 checkpoint resumed on dp=2"
+out=$("$PY" "$CMP" models "$W/dpback.h5" "$W/full.h5" --tol 1e-5 2>&1)
+r=$?
+tap_diag "$out"
+tap_ok $r "resumed on dp=2: the final model equals the uninterrupted pp=2 run's"
+run half22 4 untied 1 --grad-accum 4 --mesh pp=2,dp=2 --backend pp=tcp,dp=mpi --steps 4 \
+    --ckpt-dir "$W/ck2"
+tap_ok $? "pp=2,dp=2, 4 steps and a checkpoint"
+"$CKPT" verify "$W/ck2/step_4" > "$W/ver" 2>&1 && grep -q "^ok: .*step 4, 2 shards" "$W/ver"
+r=$?
+[ $r -eq 0 ] || tap_diag "$(cat "$W/ver")"
+tap_ok $r "fsdpc-ckpt verify: the pp=2,dp=2 checkpoint holds 2 shards of whole tensors"
+run solo 1t untied 2 --grad-accum 4 --resume "$W/ck2/step_4"
+tap_ok $? "the pp=2,dp=2 checkpoint resumed on one rank"
+out=$("$PY" "$CMP" models "$W/solo.h5" "$W/full.h5" --tol 1e-5 2>&1)
+r=$?
+tap_diag "$out"
+tap_ok $r "resumed on one rank: the final model equals the uninterrupted pp=2 run's"
+run dphalf 2 untied 1 --grad-accum 4 --mesh dp=2 --backend mpi --steps 4 --ckpt-dir "$W/ck3"
+tap_ok $? "dp=2, 4 steps and a checkpoint"
+run ppback 2 untied 2 --grad-accum 4 --mesh pp=2 --backend mpi --resume "$W/ck3/step_4"
+tap_ok $? "the dp=2 checkpoint resumed on pp=2"
+out=$("$PY" "$CMP" models "$W/ppback.h5" "$W/full.h5" --tol 1e-5 2>&1)
+r=$?
+tap_diag "$out"
+tap_ok $r "resumed on pp=2: the final model equals the uninterrupted pp=2 run's"
+
 # refuse NAME PATTERN DESCRIPTION ARGS...: the run fails with one line matching PATTERN
 refuse() {
     f_name=$1 f_pat=$2 f_what=$3
@@ -143,8 +190,6 @@ refuse tied "ties its embedding and head" "a tied model under pp: one line" \
 refuse few "stage" "pp=2 of a 1-layer model: one line" --model "$W/one.h5" --mesh pp=2
 refuse layers "pp-layers\|layers" "--pp-layers that do not sum to the layers: one line" \
     --model "$W/untied.h5" --mesh pp=2 --pp-layers 1,1
-refuse ckpt "pipeline checkpoints are not built" "--ckpt-dir under pp: one line" \
-    --model "$W/untied.h5" --mesh pp=2 --ckpt-dir "$W/ck"
 refuse inter "interleaved" "--pp-schedule interleaved: one line" \
     --model "$W/untied.h5" --mesh pp=2 --pp-schedule interleaved
 refuse twice "differ" "--pp-microbatches and a different --grad-accum: one line" \
