@@ -98,8 +98,10 @@ order() {
 
 run ref 1 untied 2 --grad-accum 4
 tap_ok $? "one rank, batch 2, 4 micro-steps"
-run ref4 1 untied 4 --grad-accum 4
-tap_ok $? "one rank, batch 4, 4 micro-steps"
+VAL="--val-data $W/tok.bin --val-every 3 --val-batches 2"
+# shellcheck disable=SC2086
+run ref4 1 untied 4 --grad-accum 4 $VAL
+tap_ok $? "one rank, batch 4, 4 micro-steps, validation every 3 steps"
 
 export FSDPC_LOG=warn,fsdp=debug FSDPC_LOG_RANKS=all
 for kind in 1f1b gpipe; do
@@ -115,13 +117,26 @@ done
 export FSDPC_LOG=warn
 unset FSDPC_LOG_RANKS
 
-run ppdp 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --backend pp=tcp,dp=mpi
+# shellcheck disable=SC2086
+run ppdp 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --backend pp=tcp,dp=mpi $VAL
 tap_ok $? "pp=2,dp=2 1f1b (pp=tcp, dp=mpi) ran"
-same ppdp ref4 "pp=2,dp=2 1f1b with mixed backends equals one rank with batch 4"
+same ppdp ref4 "pp=2,dp=2 1f1b with mixed backends equals one rank with batch 4 (and its val loss)"
+# shellcheck disable=SC2086
 run ppdp-g 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --pp-schedule gpipe \
-    --backend pp=mpi,dp=tcp
+    --backend pp=mpi,dp=tcp $VAL
 tap_ok $? "pp=2,dp=2 gpipe (pp=mpi, dp=tcp) ran"
-same ppdp-g ref4 "pp=2,dp=2 gpipe with mixed backends equals one rank with batch 4"
+same ppdp-g ref4 "pp=2,dp=2 gpipe with mixed backends equals one rank with batch 4 (and its val loss)"
+
+# f16 parameters with dynamic loss scaling: the scale and the skip decided
+# on the whole model's gradient, as on one rank with the same policy
+F16="--param-dtype f16 --loss-scale dynamic"
+# shellcheck disable=SC2086
+run ref16 1 untied 2 --grad-accum 4 $F16
+tap_ok $? "one rank, f16 parameters, dynamic loss scale"
+# shellcheck disable=SC2086
+run pp16 2 untied 2 --grad-accum 4 --mesh pp=2 --backend tcp $F16
+tap_ok $? "pp=2 1f1b with f16 parameters and dynamic loss scale ran"
+same pp16 ref16 "pp=2 with f16 and dynamic loss scaling equals one rank (loss, norm, scale, model)"
 
 run mb 2 untied 2 --pp-microbatches 4 --mesh pp=2 --pp-layers 1,3 --backend tcp
 tap_ok $? "pp=2 with --pp-microbatches 4 and --pp-layers 1,3 ran"
