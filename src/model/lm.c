@@ -561,10 +561,10 @@ int fsdp_lm_op_set_stage(struct fsdp_model *m, int u0, int u1)
                         "no block",
                         lm->name, u0, u1, lm->spec->n_units);
     }
-    if (lm->tp || lm->act_memory) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: pipeline stages %s", lm->name,
-                        lm->tp ? "with tensor parallelism are not built"
-                               : "are set before the activations are reserved");
+    if (lm->act_memory) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                        "%s: pipeline stages are set before the activations are reserved",
+                        lm->name);
     }
     lm->stage_lo = u0;
     lm->stage_hi = u1;
@@ -579,7 +579,7 @@ int fsdp_lm_op_stage_buffers(struct fsdp_model *m, float **in, float **out, floa
         return fsdp_err(FSDP_ERR_INVALID, "%s: stage buffers before reserve", lm->name);
     }
     size_t BT = (size_t)lm->B * (size_t)lm->T;
-    *count = BT * lm->C;
+    *count = fsdp_lm_rows_here(lm, BT) * lm->C; /* sequence parallel: this rank's rows */
     /* block l reads residual[l] and writes residual[l + 1]; the head reads residual[L] */
     *in = lm->stage_lo > 0 ? fsdp_lm_residual(lm, lm->stage_lo - 1) : NULL;
     *out = lm->stage_hi <= lm->L ? fsdp_lm_residual(lm, lm->stage_hi) : NULL;

@@ -130,7 +130,8 @@ struct fsdp_model_ops {
     int (*set_stage)(struct fsdp_model *m, int u0, int u1);
     /*
      * Optional, with set_stage. The stage's boundary, each (B, T, C) floats
-     * of the current batch (*count of them) on the model's device: *in the
+     * of the current batch (with sequence parallelism this tp rank's rows
+     * of them; *count floats) on the model's device: *in the
      * residual stream entering unit u0 (written before its forward), *out
      * the one leaving unit u1 (read after its forward), *dres the residual's
      * gradient (written before u1's backward, read after u0's: then the

@@ -38,6 +38,7 @@ struct pp_engine {
     float *unit_buf; /* world rank 0: a unit received from its stage */
     float *save_buf; /* stage 0 of a writing pipeline: a tensor's rows received for a
                         checkpoint (at the first save) */
+    float *save_host; /* the owning stage's rows re-laid out from tp blocks (host) */
     double *sums;    /* (P,) the pipeline sum's all-gather */
     int model_mb;    /* the micro-batch the model's activations hold; -1 */
     size_t held_now, peak;
@@ -361,6 +362,46 @@ static int pp_gather_unit(struct fsdp_engine *e, int u, const float **full)
     return 0;
 }
 
+/* A buffer on the device for one shard's rows of any tensor. */
+static int pp_save_buf(struct pp_engine *pe)
+{
+    if (!pe->save_buf) {
+        void *mem;
+        FSDP_CHECK(fsdp_device_alloc(pp_dev(pe),
+                                     fsdp_model_spec_largest(pe->se->full) * sizeof(float),
+                                     "pipeline checkpoint rows", &mem));
+        pe->save_buf = mem;
+    }
+    return 0;
+}
+
+/* save_rows with tensor parallelism: the owning stage's ranks re-lay the
+ * tensor out as their shard's rows (the sharding engine's save_rows,
+ * collective over the stage's dp and tp groups), which go to stage 0 of
+ * the same dp and tp coordinates (n floats). */
+static int pp_save_blocks(struct pp_engine *pe, int kind, size_t param, int owner, size_t n,
+                          float *out)
+{
+    const struct fsdp_pp_action a = {.op = FSDP_PP_BWD, .mb = kind, .chunk = 0};
+    if (owner == 0 && pe->stage == 0) {
+        return pe->inner->ops->save_rows(pe->inner, kind, param, out);
+    }
+    FSDP_CHECK(pp_save_buf(pe));
+    if (pe->stage == owner) {
+        if (!pe->save_host) {
+            pe->save_host = malloc(fsdp_model_spec_largest(pe->se->full) * sizeof(float));
+            if (!pe->save_host) {
+                return fsdp_err(FSDP_ERR_NOMEM, "pipeline checkpoint rows");
+            }
+        }
+        FSDP_CHECK(pe->inner->ops->save_rows(pe->inner, kind, param, pe->save_host));
+        FSDP_CHECK(fsdp_device_write(pp_dev(pe), pe->save_buf, pe->save_host, n * sizeof(float)));
+        return fsdp_send_sync(pe->pp, pe->save_buf, n, FSDP_F32, 0, fsdp_pp_tag(&a, owner));
+    }
+    FSDP_CHECK(fsdp_recv_sync(pe->pp, pe->save_buf, n, FSDP_F32, owner, fsdp_pp_tag(&a, owner)));
+    return out ? fsdp_device_read(pp_dev(pe), out, pe->save_buf, n * sizeof(float)) : 0;
+}
+
 /*
  * engine.h's save_rows: checkpoint shard base.shard (this rank's dp rank)
  * holds rows of every tensor; a tensor of another stage comes from that
@@ -379,8 +420,11 @@ static int pp_save_rows(struct fsdp_engine *e, int kind, size_t param, float *ou
     }
     struct fsdp_state_piece pc = {0};
     size_t row0, rows;
-    fsdp_split_even(p->shape[0], (size_t)pe->se->Rs, (size_t)pe->se->rs, &row0, &rows);
+    fsdp_split_even(p->shape[0], (size_t)e->n_shards, (size_t)e->shard, &row0, &rows);
     const size_t n = rows * p->shape[1];
+    if (pe->inner->blocks) { /* tensor parallelism: the stage re-lays its blocks out as rows */
+        return pp_save_blocks(pe, kind, param, owner, n, out);
+    }
     if (pe->stage == owner) {
         pe->inner->ops->piece(pe->inner, (size_t)kind * spec->n_params + param, &pc);
         if (pc.row0 != row0 || pc.rows != rows) {
@@ -394,12 +438,7 @@ static int pp_save_rows(struct fsdp_engine *e, int kind, size_t param, float *ou
     }
     const float *src = pc.data;
     if (owner != 0) {
-        if (!pe->save_buf) {
-            void *mem;
-            FSDP_CHECK(fsdp_device_alloc(pp_dev(pe), fsdp_model_spec_largest(spec) * sizeof(float),
-                                         "pipeline checkpoint rows", &mem));
-            pe->save_buf = mem;
-        }
+        FSDP_CHECK(pp_save_buf(pe));
         FSDP_CHECK(
             fsdp_recv_sync(pe->pp, pe->save_buf, n, FSDP_F32, owner, fsdp_pp_tag(&a, owner)));
         src = pe->save_buf;
@@ -461,6 +500,7 @@ static void pp_destroy(struct fsdp_engine *e)
     free(pe->slot_busy);
     free(pe->sums);
     free(pe->order);
+    free(pe->save_host);
     free(pe);
 }
 
@@ -541,7 +581,9 @@ static int pp_setup(struct pp_engine *pe)
     FSDP_CHECK(fsdp_pp_check(pc->kind, pe->P, pc->V, pc->M));
     FSDP_CHECK(fsdp_pp_schedule_create(pc->kind, pe->P, pc->V, pc->M, pe->stage, &pe->sched));
     FSDP_CHECK(fsdp_pp_steps_create(&pe->sched, 1, &pe->steps, &pe->n_steps));
-    pe->count = (size_t)pe->se->ec.B * (size_t)pe->se->ec.T * pc->C;
+    /* with sequence parallelism the residual stream holds this tp rank's rows */
+    const size_t tp = pe->se->tp->sp ? (size_t)pe->se->tp->size : 1;
+    pe->count = (size_t)pe->se->ec.B * (size_t)pe->se->ec.T / tp * pc->C;
     return pp_alloc(pe);
 }
 

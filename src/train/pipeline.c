@@ -3,7 +3,8 @@
  * of size > 1 in --mesh): the stage split of the model's layers
  * (parallel/pp_plan.h: --pp-layers, else balanced by parameter state), this
  * rank's stage as a sharding engine over the stage's units and its dp and
- * rdp groups, and the pipeline engine around it (parallel/pp_engine.h).
+ * rdp groups (with a tp dimension: the stage's parts cut over its tp
+ * group), and the pipeline engine around it (parallel/pp_engine.h).
  *
  * Mesh order: pp is the outermost dimension (--mesh pp=2,dp=2: ranks 0, 1
  * are stage 0's data-parallel group, ranks 2, 3 stage 1's), as torchtitan
@@ -109,10 +110,11 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
         .mesh = t->mesh->spec,
         .backends = t->mesh->backends,
     };
+    struct fsdp_group *tp = fsdp_mesh_group(t->mesh, "tp");
     struct fsdp_engine *inner = NULL;
     if (rc == 0) {
         fsdp_pp_stage_units(first, P, s, &sc.unit_lo, &sc.unit_hi);
-        rc = fsdp_train_parts_create(t->spec, NULL, t->dev, &oc, &sc, &t->parts);
+        rc = fsdp_train_parts_create(t->spec, tp, t->dev, &oc, &sc, &t->parts);
     }
     if (rc == 0) {
         struct fsdp_model *m = t->parts->model;
@@ -127,7 +129,8 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
             .M = (int)c->grad_accum,
             .first = first,
             .C = emb->shape[1],
-            .root_line = (!g.dp || g.dp->rank == 0) && (!g.rdp || g.rdp->rank == 0),
+            .root_line = (!g.dp || g.dp->rank == 0) && (!g.rdp || g.rdp->rank == 0) &&
+                         (!tp || tp->rank == 0),
         };
         rc = fsdp_pp_engine_create(inner, t->parts->model, pp, &pc, out);
     }

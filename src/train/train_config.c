@@ -206,11 +206,10 @@ static int config_validate_plan(const struct fsdp_train_config *c, const struct 
 static int config_validate_pp(const struct fsdp_train_config *c, const struct fsdp_optset *set)
 {
     struct fsdp_mesh_dims d;
-    int pp = 1, tp = 1;
+    int pp = 1;
     if (c->mesh[0] && fsdp_mesh_parse(c->mesh, &d) == 0) {
         for (int i = 0; i < d.ndims; i++) {
             pp = strcmp(d.name[i], "pp") == 0 ? d.size[i] : pp;
-            tp = strcmp(d.name[i], "tp") == 0 ? d.size[i] : tp;
         }
     }
     if (c->pp_microbatches > 0 && fsdp_opt_given(set, "grad-accum") &&
@@ -223,8 +222,7 @@ static int config_validate_pp(const struct fsdp_train_config *c, const struct fs
     if (pp <= 1) {
         return 0;
     }
-    const char *no = tp > 1 ? "a tp dimension (pp with tp is not built: --mesh pp=P,dp=N)"
-                     : c->pp_schedule == 2 || c->pp_virtual > 1
+    const char *no = c->pp_schedule == 2 || c->pp_virtual > 1
                          ? "--pp-schedule interleaved / --pp-virtual (not built: use 1f1b or gpipe)"
                      : c->uneven == FSDP_UNEVEN_JOIN && c->epochs > 0
                          ? "--uneven join (use --uneven stop)"

@@ -1,14 +1,16 @@
 #!/bin/sh
 # test_pp_equiv.sh - the pipeline runtime against one rank: llama-tiny
 # (untied, 4 layers) trained on --mesh pp=2 and pp=4 with the gpipe and
-# 1f1b schedules, and on pp=2,dp=2 with mixed backends (pp=tcp,dp=mpi and
-# pp=mpi,dp=tcp), each against the single-rank oracle engine on the same
+# 1f1b schedules, on pp=2,dp=2 with mixed backends (pp=tcp,dp=mpi and
+# pp=mpi,dp=tcp), and on pp=2,tp=2 with and without sequence parallelism,
+# each against the single-rank oracle engine on the same
 # global batch (per-step losses and gradient norms, then the final model,
 # rel 1e-5: compare_models.py); the passes each stage ran, as it logs them,
 # equal its schedule's table, and the stage inputs it held at most equal
 # the schedule's bound (pp_table); --pp-microbatches and --pp-layers;
-# checkpoints written under pp resume on pp (bitwise), dp and one rank, and
-# a dp checkpoint on pp; and what the runtime does not do is one line each
+# validation, and f16 with dynamic loss scaling; checkpoints written under
+# pp (and pp x dp, pp x tp) resume on pp (bitwise), dp and one rank, and a
+# dp checkpoint on pp; and what the runtime does not do is one line each
 # (a tied model, a split that cannot be made, interleaved).
 # Needs h5py for /usr/bin/python3 (skips without it).
 . "$top_srcdir/tests/tap.sh"
@@ -127,6 +129,17 @@ run ppdp-g 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --pp-schedule gpipe \
 tap_ok $? "pp=2,dp=2 gpipe (pp=mpi, dp=tcp) ran"
 same ppdp-g ref4 "pp=2,dp=2 gpipe with mixed backends equals one rank with batch 4 (and its val loss)"
 
+# tensor parallelism inside each stage: the residual at the boundaries goes
+# from each tp rank to the same tp rank of the next stage (with sequence
+# parallelism only its rows)
+run pptp 4 untied 2 --grad-accum 4 --mesh pp=2,tp=2 --backend tcp
+tap_ok $? "pp=2,tp=2 (sequence parallel) over tcp ran"
+same pptp ref "pp=2,tp=2 with sequence parallelism equals one rank"
+run pptp-nosp 4 untied 2 --grad-accum 4 --mesh pp=2,tp=2 --sequence-parallel off \
+    --pp-schedule gpipe --backend mpi
+tap_ok $? "pp=2,tp=2 without sequence parallelism, gpipe, over mpi ran"
+same pptp-nosp ref "pp=2,tp=2 without sequence parallelism equals one rank"
+
 # f16 parameters with dynamic loss scaling: the scale and the skip decided
 # on the whole model's gradient, as on one rank with the same policy
 F16="--param-dtype f16 --loss-scale dynamic"
@@ -180,6 +193,14 @@ out=$("$PY" "$CMP" models "$W/solo.h5" "$W/full.h5" --tol 1e-5 2>&1)
 r=$?
 tap_diag "$out"
 tap_ok $r "resumed on one rank: the final model equals the uninterrupted pp=2 run's"
+run tphalf 4 untied 2 --grad-accum 4 --mesh pp=2,tp=2 --backend tcp --steps 4 --ckpt-dir "$W/ck4"
+tap_ok $? "pp=2,tp=2, 4 steps and a checkpoint"
+run tpback 2 untied 1 --grad-accum 4 --mesh dp=2 --backend mpi --resume "$W/ck4/step_4"
+tap_ok $? "the pp=2,tp=2 checkpoint resumed on dp=2"
+out=$("$PY" "$CMP" models "$W/tpback.h5" "$W/full.h5" --tol 1e-5 2>&1)
+r=$?
+tap_diag "$out"
+tap_ok $r "resumed on dp=2: the final model equals the uninterrupted pp=2 run's"
 run dphalf 2 untied 1 --grad-accum 4 --mesh dp=2 --backend mpi --steps 4 --ckpt-dir "$W/ck3"
 tap_ok $? "dp=2, 4 steps and a checkpoint"
 run ppback 2 untied 2 --grad-accum 4 --mesh pp=2 --backend mpi --resume "$W/ck3/step_4"
