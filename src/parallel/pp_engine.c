@@ -94,6 +94,25 @@ static void pp_note(struct pp_engine *pe, const struct fsdp_pp_action *a)
     }
 }
 
+/* A message of n floats in device memory to or from pipeline rank peer,
+ * ordered after what the compute stream has issued and before what it
+ * issues next, waited for. */
+static int pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer, unsigned tag)
+{
+    struct fsdp_shard_engine *se = pe->se;
+    struct fsdp_work *w = NULL;
+    FSDP_CHECK(fsdp_unit_comm_begin(se));
+    if (send) {
+        FSDP_CHECK(fsdp_send(pe->pp, buf, n, FSDP_F32, peer, tag, &se->attr, &w));
+    } else {
+        FSDP_CHECK(fsdp_recv(pe->pp, buf, n, FSDP_F32, peer, tag, &se->attr, &w));
+    }
+    int rc = fsdp_work_wait(w, -1.0);
+    fsdp_work_free(w);
+    FSDP_CHECK(rc);
+    return fsdp_unit_comm_end(se);
+}
+
 // ----------------------------------------------------------------------------
 // passes
 
@@ -192,7 +211,7 @@ static int pp_recv(struct pp_engine *pe, const struct fsdp_pp_step *st)
         FSDP_CHECK(pp_take_slot(pe, a->mb));
         dst = pe->held + (size_t)pe->slot_of[a->mb] * pe->count;
     }
-    return fsdp_recv_sync(pe->pp, dst, pe->count, FSDP_F32, st->peer, fsdp_pp_tag(a, st->peer));
+    return pp_xfer(pe, 0, dst, pe->count, st->peer, fsdp_pp_tag(a, st->peer));
 }
 
 static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
@@ -200,8 +219,8 @@ static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
     const struct fsdp_pp_action *a = &pe->sched.at[st->act];
     float *x, *y, *d;
     FSDP_CHECK(pp_buffers(pe, &x, &y, &d));
-    return fsdp_send_sync(pe->pp, a->op == FSDP_PP_FWD ? y : d, pe->count, FSDP_F32, st->peer,
-                          fsdp_pp_tag(a, pe->stage));
+    return pp_xfer(pe, 1, a->op == FSDP_PP_FWD ? y : d, pe->count, st->peer,
+                   fsdp_pp_tag(a, pe->stage));
 }
 
 /* One step of the table; *loss_sum gains the last stage's forward losses. */
@@ -294,13 +313,11 @@ static int pp_eval(struct fsdp_engine *e, const int32_t *inputs, const int32_t *
     fsdp_shard_drop_saved(se);
     rc = rc < 0 ? rc : pp_buffers(pe, &x, &y, &d);
     if (rc == 0 && pe->stage > 0) {
-        rc = fsdp_recv_sync(pe->pp, x, pe->count, FSDP_F32, pe->stage - 1,
-                            fsdp_pp_tag(&a, pe->stage - 1));
+        rc = pp_xfer(pe, 0, x, pe->count, pe->stage - 1, fsdp_pp_tag(&a, pe->stage - 1));
     }
     rc = rc < 0 ? rc : fsdp_shard_mb_forward(se, inputs, targets);
     if (rc == 0 && pe->stage < pe->P - 1) {
-        rc = fsdp_send_sync(pe->pp, y, pe->count, FSDP_F32, pe->stage + 1,
-                            fsdp_pp_tag(&a, pe->stage));
+        rc = pp_xfer(pe, 1, y, pe->count, pe->stage + 1, fsdp_pp_tag(&a, pe->stage));
     }
     fsdp_unit_release_all(se);
     pe->model_mb = -1;
@@ -352,11 +369,10 @@ static int pp_gather_unit(struct fsdp_engine *e, int u, const float **full)
     const struct fsdp_pp_action a = {.op = FSDP_PP_FWD, .mb = u, .chunk = 0};
     size_t n = pe->se->full->unit_numel[u];
     if (pe->stage == owner) {
-        return fsdp_send_sync(pe->pp, f, n, FSDP_F32, 0, fsdp_pp_tag(&a, owner));
+        return pp_xfer(pe, 1, (void *)f, n, 0, fsdp_pp_tag(&a, owner));
     }
     if (pe->stage == 0) {
-        FSDP_CHECK(
-            fsdp_recv_sync(pe->pp, pe->unit_buf, n, FSDP_F32, owner, fsdp_pp_tag(&a, owner)));
+        FSDP_CHECK(pp_xfer(pe, 0, pe->unit_buf, n, owner, fsdp_pp_tag(&a, owner)));
         *full = pe->unit_buf;
     }
     return 0;
@@ -396,9 +412,9 @@ static int pp_save_blocks(struct pp_engine *pe, int kind, size_t param, int owne
         }
         FSDP_CHECK(pe->inner->ops->save_rows(pe->inner, kind, param, pe->save_host));
         FSDP_CHECK(fsdp_device_write(pp_dev(pe), pe->save_buf, pe->save_host, n * sizeof(float)));
-        return fsdp_send_sync(pe->pp, pe->save_buf, n, FSDP_F32, 0, fsdp_pp_tag(&a, owner));
+        return pp_xfer(pe, 1, pe->save_buf, n, 0, fsdp_pp_tag(&a, owner));
     }
-    FSDP_CHECK(fsdp_recv_sync(pe->pp, pe->save_buf, n, FSDP_F32, owner, fsdp_pp_tag(&a, owner)));
+    FSDP_CHECK(pp_xfer(pe, 0, pe->save_buf, n, owner, fsdp_pp_tag(&a, owner)));
     return out ? fsdp_device_read(pp_dev(pe), out, pe->save_buf, n * sizeof(float)) : 0;
 }
 
@@ -434,13 +450,12 @@ static int pp_save_rows(struct fsdp_engine *e, int kind, size_t param, float *ou
     }
     const struct fsdp_pp_action a = {.op = FSDP_PP_BWD, .mb = kind, .chunk = 0};
     if (owner != 0 && pe->stage == owner) {
-        return fsdp_send_sync(pe->pp, pc.data, n, FSDP_F32, 0, fsdp_pp_tag(&a, owner));
+        return pp_xfer(pe, 1, pc.data, n, 0, fsdp_pp_tag(&a, owner));
     }
     const float *src = pc.data;
     if (owner != 0) {
         FSDP_CHECK(pp_save_buf(pe));
-        FSDP_CHECK(
-            fsdp_recv_sync(pe->pp, pe->save_buf, n, FSDP_F32, owner, fsdp_pp_tag(&a, owner)));
+        FSDP_CHECK(pp_xfer(pe, 0, pe->save_buf, n, owner, fsdp_pp_tag(&a, owner)));
         src = pe->save_buf;
     }
     return out ? fsdp_device_read(pp_dev(pe), out, src, n * sizeof(float)) : 0;

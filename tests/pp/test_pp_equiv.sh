@@ -129,6 +129,24 @@ run ppdp-g 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --pp-schedule gpipe \
 tap_ok $? "pp=2,dp=2 gpipe (pp=mpi, dp=tcp) ran"
 same ppdp-g ref4 "pp=2,dp=2 gpipe with mixed backends equals one rank with batch 4 (and its val loss)"
 
+# the sharding policies inside a stage, and the guarded device (nothing
+# outside the device touches its memory: the boundary messages, the held
+# inputs, a checkpoint's rows)
+# shellcheck disable=SC2086
+run pol 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --backend pp=tcp,dp=mpi --no-sync-accum \
+    --sharding grad-op --activation-checkpointing --prefetch 2 $VAL
+tap_ok $? "pp=2,dp=2 with --no-sync-accum --sharding grad-op --activation-checkpointing --prefetch 2 ran"
+same pol ref4 "those policies under pp=2,dp=2 equal one rank with batch 4"
+# shellcheck disable=SC2086
+run grd 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --backend pp=tcp,dp=mpi --device guarded \
+    --ckpt-dir "$W/ckg" $VAL
+tap_ok $? "pp=2,dp=2 on the guarded device with a checkpoint ran"
+same grd ref4 "pp=2,dp=2 on the guarded device equals one rank with batch 4"
+"$CKPT" verify "$W/ckg/step_6" > "$W/ver" 2>&1 && grep -q "^ok: .*step 6, 2 shards" "$W/ver"
+r=$?
+[ $r -eq 0 ] || tap_diag "$(cat "$W/ver")"
+tap_ok $r "the guarded run's checkpoint verifies (2 shards)"
+
 # tensor parallelism inside each stage: the residual at the boundaries goes
 # from each tp rank to the same tp rank of the next stage (with sequence
 # parallelism only its rows)
