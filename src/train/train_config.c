@@ -90,7 +90,7 @@ static const struct fsdp_opt train_opts[] = {
      "distributed debug level (env: $FSDPC_DEBUG); detail checks every collective", 0},
     {"mesh", FSDP_OPT_STR, F(mesh), S(mesh), 0, 0, NULL, "SPEC", 0,
      "device mesh: dp=N (shard), rdp=R,dp=N (replicate x shard), with tp=T last (tensor "
-     "parallel); default dp=<ranks>",
+     "parallel) and pp=P first (pipeline stages); default dp=<ranks>",
      0},
     {"backend", FSDP_OPT_STR, F(backend), S(backend), 0, 0, NULL, "NAME", 0,
      "collective backend: mpi, tcp, or per dimension (dp=tcp,rdp=mpi,tp=mpi)", 0},
