@@ -448,6 +448,7 @@ static void shard_destroy(struct fsdp_engine *e)
     struct fsdp_shard_engine *se = shard_impl(e);
     fsdp_shard_teardown(se); /* the parts (model, plan, optimizer) are the caller's */
     fsdp_unit_streams_fini(se);
+    free(se->own);
     free(se);
 }
 
@@ -533,7 +534,7 @@ static int shard_apply_model(struct fsdp_shard_engine *se)
     int has_rows = ops->size >= offsetof(struct fsdp_model_ops, set_unit_rows) +
                                     sizeof(ops->set_unit_rows) &&
                    ops->set_unit_rows;
-    if (se->shard_g && has_rows && se->u_lo == 0) {
+    if (se->shard_g && has_rows && fsdp_shard_owns(se, 0)) {
         int rc = ops->set_unit_rows(se->model, 0, se->shard_g);
         FSDP_CHECK(rc);
         se->rows_root = rc == 1;
@@ -664,6 +665,13 @@ static int shard_build(const struct fsdp_shard_parts *p, const struct fsdp_shard
         return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: units [%d, %d] of %d", se->u_lo, se->u_hi,
                         se->spec->n_units);
     }
+    if (sc->unit_mask) {
+        se->own = malloc((size_t)se->spec->n_units);
+        if (!se->own) {
+            return fsdp_err(FSDP_ERR_NOMEM, "fsdp: unit table");
+        }
+        memcpy(se->own, sc->unit_mask, (size_t)se->spec->n_units);
+    }
     if (!sizing) {
         FSDP_CHECK(shard_check_backends(se));
         FSDP_CHECK(fsdp_unit_streams_init(se));
@@ -694,8 +702,8 @@ int fsdp_shard_engine_create(const struct fsdp_shard_parts *p, const struct fsdp
 {
     struct fsdp_shard_engine *se;
     int rc = shard_build(p, g, dev, sc, 0, &se);
-    if (rc == 0 && se->u_lo == 0) { /* the root stays bound: a tied unit reads and accumulates
-                                        into it */
+    if (rc == 0 && fsdp_shard_owns(se, 0)) { /* the root stays bound: a tied unit reads and
+                                        accumulates into it */
         rc = shard_bind(se, 0);
     }
     if (rc < 0) {

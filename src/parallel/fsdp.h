@@ -68,6 +68,10 @@ struct fsdp_shard_config {
      * [unit_lo, unit_hi] only (every other unit has no rows on this rank)
      * and its micro-batch passes run over them; unit_hi 0: every unit. */
     int unit_lo, unit_hi;
+    /* Interleaved stages: the units held, (n_units,) 1 each (borrowed for
+     * the create); NULL: [unit_lo, unit_hi]. Passes then run over the range
+     * the driver sets. */
+    const unsigned char *unit_mask;
 };
 
 /* The defaults: full sharding, reshard after forward, prefetch 1, f32. */

@@ -163,8 +163,10 @@ struct fsdp_shard_engine {
     int rq_head, rq_len;
 
     int shadow;                        /* this step: no batch here (join), collectives only */
-    int u_lo, u_hi;                    /* the units this rank holds and computes (a pipeline
-                                          stage's; 0 and n_units - 1 without one) */
+    int u_lo, u_hi;                    /* the units a pass computes (a pipeline stage's; 0 and
+                                          n_units - 1 without one) */
+    unsigned char *own;                /* (n_units,) the units held (interleaved stages);
+                                          NULL: [u_lo, u_hi] */
     /* Called on the squared gradient norm after the shard and tp sums (a
      * pipeline sums it over its stages); NULL: none. */
     int (*sumsq_hook)(void *arg, double *sumsq);
@@ -234,7 +236,7 @@ void fsdp_shard_drop_saved(struct fsdp_shard_engine *se);
 /* Unit u is one this rank holds (all of them, but for a pipeline stage). */
 static inline int fsdp_shard_owns(const struct fsdp_shard_engine *se, int u)
 {
-    return u >= se->u_lo && u <= se->u_hi;
+    return se->own ? se->own[u] : u >= se->u_lo && u <= se->u_hi;
 }
 /* Unit u is given to the model as this rank's rows (rows_root, unit 0). */
 static inline int fsdp_shard_by_rows(const struct fsdp_shard_engine *se, int u)

@@ -1,21 +1,24 @@
 /*
  * pp_comm.h - the order of a pipeline rank's messages around its passes.
- * A rank of a one-stage-per-rank schedule (gpipe, 1f1b) receives a pass's
+ * A rank receives a pass's
  * input before running it (a forward's activation from the previous stage,
  * a backward's gradient from the next) and sends its output after (the
  * activation to the next stage, the input's gradient to the previous).
  *
- * Two neighbours must not both wait in a send to each other before their
+ * Two ranks must not both wait in a send to each other before their
  * receives (a backend that runs a group's operations one at a time, or
  * sends that wait for their receiver, would hang). In 1f1b's steady state
  * rank r ends a forward sending to r + 1 and starts a backward receiving
  * from r + 1, while r + 1 ends a backward sending to r and starts a
- * forward receiving from r: head on. Where the plain order of two
- * neighbours meets head on like that, the odd one of the two receives
- * first (parity order); everywhere else a send goes as soon as its pass
- * has run. Each rank derives its neighbours' tables to find those places.
- * fsdp_pp_steps_run checks the result against sends that wait for their
- * receiver (rendezvous). Pure bookkeeping: no group, no model.
+ * forward receiving from r: head on; interleaved schedules add the ring
+ * from the last rank back to rank 0. The order is therefore derived, the
+ * same on every rank: all ranks' plain orders run against sends that wait
+ * for their receiver, and wherever every rank waits, the first rank whose
+ * waiting send has a later receive that its peer's waiting send would meet
+ * takes that receive first. A receive may so come some passes before its
+ * own (the runtime holds as many received buffers as the steps need).
+ * fsdp_pp_steps_run checks any order against rendezvous sends. Pure
+ * bookkeeping: no group, no model.
  */
 #ifndef FSDP_PARALLEL_PP_COMM_H
 #define FSDP_PARALLEL_PP_COMM_H
@@ -37,9 +40,9 @@ struct fsdp_pp_step {
 };
 
 /*
- * s's table (V 1: one stage per rank) as steps into *out (free()), *n of
- * them; parity 0 gives the plain order (receive, run, send: the one that
- * hangs), 1 the parity order above.
+ * s's table as steps into *out (free()), *n of them; parity 0 gives the
+ * plain order (receive, run, send: the one that hangs), 1 the derived
+ * order above. Interleaved needs at least 2 ranks (one error).
  */
 int fsdp_pp_steps_create(const struct fsdp_pp_schedule *s, int parity, struct fsdp_pp_step **out,
                          size_t *n);

@@ -21,26 +21,32 @@ struct pp_engine {
     struct fsdp_engine base;
     struct fsdp_engine *inner;    /* the stage's sharding engine (owned) */
     struct fsdp_shard_engine *se; /* its state */
-    struct fsdp_model *model;     /* borrowed: the inner engine's parts */
+    struct fsdp_model *model;     /* borrowed: the inner engine's parts (chunk 0's) */
+    struct fsdp_model **models;   /* (V,) each chunk's instance; [1 ..] owned */
     struct fsdp_group *pp;
     struct fsdp_pp_config pc;
-    int *first; /* (P + 1,) a copy of pc.first */
-    int P, stage, lo, hi, L;
+    int *first;                    /* (S + 1,) a copy of pc.first */
+    int P, V, S, stage, lo, hi, L; /* stage: this rank in the pipeline group */
+    int *clo, *chi;                /* (V,) each chunk's units */
+    int *model_mb;                 /* (V,) the micro-batch each chunk's model holds; -1 */
+    int *n_bwd;                    /* (V,) backwards of each chunk so far this step */
     struct fsdp_pp_schedule sched;
     struct fsdp_pp_step *steps; /* (n_steps,) */
     size_t n_steps;
     size_t count;    /* B T C: one boundary message */
-    size_t n_held;   /* slots of held stage inputs: the schedule's peak */
+    size_t n_held;   /* slots of received stage inputs: the most the steps hold at once */
     float *held;     /* (n_held, count) device: stage inputs (stage > 0) */
-    int *slot_of;    /* (M,) held slot of each micro-batch; -1: none */
+    int *slot_of;    /* (V M,) held slot of each (chunk, micro-batch); -1: none */
     int *slot_busy;  /* (n_held,) */
-    float *gbuf;     /* (count) device: the received output gradient */
+    size_t n_gbuf;   /* slots of received output gradients: the most held at once */
+    float *gbuf;     /* (n_gbuf, count) device: received output gradients */
+    int *gbuf_of;    /* (V M,) */
+    int *gbuf_busy;  /* (n_gbuf,) */
     float *unit_buf; /* world rank 0: a unit received from its stage */
     float *save_buf; /* stage 0 of a writing pipeline: a tensor's rows received for a
                         checkpoint (at the first save) */
     float *save_host; /* the owning stage's rows re-laid out from tp blocks (host) */
-    double *sums;    /* (P,) the pipeline sum's all-gather */
-    int model_mb;    /* the micro-batch the model's activations hold; -1 */
+    double *sums;     /* (P,) the pipeline sum's all-gather */
     size_t held_now, peak;
     long step_no;
     char *order; /* the executed passes of the step, for the log */
@@ -59,14 +65,14 @@ void fsdp_pp_stage_units(const int *first, int P, int s, int *lo, int *hi)
     *hi = s == P - 1 ? L + 1 : first[s + 1];
 }
 
-/* The stage that holds unit u. */
+/* The pipeline rank that holds unit u (stage s is on rank s mod P). */
 static int pp_owner(const struct pp_engine *pe, int u)
 {
-    for (int s = 0; s < pe->P; s++) {
+    for (int s = 0; s < pe->S; s++) {
         int lo, hi;
-        fsdp_pp_stage_units(pe->first, pe->P, s, &lo, &hi);
+        fsdp_pp_stage_units(pe->first, pe->S, s, &lo, &hi);
         if (u >= lo && u <= hi) {
-            return s;
+            return s % pe->P;
         }
     }
     return -1;
@@ -87,8 +93,12 @@ static int pp_sum(void *arg, double *x)
 
 static void pp_note(struct pp_engine *pe, const struct fsdp_pp_action *a)
 {
-    int n = snprintf(pe->order + pe->order_len, pe->order_cap - pe->order_len, "%s%c%d",
-                     pe->order_len ? " " : "", a->op == FSDP_PP_FWD ? 'F' : 'B', a->mb);
+    char chunk[16] = "";
+    if (pe->V > 1) {
+        snprintf(chunk, sizeof(chunk), ".%d", a->chunk);
+    }
+    int n = snprintf(pe->order + pe->order_len, pe->order_cap - pe->order_len, "%s%c%d%s",
+                     pe->order_len ? " " : "", a->op == FSDP_PP_FWD ? 'F' : 'B', a->mb, chunk);
     if (n > 0 && pe->order_len + (size_t)n < pe->order_cap) {
         pe->order_len += (size_t)n;
     }
@@ -121,11 +131,26 @@ static struct fsdp_device *pp_dev(const struct pp_engine *pe)
     return pe->se->dev;
 }
 
-/* The model's boundary buffers for the current batch. */
-static int pp_buffers(struct pp_engine *pe, float **in, float **out, float **dres)
+/* The stage chunk c of this rank runs. */
+static int pp_stage_of(const struct pp_engine *pe, int c)
+{
+    return c * pe->P + pe->stage;
+}
+
+/* Chunk c's model, bound to the sharding engine, its passes over its units. */
+static struct fsdp_model *pp_use(struct pp_engine *pe, int c)
+{
+    pe->se->model = pe->models[c];
+    pe->se->u_lo = pe->clo[c];
+    pe->se->u_hi = pe->chi[c];
+    return pe->models[c];
+}
+
+/* Chunk c's model's boundary buffers for the current batch. */
+static int pp_buffers(struct pp_engine *pe, int c, float **in, float **out, float **dres)
 {
     size_t count;
-    FSDP_CHECK(pe->model->ops->stage_buffers(pe->model, in, out, dres, &count));
+    FSDP_CHECK(pe->models[c]->ops->stage_buffers(pe->models[c], in, out, dres, &count));
     if (count != pe->count) {
         return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: boundary of %zu floats, %zu expected", count,
                         pe->count);
@@ -133,23 +158,25 @@ static int pp_buffers(struct pp_engine *pe, float **in, float **out, float **dre
     return 0;
 }
 
-/* The stage's forward of micro-batch mb of b: from its held input (stage >
- * 0), through its units (the last: the loss). */
-static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb)
+/* Chunk c's forward of micro-batch mb of b: from its held input (not
+ * stage 0), through its units (the last stage: the loss). */
+static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int c)
 {
     const size_t bt = (size_t)b->B * (size_t)b->T;
     const int32_t *in = b->inputs + (size_t)mb * bt, *tg = b->targets + (size_t)mb * bt;
-    FSDP_CHECK(pe->model->ops->set_batch(pe->model, in, tg, b->B, b->T));
-    if (pe->stage > 0) {
+    struct fsdp_model *m = pp_use(pe, c);
+    const int key = c * pe->pc.M + mb;
+    FSDP_CHECK(m->ops->set_batch(m, in, tg, b->B, b->T));
+    if (pp_stage_of(pe, c) > 0) {
         float *x, *y, *d;
-        FSDP_CHECK(pp_buffers(pe, &x, &y, &d));
-        if (pe->slot_of[mb] < 0) {
+        FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
+        if (pe->slot_of[key] < 0) {
             return fsdp_err(FSDP_ERR_INTERNAL,
                             "pipeline stage %d: forward of micro-batch %d "
                             "without its input",
-                            pe->stage, mb);
+                            pp_stage_of(pe, c), mb);
         }
-        FSDP_CHECK(fsdp_device_copy(pp_dev(pe), x, pe->held + (size_t)pe->slot_of[mb] * pe->count,
+        FSDP_CHECK(fsdp_device_copy(pp_dev(pe), x, pe->held + (size_t)pe->slot_of[key] * pe->count,
                                     pe->count * sizeof(float)));
     }
     FSDP_CHECK(fsdp_shard_mb_forward(pe->se, in, tg));
@@ -157,75 +184,89 @@ static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb)
      * that follows at once in its own step; here another forward may come
      * first, and its units may need that buffer */
     fsdp_unit_release_all(pe->se);
-    pe->model_mb = mb;
+    pe->model_mb[c] = mb;
     return 0;
 }
 
-/* The stage's backward of micro-batch mb (k-th backward of the step): its
- * forward again unless the model still holds it, the received output
- * gradient into the model (not the last stage), then the units' backward
- * with the step's reduction policy; the held input is freed. */
-static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int k)
+/* Chunk c's backward of micro-batch mb: its forward again unless the model
+ * still holds it, the received output gradient into the model (not the
+ * last stage), then the units' backward with the step's reduction policy
+ * (k: the chunk's backwards so far); the held buffers are freed. */
+static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int c)
 {
-    if (pe->model_mb != mb) {
-        FSDP_CHECK(pp_forward(pe, b, mb));
+    const int key = c * pe->pc.M + mb, k = pe->n_bwd[c];
+    if (pe->model_mb[c] != mb) {
+        FSDP_CHECK(pp_forward(pe, b, mb, c));
     }
-    if (pe->stage < pe->P - 1) {
+    pp_use(pe, c);
+    if (pp_stage_of(pe, c) < pe->S - 1) {
         float *x, *y, *d;
-        FSDP_CHECK(pp_buffers(pe, &x, &y, &d));
-        FSDP_CHECK(fsdp_device_copy(pp_dev(pe), d, pe->gbuf, pe->count * sizeof(float)));
+        FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
+        if (pe->gbuf_of[key] < 0) {
+            return fsdp_err(FSDP_ERR_INTERNAL,
+                            "pipeline stage %d: backward of micro-batch %d "
+                            "without its gradient",
+                            pp_stage_of(pe, c), mb);
+        }
+        FSDP_CHECK(fsdp_device_copy(pp_dev(pe), d, pe->gbuf + (size_t)pe->gbuf_of[key] * pe->count,
+                                    pe->count * sizeof(float)));
+        pe->gbuf_busy[pe->gbuf_of[key]] = 0;
+        pe->gbuf_of[key] = -1;
     }
     const int nosync = pe->se->ec.no_sync_accum, K = b->K;
     int first = nosync ? k == 0 : 1, reduce = nosync ? k == K - 1 : 1;
     FSDP_CHECK(fsdp_shard_mb_backward(pe->se, first, reduce, !nosync && k > 0));
-    pe->model_mb = -1;
-    if (pe->slot_of[mb] >= 0) {
-        pe->slot_busy[pe->slot_of[mb]] = 0;
-        pe->slot_of[mb] = -1;
+    pe->n_bwd[c]++;
+    pe->model_mb[c] = -1;
+    if (pe->slot_of[key] >= 0) {
+        pe->slot_busy[pe->slot_of[key]] = 0;
+        pe->slot_of[key] = -1;
     }
     pe->held_now--;
     return 0;
 }
 
-/* A free slot for micro-batch mb's input. */
-static int pp_take_slot(struct pp_engine *pe, int mb)
+/* A free slot of busy (n of them) for key, into of[key]. */
+static int pp_take(int *busy, size_t n, int *of, int key, const char *what)
 {
-    for (size_t i = 0; i < pe->n_held; i++) {
-        if (!pe->slot_busy[i]) {
-            pe->slot_busy[i] = 1;
-            pe->slot_of[mb] = (int)i;
+    for (size_t i = 0; i < n; i++) {
+        if (!busy[i]) {
+            busy[i] = 1;
+            of[key] = (int)i;
             return 0;
         }
     }
-    return fsdp_err(FSDP_ERR_INTERNAL,
-                    "pipeline stage %d: more than %zu inputs held "
-                    "(micro-batch %d)",
-                    pe->stage, pe->n_held, mb);
+    return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: more than %zu %s held", n, what);
 }
 
 static int pp_recv(struct pp_engine *pe, const struct fsdp_pp_step *st)
 {
     const struct fsdp_pp_action *a = &pe->sched.at[st->act];
-    float *dst = pe->gbuf;
+    const int key = a->chunk * pe->pc.M + a->mb;
+    float *dst;
     if (a->op == FSDP_PP_FWD) {
-        FSDP_CHECK(pp_take_slot(pe, a->mb));
-        dst = pe->held + (size_t)pe->slot_of[a->mb] * pe->count;
+        FSDP_CHECK(pp_take(pe->slot_busy, pe->n_held, pe->slot_of, key, "stage inputs"));
+        dst = pe->held + (size_t)pe->slot_of[key] * pe->count;
+    } else {
+        FSDP_CHECK(pp_take(pe->gbuf_busy, pe->n_gbuf, pe->gbuf_of, key, "output gradients"));
+        dst = pe->gbuf + (size_t)pe->gbuf_of[key] * pe->count;
     }
-    return pp_xfer(pe, 0, dst, pe->count, st->peer, fsdp_pp_tag(a, st->peer));
+    int from = pp_stage_of(pe, a->chunk) + (a->op == FSDP_PP_FWD ? -1 : 1);
+    return pp_xfer(pe, 0, dst, pe->count, st->peer, fsdp_pp_tag(a, from));
 }
 
 static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
 {
     const struct fsdp_pp_action *a = &pe->sched.at[st->act];
     float *x, *y, *d;
-    FSDP_CHECK(pp_buffers(pe, &x, &y, &d));
+    FSDP_CHECK(pp_buffers(pe, a->chunk, &x, &y, &d));
     return pp_xfer(pe, 1, a->op == FSDP_PP_FWD ? y : d, pe->count, st->peer,
-                   fsdp_pp_tag(a, pe->stage));
+                   fsdp_pp_tag(a, pp_stage_of(pe, a->chunk)));
 }
 
 /* One step of the table; *loss_sum gains the last stage's forward losses. */
 static int pp_run_step(struct pp_engine *pe, const struct fsdp_pp_step *st,
-                       const struct fsdp_batch *b, int *n_bwd, double *loss_sum)
+                       const struct fsdp_batch *b, double *loss_sum)
 {
     const struct fsdp_pp_action *a = &pe->sched.at[st->act];
     if (st->kind == FSDP_PP_RECV) {
@@ -236,15 +277,13 @@ static int pp_run_step(struct pp_engine *pe, const struct fsdp_pp_step *st,
     }
     pp_note(pe, a);
     if (a->op == FSDP_PP_BWD) {
-        FSDP_CHECK(pp_backward(pe, b, a->mb, *n_bwd));
-        (*n_bwd)++;
-        return 0;
+        return pp_backward(pe, b, a->mb, a->chunk);
     }
-    FSDP_CHECK(pp_forward(pe, b, a->mb));
+    FSDP_CHECK(pp_forward(pe, b, a->mb, a->chunk));
     pe->held_now++;
     pe->peak = pe->held_now > pe->peak ? pe->held_now : pe->peak;
-    if (pe->stage == pe->P - 1) {
-        *loss_sum += pe->model->ops->loss(pe->model);
+    if (pp_stage_of(pe, a->chunk) == pe->S - 1) {
+        *loss_sum += pe->models[a->chunk]->ops->loss(pe->models[a->chunk]);
     }
     return 0;
 }
@@ -254,11 +293,15 @@ static int pp_run_step(struct pp_engine *pe, const struct fsdp_pp_step *st,
 
 static void pp_reset(struct pp_engine *pe)
 {
-    for (int i = 0; i < pe->pc.M; i++) {
-        pe->slot_of[i] = -1;
+    for (int i = 0; i < pe->V * pe->pc.M; i++) {
+        pe->slot_of[i] = pe->gbuf_of[i] = -1;
     }
     memset(pe->slot_busy, 0, pe->n_held * sizeof(*pe->slot_busy));
-    pe->model_mb = -1;
+    memset(pe->gbuf_busy, 0, pe->n_gbuf * sizeof(*pe->gbuf_busy));
+    for (int c = 0; c < pe->V; c++) {
+        pe->model_mb[c] = -1;
+        pe->n_bwd[c] = 0;
+    }
     pe->held_now = pe->peak = 0;
     pe->order_len = 0;
     pe->order[0] = '\0';
@@ -281,23 +324,50 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     pp_reset(pe);
     pe->step_no++;
     se->shadow = 0;
-    pe->model->ops->set_loss_seed(pe->model, (double)b->K * (double)b->B * (double)b->T * n_contrib,
-                                  se->scaler.scale);
-    double loss_sum = 0.0;
-    int n_bwd = 0, rc = 0;
-    for (size_t i = 0; i < pe->n_steps && rc == 0; i++) {
-        rc = pp_run_step(pe, &pe->steps[i], b, &n_bwd, &loss_sum);
+    for (int c = 0; c < pe->V; c++) {
+        pe->models[c]->ops->set_loss_seed(pe->models[c],
+                                          (double)b->K * (double)b->B * (double)b->T * n_contrib,
+                                          se->scaler.scale);
     }
+    double loss_sum = 0.0;
+    int rc = 0;
+    for (size_t i = 0; i < pe->n_steps && rc == 0; i++) {
+        rc = pp_run_step(pe, &pe->steps[i], b, &loss_sum);
+    }
+    pp_use(pe, 0);
     if (rc < 0) {
         fsdp_unit_release_all(se);
         return rc;
     }
-    FSDP_DEBUG(FSDP_SUB_FSDP, "pipeline stage %d step %ld: %s | peak %zu", pe->stage, pe->step_no,
+    FSDP_DEBUG(FSDP_SUB_FSDP, "pipeline rank %d step %ld: %s | peak %zu", pe->stage, pe->step_no,
                pe->order, pe->peak);
     double loss = loss_sum / b->K;
     FSDP_CHECK(fsdp_shard_mb_finish(se, lr, &loss, out));
     FSDP_CHECK(pp_sum(pe, &out->loss));
     out->loss /= n_contrib;
+    return 0;
+}
+
+/* Chunk c's forward of one batch in eval: its input from the previous
+ * stage, its output to the next. */
+static int pp_eval_chunk(struct pp_engine *pe, int c, const int32_t *inputs, const int32_t *targets)
+{
+    struct fsdp_shard_engine *se = pe->se;
+    const struct fsdp_pp_action a = {.op = FSDP_PP_FWD, .mb = 0, .chunk = c};
+    const int st = pp_stage_of(pe, c);
+    struct fsdp_model *m = pp_use(pe, c);
+    float *x, *y, *d;
+    FSDP_CHECK(m->ops->set_batch(m, inputs, targets, se->ec.B, se->ec.T));
+    FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
+    if (st > 0) {
+        FSDP_CHECK(pp_xfer(pe, 0, x, pe->count, (st - 1) % pe->P, fsdp_pp_tag(&a, st - 1)));
+    }
+    FSDP_CHECK(fsdp_shard_mb_forward(se, inputs, targets));
+    fsdp_unit_release_all(se);
+    pe->model_mb[c] = -1;
+    if (st < pe->S - 1) {
+        FSDP_CHECK(pp_xfer(pe, 1, y, pe->count, (st + 1) % pe->P, fsdp_pp_tag(&a, st)));
+    }
     return 0;
 }
 
@@ -307,22 +377,16 @@ static int pp_eval(struct fsdp_engine *e, const int32_t *inputs, const int32_t *
 {
     struct pp_engine *pe = pp_impl(e);
     struct fsdp_shard_engine *se = pe->se;
-    const struct fsdp_pp_action a = {.op = FSDP_PP_FWD, .mb = 0, .chunk = 0};
-    float *x, *y, *d;
-    int rc = pe->model->ops->set_batch(pe->model, inputs, targets, se->ec.B, se->ec.T);
     fsdp_shard_drop_saved(se);
-    rc = rc < 0 ? rc : pp_buffers(pe, &x, &y, &d);
-    if (rc == 0 && pe->stage > 0) {
-        rc = pp_xfer(pe, 0, x, pe->count, pe->stage - 1, fsdp_pp_tag(&a, pe->stage - 1));
+    int rc = 0;
+    for (int c = 0; c < pe->V && rc == 0; c++) {
+        rc = pp_eval_chunk(pe, c, inputs, targets);
     }
-    rc = rc < 0 ? rc : fsdp_shard_mb_forward(se, inputs, targets);
-    if (rc == 0 && pe->stage < pe->P - 1) {
-        rc = pp_xfer(pe, 1, y, pe->count, pe->stage + 1, fsdp_pp_tag(&a, pe->stage));
-    }
+    pp_use(pe, 0);
     fsdp_unit_release_all(se);
-    pe->model_mb = -1;
     FSDP_CHECK(rc);
-    double l = pe->stage == pe->P - 1 ? pe->model->ops->loss(pe->model) : 0.0;
+    struct fsdp_model *last = pe->models[pe->V - 1];
+    double l = pp_stage_of(pe, pe->V - 1) == pe->S - 1 ? last->ops->loss(last) : 0.0;
     FSDP_CHECK(fsdp_shard_loss_sum(se, &l));
     FSDP_CHECK(pp_sum(pe, &l));
     *loss = l / se->world;
@@ -476,12 +540,17 @@ static void pp_set_counters(struct fsdp_engine *e, const struct fsdp_engine_coun
 static void pp_describe(const struct fsdp_engine *e, char *buf, size_t len)
 {
     const struct pp_engine *pe = pp_impl(e);
-    char inner[640];
+    char inner[640], units[128] = "";
+    size_t at = 0;
     pe->inner->ops->describe(pe->inner, inner, sizeof(inner));
+    for (int c = 0; c < pe->V && at < sizeof(units); c++) {
+        at += (size_t)snprintf(units + at, sizeof(units) - at, "%s%d-%d", c ? ", " : "", pe->clo[c],
+                               pe->chi[c]);
+    }
     snprintf(buf, len,
-             "pipeline: %d stages, schedule %s, %d micro-batches, stage %d holds units "
-             "%d-%d (stage inputs kept, forward recomputed in the backward) | %s",
-             pe->P, fsdp_pp_kind_name(pe->pc.kind), pe->pc.M, pe->stage, pe->lo, pe->hi, inner);
+             "pipeline: %d stages on %d ranks, schedule %s, %d micro-batches, rank %d "
+             "holds units %s (stage inputs kept, forward recomputed in the backward) | %s",
+             pe->S, pe->P, fsdp_pp_kind_name(pe->pc.kind), pe->pc.M, pe->stage, units, inner);
 }
 
 static void pp_destroy(struct fsdp_engine *e)
@@ -508,6 +577,16 @@ static void pp_destroy(struct fsdp_engine *e)
     if (pe->inner) {
         pe->inner->ops->destroy(pe->inner);
     }
+    for (int c = 1; pe->models && c < pe->V; c++) {
+        fsdp_model_destroy(pe->models[c]); /* chunk 0's is the parts' */
+    }
+    free(pe->models);
+    free(pe->clo);
+    free(pe->chi);
+    free(pe->model_mb);
+    free(pe->n_bwd);
+    free(pe->gbuf_of);
+    free(pe->gbuf_busy);
     fsdp_pp_schedule_free(&pe->sched);
     free(pe->steps);
     free(pe->first);
@@ -538,32 +617,56 @@ static const struct fsdp_engine_ops pp_ops = {
 // ----------------------------------------------------------------------------
 // setup
 
-/* The boundary buffers: the held inputs (the schedule's peak of them), the
- * received gradient, and on world rank 0 room for the largest unit. */
+/* The most received inputs and received gradients the steps hold at once
+ * (a receive may come some passes before its pass). */
+static void pp_pool_sizes(struct pp_engine *pe)
+{
+    size_t f = 0, g = 0;
+    pe->n_held = pe->n_gbuf = 1;
+    for (size_t i = 0; i < pe->n_steps; i++) {
+        const struct fsdp_pp_step *st = &pe->steps[i];
+        const struct fsdp_pp_action *a = &pe->sched.at[st->act];
+        const int stage = pp_stage_of(pe, a->chunk);
+        if (st->kind == FSDP_PP_RECV) {
+            f += a->op == FSDP_PP_FWD;
+            g += a->op == FSDP_PP_BWD;
+        } else if (st->kind == FSDP_PP_RUN && a->op == FSDP_PP_BWD) {
+            f -= stage > 0;
+            g -= stage < pe->S - 1;
+        }
+        pe->n_held = f > pe->n_held ? f : pe->n_held;
+        pe->n_gbuf = g > pe->n_gbuf ? g : pe->n_gbuf;
+    }
+}
+
+/* The boundary buffers: the received inputs and gradients (as many as the
+ * steps hold at once), and on world rank 0 room for the largest unit. */
 static int pp_alloc(struct pp_engine *pe)
 {
     struct fsdp_device *dev = pp_dev(pe);
     const struct fsdp_model_spec *full = pe->se->full;
+    const size_t VM = (size_t)pe->V * (size_t)pe->pc.M;
     void *mem;
-    pe->n_held = fsdp_pp_schedule_peak(&pe->sched);
-    pe->slot_of = calloc((size_t)pe->pc.M, sizeof(*pe->slot_of));
-    pe->slot_busy = calloc(pe->n_held + 1, sizeof(*pe->slot_busy));
+    pp_pool_sizes(pe);
+    pe->slot_of = calloc(VM, sizeof(*pe->slot_of));
+    pe->gbuf_of = calloc(VM, sizeof(*pe->gbuf_of));
+    pe->slot_busy = calloc(pe->n_held, sizeof(*pe->slot_busy));
+    pe->gbuf_busy = calloc(pe->n_gbuf, sizeof(*pe->gbuf_busy));
+    pe->model_mb = calloc((size_t)pe->V, sizeof(*pe->model_mb));
+    pe->n_bwd = calloc((size_t)pe->V, sizeof(*pe->n_bwd));
     pe->sums = calloc((size_t)pe->P, sizeof(*pe->sums));
     pe->order_cap = 16 * pe->sched.n + 16;
     pe->order = calloc(pe->order_cap, 1);
-    if (!pe->slot_of || !pe->slot_busy || !pe->sums || !pe->order) {
+    if (!pe->slot_of || !pe->gbuf_of || !pe->slot_busy || !pe->gbuf_busy || !pe->model_mb ||
+        !pe->n_bwd || !pe->sums || !pe->order) {
         return fsdp_err(FSDP_ERR_NOMEM, "pipeline tables");
     }
-    if (pe->stage > 0) {
-        FSDP_CHECK(fsdp_device_alloc(dev, pe->n_held * pe->count * sizeof(float),
-                                     "pipeline stage inputs", &mem));
-        pe->held = mem;
-    }
-    if (pe->stage < pe->P - 1) {
-        FSDP_CHECK(
-            fsdp_device_alloc(dev, pe->count * sizeof(float), "pipeline output gradient", &mem));
-        pe->gbuf = mem;
-    }
+    FSDP_CHECK(fsdp_device_alloc(dev, pe->n_held * pe->count * sizeof(float),
+                                 "pipeline stage inputs", &mem));
+    pe->held = mem;
+    FSDP_CHECK(fsdp_device_alloc(dev, pe->n_gbuf * pe->count * sizeof(float),
+                                 "pipeline output gradients", &mem));
+    pe->gbuf = mem;
     if (pe->stage == 0 && pe->pc.root_line) {
         size_t most = 0;
         for (int u = 0; u < full->n_units; u++) {
@@ -575,24 +678,47 @@ static int pp_alloc(struct pp_engine *pe)
     return 0;
 }
 
-/* The schedule, its steps and the stage's units; the model must be able to
- * be cut and already be cut at those units. */
+/* Each chunk's units, which the sharding engine must hold, and a model
+ * that can be cut for each. */
+static int pp_chunks(struct pp_engine *pe)
+{
+    pe->clo = calloc((size_t)pe->V, sizeof(int));
+    pe->chi = calloc((size_t)pe->V, sizeof(int));
+    if (!pe->clo || !pe->chi) {
+        return fsdp_err(FSDP_ERR_NOMEM, "pipeline chunks");
+    }
+    for (int c = 0; c < pe->V; c++) {
+        const struct fsdp_model_ops *ops = pe->models[c] ? pe->models[c]->ops : NULL;
+        if (!ops ||
+            ops->size <
+                offsetof(struct fsdp_model_ops, stage_buffers) + sizeof(ops->stage_buffers) ||
+            !ops->stage_buffers) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                            "pipeline: the %s model cannot be cut into "
+                            "stages",
+                            ops ? ops->name : "(no)");
+        }
+        fsdp_pp_stage_units(pe->first, pe->S, pp_stage_of(pe, c), &pe->clo[c], &pe->chi[c]);
+        for (int u = pe->clo[c]; u <= pe->chi[c]; u++) {
+            if (!fsdp_shard_owns(pe->se, u)) {
+                return fsdp_err(FSDP_ERR_INTERNAL,
+                                "pipeline stage %d: unit %d not held by "
+                                "its sharding engine",
+                                pp_stage_of(pe, c), u);
+            }
+        }
+    }
+    pe->lo = pe->clo[0];
+    pe->hi = pe->chi[pe->V - 1];
+    return 0;
+}
+
+/* The schedule, its steps and the chunks' units; each chunk's model must
+ * already be cut at its units. */
 static int pp_setup(struct pp_engine *pe)
 {
     const struct fsdp_pp_config *pc = &pe->pc;
-    const struct fsdp_model_ops *ops = pe->model->ops;
-    if (ops->size < offsetof(struct fsdp_model_ops, stage_buffers) + sizeof(ops->stage_buffers) ||
-        !ops->stage_buffers) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED, "pipeline: the %s model cannot be cut into stages",
-                        ops->name);
-    }
-    fsdp_pp_stage_units(pe->first, pe->P, pe->stage, &pe->lo, &pe->hi);
-    if (pe->lo != pe->se->u_lo || pe->hi != pe->se->u_hi) {
-        return fsdp_err(FSDP_ERR_INTERNAL,
-                        "pipeline stage %d: units %d-%d, engine made for "
-                        "%d-%d",
-                        pe->stage, pe->lo, pe->hi, pe->se->u_lo, pe->se->u_hi);
-    }
+    FSDP_CHECK(pp_chunks(pe));
     FSDP_CHECK(fsdp_pp_check(pc->kind, pe->P, pc->V, pc->M));
     FSDP_CHECK(fsdp_pp_schedule_create(pc->kind, pe->P, pc->V, pc->M, pe->stage, &pe->sched));
     FSDP_CHECK(fsdp_pp_steps_create(&pe->sched, 1, &pe->steps, &pe->n_steps));
@@ -602,37 +728,51 @@ static int pp_setup(struct pp_engine *pe)
     return pp_alloc(pe);
 }
 
-int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *model,
+int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *models,
                           struct fsdp_group *pp, const struct fsdp_pp_config *pc,
                           struct fsdp_engine **out)
 {
     *out = NULL;
+    const int V = pc->V > 0 ? pc->V : 1;
     if (!fsdp_shard_engine_is(inner) || !pp || !pc->first) {
         if (inner) {
             inner->ops->destroy(inner);
+        }
+        for (int c = 1; c < V; c++) {
+            fsdp_model_destroy(models[c]);
         }
         return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: needs a sharding engine, a group and a "
                                            "stage split");
     }
     struct pp_engine *pe = calloc(1, sizeof(*pe));
-    if (!pe) {
+    struct fsdp_model **ms = calloc((size_t)V, sizeof(*ms));
+    if (!pe || !ms) {
+        free(pe);
+        free(ms);
         inner->ops->destroy(inner);
+        for (int c = 1; c < V; c++) {
+            fsdp_model_destroy(models[c]);
+        }
         return fsdp_err(FSDP_ERR_NOMEM, "pipeline engine");
     }
+    memcpy(ms, models, (size_t)V * sizeof(*ms));
     pe->base.impl = pe;
     pe->inner = inner;
     pe->se = inner->impl;
-    pe->model = model;
+    pe->models = ms;
+    pe->model = ms[0];
     pe->pp = pp;
     pe->pc = *pc;
     pe->P = pp->size;
+    pe->V = V;
+    pe->S = pe->P * V;
     pe->stage = pp->rank;
-    pe->first = calloc((size_t)pe->P + 1, sizeof(int));
+    pe->first = calloc((size_t)pe->S + 1, sizeof(int));
     int rc = pe->first ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
     if (rc == 0) {
-        memcpy(pe->first, pc->first, ((size_t)pe->P + 1) * sizeof(int));
+        memcpy(pe->first, pc->first, ((size_t)pe->S + 1) * sizeof(int));
         pe->pc.first = pe->first;
-        pe->L = pe->first[pe->P];
+        pe->L = pe->first[pe->S];
         rc = pp_setup(pe);
     }
     if (rc < 0) {

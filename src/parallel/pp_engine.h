@@ -39,26 +39,28 @@ struct fsdp_model;
 
 struct fsdp_pp_config {
     enum fsdp_pp_kind kind;
-    int V;            /* virtual stages per rank (1: only gpipe and 1f1b are built) */
+    int V;            /* stages per rank (chunks; more than 1: interleaved) */
     int M;            /* micro-batches per step (the batch's K) */
-    const int *first; /* (P + 1,) first layer of each stage; first[P] = L */
+    const int *first; /* (P V + 1,) first layer of each stage; first[P V] = L */
     size_t C;         /* width of the residual stream at the stage boundaries */
     int root_line;    /* this rank's pipeline group holds world rank 0 (its other
                          coordinates are all 0): gather_unit brings units there */
 };
 
 /*
- * The pipeline engine over the pipeline group pp (this rank's stage is its
- * rank) around inner, a sharding engine made for this stage's units, whose
- * model (borrowed; set_stage already applied) it drives. Takes inner: it is
+ * The pipeline engine over the pipeline group pp (rank r runs stages
+ * c P + r, c < V) around inner, a sharding engine made for those stages'
+ * units, and models[c] for each chunk c (set_stage applied: chunk 0's is
+ * the inner engine's parts' model, borrowed; the others, made like it and
+ * reserved, become the engine's). Takes inner and models[1 ..]: they are
  * destroyed with the engine, also on failure. Collective over pp.
  */
-int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *model,
+int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *models,
                           struct fsdp_group *pp, const struct fsdp_pp_config *pc,
                           struct fsdp_engine **out);
 
-/* The units [*lo, *hi] stage s of P holds, for layers split at first
- * (P + 1 entries) of a model with L layers (units 0 .. L + 1). */
+/* The units [*lo, *hi] stage s of S holds, for layers split at first
+ * (S + 1 entries) of a model with L layers (units 0 .. L + 1). */
 void fsdp_pp_stage_units(const int *first, int P, int s, int *lo, int *hi);
 
 #endif

@@ -26,26 +26,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The split of L layers over P stages into first (P + 1): --pp-layers, or
- * the one whose largest stage holds the least parameter state (16 bytes an
- * element: master, gradient, two AdamW moments). */
+/* The split of L layers over S = P V stages into first (S + 1):
+ * --pp-layers, or the one whose largest stage holds the least parameter
+ * state (16 bytes an element: master, gradient, two AdamW moments). */
 static int pp_split(const struct fsdp_model_spec *spec, const struct fsdp_train_config *c, int P,
-                    int *first)
+                    int V, int *first)
 {
-    const int L = spec->n_units - 2;
+    const int L = spec->n_units - 2, S = P * V;
     if (c->pp_layers[0]) {
-        return fsdp_pp_layers_parse(c->pp_layers, L, P, first);
+        return fsdp_pp_layers_parse(c->pp_layers, L, S, first);
     }
     double *param = calloc((size_t)L + 1, sizeof(double));
     double *act = calloc((size_t)L + 1, sizeof(double));
-    size_t *held = calloc((size_t)P, sizeof(size_t));
+    size_t *held = calloc((size_t)S, sizeof(size_t));
     int rc = param && act && held ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
     for (int l = 0; rc == 0 && l < L; l++) {
         param[l] = 16.0 * (double)spec->unit_numel[l + 1];
     }
-    for (int s = 0; rc == 0 && s < P; s++) {
+    for (int s = 0; rc == 0 && s < S; s++) {
         held[s] =
-            fsdp_pp_peak_bound((enum fsdp_pp_kind)c->pp_schedule, P, 1, (int)c->grad_accum, s);
+            fsdp_pp_peak_bound((enum fsdp_pp_kind)c->pp_schedule, P, V, (int)c->grad_accum, s % P);
     }
     struct fsdp_pp_costs costs = {
         .L = L,
@@ -55,11 +55,55 @@ static int pp_split(const struct fsdp_model_spec *spec, const struct fsdp_train_
         .last = 16.0 * (double)spec->unit_numel[L + 1],
     };
     if (rc == 0) {
-        rc = fsdp_pp_partition(&costs, P, held, first, NULL);
+        rc = fsdp_pp_partition(&costs, S, held, first, NULL);
     }
     free(param);
     free(act);
     free(held);
+    return rc;
+}
+
+/* The units rank s of P holds (its V stages'), into mask (n_units). */
+static void pp_mask(const int *first, int P, int V, int s, int n_units, unsigned char *mask)
+{
+    memset(mask, 0, (size_t)n_units);
+    for (int c = 0; c < V; c++) {
+        int lo, hi;
+        fsdp_pp_stage_units(first, P * V, c * P + s, &lo, &hi);
+        for (int u = lo; u <= hi; u++) {
+            mask[u] = 1;
+        }
+    }
+}
+
+/* models[c] for each chunk c of rank s: the parts' model for chunk 0, and
+ * instances made like it (activation checkpointing, reserved) for the
+ * others, each cut at its stage's units. */
+static int pp_models(struct fsdp_trainer *t, const struct fsdp_shard_config *sc, const int *first,
+                     int P, int V, int s, struct fsdp_model **models)
+{
+    struct fsdp_train_parts *p = t->parts;
+    struct fsdp_model_opts mo = {.max_B = sc->B,
+                                 .max_T = sc->T,
+                                 .head_chunk = sc->lm_head_chunk,
+                                 .dev = t->dev,
+                                 .tp = p->plan ? &p->tp : NULL};
+    int rc = 0;
+    models[0] = p->model;
+    for (int c = 0; c < V && rc == 0; c++) {
+        int lo, hi;
+        fsdp_pp_stage_units(first, P * V, c * P + s, &lo, &hi);
+        if (c > 0) {
+            rc = fsdp_model_create(fsdp_shard_parts_table(&p->shard), &mo, &models[c]);
+            if (rc == 0 && sc->activation_checkpointing) {
+                rc = models[c]->ops->set_checkpoint(models[c], -1, 1);
+            }
+        }
+        rc = rc < 0 ? rc : models[c]->ops->set_stage(models[c], lo, hi);
+        if (rc == 0 && c > 0) {
+            rc = models[c]->ops->reserve(models[c]);
+        }
+    }
     return rc;
 }
 
@@ -85,24 +129,17 @@ static int pp_check_model(const struct fsdp_model_spec *spec, int P)
     return 0;
 }
 
-int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
+/* The sharding engine over rank s's stages (units [unit_lo, unit_hi], or
+ * the mask of its V stages) and its chunks' models, into *inner and
+ * models (the caller frees models[1 ..] on failure). */
+static int pp_stage_engine(struct fsdp_trainer *t, const int *first, int P, int V, int s,
+                           struct fsdp_engine **inner, struct fsdp_model **models)
 {
     const struct fsdp_train_config *c = t->cfg;
-    struct fsdp_group *pp = fsdp_mesh_group(t->mesh, "pp");
-    const int P = pp->size, s = pp->rank;
-    int *first = calloc((size_t)P + 1, sizeof(int));
-    if (!first) {
-        return fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
-    }
-    int rc = pp_check_model(t->spec, P);
-    rc = rc < 0 ? rc : pp_split(t->spec, c, P, first);
-    rc = rc < 0 ? rc
-                : fsdp_pp_check((enum fsdp_pp_kind)c->pp_schedule, P, (int)c->pp_virtual,
-                                (int)c->grad_accum);
     struct fsdp_optim_config oc;
     fsdp_train_config_optim(c, &oc);
     struct fsdp_shard_config sc;
-    rc = rc < 0 ? rc : fsdp_train_config_shard(c, &sc);
+    FSDP_CHECK(fsdp_train_config_shard(c, &sc));
     struct fsdp_shard_groups g = {
         .dp = fsdp_mesh_group(t->mesh, "dp"),
         .rdp = fsdp_mesh_group(t->mesh, "rdp"),
@@ -110,30 +147,54 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
         .mesh = t->mesh->spec,
         .backends = t->mesh->backends,
     };
+    unsigned char *mask = malloc((size_t)t->spec->n_units);
+    if (!mask) {
+        return fsdp_err(FSDP_ERR_NOMEM, "pipeline units");
+    }
+    fsdp_pp_stage_units(first, P * V, s, &sc.unit_lo, &sc.unit_hi);
+    pp_mask(first, P, V, s, t->spec->n_units, mask);
+    sc.unit_mask = V > 1 ? mask : NULL;
+    int rc = fsdp_train_parts_create(t->spec, fsdp_mesh_group(t->mesh, "tp"), t->dev, &oc, &sc,
+                                     &t->parts);
+    rc = rc < 0 ? rc : pp_models(t, &sc, first, P, V, s, models);
+    rc = rc < 0 ? rc : fsdp_shard_engine_create(&t->parts->shard, &g, t->dev, &sc, inner);
+    free(mask);
+    return rc;
+}
+
+int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
+{
+    const struct fsdp_train_config *c = t->cfg;
+    struct fsdp_group *pp = fsdp_mesh_group(t->mesh, "pp");
+    struct fsdp_group *dp = fsdp_mesh_group(t->mesh, "dp"), *rdp = fsdp_mesh_group(t->mesh, "rdp");
     struct fsdp_group *tp = fsdp_mesh_group(t->mesh, "tp");
+    const int P = pp->size, s = pp->rank, V = (int)c->pp_virtual;
+    int *first = calloc((size_t)(P * V) + 1, sizeof(int));
+    struct fsdp_model **models = calloc((size_t)V, sizeof(*models));
+    int rc = first && models ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
+    rc = rc < 0 ? rc : pp_check_model(t->spec, P);
+    rc = rc < 0 ? rc : fsdp_pp_check((enum fsdp_pp_kind)c->pp_schedule, P, V, (int)c->grad_accum);
+    rc = rc < 0 ? rc : pp_split(t->spec, c, P, V, first);
     struct fsdp_engine *inner = NULL;
-    if (rc == 0) {
-        fsdp_pp_stage_units(first, P, s, &sc.unit_lo, &sc.unit_hi);
-        rc = fsdp_train_parts_create(t->spec, tp, t->dev, &oc, &sc, &t->parts);
-    }
-    if (rc == 0) {
-        struct fsdp_model *m = t->parts->model;
-        rc = m->ops->set_stage(m, sc.unit_lo, sc.unit_hi);
-    }
-    rc = rc < 0 ? rc : fsdp_shard_engine_create(&t->parts->shard, &g, t->dev, &sc, &inner);
+    rc = rc < 0 ? rc : pp_stage_engine(t, first, P, V, s, &inner, models);
     if (rc == 0) {
         const struct fsdp_param_spec *emb = &t->spec->params[t->spec->unit_first[0]];
         struct fsdp_pp_config pc = {
             .kind = (enum fsdp_pp_kind)c->pp_schedule,
-            .V = (int)c->pp_virtual,
+            .V = V,
             .M = (int)c->grad_accum,
             .first = first,
             .C = emb->shape[1],
-            .root_line = (!g.dp || g.dp->rank == 0) && (!g.rdp || g.rdp->rank == 0) &&
-                         (!tp || tp->rank == 0),
+            .root_line =
+                (!dp || dp->rank == 0) && (!rdp || rdp->rank == 0) && (!tp || tp->rank == 0),
         };
-        rc = fsdp_pp_engine_create(inner, t->parts->model, pp, &pc, out);
+        rc = fsdp_pp_engine_create(inner, models, pp, &pc, out); /* takes models[1 ..] */
+    } else {
+        for (int k = 1; models && k < V; k++) {
+            fsdp_model_destroy(models[k]);
+        }
     }
+    free(models);
     free(first);
     return rc;
 }

@@ -135,7 +135,7 @@ static const struct fsdp_opt train_opts[] = {
      "snapshot takes under half the host's available memory and there is no tp)",
      0},
     {"pp-schedule", FSDP_OPT_CHOICE, F(pp_schedule), 0, 0, 0, "gpipe|1f1b|interleaved", "KIND", 0,
-     "with a pp dimension: the pipeline schedule (interleaved is not built yet)", 0},
+     "with a pp dimension: the pipeline schedule (interleaved: --pp-virtual stages per rank)", 0},
     {"pp-microbatches", FSDP_OPT_INT, F(pp_microbatches), 0, 0, 1 << 20, NULL, "M", 0,
      "with a pp dimension: micro-batches per step (sets grad-accum: the global batch is "
      "batch-size x M x the data-parallel ranks, as without pp)",
@@ -222,11 +222,8 @@ static int config_validate_pp(const struct fsdp_train_config *c, const struct fs
     if (pp <= 1) {
         return 0;
     }
-    const char *no = c->pp_schedule == 2 || c->pp_virtual > 1
-                         ? "--pp-schedule interleaved / --pp-virtual (not built: use 1f1b or gpipe)"
-                     : c->uneven == FSDP_UNEVEN_JOIN && c->epochs > 0
-                         ? "--uneven join (use --uneven stop)"
-                         : NULL;
+    const char *no =
+        c->uneven == FSDP_UNEVEN_JOIN && c->epochs > 0 ? "--uneven join (use --uneven stop)" : NULL;
     if (no) {
         return fsdp_err(FSDP_ERR_UNSUPPORTED, "mesh %s: pipeline parallelism does not take %s",
                         c->mesh, no);

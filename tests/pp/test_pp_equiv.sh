@@ -11,7 +11,9 @@
 # validation, and f16 with dynamic loss scaling; checkpoints written under
 # pp (and pp x dp, pp x tp) resume on pp (bitwise), dp and one rank, and a
 # dp checkpoint on pp; and what the runtime does not do is one line each
-# (a tied model, a split that cannot be made, interleaved).
+# (a tied model, a split that cannot be made, interleaved settings that make
+# no schedule). Interleaved (2 stages per rank) alone, with dp=2, and its
+# checkpoint, too.
 # Needs h5py for /usr/bin/python3 (skips without it).
 . "$top_srcdir/tests/tap.sh"
 
@@ -81,21 +83,21 @@ $("$PY" "$CMP" models "$W/$1.h5" "$W/$2.h5" --tol 1e-5 2>&1)"
     tap_ok $rc "$3"
 }
 
-# order NAME KIND P M: every stage's logged passes of step 1 and its peak
-# of held inputs equal pp_table's
+# order NAME KIND P M [V]: every pipeline rank's logged passes of step 1
+# and its peak of held inputs equal pp_table's
 order() {
     o_ok=0
     s=0
     while [ $s -lt "$3" ]; do
-        want=$("$TABLE" "$2" "$3" "$4" $s)
-        got=$(sed -n "s/.*pipeline stage $s step 1: //p" "$W/$1.log")
+        want=$("$TABLE" "$2" "$3" "$4" $s ${5:-1})
+        got=$(sed -n "s/.*pipeline rank $s step 1: //p" "$W/$1.log" | head -1)
         if [ "$want" != "$got" ]; then
-            tap_diag "stage $s: table '$want', ran '$got'"
+            tap_diag "rank $s: table '$want', ran '$got'"
             o_ok=1
         fi
         s=$((s + 1))
     done
-    tap_ok $o_ok "$1: each stage ran its $2 table (P $3, M $4) and held at most its bound"
+    tap_ok $o_ok "$1: each rank ran its $2 table (P $3, M $4, V ${5:-1}) and held at most its bound"
 }
 
 run ref 1 untied 2 --grad-accum 4
@@ -116,6 +118,20 @@ for kind in 1f1b gpipe; do
     same "pp4-$kind" ref "pp=4 $kind equals one rank"
     order "pp4-$kind" $kind 4 4
 done
+# interleaved: 2 ranks, 2 stages each (4 stages of one layer, the last
+# stage's messages going round to rank 0), alone and with dp=2
+run il 2 untied 2 --grad-accum 4 --mesh pp=2 --pp-schedule interleaved --pp-virtual 2 \
+    --backend tcp
+tap_ok $? "pp=2 interleaved (2 stages per rank) over tcp ran"
+same il ref "pp=2 interleaved equals one rank"
+order il interleaved 2 4 2
+grep -q "rank 0 holds units 0-1, 3-3 " "$W/il.log"
+tap_ok $? "interleaved: rank 0 holds the embedding with layer 0, and layer 2 (units 0-1, 3-3)"
+# shellcheck disable=SC2086
+run ildp 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --pp-schedule interleaved --pp-virtual 2 \
+    --backend pp=mpi,dp=tcp $VAL
+tap_ok $? "pp=2,dp=2 interleaved over pp=mpi, dp=tcp ran"
+same ildp ref4 "pp=2,dp=2 interleaved equals one rank with batch 4 (and its val loss)"
 export FSDPC_LOG=warn
 unset FSDPC_LOG_RANKS
 
@@ -171,7 +187,7 @@ same pp16 ref16 "pp=2 with f16 and dynamic loss scaling equals one rank (loss, n
 
 run mb 2 untied 2 --pp-microbatches 4 --mesh pp=2 --pp-layers 1,3 --backend tcp
 tap_ok $? "pp=2 with --pp-microbatches 4 and --pp-layers 1,3 ran"
-grep -q "stage 0 holds units 0-1 " "$W/mb.log"
+grep -q "rank 0 holds units 0-1 " "$W/mb.log"
 tap_ok $? "--pp-layers 1,3: stage 0 holds the embedding and one block"
 same mb ref "--pp-microbatches 4 is the step of --grad-accum 4; an uneven split equals one rank"
 
@@ -219,6 +235,15 @@ out=$("$PY" "$CMP" models "$W/tpback.h5" "$W/full.h5" --tol 1e-5 2>&1)
 r=$?
 tap_diag "$out"
 tap_ok $r "resumed on dp=2: the final model equals the uninterrupted pp=2 run's"
+run ilhalf 2 untied 2 --grad-accum 4 --mesh pp=2 --pp-schedule interleaved --pp-virtual 2 \
+    --backend tcp --steps 4 --ckpt-dir "$W/ck5"
+tap_ok $? "pp=2 interleaved, 4 steps and a checkpoint"
+run ilback 2 untied 1 --grad-accum 4 --mesh dp=2 --backend mpi --resume "$W/ck5/step_4"
+tap_ok $? "the interleaved checkpoint resumed on dp=2"
+out=$("$PY" "$CMP" models "$W/ilback.h5" "$W/full.h5" --tol 1e-5 2>&1)
+r=$?
+tap_diag "$out"
+tap_ok $r "resumed on dp=2: the final model equals the uninterrupted pp=2 run's"
 run dphalf 2 untied 1 --grad-accum 4 --mesh dp=2 --backend mpi --steps 4 --ckpt-dir "$W/ck3"
 tap_ok $? "dp=2, 4 steps and a checkpoint"
 run ppback 2 untied 2 --grad-accum 4 --mesh pp=2 --backend mpi --resume "$W/ck3/step_4"
@@ -244,8 +269,12 @@ refuse tied "ties its embedding and head" "a tied model under pp: one line" \
 refuse few "stage" "pp=2 of a 1-layer model: one line" --model "$W/one.h5" --mesh pp=2
 refuse layers "pp-layers\|layers" "--pp-layers that do not sum to the layers: one line" \
     --model "$W/untied.h5" --mesh pp=2 --pp-layers 1,1
-refuse inter "interleaved" "--pp-schedule interleaved: one line" \
+refuse inter "at least 2 virtual stages" "--pp-schedule interleaved without --pp-virtual: one line" \
     --model "$W/untied.h5" --mesh pp=2 --pp-schedule interleaved
+refuse interm "multiple\|groups of" "interleaved with micro-batches not a multiple of P: one line" \
+    --model "$W/untied.h5" --mesh pp=2 --pp-schedule interleaved --pp-virtual 2 --grad-accum 3
+refuse interl "stage" "interleaved with more stages than layers: one line" \
+    --model "$W/untied.h5" --mesh pp=2 --pp-schedule interleaved --pp-virtual 4 --grad-accum 4
 refuse twice "differ" "--pp-microbatches and a different --grad-accum: one line" \
     --model "$W/untied.h5" --mesh pp=2 --pp-microbatches 4 --grad-accum 2
 
