@@ -215,7 +215,7 @@ static int shard_local_sumsq(struct fsdp_shard_engine *se, double *out)
 {
     struct fsdp_device *d = se->dev;
     FSDP_CHECK(fsdp_device_zero(d, se->dnorm, sizeof(double)));
-    for (int u = 0; u < se->n_units; u++) {
+    for (int u = se->norm_skip_root ? 1 : 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
         if (!se->plan) {
             d->k->sumsq(d, se->dnorm, un->grad, un->cnt);
@@ -534,7 +534,7 @@ static int shard_apply_model(struct fsdp_shard_engine *se)
     int has_rows = ops->size >= offsetof(struct fsdp_model_ops, set_unit_rows) +
                                     sizeof(ops->set_unit_rows) &&
                    ops->set_unit_rows;
-    if (se->shard_g && has_rows && fsdp_shard_owns(se, 0)) {
+    if (se->shard_g && has_rows && !se->staged) {
         int rc = ops->set_unit_rows(se->model, 0, se->shard_g);
         FSDP_CHECK(rc);
         se->rows_root = rc == 1;
@@ -665,6 +665,7 @@ static int shard_build(const struct fsdp_shard_parts *p, const struct fsdp_shard
         return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: units [%d, %d] of %d", se->u_lo, se->u_hi,
                         se->spec->n_units);
     }
+    se->staged = sc->unit_hi > 0 || sc->unit_mask;
     if (sc->unit_mask) {
         se->own = malloc((size_t)se->spec->n_units);
         if (!se->own) {
@@ -803,10 +804,28 @@ int fsdp_shard_loss_sum(struct fsdp_shard_engine *se, double *x)
     return shard_world_sum(se, x);
 }
 
+int fsdp_shard_bind_unit(struct fsdp_shard_engine *se, int u)
+{
+    return shard_bind(se, u);
+}
+
+int fsdp_shard_root_begin(struct fsdp_shard_engine *se, int first, int accumulate)
+{
+    if (se->direct) { /* the model adds into the gradient shard itself */
+        return first && !accumulate ? fsdp_device_zero(se->dev, se->units[0].grad,
+                                                       se->units[0].numel * sizeof(float))
+                                    : 0;
+    }
+    return shard_zero_root(se, first, accumulate);
+}
+
 int fsdp_shard_mb_finish(struct fsdp_shard_engine *se, double lr, double *loss,
                          struct fsdp_step_result *out)
 {
     int rc = fsdp_unit_reduce_wait_all(se);
+    if (rc == 0 && se->pre_update) {
+        rc = se->pre_update(se->sumsq_arg);
+    }
     if (rc == 0) {
         rc = shard_world_sum(se, loss);
     }

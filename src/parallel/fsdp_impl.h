@@ -171,6 +171,13 @@ struct fsdp_shard_engine {
      * pipeline sums it over its stages); NULL: none. */
     int (*sumsq_hook)(void *arg, double *sumsq);
     void *sumsq_arg;
+    /* Called with sumsq_arg once a step's reductions are done, before the
+     * norm and the update (a pipeline sums a tied parameter's gradient
+     * over the stages that hold it); NULL: none. */
+    int (*pre_update)(void *arg);
+    int norm_skip_root;                /* unit 0's gradient is another rank's copy: left out of
+                                          the norm */
+    int staged;                        /* a pipeline stage: unit 0 is never taken by rows */
     int sizing;                        /* fsdp_shard_engine_plan: every buffer is sized and
                                           counted, none allocated; the groups are shapes */
 
@@ -255,6 +262,13 @@ int fsdp_shard_mb_finish(struct fsdp_shard_engine *se, double lr, double *loss,
                          struct fsdp_step_result *out);
 /* x summed over the data-parallel ranks (the shard group, then the replicas). */
 int fsdp_shard_loss_sum(struct fsdp_shard_engine *se, double *x);
+/* Binds unit u's gathered (or master) buffers to se->model. */
+int fsdp_shard_bind_unit(struct fsdp_shard_engine *se, int u);
+/* Unit 0's gradient before a backward that adds into it without running
+ * unit 0's own (a tied head on a pipeline's last stage): its slot zeroed
+ * when first, or the shard itself zeroed on the step's first micro-batch
+ * without accumulation where the model adds into it directly. */
+int fsdp_shard_root_begin(struct fsdp_shard_engine *se, int first, int accumulate);
 
 /* unit.c */
 int fsdp_unit_pslot(const struct fsdp_shard_engine *se, int u);

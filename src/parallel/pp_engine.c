@@ -46,6 +46,8 @@ struct pp_engine {
     float *save_buf; /* stage 0 of a writing pipeline: a tensor's rows received for a
                         checkpoint (at the first save) */
     float *save_host; /* the owning stage's rows re-laid out from tp blocks (host) */
+    int tied_last;    /* this rank runs the last stage and holds a copy of unit 0 */
+    float *tie_buf;   /* (units[0].S) device: the other copy's gradient shard */
     double *sums;     /* (P,) the pipeline sum's all-gather */
     size_t held_now, peak;
     long step_no;
@@ -158,6 +160,39 @@ static int pp_buffers(struct pp_engine *pe, int c, float **in, float **out, floa
     return 0;
 }
 
+/* Unit 0 gathered for the tied head of the last stage (chunk c), where
+ * unit 0's own passes never run. */
+static int pp_tie_gather(struct pp_engine *pe, int c)
+{
+    if (!pe->tied_last || pp_stage_of(pe, c) != pe->S - 1) {
+        return 0;
+    }
+    FSDP_CHECK(fsdp_unit_gather_issue(pe->se, 0));
+    return fsdp_unit_gather_wait(pe->se, 0);
+}
+
+/* Before the update: the embedding's gradient shard of rank 0 (stage 0)
+ * and of the last stage's rank (its copy, from the tied head) summed on
+ * both, a + b on each, so that the two copies take the same step. */
+static int pp_tie_sum(void *arg)
+{
+    struct pp_engine *pe = arg;
+    const struct fsdp_unit *un = &pe->se->units[0];
+    const struct fsdp_pp_action a = {.op = FSDP_PP_BWD, .mb = 0, .chunk = 0};
+    if (un->cnt == 0) {
+        return 0;
+    }
+    if (pe->stage == 0) {
+        FSDP_CHECK(pp_xfer(pe, 1, un->grad, un->cnt, pe->P - 1, fsdp_pp_tag(&a, 0)));
+        FSDP_CHECK(pp_xfer(pe, 0, pe->tie_buf, un->cnt, pe->P - 1, fsdp_pp_tag(&a, pe->S - 1)));
+    } else {
+        FSDP_CHECK(pp_xfer(pe, 0, pe->tie_buf, un->cnt, 0, fsdp_pp_tag(&a, 0)));
+        FSDP_CHECK(pp_xfer(pe, 1, un->grad, un->cnt, 0, fsdp_pp_tag(&a, pe->S - 1)));
+    }
+    pe->se->dev->k->accumulate(pe->se->dev, un->grad, pe->tie_buf, un->cnt);
+    return 0;
+}
+
 /* Chunk c's forward of micro-batch mb of b: from its held input (not
  * stage 0), through its units (the last stage: the loss). */
 static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int c)
@@ -179,6 +214,7 @@ static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, 
         FSDP_CHECK(fsdp_device_copy(pp_dev(pe), x, pe->held + (size_t)pe->slot_of[key] * pe->count,
                                     pe->count * sizeof(float)));
     }
+    FSDP_CHECK(pp_tie_gather(pe, c));
     FSDP_CHECK(fsdp_shard_mb_forward(pe->se, in, tg));
     /* the sharding engine keeps the last unit gathered for the backward
      * that follows at once in its own step; here another forward may come
@@ -215,7 +251,15 @@ static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb,
     }
     const int nosync = pe->se->ec.no_sync_accum, K = b->K;
     int first = nosync ? k == 0 : 1, reduce = nosync ? k == K - 1 : 1;
+    const int tie = pe->tied_last && pp_stage_of(pe, c) == pe->S - 1;
+    if (tie) { /* the head adds into unit 0's gradient, which no unit 0 backward reduces here */
+        FSDP_CHECK(pp_tie_gather(pe, c));
+        FSDP_CHECK(fsdp_shard_root_begin(pe->se, first, !nosync && k > 0));
+    }
     FSDP_CHECK(fsdp_shard_mb_backward(pe->se, first, reduce, !nosync && k > 0));
+    if (tie && reduce && !pe->se->direct) {
+        FSDP_CHECK(fsdp_unit_reduce_issue(pe->se, 0, !nosync && k > 0));
+    }
     pe->n_bwd[c]++;
     pe->model_mb[c] = -1;
     if (pe->slot_of[key] >= 0) {
@@ -573,6 +617,9 @@ static void pp_destroy(struct fsdp_engine *e)
         if (pe->save_buf) {
             dev->ops->free(dev, pe->save_buf);
         }
+        if (pe->tie_buf) {
+            dev->ops->free(dev, pe->tie_buf);
+        }
     }
     if (pe->inner) {
         pe->inner->ops->destroy(pe->inner);
@@ -713,6 +760,33 @@ static int pp_chunks(struct pp_engine *pe)
     return 0;
 }
 
+/* A tied head on this rank (the last stage's): its copy of unit 0 bound to
+ * the last chunk's model, left out of the norm, and a buffer for the other
+ * copy's gradient; rank 0 needs the buffer too. */
+static int pp_tie_setup(struct pp_engine *pe)
+{
+    struct fsdp_shard_engine *se = pe->se;
+    pe->tied_last = pe->pc.tied && pe->stage == pe->P - 1;
+    if (!pe->pc.tied || (pe->stage != 0 && !pe->tied_last)) {
+        return 0;
+    }
+    if (!fsdp_shard_owns(se, 0)) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline rank %d: the tied embedding is not held",
+                        pe->stage);
+    }
+    if (pe->tied_last) {
+        se->norm_skip_root = 1;
+        se->model = pe->models[pe->V - 1];
+        FSDP_CHECK(fsdp_shard_bind_unit(se, 0));
+        se->model = pe->models[0];
+    }
+    void *mem;
+    FSDP_CHECK(fsdp_device_alloc(se->dev, (se->units[0].S ? se->units[0].S : 1) * sizeof(float),
+                                 "pipeline tied embedding gradient", &mem));
+    pe->tie_buf = mem;
+    return 0;
+}
+
 /* The schedule, its steps and the chunks' units; each chunk's model must
  * already be cut at its units. */
 static int pp_setup(struct pp_engine *pe)
@@ -722,6 +796,7 @@ static int pp_setup(struct pp_engine *pe)
     FSDP_CHECK(fsdp_pp_check(pc->kind, pe->P, pc->V, pc->M));
     FSDP_CHECK(fsdp_pp_schedule_create(pc->kind, pe->P, pc->V, pc->M, pe->stage, &pe->sched));
     FSDP_CHECK(fsdp_pp_steps_create(&pe->sched, 1, &pe->steps, &pe->n_steps));
+    FSDP_CHECK(pp_tie_setup(pe));
     /* with sequence parallelism the residual stream holds this tp rank's rows */
     const size_t tp = pe->se->tp->sp ? (size_t)pe->se->tp->size : 1;
     pe->count = (size_t)pe->se->ec.B * (size_t)pe->se->ec.T / tp * pc->C;
@@ -781,6 +856,9 @@ int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *m
     }
     pe->se->sumsq_hook = pp_sum;
     pe->se->sumsq_arg = pe;
+    if (pc->tied && (pe->stage == 0 || pe->tied_last)) {
+        pe->se->pre_update = pp_tie_sum;
+    }
     struct fsdp_engine *e = &pe->base;
     *e = *inner;
     /* the table's fields: spec, state names, shard of the checkpoint */

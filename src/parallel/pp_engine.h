@@ -45,6 +45,10 @@ struct fsdp_pp_config {
     size_t C;         /* width of the residual stream at the stage boundaries */
     int root_line;    /* this rank's pipeline group holds world rank 0 (its other
                          coordinates are all 0): gather_unit brings units there */
+    int tied;         /* the head reads the embedding's table (a tie to unit 0): the
+                         last stage's rank holds a copy of unit 0 (its engine holds it
+                         too), and the two copies' gradients are summed before the
+                         update, so that both take the same step */
 };
 
 /*

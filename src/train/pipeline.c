@@ -63,10 +63,13 @@ static int pp_split(const struct fsdp_model_spec *spec, const struct fsdp_train_
     return rc;
 }
 
-/* The units rank s of P holds (its V stages'), into mask (n_units). */
-static void pp_mask(const int *first, int P, int V, int s, int n_units, unsigned char *mask)
+/* The units rank s of P holds (its V stages', and with a tied head on the
+ * last rank a copy of unit 0), into mask (n_units). */
+static void pp_mask(const int *first, int P, int V, int s, int tied, int n_units,
+                    unsigned char *mask)
 {
     memset(mask, 0, (size_t)n_units);
+    mask[0] = tied && s == P - 1;
     for (int c = 0; c < V; c++) {
         int lo, hi;
         fsdp_pp_stage_units(first, P * V, c * P + s, &lo, &hi);
@@ -107,16 +110,19 @@ static int pp_models(struct fsdp_trainer *t, const struct fsdp_shard_config *sc,
     return rc;
 }
 
-/* What a pipeline stage's model must be: untied, and able to be cut. */
+/* What a pipeline stage's model must be: able to be cut; a tie only of
+ * the head to the embedding (Megatron's: the last stage holds a copy). */
 static int pp_check_model(const struct fsdp_model_spec *spec, int P)
 {
     const char *arch = spec->arch ? spec->arch->name : "model";
-    if (spec->n_ties > 0) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                        "pp=%d: the %s model ties its embedding and head "
-                        "(%s), which the first and last stages would both need; pipeline "
-                        "parallelism takes untied models (fsdpc-ckpt init --untied)",
-                        P, arch, spec->params[spec->ties[0].param].name);
+    for (int i = 0; i < spec->n_ties; i++) {
+        if (spec->ties[i].owner != 0 || spec->ties[i].user != spec->n_units - 1) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                            "pp=%d: the %s model ties %s of unit %d to "
+                            "unit %d; a pipeline takes only the head tied to the embedding",
+                            P, arch, spec->params[spec->ties[i].param].name, spec->ties[i].owner,
+                            spec->ties[i].user);
+        }
     }
     const struct fsdp_model_ops *ops = fsdp_model_ops_of(spec);
     if (ops->size < offsetof(struct fsdp_model_ops, set_stage) + sizeof(ops->set_stage) ||
@@ -152,8 +158,9 @@ static int pp_stage_engine(struct fsdp_trainer *t, const int *first, int P, int 
         return fsdp_err(FSDP_ERR_NOMEM, "pipeline units");
     }
     fsdp_pp_stage_units(first, P * V, s, &sc.unit_lo, &sc.unit_hi);
-    pp_mask(first, P, V, s, t->spec->n_units, mask);
-    sc.unit_mask = V > 1 ? mask : NULL;
+    const int tied = t->spec->n_ties > 0;
+    pp_mask(first, P, V, s, tied, t->spec->n_units, mask);
+    sc.unit_mask = V > 1 || tied ? mask : NULL;
     int rc = fsdp_train_parts_create(t->spec, fsdp_mesh_group(t->mesh, "tp"), t->dev, &oc, &sc,
                                      &t->parts);
     rc = rc < 0 ? rc : pp_models(t, &sc, first, P, V, s, models);
@@ -187,6 +194,7 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
             .C = emb->shape[1],
             .root_line =
                 (!dp || dp->rank == 0) && (!rdp || rdp->rank == 0) && (!tp || tp->rank == 0),
+            .tied = t->spec->n_ties > 0,
         };
         rc = fsdp_pp_engine_create(inner, models, pp, &pc, out); /* takes models[1 ..] */
     } else {

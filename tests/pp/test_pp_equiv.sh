@@ -10,10 +10,11 @@
 # the schedule's bound (pp_table); --pp-microbatches and --pp-layers;
 # validation, and f16 with dynamic loss scaling; checkpoints written under
 # pp (and pp x dp, pp x tp) resume on pp (bitwise), dp and one rank, and a
-# dp checkpoint on pp; and what the runtime does not do is one line each
-# (a tied model, a split that cannot be made, interleaved settings that make
-# no schedule). Interleaved (2 stages per rank) alone, with dp=2, and its
-# checkpoint, too.
+# dp checkpoint on pp; interleaved (2 stages per rank) alone, with dp=2,
+# and its checkpoint; tied embeddings (llama and gpt2: the last stage holds
+# a copy of the embedding, the copies' gradients summed before the update)
+# and gpt2 untied; and what the runtime does not do is one line each (a
+# split that cannot be made, interleaved settings that make no schedule).
 # Needs h5py for /usr/bin/python3 (skips without it).
 . "$top_srcdir/tests/tap.sh"
 
@@ -45,6 +46,13 @@ SHAPE="--preset llama-tiny --width 48 --ffn 72 --context 32"
 rc=$?
 [ $rc -eq 0 ] || tap_diag "$(cat "$W/init.out")"
 tap_ok $rc "llama-tiny: 4 layers untied and tied, 1 layer untied"
+G2="--layers 4 --heads 2 --width 32 --vocab 256 --context 32"
+# shellcheck disable=SC2086
+"$CKPT" init $G2 --seed 7 -o "$W/gpt2.h5" > "$W/init.out" 2>&1 &&
+    "$CKPT" init $G2 --seed 8 --untied -o "$W/gpt2u.h5" >> "$W/init.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || tap_diag "$(cat "$W/init.out")"
+tap_ok $rc "gpt2: 4 layers tied and untied"
 
 COMMON="--data $W/tok.bin --seq-len 16 --steps 6 --lr 3e-3 --warmup 2 --min-lr 3e-4 \
 --weight-decay 0.1 --clip 1.0 --peak-flops 1e11 --log-every 1 --timeout 30"
@@ -174,6 +182,35 @@ run pptp-nosp 4 untied 2 --grad-accum 4 --mesh pp=2,tp=2 --sequence-parallel off
 tap_ok $? "pp=2,tp=2 without sequence parallelism, gpipe, over mpi ran"
 same pptp-nosp ref "pp=2,tp=2 without sequence parallelism equals one rank"
 
+# tied embeddings (Megatron's way): the last stage holds a copy of the
+# embedding for its head, the two copies' gradients are summed before the
+# update and the norm counts the embedding once; llama tied and gpt2 tied
+# under 1f1b, gpipe with dp=2 and interleaved, and gpt2 untied
+run reft 1 tied 2 --grad-accum 4
+tap_ok $? "one rank, llama tied"
+run pptied 2 tied 2 --grad-accum 4 --mesh pp=2 --backend tcp
+tap_ok $? "pp=2 llama tied ran"
+same pptied reft "pp=2 with a tied llama equals one rank"
+run refg 1 gpt2 2 --grad-accum 4
+tap_ok $? "one rank, gpt2 tied"
+run refg4 1 gpt2 4 --grad-accum 4
+tap_ok $? "one rank, gpt2 tied, batch 4"
+run g4 4 gpt2 2 --grad-accum 4 --mesh pp=4 --backend mpi
+tap_ok $? "pp=4 gpt2 tied over mpi ran"
+same g4 refg "pp=4 with tied gpt2 equals one rank"
+run gdp 4 gpt2 2 --grad-accum 4 --mesh pp=2,dp=2 --pp-schedule gpipe --backend pp=tcp,dp=mpi
+tap_ok $? "pp=2,dp=2 gpipe gpt2 tied ran"
+same gdp refg4 "pp=2,dp=2 with tied gpt2 equals one rank with batch 4"
+run gil 2 gpt2 2 --grad-accum 4 --mesh pp=2 --pp-schedule interleaved --pp-virtual 2 \
+    --backend tcp
+tap_ok $? "pp=2 interleaved gpt2 tied ran"
+same gil refg "pp=2 interleaved with tied gpt2 equals one rank"
+run refgu 1 gpt2u 2 --grad-accum 4
+tap_ok $? "one rank, gpt2 untied"
+run gu 2 gpt2u 2 --grad-accum 4 --mesh pp=2 --backend tcp
+tap_ok $? "pp=2 gpt2 untied ran"
+same gu refgu "pp=2 with untied gpt2 equals one rank"
+
 # f16 parameters with dynamic loss scaling: the scale and the skip decided
 # on the whole model's gradient, as on one rank with the same policy
 F16="--param-dtype f16 --loss-scale dynamic"
@@ -244,6 +281,15 @@ out=$("$PY" "$CMP" models "$W/ilback.h5" "$W/full.h5" --tol 1e-5 2>&1)
 r=$?
 tap_diag "$out"
 tap_ok $r "resumed on dp=2: the final model equals the uninterrupted pp=2 run's"
+run gthalf 2 gpt2 2 --grad-accum 4 --mesh pp=2 --backend tcp --steps 4 --ckpt-dir "$W/ck6"
+tap_ok $? "pp=2 gpt2 tied, 4 steps and a checkpoint"
+run gtfull 1 gpt2 2 --grad-accum 4
+run gtback 2 gpt2 1 --grad-accum 4 --mesh dp=2 --backend mpi --resume "$W/ck6/step_4"
+tap_ok $? "the tied pp=2 checkpoint resumed on dp=2"
+out=$("$PY" "$CMP" models "$W/gtback.h5" "$W/gtfull.h5" --tol 1e-5 2>&1)
+r=$?
+tap_diag "$out"
+tap_ok $r "resumed on dp=2: the final model equals one rank's uninterrupted run (the embedding saved once)"
 run dphalf 2 untied 1 --grad-accum 4 --mesh dp=2 --backend mpi --steps 4 --ckpt-dir "$W/ck3"
 tap_ok $? "dp=2, 4 steps and a checkpoint"
 run ppback 2 untied 2 --grad-accum 4 --mesh pp=2 --backend mpi --resume "$W/ck3/step_4"
@@ -264,8 +310,6 @@ refuse() {
     [ $r -eq 0 ] || tap_diag "rc $f_rc: $(tail -3 "$W/$f_name.log")"
     tap_ok $r "$f_what"
 }
-refuse tied "ties its embedding and head" "a tied model under pp: one line" \
-    --model "$W/tied.h5" --mesh pp=2
 refuse few "stage" "pp=2 of a 1-layer model: one line" --model "$W/one.h5" --mesh pp=2
 refuse layers "pp-layers\|layers" "--pp-layers that do not sum to the layers: one line" \
     --model "$W/untied.h5" --mesh pp=2 --pp-layers 1,1
