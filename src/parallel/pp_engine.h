@@ -1,26 +1,32 @@
 /*
  * pp_engine.h - the pipeline-parallel runtime behind the engine table
- * (engine.h): a rank holds one stage of the model (a block of units,
- * pp_plan.h) sharded over its data-parallel groups by a sharding engine
- * restricted to those units (fsdp.h, unit_lo/unit_hi), and runs its passes
- * of the step's M micro-batches in the order its schedule's table gives
- * (pp_schedule.h: gpipe or 1f1b), with the messages around each pass in
- * the order pp_comm.h gives.
+ * (engine.h): a rank holds its stages of the model (blocks of units,
+ * pp_plan.h: one stage under gpipe and 1f1b, V under interleaved, stage
+ * c P + r on rank r) sharded over its data-parallel groups by one sharding
+ * engine restricted to those units (fsdp.h, unit_lo/unit_hi or unit_mask),
+ * and runs its passes of the step's M micro-batches in the order its
+ * schedule's table gives (pp_schedule.h), with the messages around each
+ * pass in the order pp_comm.h derives.
  *
- *   forward   stage s > 0 receives the residual stream at its input from
- *             s - 1 (B x T x C floats), runs its units, and sends its
- *             output to s + 1; the last stage computes the loss
+ *   forward   a stage after the first receives the residual stream at its
+ *             input from the previous stage (B x T x C floats), runs its
+ *             units, and sends its output on; the last computes the loss
  *   backward  the last stage starts from the loss, the others from the
- *             residual's gradient received from s + 1; each sends the
- *             gradient of its input to s - 1 (not stage 0)
+ *             residual's gradient received from the next stage; each sends
+ *             the gradient of its input back (not stage 0)
  *
  * Activations: a stage keeps, for each micro-batch between its forward and
  * its backward, only the residual stream at its input (stage-input
  * checkpointing); the backward runs the stage's forward again from it
  * (unless the model still holds that micro-batch, as the last stage under
- * 1f1b always does) and then its backward. One model instance serves every
- * micro-batch, bound to the one set of gathered parameters and gradient
- * buffers; held inputs peak at the schedule's bound (fsdp_pp_peak_bound).
+ * 1f1b always does) and then its backward. One model instance per chunk
+ * serves every micro-batch, bound to the one set of gathered parameters and
+ * gradient buffers; forwards whose backward has not run peak at the
+ * schedule's bound (fsdp_pp_peak_bound).
+ *
+ * A head tied to the embedding: the last stage's rank holds a copy of unit
+ * 0; the copies' gradients are summed before the update, the norm counts
+ * the embedding once, checkpoints take rank 0's.
  *
  * The step's loss is summed over the stages (only the last has one) and
  * the data-parallel ranks, the squared gradient norm over the stages too,
