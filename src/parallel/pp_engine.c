@@ -51,6 +51,7 @@ struct pp_engine {
     double *sums;     /* (P,) the pipeline sum's all-gather */
     size_t held_now, peak;
     long step_no;
+    double idle_s; /* this step: seconds blocked in the boundary messages */
     char *order; /* the executed passes of the step, for the log */
     size_t order_len, order_cap;
 };
@@ -113,6 +114,7 @@ static int pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer
 {
     struct fsdp_shard_engine *se = pe->se;
     struct fsdp_work *w = NULL;
+    const double t0 = fsdp_now();
     FSDP_CHECK(fsdp_unit_comm_begin(se));
     if (send) {
         FSDP_CHECK(fsdp_send(pe->pp, buf, n, FSDP_F32, peer, tag, &se->attr, &w));
@@ -122,7 +124,9 @@ static int pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer
     int rc = fsdp_work_wait(w, -1.0);
     fsdp_work_free(w);
     FSDP_CHECK(rc);
-    return fsdp_unit_comm_end(se);
+    rc = fsdp_unit_comm_end(se);
+    pe->idle_s += fsdp_now() - t0;
+    return rc;
 }
 
 // ----------------------------------------------------------------------------
@@ -367,6 +371,8 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     fsdp_shard_drop_saved(se);
     pp_reset(pe);
     pe->step_no++;
+    pe->idle_s = 0.0;
+    const double t0 = fsdp_now();
     se->shadow = 0;
     for (int c = 0; c < pe->V; c++) {
         pe->models[c]->ops->set_loss_seed(pe->models[c],
@@ -385,6 +391,8 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     }
     FSDP_DEBUG(FSDP_SUB_FSDP, "pipeline rank %d step %ld: %s | peak %zu", pe->stage, pe->step_no,
                pe->order, pe->peak);
+    FSDP_DEBUG(FSDP_SUB_FSDP, "pipeline rank %d step %ld: waited %.3f ms of %.3f ms in messages",
+               pe->stage, pe->step_no, 1e3 * pe->idle_s, 1e3 * (fsdp_now() - t0));
     double loss = loss_sum / b->K;
     FSDP_CHECK(fsdp_shard_mb_finish(se, lr, &loss, out));
     FSDP_CHECK(pp_sum(pe, &out->loss));
@@ -406,6 +414,7 @@ static int pp_eval_chunk(struct pp_engine *pe, int c, const int32_t *inputs, con
     if (st > 0) {
         FSDP_CHECK(pp_xfer(pe, 0, x, pe->count, (st - 1) % pe->P, fsdp_pp_tag(&a, st - 1)));
     }
+    FSDP_CHECK(pp_tie_gather(pe, c));
     FSDP_CHECK(fsdp_shard_mb_forward(se, inputs, targets));
     fsdp_unit_release_all(se);
     pe->model_mb[c] = -1;

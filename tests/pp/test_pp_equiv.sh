@@ -193,14 +193,16 @@ tap_ok $? "pp=2 llama tied ran"
 same pptied reft "pp=2 with a tied llama equals one rank"
 run refg 1 gpt2 2 --grad-accum 4
 tap_ok $? "one rank, gpt2 tied"
-run refg4 1 gpt2 4 --grad-accum 4
-tap_ok $? "one rank, gpt2 tied, batch 4"
+# shellcheck disable=SC2086
+run refg4 1 gpt2 4 --grad-accum 4 $VAL
+tap_ok $? "one rank, gpt2 tied, batch 4, validation"
 run g4 4 gpt2 2 --grad-accum 4 --mesh pp=4 --backend mpi
 tap_ok $? "pp=4 gpt2 tied over mpi ran"
 same g4 refg "pp=4 with tied gpt2 equals one rank"
-run gdp 4 gpt2 2 --grad-accum 4 --mesh pp=2,dp=2 --pp-schedule gpipe --backend pp=tcp,dp=mpi
+# shellcheck disable=SC2086
+run gdp 4 gpt2 2 --grad-accum 4 --mesh pp=2,dp=2 --pp-schedule gpipe --backend pp=tcp,dp=mpi $VAL
 tap_ok $? "pp=2,dp=2 gpipe gpt2 tied ran"
-same gdp refg4 "pp=2,dp=2 with tied gpt2 equals one rank with batch 4"
+same gdp refg4 "pp=2,dp=2 with tied gpt2 equals one rank with batch 4 (and its val loss)"
 run gil 2 gpt2 2 --grad-accum 4 --mesh pp=2 --pp-schedule interleaved --pp-virtual 2 \
     --backend tcp
 tap_ok $? "pp=2 interleaved gpt2 tied ran"
