@@ -88,12 +88,12 @@ static int shard_runs_model(const struct fsdp_shard_engine *se)
 static int shard_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
                          const int32_t *targets)
 {
-    const int last = se->n_units - 1;
+    const int last = se->n_units - 1, hi = se->u_hi;
     if (shard_runs_model(se)) {
         FSDP_CHECK(se->model->ops->set_batch(se->model, inputs, targets, se->ec.B, se->ec.T));
     }
-    for (int u = 0; u <= last; u++) {
-        for (int j = u; j <= last && j <= u + se->ec.prefetch; j++) {
+    for (int u = se->u_lo; u <= hi; u++) {
+        for (int j = u; j <= hi && j <= u + se->ec.prefetch; j++) {
             FSDP_CHECK(fsdp_unit_gather_issue(se, j));
         }
         FSDP_CHECK(fsdp_unit_gather_wait(se, u));
@@ -150,18 +150,20 @@ static int shard_grad_unreduced(const struct fsdp_shard_engine *se, int u)
  * the step's first micro-batch zeroes. */
 static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, int accumulate)
 {
-    const int last = se->n_units - 1;
+    const int last = se->u_hi, lo = se->u_lo;
     if (se->direct) {
-        for (int u = 0; first && !accumulate && u <= last; u++) {
+        for (int u = lo; first && !accumulate && u <= last; u++) {
             FSDP_CHECK(
                 fsdp_device_zero(se->dev, se->units[u].grad, se->units[u].numel * sizeof(float)));
         }
         reduce = 0;
         first = 0;
     }
-    FSDP_CHECK(shard_zero_root(se, first, accumulate));
-    for (int u = last; u >= 0; u--) {
-        for (int j = u; j >= 0 && j >= u - se->ec.prefetch; j--) {
+    if (lo == 0) {
+        FSDP_CHECK(shard_zero_root(se, first, accumulate));
+    }
+    for (int u = last; u >= lo; u--) {
+        for (int j = u; j >= lo && j >= u - se->ec.prefetch; j--) {
             FSDP_CHECK(fsdp_unit_gather_issue(se, j));
         }
         if (u != 0) {
@@ -227,7 +229,7 @@ static int shard_local_sumsq(struct fsdp_shard_engine *se, double *out)
 {
     struct fsdp_device *d = se->dev;
     FSDP_CHECK(fsdp_device_zero(d, se->dnorm, sizeof(double)));
-    for (int u = 0; u < se->n_units; u++) {
+    for (int u = se->norm_skip_root ? 1 : 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
         if (!se->plan) {
             d->k->sumsq(d, se->dnorm, un->grad, un->cnt);
@@ -253,7 +255,10 @@ static int shard_sumsq(struct fsdp_shard_engine *se, double *local, double *out)
     if (se->shard_g) {
         FSDP_CHECK(shard_group_sum(se, se->shard_g, out));
     }
-    return se->plan ? shard_group_sum(se, se->tp->g, out) : 0;
+    if (se->plan) {
+        FSDP_CHECK(shard_group_sum(se, se->tp->g, out));
+    }
+    return se->sumsq_hook ? se->sumsq_hook(se->sumsq_arg, out) : 0;
 }
 
 static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_step_result *out)
@@ -474,6 +479,7 @@ static void shard_destroy(struct fsdp_engine *e)
     fsdp_offload_fini(se);   /* its copies finish before the buffers go */
     fsdp_shard_teardown(se); /* the parts (model, plan, optimizer) are the caller's */
     fsdp_unit_streams_fini(se);
+    free(se->own);
     free(se);
 }
 
@@ -568,7 +574,7 @@ static int shard_apply_model(struct fsdp_shard_engine *se)
     int has_rows = ops->size >= offsetof(struct fsdp_model_ops, set_unit_rows) +
                                     sizeof(ops->set_unit_rows) &&
                    ops->set_unit_rows;
-    if (se->shard_g && has_rows) {
+    if (se->shard_g && has_rows && !se->staged) {
         int rc = ops->set_unit_rows(se->model, 0, se->shard_g);
         FSDP_CHECK(rc);
         se->rows_root = rc == 1;
@@ -709,6 +715,20 @@ static int shard_build(const struct fsdp_shard_parts *p, const struct fsdp_shard
     se->tp = p->tp ? p->tp : &se->solo;
     fsdp_shard_groups_set(se, g);
     FSDP_CHECK(shard_check_offload(se, p));
+    se->u_lo = sc->unit_hi > 0 ? sc->unit_lo : 0;
+    se->u_hi = sc->unit_hi > 0 ? sc->unit_hi : se->spec->n_units - 1;
+    if (se->u_lo < 0 || se->u_lo > se->u_hi || se->u_hi >= se->spec->n_units) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: units [%d, %d] of %d", se->u_lo, se->u_hi,
+                        se->spec->n_units);
+    }
+    se->staged = sc->unit_hi > 0 || sc->unit_mask;
+    if (sc->unit_mask) {
+        se->own = malloc((size_t)se->spec->n_units);
+        if (!se->own) {
+            return fsdp_err(FSDP_ERR_NOMEM, "fsdp: unit table");
+        }
+        memcpy(se->own, sc->unit_mask, (size_t)se->spec->n_units);
+    }
     if (!sizing) {
         FSDP_CHECK(shard_check_backends(se));
         FSDP_CHECK(fsdp_unit_streams_init(se));
@@ -740,7 +760,8 @@ int fsdp_shard_engine_create(const struct fsdp_shard_parts *p, const struct fsdp
 {
     struct fsdp_shard_engine *se;
     int rc = shard_build(p, g, dev, sc, 0, &se);
-    if (rc == 0) { /* the root stays bound: a tied unit reads and accumulates into it */
+    if (rc == 0 && fsdp_shard_owns(se, 0)) { /* the root stays bound: a tied unit reads and
+                                        accumulates into it */
         rc = shard_bind(se, 0);
     }
     if (rc < 0) {
@@ -825,4 +846,57 @@ void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_sta
                                  sizeof(mops->comm_counts) && mops->comm_counts) {
         mops->comm_counts(se->model, &st->model_comm);
     }
+}
+
+// ----------------------------------------------------------------------------
+// a pipeline stage's micro-batch passes (pp_engine.c drives them in its
+// schedule's order; the engine's own step runs them K times in a row)
+
+int fsdp_shard_mb_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
+                          const int32_t *targets)
+{
+    return shard_forward(se, inputs, targets);
+}
+
+int fsdp_shard_mb_backward(struct fsdp_shard_engine *se, int first, int reduce, int accumulate)
+{
+    return shard_backward(se, first, reduce, accumulate);
+}
+
+int fsdp_shard_loss_sum(struct fsdp_shard_engine *se, double *x)
+{
+    return shard_world_sum(se, x);
+}
+
+int fsdp_shard_bind_unit(struct fsdp_shard_engine *se, int u)
+{
+    return shard_bind(se, u);
+}
+
+int fsdp_shard_root_begin(struct fsdp_shard_engine *se, int first, int accumulate)
+{
+    if (se->direct) { /* the model adds into the gradient shard itself */
+        return first && !accumulate ? fsdp_device_zero(se->dev, se->units[0].grad,
+                                                       se->units[0].numel * sizeof(float))
+                                    : 0;
+    }
+    return shard_zero_root(se, first, accumulate);
+}
+
+int fsdp_shard_mb_finish(struct fsdp_shard_engine *se, double lr, double *loss,
+                         struct fsdp_step_result *out)
+{
+    int rc = fsdp_unit_reduce_wait_all(se);
+    if (rc == 0 && se->pre_update) {
+        rc = se->pre_update(se->sumsq_arg);
+    }
+    if (rc == 0) {
+        rc = shard_world_sum(se, loss);
+    }
+    if (rc == 0) {
+        out->loss = *loss;
+        rc = shard_optimize(se, lr, out);
+    }
+    fsdp_unit_release_all(se);
+    return rc;
 }
