@@ -512,6 +512,9 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     float *x = fsdp_lm_residual(&m->lm, l);
     const float *in;
     fsdp_gpt2_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
+    if (full && l + 1 == m->lm.stage_lo) { /* a pipeline stage's input, written into x */
+        fsdp_lm_residual_save(&m->lm, l);
+    }
     fsdp_lm_residual_load(&m->lm, l);
     m->lm.k->layernorm_forward(m->lm.dev, a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, w.pt,
                                BR, C, c->ln_eps);
