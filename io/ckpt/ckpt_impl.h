@@ -11,6 +11,7 @@
 #define FSDP_IO_CKPT_IMPL_H
 
 #include <hdf5.h>
+#include <pthread.h>
 
 #include <stddef.h>
 #include <stdint.h>
@@ -73,22 +74,52 @@ static inline size_t ck_sum_first(const struct fsdp_param_spec *p, int n_shards,
 
 #define CK_ALIGN 4096                    /* O_DIRECT's unit: offsets, sizes, buffers */
 #define CK_DIRECT_MIN ((size_t)64 << 10) /* datasets this large are aligned, written direct */
-#define CK_DIRECT_BUF (8 << 20)          /* the aligned buffer; rows up to half of it */
+#define CK_DIRECT_BUF (8 << 20)          /* one write, one read; rows up to half of it */
+#define CK_DIRECT_NBUF 3                 /* buffers: one filled while the others are written */
+
+/* One buffer's write: len bytes of it at file offset off, the aligned part
+ * with O_DIRECT and, when last, the rest through the ordinary descriptor. */
+struct ck_wjob {
+    uint64_t off;
+    size_t len;
+    int last;
+    int state;                    /* CK_W_FREE, CK_W_QUEUED, CK_W_WRITING */
+    char what[CK_PATH_MAX + 300]; /* the dataset, for a message */
+};
 
 struct ck_direct {
     int dfd;   /* O_DIRECT descriptor (-1: the file system refused it) */
     int bfd;   /* an ordinary one, for what is not a whole CK_ALIGN block */
-    void *buf; /* (CK_DIRECT_BUF,) aligned to CK_ALIGN */
+    void *buf; /* (CK_DIRECT_NBUF, CK_DIRECT_BUF) aligned to CK_ALIGN */
+    /* the writer thread (threaded 0: none, each write made by the caller) */
+    pthread_t thread;
+    int threaded, stop, refused; /* refused: O_DIRECT refused, bfd for the rest */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct ck_wjob job[CK_DIRECT_NBUF];
+    unsigned long queued, taken; /* jobs handed over, and taken by the thread */
+    int cur;                     /* the buffer being filled (-1: none) */
+    size_t fill;                 /* its bytes so far */
+    int err;                     /* errno of the first failed write (0: none) */
+    char err_what[CK_PATH_MAX + 300];
 };
 
 /* 0 when FSDPC_CKPT_DIRECT=0 asks for the page cache, else 1. */
 FSDP_PRIVATE int ck_direct_wanted(void);
-/* Descriptors of path (an existing file) and the buffer; 0 or an error. */
+/* Descriptors of path (an existing file), the buffers and the writer
+ * thread; 0 or an error. */
 FSDP_PRIVATE int ck_direct_open(const char *path, struct ck_direct *d);
+/* Every write handed over made: 0, or the error of the first that failed. */
+FSDP_PRIVATE int ck_direct_finish(struct ck_direct *d);
+/* Waits for the writes in flight (their errors dropped: finish reports
+ * them), stops the thread, closes the descriptors. */
 FSDP_PRIVATE void ck_direct_close(struct ck_direct *d);
 /* rows of row_bytes from data to file offset off (a multiple of CK_ALIGN),
  * each block of block_rows hashed into *sum (new; the caller frees it) as
- * it is copied; what names the dataset in messages. 0 or an error. */
+ * it is copied into a buffer; the writes may still be in flight when it
+ * returns (data is no longer needed then), ck_direct_finish waits for them.
+ * what names the dataset in messages. 0 or an error (also an earlier
+ * dataset's failed write). */
 FSDP_PRIVATE int ck_direct_write(struct ck_direct *d, const char *what, uint64_t off,
                                  const void *data, size_t rows, size_t row_bytes, size_t block_rows,
                                  struct fsdp_sum *sum);

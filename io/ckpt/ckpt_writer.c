@@ -337,7 +337,9 @@ int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w)
                             w->spec->params[i % w->spec->n_params].name);
         }
     }
-    ck_direct_close(&w->direct); /* its bytes are in the file; the fsync below makes them stay */
+    /* every direct write made (the fsync below makes them stay), or its error */
+    FSDP_CHECK(ck_direct_finish(&w->direct));
+    ck_direct_close(&w->direct);
     const struct ck_shard_id id = {w->step, w->shard, w->n_shards};
     int sr =
         CK_SUM_HOST ? ck_summary_put(w->file, &id, w->kinds.n, w->spec->n_params, w->entries) : 0;
