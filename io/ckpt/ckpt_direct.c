@@ -17,7 +17,7 @@
  * One write at a time leaves the disk idle while the next buffer is hashed
  * and copied, and a single request per process is less than the disk
  * takes (doc/performance.md): a writer thread makes the writes, from a
- * ring of CK_DIRECT_NBUF buffers, while the caller fills the next one, and
+ * ring of buffers (one more than threads, and a spare), while the caller fills the next one, and
  * a dataset's last writes are still in flight when the next dataset's
  * begin. A buffer is neither filled nor freed while its write is in flight,
  * so the hashes are of exactly the bytes written. The thread's calls are
@@ -33,10 +33,12 @@
 #include "config.h"
 #include "io/ckpt/ckpt_impl.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -70,7 +72,36 @@ int ck_direct_wanted(void)
 
 static unsigned char *ck_buf(const struct ck_direct *d, int i)
 {
-    return (unsigned char *)d->buf + (size_t)i * CK_DIRECT_BUF;
+    return (unsigned char *)d->buf + (size_t)i * d->shape.chunk;
+}
+
+/* name="MiB,requests" into *shape when it is one; a warning otherwise. */
+static void ck_io_env(const char *name, struct ck_io_shape *shape)
+{
+    static int warned;
+    const char *v = getenv(name);
+    int mb, t, end = 0;
+    if (!v || !*v) {
+        return;
+    }
+    if (sscanf(v, "%d,%d%n", &mb, &t, &end) == 2 && v[end] == '\0' && mb >= 2 &&
+        mb <= CK_DIRECT_BUF >> 20 && t >= 1 && t <= CK_IO_MAX_THREADS) {
+        *shape = (struct ck_io_shape){(size_t)mb << 20, t};
+    } else if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED)) {
+        FSDP_WARN(FSDP_SUB_IO,
+                  "%s='%s' is not MiB,requests (MiB 2 to %d, requests 1 to %d, e.g. 4,2): "
+                  "the default %zu,%d is used",
+                  name, v, CK_DIRECT_BUF >> 20, CK_IO_MAX_THREADS, shape->chunk >> 20,
+                  shape->threads);
+    }
+}
+
+void ck_io_shape(struct ck_io_shape *w, struct ck_io_shape *r)
+{
+    *w = (struct ck_io_shape){CK_IO_CHUNK, CK_IO_THREADS};
+    *r = (struct ck_io_shape){CK_IO_CHUNK, CK_IO_THREADS};
+    ck_io_env("FSDPC_CKPT_WRITE_IO", w);
+    ck_io_env("FSDPC_CKPT_READ_IO", r);
 }
 
 /* Job i's bytes to the file: the aligned part with O_DIRECT (through bfd
@@ -121,7 +152,7 @@ static void *ck_direct_main(void *arg)
         if (d->taken == d->queued) {
             break; /* stopped, nothing left */
         }
-        int i = (int)(d->taken++ % CK_DIRECT_NBUF);
+        int i = (int)(d->taken++ % (unsigned long)d->nbuf);
         d->job[i].state = CK_W_WRITING;
         pthread_mutex_unlock(&d->mu);
         int rc = ck_job_write(d, i), err = errno;
@@ -143,11 +174,14 @@ int ck_direct_open(const char *path, struct ck_direct *d)
     /* a file system without O_DIRECT (tmpfs) takes every byte through bfd */
     d->dfd = ck_direct_wanted() ? open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_DIRECT) : -1;
     d->refused = d->dfd < 0;
-    if (posix_memalign(&d->buf, CK_ALIGN, (size_t)CK_DIRECT_NBUF * CK_DIRECT_BUF) != 0) {
+    struct ck_io_shape rs;
+    ck_io_shape(&d->shape, &rs);
+    d->nbuf = d->shape.threads + 2;
+    if (posix_memalign(&d->buf, CK_ALIGN, (size_t)d->nbuf * d->shape.chunk) != 0) {
         d->buf = NULL;
         ck_direct_close(d);
-        return fsdp_err(FSDP_ERR_NOMEM, "%s: %d bytes of aligned buffers", path,
-                        CK_DIRECT_NBUF * CK_DIRECT_BUF);
+        return fsdp_err(FSDP_ERR_NOMEM, "%s: %zu bytes of aligned buffers", path,
+                        (size_t)d->nbuf * d->shape.chunk);
     }
     if (pthread_mutex_init(&d->mu, NULL) != 0) {
         ck_direct_close(d);
@@ -158,8 +192,15 @@ int ck_direct_open(const char *path, struct ck_direct *d)
         ck_direct_close(d);
         return fsdp_err(FSDP_ERR_NOMEM, "%s: a condition for the writer", path);
     }
-    d->threaded = fsdp_thread_start(&d->thread, ck_direct_main, d) == 0 ? 1 : -1;
-    return 0; /* threaded -1: no thread, the caller writes (the same bytes, later) */
+    /* none started (threaded -1): the caller writes, the same bytes, later */
+    d->threaded = -1;
+    for (int t = 0; t < d->shape.threads; t++) {
+        if (fsdp_thread_start(&d->thread[t], ck_direct_main, d) != 0) {
+            break;
+        }
+        d->threaded = t + 1;
+    }
+    return 0;
 }
 
 /* Hands the buffer being filled to the thread (or writes it): its first
@@ -190,7 +231,7 @@ static void ck_direct_submit(struct ck_direct *d, uint64_t *off, int last)
  * -1 when a write has failed (d->err). */
 static int ck_direct_take(struct ck_direct *d)
 {
-    int i = (int)(d->queued % CK_DIRECT_NBUF);
+    int i = (int)(d->queued % (unsigned long)d->nbuf);
     pthread_mutex_lock(&d->mu);
     while (d->err == 0 && d->job[i].state != CK_W_FREE) {
         pthread_cond_wait(&d->cv, &d->mu);
@@ -240,7 +281,7 @@ int ck_direct_write(struct ck_direct *d, const char *what, uint64_t off, const v
     for (size_t r = 0; e == 0 && r < rows;) {
         /* whole rows of one block at most, as many as the buffer takes */
         size_t n = block_rows - (r % block_rows);
-        size_t room = (CK_DIRECT_BUF - d->fill) / row_bytes;
+        size_t room = (d->shape.chunk - d->fill) / row_bytes;
         n = n < rows - r ? n : rows - r;
         n = n < room ? n : room;
         if (n == 0) {
@@ -271,7 +312,7 @@ int ck_direct_write(struct ck_direct *d, const char *what, uint64_t off, const v
 static void ck_direct_drain(struct ck_direct *d)
 {
     pthread_mutex_lock(&d->mu);
-    for (int i = 0; i < CK_DIRECT_NBUF; i++) {
+    for (int i = 0; i < d->nbuf; i++) {
         while (d->job[i].state != CK_W_FREE) {
             pthread_cond_wait(&d->cv, &d->mu);
         }
@@ -297,7 +338,9 @@ void ck_direct_close(struct ck_direct *d)
             d->stop = 1;
             pthread_cond_broadcast(&d->cv);
             pthread_mutex_unlock(&d->mu);
-            pthread_join(d->thread, NULL);
+            for (int t = 0; t < d->threaded; t++) {
+                pthread_join(d->thread[t], NULL);
+            }
         }
         pthread_cond_destroy(&d->cv);
         pthread_mutex_destroy(&d->mu);

@@ -286,7 +286,7 @@ int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, int kind, size_t idx, 
     *e = (struct ck_entry){.row0 = row0, .rows = rows, .cols = p->shape[1]};
     e->bytes = (uint64_t)rows * p->shape[1] * sizeof(float);
     const size_t row_bytes = p->shape[1] * sizeof(float);
-    const int direct = w->direct.buf && e->bytes >= CK_DIRECT_MIN && row_bytes <= CK_DIRECT_BUF / 2;
+    const int direct = w->direct.buf && e->bytes >= CK_DIRECT_MIN && row_bytes <= CK_DIRECT_ROW_MAX;
     hid_t space = H5Screate_simple(nd, dims, NULL);
     hid_t dcpl = fsdp_h5_dcpl_write_once();
     /* direct: allocated now, so that its offset is known before its bytes */
