@@ -1,6 +1,6 @@
 /*
  * ckpt_ahead.c - read-ahead of a summarized shard file (see ckpt_impl.h,
- * "Read-ahead"): reader threads (ck_io_shape: 2 by default, each with one
+ * "Read-ahead"): reader threads (ck_io_shape: 4 by default, each with one
  * request in flight) read the file in chunks (4 MiB by default) into a ring
  * of aligned buffers, with O_DIRECT where the reader has such a descriptor,
  * while the caller hashes and copies the chunk before; the caller takes its

@@ -89,7 +89,7 @@ static void ck_io_env(const char *name, struct ck_io_shape *shape)
         *shape = (struct ck_io_shape){(size_t)mb << 20, t};
     } else if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED)) {
         FSDP_WARN(FSDP_SUB_IO,
-                  "%s='%s' is not MiB,requests (MiB 2 to %d, requests 1 to %d, e.g. 4,2): "
+                  "%s='%s' is not MiB,requests (MiB 2 to %d, requests 1 to %d, e.g. 4,4): "
                   "the default %zu,%d is used",
                   name, v, CK_DIRECT_BUF >> 20, CK_IO_MAX_THREADS, shape->chunk >> 20,
                   shape->threads);

@@ -76,7 +76,7 @@ static inline size_t ck_sum_first(const struct fsdp_param_spec *p, int n_shards,
 #define CK_DIRECT_MIN ((size_t)64 << 10) /* datasets this large are aligned, written direct */
 #define CK_DIRECT_BUF (8 << 20)          /* one write, one read, at most */
 #define CK_IO_CHUNK ((size_t)4 << 20)    /* one write, one read, by default */
-#define CK_IO_THREADS 2                  /* requests in flight per file, by default */
+#define CK_IO_THREADS 4                  /* requests in flight per file, by default */
 #define CK_DIRECT_ROW_MAX (1 << 20)      /* rows up to this are written direct */
 #define CK_IO_MAX_THREADS 8              /* threads of a writer or reader, at most */
 #define CK_IO_MAX_BUF (CK_IO_MAX_THREADS + 2)
