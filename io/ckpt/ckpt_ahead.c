@@ -9,7 +9,7 @@
  *
  * How far it reads is the caller's pattern: a piece that starts where the
  * last one ended (within a chunk; the small datasets and HDF5's headers
- * between them) is a sequential read, and the thread then reads on to the
+ * between them) is a sequential read, and the threads then read on to the
  * end of the file, as far as the buffers allow; any other piece moves the
  * window there and reads only that piece (a resharding load that takes a
  * little of many files reads no more than it asks for). A small read (under

@@ -16,15 +16,17 @@
  *
  * One write at a time leaves the disk idle while the next buffer is hashed
  * and copied, and a single request per process is less than the disk
- * takes (doc/performance.md): a writer thread makes the writes, from a
- * ring of buffers (one more than threads, and a spare), while the caller fills the next one, and
- * a dataset's last writes are still in flight when the next dataset's
- * begin. A buffer is neither filled nor freed while its write is in flight,
- * so the hashes are of exactly the bytes written. The thread's calls are
- * the same pwrite calls, through the same symbols, as the caller's were.
- * Its errors are kept (the first, with its dataset) and returned by the
- * next write or by ck_direct_finish, which the commit calls before its
- * fsync. Without a thread (it could not be started) the caller writes.
+ * takes (doc/performance.md): writer threads (ck_io_shape: four by
+ * default, each with one write in flight) make the writes, from a ring of
+ * buffers (one per thread, one being filled, one spare), while the caller
+ * fills the next one, and a dataset's last writes are still in flight when
+ * the next dataset's begin. A buffer is neither refilled nor freed while
+ * its write is in flight, so the hashes are of exactly the bytes written.
+ * The threads' calls are the same pwrite calls, through the same symbols,
+ * as the caller's were. Their errors are kept (the first, with its
+ * dataset) and returned by the next write or by ck_direct_finish, which
+ * the commit calls before its fsync. Without a thread (none could be
+ * started) the caller writes.
  *
  * FSDPC_CKPT_DIRECT=0 keeps every byte in the page cache (a file system
  * whose O_DIRECT is slow or unsafe). Owns no file: the writer opens and

@@ -1,11 +1,12 @@
 /*
  * ckpt_impl.h - what the checkpoint's files share (ckpt_writer.c: the
  * kinds, shard files and the layout; ckpt_direct.c: their large datasets'
- * bytes; ckpt_summary.c: each shard's summary; ckpt_index.c: index.h5;
- * ckpt_path.c: which step a path names; ckpt_reader.c: opening and
- * reading; ckpt_consolidate.c: one model file): the groups of the tensor
- * kinds, shard file names, file creation, direct writes, summaries, and the
- * split of checksum blocks over shards. Private to io/ckpt/ckpt_*.c.
+ * bytes; ckpt_ahead.c: read-ahead of a shard; ckpt_summary.c: each shard's
+ * summary; ckpt_index.c: index.h5; ckpt_path.c: which step a path names;
+ * ckpt_reader.c: opening and reading; ckpt_consolidate.c: one model file):
+ * the groups of the tensor kinds, shard file names, file creation, direct
+ * writes, read-ahead, summaries, and the split of checksum blocks over
+ * shards. Private to io/ckpt/ckpt_*.c.
  */
 #ifndef FSDP_IO_CKPT_IMPL_H
 #define FSDP_IO_CKPT_IMPL_H

@@ -6,9 +6,9 @@
  * index records for it) through its summary (ckpt_summary.c), one file
  * open at a time, or, without one, dataset by dataset; at open or, lazily,
  * at its first read; rows read from only the shard files that hold them
- * (a summarized shard's with pread at its offsets, past the page cache for
- * large pieces), every block hashed as it arrives (a damaged shard is
- * refused by name).
+ * (a summarized shard's with pread at its offsets, read ahead by
+ * ckpt_ahead.c, past the page cache for large pieces), every block hashed
+ * as it arrives (a damaged shard is refused by name).
  */
 #include "config.h"
 #include "io/ckpt/ckpt_impl.h"
