@@ -4,7 +4,8 @@
  * column-parallel product and leaving a row-parallel one, with and without
  * sequence parallelism, the norms' parameter gradients over a rank's rows,
  * the final norm's rows, and the heads check before a cut (the cut of each
- * placement is the plan's, tp/tp_plan.h).
+ * placement is the plan's, tp/tp_plan.h); and the residual stream's views,
+ * with its bf16 store's loads and saves (--activation-dtype bf16).
  * Without tensor parallelism every region is the plain product. It moves
  * activations only, through the model's workspace views (fsdp_lm_bind).
  */
