@@ -71,7 +71,9 @@ int fsdp_group_create(struct fsdp_dist *d, const char *name, const int *world_ra
 void fsdp_group_destroy(struct fsdp_group *g);
 /* From now on, collectives on st->mem memory that g's backend cannot take
  * run staged through host memory (st borrowed: it outlives g; NULL: none).
- * Returns 1 when g stages st->mem, 0 when its backend takes it. */
+ * Returns 1 when g stages st->mem, 0 when its backend takes it. When it
+ * starts staging it is collective over g's members, which compare their
+ * chunk sizes (below): FSDP_ERR_MISMATCH on every member when they differ. */
 int fsdp_group_set_stager(struct fsdp_group *g, const struct fsdp_stager *st);
 /*
  * A staged collective is cut in chunks of this many bytes (each rank's

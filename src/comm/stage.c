@@ -146,6 +146,21 @@ static struct fsdp_stage_pool *stage_pool(struct fsdp_group *g)
     return g->stage;
 }
 
+/* Every member must cut a collective alike: their chunk sizes compared
+ * (one small host all-reduce; every member gets the same answer). */
+static int stage_chunk_agree(struct fsdp_group *g, size_t bytes)
+{
+    int64_t v[2] = {(int64_t)bytes, -(int64_t)bytes};
+    FSDP_CHECK(fsdp_allreduce_sync(g, v, v, 2, FSDP_I64, FSDP_MAX));
+    if (v[0] != -v[1]) {
+        return fsdp_err(FSDP_ERR_MISMATCH,
+                        "group %s: FSDPC_STAGE_CHUNK_BYTES differs across its ranks (from %lld to "
+                        "%lld bytes): set the same value on every rank",
+                        g->name, (long long)-v[1], (long long)v[0]);
+    }
+    return 0;
+}
+
 int fsdp_group_set_stager(struct fsdp_group *g, const struct fsdp_stager *st)
 {
     struct fsdp_backend_caps caps;
@@ -160,6 +175,9 @@ int fsdp_group_set_stager(struct fsdp_group *g, const struct fsdp_stager *st)
     }
     if (!p->chunk_set) {
         FSDP_CHECK(stage_chunk_env(&p->chunk_bytes));
+    }
+    if (g->size > 1 && !g->stager) {
+        FSDP_CHECK(stage_chunk_agree(g, p->chunk_bytes));
     }
     p->st = st;
     g->stager = st;

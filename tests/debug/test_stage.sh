@@ -8,7 +8,8 @@
 # (stage_probe.c), however the handle is completed, with two in flight, and
 # with a second pass that allocates nothing; the same with a stager without
 # streams, and under FSDPC_DEBUG=DETAIL (every chunk fingerprinted); a
-# malformed FSDPC_STAGE_CHUNK_BYTES is a one-line error.
+# malformed FSDPC_STAGE_CHUNK_BYTES, or one that differs across the ranks,
+# is a one-line error.
 . "$top_srcdir/tests/tap.sh"
 
 PROG="$top_builddir/tests/debug/stage_probe"
@@ -57,4 +58,16 @@ want="rank 0: error: FSDPC_STAGE_CHUNK_BYTES='4Q' is not a size: give bytes, wit
 r=$?
 [ $r -eq 0 ] || tap_diag "$(cat "$T/out" "$T/err" | head -10)"
 tap_ok $r "a malformed FSDPC_STAGE_CHUNK_BYTES is one line that says what a size is"
+
+for be in mpi tcp; do
+    timeout -k 5 60 $MPIEXEC -n 1 -env FSDPC_STAGE_CHUNK_BYTES 1K "$PROG" --init mpi --mesh dp=2 \
+        --backend $be run : -n 1 -env FSDPC_STAGE_CHUNK_BYTES 4K "$PROG" --init mpi --mesh dp=2 \
+        --backend $be run > "$T/out" 2> "$T/err"
+    st=$?
+    k=$(sed -n 's/^rank [01]: error: group dp\[0\]: FSDPC_STAGE_CHUNK_BYTES differs across its ranks (from 1024 to 4096 bytes): set the same value on every rank$/x/p' "$T/out" | wc -l)
+    [ $st -ne 0 ] && [ "$k" -ge 1 ]
+    r=$?
+    [ $r -eq 0 ] || tap_diag "$(cat "$T/out" "$T/err" | head -10)"
+    tap_ok $r "$be: ranks with different FSDPC_STAGE_CHUNK_BYTES stop at once, the values named"
+done
 tap_done
