@@ -150,20 +150,13 @@ int fsdp_sum_write_keep(hid_t dset, hid_t mtype, int ndim, size_t rows, size_t c
     struct fsdp_sum_stream st;
     FSDP_CHECK(fsdp_sum_stream_begin(&st, rows, block_rows, cols, esize));
     const unsigned char *p = data;
-    hid_t fs = H5Dget_space(dset);
-    herr_t e = fs < 0 ? -1 : 0;
+    int e = 0;
     for (size_t r = 0; e >= 0 && r < rows; r += block_rows) {
         size_t n = rows - r < block_rows ? rows - r : block_rows;
-        hsize_t start[2] = {r, 0}, count[2] = {n, cols};
         const void *rowp = p + r * cols * esize;
         fsdp_sum_stream_rows(&st, rowp, n);
-        hid_t ms = H5Screate_simple(ndim, count, NULL);
-        e = ms < 0 || H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) < 0
-                ? -1
-                : H5Dwrite(dset, mtype, ms, fs, H5P_DEFAULT, rowp);
-        fsdp_h5_close(ms);
+        e = fsdp_h5_write_block(dset, ndim, r, n, 0, cols, mtype, rowp);
     }
-    fsdp_h5_close(fs);
     if (e >= 0 && (fsdp_sum_stream_end(&st) < 0 || fsdp_sum_put(dset, &st.sum) < 0)) {
         e = -1;
     }
@@ -345,17 +338,7 @@ static int sum_pread_rows(const struct fsdp_sum_src *s, size_t row, size_t n, vo
 static herr_t sum_read_rows(const struct fsdp_sum_src *s, size_t row, size_t n, hid_t mtype,
                             void *dst)
 {
-    hsize_t start[2] = {row, 0}, count[2] = {n, s->cols};
-    hid_t fs = H5Dget_space(s->dset);
-    hid_t ms = H5Screate_simple(s->ndim, count, NULL);
-    herr_t e = -1;
-    if (fs >= 0 && ms >= 0 &&
-        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0) {
-        e = H5Dread(s->dset, mtype, ms, fs, H5P_DEFAULT, dst);
-    }
-    fsdp_h5_close(ms);
-    fsdp_h5_close(fs);
-    return e;
+    return fsdp_h5_read_block(s->dset, s->ndim, row, n, 0, s->cols, mtype, dst);
 }
 
 /* How stored bytes become f32: as they are, by widening, or by HDF5. */

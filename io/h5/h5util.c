@@ -62,6 +62,37 @@ void fsdp_h5_close(hid_t id)
     }
 }
 
+/* The block's selection in the file and a memory space of its shape, then
+ * the read or the write. */
+static int h5_block_io(hid_t d, int ndim, size_t row0, size_t rows, size_t col0, size_t cols,
+                       hid_t mtype, void *rbuf, const void *wbuf)
+{
+    hsize_t start[2] = {row0, col0}, count[2] = {rows, cols};
+    hid_t fs = H5Dget_space(d);
+    hid_t ms = H5Screate_simple(ndim, count, NULL);
+    herr_t e = -1;
+    if (fs >= 0 && ms >= 0 &&
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0) {
+        e = rbuf ? H5Dread(d, mtype, ms, fs, H5P_DEFAULT, rbuf)
+                 : H5Dwrite(d, mtype, ms, fs, H5P_DEFAULT, wbuf);
+    }
+    fsdp_h5_close(ms);
+    fsdp_h5_close(fs);
+    return e < 0 ? -1 : 0;
+}
+
+int fsdp_h5_read_block(hid_t d, int ndim, size_t row0, size_t rows, size_t col0, size_t cols,
+                       hid_t mtype, void *buf)
+{
+    return h5_block_io(d, ndim, row0, rows, col0, cols, mtype, buf, NULL);
+}
+
+int fsdp_h5_write_block(hid_t d, int ndim, size_t row0, size_t rows, size_t col0, size_t cols,
+                        hid_t mtype, const void *buf)
+{
+    return h5_block_io(d, ndim, row0, rows, col0, cols, mtype, NULL, buf);
+}
+
 const char *fsdp_h5_class_name(H5T_class_t c)
 {
     switch (c) {

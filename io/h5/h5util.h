@@ -28,6 +28,16 @@ const char *fsdp_h5_reason(char *buf, size_t len);
 /* Releases any HDF5 id; negative ids are ignored. */
 void fsdp_h5_close(hid_t id);
 
+/*
+ * A block of a 1-D or 2-D dataset d (ndim dimensions) and memory laid out
+ * as that block: rows [row0, row0 + rows), and of a 2-D one columns
+ * [col0, col0 + cols), in memory type mtype. 0, or -1 with HDF5's stack set.
+ */
+int fsdp_h5_read_block(hid_t d, int ndim, size_t row0, size_t rows, size_t col0, size_t cols,
+                       hid_t mtype, void *buf);
+int fsdp_h5_write_block(hid_t d, int ndim, size_t row0, size_t rows, size_t col0, size_t cols,
+                        hid_t mtype, const void *buf);
+
 /* "integer", "float", "string", ... */
 const char *fsdp_h5_class_name(H5T_class_t c);
 

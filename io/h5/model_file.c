@@ -578,20 +578,10 @@ int fsdp_model_file_read_block(struct fsdp_model_file *mf, size_t idx, size_t ro
     if (t->sum.block_rows > 0) {
         return mf_read_checked(mf, idx, row0, nrows, col0, ncols, dst);
     }
-    hsize_t start[2] = {row0, col0}, count[2] = {nrows, ncols};
-    hid_t fspace = H5Dget_space(t->dset);
-    hid_t mspace = H5Screate_simple(p->ndim, count, NULL);
     hid_t mtype = t->kind == FSDP_H5_F16    ? mf->f16_type
                   : t->kind == FSDP_H5_BF16 ? mf->bf16_type
                                        : H5T_NATIVE_FLOAT;
-    herr_t e = -1;
-    if (fspace >= 0 && mspace >= 0 &&
-        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL) >= 0) {
-        e = H5Dread(t->dset, mtype, mspace, fspace, H5P_DEFAULT, dst);
-    }
-    fsdp_h5_close(mspace);
-    fsdp_h5_close(fspace);
-    if (e < 0) {
+    if (fsdp_h5_read_block(t->dset, p->ndim, row0, nrows, col0, ncols, mtype, dst) < 0) {
         return fsdp_err(FSDP_ERR_IO, "%s: reading dataset /model/%s failed: %s", mf->path,
                         p->name, fsdp_h5_reason(why, sizeof(why)));
     }

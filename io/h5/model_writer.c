@@ -124,21 +124,11 @@ static herr_t mw_write_rows16(struct fsdp_model_writer *w, hid_t d,
                               const float *src, struct fsdp_sum_stream *sum)
 {
     size_t cols = p->shape[1];
-    hsize_t start[2] = {r0, 0}, count[2] = {nr, cols};
     if (fsdp_convert(w->stage, w->dtype, src, FSDP_F32, nr * cols) < 0) {
         return -1;
     }
     fsdp_sum_stream_rows(sum, w->stage, nr);
-    hid_t fspace = H5Dget_space(d);
-    hid_t mspace = H5Screate_simple(p->ndim, count, NULL);
-    herr_t e = -1;
-    if (fspace >= 0 && mspace >= 0 &&
-        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL) >= 0) {
-        e = H5Dwrite(d, w->store_type, mspace, fspace, H5P_DEFAULT, w->stage);
-    }
-    fsdp_h5_close(mspace);
-    fsdp_h5_close(fspace);
-    return e;
+    return fsdp_h5_write_block(d, p->ndim, r0, nr, 0, cols, w->store_type, w->stage);
 }
 
 /* Parameter p into dataset d as 16-bit values, converted through the stage

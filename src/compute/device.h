@@ -195,7 +195,8 @@ struct fsdp_device_ops {
     /* Ordered on stream; returns when enqueued. The host side of an H2D or
      * D2H copy should be pinned memory (host_alloc) for the copy to be
      * asynchronous on a GPU; a D2H copy's data is the host's only after a
-     * wait (synchronize or an event). */
+     * wait (synchronize or an event). The sides must be what dir says, as
+     * a GPU's copy of that kind requires (the guarded device checks it). */
     int (*copy)(struct fsdp_device *d, void *dst, const void *src, size_t bytes,
                 enum fsdp_copy_dir dir, void *stream);
     int (*stream_create)(struct fsdp_device *d, void **stream);

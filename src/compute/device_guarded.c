@@ -358,12 +358,49 @@ static void guard_free(struct fsdp_device *d, void *p)
     abort();
 }
 
+/* Whether p is in the arena (device memory), under g->mu. */
+static int guard_owns(const struct guarded *g, const void *p)
+{
+    const unsigned char *c = p;
+    return c >= g->base && c < g->base + g->top;
+}
+
+/* A copy's sides must be what its direction says, as a GPU's copy of that
+ * kind requires: host memory passed as the device side (or the reverse)
+ * works on the CPU and fails on a GPU, so it is stopped here. */
+static void guard_check_sides(const struct guarded *g, const void *dst, const void *src,
+                              size_t bytes, enum fsdp_copy_dir dir)
+{
+    static const char *const names[] = {"host-to-device", "device-to-host", "device-to-device"};
+    const int src_dev = dir != FSDP_COPY_H2D, dst_dev = dir != FSDP_COPY_D2H;
+    const char *bad = NULL;
+    if (bytes == 0) {
+        return;
+    }
+    if (guard_owns(g, src) != src_dev) {
+        bad = src_dev ? "its source is host memory" : "its source is device memory";
+    } else if (guard_owns(g, dst) != dst_dev) {
+        bad = dst_dev ? "its destination is host memory" : "its destination is device memory";
+    }
+    if (bad) {
+        fprintf(stderr,
+                "fsdpc: guarded device: a %s copy of %zu bytes whose %s (a GPU's copy of this "
+                "kind fails)\n"
+                "fsdpc: hint: copy host memory on the host (memcpy), or give the copy the "
+                "direction its two sides have\n",
+                names[dir], bytes, bad + 4);
+        fflush(stderr);
+        abort();
+    }
+}
+
 static int guard_copy(struct fsdp_device *d, void *dst, const void *src, size_t bytes,
                       enum fsdp_copy_dir dir, void *stream)
 {
     struct guarded *g = guard_of(d);
     int s = guard_sid(stream);
     pthread_mutex_lock(&g->mu);
+    guard_check_sides(g, dst, src, bytes, dir);
     guard_tick(g, s);
     if (dir != FSDP_COPY_H2D) {
         guard_access(g, s, src, 0, "copy");

@@ -1,10 +1,11 @@
 /*
- * optim.c - AdamW over ranges of a unit split by parameter, and the f16
- * loss scaler (optim.h).
+ * optim.c - AdamW over ranges of a unit split by parameter (on the device,
+ * or on the host for offloaded shards), and the f16 loss scaler (optim.h).
  */
 #include "config.h"
 #include "optim/optim.h"
 #include "compute/device.h"
+#include "compute/kernels.h"
 #include "core/error.h"
 
 void fsdp_adamw_init(struct fsdp_optimizer *o, const struct fsdp_optim_config *oc,
@@ -25,9 +26,10 @@ void fsdp_optimizer_begin(struct fsdp_optimizer *o, double lr)
     o->lr = lr;
 }
 
-int fsdp_optimizer_update(const struct fsdp_optimizer *o, int u, size_t start, size_t count,
-                          float *param, const float *grad, float *const *state,
-                          float grad_scale)
+/* host: the CPU AdamW on host memory, else the device's kernel. */
+static int optim_update(const struct fsdp_optimizer *o, int u, size_t start, size_t count,
+                        float *param, const float *grad, float *const *state, float grad_scale,
+                        int host)
 {
     const struct fsdp_model_spec *s = o->spec;
     struct fsdp_adamw_params hp = {
@@ -45,11 +47,29 @@ int fsdp_optimizer_update(const struct fsdp_optimizer *o, int u, size_t start, s
         size_t lo, hi;
         if (fsdp_param_piece(p, start, count, &lo, &hi)) {
             size_t k = lo - start;
-            o->k->adamw_update(o->dev, param + k, grad + k, state[0] + k, state[1] + k, hi - lo,
-                               &hp, p->decay, grad_scale);
+            if (host) {
+                fsdp_cpu_adamw_update(param + k, grad + k, state[0] + k, state[1] + k, hi - lo, &hp,
+                                      p->decay, grad_scale);
+            } else {
+                o->k->adamw_update(o->dev, param + k, grad + k, state[0] + k, state[1] + k, hi - lo,
+                                   &hp, p->decay, grad_scale);
+            }
         }
     }
     return 0;
+}
+
+int fsdp_optimizer_update(const struct fsdp_optimizer *o, int u, size_t start, size_t count,
+                          float *param, const float *grad, float *const *state, float grad_scale)
+{
+    return optim_update(o, u, start, count, param, grad, state, grad_scale, 0);
+}
+
+int fsdp_optimizer_update_host(const struct fsdp_optimizer *o, int u, size_t start, size_t count,
+                               float *param, const float *grad, float *const *state,
+                               float grad_scale)
+{
+    return optim_update(o, u, start, count, param, grad, state, grad_scale, 1);
 }
 
 void fsdp_loss_scaler_init(struct fsdp_loss_scaler *ls, int dynamic, double scale)

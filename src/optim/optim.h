@@ -60,6 +60,16 @@ void fsdp_optimizer_begin(struct fsdp_optimizer *o, double lr);
 int fsdp_optimizer_update(const struct fsdp_optimizer *o, int u, size_t start, size_t count,
                           float *param, const float *grad, float *const *state,
                           float grad_scale);
+/*
+ * The same update with param, grad and state in host memory (the shards an
+ * offloading engine keeps in pinned host memory): the CPU AdamW
+ * (fsdp_cpu_adamw_update, oc.threads host threads) instead of the device's
+ * kernel. The CPU device's kernel is that function, so the result is bit
+ * for bit what fsdp_optimizer_update computes there.
+ */
+int fsdp_optimizer_update_host(const struct fsdp_optimizer *o, int u, size_t start, size_t count,
+                               float *param, const float *grad, float *const *state,
+                               float grad_scale);
 
 // ----------------------------------------------------------------------------
 // loss scaling

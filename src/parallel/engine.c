@@ -14,9 +14,9 @@
  *             reduce-scatter (completed while the next units compute)
  * After every unit's compute fsdp_unit_progress has the group layer drive
  * what is in flight, notes finished collectives and moves finished
- * reduce-scatters on to their all-reduces over the replicas. Unit 0's gradient buffer is zeroed before unit L+1's
- * backward, which adds the tied head's gradient into it, and is reduced
- * only after unit 0's own backward.
+ * reduce-scatters on to their all-reduces over the replicas. Unit 0's gradient buffer is zeroed
+ * before unit L+1's backward, which adds the tied head's gradient into it, and is reduced only
+ * after unit 0's own backward.
  *
  * The loss seed divides every token's loss by the global token count
  * K * B * T * world, and the reductions SUM, so the gradient shards hold
@@ -28,6 +28,9 @@
  * nor reduce-scattered, and its gradient exists only as this rank's rows.
  * Those exchanges are collectives of every rank, so a rank without a batch
  * runs the model's units too (the model does only the exchanges).
+ *
+ * With offload (offload.c) the gradient shards are copied to the host as
+ * they become final and AdamW runs there, after the norm.
  *
  * With tensor parallelism (a tp group) everything above runs on the rank's
  * tp-local table; the model calls its tp collectives inside forward_unit and
@@ -85,12 +88,12 @@ static int shard_runs_model(const struct fsdp_shard_engine *se)
 static int shard_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
                          const int32_t *targets)
 {
-    const int last = se->n_units - 1;
+    const int last = se->n_units - 1, hi = se->u_hi;
     if (shard_runs_model(se)) {
         FSDP_CHECK(se->model->ops->set_batch(se->model, inputs, targets, se->ec.B, se->ec.T));
     }
-    for (int u = 0; u <= last; u++) {
-        for (int j = u; j <= last && j <= u + se->ec.prefetch; j++) {
+    for (int u = se->u_lo; u <= hi; u++) {
+        for (int j = u; j <= hi && j <= u + se->ec.prefetch; j++) {
             FSDP_CHECK(fsdp_unit_gather_issue(se, j));
         }
         FSDP_CHECK(fsdp_unit_gather_wait(se, u));
@@ -133,24 +136,34 @@ static int shard_zero_root(struct fsdp_shard_engine *se, int first, int accumula
     return 0;
 }
 
+/* Whether unit u's gradient shard is written by its backward itself (no
+ * reduction retires into it): the direct engine's, unit 0 by rows without
+ * a slot. */
+static int shard_grad_unreduced(const struct fsdp_shard_engine *se, int u)
+{
+    return se->direct || (fsdp_shard_by_rows(se, u) && !se->gslots[fsdp_unit_gslot(se, u)].buf);
+}
+
 /* reduce: issue the reductions of this micro-batch; first: its grads start
  * at zero; accumulate: the reduced result adds to the gradient shard. A
  * direct engine's backward adds into the gradient shard itself, which only
  * the step's first micro-batch zeroes. */
 static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, int accumulate)
 {
-    const int last = se->n_units - 1;
+    const int last = se->u_hi, lo = se->u_lo;
     if (se->direct) {
-        for (int u = 0; first && !accumulate && u <= last; u++) {
+        for (int u = lo; first && !accumulate && u <= last; u++) {
             FSDP_CHECK(
                 fsdp_device_zero(se->dev, se->units[u].grad, se->units[u].numel * sizeof(float)));
         }
         reduce = 0;
         first = 0;
     }
-    FSDP_CHECK(shard_zero_root(se, first, accumulate));
-    for (int u = last; u >= 0; u--) {
-        for (int j = u; j >= 0 && j >= u - se->ec.prefetch; j--) {
+    if (lo == 0) {
+        FSDP_CHECK(shard_zero_root(se, first, accumulate));
+    }
+    for (int u = last; u >= lo; u--) {
+        for (int j = u; j >= lo && j >= u - se->ec.prefetch; j--) {
             FSDP_CHECK(fsdp_unit_gather_issue(se, j));
         }
         if (u != 0) {
@@ -170,6 +183,9 @@ static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, i
         }
         if (reduce) {
             FSDP_CHECK(fsdp_unit_reduce_issue(se, u, accumulate));
+        }
+        if (se->stage_grads && shard_grad_unreduced(se, u)) {
+            FSDP_CHECK(fsdp_offload_stage_grad(se, u)); /* final: to the host now */
         }
     }
     return 0;
@@ -213,7 +229,7 @@ static int shard_local_sumsq(struct fsdp_shard_engine *se, double *out)
 {
     struct fsdp_device *d = se->dev;
     FSDP_CHECK(fsdp_device_zero(d, se->dnorm, sizeof(double)));
-    for (int u = 0; u < se->n_units; u++) {
+    for (int u = se->norm_skip_root ? 1 : 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
         if (!se->plan) {
             d->k->sumsq(d, se->dnorm, un->grad, un->cnt);
@@ -239,7 +255,10 @@ static int shard_sumsq(struct fsdp_shard_engine *se, double *local, double *out)
     if (se->shard_g) {
         FSDP_CHECK(shard_group_sum(se, se->shard_g, out));
     }
-    return se->plan ? shard_group_sum(se, se->tp->g, out) : 0;
+    if (se->plan) {
+        FSDP_CHECK(shard_group_sum(se, se->tp->g, out));
+    }
+    return se->sumsq_hook ? se->sumsq_hook(se->sumsq_arg, out) : 0;
 }
 
 static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_step_result *out)
@@ -264,6 +283,9 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
                             sqrt(sumsq), out->loss);
         }
         fsdp_loss_scaler_update(&se->scaler, 0);
+        if (se->offload) {
+            FSDP_CHECK(fsdp_offload_skip(se));
+        }
         if (se->world_rank == 0) {
             FSDP_WARN(FSDP_SUB_FSDP,
                       "step skipped: gradients overflowed at loss scale %g; scale now %g", scale,
@@ -277,6 +299,9 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
     fsdp_loss_scaler_update(&se->scaler, 1);
     fsdp_optimizer_begin(se->opt, lr);
     float grad_scale = (float)(out->clip_coef / scale);
+    if (se->offload) {
+        return fsdp_offload_update(se, grad_scale); /* on the host, over staged shards */
+    }
     for (int u = 0; u < se->n_units; u++) {
         const struct fsdp_unit *un = &se->units[u];
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
@@ -320,6 +345,7 @@ static int shard_step(struct fsdp_engine *e, const struct fsdp_batch *b, double 
                         b->B, b->T, se->ec.B, se->ec.T);
     }
     se->shadow = !have;
+    fsdp_offload_step_begin(se);
     se->model->ops->set_loss_seed(se->model, (double)K * (double)bt * n_contrib,
                                   se->scaler.scale);
     for (int k = 0; k < K && rc == 0; k++) {
@@ -329,6 +355,7 @@ static int shard_step(struct fsdp_engine *e, const struct fsdp_batch *b, double 
         loss_sum += have ? se->model->ops->loss(se->model) : 0.0;
         int first = nosync ? k == 0 : 1;
         int reduce = nosync ? k == K - 1 : 1;
+        se->stage_grads = se->offload && k == K - 1; /* gradients final as they are reduced */
         FSDP_CHECK_GOTO(shard_backward(se, first, reduce, !nosync && k > 0), rc, out);
     }
     FSDP_CHECK_GOTO(fsdp_unit_reduce_wait_all(se), rc, out);
@@ -338,6 +365,7 @@ static int shard_step(struct fsdp_engine *e, const struct fsdp_batch *b, double 
     rc = shard_optimize(se, lr, out);
 out:
     se->shadow = 0;
+    se->stage_grads = 0;
     fsdp_unit_release_all(se); /* the parameters changed (or the step failed) */
     return rc;
 }
@@ -370,7 +398,7 @@ static int shard_state_changed(struct fsdp_engine *e)
 {
     fsdp_shard_drop_saved(shard_impl(e));
     fsdp_unit_release_all(shard_impl(e));
-    return 0;
+    return fsdp_offload_state_changed(shard_impl(e));
 }
 
 static int shard_gather_unit(struct fsdp_engine *e, int u, const float **full)
@@ -403,6 +431,13 @@ static void shard_set_counters(struct fsdp_engine *e, const struct fsdp_engine_c
     }
 }
 
+static const char *shard_offload_words(int offload)
+{
+    static const char *const words[] = {"", " | offload: optimizer state on the host",
+                                        " | offload: master and optimizer state on the host"};
+    return offload >= 0 && offload < 3 ? words[offload] : "";
+}
+
 static void shard_describe(const struct fsdp_engine *e, char *buf, size_t len)
 {
     static const char *const modes[] = {"full", "grad-op", "none"};
@@ -421,13 +456,13 @@ static void shard_describe(const struct fsdp_engine *e, char *buf, size_t len)
     }
     snprintf(buf, len,
              "fsdp: mesh %s (%s) | %d-way dim-0 shards x %d replicas | sharding %s, reshard after "
-             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s%s%s",
+             "forward %s, prefetch %d | param %s, reduce %s, loss scale %s%s%s%s%s%s",
              se->mesh, se->backends, se->Rs, se->world / se->Rs, modes[ec->sharding],
              se->keep_gathered ? "off" : "on", ec->prefetch, fsdp_dtype_name(ec->param_dtype),
              fsdp_dtype_name(ec->reduce_dtype), scale,
              ec->no_sync_accum ? " | no-sync accumulation" : "",
              ec->activation_checkpointing ? " | activation checkpointing" : "",
-             se->rows_root ? " | unit 0 by rows" : "", tp);
+             se->rows_root ? " | unit 0 by rows" : "", tp, shard_offload_words(se->offload));
 }
 
 static int shard_save_rows(struct fsdp_engine *e, int kind, size_t param, float *out)
@@ -441,8 +476,10 @@ static void shard_destroy(struct fsdp_engine *e)
         return;
     }
     struct fsdp_shard_engine *se = shard_impl(e);
+    fsdp_offload_fini(se);   /* its copies finish before the buffers go */
     fsdp_shard_teardown(se); /* the parts (model, plan, optimizer) are the caller's */
     fsdp_unit_streams_fini(se);
+    free(se->own);
     free(se);
 }
 
@@ -496,16 +533,25 @@ static int shard_check_config(const struct fsdp_shard_config *ec)
     if (ec->loss_scale < 0.0 || (ec->loss_scale_dynamic && ec->loss_scale <= 0.0)) {
         return fsdp_err(FSDP_ERR_INVALID, "loss scale %g must be positive", ec->loss_scale);
     }
+    if (ec->offload < FSDP_OFFLOAD_NONE || ec->offload > FSDP_OFFLOAD_PARAMS_OPTIM) {
+        return fsdp_err(FSDP_ERR_INVALID, "offload %d is not none, optim or params,optim",
+                        (int)ec->offload);
+    }
     return 0;
 }
 
 void fsdp_shard_memory_line(const struct fsdp_engine_stats *st, char *buf, size_t len)
 {
-    snprintf(buf, len, "fsdp: %d-way shards x %d replicas | model states %zu bytes (shards %zu + "
-             "gathered params %zu) | unsharded grads %zu | comm %zu | activations %zu (saved %zu, "
-             "workspace %zu) | total %zu bytes", st->shards, st->replicas, st->model_bytes,
-             st->state_bytes, st->gathered_bytes, st->grad_bytes, st->comm_bytes, st->act_bytes,
-             st->act_saved_bytes, st->act_bytes - st->act_saved_bytes, st->peak_bytes);
+    int n = snprintf(buf, len,
+                     "fsdp: %d-way shards x %d replicas | model states %zu bytes "
+                     "(shards %zu + gathered params %zu) | unsharded grads %zu | comm %zu | "
+                     "activations %zu (saved %zu, workspace %zu) | total %zu bytes",
+                     st->shards, st->replicas, st->model_bytes, st->state_bytes, st->gathered_bytes,
+                     st->grad_bytes, st->comm_bytes, st->act_bytes, st->act_saved_bytes,
+                     st->act_bytes - st->act_saved_bytes, st->peak_bytes);
+    if (st->host_bytes && n > 0 && (size_t)n < len) {
+        snprintf(buf + n, len - (size_t)n, " | host pinned %zu bytes (offload)", st->host_bytes);
+    }
 }
 
 static void shard_log_memory(const struct fsdp_shard_engine *se)
@@ -528,7 +574,7 @@ static int shard_apply_model(struct fsdp_shard_engine *se)
     int has_rows = ops->size >= offsetof(struct fsdp_model_ops, set_unit_rows) +
                                     sizeof(ops->set_unit_rows) &&
                    ops->set_unit_rows;
-    if (se->shard_g && has_rows) {
+    if (se->shard_g && has_rows && !se->staged) {
         int rc = ops->set_unit_rows(se->model, 0, se->shard_g);
         FSDP_CHECK(rc);
         se->rows_root = rc == 1;
@@ -616,6 +662,21 @@ static int shard_check_parts(const struct fsdp_shard_parts *p)
     return 0;
 }
 
+/* Offload keeps the pieces in whole rows of host memory: not with tensor
+ * parallelism, whose checkpoints re-lay out blocks through device buffers. */
+static int shard_check_offload(struct fsdp_shard_engine *se, const struct fsdp_shard_parts *p)
+{
+    se->offload = se->ec.offload;
+    if (se->offload && p->plan) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                        "offload %s with tensor parallelism (tp=%d) is not "
+                        "supported: drop --offload or the tp dimension",
+                        se->offload == FSDP_OFFLOAD_OPTIM ? "optim" : "params,optim",
+                        p->plan->size);
+    }
+    return 0;
+}
+
 /*
  * The engine for the parts p over g, sized and (unless sizing) allocated:
  * the layout, the model's rows and activations, the slots. *out is the
@@ -653,9 +714,25 @@ static int shard_build(const struct fsdp_shard_parts *p, const struct fsdp_shard
     fsdp_tp_init(&se->solo, NULL, 0, dev);
     se->tp = p->tp ? p->tp : &se->solo;
     fsdp_shard_groups_set(se, g);
+    FSDP_CHECK(shard_check_offload(se, p));
+    se->u_lo = sc->unit_hi > 0 ? sc->unit_lo : 0;
+    se->u_hi = sc->unit_hi > 0 ? sc->unit_hi : se->spec->n_units - 1;
+    if (se->u_lo < 0 || se->u_lo > se->u_hi || se->u_hi >= se->spec->n_units) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: units [%d, %d] of %d", se->u_lo, se->u_hi,
+                        se->spec->n_units);
+    }
+    se->staged = sc->unit_hi > 0 || sc->unit_mask;
+    if (sc->unit_mask) {
+        se->own = malloc((size_t)se->spec->n_units);
+        if (!se->own) {
+            return fsdp_err(FSDP_ERR_NOMEM, "fsdp: unit table");
+        }
+        memcpy(se->own, sc->unit_mask, (size_t)se->spec->n_units);
+    }
     if (!sizing) {
         FSDP_CHECK(shard_check_backends(se));
         FSDP_CHECK(fsdp_unit_streams_init(se));
+        FSDP_CHECK(fsdp_offload_init(se));
     }
     FSDP_CHECK(fsdp_shard_layout_create(se));
     FSDP_CHECK(shard_apply_model(se));
@@ -683,7 +760,8 @@ int fsdp_shard_engine_create(const struct fsdp_shard_parts *p, const struct fsdp
 {
     struct fsdp_shard_engine *se;
     int rc = shard_build(p, g, dev, sc, 0, &se);
-    if (rc == 0) { /* the root stays bound: a tied unit reads and accumulates into it */
+    if (rc == 0 && fsdp_shard_owns(se, 0)) { /* the root stays bound: a tied unit reads and
+                                        accumulates into it */
         rc = shard_bind(se, 0);
     }
     if (rc < 0) {
@@ -692,6 +770,11 @@ int fsdp_shard_engine_create(const struct fsdp_shard_parts *p, const struct fsdp
     }
     if (se->world_rank == 0) {
         shard_log_memory(se);
+        if (se->offload && strcmp(dev->ops->name, "cpu") == 0) {
+            FSDP_WARN(FSDP_SUB_FSDP,
+                      "offload on device cpu changes nothing: its memory is host "
+                      "memory already (the state is only copied between two host buffers)");
+        }
     }
     *out = &se->base;
     return 0;
@@ -754,6 +837,8 @@ void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_sta
     }
     st->skipped_steps = se->scaler.skipped;
     st->loss_scale = se->scaler.scale;
+    st->host_bytes = se->host_bytes;
+    st->offload = se->offload;
     st->fsdp_comm = se->unit_comm;
     st->tp_comm = se->tp->counts;
     const struct fsdp_model_ops *mops = se->model ? se->model->ops : NULL;
@@ -761,4 +846,57 @@ void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_sta
                                  sizeof(mops->comm_counts) && mops->comm_counts) {
         mops->comm_counts(se->model, &st->model_comm);
     }
+}
+
+// ----------------------------------------------------------------------------
+// a pipeline stage's micro-batch passes (pp_engine.c drives them in its
+// schedule's order; the engine's own step runs them K times in a row)
+
+int fsdp_shard_mb_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
+                          const int32_t *targets)
+{
+    return shard_forward(se, inputs, targets);
+}
+
+int fsdp_shard_mb_backward(struct fsdp_shard_engine *se, int first, int reduce, int accumulate)
+{
+    return shard_backward(se, first, reduce, accumulate);
+}
+
+int fsdp_shard_loss_sum(struct fsdp_shard_engine *se, double *x)
+{
+    return shard_world_sum(se, x);
+}
+
+int fsdp_shard_bind_unit(struct fsdp_shard_engine *se, int u)
+{
+    return shard_bind(se, u);
+}
+
+int fsdp_shard_root_begin(struct fsdp_shard_engine *se, int first, int accumulate)
+{
+    if (se->direct) { /* the model adds into the gradient shard itself */
+        return first && !accumulate ? fsdp_device_zero(se->dev, se->units[0].grad,
+                                                       se->units[0].numel * sizeof(float))
+                                    : 0;
+    }
+    return shard_zero_root(se, first, accumulate);
+}
+
+int fsdp_shard_mb_finish(struct fsdp_shard_engine *se, double lr, double *loss,
+                         struct fsdp_step_result *out)
+{
+    int rc = fsdp_unit_reduce_wait_all(se);
+    if (rc == 0 && se->pre_update) {
+        rc = se->pre_update(se->sumsq_arg);
+    }
+    if (rc == 0) {
+        rc = shard_world_sum(se, loss);
+    }
+    if (rc == 0) {
+        out->loss = *loss;
+        rc = shard_optimize(se, lr, out);
+    }
+    fsdp_unit_release_all(se);
+    return rc;
 }

@@ -7,8 +7,10 @@
  * the global-norm clip and the optimizer update. It sees batch arrays, never
  * a data loader, and never opens a file: the training layer reads and
  * writes its state through row ranges (pieces), so model files and
- * checkpoints stay io's business. The sharding engine (fsdp.h) is the one
- * production engine; tests/ holds a single-rank oracle with the same table.
+ * checkpoints stay io's business. The sharding engine (fsdp.h) is the
+ * production engine; with a pp dimension the pipeline engine (pp_engine.h)
+ * drives one per rank's stages behind the same table; tests/ holds a
+ * single-rank oracle with the same table.
  *
  * Ops are written out longhand; members are only ever added at the end.
  * Every op marked collective is called by every rank of the engine, in order.
@@ -54,6 +56,8 @@ struct fsdp_state_piece {
     size_t col0, cols;
     int copy; /* 1: another rank holds and writes the same block (a parameter that
                  tensor parallelism replicates, on tp ranks other than 0) */
+    int host; /* 1: data is pinned host memory (state an engine offloads), 0: device
+                 memory; either way the device's copies reach it (device.h copy) */
 };
 
 /* The columns a piece covers (cols 0: every column of shape[1]). */

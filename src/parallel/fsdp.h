@@ -49,6 +49,15 @@ enum fsdp_sharding {
     FSDP_SHARD_NONE,     /* full replica on every rank, gradients all-reduced (DDP) */
 };
 
+/* Where the optimizer's state lives (FSDP2's CPUOffloadPolicy, ZeRO-Offload). */
+enum fsdp_offload {
+    FSDP_OFFLOAD_NONE = 0,     /* order matches the choice string "none|optim|params,optim" */
+    FSDP_OFFLOAD_OPTIM,        /* AdamW moments in pinned host memory, AdamW on the host over
+                                  staged copies of the gradient and master shards */
+    FSDP_OFFLOAD_PARAMS_OPTIM, /* the f32 master too: the host's copy is the master, the
+                                  device keeps the parameter shard the all-gathers send */
+};
+
 struct fsdp_shard_config {
     int B, T;                     /* micro-batch of this rank */
     enum fsdp_sharding sharding;
@@ -64,6 +73,15 @@ struct fsdp_shard_config {
     bool activation_checkpointing; /* recompute every block in its backward */
     int lm_head_chunk;            /* rows per output-head chunk (0: the model's default) */
     bool sequence_parallel;       /* with tp: norms and residuals hold 1/tp of the rows */
+    enum fsdp_offload offload;    /* optimizer state (and master) in pinned host memory */
+    /* A pipeline stage (pp_engine.h): the engine holds state for units
+     * [unit_lo, unit_hi] only (every other unit has no rows on this rank)
+     * and its micro-batch passes run over them; unit_hi 0: every unit. */
+    int unit_lo, unit_hi;
+    /* Interleaved stages: the units held, (n_units,) 1 each (borrowed for
+     * the create); NULL: [unit_lo, unit_hi]. Passes then run over the range
+     * the driver sets. */
+    const unsigned char *unit_mask;
 };
 
 /* The defaults: full sharding, reshard after forward, prefetch 1, f32. */
@@ -146,6 +164,12 @@ struct fsdp_engine_stats {
     size_t gather_bytes;   /* allocated while the final model file is written, one unit at a
                               time (the largest unit gathered whole); 0: none */
     int shards, replicas;  /* the shard group's size and the number of replicas */
+    /* With offload (fsdp_shard_config.offload) state_bytes counts the
+     * device's shards only (parameter and gradient: 8 bytes per element)
+     * and host_bytes the pinned host memory: AdamW moments and the staged
+     * gradient and master shards (16 bytes per element); 0 without. */
+    size_t host_bytes;
+    int offload; /* enum fsdp_offload */
 };
 void fsdp_shard_engine_stats(const struct fsdp_engine *e, struct fsdp_engine_stats *st);
 /* The memory line the engine logs at create (FSDPC_LOG=info), from st. */

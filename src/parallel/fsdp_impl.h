@@ -2,12 +2,16 @@
  * fsdp_impl.h - the sharding engine's private state, shared by its files:
  *   shard.c   groups, the dim-0 row layout and its packing, every buffer,
  *             the state pieces (blocks of the whole tensors with tensor
- *             parallelism, re-laid out as rows for checkpoints) and whole
- *             units gathered for saving
+ *             parallelism) and whole units gathered for saving
+ *   shard_save.c  with tensor parallelism, the pieces re-laid out as a
+ *             checkpoint shard's rows (save_rows): the exchange, its group
  *   unit.c    the per-unit gather / reduce state machine: buffer slots,
  *             precision casts, replica all-reduces, polls and wait timers
  *   engine.c  the engine table: the overlap schedule, step, eval, clipping,
  *             the optimizer update and loss scaling; the parts checked
+ *   offload.c optimizer state in pinned host memory: the copy stream, the
+ *             gradient shards staged device-to-host as their reductions
+ *             finish, AdamW on the host, the master copied back
  * The model, the tensor-parallel plan and context and the optimizer are the
  * caller's parts (fsdp.h, struct fsdp_shard_parts), borrowed.
  */
@@ -43,8 +47,13 @@ struct fsdp_unit {
                       the unit is packed or unpacked, the others through se->scratch */
     float *master; /* (S,) f32 parameters; padding zero */
     float *grad;   /* (S,) reduced gradient, accumulated over micro-batches */
-    float *m;      /* (S,) AdamW first moment */
-    float *v;      /* (S,) AdamW second moment */
+    float *m;      /* (S,) AdamW first moment (pinned host memory with offload) */
+    float *v;      /* (S,) AdamW second moment (pinned host memory with offload) */
+    /* offload only (offload.c), pinned host memory: */
+    float *hgrad;   /* (S,) the reduced gradient shard, copied from grad once final */
+    float *hmaster; /* (S,) f32 parameters: with params the master itself (master then being
+                       the device's copy the all-gathers send), else a staged copy */
+    int staged;     /* this step's D2H copy of grad into hgrad is issued */
 };
 
 /*
@@ -83,6 +92,8 @@ struct fsdp_gslot {
     int unit;          /* unit whose reduction is pending; -1: none */
     int accumulate;    /* 1: add the result into the shard; 0: overwrite */
     int phase;         /* replica all-reduces issued after the reduce-scatter */
+    int final;         /* the step's last reduction of the unit: offload stages the
+                          gradient shard when it retires */
 };
 
 /*
@@ -151,11 +162,26 @@ struct fsdp_shard_engine {
                                           until the next op; with tensor parallelism every
                                           tp rank's local unit and the assembled whole one */
     size_t scratch_floats;
-    float *relayout;                   /* save_rows: a band of columns of a whole tensor cut
-                                          in n_shards row slots (fsdp_shard_relayout_floats),
-                                          allocated at the first save */
+    float *relayout;                   /* save_rows' buffer, allocated at the first save
+                                          (fsdp_shard_relayout_floats): the exchange's cuts
+                                          to send, received and placed, or the
+                                          reduce-scatters' n_shards row slots; a band of
+                                          columns of a tensor at a time */
     size_t relayout_bound;             /* floats that buffer may take: FSDPC_CKPT_RELAYOUT_BYTES
                                           (64 MiB), read at create */
+    int save_mode;                     /* FSDP_SAVE_*: how save_rows re-lays out (0: not yet
+                                          chosen; FSDPC_CKPT_TP_SAVE, at the first save) */
+    struct fsdp_group *save_g;         /* the exchange's: the dp-shard x tp ranks of this
+                                          replica (tp's group when Rs == 1) */
+    int save_own_g;                    /* save_g was made at the first save (and is freed) */
+    int *save_rank;                    /* (Rs T,) save_g rank of checkpoint shard s */
+    struct fsdp_work **save_w;         /* (2 Rs T,) one band's messages in flight */
+    struct fsdp_comm_counts save_comm; /* what this rank's saves sent and received since
+                                          creation (a send's bytes are its wire bytes) */
+    struct fsdp_comm_counts save_mark; /* save_comm when the current save began */
+    double save_kept, save_kept0;      /* bytes the exchange kept here (its own rows' cuts),
+                                          since creation and when the current save began */
+    double save_s;                     /* seconds in save_rows in the current save */
     double *sum_buf;                   /* (max(world, tp),) one double per rank of a group */
     double *dnorm;                     /* (1) device: this rank's squared gradient norm */
     void *comm_stream;                 /* the dp, rdp and tp collectives' stream (attr.stream) */
@@ -163,6 +189,21 @@ struct fsdp_shard_engine {
     int rq_head, rq_len;
 
     int shadow;                        /* this step: no batch here (join), collectives only */
+    int u_lo, u_hi;                    /* the units a pass computes (a pipeline stage's; 0 and
+                                          n_units - 1 without one) */
+    unsigned char *own;                /* (n_units,) the units held (interleaved stages);
+                                          NULL: [u_lo, u_hi] */
+    /* Called on the squared gradient norm after the shard and tp sums (a
+     * pipeline sums it over its stages); NULL: none. */
+    int (*sumsq_hook)(void *arg, double *sumsq);
+    void *sumsq_arg;
+    /* Called with sumsq_arg once a step's reductions are done, before the
+     * norm and the update (a pipeline sums a tied parameter's gradient
+     * over the stages that hold it); NULL: none. */
+    int (*pre_update)(void *arg);
+    int norm_skip_root;                /* unit 0's gradient is another rank's copy: left out of
+                                          the norm */
+    int staged;                        /* a pipeline stage: unit 0 is never taken by rows */
     int sizing;                        /* fsdp_shard_engine_plan: every buffer is sized and
                                           counted, none allocated; the groups are shapes */
 
@@ -171,6 +212,16 @@ struct fsdp_shard_engine {
                                         shard group and all-reduces over the replicas,
                                         since creation (ring wire bytes, tp/tp_ops.h) */
     size_t state_bytes, gathered_bytes, grad_bytes, comm_bytes;
+    /* offload (offload.c) */
+    int offload;       /* enum fsdp_offload */
+    float *host_state; /* pinned: every unit's m, v, hgrad and hmaster */
+    size_t host_bytes;
+    void *copy_stream;       /* the offload's D2H and H2D copies */
+    void *ev_grad, *ev_copy; /* compute -> copy, copy -> compute */
+    int stage_grads;         /* the step's last micro-batch: a unit's gradient is
+                                final once reduced (or computed, direct) */
+    int hmaster_stale;       /* optim: the device master was written (a load):
+                                hmaster is copied from it before the update */
 };
 
 /* shard.c */
@@ -212,24 +263,58 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se);
 size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se);
 void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out);
 int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **full);
+
+/* shard_save.c */
+enum { FSDP_SAVE_EXCHANGE = 1, FSDP_SAVE_REDUCE_SCATTER = 2 };
 /* engine.h's save_rows: tensor (kind, i) of the whole table re-laid out
  * from every rank's blocks into the rows checkpoint shard base.shard of
- * base.n_shards holds (collective over the shard and tp groups). */
+ * base.n_shards holds. Collective over the save group (the exchange: the
+ * replica that writes; the others return at once) or over the shard and tp
+ * groups (the reduce-scatters: every rank); the first call makes the save
+ * group, on every rank. */
 int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float *out);
-/* Floats of save_rows' re-layout buffer: the largest whole tensor cut in
- * n_shards equal row slots (0 without tensor parallelism). */
+/* Floats of save_rows' re-layout buffer (0 without tensor parallelism):
+ * the largest tensor's send, receive and placed rows for the exchange, or
+ * its n_shards equal row slots for the reduce-scatters, a band of columns
+ * within relayout_bound. */
 size_t fsdp_shard_relayout_floats(const struct fsdp_shard_engine *se);
+/* Frees the save group (when made here) and its tables. */
+void fsdp_shard_save_fini(struct fsdp_shard_engine *se);
 /* Floats gather_unit allocates for unit u (freed at the next op): unit 0 by
  * rows gathered whole, with tensor parallelism every tp rank's local unit
  * and the assembled whole one; 0 when it uses a slot. */
 size_t fsdp_shard_gather_floats(const struct fsdp_shard_engine *se, int u);
 /* Frees what gather_unit allocated for a unit by rows. */
 void fsdp_shard_drop_saved(struct fsdp_shard_engine *se);
+/* Unit u is one this rank holds (all of them, but for a pipeline stage). */
+static inline int fsdp_shard_owns(const struct fsdp_shard_engine *se, int u)
+{
+    return se->own ? se->own[u] : u >= se->u_lo && u <= se->u_hi;
+}
 /* Unit u is given to the model as this rank's rows (rows_root, unit 0). */
 static inline int fsdp_shard_by_rows(const struct fsdp_shard_engine *se, int u)
 {
     return se->rows_root && u == 0;
 }
+
+/* engine.c: one micro-batch's passes over the units [u_lo, u_hi] (a
+ * pipeline stage drives them in its own order), and the end of a step:
+ * the reductions completed, *loss summed over the data-parallel ranks, the
+ * clip and the update (the gathered units released). */
+int fsdp_shard_mb_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
+                          const int32_t *targets);
+int fsdp_shard_mb_backward(struct fsdp_shard_engine *se, int first, int reduce, int accumulate);
+int fsdp_shard_mb_finish(struct fsdp_shard_engine *se, double lr, double *loss,
+                         struct fsdp_step_result *out);
+/* x summed over the data-parallel ranks (the shard group, then the replicas). */
+int fsdp_shard_loss_sum(struct fsdp_shard_engine *se, double *x);
+/* Binds unit u's gathered (or master) buffers to se->model. */
+int fsdp_shard_bind_unit(struct fsdp_shard_engine *se, int u);
+/* Unit 0's gradient before a backward that adds into it without running
+ * unit 0's own (a tied head on a pipeline's last stage): its slot zeroed
+ * when first, or the shard itself zeroed on the step's first micro-batch
+ * without accumulation where the model adds into it directly. */
+int fsdp_shard_root_begin(struct fsdp_shard_engine *se, int first, int accumulate);
 
 /* unit.c */
 int fsdp_unit_pslot(const struct fsdp_shard_engine *se, int u);
@@ -258,5 +343,26 @@ int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double is
  * completed, and moves finished reduce-scatters on to their replica
  * all-reduces. */
 int fsdp_unit_progress(struct fsdp_shard_engine *se);
+
+/* offload.c */
+/* The copy stream and its events (not when sizing, nor without offload). */
+int fsdp_offload_init(struct fsdp_shard_engine *se);
+void fsdp_offload_fini(struct fsdp_shard_engine *se);
+/* Issues the D2H copy of unit u's gradient shard into its host copy on
+ * the copy stream, after what the compute stream has issued (once a step;
+ * nothing without offload). */
+int fsdp_offload_stage_grad(struct fsdp_shard_engine *se, int u);
+/* A step starts: no gradient staged yet (also after a step that failed). */
+void fsdp_offload_step_begin(struct fsdp_shard_engine *se);
+/* AdamW on the host over every unit's staged shards (grad_scale: the
+ * unscale and clip factor), the master copied back to the device; the
+ * compute stream waits for those copies. */
+int fsdp_offload_update(struct fsdp_shard_engine *se, float grad_scale);
+/* A step that takes no update (overflow): the staged copies are dropped,
+ * the compute stream ordered after them. */
+int fsdp_offload_skip(struct fsdp_shard_engine *se);
+/* The pieces were written: params, the host master to the device; optim,
+ * the staged master is stale. */
+int fsdp_offload_state_changed(struct fsdp_shard_engine *se);
 
 #endif

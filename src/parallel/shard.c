@@ -5,10 +5,11 @@
  * gradient / optimizer-state shards; the gathered-parameter and
  * full-gradient slots; packing a unit into shards and back; the state as
  * pieces (row ranges; with tensor parallelism blocks of the whole tensors,
- * and each tensor re-laid out as a checkpoint shard's rows) for the
+ * which shard_save.c re-lays out as a checkpoint shard's rows) for the
  * training layer to fill and save; and whole units gathered for the final
- * model file. Every buffer is allocated here, once (the re-layout's at the
- * first checkpoint).
+ * model file. Every buffer is allocated here, once (but the re-layout's, at
+ * the first checkpoint, in shard_save.c); with offload the moments and the
+ * staged shards are pinned host memory (offload.c moves them).
  */
 #include "config.h"
 #include "parallel/fsdp_impl.h"
@@ -71,6 +72,9 @@ static int shard_segs_create(struct fsdp_shard_engine *se)
                 off = 0; /* a unit's block starts over */
             }
             fsdp_shard_rows(p, se->Rs, r, &g->row0, &g->rows);
+            if (!fsdp_shard_owns(se, p->unit)) {
+                g->row0 = g->rows = 0; /* another pipeline stage's unit */
+            }
             g->unit_at = p->offset + g->row0 * p->shape[1];
             g->len = g->rows * p->shape[1];
             g->block_off = off;
@@ -112,6 +116,55 @@ static int shard_tp_pieces(struct fsdp_shard_engine *se)
     return 0;
 }
 
+/*
+ * The state shards of every unit (total elements each): one device
+ * allocation for the four (master, gradient, moments), or with offload one
+ * for the parameter and gradient shards and one of pinned host memory for
+ * the moments and the staged gradient and master (offload.c).
+ */
+static int shard_state_alloc(struct fsdp_shard_engine *se, size_t total)
+{
+    const int off = se->offload != FSDP_OFFLOAD_NONE;
+    size_t bytes = (off ? 2 : 4) * total * sizeof(float);
+    se->state_bytes = bytes;
+    se->host_bytes = off ? 4 * total * sizeof(float) : 0;
+    if (se->sizing) {
+        return 0;
+    }
+    void *mem;
+    FSDP_CHECK(fsdp_device_alloc(se->dev, bytes,
+                                 off ? "fsdp parameter and gradient shards"
+                                     : "fsdp parameter, gradient and AdamW shards",
+                                 &mem));
+    float *p = mem, *h = NULL;
+    if (off) {
+        h = se->host_state = se->dev->ops->host_alloc(se->dev, se->host_bytes);
+        if (!h) {
+            return fsdp_err(FSDP_ERR_NOMEM,
+                            "fsdp offload: %zu bytes of pinned host memory for "
+                            "the optimizer state (drop --offload, or use more ranks)",
+                            se->host_bytes);
+        }
+    }
+    for (int u = 0; u < se->n_units; u++) {
+        struct fsdp_unit *un = &se->units[u];
+        un->master = p;
+        un->grad = p + total;
+        if (off) {
+            un->m = h;
+            un->v = h + total;
+            un->hgrad = h + 2 * total;
+            un->hmaster = h + 3 * total;
+            h += un->S;
+        } else {
+            un->m = p + 2 * total;
+            un->v = p + 3 * total;
+        }
+        p += un->S;
+    }
+    return 0;
+}
+
 /* Elements of rank r's shard of unit un. */
 static size_t shard_len(const struct fsdp_shard_engine *se, const struct fsdp_unit *un, int r)
 {
@@ -123,6 +176,10 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
 {
     const struct fsdp_model_spec *spec = se->spec;
     size_t total = 0;
+    if (se->u_hi <= 0) { /* no stage set: every unit (a stage always holds a block) */
+        se->u_lo = 0;
+        se->u_hi = spec->n_units - 1;
+    }
     FSDP_CHECK(shard_segs_create(se));
     se->n_units = spec->n_units;
     se->units = calloc((size_t)se->n_units, sizeof(*se->units));
@@ -151,6 +208,10 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
             un->big = spec->params[i].numel > spec->params[un->big].numel ? i : un->big;
         }
+        if (!fsdp_shard_owns(se, u)) {
+            un->numel = 0; /* no slot, no scratch, nothing computed here */
+            continue;
+        }
         size_t rest = un->numel - spec->params[un->big].numel;
         se->scratch_floats = rest > se->scratch_floats ? rest : se->scratch_floats;
     }
@@ -158,25 +219,12 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
         se->scratch_floats = 0; /* nothing is ever packed */
     }
     FSDP_CHECK(shard_tp_pieces(se));
-    /* one allocation for the four shards of every unit */
-    size_t bytes = 4 * total * sizeof(float);
-    se->state_bytes = bytes;
     se->comm_bytes += se->scratch_floats * sizeof(float);
+    FSDP_CHECK(shard_state_alloc(se, total));
     if (se->sizing) {
         return 0;
     }
     void *mem;
-    FSDP_CHECK(
-        fsdp_device_alloc(se->dev, bytes, "fsdp parameter, gradient and AdamW shards", &mem));
-    float *p = mem;
-    for (int u = 0; u < se->n_units; u++) {
-        struct fsdp_unit *un = &se->units[u];
-        un->master = p;
-        un->grad = p + total;
-        un->m = p + 2 * total;
-        un->v = p + 3 * total;
-        p += un->S;
-    }
     /* unit 0 by rows is packed only when gather_unit saves it, through the same scratch */
     if (se->scratch_floats > 0) {
         FSDP_CHECK(fsdp_device_alloc(se->dev, se->scratch_floats * sizeof(float),
@@ -405,12 +453,16 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
     if (se->scratch) {
         se->dev->ops->free(se->dev, se->scratch);
     }
-    if (se->units) {
+    if (se->units && se->units[0].master) {
         se->dev->ops->free(se->dev, se->units[0].master); /* the one state allocation */
+    }
+    if (se->host_state) {
+        se->dev->ops->host_free(se->dev, se->host_state);
     }
     free(se->units);
     free(se->segs);
     free(se->tp_pieces);
+    fsdp_shard_save_fini(se);
     if (se->relayout) {
         se->dev->ops->free(se->dev, se->relayout);
     }
@@ -456,7 +508,9 @@ void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_
     size_t i = k % s->n_params;
     const struct fsdp_unit *un = &se->units[s->params[i].unit];
     const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
-    float *const base[3] = {un->master, un->m, un->v};
+    /* offloaded: the moments, and with params the master, are host memory */
+    const int params = se->offload == FSDP_OFFLOAD_PARAMS_OPTIM;
+    float *const base[3] = {params ? un->hmaster : un->master, un->m, un->v};
     out->kind = (int)(k / s->n_params);
     out->param = i;
     out->row0 = g->row0;
@@ -465,137 +519,7 @@ void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_
     out->col0 = 0;
     out->cols = s->params[i].shape[1];
     out->copy = 0;
-}
-
-// ----------------------------------------------------------------------------
-// tensor parallelism: the state as the whole rows of a checkpoint shard
-//
-// Checkpoint shard s = rs T + t (shard rank rs, tp rank t) of R = Rs T holds
-// rows fsdp_split_even(n, R, s) of every tensor, every column, so that a
-// checkpoint of a tensor-parallel run is laid out exactly as one of a
-// data-parallel run of R ranks and every reader and tool takes it as it is.
-// Each rank writes its blocks (not the copies of replicated parameters)
-// into a zeroed buffer of R slots of ceil(n / R) rows, slot q holding shard
-// q's rows, and two reduce-scatters sum the buffers: over the shard group
-// each rank keeps its T slots, over the tp group its one slot. The blocks
-// are disjoint, so every sum adds one value to zeros (exact), and each rank
-// moves about one tensor's bytes in all. A tensor whose buffer would pass
-// FSDPC_CKPT_RELAYOUT_BYTES goes through it a band of columns at a time.
-
-/* The slot and the row within it of whole row r of n over R shards. */
-static void shard_row_slot(size_t n, size_t R, size_t r, size_t *slot, size_t *at)
-{
-    size_t base = n / R, extra = n % R, big = extra * (base + 1);
-    if (r < big) {
-        *slot = r / (base + 1);
-        *at = r % (base + 1);
-    } else {
-        *slot = extra + (r - big) / base;
-        *at = (r - big) % base;
-    }
-}
-
-/* Columns per pass for a tensor of n x m over R shards: the re-layout runs
- * over columns [c0, c0 + w) at a time, so that its buffer (R slots of
- * ceil(n / R) rows of w columns) stays within se->relayout_bound however
- * large the tensor (at least one column a pass). */
-static size_t shard_relayout_cols(const struct fsdp_shard_engine *se, size_t n, size_t m,
-                                  size_t R)
-{
-    size_t col = R * ((n + R - 1) / R), w = se->relayout_bound / (col ? col : 1);
-    return w < 1 ? 1 : w > m ? m : w;
-}
-
-/* Columns [c0, c0 + w) of this rank's blocks of tensor (kind, i) into buf
- * (R slots of `per` rows of w columns). */
-static void shard_place_blocks(struct fsdp_shard_engine *se, int kind, size_t i, float *buf,
-                               size_t per, size_t c0, size_t w)
-{
-    const struct fsdp_param_spec *p = &se->full->params[i];
-    const size_t n = p->shape[0], R = (size_t)se->base.n_shards;
-    const size_t stride = se->n_tp_pieces;
-    for (size_t k = 0; k < stride; k++) {
-        struct fsdp_state_piece pc;
-        if (se->tp_pieces[k].param != i) {
-            continue;
-        }
-        fsdp_shard_piece(se, (size_t)kind * stride + k, &pc);
-        size_t a = pc.col0 > c0 ? pc.col0 : c0;
-        size_t b = pc.col0 + pc.cols < c0 + w ? pc.col0 + pc.cols : c0 + w;
-        if (pc.copy || a >= b) {
-            continue;
-        }
-        for (size_t j = 0; j < pc.rows; j++) {
-            size_t q, at;
-            shard_row_slot(n, R, pc.row0 + j, &q, &at);
-            (void)fsdp_device_copy(se->dev, buf + (q * per + at) * w + (a - c0),
-                                   pc.data + j * pc.cols + (a - pc.col0), (b - a) * sizeof(float));
-        }
-    }
-}
-
-static int shard_rs_wait(struct fsdp_shard_engine *se, struct fsdp_group *g, float *send,
-                         float *recv, size_t count)
-{
-    struct fsdp_work *w;
-    FSDP_CHECK(fsdp_unit_comm_begin(se));
-    FSDP_CHECK(fsdp_reduce_scatter(g, send, recv, count, FSDP_F32, FSDP_SUM, &se->attr, &w));
-    int rc = fsdp_work_wait(w, -1.0);
-    rc = rc < 0 ? rc : fsdp_unit_comm_end(se);
-    fsdp_work_free(w);
-    return rc;
-}
-
-size_t fsdp_shard_relayout_floats(const struct fsdp_shard_engine *se)
-{
-    const size_t R = (size_t)se->base.n_shards;
-    size_t need = 0;
-    for (size_t j = 0; se->plan && j < se->full->n_params; j++) {
-        const struct fsdp_param_spec *q = &se->full->params[j];
-        size_t f = R * ((q->shape[0] + R - 1) / R) *
-                   shard_relayout_cols(se, q->shape[0], q->shape[1], R);
-        need = f > need ? f : need;
-    }
-    return need;
-}
-
-int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float *out)
-{
-    const struct fsdp_param_spec *p = &se->full->params[i];
-    const size_t n = p->shape[0], m = p->shape[1], R = (size_t)se->base.n_shards;
-    const size_t T = (size_t)se->tp->size, per = (n + R - 1) / R;
-    if (!se->plan || kind < 0 || kind > se->opt->n_state || i >= se->full->n_params) {
-        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: save_rows of tensor %d/%zu", kind, i);
-    }
-    if (!se->relayout) { /* the largest pass's, at the first save */
-        size_t need = fsdp_shard_relayout_floats(se);
-        void *mem;
-        FSDP_CHECK(fsdp_device_alloc(se->dev, need * sizeof(float),
-                                     "fsdp checkpoint re-layout (a tensor as rows)", &mem));
-        se->relayout = mem;
-    }
-    size_t row0, rows, step = shard_relayout_cols(se, n, m, R);
-    fsdp_split_even(n, R, (size_t)se->base.shard, &row0, &rows);
-    for (size_t c0 = 0; c0 < m; c0 += step) {
-        const size_t w = m - c0 < step ? m - c0 : step, slot = per * w;
-        float *buf = se->relayout, *group = buf + (size_t)se->rs * T * slot;
-        float *mine = group + (size_t)se->tp->rank * slot;
-        FSDP_CHECK(fsdp_device_zero(se->dev, buf, R * slot * sizeof(float)));
-        shard_place_blocks(se, kind, i, buf, per, c0, w);
-        if (se->shard_g) {
-            FSDP_CHECK(shard_rs_wait(se, se->shard_g, buf, group, T * slot));
-        }
-        FSDP_CHECK(shard_rs_wait(se, se->tp->g, group, mine, slot));
-        /* into the host's rows: the one way device memory reaches a file */
-        for (size_t j = 0; out && j < rows; j++) {
-            FSDP_CHECK(se->dev->ops->copy(se->dev, out + j * m + c0, mine + j * w,
-                                          w * sizeof(float), FSDP_COPY_D2H, se->dev->stream));
-        }
-        if (out && rows > 0) {
-            FSDP_CHECK(se->dev->ops->synchronize(se->dev, se->dev->stream));
-        }
-    }
-    return 0;
+    out->host = se->offload != FSDP_OFFLOAD_NONE && (out->kind > 0 || params);
 }
 
 void fsdp_shard_drop_saved(struct fsdp_shard_engine *se)

@@ -7,7 +7,8 @@
  * within the slot), the asynchronous reduce-scatter of its gradient within
  * its gradient slot (packed by shard and cast to the reduce dtype in place
  * before, this rank's block reduced in place; after, all-reduced over the
- * replicas there and accumulated into the gradient shard as f32), and the
+ * replicas there and accumulated into the gradient shard as f32; with
+ * offload the step's final shard then goes to the host, offload.c), and the
  * wait timers. No staging buffer is involved.
  *
  * A parameter slot is "held" by a unit from the issue of its all-gather to
@@ -307,6 +308,7 @@ int fsdp_unit_reduce_issue(struct fsdp_shard_engine *se, int u, int accumulate)
     s->unit = u;
     s->accumulate = accumulate;
     s->phase = 0;
+    s->final = se->stage_grads;
     s->issued = fsdp_now();
     s->done = 0.0;
     int rc = 0;
@@ -376,6 +378,9 @@ static int unit_reduce_advance(struct fsdp_shard_engine *se, int block, int *mov
         return fsdp_allreduce(rep, buf, buf, un->cnt, rt, FSDP_SUM, &se->attr, &s->work);
     }
     FSDP_CHECK(unit_accumulate(se, un->grad, shard, un->cnt, rt, s->accumulate));
+    if (s->final) { /* the gradient shard is final: offload copies it to the host now */
+        FSDP_CHECK(fsdp_offload_stage_grad(se, s->unit));
+    }
     s->unit = -1;
     se->rq_head = (se->rq_head + 1) % se->n_gslots;
     se->rq_len--;

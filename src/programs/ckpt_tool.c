@@ -37,6 +37,18 @@ int fsdp_ckpt_tool_parse(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_args *
     return 0;
 }
 
+int fsdp_ckpt_tool_parse_io(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_args *a, int argc,
+                            char **argv, const char **in, const char *input, const char *output)
+{
+    if (fsdp_ckpt_tool_parse(cmd, a, argc, argv, in) == 1) {
+        return 1;
+    }
+    if (!*in || !a->out[0]) {
+        fsdp_fatal("fsdpc-ckpt %s: expected one %s and -o %s (see --help)", argv[0], input, output);
+    }
+    return 0;
+}
+
 #define F(field) offsetof(struct fsdp_ckpt_args, field)
 #define S(field) sizeof(((struct fsdp_ckpt_args *)0)->field)
 #define N_OPTS(t) (sizeof(t) / sizeof(t[0]))

@@ -38,6 +38,11 @@ struct fsdp_ckpt_args {
  * many there were: a->n_operands). */
 int fsdp_ckpt_tool_parse(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_args *a, int argc,
                          char **argv, const char **in);
+/* The same for a command that turns one input into -o OUTPUT (argv[0]: its
+ * name): without both, ends the program with "fsdpc-ckpt NAME: expected one
+ * INPUT and -o OUTPUT (see --help)". */
+int fsdp_ckpt_tool_parse_io(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_args *a, int argc,
+                            char **argv, const char **in, const char *input, const char *output);
 
 /* The whole of fsdpc-ckpt (ckpt_program.c): the built-in architectures are
  * registered, then argv[1] names the subcommand; returns the exit status. */

@@ -302,11 +302,8 @@ int fsdp_ckpt_cmd_import_hf(int argc, char **argv)
     struct fsdp_ckpt_args args = {.dtype = FSDP_F32};
     const char *in, *out = args.out, *what = "fsdpc-ckpt import-hf";
     int rc;
-    if (fsdp_ckpt_tool_parse(&import_cmd, &args, argc, argv, &in) == 1) {
+    if (fsdp_ckpt_tool_parse_io(&import_cmd, &args, argc, argv, &in, "directory", "MODEL.h5")) {
         return 0;
-    }
-    if (!in || !out[0]) {
-        fsdp_fatal("fsdpc-ckpt import-hf: expected one directory and -o MODEL.h5 (see --help)");
     }
     enum fsdp_dtype dtype = args.dtype;
     struct hf_import im = {.lm_head = -1};
@@ -568,13 +565,10 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
     struct fsdp_ckpt_args args = {.dtype = FSDP_F32, .max_shard_size = "5GB"};
     const char *in, *out = args.out, *what = "fsdpc-ckpt export-hf";
     int rc;
-    if (fsdp_ckpt_tool_parse(&export_cmd, &args, argc, argv, &in) == 1) {
+    if (fsdp_ckpt_tool_parse_io(&export_cmd, &args, argc, argv, &in, "input", "DIR")) {
         return 0;
     }
     size_t max_shard = hf_parse_shard_size(args.max_shard_size);
-    if (!in || !out[0]) {
-        fsdp_fatal("fsdpc-ckpt export-hf: expected one input and -o DIR (see --help)");
-    }
     const char *tokenizer = args.tokenizer[0] ? args.tokenizer : NULL;
     const char *ids[2] = {args.bos_token_id[0] ? args.bos_token_id : NULL,
                           args.eos_token_id[0] ? args.eos_token_id : NULL};

@@ -104,11 +104,8 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
 {
     struct fsdp_ckpt_args args = {.dtype = FSDP_F32};
     const char *in, *out = args.out;
-    if (fsdp_ckpt_tool_parse(&export_cmd, &args, argc, argv, &in) == 1) {
+    if (fsdp_ckpt_tool_parse_io(&export_cmd, &args, argc, argv, &in, "input", "FILE")) {
         return 0;
-    }
-    if (!in || !out[0]) {
-        fsdp_fatal("fsdpc-ckpt export-safetensors: expected one input and -o FILE (see --help)");
     }
     enum fsdp_dtype dtype = args.dtype;
     int rc;
@@ -496,11 +493,8 @@ int fsdp_ckpt_cmd_import_st(int argc, char **argv)
     struct st_overrides ov;
     struct st_in in = {0};
     int rc;
-    if (fsdp_ckpt_tool_parse(&import_cmd, &args, argc, argv, &path) == 1) {
+    if (fsdp_ckpt_tool_parse_io(&import_cmd, &args, argc, argv, &path, "file", "MODEL.h5")) {
         return 0;
-    }
-    if (!path || !out[0]) {
-        fsdp_fatal("fsdpc-ckpt import-safetensors: expected one file and -o MODEL.h5 (see --help)");
     }
     enum fsdp_dtype dtype = args.dtype;
     st_import_open(&args, path, &ov, &in);

@@ -2,8 +2,10 @@
  * ckpt_async.c - the snapshot of this rank's state pieces and the thread
  * that writes a checkpoint shard from it (ckpt_async.h). The snapshot lays
  * the pieces end to end in enumeration order, each (rows, cols) row-major
- * as the engine holds it; the thread puts them in that order, as the
- * synchronous save does, so the shard file is the same.
+ * as the engine holds it (a tensor-parallel engine's: every tensor's rows
+ * of its checkpoint shard, as save_rows re-lays them out); the thread puts
+ * them in that order, as the synchronous save does, so the shard file is
+ * the same.
  */
 #include "config.h"
 #include "train/ckpt_async.h"
@@ -52,11 +54,46 @@ struct fsdp_ckpt_async {
     char msg[1024], hint[512];
 };
 
+/* The snapshot's pieces of a tensor-parallel engine: every tensor's rows
+ * of this checkpoint shard, every column, in (kind, parameter) order. */
+static size_t async_layout_rows(struct fsdp_engine *e, const struct fsdp_model_spec *spec,
+                                struct async_piece *out, size_t *n)
+{
+    size_t off = 0;
+    *n = 0;
+    for (int k = 0; e->writes_state && k <= e->n_state; k++) {
+        for (size_t i = 0; i < spec->n_params; i++, (*n)++) {
+            const struct fsdp_param_spec *p = &spec->params[i];
+            size_t row0, rows;
+            fsdp_split_even(p->shape[0], (size_t)e->n_shards, (size_t)e->shard, &row0, &rows);
+            if (out) {
+                out[*n] = (struct async_piece){k, i, off, rows * p->shape[1]};
+            }
+            off += rows * p->shape[1];
+        }
+    }
+    return off;
+}
+
+/* Pieces of e's snapshot on this rank. */
+static size_t async_n_pieces(struct fsdp_engine *e, const struct fsdp_model_spec *spec)
+{
+    size_t n = 0;
+    if (e->blocks) {
+        (void)async_layout_rows(e, spec, NULL, &n);
+        return n;
+    }
+    return e->writes_state ? e->ops->n_pieces(e) : 0;
+}
+
 /* The layout of e's pieces; *floats their sum. out NULL: counted only. */
 static size_t async_layout(struct fsdp_engine *e, const struct fsdp_model_spec *spec,
                            struct async_piece *out)
 {
     size_t n = e->writes_state ? e->ops->n_pieces(e) : 0, off = 0;
+    if (e->blocks) {
+        return async_layout_rows(e, spec, out, &n);
+    }
     for (size_t k = 0; k < n; k++) {
         struct fsdp_state_piece pc = {0};
         e->ops->piece(e, k, &pc);
@@ -77,11 +114,6 @@ size_t fsdp_ckpt_async_bytes(struct fsdp_engine *e, const struct fsdp_model_spec
 int fsdp_ckpt_async_create(struct fsdp_engine *e, const struct fsdp_model_spec *spec,
                            struct fsdp_device *dev, struct fsdp_ckpt_async **out)
 {
-    if (e->blocks) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                        "background checkpoint writes take whole rows; "
-                        "a tensor-parallel engine's shard is re-laid out by a collective");
-    }
     struct fsdp_ckpt_async *a = calloc(1, sizeof(*a));
     if (!a) {
         return fsdp_err(FSDP_ERR_NOMEM, "checkpoint snapshot");
@@ -92,7 +124,7 @@ int fsdp_ckpt_async_create(struct fsdp_engine *e, const struct fsdp_model_spec *
     a->dev = dev;
     a->done = 1;
     int rc = fsdp_ckpt_kinds_init(&a->kinds, e->n_state, e->state_names);
-    a->n = e->writes_state ? e->ops->n_pieces(e) : 0;
+    a->n = async_n_pieces(e, spec);
     a->pieces = calloc(a->n ? a->n : 1, sizeof(*a->pieces));
     if (rc == 0 && !a->pieces) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "checkpoint snapshot: %zu pieces", a->n);
@@ -141,9 +173,23 @@ int fsdp_ckpt_async_snapshot(struct fsdp_ckpt_async *a)
     if (a->running) {
         return fsdp_err(FSDP_ERR_INVALID, "checkpoint snapshot taken while its write runs");
     }
+    if (e->blocks) { /* collective: every rank re-lays out every tensor */
+        size_t k = 0;
+        for (int kind = 0; kind <= e->n_state; kind++) {
+            for (size_t i = 0; i < a->spec->n_params; i++) {
+                float *out = k < a->n ? a->snap + a->pieces[k++].off : NULL;
+                FSDP_CHECK(e->ops->save_rows(e, kind, i, out));
+            }
+        }
+        return 0;
+    }
     for (size_t k = 0; k < a->n; k++) {
         struct fsdp_state_piece pc = {0};
         e->ops->piece(e, k, &pc);
+        if (pc.host) { /* offloaded state: host memory already */
+            memcpy(a->snap + a->pieces[k].off, pc.data, a->pieces[k].floats * sizeof(float));
+            continue;
+        }
         FSDP_CHECK(a->dev->ops->copy(a->dev, a->snap + a->pieces[k].off, pc.data,
                                      a->pieces[k].floats * sizeof(float), FSDP_COPY_D2H,
                                      a->dev->stream));

@@ -15,8 +15,11 @@
  * wait first (fsdp_ckpt_cadence_wait). Nothing the loop calls between
  * steps (token files, the metrics file, the flight recorder) uses HDF5.
  *
- * Only for engines whose pieces are whole rows: a tensor-parallel engine's
- * shard is re-laid out by a collective (save_rows) and saved synchronously.
+ * A tensor-parallel engine's pieces are blocks, not whole rows: its
+ * snapshot is the rows of its checkpoint shard, every tensor re-laid out
+ * into it by save_rows (collective: the snapshot is then collective too,
+ * and the exchange is the loop's stall); the thread writes them as it
+ * writes any rows.
  */
 #ifndef FSDP_TRAIN_CKPT_ASYNC_H
 #define FSDP_TRAIN_CKPT_ASYNC_H
@@ -33,8 +36,7 @@ struct fsdp_save_progress;
  * that writes no shard). */
 size_t fsdp_ckpt_async_bytes(struct fsdp_engine *e, const struct fsdp_model_spec *spec);
 
-/* The snapshot buffer (pinned host memory of dev) and the writer's state;
- * e's pieces must be whole rows (e->blocks 0). */
+/* The snapshot buffer (pinned host memory of dev) and the writer's state. */
 int fsdp_ckpt_async_create(struct fsdp_engine *e, const struct fsdp_model_spec *spec,
                            struct fsdp_device *dev, struct fsdp_ckpt_async **out);
 /* Waits for a write under way (its file stays for the next start's
@@ -42,7 +44,9 @@ int fsdp_ckpt_async_create(struct fsdp_engine *e, const struct fsdp_model_spec *
 void fsdp_ckpt_async_destroy(struct fsdp_ckpt_async *a);
 
 /* Copies every piece into the snapshot; returns once the host holds them.
- * Local; not while a write is under way. */
+ * Local, but for a tensor-parallel engine (e->blocks), where it re-lays out
+ * every tensor (save_rows) and is collective: every rank calls it, one
+ * that will write nothing too. Not while a write is under way. */
 int fsdp_ckpt_async_snapshot(struct fsdp_ckpt_async *a);
 
 /*

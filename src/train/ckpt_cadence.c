@@ -262,22 +262,14 @@ static double cad_host_available(void)
 /*
  * --ckpt-async: on, off, or auto: on when the snapshot of every rank of a
  * host takes at most half the memory the host has available, on every
- * host (agreed). A tensor-parallel engine saves in the loop whatever the
- * flag says: its shard is re-laid out by a collective. Collective.
+ * host (agreed). A tensor-parallel engine's snapshot is its checkpoint
+ * shard's rows, re-laid out when it is taken. Collective.
  */
 static int cad_choose_async(struct fsdp_ckpt_cadence *c)
 {
     const struct fsdp_ckpt_run *r = &c->run;
     const int mode = r->cfg->ckpt_async;
     if (mode == FSDP_CKPT_ASYNC_OFF) {
-        return 0;
-    }
-    if (r->engine->blocks) {
-        if (mode == FSDP_CKPT_ASYNC_ON && c->rank == 0) {
-            FSDP_WARN(FSDP_SUB_TRAIN,
-                      "ckpt-async on: a tensor-parallel run's checkpoints are "
-                      "saved in the loop (their rows are re-laid out by a collective)");
-        }
         return 0;
     }
     const double bytes = (double)fsdp_ckpt_async_bytes(r->engine, r->spec);

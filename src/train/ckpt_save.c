@@ -152,7 +152,7 @@ static int cad_write_state(struct fsdp_ckpt_cadence *c, const char *dir,
             const float *host;
             e->ops->piece(e, k, &pc);
             size_t cols = fsdp_state_piece_cols(&pc, spec->params[pc.param].shape[1]);
-            rc = fsdp_stage_read(&st, pc.data, pc.rows * cols, &host);
+            rc = fsdp_stage_read_piece(&st, &pc, pc.rows * cols, &host);
             rc = rc < 0 ? rc : fsdp_ckpt_shard_put(w, pc.kind, pc.param, host);
             fsdp_save_progress_tick(&c->progress);
         }
@@ -373,8 +373,13 @@ static int cad_start_background(struct fsdp_ckpt_cadence *c)
     /* collective: every rank takes part after a local failure too */
     FSDP_CHECK(e->ops->state_changed(e));
     const double t_snap = fsdp_now();
-    /* a rank that could not record the step's state (p->rc) writes nothing */
-    int rc = p->rc < 0 ? p->rc : fsdp_ckpt_async_snapshot(c->async);
+    /* a rank that could not record the step's state (p->rc) writes nothing,
+     * but takes part in a tensor-parallel snapshot's re-layout (collective) */
+    int rc = p->rc;
+    if (rc == 0 || e->blocks) {
+        int src = fsdp_ckpt_async_snapshot(c->async);
+        rc = rc < 0 ? rc : src;
+    }
     const double snap_s = fsdp_now() - t_snap;
     rc = rc < 0 ? rc : fsdp_ckpt_async_start(c->async, p->tmp, p->step, &c->progress);
     if (rc < 0 && p->rc >= 0) {

@@ -8,7 +8,7 @@ noinst_HEADERS += src/train/train_config.h src/train/schedule.h \
 	src/train/ckpt_cadence.h src/train/ckpt_cadence_impl.h src/train/ckpt_async.h src/train/uneven.h src/train/stop.h src/train/model_source.h \
 	src/train/memory_plan.h src/train/mesh_check.h src/train/save_progress.h src/train/stage.h
 # what the parallelisms apply to: the tp plan, the model, activation checkpointing, the optimizer
-libfsdpc_a_SOURCES += src/train/parts.c
+libfsdpc_a_SOURCES += src/train/parts.c src/train/pipeline.c
 noinst_HEADERS += src/train/parts.h
 
 # tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),
@@ -35,6 +35,10 @@ TESTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh tests/train/te
 # the whole path on the guarded device equals the CPU device bit for bit
 dist_check_SCRIPTS += tests/train/test_guarded.sh
 TESTS += tests/train/test_guarded.sh
+
+# --offload optim and params,optim on the guarded device equal no offload bit for bit
+dist_check_SCRIPTS += tests/train/test_offload.sh
+TESTS += tests/train/test_offload.sh
 
 # --print-memory: the plan equals the engine's own accounting, without allocating
 dist_check_SCRIPTS += tests/train/test_print_memory.sh

@@ -66,6 +66,15 @@ static int plan_mesh(const struct fsdp_train_config *c, struct fsdp_shard_shape 
     FSDP_CHECK(fsdp_trainer_mesh_check(&d));
     *sh = (struct fsdp_shard_shape){.dp = 1, .rdp = 1, .tp = 1};
     for (int i = 0; i < d.ndims; i++) {
+        if (strcmp(d.name[i], "pp") == 0 && d.size[i] > 1) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                            "mesh %s: --print-memory does not plan "
+                            "pipeline stages yet (a pp dimension)",
+                            d.spec);
+        }
+        if (strcmp(d.name[i], "pp") == 0) {
+            continue;
+        }
         int *at = strcmp(d.name[i], "dp") == 0 ? &sh->dp : strcmp(d.name[i], "rdp") == 0 ? &sh->rdp
                                                                                         : &sh->tp;
         *at = d.size[i];
@@ -75,20 +84,21 @@ static int plan_mesh(const struct fsdp_train_config *c, struct fsdp_shard_shape 
 }
 
 /* --ckpt-async's snapshot on the largest writer (dp rank 0 of the first
- * replica): its rows of every parameter, once per state kind; 0 where the
- * saves stay in the loop (off, or tensor parallelism). What
- * fsdp_ckpt_async_bytes finds on that rank's engine. */
+ * replica, tp rank 0): its rows of every parameter (of dp x tp checkpoint
+ * shards with tensor parallelism), once per state kind; 0 where the saves
+ * stay in the loop (off). What fsdp_ckpt_async_bytes finds on that rank's
+ * engine. */
 static size_t plan_snapshot(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
                             const struct fsdp_shard_shape *sh, int kinds)
 {
     size_t floats = 0;
-    if (c->ckpt_async == FSDP_CKPT_ASYNC_OFF || sh->tp > 1) {
+    if (c->ckpt_async == FSDP_CKPT_ASYNC_OFF) {
         return 0;
     }
     for (size_t i = 0; i < spec->n_params; i++) {
         const struct fsdp_param_spec *p = &spec->params[i];
         size_t row0, rows;
-        fsdp_split_even(p->shape[0], (size_t)sh->dp, 0, &row0, &rows);
+        fsdp_split_even(p->shape[0], (size_t)sh->dp * (size_t)sh->tp, 0, &row0, &rows);
         floats += rows * p->shape[1];
     }
     return floats * (size_t)kinds * sizeof(float);
@@ -143,22 +153,33 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
         fprintf(fp, "device: %s (this process's), %.2f GiB free of %.2f GiB\n", dev->ops->name,
                 (double)free_b / 1073741824.0, (double)total_b / 1073741824.0);
     }
-    fprintf(fp, "batch: %ld x %ld per data-parallel rank, grad-accum %ld; sharding %s, prefetch "
+    fprintf(fp,
+            "batch: %ld x %ld per data-parallel rank, grad-accum %ld; sharding %s, prefetch "
             "%ld, reshard-after-forward %s; param-dtype %s, reduce-dtype %s; activation "
-            "checkpointing %s%s%s\n", c->batch_size, c->seq_len, c->grad_accum,
-            shard[c->sharding], c->prefetch, c->reshard_after_forward ? "on" : "off",
+            "checkpointing %s%s%s%s\n",
+            c->batch_size, c->seq_len, c->grad_accum, shard[c->sharding], c->prefetch,
+            c->reshard_after_forward ? "on" : "off",
             fsdp_dtype_name(fsdp_train_config_dtype(c->param_dtype)),
             fsdp_dtype_name(fsdp_train_config_dtype(c->reduce_dtype)),
-            c->activation_checkpointing ? "on" : "off",
-            w->tp > 1 ? "; sequence parallel " : "",
-            w->tp > 1 ? (c->sequence_parallel ? "on" : "off") : "");
+            c->activation_checkpointing ? "on" : "off", w->tp > 1 ? "; sequence parallel " : "",
+            w->tp > 1 ? (c->sequence_parallel ? "on" : "off") : "",
+            st->offload == FSDP_OFFLOAD_OPTIM          ? "; offload optim"
+            : st->offload == FSDP_OFFLOAD_PARAMS_OPTIM ? "; offload params,optim"
+                                                       : "");
     char head[96];
     snprintf(head, sizeof(head), "per rank (the largest: dp rank %d, tp rank %d)", w->dp_rank,
              w->tp_rank);
     fprintf(fp, "%-54s %16s  %14s\n", head, "bytes", "");
-    plan_row(fp, "parameter shards (f32 master)", st->state_bytes / 4);
-    plan_row(fp, "gradient shards (f32)", st->state_bytes / 4);
-    plan_row(fp, "AdamW moments (2 x f32)", st->state_bytes / 2);
+    /* elements of this rank's shards: 16 bytes each, 8 of them on the host with offload */
+    const size_t elems = st->state_bytes / (st->host_bytes ? 8 : 16);
+    plan_row(fp,
+             st->offload == FSDP_OFFLOAD_PARAMS_OPTIM ? "parameter shards (f32, the master's copy)"
+                                                      : "parameter shards (f32 master)",
+             elems * 4);
+    plan_row(fp, "gradient shards (f32)", elems * 4);
+    plan_row(fp,
+             st->host_bytes ? "AdamW moments (offloaded: on the host)" : "AdamW moments (2 x f32)",
+             st->host_bytes ? 0 : elems * 8);
     plan_row(fp, "gathered parameters (root unit + prefetch ring)", st->gathered_bytes);
     plan_row(fp, "unsharded gradients (reduce-scatter buffers)", st->grad_bytes);
     plan_row(fp, "communication (packing scratch, padding)", st->comm_bytes);
@@ -168,6 +189,14 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
     plan_row(fp, "total, held from the first step", st->peak_bytes + batch);
     if (st->ckpt_bytes) {
         plan_row(fp, "+ from the first checkpoint on (tensor re-layout)", st->ckpt_bytes);
+    }
+    if (st->host_bytes) { /* --offload: moments, staged gradient, master (or its staging) */
+        plan_row(fp, "+ host, pinned: AdamW moments (2 x f32, --offload)", elems * 8);
+        plan_row(fp,
+                 st->offload == FSDP_OFFLOAD_PARAMS_OPTIM
+                     ? "+ host, pinned: f32 master and gradient staging"
+                     : "+ host, pinned: gradient and master staging (f32)",
+                 st->host_bytes - elems * 8);
     }
     if (snapshot) {
         plan_row(fp, "+ host, pinned: checkpoint snapshot (--ckpt-async)", snapshot);

@@ -9,6 +9,8 @@
 #include "core/spec.h"
 #include "parallel/engine.h"
 
+#include <string.h>
+
 void fsdp_stage_init(struct fsdp_stage *st, struct fsdp_device *dev)
 {
     *st = (struct fsdp_stage){.dev = dev};
@@ -50,6 +52,26 @@ int fsdp_stage_write(struct fsdp_stage *st, float *dst, const float *host, size_
 {
     FSDP_CHECK(fsdp_device_write(st->dev, dst, host, n * sizeof(float)));
     return st->dev->ops->synchronize(st->dev, st->dev->stream);
+}
+
+int fsdp_stage_read_piece(struct fsdp_stage *st, const struct fsdp_state_piece *pc, size_t n,
+                          const float **host)
+{
+    if (pc->host) {
+        *host = pc->data;
+        return 0;
+    }
+    return fsdp_stage_read(st, pc->data, n, host);
+}
+
+int fsdp_stage_write_piece(struct fsdp_stage *st, const struct fsdp_state_piece *pc,
+                           const float *host, size_t n)
+{
+    if (pc->host) {
+        memcpy(pc->data, host, n * sizeof(float));
+        return 0;
+    }
+    return fsdp_stage_write(st, pc->data, host, n);
 }
 
 // ----------------------------------------------------------------------------
@@ -195,7 +217,7 @@ int fsdp_stage_fill_pieces(struct fsdp_engine *e, const struct fsdp_model_spec *
             size_t floats = pc.rows * cols;
             rc = fsdp_stage_reserve(&st, floats, p->name);
             rc = rc < 0 ? rc : read(arg, pc.kind, pc.param, p, pc.row0, pc.rows, st.buf);
-            rc = rc < 0 ? rc : fsdp_stage_write(&st, pc.data, st.buf, floats);
+            rc = rc < 0 ? rc : fsdp_stage_write_piece(&st, &pc, st.buf, floats);
             continue;
         }
         rc = stage_fill_block(&st, &pc, p, cols, read, arg);

@@ -34,6 +34,13 @@ int fsdp_stage_read(struct fsdp_stage *st, const float *src, size_t n, const flo
 /* n floats at host (st->buf or any host array) to device memory dst,
  * complete when this returns. */
 int fsdp_stage_write(struct fsdp_stage *st, float *dst, const float *host, size_t n);
+/* The same for a state piece's data, which an engine that offloads keeps in
+ * pinned host memory (pc->host): read there directly, written with memcpy. */
+struct fsdp_state_piece;
+int fsdp_stage_read_piece(struct fsdp_stage *st, const struct fsdp_state_piece *pc, size_t n,
+                          const float **host);
+int fsdp_stage_write_piece(struct fsdp_stage *st, const struct fsdp_state_piece *pc,
+                           const float *host, size_t n);
 
 /* A source of whole rows of a parameter's tensor of one state kind (0: the
  * parameters, 1..: the optimizer's states): rows [row0, row0 + rows) of

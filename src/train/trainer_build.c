@@ -292,6 +292,10 @@ static int trainer_reserve(struct fsdp_trainer *t, const struct fsdp_shard_group
 int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 {
     const struct fsdp_train_config *c = t->cfg;
+    struct fsdp_group *pp = t->mesh ? fsdp_mesh_group(t->mesh, "pp") : NULL;
+    if (pp && pp->size > 1) {
+        return fsdp_trainer_pp_engine(t, out);
+    }
     struct fsdp_optim_config oc;
     fsdp_train_config_optim(c, &oc);
     struct fsdp_shard_config sc;

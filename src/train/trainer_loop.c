@@ -75,8 +75,9 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
                 fsdp_tokens_count(t->val->tokens), t->val_batches, when);
     }
     char tpn[64] = "";
-    if (t->tp > 1) {
-        snprintf(tpn, sizeof(tpn), " (of %d: tp peers share a batch)", fsdp_trainer_world(t));
+    if (t->tp > 1 || t->pp > 1) {
+        snprintf(tpn, sizeof(tpn), " (of %d: %s share a batch)", fsdp_trainer_world(t),
+                 t->pp > 1 ? "pipeline stages" : "tp peers");
     }
     fprintf(fp,
             "batch: %d rank%s%s x %ld seq x %ld tokens x %ld micro-steps = %zu tokens per "
@@ -197,7 +198,7 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     uint64_t epoch = t->train->epoch;
     /* with epochs the vote before this step said who has a batch (every tp
      * peer of a data-parallel rank alike) */
-    int contrib = (u ? u->n_contrib : fsdp_trainer_world(t)) / t->tp;
+    int contrib = (u ? u->n_contrib : fsdp_trainer_world(t)) / (t->tp * t->pp);
     double t0 = fsdp_now();
     struct fsdp_batch b = {.K = (int)c->grad_accum, .B = (int)c->batch_size, .T = (int)c->seq_len};
     int rc = 0;

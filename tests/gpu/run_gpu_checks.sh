@@ -21,6 +21,10 @@
 #   d. GPT-2 124M, bf16, batch 16 x 1024: fsdpc-train's tokens/s and MFU
 #      (against PEAK_FLOPS), and PyTorch's on the same GPU, eager and compiled
 #      (tests/peers/torch_gpt2_bench.py)
+#   d2. --offload optim and params,optim on gpt2-tiny (f32) equal to no
+#      offload within 1e-6, their checkpoints resumed with the other
+#      setting; GPT-2 124M's step time with --offload optim against d's
+#      (target at most 1.3x)
 #   e. the nccl backend: its test program (the one-GPU checks) and a
 #      one-rank allreduce sweep with fsdpc-bench
 #   f. a Llama of 1B parameters (Llama 3.2 1B's shape), bf16, if time is left
@@ -266,18 +270,19 @@ records() {
     grep '"loss"' "$1" | sed 's/.*"step":\([0-9]*\).*"loss":\([^,]*\).*"grad_norm":\([^,}]*\).*/\1 \2 \3/'
 }
 
-# compare A B LOSS_TOL NORM_TOL (0: reported only): prints the largest
-# relative differences; exit status 0 when within the tolerances
+# compare A B LOSS_TOL NORM_TOL (0: reported only) [STEPS (default 10)]:
+# prints the largest relative differences; exit status 0 when within the
+# tolerances over at least STEPS steps
 compare() {
     records "$1" >"$1.rec"
     records "$2" >"$2.rec"
-    paste -d ' ' "$1.rec" "$2.rec" | awk -v tl="$3" -v tn="$4" '
+    paste -d ' ' "$1.rec" "$2.rec" | awk -v tl="$3" -v tn="$4" -v min="${5:-10}" '
         function rel(a, b) { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; return m > 0 ? d / m : d }
         { n++; l = rel($5, $2); g = rel($6, $3); if (l > ml) ml = l; if (g > mg) mg = g
           if ($1 != $4 || l > tl || (tn > 0 && g > tn)) { if (!bad) first = $1; bad = 1 } }
         END { printf "%d steps, loss max rel %.2e, grad norm max rel %.2e%s", n, ml, mg,
                   bad ? ", first bad step " first : ""
-              exit (bad || n < 10) }'
+              exit (bad || n < min) }'
 }
 
 for model in gpt2-tiny llama-tiny; do
@@ -459,6 +464,71 @@ else
             fail "PyTorch GPT-2 124M $mode (exit $rc): $(tail_msg "$L/torch-$mode.log")"
         fi
     done
+fi
+
+# -- d2. offload ------------------------------------------------------------------
+say "== d2. --offload optim and params,optim on the GPU: equal to no offload; GPT-2 124M step time"
+# offload_run NAME OFFLOAD ARGS...: gpt2-tiny on cuda, f32, into $L/NAME.{log,jsonl}
+offload_run() {
+    o_name=$1 o_off=$2
+    shift 2
+    step "$o_name" 60 10 "$bin/fsdpc-train" --model "$D/gpt2-tiny.h5" --data "$D/train.bin" \
+        --device cuda --batch-size 4 --seq-len 64 --lr 1e-3 --seed 1 --peak-flops 1e12 \
+        --clip 0.5 --offload "$o_off" --metrics "$L/$o_name.jsonl" "$@"
+}
+if [ "$cuda" != yes ]; then
+    say "SKIP  offload on the GPU: $cuda"
+else
+    # 10 steps saved at the end (the offloaded pieces go through the save), then
+    # 2 more resumed with the other setting: steps 11 and 12 equal as well
+    for o in none optim params,optim; do
+        offload_run "offload-$o" "$o" --steps 10 --ckpt-dir "$W/ck-offload-$o"
+        rc=$?
+        [ $rc -eq 200 ] && continue
+        if [ $rc -ne 0 ]; then
+            fail "offload $o on cuda (exit $rc): $(tail_msg "$L/offload-$o.log")"
+            continue
+        fi
+        [ $o = none ] && continue
+        if res=$(compare "$L/offload-none.jsonl" "$L/offload-$o.jsonl" 1e-6 1e-6); then
+            say "PASS  --offload $o = no offload on cuda, gpt2-tiny f32, clip 0.5: $res (tolerance 1e-6)"
+        else
+            fail "--offload $o = no offload on cuda: $res (tolerance 1e-6)"
+        fi
+        back=none
+        [ $o = optim ] && back=params,optim
+        offload_run "offload-$o-resumed" "$back" --steps 12 --resume "$W/ck-offload-$o/step_10"
+        rc=$?
+        [ $rc -eq 200 ] && continue
+        offload_run "offload-none-resumed-$o" none --steps 12 --resume "$W/ck-offload-none/step_10"
+        rc2=$?
+        if [ $rc -ne 0 ] || [ $rc2 -ne 0 ]; then
+            fail "resume of an offload $o checkpoint with --offload $back (exit $rc/$rc2): $(tail_msg "$L/offload-$o-resumed.log")"
+        elif res=$(compare "$L/offload-none-resumed-$o.jsonl" "$L/offload-$o-resumed.jsonl" \
+            1e-6 1e-6 2); then
+            say "PASS  an offload $o checkpoint saved on cuda resumes with --offload $back as one without offload: $res"
+        else
+            fail "an offload $o checkpoint resumed with --offload $back: $res (tolerance 1e-6)"
+        fi
+    done
+    if [ -f "$D/gpt2.h5" ] && [ "$(grep -c '"loss"' "$L/bench-gpt2.jsonl" 2>/dev/null)" -ge 3 ]; then
+        step bench-gpt2-offload 120 30 "$bin/fsdpc-train" --model "$D/gpt2.h5" --data "$D/train.bin" \
+            --device cuda --param-dtype bf16 --batch-size 16 --seq-len 1024 --steps 8 \
+            --lr 6e-4 --peak-flops "$PEAK_FLOPS" --offload optim --metrics "$L/bench-gpt2-offload.jsonl"
+        rc=$?
+        bench_report bench-gpt2-offload "fsdpc-train GPT-2 124M --offload optim" $rc
+        if [ $rc -eq 0 ]; then
+            ratio=$(awk -v a="$(median "$L/bench-gpt2-offload.jsonl" ms)" \
+                -v b="$(median "$L/bench-gpt2.jsonl" ms)" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }')
+            if awk -v r="$ratio" 'BEGIN { exit !(r > 0 && r <= 1.3) }'; then
+                say "PASS  GPT-2 124M step time with --offload optim / without: ${ratio}x (target <= 1.3x)"
+            else
+                fail "GPT-2 124M step time with --offload optim / without: ${ratio}x (target <= 1.3x)"
+            fi
+        fi
+    else
+        say "SKIP  GPT-2 124M with --offload optim: no run without it to compare with (step d)"
+    fi
 fi
 
 # -- e. the nccl backend -----------------------------------------------------------

@@ -41,7 +41,8 @@ records() {
     grep '"loss"' "$1" | sed 's/.*"step":\([0-9]*\).*"loss":\([^,]*\).*"grad_norm":\([^,]*\).*/\1 \2 \3/'
 }
 
-# same NAME RANKS ARGS...: the run on cpu and on guarded, compared
+# same NAME RANKS ARGS...: the run on cpu and on guarded, compared (test_offload.sh
+# compares --offload runs on guarded with runs without)
 same() {
     name=$1 n=$2
     shift 2
@@ -95,6 +96,8 @@ else
         --activation-checkpointing
     same "llama dp=2,tp=2 (dp=tcp, tp=mpi)" 4 --model "$W/llama.h5" --data "$W/train.bin" \
         --mesh dp=2,tp=2 --backend dp=tcp,tp=mpi
+    same "gpt2 dp=2 tcp, offload params,optim" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --mesh dp=2 --backend tcp --offload params,optim --grad-accum 2
     same "gpt2 dp=2 tcp, uneven data: join" 2 --model "$W/gpt2.h5" --data "$W/u{rank}.bin" \
         --mesh dp=2 --backend tcp --epochs 1 --steps 0
     # staging in small chunks (many per collective, a short last one; 1000
@@ -159,11 +162,12 @@ plan() {
     name=$1 n=$2
     shift 2
     if [ "$n" -gt 1 ]; then
-        FSDPC_LOG=train=debug "$MPIEXEC" -n "$n" "$TRAIN" --device guarded --data "$W/train.bin" \
-            --batch-size 4 --seq-len 64 --steps 1 --lr 1e-3 "$@" > "$W/mem.run" 2>&1
+        FSDPC_LOG=train=debug,fsdp=info "$MPIEXEC" -n "$n" "$TRAIN" --device guarded \
+            --data "$W/train.bin" --batch-size 4 --seq-len 64 --steps 1 --lr 1e-3 "$@" \
+            > "$W/mem.run" 2>&1
     else
-        FSDPC_LOG=train=debug "$TRAIN" --device guarded --data "$W/train.bin" --batch-size 4 \
-            --seq-len 64 --steps 1 --lr 1e-3 "$@" > "$W/mem.run" 2>&1
+        FSDPC_LOG=train=debug,fsdp=info "$TRAIN" --device guarded --data "$W/train.bin" \
+            --batch-size 4 --seq-len 64 --steps 1 --lr 1e-3 "$@" > "$W/mem.run" 2>&1
     fi
     "$TRAIN" --print-memory --batch-size 4 --seq-len 64 "$@" > "$W/mem.plan" 2>&1
     python3 - "$W/mem.plan" "$W/mem.run" <<'PY'
@@ -174,16 +178,23 @@ for l in open(sys.argv[1]):
     if m:
         plan[m.group(1).split(" (")[0]] = int(m.group(2))
 bufs = {}
+host = 0  # pinned host bytes of --offload, as the engine counts them (the device names none)
 for l in open(sys.argv[2]):
     m = re.search(r"\[fsdpc r0 .*device buffer after the first step: (\d+) bytes '(.*)'", l)
     if m:
         bufs[m.group(2)] = bufs.get(m.group(2), 0) + int(m.group(1))
+    m = re.search(r"\[fsdpc r0 INFO fsdp\] fsdp: .*\| host pinned (\d+) bytes \(offload\)", l)
+    if m:
+        host = int(m.group(1))
 def take(*names):
     return sum(bufs.pop(k) for k in list(bufs) if any(re.fullmatch(n, k) for n in names))
 parts = [
     ("shards, gradients, moments",
      plan["parameter shards"] + plan["gradient shards"] + plan["AdamW moments"],
-     take("fsdp parameter, gradient and AdamW shards")),
+     take("fsdp parameter, gradient and AdamW shards", "fsdp parameter and gradient shards")),
+    ("host, pinned: offloaded state (engine's count)",
+     sum(v for k, v in plan.items() if k.startswith("+ host, pinned:") and "snapshot" not in k),
+     host),
     ("slots and communication",
      plan["gathered parameters"] + plan["unsharded gradients"] + plan["communication"],
      take(r"fsdp parameter slot.*", r"fsdp gradient slot.*", "fsdp packing scratch")),
@@ -209,5 +220,10 @@ if [ -n "$MPIEXEC" ]; then
     plan "llama dp=2, bf16 params" 2 --model "$W/llama.h5" --mesh dp=2 --backend tcp \
         --param-dtype bf16
     plan "llama dp=2,tp=2" 4 --model "$W/llama.h5" --mesh dp=2,tp=2 --backend tcp
+    plan "gpt2 dp=2, offload optim" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp \
+        --offload optim
+    plan "llama dp=2, bf16 params, offload params,optim" 2 --model "$W/llama.h5" --mesh dp=2 \
+        --backend tcp --param-dtype bf16 --offload params,optim
 fi
+plan "llama 1 rank, offload optim" 1 --model "$W/llama.h5" --offload optim
 tap_done

@@ -115,8 +115,8 @@ tap_ok $? "one rank without --mesh: the whole model's f32 weights"
 
 # ---------------------------------------------------------------------------
 # --ckpt-async's snapshot: the plan's row is the bytes the run's snapshot
-# takes on its largest rank (dp rank 0 of uneven rows); none with tp, none
-# with the saves in the loop
+# takes on its largest rank (dp rank 0 of uneven rows; with tp the rows of
+# checkpoint shard 0 of dp x tp); none with the saves in the loop
 
 # shellcheck disable=SC2086
 FSDPC_LOG=warn,train=debug timeout 120 $MPIEXEC -n 3 "$TRAIN" --model "$W/g.h5" \
@@ -128,12 +128,20 @@ real=$(sed -n 's/.*checkpoint step 1: snapshot of \([0-9]*\) bytes taken.*/\1/p'
 plan=$(row "$W/snap.out" "+ host, pinned: checkpoint snapshot")
 [ -n "$real" ] && [ "$real" = "$plan" ]
 tap_ok $? "dp=3: the planned checkpoint snapshot is the run's ($plan = $real bytes)"
+# shellcheck disable=SC2086
+FSDPC_LOG=warn,train=debug timeout 120 $MPIEXEC -n 2 "$TRAIN" --model "$W/g.h5" \
+    --data "$W/train.bin" --lr 1e-3 --steps 1 --batch-size 1 --seq-len 16 --mesh tp=2 \
+    --backend tcp --ckpt-dir "$W/cktp" --ckpt-every 1 --ckpt-async on > "$W/run.out" 2> "$W/run.err"
+real=$(sed -n 's/.*checkpoint step 1: snapshot of \([0-9]*\) bytes taken.*/\1/p' "$W/run.err")
 "$TRAIN" --print-memory --model "$W/g.h5" --batch-size 1 --seq-len 16 --mesh tp=2 \
-    > "$W/snap.out" 2>&1 &&
-    "$TRAIN" --print-memory --model "$W/g.h5" --batch-size 1 --seq-len 16 --ckpt-async off \
-        > "$W/snap2.out" 2>&1 && grep -q '^  total, held' "$W/snap.out" &&
-    ! grep -q 'checkpoint snapshot' "$W/snap.out" "$W/snap2.out"
-tap_ok $? "no snapshot row with tp (saved in the loop) or with --ckpt-async off"
+    > "$W/snap.out" 2>&1
+plan=$(row "$W/snap.out" "+ host, pinned: checkpoint snapshot")
+[ -n "$real" ] && [ "$real" = "$plan" ]
+tap_ok $? "tp=2: the planned checkpoint snapshot is the run's ($plan = $real bytes)"
+"$TRAIN" --print-memory --model "$W/g.h5" --batch-size 1 --seq-len 16 --ckpt-async off \
+    > "$W/snap2.out" 2>&1 && grep -q '^  total, held' "$W/snap2.out" &&
+    ! grep -q 'checkpoint snapshot' "$W/snap2.out"
+tap_ok $? "no snapshot row with --ckpt-async off"
 
 # ---------------------------------------------------------------------------
 # refusals: one line, non-zero exit
@@ -151,8 +159,10 @@ refused() {
 }
 refused "no such model or preset" "model nosuch.h5: no such file, and not a preset (gpt2: tiny" \
     --model nosuch.h5 --batch-size 1 --seq-len 16
-refused "a mesh dimension the trainer does not use" "dimension 'pp' is not one the trainer uses" \
-    --model llama-8b --mesh dp=2,pp=2 --batch-size 1 --seq-len 16
+refused "a mesh dimension the trainer does not use" "dimension 'ep' is not one the trainer uses" \
+    --model llama-8b --mesh dp=2,ep=2 --batch-size 1 --seq-len 16
+refused "a pp dimension (not planned)" "does not plan pipeline stages" \
+    --model llama-8b --mesh pp=2,dp=2 --batch-size 1 --seq-len 16
 refused "tp that does not divide the heads" "n_head 32 is not divisible by tp 3" \
     --model llama-8b --mesh dp=2,tp=3 --batch-size 1 --seq-len 16
 refused "seq-len past the context" "seq-len 128 is longer than the context 64" \

@@ -1,0 +1,202 @@
+/*
+ * offload.c - the sharding engine's optimizer state in pinned host memory
+ * (fsdp.h, enum fsdp_offload; FSDP2's CPUOffloadPolicy, ZeRO-Offload).
+ *
+ * Where the state lives, per unit shard of S elements:
+ *   device  master (f32 parameters: the all-gathers' send, the direct and
+ *           by-rows models' input), grad (the reduced gradient)
+ *   host    m, v (AdamW moments), hgrad (grad staged), hmaster (optim: the
+ *           master staged; params: the master itself, master on the device
+ *           being its copy)
+ *
+ * One step with offload:
+ *   backward      as each unit's gradient shard becomes final (its last
+ *                 reduction retired into grad on the compute stream; on the
+ *                 direct engine its last backward), the copy stream waits
+ *                 for the compute stream (ev_grad) and copies grad D2H into
+ *                 hgrad: the copies overlap the backward of the units left
+ *   norm          the sum of squares runs on the device over grad, as
+ *                 without offload (the step's host reads stay the loss and
+ *                 the norm); the clip factor needs the global norm, so no
+ *                 update can start before it
+ *   update        one host wait for the copy stream; then unit by unit:
+ *                 AdamW on the host (fsdp_optimizer_update_host, --threads)
+ *                 over hmaster, hgrad, m, v, and the updated hmaster copied
+ *                 H2D into master on the copy stream, so a unit's copy
+ *                 overlaps the next unit's update
+ *   next step     the compute stream waits for the copy stream (ev_copy)
+ *                 before anything reads master (casts, all-gathers, the
+ *                 direct model)
+ * With optim only, hmaster equals master after every update; only a load
+ * of the pieces (state_changed) makes it stale, and the next update copies
+ * master D2H first. With params the pieces are hmaster, and state_changed
+ * copies it to the device.
+ *
+ * What does not overlap: the update with the backward (it needs the norm,
+ * as ZeRO-Offload's does), and the last units' D2H copies with compute (the
+ * backward ends with them). Nothing here reads or writes device memory
+ * from the host: the host touches hgrad, hmaster, m and v only, after the
+ * copy stream's wait.
+ */
+#include "config.h"
+#include "parallel/fsdp_impl.h"
+#include "core/error.h"
+#include "optim/optim.h"
+
+int fsdp_offload_init(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    if (se->offload == FSDP_OFFLOAD_NONE || se->sizing) {
+        return 0;
+    }
+    FSDP_CHECK(d->ops->stream_create(d, &se->copy_stream));
+    FSDP_CHECK(d->ops->event_create(d, &se->ev_grad));
+    FSDP_CHECK(d->ops->event_create(d, &se->ev_copy));
+    se->hmaster_stale = 1;
+    return 0;
+}
+
+void fsdp_offload_fini(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    if (se->copy_stream) {
+        (void)d->ops->synchronize(d, se->copy_stream);
+    }
+    if (se->ev_grad) {
+        d->ops->event_destroy(d, se->ev_grad);
+    }
+    if (se->ev_copy) {
+        d->ops->event_destroy(d, se->ev_copy);
+    }
+    if (se->copy_stream) {
+        d->ops->stream_destroy(d, se->copy_stream);
+    }
+    se->ev_grad = se->ev_copy = se->copy_stream = NULL;
+}
+
+/* The copy stream after what the compute stream has issued so far. */
+static int offload_after_compute(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    FSDP_CHECK(d->ops->event_record(d, se->ev_grad, d->stream));
+    return d->ops->stream_wait(d, se->copy_stream, se->ev_grad);
+}
+
+/* The compute stream after what the copy stream has issued so far. */
+static int offload_join(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    FSDP_CHECK(d->ops->event_record(d, se->ev_copy, se->copy_stream));
+    return d->ops->stream_wait(d, d->stream, se->ev_copy);
+}
+
+int fsdp_offload_stage_grad(struct fsdp_shard_engine *se, int u)
+{
+    struct fsdp_device *d = se->dev;
+    struct fsdp_unit *un = &se->units[u];
+    if (se->offload == FSDP_OFFLOAD_NONE || un->staged) {
+        return 0;
+    }
+    un->staged = 1;
+    if (un->cnt == 0) {
+        return 0;
+    }
+    FSDP_CHECK(offload_after_compute(se));
+    return d->ops->copy(d, un->hgrad, un->grad, un->cnt * sizeof(float), FSDP_COPY_D2H,
+                        se->copy_stream);
+}
+
+void fsdp_offload_step_begin(struct fsdp_shard_engine *se)
+{
+    for (int u = 0; se->offload && u < se->n_units; u++) {
+        se->units[u].staged = 0;
+    }
+}
+
+/* optim: hmaster from the device's master where a load made it stale. */
+static int offload_fetch_master(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    if (se->offload != FSDP_OFFLOAD_OPTIM || !se->hmaster_stale) {
+        return 0;
+    }
+    FSDP_CHECK(offload_after_compute(se));
+    for (int u = 0; u < se->n_units; u++) {
+        const struct fsdp_unit *un = &se->units[u];
+        if (un->cnt > 0) {
+            FSDP_CHECK(d->ops->copy(d, un->hmaster, un->master, un->cnt * sizeof(float),
+                                    FSDP_COPY_D2H, se->copy_stream));
+        }
+    }
+    se->hmaster_stale = 0;
+    return 0;
+}
+
+/* AdamW over unit u's staged shard, parameter by parameter. */
+static int offload_update_unit(struct fsdp_shard_engine *se, int u, float grad_scale)
+{
+    const struct fsdp_unit *un = &se->units[u];
+    for (size_t i = un->first; i < un->first + un->nparam; i++) {
+        const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
+        if (g->len > 0) {
+            size_t off = g->block_off;
+            float *state[2] = {un->m + off, un->v + off};
+            FSDP_CHECK(fsdp_optimizer_update_host(se->opt, u, g->unit_at, g->len, un->hmaster + off,
+                                                  un->hgrad + off, state, grad_scale));
+        }
+    }
+    return 0;
+}
+
+int fsdp_offload_update(struct fsdp_shard_engine *se, float grad_scale)
+{
+    struct fsdp_device *d = se->dev;
+    for (int u = 0; u < se->n_units; u++) { /* units no reduction staged (none are, usually) */
+        FSDP_CHECK(fsdp_offload_stage_grad(se, u));
+    }
+    FSDP_CHECK(offload_fetch_master(se));
+    FSDP_CHECK(d->ops->synchronize(d, se->copy_stream)); /* hgrad and hmaster are the host's */
+    for (int u = 0; u < se->n_units; u++) {
+        struct fsdp_unit *un = &se->units[u];
+        un->staged = 0;
+        if (un->cnt == 0) {
+            continue;
+        }
+        FSDP_CHECK(offload_update_unit(se, u, grad_scale));
+        FSDP_CHECK(d->ops->copy(d, un->master, un->hmaster, un->cnt * sizeof(float), FSDP_COPY_H2D,
+                                se->copy_stream));
+    }
+    return offload_join(se);
+}
+
+int fsdp_offload_skip(struct fsdp_shard_engine *se)
+{
+    for (int u = 0; u < se->n_units; u++) {
+        se->units[u].staged = 0;
+    }
+    /* the next step's backward overwrites grad only after these copies read it */
+    return offload_join(se);
+}
+
+int fsdp_offload_state_changed(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    if (se->offload == FSDP_OFFLOAD_OPTIM) {
+        se->hmaster_stale = 1;
+        return 0;
+    }
+    if (se->offload != FSDP_OFFLOAD_PARAMS_OPTIM || se->sizing) {
+        return 0;
+    }
+    /* the host waited for nothing here: the copy stream runs after the
+     * compute stream's last reads of master, and compute after the copies */
+    FSDP_CHECK(offload_after_compute(se));
+    for (int u = 0; u < se->n_units; u++) {
+        const struct fsdp_unit *un = &se->units[u];
+        if (un->cnt > 0) {
+            FSDP_CHECK(d->ops->copy(d, un->master, un->hmaster, un->cnt * sizeof(float),
+                                    FSDP_COPY_H2D, se->copy_stream));
+        }
+    }
+    return offload_join(se);
+}
