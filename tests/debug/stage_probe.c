@@ -12,6 +12,7 @@
  *
  *   stage_probe --init mpi --mesh dp=3 --backend tcp run [nostream]
  *   stage_probe --init mpi --mesh dp=2 --backend tcp time MIB ITERS [memcpy]
+ *   stage_probe --init mpi --mesh dp=2 --backend tcp flight
  *
  * The work handles are completed four ways in turn (a wait; a test loop,
  * whose done is checked against the device at once; progress and
@@ -24,7 +25,9 @@
  * all-gathers and reduce-scatters of MIB per rank's block (f32) on host
  * memory, then staged whole and in chunks of 16 MiB down to 256 KiB;
  * memcpy: staged from host memory posing as a GPU's through a stager of
- * plain memcpy copies, without the guarded device's cost per op.
+ * plain memcpy copies, without the guarded device's cost per op. flight:
+ * one all-gather of 1001 f32 in chunks of 1000 bytes, for the flight
+ * recorder (FSDPC_FLIGHT_DUMP_AT_EXIT).
  */
 #include "config.h"
 #include "tests/debug/probe.h"
@@ -354,6 +357,24 @@ static void probe_time(struct fsdp_group *g, struct fsdp_device *dev, size_t mib
     fsdp_free(h);
 }
 
+/* flight: one staged all-gather of 1001 f32 in chunks of 1000 bytes (250
+ * elements: four whole chunks and one of 1), for the flight recorder's
+ * dump at exit. */
+static void probe_flight(struct fsdp_group *g, struct fsdp_device *dev)
+{
+    size_t count = 1001, all = count * 4 * (size_t)g->size;
+    struct fsdp_coll_attr at = {.mem = dev->mem, .stream = dev->stream};
+    struct fsdp_work *w;
+    void *d;
+    fsdp_group_set_stage_chunk(g, 1000);
+    PROBE_CHECK(fsdp_device_alloc(dev, count * 4 + all, "probe flight", &d));
+    PROBE_CHECK(fsdp_allgather(g, d, (unsigned char *)d + count * 4, count, FSDP_F32, &at, &w));
+    PROBE_CHECK(fsdp_work_wait(w, -1));
+    fsdp_work_free(w);
+    dev->ops->free(dev, d);
+    printf("rank %d: flight all_gather(f32, %zu) staged\n", probe_rank, count);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode;
@@ -365,7 +386,9 @@ int main(int argc, char **argv)
     probe_start(argc, argv, "stage_probe", "run [nostream]", &mode, &a, &na, &d, &m);
     struct fsdp_group *g = m->dims[0].group;
     int timing = !strcmp(mode, "time") && (na == 2 || (na == 3 && !strcmp(a[2], "memcpy")));
-    if (!timing && (strcmp(mode, "run") || na > 1 || (na == 1 && strcmp(a[0], "nostream")))) {
+    int flight = !strcmp(mode, "flight") && na == 0;
+    if (!timing && !flight &&
+        (strcmp(mode, "run") || na > 1 || (na == 1 && strcmp(a[0], "nostream")))) {
         fsdp_fatal("stage_probe: bad mode or arguments: %s", mode);
     }
     PROBE_CHECK(fsdp_device_create("guarded", 0, &dev));
@@ -381,8 +404,13 @@ int main(int argc, char **argv)
         fsdp_err(FSDP_ERR_INTERNAL, "the group does not stage the guarded device's memory");
         probe_fail(FSDP_ERR_INTERNAL);
     }
-    if (timing) {
-        probe_time(g, dev, (size_t)atol(a[0]), atoi(a[1]), na == 3);
+    if (timing || flight) {
+        if (flight) {
+            probe_flight(g, dev);
+        } else {
+            probe_time(g, dev, (size_t)atol(a[0]), atoi(a[1]), na == 3);
+        }
+        fflush(stdout);
         fsdp_mesh_destroy(m);
         fsdp_device_destroy(dev);
         fsdp_dist_finalize(d);

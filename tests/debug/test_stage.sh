@@ -7,7 +7,8 @@
 # bytes exactly as the same collective on host memory leaves the host's
 # (stage_probe.c), however the handle is completed, with two in flight, and
 # with a second pass that allocates nothing; the same with a stager without
-# streams, and under FSDPC_DEBUG=DETAIL (every chunk fingerprinted); a
+# streams, and under FSDPC_DEBUG=DETAIL (every chunk fingerprinted); the
+# flight recorder holds one record per chunk; a
 # malformed FSDPC_STAGE_CHUNK_BYTES, or one that differs across the ranks,
 # is a one-line error.
 . "$top_srcdir/tests/tap.sh"
@@ -58,6 +59,27 @@ want="rank 0: error: FSDPC_STAGE_CHUNK_BYTES='4Q' is not a size: give bytes, wit
 r=$?
 [ $r -eq 0 ] || tap_diag "$(cat "$T/out" "$T/err" | head -10)"
 tap_ok $r "a malformed FSDPC_STAGE_CHUNK_BYTES is one line that says what a size is"
+
+# the flight recorder: one staged all-gather of 1001 f32 in 1000-byte chunks
+# is five all_gather records on each rank, 250 x 4 and 1, complete, in turn
+rm -rf "$T/flight"
+FSDPC_FLIGHT_DIR="$T/flight" FSDPC_FLIGHT_DUMP_AT_EXIT=1 timeout -k 5 60 $MPIEXEC -n 2 "$PROG" \
+    --init mpi --mesh dp=2 --backend tcp flight > "$T/out" 2> "$T/err"
+st=$?
+r=1
+if [ $st -eq 0 ] && [ -f "$T/flight/flight_0.json" ] && [ -f "$T/flight/flight_1.json" ]; then
+    r=0
+    for f in "$T/flight"/flight_*.json; do
+        got=$(sed -n 's/.*"group":"dp\[0\]","seq":\([0-9]*\),"op":"all_gather","dtype":"f32","count":\([0-9]*\),.*"state":"\([a-z]*\)".*/\1 \2 \3/p' "$f" |
+            awk 'NR == 1 { s = $1 } { printf "%s%d:%s:%s", (NR > 1 ? " " : ""), $1 - s, $2, $3 }')
+        [ "$got" = "0:250:completed 1:250:completed 2:250:completed 3:250:completed 4:1:completed" ] || {
+            r=1
+            tap_diag "$f: $got"
+        }
+    done
+fi
+[ $r -eq 0 ] || tap_diag "$(cat "$T/out" "$T/err" | head -10)"
+tap_ok $r "the flight recorder holds a staged all-gather as one record per chunk (250 x 4, 1), in turn"
 
 for be in mpi tcp; do
     timeout -k 5 60 $MPIEXEC -n 1 -env FSDPC_STAGE_CHUNK_BYTES 1K "$PROG" --init mpi --mesh dp=2 \
