@@ -183,7 +183,8 @@ struct fsdp_shard_engine {
                                           since creation and when the current save began */
     double save_s;                     /* seconds in save_rows in the current save */
     double *sum_buf;                   /* (max(world, tp),) one double per rank of a group */
-    double *dnorm;                     /* (1) device: this rank's squared gradient norm */
+    double *dnorm;                     /* (2 + max(world, tp),) device: this rank's squared
+                                          gradient norm, then a group sum's send and receive */
     void *comm_stream;                 /* the dp, rdp and tp collectives' stream (attr.stream) */
     void *ev_compute, *ev_comm;        /* the two streams' order (fsdp_unit_comm_begin/end) */
     int rq_head, rq_len;

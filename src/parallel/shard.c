@@ -263,8 +263,9 @@ int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: slot tables");
     }
     if (!se->sizing) {
-        void *mem;
-        FSDP_CHECK(fsdp_device_alloc(se->dev, sizeof(double), "fsdp gradient norm", &mem));
+        void *mem; /* the norm, then room to gather a group's sums (engine.c) */
+        size_t nd = 2 + (size_t)(se->world > se->tp->size ? se->world : se->tp->size);
+        FSDP_CHECK(fsdp_device_alloc(se->dev, nd * sizeof(double), "fsdp gradient norm", &mem));
         se->dnorm = mem;
     }
     /* a slot holds the largest unit that maps to it, and its packed shards
