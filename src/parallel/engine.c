@@ -203,6 +203,15 @@ static int shard_group_device_only(const struct fsdp_group *g)
     return !(caps & FSDP_CAP_MEM_HOST);
 }
 
+int fsdp_shard_sums_on_device(const struct fsdp_shard_engine *se)
+{
+    int on = se->shard_g && shard_group_device_only(se->shard_g);
+    for (int i = 0; i < se->n_rep; i++) {
+        on |= shard_group_device_only(se->rep_g[i]);
+    }
+    return on || (se->tp && se->tp->g && shard_group_device_only(se->tp->g));
+}
+
 /* se->sum_buf = every rank's *x over g, through the device (se->dnorm's
  * room after the norm), on the compute stream. */
 static int shard_gather_on_device(struct fsdp_shard_engine *se, struct fsdp_group *g,
