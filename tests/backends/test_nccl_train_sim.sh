@@ -56,7 +56,8 @@ same() {
     one "$name" "$n" cpu "$BIN/fsdpc-train" --mesh "$mesh" --backend mpi "$@" || ok=1
     one "$name" "$n" cuda-sim "$SIM" --mesh "$mesh" --backend "$backend" "$@" || ok=1
     if [ $ok -ne 0 ]; then
-        tap_diag "$(tail -n 4 "$W/$name.cpu.out" "$W/$name.cuda-sim.out")"
+        tap_diag "$(grep -h '^fsdpc' "$W/$name.cpu.out" "$W/$name.cuda-sim.out" | head -n 4)"
+        tap_diag "$(tail -n 2 "$W/$name.cpu.out" "$W/$name.cuda-sim.out")"
     elif ! grep -q "^fsdp: mesh $mesh ($backend)" "$W/$name.cuda-sim.out"; then
         ok=1
         tap_diag "the run did not say mesh $mesh ($backend): $(grep '^fsdp: mesh' "$W/$name.cuda-sim.out")"
@@ -80,6 +81,8 @@ same "gpt2 tp=2" 2 nccl tp=2 $G
 same "llama tp=2" 2 nccl tp=2 --model "$W/llama.h5" --data "$W/train.bin"
 same "gpt2 rdp=2,dp=2" 4 nccl rdp=2,dp=2 $G
 same "gpt2 rdp=2,dp=2, rdp over mpi (staged)" 4 rdp=mpi,dp=nccl rdp=2,dp=2 $G
+same "llama dp=2,tp=2" 4 nccl dp=2,tp=2 --model "$W/llama.h5" --data "$W/train.bin"
+same "gpt2 dp=2, bf16 params and reduction" 2 nccl dp=2 $G --param-dtype bf16 --reduce-dtype bf16
 
 # the check can fail: without the stream waits the first collective that
 # reads what the compute stream wrote stops the run, naming both streams
