@@ -36,12 +36,15 @@ check_LIBRARIES = tests/backends/libnccl_api214.a
 tests_backends_libnccl_api214_a_SOURCES = backends/nccl/nccl_comm.c backends/nccl/nccl_ops.c
 tests_backends_libnccl_api214_a_CPPFLAGS = -DSIM_NCCL_API=21403 $(NCCL_SIM_API_CPPFLAGS)
 
-# the library's device_cuda.o links against the simulated runtime here
+# device_cuda.c compiled here without the kernel table (FSDP_CUDA_SIM), so
+# the library's copy, whose table needs libcudart in a build with the
+# kernels, is not linked
 check_PROGRAMS += tests/backends/train_nccl_sim
 tests_backends_train_nccl_sim_SOURCES = tests/backends/train_nccl_sim.c \
 	tests/backends/mpsim.h tests/backends/mpsim_cuda.c tests/backends/mpsim_nccl.c \
-	backends/nccl/nccl_comm.c backends/nccl/nccl_ops.c \
+	backends/nccl/nccl_comm.c backends/nccl/nccl_ops.c src/compute/cuda/device_cuda.c \
 	src/programs/train_program.c
+tests_backends_train_nccl_sim_CPPFLAGS = -DFSDP_CUDA_SIM $(AM_CPPFLAGS)
 tests_backends_train_nccl_sim_LDADD = libfsdpc.a $(HDF5_LIBS) $(MPI_LIBS) $(BLAS_LIBS) \
 	$(CRYPTO_LIBS) $(XXHASH_LIBS) $(PCRE2_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) $(LIBS) -lm
 dist_check_SCRIPTS += tests/backends/test_nccl_train_sim.sh
