@@ -504,6 +504,10 @@ int fsdp_gpt2_forward_unit(struct fsdp_model *base, int u)
         FSDP_CHECK(fsdp_gpt2_head_forward(m));
     }
     m->lm.fwd_done[u] = 1;
+    if (u == m->lm.stage_hi && u <= L) { /* a pipeline stage's last block: its backward starts
+                                            from the output gradient written into dres */
+        m->bwd_next = m->lm.targets ? u : -1;
+    }
     return 0;
 }
 
@@ -754,4 +758,6 @@ const struct fsdp_model_ops fsdp_gpt2_ops = {
     .decoder_create = fsdp_gpt2_decoder_create,
     .tp_cut = gpt2_op_tp_cut,
     .comm_counts = gpt2_op_comm_counts,
+    .set_stage = fsdp_lm_op_set_stage,
+    .stage_buffers = fsdp_lm_op_stage_buffers,
 };

@@ -164,18 +164,24 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
     struct fsdp_llama_block_acts blk;
     size_t off = 0;
     int any_ckpt = 0;
+    /* a pipeline stage (set_stage) lays out its own blocks, and the head's
+     * buffers only where it holds the head */
+    const size_t lo = (size_t)m->lm.stage_lo, hi = (size_t)m->lm.stage_hi, head = hi == L + 1;
     a->residual = fsdp_lm_take(base, &off, (L + 1) * fsdp_lm_rows_here(&m->lm, BT) * C);
-    a->lnf = fsdp_lm_take(base, &off, BT * C);
-    a->lnf_rstd = fsdp_lm_take(base, &off, fsdp_lm_rows_here(&m->lm, BT));
-    a->head_logits = fsdp_lm_take(base, &off, llama_head_rows(m) * V);
-    a->ce_stats = fsdp_lm_take(base, &off, 2 * BT);
-    a->losses = fsdp_lm_take(base, &off, BT);
-    a->zt = fsdp_lm_take(base, &off, m->lm.tp ? BT : 0);
-    a->xent = fsdp_lm_take(base, &off, m->lm.tp ? 3 * BT : 0);
+    a->lnf = fsdp_lm_take(base, &off, head * BT * C);
+    a->lnf_rstd = fsdp_lm_take(base, &off, head * fsdp_lm_rows_here(&m->lm, BT));
+    a->head_logits = fsdp_lm_take(base, &off, head * llama_head_rows(m) * V);
+    a->ce_stats = fsdp_lm_take(base, &off, head * 2 * BT);
+    a->losses = fsdp_lm_take(base, &off, head * BT);
+    a->zt = fsdp_lm_take(base, &off, m->lm.tp ? head * BT : 0);
+    a->xent = fsdp_lm_take(base, &off, m->lm.tp ? head * 3 * BT : 0);
     a->att_scratch = fsdp_lm_take(
         base, &off,
         m->lm.k->gqa_attention_scratch_floats(m->lm.dev, m->lm.max_T, m->lnh, m->lnkv, m->hs));
     for (size_t l = 0; l < L; l++) {
+        if (l + 1 < lo || l + 1 > hi) {
+            continue; /* another stage's block */
+        }
         if (m->lm.checkpoint[l]) {
             any_ckpt = 1;
             continue;
@@ -591,6 +597,10 @@ int fsdp_llama_forward_unit(struct fsdp_model *base, int u)
         FSDP_CHECK(llama_head_forward(m));
     }
     m->lm.fwd_done[u] = 1;
+    if (u == m->lm.stage_hi && u <= L) { /* a pipeline stage's last block: its backward starts
+                                            from the output gradient written into dres */
+        m->bwd_next = m->lm.targets ? u : -1;
+    }
     return 0;
 }
 
@@ -859,4 +869,6 @@ const struct fsdp_model_ops fsdp_llama_ops = {
     .flops_per_token = fsdp_llama_flops_per_token,
     .decoder_create = fsdp_llama_decoder_create,
     .tp_cut = llama_op_tp_cut,
+    .set_stage = fsdp_lm_op_set_stage,
+    .stage_buffers = fsdp_lm_op_stage_buffers,
 };

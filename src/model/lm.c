@@ -68,6 +68,8 @@ int fsdp_lm_init(struct fsdp_lm *lm, const struct fsdp_model_spec *spec,
                         lm->tpn);
     }
     size_t nu = (size_t)spec->n_units, L = (size_t)lm->L;
+    lm->stage_lo = 0;
+    lm->stage_hi = spec->n_units - 1;
     lm->unit_params = calloc(nu, sizeof(void *));
     lm->unit_pt = calloc(nu, sizeof(*lm->unit_pt));
     lm->unit_grads = calloc(nu, sizeof(float *));
@@ -353,7 +355,13 @@ int fsdp_lm_check_forward(const struct fsdp_lm *lm, int u, int tied)
     if (!lm->tokens && !lm->shadow) {
         return fsdp_err(FSDP_ERR_INVALID, "forward: no batch (set_batch)");
     }
-    if (u > 0 && !lm->fwd_done[u - 1]) {
+    if (u < lm->stage_lo || u > lm->stage_hi) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "forward: unit %d is outside this pipeline stage's "
+                        "units [%d, %d]",
+                        u, lm->stage_lo, lm->stage_hi);
+    }
+    if (u > lm->stage_lo && !lm->fwd_done[u - 1]) {
         return fsdp_err(FSDP_ERR_INVALID, "forward of unit %d before unit %d's", u, u - 1);
     }
     if (!lm->unit_params[u] || (u == L + 1 && tied && !lm->unit_params[0])) {
@@ -538,5 +546,43 @@ int fsdp_lm_decode_check(const struct fsdp_lm *lm, const struct fsdp_decoder *d,
                             lm->name, u);
         }
     }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// pipeline stages
+
+int fsdp_lm_op_set_stage(struct fsdp_model *m, int u0, int u1)
+{
+    struct fsdp_lm *lm = (struct fsdp_lm *)m;
+    if (u0 < 0 || u1 < u0 || u1 >= lm->spec->n_units || (u0 == 0 && u1 == 0) || u0 == lm->L + 1) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "%s: a pipeline stage of units [%d, %d] of %d holds "
+                        "no block",
+                        lm->name, u0, u1, lm->spec->n_units);
+    }
+    if (lm->act_memory) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                        "%s: pipeline stages are set before the activations are reserved",
+                        lm->name);
+    }
+    lm->stage_lo = u0;
+    lm->stage_hi = u1;
+    return 0;
+}
+
+int fsdp_lm_op_stage_buffers(struct fsdp_model *m, float **in, float **out, float **dres,
+                             size_t *count)
+{
+    struct fsdp_lm *lm = (struct fsdp_lm *)m;
+    if (!lm->act_memory) {
+        return fsdp_err(FSDP_ERR_INVALID, "%s: stage buffers before reserve", lm->name);
+    }
+    size_t BT = (size_t)lm->B * (size_t)lm->T;
+    *count = fsdp_lm_rows_here(lm, BT) * lm->C; /* sequence parallel: this rank's rows */
+    /* block l reads residual[l] and writes residual[l + 1]; the head reads residual[L] */
+    *in = lm->stage_lo > 0 ? fsdp_lm_residual(lm, lm->stage_lo - 1) : NULL;
+    *out = lm->stage_hi <= lm->L ? fsdp_lm_residual(lm, lm->stage_hi) : NULL;
+    *dres = lm->dres;
     return 0;
 }

@@ -80,6 +80,10 @@ struct fsdp_lm {
                            embedding (and lm_head) (tp/tp_ops.h fsdp_tp_vocab_split) */
     size_t tvl;         /* rows of that slice: ceil(V / tpn), padding after the tvn ids */
 
+    /* a pipeline stage (model.h set_stage): units [stage_lo, stage_hi]
+     * are computed; 0 and n_units - 1 otherwise */
+    int stage_lo, stage_hi;
+
     /* views of the model's activation memory (fsdp_lm_bind) */
     float *residual; /* (L+1, B, T, C): [l] is block l's input, [L] feeds the final norm
                         (sequence parallel: this rank's rows) */
@@ -256,6 +260,10 @@ int fsdp_lm_op_set_unit(struct fsdp_model *m, int u, void *params, enum fsdp_dty
                         float *grads);
 void fsdp_lm_op_set_loss_seed(struct fsdp_model *m, double divisor, float scale);
 float fsdp_lm_op_loss(const struct fsdp_model *m);
+/* model.h's set_stage and stage_buffers for a model built on struct fsdp_lm. */
+int fsdp_lm_op_set_stage(struct fsdp_model *m, int u0, int u1);
+int fsdp_lm_op_stage_buffers(struct fsdp_model *m, float **in, float **out, float **dres,
+                             size_t *count);
 
 // ----------------------------------------------------------------------------
 // incremental decoding (gpt2_decode.c, llama_decode.c)

@@ -118,6 +118,27 @@ struct fsdp_model_ops {
      * model was created with, which its creator reads.)
      */
     void (*comm_counts)(const struct fsdp_model *m, struct fsdp_comm_counts *out);
+    /*
+     * Optional (NULL: the model cannot be cut into pipeline stages). From
+     * now on the model computes units [u0, u1] only (u0 <= u1, at least
+     * one block): the forward of u0 > 0 starts from the residual stream at
+     * its input, which the caller writes through stage_buffers after
+     * set_batch; a forward with targets that ends at u1 < n_units - 1
+     * makes the backward start at u1 from the residual's gradient the
+     * caller writes there (the gradient of u1's output). Before reserve.
+     */
+    int (*set_stage)(struct fsdp_model *m, int u0, int u1);
+    /*
+     * Optional, with set_stage. The stage's boundary, each (B, T, C) floats
+     * of the current batch (with sequence parallelism this tp rank's rows
+     * of them; *count floats) on the model's device: *in the
+     * residual stream entering unit u0 (written before its forward), *out
+     * the one leaving unit u1 (read after its forward), *dres the residual's
+     * gradient (written before u1's backward, read after u0's: then the
+     * gradient of u0's input).
+     */
+    int (*stage_buffers)(struct fsdp_model *m, float **in, float **out, float **dres,
+                         size_t *count);
 };
 
 /*

@@ -7,8 +7,10 @@
  * the global-norm clip and the optimizer update. It sees batch arrays, never
  * a data loader, and never opens a file: the training layer reads and
  * writes its state through row ranges (pieces), so model files and
- * checkpoints stay io's business. The sharding engine (fsdp.h) is the one
- * production engine; tests/ holds a single-rank oracle with the same table.
+ * checkpoints stay io's business. The sharding engine (fsdp.h) is the
+ * production engine; with a pp dimension the pipeline engine (pp_engine.h)
+ * drives one per rank's stages behind the same table; tests/ holds a
+ * single-rank oracle with the same table.
  *
  * Ops are written out longhand; members are only ever added at the end.
  * Every op marked collective is called by every rank of the engine, in order.

@@ -74,6 +74,14 @@ struct fsdp_shard_config {
     int lm_head_chunk;            /* rows per output-head chunk (0: the model's default) */
     bool sequence_parallel;       /* with tp: norms and residuals hold 1/tp of the rows */
     enum fsdp_offload offload;    /* optimizer state (and master) in pinned host memory */
+    /* A pipeline stage (pp_engine.h): the engine holds state for units
+     * [unit_lo, unit_hi] only (every other unit has no rows on this rank)
+     * and its micro-batch passes run over them; unit_hi 0: every unit. */
+    int unit_lo, unit_hi;
+    /* Interleaved stages: the units held, (n_units,) 1 each (borrowed for
+     * the create); NULL: [unit_lo, unit_hi]. Passes then run over the range
+     * the driver sets. */
+    const unsigned char *unit_mask;
 };
 
 /* The defaults: full sharding, reshard after forward, prefetch 1, f32. */

@@ -8,7 +8,8 @@
  *   unit.c    the per-unit gather / reduce state machine: buffer slots,
  *             precision casts, replica all-reduces, polls and wait timers
  *   engine.c  the engine table: the overlap schedule, step, eval, clipping,
- *             the optimizer update and loss scaling; the parts checked
+ *             the optimizer update and loss scaling
+ *   engine_check.c  the configuration and the parts checked before a build
  *   offload.c optimizer state in pinned host memory: the copy stream, the
  *             gradient shards staged device-to-host as their reductions
  *             finish, AdamW on the host, the master copied back
@@ -191,6 +192,21 @@ struct fsdp_shard_engine {
     int rq_head, rq_len;
 
     int shadow;                        /* this step: no batch here (join), collectives only */
+    int u_lo, u_hi;                    /* the units a pass computes (a pipeline stage's; 0 and
+                                          n_units - 1 without one) */
+    unsigned char *own;                /* (n_units,) the units held (interleaved stages);
+                                          NULL: [u_lo, u_hi] */
+    /* Called on the squared gradient norm after the shard and tp sums (a
+     * pipeline sums it over its stages); NULL: none. */
+    int (*sumsq_hook)(void *arg, double *sumsq);
+    void *sumsq_arg;
+    /* Called with sumsq_arg once a step's reductions are done, before the
+     * norm and the update (a pipeline sums a tied parameter's gradient
+     * over the stages that hold it); NULL: none. */
+    int (*pre_update)(void *arg);
+    int norm_skip_root;                /* unit 0's gradient is another rank's copy: left out of
+                                          the norm */
+    int staged;                        /* a pipeline stage: unit 0 is never taken by rows */
     int sizing;                        /* fsdp_shard_engine_plan: every buffer is sized and
                                           counted, none allocated; the groups are shapes */
 
@@ -276,11 +292,35 @@ void fsdp_shard_save_fini(struct fsdp_shard_engine *se);
 size_t fsdp_shard_gather_floats(const struct fsdp_shard_engine *se, int u);
 /* Frees what gather_unit allocated for a unit by rows. */
 void fsdp_shard_drop_saved(struct fsdp_shard_engine *se);
+/* Unit u is one this rank holds (all of them, but for a pipeline stage). */
+static inline int fsdp_shard_owns(const struct fsdp_shard_engine *se, int u)
+{
+    return se->own ? se->own[u] : u >= se->u_lo && u <= se->u_hi;
+}
 /* Unit u is given to the model as this rank's rows (rows_root, unit 0). */
 static inline int fsdp_shard_by_rows(const struct fsdp_shard_engine *se, int u)
 {
     return se->rows_root && u == 0;
 }
+
+/* engine.c: one micro-batch's passes over the units [u_lo, u_hi] (a
+ * pipeline stage drives them in its own order), and the end of a step:
+ * the reductions completed, *loss summed over the data-parallel ranks, the
+ * clip and the update (the gathered units released). */
+int fsdp_shard_mb_forward(struct fsdp_shard_engine *se, const int32_t *inputs,
+                          const int32_t *targets);
+int fsdp_shard_mb_backward(struct fsdp_shard_engine *se, int first, int reduce, int accumulate);
+int fsdp_shard_mb_finish(struct fsdp_shard_engine *se, double lr, double *loss,
+                         struct fsdp_step_result *out);
+/* x summed over the data-parallel ranks (the shard group, then the replicas). */
+int fsdp_shard_loss_sum(struct fsdp_shard_engine *se, double *x);
+/* Binds unit u's gathered (or master) buffers to se->model. */
+int fsdp_shard_bind_unit(struct fsdp_shard_engine *se, int u);
+/* Unit 0's gradient before a backward that adds into it without running
+ * unit 0's own (a tied head on a pipeline's last stage): its slot zeroed
+ * when first, or the shard itself zeroed on the step's first micro-batch
+ * without accumulation where the model adds into it directly. */
+int fsdp_shard_root_begin(struct fsdp_shard_engine *se, int first, int accumulate);
 
 /* unit.c */
 int fsdp_unit_pslot(const struct fsdp_shard_engine *se, int u);
@@ -309,6 +349,18 @@ int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double is
  * completed, and moves finished reduce-scatters on to their replica
  * all-reduces. */
 int fsdp_unit_progress(struct fsdp_shard_engine *se);
+
+/* engine_check.c: one error naming what does not fit, before anything is built */
+int fsdp_shard_check_config(const struct fsdp_shard_config *ec);
+/* the model and the optimizer on the table the plan cuts (or the whole
+ * one), the tp context the plan's rank */
+int fsdp_shard_check_parts(const struct fsdp_shard_parts *p);
+/* every tie's parameter is unit 0's (the root's, kept gathered) */
+int fsdp_shard_check_ties(const struct fsdp_model_spec *spec);
+/* sets se->offload from the config; refused with tensor parallelism */
+int fsdp_shard_check_offload(struct fsdp_shard_engine *se, const struct fsdp_shard_parts *p);
+/* each group's backend takes the device's memory, or the group stages it */
+int fsdp_shard_check_backends(const struct fsdp_shard_engine *se);
 
 /* offload.c */
 /* The copy stream and its events (not when sizing, nor without offload). */

@@ -72,6 +72,9 @@ static int shard_segs_create(struct fsdp_shard_engine *se)
                 off = 0; /* a unit's block starts over */
             }
             fsdp_shard_rows(p, se->Rs, r, &g->row0, &g->rows);
+            if (!fsdp_shard_owns(se, p->unit)) {
+                g->row0 = g->rows = 0; /* another pipeline stage's unit */
+            }
             g->unit_at = p->offset + g->row0 * p->shape[1];
             g->len = g->rows * p->shape[1];
             g->block_off = off;
@@ -173,6 +176,10 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
 {
     const struct fsdp_model_spec *spec = se->spec;
     size_t total = 0;
+    if (se->u_hi <= 0) { /* no stage set: every unit (a stage always holds a block) */
+        se->u_lo = 0;
+        se->u_hi = spec->n_units - 1;
+    }
     FSDP_CHECK(shard_segs_create(se));
     se->n_units = spec->n_units;
     se->units = calloc((size_t)se->n_units, sizeof(*se->units));
@@ -200,6 +207,10 @@ int fsdp_shard_layout_create(struct fsdp_shard_engine *se)
         un->big = un->first;
         for (size_t i = un->first; i < un->first + un->nparam; i++) {
             un->big = spec->params[i].numel > spec->params[un->big].numel ? i : un->big;
+        }
+        if (!fsdp_shard_owns(se, u)) {
+            un->numel = 0; /* no slot, no scratch, nothing computed here */
+            continue;
         }
         size_t rest = un->numel - spec->params[un->big].numel;
         se->scratch_floats = rest > se->scratch_floats ? rest : se->scratch_floats;

@@ -8,7 +8,7 @@ noinst_HEADERS += src/train/train_config.h src/train/schedule.h \
 	src/train/ckpt_cadence.h src/train/ckpt_cadence_impl.h src/train/ckpt_async.h src/train/uneven.h src/train/stop.h src/train/model_source.h \
 	src/train/memory_plan.h src/train/mesh_check.h src/train/save_progress.h src/train/stage.h
 # what the parallelisms apply to: the tp plan, the model, activation checkpointing, the optimizer
-libfsdpc_a_SOURCES += src/train/parts.c
+libfsdpc_a_SOURCES += src/train/parts.c src/train/pipeline.c
 noinst_HEADERS += src/train/parts.h
 
 # tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),

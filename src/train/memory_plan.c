@@ -66,6 +66,15 @@ static int plan_mesh(const struct fsdp_train_config *c, struct fsdp_shard_shape 
     FSDP_CHECK(fsdp_trainer_mesh_check(&d));
     *sh = (struct fsdp_shard_shape){.dp = 1, .rdp = 1, .tp = 1};
     for (int i = 0; i < d.ndims; i++) {
+        if (strcmp(d.name[i], "pp") == 0 && d.size[i] > 1) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                            "mesh %s: --print-memory does not plan "
+                            "pipeline stages yet (a pp dimension)",
+                            d.spec);
+        }
+        if (strcmp(d.name[i], "pp") == 0) {
+            continue;
+        }
         int *at = strcmp(d.name[i], "dp") == 0 ? &sh->dp : strcmp(d.name[i], "rdp") == 0 ? &sh->rdp
                                                                                         : &sh->tp;
         *at = d.size[i];

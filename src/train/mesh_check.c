@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const mc_names[] = {"dp", "rdp", "tp"};
+static const char *const mc_names[] = {"dp", "rdp", "tp", "pp"};
 
 /* spec with dimension k named `name` instead. */
 static void mc_respell(const struct fsdp_mesh_dims *d, int k, const char *name, char *buf,
@@ -33,18 +33,19 @@ int fsdp_trainer_mesh_check(const struct fsdp_mesh_dims *d)
 {
     int shard = 0;
     for (int i = 0; i < d->ndims; i++) {
-        if (fsdp_opt_nearest(d->name[i], mc_names, 3, 0)) {
+        if (fsdp_opt_nearest(d->name[i], mc_names, 4, 0)) {
             shard |= strcmp(d->name[i], "rdp") != 0;
             continue;
         }
-        const char *near = fsdp_opt_nearest(d->name[i], mc_names, 3, 2);
+        const char *near = fsdp_opt_nearest(d->name[i], mc_names, 4, 2);
         char fixed[160], mean[32] = "";
         if (near) {
             snprintf(mean, sizeof(mean), " (did you mean '%s'?)", near);
         }
-        int rc = fsdp_err(FSDP_ERR_INVALID, "mesh %s: dimension '%s' is not one the trainer "
-                          "uses%s: dp shards, rdp replicates, tp is tensor parallel", d->spec,
-                          d->name[i], mean);
+        int rc = fsdp_err(FSDP_ERR_INVALID,
+                          "mesh %s: dimension '%s' is not one the trainer "
+                          "uses%s: dp shards, rdp replicates, tp is tensor parallel, pp pipelines",
+                          d->spec, d->name[i], mean);
         mc_respell(d, i, near ? near : "dp", fixed, sizeof(fixed));
         fsdp_err_hint("--mesh %s", fixed);
         return rc;

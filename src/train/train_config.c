@@ -90,7 +90,7 @@ static const struct fsdp_opt train_opts[] = {
      "distributed debug level (env: $FSDPC_DEBUG); detail checks every collective", 0},
     {"mesh", FSDP_OPT_STR, F(mesh), S(mesh), 0, 0, NULL, "SPEC", 0,
      "device mesh: dp=N (shard), rdp=R,dp=N (replicate x shard), with tp=T last (tensor "
-     "parallel); default dp=<ranks>",
+     "parallel) and pp=P first (pipeline stages); default dp=<ranks>",
      0},
     {"backend", FSDP_OPT_STR, F(backend), S(backend), 0, 0, NULL, "NAME", 0,
      "collective backend: mpi, tcp, or per dimension (dp=tcp,rdp=mpi,tp=mpi)", 0},
@@ -138,6 +138,16 @@ static const struct fsdp_opt train_opts[] = {
      "write checkpoint shards in the background from a snapshot of the state (auto: when the "
      "snapshot takes under half the host's available memory and there is no tp)",
      0},
+    {"pp-schedule", FSDP_OPT_CHOICE, F(pp_schedule), 0, 0, 0, "gpipe|1f1b|interleaved", "KIND", 0,
+     "with a pp dimension: the pipeline schedule (interleaved: --pp-virtual stages per rank)", 0},
+    {"pp-microbatches", FSDP_OPT_INT, F(pp_microbatches), 0, 0, 1 << 20, NULL, "M", 0,
+     "with a pp dimension: micro-batches per step (sets grad-accum: the global batch is "
+     "batch-size x M x the data-parallel ranks, as without pp)",
+     0},
+    {"pp-virtual", FSDP_OPT_INT, F(pp_virtual), 0, 1, 64, NULL, "V", 0,
+     "with a pp dimension: stages per rank (interleaved only)", 0},
+    {"pp-layers", FSDP_OPT_STR, F(pp_layers), S(pp_layers), 0, 0, NULL, "N,N,...", 0,
+     "with a pp dimension: transformer layers of each stage (default: balanced by parameters)", 0},
     /* a bare --resume (or "resume =" in a file) means latest */
     {"resume", FSDP_OPT_STR, F(resume), S(resume), 0, 0, "latest", "latest|required|PATH",
      FSDP_OPT_OPTIONAL_VALUE,
@@ -170,6 +180,8 @@ void fsdp_train_config_init(struct fsdp_train_config *c, struct fsdp_optset *set
     c->prefetch = 1;
     snprintf(c->loss_scale, sizeof(c->loss_scale), "off");
     c->loss_scale_init = 65536.0;
+    c->pp_schedule = 1; /* 1f1b */
+    c->pp_virtual = 1;
 
     memset(set, 0, sizeof(*set));
     set->prog = "fsdpc-train";
@@ -191,6 +203,36 @@ static int config_validate_plan(const struct fsdp_train_config *c, const struct 
     int dynamic;
     double scale;
     return fsdp_train_config_loss_scale(c, &dynamic, &scale);
+}
+
+/* The pipeline's settings against the rest: one micro-batch count, and
+ * what the pipeline runtime does not do yet refused with one line. */
+static int config_validate_pp(const struct fsdp_train_config *c, const struct fsdp_optset *set)
+{
+    struct fsdp_mesh_dims d;
+    int pp = 1;
+    if (c->mesh[0] && fsdp_mesh_parse(c->mesh, &d) == 0) {
+        for (int i = 0; i < d.ndims; i++) {
+            pp = strcmp(d.name[i], "pp") == 0 ? d.size[i] : pp;
+        }
+    }
+    if (c->pp_microbatches > 0 && fsdp_opt_given(set, "grad-accum") &&
+        c->grad_accum != c->pp_microbatches) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "pp-microbatches %ld and grad-accum %ld differ: they "
+                        "are one setting (the step's micro-batches); give one of them",
+                        c->pp_microbatches, c->grad_accum);
+    }
+    if (pp <= 1) {
+        return 0;
+    }
+    const char *no =
+        c->uneven == FSDP_UNEVEN_JOIN && c->epochs > 0 ? "--uneven join (use --uneven stop)" : NULL;
+    if (no) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "mesh %s: pipeline parallelism does not take %s",
+                        c->mesh, no);
+    }
+    return 0;
 }
 
 int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct fsdp_optset *set)
@@ -245,6 +287,7 @@ int fsdp_train_config_validate(const struct fsdp_train_config *c, const struct f
         FSDP_CHECK(fsdp_mesh_parse(c->mesh, &d));
         FSDP_CHECK(fsdp_trainer_mesh_check(&d));
     }
+    FSDP_CHECK(config_validate_pp(c, set));
     int dynamic;
     double scale;
     FSDP_CHECK(fsdp_train_config_loss_scale(c, &dynamic, &scale));
@@ -263,6 +306,9 @@ int fsdp_train_config_parse(struct fsdp_train_config *c, struct fsdp_optset *set
         return rc;
     }
     FSDP_CHECK(fsdp_train_config_validate(c, set));
+    if (c->pp_microbatches > 0) {
+        c->grad_accum = c->pp_microbatches;
+    }
     return 0;
 }
 

@@ -95,6 +95,12 @@ struct fsdp_train_config {
     int sequence_parallel;   /* with tp: norms and residuals hold 1/tp of the rows (default 1) */
     int print_memory;        /* print the per-rank memory plan and exit (memory_plan.h) */
     int offload;             /* choice index into none|optim|params,optim (enum fsdp_offload) */
+    /* pipeline parallelism (a pp dimension in mesh; doc/user-guide.md) */
+    int pp_schedule;      /* enum fsdp_pp_kind: gpipe|1f1b|interleaved (default 1f1b) */
+    long pp_microbatches; /* M: micro-batches per step, the same setting as grad-accum;
+                             0: grad-accum's */
+    long pp_virtual;      /* V: stages per rank (interleaved) */
+    char pp_layers[128];  /* "5,6,6,5": layers per stage; "": balanced */
 };
 
 /* The dtype behind a param-dtype / reduce-dtype choice index. */

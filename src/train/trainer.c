@@ -69,6 +69,7 @@ void fsdp_trainer_data_place(struct fsdp_trainer *t)
     struct fsdp_mesh_dims d;
     const int rank = fsdp_trainer_rank(t), world = fsdp_trainer_world(t);
     t->tp = 1;
+    t->pp = 1;
     t->data_rank = rank;
     t->data_world = world;
     if (!t->cfg->mesh[0]) {
@@ -84,6 +85,10 @@ void fsdp_trainer_data_place(struct fsdp_trainer *t)
         rem /= d.size[i];
         if (strcmp(d.name[i], "tp") == 0) {
             t->tp = d.size[i];
+            continue;
+        }
+        if (strcmp(d.name[i], "pp") == 0) { /* a pipeline's stages read the same batch */
+            t->pp = d.size[i];
             continue;
         }
         idx += coord * span;

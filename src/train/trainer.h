@@ -74,6 +74,7 @@ struct fsdp_trainer {
     int world_ready;               /* the world group is up on every rank */
     int agree_seq;                 /* setup agreements made through the store */
     int tp;                        /* ranks of the mesh's tp dimension (1: none) */
+    int pp;                        /* ranks of the mesh's pp dimension (1: none) */
     int data_rank, data_world;     /* this rank's place among the data-parallel ranks (every
                                       dimension but tp: tp peers read the same batch) */
 };
@@ -108,6 +109,9 @@ struct fsdp_uneven_run fsdp_trainer_uneven_run(const struct fsdp_trainer *t);
 
 /* The sharding engine over t's mesh (the default factory). */
 int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out);
+/* With a pp dimension: this rank's pipeline stage, sharded over its dp and
+ * rdp groups (pipeline.c); fsdp_trainer_shard_engine calls it. */
+int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out);
 void fsdp_trainer_destroy(struct fsdp_trainer *t);
 
 /* Prints the run header on rank 0: model, data, batch, peak FLOP/s. */

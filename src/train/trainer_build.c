@@ -211,10 +211,13 @@ static int trainer_stage_dims(struct fsdp_trainer *t)
         int staged = fsdp_group_set_stager(m->dims[i].group, &t->stager);
         FSDP_CHECK(staged);
         if (staged && t->dist->rank == 0) {
+            char how[48];
+            fsdp_group_stage_describe(m->dims[i].group, how, sizeof(how));
             FSDP_INFO(FSDP_SUB_TRAIN,
                       "mesh dimension %s: backend %s takes no %s device memory: "
-                      "its collectives are staged through host buffers",
-                      m->dims[i].name, m->dims[i].ops->name, t->dev->ops->name);
+                      "its collectives are staged through host buffers, in %s "
+                      "(FSDPC_STAGE_CHUNK_BYTES)",
+                      m->dims[i].name, m->dims[i].ops->name, t->dev->ops->name, how);
         }
     }
     return 0;
@@ -315,6 +318,10 @@ static int trainer_reserve(struct fsdp_trainer *t, const struct fsdp_shard_group
 int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 {
     const struct fsdp_train_config *c = t->cfg;
+    struct fsdp_group *pp = t->mesh ? fsdp_mesh_group(t->mesh, "pp") : NULL;
+    if (pp && pp->size > 1) {
+        return fsdp_trainer_pp_engine(t, out);
+    }
     struct fsdp_optim_config oc;
     fsdp_train_config_optim(c, &oc);
     struct fsdp_shard_config sc;

@@ -75,15 +75,16 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
                 fsdp_tokens_count(t->val->tokens), t->val_batches, when);
     }
     char tpn[64] = "";
-    if (t->tp > 1) {
-        snprintf(tpn, sizeof(tpn), " (of %d: tp peers share a batch)", fsdp_trainer_world(t));
+    if (t->tp > 1 || t->pp > 1) {
+        snprintf(tpn, sizeof(tpn), " (of %d: %s share a batch)", fsdp_trainer_world(t),
+                 t->pp > 1 ? "pipeline stages" : "tp peers");
     }
     fprintf(fp,
             "batch: %d rank%s%s x %ld seq x %ld tokens x %ld micro-steps = %zu tokens per "
             "step\n",
             t->data_world, t->data_world > 1 ? "s" : "", tpn, c->batch_size, c->seq_len,
             c->grad_accum, step_tokens);
-    char staged[96] = "";
+    char staged[160] = "", how[48] = "";
     for (int i = 0; t->mesh && i < t->mesh->ndims; i++) {
         if (t->mesh->dims[i].group->stager) {
             size_t n = strlen(staged);
@@ -92,7 +93,12 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
                        : "; staged through host "
                          "buffers: ",
                      t->mesh->dims[i].name);
+            fsdp_group_stage_describe(t->mesh->dims[i].group, how, sizeof(how));
         }
+    }
+    if (how[0]) {
+        size_t n = strlen(staged);
+        snprintf(staged + n, sizeof(staged) - n, " (%s)", how);
     }
     fprintf(fp, "compute: %s on every rank, %s memory, %ld BLAS thread%s per rank%s\n",
             t->dev->ops->name, t->dev->mem == FSDP_MEM_HOST ? "host" : "device", c->threads,
@@ -192,7 +198,7 @@ int fsdp_trainer_step(struct fsdp_trainer *t, struct fsdp_step_stats *stats)
     uint64_t epoch = t->train->epoch;
     /* with epochs the vote before this step said who has a batch (every tp
      * peer of a data-parallel rank alike) */
-    int contrib = (u ? u->n_contrib : fsdp_trainer_world(t)) / t->tp;
+    int contrib = (u ? u->n_contrib : fsdp_trainer_world(t)) / (t->tp * t->pp);
     double t0 = fsdp_now();
     struct fsdp_batch b = {.K = (int)c->grad_accum, .B = (int)c->batch_size, .T = (int)c->seq_len};
     int rc = 0;

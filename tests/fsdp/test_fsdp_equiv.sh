@@ -361,7 +361,7 @@ bad() {
 }
 bad "mesh 'dp=3' has 3 ranks (3) but the world has 1" 1 --mesh dp=3
 tap_ok $? "a mesh that does not fit the world is one clear error"
-bad "dimension 'pp' is not one the trainer uses" 1 --mesh pp=1
+bad "dimension 'ep' is not one the trainer uses" 1 --mesh ep=1
 tap_ok $? "an unknown mesh dimension is one clear error"
 bad "loss-scale 'abc' is not off, dynamic or a positive number" 1 --loss-scale abc
 tap_ok $? "a bad loss scale is one clear error"

@@ -159,8 +159,10 @@ refused() {
 }
 refused "no such model or preset" "model nosuch.h5: no such file, and not a preset (gpt2: tiny" \
     --model nosuch.h5 --batch-size 1 --seq-len 16
-refused "a mesh dimension the trainer does not use" "dimension 'pp' is not one the trainer uses" \
-    --model llama-8b --mesh dp=2,pp=2 --batch-size 1 --seq-len 16
+refused "a mesh dimension the trainer does not use" "dimension 'ep' is not one the trainer uses" \
+    --model llama-8b --mesh dp=2,ep=2 --batch-size 1 --seq-len 16
+refused "a pp dimension (not planned)" "does not plan pipeline stages" \
+    --model llama-8b --mesh pp=2,dp=2 --batch-size 1 --seq-len 16
 refused "tp that does not divide the heads" "n_head 32 is not divisible by tp 3" \
     --model llama-8b --mesh dp=2,tp=3 --batch-size 1 --seq-len 16
 refused "seq-len past the context" "seq-len 128 is longer than the context 64" \

@@ -1,0 +1,76 @@
+/*
+ * pp_engine.h - the pipeline-parallel runtime behind the engine table
+ * (engine.h): a rank holds its stages of the model (blocks of units,
+ * pp_plan.h: one stage under gpipe and 1f1b, V under interleaved, stage
+ * c P + r on rank r) sharded over its data-parallel groups by one sharding
+ * engine restricted to those units (fsdp.h, unit_lo/unit_hi or unit_mask),
+ * and runs its passes of the step's M micro-batches in the order its
+ * schedule's table gives (pp_schedule.h), with the messages around each
+ * pass in the order pp_comm.h derives.
+ *
+ *   forward   a stage after the first receives the residual stream at its
+ *             input from the previous stage (B x T x C floats), runs its
+ *             units, and sends its output on; the last computes the loss
+ *   backward  the last stage starts from the loss, the others from the
+ *             residual's gradient received from the next stage; each sends
+ *             the gradient of its input back (not stage 0)
+ *
+ * Activations: a stage keeps, for each micro-batch between its forward and
+ * its backward, only the residual stream at its input (stage-input
+ * checkpointing); the backward runs the stage's forward again from it
+ * (unless the model still holds that micro-batch, as the last stage under
+ * 1f1b always does) and then its backward. One model instance per chunk
+ * serves every micro-batch, bound to the one set of gathered parameters and
+ * gradient buffers; forwards whose backward has not run peak at the
+ * schedule's bound (fsdp_pp_peak_bound).
+ *
+ * A head tied to the embedding: the last stage's rank holds a copy of unit
+ * 0; the copies' gradients are summed before the update, the norm counts
+ * the embedding once, checkpoints take rank 0's.
+ *
+ * The step's loss is summed over the stages (only the last has one) and
+ * the data-parallel ranks, the squared gradient norm over the stages too,
+ * so every rank reports and clips by the whole model's. With
+ * FSDPC_LOG=fsdp=debug each rank logs the order its passes ran in and the
+ * most inputs it held, one line per step. Opens no file, reads no data.
+ */
+#ifndef FSDP_PARALLEL_PP_ENGINE_H
+#define FSDP_PARALLEL_PP_ENGINE_H
+
+#include "parallel/engine.h"
+#include "parallel/pp_schedule.h"
+
+struct fsdp_group;
+struct fsdp_model;
+
+struct fsdp_pp_config {
+    enum fsdp_pp_kind kind;
+    int V;            /* stages per rank (chunks; more than 1: interleaved) */
+    int M;            /* micro-batches per step (the batch's K) */
+    const int *first; /* (P V + 1,) first layer of each stage; first[P V] = L */
+    size_t C;         /* width of the residual stream at the stage boundaries */
+    int root_line;    /* this rank's pipeline group holds world rank 0 (its other
+                         coordinates are all 0): gather_unit brings units there */
+    int tied;         /* the head reads the embedding's table (a tie to unit 0): the
+                         last stage's rank holds a copy of unit 0 (its engine holds it
+                         too), and the two copies' gradients are summed before the
+                         update, so that both take the same step */
+};
+
+/*
+ * The pipeline engine over the pipeline group pp (rank r runs stages
+ * c P + r, c < V) around inner, a sharding engine made for those stages'
+ * units, and models[c] for each chunk c (set_stage applied: chunk 0's is
+ * the inner engine's parts' model, borrowed; the others, made like it and
+ * reserved, become the engine's). Takes inner and models[1 ..]: they are
+ * destroyed with the engine, also on failure. Collective over pp.
+ */
+int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *models,
+                          struct fsdp_group *pp, const struct fsdp_pp_config *pc,
+                          struct fsdp_engine **out);
+
+/* The units [*lo, *hi] stage s of S holds, for layers split at first
+ * (S + 1 entries) of a model with L layers (units 0 .. L + 1). */
+void fsdp_pp_stage_units(const int *first, int P, int s, int *lo, int *hi);
+
+#endif
