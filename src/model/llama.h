@@ -156,6 +156,8 @@ int fsdp_llama_set_checkpoint(struct fsdp_llama *m, int l, int on);
 #define FSDP_LLAMA_HEAD_BYTES ((size_t)16 << 20)
 int fsdp_llama_set_head_chunk(struct fsdp_llama *m, int rows);
 int fsdp_llama_reserve(struct fsdp_model *m);
+/* Rows of one LM-head chunk: the chunk size, at most the largest batch. */
+size_t fsdp_llama_head_rows(const struct fsdp_llama *m);
 int fsdp_llama_set_unit(struct fsdp_llama *m, int u, void *params, enum fsdp_dtype pt,
                         float *grads);
 void fsdp_llama_set_ignore_index(struct fsdp_llama *m, int32_t ignore_index);
