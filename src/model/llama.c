@@ -177,7 +177,8 @@ static int llama_rope_tables(struct fsdp_llama *m)
 }
 
 static int llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
-                        struct fsdp_tp *tp, struct fsdp_device *dev, struct fsdp_llama **out)
+                        struct fsdp_tp *tp, struct fsdp_device *dev, enum fsdp_dtype adt,
+                        struct fsdp_llama **out)
 {
     int rc;
     FSDP_CHECK(fsdp_lm_check_arch(spec, &fsdp_llama_arch));
@@ -210,10 +211,18 @@ static int llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T
     m->head_chunk = fsdp_lm_head_default_rows(&m->lm, FSDP_LLAMA_HEAD_BYTES);
     m->bwd_next = -1;
     m->acts.blocks = calloc((size_t)c->n_layer, sizeof(*m->acts.blocks));
-    if (!m->acts.blocks) {
+    m->acts.store = calloc((size_t)c->n_layer, sizeof(*m->acts.store));
+    if (!m->acts.blocks || !m->acts.store) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "llama model tables");
         goto err_free;
     }
+    if (adt != FSDP_F32 && (adt != FSDP_BF16 || m->lm.tpn > 1)) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "llama: activation dtype %s is not supported%s (use f32%s)",
+                      fsdp_dtype_name(adt), adt == FSDP_BF16 ? " with tensor parallelism" : "",
+                      adt == FSDP_BF16 ? ", or bf16 without a tp dimension" : " or bf16");
+        goto err_free;
+    }
+    m->lm.adt = adt;
     FSDP_CHECK_GOTO(llama_map_params(m), rc, err_free);
     FSDP_CHECK_GOTO(llama_rope_tables(m), rc, err_free);
     *out = m;
@@ -226,7 +235,7 @@ err_free:
 int fsdp_llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
                       struct fsdp_llama **out)
 {
-    return llama_create(spec, max_B, max_T, NULL, NULL, out);
+    return llama_create(spec, max_B, max_T, NULL, NULL, FSDP_F32, out);
 }
 
 void fsdp_llama_destroy(struct fsdp_llama *m)
@@ -238,6 +247,7 @@ void fsdp_llama_destroy(struct fsdp_llama *m)
     fsdp_lm_release(&m->lm, m->rope_cos);
     fsdp_lm_release(&m->lm, m->rope_sin);
     free(m->acts.blocks);
+    free(m->acts.store);
     free(m);
 }
 
@@ -308,6 +318,38 @@ static int llama_embed_forward(struct fsdp_llama *m)
     return 0;
 }
 
+/* bf16 activations: x (n values) rounded to its store st, so that what the
+ * next kernel reads is what the backward will read; nothing at f32. */
+static void llama_keep(struct fsdp_llama *m, uint16_t *st, float *x, size_t n)
+{
+    if (st) {
+        m->lm.k->f32_to_bf16(m->lm.dev, st, x, n);
+        m->lm.k->bf16_to_f32(m->lm.dev, x, st, n);
+    }
+}
+
+/* bf16 activations: block l's stored tensors widened into the working set
+ * its acts point at, with its input; nothing at f32. */
+static void llama_block_load(struct fsdp_llama *m, int l)
+{
+    const struct fsdp_llama_block_store *st = &m->acts.store[l];
+    const struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
+    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd, F = m->lf;
+    struct fsdp_device *d = m->lm.dev;
+    if (!st->rms1) {
+        return;
+    }
+    m->lm.k->bf16_to_f32(d, a->rms1, st->rms1, BT * C);
+    m->lm.k->bf16_to_f32(d, a->qkv, st->qkv, BT * (size_t)m->qkv_w);
+    m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * m->lq);
+    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BT * C);
+    m->lm.k->bf16_to_f32(d, a->rms2, st->rms2, BT * C);
+    m->lm.k->bf16_to_f32(d, a->gate, st->gate, BT * F);
+    m->lm.k->bf16_to_f32(d, a->up, st->up, BT * F);
+    m->lm.k->bf16_to_f32(d, a->h, st->h, BT * F);
+    fsdp_lm_residual_load(&m->lm, l);
+}
+
 /* Block l from residual[l]; full = 0 stops before down_proj, which only
  * produces residual[l+1] (what a checkpointed backward does not need).
  * With tensor parallelism the heads and the MLP features are this rank's
@@ -319,9 +361,14 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     struct fsdp_llama_block_view w;
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
+    const struct fsdp_llama_block_store *st = &m->acts.store[l];
     float *x = fsdp_lm_residual(&m->lm, l);
     const float *in;
     fsdp_llama_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
+    if (full && l + 1 == m->lm.stage_lo) { /* a pipeline stage's input, written into x */
+        fsdp_lm_residual_save(&m->lm, l);
+    }
+    fsdp_lm_residual_load(&m->lm, l);
     /* Without tensor parallelism the norms' pass over the residual stream
      * also copies it to where the next row-parallel product accumulates
      * (beta = 1), so that product needs no prefill pass of its own. */
@@ -330,26 +377,35 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     /* attention: one product for q, k and v (and their biases), RoPE in place */
     m->lm.k->rmsnorm_forward(m->lm.dev, a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, w.pt, BR, C,
                              c->norm_eps);
+    llama_keep(m, st->rms1, a->rms1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, w.pt, NULL, BT, C, (size_t)m->qkv_w);
     m->lm.k->rope_forward(m->lm.dev, a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                           m->lnkv, m->hs);
+    llama_keep(m, st->qkv, a->qkv, BT * (size_t)m->qkv_w);
     m->lm.k->gqa_attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv,
                                    m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
+    llama_keep(m, st->atty, a->atty, BT * m->lq);
     FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.ow, NULL, w.pt, keep1 ? a->res2 : x,
                                     BT, m->lq));
+    llama_keep(m, st->res2, a->res2, BR * C);
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
     m->lm.k->rmsnorm_forward(m->lm.dev, a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, w.pt, BR,
                              C, c->norm_eps);
+    llama_keep(m, st->rms2, a->rms2, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->gate, in, w.gatew, NULL, w.pt, NULL, BT, C, F);
     m->lm.k->matmul_forward(m->lm.dev, a->up, in, w.upw, NULL, w.pt, NULL, BT, C, F);
+    llama_keep(m, st->gate, a->gate, BT * F);
+    llama_keep(m, st->up, a->up, BT * F);
     m->lm.k->swiglu_forward(m->lm.dev, a->h, a->gate, a->up, BT * F);
+    llama_keep(m, st->h, a->h, BT * F);
     if (full) {
         float *out = fsdp_lm_residual(&m->lm, l + 1);
         FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, a->h, w.downw, NULL, w.pt,
                                         keep2 ? out : a->res2, BT, F));
+        fsdp_lm_residual_save(&m->lm, l + 1);
     }
     return 0;
 }
@@ -456,9 +512,11 @@ int fsdp_llama_forward_unit(struct fsdp_model *base, int u)
     FSDP_CHECK(fsdp_lm_check_forward(&m->lm, u, m->cfg->tied));
     if (u == 0) {
         FSDP_CHECK(llama_embed_forward(m));
+        fsdp_lm_residual_save(&m->lm, 0);
     } else if (u <= L) {
         FSDP_CHECK(llama_block_forward(m, u - 1, 1));
     } else {
+        fsdp_lm_residual_load(&m->lm, L);
         FSDP_CHECK(llama_head_forward(m));
     }
     m->lm.fwd_done[u] = 1;
@@ -558,6 +616,8 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     float *spg = g->spg, *datty = m->lm.sp ? g->xfull : g->dbtc;
     if (m->lm.checkpoint[l]) {
         FSDP_CHECK(llama_block_forward(m, l, 0));
+    } else {
+        llama_block_load(m, l);
     }
     fsdp_llama_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
     fsdp_llama_block_view(m, fsdp_lm_grads(&m->lm, 1 + l), &dw);
@@ -626,6 +686,7 @@ int fsdp_llama_backward_unit(struct fsdp_model *base, int u)
     } else if (u <= L) {
         FSDP_CHECK(llama_block_backward(m, u - 1));
     } else {
+        fsdp_lm_residual_load(&m->lm, L);
         FSDP_CHECK(llama_head_backward(m));
     }
     m->bwd_next = u - 1;
@@ -658,13 +719,7 @@ static int llama_op_create(const struct fsdp_model_spec *spec, const struct fsdp
                            struct fsdp_model **out)
 {
     struct fsdp_llama *m = NULL;
-    if (o->act_dtype != FSDP_F32) {
-        return fsdp_err(FSDP_ERR_INVALID,
-                        "llama: activation dtype %s is not supported for the Llama family yet "
-                        "(use --activation-dtype f32)",
-                        fsdp_dtype_name(o->act_dtype));
-    }
-    FSDP_CHECK(llama_create(spec, o->max_B, o->max_T, o->tp, o->dev, &m));
+    FSDP_CHECK(llama_create(spec, o->max_B, o->max_T, o->tp, o->dev, o->act_dtype, &m));
     if (o->head_chunk > 0) {
         int rc = fsdp_llama_set_head_chunk(m, o->head_chunk);
         if (rc < 0) {

@@ -10,25 +10,93 @@
 #include "core/error.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 // ----------------------------------------------------------------------------
 // activation layout
 
+/* A bf16 tensor of n values carved from the float buffer. */
+static uint16_t *llama_take16(float *base, size_t *off, size_t n)
+{
+    return (uint16_t *)(void *)fsdp_lm_take(base, off, (n + 1) / 2);
+}
+
+/* work NULL: the block's own f32 tensors; else (bf16 activations) its
+ * tensors are stored in st and a points at work for them, with its own f32
+ * rstd and log-sum-exps. */
 static void llama_layout_block(const struct fsdp_llama *m, struct fsdp_llama_block_acts *a,
-                               float *base, size_t *off, size_t BT)
+                               struct fsdp_llama_block_store *st,
+                               const struct fsdp_llama_block_acts *work, float *base, size_t *off,
+                               size_t BT)
 {
     size_t C = (size_t)m->cfg->n_embd, F = m->lf, BR = fsdp_lm_rows_here(&m->lm, BT);
-    a->rms1 = fsdp_lm_take(base, off, BR * C);
+    size_t Q = (size_t)m->qkv_w;
+    *st = (struct fsdp_llama_block_store){NULL};
+    if (!work) { /* f32: the layout as it always was */
+        a->rms1 = fsdp_lm_take(base, off, BR * C);
+        a->rms1_rstd = fsdp_lm_take(base, off, BR);
+        a->qkv = fsdp_lm_take(base, off, BT * Q);
+        a->atty = fsdp_lm_take(base, off, BT * m->lq);
+        a->att_lse = fsdp_lm_take(base, off, BT * (size_t)m->lnh);
+        a->res2 = fsdp_lm_take(base, off, BR * C);
+        a->rms2 = fsdp_lm_take(base, off, BR * C);
+        a->rms2_rstd = fsdp_lm_take(base, off, BR);
+        a->gate = fsdp_lm_take(base, off, BT * F);
+        a->up = fsdp_lm_take(base, off, BT * F);
+        a->h = fsdp_lm_take(base, off, BT * F);
+        return;
+    }
+    *a = *work;
+    st->rms1 = llama_take16(base, off, BR * C);
     a->rms1_rstd = fsdp_lm_take(base, off, BR);
-    a->qkv = fsdp_lm_take(base, off, BT * (size_t)m->qkv_w);
-    a->atty = fsdp_lm_take(base, off, BT * m->lq);
+    st->qkv = llama_take16(base, off, BT * Q);
+    st->atty = llama_take16(base, off, BT * m->lq);
     a->att_lse = fsdp_lm_take(base, off, BT * (size_t)m->lnh);
-    a->res2 = fsdp_lm_take(base, off, BR * C);
-    a->rms2 = fsdp_lm_take(base, off, BR * C);
+    st->res2 = llama_take16(base, off, BR * C);
+    st->rms2 = llama_take16(base, off, BR * C);
     a->rms2_rstd = fsdp_lm_take(base, off, BR);
-    a->gate = fsdp_lm_take(base, off, BT * F);
-    a->up = fsdp_lm_take(base, off, BT * F);
-    a->h = fsdp_lm_take(base, off, BT * F);
+    st->gate = llama_take16(base, off, BT * F);
+    st->up = llama_take16(base, off, BT * F);
+    st->h = llama_take16(base, off, BT * F);
+}
+
+/* The saved tensors of this stage's blocks (and, with bf16 activations,
+ * their working set), after the rest. */
+static void llama_layout_blocks(const struct fsdp_llama *m, float *base, size_t *off,
+                                struct fsdp_llama_acts *a, size_t BT)
+{
+    size_t L = (size_t)m->cfg->n_layer;
+    const size_t lo = (size_t)m->lm.stage_lo, hi = (size_t)m->lm.stage_hi;
+    struct fsdp_llama_block_acts blk, work, *w = NULL;
+    struct fsdp_llama_block_store st;
+    int any_ckpt = 0;
+    if (m->lm.adt == FSDP_BF16) {
+        llama_layout_block(m, &work, &st, NULL, base, off, BT);
+        w = &work;
+    }
+    for (size_t l = 0; l < L; l++) {
+        if (l + 1 < lo || l + 1 > hi) {
+            continue; /* another stage's block */
+        }
+        if (m->lm.checkpoint[l]) {
+            any_ckpt = 1;
+            continue;
+        }
+        llama_layout_block(m, &blk, &st, w, base, off, BT);
+        if (a->blocks) {
+            a->blocks[l] = blk;
+            a->store[l] = st;
+        }
+    }
+    if (any_ckpt) { /* one set shared by all of them */
+        llama_layout_block(m, &blk, &st, w, base, off, BT);
+        for (size_t l = 0; l < L && a->blocks; l++) {
+            if (m->lm.checkpoint[l]) {
+                a->blocks[l] = blk;
+                a->store[l] = st;
+            }
+        }
+    }
 }
 
 size_t fsdp_llama_head_rows(const struct fsdp_llama *m)
@@ -44,15 +112,19 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
     const struct fsdp_llama_config *c = m->cfg;
     size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)c->n_embd;
     size_t L = (size_t)c->n_layer, V = (size_t)c->vocab_size;
-    struct fsdp_llama_block_acts blk;
-    size_t off = 0;
-    int any_ckpt = 0;
+    size_t off = 0, BR = fsdp_lm_rows_here(&m->lm, BT);
     /* a pipeline stage (set_stage) lays out its own blocks, and the head's
      * buffers only where it holds the head */
-    const size_t lo = (size_t)m->lm.stage_lo, hi = (size_t)m->lm.stage_hi, head = hi == L + 1;
-    a->residual = fsdp_lm_take(base, &off, (L + 1) * fsdp_lm_rows_here(&m->lm, BT) * C);
+    const size_t head = (size_t)m->lm.stage_hi == L + 1;
+    if (m->lm.adt == FSDP_BF16) {
+        a->residual16 = llama_take16(base, &off, (L + 1) * BR * C);
+        a->residual = fsdp_lm_take(base, &off, 2 * BR * C);
+    } else {
+        a->residual16 = NULL;
+        a->residual = fsdp_lm_take(base, &off, (L + 1) * BR * C);
+    }
     a->lnf = fsdp_lm_take(base, &off, head * BT * C);
-    a->lnf_rstd = fsdp_lm_take(base, &off, head * fsdp_lm_rows_here(&m->lm, BT));
+    a->lnf_rstd = fsdp_lm_take(base, &off, head * BR);
     a->head_logits = fsdp_lm_take(base, &off, head * fsdp_llama_head_rows(m) * V);
     a->ce_stats = fsdp_lm_take(base, &off, head * 2 * BT);
     a->losses = fsdp_lm_take(base, &off, head * BT);
@@ -61,27 +133,7 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
     a->att_scratch = fsdp_lm_take(
         base, &off,
         m->lm.k->gqa_attention_scratch_floats(m->lm.dev, m->lm.max_T, m->lnh, m->lnkv, m->hs));
-    for (size_t l = 0; l < L; l++) {
-        if (l + 1 < lo || l + 1 > hi) {
-            continue; /* another stage's block */
-        }
-        if (m->lm.checkpoint[l]) {
-            any_ckpt = 1;
-            continue;
-        }
-        llama_layout_block(m, &blk, base, &off, BT);
-        if (a->blocks) {
-            a->blocks[l] = blk;
-        }
-    }
-    if (any_ckpt) {
-        llama_layout_block(m, &blk, base, &off, BT); /* one set shared by all of them */
-        for (size_t l = 0; l < L && a->blocks; l++) {
-            if (m->lm.checkpoint[l]) {
-                a->blocks[l] = blk;
-            }
-        }
-    }
+    llama_layout_blocks(m, base, &off, a, BT);
     return off;
 }
 
@@ -125,6 +177,7 @@ int fsdp_llama_reserve(struct fsdp_model *base)
     if (fresh) {
         fsdp_lm_bind(lm, m->acts.residual, m->gacts.dres, m->gacts.dbtc, m->gacts.xfull,
                      m->gacts.spg);
+        lm->residual16 = m->acts.residual16;
         fsdp_lm_log_reserve(lm);
     }
     return 0;
@@ -133,7 +186,7 @@ int fsdp_llama_reserve(struct fsdp_model *base)
 size_t fsdp_llama_activation_bytes(const struct fsdp_model *base)
 {
     const struct fsdp_llama *m = (const struct fsdp_llama *)base;
-    struct fsdp_llama_acts count = {.blocks = NULL};
+    struct fsdp_llama_acts count = {.blocks = NULL, .store = NULL};
     return llama_layout_acts(m, NULL, &count) * sizeof(float);
 }
 

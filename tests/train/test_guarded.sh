@@ -56,6 +56,11 @@ same "gpt2 1 rank, bf16 activations" 1 --model "$W/gpt2.h5" --data "$W/train.bin
 same "gpt2 1 rank, bf16 activations and params, activation checkpointing" 1 \
     --model "$W/gpt2-4.h5" --data "$W/train.bin" --activation-dtype bf16 --param-dtype bf16 \
     --activation-checkpointing
+same "llama 1 rank, bf16 activations" 1 --model "$W/llama.h5" --data "$W/train.bin" \
+    --activation-dtype bf16
+same "llama 1 rank, bf16 activations and params, activation checkpointing" 1 \
+    --model "$W/llama.h5" --data "$W/train.bin" --activation-dtype bf16 --param-dtype bf16 \
+    --activation-checkpointing
 if [ -z "$MPIEXEC" ]; then
     tap_skip_dep mpiexec.mpich "the multi-rank comparisons"
 else
@@ -77,6 +82,8 @@ else
     same "gpt2 dp=2 tcp, offload params,optim" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
         --mesh dp=2 --backend tcp --offload params,optim --grad-accum 2
     same "gpt2 dp=2 tcp, bf16 activations, accumulation" 2 --model "$W/gpt2.h5" \
+        --data "$W/train.bin" --mesh dp=2 --backend tcp --activation-dtype bf16 --grad-accum 2
+    same "llama dp=2 tcp, bf16 activations, accumulation" 2 --model "$W/llama.h5" \
         --data "$W/train.bin" --mesh dp=2 --backend tcp --activation-dtype bf16 --grad-accum 2
     same "gpt2 dp=2 tcp, uneven data: join" 2 --model "$W/gpt2.h5" --data "$W/u{rank}.bin" \
         --mesh dp=2 --backend tcp --epochs 1 --steps 0
@@ -196,6 +203,9 @@ PY
 plan "gpt2 1 rank" 1 --model "$W/gpt2.h5"
 plan "gpt2 1 rank, bf16 activations" 1 --model "$W/gpt2.h5" --activation-dtype bf16
 plan "gpt2 1 rank, bf16 activations, activation checkpointing" 1 --model "$W/gpt2-4.h5" \
+    --activation-dtype bf16 --activation-checkpointing
+plan "llama 1 rank, bf16 activations" 1 --model "$W/llama.h5" --activation-dtype bf16
+plan "llama 1 rank, bf16 activations, activation checkpointing" 1 --model "$W/llama.h5" \
     --activation-dtype bf16 --activation-checkpointing
 plan "llama 1 rank, activation checkpointing" 1 --model "$W/llama.h5" --activation-checkpointing
 if [ -n "$MPIEXEC" ]; then
