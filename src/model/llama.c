@@ -216,10 +216,10 @@ static int llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T
         rc = fsdp_err(FSDP_ERR_NOMEM, "llama model tables");
         goto err_free;
     }
-    if (adt != FSDP_F32 && (adt != FSDP_BF16 || m->lm.tpn > 1)) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "llama: activation dtype %s is not supported%s (use f32%s)",
-                      fsdp_dtype_name(adt), adt == FSDP_BF16 ? " with tensor parallelism" : "",
-                      adt == FSDP_BF16 ? ", or bf16 without a tp dimension" : " or bf16");
+    if (adt != FSDP_F32 && adt != FSDP_BF16) {
+        rc = fsdp_err(FSDP_ERR_INVALID,
+                      "llama: activation dtype %s is not supported (use f32 or bf16)",
+                      fsdp_dtype_name(adt));
         goto err_free;
     }
     m->lm.adt = adt;
@@ -335,15 +335,16 @@ static void llama_block_load(struct fsdp_llama *m, int l)
     const struct fsdp_llama_block_store *st = &m->acts.store[l];
     const struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
     size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd, F = m->lf;
+    size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     struct fsdp_device *d = m->lm.dev;
     if (!st->rms1) {
         return;
     }
-    m->lm.k->bf16_to_f32(d, a->rms1, st->rms1, BT * C);
+    m->lm.k->bf16_to_f32(d, a->rms1, st->rms1, BR * C);
     m->lm.k->bf16_to_f32(d, a->qkv, st->qkv, BT * (size_t)m->qkv_w);
     m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * m->lq);
-    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BT * C);
-    m->lm.k->bf16_to_f32(d, a->rms2, st->rms2, BT * C);
+    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BR * C);
+    m->lm.k->bf16_to_f32(d, a->rms2, st->rms2, BR * C);
     m->lm.k->bf16_to_f32(d, a->gate, st->gate, BT * F);
     m->lm.k->bf16_to_f32(d, a->up, st->up, BT * F);
     m->lm.k->bf16_to_f32(d, a->h, st->h, BT * F);

@@ -6,7 +6,8 @@
 # bit; the memory plans of GPT-2 124M and Llama 1B at 4 x 1024 save
 # exactly the bytes that bf16 storage of the blocks' tensors and the
 # residual stream saves, less one block's f32 working set; pp=2 equals one
-# rank; tensor parallelism refuses it in one line. (cpu = guarded bit for bit, the plan against the guarded
+# rank; GPT-2 with tensor parallelism refuses it in one line, Llama over
+# tp=2 (with and without sequence parallelism) keeps the same bounds. (cpu = guarded bit for bit, the plan against the guarded
 # device's buffers: test_guarded.sh; the cuda table: test_cuda_train.sh.)
 . "$top_srcdir/tests/tap.sh"
 
@@ -112,11 +113,30 @@ else
     rc=$?
     [ $rc -ne 0 ] && grep -q 'not supported with tensor parallelism' "$W/tp.out"
     tap_ok $? "gpt2 with tp refuses --activation-dtype bf16 in one line"
-    "$MPIEXEC" -n 2 "$TRAIN" --model "$W/llama.h5" --data "$W/train.bin" --batch-size 2 \
-        --seq-len 32 --steps 1 --lr 1e-3 --mesh tp=2 --activation-dtype bf16 > "$W/ltp.out" 2>&1
-    rc=$?
-    [ $rc -ne 0 ] && grep -q 'llama: activation dtype bf16 is not supported with tensor' "$W/ltp.out"
-    tap_ok $? "llama with tp refuses --activation-dtype bf16 in one line"
+
+    # Llama over tp=2, with sequence parallelism (the norms' outputs and the
+    # residual stream stored as this rank's rows, gathered after widening)
+    # and without: the same bounds against tp=2 at f32, and checkpointing
+    # the same bits
+    tp_run() {
+        t_name=$1
+        shift
+        "$MPIEXEC" -n 2 "$TRAIN" --model "$W/llama.h5" --data "$W/train.bin" --batch-size 4 \
+            --seq-len 64 --steps 20 --lr 3e-3 --mesh tp=2 --metrics "$W/$t_name.jsonl" "$@" \
+            > "$W/$t_name.out" 2>&1 &&
+            grep '"loss"' "$W/$t_name.jsonl" |
+            sed 's/.*"step":\([0-9]*\).*"loss":\([^,]*\).*"grad_norm":\([^,]*\).*/\1 \2 \3/' \
+                > "$W/$t_name.loss"
+    }
+    for sp in on off; do
+        tp_run "tpf32$sp" --sequence-parallel $sp &&
+            tp_run "tpbf16$sp" --sequence-parallel $sp --activation-dtype bf16 &&
+            tp_run "tpbf16ck$sp" --sequence-parallel $sp --activation-dtype bf16 \
+                --activation-checkpointing &&
+            near "$W/tpf32$sp.loss" "$W/tpbf16$sp.loss" "llama tp=2, sequence parallel $sp" &&
+            cmp -s "$W/tpbf16$sp.loss" "$W/tpbf16ck$sp.loss"
+        tap_ok $? "llama tp=2 (sequence parallel $sp), bf16 activations: within the bounds of tp=2 at f32, checkpointing the same bits"
+    done
 
     # a pipeline stage's input arrives in the residual's f32 slot and is
     # stored (rounded) before the block reads it: pp=2 equals one rank up to

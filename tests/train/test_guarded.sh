@@ -85,6 +85,9 @@ else
         --data "$W/train.bin" --mesh dp=2 --backend tcp --activation-dtype bf16 --grad-accum 2
     same "llama dp=2 tcp, bf16 activations, accumulation" 2 --model "$W/llama.h5" \
         --data "$W/train.bin" --mesh dp=2 --backend tcp --activation-dtype bf16 --grad-accum 2
+    same "llama tp=2 mpi, bf16 activations, activation checkpointing" 2 --model "$W/llama.h5" \
+        --data "$W/train.bin" --mesh tp=2 --backend mpi --activation-dtype bf16 \
+        --activation-checkpointing
     same "gpt2 dp=2 tcp, uneven data: join" 2 --model "$W/gpt2.h5" --data "$W/u{rank}.bin" \
         --mesh dp=2 --backend tcp --epochs 1 --steps 0
     # staging in small chunks (many per collective, a short last one; 1000
@@ -214,6 +217,8 @@ if [ -n "$MPIEXEC" ]; then
         --param-dtype bf16
     plan "llama dp=2,tp=2" 4 --model "$W/llama.h5" --mesh dp=2,tp=2 --backend tcp
     plan "gpt2 dp=2, bf16 activations" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp \
+        --activation-dtype bf16
+    plan "llama tp=2, bf16 activations" 2 --model "$W/llama.h5" --mesh tp=2 --backend tcp \
         --activation-dtype bf16
     plan "gpt2 dp=2, offload optim" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp \
         --offload optim
