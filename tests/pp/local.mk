@@ -7,3 +7,6 @@ check_PROGRAMS += tests/pp/test_pp_comm tests/pp/pp_table
 TESTS += tests/pp/test_pp_comm
 dist_check_SCRIPTS += tests/pp/test_pp_equiv.sh
 TESTS += tests/pp/test_pp_equiv.sh
+# the bytes between stages against the analytical volume
+dist_check_SCRIPTS += tests/pp/test_pp_bytes.sh
+TESTS += tests/pp/test_pp_bytes.sh
