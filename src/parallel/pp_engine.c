@@ -456,28 +456,6 @@ static const struct fsdp_engine_ops pp_ops = {
 // ----------------------------------------------------------------------------
 // setup
 
-/* The most received inputs and received gradients the steps hold at once
- * (a receive may come some passes before its pass). */
-static void pp_pool_sizes(struct pp_engine *pe)
-{
-    size_t f = 0, g = 0;
-    pe->n_held = pe->n_gbuf = 1;
-    for (size_t i = 0; i < pe->n_steps; i++) {
-        const struct fsdp_pp_step *st = &pe->steps[i];
-        const struct fsdp_pp_action *a = &pe->sched.at[st->act];
-        const int stage = pp_stage_of(pe, a->chunk);
-        if (st->kind == FSDP_PP_RECV) {
-            f += a->op == FSDP_PP_FWD;
-            g += a->op == FSDP_PP_BWD;
-        } else if (st->kind == FSDP_PP_RUN && a->op == FSDP_PP_BWD) {
-            f -= stage > 0;
-            g -= stage < pe->S - 1;
-        }
-        pe->n_held = f > pe->n_held ? f : pe->n_held;
-        pe->n_gbuf = g > pe->n_gbuf ? g : pe->n_gbuf;
-    }
-}
-
 /* The boundary buffers: the received inputs and gradients (as many as the
  * steps hold at once), and on world rank 0 room for the largest unit. */
 static int pp_alloc(struct pp_engine *pe)
@@ -486,7 +464,7 @@ static int pp_alloc(struct pp_engine *pe)
     const struct fsdp_model_spec *full = pe->se->full;
     const size_t VM = (size_t)pe->V * (size_t)pe->pc.M;
     void *mem;
-    pp_pool_sizes(pe);
+    fsdp_pp_pool_sizes(&pe->sched, pe->steps, pe->n_steps, &pe->n_held, &pe->n_gbuf);
     pe->slot_of = calloc(VM, sizeof(*pe->slot_of));
     pe->gbuf_of = calloc(VM, sizeof(*pe->gbuf_of));
     pe->slot_busy = calloc(pe->n_held, sizeof(*pe->slot_busy));
