@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 void fsdp_pp_stage_units(const int *first, int P, int s, int *lo, int *hi)
 {
@@ -52,6 +53,19 @@ static void pp_note(struct pp_engine *pe, const struct fsdp_pp_action *a)
 
 // ----------------------------------------------------------------------------
 // passes
+
+/* The synthetic pass time (FSDPC_PP_PASS_MS), k times: a pipeline's
+ * schedule measured apart from its compute (doc/performance.md), where
+ * more ranks run than there are cores. A sleep, so the ranks' passes
+ * overlap as they would on their own devices. */
+static void pp_synthetic(const struct pp_engine *pe, int k)
+{
+    const double s = pe->pass_s * k;
+    if (s > 0.0) {
+        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
 
 /* The stage chunk c of this rank runs. */
 static int pp_stage_of(const struct pp_engine *pe, int c)
@@ -119,11 +133,15 @@ static int pp_tie_sum(void *arg)
 static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int c)
 {
     const size_t bt = (size_t)b->B * (size_t)b->T;
-    const int32_t *in = b->inputs + (size_t)mb * bt, *tg = b->targets + (size_t)mb * bt;
+    const int have = b->inputs != NULL; /* else a shadow pass (join): no compute, no input */
+    const int32_t *in = have ? b->inputs + (size_t)mb * bt : NULL;
+    const int32_t *tg = have ? b->targets + (size_t)mb * bt : NULL;
     struct fsdp_model *m = pp_use(pe, c);
     const int key = c * pe->pc.M + mb;
-    FSDP_CHECK(m->ops->set_batch(m, in, tg, b->B, b->T));
-    if (pp_stage_of(pe, c) > 0) {
+    if (have) {
+        FSDP_CHECK(m->ops->set_batch(m, in, tg, b->B, b->T));
+    }
+    if (have && pp_stage_of(pe, c) > 0) {
         float *x, *y, *d;
         FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
         if (pe->slot_of[key] < 0) {
@@ -142,6 +160,7 @@ static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, 
      * first, and its units may need that buffer */
     fsdp_unit_release_all(pe->se);
     pe->model_mb[c] = mb;
+    pp_synthetic(pe, 1);
     return 0;
 }
 
@@ -156,7 +175,7 @@ static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb,
         FSDP_CHECK(pp_forward(pe, b, mb, c));
     }
     pp_use(pe, c);
-    if (pp_stage_of(pe, c) < pe->S - 1) {
+    if (b->inputs && pp_stage_of(pe, c) < pe->S - 1) {
         float *x, *y, *d;
         FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
         if (pe->gbuf_of[key] < 0) {
@@ -181,6 +200,7 @@ static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb,
     if (tie && reduce && !pe->se->direct) {
         FSDP_CHECK(fsdp_unit_reduce_issue(pe->se, 0, !nosync && k > 0));
     }
+    pp_synthetic(pe, 2);
     pe->n_bwd[c]++;
     pe->model_mb[c] = -1;
     if (pe->slot_of[key] >= 0) {
@@ -207,6 +227,9 @@ static int pp_take(int *busy, size_t n, int *of, int key, const char *what)
 static int pp_recv(struct pp_engine *pe, const struct fsdp_pp_step *st)
 {
     const struct fsdp_pp_action *a = &pe->sched.at[st->act];
+    if (pe->se->shadow) { /* the whole pipeline shadows: none of its stages sends */
+        return 0;
+    }
     const int key = a->chunk * pe->pc.M + a->mb;
     float *dst;
     if (a->op == FSDP_PP_FWD) {
@@ -224,6 +247,9 @@ static int pp_recv(struct pp_engine *pe, const struct fsdp_pp_step *st)
 static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
 {
     const struct fsdp_pp_action *a = &pe->sched.at[st->act];
+    if (pe->se->shadow) {
+        return 0;
+    }
     float *x, *y, *d;
     FSDP_CHECK(pp_buffers(pe, a->chunk, &x, &y, &d));
     fsdp_comm_count(&pe->bounds, FSDP_COLL_SEND, 2, (double)(pe->count * sizeof(float)));
@@ -249,7 +275,7 @@ static int pp_run_step(struct pp_engine *pe, const struct fsdp_pp_step *st,
     FSDP_CHECK(pp_forward(pe, b, a->mb, a->chunk));
     pe->held_now++;
     pe->peak = pe->held_now > pe->peak ? pe->held_now : pe->peak;
-    if (pp_stage_of(pe, a->chunk) == pe->S - 1) {
+    if (pp_stage_of(pe, a->chunk) == pe->S - 1 && b->inputs) {
         *loss_sum += pe->models[a->chunk]->ops->loss(pe->models[a->chunk]);
     }
     return 0;
@@ -275,15 +301,35 @@ static void pp_reset(struct pp_engine *pe)
     pe->order[0] = '\0';
 }
 
+/*
+ * Join (a data-parallel replica out of batches shadows the others): the
+ * stages of a pipeline read the same batches, so they run out together and
+ * the whole pipeline shadows: each stage runs its schedule with the
+ * sharding engine's shadow passes (every dp collective issued, no compute,
+ * zero gradients reduced) and no boundary messages, which no stage of it
+ * sends. A pipeline whose stages disagree would hang in those messages;
+ * the count of stages with a batch, summed over the pipeline, says so
+ * first.
+ */
+static int pp_join_agree(struct pp_engine *pe, int have)
+{
+    double n = have;
+    FSDP_CHECK(pp_sum(pe, &n));
+    if (n != 0.0 && n != (double)pe->P) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "pipeline: %.0f of %d stages have a batch this step; the stages of a "
+                        "pipeline read the same data (per-rank data files go by dp rank)",
+                        n, pe->P);
+    }
+    return 0;
+}
+
 static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr, int n_contrib,
                    struct fsdp_step_result *out)
 {
     struct pp_engine *pe = pp_impl(e);
     struct fsdp_shard_engine *se = pe->se;
-    if (!b->inputs) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED, "pipeline: a rank without a batch (uneven data, "
-                                              "join) is not supported with pp; use --uneven stop");
-    }
+    FSDP_CHECK(pp_join_agree(pe, b->inputs != NULL));
     if (b->K != pe->pc.M || b->B != se->ec.B || b->T != se->ec.T) {
         return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: batch %d x %d x %d, made for %d x %d x %d",
                         b->K, b->B, b->T, pe->pc.M, se->ec.B, se->ec.T);
@@ -293,7 +339,7 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     pe->step_no++;
     pe->idle_s = 0.0;
     const double t0 = fsdp_now();
-    se->shadow = 0;
+    se->shadow = b->inputs == NULL;
     for (int c = 0; c < pe->V; c++) {
         pe->models[c]->ops->set_loss_seed(pe->models[c],
                                           (double)b->K * (double)b->B * (double)b->T * n_contrib,
@@ -306,6 +352,7 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     }
     pp_use(pe, 0);
     if (rc < 0) {
+        se->shadow = 0;
         fsdp_unit_release_all(se);
         return rc;
     }
@@ -321,7 +368,9 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
                (unsigned long long)pe->bounds.calls[FSDP_COLL_RECV],
                pe->bounds.payload[FSDP_COLL_RECV]);
     double loss = loss_sum / b->K;
-    FSDP_CHECK(fsdp_shard_mb_finish(se, lr, &loss, out));
+    rc = fsdp_shard_mb_finish(se, lr, &loss, out);
+    se->shadow = 0;
+    FSDP_CHECK(rc);
     FSDP_CHECK(pp_sum(pe, &out->loss));
     out->loss /= n_contrib;
     return 0;
@@ -618,6 +667,7 @@ int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *m
         memcpy(pe->first, pc->first, ((size_t)pe->S + 1) * sizeof(int));
         pe->pc.first = pe->first;
         pe->L = pe->first[pe->S];
+        pe->pass_s = fsdp_env_double("FSDPC_PP_PASS_MS", 0.0) / 1e3;
         rc = pp_setup(pe);
     }
     if (rc < 0) {

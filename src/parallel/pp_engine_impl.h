@@ -53,6 +53,8 @@ struct pp_engine {
     long step_no;
     double idle_s;                  /* this step: seconds blocked in the boundary messages */
     struct fsdp_comm_counts bounds; /* the step's boundary messages (sends, receives) */
+    double pass_s; /* FSDPC_PP_PASS_MS: a synthetic pass time added to each forward (the
+                      backward's recomputation too) and twice to each backward; 0: none */
     char *order;                    /* the executed passes of the step, for the log */
     size_t order_len, order_cap;
 };
