@@ -7,7 +7,7 @@
 libfsdpc_a_SOURCES += io/util/fileutil.c io/util/json.c \
 	io/h5/h5util.c io/h5/h5heap.c io/h5/model_file.c io/h5/model_writer.c io/h5/checksum.c \
 	io/ckpt/ckpt_writer.c io/ckpt/ckpt_index.c io/ckpt/ckpt_reader.c \
-	io/ckpt/ckpt_consolidate.c io/ckpt/ckpt_summary.c io/ckpt/ckpt_direct.c io/ckpt/ckpt_path.c io/ckpt/ckpt_attrs.c io/ckpt/ckpt_commit.c io/ckpt/ckpt_verify.c \
+	io/ckpt/ckpt_consolidate.c io/ckpt/ckpt_summary.c io/ckpt/ckpt_direct.c io/ckpt/ckpt_ahead.c io/ckpt/ckpt_path.c io/ckpt/ckpt_attrs.c io/ckpt/ckpt_commit.c io/ckpt/ckpt_verify.c \
 	io/hf/safetensors.c io/hf/hf_dir.c \
 	io/text/tokens.c io/text/tokenizer.c io/text/tokenizer_added.c io/text/tokenizer_encode.c \
 	io/text/tokenizer_post.c

@@ -1,16 +1,18 @@
 /*
  * ckpt_impl.h - what the checkpoint's files share (ckpt_writer.c: the
  * kinds, shard files and the layout; ckpt_direct.c: their large datasets'
- * bytes; ckpt_summary.c: each shard's summary; ckpt_index.c: index.h5;
- * ckpt_path.c: which step a path names; ckpt_reader.c: opening and
- * reading; ckpt_consolidate.c: one model file): the groups of the tensor
- * kinds, shard file names, file creation, direct writes, summaries, and the
- * split of checksum blocks over shards. Private to io/ckpt/ckpt_*.c.
+ * bytes; ckpt_ahead.c: read-ahead of a shard; ckpt_summary.c: each shard's
+ * summary; ckpt_index.c: index.h5; ckpt_path.c: which step a path names;
+ * ckpt_reader.c: opening and reading; ckpt_consolidate.c: one model file):
+ * the groups of the tensor kinds, shard file names, file creation, direct
+ * writes, read-ahead, summaries, and the split of checksum blocks over
+ * shards. Private to io/ckpt/ckpt_*.c.
  */
 #ifndef FSDP_IO_CKPT_IMPL_H
 #define FSDP_IO_CKPT_IMPL_H
 
 #include <hdf5.h>
+#include <pthread.h>
 
 #include <stddef.h>
 #include <stdint.h>
@@ -73,25 +75,90 @@ static inline size_t ck_sum_first(const struct fsdp_param_spec *p, int n_shards,
 
 #define CK_ALIGN 4096                    /* O_DIRECT's unit: offsets, sizes, buffers */
 #define CK_DIRECT_MIN ((size_t)64 << 10) /* datasets this large are aligned, written direct */
-#define CK_DIRECT_BUF (8 << 20)          /* the aligned buffer; rows up to half of it */
+#define CK_DIRECT_BUF (8 << 20)          /* one write, one read, at most */
+#define CK_IO_CHUNK ((size_t)4 << 20)    /* one write, one read, by default */
+#define CK_IO_THREADS 4                  /* requests in flight per file, by default */
+#define CK_DIRECT_ROW_MAX (1 << 20)      /* rows up to this are written direct */
+#define CK_IO_MAX_THREADS 8              /* threads of a writer or reader, at most */
+#define CK_IO_MAX_BUF (CK_IO_MAX_THREADS + 2)
+
+/* The chunk size (bytes, a multiple of CK_ALIGN, at least twice
+ * CK_DIRECT_ROW_MAX, at most CK_DIRECT_BUF) and the threads (requests in
+ * flight) of direct writes and of read-ahead: CK_IO_CHUNK and CK_IO_THREADS
+ * (doc/performance.md measures them), or FSDPC_CKPT_WRITE_IO and
+ * FSDPC_CKPT_READ_IO ("MiB,requests"; anything else is one warning). */
+struct ck_io_shape {
+    size_t chunk;
+    int threads;
+};
+FSDP_PRIVATE void ck_io_shape(struct ck_io_shape *w, struct ck_io_shape *r);
+
+/* One buffer's write: len bytes of it at file offset off, the aligned part
+ * with O_DIRECT and, when last, the rest through the ordinary descriptor. */
+struct ck_wjob {
+    uint64_t off;
+    size_t len;
+    int last;
+    int state;                    /* CK_W_FREE, CK_W_QUEUED, CK_W_WRITING */
+    char what[CK_PATH_MAX + 300]; /* the dataset, for a message */
+};
 
 struct ck_direct {
     int dfd;   /* O_DIRECT descriptor (-1: the file system refused it) */
     int bfd;   /* an ordinary one, for what is not a whole CK_ALIGN block */
-    void *buf; /* (CK_DIRECT_BUF,) aligned to CK_ALIGN */
+    void *buf; /* (nbuf, shape.chunk) aligned to CK_ALIGN */
+    struct ck_io_shape shape;
+    int nbuf; /* shape.threads + 2: one filled while the others are written */
+    /* the writer threads (threaded 0: none, each write made by the caller) */
+    pthread_t thread[CK_IO_MAX_THREADS];
+    int threaded, stop, refused; /* refused: O_DIRECT refused, bfd for the rest */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct ck_wjob job[CK_IO_MAX_BUF];
+    unsigned long queued, taken; /* jobs handed over, and taken by a thread */
+    int cur;                     /* the buffer being filled (-1: none) */
+    size_t fill;                 /* its bytes so far */
+    int err;                     /* errno of the first failed write (0: none) */
+    char err_what[CK_PATH_MAX + 300];
 };
 
 /* 0 when FSDPC_CKPT_DIRECT=0 asks for the page cache, else 1. */
 FSDP_PRIVATE int ck_direct_wanted(void);
-/* Descriptors of path (an existing file) and the buffer; 0 or an error. */
+/* Descriptors of path (an existing file), the buffers and the writer
+ * thread; 0 or an error. */
 FSDP_PRIVATE int ck_direct_open(const char *path, struct ck_direct *d);
+/* Every write handed over made: 0, or the error of the first that failed. */
+FSDP_PRIVATE int ck_direct_finish(struct ck_direct *d);
+/* Waits for the writes in flight (their errors dropped: finish reports
+ * them), stops the thread, closes the descriptors. */
 FSDP_PRIVATE void ck_direct_close(struct ck_direct *d);
 /* rows of row_bytes from data to file offset off (a multiple of CK_ALIGN),
  * each block of block_rows hashed into *sum (new; the caller frees it) as
- * it is copied; what names the dataset in messages. 0 or an error. */
+ * it is copied into a buffer; the writes may still be in flight when it
+ * returns (data is no longer needed then), ck_direct_finish waits for them.
+ * what names the dataset in messages. 0 or an error (also an earlier
+ * dataset's failed write). */
 FSDP_PRIVATE int ck_direct_write(struct ck_direct *d, const char *what, uint64_t off,
                                  const void *data, size_t rows, size_t row_bytes, size_t block_rows,
                                  struct fsdp_sum *sum);
+
+// ----------------------------------------------------------------------------
+// Read-ahead (ckpt_ahead.c)
+
+struct ck_ahead;
+
+/* The buffers and the reader thread; 0 or an error. */
+FSDP_PRIVATE int ck_ahead_create(struct ck_ahead **out);
+FSDP_PRIVATE void ck_ahead_destroy(struct ck_ahead *a);
+/* The file read from now: fd an ordinary descriptor, dfd the same file with
+ * O_DIRECT (-1: none). Another fd (-1: none) empties the window first,
+ * once the reads in flight are done: call it before closing a descriptor. */
+FSDP_PRIVATE void ck_ahead_use(struct ck_ahead *a, int fd, int dfd);
+/* Bytes [off, off + n) of a piece are wanted next (whole checksum blocks). */
+FSDP_PRIVATE void ck_ahead_want(struct ck_ahead *a, uint64_t off, uint64_t n);
+/* fsdp_sum_raw.read: n bytes at off into dst from the window (ctx: the
+ * stream); 0, or -1 with errno (0: the file ends before them). */
+FSDP_PRIVATE int ck_ahead_read(void *ctx, uint64_t off, uint64_t n, void *dst);
 
 // ----------------------------------------------------------------------------
 // Shard summary (ckpt_summary.c; doc/formats.md, "Shard summary")

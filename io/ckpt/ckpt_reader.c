@@ -6,9 +6,9 @@
  * index records for it) through its summary (ckpt_summary.c), one file
  * open at a time, or, without one, dataset by dataset; at open or, lazily,
  * at its first read; rows read from only the shard files that hold them
- * (a summarized shard's with pread at its offsets, past the page cache for
- * large pieces), every block hashed as it arrives (a damaged shard is
- * refused by name).
+ * (a summarized shard's with pread at its offsets, read ahead by
+ * ckpt_ahead.c, past the page cache for large pieces), every block hashed
+ * as it arrives (a damaged shard is refused by name).
  */
 #include "config.h"
 #include "io/ckpt/ckpt_impl.h"
@@ -42,7 +42,8 @@ struct fsdp_ckpt {
     uint64_t **offsets; /* (n_shards,) a summarized shard's data offsets (kinds.n * n_params,) */
     int fd, fd_shard;   /* the summarized shard open for reading (-1: none) */
     int dfd, dfd_tried; /* the same with O_DIRECT (-1: none yet, or refused) */
-    void *scratch;      /* (CK_DIRECT_BUF,) for aligned reads past the page cache */
+    int direct;         /* large pieces past the page cache (FSDPC_CKPT_DIRECT) */
+    struct ck_ahead *ahead;  /* read-ahead of the summarized shard open (NULL: none yet) */
     int lazy;                /* a shard is checked and opened when first read */
     int all_summed;          /* the index records checksums of every tensor */
     struct fsdp_sum *sums;   /* (kinds.n * n_params,) the index's checksums of every tensor */
@@ -552,10 +553,7 @@ static int ck_open(const char *path, const struct fsdp_arch_set *archs, int lazy
         return fsdp_err(FSDP_ERR_NOMEM, "checkpoint handle");
     }
     ck->fd = ck->fd_shard = ck->dfd = -1;
-    if (CK_SUM_HOST && ck_direct_wanted() &&
-        posix_memalign(&ck->scratch, CK_ALIGN, CK_DIRECT_BUF) != 0) {
-        ck->scratch = NULL; /* reads go through the page cache */
-    }
+    ck->direct = CK_SUM_HOST && ck_direct_wanted();
     FSDP_CHECK_GOTO(ck_resolve(path, ck->dir, sizeof(ck->dir)), rc, err);
     snprintf(index, sizeof(index), "%s/%s", ck->dir, FSDP_CKPT_INDEX);
     if (access(index, R_OK) != 0) {
@@ -654,13 +652,13 @@ void fsdp_ckpt_close(struct fsdp_ckpt *ck)
     for (int r = 0; ck->offsets && r < ck->meta.n_shards; r++) {
         free(ck->offsets[r]);
     }
+    ck_ahead_destroy(ck->ahead); /* its reads in flight done before the descriptors go */
     if (ck->fd >= 0) {
         close(ck->fd);
     }
     if (ck->dfd >= 0) {
         close(ck->dfd);
     }
-    free(ck->scratch);
     free(ck->offsets);
     free(ck->how);
     free(ck->shards);
@@ -678,6 +676,7 @@ void fsdp_ckpt_close(struct fsdp_ckpt *ck)
 static int ck_shard_fd(struct fsdp_ckpt *ck, int r, const char *path, int *fd)
 {
     if (ck->fd_shard != r) {
+        ck_ahead_use(ck->ahead, -1, -1);
         if (ck->fd >= 0) {
             close(ck->fd);
         }
@@ -710,7 +709,7 @@ static int ck_shard_fd(struct fsdp_ckpt *ck, int r, const char *path, int *fd)
  * every read would wait for the disk, and where the file system refuses. */
 static int ck_shard_dfd(struct fsdp_ckpt *ck, const char *path, uint64_t bytes)
 {
-    if (bytes < CK_DIRECT_MIN || !ck->scratch) {
+    if (bytes < CK_DIRECT_MIN || !ck->direct) {
         return -1;
     }
     if (!ck->dfd_tried) {
@@ -753,10 +752,21 @@ static int ck_read_checked(struct fsdp_ckpt *ck, int kind, size_t idx, int r, si
         struct fsdp_sum_raw raw = {.offset = ck->offsets[r][kind * ck->spec->n_params + idx],
                                    .bytes = (uint64_t)sn * p->shape[1] * sizeof(float),
                                    .align = CK_ALIGN,
-                                   .scratch_len = CK_DIRECT_BUF};
+                                   .scratch_len = 0};
         FSDP_CHECK(ck_shard_fd(ck, r, path, &raw.fd));
+        if (!ck->ahead) {
+            FSDP_CHECK(ck_ahead_create(&ck->ahead));
+        }
         raw.dfd = ck_shard_dfd(ck, path, raw.bytes);
-        raw.scratch = ck->scratch;
+        ck_ahead_use(ck->ahead, raw.fd, ck->dfd);
+        if (raw.bytes >= CK_DIRECT_MIN) { /* the whole blocks it reads: read ahead */
+            const size_t B = sum->block_rows, rb = p->shape[1] * sizeof(float);
+            size_t b0 = (lo - s0) / B * B, b1 = (lo - s0 + n + B - 1) / B * B;
+            b1 = b1 < sn ? b1 : sn;
+            ck_ahead_want(ck->ahead, raw.offset + (uint64_t)b0 * rb, (uint64_t)(b1 - b0) * rb);
+        }
+        raw.read = ck_ahead_read;
+        raw.ctx = ck->ahead;
         src.raw = &raw;
         return fsdp_sum_read(&src, lo - s0, n, 0, p->shape[1], dst, &ck->buf);
     }

@@ -286,7 +286,7 @@ int fsdp_ckpt_shard_put(struct fsdp_ckpt_shard_writer *w, int kind, size_t idx, 
     *e = (struct ck_entry){.row0 = row0, .rows = rows, .cols = p->shape[1]};
     e->bytes = (uint64_t)rows * p->shape[1] * sizeof(float);
     const size_t row_bytes = p->shape[1] * sizeof(float);
-    const int direct = w->direct.buf && e->bytes >= CK_DIRECT_MIN && row_bytes <= CK_DIRECT_BUF / 2;
+    const int direct = w->direct.buf && e->bytes >= CK_DIRECT_MIN && row_bytes <= CK_DIRECT_ROW_MAX;
     hid_t space = H5Screate_simple(nd, dims, NULL);
     hid_t dcpl = fsdp_h5_dcpl_write_once();
     /* direct: allocated now, so that its offset is known before its bytes */
@@ -337,7 +337,9 @@ int fsdp_ckpt_shard_commit(struct fsdp_ckpt_shard_writer *w)
                             w->spec->params[i % w->spec->n_params].name);
         }
     }
-    ck_direct_close(&w->direct); /* its bytes are in the file; the fsync below makes them stay */
+    /* every direct write made (the fsync below makes them stay), or its error */
+    FSDP_CHECK(ck_direct_finish(&w->direct));
+    ck_direct_close(&w->direct);
     const struct ck_shard_id id = {w->step, w->shard, w->n_shards};
     int sr =
         CK_SUM_HOST ? ck_summary_put(w->file, &id, w->kinds.n, w->spec->n_params, w->entries) : 0;

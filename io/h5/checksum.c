@@ -312,6 +312,9 @@ static int sum_pread_rows(const struct fsdp_sum_src *s, size_t row, size_t n, vo
         return -1;
     }
     off += s->raw->offset;
+    if (s->raw->read) {
+        return s->raw->read(s->raw->ctx, off, left, p);
+    }
     if (s->raw->dfd >= 0 && s->raw->scratch) {
         int d = sum_pread_direct(s->raw, off, left, p);
         if (d <= 0) {

@@ -138,6 +138,11 @@ struct fsdp_sum_raw {
     size_t align;
     void *scratch;
     size_t scratch_len;
+    /* optional: reads the caller makes itself (read-ahead), in place of
+     * both: n bytes at file offset off into dst, 0 or -1 with errno set (0:
+     * the file ends before them) */
+    int (*read)(void *ctx, uint64_t off, uint64_t n, void *dst);
+    void *ctx;
 };
 
 /* One piece of a dataset to read through its checksums. */

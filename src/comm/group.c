@@ -370,21 +370,15 @@ static inline int group_issued(struct fsdp_group *g, int rc, uint64_t fid, struc
 // ----------------------------------------------------------------------------
 // collectives
 
-static const struct fsdp_coll_attr group_host_attr = {.mem = FSDP_MEM_HOST, .stream = NULL};
-
 int fsdp_allreduce(struct fsdp_group *g, const void *sendbuf, void *recvbuf, size_t count,
                    enum fsdp_dtype dtype, enum fsdp_redop op, const struct fsdp_coll_attr *attr,
                    struct fsdp_work **work)
 {
     size_t es = fsdp_dtype_size(dtype), bytes = count * es;
     if (__builtin_expect(fsdp_stage_needed(g, attr), 0)) {
-        const void *hs;
-        void *hr;
-        struct fsdp_staged *st;
-        FSDP_CHECK(
-            fsdp_stage_begin(g, attr->stream, sendbuf, bytes, recvbuf, bytes, &hs, &hr, &st));
-        int rc = fsdp_allreduce(g, hs, hr, count, dtype, op, &group_host_attr, work);
-        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
+        struct fsdp_stage_coll c = {
+            FSDP_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, (int)op, 0};
+        return fsdp_stage_collective(g, &c, attr->stream, work);
     }
     if (__builtin_expect(!group_args_ok(g, sendbuf, bytes, recvbuf, bytes, sendbuf == recvbuf,
                                         count, es, dtype, (int)op, 0, attr, work),
@@ -405,13 +399,8 @@ int fsdp_allgather(struct fsdp_group *g, const void *sendbuf, void *recvbuf, siz
 {
     size_t es = fsdp_dtype_size(dtype), bytes = count * es;
     if (__builtin_expect(fsdp_stage_needed(g, attr), 0)) {
-        const void *hs;
-        void *hr;
-        struct fsdp_staged *st;
-        FSDP_CHECK(fsdp_stage_begin(g, attr->stream, sendbuf, bytes, recvbuf,
-                                    bytes * (size_t)g->size, &hs, &hr, &st));
-        int rc = fsdp_allgather(g, hs, hr, count, dtype, &group_host_attr, work);
-        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
+        struct fsdp_stage_coll c = {FSDP_COLL_ALLGATHER, sendbuf, recvbuf, count, dtype, -1, 0};
+        return fsdp_stage_collective(g, &c, attr->stream, work);
     }
     int in_place = g && (const char *)sendbuf == (const char *)recvbuf + (size_t)g->rank * bytes;
     if (__builtin_expect(!group_args_ok(g, sendbuf, bytes, recvbuf, g ? bytes * (size_t)g->size : 0,
@@ -433,13 +422,9 @@ int fsdp_reduce_scatter(struct fsdp_group *g, const void *sendbuf, void *recvbuf
 {
     size_t es = fsdp_dtype_size(dtype), bytes = count * es;
     if (__builtin_expect(fsdp_stage_needed(g, attr), 0)) {
-        const void *hs;
-        void *hr;
-        struct fsdp_staged *st;
-        FSDP_CHECK(fsdp_stage_begin(g, attr->stream, sendbuf, bytes * (size_t)g->size, recvbuf,
-                                    bytes, &hs, &hr, &st));
-        int rc = fsdp_reduce_scatter(g, hs, hr, count, dtype, op, &group_host_attr, work);
-        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
+        struct fsdp_stage_coll c = {
+            FSDP_COLL_REDUCE_SCATTER, sendbuf, recvbuf, count, dtype, (int)op, 0};
+        return fsdp_stage_collective(g, &c, attr->stream, work);
     }
     int in_place = g && (const char *)recvbuf == (const char *)sendbuf + (size_t)g->rank * bytes;
     if (__builtin_expect(!group_args_ok(g, sendbuf, g ? bytes * (size_t)g->size : 0, recvbuf, bytes,
@@ -459,13 +444,8 @@ int fsdp_broadcast(struct fsdp_group *g, void *buf, size_t count, enum fsdp_dtyp
                    const struct fsdp_coll_attr *attr, struct fsdp_work **work)
 {
     if (__builtin_expect(fsdp_stage_needed(g, attr), 0)) {
-        const void *hs;
-        void *hr;
-        struct fsdp_staged *st;
-        size_t bytes = count * fsdp_dtype_size(dtype);
-        FSDP_CHECK(fsdp_stage_begin(g, attr->stream, buf, bytes, buf, bytes, &hs, &hr, &st));
-        int rc = fsdp_broadcast(g, hr, count, dtype, root, &group_host_attr, work);
-        return fsdp_stage_bind(g, st, rc, rc < 0 ? NULL : *work);
+        struct fsdp_stage_coll c = {FSDP_COLL_BROADCAST, buf, buf, count, dtype, -1, root};
+        return fsdp_stage_collective(g, &c, attr->stream, work);
     }
     if (__builtin_expect(!group_args_ok(g, buf, 0, buf, 0, 1, count, fsdp_dtype_size(dtype), dtype,
                                         -1, root, attr, work),
@@ -552,6 +532,11 @@ static int group_wait(struct fsdp_work *w, double timeout_s, int deadline)
     return group_finished(w, rc, named, rc < 0 ? fsdp_now() - t0 : 0);
 }
 
+int fsdp_group_wait_one(struct fsdp_work *w, double timeout_s, int deadline)
+{
+    return group_wait(w, timeout_s, deadline);
+}
+
 int fsdp_work_wait(struct fsdp_work *w, double timeout_s)
 {
     int deadline = 0;
@@ -566,8 +551,11 @@ int fsdp_work_wait(struct fsdp_work *w, double timeout_s)
         timeout_s = fsdp_debug_timeout(w->group);
         deadline = 1;
     }
+    double t0 = w->staged ? fsdp_now() : 0;
     FSDP_CHECK(group_wait(w, timeout_s, deadline));
-    FSDP_CHECK(fsdp_stage_end(w));
+    if (w->staged) { /* its other chunks in what is left of the time */
+        FSDP_CHECK(fsdp_stage_end(w, timeout_s - (fsdp_now() - t0), deadline));
+    }
     return 0;
 }
 
@@ -609,14 +597,14 @@ int fsdp_work_test(struct fsdp_work *w, int *done)
         rc = group_finished(w, rc, named, 0);
     }
     FSDP_CHECK(rc);
-    if (*done) {
-        FSDP_CHECK(fsdp_stage_end(w));
+    if (*done) { /* a staged collective is done once its last chunk is back */
+        FSDP_CHECK(fsdp_stage_test(w, done));
     }
     return 0;
 }
 
 /* w leaves its group's in-flight list (freed, or about to be). */
-static void group_forget(struct fsdp_work *w)
+void fsdp_group_untrack(struct fsdp_work *w)
 {
     if (!w->group) {
         return;
@@ -644,10 +632,13 @@ void fsdp_group_progress(struct fsdp_group *g)
             fin = 1;
         }
         w->done |= fin;
+        if (w->staged) { /* its other chunks */
+            fsdp_stage_progress(w);
+        }
     }
 }
 
-int fsdp_work_done(struct fsdp_work *w)
+static int group_work_done(struct fsdp_work *w)
 {
     if (!w || w->done) {
         return 1;
@@ -665,12 +656,18 @@ int fsdp_work_done(struct fsdp_work *w)
     return fin;
 }
 
+int fsdp_work_done(struct fsdp_work *w)
+{
+    int fin = group_work_done(w);
+    return fin && w && w->staged ? fsdp_stage_done(w) : fin;
+}
+
 void fsdp_work_free(struct fsdp_work *w)
 {
     if (w) {
         fsdp_stage_release(w);
         fsdp_p2p_release(w);
-        group_forget(w);
+        fsdp_group_untrack(w);
         fsdp_debug_abandoned(w->flight_id);
         struct fsdp_fingerprint *fp = group_fp(w);
         if (fp) {
@@ -687,9 +684,10 @@ void fsdp_work_free(struct fsdp_work *w)
  */
 static int group_finish(struct fsdp_group *g, struct fsdp_work *w)
 {
-    int rc = group_wait(w, fsdp_debug_timeout(g), 1);
+    double t0 = fsdp_now(), timeout_s = fsdp_debug_timeout(g);
+    int rc = group_wait(w, timeout_s, 1);
     if (rc == 0) {
-        rc = fsdp_stage_end(w);
+        rc = fsdp_stage_end(w, timeout_s - (fsdp_now() - t0), 1);
     }
     if (rc == FSDP_ERR_TIMEOUT) {
         g->ops->abort(g->be, fsdp_err_msg());

@@ -34,6 +34,19 @@ struct fsdp_stager {
      * they return */
     int (*to_host)(void *ctx, void *stream, void *dst, const void *src, size_t bytes);
     int (*to_device)(void *ctx, void *stream, void *dst, const void *src, size_t bytes);
+    /* --- appended: a copy stream for chunked staging (stage.c) ---
+     * Optional as a set (stream_create NULL: a chunk is copied with to_host
+     * and to_device, on the collective's stream, waited for). The device's
+     * ops of the same names; copy is enqueued on stream and returns (dir 1:
+     * host to device, 0: device to host), event_synchronize blocks the host. */
+    int (*stream_create)(void *ctx, void **stream);
+    void (*stream_destroy)(void *ctx, void *stream);
+    int (*copy)(void *ctx, void *stream, void *dst, const void *src, size_t bytes, int to_device);
+    int (*event_create)(void *ctx, void **ev);
+    void (*event_destroy)(void *ctx, void *ev);
+    int (*event_record)(void *ctx, void *ev, void *stream);
+    int (*stream_wait)(void *ctx, void *stream, void *ev);
+    int (*event_synchronize)(void *ctx, void *ev);
 };
 
 struct fsdp_group {
@@ -58,8 +71,24 @@ int fsdp_group_create(struct fsdp_dist *d, const char *name, const int *world_ra
 void fsdp_group_destroy(struct fsdp_group *g);
 /* From now on, collectives on st->mem memory that g's backend cannot take
  * run staged through host memory (st borrowed: it outlives g; NULL: none).
- * Returns 1 when g stages st->mem, 0 when its backend takes it. */
+ * Returns 1 when g stages st->mem, 0 when its backend takes it. When it
+ * starts staging it is collective over g's members, which compare their
+ * chunk sizes (below): FSDP_ERR_MISMATCH on every member when they differ. */
 int fsdp_group_set_stager(struct fsdp_group *g, const struct fsdp_stager *st);
+/*
+ * A staged collective is cut in chunks of this many bytes (each rank's
+ * block of an all-gather or reduce-scatter is), chunk i+1 copied to the
+ * host while chunk i's host collective runs and each chunk copied back as
+ * it completes. set_stager reads $FSDPC_STAGE_CHUNK_BYTES (a size: 4M,
+ * 64K; default 4 MiB; 0: whole buffers, copied at issue and at the wait);
+ * a malformed value is its error. Every member of g must use the same.
+ */
+size_t fsdp_group_stage_chunk(const struct fsdp_group *g);
+/* Overrides it for g (every member alike); a group that stages nothing
+ * keeps it for when it does. */
+void fsdp_group_set_stage_chunk(struct fsdp_group *g, size_t bytes);
+/* "chunks of 4 MiB", or "whole buffers" with chunking off, for messages. */
+void fsdp_group_stage_describe(const struct fsdp_group *g, char *buf, size_t len);
 
 int fsdp_allreduce(struct fsdp_group *g, const void *sendbuf, void *recvbuf, size_t count,
                    enum fsdp_dtype dtype, enum fsdp_redop op, const struct fsdp_coll_attr *attr,

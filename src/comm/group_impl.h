@@ -35,6 +35,13 @@ static inline struct group_impl *group_impl_of(struct fsdp_group *g)
 
 /* w, just issued on g, joins g's operations in flight (for progress). */
 void fsdp_group_track(struct fsdp_group *g, struct fsdp_work *w);
+/* w leaves g's operations in flight (freed; or a staged collective's
+ * chunk, which the group's progress reaches through its first). */
+void fsdp_group_untrack(struct fsdp_work *w);
+/* w's own operation waited for, as fsdp_work_wait does (its staging
+ * aside): up to timeout_s; deadline: that is the group's deadline, and a
+ * timeout ends w's flight record as failed. */
+int fsdp_group_wait_one(struct fsdp_work *w, double timeout_s, int deadline);
 
 // ----------------------------------------------------------------------------
 // p2p.c: the group layer's hooks for point-to-point operations

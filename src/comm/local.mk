@@ -22,6 +22,11 @@ TESTS += tests/debug/test_detail.sh tests/debug/test_monitor.sh tests/debug/test
 check_PROGRAMS += tests/debug/p2p_probe
 dist_check_SCRIPTS += tests/debug/test_p2p.sh
 TESTS += tests/debug/test_p2p.sh
+# staged collectives in chunks on the guarded device: every collective,
+# dtype, chunk size, in place and not, against the same run on the host
+check_PROGRAMS += tests/debug/stage_probe
+dist_check_SCRIPTS += tests/debug/test_stage.sh
+TESTS += tests/debug/test_stage.sh
 # flight recorder dumps that a failing run in the build directory may leave
 clean-local: clean-flight-dumps
 clean-flight-dumps:

@@ -512,34 +512,6 @@ void fsdp_shard_config_init(struct fsdp_shard_config *sc)
     sc->reduce_dtype = FSDP_F32;
 }
 
-static int shard_check_config(const struct fsdp_shard_config *ec)
-{
-    if (ec->B < 1 || ec->T < 1) {
-        return fsdp_err(FSDP_ERR_INVALID, "micro-batch %d x %d is empty", ec->B, ec->T);
-    }
-    if (ec->prefetch < 0 || ec->prefetch > 64) {
-        return fsdp_err(FSDP_ERR_INVALID, "prefetch %d is outside [0, 64]", ec->prefetch);
-    }
-    const enum fsdp_dtype ok[] = {FSDP_F32, FSDP_BF16, FSDP_F16};
-    int pd = 0, rd = 0;
-    for (size_t i = 0; i < 3; i++) {
-        pd |= ec->param_dtype == ok[i];
-        rd |= ec->reduce_dtype == ok[i];
-    }
-    if (!pd || !rd) {
-        return fsdp_err(FSDP_ERR_INVALID, "param-dtype %s / reduce-dtype %s: each must be f32, bf16 or f16",
-                        fsdp_dtype_name(ec->param_dtype), fsdp_dtype_name(ec->reduce_dtype));
-    }
-    if (ec->loss_scale < 0.0 || (ec->loss_scale_dynamic && ec->loss_scale <= 0.0)) {
-        return fsdp_err(FSDP_ERR_INVALID, "loss scale %g must be positive", ec->loss_scale);
-    }
-    if (ec->offload < FSDP_OFFLOAD_NONE || ec->offload > FSDP_OFFLOAD_PARAMS_OPTIM) {
-        return fsdp_err(FSDP_ERR_INVALID, "offload %d is not none, optim or params,optim",
-                        (int)ec->offload);
-    }
-    return 0;
-}
-
 void fsdp_shard_memory_line(const struct fsdp_engine_stats *st, char *buf, size_t len)
 {
     int n = snprintf(buf, len,
@@ -583,100 +555,6 @@ static int shard_apply_model(struct fsdp_shard_engine *se)
 }
 
 /* Each group's backend must take the device's memory in its collectives. */
-static int shard_check_backends(const struct fsdp_shard_engine *se)
-{
-    struct fsdp_group *gs[2 + FSDP_MAX_REP_GROUPS] = {se->shard_g, se->tp->g};
-    int n = 2;
-    for (int i = 0; i < se->n_rep; i++) {
-        gs[n++] = se->rep_g[i];
-    }
-    for (int i = 0; i < n; i++) {
-        struct fsdp_backend_caps caps;
-        if (!gs[i]) {
-            continue;
-        }
-        gs[i]->ops->capabilities(gs[i]->be, &caps);
-        int staged = gs[i]->stager && gs[i]->stager->mem == se->dev->mem;
-        if (!(caps.flags & fsdp_device_mem_cap(se->dev)) && !staged) {
-            return fsdp_err(FSDP_ERR_UNSUPPORTED, "group %s: backend %s cannot take %s memory, "
-                            "where this engine's buffers live (device %s)", gs[i]->name,
-                            gs[i]->ops->name, se->dev->mem == FSDP_MEM_CUDA ? "CUDA" : "host",
-                            se->dev->ops->name);
-        }
-    }
-    return 0;
-}
-
-/*
- * Unit 0 is the root: its parameters stay gathered and its gradient slot
- * stays its own from the start of the backward to its reduction after its
- * own backward, as FSDP2 keeps the root module's. A unit that uses another
- * unit's parameter (a tie) is served by that alone, so the parameter must
- * be the root's.
- */
-static int shard_check_ties(const struct fsdp_model_spec *spec)
-{
-    for (int i = 0; i < spec->n_ties; i++) {
-        const struct fsdp_tie *t = &spec->ties[i];
-        if (t->owner != 0) {
-            return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: unit %d uses %s of unit %d; the sharding "
-                            "engine keeps only unit 0's parameters across units",
-                            spec->arch ? spec->arch->name : "model", t->user,
-                            spec->params[t->param].name, t->owner);
-        }
-    }
-    return 0;
-}
-
-const struct fsdp_model_spec *fsdp_shard_parts_table(const struct fsdp_shard_parts *p)
-{
-    return p->plan ? p->plan->local : p->spec;
-}
-
-/* The parts fit together: the model and the optimizer on the table the
- * plan cuts (or the whole one), the tp context the plan's rank. */
-static int shard_check_parts(const struct fsdp_shard_parts *p)
-{
-    if (!p->spec || !p->model || !p->opt) {
-        return fsdp_err(FSDP_ERR_INTERNAL, "fsdp: the parts lack a %s",
-                        !p->spec    ? "parameter table"
-                        : !p->model ? "model"
-                                    : "optimizer");
-    }
-    const struct fsdp_model_spec *table = fsdp_shard_parts_table(p);
-    const int tp = p->tp ? p->tp->size : 1, rank = p->tp ? p->tp->rank : 0;
-    if (p->model->spec != table || p->opt->spec != table) {
-        return fsdp_err(FSDP_ERR_INTERNAL,
-                        "fsdp: the %s was made for another parameter table "
-                        "than the %s one the engine shards",
-                        p->model->spec != table ? "model" : "optimizer",
-                        p->plan ? "tp-local" : "whole");
-    }
-    if (p->plan ? p->plan->full != p->spec || p->plan->size != tp || p->plan->rank != rank
-                : tp != 1) {
-        return fsdp_err(FSDP_ERR_INTERNAL,
-                        "fsdp: tp context (rank %d of %d) and plan (%s) "
-                        "disagree",
-                        rank, tp, p->plan ? "another rank or table" : "none");
-    }
-    return 0;
-}
-
-/* Offload keeps the pieces in whole rows of host memory: not with tensor
- * parallelism, whose checkpoints re-lay out blocks through device buffers. */
-static int shard_check_offload(struct fsdp_shard_engine *se, const struct fsdp_shard_parts *p)
-{
-    se->offload = se->ec.offload;
-    if (se->offload && p->plan) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                        "offload %s with tensor parallelism (tp=%d) is not "
-                        "supported: drop --offload or the tp dimension",
-                        se->offload == FSDP_OFFLOAD_OPTIM ? "optim" : "params,optim",
-                        p->plan->size);
-    }
-    return 0;
-}
-
 /*
  * The engine for the parts p over g, sized and (unless sizing) allocated:
  * the layout, the model's rows and activations, the slots. *out is the
@@ -687,9 +565,9 @@ static int shard_build(const struct fsdp_shard_parts *p, const struct fsdp_shard
                        struct fsdp_shard_engine **out)
 {
     *out = NULL;
-    FSDP_CHECK(shard_check_config(sc));
-    FSDP_CHECK(shard_check_parts(p));
-    FSDP_CHECK(shard_check_ties(p->spec));
+    FSDP_CHECK(fsdp_shard_check_config(sc));
+    FSDP_CHECK(fsdp_shard_check_parts(p));
+    FSDP_CHECK(fsdp_shard_check_ties(p->spec));
     struct fsdp_shard_engine *se = calloc(1, sizeof(*se));
     if (!se) {
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp engine");
@@ -714,7 +592,7 @@ static int shard_build(const struct fsdp_shard_parts *p, const struct fsdp_shard
     fsdp_tp_init(&se->solo, NULL, 0, dev);
     se->tp = p->tp ? p->tp : &se->solo;
     fsdp_shard_groups_set(se, g);
-    FSDP_CHECK(shard_check_offload(se, p));
+    FSDP_CHECK(fsdp_shard_check_offload(se, p));
     se->u_lo = sc->unit_hi > 0 ? sc->unit_lo : 0;
     se->u_hi = sc->unit_hi > 0 ? sc->unit_hi : se->spec->n_units - 1;
     if (se->u_lo < 0 || se->u_lo > se->u_hi || se->u_hi >= se->spec->n_units) {
@@ -730,7 +608,7 @@ static int shard_build(const struct fsdp_shard_parts *p, const struct fsdp_shard
         memcpy(se->own, sc->unit_mask, (size_t)se->spec->n_units);
     }
     if (!sizing) {
-        FSDP_CHECK(shard_check_backends(se));
+        FSDP_CHECK(fsdp_shard_check_backends(se));
         FSDP_CHECK(fsdp_unit_streams_init(se));
         FSDP_CHECK(fsdp_offload_init(se));
     }

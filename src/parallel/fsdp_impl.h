@@ -8,7 +8,8 @@
  *   unit.c    the per-unit gather / reduce state machine: buffer slots,
  *             precision casts, replica all-reduces, polls and wait timers
  *   engine.c  the engine table: the overlap schedule, step, eval, clipping,
- *             the optimizer update and loss scaling; the parts checked
+ *             the optimizer update and loss scaling
+ *   engine_check.c  the configuration and the parts checked before a build
  *   offload.c optimizer state in pinned host memory: the copy stream, the
  *             gradient shards staged device-to-host as their reductions
  *             finish, AdamW on the host, the master copied back
@@ -343,6 +344,18 @@ int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double is
  * completed, and moves finished reduce-scatters on to their replica
  * all-reduces. */
 int fsdp_unit_progress(struct fsdp_shard_engine *se);
+
+/* engine_check.c: one error naming what does not fit, before anything is built */
+int fsdp_shard_check_config(const struct fsdp_shard_config *ec);
+/* the model and the optimizer on the table the plan cuts (or the whole
+ * one), the tp context the plan's rank */
+int fsdp_shard_check_parts(const struct fsdp_shard_parts *p);
+/* every tie's parameter is unit 0's (the root's, kept gathered) */
+int fsdp_shard_check_ties(const struct fsdp_model_spec *spec);
+/* sets se->offload from the config; refused with tensor parallelism */
+int fsdp_shard_check_offload(struct fsdp_shard_engine *se, const struct fsdp_shard_parts *p);
+/* each group's backend takes the device's memory, or the group stages it */
+int fsdp_shard_check_backends(const struct fsdp_shard_engine *se);
 
 /* offload.c */
 /* The copy stream and its events (not when sizing, nor without offload). */

@@ -103,6 +103,56 @@ static int stager_to_device(void *ctx, void *stream, void *dst, const void *src,
     return d->ops->synchronize(d, stream);
 }
 
+/* the copy stream of chunked staging: the device's own ops */
+static int stager_stream_create(void *ctx, void **stream)
+{
+    struct fsdp_device *d = ctx;
+    return d->ops->stream_create(d, stream);
+}
+
+static void stager_stream_destroy(void *ctx, void *stream)
+{
+    struct fsdp_device *d = ctx;
+    d->ops->stream_destroy(d, stream);
+}
+
+static int stager_copy(void *ctx, void *stream, void *dst, const void *src, size_t bytes,
+                       int to_device)
+{
+    struct fsdp_device *d = ctx;
+    return d->ops->copy(d, dst, src, bytes, to_device ? FSDP_COPY_H2D : FSDP_COPY_D2H, stream);
+}
+
+static int stager_event_create(void *ctx, void **ev)
+{
+    struct fsdp_device *d = ctx;
+    return d->ops->event_create(d, ev);
+}
+
+static void stager_event_destroy(void *ctx, void *ev)
+{
+    struct fsdp_device *d = ctx;
+    d->ops->event_destroy(d, ev);
+}
+
+static int stager_event_record(void *ctx, void *ev, void *stream)
+{
+    struct fsdp_device *d = ctx;
+    return d->ops->event_record(d, ev, stream);
+}
+
+static int stager_stream_wait(void *ctx, void *stream, void *ev)
+{
+    struct fsdp_device *d = ctx;
+    return d->ops->stream_wait(d, stream, ev);
+}
+
+static int stager_event_synchronize(void *ctx, void *ev)
+{
+    struct fsdp_device *d = ctx;
+    return d->ops->event_synchronize(d, ev);
+}
+
 void fsdp_stage_stager(struct fsdp_device *dev, struct fsdp_stager *out)
 {
     *out = (struct fsdp_stager){
@@ -112,6 +162,14 @@ void fsdp_stage_stager(struct fsdp_device *dev, struct fsdp_stager *out)
         .host_free = stager_host_free,
         .to_host = stager_to_host,
         .to_device = stager_to_device,
+        .stream_create = stager_stream_create,
+        .stream_destroy = stager_stream_destroy,
+        .copy = stager_copy,
+        .event_create = stager_event_create,
+        .event_destroy = stager_event_destroy,
+        .event_record = stager_event_record,
+        .stream_wait = stager_stream_wait,
+        .event_synchronize = stager_event_synchronize,
     };
 }
 

@@ -25,8 +25,8 @@ void fsdp_stage_init(struct fsdp_stage *st, struct fsdp_device *dev);
 void fsdp_stage_free(struct fsdp_stage *st);
 /* Room for n floats in st->buf; what says what for in the error. */
 int fsdp_stage_reserve(struct fsdp_stage *st, size_t n, const char *what);
-/* The comm layer's stager (comm/group.h) over dev: its pinned host memory
- * and its waited-for copies. */
+/* The comm layer's stager (comm/group.h) over dev: its pinned host memory,
+ * its waited-for copies, and its streams and events for chunked staging. */
 void fsdp_stage_stager(struct fsdp_device *dev, struct fsdp_stager *out);
 
 /* n floats of device memory src into st->buf, waited for: *host = st->buf. */

@@ -188,10 +188,13 @@ static int trainer_stage_dims(struct fsdp_trainer *t)
         int staged = fsdp_group_set_stager(m->dims[i].group, &t->stager);
         FSDP_CHECK(staged);
         if (staged && t->dist->rank == 0) {
+            char how[48];
+            fsdp_group_stage_describe(m->dims[i].group, how, sizeof(how));
             FSDP_INFO(FSDP_SUB_TRAIN,
                       "mesh dimension %s: backend %s takes no %s device memory: "
-                      "its collectives are staged through host buffers",
-                      m->dims[i].name, m->dims[i].ops->name, t->dev->ops->name);
+                      "its collectives are staged through host buffers, in %s "
+                      "(FSDPC_STAGE_CHUNK_BYTES)",
+                      m->dims[i].name, m->dims[i].ops->name, t->dev->ops->name, how);
         }
     }
     return 0;

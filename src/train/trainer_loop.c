@@ -84,7 +84,7 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
             "step\n",
             t->data_world, t->data_world > 1 ? "s" : "", tpn, c->batch_size, c->seq_len,
             c->grad_accum, step_tokens);
-    char staged[96] = "";
+    char staged[160] = "", how[48] = "";
     for (int i = 0; t->mesh && i < t->mesh->ndims; i++) {
         if (t->mesh->dims[i].group->stager) {
             size_t n = strlen(staged);
@@ -93,7 +93,12 @@ void fsdp_trainer_print_header(const struct fsdp_trainer *t, FILE *fp)
                        : "; staged through host "
                          "buffers: ",
                      t->mesh->dims[i].name);
+            fsdp_group_stage_describe(t->mesh->dims[i].group, how, sizeof(how));
         }
+    }
+    if (how[0]) {
+        size_t n = strlen(staged);
+        snprintf(staged + n, sizeof(staged) - n, " (%s)", how);
     }
     fprintf(fp, "compute: %s on every rank, %s memory, %ld BLAS thread%s per rank%s\n",
             t->dev->ops->name, t->dev->mem == FSDP_MEM_HOST ? "host" : "device", c->threads,

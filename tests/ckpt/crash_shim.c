@@ -27,6 +27,19 @@ static char shim_under[4096];
 static int shim_note = -1;
 static int shim_no_exchange;
 static long shim_slow_us; /* sleep before each counted call (a slow file system) */
+static long shim_eio_at;  /* this pwrite through an O_DIRECT descriptor fails; 0: none */
+static long shim_direct;  /* pwrites through O_DIRECT descriptors under the directory */
+
+void crash_shim_fail_direct(long k)
+{
+    __atomic_store_n(&shim_direct, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&shim_eio_at, k, __ATOMIC_SEQ_CST);
+}
+
+long crash_shim_direct_writes(void)
+{
+    return __atomic_load_n(&shim_direct, __ATOMIC_SEQ_CST);
+}
 
 void crash_shim_arm(long k, const char *under, int note_fd, int no_exchange)
 {
@@ -41,9 +54,10 @@ __attribute__((constructor)) static void shim_from_env(void)
 {
     const char *at = getenv("FSDPC_CRASH_AT"), *under = getenv("FSDPC_CRASH_UNDER");
     const char *note = getenv("FSDPC_CRASH_NOTE"), *nox = getenv("FSDPC_CRASH_NO_EXCHANGE");
-    const char *slow = getenv("FSDPC_CRASH_SLOW_MS");
+    const char *slow = getenv("FSDPC_CRASH_SLOW_MS"), *eio = getenv("FSDPC_CRASH_EIO_DIRECT");
     shim_slow_us = slow ? atol(slow) * 1000 : 0;
-    if (!at && !under && !note && !nox) {
+    shim_eio_at = eio ? atol(eio) : 0;
+    if (!at && !under && !note && !nox && !eio) {
         return; /* linked into a test: armed by crash_shim_arm */
     }
     int fd = note ? open(note, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
@@ -94,8 +108,9 @@ static void shim_boundary(const char *call, const char *a, const char *b)
     }
 }
 
-/* The path an open descriptor names, for the calls that take one. */
-static void shim_fd_boundary(const char *call, int fd)
+/* The path an open descriptor names, for the calls that take one: 1 when
+ * it is under the directory. */
+static int shim_fd_boundary(const char *call, int fd)
 {
     char link[64], path[4096];
     snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
@@ -103,7 +118,27 @@ static void shim_fd_boundary(const char *call, int fd)
     if (n > 0) {
         path[n] = '\0';
         shim_boundary(call, path, NULL);
+        return shim_under_dir(path);
     }
+    return 0;
+}
+
+/* A pwrite under the directory: counted when its descriptor is O_DIRECT,
+ * and 1 when it is the one to fail, which it does late, as a failing disk
+ * does after its retries (so a write still in flight fails after the call
+ * that handed it over has returned). */
+static int shim_direct_fails(int fd, int under)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (!under || fl < 0 || !(fl & O_DIRECT)) {
+        return 0;
+    }
+    long k = __atomic_add_fetch(&shim_direct, 1, __ATOMIC_SEQ_CST);
+    if (k != __atomic_load_n(&shim_eio_at, __ATOMIC_SEQ_CST)) {
+        return 0;
+    }
+    usleep(200000);
+    return 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -157,13 +192,19 @@ ssize_t write(int fd, const void *buf, size_t n)
 
 ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
-    shim_fd_boundary("pwrite", fd);
+    if (shim_direct_fails(fd, shim_fd_boundary("pwrite", fd))) {
+        errno = EIO;
+        return -1;
+    }
     return ((ssize_t(*)(int, const void *, size_t, off_t))shim_real("pwrite"))(fd, buf, n, off);
 }
 
 ssize_t pwrite64(int fd, const void *buf, size_t n, off64_t off)
 {
-    shim_fd_boundary("pwrite64", fd);
+    if (shim_direct_fails(fd, shim_fd_boundary("pwrite64", fd))) {
+        errno = EIO;
+        return -1;
+    }
     return ((ssize_t(*)(int, const void *, size_t, off64_t))shim_real("pwrite64"))(fd, buf, n,
                                                                                   off);
 }

@@ -11,6 +11,9 @@
  *                             as on a file system that cannot exchange
  *   FSDPC_CRASH_SLOW_MS=ms    sleep ms before each counted call, as on a slow
  *                             file system (a save that outlasts some steps)
+ *   FSDPC_CRASH_EIO_DIRECT=k  the k-th pwrite through an O_DIRECT descriptor
+ *                             under DIR fails with EIO after 0.2 s (the
+ *                             process goes on)
  * Counted calls: mkdir, open/open64 for writing or creating, write, pwrite,
  * posix_fallocate, fsync, fdatasync, rename, renameat, renameat2, symlink,
  * unlink, rmdir, remove; every call through which a save or a recovery
@@ -25,5 +28,10 @@
 /* Counting restarts at 0; k, under, note_fd (-1: no notes), no_exchange as
  * the variables above. */
 void crash_shim_arm(long k, const char *under, int note_fd, int no_exchange);
+/* From now on the k-th pwrite through an O_DIRECT descriptor under the
+ * directory fails with EIO (0: none); their count restarts at 0. */
+void crash_shim_fail_direct(long k);
+/* Such pwrites since crash_shim_fail_direct, from any thread. */
+long crash_shim_direct_writes(void);
 
 #endif

@@ -20,6 +20,14 @@ tests_ckpt_crash_shim_so_LDADD = -ldl
 dist_check_SCRIPTS += tests/ckpt/test_ckpt_rollback.sh
 TESTS += tests/ckpt/test_ckpt_crash tests/ckpt/test_ckpt_rollback.sh
 
+# Direct writes from the writer threads: through the wrapped pwrite, and a
+# failed one (first, middle, last in flight) fails the save by name.
+check_PROGRAMS += tests/ckpt/test_ckpt_direct
+tests_ckpt_test_ckpt_direct_SOURCES = tests/ckpt/test_ckpt_direct.c tests/ckpt/crash_shim.c \
+	tests/ckpt/crash_shim.h
+tests_ckpt_test_ckpt_direct_LDADD = $(LDADD) -ldl
+TESTS += tests/ckpt/test_ckpt_direct
+
 # Saves in the background (--ckpt-async): the synchronous saves' bytes, a
 # resume, a signal while one is in flight, and a crash at every call of one
 # (crash_shim.so preloaded, also as a slow file system).

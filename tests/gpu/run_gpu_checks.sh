@@ -15,7 +15,8 @@
 #      (relative) in f32; with --param-dtype bf16, the loss within 2e-2
 #   b2. the sharded engine on device memory: dp=2 over tcp in two
 #      processes on the one GPU equal to one process (same global batch),
-#      and the nccl backend through fsdpc-train at one rank
+#      the same staged in 4 KiB chunks bit for bit, and the nccl backend
+#      through fsdpc-train at one rank
 #   c. compute-sanitizer memcheck and racecheck on a 2-step GPT-2 run
 #   d. GPT-2 124M, bf16, batch 16 x 1024: fsdpc-train's tokens/s and MFU
 #      (against PEAK_FLOPS), and PyTorch's on the same GPU, eager and compiled
@@ -360,6 +361,20 @@ else
         say "PASS  dp=2 over tcp, two processes on one GPU = one process, same global batch: $res"
     else
         fail "dp=2 over tcp on one GPU = one process: $res (tolerance 1e-4)"
+    fi
+    # the same staged in 4 KiB chunks (many per collective, copied on the
+    # copy stream while the chunk before travels): the same bits
+    if [ $rc2 -eq 0 ]; then
+        export FSDPC_STAGE_CHUNK_BYTES=4K
+        shard shard-dp2-tcp-4k 4 dp=2 tcp 2
+        rc=$?
+        unset FSDPC_STAGE_CHUNK_BYTES
+        if [ $rc -eq 0 ] &&
+            res=$(compare "$L/shard-dp2-tcp.jsonl" "$L/shard-dp2-tcp-4k.jsonl" 0 1e-300); then
+            say "PASS  dp=2 over tcp staged in 4 KiB chunks = in 4 MiB chunks, bit for bit: $res"
+        elif [ $rc -ne 200 ]; then
+            fail "dp=2 over tcp staged in 4 KiB chunks (exit $rc): ${res:-$(tail_msg "$L/shard-dp2-tcp-4k.log")}"
+        fi
     fi
     if [ "$(info nccl)" != yes ]; then
         say "SKIP  fsdpc-train --backend nccl: this kit's build has no nccl backend"

@@ -4,7 +4,8 @@
 # bit for bit what the CPU device gives: losses, gradient norms and loss
 # scales of every step, and the final weights, for GPT-2 and Llama over
 # the meshes, dtypes and features the trainer has, with mpi and tcp staging
-# the device's memory; a checkpoint written on it resumes on another mesh,
+# the device's memory (in chunks of the default size, of 1 KiB and 1000
+# bytes, and whole); a checkpoint written on it resumes on another mesh,
 # verifies, and samples; the sampler with and without its cache; and the
 # host waits of a step do not grow with the model.
 . "$top_srcdir/tests/tap.sh"
@@ -99,6 +100,21 @@ else
         --mesh dp=2 --backend tcp --offload params,optim --grad-accum 2
     same "gpt2 dp=2 tcp, uneven data: join" 2 --model "$W/gpt2.h5" --data "$W/u{rank}.bin" \
         --mesh dp=2 --backend tcp --epochs 1 --steps 0
+    # staging in small chunks (many per collective, a short last one; 1000
+    # bytes is no whole number of elements) and in whole buffers
+    export FSDPC_STAGE_CHUNK_BYTES=1K
+    same "gpt2 dp=3 tcp, staged in 1 KiB chunks" 3 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --mesh dp=3 --backend tcp
+    same "llama dp=2,tp=2 (dp=tcp, tp=mpi), staged in 1 KiB chunks" 4 --model "$W/llama.h5" \
+        --data "$W/train.bin" --mesh dp=2,tp=2 --backend dp=tcp,tp=mpi
+    export FSDPC_STAGE_CHUNK_BYTES=1000
+    same "gpt2 dp=2 mpi, bf16 params and reduction, staged in 1000-byte chunks" 2 \
+        --model "$W/gpt2.h5" --data "$W/train.bin" --mesh dp=2 --backend mpi --param-dtype bf16 \
+        --reduce-dtype bf16
+    export FSDPC_STAGE_CHUNK_BYTES=0
+    same "gpt2 rdp=2,dp=2 mpi, staged in whole buffers" 4 --model "$W/gpt2.h5" \
+        --data "$W/train.bin" --mesh rdp=2,dp=2 --backend mpi
+    unset FSDPC_STAGE_CHUNK_BYTES
 
     # a checkpoint written on the guarded device at dp=2, resumed on one rank
     ok=0
