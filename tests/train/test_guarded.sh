@@ -160,7 +160,8 @@ tap_ok $? "a step waits for the loss of each micro-batch and the gradient norm o
 # guarded device holds after the first step (rank 0, the plan's largest;
 # under pp the rank the plan names the largest, PP_D the mesh's dp after
 # pp, and every pipeline rank's total without dp). The plan's batches are
-# the step's K micro-batches (the trainer's arrays); the device holds one.
+# the step's K micro-batches (the trainer's arrays); the device holds one
+# for each model (PP_V of them under interleaved), and a loss scalar.
 plan() {
     name=$1 n=$2
     shift 2
@@ -174,11 +175,11 @@ plan() {
             --batch-size 4 --seq-len 64 --steps 1 --lr 1e-3 "$@" > "$W/mem.run" 2>&1
     fi
     "$TRAIN" --print-memory --batch-size 4 --seq-len 64 "$@" > "$W/mem.plan" 2>&1
-    PP_D=${PP_D:-1} PP_K=${PP_K:-1} python3 - "$W/mem.plan" "$W/mem.run" <<'PY'
+    PP_D=${PP_D:-1} PP_K=${PP_K:-1} PP_V=${PP_V:-1} python3 - "$W/mem.plan" "$W/mem.run" <<'PY'
 import os, re, sys
 plan = {}
 text = open(sys.argv[1]).read()
-D, K = int(os.environ["PP_D"]), int(os.environ["PP_K"])
+D, K, V = int(os.environ["PP_D"]), int(os.environ["PP_K"]), int(os.environ["PP_V"])
 for l in text.splitlines():
     m = re.match(r"  (\S.*?)\s{2,}(\d+)\s+[\d.]+ MiB$", l)
     if m:
@@ -214,8 +215,10 @@ parts = [
     ("activations", plan["activations saved for the backward"], take(r"\w+ activations")),
     ("workspace", plan["activation gradients and workspace"],
      take(r"\w+ activation gradients", r"llama RoPE (cos|sin)")),
-    ("batches (one micro-batch)", plan["batches"] // K, take("batch tokens", "batch targets")),
-    ("the loss and norm scalars (not in the plan)", 16, take("loss sum", "fsdp gradient norm")),
+    ("batches (one micro-batch a model)", plan["batches"] // K * V,
+     take("batch tokens", "batch targets")),
+    ("the loss and norm scalars (not in the plan)", 8 * V + 8,
+     take("loss sum", "fsdp gradient norm")),
     ("pipeline boundary buffers", sum(v for k, v in plan.items() if k.startswith("pipeline")),
      take(r"pipeline .*")),
 ]
@@ -224,7 +227,7 @@ for l in text.splitlines():  # pipeline ranks without dp: world rank = pp rank
     if m and D == 1:
         r = int(m.group(1))
         parts.append(("pp rank %d: all it holds" % r, int(m.group(2)),
-                      totals.get(r, 0) - 16 - plan["batches"] // K))
+                      totals.get(r, 0) - 8 * V - 8 - plan["batches"] // K * V))
 bad = [p for p in parts if p[1] != p[2]]
 for p in parts:
     print("# %-45s plan %10d  held %10d" % p)
@@ -249,6 +252,9 @@ if [ -n "$MPIEXEC" ]; then
         --mesh pp=2 --backend tcp --grad-accum 4 --pp-schedule gpipe
     PP_D=2 PP_K=2 plan "llama pp=2,dp=2 1f1b (tied)" 4 --model "$W/llama.h5" --mesh pp=2,dp=2 \
         --backend tcp --grad-accum 2
+    PP_K=2 PP_V=2 plan "gpt2 4 layers pp=2 interleaved (2 chunks a rank, tied)" 2 \
+        --model "$W/gpt2-4.h5" --mesh pp=2 --backend tcp --grad-accum 2 \
+        --pp-schedule interleaved --pp-virtual 2
 fi
 plan "llama 1 rank, offload optim" 1 --model "$W/llama.h5" --offload optim
 tap_done
