@@ -7,6 +7,10 @@
 #                         (tests/backends/nccl_sim_api/nccl.h: no commName)
 #   libnccl_api214.a      the backend compiled against the 2.14 API, the
 #                         oldest it supports (compiled by make check, not run)
+#   train_nccl_sim        fsdpc-train over the nccl backend on a simulated CUDA
+#                         device, NCCL's collectives moved between the rank
+#                         processes by MPI (tests/backends/mpsim*.c), run by
+#                         test_nccl_train_sim.sh against --device cpu --backend mpi
 if HAVE_NCCL
 libfsdpc_a_SOURCES += backends/nccl/nccl_comm.c backends/nccl/nccl_ops.c
 noinst_HEADERS += backends/nccl/nccl_be.h
@@ -31,6 +35,20 @@ tests_backends_test_nccl_sim_api226_LDADD = $(NCCL_SIM_LIBS)
 check_LIBRARIES = tests/backends/libnccl_api214.a
 tests_backends_libnccl_api214_a_SOURCES = backends/nccl/nccl_comm.c backends/nccl/nccl_ops.c
 tests_backends_libnccl_api214_a_CPPFLAGS = -DSIM_NCCL_API=21403 $(NCCL_SIM_API_CPPFLAGS)
+
+# device_cuda.c compiled here without the kernel table (FSDP_CUDA_SIM), so
+# the library's copy, whose table needs libcudart in a build with the
+# kernels, is not linked
+check_PROGRAMS += tests/backends/train_nccl_sim
+tests_backends_train_nccl_sim_SOURCES = tests/backends/train_nccl_sim.c \
+	tests/backends/mpsim.h tests/backends/mpsim_cuda.c tests/backends/mpsim_nccl.c \
+	backends/nccl/nccl_comm.c backends/nccl/nccl_ops.c src/compute/cuda/device_cuda.c \
+	src/programs/train_program.c
+tests_backends_train_nccl_sim_CPPFLAGS = -DFSDP_CUDA_SIM $(AM_CPPFLAGS)
+tests_backends_train_nccl_sim_LDADD = libfsdpc.a $(HDF5_LIBS) $(MPI_LIBS) $(BLAS_LIBS) \
+	$(CRYPTO_LIBS) $(XXHASH_LIBS) $(PCRE2_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) $(LIBS) -lm
+dist_check_SCRIPTS += tests/backends/test_nccl_train_sim.sh
+TESTS += tests/backends/test_nccl_train_sim.sh
 endif
 
 # the checks a person runs on a GPU machine (see doc/backend-nccl.md), and

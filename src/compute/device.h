@@ -37,6 +37,9 @@ struct fsdp_device;
  * parameter exactly into a workspace of the device (or row by row for the
  * embedding lookups) and computes in f32, so a bf16 run computes the same
  * numbers as one whose parameters were widened before the kernel.
+ * Activations stored in bf16 (model.h act_dtype) are converted by the model
+ * with f32_to_bf16 and bf16_to_f32 around f32 working buffers: the entries
+ * below see f32 activations either way.
  */
 struct fsdp_kernels {
     size_t size; /* sizeof(struct fsdp_kernels) of the implementation */

@@ -108,24 +108,85 @@ void fsdp_gpt2_head_view(const struct fsdp_gpt2 *m, struct fsdp_lm_mem unit_last
 // ----------------------------------------------------------------------------
 // activation layout
 
+/* A bf16 tensor of n values carved from the float buffer. */
+static uint16_t *gpt2_take16(float *base, size_t *off, size_t n)
+{
+    return (uint16_t *)(void *)fsdp_lm_take(base, off, (n + 1) / 2);
+}
+
 /* lc and NH are this rank's heads' width and count (C and NH on one rank);
  * BR the rows of the residual stream it holds (BT, or BT / tp with
- * sequence parallelism). */
-static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, float *base, size_t *off,
+ * sequence parallelism). work NULL: the block's own f32 tensors; else
+ * (bf16 activations) its tensors are stored in st and a points at work for
+ * them, with its own f32 statistics. */
+static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, struct fsdp_gpt2_block_store *st,
+                              const struct fsdp_gpt2_block_acts *work, float *base, size_t *off,
                               size_t BT, size_t BR, size_t C, size_t lc, size_t NH)
 {
-    a->ln1 = fsdp_lm_take(base, off, BR * C);
+    *st = (struct fsdp_gpt2_block_store){NULL};
+    if (!work) { /* f32: the layout as it always was */
+        a->ln1 = fsdp_lm_take(base, off, BR * C);
+        a->ln1_mean = fsdp_lm_take(base, off, BR);
+        a->ln1_rstd = fsdp_lm_take(base, off, BR);
+        a->qkv = fsdp_lm_take(base, off, BT * 3 * lc);
+        a->atty = fsdp_lm_take(base, off, BT * lc);
+        a->att_lse = fsdp_lm_take(base, off, BT * NH);
+        a->res2 = fsdp_lm_take(base, off, BR * C);
+        a->ln2 = fsdp_lm_take(base, off, BR * C);
+        a->ln2_mean = fsdp_lm_take(base, off, BR);
+        a->ln2_rstd = fsdp_lm_take(base, off, BR);
+        a->fch = fsdp_lm_take(base, off, BT * 4 * lc);
+        a->fch_gelu = fsdp_lm_take(base, off, BT * 4 * lc);
+        return;
+    }
+    *a = *work;
+    st->ln1 = gpt2_take16(base, off, BR * C);
     a->ln1_mean = fsdp_lm_take(base, off, BR);
     a->ln1_rstd = fsdp_lm_take(base, off, BR);
-    a->qkv = fsdp_lm_take(base, off, BT * 3 * lc);
-    a->atty = fsdp_lm_take(base, off, BT * lc);
+    st->qkv = gpt2_take16(base, off, BT * 3 * lc);
+    st->atty = gpt2_take16(base, off, BT * lc);
     a->att_lse = fsdp_lm_take(base, off, BT * NH);
-    a->res2 = fsdp_lm_take(base, off, BR * C);
-    a->ln2 = fsdp_lm_take(base, off, BR * C);
+    st->res2 = gpt2_take16(base, off, BR * C);
+    st->ln2 = gpt2_take16(base, off, BR * C);
     a->ln2_mean = fsdp_lm_take(base, off, BR);
     a->ln2_rstd = fsdp_lm_take(base, off, BR);
-    a->fch = fsdp_lm_take(base, off, BT * 4 * lc);
-    a->fch_gelu = fsdp_lm_take(base, off, BT * 4 * lc);
+    st->fch = gpt2_take16(base, off, BT * 4 * lc);
+    st->fch_gelu = gpt2_take16(base, off, BT * 4 * lc);
+}
+
+/* The blocks' saved tensors (and, with bf16 activations, their working
+ * set), after the rest. */
+static void gpt2_layout_blocks(const struct fsdp_gpt2 *m, float *base, size_t *off,
+                               struct fsdp_gpt2_acts *a, size_t BT, size_t BR)
+{
+    size_t L = (size_t)m->cfg->n_layer, C = (size_t)m->cfg->n_embd, NH = (size_t)m->lnh;
+    struct fsdp_gpt2_block_acts blk, work, *w = NULL;
+    struct fsdp_gpt2_block_store st;
+    int any_ckpt = 0;
+    if (m->lm.adt == FSDP_BF16) {
+        gpt2_layout_block(&work, &st, NULL, base, off, BT, BR, C, m->lc, NH);
+        w = &work;
+    }
+    for (size_t l = 0; l < L; l++) {
+        if (m->lm.checkpoint[l]) {
+            any_ckpt = 1;
+            continue;
+        }
+        gpt2_layout_block(&blk, &st, w, base, off, BT, BR, C, m->lc, NH);
+        if (a->blocks) {
+            a->blocks[l] = blk;
+            a->store[l] = st;
+        }
+    }
+    if (any_ckpt) { /* one set shared by all of them */
+        gpt2_layout_block(&blk, &st, w, base, off, BT, BR, C, m->lc, NH);
+        for (size_t l = 0; l < L && a->blocks; l++) {
+            if (m->lm.checkpoint[l]) {
+                a->blocks[l] = blk;
+                a->store[l] = st;
+            }
+        }
+    }
 }
 
 /*
@@ -136,12 +197,16 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
 {
     const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)c->n_embd;
-    size_t L = (size_t)c->n_layer, NH = (size_t)m->lnh, lc = m->lc;
+    size_t L = (size_t)c->n_layer;
     size_t BR = fsdp_lm_rows_here(&m->lm, BT);
-    struct fsdp_gpt2_block_acts blk;
     size_t off = 0;
-    int any_ckpt = 0;
-    a->residual = fsdp_lm_take(base, &off, (L + 1) * BR * C);
+    if (m->lm.adt == FSDP_BF16) {
+        a->residual16 = gpt2_take16(base, &off, (L + 1) * BR * C);
+        a->residual = fsdp_lm_take(base, &off, 2 * BR * C);
+    } else {
+        a->residual16 = NULL;
+        a->residual = fsdp_lm_take(base, &off, (L + 1) * BR * C);
+    }
     a->lnf = fsdp_lm_take(base, &off, BT * C);
     a->lnf_mean = fsdp_lm_take(base, &off, BR);
     a->lnf_rstd = fsdp_lm_take(base, &off, BR);
@@ -154,24 +219,7 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
     a->tgt_all = (int32_t *)(void *)fsdp_lm_take(base, &off, gpt2_vp_head(m) ? rows_all : 0);
     a->att_scratch =
         fsdp_lm_take(base, &off, m->lm.k->attention_scratch_floats(m->lm.dev, m->lm.max_T));
-    for (size_t l = 0; l < L; l++) {
-        if (m->lm.checkpoint[l]) {
-            any_ckpt = 1;
-            continue;
-        }
-        gpt2_layout_block(&blk, base, &off, BT, BR, C, lc, NH);
-        if (a->blocks) {
-            a->blocks[l] = blk;
-        }
-    }
-    if (any_ckpt) {
-        gpt2_layout_block(&blk, base, &off, BT, BR, C, lc, NH); /* one set shared by all of them */
-        for (size_t l = 0; l < L && a->blocks; l++) {
-            if (m->lm.checkpoint[l]) {
-                a->blocks[l] = blk;
-            }
-        }
-    }
+    gpt2_layout_blocks(m, base, &off, a, BT, BR);
     return off;
 }
 
@@ -222,6 +270,7 @@ int fsdp_gpt2_reserve(struct fsdp_model *base)
     if (fresh) {
         fsdp_lm_bind(lm, m->acts.residual, m->gacts.dres, m->gacts.dbtc, m->gacts.xfull,
                      m->gacts.spg);
+        lm->residual16 = m->acts.residual16;
         fsdp_lm_log_reserve(lm);
     }
     if (gpt2_vp_head(m) && !m->tgt_host) { /* the host's copy of every rank's targets */
@@ -237,7 +286,7 @@ int fsdp_gpt2_reserve(struct fsdp_model *base)
 size_t fsdp_gpt2_activation_bytes(const struct fsdp_model *base)
 {
     const struct fsdp_gpt2 *m = (const struct fsdp_gpt2 *)base;
-    struct fsdp_gpt2_acts count = {.blocks = NULL};
+    struct fsdp_gpt2_acts count = {.blocks = NULL, .store = NULL};
     return gpt2_layout_acts(m, NULL, &count) * sizeof(float);
 }
 
@@ -252,7 +301,7 @@ size_t fsdp_gpt2_workspace_bytes(const struct fsdp_model *base)
 // lifetime and settings
 
 static int gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T, struct fsdp_tp *tp,
-                       struct fsdp_device *dev, struct fsdp_gpt2 **out)
+                       struct fsdp_device *dev, enum fsdp_dtype adt, struct fsdp_gpt2 **out)
 {
     int rc;
     FSDP_CHECK(fsdp_lm_check_arch(spec, &fsdp_gpt2_arch));
@@ -274,7 +323,8 @@ static int gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
     m->lnh = c->n_head / m->lm.tpn;
     m->lc = (size_t)c->n_embd / (size_t)m->lm.tpn;
     m->acts.blocks = calloc((size_t)c->n_layer, sizeof(*m->acts.blocks));
-    if (!m->acts.blocks) {
+    m->acts.store = calloc((size_t)c->n_layer, sizeof(*m->acts.store));
+    if (!m->acts.blocks || !m->acts.store) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "gpt2 model tables");
         goto err_free;
     }
@@ -283,6 +333,13 @@ static int gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
                       m->lm.tpn);
         goto err_free;
     }
+    if (adt != FSDP_F32 && (adt != FSDP_BF16 || m->lm.tpn > 1)) {
+        rc = fsdp_err(FSDP_ERR_INVALID, "gpt2: activation dtype %s is not supported%s (use f32%s)",
+                      fsdp_dtype_name(adt), adt == FSDP_BF16 ? " with tensor parallelism" : "",
+                      adt == FSDP_BF16 ? ", or bf16 without a tp dimension" : " or bf16");
+        goto err_free;
+    }
+    m->lm.adt = adt;
     FSDP_CHECK_GOTO(gpt2_map_params(m), rc, err_free);
     *out = m;
     return 0;
@@ -294,7 +351,7 @@ err_free:
 int fsdp_gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
                      struct fsdp_gpt2 **out)
 {
-    return gpt2_create(spec, max_B, max_T, NULL, NULL, out);
+    return gpt2_create(spec, max_B, max_T, NULL, NULL, FSDP_F32, out);
 }
 
 void fsdp_gpt2_destroy(struct fsdp_gpt2 *m)
@@ -305,6 +362,7 @@ void fsdp_gpt2_destroy(struct fsdp_gpt2 *m)
     fsdp_lm_free(&m->lm);
     free(m->tgt_host);
     free(m->acts.blocks);
+    free(m->acts.store);
     free(m);
 }
 
@@ -408,6 +466,37 @@ int fsdp_gpt2_set_batch(struct fsdp_model *base, const int32_t *tokens, const in
 // ----------------------------------------------------------------------------
 // the blocks (tensor-parallel regions: model/lm.h)
 
+/* bf16 activations: x (n values) rounded to its store st, so that what the
+ * next kernel reads is what the backward will read; nothing at f32. */
+static void gpt2_keep(struct fsdp_gpt2 *m, uint16_t *st, float *x, size_t n)
+{
+    if (st) {
+        m->lm.k->f32_to_bf16(m->lm.dev, st, x, n);
+        m->lm.k->bf16_to_f32(m->lm.dev, x, st, n);
+    }
+}
+
+/* bf16 activations: block l's stored tensors widened into the working set
+ * its acts point at, with its input; nothing at f32. */
+static void gpt2_block_load(struct fsdp_gpt2 *m, int l)
+{
+    const struct fsdp_gpt2_block_store *st = &m->acts.store[l];
+    const struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
+    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd, lc = m->lc;
+    struct fsdp_device *d = m->lm.dev;
+    if (!st->ln1) {
+        return;
+    }
+    m->lm.k->bf16_to_f32(d, a->ln1, st->ln1, BT * C);
+    m->lm.k->bf16_to_f32(d, a->qkv, st->qkv, BT * 3 * lc);
+    m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * lc);
+    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BT * C);
+    m->lm.k->bf16_to_f32(d, a->ln2, st->ln2, BT * C);
+    m->lm.k->bf16_to_f32(d, a->fch, st->fch, BT * 4 * lc);
+    m->lm.k->bf16_to_f32(d, a->fch_gelu, st->fch_gelu, BT * 4 * lc);
+    fsdp_lm_residual_load(&m->lm, l);
+}
+
 /* Block l from residual[l]; full = 0 stops before c_proj of the MLP, which
  * only produces residual[l+1] (what a checkpointed backward does not need).
  * With tensor parallelism q, k, v, c_fc and their activations are this
@@ -419,25 +508,38 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     struct fsdp_gpt2_block_view w;
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
+    const struct fsdp_gpt2_block_store *st = &m->acts.store[l];
     float *x = fsdp_lm_residual(&m->lm, l);
     const float *in;
     fsdp_gpt2_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
+    if (full && l + 1 == m->lm.stage_lo) { /* a pipeline stage's input, written into x */
+        fsdp_lm_residual_save(&m->lm, l);
+    }
+    fsdp_lm_residual_load(&m->lm, l);
     m->lm.k->layernorm_forward(m->lm.dev, a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, w.pt,
                                BR, C, c->ln_eps);
+    gpt2_keep(m, st->ln1, a->ln1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qkvw, w.qkvb, w.pt, NULL, BT, C, 3 * lc);
+    gpt2_keep(m, st->qkv, a->qkv, BT * 3 * lc);
     m->lm.k->attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->lm.B,
                                m->lm.T, (int)lc, m->lnh);
+    gpt2_keep(m, st->atty, a->atty, BT * lc);
     FSDP_CHECK(
         fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.attprojw, w.attprojb, w.pt, x, BT, lc));
+    gpt2_keep(m, st->res2, a->res2, BR * C);
     m->lm.k->layernorm_forward(m->lm.dev, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b,
                                w.pt, BR, C, c->ln_eps);
+    gpt2_keep(m, st->ln2, a->ln2, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->fch, in, w.fcw, w.fcb, w.pt, NULL, BT, C, 4 * lc);
+    gpt2_keep(m, st->fch, a->fch, BT * 4 * lc);
     m->lm.k->gelu_forward(m->lm.dev, a->fch_gelu, a->fch, BT * 4 * lc);
+    gpt2_keep(m, st->fch_gelu, a->fch_gelu, BT * 4 * lc);
     if (full) {
         FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, fsdp_lm_residual(&m->lm, l + 1), a->fch_gelu,
                                         w.fcprojw, w.fcprojb, w.pt, a->res2, BT, 4 * lc));
+        fsdp_lm_residual_save(&m->lm, l + 1);
     }
     return 0;
 }
@@ -496,11 +598,13 @@ int fsdp_gpt2_forward_unit(struct fsdp_model *base, int u)
     FSDP_CHECK(fsdp_lm_check_forward(&m->lm, u, m->cfg->tied));
     if (u == 0) {
         FSDP_CHECK(gpt2_embed_forward(m));
+        fsdp_lm_residual_save(&m->lm, 0);
     } else if (u <= L) {
         if (!m->lm.shadow) {
             FSDP_CHECK(gpt2_block_forward(m, u - 1, 1));
         }
     } else {
+        fsdp_lm_residual_load(&m->lm, L);
         FSDP_CHECK(fsdp_gpt2_head_forward(m));
     }
     m->lm.fwd_done[u] = 1;
@@ -541,6 +645,8 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     m->head_x_ready = 0; /* dqkv and dfch overwrite the head's scratch */
     if (m->lm.checkpoint[l]) {
         FSDP_CHECK(gpt2_block_forward(m, l, 0));
+    } else {
+        gpt2_block_load(m, l);
     }
     fsdp_gpt2_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
     fsdp_gpt2_block_view(m, fsdp_lm_grads(&m->lm, 1 + l), &dw);
@@ -632,6 +738,7 @@ int fsdp_gpt2_backward_unit(struct fsdp_model *base, int u)
             FSDP_CHECK(gpt2_block_backward(m, u - 1));
         }
     } else {
+        fsdp_lm_residual_load(&m->lm, L);
         FSDP_CHECK(fsdp_gpt2_head_backward(m));
     }
     m->bwd_next = u - 1;
@@ -664,7 +771,7 @@ static int gpt2_op_create(const struct fsdp_model_spec *spec, const struct fsdp_
                           struct fsdp_model **out)
 {
     struct fsdp_gpt2 *m = NULL;
-    FSDP_CHECK(gpt2_create(spec, o->max_B, o->max_T, o->tp, o->dev, &m));
+    FSDP_CHECK(gpt2_create(spec, o->max_B, o->max_T, o->tp, o->dev, o->act_dtype, &m));
     if (o->head_chunk > 0) {
         int rc = fsdp_gpt2_set_head_chunk(m, o->head_chunk);
         if (rc < 0) {

@@ -87,12 +87,24 @@ struct fsdp_gpt2_block_acts {
     float *fch_gelu; /* (B, T, 4C) */
 };
 
+/* With bf16 activations (lm.adt) a block's saved tensors are stored here,
+ * the shapes of struct fsdp_gpt2_block_acts, and that struct's pointers to
+ * them are one f32 working set shared by every block: the forward rounds
+ * each tensor to its store as it is made (the next kernel reads the stored
+ * value), the backward widens the block's store into the working set. The
+ * norms' statistics and the log-sum-exps stay f32, per block. */
+struct fsdp_gpt2_block_store {
+    uint16_t *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu;
+};
+
 /*
  * One contiguous buffer (act_memory). Checkpointed blocks all share one
  * block_acts set that their backward refills by recomputing the block from
  * its input, residual[l]; the others own a set each.
  */
 struct fsdp_gpt2_acts {
+    uint16_t *residual16; /* (L+1, B, T, C) bf16 activations: the stored residual stream
+                             (residual is then its two f32 slots: model/lm.h) */
     float *residual;    /* (L+1, B, T, C): [l] is block l's input, [L] feeds ln_f (sequence
                            parallel: this rank's rows) */
     float *lnf;         /* (B, T, C) every row, the head's input (sequence parallel: each
@@ -107,6 +119,7 @@ struct fsdp_gpt2_acts {
     int32_t *tgt_all;   /* (R) ... and targets (the tied head's rows) */
     float *att_scratch; /* fsdp_cpu_attention_scratch_floats(T) */
     struct fsdp_gpt2_block_acts *blocks; /* (L,) */
+    struct fsdp_gpt2_block_store *store; /* (L,) bf16 activations; all NULL at f32 */
 };
 
 /*

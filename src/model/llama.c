@@ -793,6 +793,12 @@ static int llama_op_create(const struct fsdp_model_spec *spec, const struct fsdp
                            struct fsdp_model **out)
 {
     struct fsdp_llama *m = NULL;
+    if (o->act_dtype != FSDP_F32) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "llama: activation dtype %s is not supported for the Llama family yet "
+                        "(use --activation-dtype f32)",
+                        fsdp_dtype_name(o->act_dtype));
+    }
     FSDP_CHECK(llama_create(spec, o->max_B, o->max_T, o->tp, o->dev, &m));
     if (o->head_chunk > 0) {
         int rc = fsdp_llama_set_head_chunk(m, o->head_chunk);

@@ -93,6 +93,11 @@ struct fsdp_lm {
     float *xfull;    /* (B, T, C) sequence parallel: a norm's output gathered from every
                         rank, or this rank's rows of a reduce-scattered gradient */
     float *spg;      /* (n, C) sequence parallel: norm-parameter gradients of this rank's rows */
+    /* activation storage (model.h opts.act_dtype): with bf16 the residual
+     * stream is stored here, (L+1, B, T, C) bf16, and residual is two f32
+     * slots of (B, T, C), block l's input widened into slot l & 1 */
+    enum fsdp_dtype adt; /* FSDP_F32 or FSDP_BF16 */
+    uint16_t *residual16;
 };
 
 // ----------------------------------------------------------------------------
@@ -237,8 +242,14 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n);
 int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const void *w,
                          const void *bias, enum fsdp_dtype pt, const float *residual, size_t BT,
                          size_t K);
-/* Block l's input, residual[l] (l = L: the final norm's). */
+/* Block l's input, residual[l] (l = L: the final norm's); with bf16
+ * activations its f32 slot, which holds residual[l] after
+ * fsdp_lm_residual_load and is stored by fsdp_lm_residual_save. */
 float *fsdp_lm_residual(const struct fsdp_lm *lm, int l);
+/* bf16 activations: the stored residual[l] widened into its slot; nothing at f32. */
+void fsdp_lm_residual_load(const struct fsdp_lm *lm, int l);
+/* bf16 activations: residual[l]'s slot narrowed into the store; nothing at f32. */
+void fsdp_lm_residual_save(const struct fsdp_lm *lm, int l);
 /* The final norm's output rows held here within lnf (every row): with
  * sequence parallelism this rank's block, else all of it. */
 float *fsdp_lm_lnf_mine(const struct fsdp_lm *lm, float *lnf, size_t BT);

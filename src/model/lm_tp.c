@@ -4,7 +4,8 @@
  * column-parallel product and leaving a row-parallel one, with and without
  * sequence parallelism, the norms' parameter gradients over a rank's rows,
  * the final norm's rows, and the heads check before a cut (the cut of each
- * placement is the plan's, tp/tp_plan.h).
+ * placement is the plan's, tp/tp_plan.h); and the residual stream's views,
+ * with its bf16 store's loads and saves (--activation-dtype bf16).
  * Without tensor parallelism every region is the plain product. It moves
  * activations only, through the model's workspace views (fsdp_lm_bind).
  */
@@ -84,7 +85,30 @@ int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const
 float *fsdp_lm_residual(const struct fsdp_lm *lm, int l)
 {
     size_t BT = (size_t)lm->max_B * (size_t)lm->max_T;
-    return lm->residual + (size_t)l * fsdp_lm_rows_here(lm, BT) * lm->C;
+    size_t at = (size_t)(lm->residual16 ? (l & 1) : l);
+    return lm->residual + at * fsdp_lm_rows_here(lm, BT) * lm->C;
+}
+
+/* Only the current batch's rows move: a smaller batch uses the leading
+ * part of each (max_B, max_T) tensor. */
+void fsdp_lm_residual_load(const struct fsdp_lm *lm, int l)
+{
+    if (!lm->residual16) {
+        return;
+    }
+    size_t BT = (size_t)lm->max_B * (size_t)lm->max_T, n = fsdp_lm_rows_here(lm, BT) * lm->C;
+    size_t cur = fsdp_lm_rows_here(lm, (size_t)lm->B * (size_t)lm->T) * lm->C;
+    lm->k->bf16_to_f32(lm->dev, fsdp_lm_residual(lm, l), lm->residual16 + (size_t)l * n, cur);
+}
+
+void fsdp_lm_residual_save(const struct fsdp_lm *lm, int l)
+{
+    if (!lm->residual16) {
+        return;
+    }
+    size_t BT = (size_t)lm->max_B * (size_t)lm->max_T, n = fsdp_lm_rows_here(lm, BT) * lm->C;
+    size_t cur = fsdp_lm_rows_here(lm, (size_t)lm->B * (size_t)lm->T) * lm->C;
+    lm->k->f32_to_bf16(lm->dev, lm->residual16 + (size_t)l * n, fsdp_lm_residual(lm, l), cur);
 }
 
 float *fsdp_lm_lnf_mine(const struct fsdp_lm *lm, float *lnf, size_t BT)

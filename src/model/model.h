@@ -47,6 +47,10 @@ struct fsdp_model_opts {
      * heads and features, calling the tp operators on tp's group; every
      * rank of the group runs the same calls with the same batch. Borrowed. */
     struct fsdp_tp *tp;
+    /* Storage dtype of the activations saved for the backward: FSDP_F32
+     * (0, the default) or FSDP_BF16 (GPT-2 on one tp rank; the others
+     * refuse it). Kernels compute in f32 from the stored values. */
+    enum fsdp_dtype act_dtype;
 };
 
 struct fsdp_model_ops {

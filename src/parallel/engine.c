@@ -194,12 +194,53 @@ static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, i
 // ----------------------------------------------------------------------------
 // optimizer
 
+/* Whether g's backend takes device memory only (nccl): the host's values
+ * then go through the device. */
+static int shard_group_device_only(const struct fsdp_group *g)
+{
+    const struct fsdp_backend_ops *o = g->ops;
+    uint32_t caps = o->size >= offsetof(struct fsdp_backend_ops, mem_caps) + sizeof(o->mem_caps)
+                        ? o->mem_caps
+                        : FSDP_CAP_MEM_HOST;
+    return !(caps & FSDP_CAP_MEM_HOST);
+}
+
+int fsdp_shard_sums_on_device(const struct fsdp_shard_engine *se)
+{
+    int on = se->shard_g && shard_group_device_only(se->shard_g);
+    for (int i = 0; i < se->n_rep; i++) {
+        on |= shard_group_device_only(se->rep_g[i]);
+    }
+    return on || (se->tp && se->tp->g && shard_group_device_only(se->tp->g));
+}
+
+/* se->sum_buf = every rank's *x over g, through the device (se->dnorm's
+ * room after the norm), on the compute stream. */
+static int shard_gather_on_device(struct fsdp_shard_engine *se, struct fsdp_group *g,
+                                  const double *x)
+{
+    struct fsdp_device *d = se->dev;
+    const struct fsdp_coll_attr attr = {.mem = d->mem, .stream = d->stream};
+    double *mine = se->dnorm + 1, *all = se->dnorm + 2; /* (1,) and (g->size,) */
+    struct fsdp_work *w = NULL;
+    FSDP_CHECK(fsdp_device_write(d, mine, x, sizeof(double)));
+    FSDP_CHECK(fsdp_allgather(g, mine, all, sizeof(double), FSDP_U8, &attr, &w));
+    int rc = fsdp_work_wait(w, -1.0);
+    fsdp_work_free(w);
+    FSDP_CHECK(rc);
+    return fsdp_device_read(d, se->sum_buf, all, (size_t)g->size * sizeof(double));
+}
+
 /* Sum of x over group g: every rank's double is all-gathered as bytes and
  * added in rank order, so the sum is as exact as the single-rank engine's
  * and the same on every rank. */
 static int shard_group_sum(struct fsdp_shard_engine *se, struct fsdp_group *g, double *x)
 {
-    FSDP_CHECK(fsdp_allgather_sync(g, x, se->sum_buf, sizeof(double), FSDP_U8));
+    if (shard_group_device_only(g)) {
+        FSDP_CHECK(shard_gather_on_device(se, g, x));
+    } else {
+        FSDP_CHECK(fsdp_allgather_sync(g, x, se->sum_buf, sizeof(double), FSDP_U8));
+    }
     double sum = 0.0;
     for (int r = 0; r < g->size; r++) {
         sum += se->sum_buf[r];

@@ -82,6 +82,7 @@ struct fsdp_shard_config {
      * the create); NULL: [unit_lo, unit_hi]. Passes then run over the range
      * the driver sets. */
     const unsigned char *unit_mask;
+    enum fsdp_dtype act_dtype;    /* storage of saved activations: f32, bf16 (model.h) */
 };
 
 /* The defaults: full sharding, reshard after forward, prefetch 1, f32. */

@@ -184,7 +184,9 @@ struct fsdp_shard_engine {
                                           since creation and when the current save began */
     double save_s;                     /* seconds in save_rows in the current save */
     double *sum_buf;                   /* (max(world, tp),) one double per rank of a group */
-    double *dnorm;                     /* (1) device: this rank's squared gradient norm */
+    double *dnorm;                     /* (1,) device: this rank's squared gradient norm;
+                                          (2 + max(world, tp),) with room for a group sum's
+                                          send and receive (fsdp_shard_sums_on_device) */
     void *comm_stream;                 /* the dp, rdp and tp collectives' stream (attr.stream) */
     void *ev_compute, *ev_comm;        /* the two streams' order (fsdp_unit_comm_begin/end) */
     int rq_head, rq_len;
@@ -260,6 +262,9 @@ void fsdp_shard_groups_set(struct fsdp_shard_engine *se, const struct fsdp_shard
  * after the model has said whether it takes unit 0 by rows). */
 int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se);
 void fsdp_shard_teardown(struct fsdp_shard_engine *se);
+/* engine.c: whether the gradient norm's group sums go through the device
+ * (a shard, replica or tp group whose backend takes no host memory). */
+int fsdp_shard_sums_on_device(const struct fsdp_shard_engine *se);
 /* The state pieces (engine.h) and whole units gathered for saving. */
 size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se);
 void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out);

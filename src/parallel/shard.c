@@ -274,8 +274,11 @@ int fsdp_shard_alloc_slots(struct fsdp_shard_engine *se)
         return fsdp_err(FSDP_ERR_NOMEM, "fsdp: slot tables");
     }
     if (!se->sizing) {
-        void *mem;
-        FSDP_CHECK(fsdp_device_alloc(se->dev, sizeof(double), "fsdp gradient norm", &mem));
+        void *mem; /* the norm, and room to gather a group's sums where needed (engine.c) */
+        size_t nd = fsdp_shard_sums_on_device(se)
+                        ? 2 + (size_t)(se->world > se->tp->size ? se->world : se->tp->size)
+                        : 1;
+        FSDP_CHECK(fsdp_device_alloc(se->dev, nd * sizeof(double), "fsdp gradient norm", &mem));
         se->dnorm = mem;
     }
     /* a slot holds the largest unit that maps to it, and its packed shards

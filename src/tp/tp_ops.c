@@ -21,7 +21,9 @@ void fsdp_tp_init(struct fsdp_tp *tp, struct fsdp_group *g, int sp, struct fsdp_
     tp->rank = tp->g ? g->rank : 0;
     tp->sp = sp && tp->size > 1;
     tp->attr.mem = dev->mem;
-    tp->attr.stream = NULL;
+    /* the compute stream: a collective reads what its kernels wrote, in
+     * their order (a backend's own stream would not wait for them) */
+    tp->attr.stream = dev->stream;
     tp->dev = dev;
     tp->k = dev->k;
 }

@@ -36,6 +36,10 @@ TESTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh tests/train/te
 dist_check_SCRIPTS += tests/train/test_guarded.sh
 TESTS += tests/train/test_guarded.sh
 
+# --activation-dtype bf16: the loss curve near f32's, checkpointing unchanged, the plan's bytes
+dist_check_SCRIPTS += tests/train/test_act_dtype.sh
+TESTS += tests/train/test_act_dtype.sh
+
 # --offload optim and params,optim on the guarded device equal no offload bit for bit
 dist_check_SCRIPTS += tests/train/test_offload.sh
 TESTS += tests/train/test_offload.sh

@@ -160,13 +160,14 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
     }
     fprintf(fp,
             "batch: %ld x %ld per data-parallel rank, grad-accum %ld; sharding %s, prefetch "
-            "%ld, reshard-after-forward %s; param-dtype %s, reduce-dtype %s; activation "
-            "checkpointing %s%s%s%s\n",
+            "%ld, reshard-after-forward %s; param-dtype %s, reduce-dtype %s; activation-dtype "
+            "%s; activation checkpointing %s%s%s%s\n",
             c->batch_size, c->seq_len, c->grad_accum, shard[c->sharding], c->prefetch,
             c->reshard_after_forward ? "on" : "off",
             fsdp_dtype_name(fsdp_train_config_dtype(c->param_dtype)),
             fsdp_dtype_name(fsdp_train_config_dtype(c->reduce_dtype)),
-            c->activation_checkpointing ? "on" : "off", w->tp > 1 ? "; sequence parallel " : "",
+            c->activation_dtype ? "bf16" : "f32", c->activation_checkpointing ? "on" : "off",
+            w->tp > 1 ? "; sequence parallel " : "",
             w->tp > 1 ? (c->sequence_parallel ? "on" : "off") : "",
             st->offload == FSDP_OFFLOAD_OPTIM          ? "; offload optim"
             : st->offload == FSDP_OFFLOAD_PARAMS_OPTIM ? "; offload params,optim"

@@ -49,7 +49,8 @@ int fsdp_train_parts_create(const struct fsdp_model_spec *spec, struct fsdp_grou
                                  .max_T = sc->T,
                                  .head_chunk = sc->lm_head_chunk,
                                  .dev = dev,
-                                 .tp = p->plan ? &p->tp : NULL};
+                                 .tp = p->plan ? &p->tp : NULL,
+                                 .act_dtype = sc->act_dtype};
     FSDP_CHECK_GOTO(fsdp_model_create(table, &mo, &p->model), rc, err);
     /* 3. activation checkpointing: every block */
     if (sc->activation_checkpointing) {

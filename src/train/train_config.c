@@ -114,6 +114,11 @@ static const struct fsdp_opt train_opts[] = {
      0},
     {"no-sync-accum", FSDP_OPT_FLAG, F(no_sync_accum), 0, 0, 0, NULL, "", 0,
      "keep unsharded gradients until the last micro-step (one reduction per step)", 0},
+    {"activation-dtype", FSDP_OPT_CHOICE, F(activation_dtype), 0, 0, 0, "f32|bf16", "DTYPE", 0,
+     "storage of the activations saved for the backward (gpt2 without tp); bf16 halves them, "
+     "while master weights, optimizer state, gradients, the loss, norm statistics and "
+     "reductions stay f32",
+     0},
     {"activation-checkpointing", FSDP_OPT_FLAG, F(activation_checkpointing), 0, 0, 0, NULL, "", 0,
      "recompute each block's activations in its backward", 0},
     {"sequence-parallel", FSDP_OPT_BOOL, F(sequence_parallel), 0, 0, 0, NULL, "X", 0,
@@ -344,7 +349,8 @@ int fsdp_train_config_wants_fsdp(const struct fsdp_train_config *c)
 {
     return c->mesh[0] || c->param_dtype != 0 || c->reduce_dtype != 0 ||
            strcmp(c->loss_scale, "off") != 0 || c->no_sync_accum || c->activation_checkpointing ||
-           c->sharding != 0 || !c->reshard_after_forward || c->offload != 0;
+           c->sharding != 0 || !c->reshard_after_forward || c->offload != 0 ||
+           c->activation_dtype != 0;
 }
 
 void fsdp_train_config_optim(const struct fsdp_train_config *c, struct fsdp_optim_config *oc)
@@ -377,6 +383,7 @@ int fsdp_train_config_shard(const struct fsdp_train_config *c, struct fsdp_shard
     sc->sequence_parallel = c->sequence_parallel != 0;
     sc->lm_head_chunk = (int)c->lm_head_chunk;
     sc->offload = (enum fsdp_offload)c->offload; /* the choice's order is the enum's */
+    sc->act_dtype = c->activation_dtype ? FSDP_BF16 : FSDP_F32;
     return 0;
 }
 

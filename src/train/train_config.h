@@ -101,6 +101,7 @@ struct fsdp_train_config {
                              0: grad-accum's */
     long pp_virtual;      /* V: stages per rank (interleaved) */
     char pp_layers[128];  /* "5,6,6,5": layers per stage; "": balanced */
+    int activation_dtype;    /* choice index into f32|bf16 (saved activations' storage) */
 };
 
 /* The dtype behind a param-dtype / reduce-dtype choice index. */

@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "core/util.h"
 #include "rendezvous/dist.h"
+#include "backends/backend.h"
 #include "comm/debug.h"
 #include "comm/mesh.h"
 #include "comm/mesh_spec.h"
@@ -33,6 +34,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -165,9 +167,14 @@ int fsdp_trainer_check_inputs(struct fsdp_trainer *t, struct fsdp_model_file **m
 static void trainer_mesh_hint(const struct fsdp_trainer *t, int rc)
 {
     const int w = fsdp_trainer_world(t);
-    if (rc == FSDP_ERR_UNSUPPORTED) {
-        fsdp_err_hint("the trainer computes on the CPU, in host memory: use --backend mpi "
-                      "(under mpiexec or srun) or --backend tcp; nccl serves fsdpc-bench only");
+    if (rc == FSDP_ERR_UNSUPPORTED && t->dev->mem == FSDP_MEM_HOST) {
+        fsdp_err_hint("--device %s computes in host memory, which nccl cannot take: use --backend "
+                      "mpi (under mpiexec or srun) or --backend tcp, or nccl with --device cuda "
+                      "(a build with the CUDA kernels, on GPUs)",
+                      t->dev->ops->name);
+    } else if (rc == FSDP_ERR_UNSUPPORTED) {
+        fsdp_err_hint("mpi and tcp take host memory (a device's is staged through host buffers); "
+                      "nccl takes CUDA device memory only (--device cuda)");
     } else if (rc == FSDP_ERR_INVALID) {
         fsdp_err_hint("--mesh is dp=N (shard over N ranks), rdp=R,dp=N (R replicas of N-way "
                       "shards) or either with tp=T last (tensor parallel over T ranks), the sizes "
@@ -178,6 +185,14 @@ static void trainer_mesh_hint(const struct fsdp_trainer *t, int rc)
     }
 }
 
+/* The memory kinds a backend's collectives take (FSDP_CAP_MEM_*). */
+static uint32_t trainer_mem_caps(const struct fsdp_backend_ops *o)
+{
+    return o->size >= offsetof(struct fsdp_backend_ops, mem_caps) + sizeof(o->mem_caps)
+               ? o->mem_caps
+               : FSDP_CAP_MEM_HOST;
+}
+
 /* Each dimension whose backend cannot take the device's memory stages it
  * through host buffers (comm/group.h); rank 0 says which. */
 static int trainer_stage_dims(struct fsdp_trainer *t)
@@ -185,6 +200,14 @@ static int trainer_stage_dims(struct fsdp_trainer *t)
     struct fsdp_mesh *m = t->mesh;
     fsdp_stage_stager(t->dev, &t->stager);
     for (int i = 0; i < m->ndims; i++) {
+        uint32_t caps = trainer_mem_caps(m->dims[i].ops);
+        if (!(caps & (fsdp_device_mem_cap(t->dev) | FSDP_CAP_MEM_HOST))) {
+            return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                            "--backend %s: backend %s (dimension %s) takes neither --device %s's "
+                            "memory nor host memory to stage it through",
+                            t->cfg->backend[0] ? t->cfg->backend : m->dims[i].ops->name,
+                            m->dims[i].ops->name, m->dims[i].name, t->dev->ops->name);
+        }
         int staged = fsdp_group_set_stager(m->dims[i].group, &t->stager);
         FSDP_CHECK(staged);
         if (staged && t->dist->rank == 0) {
@@ -230,7 +253,10 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
         trainer_mesh_hint(t, rc);
         return rc;
     }
-    FSDP_CHECK(trainer_stage_dims(t));
+    if ((rc = trainer_stage_dims(t)) < 0) {
+        trainer_mesh_hint(t, rc);
+        return rc;
+    }
     int dp = fsdp_mesh_dim_index(m, "dp"), rdp = fsdp_mesh_dim_index(m, "rdp");
     int tp = fsdp_mesh_dim_index(m, "tp");
     if (tp >= 0 && tp != m->ndims - 1 && d->rank == 0) {
@@ -330,6 +356,29 @@ static int trainer_load_model(struct fsdp_trainer *t, struct fsdp_model_file *mf
     return fsdp_stage_fill_pieces(t->engine, t->spec, t->dev, 1, trainer_file_rows, mf);
 }
 
+/* The world group's backend: dp's (a mesh of tp alone: its own) when it
+ * takes host memory, which the world's agreements are in; else the first
+ * dimension's that does (nccl's dp beside mpi's rdp), else this launch's
+ * default (mpi under mpiexec, else tcp). NULL: the group layer's default. */
+static const struct fsdp_backend_ops *trainer_world_ops(const struct fsdp_trainer *t)
+{
+    const struct fsdp_mesh *m = t->mesh;
+    if (!m) {
+        return NULL;
+    }
+    int dp = fsdp_mesh_dim_index(m, "dp");
+    const struct fsdp_backend_ops *ops = m->dims[dp >= 0 ? dp : 0].ops;
+    for (int i = -1; i < m->ndims; i++) {
+        const struct fsdp_backend_ops *o = i < 0 ? ops : m->dims[i].ops;
+        if (trainer_mem_caps(o) & FSDP_CAP_MEM_HOST) {
+            return o;
+        }
+    }
+    const struct fsdp_backend_ops *dflt =
+        fsdp_backend_find(fsdp_dist_mpi_available() ? "mpi" : "tcp");
+    return dflt ? dflt : ops;
+}
+
 /*
  * Phase 2: the device, the mesh, the world group (each agreed on before the
  * next, which is collective), then the engine and its parameters.
@@ -350,12 +399,7 @@ int fsdp_trainer_build_engine(struct fsdp_trainer *t, fsdp_engine_factory factor
         rc = fsdp_trainer_blame(rc, "sharding engine");
     }
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "build the mesh"));
-    const struct fsdp_backend_ops *ops = NULL;
-    if (t->mesh) { /* dp's backend (a mesh of tp alone: its own) */
-        int dp = fsdp_mesh_dim_index(t->mesh, "dp");
-        ops = t->mesh->dims[dp >= 0 ? dp : 0].ops;
-    }
-    if ((rc = fsdp_world_create(t->dist, ops, &t->world)) < 0) {
+    if ((rc = fsdp_world_create(t->dist, trainer_world_ops(t), &t->world)) < 0) {
         rc = fsdp_trainer_blame(rc, "world group");
     }
     FSDP_CHECK(fsdp_trainer_agree(t, rc, "create the world group"));

@@ -4,7 +4,8 @@
 # (train_cuda_emu: fsdpc-train with device cuda-emu), against --device cpu:
 # every step's loss and gradient norm within 1e-5 relative, and the final
 # weights within 1e-4 (f32), for GPT-2 and Llama on one rank and over
-# dp=2 (unit 0 by rows) and tp=2, with bf16 parameters too; and the
+# dp=2 (unit 0 by rows) and tp=2, with bf16 parameters and bf16 activations
+# (GPT-2) too; and the
 # sampler's greedy text with and without its key/value cache. The kernels
 # differ from the
 # CPU's in their order of sums (block trees against SIMD lanes) and in
@@ -99,10 +100,14 @@ for m in "gpt2 1 rank" "llama 1 rank, activation checkpointing"; do
 done
 near "gpt2 1 rank, bf16 parameters" 1 --model "$W/gpt2.h5" --data "$W/train.bin" \
     --param-dtype bf16 --reduce-dtype bf16
+near "gpt2 1 rank, bf16 activations, activation checkpointing" 1 --model "$W/gpt2.h5" \
+    --data "$W/train.bin" --activation-dtype bf16 --activation-checkpointing
 if [ -z "$MPIEXEC" ]; then
     tap_skip_dep mpiexec.mpich "the multi-rank runs"
 else
     near "gpt2 dp=2, clipping" 2 --model "$W/gpt2.h5" --data "$W/train.bin" --clip 0.5
+    near "gpt2 dp=2, bf16 activations" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --activation-dtype bf16
     near "llama tp=2" 2 --model "$W/llama.h5" --data "$W/train.bin" --mesh tp=2
 fi
 tap_done

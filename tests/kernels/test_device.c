@@ -5,8 +5,9 @@
  * stops the process with the buffer's name (checked in a child process),
  * host waits and device-to-host copies are counted, an allocation past
  * the device's memory is one error naming the buffer, the bytes and the
- * free memory, and every kernel that reads parameters gives, from bf16 or
- * f16 parameters, bit for bit what it gives from the same values in f32.
+ * free memory, every kernel that reads parameters gives, from bf16 or
+ * f16 parameters, bit for bit what it gives from the same values in f32,
+ * and bf16 activation storage rounds as the host does.
  */
 #include "config.h"
 #include "compute/device.h"
@@ -262,6 +263,49 @@ static void test_param_dtypes(const char *name)
     fsdp_device_destroy(b.d);
 }
 
+/*
+ * bf16 activation storage (--activation-dtype bf16): the model rounds a
+ * tensor through the table's f32_to_bf16 and bf16_to_f32, and the backward
+ * widens the stored values again. On an odd length (a tensor's tail), the
+ * round trip equals the host's rounding of each value, and a second one
+ * changes nothing: what the backward reads is what the forward read.
+ */
+static void test_act_storage(const char *name)
+{
+    enum { AN = 1001 };
+    struct fsdp_device *d = NULL;
+    if (fsdp_device_create(name, 0, &d) < 0) {
+        tap_ok(0, "%s: created for the activation-storage check", name);
+        return;
+    }
+    static float h[AN], ref[AN], got[AN];
+    static uint16_t h16[AN];
+    for (size_t i = 0; i < AN; i++) {
+        h[i] = ldexpf(sinf(0.91f * (float)i), (int)(i % 41) - 20) + (i % 7 == 0 ? 1e-3f : 0.0f);
+    }
+    h[5] = 1.0f + 1.0f / 256.0f; /* a tie: to even */
+    fsdp_cpu_f32_to_bf16(h16, h, AN);
+    fsdp_cpu_bf16_to_f32(ref, h16, AN);
+    float *x = pdev(d, h, sizeof(h));
+    uint16_t *st = pdev(d, NULL, AN * sizeof(uint16_t));
+    int bad = 0;
+    for (int pass = 0; pass < 2 && x && st; pass++) {
+        d->k->f32_to_bf16(d, st, x, AN);
+        d->k->bf16_to_f32(d, x, st, AN);
+        fsdp_device_read(d, got, x, sizeof(got));
+        for (size_t i = 0; i < AN; i++) {
+            bad += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+        }
+    }
+    tap_ok(x && st && bad == 0,
+           "%s: bf16 activation storage rounds as the host does, odd length, and a second "
+           "round trip changes nothing (%d differ)",
+           name, bad);
+    d->ops->free(d, x);
+    d->ops->free(d, st);
+    fsdp_device_destroy(d);
+}
+
 int main(void)
 {
     /* the guarded device's reservation, small for the test */
@@ -270,6 +314,8 @@ int main(void)
     test_device("guarded");
     test_param_dtypes("cpu");
     test_param_dtypes("guarded");
+    test_act_storage("cpu");
+    test_act_storage("guarded");
     struct fsdp_device *d = NULL;
     int rc = fsdp_device_create("gpu9", 0, &d);
     tap_ok(rc < 0 && strstr(fsdp_err_msg(), "(devices: cpu, guarded)"),

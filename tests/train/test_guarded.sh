@@ -3,9 +3,10 @@
 # the host cannot touch outside the device's own kernels and copies) gives
 # bit for bit what the CPU device gives: losses, gradient norms and loss
 # scales of every step, and the final weights, for GPT-2 and Llama over
-# the meshes, dtypes and features the trainer has, with mpi and tcp staging
-# the device's memory (in chunks of the default size, of 1 KiB and 1000
-# bytes, and whole); a checkpoint written on it resumes on another mesh,
+# the meshes, dtypes (bf16 activations too) and features the trainer has,
+# with mpi and tcp staging the device's memory (in chunks of the default
+# size, of 1 KiB and 1000 bytes, and whole); a checkpoint written on it
+# resumes on another mesh,
 # verifies, and samples; the sampler with and without its cache; and the
 # host waits of a step do not grow with the model.
 . "$top_srcdir/tests/tap.sh"
@@ -78,6 +79,11 @@ same "gpt2 1 rank" 1 --model "$W/gpt2.h5" --data "$W/train.bin"
 same "gpt2 1 rank bf16" 1 --model "$W/gpt2.h5" --data "$W/train.bin" --param-dtype bf16
 same "llama 1 rank, activation checkpointing" 1 --model "$W/llama.h5" --data "$W/train.bin" \
     --activation-checkpointing
+same "gpt2 1 rank, bf16 activations" 1 --model "$W/gpt2.h5" --data "$W/train.bin" \
+    --activation-dtype bf16
+same "gpt2 1 rank, bf16 activations and params, activation checkpointing" 1 \
+    --model "$W/gpt2-4.h5" --data "$W/train.bin" --activation-dtype bf16 --param-dtype bf16 \
+    --activation-checkpointing
 if [ -z "$MPIEXEC" ]; then
     tap_skip_dep mpiexec.mpich "the multi-rank comparisons"
 else
@@ -98,6 +104,8 @@ else
         --mesh dp=2,tp=2 --backend dp=tcp,tp=mpi
     same "gpt2 dp=2 tcp, offload params,optim" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
         --mesh dp=2 --backend tcp --offload params,optim --grad-accum 2
+    same "gpt2 dp=2 tcp, bf16 activations, accumulation" 2 --model "$W/gpt2.h5" \
+        --data "$W/train.bin" --mesh dp=2 --backend tcp --activation-dtype bf16 --grad-accum 2
     same "gpt2 dp=2 tcp, uneven data: join" 2 --model "$W/gpt2.h5" --data "$W/u{rank}.bin" \
         --mesh dp=2 --backend tcp --epochs 1 --steps 0
     # staging in small chunks (many per collective, a short last one; 1000
@@ -238,12 +246,17 @@ PY
     tap_ok $? "the memory plan equals what the device holds after the first step, part by part: $name"
 }
 plan "gpt2 1 rank" 1 --model "$W/gpt2.h5"
+plan "gpt2 1 rank, bf16 activations" 1 --model "$W/gpt2.h5" --activation-dtype bf16
+plan "gpt2 1 rank, bf16 activations, activation checkpointing" 1 --model "$W/gpt2-4.h5" \
+    --activation-dtype bf16 --activation-checkpointing
 plan "llama 1 rank, activation checkpointing" 1 --model "$W/llama.h5" --activation-checkpointing
 if [ -n "$MPIEXEC" ]; then
     plan "gpt2 dp=2" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp
     plan "llama dp=2, bf16 params" 2 --model "$W/llama.h5" --mesh dp=2 --backend tcp \
         --param-dtype bf16
     plan "llama dp=2,tp=2" 4 --model "$W/llama.h5" --mesh dp=2,tp=2 --backend tcp
+    plan "gpt2 dp=2, bf16 activations" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp \
+        --activation-dtype bf16
     plan "gpt2 dp=2, offload optim" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp \
         --offload optim
     plan "llama dp=2, bf16 params, offload params,optim" 2 --model "$W/llama.h5" --mesh dp=2 \
