@@ -32,7 +32,8 @@ static int plan_chunks(struct fsdp_train_parts *p, struct fsdp_device *dev,
                                  .max_T = sc->T,
                                  .head_chunk = sc->lm_head_chunk,
                                  .dev = dev,
-                                 .tp = p->plan ? &p->tp : NULL};
+                                 .tp = p->plan ? &p->tp : NULL,
+                                 .act_dtype = sc->act_dtype};
     for (int c = 1; c < out->V; c++) {
         struct fsdp_model *m;
         int lo, hi;

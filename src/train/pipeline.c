@@ -88,7 +88,8 @@ static int pp_models(struct fsdp_trainer *t, const struct fsdp_shard_config *sc,
                                  .max_T = sc->T,
                                  .head_chunk = sc->lm_head_chunk,
                                  .dev = t->dev,
-                                 .tp = p->plan ? &p->tp : NULL};
+                                 .tp = p->plan ? &p->tp : NULL,
+                                 .act_dtype = sc->act_dtype};
     int rc = 0;
     models[0] = p->model;
     for (int c = 0; c < V && rc == 0; c++) {

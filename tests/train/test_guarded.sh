@@ -265,9 +265,9 @@ if [ -n "$MPIEXEC" ]; then
         --mesh pp=2 --backend tcp --grad-accum 4 --pp-schedule gpipe
     PP_D=2 PP_K=2 plan "llama pp=2,dp=2 1f1b (tied)" 4 --model "$W/llama.h5" --mesh pp=2,dp=2 \
         --backend tcp --grad-accum 2
-    PP_K=2 PP_V=2 plan "gpt2 4 layers pp=2 interleaved (2 chunks a rank, tied)" 2 \
+    PP_K=2 PP_V=2 plan "gpt2 4 layers pp=2 interleaved (2 chunks a rank, tied), bf16 activations" 2 \
         --model "$W/gpt2-4.h5" --mesh pp=2 --backend tcp --grad-accum 2 \
-        --pp-schedule interleaved --pp-virtual 2
+        --pp-schedule interleaved --pp-virtual 2 --activation-dtype bf16
 fi
 plan "llama 1 rank, offload optim" 1 --model "$W/llama.h5" --offload optim
 tap_done
