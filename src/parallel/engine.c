@@ -344,15 +344,27 @@ static int shard_optimize(struct fsdp_shard_engine *se, double lr, struct fsdp_s
         return fsdp_offload_update(se, grad_scale); /* on the host, over staged shards */
     }
     for (int u = 0; u < se->n_units; u++) {
-        const struct fsdp_unit *un = &se->units[u];
-        for (size_t i = un->first; i < un->first + un->nparam; i++) {
-            const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
-            if (g->len > 0) {
-                size_t off = g->block_off;
-                float *state[2] = {un->m + off, un->v + off};
-                FSDP_CHECK(fsdp_optimizer_update(se->opt, u, g->unit_at, g->len, un->master + off,
-                                                 un->grad + off, state, grad_scale));
-            }
+        FSDP_CHECK(fsdp_shard_update_unit(se, u, 0, grad_scale));
+    }
+    return 0;
+}
+
+int fsdp_shard_update_unit(struct fsdp_shard_engine *se, int u, int host, float grad_scale)
+{
+    const struct fsdp_unit *un = &se->units[u];
+    for (size_t i = un->first; i < un->first + un->nparam; i++) {
+        const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
+        if (g->len == 0) {
+            continue;
+        }
+        size_t off = g->block_off;
+        float *state[2] = {un->m + off, un->v + off};
+        if (host) {
+            FSDP_CHECK(fsdp_optimizer_update_host(se->opt, u, g->unit_at, g->len, un->hmaster + off,
+                                                  un->hgrad + off, state, grad_scale));
+        } else {
+            FSDP_CHECK(fsdp_optimizer_update(se->opt, u, g->unit_at, g->len, un->master + off,
+                                             un->grad + off, state, grad_scale));
         }
     }
     return 0;

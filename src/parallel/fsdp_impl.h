@@ -350,6 +350,11 @@ int fsdp_unit_wait(struct fsdp_shard_engine *se, struct fsdp_work **w, double is
  * all-reduces. */
 int fsdp_unit_progress(struct fsdp_shard_engine *se);
 
+/* engine.c: AdamW over unit u's shard, parameter by parameter (weight
+ * decay as the table says): over master and grad on the device, or (host)
+ * over the staged hmaster and hgrad on the host (offload). */
+int fsdp_shard_update_unit(struct fsdp_shard_engine *se, int u, int host, float grad_scale);
+
 /* engine_check.c: one error naming what does not fit, before anything is built */
 int fsdp_shard_check_config(const struct fsdp_shard_config *ec);
 /* the model and the optimizer on the table the plan cuts (or the whole

@@ -132,22 +132,6 @@ static int offload_fetch_master(struct fsdp_shard_engine *se)
     return 0;
 }
 
-/* AdamW over unit u's staged shard, parameter by parameter. */
-static int offload_update_unit(struct fsdp_shard_engine *se, int u, float grad_scale)
-{
-    const struct fsdp_unit *un = &se->units[u];
-    for (size_t i = un->first; i < un->first + un->nparam; i++) {
-        const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, i);
-        if (g->len > 0) {
-            size_t off = g->block_off;
-            float *state[2] = {un->m + off, un->v + off};
-            FSDP_CHECK(fsdp_optimizer_update_host(se->opt, u, g->unit_at, g->len, un->hmaster + off,
-                                                  un->hgrad + off, state, grad_scale));
-        }
-    }
-    return 0;
-}
-
 int fsdp_offload_update(struct fsdp_shard_engine *se, float grad_scale)
 {
     struct fsdp_device *d = se->dev;
@@ -162,7 +146,7 @@ int fsdp_offload_update(struct fsdp_shard_engine *se, float grad_scale)
         if (un->cnt == 0) {
             continue;
         }
-        FSDP_CHECK(offload_update_unit(se, u, grad_scale));
+        FSDP_CHECK(fsdp_shard_update_unit(se, u, 1, grad_scale));
         FSDP_CHECK(d->ops->copy(d, un->master, un->hmaster, un->cnt * sizeof(float), FSDP_COPY_H2D,
                                 se->copy_stream));
     }

@@ -34,6 +34,7 @@ TESTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh tests/train/te
 
 # the whole path on the guarded device equals the CPU device bit for bit
 dist_check_SCRIPTS += tests/train/test_guarded.sh
+dist_check_DATA += tests/train/guarded_lib.sh
 TESTS += tests/train/test_guarded.sh
 
 # --activation-dtype bf16: the loss curve near f32's, checkpointing unchanged, the plan's bytes
