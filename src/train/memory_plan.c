@@ -139,16 +139,14 @@ static int plan_largest(const struct fsdp_model_spec *spec, struct fsdp_shard_sh
 
 static void plan_pp_rows(const struct fsdp_plan_pp *pp, FILE *fp);
 
-static void plan_print(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
-                       const char *model, const char *mesh, const struct fsdp_shard_shape *w,
-                       const struct fsdp_engine_stats *st, const struct fsdp_plan_pp *pp,
-                       size_t snapshot, struct fsdp_device *dev, FILE *fp)
+/* The plan's head: the model, the mesh, the device and the settings. */
+static void plan_print_head(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
+                            const char *model, const char *mesh, const struct fsdp_shard_shape *w,
+                            const struct fsdp_engine_stats *st, struct fsdp_device *dev, FILE *fp)
 {
     static const char *const shard[] = {"full", "grad-op", "none"}; /* enum fsdp_sharding */
-    char desc[256], line[512];
+    char desc[256];
     fsdp_arch_describe(spec->arch, spec->cfg, desc, sizeof(desc));
-    /* the trainer's two arrays of a step's micro-batches */
-    size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(c) * sizeof(int32_t);
     fprintf(fp, "# fsdpc-train --print-memory: planned, nothing allocated\n");
     fprintf(fp, "model: %s: %s %s, %zu parameters\n", model, spec->arch->name, desc,
             spec->total_numel);
@@ -172,6 +170,17 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
             st->offload == FSDP_OFFLOAD_OPTIM          ? "; offload optim"
             : st->offload == FSDP_OFFLOAD_PARAMS_OPTIM ? "; offload params,optim"
                                                        : "");
+}
+
+static void plan_print(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
+                       const char *model, const char *mesh, const struct fsdp_shard_shape *w,
+                       const struct fsdp_engine_stats *st, const struct fsdp_plan_pp *pp,
+                       size_t snapshot, struct fsdp_device *dev, FILE *fp)
+{
+    char line[512];
+    /* the trainer's two arrays of a step's micro-batches */
+    size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(c) * sizeof(int32_t);
+    plan_print_head(c, spec, model, mesh, w, st, dev, fp);
     char head[96];
     if (pp) {
         snprintf(head, sizeof(head), "per rank (the largest: pp rank %d, dp rank %d, tp rank %d)",
