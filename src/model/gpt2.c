@@ -333,10 +333,10 @@ static int gpt2_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
                       m->lm.tpn);
         goto err_free;
     }
-    if (adt != FSDP_F32 && (adt != FSDP_BF16 || m->lm.tpn > 1)) {
-        rc = fsdp_err(FSDP_ERR_INVALID, "gpt2: activation dtype %s is not supported%s (use f32%s)",
-                      fsdp_dtype_name(adt), adt == FSDP_BF16 ? " with tensor parallelism" : "",
-                      adt == FSDP_BF16 ? ", or bf16 without a tp dimension" : " or bf16");
+    if (adt != FSDP_F32 && adt != FSDP_BF16) {
+        rc = fsdp_err(FSDP_ERR_INVALID,
+                      "gpt2: activation dtype %s is not supported (use f32 or bf16)",
+                      fsdp_dtype_name(adt));
         goto err_free;
     }
     m->lm.adt = adt;
@@ -477,21 +477,24 @@ static void gpt2_keep(struct fsdp_gpt2 *m, uint16_t *st, float *x, size_t n)
 }
 
 /* bf16 activations: block l's stored tensors widened into the working set
- * its acts point at, with its input; nothing at f32. */
+ * its acts point at, with its input; nothing at f32. The norms' outputs and
+ * res2 are the rows held here (BR), the rest this rank's heads and
+ * features (lc wide). */
 static void gpt2_block_load(struct fsdp_gpt2 *m, int l)
 {
     const struct fsdp_gpt2_block_store *st = &m->acts.store[l];
     const struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
     size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd, lc = m->lc;
+    size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     struct fsdp_device *d = m->lm.dev;
     if (!st->ln1) {
         return;
     }
-    m->lm.k->bf16_to_f32(d, a->ln1, st->ln1, BT * C);
+    m->lm.k->bf16_to_f32(d, a->ln1, st->ln1, BR * C);
     m->lm.k->bf16_to_f32(d, a->qkv, st->qkv, BT * 3 * lc);
     m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * lc);
-    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BT * C);
-    m->lm.k->bf16_to_f32(d, a->ln2, st->ln2, BT * C);
+    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BR * C);
+    m->lm.k->bf16_to_f32(d, a->ln2, st->ln2, BR * C);
     m->lm.k->bf16_to_f32(d, a->fch, st->fch, BT * 4 * lc);
     m->lm.k->bf16_to_f32(d, a->fch_gelu, st->fch_gelu, BT * 4 * lc);
     fsdp_lm_residual_load(&m->lm, l);

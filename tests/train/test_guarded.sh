@@ -88,6 +88,11 @@ else
     same "llama tp=2 mpi, bf16 activations, activation checkpointing" 2 --model "$W/llama.h5" \
         --data "$W/train.bin" --mesh tp=2 --backend mpi --activation-dtype bf16 \
         --activation-checkpointing
+    same "gpt2 tp=2 mpi, bf16 activations" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --mesh tp=2 --backend mpi --activation-dtype bf16
+    same "gpt2 tp=2 tcp, sequence parallel off, bf16 activations, activation checkpointing" 2 \
+        --model "$W/gpt2-4.h5" --data "$W/train.bin" --mesh tp=2 --backend tcp \
+        --sequence-parallel off --activation-dtype bf16 --activation-checkpointing
     same "gpt2 dp=2 tcp, uneven data: join" 2 --model "$W/gpt2.h5" --data "$W/u{rank}.bin" \
         --mesh dp=2 --backend tcp --epochs 1 --steps 0
     # staging in small chunks (many per collective, a short last one; 1000
@@ -244,6 +249,10 @@ if [ -n "$MPIEXEC" ]; then
         --activation-dtype bf16
     plan "llama tp=2, bf16 activations" 2 --model "$W/llama.h5" --mesh tp=2 --backend tcp \
         --activation-dtype bf16
+    plan "gpt2 tp=2, bf16 activations" 2 --model "$W/gpt2.h5" --mesh tp=2 --backend tcp \
+        --activation-dtype bf16
+    plan "gpt2 tp=2, sequence parallel off, bf16 activations" 2 --model "$W/gpt2.h5" \
+        --mesh tp=2 --backend tcp --sequence-parallel off --activation-dtype bf16
     plan "gpt2 dp=2, offload optim" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp \
         --offload optim
     plan "llama dp=2, bf16 params, offload params,optim" 2 --model "$W/llama.h5" --mesh dp=2 \
