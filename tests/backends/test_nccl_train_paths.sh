@@ -2,15 +2,16 @@
 # test_nccl_train_paths.sh - the trainer's other paths over the nccl
 # backend on the simulated CUDA device (train_nccl_sim, as in
 # test_nccl_train_sim.sh, which has the dp/tp meshes): pipeline stages
-# (pp=2 and pp=2,dp=2, gpipe and 1f1b: boundary messages by send/recv and
-# the stages' sums over nccl), CPU offload (pinned host state and its copy
-# stream), checkpoints (saved on cuda-sim over nccl in the loop and in the
-# background, tp=2's save exchange, a pipeline's rows brought to stage 0,
-# offloaded state) resumed on --device cpu --backend mpi and the reverse,
-# Join with uneven per-rank files, and mpi and tcp dimensions staged in
-# small chunks (FSDPC_STAGE_CHUNK_BYTES) beside an nccl one. Every run is
-# compared with --device cpu --backend mpi bit for bit; the order check
-# of the streams now covers pinned host buffers too.
+# (pp=2 and pp=2,dp=2 under gpipe and 1f1b, pp=2 interleaved: boundary
+# messages by send/recv and the stages' sums over nccl), CPU offload
+# (pinned host state and its copy stream), checkpoints (saved on cuda-sim
+# over nccl in the loop and in the background, tp=2's save exchange, a
+# pipeline's rows brought to stage 0, offloaded state) resumed on --device
+# cpu --backend mpi and the reverse, Join with uneven per-rank files, and
+# mpi and tcp dimensions staged in small chunks (FSDPC_STAGE_CHUNK_BYTES)
+# beside an nccl one. Every run is compared with --device cpu --backend
+# mpi bit for bit; the order check of the streams covers pinned host
+# buffers too.
 . "$top_srcdir/tests/tap.sh"
 
 BIN="$top_builddir"
@@ -41,11 +42,13 @@ head -c 260 "$W/text" | tail -c 250 > "$W/t1"
 "$BIN/fsdpc-data" tokenize "$W/t0" -o "$W/uneven_0.bin" > /dev/null 2>&1 &&
 "$BIN/fsdpc-data" tokenize "$W/t1" -o "$W/uneven_1.bin" > /dev/null 2>&1 &&
 "$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --context 64 --seed 1 \
-    -o "$W/gpt2.h5" > /dev/null 2>&1
-tap_ok $? "fixtures: a token file, two per-rank files of 2 and 3 batches, GPT-2 (2 layers)"
+    -o "$W/gpt2.h5" > /dev/null 2>&1 &&
+"$BIN/fsdpc-ckpt" init --layers 4 --heads 2 --width 32 --context 64 --seed 2 \
+    -o "$W/gpt2-4.h5" > /dev/null 2>&1
+tap_ok $? "fixtures: a token file, two per-rank files of 2 and 3 batches, GPT-2 (2 and 4 layers)"
 
 # run NAME RANKS DEVICE STEPS ARGS...: a run into $W/NAME.*, fsdpc-train
-# on cpu, the simulation's program on cuda-sim
+# on cpu, the simulation's program on cuda-sim (a --model in ARGS wins)
 run() {
     r_name=$1 r_n=$2 r_dev=$3 r_steps=$4
     shift 4
@@ -94,6 +97,8 @@ D="$W/train.bin"
 # pipeline stages: the boundary messages and the stages' sums over nccl
 same pp2.gpipe 2 nccl "$D" --mesh pp=2 --pp-schedule gpipe --grad-accum 2
 same pp2.1f1b 2 nccl "$D" --mesh pp=2 --pp-schedule 1f1b --grad-accum 2
+same pp2.interleaved 2 nccl "$D" --mesh pp=2 --pp-schedule interleaved --pp-virtual 2 \
+    --grad-accum 2 --model "$W/gpt2-4.h5"
 same pp2dp2.gpipe 4 nccl "$D" --mesh pp=2,dp=2 --pp-schedule gpipe --grad-accum 2
 same pp2dp2.1f1b 4 nccl "$D" --mesh pp=2,dp=2 --pp-schedule 1f1b --grad-accum 4
 # offload: on cpu it changes nothing, so the reference is the plain run
