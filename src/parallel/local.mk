@@ -2,12 +2,12 @@
 # and pipeline schedules as tables.
 libfsdpc_a_SOURCES += src/parallel/shard.c src/parallel/unit.c src/parallel/engine.c \
 	src/parallel/pp_schedule.c src/parallel/pp_plan.c src/parallel/pp_comm.c \
-	src/parallel/pp_engine.c
+	src/parallel/pp_engine.c src/parallel/pp_state.c
 libfsdpc_a_SOURCES += src/parallel/offload.c src/parallel/engine_check.c
 libfsdpc_a_SOURCES += src/parallel/shard_save.c
 noinst_HEADERS += src/parallel/fsdp.h src/parallel/engine.h src/parallel/fsdp_impl.h \
 	src/parallel/pp_schedule.h src/parallel/pp_plan.h src/parallel/pp_comm.h \
-	src/parallel/pp_engine.h
+	src/parallel/pp_engine.h src/parallel/pp_engine_impl.h
 
 # tests: sharded runs against single-rank runs of the same global batch
 dist_check_SCRIPTS += tests/fsdp/test_fsdp_equiv.sh

@@ -243,3 +243,25 @@ int fsdp_pp_steps_run(const struct fsdp_pp_schedule *ranks, struct fsdp_pp_step 
     free(at);
     return rc;
 }
+
+void fsdp_pp_pool_sizes(const struct fsdp_pp_schedule *s, const struct fsdp_pp_step *steps,
+                        size_t n, size_t *held, size_t *grads)
+{
+    const int S = s->P * s->V;
+    size_t f = 0, g = 0;
+    *held = *grads = 1;
+    for (size_t i = 0; i < n; i++) {
+        const struct fsdp_pp_step *st = &steps[i];
+        const struct fsdp_pp_action *a = &s->at[st->act];
+        const int stage = a->chunk * s->P + s->rank;
+        if (st->kind == FSDP_PP_RECV) {
+            f += a->op == FSDP_PP_FWD;
+            g += a->op == FSDP_PP_BWD;
+        } else if (st->kind == FSDP_PP_RUN && a->op == FSDP_PP_BWD) {
+            f -= stage > 0;
+            g -= stage < S - 1;
+        }
+        *held = f > *held ? f : *held;
+        *grads = g > *grads ? g : *grads;
+    }
+}

@@ -60,4 +60,14 @@ unsigned fsdp_pp_tag(const struct fsdp_pp_action *a, int from_stage);
 int fsdp_pp_steps_run(const struct fsdp_pp_schedule *ranks, struct fsdp_pp_step *const *steps,
                       const size_t *n, int *deadlock, int *stuck);
 
+/*
+ * The most received stage inputs (*held) and received output gradients
+ * (*grads) rank s->rank holds at once running steps (n of them), each at
+ * least 1: the runtime's buffer slots, and the memory plan's. A receive may
+ * come some passes before its pass, so this can exceed the schedule's bound
+ * of forwards in flight by the receives taken early.
+ */
+void fsdp_pp_pool_sizes(const struct fsdp_pp_schedule *s, const struct fsdp_pp_step *steps,
+                        size_t n, size_t *held, size_t *grads);
+
 #endif

@@ -2,85 +2,27 @@
  * pp_engine.c - the pipeline runtime (pp_engine.h): one step as the rank's
  * schedule table with its messages (pp_comm.h), each pass through the
  * stage's sharding engine (engine.c's micro-batch passes over the stage's
- * units), the held stage inputs, the sums over the stages, and whole units
- * brought to world rank 0 for the final model file. The sharding engine
- * keeps the state; this file keeps only the boundary buffers.
+ * units), the held stage inputs, the boundary messages counted, eval, the
+ * sums over the stages, setup and teardown. The state as the trainer sees
+ * it (pieces, units and checkpoint rows brought to stage 0) is pp_state.c's.
+ * The sharding engine keeps the state; this file keeps only the boundary
+ * buffers.
  */
 #include "config.h"
-#include "parallel/pp_engine.h"
-#include "parallel/pp_comm.h"
-#include "parallel/fsdp_impl.h"
+#include "parallel/pp_engine_impl.h"
 #include "core/error.h"
 #include "core/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct pp_engine {
-    struct fsdp_engine base;
-    struct fsdp_engine *inner;    /* the stage's sharding engine (owned) */
-    struct fsdp_shard_engine *se; /* its state */
-    struct fsdp_model *model;     /* borrowed: the inner engine's parts (chunk 0's) */
-    struct fsdp_model **models;   /* (V,) each chunk's instance; [1 ..] owned */
-    struct fsdp_group *pp;
-    struct fsdp_pp_config pc;
-    int *first;                    /* (S + 1,) a copy of pc.first */
-    int P, V, S, stage, lo, hi, L; /* stage: this rank in the pipeline group */
-    int *clo, *chi;                /* (V,) each chunk's units */
-    int *model_mb;                 /* (V,) the micro-batch each chunk's model holds; -1 */
-    int *n_bwd;                    /* (V,) backwards of each chunk so far this step */
-    struct fsdp_pp_schedule sched;
-    struct fsdp_pp_step *steps; /* (n_steps,) */
-    size_t n_steps;
-    size_t count;    /* B T C: one boundary message */
-    size_t n_held;   /* slots of received stage inputs: the most the steps hold at once */
-    float *held;     /* (n_held, count) device: stage inputs (stage > 0) */
-    int *slot_of;    /* (V M,) held slot of each (chunk, micro-batch); -1: none */
-    int *slot_busy;  /* (n_held,) */
-    size_t n_gbuf;   /* slots of received output gradients: the most held at once */
-    float *gbuf;     /* (n_gbuf, count) device: received output gradients */
-    int *gbuf_of;    /* (V M,) */
-    int *gbuf_busy;  /* (n_gbuf,) */
-    float *unit_buf; /* world rank 0: a unit received from its stage */
-    float *save_buf; /* stage 0 of a writing pipeline: a tensor's rows received for a
-                        checkpoint (at the first save) */
-    float *save_host; /* the owning stage's rows re-laid out from tp blocks (host) */
-    int tied_last;    /* this rank runs the last stage and holds a copy of unit 0 */
-    float *tie_buf;   /* (units[0].S) device: the other copy's gradient shard */
-    double *sums;     /* (P,) the pipeline sum's all-gather */
-    double *dsums;    /* (1 + P) device: its send and receive where the pp group's
-                         backend takes no host memory (nccl); else NULL */
-    size_t held_now, peak;
-    long step_no;
-    double idle_s; /* this step: seconds blocked in the boundary messages */
-    char *order; /* the executed passes of the step, for the log */
-    size_t order_len, order_cap;
-};
-
-static struct pp_engine *pp_impl(const struct fsdp_engine *e)
-{
-    return e->impl;
-}
+#include <time.h>
 
 void fsdp_pp_stage_units(const int *first, int P, int s, int *lo, int *hi)
 {
     const int L = first[P];
     *lo = s == 0 ? 0 : first[s] + 1;
     *hi = s == P - 1 ? L + 1 : first[s + 1];
-}
-
-/* The pipeline rank that holds unit u (stage s is on rank s mod P). */
-static int pp_owner(const struct pp_engine *pe, int u)
-{
-    for (int s = 0; s < pe->S; s++) {
-        int lo, hi;
-        fsdp_pp_stage_units(pe->first, pe->S, s, &lo, &hi);
-        if (u >= lo && u <= hi) {
-            return s % pe->P;
-        }
-    }
-    return -1;
 }
 
 /* x summed over the pipeline's ranks in rank order: the same on every rank. */
@@ -122,34 +64,20 @@ static void pp_note(struct pp_engine *pe, const struct fsdp_pp_action *a)
     }
 }
 
-/* A message of n floats in device memory to or from pipeline rank peer,
- * ordered after what the compute stream has issued and before what it
- * issues next, waited for. */
-static int pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer, unsigned tag)
-{
-    struct fsdp_shard_engine *se = pe->se;
-    struct fsdp_work *w = NULL;
-    const double t0 = fsdp_now();
-    FSDP_CHECK(fsdp_unit_comm_begin(se));
-    if (send) {
-        FSDP_CHECK(fsdp_send(pe->pp, buf, n, FSDP_F32, peer, tag, &se->attr, &w));
-    } else {
-        FSDP_CHECK(fsdp_recv(pe->pp, buf, n, FSDP_F32, peer, tag, &se->attr, &w));
-    }
-    int rc = fsdp_work_wait(w, -1.0);
-    fsdp_work_free(w);
-    FSDP_CHECK(rc);
-    rc = fsdp_unit_comm_end(se);
-    pe->idle_s += fsdp_now() - t0;
-    return rc;
-}
-
 // ----------------------------------------------------------------------------
 // passes
 
-static struct fsdp_device *pp_dev(const struct pp_engine *pe)
+/* The synthetic pass time (FSDPC_PP_PASS_MS), k times: a pipeline's
+ * schedule measured apart from its compute (doc/performance.md), where
+ * more ranks run than there are cores. A sleep, so the ranks' passes
+ * overlap as they would on their own devices. */
+static void pp_synthetic(const struct pp_engine *pe, int k)
 {
-    return pe->se->dev;
+    const double s = pe->pass_s * k;
+    if (s > 0.0) {
+        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* The stage chunk c of this rank runs. */
@@ -202,11 +130,12 @@ static int pp_tie_sum(void *arg)
         return 0;
     }
     if (pe->stage == 0) {
-        FSDP_CHECK(pp_xfer(pe, 1, un->grad, un->cnt, pe->P - 1, fsdp_pp_tag(&a, 0)));
-        FSDP_CHECK(pp_xfer(pe, 0, pe->tie_buf, un->cnt, pe->P - 1, fsdp_pp_tag(&a, pe->S - 1)));
+        FSDP_CHECK(fsdp_pp_xfer(pe, 1, un->grad, un->cnt, pe->P - 1, fsdp_pp_tag(&a, 0)));
+        FSDP_CHECK(
+            fsdp_pp_xfer(pe, 0, pe->tie_buf, un->cnt, pe->P - 1, fsdp_pp_tag(&a, pe->S - 1)));
     } else {
-        FSDP_CHECK(pp_xfer(pe, 0, pe->tie_buf, un->cnt, 0, fsdp_pp_tag(&a, 0)));
-        FSDP_CHECK(pp_xfer(pe, 1, un->grad, un->cnt, 0, fsdp_pp_tag(&a, pe->S - 1)));
+        FSDP_CHECK(fsdp_pp_xfer(pe, 0, pe->tie_buf, un->cnt, 0, fsdp_pp_tag(&a, 0)));
+        FSDP_CHECK(fsdp_pp_xfer(pe, 1, un->grad, un->cnt, 0, fsdp_pp_tag(&a, pe->S - 1)));
     }
     pe->se->dev->k->accumulate(pe->se->dev, un->grad, pe->tie_buf, un->cnt);
     return 0;
@@ -217,11 +146,15 @@ static int pp_tie_sum(void *arg)
 static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int c)
 {
     const size_t bt = (size_t)b->B * (size_t)b->T;
-    const int32_t *in = b->inputs + (size_t)mb * bt, *tg = b->targets + (size_t)mb * bt;
+    const int have = b->inputs != NULL; /* else a shadow pass (join): no compute, no input */
+    const int32_t *in = have ? b->inputs + (size_t)mb * bt : NULL;
+    const int32_t *tg = have ? b->targets + (size_t)mb * bt : NULL;
     struct fsdp_model *m = pp_use(pe, c);
     const int key = c * pe->pc.M + mb;
-    FSDP_CHECK(m->ops->set_batch(m, in, tg, b->B, b->T));
-    if (pp_stage_of(pe, c) > 0) {
+    if (have) {
+        FSDP_CHECK(m->ops->set_batch(m, in, tg, b->B, b->T));
+    }
+    if (have && pp_stage_of(pe, c) > 0) {
         float *x, *y, *d;
         FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
         if (pe->slot_of[key] < 0) {
@@ -240,6 +173,7 @@ static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, 
      * first, and its units may need that buffer */
     fsdp_unit_release_all(pe->se);
     pe->model_mb[c] = mb;
+    pp_synthetic(pe, 1);
     return 0;
 }
 
@@ -254,7 +188,7 @@ static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb,
         FSDP_CHECK(pp_forward(pe, b, mb, c));
     }
     pp_use(pe, c);
-    if (pp_stage_of(pe, c) < pe->S - 1) {
+    if (b->inputs && pp_stage_of(pe, c) < pe->S - 1) {
         float *x, *y, *d;
         FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
         if (pe->gbuf_of[key] < 0) {
@@ -279,6 +213,7 @@ static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb,
     if (tie && reduce && !pe->se->direct) {
         FSDP_CHECK(fsdp_unit_reduce_issue(pe->se, 0, !nosync && k > 0));
     }
+    pp_synthetic(pe, 2);
     pe->n_bwd[c]++;
     pe->model_mb[c] = -1;
     if (pe->slot_of[key] >= 0) {
@@ -305,6 +240,9 @@ static int pp_take(int *busy, size_t n, int *of, int key, const char *what)
 static int pp_recv(struct pp_engine *pe, const struct fsdp_pp_step *st)
 {
     const struct fsdp_pp_action *a = &pe->sched.at[st->act];
+    if (pe->se->shadow) { /* the whole pipeline shadows: none of its stages sends */
+        return 0;
+    }
     const int key = a->chunk * pe->pc.M + a->mb;
     float *dst;
     if (a->op == FSDP_PP_FWD) {
@@ -315,16 +253,21 @@ static int pp_recv(struct pp_engine *pe, const struct fsdp_pp_step *st)
         dst = pe->gbuf + (size_t)pe->gbuf_of[key] * pe->count;
     }
     int from = pp_stage_of(pe, a->chunk) + (a->op == FSDP_PP_FWD ? -1 : 1);
-    return pp_xfer(pe, 0, dst, pe->count, st->peer, fsdp_pp_tag(a, from));
+    fsdp_comm_count(&pe->bounds, FSDP_COLL_RECV, 2, (double)(pe->count * sizeof(float)));
+    return fsdp_pp_xfer(pe, 0, dst, pe->count, st->peer, fsdp_pp_tag(a, from));
 }
 
 static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
 {
     const struct fsdp_pp_action *a = &pe->sched.at[st->act];
+    if (pe->se->shadow) {
+        return 0;
+    }
     float *x, *y, *d;
     FSDP_CHECK(pp_buffers(pe, a->chunk, &x, &y, &d));
-    return pp_xfer(pe, 1, a->op == FSDP_PP_FWD ? y : d, pe->count, st->peer,
-                   fsdp_pp_tag(a, pp_stage_of(pe, a->chunk)));
+    fsdp_comm_count(&pe->bounds, FSDP_COLL_SEND, 2, (double)(pe->count * sizeof(float)));
+    return fsdp_pp_xfer(pe, 1, a->op == FSDP_PP_FWD ? y : d, pe->count, st->peer,
+                        fsdp_pp_tag(a, pp_stage_of(pe, a->chunk)));
 }
 
 /* One step of the table; *loss_sum gains the last stage's forward losses. */
@@ -345,7 +288,7 @@ static int pp_run_step(struct pp_engine *pe, const struct fsdp_pp_step *st,
     FSDP_CHECK(pp_forward(pe, b, a->mb, a->chunk));
     pe->held_now++;
     pe->peak = pe->held_now > pe->peak ? pe->held_now : pe->peak;
-    if (pp_stage_of(pe, a->chunk) == pe->S - 1) {
+    if (pp_stage_of(pe, a->chunk) == pe->S - 1 && b->inputs) {
         *loss_sum += pe->models[a->chunk]->ops->loss(pe->models[a->chunk]);
     }
     return 0;
@@ -366,8 +309,32 @@ static void pp_reset(struct pp_engine *pe)
         pe->n_bwd[c] = 0;
     }
     pe->held_now = pe->peak = 0;
+    memset(&pe->bounds, 0, sizeof(pe->bounds));
     pe->order_len = 0;
     pe->order[0] = '\0';
+}
+
+/*
+ * Join (a data-parallel replica out of batches shadows the others): the
+ * stages of a pipeline read the same batches, so they run out together and
+ * the whole pipeline shadows: each stage runs its schedule with the
+ * sharding engine's shadow passes (every dp collective issued, no compute,
+ * zero gradients reduced) and no boundary messages, which no stage of it
+ * sends. A pipeline whose stages disagree would hang in those messages;
+ * the count of stages with a batch, summed over the pipeline, says so
+ * first.
+ */
+static int pp_join_agree(struct pp_engine *pe, int have)
+{
+    double n = have;
+    FSDP_CHECK(pp_sum(pe, &n));
+    if (n != 0.0 && n != (double)pe->P) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "pipeline: %.0f of %d stages have a batch this step; the stages of a "
+                        "pipeline read the same data (per-rank data files go by dp rank)",
+                        n, pe->P);
+    }
+    return 0;
 }
 
 static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr, int n_contrib,
@@ -375,10 +342,7 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
 {
     struct pp_engine *pe = pp_impl(e);
     struct fsdp_shard_engine *se = pe->se;
-    if (!b->inputs) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED, "pipeline: a rank without a batch (uneven data, "
-                                              "join) is not supported with pp; use --uneven stop");
-    }
+    FSDP_CHECK(pp_join_agree(pe, b->inputs != NULL));
     if (b->K != pe->pc.M || b->B != se->ec.B || b->T != se->ec.T) {
         return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: batch %d x %d x %d, made for %d x %d x %d",
                         b->K, b->B, b->T, pe->pc.M, se->ec.B, se->ec.T);
@@ -388,7 +352,7 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     pe->step_no++;
     pe->idle_s = 0.0;
     const double t0 = fsdp_now();
-    se->shadow = 0;
+    se->shadow = b->inputs == NULL;
     for (int c = 0; c < pe->V; c++) {
         pe->models[c]->ops->set_loss_seed(pe->models[c],
                                           (double)b->K * (double)b->B * (double)b->T * n_contrib,
@@ -401,6 +365,7 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     }
     pp_use(pe, 0);
     if (rc < 0) {
+        se->shadow = 0;
         fsdp_unit_release_all(se);
         return rc;
     }
@@ -408,8 +373,17 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
                pe->order, pe->peak);
     FSDP_DEBUG(FSDP_SUB_FSDP, "pipeline rank %d step %ld: waited %.3f ms of %.3f ms in messages",
                pe->stage, pe->step_no, 1e3 * pe->idle_s, 1e3 * (fsdp_now() - t0));
+    FSDP_DEBUG(FSDP_SUB_FSDP,
+               "pipeline rank %d step %ld: boundary messages sent %llu (%.0f bytes), "
+               "received %llu (%.0f bytes)",
+               pe->stage, pe->step_no, (unsigned long long)pe->bounds.calls[FSDP_COLL_SEND],
+               pe->bounds.payload[FSDP_COLL_SEND],
+               (unsigned long long)pe->bounds.calls[FSDP_COLL_RECV],
+               pe->bounds.payload[FSDP_COLL_RECV]);
     double loss = loss_sum / b->K;
-    FSDP_CHECK(fsdp_shard_mb_finish(se, lr, &loss, out));
+    rc = fsdp_shard_mb_finish(se, lr, &loss, out);
+    se->shadow = 0;
+    FSDP_CHECK(rc);
     FSDP_CHECK(pp_sum(pe, &out->loss));
     out->loss /= n_contrib;
     return 0;
@@ -427,14 +401,14 @@ static int pp_eval_chunk(struct pp_engine *pe, int c, const int32_t *inputs, con
     FSDP_CHECK(m->ops->set_batch(m, inputs, targets, se->ec.B, se->ec.T));
     FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
     if (st > 0) {
-        FSDP_CHECK(pp_xfer(pe, 0, x, pe->count, (st - 1) % pe->P, fsdp_pp_tag(&a, st - 1)));
+        FSDP_CHECK(fsdp_pp_xfer(pe, 0, x, pe->count, (st - 1) % pe->P, fsdp_pp_tag(&a, st - 1)));
     }
     FSDP_CHECK(pp_tie_gather(pe, c));
     FSDP_CHECK(fsdp_shard_mb_forward(se, inputs, targets));
     fsdp_unit_release_all(se);
     pe->model_mb[c] = -1;
     if (st < pe->S - 1) {
-        FSDP_CHECK(pp_xfer(pe, 1, y, pe->count, (st + 1) % pe->P, fsdp_pp_tag(&a, st)));
+        FSDP_CHECK(fsdp_pp_xfer(pe, 1, y, pe->count, (st + 1) % pe->P, fsdp_pp_tag(&a, st)));
     }
     return 0;
 }
@@ -459,150 +433,6 @@ static int pp_eval(struct fsdp_engine *e, const int32_t *inputs, const int32_t *
     FSDP_CHECK(pp_sum(pe, &l));
     *loss = l / se->world;
     return 0;
-}
-
-static size_t pp_n_pieces(const struct fsdp_engine *e)
-{
-    const struct pp_engine *pe = pp_impl(e);
-    return pe->inner->ops->n_pieces(pe->inner);
-}
-
-static void pp_piece(struct fsdp_engine *e, size_t k, struct fsdp_state_piece *out)
-{
-    struct pp_engine *pe = pp_impl(e);
-    pe->inner->ops->piece(pe->inner, k, out);
-}
-
-static int pp_state_changed(struct fsdp_engine *e)
-{
-    struct pp_engine *pe = pp_impl(e);
-    return pe->inner->ops->state_changed(pe->inner);
-}
-
-/*
- * Unit u whole: its stage gathers it over its data-parallel group; on the
- * pipeline line of world rank 0 a unit of another stage then comes to
- * stage 0 over the pipeline group. *full is the unit on stage 0 of that
- * line (world rank 0, the writer) and on the owning stage, NULL elsewhere.
- */
-static int pp_gather_unit(struct fsdp_engine *e, int u, const float **full)
-{
-    struct pp_engine *pe = pp_impl(e);
-    const int owner = pp_owner(pe, u);
-    const float *f = NULL;
-    *full = NULL;
-    if (owner == pe->stage) {
-        FSDP_CHECK(pe->inner->ops->gather_unit(pe->inner, u, &f));
-        *full = f;
-    }
-    if (owner == 0 || !pe->pc.root_line) {
-        return 0;
-    }
-    const struct fsdp_pp_action a = {.op = FSDP_PP_FWD, .mb = u, .chunk = 0};
-    size_t n = pe->se->full->unit_numel[u];
-    if (pe->stage == owner) {
-        return pp_xfer(pe, 1, (void *)f, n, 0, fsdp_pp_tag(&a, owner));
-    }
-    if (pe->stage == 0) {
-        FSDP_CHECK(pp_xfer(pe, 0, pe->unit_buf, n, owner, fsdp_pp_tag(&a, owner)));
-        *full = pe->unit_buf;
-    }
-    return 0;
-}
-
-/* A buffer on the device for one shard's rows of any tensor. */
-static int pp_save_buf(struct pp_engine *pe)
-{
-    if (!pe->save_buf) {
-        void *mem;
-        FSDP_CHECK(fsdp_device_alloc(pp_dev(pe),
-                                     fsdp_model_spec_largest(pe->se->full) * sizeof(float),
-                                     "pipeline checkpoint rows", &mem));
-        pe->save_buf = mem;
-    }
-    return 0;
-}
-
-/* save_rows with tensor parallelism: the owning stage's ranks re-lay the
- * tensor out as their shard's rows (the sharding engine's save_rows,
- * collective over the stage's dp and tp groups), which go to stage 0 of
- * the same dp and tp coordinates (n floats). */
-static int pp_save_blocks(struct pp_engine *pe, int kind, size_t param, int owner, size_t n,
-                          float *out)
-{
-    const struct fsdp_pp_action a = {.op = FSDP_PP_BWD, .mb = kind, .chunk = 0};
-    if (owner == 0 && pe->stage == 0) {
-        return pe->inner->ops->save_rows(pe->inner, kind, param, out);
-    }
-    FSDP_CHECK(pp_save_buf(pe));
-    if (pe->stage == owner) {
-        if (!pe->save_host) {
-            pe->save_host = malloc(fsdp_model_spec_largest(pe->se->full) * sizeof(float));
-            if (!pe->save_host) {
-                return fsdp_err(FSDP_ERR_NOMEM, "pipeline checkpoint rows");
-            }
-        }
-        FSDP_CHECK(pe->inner->ops->save_rows(pe->inner, kind, param, pe->save_host));
-        FSDP_CHECK(fsdp_device_write(pp_dev(pe), pe->save_buf, pe->save_host, n * sizeof(float)));
-        return pp_xfer(pe, 1, pe->save_buf, n, 0, fsdp_pp_tag(&a, owner));
-    }
-    FSDP_CHECK(pp_xfer(pe, 0, pe->save_buf, n, owner, fsdp_pp_tag(&a, owner)));
-    return out ? fsdp_device_read(pp_dev(pe), out, pe->save_buf, n * sizeof(float)) : 0;
-}
-
-/*
- * engine.h's save_rows: checkpoint shard base.shard (this rank's dp rank)
- * holds rows of every tensor; a tensor of another stage comes from that
- * stage's rank of the same dp coordinate to stage 0, which writes the
- * shard. Every rank calls it for every tensor in the same order; only the
- * writing replica's pipelines exchange.
- */
-static int pp_save_rows(struct fsdp_engine *e, int kind, size_t param, float *out)
-{
-    struct pp_engine *pe = pp_impl(e);
-    const struct fsdp_model_spec *spec = pe->se->full;
-    const struct fsdp_param_spec *p = &spec->params[param];
-    const int owner = pp_owner(pe, p->unit);
-    if (!pe->inner->writes_state || (pe->stage != owner && pe->stage != 0)) {
-        return 0;
-    }
-    struct fsdp_state_piece pc = {0};
-    size_t row0, rows;
-    fsdp_split_even(p->shape[0], (size_t)e->n_shards, (size_t)e->shard, &row0, &rows);
-    const size_t n = rows * p->shape[1];
-    if (pe->inner->blocks) { /* tensor parallelism: the stage re-lays its blocks out as rows */
-        return pp_save_blocks(pe, kind, param, owner, n, out);
-    }
-    if (pe->stage == owner) {
-        pe->inner->ops->piece(pe->inner, (size_t)kind * spec->n_params + param, &pc);
-        if (pc.row0 != row0 || pc.rows != rows) {
-            return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: %s rows %zu+%zu, shard holds %zu+%zu",
-                            p->name, pc.row0, pc.rows, row0, rows);
-        }
-    }
-    const struct fsdp_pp_action a = {.op = FSDP_PP_BWD, .mb = kind, .chunk = 0};
-    if (owner != 0 && pe->stage == owner) {
-        return pp_xfer(pe, 1, pc.data, n, 0, fsdp_pp_tag(&a, owner));
-    }
-    const float *src = pc.data;
-    if (owner != 0) {
-        FSDP_CHECK(pp_save_buf(pe));
-        FSDP_CHECK(pp_xfer(pe, 0, pe->save_buf, n, owner, fsdp_pp_tag(&a, owner)));
-        src = pe->save_buf;
-    }
-    return out ? fsdp_device_read(pp_dev(pe), out, src, n * sizeof(float)) : 0;
-}
-
-static void pp_get_counters(const struct fsdp_engine *e, struct fsdp_engine_counters *c)
-{
-    const struct pp_engine *pe = pp_impl(e);
-    pe->inner->ops->get_counters(pe->inner, c);
-}
-
-static void pp_set_counters(struct fsdp_engine *e, const struct fsdp_engine_counters *c)
-{
-    struct pp_engine *pe = pp_impl(e);
-    pe->inner->ops->set_counters(pe->inner, c);
 }
 
 static void pp_describe(const struct fsdp_engine *e, char *buf, size_t len)
@@ -677,41 +507,19 @@ static const struct fsdp_engine_ops pp_ops = {
     .name = "pipeline (sharded stages)",
     .step = pp_step,
     .eval = pp_eval,
-    .n_pieces = pp_n_pieces,
-    .piece = pp_piece,
-    .state_changed = pp_state_changed,
-    .gather_unit = pp_gather_unit,
-    .get_counters = pp_get_counters,
-    .set_counters = pp_set_counters,
+    .n_pieces = fsdp_pp_n_pieces,
+    .piece = fsdp_pp_piece,
+    .state_changed = fsdp_pp_state_changed,
+    .gather_unit = fsdp_pp_gather_unit,
+    .get_counters = fsdp_pp_get_counters,
+    .set_counters = fsdp_pp_set_counters,
     .describe = pp_describe,
     .destroy = pp_destroy,
-    .save_rows = pp_save_rows,
+    .save_rows = fsdp_pp_save_rows,
 };
 
 // ----------------------------------------------------------------------------
 // setup
-
-/* The most received inputs and received gradients the steps hold at once
- * (a receive may come some passes before its pass). */
-static void pp_pool_sizes(struct pp_engine *pe)
-{
-    size_t f = 0, g = 0;
-    pe->n_held = pe->n_gbuf = 1;
-    for (size_t i = 0; i < pe->n_steps; i++) {
-        const struct fsdp_pp_step *st = &pe->steps[i];
-        const struct fsdp_pp_action *a = &pe->sched.at[st->act];
-        const int stage = pp_stage_of(pe, a->chunk);
-        if (st->kind == FSDP_PP_RECV) {
-            f += a->op == FSDP_PP_FWD;
-            g += a->op == FSDP_PP_BWD;
-        } else if (st->kind == FSDP_PP_RUN && a->op == FSDP_PP_BWD) {
-            f -= stage > 0;
-            g -= stage < pe->S - 1;
-        }
-        pe->n_held = f > pe->n_held ? f : pe->n_held;
-        pe->n_gbuf = g > pe->n_gbuf ? g : pe->n_gbuf;
-    }
-}
 
 /* The boundary buffers: the received inputs and gradients (as many as the
  * steps hold at once), and on world rank 0 room for the largest unit. */
@@ -721,7 +529,7 @@ static int pp_alloc(struct pp_engine *pe)
     const struct fsdp_model_spec *full = pe->se->full;
     const size_t VM = (size_t)pe->V * (size_t)pe->pc.M;
     void *mem;
-    pp_pool_sizes(pe);
+    fsdp_pp_pool_sizes(&pe->sched, pe->steps, pe->n_steps, &pe->n_held, &pe->n_gbuf);
     pe->slot_of = calloc(VM, sizeof(*pe->slot_of));
     pe->gbuf_of = calloc(VM, sizeof(*pe->gbuf_of));
     pe->slot_busy = calloc(pe->n_held, sizeof(*pe->slot_busy));
@@ -880,6 +688,7 @@ int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *m
         memcpy(pe->first, pc->first, ((size_t)pe->S + 1) * sizeof(int));
         pe->pc.first = pe->first;
         pe->L = pe->first[pe->S];
+        pe->pass_s = fsdp_env_double("FSDPC_PP_PASS_MS", 0.0) / 1e3;
         rc = pp_setup(pe);
     }
     if (rc < 0) {

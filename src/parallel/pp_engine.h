@@ -30,7 +30,10 @@
  *
  * The step's loss is summed over the stages (only the last has one) and
  * the data-parallel ranks, the squared gradient norm over the stages too,
- * so every rank reports and clips by the whole model's. With
+ * so every rank reports and clips by the whole model's. A step without a
+ * batch (join) is a shadow step of the whole pipeline: the stages run
+ * their tables with the sharding engine's shadow passes and no boundary
+ * messages (pp_step checks that the pipeline's stages agree). With
  * FSDPC_LOG=fsdp=debug each rank logs the order its passes ran in and the
  * most inputs it held, one line per step. Opens no file, reads no data.
  */

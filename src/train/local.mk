@@ -2,14 +2,14 @@
 libfsdpc_a_SOURCES += src/train/train_config.c src/train/schedule.c \
 	src/train/metrics.c src/train/world.c src/train/trainer.c src/train/trainer_build.c src/train/trainer_loop.c \
 	src/train/ckpt_cadence.c src/train/ckpt_save.c src/train/ckpt_async.c src/train/ckpt_resume.c src/train/ckpt_damage.c src/train/mesh_check.c src/train/save_progress.c \
-	src/train/uneven.c src/train/stop.c src/train/model_source.c src/train/memory_plan.c src/train/stage.c
+	src/train/uneven.c src/train/stop.c src/train/model_source.c src/train/memory_plan.c src/train/memory_plan_pp.c src/train/stage.c
 noinst_HEADERS += src/train/train_config.h src/train/schedule.h \
 	src/train/metrics.h src/train/world.h src/train/counters.h src/train/trainer.h src/train/trainer_impl.h \
 	src/train/ckpt_cadence.h src/train/ckpt_cadence_impl.h src/train/ckpt_async.h src/train/uneven.h src/train/stop.h src/train/model_source.h \
-	src/train/memory_plan.h src/train/mesh_check.h src/train/save_progress.h src/train/stage.h
+	src/train/memory_plan.h src/train/memory_plan_pp.h src/train/mesh_check.h src/train/save_progress.h src/train/stage.h
 # what the parallelisms apply to: the tp plan, the model, activation checkpointing, the optimizer
 libfsdpc_a_SOURCES += src/train/parts.c src/train/pipeline.c
-noinst_HEADERS += src/train/parts.h
+noinst_HEADERS += src/train/parts.h src/train/pipeline.h
 
 # tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),
 # and join over uneven inputs against a single-rank replay (join_ref)

@@ -3,7 +3,12 @@
  * parameter table from a file or a preset, the mesh from --mesh, and the
  * sharding engine's own sizing (over the parts a run builds, parts.h) for
  * every tensor-parallel rank and the first and last shard rank; the largest
- * of those is printed, part by part, with what the figures leave out.
+ * of those is printed, part by part, with what the figures leave out. With
+ * a pp dimension every pipeline rank is planned as pipeline.c builds it
+ * (its stages' units, its chunks' models cut at their stages) with what the
+ * pipeline engine adds (the received stage inputs and output gradients at
+ * the most its message order holds, a tied embedding's gradient, the unit
+ * buffer of world rank 0), and each rank's total is listed.
  */
 #include "config.h"
 #include "train/memory_plan.h"
@@ -11,6 +16,9 @@
 #include "train/trainer.h"
 #include "parallel/fsdp.h"
 #include "train/parts.h"
+#include "train/memory_plan_pp.h"
+#include "train/pipeline.h"
+#include "parallel/pp_schedule.h"
 #include "optim/optim.h"
 #include "comm/mesh_spec.h"
 #include "train/mesh_check.h"
@@ -56,22 +64,17 @@ static int plan_spec(const char *model, struct fsdp_model_spec **out, char *what
 }
 
 /* The mesh: --mesh, else dp over the ranks a launcher started (one: none). */
-static int plan_mesh(const struct fsdp_train_config *c, struct fsdp_shard_shape *sh, char *spec,
-                     size_t len)
+static int plan_mesh(const struct fsdp_train_config *c, struct fsdp_shard_shape *sh,
+                     struct fsdp_mesh_dims *dims, char *spec, size_t len)
 {
     struct fsdp_mesh_dims d;
     char def[32];
     snprintf(def, sizeof(def), "dp=%d", fsdp_dist_launcher_size());
     FSDP_CHECK(fsdp_mesh_parse(c->mesh[0] ? c->mesh : def, &d));
     FSDP_CHECK(fsdp_trainer_mesh_check(&d));
+    *dims = d;
     *sh = (struct fsdp_shard_shape){.dp = 1, .rdp = 1, .tp = 1};
     for (int i = 0; i < d.ndims; i++) {
-        if (strcmp(d.name[i], "pp") == 0 && d.size[i] > 1) {
-            return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                            "mesh %s: --print-memory does not plan "
-                            "pipeline stages yet (a pp dimension)",
-                            d.spec);
-        }
         if (strcmp(d.name[i], "pp") == 0) {
             continue;
         }
@@ -134,16 +137,16 @@ static int plan_largest(const struct fsdp_model_spec *spec, struct fsdp_shard_sh
     return 0;
 }
 
-static void plan_print(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
-                       const char *model, const char *mesh, const struct fsdp_shard_shape *w,
-                       const struct fsdp_engine_stats *st, size_t snapshot, struct fsdp_device *dev,
-                       FILE *fp)
+static void plan_pp_rows(const struct fsdp_plan_pp *pp, FILE *fp);
+
+/* The plan's head: the model, the mesh, the device and the settings. */
+static void plan_print_head(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
+                            const char *model, const char *mesh, const struct fsdp_shard_shape *w,
+                            const struct fsdp_engine_stats *st, struct fsdp_device *dev, FILE *fp)
 {
     static const char *const shard[] = {"full", "grad-op", "none"}; /* enum fsdp_sharding */
-    char desc[256], line[512];
+    char desc[256];
     fsdp_arch_describe(spec->arch, spec->cfg, desc, sizeof(desc));
-    /* the trainer's two arrays of a step's micro-batches */
-    size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(c) * sizeof(int32_t);
     fprintf(fp, "# fsdpc-train --print-memory: planned, nothing allocated\n");
     fprintf(fp, "model: %s: %s %s, %zu parameters\n", model, spec->arch->name, desc,
             spec->total_numel);
@@ -167,9 +170,25 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
             st->offload == FSDP_OFFLOAD_OPTIM          ? "; offload optim"
             : st->offload == FSDP_OFFLOAD_PARAMS_OPTIM ? "; offload params,optim"
                                                        : "");
+}
+
+static void plan_print(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec,
+                       const char *model, const char *mesh, const struct fsdp_shard_shape *w,
+                       const struct fsdp_engine_stats *st, const struct fsdp_plan_pp *pp,
+                       size_t snapshot, struct fsdp_device *dev, FILE *fp)
+{
+    char line[512];
+    /* the trainer's two arrays of a step's micro-batches */
+    size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(c) * sizeof(int32_t);
+    plan_print_head(c, spec, model, mesh, w, st, dev, fp);
     char head[96];
-    snprintf(head, sizeof(head), "per rank (the largest: dp rank %d, tp rank %d)", w->dp_rank,
-             w->tp_rank);
+    if (pp) {
+        snprintf(head, sizeof(head), "per rank (the largest: pp rank %d, dp rank %d, tp rank %d)",
+                 pp->rank, w->dp_rank, w->tp_rank);
+    } else {
+        snprintf(head, sizeof(head), "per rank (the largest: dp rank %d, tp rank %d)", w->dp_rank,
+                 w->tp_rank);
+    }
     fprintf(fp, "%-54s %16s  %14s\n", head, "bytes", "");
     /* elements of this rank's shards: 16 bytes each, 8 of them on the host with offload */
     const size_t elems = st->state_bytes / (st->host_bytes ? 8 : 16);
@@ -184,10 +203,16 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
     plan_row(fp, "gathered parameters (root unit + prefetch ring)", st->gathered_bytes);
     plan_row(fp, "unsharded gradients (reduce-scatter buffers)", st->grad_bytes);
     plan_row(fp, "communication (packing scratch, padding)", st->comm_bytes);
-    plan_row(fp, "activations saved for the backward", st->act_saved_bytes);
-    plan_row(fp, "activation gradients and workspace", st->act_bytes - st->act_saved_bytes);
+    const size_t ppact = pp ? pp->act : 0, ppsaved = pp ? pp->saved : 0;
+    plan_row(fp, "activations saved for the backward", st->act_saved_bytes + ppsaved);
+    plan_row(fp, "activation gradients and workspace",
+             st->act_bytes - st->act_saved_bytes + ppact - ppsaved);
+    if (pp) {
+        plan_pp_rows(pp, fp);
+    }
     plan_row(fp, "batches (tokens and targets, int32)", batch);
-    plan_row(fp, "total, held from the first step", st->peak_bytes + batch);
+    plan_row(fp, "total, held from the first step",
+             (pp ? fsdp_plan_pp_total(pp) : st->peak_bytes) + batch);
     if (st->ckpt_bytes) {
         plan_row(fp, "+ from the first checkpoint on (tensor re-layout)", st->ckpt_bytes);
     }
@@ -212,6 +237,114 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
     fprintf(fp, "engine line: %s\n", line);
 }
 
+/* What the pipeline engine adds on the rank beside its sharding engine. */
+static void plan_pp_rows(const struct fsdp_plan_pp *pp, FILE *fp)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "pipeline stage inputs received (%zu x B T C f32)", pp->n_held);
+    plan_row(fp, what, pp->inputs);
+    snprintf(what, sizeof(what), "pipeline output gradients received (%zu x B T C)", pp->n_grads);
+    plan_row(fp, what, pp->grads);
+    if (pp->tie) {
+        plan_row(fp, "pipeline tied embedding gradient (the copy's shard)", pp->tie);
+    }
+    if (pp->unit) {
+        plan_row(fp, "pipeline unit for saving (world rank 0: the largest)", pp->unit);
+    }
+}
+
+/* Each pipeline rank (its largest dp and tp rank), and the engine line of
+ * its dp rank 0, tp rank 0 (the one it logs at create). */
+static void plan_pp_ranks(const struct fsdp_train_config *c, const struct fsdp_plan_pp *most,
+                          const struct fsdp_plan_pp *first, FILE *fp)
+{
+    const int P = most[0].P, V = most[0].V;
+    char line[512];
+    fprintf(fp,
+            "pipeline: %d ranks x %d stage%s each, schedule %s, %d micro-batches; each rank "
+            "(its largest dp and tp rank), bytes:\n",
+            P, V, V == 1 ? "" : "s", fsdp_pp_kind_name((enum fsdp_pp_kind)c->pp_schedule),
+            most[0].M);
+    for (int r = 0; r < P; r++) {
+        const struct fsdp_plan_pp *q = &most[r];
+        fprintf(fp,
+                "  pp rank %d (units %d-%d%s): in flight at most %zu micro-batches; state %zu, "
+                "activations and workspace %zu, boundary buffers %zu, total %zu\n",
+                r, q->lo, q->hi, V > 1 ? " and its later chunks'" : "", q->bound, q->st.state_bytes,
+                q->st.act_bytes + q->act, q->inputs + q->grads + q->tie, fsdp_plan_pp_total(q));
+    }
+    for (int r = 0; r < P; r++) {
+        fsdp_shard_memory_line(&first[r].st, line, sizeof(line));
+        fprintf(fp, "engine line, pp rank %d: %s\n", r, line);
+    }
+}
+
+/* Every pipeline rank's plan at every tp rank and the first and last dp
+ * rank: most[r] the largest of rank r, first[r] its dp 0, tp 0. */
+static int plan_largest_pp(const struct fsdp_model_spec *spec, const struct fsdp_train_config *c,
+                           int P, struct fsdp_shard_shape sh, struct fsdp_device *dev,
+                           const struct fsdp_optim_config *oc, const struct fsdp_shard_config *sc,
+                           struct fsdp_plan_pp *most, struct fsdp_plan_pp *first)
+{
+    const int V = (int)c->pp_virtual > 0 ? (int)c->pp_virtual : 1;
+    int *split = calloc((size_t)(P * V) + 1, sizeof(int));
+    int rc = split ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
+    rc = rc < 0 ? rc : fsdp_train_pp_split(spec, c, P, V, split);
+    const int dps[2] = {0, sh.dp - 1};
+    for (int r = 0; r < P && rc == 0; r++) {
+        for (int t = 0; t < sh.tp && rc == 0; t++) {
+            for (int k = 0; k < (sh.dp > 1 ? 2 : 1) && rc == 0; k++) {
+                struct fsdp_plan_pp q;
+                sh.tp_rank = t;
+                sh.dp_rank = dps[k];
+                rc = fsdp_train_plan_pp(spec, c, split, P, r, &sh, dev, oc, sc, &q);
+                if (rc == 0 && t == 0 && k == 0) {
+                    first[r] = most[r] = q;
+                } else if (rc == 0 && fsdp_plan_pp_total(&q) + q.st.ckpt_bytes >
+                                          fsdp_plan_pp_total(&most[r]) + most[r].st.ckpt_bytes) {
+                    most[r] = q;
+                }
+            }
+        }
+    }
+    free(split);
+    return rc;
+}
+
+/* A pipeline's plan: every rank's, the largest printed part by part. */
+static int plan_pp(const struct fsdp_train_config *c, const struct fsdp_model_spec *spec, int P,
+                   const struct fsdp_shard_shape *sh, struct fsdp_device *dev,
+                   const struct fsdp_optim_config *oc, const struct fsdp_shard_config *sc,
+                   const char *model, const char *mesh, size_t snapshot, FILE *fp)
+{
+    const struct fsdp_model_ops *ops = fsdp_model_ops_of(spec);
+    if (ops->size < offsetof(struct fsdp_model_ops, set_stage) + sizeof(ops->set_stage) ||
+        !ops->set_stage) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED,
+                        "pp=%d: the %s architecture cannot be cut into "
+                        "pipeline stages",
+                        P, spec->arch->name);
+    }
+    struct fsdp_plan_pp *most = calloc((size_t)P, sizeof(*most));
+    struct fsdp_plan_pp *first = calloc((size_t)P, sizeof(*first));
+    int rc = most && first ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline plan");
+    rc = rc < 0 ? rc : plan_largest_pp(spec, c, P, *sh, dev, oc, sc, most, first);
+    if (rc == 0) {
+        int w = 0;
+        for (int r = 1; r < P; r++) {
+            w = fsdp_plan_pp_total(&most[r]) + most[r].st.ckpt_bytes >
+                        fsdp_plan_pp_total(&most[w]) + most[w].st.ckpt_bytes
+                    ? r
+                    : w;
+        }
+        plan_print(c, spec, model, mesh, &most[w].sh, &most[w].st, &most[w], snapshot, dev, fp);
+        plan_pp_ranks(c, most, first, fp);
+    }
+    free(most);
+    free(first);
+    return rc;
+}
+
 int fsdp_train_print_memory(const struct fsdp_train_config *c, FILE *fp)
 {
     struct fsdp_model_spec *spec = NULL;
@@ -220,6 +353,7 @@ int fsdp_train_print_memory(const struct fsdp_train_config *c, FILE *fp)
     struct fsdp_shard_config sc;
     struct fsdp_optim_config oc;
     struct fsdp_engine_stats st;
+    struct fsdp_mesh_dims d;
     char model[FSDP_TRAIN_PATH_MAX + 16], mesh[160];
     int rc;
     FSDP_CHECK(fsdp_model_registry_init());
@@ -229,19 +363,27 @@ int fsdp_train_print_memory(const struct fsdp_train_config *c, FILE *fp)
                       c->seq_len, spec->context, c->model);
         goto out;
     }
-    FSDP_CHECK_GOTO(plan_mesh(c, &sh, mesh, sizeof(mesh)), rc, out);
+    FSDP_CHECK_GOTO(plan_mesh(c, &sh, &d, mesh, sizeof(mesh)), rc, out);
+    int P = 1;
+    for (int i = 0; i < d.ndims; i++) {
+        P = strcmp(d.name[i], "pp") == 0 ? d.size[i] : P;
+    }
     if (c->mesh[0]) { /* a tp the model does not split by: the sizes that do */
-        FSDP_CHECK_GOTO(fsdp_trainer_mesh_precheck(c->mesh, spec, sh.dp * sh.rdp * sh.tp), rc,
+        FSDP_CHECK_GOTO(fsdp_trainer_mesh_precheck(c->mesh, spec, P * sh.dp * sh.rdp * sh.tp), rc,
                         out);
     }
     FSDP_CHECK_GOTO(fsdp_train_config_shard(c, &sc), rc, out);
     fsdp_train_config_optim(c, &oc);
     FSDP_CHECK_GOTO(fsdp_device_create(c->device, 0, &dev), rc, out);
-    FSDP_CHECK_GOTO(plan_largest(spec, sh, dev, &oc, &sc, &st, &where), rc, out);
     struct fsdp_optimizer opt;
     fsdp_adamw_init(&opt, &oc, spec, dev);
-    plan_print(c, spec, model, mesh, &where, &st, plan_snapshot(c, spec, &sh, 1 + opt.n_state), dev,
-               fp);
+    const size_t snap = plan_snapshot(c, spec, &sh, 1 + opt.n_state);
+    if (P > 1) {
+        FSDP_CHECK_GOTO(plan_pp(c, spec, P, &sh, dev, &oc, &sc, model, mesh, snap, fp), rc, out);
+    } else {
+        FSDP_CHECK_GOTO(plan_largest(spec, sh, dev, &oc, &sc, &st, &where), rc, out);
+        plan_print(c, spec, model, mesh, &where, &st, NULL, snap, dev, fp);
+    }
     fflush(fp);
 out:
     fsdp_device_destroy(dev);

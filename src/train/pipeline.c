@@ -16,6 +16,7 @@
 #include "train/trainer.h"
 #include "train/trainer_impl.h"
 #include "train/parts.h"
+#include "train/pipeline.h"
 #include "comm/group.h"
 #include "comm/mesh.h"
 #include "core/error.h"
@@ -26,11 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The split of L layers over S = P V stages into first (S + 1):
- * --pp-layers, or the one whose largest stage holds the least parameter
- * state (16 bytes an element: master, gradient, two AdamW moments). */
-static int pp_split(const struct fsdp_model_spec *spec, const struct fsdp_train_config *c, int P,
-                    int V, int *first)
+int fsdp_train_pp_split(const struct fsdp_model_spec *spec, const struct fsdp_train_config *c,
+                        int P, int V, int *first)
 {
     const int L = spec->n_units - 2, S = P * V;
     if (c->pp_layers[0]) {
@@ -63,10 +61,8 @@ static int pp_split(const struct fsdp_model_spec *spec, const struct fsdp_train_
     return rc;
 }
 
-/* The units rank s of P holds (its V stages', and with a tied head on the
- * last rank a copy of unit 0), into mask (n_units). */
-static void pp_mask(const int *first, int P, int V, int s, int tied, int n_units,
-                    unsigned char *mask)
+void fsdp_train_pp_units(const int *first, int P, int V, int s, int tied, int n_units,
+                         unsigned char *mask, struct fsdp_shard_config *sc)
 {
     memset(mask, 0, (size_t)n_units);
     mask[0] = tied && s == P - 1;
@@ -77,6 +73,8 @@ static void pp_mask(const int *first, int P, int V, int s, int tied, int n_units
             mask[u] = 1;
         }
     }
+    fsdp_pp_stage_units(first, P * V, s, &sc->unit_lo, &sc->unit_hi);
+    sc->unit_mask = V > 1 || tied ? mask : NULL;
 }
 
 /* models[c] for each chunk c of rank s: the parts' model for chunk 0, and
@@ -90,7 +88,8 @@ static int pp_models(struct fsdp_trainer *t, const struct fsdp_shard_config *sc,
                                  .max_T = sc->T,
                                  .head_chunk = sc->lm_head_chunk,
                                  .dev = t->dev,
-                                 .tp = p->plan ? &p->tp : NULL};
+                                 .tp = p->plan ? &p->tp : NULL,
+                                 .act_dtype = sc->act_dtype};
     int rc = 0;
     models[0] = p->model;
     for (int c = 0; c < V && rc == 0; c++) {
@@ -157,10 +156,7 @@ static int pp_stage_engine(struct fsdp_trainer *t, const int *first, int P, int 
     if (!mask) {
         return fsdp_err(FSDP_ERR_NOMEM, "pipeline units");
     }
-    fsdp_pp_stage_units(first, P * V, s, &sc.unit_lo, &sc.unit_hi);
-    const int tied = t->spec->n_ties > 0;
-    pp_mask(first, P, V, s, tied, t->spec->n_units, mask);
-    sc.unit_mask = V > 1 || tied ? mask : NULL;
+    fsdp_train_pp_units(first, P, V, s, t->spec->n_ties > 0, t->spec->n_units, mask, &sc);
     int rc = fsdp_train_parts_create(t->spec, fsdp_mesh_group(t->mesh, "tp"), t->dev, &oc, &sc,
                                      &t->parts);
     rc = rc < 0 ? rc : pp_models(t, &sc, first, P, V, s, models);
@@ -181,7 +177,7 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
     int rc = first && models ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
     rc = rc < 0 ? rc : pp_check_model(t->spec, P);
     rc = rc < 0 ? rc : fsdp_pp_check((enum fsdp_pp_kind)c->pp_schedule, P, V, (int)c->grad_accum);
-    rc = rc < 0 ? rc : pp_split(t->spec, c, P, V, first);
+    rc = rc < 0 ? rc : fsdp_train_pp_split(t->spec, c, P, V, first);
     struct fsdp_engine *inner = NULL;
     rc = rc < 0 ? rc : pp_stage_engine(t, first, P, V, s, &inner, models);
     if (rc == 0) {

@@ -210,32 +210,17 @@ static int config_validate_plan(const struct fsdp_train_config *c, const struct 
     return fsdp_train_config_loss_scale(c, &dynamic, &scale);
 }
 
-/* The pipeline's settings against the rest: one micro-batch count, and
- * what the pipeline runtime does not do yet refused with one line. */
+/* The pipeline's settings against the rest: one micro-batch count (a
+ * pipeline takes every other setting here; join: the whole pipeline
+ * shadows). */
 static int config_validate_pp(const struct fsdp_train_config *c, const struct fsdp_optset *set)
 {
-    struct fsdp_mesh_dims d;
-    int pp = 1;
-    if (c->mesh[0] && fsdp_mesh_parse(c->mesh, &d) == 0) {
-        for (int i = 0; i < d.ndims; i++) {
-            pp = strcmp(d.name[i], "pp") == 0 ? d.size[i] : pp;
-        }
-    }
     if (c->pp_microbatches > 0 && fsdp_opt_given(set, "grad-accum") &&
         c->grad_accum != c->pp_microbatches) {
         return fsdp_err(FSDP_ERR_INVALID,
                         "pp-microbatches %ld and grad-accum %ld differ: they "
                         "are one setting (the step's micro-batches); give one of them",
                         c->pp_microbatches, c->grad_accum);
-    }
-    if (pp <= 1) {
-        return 0;
-    }
-    const char *no =
-        c->uneven == FSDP_UNEVEN_JOIN && c->epochs > 0 ? "--uneven join (use --uneven stop)" : NULL;
-    if (no) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED, "mesh %s: pipeline parallelism does not take %s",
-                        c->mesh, no);
     }
     return 0;
 }

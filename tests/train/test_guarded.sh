@@ -137,12 +137,17 @@ tap_diag "host waits and reads per step: gpt2 2 layers '$w2', 4 layers '$w4', ll
 tap_ok $? "a step waits for the loss of each micro-batch and the gradient norm only, whatever the depth or size"
 
 # the memory plan (--print-memory) part by part against the buffers the
-# guarded device holds after the first step (rank 0, the plan's largest)
+# guarded device holds after the first step (rank 0, the plan's largest;
+# under pp the rank the plan names the largest, PP_D the mesh's dp after
+# pp, and every pipeline rank's total without dp). The plan's batches are
+# the step's K micro-batches (the trainer's arrays); the device holds one
+# for each model (PP_V of them under interleaved), and a loss scalar.
 plan() {
     name=$1 n=$2
     shift 2
     if [ "$n" -gt 1 ]; then
-        FSDPC_LOG=train=debug,fsdp=info "$MPIEXEC" -n "$n" "$TRAIN" --device guarded \
+        FSDPC_LOG=train=debug,fsdp=info FSDPC_LOG_RANKS=all "$MPIEXEC" -n "$n" "$TRAIN" \
+            --device guarded \
             --data "$W/train.bin" --batch-size 4 --seq-len 64 --steps 1 --lr 1e-3 "$@" \
             > "$W/mem.run" 2>&1
     else
@@ -150,22 +155,31 @@ plan() {
             --batch-size 4 --seq-len 64 --steps 1 --lr 1e-3 "$@" > "$W/mem.run" 2>&1
     fi
     "$TRAIN" --print-memory --batch-size 4 --seq-len 64 "$@" > "$W/mem.plan" 2>&1
-    python3 - "$W/mem.plan" "$W/mem.run" <<'PY'
-import re, sys
+    PP_D=${PP_D:-1} PP_K=${PP_K:-1} PP_V=${PP_V:-1} python3 - "$W/mem.plan" "$W/mem.run" <<'PY'
+import os, re, sys
 plan = {}
-for l in open(sys.argv[1]):
+text = open(sys.argv[1]).read()
+D, K, V = int(os.environ["PP_D"]), int(os.environ["PP_K"]), int(os.environ["PP_V"])
+for l in text.splitlines():
     m = re.match(r"  (\S.*?)\s{2,}(\d+)\s+[\d.]+ MiB$", l)
     if m:
         plan[m.group(1).split(" (")[0]] = int(m.group(2))
+m = re.search(r"the largest: pp rank (\d+), dp rank (\d+)", text)
+rank = int(m.group(1)) * D + int(m.group(2)) if m else 0
 bufs = {}
 host = 0  # pinned host bytes of --offload, as the engine counts them (the device names none)
-for l in open(sys.argv[2]):
-    m = re.search(r"\[fsdpc r0 .*device buffer after the first step: (\d+) bytes '(.*)'", l)
+totals = {}
+run = open(sys.argv[2]).read().splitlines()
+for l in run:
+    m = re.search(r"\[fsdpc r%d .*device buffer after the first step: (\d+) bytes '(.*)'" % rank, l)
     if m:
         bufs[m.group(2)] = bufs.get(m.group(2), 0) + int(m.group(1))
-    m = re.search(r"\[fsdpc r0 INFO fsdp\] fsdp: .*\| host pinned (\d+) bytes \(offload\)", l)
+    m = re.search(r"\[fsdpc r%d INFO fsdp\] fsdp: .*\| host pinned (\d+) bytes \(offload\)" % rank, l)
     if m:
         host = int(m.group(1))
+    m = re.search(r"\[fsdpc r(\d+) .*device buffers after the first step: \d+, (\d+) bytes in all", l)
+    if m:
+        totals[int(m.group(1))] = int(m.group(2))
 def take(*names):
     return sum(bufs.pop(k) for k in list(bufs) if any(re.fullmatch(n, k) for n in names))
 parts = [
@@ -181,9 +195,19 @@ parts = [
     ("activations", plan["activations saved for the backward"], take(r"\w+ activations")),
     ("workspace", plan["activation gradients and workspace"],
      take(r"\w+ activation gradients", r"llama RoPE (cos|sin)")),
-    ("batches", plan["batches"], take("batch tokens", "batch targets")),
-    ("the loss and norm scalars (not in the plan)", 16, take("loss sum", "fsdp gradient norm")),
+    ("batches (one micro-batch a model)", plan["batches"] // K * V,
+     take("batch tokens", "batch targets")),
+    ("the loss and norm scalars (not in the plan)", 8 * V + 8,
+     take("loss sum", "fsdp gradient norm")),
+    ("pipeline boundary buffers", sum(v for k, v in plan.items() if k.startswith("pipeline")),
+     take(r"pipeline .*")),
 ]
+for l in text.splitlines():  # pipeline ranks without dp: world rank = pp rank
+    m = re.match(r"  pp rank (\d+) .* total (\d+)$", l)
+    if m and D == 1:
+        r = int(m.group(1))
+        parts.append(("pp rank %d: all it holds" % r, int(m.group(2)),
+                      totals.get(r, 0) - 8 * V - 8 - plan["batches"] // K * V))
 bad = [p for p in parts if p[1] != p[2]]
 for p in parts:
     print("# %-45s plan %10d  held %10d" % p)
@@ -209,6 +233,13 @@ if [ -n "$MPIEXEC" ]; then
         --offload optim
     plan "llama dp=2, bf16 params, offload params,optim" 2 --model "$W/llama.h5" --mesh dp=2 \
         --backend tcp --param-dtype bf16 --offload params,optim
+    PP_K=4 plan "llama pp=2 gpipe, 4 micro-batches (tied)" 2 --model "$W/llama.h5" \
+        --mesh pp=2 --backend tcp --grad-accum 4 --pp-schedule gpipe
+    PP_D=2 PP_K=2 plan "llama pp=2,dp=2 1f1b (tied)" 4 --model "$W/llama.h5" --mesh pp=2,dp=2 \
+        --backend tcp --grad-accum 2
+    PP_K=2 PP_V=2 plan "gpt2 4 layers pp=2 interleaved (2 chunks a rank, tied), bf16 activations" 2 \
+        --model "$W/gpt2-4.h5" --mesh pp=2 --backend tcp --grad-accum 2 \
+        --pp-schedule interleaved --pp-virtual 2 --activation-dtype bf16
 fi
 plan "llama 1 rank, offload optim" 1 --model "$W/llama.h5" --offload optim
 tap_done

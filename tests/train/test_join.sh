@@ -7,7 +7,8 @@
 # averaged over the ranks that contributed (join_ref.c, which also explains
 # the tolerance). --uneven stop ends at step 10 on every rank; a shared file
 # that does not split evenly joins at its last step; one rank (local engine)
-# runs whole passes; a resumed run continues exactly and a resume that cannot
+# runs whole passes; pipelines (pp=2,dp=2) shadow as a whole when their
+# replica runs out; a resumed run continues exactly and a resume that cannot
 # know the per-rank cursors is refused; bad input is one clear line.
 . "$top_srcdir/tests/tap.sh"
 
@@ -119,6 +120,19 @@ cp "$W/k1_0.bin" "$W/k1_3.bin"
 run join-w4 4 --data "$W/k1_{rank}.bin" --epochs 1 --backend tcp &&
     same join-w4 4 --data "$W/k1_{rank}.bin" --epochs 1
 tap_ok $? "4 ranks (10, 11, 13, 10 batches) equal the replay"
+
+# pipelines: the stages of a pipeline read the same batches (per-rank files
+# go by dp rank), so a replica out of data shadows as a whole pipeline; the
+# runs equal the replay of dp=2 (10 and 11 batches); 1f1b with a tied head
+# and gpipe with accumulation
+run join-pp 4 --data "$W/k1_{rank}.bin" --epochs 1 --mesh pp=2,dp=2 --backend tcp &&
+    [ "$(steps_of join-pp)" = 11 ] && same join-pp 2 --data "$W/k1_{rank}.bin" --epochs 1
+tap_ok $? "pp=2,dp=2 (1f1b, tied head): a pipeline out of data shadows; equals the replay"
+O="--data $W/k2_{rank}.bin --epochs 1 --grad-accum 2"
+# shellcheck disable=SC2086
+run join-ppk2 4 $O --mesh pp=2,dp=2 --pp-schedule gpipe --backend pp=mpi,dp=tcp &&
+    [ "$(steps_of join-ppk2)" = 11 ] && same join-ppk2 2 $O
+tap_ok $? "pp=2,dp=2 gpipe, grad-accum 2: equals the replay"
 
 # a shared file that does not split evenly over 3 ranks: step 11 has two slices
 run shared 3 --data "$W/shared.bin" --epochs 1 --backend tcp &&

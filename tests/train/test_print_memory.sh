@@ -10,9 +10,15 @@
 #  - a preset of real size (llama-8b) on a 512-rank mesh is planned under a
 #    1 GiB address-space limit, so nothing of that size is allocated, and
 #    sharding over more ranks plans less per rank;
+#  - with a pp dimension (pp=2, pp=2,dp=2, interleaved, pp=2,tp=2) the
+#    engine line of pipeline rank 0 is the one its engine logs; each rank
+#    is listed with the forwards it holds at most (1f1b: P - rank), the
+#    parts of the largest add up, and llama-8b on pp=4,dp=16,tp=8 is
+#    planned under 1 GiB (test_guarded.sh checks pp part by part);
 #  - the refusals are one line each (no such model or preset, a mesh
 #    dimension the trainer does not use, a tp the heads do not divide, a
-#    seq-len past the context, a missing --batch-size);
+#    seq-len past the context, a missing --batch-size, a pipeline schedule
+#    that cannot be made);
 #  - the checkpoint snapshot of --ckpt-async is the bytes a run's takes;
 #  - under a launcher the plan is printed once, by rank 0.
 . "$top_srcdir/tests/tap.sh"
@@ -28,8 +34,10 @@ sh "$top_srcdir/tests/corpus.sh" 200000 > "$W/text"
 "$BIN/fsdpc-data" tokenize "$W/text" -o "$W/train.bin" > /dev/null 2>&1 &&
     "$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --context 64 --seed 1 -o "$W/g.h5" \
         > /dev/null 2>&1 &&
-    "$BIN/fsdpc-ckpt" init --preset llama-tiny --layers 2 --seed 1 -o "$W/l.h5" > /dev/null 2>&1
-tap_ok $? "fixtures: a token file, a GPT-2 and a Llama model"
+    "$BIN/fsdpc-ckpt" init --preset llama-tiny --layers 2 --seed 1 -o "$W/l.h5" > /dev/null 2>&1 &&
+    "$BIN/fsdpc-ckpt" init --layers 4 --heads 2 --width 32 --context 64 --seed 1 -o "$W/g4.h5" \
+        > /dev/null 2>&1
+tap_ok $? "fixtures: a token file, GPT-2 (2 and 4 layers) and a Llama model"
 
 # the real engine's line (rank 0, logged at create) against the plan's
 # same_line NAME RANKS MODEL ARGS...
@@ -48,6 +56,9 @@ same_line() {
         sed 's/^.*\(fsdp: [0-9]*-way shards\)/\1/' | head -1)
     "$TRAIN" --print-memory --model "$W/$model" "$@" > "$W/plan.out" 2> "$W/plan.err"
     plan=$(sed -n 's/^engine line: //p' "$W/plan.out")
+    if grep -q "^engine line, pp rank 0: " "$W/plan.out"; then # world rank 0: pipeline rank 0
+        plan=$(sed -n 's/^engine line, pp rank 0: //p' "$W/plan.out")
+    fi
     [ -n "$real" ] && [ "$real" = "$plan" ]
     tap_ok $? "$name: the plan's engine line is the engine's"
     if [ -z "$real" ] || [ "$real" != "$plan" ]; then
@@ -71,6 +82,14 @@ same_line "llama, dp=2,tp=2, activation checkpointing" 4 l.h5 --batch-size 2 --s
     --mesh dp=2,tp=2 --backend tcp --activation-checkpointing
 same_line "llama, dp=2, sharding none (DDP)" 2 l.h5 --batch-size 2 --seq-len 32 --mesh dp=2 \
     --backend tcp --sharding none
+same_line "llama, pp=2 1f1b, 4 micro-batches" 2 l.h5 --batch-size 2 --seq-len 32 --mesh pp=2 \
+    --backend tcp --grad-accum 4
+same_line "llama, pp=2,dp=2 gpipe" 4 l.h5 --batch-size 2 --seq-len 32 --mesh pp=2,dp=2 \
+    --backend tcp --grad-accum 2 --pp-schedule gpipe
+same_line "gpt2, pp=2 interleaved (2 stages per rank)" 2 g4.h5 --batch-size 2 --seq-len 32 \
+    --mesh pp=2 --backend tcp --grad-accum 4 --pp-schedule interleaved --pp-virtual 2
+same_line "llama, pp=2,tp=2 sequence parallel" 4 l.h5 --batch-size 2 --seq-len 32 \
+    --mesh pp=2,tp=2 --backend tcp --grad-accum 2
 
 # ---------------------------------------------------------------------------
 # a model of real size, planned without its memory
@@ -107,6 +126,22 @@ t2=$(row "$W/8b2.out" "total, held")
 s2=$(row "$W/8b2.out" "parameter shards")
 [ -n "$t2" ] && [ "$t2" -lt "$total" ] && [ "$s2" -lt "$shards" ]
 tap_ok $? "twice the shards, less per rank ($t2 < $total bytes)"
+
+# a pipeline of real size: every rank listed, rank r of 1f1b holding at
+# most P - r forwards, the parts of the largest adding up
+(ulimit -v 1048576 && "$TRAIN" --print-memory --model llama-8b --mesh pp=4,dp=16,tp=8 \
+    --batch-size 1 --seq-len 8192 --param-dtype bf16 --activation-checkpointing --grad-accum 8 \
+    > "$W/pp.out" 2> "$W/pp.err")
+rc=$?
+n=$(grep -c "^  pp rank \([0-3]\) .*in flight at most" "$W/pp.out")
+bounds=$(sed -n 's/^  pp rank [0-9] .*in flight at most \([0-9]*\) .*/\1/p' "$W/pp.out" | tr '\n' ' ')
+ptotal=$(row "$W/pp.out" "total, held")
+psum=$(awk '/^  / && !/total, held/ && !/^  \+/ && !/^  pp rank/ { s += $(NF - 2) } END { printf "%.0f", s }' \
+    "$W/pp.out")
+[ $rc -eq 0 ] && [ "$n" = 4 ] && [ "$bounds" = "4 3 2 1 " ] && [ -n "$ptotal" ] &&
+    [ "$ptotal" = "$psum" ] && grep -q "^  pipeline stage inputs received" "$W/pp.out"
+tap_ok $? "llama-8b on pp=4,dp=16,tp=8: 4 ranks holding at most $bounds forwards, parts add up ($psum = $ptotal)"
+[ $rc -eq 0 ] || tap_diag "$(cat "$W/pp.err")"
 
 "$TRAIN" --print-memory --model llama-1b --batch-size 1 --seq-len 2048 > "$W/1b.out" 2>&1 &&
     grep -q "^mesh: dp=1 (1 rank)" "$W/1b.out" &&
@@ -161,8 +196,9 @@ refused "no such model or preset" "model nosuch.h5: no such file, and not a pres
     --model nosuch.h5 --batch-size 1 --seq-len 16
 refused "a mesh dimension the trainer does not use" "dimension 'ep' is not one the trainer uses" \
     --model llama-8b --mesh dp=2,ep=2 --batch-size 1 --seq-len 16
-refused "a pp dimension (not planned)" "does not plan pipeline stages" \
-    --model llama-8b --mesh pp=2,dp=2 --batch-size 1 --seq-len 16
+refused "a pipeline schedule that cannot be made" "micro-batches" \
+    --model llama-8b --mesh pp=2,dp=2 --batch-size 1 --seq-len 16 --pp-schedule interleaved \
+    --pp-virtual 2 --grad-accum 3
 refused "tp that does not divide the heads" "n_head 32 is not divisible by tp 3" \
     --model llama-8b --mesh dp=2,tp=3 --batch-size 1 --seq-len 16
 refused "seq-len past the context" "seq-len 128 is longer than the context 64" \
