@@ -7,11 +7,11 @@
 # (pinned host state and its copy stream), checkpoints (saved on cuda-sim
 # over nccl in the loop and in the background, tp=2's save exchange, a
 # pipeline's rows brought to stage 0, offloaded state) resumed on --device
-# cpu --backend mpi and the reverse, Join with uneven per-rank files, and
-# mpi and tcp dimensions staged in small chunks (FSDPC_STAGE_CHUNK_BYTES)
-# beside an nccl one. Every run is compared with --device cpu --backend
-# mpi bit for bit; the order check of the streams covers pinned host
-# buffers too.
+# cpu --backend mpi and the reverse, Join with uneven per-rank files (also
+# under pp=2,dp=2), and mpi and tcp dimensions staged in small chunks
+# (FSDPC_STAGE_CHUNK_BYTES) beside an nccl one. Every run is compared with
+# --device cpu --backend mpi bit for bit; the order check of the streams
+# covers pinned host buffers too.
 . "$top_srcdir/tests/tap.sh"
 
 BIN="$top_builddir"
@@ -38,14 +38,19 @@ fi
 sh "$top_srcdir/tests/corpus.sh" 100000 > "$W/text"
 head -c 150 "$W/text" > "$W/t0"
 head -c 260 "$W/text" | tail -c 250 > "$W/t1"
+head -c 280 "$W/text" > "$W/t2"
+head -c 600 "$W/text" | tail -c 410 > "$W/t3"
 "$BIN/fsdpc-data" tokenize "$W/text" -o "$W/train.bin" > /dev/null 2>&1 &&
 "$BIN/fsdpc-data" tokenize "$W/t0" -o "$W/uneven_0.bin" > /dev/null 2>&1 &&
 "$BIN/fsdpc-data" tokenize "$W/t1" -o "$W/uneven_1.bin" > /dev/null 2>&1 &&
+"$BIN/fsdpc-data" tokenize "$W/t2" -o "$W/pp_0.bin" > /dev/null 2>&1 &&
+"$BIN/fsdpc-data" tokenize "$W/t3" -o "$W/pp_1.bin" > /dev/null 2>&1 &&
+cp "$W/pp_0.bin" "$W/pp_2.bin" && cp "$W/pp_1.bin" "$W/pp_3.bin" &&
 "$BIN/fsdpc-ckpt" init --layers 2 --heads 2 --width 32 --context 64 --seed 1 \
     -o "$W/gpt2.h5" > /dev/null 2>&1 &&
 "$BIN/fsdpc-ckpt" init --layers 4 --heads 2 --width 32 --context 64 --seed 2 \
     -o "$W/gpt2-4.h5" > /dev/null 2>&1
-tap_ok $? "fixtures: a token file, two per-rank files of 2 and 3 batches, GPT-2 (2 and 4 layers)"
+tap_ok $? "fixtures: a token file, per-rank files (2 and 3 batches; 4 and 6 for pp), GPT-2 (2 and 4 layers)"
 
 # run NAME RANKS DEVICE STEPS ARGS...: a run into $W/NAME.*, fsdpc-train
 # on cpu, the simulation's program on cuda-sim (a --model in ARGS wins)
@@ -108,6 +113,12 @@ same off.params 2 nccl "$D" --mesh dp=2 --offload params,optim
 same join 2 nccl "$W/uneven_{rank}.bin" --mesh dp=2 --epochs 1 --uneven join
 grep -q '"step":3' "$W/join.sim.jsonl" && ! grep -q '"step":4' "$W/join.sim.jsonl"
 tap_ok $? "join: the run ends after the longer rank's third batch"
+# join under pp=2,dp=2: world ranks 0 and 2 (one replica's two stages)
+# have 2 steps of 2 micro-batches, 1 and 3 have 3; the first pipeline
+# shadows the second's third step, its stages' agreement summed over nccl
+same join.pp 4 nccl "$W/pp_{rank}.bin" --mesh pp=2,dp=2 --grad-accum 2 --epochs 1 --uneven join
+grep -q '"step":3' "$W/join.pp.sim.jsonl"
+tap_ok $? "join under pp=2,dp=2: the run makes the longer replica's third step"
 # staging in chunks of 4 KiB beside nccl (units of tens of KiB: many chunks)
 export FSDPC_STAGE_CHUNK_BYTES=4096
 same staged.mpi 4 rdp=mpi,dp=nccl "$D" --mesh rdp=2,dp=2
@@ -117,14 +128,13 @@ unset FSDPC_STAGE_CHUNK_BYTES
 
 # checkpoints: 4 steps saved at step 2, resumed from step 2 on the other
 # device and backend, against the uninterrupted run of 4 steps on cpu
-# ck NAME MESH ARGS...: $W/NAME.cpu (uninterrupted), NAME.save.<how>
-# (cuda-sim, sync and async), NAME.cpusave (cpu), then resumes
+# ck NAME MESH ARGS...: $W/NAME.cpu (uninterrupted, saving as it goes),
+# NAME.save.<how> (cuda-sim, sync and async), then the resumes
 ck() {
     k_name=$1 k_mesh=$2
     shift 2
     ok=0
-    run "$k_name.cpu" 2 cpu 4 --backend mpi --mesh "$k_mesh" --data "$D" "$@" || ok=1
-    run "$k_name.cpusave" 2 cpu 4 --backend mpi --mesh "$k_mesh" --data "$D" "$@" \
+    run "$k_name.cpu" 2 cpu 4 --backend mpi --mesh "$k_mesh" --data "$D" "$@" \
         --ckpt-dir "$W/ck.$k_name.cpu" --ckpt-every 2 || ok=1
     for how in off on; do
         run "$k_name.save.$how" 2 cuda-sim 4 --backend nccl --mesh "$k_mesh" --data "$D" "$@" \
