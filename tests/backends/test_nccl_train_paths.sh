@@ -2,12 +2,12 @@
 # test_nccl_train_paths.sh - the trainer's other paths over the nccl
 # backend on the simulated CUDA device (train_nccl_sim, as in
 # test_nccl_train_sim.sh, which has the dp/tp meshes): pipeline stages
-# (pp=2 and pp=2,dp=2 under gpipe and 1f1b, pp=2 interleaved: boundary
-# messages by send/recv and the stages' sums over nccl), CPU offload
-# (pinned host state and its copy stream), checkpoints (saved on cuda-sim
-# over nccl in the loop and in the background, tp=2's save exchange, a
-# pipeline's rows brought to stage 0, offloaded state) resumed on --device
-# cpu --backend mpi and the reverse, Join with uneven per-rank files (also
+# (pp=2 and pp=2,dp=2 under gpipe and 1f1b, pp=2 interleaved, pp=2,tp=2:
+# boundary messages by send/recv and the stages' sums over nccl), CPU
+# offload (pinned host state and its copy stream), checkpoints (saved on
+# cuda-sim over nccl in the loop and in the background, tp=2's save
+# exchange, a pipeline's rows brought to stage 0, offloaded state) resumed
+# on --device cpu --backend mpi and the reverse, Join with uneven per-rank files (also
 # under pp=2,dp=2), and mpi and tcp dimensions staged in small chunks
 # (FSDPC_STAGE_CHUNK_BYTES) beside an nccl one. Every run is compared with
 # --device cpu --backend mpi bit for bit; the order check of the streams
@@ -106,6 +106,7 @@ same pp2.interleaved 2 nccl "$D" --mesh pp=2 --pp-schedule interleaved --pp-virt
     --grad-accum 2 --model "$W/gpt2-4.h5"
 same pp2dp2.gpipe 4 nccl "$D" --mesh pp=2,dp=2 --pp-schedule gpipe --grad-accum 2
 same pp2dp2.1f1b 4 nccl "$D" --mesh pp=2,dp=2 --pp-schedule 1f1b --grad-accum 4
+same pp2tp2 4 nccl "$D" --mesh pp=2,tp=2 --grad-accum 2
 # offload: on cpu it changes nothing, so the reference is the plain run
 same off.optim 2 nccl "$D" --mesh dp=2 --offload optim
 same off.params 2 nccl "$D" --mesh dp=2 --offload params,optim
