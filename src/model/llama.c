@@ -1,9 +1,9 @@
 /*
  * llama.c - the Llama family (Hugging Face semantics: RMSNorm, RoPE in the
  * rotate_half convention with its rope_scaling types, grouped-query
- * attention, SwiGLU) forward and backward per unit on the host kernels, the
- * activation layout, activation checkpointing, the LM head in row chunks
- * and the memory/FLOP accounting. It reads parameters only through the
+ * attention, SwiGLU) forward and backward per unit on the host kernels,
+ * activation checkpointing, the LM head in row chunks and the FLOP
+ * accounting (the activation layout: llama_acts.c). It reads parameters only through the
  * caller's unit buffers and the offsets of the parameter table; it never
  * owns or allocates parameters or their gradients.
  */
@@ -128,141 +128,6 @@ void fsdp_llama_head_view(const struct fsdp_llama *m, struct fsdp_lm_mem unit_la
 }
 
 // ----------------------------------------------------------------------------
-// activation layout
-
-static void llama_layout_block(const struct fsdp_llama *m, struct fsdp_llama_block_acts *a,
-                               float *base, size_t *off, size_t BT)
-{
-    size_t C = (size_t)m->cfg->n_embd, F = m->lf, BR = fsdp_lm_rows_here(&m->lm, BT);
-    a->rms1 = fsdp_lm_take(base, off, BR * C);
-    a->rms1_rstd = fsdp_lm_take(base, off, BR);
-    a->qkv = fsdp_lm_take(base, off, BT * (size_t)m->qkv_w);
-    a->atty = fsdp_lm_take(base, off, BT * m->lq);
-    a->att_lse = fsdp_lm_take(base, off, BT * (size_t)m->lnh);
-    a->res2 = fsdp_lm_take(base, off, BR * C);
-    a->rms2 = fsdp_lm_take(base, off, BR * C);
-    a->rms2_rstd = fsdp_lm_take(base, off, BR);
-    a->gate = fsdp_lm_take(base, off, BT * F);
-    a->up = fsdp_lm_take(base, off, BT * F);
-    a->h = fsdp_lm_take(base, off, BT * F);
-}
-
-/* Rows of one LM-head chunk: the chunk size, at most the largest batch. */
-static size_t llama_head_rows(const struct fsdp_llama *m)
-{
-    size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, k = (size_t)m->head_chunk;
-    return k < BT ? k : BT;
-}
-
-/* Lays the activations out over base into a, or only counts them when base
- * is NULL (a->blocks may then be NULL too); returns the floats needed. */
-static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct fsdp_llama_acts *a)
-{
-    const struct fsdp_llama_config *c = m->cfg;
-    size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)c->n_embd;
-    size_t L = (size_t)c->n_layer, V = (size_t)c->vocab_size;
-    struct fsdp_llama_block_acts blk;
-    size_t off = 0;
-    int any_ckpt = 0;
-    /* a pipeline stage (set_stage) lays out its own blocks, and the head's
-     * buffers only where it holds the head */
-    const size_t lo = (size_t)m->lm.stage_lo, hi = (size_t)m->lm.stage_hi, head = hi == L + 1;
-    a->residual = fsdp_lm_take(base, &off, (L + 1) * fsdp_lm_rows_here(&m->lm, BT) * C);
-    a->lnf = fsdp_lm_take(base, &off, head * BT * C);
-    a->lnf_rstd = fsdp_lm_take(base, &off, head * fsdp_lm_rows_here(&m->lm, BT));
-    a->head_logits = fsdp_lm_take(base, &off, head * llama_head_rows(m) * V);
-    a->ce_stats = fsdp_lm_take(base, &off, head * 2 * BT);
-    a->losses = fsdp_lm_take(base, &off, head * BT);
-    a->zt = fsdp_lm_take(base, &off, m->lm.tp ? head * BT : 0);
-    a->xent = fsdp_lm_take(base, &off, m->lm.tp ? head * 3 * BT : 0);
-    a->att_scratch = fsdp_lm_take(
-        base, &off,
-        m->lm.k->gqa_attention_scratch_floats(m->lm.dev, m->lm.max_T, m->lnh, m->lnkv, m->hs));
-    for (size_t l = 0; l < L; l++) {
-        if (l + 1 < lo || l + 1 > hi) {
-            continue; /* another stage's block */
-        }
-        if (m->lm.checkpoint[l]) {
-            any_ckpt = 1;
-            continue;
-        }
-        llama_layout_block(m, &blk, base, &off, BT);
-        if (a->blocks) {
-            a->blocks[l] = blk;
-        }
-    }
-    if (any_ckpt) {
-        llama_layout_block(m, &blk, base, &off, BT); /* one set shared by all of them */
-        for (size_t l = 0; l < L && a->blocks; l++) {
-            if (m->lm.checkpoint[l]) {
-                a->blocks[l] = blk;
-            }
-        }
-    }
-    return off;
-}
-
-static size_t llama_layout_grad_acts(const struct fsdp_llama *m, float *base,
-                                     struct fsdp_llama_grad_acts *g)
-{
-    size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)m->cfg->n_embd;
-    size_t F = m->lf, off = 0;
-    g->dres = fsdp_lm_take(base, &off, fsdp_lm_rows_here(&m->lm, BT) * C);
-    g->dbtc = fsdp_lm_take(base, &off, BT * C);
-    g->xfull = fsdp_lm_take(base, &off, m->lm.sp ? BT * C : 0);
-    g->spg = fsdp_lm_take(base, &off, m->lm.sp ? 2 * C : 0);
-    g->dqkv = fsdp_lm_take(base, &off, BT * (size_t)m->qkv_w);
-    /* none: the SwiGLU backward writes d(gate) and d(up) over the saved
-     * gate and up, which nothing reads after it (two (BT, F) buffers less,
-     * and no write-allocate traffic for them) */
-    g->dgate = NULL;
-    g->dup = NULL;
-    g->dh = fsdp_lm_take(base, &off, BT * F);
-    return off;
-}
-
-int fsdp_llama_reserve(struct fsdp_model *base)
-{
-    struct fsdp_llama *m = fsdp_llama_of(base);
-    struct fsdp_lm *lm = &m->lm;
-    int fresh = 0;
-    if (!lm->act_memory) {
-        FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->act_memory, &lm->act_floats,
-                                       fsdp_llama_activation_bytes(base) / sizeof(float),
-                                       "activations", &fresh));
-        llama_layout_acts(m, lm->act_memory, &m->acts);
-    }
-    if (!lm->grad_act_memory) {
-        struct fsdp_llama_grad_acts count;
-        FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->grad_act_memory, &lm->grad_act_floats,
-                                       llama_layout_grad_acts(m, NULL, &count),
-                                       "activation gradients", &fresh));
-        llama_layout_grad_acts(m, lm->grad_act_memory, &m->gacts);
-    }
-    if (fresh) {
-        fsdp_lm_bind(lm, m->acts.residual, m->gacts.dres, m->gacts.dbtc, m->gacts.xfull,
-                     m->gacts.spg);
-        fsdp_lm_log_reserve(lm);
-    }
-    return 0;
-}
-
-size_t fsdp_llama_activation_bytes(const struct fsdp_model *base)
-{
-    const struct fsdp_llama *m = (const struct fsdp_llama *)base;
-    struct fsdp_llama_acts count = {.blocks = NULL};
-    return llama_layout_acts(m, NULL, &count) * sizeof(float);
-}
-
-size_t fsdp_llama_workspace_bytes(const struct fsdp_model *base)
-{
-    const struct fsdp_llama *m = (const struct fsdp_llama *)base;
-    struct fsdp_llama_grad_acts count;
-    size_t rope = 2 * (size_t)m->lm.max_T * (size_t)(m->hs / 2);
-    return (llama_layout_grad_acts(m, NULL, &count) + rope) * sizeof(float);
-}
-
-// ----------------------------------------------------------------------------
 // lifetime and settings
 
 void fsdp_llama_rope_scaling(const struct fsdp_llama_config *c, struct fsdp_rope_scaling *out)
@@ -312,7 +177,8 @@ static int llama_rope_tables(struct fsdp_llama *m)
 }
 
 static int llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
-                        struct fsdp_tp *tp, struct fsdp_device *dev, struct fsdp_llama **out)
+                        struct fsdp_tp *tp, struct fsdp_device *dev, enum fsdp_dtype adt,
+                        struct fsdp_llama **out)
 {
     int rc;
     FSDP_CHECK(fsdp_lm_check_arch(spec, &fsdp_llama_arch));
@@ -345,10 +211,18 @@ static int llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T
     m->head_chunk = fsdp_lm_head_default_rows(&m->lm, FSDP_LLAMA_HEAD_BYTES);
     m->bwd_next = -1;
     m->acts.blocks = calloc((size_t)c->n_layer, sizeof(*m->acts.blocks));
-    if (!m->acts.blocks) {
+    m->acts.store = calloc((size_t)c->n_layer, sizeof(*m->acts.store));
+    if (!m->acts.blocks || !m->acts.store) {
         rc = fsdp_err(FSDP_ERR_NOMEM, "llama model tables");
         goto err_free;
     }
+    if (adt != FSDP_F32 && adt != FSDP_BF16) {
+        rc = fsdp_err(FSDP_ERR_INVALID,
+                      "llama: activation dtype %s is not supported (use f32 or bf16)",
+                      fsdp_dtype_name(adt));
+        goto err_free;
+    }
+    m->lm.adt = adt;
     FSDP_CHECK_GOTO(llama_map_params(m), rc, err_free);
     FSDP_CHECK_GOTO(llama_rope_tables(m), rc, err_free);
     *out = m;
@@ -361,7 +235,7 @@ err_free:
 int fsdp_llama_create(const struct fsdp_model_spec *spec, int max_B, int max_T,
                       struct fsdp_llama **out)
 {
-    return llama_create(spec, max_B, max_T, NULL, NULL, out);
+    return llama_create(spec, max_B, max_T, NULL, NULL, FSDP_F32, out);
 }
 
 void fsdp_llama_destroy(struct fsdp_llama *m)
@@ -373,6 +247,7 @@ void fsdp_llama_destroy(struct fsdp_llama *m)
     fsdp_lm_release(&m->lm, m->rope_cos);
     fsdp_lm_release(&m->lm, m->rope_sin);
     free(m->acts.blocks);
+    free(m->acts.store);
     free(m);
 }
 
@@ -443,6 +318,39 @@ static int llama_embed_forward(struct fsdp_llama *m)
     return 0;
 }
 
+/* bf16 activations: x (n values) rounded to its store st, so that what the
+ * next kernel reads is what the backward will read; nothing at f32. */
+static void llama_keep(struct fsdp_llama *m, uint16_t *st, float *x, size_t n)
+{
+    if (st) {
+        m->lm.k->f32_to_bf16(m->lm.dev, st, x, n);
+        m->lm.k->bf16_to_f32(m->lm.dev, x, st, n);
+    }
+}
+
+/* bf16 activations: block l's stored tensors widened into the working set
+ * its acts point at, with its input; nothing at f32. */
+static void llama_block_load(struct fsdp_llama *m, int l)
+{
+    const struct fsdp_llama_block_store *st = &m->acts.store[l];
+    const struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
+    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd, F = m->lf;
+    size_t BR = fsdp_lm_rows_here(&m->lm, BT);
+    struct fsdp_device *d = m->lm.dev;
+    if (!st->rms1) {
+        return;
+    }
+    m->lm.k->bf16_to_f32(d, a->rms1, st->rms1, BR * C);
+    m->lm.k->bf16_to_f32(d, a->qkv, st->qkv, BT * (size_t)m->qkv_w);
+    m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * m->lq);
+    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BR * C);
+    m->lm.k->bf16_to_f32(d, a->rms2, st->rms2, BR * C);
+    m->lm.k->bf16_to_f32(d, a->gate, st->gate, BT * F);
+    m->lm.k->bf16_to_f32(d, a->up, st->up, BT * F);
+    m->lm.k->bf16_to_f32(d, a->h, st->h, BT * F);
+    fsdp_lm_residual_load(&m->lm, l);
+}
+
 /* Block l from residual[l]; full = 0 stops before down_proj, which only
  * produces residual[l+1] (what a checkpointed backward does not need).
  * With tensor parallelism the heads and the MLP features are this rank's
@@ -454,9 +362,14 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     struct fsdp_llama_block_view w;
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
+    const struct fsdp_llama_block_store *st = &m->acts.store[l];
     float *x = fsdp_lm_residual(&m->lm, l);
     const float *in;
     fsdp_llama_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
+    if (full && l + 1 == m->lm.stage_lo) { /* a pipeline stage's input, written into x */
+        fsdp_lm_residual_save(&m->lm, l);
+    }
+    fsdp_lm_residual_load(&m->lm, l);
     /* Without tensor parallelism the norms' pass over the residual stream
      * also copies it to where the next row-parallel product accumulates
      * (beta = 1), so that product needs no prefill pass of its own. */
@@ -465,26 +378,35 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     /* attention: one product for q, k and v (and their biases), RoPE in place */
     m->lm.k->rmsnorm_forward(m->lm.dev, a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, w.pt, BR, C,
                              c->norm_eps);
+    llama_keep(m, st->rms1, a->rms1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, w.pt, NULL, BT, C, (size_t)m->qkv_w);
     m->lm.k->rope_forward(m->lm.dev, a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                           m->lnkv, m->hs);
+    llama_keep(m, st->qkv, a->qkv, BT * (size_t)m->qkv_w);
     m->lm.k->gqa_attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv,
                                    m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
+    llama_keep(m, st->atty, a->atty, BT * m->lq);
     FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.ow, NULL, w.pt, keep1 ? a->res2 : x,
                                     BT, m->lq));
+    llama_keep(m, st->res2, a->res2, BR * C);
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
     m->lm.k->rmsnorm_forward(m->lm.dev, a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, w.pt, BR,
                              C, c->norm_eps);
+    llama_keep(m, st->rms2, a->rms2, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->gate, in, w.gatew, NULL, w.pt, NULL, BT, C, F);
     m->lm.k->matmul_forward(m->lm.dev, a->up, in, w.upw, NULL, w.pt, NULL, BT, C, F);
+    llama_keep(m, st->gate, a->gate, BT * F);
+    llama_keep(m, st->up, a->up, BT * F);
     m->lm.k->swiglu_forward(m->lm.dev, a->h, a->gate, a->up, BT * F);
+    llama_keep(m, st->h, a->h, BT * F);
     if (full) {
         float *out = fsdp_lm_residual(&m->lm, l + 1);
         FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, a->h, w.downw, NULL, w.pt,
                                         keep2 ? out : a->res2, BT, F));
+        fsdp_lm_residual_save(&m->lm, l + 1);
     }
     return 0;
 }
@@ -506,7 +428,7 @@ static int llama_head_loss_tp(struct fsdp_llama *m, const struct fsdp_llama_head
                               size_t *kept)
 {
     struct fsdp_llama_acts *a = &m->acts;
-    size_t chunk = llama_head_rows(m);
+    size_t chunk = fsdp_llama_head_rows(m);
     for (size_t r0 = 0; r0 < BT; r0 += chunk) {
         size_t rows = BT - r0 < chunk ? BT - r0 : chunk;
         if (m->lm.tvn == 0) { /* a slice of padding only */
@@ -537,7 +459,7 @@ static int llama_head_forward(struct fsdp_llama *m)
 {
     const struct fsdp_llama_config *c = m->cfg;
     size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
-    size_t chunk = llama_head_rows(m);
+    size_t chunk = fsdp_llama_head_rows(m);
     struct fsdp_llama_acts *a = &m->acts;
     struct fsdp_llama_head_view w;
     float *mine = fsdp_lm_lnf_mine(&m->lm, a->lnf, BT);
@@ -591,9 +513,11 @@ int fsdp_llama_forward_unit(struct fsdp_model *base, int u)
     FSDP_CHECK(fsdp_lm_check_forward(&m->lm, u, m->cfg->tied));
     if (u == 0) {
         FSDP_CHECK(llama_embed_forward(m));
+        fsdp_lm_residual_save(&m->lm, 0);
     } else if (u <= L) {
         FSDP_CHECK(llama_block_forward(m, u - 1, 1));
     } else {
+        fsdp_lm_residual_load(&m->lm, L);
         FSDP_CHECK(llama_head_forward(m));
     }
     m->lm.fwd_done[u] = 1;
@@ -624,7 +548,7 @@ static int llama_head_backward(struct fsdp_llama *m)
 {
     const struct fsdp_llama_config *c = m->cfg;
     size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size;
-    size_t chunk = llama_head_rows(m);
+    size_t chunk = fsdp_llama_head_rows(m);
     struct fsdp_llama_acts *a = &m->acts;
     struct fsdp_llama_grad_acts *g = &m->gacts;
     struct fsdp_llama_head_view w, dw;
@@ -693,6 +617,8 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     float *spg = g->spg, *datty = m->lm.sp ? g->xfull : g->dbtc;
     if (m->lm.checkpoint[l]) {
         FSDP_CHECK(llama_block_forward(m, l, 0));
+    } else {
+        llama_block_load(m, l);
     }
     fsdp_llama_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
     fsdp_llama_block_view(m, fsdp_lm_grads(&m->lm, 1 + l), &dw);
@@ -761,6 +687,7 @@ int fsdp_llama_backward_unit(struct fsdp_model *base, int u)
     } else if (u <= L) {
         FSDP_CHECK(llama_block_backward(m, u - 1));
     } else {
+        fsdp_lm_residual_load(&m->lm, L);
         FSDP_CHECK(llama_head_backward(m));
     }
     m->bwd_next = u - 1;
@@ -793,13 +720,7 @@ static int llama_op_create(const struct fsdp_model_spec *spec, const struct fsdp
                            struct fsdp_model **out)
 {
     struct fsdp_llama *m = NULL;
-    if (o->act_dtype != FSDP_F32) {
-        return fsdp_err(FSDP_ERR_INVALID,
-                        "llama: activation dtype %s is not supported for the Llama family yet "
-                        "(use --activation-dtype f32)",
-                        fsdp_dtype_name(o->act_dtype));
-    }
-    FSDP_CHECK(llama_create(spec, o->max_B, o->max_T, o->tp, o->dev, &m));
+    FSDP_CHECK(llama_create(spec, o->max_B, o->max_T, o->tp, o->dev, o->act_dtype, &m));
     if (o->head_chunk > 0) {
         int rc = fsdp_llama_set_head_chunk(m, o->head_chunk);
         if (rc < 0) {

@@ -72,9 +72,21 @@ struct fsdp_llama_block_acts {
     float *h;         /* (B, T, F) silu(gate) * up, down_proj's input */
 };
 
+/* With bf16 activations (lm.adt) a block's saved tensors are stored here,
+ * the shapes of struct fsdp_llama_block_acts, and that struct's pointers to
+ * them are one f32 working set shared by every block: the forward rounds
+ * each tensor to its store as it is made (the next kernel reads the stored
+ * value), the backward widens the block's store into the working set. The
+ * norms' rstd and the log-sum-exps stay f32, per block. */
+struct fsdp_llama_block_store {
+    uint16_t *rms1, *qkv, *atty, *res2, *rms2, *gate, *up, *h;
+};
+
 /* One contiguous buffer (act_memory). Checkpointed blocks share one
  * block_acts set that their backward refills from residual[l]. */
 struct fsdp_llama_acts {
+    uint16_t *residual16; /* (L+1, B, T, C) bf16 activations: the stored residual stream
+                             (residual is then its two f32 slots: model/lm.h) */
     float *residual;    /* (L+1, B, T, C): [l] is block l's input, [L] feeds the norm */
     float *lnf;         /* (B, T, C) final norm output */
     float *lnf_rstd;    /* (B, T) */
@@ -86,6 +98,7 @@ struct fsdp_llama_acts {
     float *xent;        /* (3, B, T) tensor parallel: the parallel cross-entropy's scratch */
     float *att_scratch; /* fsdp_cpu_gqa_attention_scratch_floats(T, lnh, lnkv, hs) */
     struct fsdp_llama_block_acts *blocks; /* (L,) */
+    struct fsdp_llama_block_store *store; /* (L,) bf16 activations; all NULL at f32 */
 };
 
 /* Gradients of activations, shared by all blocks (grad_act_memory). */
@@ -156,6 +169,8 @@ int fsdp_llama_set_checkpoint(struct fsdp_llama *m, int l, int on);
 #define FSDP_LLAMA_HEAD_BYTES ((size_t)16 << 20)
 int fsdp_llama_set_head_chunk(struct fsdp_llama *m, int rows);
 int fsdp_llama_reserve(struct fsdp_model *m);
+/* Rows of one LM-head chunk: the chunk size, at most the largest batch. */
+size_t fsdp_llama_head_rows(const struct fsdp_llama *m);
 int fsdp_llama_set_unit(struct fsdp_llama *m, int u, void *params, enum fsdp_dtype pt,
                         float *grads);
 void fsdp_llama_set_ignore_index(struct fsdp_llama *m, int32_t ignore_index);

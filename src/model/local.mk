@@ -13,7 +13,8 @@ check_PROGRAMS += tests/model/test_gpt2_grad
 TESTS += tests/model/test_gpt2_grad
 
 # the Llama family (Llama, Mistral, Qwen2) on the same kernels plus RMSNorm, RoPE, SwiGLU, GQA
-libfsdpc_a_SOURCES += src/model/llama_spec.c src/model/llama.c src/model/llama_decode.c
+libfsdpc_a_SOURCES += src/model/llama_spec.c src/model/llama.c src/model/llama_acts.c \
+	src/model/llama_decode.c
 noinst_HEADERS += src/model/llama_spec.h src/model/llama.h
 
 check_PROGRAMS += tests/model/test_llama_grad tests/model/test_decode

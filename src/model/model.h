@@ -48,8 +48,9 @@ struct fsdp_model_opts {
      * rank of the group runs the same calls with the same batch. Borrowed. */
     struct fsdp_tp *tp;
     /* Storage dtype of the activations saved for the backward: FSDP_F32
-     * (0, the default) or FSDP_BF16 (GPT-2 on one tp rank; the others
-     * refuse it). Kernels compute in f32 from the stored values. */
+     * (0, the default) or FSDP_BF16 (GPT-2 on one tp rank, Llama on
+     * any; GPT-2 with more refuses it). Kernels compute in f32 from the
+     * stored values. */
     enum fsdp_dtype act_dtype;
 };
 

@@ -1,12 +1,13 @@
 #!/bin/sh
-# test_act_dtype.sh - --activation-dtype bf16 (GPT-2): the losses and
-# gradient norms of a 20-step run stay within 2e-3 and 1e-2 (relative) of
-# the f32 run's, step by step; checkpointed
+# test_act_dtype.sh - --activation-dtype bf16 (GPT-2 and Llama): the losses
+# and gradient norms of a 20-step run stay within 2e-3 and 1e-2 (relative)
+# of the f32 run's, step by step; checkpointed
 # blocks, which recompute from the stored input, change nothing, bit for
-# bit; the memory plan of GPT-2 124M at 4 x 1024 saves exactly the bytes
-# that bf16 storage of the blocks' tensors and the residual stream saves,
-# less one block's f32 working set; pp=2 equals one rank; Llama and tensor
-# parallelism refuse it in one line. (cpu = guarded bit for bit, the plan against the guarded
+# bit; the memory plans of GPT-2 124M and Llama 1B at 4 x 1024 save
+# exactly the bytes that bf16 storage of the blocks' tensors and the
+# residual stream saves, less one block's f32 working set; pp=2 equals one
+# rank; GPT-2 with tensor parallelism refuses it in one line, Llama over
+# tp=2 (with and without sequence parallelism) keeps the same bounds. (cpu = guarded bit for bit, the plan against the guarded
 # device's buffers: test_guarded.sh; the cuda table: test_cuda_train.sh.)
 . "$top_srcdir/tests/tap.sh"
 
@@ -28,7 +29,7 @@ tap_ok $? "fixtures: a token file, GPT-2 (3 layers) and llama-tiny"
 run() {
     r_name=$1
     shift
-    "$TRAIN" --model "$W/gpt2.h5" --data "$W/train.bin" --batch-size 4 --seq-len 64 \
+    "$TRAIN" --model "${MODEL:-$W/gpt2.h5}" --data "$W/train.bin" --batch-size 4 --seq-len 64 \
         --steps 20 --lr 3e-3 --metrics "$W/$r_name.jsonl" "$@" > "$W/$r_name.out" 2>&1 &&
     grep '"loss"' "$W/$r_name.jsonl" |
         sed 's/.*"step":\([0-9]*\).*"loss":\([^,]*\).*"grad_norm":\([^,]*\).*/\1 \2 \3/' \
@@ -44,22 +45,35 @@ tap_ok $? "20 steps with f32 and bf16 activations (and checkpointing)"
 # rounding unit for the loss and 5 of them for the norm: a tensor read back
 # wrong (narrowed and read as f32, or another block's) moves them more (a
 # planted one: the loss by 5.3e-3, the norm by 1.1e-2).
-python3 - "$W/f32.loss" "$W/bf16.loss" <<'PY'
+# near F32 BF16 WHAT: the two curves within those bounds
+near() {
+    python3 - "$1" "$2" "$3" <<'PY'
 import sys
 a = [l.split() for l in open(sys.argv[1])]
 b = [l.split() for l in open(sys.argv[2])]
 def worst(i):
     return max(abs(float(x[i]) - float(y[i])) / abs(float(x[i])) for x, y in zip(a, b))
-print("# steps %d, worst relative difference bf16 vs f32: loss %.2e (tolerance 2e-3), "
+print("# %s: steps %d, worst relative difference bf16 vs f32: loss %.2e (tolerance 2e-3), "
       "grad norm %.2e (1e-2); loss first %s last %s vs %s"
-      % (len(a), worst(1), worst(2), a[0][1], a[-1][1], b[-1][1]))
+      % (sys.argv[3], len(a), worst(1), worst(2), a[0][1], a[-1][1], b[-1][1]))
 sys.exit(0 if len(a) == 20 and len(b) == 20 and worst(1) < 2e-3 and worst(2) < 1e-2
          and a != b else 1)
 PY
+}
+near "$W/f32.loss" "$W/bf16.loss" gpt2
 tap_ok $? "bf16 activations: losses within 2e-3 and norms within 1e-2 of f32's, step by step"
 
 cmp -s "$W/bf16.loss" "$W/bf16ck.loss"
 tap_ok $? "bf16 activations: activation checkpointing gives the same losses and norms, bit for bit"
+
+# llama-tiny (RMSNorm, RoPE, GQA, SwiGLU) the same way
+MODEL="$W/llama.h5" run lf32 && MODEL="$W/llama.h5" run lbf16 --activation-dtype bf16 &&
+    MODEL="$W/llama.h5" run lbf16ck --activation-dtype bf16 --activation-checkpointing
+tap_ok $? "llama-tiny: 20 steps with f32 and bf16 activations (and checkpointing)"
+near "$W/lf32.loss" "$W/lbf16.loss" llama-tiny
+tap_ok $? "llama bf16 activations: losses within 2e-3 and norms within 1e-2 of f32's, step by step"
+cmp -s "$W/lbf16.loss" "$W/lbf16ck.loss"
+tap_ok $? "llama bf16 activations: activation checkpointing gives the same losses and norms, bit for bit"
 
 # the plan of GPT-2 124M (L 12, C 768, NH 12) at 4 x 1024: of each block's
 # 15 C values a row (ln_1, qkv 3C, attention output, res2, ln_2, c_fc 4C,
@@ -67,7 +81,8 @@ tap_ok $? "bf16 activations: activation checkpointing gives the same losses and 
 # one block's f32 working set (15 C and the statistics, 4 + NH a row) and
 # two f32 residual rows more
 saved() {
-    "$TRAIN" --print-memory --model gpt2 --batch-size 4 --seq-len 1024 "$@" 2> /dev/null |
+    "$TRAIN" --print-memory --model "${MODEL:-gpt2}" --batch-size 4 --seq-len 1024 "$@" \
+        2> /dev/null |
         sed -n 's/^  activations saved for the backward  *\([0-9]*\) .*/\1/p'
 }
 f=$(saved) b=$(saved --activation-dtype bf16)
@@ -77,11 +92,19 @@ tap_diag "gpt2 124M 4 x 1024, saved activations: f32 $f, bf16 $b bytes; saved $(
 [ -n "$f" ] && [ -n "$b" ] && [ $((f - b)) -eq "$want" ]
 tap_ok $? "print-memory: bf16 activations save exactly what bf16 storage saves (gpt2 124M)"
 
-"$TRAIN" --model "$W/llama.h5" --data "$W/train.bin" --batch-size 2 --seq-len 32 --steps 1 \
-    --lr 1e-3 --activation-dtype bf16 > "$W/llama.out" 2>&1
-rc=$?
-[ $rc -ne 0 ] && [ "$(grep -c 'not supported for the Llama family' "$W/llama.out")" -eq 1 ]
-tap_ok $? "llama refuses --activation-dtype bf16 in one line"
+# llama-1b (L 16, C 2048, NH 32, NKV 8, F 8192): of each block's 4 C + QKV +
+# 3 F values a row (the two norms' outputs, q k v after RoPE (NH + 2 NKV)
+# hs, the attention output, res2, gate, up, SwiGLU's output) and of the L+1
+# residual rows, bf16 saves 2 bytes each; it holds one block's f32 working
+# set (those values and the statistics, 2 + NH a row) and two f32 residual
+# rows more
+f=$(MODEL=llama-1b saved) b=$(MODEL=llama-1b saved --activation-dtype bf16)
+C=2048 L=16 NH=32 QKV=$((2048 / 32 * (32 + 2 * 8))) F=8192
+K=$((4 * C + QKV + 3 * F))
+want=$((((L + 1) * C * 2 + L * K * 2 - K * 4 - 2 * C * 4 - (2 + NH) * 4) * BT))
+tap_diag "llama-1b 4 x 1024, saved activations: f32 $f, bf16 $b bytes; saved $((f - b)), planned $want"
+[ -n "$f" ] && [ -n "$b" ] && [ $((f - b)) -eq "$want" ]
+tap_ok $? "print-memory: bf16 activations save exactly what bf16 storage saves (llama-1b)"
 if [ -z "$MPIEXEC" ]; then
     tap_skip_dep mpiexec.mpich "the tensor-parallel refusal"
 else
@@ -90,6 +113,30 @@ else
     rc=$?
     [ $rc -ne 0 ] && grep -q 'not supported with tensor parallelism' "$W/tp.out"
     tap_ok $? "gpt2 with tp refuses --activation-dtype bf16 in one line"
+
+    # Llama over tp=2, with sequence parallelism (the norms' outputs and the
+    # residual stream stored as this rank's rows, gathered after widening)
+    # and without: the same bounds against tp=2 at f32, and checkpointing
+    # the same bits
+    tp_run() {
+        t_name=$1
+        shift
+        "$MPIEXEC" -n 2 "$TRAIN" --model "$W/llama.h5" --data "$W/train.bin" --batch-size 4 \
+            --seq-len 64 --steps 20 --lr 3e-3 --mesh tp=2 --metrics "$W/$t_name.jsonl" "$@" \
+            > "$W/$t_name.out" 2>&1 &&
+            grep '"loss"' "$W/$t_name.jsonl" |
+            sed 's/.*"step":\([0-9]*\).*"loss":\([^,]*\).*"grad_norm":\([^,]*\).*/\1 \2 \3/' \
+                > "$W/$t_name.loss"
+    }
+    for sp in on off; do
+        tp_run "tpf32$sp" --sequence-parallel $sp &&
+            tp_run "tpbf16$sp" --sequence-parallel $sp --activation-dtype bf16 &&
+            tp_run "tpbf16ck$sp" --sequence-parallel $sp --activation-dtype bf16 \
+                --activation-checkpointing &&
+            near "$W/tpf32$sp.loss" "$W/tpbf16$sp.loss" "llama tp=2, sequence parallel $sp" &&
+            cmp -s "$W/tpbf16$sp.loss" "$W/tpbf16ck$sp.loss"
+        tap_ok $? "llama tp=2 (sequence parallel $sp), bf16 activations: within the bounds of tp=2 at f32, checkpointing the same bits"
+    done
 
     # a pipeline stage's input arrives in the residual's f32 slot and is
     # stored (rounded) before the block reads it: pp=2 equals one rank up to
@@ -109,6 +156,17 @@ else
         rc=$?
         tap_diag "$(head -n 2 "$W/pp.cmp")"
         tap_ok $rc "bf16 activations over pp=2 equal one rank within 1e-4 (losses, norms)"
+        PP="--model $W/llama.h5 --data $W/train.bin --batch-size 2 --seq-len 32 --grad-accum 2 \
+--steps 4 --lr 3e-3 --activation-dtype bf16"
+        # shellcheck disable=SC2086
+        "$TRAIN" $PP --metrics "$W/lpp1.jsonl" > "$W/lpp1.out" 2>&1 &&
+            "$MPIEXEC" -n 2 "$TRAIN" $PP --mesh pp=2 --backend tcp --metrics "$W/lpp2.jsonl" \
+                > "$W/lpp2.out" 2>&1 &&
+            /usr/bin/python3 "$top_srcdir/tests/fsdp/compare_models.py" losses "$W/lpp2.jsonl" \
+                "$W/lpp1.jsonl" --tol 1e-4 > "$W/lpp.cmp" 2>&1
+        rc=$?
+        tap_diag "$(head -n 2 "$W/lpp.cmp")"
+        tap_ok $rc "llama bf16 activations over pp=2 equal one rank within 1e-4 (losses, norms)"
     else
         tap_skip_dep python3-h5py "the pipeline comparison"
     fi

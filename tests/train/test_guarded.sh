@@ -56,6 +56,11 @@ same "gpt2 1 rank, bf16 activations" 1 --model "$W/gpt2.h5" --data "$W/train.bin
 same "gpt2 1 rank, bf16 activations and params, activation checkpointing" 1 \
     --model "$W/gpt2-4.h5" --data "$W/train.bin" --activation-dtype bf16 --param-dtype bf16 \
     --activation-checkpointing
+same "llama 1 rank, bf16 activations" 1 --model "$W/llama.h5" --data "$W/train.bin" \
+    --activation-dtype bf16
+same "llama 1 rank, bf16 activations and params, activation checkpointing" 1 \
+    --model "$W/llama.h5" --data "$W/train.bin" --activation-dtype bf16 --param-dtype bf16 \
+    --activation-checkpointing
 if [ -z "$MPIEXEC" ]; then
     tap_skip_dep mpiexec.mpich "the multi-rank comparisons"
 else
@@ -78,6 +83,11 @@ else
         --mesh dp=2 --backend tcp --offload params,optim --grad-accum 2
     same "gpt2 dp=2 tcp, bf16 activations, accumulation" 2 --model "$W/gpt2.h5" \
         --data "$W/train.bin" --mesh dp=2 --backend tcp --activation-dtype bf16 --grad-accum 2
+    same "llama dp=2 tcp, bf16 activations, accumulation" 2 --model "$W/llama.h5" \
+        --data "$W/train.bin" --mesh dp=2 --backend tcp --activation-dtype bf16 --grad-accum 2
+    same "llama tp=2 mpi, bf16 activations, activation checkpointing" 2 --model "$W/llama.h5" \
+        --data "$W/train.bin" --mesh tp=2 --backend mpi --activation-dtype bf16 \
+        --activation-checkpointing
     same "gpt2 dp=2 tcp, uneven data: join" 2 --model "$W/gpt2.h5" --data "$W/u{rank}.bin" \
         --mesh dp=2 --backend tcp --epochs 1 --steps 0
     # staging in small chunks (many per collective, a short last one; 1000
@@ -221,6 +231,9 @@ plan "gpt2 1 rank" 1 --model "$W/gpt2.h5"
 plan "gpt2 1 rank, bf16 activations" 1 --model "$W/gpt2.h5" --activation-dtype bf16
 plan "gpt2 1 rank, bf16 activations, activation checkpointing" 1 --model "$W/gpt2-4.h5" \
     --activation-dtype bf16 --activation-checkpointing
+plan "llama 1 rank, bf16 activations" 1 --model "$W/llama.h5" --activation-dtype bf16
+plan "llama 1 rank, bf16 activations, activation checkpointing" 1 --model "$W/llama.h5" \
+    --activation-dtype bf16 --activation-checkpointing
 plan "llama 1 rank, activation checkpointing" 1 --model "$W/llama.h5" --activation-checkpointing
 if [ -n "$MPIEXEC" ]; then
     plan "gpt2 dp=2" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp
@@ -228,6 +241,8 @@ if [ -n "$MPIEXEC" ]; then
         --param-dtype bf16
     plan "llama dp=2,tp=2" 4 --model "$W/llama.h5" --mesh dp=2,tp=2 --backend tcp
     plan "gpt2 dp=2, bf16 activations" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp \
+        --activation-dtype bf16
+    plan "llama tp=2, bf16 activations" 2 --model "$W/llama.h5" --mesh tp=2 --backend tcp \
         --activation-dtype bf16
     plan "gpt2 dp=2, offload optim" 2 --model "$W/gpt2.h5" --mesh dp=2 --backend tcp \
         --offload optim

@@ -1,0 +1,199 @@
+/*
+ * llama_acts.c - where a Llama model's activations live: the layout of the
+ * saved activations and of their gradients over the two buffers that
+ * struct fsdp_lm holds (act_memory, grad_act_memory), their reservation on
+ * the model's device, and the byte counts that the memory plan reads. It
+ * computes nothing and never reads a parameter (the kernels: llama.c).
+ */
+#include "config.h"
+#include "model/llama.h"
+#include "core/error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+// ----------------------------------------------------------------------------
+// activation layout
+
+/* A bf16 tensor of n values carved from the float buffer. */
+static uint16_t *llama_take16(float *base, size_t *off, size_t n)
+{
+    return (uint16_t *)(void *)fsdp_lm_take(base, off, (n + 1) / 2);
+}
+
+/* work NULL: the block's own f32 tensors; else (bf16 activations) its
+ * tensors are stored in st and a points at work for them, with its own f32
+ * rstd and log-sum-exps. */
+static void llama_layout_block(const struct fsdp_llama *m, struct fsdp_llama_block_acts *a,
+                               struct fsdp_llama_block_store *st,
+                               const struct fsdp_llama_block_acts *work, float *base, size_t *off,
+                               size_t BT)
+{
+    size_t C = (size_t)m->cfg->n_embd, F = m->lf, BR = fsdp_lm_rows_here(&m->lm, BT);
+    size_t Q = (size_t)m->qkv_w;
+    *st = (struct fsdp_llama_block_store){NULL};
+    if (!work) { /* f32: the layout as it always was */
+        a->rms1 = fsdp_lm_take(base, off, BR * C);
+        a->rms1_rstd = fsdp_lm_take(base, off, BR);
+        a->qkv = fsdp_lm_take(base, off, BT * Q);
+        a->atty = fsdp_lm_take(base, off, BT * m->lq);
+        a->att_lse = fsdp_lm_take(base, off, BT * (size_t)m->lnh);
+        a->res2 = fsdp_lm_take(base, off, BR * C);
+        a->rms2 = fsdp_lm_take(base, off, BR * C);
+        a->rms2_rstd = fsdp_lm_take(base, off, BR);
+        a->gate = fsdp_lm_take(base, off, BT * F);
+        a->up = fsdp_lm_take(base, off, BT * F);
+        a->h = fsdp_lm_take(base, off, BT * F);
+        return;
+    }
+    *a = *work;
+    st->rms1 = llama_take16(base, off, BR * C);
+    a->rms1_rstd = fsdp_lm_take(base, off, BR);
+    st->qkv = llama_take16(base, off, BT * Q);
+    st->atty = llama_take16(base, off, BT * m->lq);
+    a->att_lse = fsdp_lm_take(base, off, BT * (size_t)m->lnh);
+    st->res2 = llama_take16(base, off, BR * C);
+    st->rms2 = llama_take16(base, off, BR * C);
+    a->rms2_rstd = fsdp_lm_take(base, off, BR);
+    st->gate = llama_take16(base, off, BT * F);
+    st->up = llama_take16(base, off, BT * F);
+    st->h = llama_take16(base, off, BT * F);
+}
+
+/* The saved tensors of this stage's blocks (and, with bf16 activations,
+ * their working set), after the rest. */
+static void llama_layout_blocks(const struct fsdp_llama *m, float *base, size_t *off,
+                                struct fsdp_llama_acts *a, size_t BT)
+{
+    size_t L = (size_t)m->cfg->n_layer;
+    const size_t lo = (size_t)m->lm.stage_lo, hi = (size_t)m->lm.stage_hi;
+    struct fsdp_llama_block_acts blk, work, *w = NULL;
+    struct fsdp_llama_block_store st;
+    int any_ckpt = 0;
+    if (m->lm.adt == FSDP_BF16) {
+        llama_layout_block(m, &work, &st, NULL, base, off, BT);
+        w = &work;
+    }
+    for (size_t l = 0; l < L; l++) {
+        if (l + 1 < lo || l + 1 > hi) {
+            continue; /* another stage's block */
+        }
+        if (m->lm.checkpoint[l]) {
+            any_ckpt = 1;
+            continue;
+        }
+        llama_layout_block(m, &blk, &st, w, base, off, BT);
+        if (a->blocks) {
+            a->blocks[l] = blk;
+            a->store[l] = st;
+        }
+    }
+    if (any_ckpt) { /* one set shared by all of them */
+        llama_layout_block(m, &blk, &st, w, base, off, BT);
+        for (size_t l = 0; l < L && a->blocks; l++) {
+            if (m->lm.checkpoint[l]) {
+                a->blocks[l] = blk;
+                a->store[l] = st;
+            }
+        }
+    }
+}
+
+size_t fsdp_llama_head_rows(const struct fsdp_llama *m)
+{
+    size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, k = (size_t)m->head_chunk;
+    return k < BT ? k : BT;
+}
+
+/* Lays the activations out over base into a, or only counts them when base
+ * is NULL (a->blocks may then be NULL too); returns the floats needed. */
+static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct fsdp_llama_acts *a)
+{
+    const struct fsdp_llama_config *c = m->cfg;
+    size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)c->n_embd;
+    size_t L = (size_t)c->n_layer, V = (size_t)c->vocab_size;
+    size_t off = 0, BR = fsdp_lm_rows_here(&m->lm, BT);
+    /* a pipeline stage (set_stage) lays out its own blocks, and the head's
+     * buffers only where it holds the head */
+    const size_t head = (size_t)m->lm.stage_hi == L + 1;
+    if (m->lm.adt == FSDP_BF16) {
+        a->residual16 = llama_take16(base, &off, (L + 1) * BR * C);
+        a->residual = fsdp_lm_take(base, &off, 2 * BR * C);
+    } else {
+        a->residual16 = NULL;
+        a->residual = fsdp_lm_take(base, &off, (L + 1) * BR * C);
+    }
+    a->lnf = fsdp_lm_take(base, &off, head * BT * C);
+    a->lnf_rstd = fsdp_lm_take(base, &off, head * BR);
+    a->head_logits = fsdp_lm_take(base, &off, head * fsdp_llama_head_rows(m) * V);
+    a->ce_stats = fsdp_lm_take(base, &off, head * 2 * BT);
+    a->losses = fsdp_lm_take(base, &off, head * BT);
+    a->zt = fsdp_lm_take(base, &off, m->lm.tp ? head * BT : 0);
+    a->xent = fsdp_lm_take(base, &off, m->lm.tp ? head * 3 * BT : 0);
+    a->att_scratch = fsdp_lm_take(
+        base, &off,
+        m->lm.k->gqa_attention_scratch_floats(m->lm.dev, m->lm.max_T, m->lnh, m->lnkv, m->hs));
+    llama_layout_blocks(m, base, &off, a, BT);
+    return off;
+}
+
+static size_t llama_layout_grad_acts(const struct fsdp_llama *m, float *base,
+                                     struct fsdp_llama_grad_acts *g)
+{
+    size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)m->cfg->n_embd;
+    size_t F = m->lf, off = 0;
+    g->dres = fsdp_lm_take(base, &off, fsdp_lm_rows_here(&m->lm, BT) * C);
+    g->dbtc = fsdp_lm_take(base, &off, BT * C);
+    g->xfull = fsdp_lm_take(base, &off, m->lm.sp ? BT * C : 0);
+    g->spg = fsdp_lm_take(base, &off, m->lm.sp ? 2 * C : 0);
+    g->dqkv = fsdp_lm_take(base, &off, BT * (size_t)m->qkv_w);
+    /* none: the SwiGLU backward writes d(gate) and d(up) over the saved
+     * gate and up, which nothing reads after it (two (BT, F) buffers less,
+     * and no write-allocate traffic for them) */
+    g->dgate = NULL;
+    g->dup = NULL;
+    g->dh = fsdp_lm_take(base, &off, BT * F);
+    return off;
+}
+
+int fsdp_llama_reserve(struct fsdp_model *base)
+{
+    struct fsdp_llama *m = fsdp_llama_of(base);
+    struct fsdp_lm *lm = &m->lm;
+    int fresh = 0;
+    if (!lm->act_memory) {
+        FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->act_memory, &lm->act_floats,
+                                       fsdp_llama_activation_bytes(base) / sizeof(float),
+                                       "activations", &fresh));
+        llama_layout_acts(m, lm->act_memory, &m->acts);
+    }
+    if (!lm->grad_act_memory) {
+        struct fsdp_llama_grad_acts count;
+        FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->grad_act_memory, &lm->grad_act_floats,
+                                       llama_layout_grad_acts(m, NULL, &count),
+                                       "activation gradients", &fresh));
+        llama_layout_grad_acts(m, lm->grad_act_memory, &m->gacts);
+    }
+    if (fresh) {
+        fsdp_lm_bind(lm, m->acts.residual, m->gacts.dres, m->gacts.dbtc, m->gacts.xfull,
+                     m->gacts.spg);
+        lm->residual16 = m->acts.residual16;
+        fsdp_lm_log_reserve(lm);
+    }
+    return 0;
+}
+
+size_t fsdp_llama_activation_bytes(const struct fsdp_model *base)
+{
+    const struct fsdp_llama *m = (const struct fsdp_llama *)base;
+    struct fsdp_llama_acts count = {.blocks = NULL, .store = NULL};
+    return llama_layout_acts(m, NULL, &count) * sizeof(float);
+}
+
+size_t fsdp_llama_workspace_bytes(const struct fsdp_model *base)
+{
+    const struct fsdp_llama *m = (const struct fsdp_llama *)base;
+    struct fsdp_llama_grad_acts count;
+    size_t rope = 2 * (size_t)m->lm.max_T * (size_t)(m->hs / 2);
+    return (llama_layout_grad_acts(m, NULL, &count) + rope) * sizeof(float);
+}
