@@ -11,6 +11,8 @@
 #                         device, NCCL's collectives moved between the rank
 #                         processes by MPI (tests/backends/mpsim*.c), run by
 #                         test_nccl_train_sim.sh against --device cpu --backend mpi
+#                         (dp, tp, rdp) and test_nccl_train_paths.sh (pipeline,
+#                         offload, checkpoints, join, staging in chunks)
 if HAVE_NCCL
 libfsdpc_a_SOURCES += backends/nccl/nccl_comm.c backends/nccl/nccl_ops.c
 noinst_HEADERS += backends/nccl/nccl_be.h
@@ -47,8 +49,9 @@ tests_backends_train_nccl_sim_SOURCES = tests/backends/train_nccl_sim.c \
 tests_backends_train_nccl_sim_CPPFLAGS = -DFSDP_CUDA_SIM $(AM_CPPFLAGS)
 tests_backends_train_nccl_sim_LDADD = libfsdpc.a $(HDF5_LIBS) $(MPI_LIBS) $(BLAS_LIBS) \
 	$(CRYPTO_LIBS) $(XXHASH_LIBS) $(PCRE2_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) $(LIBS) -lm
-dist_check_SCRIPTS += tests/backends/test_nccl_train_sim.sh
-TESTS += tests/backends/test_nccl_train_sim.sh
+dist_check_SCRIPTS += tests/backends/test_nccl_train_sim.sh \
+	tests/backends/test_nccl_train_paths.sh
+TESTS += tests/backends/test_nccl_train_sim.sh tests/backends/test_nccl_train_paths.sh
 endif
 
 # the checks a person runs on a GPU machine (see doc/backend-nccl.md), and

@@ -196,7 +196,7 @@ static int shard_backward(struct fsdp_shard_engine *se, int first, int reduce, i
 
 /* Whether g's backend takes device memory only (nccl): the host's values
  * then go through the device. */
-static int shard_group_device_only(const struct fsdp_group *g)
+int fsdp_shard_group_device_only(const struct fsdp_group *g)
 {
     const struct fsdp_backend_ops *o = g->ops;
     uint32_t caps = o->size >= offsetof(struct fsdp_backend_ops, mem_caps) + sizeof(o->mem_caps)
@@ -207,11 +207,11 @@ static int shard_group_device_only(const struct fsdp_group *g)
 
 int fsdp_shard_sums_on_device(const struct fsdp_shard_engine *se)
 {
-    int on = se->shard_g && shard_group_device_only(se->shard_g);
+    int on = se->shard_g && fsdp_shard_group_device_only(se->shard_g);
     for (int i = 0; i < se->n_rep; i++) {
-        on |= shard_group_device_only(se->rep_g[i]);
+        on |= fsdp_shard_group_device_only(se->rep_g[i]);
     }
-    return on || (se->tp && se->tp->g && shard_group_device_only(se->tp->g));
+    return on || (se->tp && se->tp->g && fsdp_shard_group_device_only(se->tp->g));
 }
 
 /* se->sum_buf = every rank's *x over g, through the device (se->dnorm's
@@ -236,7 +236,7 @@ static int shard_gather_on_device(struct fsdp_shard_engine *se, struct fsdp_grou
  * and the same on every rank. */
 static int shard_group_sum(struct fsdp_shard_engine *se, struct fsdp_group *g, double *x)
 {
-    if (shard_group_device_only(g)) {
+    if (fsdp_shard_group_device_only(g)) {
         FSDP_CHECK(shard_gather_on_device(se, g, x));
     } else {
         FSDP_CHECK(fsdp_allgather_sync(g, x, se->sum_buf, sizeof(double), FSDP_U8));

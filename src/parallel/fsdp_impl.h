@@ -265,6 +265,8 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se);
 /* engine.c: whether the gradient norm's group sums go through the device
  * (a shard, replica or tp group whose backend takes no host memory). */
 int fsdp_shard_sums_on_device(const struct fsdp_shard_engine *se);
+/* Whether g's backend takes device memory only (nccl). */
+int fsdp_shard_group_device_only(const struct fsdp_group *g);
 /* The state pieces (engine.h) and whole units gathered for saving. */
 size_t fsdp_shard_n_pieces(const struct fsdp_shard_engine *se);
 void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out);

@@ -29,7 +29,20 @@ void fsdp_pp_stage_units(const int *first, int P, int s, int *lo, int *hi)
 static int pp_sum(void *arg, double *x)
 {
     struct pp_engine *pe = arg;
-    FSDP_CHECK(fsdp_allgather_sync(pe->pp, x, pe->sums, sizeof(double), FSDP_U8));
+    if (pe->dsums) { /* through the device, on the compute stream */
+        struct fsdp_device *d = pe->se->dev;
+        const struct fsdp_coll_attr attr = {.mem = d->mem, .stream = d->stream};
+        struct fsdp_work *w = NULL;
+        FSDP_CHECK(fsdp_device_write(d, pe->dsums, x, sizeof(double)));
+        FSDP_CHECK(
+            fsdp_allgather(pe->pp, pe->dsums, pe->dsums + 1, sizeof(double), FSDP_U8, &attr, &w));
+        int rc = fsdp_work_wait(w, -1.0);
+        fsdp_work_free(w);
+        FSDP_CHECK(rc);
+        FSDP_CHECK(fsdp_device_read(d, pe->sums, pe->dsums + 1, (size_t)pe->P * sizeof(double)));
+    } else {
+        FSDP_CHECK(fsdp_allgather_sync(pe->pp, x, pe->sums, sizeof(double), FSDP_U8));
+    }
     double sum = 0.0;
     for (int r = 0; r < pe->P; r++) {
         sum += pe->sums[r];
@@ -461,6 +474,9 @@ static void pp_destroy(struct fsdp_engine *e)
         if (pe->tie_buf) {
             dev->ops->free(dev, pe->tie_buf);
         }
+        if (pe->dsums) {
+            dev->ops->free(dev, pe->dsums);
+        }
     }
     if (pe->inner) {
         pe->inner->ops->destroy(pe->inner);
@@ -533,6 +549,11 @@ static int pp_alloc(struct pp_engine *pe)
     FSDP_CHECK(fsdp_device_alloc(dev, pe->n_gbuf * pe->count * sizeof(float),
                                  "pipeline output gradients", &mem));
     pe->gbuf = mem;
+    if (fsdp_shard_group_device_only(pe->pp)) {
+        FSDP_CHECK(
+            fsdp_device_alloc(dev, (1 + (size_t)pe->P) * sizeof(double), "pipeline sums", &mem));
+        pe->dsums = mem;
+    }
     if (pe->stage == 0 && pe->pc.root_line) {
         size_t most = 0;
         for (int u = 0; u < full->n_units; u++) {

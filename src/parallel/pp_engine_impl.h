@@ -49,13 +49,15 @@ struct pp_engine {
     int tied_last;    /* this rank runs the last stage and holds a copy of unit 0 */
     float *tie_buf;   /* (units[0].S) device: the other copy's gradient shard */
     double *sums;     /* (P,) the pipeline sum's all-gather */
+    double *dsums;    /* (1 + P) device: its send and receive where the pp group's
+                         backend takes no host memory (nccl); else NULL */
     size_t held_now, peak;
     long step_no;
     double idle_s;                  /* this step: seconds blocked in the boundary messages */
     struct fsdp_comm_counts bounds; /* the step's boundary messages (sends, receives) */
     double pass_s; /* FSDPC_PP_PASS_MS: a synthetic pass time added to each forward (the
                       backward's recomputation too) and twice to each backward; 0: none */
-    char *order;                    /* the executed passes of the step, for the log */
+    char *order;   /* the executed passes of the step, for the log */
     size_t order_len, order_cap;
 };
 

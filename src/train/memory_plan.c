@@ -317,14 +317,7 @@ static int plan_pp(const struct fsdp_train_config *c, const struct fsdp_model_sp
                    const struct fsdp_optim_config *oc, const struct fsdp_shard_config *sc,
                    const char *model, const char *mesh, size_t snapshot, FILE *fp)
 {
-    const struct fsdp_model_ops *ops = fsdp_model_ops_of(spec);
-    if (ops->size < offsetof(struct fsdp_model_ops, set_stage) + sizeof(ops->set_stage) ||
-        !ops->set_stage) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                        "pp=%d: the %s architecture cannot be cut into "
-                        "pipeline stages",
-                        P, spec->arch->name);
-    }
+    FSDP_CHECK(fsdp_train_pp_check_model(spec, P));
     struct fsdp_plan_pp *most = calloc((size_t)P, sizeof(*most));
     struct fsdp_plan_pp *first = calloc((size_t)P, sizeof(*first));
     int rc = most && first ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline plan");

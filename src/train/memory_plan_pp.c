@@ -28,12 +28,7 @@ static int plan_chunks(struct fsdp_train_parts *p, struct fsdp_device *dev,
                        const struct fsdp_shard_config *sc, const int *first,
                        struct fsdp_plan_pp *out)
 {
-    struct fsdp_model_opts mo = {.max_B = sc->B,
-                                 .max_T = sc->T,
-                                 .head_chunk = sc->lm_head_chunk,
-                                 .dev = dev,
-                                 .tp = p->plan ? &p->tp : NULL,
-                                 .act_dtype = sc->act_dtype};
+    struct fsdp_model_opts mo = fsdp_train_parts_model_opts(p, sc, dev);
     for (int c = 1; c < out->V; c++) {
         struct fsdp_model *m;
         int lo, hi;

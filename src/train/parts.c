@@ -45,12 +45,7 @@ int fsdp_train_parts_create(const struct fsdp_model_spec *spec, struct fsdp_grou
     FSDP_CHECK_GOTO(parts_apply_tp(p, spec, tp, dev, sc), rc, err);
     const struct fsdp_model_spec *table = p->plan ? p->plan->local : spec;
     /* 2. the model on its table, with the tp operators' context */
-    struct fsdp_model_opts mo = {.max_B = sc->B,
-                                 .max_T = sc->T,
-                                 .head_chunk = sc->lm_head_chunk,
-                                 .dev = dev,
-                                 .tp = p->plan ? &p->tp : NULL,
-                                 .act_dtype = sc->act_dtype};
+    struct fsdp_model_opts mo = fsdp_train_parts_model_opts(p, sc, dev);
     FSDP_CHECK_GOTO(fsdp_model_create(table, &mo, &p->model), rc, err);
     /* 3. activation checkpointing: every block */
     if (sc->activation_checkpointing) {
@@ -89,4 +84,17 @@ int fsdp_train_parts_plan(const struct fsdp_model_spec *spec, const struct fsdp_
     int rc = fsdp_shard_engine_plan(&p->shard, sh, dev, sc, out);
     fsdp_train_parts_destroy(p);
     return rc;
+}
+
+struct fsdp_model_opts fsdp_train_parts_model_opts(struct fsdp_train_parts *p,
+                                                   const struct fsdp_shard_config *sc,
+                                                   struct fsdp_device *dev)
+{
+    struct fsdp_model_opts mo = {.max_B = sc->B,
+                                 .max_T = sc->T,
+                                 .head_chunk = sc->lm_head_chunk,
+                                 .dev = dev,
+                                 .tp = p->plan ? &p->tp : NULL,
+                                 .act_dtype = sc->act_dtype};
+    return mo;
 }

@@ -52,6 +52,13 @@ int fsdp_train_parts_create(const struct fsdp_model_spec *spec, struct fsdp_grou
                             const struct fsdp_shard_config *sc, struct fsdp_train_parts **out);
 void fsdp_train_parts_destroy(struct fsdp_train_parts *p);
 
+/* What a model of p is made with: the micro-batch, head chunk and
+ * activation dtype of sc, on dev, with p's tp context. A pipeline rank's
+ * further stage models are made with the same. */
+struct fsdp_model_opts fsdp_train_parts_model_opts(struct fsdp_train_parts *p,
+                                                   const struct fsdp_shard_config *sc,
+                                                   struct fsdp_device *dev);
+
 /*
  * What the sharding engine would hold on the rank of shape sh
  * (fsdp_shard_engine_plan), with the parts built for that rank's tp

@@ -84,12 +84,7 @@ static int pp_models(struct fsdp_trainer *t, const struct fsdp_shard_config *sc,
                      int P, int V, int s, struct fsdp_model **models)
 {
     struct fsdp_train_parts *p = t->parts;
-    struct fsdp_model_opts mo = {.max_B = sc->B,
-                                 .max_T = sc->T,
-                                 .head_chunk = sc->lm_head_chunk,
-                                 .dev = t->dev,
-                                 .tp = p->plan ? &p->tp : NULL,
-                                 .act_dtype = sc->act_dtype};
+    struct fsdp_model_opts mo = fsdp_train_parts_model_opts(p, sc, t->dev);
     int rc = 0;
     models[0] = p->model;
     for (int c = 0; c < V && rc == 0; c++) {
@@ -111,7 +106,7 @@ static int pp_models(struct fsdp_trainer *t, const struct fsdp_shard_config *sc,
 
 /* What a pipeline stage's model must be: able to be cut; a tie only of
  * the head to the embedding (Megatron's: the last stage holds a copy). */
-static int pp_check_model(const struct fsdp_model_spec *spec, int P)
+int fsdp_train_pp_check_model(const struct fsdp_model_spec *spec, int P)
 {
     const char *arch = spec->arch ? spec->arch->name : "model";
     for (int i = 0; i < spec->n_ties; i++) {
@@ -175,7 +170,7 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
     int *first = calloc((size_t)(P * V) + 1, sizeof(int));
     struct fsdp_model **models = calloc((size_t)V, sizeof(*models));
     int rc = first && models ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
-    rc = rc < 0 ? rc : pp_check_model(t->spec, P);
+    rc = rc < 0 ? rc : fsdp_train_pp_check_model(t->spec, P);
     rc = rc < 0 ? rc : fsdp_pp_check((enum fsdp_pp_kind)c->pp_schedule, P, V, (int)c->grad_accum);
     rc = rc < 0 ? rc : fsdp_train_pp_split(t->spec, c, P, V, first);
     struct fsdp_engine *inner = NULL;

@@ -14,6 +14,10 @@ struct fsdp_model_spec;
 /* The split of L layers over S = P V stages into first (S + 1):
  * --pp-layers, or the one whose largest stage holds the least parameter
  * state (16 bytes an element: master, gradient, two AdamW moments). */
+/* What a pipeline stage's model must be: an architecture that can be cut
+ * into stages, tying at most the head to the embedding. One error naming
+ * the tie or the architecture. */
+int fsdp_train_pp_check_model(const struct fsdp_model_spec *spec, int P);
 int fsdp_train_pp_split(const struct fsdp_model_spec *spec, const struct fsdp_train_config *c,
                         int P, int V, int *first);
 

@@ -90,11 +90,12 @@ int mpsim_current_device(void)
 }
 
 /* The innermost block holding p (a device buffer before the cudaMalloc
- * around it); NULL for host memory. Under mu. */
+ * around it, pinned host memory last); NULL for other host memory. Under
+ * mu. */
 static struct mpsim_block *find_locked(const void *p)
 {
     const char *c = p;
-    struct mpsim_block *raw = NULL;
+    struct mpsim_block *raw = NULL, *pinned = NULL;
     for (size_t i = 0; i < n_blocks; i++) {
         struct mpsim_block *b = &blocks[i];
         if (c >= b->p && c < b->p + (b->n ? b->n : 1)) {
@@ -103,10 +104,12 @@ static struct mpsim_block *find_locked(const void *p)
             }
             if (b->kind == MPSIM_RAW) {
                 raw = b;
+            } else {
+                pinned = b;
             }
         }
     }
-    return raw;
+    return raw ? raw : pinned;
 }
 
 static const char *sname(int s, char *buf, size_t len)
@@ -127,11 +130,12 @@ static void access_locked(int s, const char *what, const void *p, int write)
     if (b->wclock > 0 && b->writer != s && vc[s][b->writer] < b->wclock) {
         char a[48], w[48];
         fprintf(stderr,
-                "fsdpc: nccl simulation: %s on %s %s device buffer '%s' (%zu bytes), which %s "
+                "fsdpc: nccl simulation: %s on %s %s %s '%s' (%zu bytes), which %s "
                 "wrote (its op %llu) and %s has not waited for\n"
                 "fsdpc: hint: record an event on the writer's stream after the write and make "
                 "the stream of %s wait on it (cudaStreamWaitEvent) first\n",
-                what, sname(s, a, sizeof(a)), write ? "writes" : "reads", b->name, b->n,
+                what, sname(s, a, sizeof(a)), write ? "writes" : "reads",
+                b->kind == MPSIM_PINNED ? "pinned host buffer" : "device buffer", b->name, b->n,
                 sname(b->writer, w, sizeof(w)), (unsigned long long)b->wclock,
                 sname(s, a, sizeof(a)), what);
         fflush(stderr);

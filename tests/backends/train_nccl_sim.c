@@ -3,9 +3,10 @@
  * CUDA device's host side over the simulated runtime of mpsim.h, with the
  * CPU kernel table), and the nccl backend over the simulated NCCL, whose
  * ranks are the processes mpiexec starts. test_nccl_train_sim.sh trains
- * with it over nccl (dp, tp, rdp x dp, and nccl mixed with mpi) and with
- * --device cpu --backend mpi, and compares; a missing event wait between
- * the compute and comm streams stops the run (mpsim.h's order check).
+ * with it over nccl (dp, tp, rdp x dp, and nccl mixed with mpi),
+ * test_nccl_train_paths.sh (pipeline, offload, checkpoints, join, staging
+ * in chunks), each against --device cpu --backend mpi; a missing event
+ * wait between two streams stops the run (mpsim.h's order check).
  */
 #include "config.h"
 #include "compute/device.h"
