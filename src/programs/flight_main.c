@@ -283,7 +283,51 @@ struct merge_finding {
     const struct merge_entry *first; /* a record of the call */
     double t_issue;
     int mismatch;
+    int behind;    /* every member it waits for dumped: they are stuck elsewhere */
+    int recv_wait; /* a receiver waits for data (not only a send in flight) */
 };
+
+/* What finding f on g at seq s waits for: a receiver still waiting for
+ * data, and whether every member that has not entered s dumped (then each
+ * is stuck in some other call, which is nearer the cause than this one). */
+static void merge_waits(const struct merge *m, const struct merge_group *g, unsigned long long s,
+                        struct merge_finding *f)
+{
+    int absent = 0, not_entered = 0;
+    for (int i = 0; i < g->size; i++) {
+        const struct merge_rank *mr = &m->ranks[g->ranks[i]];
+        unsigned long long mx, mn;
+        if (!mr->present) {
+            absent = 1;
+            continue;
+        }
+        const struct merge_entry *e = merge_find(mr, g->name, s, &mx, &mn);
+        if (!e) {
+            not_entered |= s > mx;
+        } else if (!strcmp(e->op, "recv") && strcmp(e->state, "completed") != 0) {
+            f->recv_wait = 1;
+        }
+    }
+    f->behind = not_entered && !absent;
+}
+
+/* Whether finding a is nearer the cause of a hang than b: a mismatch first,
+ * then a call not waiting behind ranks stuck elsewhere, then a receiver
+ * waiting for data over a send in flight (a send issued did its part), then
+ * the earliest issued. */
+static int merge_before(const struct merge_finding *a, const struct merge_finding *b)
+{
+    if (a->mismatch != b->mismatch) {
+        return a->mismatch > b->mismatch;
+    }
+    if (a->behind != b->behind) {
+        return a->behind < b->behind;
+    }
+    if (a->recv_wait != b->recv_wait) {
+        return a->recv_wait > b->recv_wait;
+    }
+    return a->t_issue < b->t_issue;
+}
 
 /* The first seq of g not completed by every member, or 0. */
 static int merge_group_scan(const struct merge *m, const struct merge_group *g,
@@ -335,7 +379,8 @@ static int merge_group_scan(const struct merge *m, const struct merge_group *g,
         }
         pending &= !arrived;
         if (ref && (pending || mismatch)) {
-            *out = (struct merge_finding){g, s, ref, t, mismatch};
+            *out = (struct merge_finding){g, s, ref, t, mismatch, 0, 0};
+            merge_waits(m, g, s, out);
             return 1;
         }
     }
@@ -422,8 +467,7 @@ static int merge_main(const char *dir)
         int found = 0;
         for (int i = 0; i < m.ngroups; i++) {
             if (merge_group_scan(&m, &m.groups[i], &f)) {
-                if (!found || f.mismatch > best.mismatch ||
-                    (f.mismatch == best.mismatch && f.t_issue < best.t_issue)) {
+                if (!found || merge_before(&f, &best)) {
                     best = f;
                 }
                 found++;
