@@ -17,18 +17,15 @@ noinst_HEADERS += io/util/fileutil.h io/util/json.h \
 	io/hf/safetensors.h io/hf/hf_dir.h \
 	io/text/tokens.h io/text/tokenizer.h io/text/tokenizer_impl.h
 
-check_PROGRAMS += tests/io/bad_model tests/io/test_model_file tests/io/test_tokens \
-	tests/io/test_ckpt_commit tests/io/test_fileutil tests/io/test_checksum tests/io/test_h5_heaps
-TESTS += tests/io/test_model_file tests/io/test_tokens tests/io/test_ckpt_commit \
+check_PROGRAMS += tests/io/bad_model
+PROGRAM_TESTS += tests/io/test_model_file tests/io/test_tokens tests/io/test_ckpt_commit \
 	tests/io/test_fileutil tests/io/test_checksum tests/io/test_h5_heaps
 # the commit test wraps fsync/rename/symlink and reaches libc's through dlsym
 tests_io_test_ckpt_commit_LDADD = $(LDADD) -ldl
 dist_check_SCRIPTS += tests/io/test_ckpt_tool.sh tests/io/test_data_tool.sh \
 	tests/io/test_output_files.sh
-TESTS += tests/io/test_ckpt_tool.sh tests/io/test_data_tool.sh tests/io/test_output_files.sh
 # tokenizer.json files against the `tokenizers` package (hf-venv, see doc/testing.md);
 # tokenizer_api runs inside test_tokenizer.sh
 check_PROGRAMS += tests/io/tokenizer_api
 dist_check_SCRIPTS += tests/io/test_tokenizer.sh
 dist_check_DATA += tests/io/hf_tokenizer.py
-TESTS += tests/io/test_tokenizer.sh

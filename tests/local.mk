@@ -10,26 +10,22 @@ EXTRA_DIST += tests/peers/run_train_bench.sh tests/peers/torch_train_bench.py \
 # the include directions between layers (doc/design.md)
 dist_check_SCRIPTS += tests/layers/test_layers.sh
 dist_check_DATA += tests/layers/check_layers.sh tests/layers/allowed.txt
-TESTS += tests/layers/test_layers.sh
 
 # no function over 80 lines, no .c file over 900, beyond a short allow-list
 dist_check_SCRIPTS += tests/layers/test_lengths.sh
 dist_check_DATA += tests/layers/check_lengths.sh tests/layers/lengths_allowed.txt
-TESTS += tests/layers/test_lengths.sh
 
 # tests/model: "mlp", a test-only second architecture behind the model
 # interface; other tests link tests/model/mlp_model.c the same way.
 noinst_HEADERS += tests/model/mlp_model.h
-check_PROGRAMS += tests/model/test_mlp_model
+PROGRAM_TESTS += tests/model/test_mlp_model
 tests_model_test_mlp_model_SOURCES = tests/model/test_mlp_model.c tests/model/mlp_model.c \
 	tests/model/mlp_hf.c
-TESTS += tests/model/test_mlp_model
 # the same architecture trained by the unchanged trainer and sharding engine
 check_PROGRAMS += tests/model/mlp_train
 tests_model_mlp_train_SOURCES = tests/model/mlp_train.c tests/model/mlp_model.c \
 	tests/model/mlp_hf.c src/programs/train_program.c
 dist_check_SCRIPTS += tests/model/test_mlp_sharded.sh
-TESTS += tests/model/test_mlp_sharded.sh
 # fsdpc-ckpt with "mlp" registered: its Hugging Face-style map (mlp_hf.c) through
 # the unchanged import-hf, export-hf and safetensors commands, and its training
 # on the guarded device
@@ -38,4 +34,3 @@ tests_model_mlp_ckpt_SOURCES = tests/model/mlp_ckpt.c tests/model/mlp_model.c \
 	tests/model/mlp_hf.c $(ckpt_program_sources)
 dist_check_SCRIPTS += tests/model/test_mlp_hf.sh
 dist_check_DATA += tests/model/mlp_hf_dir.py
-TESTS += tests/model/test_mlp_hf.sh

@@ -5,4 +5,3 @@ noinst_HEADERS += backends/mpi/mpi_priv.h
 
 check_PROGRAMS += tests/backends/test_coll
 dist_check_SCRIPTS += tests/backends/test_coll.sh
-TESTS += tests/backends/test_coll.sh

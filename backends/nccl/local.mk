@@ -25,9 +25,8 @@ NCCL_SIM_API_CPPFLAGS = -I$(top_srcdir)/tests/backends/nccl_sim_api $(AM_CPPFLAG
 NCCL_SIM_LIBS = libfsdpc.a $(HDF5_LIBS) $(MPI_LIBS) $(BLAS_LIBS) $(CRYPTO_LIBS) $(XXHASH_LIBS) \
 	$(PTHREAD_LIBS) $(LIBS) -lm
 
-check_PROGRAMS += tests/backends/test_nccl tests/backends/test_nccl_sim \
+PROGRAM_TESTS += tests/backends/test_nccl tests/backends/test_nccl_sim \
 	tests/backends/test_nccl_sim_api226
-TESTS += tests/backends/test_nccl tests/backends/test_nccl_sim tests/backends/test_nccl_sim_api226
 tests_backends_test_nccl_sim_SOURCES = $(NCCL_SIM_SOURCES)
 tests_backends_test_nccl_sim_LDADD = $(NCCL_SIM_LIBS)
 tests_backends_test_nccl_sim_api226_SOURCES = $(NCCL_SIM_SOURCES)
@@ -51,11 +50,9 @@ tests_backends_train_nccl_sim_LDADD = libfsdpc.a $(HDF5_LIBS) $(MPI_LIBS) $(BLAS
 	$(CRYPTO_LIBS) $(XXHASH_LIBS) $(PCRE2_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS) $(LIBS) -lm
 dist_check_SCRIPTS += tests/backends/test_nccl_train_sim.sh \
 	tests/backends/test_nccl_train_paths.sh
-TESTS += tests/backends/test_nccl_train_sim.sh tests/backends/test_nccl_train_paths.sh
 endif
 
 # the checks a person runs on a GPU machine (see doc/backend-nccl.md), and
 # the check that they skip cleanly on a machine without one
 EXTRA_DIST += tests/gpu/run_gpu_checks.sh tests/gpu/kit.sh tests/peers/torch_gpt2_bench.py tests/backends/nccl_sim_api/nccl.h
 dist_check_SCRIPTS += tests/gpu/test_gpu_skip.sh
-TESTS += tests/gpu/test_gpu_skip.sh

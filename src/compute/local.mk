@@ -15,9 +15,8 @@ libfsdpc_a_SOURCES += \
 	src/compute/device_cpu.c
 noinst_HEADERS += src/compute/kernels.h src/compute/device.h src/compute/device_impl.h src/compute/cpu/simd.h
 
-check_PROGRAMS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels \
+PROGRAM_TESTS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels \
 	tests/kernels/test_device
-TESTS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels tests/kernels/test_device
 noinst_HEADERS += tests/kernels/ref_kernels.h
 
 # CUDA kernels (src/compute/cuda): compiled by nvcc for the GPU, and here as
@@ -28,25 +27,21 @@ FSDP_CUDA_SOURCES = src/compute/cuda/norms.cu src/compute/cuda/elementwise.cu \
 	src/compute/cuda/optim.cu src/compute/cuda/loss.cu src/compute/cuda/small.cu \
 	src/compute/cuda/embed.cu src/compute/cuda/attention.cu src/compute/cuda/table.cu
 EXTRA_DIST += $(FSDP_CUDA_SOURCES)
-check_PROGRAMS += tests/kernels/test_cuda_emu tests/kernels/test_cuda_table
+PROGRAM_TESTS += tests/kernels/test_cuda_emu tests/kernels/test_cuda_table
 tests_kernels_test_cuda_emu_SOURCES = tests/kernels/test_cuda_emu.cpp \
 	tests/kernels/cuda_emu_kernels.cpp
 tests_kernels_test_cuda_table_SOURCES = tests/kernels/test_cuda_table.cpp \
 	tests/kernels/cuda_emu_kernels.cpp
-TESTS += tests/kernels/test_cuda_emu tests/kernels/test_cuda_table
 noinst_HEADERS += src/compute/cuda/attention_cuda.h
-check_PROGRAMS += tests/kernels/test_cuda_attention
+PROGRAM_TESTS += tests/kernels/test_cuda_attention
 tests_kernels_test_cuda_attention_SOURCES = tests/kernels/test_cuda_attention.cpp \
 	tests/kernels/cuda_emu_kernels.cpp
-TESTS += tests/kernels/test_cuda_attention
 # fsdpc-train with the CUDA table under emulation as device cuda-emu
 check_PROGRAMS += tests/kernels/train_cuda_emu
 tests_kernels_train_cuda_emu_SOURCES = tests/kernels/train_cuda_emu.cpp \
 	tests/kernels/cuda_emu_kernels.cpp src/programs/train_program.c src/programs/sample_program.c
 dist_check_SCRIPTS += tests/kernels/test_cuda_train.sh
-TESTS += tests/kernels/test_cuda_train.sh
 dist_check_SCRIPTS += tests/kernels/test_cuda_nvcc.sh
-TESTS += tests/kernels/test_cuda_nvcc.sh
 
 # The cuda device's host side (plain C over the CUDA runtime): in the
 # library of CUDA builds only; its test compiles it in every build against
@@ -66,8 +61,7 @@ SUFFIXES += .cu
 	$(AM_V_CC)$(NVCC) -std=c++17 -O3 $(NVCC_ARCH) -I$(top_srcdir)/src -I$(top_srcdir) \
 	    -I$(top_builddir) -Xcompiler -Wall,-Wextra -c $< -o $@
 noinst_HEADERS += src/compute/cuda/device_cuda.h
-check_PROGRAMS += tests/kernels/test_cuda_device
-TESTS += tests/kernels/test_cuda_device
+PROGRAM_TESTS += tests/kernels/test_cuda_device
 tests_kernels_test_cuda_device_SOURCES = tests/kernels/test_cuda_device.c \
 	tests/kernels/cuda_sim.c tests/kernels/cuda_sim.h src/compute/cuda/device_cuda.c
 tests_kernels_test_cuda_device_CPPFLAGS = -DFSDP_CUDA_SIM -I$(top_srcdir)/tests/kernels/cuda_sim_api \
@@ -85,8 +79,7 @@ if HAVE_CUDA
 libfsdpc_a_SOURCES += src/compute/cuda/matmul_cuda.c
 endif
 noinst_HEADERS += src/compute/cuda/matmul_cuda.h
-check_PROGRAMS += tests/kernels/test_cuda_matmul
-TESTS += tests/kernels/test_cuda_matmul
+PROGRAM_TESTS += tests/kernels/test_cuda_matmul
 tests_kernels_test_cuda_matmul_SOURCES = tests/kernels/test_cuda_matmul.c \
 	tests/kernels/cublaslt_sim.c tests/kernels/cublaslt_sim.h \
 	tests/kernels/cuda_sim.c tests/kernels/cuda_sim.h \

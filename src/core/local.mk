@@ -3,7 +3,5 @@ libfsdpc_a_SOURCES += src/core/error.c src/core/log.c src/core/dtype.c src/core/
 noinst_HEADERS += src/core/error.h src/core/log.h src/core/dtype.h src/core/util.h src/core/spec.h src/core/hf_map.h \
 	src/core/tmpfile.h src/core/mem.h src/core/options.h
 
-check_PROGRAMS += tests/core/test_dtype
-TESTS += tests/core/test_dtype
-check_PROGRAMS += tests/core/test_options
-TESTS += tests/core/test_options
+PROGRAM_TESTS += tests/core/test_dtype
+PROGRAM_TESTS += tests/core/test_options

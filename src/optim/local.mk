@@ -5,8 +5,7 @@ noinst_HEADERS += src/optim/optim.h
 
 # the CPU AdamW kernel against its one-element reference (bit for bit), and
 # the optimizer's threaded ranges against one thread
-check_PROGRAMS += tests/optim/test_adamw
-TESTS += tests/optim/test_adamw
+PROGRAM_TESTS += tests/optim/test_adamw
 
 # the CPU AdamW benchmark, built on request only (`make tests/bench/bench_adamw`),
 # and its driver beside torch.optim.AdamW (doc/performance.md)

@@ -12,36 +12,29 @@ noinst_HEADERS += src/parallel/fsdp.h src/parallel/engine.h src/parallel/fsdp_im
 # tests: sharded runs against single-rank runs of the same global batch
 dist_check_SCRIPTS += tests/fsdp/test_fsdp_equiv.sh
 dist_check_DATA += tests/fsdp/compare_models.py
-TESTS += tests/fsdp/test_fsdp_equiv.sh
 
 # tensor-parallel checkpoint saves by exchange (shard_save.c): the same
 # shards as the reduce-scatters, each rank sending at most its state
 dist_check_SCRIPTS += tests/tp/test_tp_save.sh
-TESTS += tests/tp/test_tp_save.sh
 # their bytes and save times against the reduce-scatters' (doc/performance.md)
 EXTRA_DIST += tests/tp/run_tp_save_bench.sh
 
 dist_doc_DATA += doc/sharding.md
 
 # in-place packing against the row layout, every dtype, uneven splits
-check_PROGRAMS += tests/fsdp/test_shard_pack
-TESTS += tests/fsdp/test_shard_pack
+PROGRAM_TESTS += tests/fsdp/test_shard_pack
 
 # the parts the trainer hands the engine (src/train/parts.c): borrowed, checked, applied
-check_PROGRAMS += tests/fsdp/test_parts
-TESTS += tests/fsdp/test_parts
+PROGRAM_TESTS += tests/fsdp/test_parts
 
 # GPT-2 with unit 0 by rows (vocabulary-parallel embedding and tied head)
 # over 2 and 3 ranks against one process with the global batch
 check_PROGRAMS += tests/fsdp/test_rows
 dist_check_SCRIPTS += tests/fsdp/test_rows.sh
-TESTS += tests/fsdp/test_rows.sh
 
 # pipeline schedules (gpipe, 1f1b, interleaved): every pass once, the
 # published tables, peaks of held activations, no deadlock, the bubble
-check_PROGRAMS += tests/pp/test_pp_schedule
-TESTS += tests/pp/test_pp_schedule
+PROGRAM_TESTS += tests/pp/test_pp_schedule
 # pipeline stages as blocks of layers: the balanced split against every
 # split, and --pp-layers
-check_PROGRAMS += tests/pp/test_pp_plan
-TESTS += tests/pp/test_pp_plan
+PROGRAM_TESTS += tests/pp/test_pp_plan

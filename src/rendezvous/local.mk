@@ -12,7 +12,3 @@ dist_check_SCRIPTS += tests/dist/test_store_env.sh tests/dist/test_store_file.sh
 	tests/dist/test_store_mpi.sh tests/dist/test_store_bad.sh tests/dist/test_store_limits.sh \
 	tests/dist/test_store_auth.sh tests/dist/test_store_file_owner.sh \
 	tests/dist/test_store_flood.sh
-TESTS += tests/dist/test_store_env.sh tests/dist/test_store_file.sh \
-	tests/dist/test_store_mpi.sh tests/dist/test_store_bad.sh tests/dist/test_store_limits.sh \
-	tests/dist/test_store_auth.sh tests/dist/test_store_file_owner.sh \
-	tests/dist/test_store_flood.sh

@@ -13,38 +13,30 @@ noinst_HEADERS += src/train/parts.h src/train/pipeline.h
 
 # tests: options and schedule, the loop end to end, the PyTorch oracle (skips without torch),
 # and join over uneven inputs against a single-rank replay (join_ref)
-check_PROGRAMS += tests/train/oracle_ours tests/train/test_train_options tests/train/join_ref
+check_PROGRAMS += tests/train/oracle_ours tests/train/join_ref
+PROGRAM_TESTS += tests/train/test_train_options
 tests_train_join_ref_SOURCES = tests/train/join_ref.c tests/train/oracle_engine.c
 tests_train_oracle_ours_SOURCES = tests/train/oracle_ours.c tests/train/oracle_engine.c
 noinst_HEADERS += tests/train/oracle_engine.h
 dist_check_SCRIPTS += tests/train/test_train.sh tests/train/test_torch_oracle.sh \
 	tests/train/test_join.sh
 dist_check_DATA += tests/train/torch_oracle.py
-TESTS += tests/train/test_train_options tests/train/test_train.sh tests/train/test_torch_oracle.sh \
-	tests/train/test_join.sh
 
 # what a user meets: errors reported once with a hint, resume warnings,
 # Ctrl-C and the other stop signals, run records, fsdpc-plot, --version
 dist_check_SCRIPTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh \
 	tests/train/test_stop.sh tests/train/test_records.sh tests/train/test_mfu.sh \
 	tests/train/test_plot_resume.sh tests/train/test_demo.sh
-TESTS += tests/train/test_errors.sh tests/train/test_resume_ux.sh tests/train/test_stop.sh \
-	tests/train/test_records.sh tests/train/test_mfu.sh tests/train/test_plot_resume.sh \
-	tests/train/test_demo.sh
 
 # the whole path on the guarded device equals the CPU device bit for bit
 dist_check_SCRIPTS += tests/train/test_guarded.sh
 dist_check_DATA += tests/train/guarded_lib.sh
-TESTS += tests/train/test_guarded.sh
 
 # --activation-dtype bf16: the loss curve near f32's, checkpointing unchanged, the plan's bytes
 dist_check_SCRIPTS += tests/train/test_act_dtype.sh
-TESTS += tests/train/test_act_dtype.sh
 
 # --offload optim and params,optim on the guarded device equal no offload bit for bit
 dist_check_SCRIPTS += tests/train/test_offload.sh
-TESTS += tests/train/test_offload.sh
 
 # --print-memory: the plan equals the engine's own accounting, without allocating
 dist_check_SCRIPTS += tests/train/test_print_memory.sh
-TESTS += tests/train/test_print_memory.sh

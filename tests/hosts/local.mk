@@ -2,4 +2,3 @@
 # machine (root; skipped with the reason elsewhere).
 dist_check_DATA += tests/hosts/hosts_lib.sh
 dist_check_SCRIPTS += tests/hosts/test_hosts.sh
-TESTS += tests/hosts/test_hosts.sh
