@@ -150,18 +150,10 @@ int fsdp_ckpt_attrs_sum_put(const char *path, hid_t f, const struct fsdp_arch *a
     for (size_t i = 0; rc == 0 && i < n; i++) {
         rc = ca_hash(path, f, names[i], &h[i]);
     }
-    if (rc == 0) {
-        hsize_t dim = n;
+    if (rc == 0 && fsdp_h5_put_attr_u64s(f, FSDP_CKPT_ATTRS_SUM, h, n) < 0) {
         char why[256];
-        hid_t sp = H5Screate_simple(1, &dim, NULL);
-        hid_t a = sp < 0 ? -1 : H5Acreate2(f, FSDP_CKPT_ATTRS_SUM, H5T_STD_U64LE, sp,
-                                           H5P_DEFAULT, H5P_DEFAULT);
-        if (a < 0 || H5Awrite(a, H5T_NATIVE_UINT64, h) < 0) {
-            rc = fsdp_err(FSDP_ERR_IO, "%s: cannot write %s: %s", path, FSDP_CKPT_ATTRS_SUM,
-                          fsdp_h5_reason(why, sizeof(why)));
-        }
-        fsdp_h5_close(a);
-        fsdp_h5_close(sp);
+        rc = fsdp_err(FSDP_ERR_IO, "%s: cannot write %s: %s", path, FSDP_CKPT_ATTRS_SUM,
+                      fsdp_h5_reason(why, sizeof(why)));
     }
     free(h);
     free(names);

@@ -95,14 +95,9 @@ int ck_summary_put(hid_t f, const struct ck_shard_id *id, int n_kinds, size_t n_
         o += e[j].sum.n;
     }
     w[o] = XXH3_64bits(w, o * sizeof(uint64_t)); /* words as stored: little-endian hosts */
-    hsize_t dim = words;
-    hid_t sp = H5Screate_simple(1, &dim, NULL);
-    hid_t a = sp < 0 ? -1 : H5Acreate2(f, CK_SUM_ATTR, H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
-    herr_t rc = a < 0 ? -1 : H5Awrite(a, H5T_NATIVE_UINT64, w);
-    fsdp_h5_close(a);
-    fsdp_h5_close(sp);
+    int rc = fsdp_h5_put_attr_u64s(f, CK_SUM_ATTR, w, words);
     free(w);
-    return rc < 0 ? -1 : 0;
+    return rc;
 }
 
 // ----------------------------------------------------------------------------

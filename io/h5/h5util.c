@@ -670,14 +670,28 @@ int fsdp_h5_attr_str(const char *path, hid_t loc, const char *name, char *buf, s
     return rc;
 }
 
-static int h5_put_attr(hid_t loc, const char *name, hid_t ftype, hid_t mtype, const void *v)
+/* An attribute of type ftype over the dataspace s (closed here; -1: its
+ * creation failed), written from v in mtype. */
+static int h5_put_attr_in(hid_t loc, const char *name, hid_t s, hid_t ftype, hid_t mtype,
+                          const void *v)
 {
-    hid_t s = H5Screate(H5S_SCALAR);
     hid_t a = s >= 0 ? H5Acreate2(loc, name, ftype, s, H5P_DEFAULT, H5P_DEFAULT) : -1;
     herr_t e = a >= 0 ? H5Awrite(a, mtype, v) : -1;
     fsdp_h5_close(a);
     fsdp_h5_close(s);
     return e < 0 ? -1 : 0;
+}
+
+static int h5_put_attr(hid_t loc, const char *name, hid_t ftype, hid_t mtype, const void *v)
+{
+    return h5_put_attr_in(loc, name, H5Screate(H5S_SCALAR), ftype, mtype, v);
+}
+
+int fsdp_h5_put_attr_u64s(hid_t loc, const char *name, const uint64_t *v, size_t n)
+{
+    hsize_t dim = n;
+    return h5_put_attr_in(loc, name, H5Screate_simple(1, &dim, NULL), H5T_STD_U64LE,
+                          H5T_NATIVE_UINT64, v);
 }
 
 int fsdp_h5_put_attr_int(hid_t loc, const char *name, int v)

@@ -16,6 +16,7 @@
 #include <hdf5.h>
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define FSDP_H5_STR_MAX 4096 /* longest string attribute accepted */
 
@@ -171,6 +172,8 @@ hid_t fsdp_h5_dcpl_write_once(void);
 int fsdp_h5_put_attr_i64(hid_t loc, const char *name, long long v);
 int fsdp_h5_put_attr_double(hid_t loc, const char *name, double v);
 int fsdp_h5_put_attr_str(hid_t loc, const char *name, const char *v);
+/* n unsigned 64-bit little-endian integers, rank 1 (checksums, summaries). */
+int fsdp_h5_put_attr_u64s(hid_t loc, const char *name, const uint64_t *v, size_t n);
 
 /*
  * The root attributes that make loc a model file of spec: format, version,
