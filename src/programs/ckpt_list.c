@@ -76,17 +76,6 @@ static int list_cmp(const void *a, const void *b)
     return x->step < y->step ? -1 : x->step > y->step ? 1 : strcmp(x->name, y->name);
 }
 
-static void list_size(char *buf, size_t len, double b)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024.0 && u < 4) {
-        b /= 1024.0;
-        u++;
-    }
-    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
-}
-
 /* Where list_scan's entries go: out, *n of them so far. */
 struct list_acc {
     struct list_entry *out;
@@ -149,7 +138,7 @@ static void list_step(const char *root, const struct list_entry *en, const char 
     char dir[8192], when[32] = "-", size[32], state[600];
     time_t newest;
     snprintf(dir, sizeof(dir), "%s/%s", root, en->name);
-    list_size(size, sizeof(size), fsdp_file_dir_bytes(dir, &newest));
+    fsdp_ckpt_tool_bytes(size, sizeof(size), fsdp_file_dir_bytes(dir, &newest), 1);
     if (newest) {
         struct tm tm;
         localtime_r(&newest, &tm);

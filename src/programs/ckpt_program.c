@@ -36,23 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct ckpt_cmd {
-    const char *name;
-    const char *summary;
-    int (*run)(int argc, char **argv);
-};
-
-static void human_bytes(char *buf, size_t len, double b)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024.0 && u < 4) {
-        b /= 1024.0;
-        u++;
-    }
-    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
-}
-
 // ----------------------------------------------------------------------------
 // init
 
@@ -256,7 +239,8 @@ static int cmd_init(int argc, char **argv)
     double t0 = fsdp_now();
     init_write(spec, &a);
     char hb[32], desc[256];
-    human_bytes(hb, sizeof(hb), (double)spec->total_numel * (double)fsdp_dtype_size(a.dtype));
+    fsdp_ckpt_tool_bytes(hb, sizeof(hb),
+                         (double)spec->total_numel * (double)fsdp_dtype_size(a.dtype), 2);
     fsdp_arch_describe(spec->arch, spec->cfg, desc, sizeof(desc));
     printf("%s: %s %s, %zu parameters, %s %s, seed %ld (%.1f s)\n", a.out, spec->arch->name, desc,
            spec->total_numel, hb, fsdp_dtype_name(a.dtype), a.seed, fsdp_now() - t0);
@@ -338,7 +322,7 @@ static int cmd_inspect(int argc, char **argv)
                fsdp_model_file_tensor_dtype(mf, i), b);
     }
     char hb[32];
-    human_bytes(hb, sizeof(hb), (double)bytes);
+    fsdp_ckpt_tool_bytes(hb, sizeof(hb), (double)bytes, 2);
     printf("\ntotal         %zu tensors, %zu parameters, %zu bytes (%s)\n", s->n_params,
            s->total_numel, bytes, hb);
     fsdp_model_file_close(mf);
@@ -348,10 +332,9 @@ static int cmd_inspect(int argc, char **argv)
 // ----------------------------------------------------------------------------
 // main
 
-static const struct ckpt_cmd ckpt_cmds[] = {
+static const struct fsdp_cli_sub ckpt_cmds[] = {
     {"init", "create a freshly initialised model file", cmd_init},
-    {"list", "list the checkpoints of a checkpoint root (a run's --ckpt-dir)",
-     fsdp_ckpt_cmd_list},
+    {"list", "list the checkpoints of a checkpoint root (a run's --ckpt-dir)", fsdp_ckpt_cmd_list},
     {"recover", "put a checkpoint root back in order after a crash, as the next run would",
      fsdp_ckpt_cmd_recover},
     {"inspect", "validate a model file or checkpoint and list its tensors", cmd_inspect},
@@ -369,38 +352,13 @@ static const struct ckpt_cmd ckpt_cmds[] = {
      fsdp_ckpt_cmd_export_hf},
 };
 
-static void usage(FILE *out)
-{
-    fprintf(out, "usage: fsdpc-ckpt COMMAND [options]   (fsdpc %s)\n\ncommands:\n",
-            PACKAGE_VERSION);
-    for (size_t i = 0; i < sizeof(ckpt_cmds) / sizeof(ckpt_cmds[0]); i++) {
-        fprintf(out, "  %-19s %s\n", ckpt_cmds[i].name, ckpt_cmds[i].summary);
-    }
-    fprintf(out, "\n'fsdpc-ckpt COMMAND --help' describes a command.\n");
-}
-
 int fsdp_ckpt_program(int argc, char **argv)
 {
+    static const struct fsdp_cli_program ckpt = {"fsdpc-ckpt", ckpt_cmds,
+                                                 sizeof(ckpt_cmds) / sizeof(ckpt_cmds[0]), 19};
     fsdp_log_set_rank(0);
     if (fsdp_model_registry_init() < 0) {
         fsdp_die(FSDP_ERR_INTERNAL, "fsdpc-ckpt: model registry", NULL);
     }
-    if (argc < 2) {
-        usage(stderr);
-        fsdp_fatal("fsdpc-ckpt: missing command");
-    }
-    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-        usage(stdout);
-        return 0;
-    }
-    if (strcmp(argv[1], "--version") == 0) {
-        printf("fsdpc-ckpt fsdpc %s\n", PACKAGE_VERSION);
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof(ckpt_cmds) / sizeof(ckpt_cmds[0]); i++) {
-        if (strcmp(argv[1], ckpt_cmds[i].name) == 0) {
-            return ckpt_cmds[i].run(argc - 1, argv + 1);
-        }
-    }
-    fsdp_fatal("fsdpc-ckpt: unknown command '%s' (see fsdpc-ckpt --help)", argv[1]);
+    return fsdp_cli_main(&ckpt, argc, argv);
 }

@@ -53,6 +53,17 @@ int fsdp_ckpt_tool_parse_io(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_arg
 #define S(field) sizeof(((struct fsdp_ckpt_args *)0)->field)
 #define N_OPTS(t) (sizeof(t) / sizeof(t[0]))
 
+void fsdp_ckpt_tool_bytes(char *buf, size_t len, double b, int decimals)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024.0 && u < 4) {
+        b /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, "%.*f %s", u ? decimals : 0, b, unit[u]);
+}
+
 static void tool_progress(size_t done, size_t total, void *arg)
 {
     const char *what = arg;

@@ -48,6 +48,9 @@ int fsdp_ckpt_tool_parse_io(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_arg
  * registered, then argv[1] names the subcommand; returns the exit status. */
 int fsdp_ckpt_program(int argc, char **argv);
 
+/* b bytes for people: "512 B", or with decimals digits "1.5 MiB" up to TiB. */
+void fsdp_ckpt_tool_bytes(char *buf, size_t len, double b, int decimals);
+
 /* Prints a checkpoint's state and tensor table; 0 on success. */
 int fsdp_ckpt_tool_inspect(const char *path);
 /* inspect's line of the special-token ids spec carries (or that it has none). */

@@ -6,6 +6,7 @@
 #include "core/error.h"
 
 #include <stdio.h>
+#include <string.h>
 
 int fsdp_cli_parse(struct fsdp_optset *s, int argc, char **argv, const char *synopsis)
 {
@@ -41,4 +42,36 @@ int fsdp_cli_command(const char *program, const struct fsdp_cli_cmd *cmd, void *
                                 .operands = 1,
                                 .abbreviations = 1};
     return fsdp_cli_parse(set, argc, argv, cmd->synopsis);
+}
+
+static void cli_usage(const struct fsdp_cli_program *p, FILE *out)
+{
+    fprintf(out, "usage: %s COMMAND [options]   (fsdpc %s)\n\ncommands:\n", p->name,
+            PACKAGE_VERSION);
+    for (size_t i = 0; i < p->n; i++) {
+        fprintf(out, "  %-*s %s\n", p->width, p->cmds[i].name, p->cmds[i].summary);
+    }
+    fprintf(out, "\n'%s COMMAND --help' describes a command.\n", p->name);
+}
+
+int fsdp_cli_main(const struct fsdp_cli_program *p, int argc, char **argv)
+{
+    if (argc < 2) {
+        cli_usage(p, stderr);
+        fsdp_fatal("%s: missing command", p->name);
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        cli_usage(p, stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("%s fsdpc %s\n", p->name, PACKAGE_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < p->n; i++) {
+        if (strcmp(argv[1], p->cmds[i].name) == 0) {
+            return p->cmds[i].run(argc - 1, argv + 1);
+        }
+    }
+    fsdp_fatal("%s: unknown command '%s' (see %s --help)", p->name, argv[1], p->name);
 }

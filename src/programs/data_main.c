@@ -37,12 +37,6 @@
 #define DATA_CHUNK ((size_t)1 << 20)
 #define DECODE_CHUNK ((size_t)1 << 16) /* tokens decoded at a time */
 
-struct data_cmd {
-    const char *name;
-    const char *summary;
-    int (*run)(int argc, char **argv);
-};
-
 static void die_rc(int rc, const char *what)
 {
     fsdp_die(rc, what, NULL);
@@ -623,41 +617,16 @@ fail:
 // ----------------------------------------------------------------------------
 // main
 
-static const struct data_cmd data_cmds[] = {
+static const struct fsdp_cli_sub data_cmds[] = {
     {"tokenize", "make a token file from text (byte level or a tokenizer.json)", cmd_tokenize},
     {"decode", "turn a token file back into text with a tokenizer.json", cmd_decode},
     {"inspect", "check a token file and print its summary", cmd_inspect},
 };
 
-static void usage(FILE *out)
-{
-    fprintf(out, "usage: fsdpc-data COMMAND [options]   (fsdpc %s)\n\ncommands:\n",
-            PACKAGE_VERSION);
-    for (size_t i = 0; i < sizeof(data_cmds) / sizeof(data_cmds[0]); i++) {
-        fprintf(out, "  %-10s %s\n", data_cmds[i].name, data_cmds[i].summary);
-    }
-    fprintf(out, "\n'fsdpc-data COMMAND --help' describes a command.\n");
-}
-
 int main(int argc, char **argv)
 {
+    static const struct fsdp_cli_program data = {"fsdpc-data", data_cmds,
+                                                 sizeof(data_cmds) / sizeof(data_cmds[0]), 10};
     fsdp_log_set_rank(0);
-    if (argc < 2) {
-        usage(stderr);
-        fsdp_fatal("fsdpc-data: missing command");
-    }
-    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-        usage(stdout);
-        return 0;
-    }
-    if (strcmp(argv[1], "--version") == 0) {
-        printf("fsdpc-data fsdpc %s\n", PACKAGE_VERSION);
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof(data_cmds) / sizeof(data_cmds[0]); i++) {
-        if (strcmp(argv[1], data_cmds[i].name) == 0) {
-            return data_cmds[i].run(argc - 1, argv + 1);
-        }
-    }
-    fsdp_fatal("fsdpc-data: unknown command '%s' (see fsdpc-data --help)", argv[1]);
+    return fsdp_cli_main(&data, argc, argv);
 }
