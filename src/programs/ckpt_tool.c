@@ -89,6 +89,37 @@ static struct fsdp_ckpt *tool_open(const char *cmd, const char *path)
     return ck;
 }
 
+const struct fsdp_model_spec *fsdp_ckpt_source_open(const char *what, const char *path,
+                                                    struct fsdp_ckpt_source *src)
+{
+    int rc;
+    *src = (struct fsdp_ckpt_source){0};
+    if (fsdp_ckpt_is_checkpoint(path)) {
+        if ((rc = fsdp_ckpt_open(path, fsdp_arch_registered(), &src->ck)) < 0) {
+            fsdp_die(rc, what, NULL);
+        }
+        return fsdp_ckpt_spec(src->ck);
+    }
+    if ((rc = fsdp_model_file_open(path, fsdp_arch_registered(), &src->mf)) < 0) {
+        fsdp_die(rc, what, NULL);
+    }
+    return fsdp_model_file_spec(src->mf);
+}
+
+int fsdp_ckpt_source_read(const struct fsdp_ckpt_source *src, size_t i,
+                          const struct fsdp_param_spec *p, float *dst)
+{
+    return src->ck ? fsdp_ckpt_read_rows(src->ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], dst)
+                   : fsdp_model_file_read_block(src->mf, i, 0, p->shape[0], 0, p->shape[1], dst);
+}
+
+void fsdp_ckpt_source_close(struct fsdp_ckpt_source *src)
+{
+    fsdp_ckpt_close(src->ck);
+    fsdp_model_file_close(src->mf);
+    *src = (struct fsdp_ckpt_source){0};
+}
+
 static void tool_shape(char *buf, size_t len, const struct fsdp_param_spec *p)
 {
     if (p->ndim == 1) {
@@ -591,17 +622,13 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
     }
     enum fsdp_dtype dtype = a.dtype;
     const char *dt = fsdp_dtype_name(dtype);
-    struct fsdp_ckpt *ck = NULL;
-    struct fsdp_model_file *mf = NULL;
+    struct fsdp_ckpt_source src = {0};
     const struct fsdp_model_spec *s;
     if (fsdp_ckpt_is_checkpoint(in)) {
-        ck = tool_open("convert", in);
-        s = fsdp_ckpt_spec(ck);
+        src.ck = tool_open("convert", in); /* with the hint of an interrupted save */
+        s = fsdp_ckpt_spec(src.ck);
     } else {
-        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &mf)) < 0) {
-            fsdp_die(rc, "fsdpc-ckpt convert", NULL);
-        }
-        s = fsdp_model_file_spec(mf);
+        s = fsdp_ckpt_source_open("fsdpc-ckpt convert", in, &src);
     }
     char created_by[256];
     snprintf(created_by, sizeof(created_by), "fsdpc-ckpt convert %s to %s", in, dt);
@@ -614,8 +641,7 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
     rc = fsdp_model_writer_create(out, s, &wo, &w);
     for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
-        rc = ck ? fsdp_ckpt_read_rows(ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], buf)
-                : fsdp_model_file_read_block(mf, i, 0, p->shape[0], 0, p->shape[1], buf);
+        rc = fsdp_ckpt_source_read(&src, i, p, buf);
         if (rc == 0) {
             rc = fsdp_model_writer_put(w, i, buf);
         }
@@ -632,7 +658,6 @@ int fsdp_ckpt_cmd_convert(int argc, char **argv)
     }
     printf("%s: %zu tensors written to %s as %s\n", in, s->n_params, out, dt);
     fsdp_free(buf);
-    fsdp_ckpt_close(ck);
-    fsdp_model_file_close(mf);
+    fsdp_ckpt_source_close(&src);
     return 0;
 }

@@ -11,6 +11,9 @@
 #include "programs/cli.h"
 
 struct fsdp_model_spec;
+struct fsdp_param_spec;
+struct fsdp_ckpt;
+struct fsdp_model_file;
 
 #define FSDP_CKPT_TOOL_PATH 4096
 
@@ -47,6 +50,21 @@ int fsdp_ckpt_tool_parse_io(const struct fsdp_cli_cmd *cmd, struct fsdp_ckpt_arg
 /* The whole of fsdpc-ckpt (ckpt_program.c): the built-in architectures are
  * registered, then argv[1] names the subcommand; returns the exit status. */
 int fsdp_ckpt_program(int argc, char **argv);
+
+/* The weights an export or a conversion reads: a model file or a
+ * checkpoint, whichever the path is (the other NULL). */
+struct fsdp_ckpt_source {
+    struct fsdp_ckpt *ck;
+    struct fsdp_model_file *mf;
+};
+/* Opens path into src and returns its spec; ends the program with "WHAT:
+ * message" when it cannot. */
+const struct fsdp_model_spec *fsdp_ckpt_source_open(const char *what, const char *path,
+                                                    struct fsdp_ckpt_source *src);
+/* Parameter i (p) as f32 into dst. */
+int fsdp_ckpt_source_read(const struct fsdp_ckpt_source *src, size_t i,
+                          const struct fsdp_param_spec *p, float *dst);
+void fsdp_ckpt_source_close(struct fsdp_ckpt_source *src);
 
 /* b bytes for people: "512 B", or with decimals digits "1.5 MiB" up to TiB. */
 void fsdp_ckpt_tool_bytes(char *buf, size_t len, double b, int decimals);

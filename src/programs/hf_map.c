@@ -74,3 +74,15 @@ int fsdp_hf_config_write(const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
     fsdp_json_end(&w);
     return fsdp_json_writer_finish(&w, text, len);
 }
+
+void fsdp_hf_st_entries(const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
+                        struct fsdp_st_entry *e, char (*names)[FSDP_ST_NAME_MAX])
+{
+    const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
+    for (size_t i = 0; i < s->n_params; i++) {
+        const struct fsdp_param_spec *p = &s->params[i];
+        fsdp_hf_param_name(m, p, names[i], FSDP_ST_NAME_MAX);
+        e[i] = (struct fsdp_st_entry){.name = names[i], .dtype = dtype, .ndim = p->ndim};
+        fsdp_hf_param_shape(m, p, e[i].shape);
+    }
+}

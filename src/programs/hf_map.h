@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/hf_map.h"
 #include "core/spec.h"
+#include "io/hf/safetensors.h"
 #include "io/util/json.h"
 
 /* What config.json describes. */
@@ -39,6 +40,11 @@ int fsdp_hf_config_read(const struct fsdp_json_obj *j, struct fsdp_hf_model *out
  * model_type, torch_dtype and the architecture's members; malloc'd text. */
 int fsdp_hf_config_write(const struct fsdp_model_spec *s, enum fsdp_dtype dtype, char **text,
                          size_t *len);
+
+/* The state-dict entries of s stored as dtype, in parameter order: each
+ * parameter's name (kept in names) and shape in its architecture's map. */
+void fsdp_hf_st_entries(const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
+                        struct fsdp_st_entry *e, char (*names)[FSDP_ST_NAME_MAX]);
 
 // ----------------------------------------------------------------------------
 // special tokens (hf_tokens.c)

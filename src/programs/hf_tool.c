@@ -400,35 +400,9 @@ static size_t hf_parse_shard_size(const char *s)
                "5GB, 500MB, 2GiB or 1000000 (bytes)", s);
 }
 
-/* The state-dict entries of spec, in parameter order (names into names). */
-static void hf_entries(const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
-                       struct fsdp_st_entry *e, char (*names)[HF_NAME_MAX])
-{
-    const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
-    for (size_t i = 0; i < s->n_params; i++) {
-        const struct fsdp_param_spec *p = &s->params[i];
-        fsdp_hf_param_name(m, p, names[i], HF_NAME_MAX);
-        e[i] = (struct fsdp_st_entry){.name = names[i], .dtype = dtype, .ndim = p->ndim};
-        fsdp_hf_param_shape(m, p, e[i].shape);
-    }
-}
-
-/* A model file or a checkpoint, whichever path is. */
-struct hf_source {
-    struct fsdp_ckpt *ck;
-    struct fsdp_model_file *mf;
-};
-
-static int hf_source_read(struct hf_source *src, size_t i, const struct fsdp_param_spec *p,
-                          float *dst)
-{
-    return src->ck ? fsdp_ckpt_read_rows(src->ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], dst)
-                   : fsdp_model_file_read_block(src->mf, i, 0, p->shape[0], 0, p->shape[1], dst);
-}
-
 /* Every parameter: read as f32, transposed where the state dict wants it,
  * converted to dtype, written. */
-static int hf_export_tensors(struct hf_source *src, const struct fsdp_model_spec *s,
+static int hf_export_tensors(struct fsdp_ckpt_source *src, const struct fsdp_model_spec *s,
                              enum fsdp_dtype dtype, struct fsdp_hf_writer *w)
 {
     const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
@@ -447,7 +421,7 @@ static int hf_export_tensors(struct hf_source *src, const struct fsdp_model_spec
     for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
         const void *v;
-        FSDP_CHECK_GOTO(hf_source_read(src, i, p, a), rc, out);
+        FSDP_CHECK_GOTO(fsdp_ckpt_source_read(src, i, p, a), rc, out);
         FSDP_CHECK_GOTO(fsdp_hf_param_export(m, p, a, dtype, tbuf, h, &v), rc, out);
         rc = fsdp_hf_writer_put(w, i, v);
     }
@@ -459,12 +433,12 @@ out:
 }
 
 /* The directory for spec from src. */
-static int hf_export_write(struct hf_source *src, const struct fsdp_model_spec *s,
+static int hf_export_write(struct fsdp_ckpt_source *src, const struct fsdp_model_spec *s,
                            enum fsdp_dtype dtype, const char *out, size_t max_shard, int force,
                            size_t *n_shards)
 {
     struct fsdp_st_entry *e = calloc(s->n_params, sizeof(*e));
-    char (*names)[HF_NAME_MAX] = calloc(s->n_params, sizeof(*names));
+    char (*names)[FSDP_ST_NAME_MAX] = calloc(s->n_params, sizeof(*names));
     struct fsdp_hf_writer *w = NULL;
     char *cfg = NULL;
     size_t cfg_len;
@@ -473,7 +447,7 @@ static int hf_export_write(struct hf_source *src, const struct fsdp_model_spec *
         rc = fsdp_err(FSDP_ERR_NOMEM, "%s: tensor list", out);
         goto done;
     }
-    hf_entries(s, dtype, e, names);
+    fsdp_hf_st_entries(s, dtype, e, names);
     FSDP_CHECK_GOTO(fsdp_hf_config_write(s, dtype, &cfg, &cfg_len), rc, done);
     FSDP_CHECK_GOTO(fsdp_hf_writer_create(out, e, s->n_params, max_shard, force, &w), rc, done);
     *n_shards = fsdp_hf_writer_shards(w);
@@ -535,22 +509,10 @@ static void hf_export_tokens(struct fsdp_model_spec *s, const char *in, const ch
 
 /* The model file or checkpoint in, opened into src, as one with a Hugging
  * Face map; its spec. */
-static const struct fsdp_model_spec *hf_export_open(const char *in, struct hf_source *src)
+static const struct fsdp_model_spec *hf_export_open(const char *in, struct fsdp_ckpt_source *src)
 {
     const char *what = "fsdpc-ckpt export-hf";
-    const struct fsdp_model_spec *s;
-    int rc;
-    if (fsdp_ckpt_is_checkpoint(in)) {
-        if ((rc = fsdp_ckpt_open(in, fsdp_arch_registered(), &src->ck)) < 0) {
-            fsdp_die(rc, what, NULL);
-        }
-        s = fsdp_ckpt_spec(src->ck);
-    } else {
-        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &src->mf)) < 0) {
-            fsdp_die(rc, what, NULL);
-        }
-        s = fsdp_model_file_spec(src->mf);
-    }
+    const struct fsdp_model_spec *s = fsdp_ckpt_source_open(what, in, src);
     if (!fsdp_arch_hf(s->arch)) {
         char names[128];
         fsdp_hf_arch_names(names, sizeof(names));
@@ -573,7 +535,7 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
     const char *ids[2] = {args.bos_token_id[0] ? args.bos_token_id : NULL,
                           args.eos_token_id[0] ? args.eos_token_id : NULL};
     enum fsdp_dtype dtype = args.dtype;
-    struct hf_source src = {0};
+    struct fsdp_ckpt_source src;
     const struct fsdp_model_spec *s = hf_export_open(in, &src);
     if ((rc = fsdp_hf_dir_occupied(out)) < 0) {
         fsdp_die(rc, what, NULL);
@@ -596,7 +558,6 @@ int fsdp_ckpt_cmd_export_hf(int argc, char **argv)
     char where[512];
     snprintf(where, sizeof(where), "%s (nor a --tokenizer or --eos-token-id)", in);
     hf_print_tokens(s, where);
-    fsdp_ckpt_close(src.ck);
-    fsdp_model_file_close(src.mf);
+    fsdp_ckpt_source_close(&src);
     return 0;
 }

@@ -81,19 +81,18 @@ static const struct fsdp_cli_cmd export_cmd = {
     "(fsdpc.xxh3_64.<name>).",
     export_opts, N_OPTS(export_opts)};
 
-/* Every parameter of s from ck or mf: read as f32 into a, transposed
+/* Every parameter of s from src: read as f32 into a, transposed
  * through b where the map says, converted through h, written to w. */
-static int st_export_tensors(struct fsdp_ckpt *ck, struct fsdp_model_file *mf,
-                             const struct fsdp_model_spec *s, enum fsdp_dtype dtype,
-                             struct fsdp_st_writer *w, float *a, float *b, uint16_t *h)
+static int st_export_tensors(const struct fsdp_ckpt_source *src, const struct fsdp_model_spec *s,
+                             enum fsdp_dtype dtype, struct fsdp_st_writer *w, float *a, float *b,
+                             uint16_t *h)
 {
     const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < s->n_params; i++) {
         const struct fsdp_param_spec *p = &s->params[i];
         const void *v;
-        FSDP_CHECK(ck ? fsdp_ckpt_read_rows(ck, FSDP_CKPT_MODEL, i, 0, p->shape[0], a)
-                      : fsdp_model_file_read_block(mf, i, 0, p->shape[0], 0, p->shape[1], a));
+        FSDP_CHECK(fsdp_ckpt_source_read(src, i, p, a));
         FSDP_CHECK(fsdp_hf_param_export(m, p, a, dtype, b, h, &v));
         rc = fsdp_st_writer_put(w, i, v);
     }
@@ -109,20 +108,9 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
     }
     enum fsdp_dtype dtype = args.dtype;
     int rc;
-    struct fsdp_ckpt *ck = NULL;
-    struct fsdp_model_file *mf = NULL;
-    const struct fsdp_model_spec *s;
-    if (fsdp_ckpt_is_checkpoint(in)) {
-        if ((rc = fsdp_ckpt_open(in, fsdp_arch_registered(), &ck)) < 0) {
-            fsdp_die(rc, "fsdpc-ckpt export-safetensors", NULL);
-        }
-        s = fsdp_ckpt_spec(ck);
-    } else {
-        if ((rc = fsdp_model_file_open(in, fsdp_arch_registered(), &mf)) < 0) {
-            fsdp_die(rc, "fsdpc-ckpt export-safetensors", NULL);
-        }
-        s = fsdp_model_file_spec(mf);
-    }
+    struct fsdp_ckpt_source src;
+    const struct fsdp_model_spec *s =
+        fsdp_ckpt_source_open("fsdpc-ckpt export-safetensors", in, &src);
     const struct fsdp_hf_map *m = fsdp_arch_hf(s->arch);
     if (!m) {
         char names[128];
@@ -138,20 +126,13 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
     if (!e || !names || !a || !b || !h) {
         fsdp_fatal("fsdpc-ckpt export-safetensors: out of memory for one tensor");
     }
-    for (size_t i = 0; i < s->n_params; i++) {
-        const struct fsdp_param_spec *p = &s->params[i];
-        fsdp_hf_param_name(m, p, names[i], sizeof(names[i]));
-        e[i].name = names[i];
-        e[i].dtype = dtype;
-        e[i].ndim = p->ndim;
-        fsdp_hf_param_shape(m, p, e[i].shape);
-    }
+    fsdp_hf_st_entries(s, dtype, e, names);
     struct st_meta meta;
     st_meta_of(s, &meta);
     struct fsdp_st_writer *w = NULL;
     rc = fsdp_st_writer_create(out, e, s->n_params, meta.kv, meta.n, &w);
     if (rc == 0) {
-        rc = st_export_tensors(ck, mf, s, dtype, w, a, b, h);
+        rc = st_export_tensors(&src, s, dtype, w, a, b, h);
     }
     if (rc == 0) {
         rc = fsdp_st_writer_commit(w);
@@ -166,8 +147,7 @@ int fsdp_ckpt_cmd_export_st(int argc, char **argv)
     fsdp_free(h);
     free(e);
     free(names);
-    fsdp_ckpt_close(ck);
-    fsdp_model_file_close(mf);
+    fsdp_ckpt_source_close(&src);
     return 0;
 }
 
