@@ -107,6 +107,12 @@ void fsdp_dist_finalize(struct fsdp_dist *d);
  * WORLD_SIZE). For what must happen once per job before there is a job. */
 int fsdp_dist_launcher_rank(void);
 int fsdp_dist_launcher_size(void);
+/* What --insecure (FSDPC_INSECURE=1 above) means, as every program's --help
+ * says it. */
+#define FSDP_DIST_INSECURE_HELP                                                                    \
+    "env:// or tcp:// without a job secret (FSDPC_SECRET_FILE): on a non-loopback address, "       \
+    "or on loopback keyed by public values instead of the per-user secret"
+
 /* Human name of the init method ("mpi", "env://", ...). */
 const char *fsdp_dist_method_name(const struct fsdp_dist *d);
 /* True when MPI is initialized in this process (the mpi backend needs it). */

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/util.h"
+#include "rendezvous/dist.h"
 #include "train/metrics.h"
 #include "train/mesh_check.h"
 
@@ -74,10 +75,7 @@ static const struct fsdp_opt train_opts[] = {
      "BLAS and AdamW threads per rank", 0},
     {"init", FSDP_OPT_STR, F(init), S(init), 0, 0, NULL, "METHOD", 0,
      "rendezvous: auto, mpi, env://, tcp://HOST:PORT, file:///PATH", 0},
-    {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0,
-     "env:// or tcp:// without a job secret (FSDPC_SECRET_FILE): on a non-loopback address, "
-     "or on loopback keyed by public values instead of the per-user secret",
-     0},
+    {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0, FSDP_DIST_INSECURE_HELP, 0},
     {"device", FSDP_OPT_STR, F(device), S(device), 0, 0, NULL, "NAME", 0,
      "compute device: cuda (a build with the CUDA kernels, one GPU per rank), cpu, or guarded "
      "(the CPU with device memory the host cannot touch: checks that nothing outside the device "

@@ -153,10 +153,7 @@ static const struct fsdp_opt bench_table[] = {
      "verify one extra iteration per size", 0},
     {"init", FSDP_OPT_STR, F(init), S(init), 0, 0, NULL, "METHOD", 0,
      "mpi, env://, tcp://HOST:PORT, file:///PATH (default auto)", 0},
-    {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0,
-     "env:// or tcp:// without a job secret (FSDPC_SECRET_FILE): on a non-loopback address, "
-     "or on loopback keyed by public values instead of the per-user secret",
-     0},
+    {"insecure", FSDP_OPT_FLAG, F(insecure), 0, 0, 0, NULL, "", 0, FSDP_DIST_INSECURE_HELP, 0},
     {"timeout", FSDP_OPT_FLOAT, F(timeout_s), 0, 0, 1e9, NULL, "S", FSDP_OPT_MIN_OPEN,
      "deadline for setup and each collective (default $FSDPC_TIMEOUT, else 300)", 0},
     {"csv", FSDP_OPT_STR, F(csv), S(csv), 0, 0, NULL, "FILE", 0,
