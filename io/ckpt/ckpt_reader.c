@@ -106,10 +106,21 @@ static int ck_read_text(const char *path, hid_t f, const char *name, char *buf, 
     return 0;
 }
 
+/* f's string attribute name (an index's checkpoint_format, a shard's
+ * format) is want; otherwise an error naming both. */
+static int ck_expect_format(const char *path, hid_t f, const char *name, const char *want)
+{
+    char fmt[64];
+    FSDP_CHECK(fsdp_h5_attr_str(path, f, name, fmt, sizeof(fmt)));
+    if (strcmp(fmt, want) != 0) {
+        return fsdp_err(FSDP_ERR_FORMAT, "%s: %s is '%s', expected '%s'", path, name, fmt, want);
+    }
+    return 0;
+}
+
 static int ck_read_meta(const char *path, hid_t f, const struct fsdp_arch_set *archs,
                         struct fsdp_ckpt_meta *m)
 {
-    char fmt[64];
     long long x;
     if (!fsdp_h5_attr_exists(f, "checkpoint_format")) {
         return fsdp_err(FSDP_ERR_FORMAT,
@@ -122,11 +133,7 @@ static int ck_read_meta(const char *path, hid_t f, const struct fsdp_arch_set *a
         return summed;
     }
     m->attrs_summed = summed;
-    FSDP_CHECK(fsdp_h5_attr_str(path, f, "checkpoint_format", fmt, sizeof(fmt)));
-    if (strcmp(fmt, FSDP_CKPT_FORMAT) != 0) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: checkpoint_format is '%s', expected '%s'", path, fmt,
-                        FSDP_CKPT_FORMAT);
-    }
+    FSDP_CHECK(ck_expect_format(path, f, "checkpoint_format", FSDP_CKPT_FORMAT));
     FSDP_CHECK(fsdp_h5_attr_int(path, f, "checkpoint_version", &x));
     if (x != FSDP_CKPT_VERSION) {
         return fsdp_err(FSDP_ERR_UNSUPPORTED,
@@ -442,7 +449,7 @@ static int ck_try_summary(struct fsdp_ckpt *ck, const char *path, int r)
  * with the rows the split rule gives and the checksums the index records. */
 static int ck_check_shard(struct fsdp_ckpt *ck, int r)
 {
-    char path[CK_PATH_MAX], fmt[64], why[256];
+    char path[CK_PATH_MAX], why[256];
     long long x;
     FSDP_CHECK(ck_shard_present(ck, r, path, sizeof(path)));
     FSDP_CHECK(fsdp_h5_check_regular(path));
@@ -456,11 +463,7 @@ static int ck_check_shard(struct fsdp_ckpt *ck, int r)
                         fsdp_h5_reason(why, sizeof(why)));
     }
     hid_t f = ck->shards[r];
-    FSDP_CHECK(fsdp_h5_attr_str(path, f, "format", fmt, sizeof(fmt)));
-    if (strcmp(fmt, FSDP_CKPT_SHARD_FORMAT) != 0) {
-        return fsdp_err(FSDP_ERR_FORMAT, "%s: format is '%s', expected '%s'", path, fmt,
-                        FSDP_CKPT_SHARD_FORMAT);
-    }
+    FSDP_CHECK(ck_expect_format(path, f, "format", FSDP_CKPT_SHARD_FORMAT));
     FSDP_CHECK(fsdp_h5_attr_int(path, f, "format_version", &x));
     if (x != FSDP_CKPT_VERSION) {
         return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: format_version %lld; expected %d", path, x,

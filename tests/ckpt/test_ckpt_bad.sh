@@ -1,9 +1,10 @@
 #!/bin/sh
 # test_ckpt_bad.sh - damaged or wrong checkpoints and bad fsdpc-ckpt
 # arguments: a missing shard, a truncated shard, shards from different
-# steps, an index without shards, a wrong format version, a directory that
-# is not a checkpoint. Each gives one clear error line and a non-zero exit
-# from fsdpc-ckpt verify, fsdpc-ckpt consolidate and fsdpc-train --resume.
+# steps, an index without shards, a wrong format version or format, a
+# directory that is not a checkpoint. Each gives one clear error line and a
+# non-zero exit from fsdpc-ckpt verify, fsdpc-ckpt consolidate and
+# fsdpc-train --resume.
 . "$top_srcdir/tests/tap.sh"
 . "$top_srcdir/tests/ckpt/ckpt_lib.sh"
 
@@ -64,8 +65,17 @@ if have_h5py; then
 with h5py.File(sys.argv[1], "r+") as f:
     f.attrs["checkpoint_version"] = np.int32(99)' "$W/version/index.h5"
     bad "wrong format version" "$W/version" 'checkpoint_version 99; this fsdpc reads version 1'
+    # another format, its attribute checksums gone (as in a checkpoint written without them)
+    cp -r "$W/s2" "$W/format" &&
+        "$PY" -c 'import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    del f.attrs["xxh3_64_attrs"]
+    f.attrs["checkpoint_format"] = "other-checkpoint"' "$W/format/index.h5"
+    bad "another checkpoint_format" "$W/format" \
+        "checkpoint_format is 'other-checkpoint', expected 'fsdpc-checkpoint'"
 else
     tap_skip_dep h5py "not importable by /usr/bin/python3 (format version)"
+    tap_skip_dep h5py "not importable by /usr/bin/python3 (checkpoint_format)"
 fi
 
 # index.h5 with a missing virtual source, opened as a model file
