@@ -77,6 +77,13 @@ static void tcp_copy(void *dst, const void *src, size_t bytes)
     }
 }
 
+/* Whether bytes take the small-message algorithms (FSDPC_TCP_ALGO, or auto by size). */
+static int tcp_small(const struct tcp_backend *be, size_t bytes)
+{
+    return be->cfg.algo == TCP_ALGO_SMALL ||
+           (be->cfg.algo == TCP_ALGO_AUTO && bytes <= be->cfg.small_bytes);
+}
+
 static int tcp_scratch_for(struct tcp_backend *be, size_t bytes, char **out)
 {
     *out = fsdp_tcp_engine_scratch(be, bytes ? bytes : 64);
@@ -120,6 +127,16 @@ static int ring_phase(struct tcp_backend *be, struct tcp_op *op, int phase, stru
     return 2;
 }
 
+/* Message j of a ring's send channel: from step 1 on, chunk c waits until
+ * chunk c of the step before has arrived (and been reduced) on channel 1. */
+static void ring_gate_send(const struct tcp_op *op, uint32_t j, struct tcp_msg *m)
+{
+    if (j >= op->nchunks) {
+        m->gate_chan = 1;
+        m->gate_done = j - (uint32_t)op->nchunks + 1;
+    }
+}
+
 /* Chunk c of segment seg when count elements are split into n segments. */
 static void ring_chunk(const struct tcp_op *op, int n, int seg, size_t c, size_t *lo, size_t *len)
 {
@@ -152,10 +169,7 @@ static void ring_allreduce_msg(struct tcp_backend *be, struct tcp_op *op, const 
         ring_chunk(op, n, seg, c, &lo, &len);
         /* step 0 sends this rank's own data; later steps what it reduced */
         tcp_msg_set(m, tcp_at(s == 0 ? op->sendbuf : op->recvbuf, lo, op->esize), len * op->esize);
-        if (j >= op->nchunks) {
-            m->gate_chan = 1;
-            m->gate_done = j - (uint32_t)op->nchunks + 1;
-        }
+        ring_gate_send(op, j, m);
         return;
     }
     int seg = rs ? tcp_mod(r - s - 1, n) : tcp_mod(r - t, n);
@@ -208,9 +222,8 @@ static void ring_allgather_msg(struct tcp_backend *be, struct tcp_op *op, const 
     size_t lo, len;
     fsdp_split_even(op->count, op->nchunks, j % op->nchunks, &lo, &len);
     tcp_msg_set(m, tcp_at(op->recvbuf, (size_t)blk * op->count + lo, op->esize), len * op->esize);
-    if (ch->send && j >= op->nchunks) {
-        m->gate_chan = 1;
-        m->gate_done = j - (uint32_t)op->nchunks + 1;
+    if (ch->send) {
+        ring_gate_send(op, j, m);
     }
 }
 
@@ -255,10 +268,7 @@ static void ring_rs_msg(struct tcp_backend *be, struct tcp_op *op, const struct 
                                           op->esize)
                                  : ring_rs_acc(op, s - 1);
         tcp_msg_set(m, tcp_at(src, lo, op->esize), len * op->esize);
-        if (j >= op->nchunks) {
-            m->gate_chan = 1;
-            m->gate_done = j - (uint32_t)op->nchunks + 1;
-        }
+        ring_gate_send(op, j, m);
         return;
     }
     tcp_msg_set(m, op->slot, len * op->esize);
@@ -538,8 +548,7 @@ static const struct tcp_algo tcp_algo_rd = {
 static int tree_start(struct tcp_backend *be, struct tcp_op *op)
 {
     size_t bytes = op->count * op->esize;
-    int small = be->cfg.algo == TCP_ALGO_SMALL ||
-                (be->cfg.algo == TCP_ALGO_AUTO && bytes <= be->cfg.small_bytes);
+    int small = tcp_small(be, bytes);
     op->fanout = small ? be->cfg.direct_max : 1;
     op->nchunks = tcp_nchunks(be, op->count, op->esize);
     op->nphases = 1;
@@ -659,8 +668,7 @@ const struct tcp_algo *fsdp_tcp_algo_select(const struct tcp_backend *be, const 
     if (op->coll == TCP_COLL_ALLGATHER || op->coll == TCP_COLL_REDUCE_SCATTER) {
         bytes *= (size_t)n; /* the whole gathered / scattered buffer */
     }
-    int small = be->cfg.algo == TCP_ALGO_SMALL ||
-                (be->cfg.algo == TCP_ALGO_AUTO && bytes <= be->cfg.small_bytes);
+    int small = tcp_small(be, bytes);
     int direct = small && n <= be->cfg.direct_max;
     if (n == 1 && op->coll != TCP_COLL_SEND && op->coll != TCP_COLL_RECV) {
         return &tcp_algo_local;
