@@ -73,7 +73,7 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
              : H5Gclose(H5Gcreate2(f, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT))) < 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: cannot create: %s", tmp, fsdp_h5_reason(why, sizeof(why)));
         H5Fclose(f);
-        goto out_unlink;
+        goto out_tmp;
     }
     size_t total = (size_t)n_kinds * spec->n_params, done = 0;
     for (int k = 0; k < n_kinds && rc == 0; k++) {
@@ -93,13 +93,8 @@ int fsdp_ckpt_consolidate(struct fsdp_ckpt *ck, const char *out, int with_optim,
     if (H5Fclose(f) < 0 && rc == 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: closing failed: %s", tmp, fsdp_h5_reason(why, sizeof(why)));
     }
-    if (rc == 0) {
-        rc = fsdp_file_commit(tmp, out);
-    }
-out_unlink:
-    if (rc < 0) {
-        unlink(tmp);
-    }
+out_tmp:
+    rc = fsdp_file_commit_or_remove(rc, tmp, out);
 out:
     free(tmp);
     fsdp_free(buf);

@@ -513,12 +513,7 @@ int fsdp_hf_writer_file(struct fsdp_hf_writer *w, const char *name, const char *
     if (close(fd) != 0 && rc == 0) {
         rc = fsdp_err(FSDP_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
     }
-    if (rc == 0) {
-        rc = fsdp_file_commit(tmp, p);
-    }
-    if (rc < 0) {
-        unlink(tmp);
-    }
+    rc = fsdp_file_commit_or_remove(rc, tmp, p);
 out:
     free(tmp);
     free(p);

@@ -74,6 +74,17 @@ int fsdp_file_commit(const char *tmp, const char *path)
     return fsdp_file_fsync_parent(path);
 }
 
+int fsdp_file_commit_or_remove(int rc, const char *tmp, const char *path)
+{
+    if (rc == 0) {
+        rc = fsdp_file_commit(tmp, path);
+    }
+    if (rc < 0) {
+        unlink(tmp);
+    }
+    return rc;
+}
+
 // ----------------------------------------------------------------------------
 // removal
 

@@ -32,6 +32,10 @@ int fsdp_file_fsync_parent(const char *path);
 
 /* fsync tmp, rename it to path, fsync path's directory. 0 or FSDP_ERR_IO. */
 int fsdp_file_commit(const char *tmp, const char *path);
+/* The end of a write under tmp: when rc is 0, fsdp_file_commit(tmp, path);
+ * when rc or the commit failed, tmp is removed. Returns rc, else the
+ * commit's. */
+int fsdp_file_commit_or_remove(int rc, const char *tmp, const char *path);
 
 /* rm -rf path without following symbolic links; a missing path is no error.
  * 0 or FSDP_ERR_IO. */

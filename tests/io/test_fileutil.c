@@ -5,8 +5,9 @@
  * 0644 less the umask, a directory 0755 less the umask), that an exclusive
  * create refuses a symbolic link at its name (dangling or not) instead of
  * following it, that HDF5's H5F_ACC_EXCL (which the HDF5 writers rely on)
- * does the same, and that a commit's rename replaces a link at the final
- * name without writing through it.
+ * does the same, that a commit's rename replaces a link at the final
+ * name without writing through it, and that a failed write or commit
+ * leaves no temporary behind.
  */
 #include "config.h"
 #include "core/error.h"
@@ -179,6 +180,29 @@ static void test_commit_over_link(void)
     free(t);
 }
 
+/* The end of a write: commit on success; the temporary removed when the
+ * write or the commit failed (a directory at the final name: rename fails). */
+static void test_commit_or_remove(void)
+{
+    put(tpath("w.tmp"), "written");
+    int rc = fsdp_file_commit_or_remove(0, tpath("w.tmp"), tpath("w"));
+    tap_ok(rc == 0 && holds(tpath("w"), "written") && access(tpath("w.tmp"), F_OK) != 0,
+           "commit_or_remove after a good write: committed under the final name");
+    put(tpath("f.tmp"), "half");
+    rc = fsdp_file_commit_or_remove(FSDP_ERR_IO, tpath("f.tmp"), tpath("f"));
+    tap_ok(rc == FSDP_ERR_IO && access(tpath("f.tmp"), F_OK) != 0 && access(tpath("f"), F_OK) != 0,
+           "commit_or_remove after a failed write: its error, the temporary removed, no file");
+    put(tpath("d.tmp"), "whole");
+    mkdir(tpath("d"), 0755);
+    put(tpath("d/x"), "x");
+    rc = fsdp_file_commit_or_remove(0, tpath("d.tmp"), tpath("d"));
+    tap_ok(rc == FSDP_ERR_IO && access(tpath("d.tmp"), F_OK) != 0 && holds(tpath("d/x"), "x"),
+           "commit_or_remove whose rename fails: the commit's error, the temporary removed");
+    unlink(tpath("d/x"));
+    rmdir(tpath("d"));
+    unlink(tpath("w"));
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/fsdpc-fu-XXXXXX");
@@ -190,6 +214,7 @@ int main(void)
     test_tmp_name_and_dir();
     test_links_refused();
     test_commit_over_link();
+    test_commit_or_remove();
     const char *files[] = {"victim", "link", "dangling", "final"};
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         unlink(tpath(files[i]));
