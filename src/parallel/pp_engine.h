@@ -58,6 +58,9 @@ struct fsdp_pp_config {
                          last stage's rank holds a copy of unit 0 (its engine holds it
                          too), and the two copies' gradients are summed before the
                          update, so that both take the same step */
+    struct fsdp_group *grad; /* the pipeline group's ranks again, a communicator of
+                                their own for the gradients (backward direction), so
+                                that they never queue behind activations; taken */
 };
 
 /*

@@ -27,16 +27,17 @@ static int pp_owner(const struct pp_engine *pe, int u)
 /* pp_engine_impl.h: a message of n floats in device memory to or from pipeline rank peer,
  * ordered after what the compute stream has issued and before what it
  * issues next, waited for. */
-int fsdp_pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer, unsigned tag)
+int fsdp_pp_xfer_on(struct pp_engine *pe, struct fsdp_group *g, int send, void *buf, size_t n,
+                    int peer, unsigned tag)
 {
     struct fsdp_shard_engine *se = pe->se;
     struct fsdp_work *w = NULL;
     const double t0 = fsdp_now();
     FSDP_CHECK(fsdp_unit_comm_begin(se));
     if (send) {
-        FSDP_CHECK(fsdp_send(pe->pp, buf, n, FSDP_F32, peer, tag, &se->attr, &w));
+        FSDP_CHECK(fsdp_send(g, buf, n, FSDP_F32, peer, tag, &se->attr, &w));
     } else {
-        FSDP_CHECK(fsdp_recv(pe->pp, buf, n, FSDP_F32, peer, tag, &se->attr, &w));
+        FSDP_CHECK(fsdp_recv(g, buf, n, FSDP_F32, peer, tag, &se->attr, &w));
     }
     int rc = fsdp_work_wait(w, -1.0);
     fsdp_work_free(w);
@@ -44,6 +45,42 @@ int fsdp_pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer, 
     rc = fsdp_unit_comm_end(se);
     pe->idle_s += fsdp_now() - t0;
     return rc;
+}
+
+int fsdp_pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer, unsigned tag)
+{
+    return fsdp_pp_xfer_on(pe, pe->pp, send, buf, n, peer, tag);
+}
+
+int fsdp_pp_slot_wait(struct pp_engine *pe, int dir)
+{
+    struct fsdp_work *w = pe->slot_w[dir];
+    if (!w) {
+        return 0;
+    }
+    const double t0 = fsdp_now();
+    pe->slot_w[dir] = NULL;
+    int rc = fsdp_work_wait(w, -1.0);
+    fsdp_work_free(w);
+    FSDP_CHECK(rc);
+    /* the compute stream's next write of the slot comes after the send read it */
+    rc = fsdp_unit_comm_end(pe->se);
+    pe->idle_s += fsdp_now() - t0;
+    return rc;
+}
+
+int fsdp_pp_send_async(struct pp_engine *pe, int dir, const float *src, int peer, unsigned tag)
+{
+    struct fsdp_shard_engine *se = pe->se;
+    if (!pe->slot[dir]) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline rank %d: a %s send without its slot",
+                        pe->stage, dir ? "gradient" : "activation");
+    }
+    FSDP_CHECK(fsdp_pp_slot_wait(pe, dir));
+    FSDP_CHECK(fsdp_device_copy(pp_dev(pe), pe->slot[dir], src, pe->count * sizeof(float)));
+    FSDP_CHECK(fsdp_unit_comm_begin(se));
+    return fsdp_send(dir ? pe->pp_grad : pe->pp, pe->slot[dir], pe->count, FSDP_F32, peer, tag,
+                     &se->attr, &pe->slot_w[dir]);
 }
 
 size_t fsdp_pp_n_pieces(const struct fsdp_engine *e)
