@@ -254,8 +254,7 @@ static int pp_recv(struct pp_engine *pe, const struct fsdp_pp_step *st)
     }
     int from = pp_stage_of(pe, a->chunk) + (a->op == FSDP_PP_FWD ? -1 : 1);
     fsdp_comm_count(&pe->bounds, FSDP_COLL_RECV, 2, (double)(pe->count * sizeof(float)));
-    return fsdp_pp_xfer_on(pe, a->op == FSDP_PP_FWD ? pe->pp : pe->pp_grad, 0, dst, pe->count,
-                           st->peer, fsdp_pp_tag(a, from));
+    return fsdp_pp_recv_dir(pe, a->op == FSDP_PP_BWD, dst, st->peer, fsdp_pp_tag(a, from));
 }
 
 static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
@@ -480,6 +479,7 @@ static void pp_destroy(struct fsdp_engine *e)
                 dev->ops->free(dev, pe->slot[dir]);
             }
         }
+        fsdp_pp_lanes_fini(pe);
         if (pe->unit_buf) {
             dev->ops->free(dev, pe->unit_buf);
         }
@@ -566,6 +566,7 @@ static int pp_alloc(struct pp_engine *pe)
                                  "pipeline output gradients", &mem));
     pe->gbuf = mem;
     int dirs[2];
+    FSDP_CHECK(fsdp_pp_lanes_init(pe));
     fsdp_pp_send_dirs(&pe->sched, pe->steps, pe->n_steps, dirs);
     for (int dir = 0; dir < 2; dir++) {
         if (dirs[dir]) {

@@ -46,6 +46,10 @@ struct pp_engine {
     float *slot[2];   /* (count) device: the send in flight of each direction (0
                          activations, 1 gradients); NULL where this rank sends none */
     struct fsdp_work *slot_w[2]; /* that send, waited before the slot is written again */
+    void *lane[2];               /* each direction's boundary messages on a stream of their own (a
+                                    GPU runs a stream's operations in order: one queue per group,
+                                    apart from the sharding engine's collectives); NULL: none */
+    void *lane_in[2], *lane_out[2]; /* events: the lane after the compute stream, back */
     float *unit_buf;  /* world rank 0: a unit received from its stage */
     float *save_buf;  /* stage 0 of a writing pipeline: a tensor's rows received for a
                          checkpoint (at the first save) */
@@ -80,8 +84,15 @@ static inline struct fsdp_device *pp_dev(const struct pp_engine *pe)
  * issues next, waited for; the wait counts as the step's idle time. On
  * the pipeline group (fsdp_pp_xfer) or on g. */
 int fsdp_pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer, unsigned tag);
-int fsdp_pp_xfer_on(struct pp_engine *pe, struct fsdp_group *g, int send, void *buf, size_t n,
-                    int peer, unsigned tag);
+
+/* A boundary receive of direction dir (0 activations on pp, 1 gradients on
+ * pp_grad) into buf (count floats, device), on the direction's lane,
+ * waited for (idle time). */
+int fsdp_pp_recv_dir(struct pp_engine *pe, int dir, float *buf, int peer, unsigned tag);
+/* The lanes' streams and events (none on a device without streams), and
+ * their release. */
+int fsdp_pp_lanes_init(struct pp_engine *pe);
+void fsdp_pp_lanes_fini(struct pp_engine *pe);
 
 /* A boundary send of direction dir (0 activations on pp, 1 gradients on
  * pp_grad) that the compute does not wait for: src (count floats, device)
