@@ -102,8 +102,9 @@ static int pp_grp(const struct fsdp_pp_schedule *s, const struct fsdp_pp_step *x
     return s->at[x->act].op == FSDP_PP_BWD;
 }
 
-/* The step at the head of rank r's queue g, -1: empty (a send issued
- * before the receive that waits behind it). */
+/* The step at the head of rank r's queue g, -1: empty. A send in flight
+ * is ahead of the receive waited for: the receive blocks the rank, so no
+ * send is issued behind it. */
 static int pp_head(const struct pp_sim *m, int r, int g)
 {
     if (m->send[2 * r + g] >= 0) {
