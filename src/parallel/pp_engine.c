@@ -254,7 +254,7 @@ static int pp_recv(struct pp_engine *pe, const struct fsdp_pp_step *st)
     }
     int from = pp_stage_of(pe, a->chunk) + (a->op == FSDP_PP_FWD ? -1 : 1);
     fsdp_comm_count(&pe->bounds, FSDP_COLL_RECV, 2, (double)(pe->count * sizeof(float)));
-    return fsdp_pp_xfer(pe, 0, dst, pe->count, st->peer, fsdp_pp_tag(a, from));
+    return fsdp_pp_recv_dir(pe, a->op == FSDP_PP_BWD, dst, st->peer, fsdp_pp_tag(a, from));
 }
 
 static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
@@ -266,8 +266,9 @@ static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
     float *x, *y, *d;
     FSDP_CHECK(pp_buffers(pe, a->chunk, &x, &y, &d));
     fsdp_comm_count(&pe->bounds, FSDP_COLL_SEND, 2, (double)(pe->count * sizeof(float)));
-    return fsdp_pp_xfer(pe, 1, a->op == FSDP_PP_FWD ? y : d, pe->count, st->peer,
-                        fsdp_pp_tag(a, pp_stage_of(pe, a->chunk)));
+    const int dir = a->op == FSDP_PP_BWD;
+    return fsdp_pp_send_async(pe, dir, dir ? d : y, st->peer,
+                              fsdp_pp_tag(a, pp_stage_of(pe, a->chunk)));
 }
 
 /* One step of the table; *loss_sum gains the last stage's forward losses. */
@@ -362,6 +363,10 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     int rc = 0;
     for (size_t i = 0; i < pe->n_steps && rc == 0; i++) {
         rc = pp_run_step(pe, &pe->steps[i], b, &loss_sum);
+    }
+    for (int dir = 0; dir < 2; dir++) { /* the sends in flight, also after an error */
+        int w = fsdp_pp_slot_wait(pe, dir);
+        rc = rc < 0 ? rc : w;
     }
     pp_use(pe, 0);
     if (rc < 0) {
@@ -465,6 +470,16 @@ static void pp_destroy(struct fsdp_engine *e)
         if (pe->gbuf) {
             dev->ops->free(dev, pe->gbuf);
         }
+        for (int dir = 0; dir < 2; dir++) {
+            if (pe->slot_w[dir]) {
+                (void)fsdp_work_wait(pe->slot_w[dir], -1.0);
+                fsdp_work_free(pe->slot_w[dir]);
+            }
+            if (pe->slot[dir]) {
+                dev->ops->free(dev, pe->slot[dir]);
+            }
+        }
+        fsdp_pp_lanes_fini(pe);
         if (pe->unit_buf) {
             dev->ops->free(dev, pe->unit_buf);
         }
@@ -481,6 +496,7 @@ static void pp_destroy(struct fsdp_engine *e)
     if (pe->inner) {
         pe->inner->ops->destroy(pe->inner);
     }
+    fsdp_group_destroy(pe->pp_grad);
     for (int c = 1; pe->models && c < pe->V; c++) {
         fsdp_model_destroy(pe->models[c]); /* chunk 0's is the parts' */
     }
@@ -549,6 +565,17 @@ static int pp_alloc(struct pp_engine *pe)
     FSDP_CHECK(fsdp_device_alloc(dev, pe->n_gbuf * pe->count * sizeof(float),
                                  "pipeline output gradients", &mem));
     pe->gbuf = mem;
+    int dirs[2];
+    FSDP_CHECK(fsdp_pp_lanes_init(pe));
+    fsdp_pp_send_dirs(&pe->sched, pe->steps, pe->n_steps, dirs);
+    for (int dir = 0; dir < 2; dir++) {
+        if (dirs[dir]) {
+            FSDP_CHECK(fsdp_device_alloc(
+                dev, pe->count * sizeof(float),
+                dir ? "pipeline gradient send" : "pipeline activation send", &mem));
+            pe->slot[dir] = mem;
+        }
+    }
     if (fsdp_shard_group_device_only(pe->pp)) {
         FSDP_CHECK(
             fsdp_device_alloc(dev, (1 + (size_t)pe->P) * sizeof(double), "pipeline sums", &mem));
@@ -649,21 +676,23 @@ int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *m
 {
     *out = NULL;
     const int V = pc->V > 0 ? pc->V : 1;
-    if (!fsdp_shard_engine_is(inner) || !pp || !pc->first) {
+    if (!fsdp_shard_engine_is(inner) || !pp || !pc->grad || !pc->first) {
+        fsdp_group_destroy(pc->grad);
         if (inner) {
             inner->ops->destroy(inner);
         }
         for (int c = 1; c < V; c++) {
             fsdp_model_destroy(models[c]);
         }
-        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: needs a sharding engine, a group and a "
-                                           "stage split");
+        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: needs a sharding engine, two groups and "
+                                           "a stage split");
     }
     struct pp_engine *pe = calloc(1, sizeof(*pe));
     struct fsdp_model **ms = calloc((size_t)V, sizeof(*ms));
     if (!pe || !ms) {
         free(pe);
         free(ms);
+        fsdp_group_destroy(pc->grad);
         inner->ops->destroy(inner);
         for (int c = 1; c < V; c++) {
             fsdp_model_destroy(models[c]);
@@ -677,6 +706,7 @@ int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *m
     pe->models = ms;
     pe->model = ms[0];
     pe->pp = pp;
+    pe->pp_grad = pc->grad;
     pe->pc = *pc;
     pe->P = pp->size;
     pe->V = V;

@@ -15,6 +15,11 @@
  *             residual's gradient received from the next stage; each sends
  *             the gradient of its input back (not stage 0)
  *
+ * Activations travel on pp, gradients on a second group of the same ranks
+ * (pc->grad); each send is copied into its direction's slot and left in
+ * flight while the rank computes, waited for before the slot is written
+ * again and at the end of the step's passes (pp_comm.h: the order).
+ *
  * Activations: a stage keeps, for each micro-batch between its forward and
  * its backward, only the residual stream at its input (stage-input
  * checkpointing); the backward runs the stage's forward again from it
@@ -58,6 +63,9 @@ struct fsdp_pp_config {
                          last stage's rank holds a copy of unit 0 (its engine holds it
                          too), and the two copies' gradients are summed before the
                          update, so that both take the same step */
+    struct fsdp_group *grad; /* the pipeline group's ranks again, a communicator of
+                                their own for the gradients (backward direction), so
+                                that they never queue behind activations; taken */
 };
 
 /*
@@ -65,8 +73,9 @@ struct fsdp_pp_config {
  * c P + r, c < V) around inner, a sharding engine made for those stages'
  * units, and models[c] for each chunk c (set_stage applied: chunk 0's is
  * the inner engine's parts' model, borrowed; the others, made like it and
- * reserved, become the engine's). Takes inner and models[1 ..]: they are
- * destroyed with the engine, also on failure. Collective over pp.
+ * reserved, become the engine's), with the gradients on pc->grad. Takes
+ * inner, models[1 ..] and pc->grad: they are destroyed with the engine,
+ * also on failure. Collective over pp.
  */
 int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *models,
                           struct fsdp_group *pp, const struct fsdp_pp_config *pc,

@@ -23,7 +23,8 @@ struct pp_engine {
     struct fsdp_shard_engine *se; /* its state */
     struct fsdp_model *model;     /* borrowed: the inner engine's parts (chunk 0's) */
     struct fsdp_model **models;   /* (V,) each chunk's instance; [1 ..] owned */
-    struct fsdp_group *pp;
+    struct fsdp_group *pp;        /* activations (and the stage-to-stage state messages) */
+    struct fsdp_group *pp_grad;   /* the same ranks' gradients, a queue of their own (owned) */
     struct fsdp_pp_config pc;
     int *first;                    /* (S + 1,) a copy of pc.first */
     int P, V, S, stage, lo, hi, L; /* stage: this rank in the pipeline group */
@@ -42,6 +43,13 @@ struct pp_engine {
     float *gbuf;      /* (n_gbuf, count) device: received output gradients */
     int *gbuf_of;     /* (V M,) */
     int *gbuf_busy;   /* (n_gbuf,) */
+    float *slot[2];   /* (count) device: the send in flight of each direction (0
+                         activations, 1 gradients); NULL where this rank sends none */
+    struct fsdp_work *slot_w[2]; /* that send, waited before the slot is written again */
+    void *lane[2];               /* each direction's boundary messages on a stream of their own (a
+                                    GPU runs a stream's operations in order: one queue per group,
+                                    apart from the sharding engine's collectives); NULL: none */
+    void *lane_in[2], *lane_out[2]; /* events: the lane after the compute stream, back */
     float *unit_buf;  /* world rank 0: a unit received from its stage */
     float *save_buf;  /* stage 0 of a writing pipeline: a tensor's rows received for a
                          checkpoint (at the first save) */
@@ -73,8 +81,26 @@ static inline struct fsdp_device *pp_dev(const struct pp_engine *pe)
 
 /* A message of n floats in device memory to or from pipeline rank peer,
  * ordered after what the compute stream has issued and before what it
- * issues next, waited for; the wait counts as the step's idle time. */
+ * issues next, waited for; the wait counts as the step's idle time. On
+ * the pipeline group (fsdp_pp_xfer) or on g. */
 int fsdp_pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer, unsigned tag);
+
+/* A boundary receive of direction dir (0 activations on pp, 1 gradients on
+ * pp_grad) into buf (count floats, device), on the direction's lane,
+ * waited for (idle time). */
+int fsdp_pp_recv_dir(struct pp_engine *pe, int dir, float *buf, int peer, unsigned tag);
+/* The lanes' streams and events (none on a device without streams), and
+ * their release. */
+int fsdp_pp_lanes_init(struct pp_engine *pe);
+void fsdp_pp_lanes_fini(struct pp_engine *pe);
+
+/* A boundary send of direction dir (0 activations on pp, 1 gradients on
+ * pp_grad) that the compute does not wait for: src (count floats, device)
+ * is copied into the direction's slot on the compute stream and sent from
+ * there; the slot's previous send is waited for first (idle time). */
+int fsdp_pp_send_async(struct pp_engine *pe, int dir, const float *src, int peer, unsigned tag);
+/* Waits for direction dir's send in flight, if any (idle time). */
+int fsdp_pp_slot_wait(struct pp_engine *pe, int dir);
 
 /* pp_state.c: the engine table's state ops (engine.h) */
 size_t fsdp_pp_n_pieces(const struct fsdp_engine *e);

@@ -46,6 +46,114 @@ int fsdp_pp_xfer(struct pp_engine *pe, int send, void *buf, size_t n, int peer, 
     return rc;
 }
 
+int fsdp_pp_lanes_init(struct pp_engine *pe)
+{
+    struct fsdp_device *d = pp_dev(pe);
+    if (!pe->se->ev_compute) {
+        return 0; /* sizing: no streams */
+    }
+    for (int dir = 0; dir < 2; dir++) {
+        FSDP_CHECK(d->ops->stream_create(d, &pe->lane[dir]));
+        FSDP_CHECK(d->ops->event_create(d, &pe->lane_in[dir]));
+        FSDP_CHECK(d->ops->event_create(d, &pe->lane_out[dir]));
+    }
+    return 0;
+}
+
+void fsdp_pp_lanes_fini(struct pp_engine *pe)
+{
+    struct fsdp_device *d = pe->se ? pe->se->dev : NULL;
+    for (int dir = 0; d && dir < 2; dir++) {
+        if (pe->lane_in[dir]) {
+            d->ops->event_destroy(d, pe->lane_in[dir]);
+        }
+        if (pe->lane_out[dir]) {
+            d->ops->event_destroy(d, pe->lane_out[dir]);
+        }
+        if (pe->lane[dir]) {
+            d->ops->stream_destroy(d, pe->lane[dir]);
+        }
+        pe->lane[dir] = pe->lane_in[dir] = pe->lane_out[dir] = NULL;
+    }
+}
+
+/* Direction dir's lane after what the compute stream has issued. */
+static int pp_lane_begin(struct pp_engine *pe, int dir)
+{
+    struct fsdp_device *d = pp_dev(pe);
+    if (!pe->lane_in[dir]) {
+        return 0;
+    }
+    FSDP_CHECK(d->ops->event_record(d, pe->lane_in[dir], d->stream));
+    return d->ops->stream_wait(d, pe->lane[dir], pe->lane_in[dir]);
+}
+
+/* The compute stream's later work after direction dir's lane. */
+static int pp_lane_end(struct pp_engine *pe, int dir)
+{
+    struct fsdp_device *d = pp_dev(pe);
+    if (!pe->lane_out[dir]) {
+        return 0;
+    }
+    FSDP_CHECK(d->ops->event_record(d, pe->lane_out[dir], pe->lane[dir]));
+    return d->ops->stream_wait(d, d->stream, pe->lane_out[dir]);
+}
+
+static struct fsdp_group *pp_lane_group(const struct pp_engine *pe, int dir)
+{
+    return dir ? pe->pp_grad : pe->pp;
+}
+
+int fsdp_pp_recv_dir(struct pp_engine *pe, int dir, float *buf, int peer, unsigned tag)
+{
+    const struct fsdp_coll_attr attr = {.mem = pe->se->attr.mem, .stream = pe->lane[dir]};
+    struct fsdp_work *w = NULL;
+    const double t0 = fsdp_now();
+    FSDP_CHECK(pp_lane_begin(pe, dir));
+    FSDP_CHECK(fsdp_recv(pp_lane_group(pe, dir), buf, pe->count, FSDP_F32, peer, tag, &attr, &w));
+    int rc = fsdp_work_wait(w, -1.0);
+    fsdp_work_free(w);
+    FSDP_CHECK(rc);
+    rc = pp_lane_end(pe, dir);
+    pe->idle_s += fsdp_now() - t0;
+    return rc;
+}
+
+int fsdp_pp_slot_wait(struct pp_engine *pe, int dir)
+{
+    struct fsdp_work *w = pe->slot_w[dir];
+    if (!w) {
+        return 0;
+    }
+    const double t0 = fsdp_now();
+    pe->slot_w[dir] = NULL;
+    int rc = fsdp_work_wait(w, -1.0);
+    fsdp_work_free(w);
+    FSDP_CHECK(rc);
+    /* the compute stream's next write of the slot comes after the send read it */
+    rc = pp_lane_end(pe, dir);
+    pe->idle_s += fsdp_now() - t0;
+    return rc;
+}
+
+int fsdp_pp_send_async(struct pp_engine *pe, int dir, const float *src, int peer, unsigned tag)
+{
+    const struct fsdp_coll_attr attr = {.mem = pe->se->attr.mem, .stream = pe->lane[dir]};
+    if (!pe->slot[dir]) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline rank %d: a %s send without its slot",
+                        pe->stage, dir ? "gradient" : "activation");
+    }
+    FSDP_CHECK(fsdp_pp_slot_wait(pe, dir));
+    FSDP_CHECK(fsdp_device_copy(pp_dev(pe), pe->slot[dir], src, pe->count * sizeof(float)));
+    FSDP_CHECK(pp_lane_begin(pe, dir));
+    FSDP_CHECK(fsdp_send(pp_lane_group(pe, dir), pe->slot[dir], pe->count, FSDP_F32, peer, tag,
+                         &attr, &pe->slot_w[dir]));
+    /* started now: a backend that batches its point-to-point calls until the
+     * next call on the group (nccl) would otherwise hold it */
+    int done;
+    return fsdp_work_test(pe->slot_w[dir], &done);
+}
+
 size_t fsdp_pp_n_pieces(const struct fsdp_engine *e)
 {
     const struct pp_engine *pe = pp_impl(e);

@@ -245,6 +245,11 @@ static void plan_pp_rows(const struct fsdp_plan_pp *pp, FILE *fp)
     plan_row(fp, what, pp->inputs);
     snprintf(what, sizeof(what), "pipeline output gradients received (%zu x B T C)", pp->n_grads);
     plan_row(fp, what, pp->grads);
+    if (pp->sends) {
+        snprintf(what, sizeof(what), "pipeline sends in flight (%d x B T C, one per direction)",
+                 pp->n_sends);
+        plan_row(fp, what, pp->sends);
+    }
     if (pp->tie) {
         plan_row(fp, "pipeline tied embedding gradient (the copy's shard)", pp->tie);
     }
@@ -271,7 +276,8 @@ static void plan_pp_ranks(const struct fsdp_train_config *c, const struct fsdp_p
                 "  pp rank %d (units %d-%d%s): in flight at most %zu micro-batches; state %zu, "
                 "activations and workspace %zu, boundary buffers %zu, total %zu\n",
                 r, q->lo, q->hi, V > 1 ? " and its later chunks'" : "", q->bound, q->st.state_bytes,
-                q->st.act_bytes + q->act, q->inputs + q->grads + q->tie, fsdp_plan_pp_total(q));
+                q->st.act_bytes + q->act, q->inputs + q->grads + q->sends + q->tie,
+                fsdp_plan_pp_total(q));
     }
     for (int r = 0; r < P; r++) {
         fsdp_shard_memory_line(&first[r].st, line, sizeof(line));

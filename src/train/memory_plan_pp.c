@@ -79,7 +79,10 @@ static int plan_bounds(const struct fsdp_model_spec *spec, const struct fsdp_tra
     FSDP_CHECK(fsdp_pp_schedule_create(kind, out->P, out->V, out->M, out->rank, &s));
     int rc = fsdp_pp_steps_create(&s, 1, &steps, &n);
     if (rc == 0) {
+        int dirs[2];
         fsdp_pp_pool_sizes(&s, steps, n, &out->n_held, &out->n_grads);
+        fsdp_pp_send_dirs(&s, steps, n, dirs);
+        out->n_sends = dirs[0] + dirs[1];
     }
     free(steps);
     fsdp_pp_schedule_free(&s);
@@ -90,6 +93,7 @@ static int plan_bounds(const struct fsdp_model_spec *spec, const struct fsdp_tra
     const size_t msg = (size_t)sc->B * (size_t)sc->T / tp * C * sizeof(float);
     out->inputs = out->n_held * msg;
     out->grads = out->n_grads * msg;
+    out->sends = (size_t)out->n_sends * msg;
     return 0;
 }
 
@@ -138,5 +142,5 @@ int fsdp_train_plan_pp(const struct fsdp_model_spec *spec, const struct fsdp_tra
 
 size_t fsdp_plan_pp_total(const struct fsdp_plan_pp *p)
 {
-    return p->st.peak_bytes + p->act + p->inputs + p->grads + p->tie + p->unit;
+    return p->st.peak_bytes + p->act + p->inputs + p->grads + p->sends + p->tie + p->unit;
 }

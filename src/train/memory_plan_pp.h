@@ -22,6 +22,8 @@ struct fsdp_plan_pp {
     size_t bound;           /* forwards in flight at most (the schedule's) */
     size_t n_held, n_grads; /* received stage inputs and output gradients held at most */
     size_t inputs, grads; /* their buffers: n x B T C f32 (1/tp of it with sequence parallelism) */
+    int n_sends;          /* send slots: one per direction the rank sends in (0..2) */
+    size_t sends;         /* their buffers: n_sends x B T C f32 */
     size_t tie;           /* a tied head: the other copy's gradient shard (stage 0, last) */
     size_t unit;          /* world rank 0: the largest unit whole, for --out and saves */
 };

@@ -24,6 +24,7 @@
 #include "parallel/pp_engine.h"
 #include "parallel/pp_plan.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,6 +161,26 @@ static int pp_stage_engine(struct fsdp_trainer *t, const int *first, int P, int 
     return rc;
 }
 
+/* The gradients' group: the pipeline group's ranks and backend again, its
+ * staging too, so that a gradient never waits in the activations' queue
+ * (pp_comm.h). Collective over pp. */
+static int pp_grad_group(struct fsdp_group *pp, struct fsdp_group **out)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "%.50s.grad", pp->name);
+    FSDP_CHECK(fsdp_group_create(pp->dist, name, pp->world_ranks, pp->size, pp->ops, out));
+    if (pp->stager) {
+        int rc = fsdp_group_set_stager(*out, pp->stager);
+        if (rc < 0) {
+            fsdp_group_destroy(*out);
+            *out = NULL;
+            return rc;
+        }
+        fsdp_group_set_stage_chunk(*out, fsdp_group_stage_chunk(pp));
+    }
+    return 0;
+}
+
 int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 {
     const struct fsdp_train_config *c = t->cfg;
@@ -175,6 +196,8 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
     rc = rc < 0 ? rc : fsdp_train_pp_split(t->spec, c, P, V, first);
     struct fsdp_engine *inner = NULL;
     rc = rc < 0 ? rc : pp_stage_engine(t, first, P, V, s, &inner, models);
+    struct fsdp_group *grad = NULL;
+    rc = rc < 0 ? rc : pp_grad_group(pp, &grad);
     if (rc == 0) {
         const struct fsdp_param_spec *emb = &t->spec->params[t->spec->unit_first[0]];
         struct fsdp_pp_config pc = {
@@ -186,9 +209,13 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
             .root_line =
                 (!dp || dp->rank == 0) && (!rdp || rdp->rank == 0) && (!tp || tp->rank == 0),
             .tied = t->spec->n_ties > 0,
+            .grad = grad,
         };
         rc = fsdp_pp_engine_create(inner, models, pp, &pc, out); /* takes models[1 ..] */
     } else {
+        if (inner) {
+            inner->ops->destroy(inner);
+        }
         for (int k = 1; models && k < V; k++) {
             fsdp_model_destroy(models[k]);
         }

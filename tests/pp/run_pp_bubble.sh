@@ -14,8 +14,8 @@
 # compute's own speed, memory traffic, or a real interconnect.
 #
 # Idle share of a rank: the milliseconds it waited in boundary messages
-# (issue to completion of each send and receive) over the step's passes'
-# time, as the rank logs them with FSDPC_LOG=fsdp=debug; the median of the
+# (issue to completion of each receive; a send only where the next send of
+# its direction waits for it) over the step's passes' time, as the rank logs them with FSDPC_LOG=fsdp=debug; the median of the
 # steps after the first. Writes markdown to OUT.
 #
 #   BUILDDIR=build tests/pp/run_pp_bubble.sh

@@ -11,7 +11,9 @@
 # validation, and f16 with dynamic loss scaling; checkpoints written under
 # pp (and pp x dp, pp x tp) resume on pp (bitwise), dp and one rank, and a
 # dp checkpoint on pp; interleaved (2 stages per rank) alone, with dp=2,
-# and its checkpoint; tied embeddings (llama and gpt2: the last stage holds
+# and its checkpoint; 1f1b and interleaved on pp=2 and pp=4 over tcp with
+# 4 KiB socket buffers (messages that outgrow them, sends still in flight
+# while their sender computes); tied embeddings (llama and gpt2: the last stage holds
 # a copy of the embedding, the copies' gradients summed before the update)
 # and gpt2 untied; and what the runtime does not do is one line each (a
 # split that cannot be made, interleaved settings that make no schedule).
@@ -42,10 +44,11 @@ tap_ok $? "token file"
 SHAPE="--preset llama-tiny --width 48 --ffn 72 --context 32"
 "$CKPT" init $SHAPE --layers 4 --seed 6 --untied -o "$W/untied.h5" > "$W/init.out" 2>&1 &&
     "$CKPT" init $SHAPE --layers 4 --seed 5 -o "$W/tied.h5" >> "$W/init.out" 2>&1 &&
-    "$CKPT" init $SHAPE --layers 1 --seed 5 --untied -o "$W/one.h5" >> "$W/init.out" 2>&1
+    "$CKPT" init $SHAPE --layers 1 --seed 5 --untied -o "$W/one.h5" >> "$W/init.out" 2>&1 &&
+    "$CKPT" init $SHAPE --layers 8 --seed 6 --untied -o "$W/eight.h5" >> "$W/init.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] || tap_diag "$(cat "$W/init.out")"
-tap_ok $rc "llama-tiny: 4 layers untied and tied, 1 layer untied"
+tap_ok $rc "llama-tiny: 4 layers untied and tied, 1 and 8 layers untied"
 G2="--layers 4 --heads 2 --width 32 --vocab 256 --context 32"
 # shellcheck disable=SC2086
 "$CKPT" init $G2 --seed 7 -o "$W/gpt2.h5" > "$W/init.out" 2>&1 &&
@@ -181,6 +184,35 @@ run pptp-nosp 4 untied 2 --grad-accum 4 --mesh pp=2,tp=2 --sequence-parallel off
     --pp-schedule gpipe --backend mpi
 tap_ok $? "pp=2,tp=2 without sequence parallelism, gpipe, over mpi ran"
 same pptp-nosp ref "pp=2,tp=2 without sequence parallelism equals one rank"
+
+# large messages: socket buffers of 4 KiB (FSDPC_TCP_SOCKBUF) against
+# boundary messages of 24 KiB (batch 4 x 32 tokens x 48), so that a send
+# completes only as its receiver takes it and is still in flight while its
+# sender computes the next pass (more so behind an uneven split, whose
+# heavier stage takes its inputs late): the two groups' queues as the
+# message order assumes them, and a send slot written again before its
+# send completed would change what the receiver gets
+SAVED="$COMMON"
+COMMON="$COMMON --seq-len 32 --steps 4"
+run ref8 1 eight 4 --grad-accum 8
+tap_ok $? "one rank, 8 layers, batch 4 x 32 tokens, 8 micro-steps"
+export FSDPC_TCP_SOCKBUF=4096
+run sb-1f1b 2 eight 4 --grad-accum 8 --mesh pp=2 --pp-layers 1,7 --backend tcp
+tap_ok $? "pp=2 1f1b, split 1,7, over tcp with 4 KiB socket buffers ran"
+same sb-1f1b ref8 "pp=2 1f1b with 4 KiB socket buffers and an uneven split equals one rank"
+run sb-1f1b4 4 eight 4 --grad-accum 8 --mesh pp=4 --backend tcp
+tap_ok $? "pp=4 1f1b over tcp with 4 KiB socket buffers ran"
+same sb-1f1b4 ref8 "pp=4 1f1b with 4 KiB socket buffers equals one rank"
+run sb-il 2 eight 4 --grad-accum 8 --mesh pp=2 --pp-schedule interleaved --pp-virtual 2 \
+    --pp-layers 1,5,1,1 --backend tcp
+tap_ok $? "pp=2 interleaved, split 1,5,1,1, over tcp with 4 KiB socket buffers ran"
+same sb-il ref8 "pp=2 interleaved with 4 KiB socket buffers and an uneven split equals one rank"
+run sb-il4 4 eight 4 --grad-accum 8 --mesh pp=4 --pp-schedule interleaved --pp-virtual 2 \
+    --backend tcp
+tap_ok $? "pp=4 interleaved over tcp with 4 KiB socket buffers ran"
+same sb-il4 ref8 "pp=4 interleaved with 4 KiB socket buffers equals one rank"
+unset FSDPC_TCP_SOCKBUF
+COMMON="$SAVED"
 
 # tied embeddings (Megatron's way): the last stage holds a copy of the
 # embedding for its head, the two copies' gradients are summed before the
