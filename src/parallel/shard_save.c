@@ -29,6 +29,10 @@
  *
  * Both go through a tensor a band of columns at a time when their buffers
  * would pass FSDPC_CKPT_RELAYOUT_BYTES (64 MiB), and write the same rows.
+ * With offload the moments (and with params the master) are pinned host
+ * memory: their cuts reach the device buffers by H2D copies on the
+ * device's stream, which the host waits for before it may write the
+ * pieces again; everything sent and received stays device memory.
  * This file allocates only the re-layout buffer (at the first save) and the
  * save group's tables; it never opens a file.
  */
