@@ -2,7 +2,7 @@
  * engine_check.c - what the sharding engine checks before it builds: its
  * configuration, the parts it borrows (the model, the optimizer and the
  * tensor-parallel plan on one parameter table), the ties it can serve, the
- * offload it can hold and the backends that can take its memory. Each is
+ * offload setting and the backends that can take its memory. Each is
  * one error naming the setting; none allocates.
  */
 #include "config.h"
@@ -120,17 +120,12 @@ int fsdp_shard_check_parts(const struct fsdp_shard_parts *p)
     return 0;
 }
 
-/* Offload keeps the pieces in whole rows of host memory: not with tensor
- * parallelism, whose checkpoints re-lay out blocks through device buffers. */
+/* Offload holds on every mesh: with tensor parallelism the pieces are
+ * blocks, and the checkpoint re-layout copies their host kinds (the
+ * moments; with params the master) to the device itself (shard_save.c). */
 int fsdp_shard_check_offload(struct fsdp_shard_engine *se, const struct fsdp_shard_parts *p)
 {
+    (void)p;
     se->offload = se->ec.offload;
-    if (se->offload && p->plan) {
-        return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                        "offload %s with tensor parallelism (tp=%d) is not "
-                        "supported: drop --offload or the tp dimension",
-                        se->offload == FSDP_OFFLOAD_OPTIM ? "optim" : "params,optim",
-                        p->plan->size);
-    }
     return 0;
 }

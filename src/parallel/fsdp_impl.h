@@ -364,7 +364,7 @@ int fsdp_shard_check_config(const struct fsdp_shard_config *ec);
 int fsdp_shard_check_parts(const struct fsdp_shard_parts *p);
 /* every tie's parameter is unit 0's (the root's, kept gathered) */
 int fsdp_shard_check_ties(const struct fsdp_model_spec *spec);
-/* sets se->offload from the config; refused with tensor parallelism */
+/* sets se->offload from the config (every mesh takes it) */
 int fsdp_shard_check_offload(struct fsdp_shard_engine *se, const struct fsdp_shard_parts *p);
 /* each group's backend takes the device's memory, or the group stages it */
 int fsdp_shard_check_backends(const struct fsdp_shard_engine *se);

@@ -36,7 +36,9 @@
  * as ZeRO-Offload's does), and the last units' D2H copies with compute (the
  * backward ends with them). Nothing here reads or writes device memory
  * from the host: the host touches hgrad, hmaster, m and v only, after the
- * copy stream's wait.
+ * copy stream's wait. With tensor parallelism all of this is the same over
+ * the tp-local shards; the checkpoint re-layout (shard_save.c) copies the
+ * host kinds to the device itself.
  */
 #include "config.h"
 #include "parallel/fsdp_impl.h"

@@ -490,7 +490,9 @@ static void shard_tp_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_s
     const struct fsdp_param_spec *lp = &se->spec->params[tp->param];
     const struct fsdp_unit *un = &se->units[lp->unit];
     const struct fsdp_shard_seg *g = fsdp_shard_seg(se, se->rs, tp->param);
-    float *const base[3] = {un->master, un->m, un->v};
+    /* offloaded: the moments, and with params the master, are host memory */
+    const int params = se->offload == FSDP_OFFLOAD_PARAMS_OPTIM;
+    float *const base[3] = {params ? un->hmaster : un->master, un->m, un->v};
     out->kind = (int)(k / se->n_tp_pieces);
     out->param = tp->param;
     out->row0 = tp->b.row0;
@@ -499,6 +501,7 @@ static void shard_tp_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_s
     out->cols = tp->b.cols;
     out->data = base[out->kind] + g->block_off + (tp->b.local_row - g->row0) * lp->shape[1];
     out->copy = fsdp_tp_plan_replicated(se->plan, tp->param) && se->plan->rank != 0;
+    out->host = se->offload != FSDP_OFFLOAD_NONE && (out->kind > 0 || params);
 }
 
 void fsdp_shard_piece(struct fsdp_shard_engine *se, size_t k, struct fsdp_state_piece *out)

@@ -29,6 +29,10 @@
  *
  * Both go through a tensor a band of columns at a time when their buffers
  * would pass FSDPC_CKPT_RELAYOUT_BYTES (64 MiB), and write the same rows.
+ * With offload the moments (and with params the master) are pinned host
+ * memory: their cuts reach the device buffers by H2D copies on the
+ * device's stream, which the host waits for before it may write the
+ * pieces again; everything sent and received stays device memory.
  * This file allocates only the re-layout buffer (at the first save) and the
  * save group's tables; it never opens a file.
  */
@@ -228,25 +232,38 @@ static size_t save_cuts(const struct fsdp_shard_engine *se, size_t i, size_t src
     return n;
 }
 
-/* rows x cols floats from src (row stride sld) to dst (row stride dld),
- * device to device: one copy when both are contiguous. */
+/* rows x cols floats from src (row stride sld) to dst (row stride dld) on
+ * the device's stream, into device memory from device memory or (host)
+ * from pinned host memory: one copy when both are contiguous. */
 static int save_copy2d(struct fsdp_device *dev, float *dst, size_t dld, const float *src,
-                       size_t sld, size_t rows, size_t cols)
+                       size_t sld, size_t rows, size_t cols, int host)
 {
+    const enum fsdp_copy_dir dir = host ? FSDP_COPY_H2D : FSDP_COPY_D2D;
     if (dld == cols && sld == cols) {
-        return fsdp_device_copy(dev, dst, src, rows * cols * sizeof(float));
+        return dev->ops->copy(dev, dst, src, rows * cols * sizeof(float), dir, dev->stream);
     }
     for (size_t r = 0; r < rows; r++) {
-        FSDP_CHECK(fsdp_device_copy(dev, dst + r * dld, src + r * sld, cols * sizeof(float)));
+        FSDP_CHECK(dev->ops->copy(dev, dst + r * dld, src + r * sld, cols * sizeof(float), dir,
+                                  dev->stream));
     }
     return 0;
 }
 
-/* This rank's shard of tensor kind `kind` (the unit's master, m or v). */
+/* Whether tensor kind `kind` lives in host memory: offloaded, the moments,
+ * and with params the master (offload.c). */
+static int save_host_kind(const struct fsdp_shard_engine *se, int kind)
+{
+    return se->offload != FSDP_OFFLOAD_NONE &&
+           (kind > 0 || se->offload == FSDP_OFFLOAD_PARAMS_OPTIM);
+}
+
+/* This rank's shard of tensor kind `kind` (the unit's master, m or v; the
+ * pieces' own memory, host or device: save_host_kind). */
 static const float *save_base(const struct fsdp_shard_engine *se, int kind, size_t i)
 {
     const struct fsdp_unit *un = &se->units[se->spec->params[i].unit];
-    const float *const base[3] = {un->master, un->m, un->v};
+    const int params = se->offload == FSDP_OFFLOAD_PARAMS_OPTIM;
+    const float *const base[3] = {params ? un->hmaster : un->master, un->m, un->v};
     return base[kind];
 }
 
@@ -289,6 +306,7 @@ static int save_exchange_band(struct fsdp_shard_engine *se, int kind, size_t i, 
 {
     const int N = se->base.n_shards, me = se->base.shard, n_rounds = save_rounds(N);
     const float *base = save_base(se, kind, i);
+    const int host = save_host_kind(se, kind);
     struct save_cut cut[FSDP_TP_MAX_CHUNKS];
     size_t my0, myn, nf, so = 0, ro = 0;
     save_rows_of(se, i, (size_t)me, &my0, &myn);
@@ -299,7 +317,7 @@ static int save_exchange_band(struct fsdp_shard_engine *se, int kind, size_t i, 
         for (size_t j = 0; j < k; j++) {
             float *to = r < 0 ? rows + (cut[j].row0 - my0) * w + (cut[j].col0 - c0) : send + so;
             FSDP_CHECK(save_copy2d(se->dev, to, r < 0 ? w : cut[j].cols, base + cut[j].at,
-                                   cut[j].ld, cut[j].rows, cut[j].cols));
+                                   cut[j].ld, cut[j].rows, cut[j].cols, host));
             so += r < 0 ? 0 : cut[j].rows * cut[j].cols;
             se->save_kept += r < 0 ? (double)(cut[j].rows * cut[j].cols * sizeof(float)) : 0;
         }
@@ -348,7 +366,7 @@ static int save_exchange_band(struct fsdp_shard_engine *se, int kind, size_t i, 
         size_t k = p < 0 ? 0 : save_cuts(se, i, (size_t)p, (size_t)me, c0, w, cut, &nf);
         for (size_t j = 0; j < k; j++) {
             FSDP_CHECK(save_copy2d(se->dev, rows + (cut[j].row0 - my0) * w + (cut[j].col0 - c0), w,
-                                   recv + ro, cut[j].cols, cut[j].rows, cut[j].cols));
+                                   recv + ro, cut[j].cols, cut[j].rows, cut[j].cols, 0));
             ro += cut[j].rows * cut[j].cols;
         }
     }
@@ -458,8 +476,8 @@ static void shard_place_blocks(struct fsdp_shard_engine *se, int kind, size_t i,
         for (size_t j = 0; j < pc.rows; j++) {
             size_t q, at;
             shard_row_slot(n, R, pc.row0 + j, &q, &at);
-            (void)fsdp_device_copy(se->dev, buf + (q * per + at) * w + (a - c0),
-                                   pc.data + j * pc.cols + (a - pc.col0), (b - a) * sizeof(float));
+            (void)save_copy2d(se->dev, buf + (q * per + at) * w + (a - c0), b - a,
+                              pc.data + j * pc.cols + (a - pc.col0), b - a, 1, b - a, pc.host);
         }
     }
 }
@@ -600,6 +618,10 @@ int fsdp_shard_save_rows(struct fsdp_shard_engine *se, int kind, size_t i, float
         FSDP_CHECK(save_reduce_scatter(se, kind, i, out));
     } else if (se->base.writes_state) { /* the other replicas write nothing */
         FSDP_CHECK(save_exchange(se, kind, i, out));
+    }
+    if (save_host_kind(se, kind)) { /* the host writes these pieces again only after the
+                                       copies that read them (the next update, a load) */
+        FSDP_CHECK(se->dev->ops->synchronize(se->dev, se->dev->stream));
     }
     se->save_s += fsdp_now() - t0;
     if (kind == se->opt->n_state && i == se->full->n_params - 1 &&

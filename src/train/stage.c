@@ -189,8 +189,13 @@ static int stage_fill_block(struct fsdp_stage *st, const struct fsdp_state_piece
         size_t n = pc->rows - r < step ? pc->rows - r : step;
         FSDP_CHECK(read(arg, pc->kind, pc->param, p, pc->row0 + r, n, st->buf));
         for (size_t i = 0; i < n; i++) {
-            FSDP_CHECK(fsdp_device_write(st->dev, pc->data + (r + i) * cols,
-                                         st->buf + i * W + pc->col0, cols * sizeof(float)));
+            float *to = pc->data + (r + i) * cols;
+            const float *from = st->buf + i * W + pc->col0;
+            if (pc->host) { /* offloaded state: host memory */
+                memcpy(to, from, cols * sizeof(float));
+                continue;
+            }
+            FSDP_CHECK(fsdp_device_write(st->dev, to, from, cols * sizeof(float)));
         }
         /* the buffer is read again by the next rows */
         FSDP_CHECK(st->dev->ops->synchronize(st->dev, st->dev->stream));

@@ -4,7 +4,7 @@
 # test_nccl_train_sim.sh, which has the dp/tp meshes): pipeline stages
 # (pp=2 and pp=2,dp=2 under gpipe and 1f1b, pp=2 interleaved, pp=2,tp=2:
 # boundary messages by send/recv and the stages' sums over nccl), CPU
-# offload (pinned host state and its copy stream), checkpoints (saved on
+# offload (pinned host state and its copy stream; at dp=2 and tp=2), checkpoints (saved on
 # cuda-sim over nccl in the loop and in the background, tp=2's save
 # exchange, a pipeline's rows brought to stage 0, offloaded state) resumed
 # on --device cpu --backend mpi and the reverse, Join with uneven per-rank files (also
@@ -110,6 +110,7 @@ same pp2tp2 4 nccl "$D" --mesh pp=2,tp=2 --grad-accum 2
 # offload: on cpu it changes nothing, so the reference is the plain run
 same off.optim 2 nccl "$D" --mesh dp=2 --offload optim
 same off.params 2 nccl "$D" --mesh dp=2 --offload params,optim
+same off.tp 2 nccl "$D" --mesh tp=2 --offload params,optim
 # Join: rank 0 has 2 batches, rank 1 3; the third step is rank 1's alone
 same join 2 nccl "$W/uneven_{rank}.bin" --mesh dp=2 --epochs 1 --uneven join
 grep -q '"step":3' "$W/join.sim.jsonl" && ! grep -q '"step":4' "$W/join.sim.jsonl"
@@ -158,4 +159,6 @@ ck tp2 tp=2
 ck pp2 pp=2 --grad-accum 2
 # offload optim: a resume on cuda-sim fetches the host's master copy again
 ck dp2.offload dp=2 --offload optim
+# offload with tp: the save exchange copies the host moments and master in
+ck tp2.offload tp=2 --offload params,optim
 tap_done

@@ -1,7 +1,7 @@
 # guarded_lib.sh - sourced by test_guarded.sh and test_offload.sh (after
 # tests/tap.sh, with GUARDED_TAG set): the programs, a work directory W
 # removed at exit, the fixtures (a token file, GPT-2 of 2 and 4 layers,
-# llama-tiny, uneven per-rank token files for join) and records().
+# llama-tiny, uneven per-rank token files for join), records() and plan().
 
 BIN="$top_builddir"
 TRAIN="$BIN/fsdpc-train"
@@ -32,4 +32,86 @@ PY
 # the step records' loss, norm and scale, as text: equal strings, equal bits
 records() {
     grep '"loss"' "$1" | sed 's/.*"step":\([0-9]*\).*"loss":\([^,]*\).*"grad_norm":\([^,]*\).*/\1 \2 \3/'
+}
+
+# the memory plan (--print-memory) part by part against the buffers the
+# guarded device holds after the first step (rank 0, the plan's largest;
+# under pp the rank the plan names the largest, PP_D the mesh's dp after
+# pp, and every pipeline rank's total without dp). The plan's batches are
+# the step's K micro-batches (the trainer's arrays); the device holds one
+# for each model (PP_V of them under interleaved), and a loss scalar.
+plan() {
+    name=$1 n=$2
+    shift 2
+    if [ "$n" -gt 1 ]; then
+        FSDPC_LOG=train=debug,fsdp=info FSDPC_LOG_RANKS=all "$MPIEXEC" -n "$n" "$TRAIN" \
+            --device guarded \
+            --data "$W/train.bin" --batch-size 4 --seq-len 64 --steps 1 --lr 1e-3 "$@" \
+            > "$W/mem.run" 2>&1
+    else
+        FSDPC_LOG=train=debug,fsdp=info "$TRAIN" --device guarded --data "$W/train.bin" \
+            --batch-size 4 --seq-len 64 --steps 1 --lr 1e-3 "$@" > "$W/mem.run" 2>&1
+    fi
+    "$TRAIN" --print-memory --batch-size 4 --seq-len 64 "$@" > "$W/mem.plan" 2>&1
+    PP_D=${PP_D:-1} PP_K=${PP_K:-1} PP_V=${PP_V:-1} python3 - "$W/mem.plan" "$W/mem.run" <<'PY'
+import os, re, sys
+plan = {}
+text = open(sys.argv[1]).read()
+D, K, V = int(os.environ["PP_D"]), int(os.environ["PP_K"]), int(os.environ["PP_V"])
+for l in text.splitlines():
+    m = re.match(r"  (\S.*?)\s{2,}(\d+)\s+[\d.]+ MiB$", l)
+    if m:
+        plan[m.group(1).split(" (")[0]] = int(m.group(2))
+m = re.search(r"the largest: pp rank (\d+), dp rank (\d+)", text)
+rank = int(m.group(1)) * D + int(m.group(2)) if m else 0
+bufs = {}
+host = 0  # pinned host bytes of --offload, as the engine counts them (the device names none)
+totals = {}
+run = open(sys.argv[2]).read().splitlines()
+for l in run:
+    m = re.search(r"\[fsdpc r%d .*device buffer after the first step: (\d+) bytes '(.*)'" % rank, l)
+    if m:
+        bufs[m.group(2)] = bufs.get(m.group(2), 0) + int(m.group(1))
+    m = re.search(r"\[fsdpc r%d INFO fsdp\] fsdp: .*\| host pinned (\d+) bytes \(offload\)" % rank, l)
+    if m:
+        host = int(m.group(1))
+    m = re.search(r"\[fsdpc r(\d+) .*device buffers after the first step: \d+, (\d+) bytes in all", l)
+    if m:
+        totals[int(m.group(1))] = int(m.group(2))
+def take(*names):
+    return sum(bufs.pop(k) for k in list(bufs) if any(re.fullmatch(n, k) for n in names))
+parts = [
+    ("shards, gradients, moments",
+     plan["parameter shards"] + plan["gradient shards"] + plan["AdamW moments"],
+     take("fsdp parameter, gradient and AdamW shards", "fsdp parameter and gradient shards")),
+    ("host, pinned: offloaded state (engine's count)",
+     sum(v for k, v in plan.items() if k.startswith("+ host, pinned:") and "snapshot" not in k),
+     host),
+    ("slots and communication",
+     plan["gathered parameters"] + plan["unsharded gradients"] + plan["communication"],
+     take(r"fsdp parameter slot.*", r"fsdp gradient slot.*", "fsdp packing scratch")),
+    ("activations", plan["activations saved for the backward"], take(r"\w+ activations")),
+    ("workspace", plan["activation gradients and workspace"],
+     take(r"\w+ activation gradients", r"llama RoPE (cos|sin)")),
+    ("batches (one micro-batch a model)", plan["batches"] // K * V,
+     take("batch tokens", "batch targets")),
+    ("the loss and norm scalars (not in the plan)", 8 * V + 8,
+     take("loss sum", "fsdp gradient norm")),
+    ("pipeline boundary buffers", sum(v for k, v in plan.items() if k.startswith("pipeline")),
+     take(r"pipeline .*")),
+]
+for l in text.splitlines():  # pipeline ranks without dp: world rank = pp rank
+    m = re.match(r"  pp rank (\d+) .* total (\d+)$", l)
+    if m and D == 1:
+        r = int(m.group(1))
+        parts.append(("pp rank %d: all it holds" % r, int(m.group(2)),
+                      totals.get(r, 0) - 8 * V - 8 - plan["batches"] // K * V))
+bad = [p for p in parts if p[1] != p[2]]
+for p in parts:
+    print("# %-45s plan %10d  held %10d" % p)
+if bufs:
+    print("# held but in no part of the plan: %s" % bufs)
+sys.exit(1 if bad or bufs or not plan else 0)
+PY
+    tap_ok $? "the memory plan equals what the device holds after the first step, part by part: $name"
 }

@@ -6,9 +6,13 @@
 # and the final weights, for GPT-2 and llama-tiny on one rank and dp=2 over
 # mpi and tcp (and rdp=2,dp=2), with accumulation (with and without sync),
 # clipping, bf16, f16 with dynamic loss scaling and a skipped step, and a
-# rank that joins (no batch); checkpoints written with offload equal
-# those written without, and resume across offload settings either way;
-# the step's host waits stay fixed; the flag's errors are one line.
+# rank that joins (no batch); with tensor parallelism (tp=2 and
+# dp=2,tp=2, GPT-2 and llama, with and without sequence parallelism, over
+# mpi and tcp); checkpoints written with offload equal those written
+# without (with tp: both re-layout methods, saved in the loop and in the
+# background), and resume across offload settings and meshes either way;
+# the memory plan with tp and offload equals the device's buffers; the
+# step's host waits stay fixed; the flag's errors are one line.
 . "$top_srcdir/tests/tap.sh"
 
 GUARDED_TAG=offload
@@ -77,24 +81,57 @@ else
         --mesh rdp=2,dp=2 --backend tcp
     same "gpt2 dp=2 tcp, uneven data: join (a rank shadows)" 2 --model "$W/gpt2.h5" \
         --data "$W/u{rank}.bin" --mesh dp=2 --backend tcp --epochs 1 --steps 0
+    # tensor parallelism: the blocks' moments (and master) on the host
+    same "gpt2 tp=2 mpi, clipping at 0.5" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --mesh tp=2 --backend mpi --clip 0.5
+    same "llama tp=2 tcp, sequence parallel off, accumulation 2" 2 --model "$W/llama.h5" \
+        --data "$W/train.bin" --mesh tp=2 --backend tcp --sequence-parallel off --grad-accum 2
+    same "llama dp=2,tp=2 mpi, clipping at 0.5" 4 --model "$W/llama.h5" --data "$W/train.bin" \
+        --mesh dp=2,tp=2 --backend mpi --clip 0.5
+    same "gpt2 dp=2,tp=2 tcp, sequence parallel off" 4 --model "$W/gpt2.h5" \
+        --data "$W/train.bin" --mesh dp=2,tp=2 --backend tcp --sequence-parallel off
 
-    # checkpoints: written with and without offload at dp=2, resumed on one
-    # rank with each setting
-    # ck OFFLOAD [NAME ARGS...]
+    # checkpoints: written with and without offload at dp=2 (and dp=2,tp=2),
+    # resumed on one rank (and tp=2) with each setting
+    # ck OFFLOAD [NAME ARGS...] (CK_N ranks, mesh CK_MESH)
     ck() {
         c_off=$1 c_name=${2:-$1}
         shift
         [ $# -gt 0 ] && shift
-        "$MPIEXEC" -n 2 "$TRAIN" --device guarded --model "$W/llama.h5" --data "$W/train.bin" \
-            --batch-size 2 --seq-len 64 --steps 2 --lr 3e-3 --mesh dp=2 --backend tcp \
-            --clip 0.5 --offload "$c_off" --ckpt-dir "$W/ck.$c_name" "$@" \
-            > /dev/null 2> "$W/ck.$c_name.err"
+        "$MPIEXEC" -n "${CK_N:-2}" "$TRAIN" --device guarded --model "$W/llama.h5" \
+            --data "$W/train.bin" --batch-size 2 --seq-len 64 --steps 2 --lr 3e-3 \
+            --mesh "${CK_MESH:-dp=2}" --backend tcp --clip 0.5 --offload "$c_off" \
+            --ckpt-dir "$W/ck.$c_name" "$@" > /dev/null 2> "$W/ck.$c_name.err"
     }
+    # resume CHECKPOINT OFFLOAD [MESH]: 2 more steps from step 2, on one
+    # rank or (MESH) two over mpi, into res.CHECKPOINT.OFFLOAD[.MESH]
     resume() {
-        "$TRAIN" --device guarded --model "$W/llama.h5" --data "$W/train.bin" --batch-size 4 \
-            --seq-len 64 --steps 4 --lr 3e-3 --clip 0.5 --resume "$W/ck.$1/step_2" \
-            --offload "$2" --out "$W/res.$1.$2.h5" --metrics "$W/res.$1.$2.jsonl" \
-            > /dev/null 2>> "$W/ck.$1.err"
+        r_out="$W/res.$1.$2${3:+.$3}"
+        if [ -n "$3" ]; then
+            set -- "$1" "$2" "$MPIEXEC" -n 2 "$TRAIN" --mesh "$3" --backend mpi
+        else
+            set -- "$1" "$2" "$TRAIN"
+        fi
+        r_ck=$1 r_off=$2
+        shift 2
+        "$@" --device guarded --model "$W/llama.h5" --data "$W/train.bin" --batch-size 4 \
+            --seq-len 64 --steps 4 --lr 3e-3 --clip 0.5 --resume "$W/ck.$r_ck/step_2" \
+            --offload "$r_off" --out "$r_out.h5" --metrics "$r_out.jsonl" \
+            > /dev/null 2>> "$W/ck.$r_ck.err" || {
+            tap_diag "$(grep -h -m 1 'guarded device:' "$W/ck.$r_ck.err" || tail -n 3 "$W/ck.$r_ck.err")"
+            return 1
+        }
+    }
+    # same_res A B: resumed runs A and B (res.A, res.B) took the same steps
+    # to the same weights, bit for bit
+    same_res() {
+        records "$W/res.$1.jsonl" > "$W/a.rec"
+        records "$W/res.$2.jsonl" > "$W/b.rec"
+        [ -s "$W/a.rec" ] && cmp -s "$W/a.rec" "$W/b.rec" &&
+            h5diff "$W/res.$1.h5" "$W/res.$2.h5" > /dev/null 2>&1 || {
+            tap_diag "resumed $2: differs from $1"
+            return 1
+        }
     }
     ok=0
     for o in none optim params,optim; do
@@ -114,17 +151,59 @@ else
         "params,optim none" "params,optim params,optim" "optim params,optim"; do
         # shellcheck disable=SC2086
         set -- $pair
-        resume "$1" "$2" || { ok=1; tap_diag "$(tail -n 3 "$W/ck.$1.err")"; continue; }
+        resume "$1" "$2" || { ok=1; continue; }
         [ "$pair" = "none none" ] && continue
-        records "$W/res.none.none.jsonl" > "$W/a.rec"
-        records "$W/res.$1.$2.jsonl" > "$W/b.rec"
-        [ -s "$W/a.rec" ] && cmp -s "$W/a.rec" "$W/b.rec" &&
-            h5diff "$W/res.none.none.h5" "$W/res.$1.$2.h5" > /dev/null 2>&1 || {
-            ok=1
-            tap_diag "saved with offload $1, resumed with $2: differs"
-        }
+        same_res none.none "$1.$2" || ok=1
     done
     tap_ok $ok "resume across offload settings (none, optim, params,optim either way) = no offload"
+
+    # with tensor parallelism: saved at dp=2,tp=2 through the exchange and
+    # the reduce-scatters, in the loop and in the background
+    # ck_failed NAME: why checkpoint run NAME failed (the guarded device's
+    # line where it stopped the run)
+    ck_failed() {
+        ok=1
+        tap_diag "$1: $(grep -h -m 1 'guarded device:' "$W/ck.$1.err" || tail -n 3 "$W/ck.$1.err")"
+    }
+    ok=0
+    export CK_N=4 CK_MESH=dp=2,tp=2
+    for o in none optim params,optim; do
+        ck $o "tp.$o" || ck_failed "tp.$o"
+    done
+    ck params,optim tp.sync --ckpt-async off || ck_failed tp.sync
+    FSDPC_CKPT_TP_SAVE=reduce-scatter ck optim tp.rs --ckpt-async off || ck_failed tp.rs
+    FSDPC_CKPT_TP_SAVE=reduce-scatter ck params,optim tp.rs.async || ck_failed tp.rs.async
+    unset CK_N CK_MESH
+    for c in tp.optim tp.params,optim tp.sync tp.rs tp.rs.async; do
+        for s in 0 1 2 3; do
+            h5diff "$W/ck.tp.none/step_2/shard_$s.h5" "$W/ck.$c/step_2/shard_$s.h5" \
+                > "$W/diff" 2>&1 || { ok=1; tap_diag "$c shard $s: $(head -n 3 "$W/diff")"; }
+        done
+    done
+    tap_ok $ok "dp=2,tp=2 checkpoint shards written with offload (exchange and reduce-scatter, background and in-loop saves) = without, bit for bit"
+    # resumed on another mesh: saved with offload and tp, resumed without
+    # (tp=2, one rank), and the reverse (dp=2 and dp=2,tp=2 checkpoints
+    # resumed with offload on tp=2)
+    ok=0
+    resume tp.none none tp=2 || ok=1
+    for pair in "tp.optim none" "tp.params,optim none" "tp.none optim" "tp.none params,optim" \
+        "tp.params,optim params,optim"; do
+        # shellcheck disable=SC2086
+        set -- $pair
+        resume "$1" "$2" tp=2 && same_res tp.none.none.tp=2 "$1.$2.tp=2" || ok=1
+    done
+    resume tp.none none && resume tp.params,optim none && same_res tp.none.none tp.params,optim.none ||
+        ok=1
+    resume none none tp=2 && resume params,optim params,optim tp=2 &&
+        same_res none.none.tp=2 params,optim.params,optim.tp=2 || ok=1
+    tap_ok $ok "resume with tensor parallelism across offload settings and meshes (dp=2,tp=2 to tp=2 and one rank, dp=2 to tp=2) = no offload"
+
+    # the memory plan with tp and offload: its device part and its pinned
+    # host part against the guarded device and the engine's count
+    plan "gpt2 tp=2, offload optim" 2 --model "$W/gpt2.h5" --mesh tp=2 --backend tcp \
+        --offload optim
+    plan "llama dp=2,tp=2, offload params,optim" 4 --model "$W/llama.h5" --mesh dp=2,tp=2 \
+        --backend tcp --offload params,optim
 fi
 
 # host waits of a step with offload: the loss, the norm and one wait for
@@ -139,7 +218,7 @@ tap_diag "host waits and D2H copies at step 2: 2 layers '$w2', 4 layers '$w4', p
 [ "$w2" = "3 6" ] && [ "$w4" = "3 8" ] && [ "$wp" = "3 8" ]
 tap_ok $? "an offloaded step waits three times (loss, norm, copy stream), and copies each unit's gradient out once"
 
-# the flag: config file, help, errors, the cpu device's note, tensor parallelism
+# the flag: config file, help, errors, the cpu device's note
 printf 'offload = params,optim\n' > "$W/cfg"
 "$TRAIN" --config "$W/cfg" --device guarded --model "$W/gpt2.h5" --data "$W/train.bin" \
     --batch-size 2 --seq-len 64 --steps 1 --lr 1e-3 > "$W/cfg.out" 2>&1 &&
@@ -157,11 +236,4 @@ FSDPC_LOG=warn "$TRAIN" --device cpu --offload optim --model "$W/gpt2.h5" --data
     --batch-size 2 --seq-len 64 --steps 1 --lr 1e-3 > "$W/cpu.out" 2>&1 &&
     [ "$(grep -c 'offload on device cpu changes nothing' "$W/cpu.out")" -eq 1 ]
 tap_ok $? "on device cpu offload runs and says once that it changes nothing"
-if [ -n "$MPIEXEC" ]; then
-    "$MPIEXEC" -n 2 "$TRAIN" --device guarded --offload optim --mesh tp=2 --backend mpi \
-        --model "$W/gpt2.h5" --data "$W/train.bin" --batch-size 2 --seq-len 64 --steps 1 \
-        --lr 1e-3 > "$W/tp.out" 2>&1
-    [ $? -ne 0 ] && grep -q 'offload optim with tensor parallelism (tp=2) is not supported' "$W/tp.out"
-    tap_ok $? "offload with tensor parallelism is refused with one line"
-fi
 tap_done
