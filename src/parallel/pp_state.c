@@ -104,6 +104,19 @@ static struct fsdp_group *pp_lane_group(const struct pp_engine *pe, int dir)
     return dir ? pe->pp_grad : pe->pp;
 }
 
+/* Waits for a message of the lane, then orders the compute stream after
+ * the lane (the received buffer is read, or the sent slot written again,
+ * only after it); the time since t0 counts as idle. */
+static int pp_lane_finish(struct pp_engine *pe, int dir, struct fsdp_work *w, double t0)
+{
+    int rc = fsdp_work_wait(w, -1.0);
+    fsdp_work_free(w);
+    FSDP_CHECK(rc);
+    rc = pp_lane_end(pe, dir);
+    pe->idle_s += fsdp_now() - t0;
+    return rc;
+}
+
 int fsdp_pp_recv_dir(struct pp_engine *pe, int dir, float *buf, int peer, unsigned tag)
 {
     const struct fsdp_coll_attr attr = {.mem = pe->se->attr.mem, .stream = pe->lane[dir]};
@@ -111,12 +124,7 @@ int fsdp_pp_recv_dir(struct pp_engine *pe, int dir, float *buf, int peer, unsign
     const double t0 = fsdp_now();
     FSDP_CHECK(pp_lane_begin(pe, dir));
     FSDP_CHECK(fsdp_recv(pp_lane_group(pe, dir), buf, pe->count, FSDP_F32, peer, tag, &attr, &w));
-    int rc = fsdp_work_wait(w, -1.0);
-    fsdp_work_free(w);
-    FSDP_CHECK(rc);
-    rc = pp_lane_end(pe, dir);
-    pe->idle_s += fsdp_now() - t0;
-    return rc;
+    return pp_lane_finish(pe, dir, w, t0);
 }
 
 int fsdp_pp_slot_wait(struct pp_engine *pe, int dir)
@@ -127,13 +135,7 @@ int fsdp_pp_slot_wait(struct pp_engine *pe, int dir)
     }
     const double t0 = fsdp_now();
     pe->slot_w[dir] = NULL;
-    int rc = fsdp_work_wait(w, -1.0);
-    fsdp_work_free(w);
-    FSDP_CHECK(rc);
-    /* the compute stream's next write of the slot comes after the send read it */
-    rc = pp_lane_end(pe, dir);
-    pe->idle_s += fsdp_now() - t0;
-    return rc;
+    return pp_lane_finish(pe, dir, w, t0);
 }
 
 int fsdp_pp_send_async(struct pp_engine *pe, int dir, const float *src, int peer, unsigned tag)
