@@ -37,9 +37,17 @@ struct fsdp_device;
  * parameter exactly into a workspace of the device (or row by row for the
  * embedding lookups) and computes in f32, so a bf16 run computes the same
  * numbers as one whose parameters were widened before the kernel.
- * Activations stored in bf16 (model.h act_dtype) are converted by the model
- * with f32_to_bf16 and bf16_to_f32 around f32 working buffers: the entries
- * below see f32 activations either way.
+ *
+ * Activations in storage dtypes: the entries that read or write saved
+ * activations (model.h act_dtype) take them as void * (const where read)
+ * with their dtype at (FSDP_F32 or FSDP_BF16); gradients, statistics and
+ * scratch stay f32. The CPU table widens a bf16 input exactly, tile by
+ * tile through buffers of its own, runs the f32 kernel and rounds an
+ * output to bf16 to nearest even (fsdp_cpu_f32_to_bf16), so it computes
+ * what a kernel fed widened values computes, then rounded; a GPU table
+ * converts in registers. So far: gelu, swiglu. The other entries see f32
+ * activations, which the model converts with f32_to_bf16 and bf16_to_f32
+ * around f32 working buffers.
  */
 struct fsdp_kernels {
     size_t size; /* sizeof(struct fsdp_kernels) of the implementation */
@@ -68,9 +76,11 @@ struct fsdp_kernels {
     void (*attention_backward)(struct fsdp_device *d, float *dqkv, float *scratch,
                                const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int C, int NH);
-    void (*gelu_forward)(struct fsdp_device *d, float *out, const float *inp, size_t n);
-    void (*gelu_backward)(struct fsdp_device *d, float *dinp, const float *inp, const float *dout,
-                          size_t n);
+    /* out and inp activations in at (in place allowed); dinp and dout f32 */
+    void (*gelu_forward)(struct fsdp_device *d, void *out, const void *inp, enum fsdp_dtype at,
+                         size_t n);
+    void (*gelu_backward)(struct fsdp_device *d, float *dinp, const void *inp, const float *dout,
+                          enum fsdp_dtype at, size_t n);
     /* No kept count: the host counts it from its own copy of the targets,
      * which the model checked at set_batch (so no target is out of range). */
     void (*crossentropy_forward)(struct fsdp_device *d, float *losses, float *stats,
@@ -118,10 +128,12 @@ struct fsdp_kernels {
                          int B, int T, int NH, int NKV, int hs);
     void (*rope_backward)(struct fsdp_device *d, float *dqkv, const float *cos_t,
                           const float *sin_t, int B, int T, int NH, int NKV, int hs);
-    void (*swiglu_forward)(struct fsdp_device *d, float *out, const float *gate, const float *up,
-                           size_t n);
+    /* out, gate and up activations in at; dgate, dup and dout f32 (at f32
+     * dgate and dup may be gate and up) */
+    void (*swiglu_forward)(struct fsdp_device *d, void *out, const void *gate, const void *up,
+                           enum fsdp_dtype at, size_t n);
     void (*swiglu_backward)(struct fsdp_device *d, float *dgate, float *dup, const float *dout,
-                            const float *gate, const float *up, size_t n);
+                            const void *gate, const void *up, enum fsdp_dtype at, size_t n);
     size_t (*gqa_attention_scratch_floats)(struct fsdp_device *d, int T, int NH, int NKV, int hs);
     void (*gqa_attention_forward)(struct fsdp_device *d, float *out, float *lse, float *scratch,
                                   const float *qkv, int B, int T, int NH, int NKV, int hs);

@@ -114,6 +114,27 @@ static void k_rows16(float *out, const int32_t *tokens, const void *table, size_
 }
 
 // ----------------------------------------------------------------------------
+// activations in bf16 storage, widened and rounded tile by tile
+
+/* Values per tile of the element-wise entries (on the stack): a multiple
+ * of every SIMD width, so each value meets the same vector code as in one
+ * call over the whole tensor, and the results are the same bits. */
+#define K_TILE 2048
+
+/* Values [i, i + n) of the bf16 activation src widened into tile. */
+static const float *k_tile_in(float *tile, const void *src, size_t i, size_t n)
+{
+    fsdp_cpu_bf16_to_f32(tile, (const uint16_t *)src + i, n);
+    return tile;
+}
+
+/* tile's n values rounded (to nearest even) into [i, i + n) of bf16 dst. */
+static void k_tile_out(void *dst, const float *tile, size_t i, size_t n)
+{
+    fsdp_cpu_f32_to_bf16((uint16_t *)dst + i, tile, n);
+}
+
+// ----------------------------------------------------------------------------
 // kernels: the fsdp_cpu_* functions between the hooks
 
 static void k_encoder_forward(struct fsdp_device *d, float *out, const int32_t *tokens,
@@ -220,20 +241,38 @@ static void k_attention_backward(struct fsdp_device *d, float *dqkv, float *scra
     k_leave(d);
 }
 
-static void k_gelu_forward(struct fsdp_device *d, float *out, const float *inp, size_t n)
+static void k_gelu_forward(struct fsdp_device *d, void *out, const void *inp, enum fsdp_dtype at,
+                           size_t n)
 {
     const void *p[] = {out, inp};
     k_enter(d, p, 1, 2);
-    fsdp_cpu_gelu_forward(out, inp, n);
+    if (at == FSDP_F32) {
+        fsdp_cpu_gelu_forward(out, inp, n);
+    } else {
+        float x[K_TILE], y[K_TILE];
+        for (size_t i = 0; i < n; i += K_TILE) {
+            size_t t = n - i < K_TILE ? n - i : K_TILE;
+            fsdp_cpu_gelu_forward(y, k_tile_in(x, inp, i, t), t);
+            k_tile_out(out, y, i, t);
+        }
+    }
     k_leave(d);
 }
 
-static void k_gelu_backward(struct fsdp_device *d, float *dinp, const float *inp, const float *dout,
-                            size_t n)
+static void k_gelu_backward(struct fsdp_device *d, float *dinp, const void *inp, const float *dout,
+                            enum fsdp_dtype at, size_t n)
 {
     const void *p[] = {dinp, inp, dout};
     k_enter(d, p, 1, 3);
-    fsdp_cpu_gelu_backward(dinp, inp, dout, n);
+    if (at == FSDP_F32) {
+        fsdp_cpu_gelu_backward(dinp, inp, dout, n);
+    } else {
+        float x[K_TILE];
+        for (size_t i = 0; i < n; i += K_TILE) {
+            size_t t = n - i < K_TILE ? n - i : K_TILE;
+            fsdp_cpu_gelu_backward(dinp + i, k_tile_in(x, inp, i, t), dout + i, t);
+        }
+    }
     k_leave(d);
 }
 
@@ -431,21 +470,39 @@ static void k_rope_backward(struct fsdp_device *d, float *dqkv, const float *cos
     k_leave(d);
 }
 
-static void k_swiglu_forward(struct fsdp_device *d, float *out, const float *gate, const float *up,
-                             size_t n)
+static void k_swiglu_forward(struct fsdp_device *d, void *out, const void *gate, const void *up,
+                             enum fsdp_dtype at, size_t n)
 {
     const void *p[] = {out, gate, up};
     k_enter(d, p, 1, 3);
-    fsdp_cpu_swiglu_forward(out, gate, up, n);
+    if (at == FSDP_F32) {
+        fsdp_cpu_swiglu_forward(out, gate, up, n);
+    } else {
+        float g[K_TILE], u[K_TILE], y[K_TILE];
+        for (size_t i = 0; i < n; i += K_TILE) {
+            size_t t = n - i < K_TILE ? n - i : K_TILE;
+            fsdp_cpu_swiglu_forward(y, k_tile_in(g, gate, i, t), k_tile_in(u, up, i, t), t);
+            k_tile_out(out, y, i, t);
+        }
+    }
     k_leave(d);
 }
 
 static void k_swiglu_backward(struct fsdp_device *d, float *dgate, float *dup, const float *dout,
-                              const float *gate, const float *up, size_t n)
+                              const void *gate, const void *up, enum fsdp_dtype at, size_t n)
 {
     const void *p[] = {dgate, dup, dout, gate, up};
     k_enter(d, p, 2, 5);
-    fsdp_cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
+    if (at == FSDP_F32) {
+        fsdp_cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
+    } else {
+        float g[K_TILE], u[K_TILE];
+        for (size_t i = 0; i < n; i += K_TILE) {
+            size_t t = n - i < K_TILE ? n - i : K_TILE;
+            fsdp_cpu_swiglu_backward(dgate + i, dup + i, dout + i, k_tile_in(g, gate, i, t),
+                                     k_tile_in(u, up, i, t), t);
+        }
+    }
     k_leave(d);
 }
 

@@ -31,33 +31,22 @@ static void llama_layout_block(const struct fsdp_llama *m, struct fsdp_llama_blo
 {
     size_t C = (size_t)m->cfg->n_embd, F = m->lf, BR = fsdp_lm_rows_here(&m->lm, BT);
     size_t Q = (size_t)m->qkv_w;
+    const int h = work != NULL;
     *st = (struct fsdp_llama_block_store){NULL};
-    if (!work) { /* f32: the layout as it always was */
-        a->rms1 = fsdp_lm_take(base, off, BR * C);
-        a->rms1_rstd = fsdp_lm_take(base, off, BR);
-        a->qkv = fsdp_lm_take(base, off, BT * Q);
-        a->atty = fsdp_lm_take(base, off, BT * m->lq);
-        a->att_lse = fsdp_lm_take(base, off, BT * (size_t)m->lnh);
-        a->res2 = fsdp_lm_take(base, off, BR * C);
-        a->rms2 = fsdp_lm_take(base, off, BR * C);
-        a->rms2_rstd = fsdp_lm_take(base, off, BR);
-        a->gate = fsdp_lm_take(base, off, BT * F);
-        a->up = fsdp_lm_take(base, off, BT * F);
-        a->h = fsdp_lm_take(base, off, BT * F);
-        return;
+    if (work) {
+        *a = *work;
     }
-    *a = *work;
-    st->rms1 = llama_take16(base, off, BR * C);
+    fsdp_lm_take_act(&a->rms1, &st->rms1, h, base, off, BR * C);
     a->rms1_rstd = fsdp_lm_take(base, off, BR);
-    st->qkv = llama_take16(base, off, BT * Q);
-    st->atty = llama_take16(base, off, BT * m->lq);
+    fsdp_lm_take_act(&a->qkv, &st->qkv, h, base, off, BT * Q);
+    fsdp_lm_take_act(&a->atty, &st->atty, h, base, off, BT * m->lq);
     a->att_lse = fsdp_lm_take(base, off, BT * (size_t)m->lnh);
-    st->res2 = llama_take16(base, off, BR * C);
-    st->rms2 = llama_take16(base, off, BR * C);
+    fsdp_lm_take_act(&a->res2, &st->res2, h, base, off, BR * C);
+    fsdp_lm_take_act(&a->rms2, &st->rms2, h, base, off, BR * C);
     a->rms2_rstd = fsdp_lm_take(base, off, BR);
-    st->gate = llama_take16(base, off, BT * F);
-    st->up = llama_take16(base, off, BT * F);
-    st->h = llama_take16(base, off, BT * F);
+    fsdp_lm_take_act(&a->gate, &st->gate, h, base, off, BT * F);
+    fsdp_lm_take_act(&a->up, &st->up, h, base, off, BT * F);
+    fsdp_lm_take_act(&a->h, &st->h, h, base, off, BT * F);
 }
 
 /* The saved tensors of this stage's blocks (and, with bf16 activations,

@@ -311,14 +311,15 @@ static int elementwise(void)
     float *x = randf(n, 2.0, 0.0), *y = randf(n, 1.0, 0.0), *z = randf(n, 1.0, 0.0);
     pair o = mk(n), o2 = mk(n);
     int ok = 1;
-    cpu.k->gelu_forward(&cpu, o.a, x, n), emu.k->gelu_forward(&emu, o.b, x, n);
+    const enum fsdp_dtype F = FSDP_F32;
+    cpu.k->gelu_forward(&cpu, o.a, x, F, n), emu.k->gelu_forward(&emu, o.b, x, F, n);
     ok &= agree("gelu_forward", o, 0);
-    cpu.k->gelu_backward(&cpu, o.a, x, y, n), emu.k->gelu_backward(&emu, o.b, x, y, n);
+    cpu.k->gelu_backward(&cpu, o.a, x, y, F, n), emu.k->gelu_backward(&emu, o.b, x, y, F, n);
     ok &= agree("gelu_backward", o, 0);
-    cpu.k->swiglu_forward(&cpu, o.a, x, y, n), emu.k->swiglu_forward(&emu, o.b, x, y, n);
+    cpu.k->swiglu_forward(&cpu, o.a, x, y, F, n), emu.k->swiglu_forward(&emu, o.b, x, y, F, n);
     ok &= agree("swiglu_forward", o, 0);
-    cpu.k->swiglu_backward(&cpu, o.a, o2.a, z, x, y, n);
-    emu.k->swiglu_backward(&emu, o.b, o2.b, z, x, y, n);
+    cpu.k->swiglu_backward(&cpu, o.a, o2.a, z, x, y, F, n);
+    emu.k->swiglu_backward(&emu, o.b, o2.b, z, x, y, F, n);
     ok &= agree("swiglu_backward dgate", o, 0) & agree("swiglu_backward dup", o2, 0);
     size_t nq = (size_t)B * T * (NH + 2 * NKV) * hs;
     pair qkv = mk(nq);
@@ -342,6 +343,58 @@ static int elementwise(void)
 }
 
 /* casts out of place and in place (the chunked path: more than one chunk) */
+/* p.a and p.b (bf16 values, widened) equal or one bf16 unit apart at the
+ * tensor's scale: two f32 results within TOL may round to neighbours */
+static int agree16(const char *what, pair p)
+{
+    double ss = 0.0;
+    for (size_t i = 0; i < p.n; i++) {
+        ss += (double)p.a[i] * (double)p.a[i];
+    }
+    double floor_ = sqrt(ss / (double)(p.n ? p.n : 1));
+    for (size_t i = 0; i < p.n; i++) {
+        double e = fabs((double)p.b[i] - (double)p.a[i]);
+        if (e > ldexp(fmax(fabs((double)p.a[i]), floor_), -7)) {
+            tap_diag("%s: [%zu] %.9g (cuda) vs %.9g (cpu), more than a bf16 unit apart", what, i,
+                     (double)p.b[i], (double)p.a[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* GELU and SwiGLU on bf16 activations (stored bf16, gradients f32), as
+ * the models call them with --activation-dtype bf16: the forwards' bf16
+ * outputs within a bf16 unit of the CPU table's, the backwards' f32
+ * gradients within TOL. */
+static int elementwise_act16(void)
+{
+    const size_t n = 1001;
+    const enum fsdp_dtype H = FSDP_BF16;
+    float *x = randf(n, 2.0, 0.0), *y = randf(n, 1.0, 0.0), *z = randf(n, 1.0, 0.0);
+    uint16_t *x16 = (uint16_t *)calloc(n, 2), *y16 = (uint16_t *)calloc(n, 2);
+    uint16_t *oa = (uint16_t *)calloc(n, 2), *ob = (uint16_t *)calloc(n, 2);
+    pair o = mk(n), o2 = mk(n);
+    int ok = 1;
+    fsdp_cpu_f32_to_bf16(x16, x, n), fsdp_cpu_f32_to_bf16(y16, y, n);
+    cpu.k->gelu_forward(&cpu, oa, x16, H, n), emu.k->gelu_forward(&emu, ob, x16, H, n);
+    fsdp_cpu_bf16_to_f32(o.a, oa, n), fsdp_cpu_bf16_to_f32(o.b, ob, n);
+    ok &= agree16("gelu_forward (bf16)", o);
+    cpu.k->gelu_backward(&cpu, o.a, x16, z, H, n), emu.k->gelu_backward(&emu, o.b, x16, z, H, n);
+    ok &= agree("gelu_backward (bf16 activations)", o, 0);
+    cpu.k->swiglu_forward(&cpu, oa, x16, y16, H, n),
+        emu.k->swiglu_forward(&emu, ob, x16, y16, H, n);
+    fsdp_cpu_bf16_to_f32(o.a, oa, n), fsdp_cpu_bf16_to_f32(o.b, ob, n);
+    ok &= agree16("swiglu_forward (bf16)", o);
+    cpu.k->swiglu_backward(&cpu, o.a, o2.a, z, x16, y16, H, n);
+    emu.k->swiglu_backward(&emu, o.b, o2.b, z, x16, y16, H, n);
+    ok &= agree("swiglu_backward dgate (bf16 activations)", o, 0) &
+          agree("swiglu_backward dup (bf16 activations)", o2, 0);
+    free(x), free(y), free(z), free(x16), free(y16), free(oa), free(ob);
+    rel(o), rel(o2);
+    return ok;
+}
+
 static int casts(void)
 {
     int ok = 1;
@@ -510,6 +563,7 @@ int main(void)
                s[2], s[3], s[4]);
     }
     tap_ok(elementwise(), "cuda table: GELU, SwiGLU, RoPE, scale, accumulate, fill");
+    tap_ok(elementwise_act16(), "cuda table: GELU and SwiGLU on bf16 activations");
     casts();
     tap_ok(losses(), "cuda table: cross-entropy whole and by slices, the combination, loss rows");
     tap_ok(optimizer(), "cuda table: AdamW");

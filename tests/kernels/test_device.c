@@ -7,7 +7,11 @@
  * the device's memory is one error naming the buffer, the bytes and the
  * free memory, every kernel that reads parameters gives, from bf16 or
  * f16 parameters, bit for bit what it gives from the same values in f32,
- * and bf16 activation storage rounds as the host does.
+ * bf16 activation storage rounds as the host does, and every entry that
+ * takes activations in a storage dtype gives, from bf16 activations, the
+ * f32 entry's results from their widened values (rounded to bf16 where it
+ * stores bf16), within bf16's rounding of the f32 entry's from the
+ * unrounded values.
  */
 #include "config.h"
 #include "compute/device.h"
@@ -306,6 +310,142 @@ static void test_act_storage(const char *name)
     fsdp_device_destroy(d);
 }
 
+// ----------------------------------------------------------------------------
+// activations in bf16 storage
+
+/* More than one CPU tile (2048 values) and odd: tiles and a tail. */
+enum { AN = 5001, AE = 4 };
+
+static const char *const aname[AE] = {"gelu_forward", "gelu_backward", "swiglu_forward",
+                                      "swiglu_backward"};
+
+struct abufs {
+    struct fsdp_device *d;
+    float *x[3][2];   /* [mode][input]: mode 1 rounded to bf16 and widened, 2 unrounded */
+    uint16_t *x16[2]; /* mode 0: the inputs rounded to bf16 */
+    float *dy;        /* an f32 gradient */
+    float *o[2];      /* f32 outputs */
+    uint16_t *o16;    /* a bf16 output */
+};
+
+/* The device's n values at p (bf16 when bf16) into h, as f32. */
+static void aread(struct fsdp_device *d, float *h, const void *p, int bf16)
+{
+    if (!bf16) {
+        (void)fsdp_device_read(d, h, p, AN * sizeof(float));
+        return;
+    }
+    uint16_t t[AN];
+    if (fsdp_device_read(d, t, p, sizeof(t)) == 0) {
+        fsdp_cpu_bf16_to_f32(h, t, AN);
+    }
+}
+
+/* Entry e over the inputs of mode (0: bf16, else f32 mode 1 or 2); its
+ * outputs into h[0] (and h[1]); returns whether the first is stored bf16. */
+static int arun(struct abufs *b, int e, int mode, float h[2][AN])
+{
+    struct fsdp_device *d = b->d;
+    const struct fsdp_kernels *k = d->k;
+    enum fsdp_dtype at = mode ? FSDP_F32 : FSDP_BF16;
+    const void *in0 = mode ? (const void *)b->x[mode][0] : b->x16[0];
+    const void *in1 = mode ? (const void *)b->x[mode][1] : b->x16[1];
+    void *out = mode ? (void *)b->o[0] : b->o16;
+    switch (e) {
+    case 0:
+        k->gelu_forward(d, out, in0, at, AN);
+        break;
+    case 1:
+        k->gelu_backward(d, b->o[0], in0, b->dy, at, AN);
+        break;
+    case 2:
+        k->swiglu_forward(d, out, in0, in1, at, AN);
+        break;
+    default:
+        k->swiglu_backward(d, b->o[0], b->o[1], b->dy, in0, in1, at, AN);
+        aread(d, h[1], b->o[1], 0);
+        break;
+    }
+    int bf16_out = !mode && (e == 0 || e == 2);
+    aread(d, h[0], bf16_out ? (const void *)b->o16 : b->o[0], bf16_out);
+    return e == 0 || e == 2;
+}
+
+/*
+ * Entry e from bf16 activations (got) against the f32 entry from their
+ * widened values (wide, rounded to bf16 where the output is stored so):
+ * equal bit for bit; and against the f32 entry from the unrounded inputs
+ * (ref): within bf16's rounding, |got - ref| <= 4 2^-8 (|ref| + mean
+ * |ref|). Returns the values that break either; *worst: the largest
+ * |got - ref| / (2^-8 (|ref| + mean |ref|)).
+ */
+static int acheck(const float *got, float *wide, const float *ref, int bf16_out, double *worst)
+{
+    static uint16_t t[AN];
+    double mean = 0.0;
+    int bad = 0;
+    if (bf16_out) {
+        fsdp_cpu_f32_to_bf16(t, wide, AN);
+        fsdp_cpu_bf16_to_f32(wide, t, AN);
+    }
+    for (size_t i = 0; i < AN; i++) {
+        mean += fabs(ref[i]) / AN;
+    }
+    for (size_t i = 0; i < AN; i++) {
+        double e = fabs((double)got[i] - ref[i]) / ((fabs(ref[i]) + mean) * ldexp(1.0, -8));
+        *worst = e > *worst ? e : *worst;
+        bad += memcmp(&got[i], &wide[i], sizeof(float)) != 0 || !(e <= 4.0);
+    }
+    return bad;
+}
+
+static void test_act_dtypes(const char *name)
+{
+    struct abufs b = {0};
+    static float hx[2][AN], hw[2][AN], hdy[AN], h[3][2][AN];
+    static uint16_t h16[2][AN];
+    if (fsdp_device_create(name, 0, &b.d) < 0) {
+        tap_ok(0, "%s: created for the activation-dtype checks", name);
+        return;
+    }
+    for (size_t i = 0; i < AN; i++) { /* gelu's and silu's curved range, and past it */
+        hx[0][i] = 3.0f * sinf(0.37f * (float)i) + 0.1f;
+        hx[1][i] = 0.5f + cosf(0.23f * (float)i);
+        hdy[i] = 0.25f * cosf(0.91f * (float)i);
+    }
+    for (int j = 0; j < 2; j++) {
+        fsdp_cpu_f32_to_bf16(h16[j], hx[j], AN);
+        fsdp_cpu_bf16_to_f32(hw[j], h16[j], AN);
+        b.x[1][j] = pdev(b.d, hw[j], sizeof(hw[j]));
+        b.x[2][j] = pdev(b.d, hx[j], sizeof(hx[j]));
+        b.x16[j] = pdev(b.d, h16[j], sizeof(h16[j]));
+        b.o[j] = pdev(b.d, NULL, AN * sizeof(float));
+    }
+    b.dy = pdev(b.d, hdy, sizeof(hdy));
+    b.o16 = pdev(b.d, NULL, AN * sizeof(uint16_t));
+    for (int e = 0; e < AE; e++) {
+        int bad = 0, bf16_out = 0;
+        double worst = 0.0;
+        for (int mode = 0; mode < 3 && b.o16; mode++) {
+            bf16_out = arun(&b, e, mode, h[mode]);
+        }
+        for (int j = 0; j < (e == 3 ? 2 : 1) && b.o16; j++) {
+            bad += acheck(h[0][j], h[1][j], h[2][j], bf16_out, &worst);
+        }
+        tap_ok(b.o16 && bad == 0,
+               "%s: %s from bf16 activations equals the f32 entry from their widened values "
+               "%s, and the f32 entry from unrounded ones within bf16's rounding (worst %.2f "
+               "of 4 units of 2^-8; %d values off)",
+               name, aname[e], bf16_out ? "rounded to bf16" : "bit for bit", worst, bad);
+    }
+    void *all[] = {b.x[1][0], b.x[1][1], b.x[2][0], b.x[2][1], b.x16[0],
+                   b.x16[1],  b.dy,      b.o[0],    b.o[1],    b.o16};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        b.d->ops->free(b.d, all[i]);
+    }
+    fsdp_device_destroy(b.d);
+}
+
 int main(void)
 {
     /* the guarded device's reservation, small for the test */
@@ -316,6 +456,8 @@ int main(void)
     test_param_dtypes("guarded");
     test_act_storage("cpu");
     test_act_storage("guarded");
+    test_act_dtypes("cpu");
+    test_act_dtypes("guarded");
     struct fsdp_device *d = NULL;
     int rc = fsdp_device_create("gpu9", 0, &d);
     tap_ok(rc < 0 && strstr(fsdp_err_msg(), "(devices: cpu, guarded)"),

@@ -76,6 +76,14 @@ void fsdp_cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *gate, const ui
 void fsdp_cuda_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
                                     const uint16_t *gate, const uint16_t *up, size_t n,
                                     void *stream);
+/* The backwards from bf16 saved activations with f32 gradients (dinp may
+ * equal dout; dgate, dup overwritten): the f32 kernels' results from the
+ * widened inputs. */
+void fsdp_cuda_gelu_backward_act16(float *dinp, const uint16_t *inp, const float *dout, size_t n,
+                                   void *stream);
+void fsdp_cuda_swiglu_backward_act16(float *dgate, float *dup, const float *dout,
+                                     const uint16_t *gate, const uint16_t *up, size_t n,
+                                     void *stream);
 /* in place on the q and k heads of qkv (B, T, (NH + 2 NKV) hs); cos_t, sin_t (T, hs / 2) */
 void fsdp_cuda_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T,
                             int NH, int NKV, int hs, void *stream);

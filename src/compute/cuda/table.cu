@@ -370,27 +370,49 @@ static void c_attention_decode(struct fsdp_device *d, float *out, float *scores,
 // ----------------------------------------------------------------------------
 // element-wise, loss, optimizer, casts
 
-static void c_gelu_forward(struct fsdp_device *d, float *out, const float *inp, size_t n)
+/* Saved activations in at (f32 or bf16), converted in registers. */
+static void c_gelu_forward(struct fsdp_device *d, void *out, const void *inp, enum fsdp_dtype at,
+                           size_t n)
 {
-    fsdp_cuda_gelu_forward(out, inp, n, d->stream);
+    if (at == FSDP_BF16) {
+        fsdp_cuda_gelu_forward_bf16((uint16_t *)out, (const uint16_t *)inp, n, d->stream);
+    } else {
+        fsdp_cuda_gelu_forward((float *)out, (const float *)inp, n, d->stream);
+    }
 }
 
-static void c_gelu_backward(struct fsdp_device *d, float *dinp, const float *inp, const float *dout,
-                            size_t n)
+static void c_gelu_backward(struct fsdp_device *d, float *dinp, const void *inp, const float *dout,
+                            enum fsdp_dtype at, size_t n)
 {
-    fsdp_cuda_gelu_backward(dinp, inp, dout, n, d->stream);
+    if (at == FSDP_BF16) {
+        fsdp_cuda_gelu_backward_act16(dinp, (const uint16_t *)inp, dout, n, d->stream);
+    } else {
+        fsdp_cuda_gelu_backward(dinp, (const float *)inp, dout, n, d->stream);
+    }
 }
 
-static void c_swiglu_forward(struct fsdp_device *d, float *out, const float *gate, const float *up,
-                             size_t n)
+static void c_swiglu_forward(struct fsdp_device *d, void *out, const void *gate, const void *up,
+                             enum fsdp_dtype at, size_t n)
 {
-    fsdp_cuda_swiglu_forward(out, gate, up, n, d->stream);
+    if (at == FSDP_BF16) {
+        fsdp_cuda_swiglu_forward_bf16((uint16_t *)out, (const uint16_t *)gate, (const uint16_t *)up,
+                                      n, d->stream);
+    } else {
+        fsdp_cuda_swiglu_forward((float *)out, (const float *)gate, (const float *)up, n,
+                                 d->stream);
+    }
 }
 
 static void c_swiglu_backward(struct fsdp_device *d, float *dgate, float *dup, const float *dout,
-                              const float *gate, const float *up, size_t n)
+                              const void *gate, const void *up, enum fsdp_dtype at, size_t n)
 {
-    fsdp_cuda_swiglu_backward(dgate, dup, dout, gate, up, n, d->stream);
+    if (at == FSDP_BF16) {
+        fsdp_cuda_swiglu_backward_act16(dgate, dup, dout, (const uint16_t *)gate,
+                                        (const uint16_t *)up, n, d->stream);
+    } else {
+        fsdp_cuda_swiglu_backward(dgate, dup, dout, (const float *)gate, (const float *)up, n,
+                                  d->stream);
+    }
 }
 
 static void c_rope_forward(struct fsdp_device *d, float *qkv, const float *cos_t,
