@@ -45,7 +45,9 @@ struct fsdp_device;
  * tile through buffers of its own, runs the f32 kernel and rounds an
  * output to bf16 to nearest even (fsdp_cpu_f32_to_bf16), so it computes
  * what a kernel fed widened values computes, then rounded; a GPU table
- * converts in registers. So far: gelu, swiglu. The other entries see f32
+ * converts in registers. So far: gelu, swiglu, attention and
+ * gqa_attention (the CPU widens one sequence at a time through a device
+ * workspace: the kernels compute each sequence apart). The other entries see f32
  * activations, which the model converts with f32_to_bf16 and bf16_to_f32
  * around f32 working buffers.
  */
@@ -71,11 +73,13 @@ struct fsdp_kernels {
                             enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
                             int accumulate_dinp);
     size_t (*attention_scratch_floats)(struct fsdp_device *d, int T);
-    void (*attention_forward)(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                              const float *qkv, int B, int T, int C, int NH);
+    /* out and qkv (and the backward's out) activations in at; lse, scratch,
+     * dqkv and dout f32 */
+    void (*attention_forward)(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                              const void *qkv, enum fsdp_dtype at, int B, int T, int C, int NH);
     void (*attention_backward)(struct fsdp_device *d, float *dqkv, float *scratch,
-                               const float *dout, const float *qkv, const float *out,
-                               const float *lse, int B, int T, int C, int NH);
+                               const float *dout, const void *qkv, const void *out,
+                               const float *lse, enum fsdp_dtype at, int B, int T, int C, int NH);
     /* out and inp activations in at (in place allowed); dinp and dout f32 */
     void (*gelu_forward)(struct fsdp_device *d, void *out, const void *inp, enum fsdp_dtype at,
                          size_t n);
@@ -135,11 +139,14 @@ struct fsdp_kernels {
     void (*swiglu_backward)(struct fsdp_device *d, float *dgate, float *dup, const float *dout,
                             const void *gate, const void *up, enum fsdp_dtype at, size_t n);
     size_t (*gqa_attention_scratch_floats)(struct fsdp_device *d, int T, int NH, int NKV, int hs);
-    void (*gqa_attention_forward)(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                                  const float *qkv, int B, int T, int NH, int NKV, int hs);
+    /* activations in at as attention_forward's and attention_backward's */
+    void (*gqa_attention_forward)(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                                  const void *qkv, enum fsdp_dtype at, int B, int T, int NH,
+                                  int NKV, int hs);
     void (*gqa_attention_backward)(struct fsdp_device *d, float *dqkv, float *scratch,
-                                   const float *dout, const float *qkv, const float *out,
-                                   const float *lse, int B, int T, int NH, int NKV, int hs);
+                                   const float *dout, const void *qkv, const void *out,
+                                   const float *lse, enum fsdp_dtype at, int B, int T, int NH,
+                                   int NKV, int hs);
     /* out[r,:] = table[tokens[r],:] (N rows of C) */
     void (*embed_gather)(struct fsdp_device *d, float *out, const int32_t *tokens,
                          const void *table, enum fsdp_dtype pt, size_t N, size_t C);

@@ -470,7 +470,6 @@ static void gpt2_block_load(struct fsdp_gpt2 *m, int l)
         return;
     }
     m->lm.k->bf16_to_f32(d, a->ln1, st->ln1, BR * C);
-    m->lm.k->bf16_to_f32(d, a->qkv, st->qkv, BT * 3 * lc);
     m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * lc);
     m->lm.k->bf16_to_f32(d, a->res2, st->res2, BR * C);
     m->lm.k->bf16_to_f32(d, a->ln2, st->ln2, BR * C);
@@ -502,10 +501,11 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     fsdp_lm_act_keep(&m->lm, st->ln1, a->ln1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qkvw, w.qkvb, w.pt, NULL, BT, C, 3 * lc);
-    fsdp_lm_act_keep(&m->lm, st->qkv, a->qkv, BT * 3 * lc);
-    m->lm.k->attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->lm.B,
-                               m->lm.T, (int)lc, m->lnh);
-    fsdp_lm_act_keep(&m->lm, st->atty, a->atty, BT * lc);
+    fsdp_lm_act_store(&m->lm, st->qkv, a->qkv, BT * 3 * lc);
+    m->lm.k->attention_forward(m->lm.dev, fsdp_lm_act(a->atty, st->atty), a->att_lse,
+                               m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), m->lm.adt,
+                               m->lm.B, m->lm.T, (int)lc, m->lnh);
+    fsdp_lm_act_widen(&m->lm, a->atty, st->atty, BT * lc);
     FSDP_CHECK(
         fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.attprojw, w.attprojb, w.pt, x, BT, lc));
     fsdp_lm_act_keep(&m->lm, st->res2, a->res2, BR * C);
@@ -653,8 +653,9 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, datty, dw.attprojw, dw.attprojb, dout, a->atty, w.attprojw,
                              w.pt, BT, lc, C, 1.0f, 0);
-    m->lm.k->attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
-                                a->att_lse, m->lm.B, m->lm.T, (int)lc, m->lnh);
+    m->lm.k->attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty,
+                                fsdp_lm_act(a->qkv, st->qkv), fsdp_lm_act(a->atty, st->atty),
+                                a->att_lse, m->lm.adt, m->lm.B, m->lm.T, (int)lc, m->lnh);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
     m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, w.qkvw, w.pt, BT, C,
                              3 * lc, 1.0f, 0);

@@ -332,7 +332,6 @@ static void llama_block_load(struct fsdp_llama *m, int l)
         return;
     }
     m->lm.k->bf16_to_f32(d, a->rms1, st->rms1, BR * C);
-    m->lm.k->bf16_to_f32(d, a->qkv, st->qkv, BT * (size_t)m->qkv_w);
     m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * m->lq);
     m->lm.k->bf16_to_f32(d, a->res2, st->res2, BR * C);
     m->lm.k->bf16_to_f32(d, a->rms2, st->rms2, BR * C);
@@ -372,10 +371,11 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, w.pt, NULL, BT, C, (size_t)m->qkv_w);
     m->lm.k->rope_forward(m->lm.dev, a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                           m->lnkv, m->hs);
-    fsdp_lm_act_keep(&m->lm, st->qkv, a->qkv, BT * (size_t)m->qkv_w);
-    m->lm.k->gqa_attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv,
+    fsdp_lm_act_store(&m->lm, st->qkv, a->qkv, BT * (size_t)m->qkv_w);
+    m->lm.k->gqa_attention_forward(m->lm.dev, fsdp_lm_act(a->atty, st->atty), a->att_lse,
+                                   m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), m->lm.adt,
                                    m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
-    fsdp_lm_act_keep(&m->lm, st->atty, a->atty, BT * m->lq);
+    fsdp_lm_act_widen(&m->lm, a->atty, st->atty, BT * m->lq);
     FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.ow, NULL, w.pt, keep1 ? a->res2 : x,
                                     BT, m->lq));
     fsdp_lm_act_keep(&m->lm, st->res2, a->res2, BR * C);
@@ -636,8 +636,10 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, a->atty, w.ow, w.pt, BT, m->lq, C,
                              1.0f, 0);
-    m->lm.k->gqa_attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
-                                    a->att_lse, m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
+    m->lm.k->gqa_attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty,
+                                    fsdp_lm_act(a->qkv, st->qkv), fsdp_lm_act(a->atty, st->atty),
+                                    a->att_lse, m->lm.adt, m->lm.B, m->lm.T, m->lnh, m->lnkv,
+                                    m->hs);
     m->lm.k->rope_backward(m->lm.dev, g->dqkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                            m->lnkv, m->hs);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));

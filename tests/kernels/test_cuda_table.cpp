@@ -105,6 +105,26 @@ static int agree(const char *what, pair p, int bits)
     return 1;
 }
 
+/* p.a and p.b (bf16 values, widened) equal or one bf16 unit apart at the
+ * tensor's scale: two f32 results within TOL may round to neighbours */
+static int agree16(const char *what, pair p)
+{
+    double ss = 0.0;
+    for (size_t i = 0; i < p.n; i++) {
+        ss += (double)p.a[i] * (double)p.a[i];
+    }
+    double floor_ = sqrt(ss / (double)(p.n ? p.n : 1));
+    for (size_t i = 0; i < p.n; i++) {
+        double e = fabs((double)p.b[i] - (double)p.a[i]);
+        if (e > ldexp(fmax(fabs((double)p.a[i]), floor_), -7)) {
+            tap_diag("%s: [%zu] %.9g (cuda) vs %.9g (cpu), more than a bf16 unit apart", what, i,
+                     (double)p.b[i], (double)p.a[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* parameters of n values in pt, and the f32 values they hold */
 struct param {
     void *p;
@@ -269,21 +289,35 @@ static int attention(int B, int T, int NH, int NKV, int hs)
     size_t sb = emu.k->gqa_attention_scratch_floats(&emu, T, NH, NKV, hs);
     float *sca = randf(sa, 1.0, 0.0), *scb = randf(sb, 1.0, 0.0);
     int ok = 1;
-    cpu.k->gqa_attention_forward(&cpu, out.a, lse.a, sca, qkv, B, T, NH, NKV, hs);
-    emu.k->gqa_attention_forward(&emu, out.b, lse.b, scb, qkv, B, T, NH, NKV, hs);
+    const enum fsdp_dtype F = FSDP_F32, H = FSDP_BF16;
+    cpu.k->gqa_attention_forward(&cpu, out.a, lse.a, sca, qkv, F, B, T, NH, NKV, hs);
+    emu.k->gqa_attention_forward(&emu, out.b, lse.b, scb, qkv, F, B, T, NH, NKV, hs);
     ok &= agree("gqa_attention_forward", out, 0) & agree("gqa_attention lse", lse, 0);
-    cpu.k->gqa_attention_backward(&cpu, dqkv.a, sca, dout, qkv, out.a, lse.a, B, T, NH, NKV, hs);
-    emu.k->gqa_attention_backward(&emu, dqkv.b, scb, dout, qkv, out.a, lse.a, B, T, NH, NKV, hs);
+    cpu.k->gqa_attention_backward(&cpu, dqkv.a, sca, dout, qkv, out.a, lse.a, F, B, T, NH, NKV, hs);
+    emu.k->gqa_attention_backward(&emu, dqkv.b, scb, dout, qkv, out.a, lse.a, F, B, T, NH, NKV, hs);
     ok &= agree("gqa_attention_backward", dqkv, 0);
+    /* bf16 activations: qkv and out stored bf16 (out within a bf16 unit),
+     * lse and d(qkv) f32 */
+    uint16_t *q16 = (uint16_t *)calloc(N * QKV, 2), *oa = (uint16_t *)calloc(N * Cq, 2);
+    uint16_t *ob = (uint16_t *)calloc(N * Cq, 2);
+    fsdp_cpu_f32_to_bf16(q16, qkv, N * QKV);
+    cpu.k->gqa_attention_forward(&cpu, oa, lse.a, sca, q16, H, B, T, NH, NKV, hs);
+    emu.k->gqa_attention_forward(&emu, ob, lse.b, scb, q16, H, B, T, NH, NKV, hs);
+    fsdp_cpu_bf16_to_f32(out.a, oa, N * Cq), fsdp_cpu_bf16_to_f32(out.b, ob, N * Cq);
+    ok &= agree16("gqa_attention_forward (bf16)", out) & agree("gqa_attention lse (bf16)", lse, 0);
+    cpu.k->gqa_attention_backward(&cpu, dqkv.a, sca, dout, q16, oa, lse.a, H, B, T, NH, NKV, hs);
+    emu.k->gqa_attention_backward(&emu, dqkv.b, scb, dout, q16, oa, lse.a, H, B, T, NH, NKV, hs);
+    ok &= agree("gqa_attention_backward (bf16 activations)", dqkv, 0);
+    free(q16), free(oa), free(ob);
     if (NKV == NH) { /* the GPT-2 entries: the same layout with C = NH hs */
         size_t ma = cpu.k->attention_scratch_floats(&cpu, T);
         size_t mb = emu.k->attention_scratch_floats(&emu, T);
         float *mca = randf(ma, 1.0, 0.0), *mcb = randf(mb, 1.0, 0.0);
-        cpu.k->attention_forward(&cpu, out.a, lse.a, mca, qkv, B, T, (int)Cq, NH);
-        emu.k->attention_forward(&emu, out.b, lse.b, mcb, qkv, B, T, (int)Cq, NH);
+        cpu.k->attention_forward(&cpu, out.a, lse.a, mca, qkv, F, B, T, (int)Cq, NH);
+        emu.k->attention_forward(&emu, out.b, lse.b, mcb, qkv, F, B, T, (int)Cq, NH);
         ok &= agree("attention_forward", out, 0) & agree("attention lse", lse, 0);
-        cpu.k->attention_backward(&cpu, dqkv.a, mca, dout, qkv, out.a, lse.a, B, T, (int)Cq, NH);
-        emu.k->attention_backward(&emu, dqkv.b, mcb, dout, qkv, out.a, lse.a, B, T, (int)Cq, NH);
+        cpu.k->attention_backward(&cpu, dqkv.a, mca, dout, qkv, out.a, lse.a, F, B, T, (int)Cq, NH);
+        emu.k->attention_backward(&emu, dqkv.b, mcb, dout, qkv, out.a, lse.a, F, B, T, (int)Cq, NH);
         ok &= agree("attention_backward", dqkv, 0);
         free(mca);
         free(mcb);
@@ -343,26 +377,6 @@ static int elementwise(void)
 }
 
 /* casts out of place and in place (the chunked path: more than one chunk) */
-/* p.a and p.b (bf16 values, widened) equal or one bf16 unit apart at the
- * tensor's scale: two f32 results within TOL may round to neighbours */
-static int agree16(const char *what, pair p)
-{
-    double ss = 0.0;
-    for (size_t i = 0; i < p.n; i++) {
-        ss += (double)p.a[i] * (double)p.a[i];
-    }
-    double floor_ = sqrt(ss / (double)(p.n ? p.n : 1));
-    for (size_t i = 0; i < p.n; i++) {
-        double e = fabs((double)p.b[i] - (double)p.a[i]);
-        if (e > ldexp(fmax(fabs((double)p.a[i]), floor_), -7)) {
-            tap_diag("%s: [%zu] %.9g (cuda) vs %.9g (cpu), more than a bf16 unit apart", what, i,
-                     (double)p.b[i], (double)p.a[i]);
-            return 0;
-        }
-    }
-    return 1;
-}
-
 /* GELU and SwiGLU on bf16 activations (stored bf16, gradients f32), as
  * the models call them with --activation-dtype bf16: the forwards' bf16
  * outputs within a bf16 unit of the CPU table's, the backwards' f32
@@ -528,7 +542,7 @@ static void wide_heads(void)
         dup2(fds[1], 2);
         const int hs = 136;
         float *x = randf((size_t)3 * hs, 1.0, 0.0), *o = randf(hs, 1.0, 0.0), lse[1];
-        emu.k->gqa_attention_forward(&emu, o, lse, NULL, x, 1, 1, 1, 1, hs);
+        emu.k->gqa_attention_forward(&emu, o, lse, NULL, x, FSDP_F32, 1, 1, 1, 1, hs);
         _exit(0);
     }
     close(fds[1]);

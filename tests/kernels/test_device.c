@@ -329,16 +329,22 @@ struct abufs {
 };
 
 /* The device's n values at p (bf16 when bf16) into h, as f32. */
-static void aread(struct fsdp_device *d, float *h, const void *p, int bf16)
+static void aread_n(struct fsdp_device *d, float *h, const void *p, int bf16, size_t n)
 {
     if (!bf16) {
-        (void)fsdp_device_read(d, h, p, AN * sizeof(float));
+        (void)fsdp_device_read(d, h, p, n * sizeof(float));
         return;
     }
-    uint16_t t[AN];
-    if (fsdp_device_read(d, t, p, sizeof(t)) == 0) {
-        fsdp_cpu_bf16_to_f32(h, t, AN);
+    uint16_t *t = malloc(n * sizeof(uint16_t));
+    if (t && fsdp_device_read(d, t, p, n * sizeof(uint16_t)) == 0) {
+        fsdp_cpu_bf16_to_f32(h, t, n);
     }
+    free(t);
+}
+
+static void aread(struct fsdp_device *d, float *h, const void *p, int bf16)
+{
+    aread_n(d, h, p, bf16, AN);
 }
 
 /* Entry e over the inputs of mode (0: bf16, else f32 mode 1 or 2); its
@@ -372,31 +378,38 @@ static int arun(struct abufs *b, int e, int mode, float h[2][AN])
 }
 
 /*
- * Entry e from bf16 activations (got) against the f32 entry from their
- * widened values (wide, rounded to bf16 where the output is stored so):
- * equal bit for bit; and against the f32 entry from the unrounded inputs
- * (ref): within bf16's rounding, |got - ref| <= 4 2^-8 (|ref| + mean
- * |ref|). Returns the values that break either; *worst: the largest
- * |got - ref| / (2^-8 (|ref| + mean |ref|)).
+ * n values of an entry from bf16 activations (got) against the f32 entry
+ * from their widened values (wide, rounded to bf16 where the output is
+ * stored so): equal bit for bit; and against the f32 entry from the
+ * unrounded inputs (ref): within bf16's rounding, |got - ref| <= units
+ * 2^-8 (|ref| + mean |ref|). Returns the values that break either;
+ * *worst: the largest |got - ref| / (2^-8 (|ref| + mean |ref|)).
  */
-static int acheck(const float *got, float *wide, const float *ref, int bf16_out, double *worst)
+static int acheck_n(const float *got, float *wide, const float *ref, int bf16_out, double *worst,
+                    size_t n, double units)
 {
-    static uint16_t t[AN];
+    uint16_t *t = malloc(n * sizeof(uint16_t));
     double mean = 0.0;
     int bad = 0;
-    if (bf16_out) {
-        fsdp_cpu_f32_to_bf16(t, wide, AN);
-        fsdp_cpu_bf16_to_f32(wide, t, AN);
+    if (bf16_out && t) {
+        fsdp_cpu_f32_to_bf16(t, wide, n);
+        fsdp_cpu_bf16_to_f32(wide, t, n);
     }
-    for (size_t i = 0; i < AN; i++) {
-        mean += fabs(ref[i]) / AN;
+    free(t);
+    for (size_t i = 0; i < n; i++) {
+        mean += fabs(ref[i]) / (double)n;
     }
-    for (size_t i = 0; i < AN; i++) {
+    for (size_t i = 0; i < n; i++) {
         double e = fabs((double)got[i] - ref[i]) / ((fabs(ref[i]) + mean) * ldexp(1.0, -8));
         *worst = e > *worst ? e : *worst;
-        bad += memcmp(&got[i], &wide[i], sizeof(float)) != 0 || !(e <= 4.0);
+        bad += memcmp(&got[i], &wide[i], sizeof(float)) != 0 || !(e <= units);
     }
     return bad;
+}
+
+static int acheck(const float *got, float *wide, const float *ref, int bf16_out, double *worst)
+{
+    return acheck_n(got, wide, ref, bf16_out, worst, AN, 4.0);
 }
 
 static void test_act_dtypes(const char *name)
@@ -446,6 +459,113 @@ static void test_act_dtypes(const char *name)
     fsdp_device_destroy(b.d);
 }
 
+/*
+ * The attentions from bf16 activations (B sequences, odd T; GPT-2's entry
+ * and the grouped one): forward from bf16 qkv, from its widened values and
+ * from the unrounded ones; backward from bf16 qkv and out, from their
+ * widened values (with the bf16 forward's lse) and from the unrounded f32
+ * forward's. The outputs and lse as acheck_n checks them, the f32 ones
+ * within 16 units (the softmax's sums magnify an input's rounding).
+ */
+enum { TB = 2, TT = 37, TNH = 4, THS = 8 };
+
+static int att_run(struct fsdp_device *d, int gqa, int nkv, void *out, float *lse, float *sc,
+                   const void *qkv, enum fsdp_dtype at)
+{
+    if (gqa) {
+        d->k->gqa_attention_forward(d, out, lse, sc, qkv, at, TB, TT, TNH, nkv, THS);
+    } else {
+        d->k->attention_forward(d, out, lse, sc, qkv, at, TB, TT, TNH * THS, TNH);
+    }
+    return 0;
+}
+
+static void att_back(struct fsdp_device *d, int gqa, int nkv, float *dqkv, float *sc,
+                     const float *dout, const void *qkv, const void *out, const float *lse,
+                     enum fsdp_dtype at)
+{
+    if (gqa) {
+        d->k->gqa_attention_backward(d, dqkv, sc, dout, qkv, out, lse, at, TB, TT, TNH, nkv, THS);
+    } else {
+        d->k->attention_backward(d, dqkv, sc, dout, qkv, out, lse, at, TB, TT, TNH * THS, TNH);
+    }
+}
+
+static int test_act_attention_one(struct fsdp_device *d, int gqa, double *worst)
+{
+    int nkv = gqa ? 2 : TNH;
+    size_t nq = (size_t)TB * TT * (TNH + 2 * nkv) * THS, no = (size_t)TB * TT * TNH * THS;
+    size_t nl = (size_t)TB * TNH * TT,
+           nsc = d->k->gqa_attention_scratch_floats(d, TT, TNH, nkv, THS);
+    float *hq = malloc(nq * sizeof(float)), *hw = malloc(nq * sizeof(float));
+    float *hd = malloc(no * sizeof(float)), *h[3][3];
+    uint16_t *h16 = malloc(nq * sizeof(uint16_t));
+    for (size_t i = 0; i < nq; i++) {
+        hq[i] = 1.5f * sinf(0.29f * (float)i) + 0.05f * cosf(1.3f * (float)i);
+    }
+    for (size_t i = 0; i < no; i++) {
+        hd[i] = 0.5f * cosf(0.77f * (float)i);
+    }
+    fsdp_cpu_f32_to_bf16(h16, hq, nq);
+    fsdp_cpu_bf16_to_f32(hw, h16, nq);
+    for (int m = 0; m < 3; m++) { /* [mode][out, lse, dqkv] */
+        h[m][0] = malloc(no * sizeof(float)), h[m][1] = malloc(nl * sizeof(float));
+        h[m][2] = malloc(nq * sizeof(float));
+    }
+    void *q16 = pdev(d, h16, nq * sizeof(uint16_t)), *qw = pdev(d, hw, nq * sizeof(float));
+    void *qr = pdev(d, hq, nq * sizeof(float)), *dout = pdev(d, hd, no * sizeof(float));
+    void *o16 = pdev(d, NULL, no * sizeof(uint16_t)), *ow = pdev(d, NULL, no * sizeof(float));
+    void *orr = pdev(d, NULL, no * sizeof(float)), *sc = pdev(d, NULL, (nsc + 1) * sizeof(float));
+    float *l[3], *dq = pdev(d, NULL, nq * sizeof(float));
+    for (int m = 0; m < 3; m++) {
+        l[m] = pdev(d, NULL, nl * sizeof(float));
+    }
+    void *qin[3] = {q16, qw, qr}, *oo[3] = {o16, ow, orr};
+    for (int m = 0; m < 3; m++) {
+        att_run(d, gqa, nkv, oo[m], l[m], sc, qin[m], m ? FSDP_F32 : FSDP_BF16);
+        aread_n(d, h[m][0], oo[m], m == 0, no);
+        aread_n(d, h[m][1], l[m], 0, nl);
+    }
+    /* backward: mode 1 reads the bf16 forward's out, widened, and lse */
+    (void)fsdp_device_write(d, ow, h[0][0], no * sizeof(float));
+    for (int m = 0; m < 3; m++) {
+        att_back(d, gqa, nkv, dq, sc, dout, qin[m], oo[m], l[m == 2 ? 2 : 0],
+                 m ? FSDP_F32 : FSDP_BF16);
+        aread_n(d, h[m][2], dq, 0, nq);
+    }
+    int bad = acheck_n(h[0][0], h[1][0], h[2][0], 1, worst, no, 16.0);
+    bad += acheck_n(h[0][1], h[1][1], h[2][1], 0, worst, nl, 16.0);
+    bad += acheck_n(h[0][2], h[1][2], h[2][2], 0, worst, nq, 16.0);
+    void *all[] = {q16, qw, qr, dout, o16, ow, orr, sc, dq, l[0], l[1], l[2]};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        d->ops->free(d, all[i]);
+    }
+    for (int m = 0; m < 3; m++) {
+        free(h[m][0]), free(h[m][1]), free(h[m][2]);
+    }
+    free(hq), free(hw), free(hd), free(h16);
+    return bad;
+}
+
+static void test_act_attention(const char *name)
+{
+    struct fsdp_device *d = NULL;
+    if (fsdp_device_create(name, 0, &d) < 0) {
+        tap_ok(0, "%s: created for the attention activation-dtype checks", name);
+        return;
+    }
+    for (int gqa = 0; gqa < 2; gqa++) {
+        double worst = 0.0;
+        int bad = test_act_attention_one(d, gqa, &worst);
+        tap_ok(bad == 0,
+               "%s: %s forward and backward from bf16 activations equal the f32 entries from "
+               "their widened values (out rounded to bf16), and from unrounded ones within "
+               "bf16's rounding (worst %.2f of 16 units of 2^-8; %d values off)",
+               name, gqa ? "gqa_attention" : "attention", worst, bad);
+    }
+    fsdp_device_destroy(d);
+}
+
 int main(void)
 {
     /* the guarded device's reservation, small for the test */
@@ -458,6 +578,8 @@ int main(void)
     test_act_storage("guarded");
     test_act_dtypes("cpu");
     test_act_dtypes("guarded");
+    test_act_attention("cpu");
+    test_act_attention("guarded");
     struct fsdp_device *d = NULL;
     int rc = fsdp_device_create("gpu9", 0, &d);
     tap_ok(rc < 0 && strstr(fsdp_err_msg(), "(devices: cpu, guarded)"),

@@ -322,19 +322,22 @@ static size_t c_attention_scratch_floats(struct fsdp_device *d, int T)
     return fsdp_cuda_attention_scratch_floats(T);
 }
 
-static void c_attention_forward(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                                const float *qkv, int B, int T, int C, int NH)
+/* qkv and out in at (f32 or bf16), converted in registers */
+static void c_attention_forward(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                                const void *qkv, enum fsdp_dtype at, int B, int T, int C, int NH)
 {
     ks_check_hs(d, C / NH);
-    fsdp_cuda_attention_forward(out, lse, scratch, qkv, B, T, C, NH, d->stream);
+    fsdp_cuda_gqa_attention_forward_at(out, lse, scratch, qkv, at == FSDP_BF16, B, T, NH, NH,
+                                       C / NH, d->stream);
 }
 
 static void c_attention_backward(struct fsdp_device *d, float *dqkv, float *scratch,
-                                 const float *dout, const float *qkv, const float *out,
-                                 const float *lse, int B, int T, int C, int NH)
+                                 const float *dout, const void *qkv, const void *out,
+                                 const float *lse, enum fsdp_dtype at, int B, int T, int C, int NH)
 {
     ks_check_hs(d, C / NH);
-    fsdp_cuda_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, d->stream);
+    fsdp_cuda_gqa_attention_backward_at(dqkv, scratch, dout, qkv, out, lse, at == FSDP_BF16, B, T,
+                                        NH, NH, C / NH, d->stream);
 }
 
 static size_t c_gqa_attention_scratch_floats(struct fsdp_device *d, int T, int NH, int NKV, int hs)
@@ -343,20 +346,23 @@ static size_t c_gqa_attention_scratch_floats(struct fsdp_device *d, int T, int N
     return fsdp_cuda_gqa_attention_scratch_floats(T, NH, NKV, hs);
 }
 
-static void c_gqa_attention_forward(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                                    const float *qkv, int B, int T, int NH, int NKV, int hs)
+static void c_gqa_attention_forward(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                                    const void *qkv, enum fsdp_dtype at, int B, int T, int NH,
+                                    int NKV, int hs)
 {
     ks_check_hs(d, hs);
-    fsdp_cuda_gqa_attention_forward(out, lse, scratch, qkv, B, T, NH, NKV, hs, d->stream);
+    fsdp_cuda_gqa_attention_forward_at(out, lse, scratch, qkv, at == FSDP_BF16, B, T, NH, NKV, hs,
+                                       d->stream);
 }
 
 static void c_gqa_attention_backward(struct fsdp_device *d, float *dqkv, float *scratch,
-                                     const float *dout, const float *qkv, const float *out,
-                                     const float *lse, int B, int T, int NH, int NKV, int hs)
+                                     const float *dout, const void *qkv, const void *out,
+                                     const float *lse, enum fsdp_dtype at, int B, int T, int NH,
+                                     int NKV, int hs)
 {
     ks_check_hs(d, hs);
-    fsdp_cuda_gqa_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs,
-                                     d->stream);
+    fsdp_cuda_gqa_attention_backward_at(dqkv, scratch, dout, qkv, out, lse, at == FSDP_BF16, B, T,
+                                        NH, NKV, hs, d->stream);
 }
 
 static void c_attention_decode(struct fsdp_device *d, float *out, float *scores, const float *q,
