@@ -116,12 +116,15 @@ static uint16_t *gpt2_take16(float *base, size_t *off, size_t n)
 
 /* lc and NH are this rank's heads' width and count (C and NH on one rank);
  * BR the rows of the residual stream it holds (BT, or BT / tp with
- * sequence parallelism). work NULL: the block's own f32 tensors; else
- * (bf16 activations) its tensors are stored in st and a points at work for
+ * sequence parallelism). work NULL: the block's own f32 tensors (scratch:
+ * the working set of bf16 activations, where qkv and fch share one
+ * buffer, since only the matmuls that make them write them: the attention
+ * and GELU read their stores, forward and backward); else (bf16
+ * activations) its tensors are stored in st and a points at work for
  * them, with its own f32 statistics. */
 static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, struct fsdp_gpt2_block_store *st,
-                              const struct fsdp_gpt2_block_acts *work, float *base, size_t *off,
-                              size_t BT, size_t BR, size_t C, size_t lc, size_t NH)
+                              const struct fsdp_gpt2_block_acts *work, int scratch, float *base,
+                              size_t *off, size_t BT, size_t BR, size_t C, size_t lc, size_t NH)
 {
     const int h = work != NULL;
     *st = (struct fsdp_gpt2_block_store){NULL};
@@ -131,14 +134,18 @@ static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, struct fsdp_gpt2_b
     fsdp_lm_take_act(&a->ln1, &st->ln1, h, base, off, BR * C);
     a->ln1_mean = fsdp_lm_take(base, off, BR);
     a->ln1_rstd = fsdp_lm_take(base, off, BR);
-    fsdp_lm_take_act(&a->qkv, &st->qkv, h, base, off, BT * 3 * lc);
+    fsdp_lm_take_act(&a->qkv, &st->qkv, h, base, off, BT * (scratch ? 4 : 3) * lc);
     fsdp_lm_take_act(&a->atty, &st->atty, h, base, off, BT * lc);
     a->att_lse = fsdp_lm_take(base, off, BT * NH);
     fsdp_lm_take_act(&a->res2, &st->res2, h, base, off, BR * C);
     fsdp_lm_take_act(&a->ln2, &st->ln2, h, base, off, BR * C);
     a->ln2_mean = fsdp_lm_take(base, off, BR);
     a->ln2_rstd = fsdp_lm_take(base, off, BR);
-    fsdp_lm_take_act(&a->fch, &st->fch, h, base, off, BT * 4 * lc);
+    if (scratch) {
+        a->fch = a->qkv;
+    } else {
+        fsdp_lm_take_act(&a->fch, &st->fch, h, base, off, BT * 4 * lc);
+    }
     fsdp_lm_take_act(&a->fch_gelu, &st->fch_gelu, h, base, off, BT * 4 * lc);
 }
 
@@ -152,7 +159,7 @@ static void gpt2_layout_blocks(const struct fsdp_gpt2 *m, float *base, size_t *o
     struct fsdp_gpt2_block_store st;
     int any_ckpt = 0;
     if (m->lm.adt == FSDP_BF16) {
-        gpt2_layout_block(&work, &st, NULL, base, off, BT, BR, C, m->lc, NH);
+        gpt2_layout_block(&work, &st, NULL, 1, base, off, BT, BR, C, m->lc, NH);
         w = &work;
     }
     for (size_t l = 0; l < L; l++) {
@@ -160,14 +167,14 @@ static void gpt2_layout_blocks(const struct fsdp_gpt2 *m, float *base, size_t *o
             any_ckpt = 1;
             continue;
         }
-        gpt2_layout_block(&blk, &st, w, base, off, BT, BR, C, m->lc, NH);
+        gpt2_layout_block(&blk, &st, w, 0, base, off, BT, BR, C, m->lc, NH);
         if (a->blocks) {
             a->blocks[l] = blk;
             a->store[l] = st;
         }
     }
     if (any_ckpt) { /* one set shared by all of them */
-        gpt2_layout_block(&blk, &st, w, base, off, BT, BR, C, m->lc, NH);
+        gpt2_layout_block(&blk, &st, w, 0, base, off, BT, BR, C, m->lc, NH);
         for (size_t l = 0; l < L && a->blocks; l++) {
             if (m->lm.checkpoint[l]) {
                 a->blocks[l] = blk;
