@@ -83,14 +83,20 @@ static void rel(pair p)
     free(p.b);
 }
 
-/* 1 when b matches a: bit for bit (bits), else within TOL of the tensor's scale */
-static int agree(const char *what, pair p, int bits)
+/* the root mean square of p.a: the tensor's scale */
+static double rms(pair p)
 {
     double ss = 0.0;
     for (size_t i = 0; i < p.n; i++) {
         ss += (double)p.a[i] * (double)p.a[i];
     }
-    double floor_ = sqrt(ss / (double)(p.n ? p.n : 1));
+    return sqrt(ss / (double)(p.n ? p.n : 1));
+}
+
+/* 1 when b matches a: bit for bit (bits), else within TOL of the tensor's scale */
+static int agree(const char *what, pair p, int bits)
+{
+    double floor_ = rms(p);
     for (size_t i = 0; i < p.n; i++) {
         double e = fabs((double)p.b[i] - (double)p.a[i]);
         int ok = bits ? memcmp(&p.a[i], &p.b[i], sizeof(float)) == 0
@@ -109,11 +115,7 @@ static int agree(const char *what, pair p, int bits)
  * tensor's scale: two f32 results within TOL may round to neighbours */
 static int agree16(const char *what, pair p)
 {
-    double ss = 0.0;
-    for (size_t i = 0; i < p.n; i++) {
-        ss += (double)p.a[i] * (double)p.a[i];
-    }
-    double floor_ = sqrt(ss / (double)(p.n ? p.n : 1));
+    double floor_ = rms(p);
     for (size_t i = 0; i < p.n; i++) {
         double e = fabs((double)p.b[i] - (double)p.a[i]);
         if (e > ldexp(fmax(fabs((double)p.a[i]), floor_), -7)) {
