@@ -47,7 +47,9 @@ struct fsdp_device;
  * what a kernel fed widened values computes, then rounded; a GPU table
  * converts in registers. So far: gelu, swiglu, attention and
  * gqa_attention (the CPU widens one sequence at a time through a device
- * workspace: the kernels compute each sequence apart). The other entries see f32
+ * workspace: the kernels compute each sequence apart), and the norms'
+ * backwards' input (a tile of rows at a time: the kernels add each row's
+ * parameter gradients in row order). The other entries see f32
  * activations, which the model converts with f32_to_bf16 and bf16_to_f32
  * around f32 working buffers.
  */
@@ -61,10 +63,11 @@ struct fsdp_kernels {
     void (*layernorm_forward)(struct fsdp_device *d, float *out, float *mean, float *rstd,
                               const float *inp, const void *weight, const void *bias,
                               enum fsdp_dtype pt, size_t N, size_t C, float eps);
+    /* inp an activation in at; dinp, dweight, dbias, dout f32 */
     void (*layernorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const void *weight,
-                               enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
-                               size_t C);
+                               const float *dout, const void *inp, enum fsdp_dtype at,
+                               const void *weight, enum fsdp_dtype pt, const float *mean,
+                               const float *rstd, size_t N, size_t C);
     void (*matmul_forward)(struct fsdp_device *d, float *out, const float *inp, const void *weight,
                            const void *bias, enum fsdp_dtype pt, const float *residual, size_t N,
                            size_t C, size_t OC);
@@ -125,9 +128,10 @@ struct fsdp_kernels {
     void (*rmsnorm_forward)(struct fsdp_device *d, float *out, float *rstd, float *keep,
                             const float *inp, const void *weight, enum fsdp_dtype pt, size_t N,
                             size_t C, float eps);
+    /* inp an activation in at; dinp, dweight, dout f32 */
     void (*rmsnorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, const float *dout,
-                             const float *inp, const void *weight, enum fsdp_dtype pt,
-                             const float *rstd, size_t N, size_t C);
+                             const void *inp, enum fsdp_dtype at, const void *weight,
+                             enum fsdp_dtype pt, const float *rstd, size_t N, size_t C);
     void (*rope_forward)(struct fsdp_device *d, float *qkv, const float *cos_t, const float *sin_t,
                          int B, int T, int NH, int NKV, int hs);
     void (*rope_backward)(struct fsdp_device *d, float *dqkv, const float *cos_t,

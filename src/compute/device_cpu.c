@@ -186,16 +186,51 @@ static void k_layernorm_forward(struct fsdp_device *d, float *out, float *mean, 
     k_leave(d);
 }
 
+/*
+ * A norm's backward from a bf16 input: the weight widened (pt not f32) and
+ * the input rows a tile at a time into the workspace, and the f32 kernel
+ * over each tile in order (it adds each row's parameter gradients in row
+ * order, so the tiles give its bits). mean NULL: RMSNorm.
+ */
+static void k_norm16_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
+                              const float *dout, const void *inp, const void *weight,
+                              enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
+                              size_t C)
+{
+    size_t rows = C < 16 * K_TILE ? 16 * K_TILE / C : 1, wn = pt == FSDP_F32 ? 0 : C;
+    float *ws = k_work(d, wn + rows * C, FSDP_BF16, "activation", "--activation-dtype f32");
+    const float *w = weight;
+    if (wn) {
+        k_widen_into(ws, weight, C, pt);
+        w = ws;
+    }
+    for (size_t r = 0; r < N; r += rows) {
+        size_t n = N - r < rows ? N - r : rows;
+        fsdp_cpu_bf16_to_f32(ws + wn, (const uint16_t *)inp + r * C, n * C);
+        if (mean) {
+            fsdp_cpu_layernorm_backward(dinp + r * C, dweight, dbias, dout + r * C, ws + wn, w,
+                                        mean + r, rstd + r, n, C);
+        } else {
+            fsdp_cpu_rmsnorm_backward(dinp + r * C, dweight, dout + r * C, ws + wn, w, rstd + r, n,
+                                      C);
+        }
+    }
+}
+
 static void k_layernorm_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *weight,
-                                 enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
-                                 size_t C)
+                                 const float *dout, const void *inp, enum fsdp_dtype at,
+                                 const void *weight, enum fsdp_dtype pt, const float *mean,
+                                 const float *rstd, size_t N, size_t C)
 {
     const void *p[] = {dinp, dweight, dbias, dout, inp, weight, mean, rstd};
     const float *w;
     k_enter(d, p, 3, 8);
-    k_widen(d, pt, weight, C, &w, NULL, 0, NULL);
-    fsdp_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, w, mean, rstd, N, C);
+    if (at == FSDP_F32) {
+        k_widen(d, pt, weight, C, &w, NULL, 0, NULL);
+        fsdp_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, w, mean, rstd, N, C);
+    } else {
+        k_norm16_backward(d, dinp, dweight, dbias, dout, inp, weight, pt, mean, rstd, N, C);
+    }
     k_leave(d);
 }
 
@@ -490,14 +525,19 @@ static void k_rmsnorm_forward(struct fsdp_device *d, float *out, float *rstd, fl
 }
 
 static void k_rmsnorm_backward(struct fsdp_device *d, float *dinp, float *dweight,
-                               const float *dout, const float *inp, const void *weight,
-                               enum fsdp_dtype pt, const float *rstd, size_t N, size_t C)
+                               const float *dout, const void *inp, enum fsdp_dtype at,
+                               const void *weight, enum fsdp_dtype pt, const float *rstd, size_t N,
+                               size_t C)
 {
     const void *p[] = {dinp, dweight, dout, inp, weight, rstd};
     const float *weight_f;
     k_enter(d, p, 2, 6);
-    k_widen(d, pt, weight, C, &weight_f, NULL, 0, NULL);
-    fsdp_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight_f, rstd, N, C);
+    if (at == FSDP_F32) {
+        k_widen(d, pt, weight, C, &weight_f, NULL, 0, NULL);
+        fsdp_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight_f, rstd, N, C);
+    } else {
+        k_norm16_backward(d, dinp, dweight, NULL, dout, inp, weight, pt, NULL, rstd, N, C);
+    }
     k_leave(d);
 }
 

@@ -478,7 +478,6 @@ static void gpt2_block_load(struct fsdp_gpt2 *m, int l)
     }
     m->lm.k->bf16_to_f32(d, a->ln1, st->ln1, BR * C);
     m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * lc);
-    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BR * C);
     m->lm.k->bf16_to_f32(d, a->ln2, st->ln2, BR * C);
     m->lm.k->bf16_to_f32(d, a->fch_gelu, st->fch_gelu, BT * 4 * lc);
     fsdp_lm_residual_load(&m->lm, l);
@@ -654,8 +653,8 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
                              4 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.ln2w,
-                                m->lm.sp ? spg + C : dw.ln2b, din, a->res2, w.ln2w, w.pt,
-                                a->ln2_mean, a->ln2_rstd, BR, C);
+                                m->lm.sp ? spg + C : dw.ln2b, din, fsdp_lm_act(a->res2, st->res2),
+                                m->lm.adt, w.ln2w, w.pt, a->ln2_mean, a->ln2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, datty, dw.attprojw, dw.attprojb, dout, a->atty, w.attprojw,
@@ -669,7 +668,7 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + 2 * C : dw.ln1w,
                                 m->lm.sp ? spg + 3 * C : dw.ln1b, din, fsdp_lm_residual(&m->lm, l),
-                                w.ln1w, w.pt, a->ln1_mean, a->ln1_rstd, BR, C);
+                                FSDP_F32, w.ln1w, w.pt, a->ln1_mean, a->ln1_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[4] = {dw.ln2w, dw.ln2b, dw.ln1w, dw.ln1b};
         FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 4));

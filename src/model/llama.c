@@ -333,7 +333,6 @@ static void llama_block_load(struct fsdp_llama *m, int l)
     }
     m->lm.k->bf16_to_f32(d, a->rms1, st->rms1, BR * C);
     m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * m->lq);
-    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BR * C);
     m->lm.k->bf16_to_f32(d, a->rms2, st->rms2, BR * C);
     m->lm.k->bf16_to_f32(d, a->h, st->h, BT * F);
     fsdp_lm_residual_load(&m->lm, l);
@@ -580,8 +579,8 @@ static int llama_head_backward(struct fsdp_llama *m)
         FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->spg, C * sizeof(float)));
     }
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? g->spg : dw.norm, dlnf,
-                              fsdp_lm_residual(&m->lm, c->n_layer), w.norm, w.pt, a->lnf_rstd, BR,
-                              C);
+                              fsdp_lm_residual(&m->lm, c->n_layer), FSDP_F32, w.norm, w.pt,
+                              a->lnf_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[1] = {dw.norm};
         FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 1));
@@ -630,8 +629,9 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.upw, NULL, a->up, in, w.upw, w.pt, BT, C, F,
                              1.0f, 1);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
-    m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.mlp_norm, din, a->res2,
-                              w.mlp_norm, w.pt, a->rms2_rstd, BR, C);
+    m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.mlp_norm, din,
+                              fsdp_lm_act(a->res2, st->res2), m->lm.adt, w.mlp_norm, w.pt,
+                              a->rms2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, a->atty, w.ow, w.pt, BT, m->lq, C,
@@ -647,7 +647,8 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
                              (size_t)m->qkv_w, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + C : dw.attn_norm, din,
-                              fsdp_lm_residual(&m->lm, l), w.attn_norm, w.pt, a->rms1_rstd, BR, C);
+                              fsdp_lm_residual(&m->lm, l), FSDP_F32, w.attn_norm, w.pt,
+                              a->rms1_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[2] = {dw.mlp_norm, dw.attn_norm};
         FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 2));

@@ -226,17 +226,38 @@ static int norms(enum fsdp_dtype pt)
     emu.k->layernorm_forward(&emu, out.b, mean.b, rstd.b, inp, w.p, b.p, pt, N, C, 1e-5f);
     ok &= agree("layernorm_forward", out, 0) & agree("layernorm mean", mean, 0) &
           agree("layernorm rstd", rstd, 0);
-    cpu.k->layernorm_backward(&cpu, dinp.a, dw.a, db.a, dout, inp, w.p, pt, mean.a, rstd.a, N, C);
-    emu.k->layernorm_backward(&emu, dinp.b, dw.b, db.b, dout, inp, w.p, pt, mean.a, rstd.a, N, C);
+    const enum fsdp_dtype F = FSDP_F32;
+    cpu.k->layernorm_backward(&cpu, dinp.a, dw.a, db.a, dout, inp, F, w.p, pt, mean.a, rstd.a, N,
+                              C);
+    emu.k->layernorm_backward(&emu, dinp.b, dw.b, db.b, dout, inp, F, w.p, pt, mean.a, rstd.a, N,
+                              C);
     ok &= agree("layernorm_backward dinp", dinp, 0) & agree("layernorm_backward dweight", dw, 0) &
           agree("layernorm_backward dbias", db, 0);
     cpu.k->rmsnorm_forward(&cpu, out.a, rstd.a, keep.a, inp, w.p, pt, N, C, 1e-6f);
     emu.k->rmsnorm_forward(&emu, out.b, rstd.b, keep.b, inp, w.p, pt, N, C, 1e-6f);
     ok &= agree("rmsnorm_forward", out, 0) & agree("rmsnorm rstd", rstd, 0) &
           agree("rmsnorm keep", keep, 1);
-    cpu.k->rmsnorm_backward(&cpu, dinp.a, dw.a, dout, inp, w.p, pt, rstd.a, N, C);
-    emu.k->rmsnorm_backward(&emu, dinp.b, dw.b, dout, inp, w.p, pt, rstd.a, N, C);
+    cpu.k->rmsnorm_backward(&cpu, dinp.a, dw.a, dout, inp, F, w.p, pt, rstd.a, N, C);
+    emu.k->rmsnorm_backward(&emu, dinp.b, dw.b, dout, inp, F, w.p, pt, rstd.a, N, C);
     ok &= agree("rmsnorm_backward dinp", dinp, 0) & agree("rmsnorm_backward dweight", dw, 0);
+    /* the backwards from a bf16 input (a saved activation), gradients f32 */
+    uint16_t *i16 = (uint16_t *)calloc(N * C, 2);
+    const enum fsdp_dtype H = FSDP_BF16;
+    fsdp_cpu_f32_to_bf16(i16, inp, N * C);
+    sync(dinp), sync(dw), sync(db);
+    cpu.k->layernorm_backward(&cpu, dinp.a, dw.a, db.a, dout, i16, H, w.p, pt, mean.a, rstd.a, N,
+                              C);
+    emu.k->layernorm_backward(&emu, dinp.b, dw.b, db.b, dout, i16, H, w.p, pt, mean.a, rstd.a, N,
+                              C);
+    ok &= agree("layernorm_backward dinp (bf16 input)", dinp, 0) &
+          agree("layernorm_backward dweight (bf16 input)", dw, 0) &
+          agree("layernorm_backward dbias (bf16 input)", db, 0);
+    sync(dinp), sync(dw);
+    cpu.k->rmsnorm_backward(&cpu, dinp.a, dw.a, dout, i16, H, w.p, pt, rstd.a, N, C);
+    emu.k->rmsnorm_backward(&emu, dinp.b, dw.b, dout, i16, H, w.p, pt, rstd.a, N, C);
+    ok &= agree("rmsnorm_backward dinp (bf16 input)", dinp, 0) &
+          agree("rmsnorm_backward dweight (bf16 input)", dw, 0);
+    free(i16);
     cpu.k->bias_residual_forward(&cpu, out.a, inp, b.p, pt, dout, N, C);
     emu.k->bias_residual_forward(&emu, out.b, inp, b.p, pt, dout, N, C);
     ok &= agree("bias_residual_forward", out, 0);

@@ -196,16 +196,17 @@ static int pkernels(struct pbufs *b, enum fsdp_dtype t)
                          1e-5f);
     k->layernorm_forward(d, b->out2, b->stat2, b->stat2 + PC, b->x, h, h + PC, t, PN, PC, 1e-5f);
     bad += !psame(d, b->out, b->out2, PN * PC);
-    k->layernorm_backward(d, b->out, b->stat + 2 * PC, b->stat + 3 * PC, b->x2, b->x, w, FSDP_F32,
-                          b->stat, b->stat + PC, 1, PC);
-    k->layernorm_backward(d, b->out2, b->stat2 + 2 * PC, b->stat2 + 3 * PC, b->x2, b->x, h, t,
-                          b->stat, b->stat + PC, 1, PC);
+    k->layernorm_backward(d, b->out, b->stat + 2 * PC, b->stat + 3 * PC, b->x2, b->x, FSDP_F32, w,
+                          FSDP_F32, b->stat, b->stat + PC, 1, PC);
+    k->layernorm_backward(d, b->out2, b->stat2 + 2 * PC, b->stat2 + 3 * PC, b->x2, b->x, FSDP_F32,
+                          h, t, b->stat, b->stat + PC, 1, PC);
     bad += !psame(d, b->out, b->out2, PC);
     k->rmsnorm_forward(d, b->out, b->stat, NULL, b->x, w, FSDP_F32, PN, PC, 1e-5f);
     k->rmsnorm_forward(d, b->out2, b->stat2, NULL, b->x, h, t, PN, PC, 1e-5f);
     bad += !psame(d, b->out, b->out2, PN * PC);
-    k->rmsnorm_backward(d, b->out, b->stat + PC, b->x2, b->x, w, FSDP_F32, b->stat, PN, PC);
-    k->rmsnorm_backward(d, b->out2, b->stat2 + PC, b->x2, b->x, h, t, b->stat, PN, PC);
+    k->rmsnorm_backward(d, b->out, b->stat + PC, b->x2, b->x, FSDP_F32, w, FSDP_F32, b->stat, PN,
+                        PC);
+    k->rmsnorm_backward(d, b->out2, b->stat2 + PC, b->x2, b->x, FSDP_F32, h, t, b->stat, PN, PC);
     bad += !psame(d, b->out, b->out2, PN * PC);
     k->matmul_forward(d, b->out, b->x, w, w + POC * PC, FSDP_F32, NULL, PN, PC, POC);
     k->matmul_forward(d, b->out2, b->x, h, h + POC * PC, t, NULL, PN, PC, POC);
@@ -566,6 +567,96 @@ static void test_act_attention(const char *name)
     fsdp_device_destroy(d);
 }
 
+/*
+ * The norms' backwards from a bf16 input (N rows of C: more than one of
+ * the CPU's row tiles), as acheck_n checks them (16 units: the mean's
+ * subtraction and the column sums magnify an input's rounding): from the bf16
+ * input, from its widened values (the statistics of the widened values'
+ * forward for both, as the model has them), and from the unrounded ones
+ * (their own statistics). dinp, dweight (and dbias) each.
+ */
+enum { NN = 1000, NC = 37 };
+
+static int norm_back(struct fsdp_device *d, int ln, void *x, enum fsdp_dtype at, float *w,
+                     float *st, float *dy, float *g)
+{
+    (void)fsdp_device_zero(d, g, (NN + 2) * NC * sizeof(float));
+    if (ln) {
+        d->k->layernorm_backward(d, g, g + NN * NC, g + (NN + 1) * NC, dy, x, at, w, FSDP_F32, st,
+                                 st + NN, NN, NC);
+    } else {
+        d->k->rmsnorm_backward(d, g, g + NN * NC, dy, x, at, w, FSDP_F32, st, NN, NC);
+    }
+    return 0;
+}
+
+static int test_act_norm_one(struct fsdp_device *d, int ln, double *worst)
+{
+    size_t n = (size_t)NN * NC, ng = (size_t)(NN + 2) * NC;
+    float *hx = malloc(n * sizeof(float)), *hw = malloc(n * sizeof(float));
+    float *hdy = malloc(n * sizeof(float)), *hwt = malloc(NC * sizeof(float)), *h[3];
+    uint16_t *h16 = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        hx[i] = 2.0f * sinf(0.31f * (float)i) + 0.3f;
+        hdy[i] = 0.5f * cosf(0.53f * (float)i);
+    }
+    for (size_t i = 0; i < NC; i++) {
+        hwt[i] = 0.9f + 0.2f * sinf((float)i);
+    }
+    fsdp_cpu_f32_to_bf16(h16, hx, n);
+    fsdp_cpu_bf16_to_f32(hw, h16, n);
+    void *x16 = pdev(d, h16, n * sizeof(uint16_t));
+    float *xw = pdev(d, hw, n * sizeof(float)), *xr = pdev(d, hx, n * sizeof(float));
+    float *dy = pdev(d, hdy, n * sizeof(float)), *w = pdev(d, hwt, NC * sizeof(float));
+    float *out = pdev(d, NULL, n * sizeof(float)), *g = pdev(d, NULL, ng * sizeof(float));
+    float *sw = pdev(d, NULL, 2 * NN * sizeof(float)), *sr = pdev(d, NULL, 2 * NN * sizeof(float));
+    float *bias = pdev(d, NULL, NC * sizeof(float));
+    if (ln) {
+        d->k->layernorm_forward(d, out, sw, sw + NN, xw, w, bias, FSDP_F32, NN, NC, 1e-5f);
+        d->k->layernorm_forward(d, out, sr, sr + NN, xr, w, bias, FSDP_F32, NN, NC, 1e-5f);
+    } else {
+        d->k->rmsnorm_forward(d, out, sw, NULL, xw, w, FSDP_F32, NN, NC, 1e-5f);
+        d->k->rmsnorm_forward(d, out, sr, NULL, xr, w, FSDP_F32, NN, NC, 1e-5f);
+    }
+    void *in[3] = {x16, xw, xr};
+    float *sts[3] = {sw, sw, sr};
+    for (int m = 0; m < 3; m++) {
+        h[m] = malloc(ng * sizeof(float));
+        norm_back(d, ln, in[m], m ? FSDP_F32 : FSDP_BF16, w, sts[m], dy, g);
+        aread_n(d, h[m], g, 0, ng);
+    }
+    int bad = acheck_n(h[0], h[1], h[2], 0, worst, n, 16.0);
+    bad += acheck_n(h[0] + n, h[1] + n, h[2] + n, 0, worst, (ln ? 2 : 1) * NC, 16.0);
+    void *all[] = {x16, xw, xr, dy, w, out, g, sw, sr, bias};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        d->ops->free(d, all[i]);
+    }
+    for (int m = 0; m < 3; m++) {
+        free(h[m]);
+    }
+    free(hx), free(hw), free(hdy), free(hwt), free(h16);
+    return bad;
+}
+
+static void test_act_norms(const char *name)
+{
+    struct fsdp_device *d = NULL;
+    if (fsdp_device_create(name, 0, &d) < 0) {
+        tap_ok(0, "%s: created for the norms' activation-dtype checks", name);
+        return;
+    }
+    for (int ln = 0; ln < 2; ln++) {
+        double worst = 0.0;
+        int bad = test_act_norm_one(d, ln, &worst);
+        tap_ok(bad == 0,
+               "%s: %s_backward from a bf16 input equals the f32 entry from its widened values "
+               "bit for bit, and from unrounded ones within bf16's rounding (worst %.2f of 16 "
+               "units of 2^-8; %d values off)",
+               name, ln ? "layernorm" : "rmsnorm", worst, bad);
+    }
+    fsdp_device_destroy(d);
+}
+
 int main(void)
 {
     /* the guarded device's reservation, small for the test */
@@ -580,6 +671,8 @@ int main(void)
     test_act_dtypes("guarded");
     test_act_attention("cpu");
     test_act_attention("guarded");
+    test_act_norms("cpu");
+    test_act_norms("guarded");
     struct fsdp_device *d = NULL;
     int rc = fsdp_device_create("gpu9", 0, &d);
     tap_ok(rc < 0 && strstr(fsdp_err_msg(), "(devices: cpu, guarded)"),

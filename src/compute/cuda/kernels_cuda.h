@@ -53,6 +53,15 @@ void fsdp_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, flo
                                   const float *dout, const float *inp, const float *weight,
                                   const float *mean, const float *rstd, size_t N, size_t C,
                                   void *stream);
+/* The backwards with inp stored as bf16 (abf16 1) or f32 (0), loaded in
+ * registers; everything else f32. */
+void fsdp_cuda_rmsnorm_backward_at(float *dinp, float *dweight, float *scratch, const float *dout,
+                                   const void *inp, int abf16, const float *weight,
+                                   const float *rstd, size_t N, size_t C, void *stream);
+void fsdp_cuda_layernorm_backward_at(float *dinp, float *dweight, float *dbias, float *scratch,
+                                     const float *dout, const void *inp, int abf16,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     size_t N, size_t C, void *stream);
 
 // ----------------------------------------------------------------------------
 // element-wise (elementwise.cu)

@@ -191,15 +191,15 @@ static void c_layernorm_forward(struct fsdp_device *d, float *out, float *mean, 
 }
 
 static void c_layernorm_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *weight,
-                                 enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
-                                 size_t C)
+                                 const float *dout, const void *inp, enum fsdp_dtype at,
+                                 const void *weight, enum fsdp_dtype pt, const float *mean,
+                                 const float *rstd, size_t N, size_t C)
 {
     const float *w;
     float *scratch = ks_norm(d, N, C);
     ks_params(d, pt, weight, C, &w, NULL, 0, NULL);
-    fsdp_cuda_layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, w, mean, rstd, N, C,
-                                 d->stream);
+    fsdp_cuda_layernorm_backward_at(dinp, dweight, dbias, scratch, dout, inp, at == FSDP_BF16, w,
+                                    mean, rstd, N, C, d->stream);
 }
 
 static void c_matmul_forward(struct fsdp_device *d, float *out, const float *inp,
@@ -253,13 +253,15 @@ static void c_rmsnorm_forward(struct fsdp_device *d, float *out, float *rstd, fl
 }
 
 static void c_rmsnorm_backward(struct fsdp_device *d, float *dinp, float *dweight,
-                               const float *dout, const float *inp, const void *weight,
-                               enum fsdp_dtype pt, const float *rstd, size_t N, size_t C)
+                               const float *dout, const void *inp, enum fsdp_dtype at,
+                               const void *weight, enum fsdp_dtype pt, const float *rstd, size_t N,
+                               size_t C)
 {
     const float *w;
     float *scratch = ks_norm(d, N, C);
     ks_params(d, pt, weight, C, &w, NULL, 0, NULL);
-    fsdp_cuda_rmsnorm_backward(dinp, dweight, scratch, dout, inp, w, rstd, N, C, d->stream);
+    fsdp_cuda_rmsnorm_backward_at(dinp, dweight, scratch, dout, inp, at == FSDP_BF16, w, rstd, N, C,
+                                  d->stream);
 }
 
 static void c_embed_rows_forward(struct fsdp_device *d, float *out, const int32_t *tokens,
