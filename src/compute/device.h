@@ -37,9 +37,21 @@ struct fsdp_device;
  * parameter exactly into a workspace of the device (or row by row for the
  * embedding lookups) and computes in f32, so a bf16 run computes the same
  * numbers as one whose parameters were widened before the kernel.
- * Activations stored in bf16 (model.h act_dtype) are converted by the model
- * with f32_to_bf16 and bf16_to_f32 around f32 working buffers: the entries
- * below see f32 activations either way.
+ *
+ * Activations in storage dtypes: the entries that read or write saved
+ * activations (model.h act_dtype) take them as void * (const where read)
+ * with their dtype at (FSDP_F32 or FSDP_BF16); gradients, statistics and
+ * scratch stay f32. The CPU table widens a bf16 input exactly, tile by
+ * tile through buffers of its own, runs the f32 kernel and rounds an
+ * output to bf16 to nearest even (fsdp_cpu_f32_to_bf16), so it computes
+ * what a kernel fed widened values computes, then rounded; a GPU table
+ * converts in registers. So far: gelu, swiglu, attention and
+ * gqa_attention (the CPU widens one sequence at a time through a device
+ * workspace: the kernels compute each sequence apart), and the norms'
+ * backwards' input (a tile of rows at a time: the kernels add each row's
+ * parameter gradients in row order). The other entries see f32
+ * activations, which the model converts with f32_to_bf16 and bf16_to_f32
+ * around f32 working buffers.
  */
 struct fsdp_kernels {
     size_t size; /* sizeof(struct fsdp_kernels) of the implementation */
@@ -51,10 +63,11 @@ struct fsdp_kernels {
     void (*layernorm_forward)(struct fsdp_device *d, float *out, float *mean, float *rstd,
                               const float *inp, const void *weight, const void *bias,
                               enum fsdp_dtype pt, size_t N, size_t C, float eps);
+    /* inp an activation in at; dinp, dweight, dbias, dout f32 */
     void (*layernorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const void *weight,
-                               enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
-                               size_t C);
+                               const float *dout, const void *inp, enum fsdp_dtype at,
+                               const void *weight, enum fsdp_dtype pt, const float *mean,
+                               const float *rstd, size_t N, size_t C);
     void (*matmul_forward)(struct fsdp_device *d, float *out, const float *inp, const void *weight,
                            const void *bias, enum fsdp_dtype pt, const float *residual, size_t N,
                            size_t C, size_t OC);
@@ -63,14 +76,18 @@ struct fsdp_kernels {
                             enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
                             int accumulate_dinp);
     size_t (*attention_scratch_floats)(struct fsdp_device *d, int T);
-    void (*attention_forward)(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                              const float *qkv, int B, int T, int C, int NH);
+    /* out and qkv (and the backward's out) activations in at; lse, scratch,
+     * dqkv and dout f32 */
+    void (*attention_forward)(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                              const void *qkv, enum fsdp_dtype at, int B, int T, int C, int NH);
     void (*attention_backward)(struct fsdp_device *d, float *dqkv, float *scratch,
-                               const float *dout, const float *qkv, const float *out,
-                               const float *lse, int B, int T, int C, int NH);
-    void (*gelu_forward)(struct fsdp_device *d, float *out, const float *inp, size_t n);
-    void (*gelu_backward)(struct fsdp_device *d, float *dinp, const float *inp, const float *dout,
-                          size_t n);
+                               const float *dout, const void *qkv, const void *out,
+                               const float *lse, enum fsdp_dtype at, int B, int T, int C, int NH);
+    /* out and inp activations in at (in place allowed); dinp and dout f32 */
+    void (*gelu_forward)(struct fsdp_device *d, void *out, const void *inp, enum fsdp_dtype at,
+                         size_t n);
+    void (*gelu_backward)(struct fsdp_device *d, float *dinp, const void *inp, const float *dout,
+                          enum fsdp_dtype at, size_t n);
     /* No kept count: the host counts it from its own copy of the targets,
      * which the model checked at set_batch (so no target is out of range). */
     void (*crossentropy_forward)(struct fsdp_device *d, float *losses, float *stats,
@@ -111,23 +128,29 @@ struct fsdp_kernels {
     void (*rmsnorm_forward)(struct fsdp_device *d, float *out, float *rstd, float *keep,
                             const float *inp, const void *weight, enum fsdp_dtype pt, size_t N,
                             size_t C, float eps);
+    /* inp an activation in at; dinp, dweight, dout f32 */
     void (*rmsnorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, const float *dout,
-                             const float *inp, const void *weight, enum fsdp_dtype pt,
-                             const float *rstd, size_t N, size_t C);
+                             const void *inp, enum fsdp_dtype at, const void *weight,
+                             enum fsdp_dtype pt, const float *rstd, size_t N, size_t C);
     void (*rope_forward)(struct fsdp_device *d, float *qkv, const float *cos_t, const float *sin_t,
                          int B, int T, int NH, int NKV, int hs);
     void (*rope_backward)(struct fsdp_device *d, float *dqkv, const float *cos_t,
                           const float *sin_t, int B, int T, int NH, int NKV, int hs);
-    void (*swiglu_forward)(struct fsdp_device *d, float *out, const float *gate, const float *up,
-                           size_t n);
+    /* out, gate and up activations in at; dgate, dup and dout f32 (at f32
+     * dgate and dup may be gate and up) */
+    void (*swiglu_forward)(struct fsdp_device *d, void *out, const void *gate, const void *up,
+                           enum fsdp_dtype at, size_t n);
     void (*swiglu_backward)(struct fsdp_device *d, float *dgate, float *dup, const float *dout,
-                            const float *gate, const float *up, size_t n);
+                            const void *gate, const void *up, enum fsdp_dtype at, size_t n);
     size_t (*gqa_attention_scratch_floats)(struct fsdp_device *d, int T, int NH, int NKV, int hs);
-    void (*gqa_attention_forward)(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                                  const float *qkv, int B, int T, int NH, int NKV, int hs);
+    /* activations in at as attention_forward's and attention_backward's */
+    void (*gqa_attention_forward)(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                                  const void *qkv, enum fsdp_dtype at, int B, int T, int NH,
+                                  int NKV, int hs);
     void (*gqa_attention_backward)(struct fsdp_device *d, float *dqkv, float *scratch,
-                                   const float *dout, const float *qkv, const float *out,
-                                   const float *lse, int B, int T, int NH, int NKV, int hs);
+                                   const float *dout, const void *qkv, const void *out,
+                                   const float *lse, enum fsdp_dtype at, int B, int T, int NH,
+                                   int NKV, int hs);
     /* out[r,:] = table[tokens[r],:] (N rows of C) */
     void (*embed_gather)(struct fsdp_device *d, float *out, const int32_t *tokens,
                          const void *table, enum fsdp_dtype pt, size_t N, size_t C);

@@ -1,10 +1,10 @@
 /*
- * device_cpu.c - the CPU device (device.h): host memory from the
- * pre-faulting allocator, memmove for copies, one in-order stream (the
- * calling thread), events that are always complete, and the kernel table:
- * each entry runs its fsdp_cpu_* kernel (kernels.h) between the device's
- * kernel hooks, which only a checking device sets (device_guarded.c reuses
- * this table and these ops behind its guard).
+ * device_cpu.c - the CPU device's kernel table (device.h): each entry
+ * runs its fsdp_cpu_* kernel (kernels.h) between the device's kernel
+ * hooks, which only a checking device sets (device_guarded.c reuses this
+ * table and the ops behind its guard), widening 16-bit parameters and bf16
+ * activations for the f32 kernels and rounding bf16 outputs. Its ops
+ * (memory, copies, streams, events): device_cpu_ops.c.
  */
 #include "config.h"
 #include "compute/device.h"
@@ -55,6 +55,28 @@ struct cpu_kstate {
     size_t floats;
 };
 
+/* The workspace, grown to need floats: a kernel's widened 16-bit (dt)
+ * parameter or activation (what) values; hint says how to do without. */
+static float *k_work(struct fsdp_device *d, size_t need, enum fsdp_dtype dt, const char *what,
+                     const char *hint)
+{
+    struct cpu_kstate *ks = d->kstate;
+    if (!ks || need > ks->floats) {
+        if (!ks && !(ks = d->kstate = calloc(1, sizeof(*ks)))) {
+            fsdp_fatal("device %s: no host memory for the kernels' state", d->ops->name);
+        }
+        fsdp_free(ks->wide);
+        ks->wide = fsdp_alloc(need * sizeof(float));
+        ks->floats = ks->wide ? need : 0;
+        if (!ks->wide) {
+            fsdp_fatal("device %s: no host memory to widen %zu %s %s values for a kernel "
+                       "(%zu bytes); free memory or use %s",
+                       d->ops->name, need, fsdp_dtype_name(dt), what, need * sizeof(float), hint);
+        }
+    }
+    return ks->wide;
+}
+
 static void k_widen(struct fsdp_device *d, enum fsdp_dtype pt, const void *a, size_t na,
                     const float **wa, const void *b, size_t nb, const float **wb)
 {
@@ -66,31 +88,17 @@ static void k_widen(struct fsdp_device *d, enum fsdp_dtype pt, const void *a, si
         return;
     }
     na = a ? na : 0;
-    size_t need = na + (b ? nb : 0);
-    struct cpu_kstate *ks = d->kstate;
-    if (!ks || need > ks->floats) {
-        if (!ks && !(ks = d->kstate = calloc(1, sizeof(*ks)))) {
-            fsdp_fatal("device %s: no host memory for the kernels' state", d->ops->name);
-        }
-        fsdp_free(ks->wide);
-        ks->wide = fsdp_alloc(need * sizeof(float));
-        ks->floats = ks->wide ? need : 0;
-        if (!ks->wide) {
-            fsdp_fatal("device %s: no host memory to widen %zu %s parameter values for a kernel "
-                       "(%zu bytes); free memory or use --param-dtype f32",
-                       d->ops->name, need, fsdp_dtype_name(pt), need * sizeof(float));
-        }
-    }
+    float *wide = k_work(d, na + (b ? nb : 0), pt, "parameter", "--param-dtype f32");
     *wa = NULL;
     if (a) {
-        k_widen_into(ks->wide, a, na, pt);
-        *wa = ks->wide;
+        k_widen_into(wide, a, na, pt);
+        *wa = wide;
     }
     if (wb) {
         *wb = NULL;
         if (b) {
-            k_widen_into(ks->wide + na, b, nb, pt);
-            *wb = ks->wide + na;
+            k_widen_into(wide + na, b, nb, pt);
+            *wb = wide + na;
         }
     }
 }
@@ -111,6 +119,27 @@ static void k_rows16(float *out, const int32_t *tokens, const void *table, size_
     for (size_t r = 0; r < N; r++) {
         k_widen_into(out + r * C, t + (size_t)tokens[r] * C, C, pt);
     }
+}
+
+// ----------------------------------------------------------------------------
+// activations in bf16 storage, widened and rounded tile by tile
+
+/* Values per tile of the element-wise entries (on the stack): a multiple
+ * of every SIMD width, so each value meets the same vector code as in one
+ * call over the whole tensor, and the results are the same bits. */
+#define K_TILE 2048
+
+/* Values [i, i + n) of the bf16 activation src widened into tile. */
+static const float *k_tile_in(float *tile, const void *src, size_t i, size_t n)
+{
+    fsdp_cpu_bf16_to_f32(tile, (const uint16_t *)src + i, n);
+    return tile;
+}
+
+/* tile's n values rounded (to nearest even) into [i, i + n) of bf16 dst. */
+static void k_tile_out(void *dst, const float *tile, size_t i, size_t n)
+{
+    fsdp_cpu_f32_to_bf16((uint16_t *)dst + i, tile, n);
 }
 
 // ----------------------------------------------------------------------------
@@ -157,16 +186,51 @@ static void k_layernorm_forward(struct fsdp_device *d, float *out, float *mean, 
     k_leave(d);
 }
 
+/*
+ * A norm's backward from a bf16 input: the weight widened (pt not f32) and
+ * the input rows a tile at a time into the workspace, and the f32 kernel
+ * over each tile in order (it adds each row's parameter gradients in row
+ * order, so the tiles give its bits). mean NULL: RMSNorm.
+ */
+static void k_norm16_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
+                              const float *dout, const void *inp, const void *weight,
+                              enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
+                              size_t C)
+{
+    size_t rows = C < 16 * K_TILE ? 16 * K_TILE / C : 1, wn = pt == FSDP_F32 ? 0 : C;
+    float *ws = k_work(d, wn + rows * C, FSDP_BF16, "activation", "--activation-dtype f32");
+    const float *w = weight;
+    if (wn) {
+        k_widen_into(ws, weight, C, pt);
+        w = ws;
+    }
+    for (size_t r = 0; r < N; r += rows) {
+        size_t n = N - r < rows ? N - r : rows;
+        fsdp_cpu_bf16_to_f32(ws + wn, (const uint16_t *)inp + r * C, n * C);
+        if (mean) {
+            fsdp_cpu_layernorm_backward(dinp + r * C, dweight, dbias, dout + r * C, ws + wn, w,
+                                        mean + r, rstd + r, n, C);
+        } else {
+            fsdp_cpu_rmsnorm_backward(dinp + r * C, dweight, dout + r * C, ws + wn, w, rstd + r, n,
+                                      C);
+        }
+    }
+}
+
 static void k_layernorm_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *weight,
-                                 enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
-                                 size_t C)
+                                 const float *dout, const void *inp, enum fsdp_dtype at,
+                                 const void *weight, enum fsdp_dtype pt, const float *mean,
+                                 const float *rstd, size_t N, size_t C)
 {
     const void *p[] = {dinp, dweight, dbias, dout, inp, weight, mean, rstd};
     const float *w;
     k_enter(d, p, 3, 8);
-    k_widen(d, pt, weight, C, &w, NULL, 0, NULL);
-    fsdp_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, w, mean, rstd, N, C);
+    if (at == FSDP_F32) {
+        k_widen(d, pt, weight, C, &w, NULL, 0, NULL);
+        fsdp_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, w, mean, rstd, N, C);
+    } else {
+        k_norm16_backward(d, dinp, dweight, dbias, dout, inp, weight, pt, mean, rstd, N, C);
+    }
     k_leave(d);
 }
 
@@ -201,39 +265,98 @@ static size_t k_attention_scratch_floats(struct fsdp_device *d, int T)
     return fsdp_cpu_attention_scratch_floats(T);
 }
 
-static void k_attention_forward(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                                const float *qkv, int B, int T, int C, int NH)
+/*
+ * The attentions from bf16 activations: each sequence's qkv (T rows of
+ * ld) (and, backward, its out, T rows of C) widened into the workspace,
+ * the f32 kernel over that one sequence (which computes each apart, so
+ * the results are its bits over the batch), out rounded to bf16.
+ */
+static void k_att16_forward(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                            const void *qkv, int B, int T, int NH, int NKV, int hs)
+{
+    size_t C = (size_t)NH * (size_t)hs, ld = C + 2 * (size_t)NKV * (size_t)hs, Ts = (size_t)T;
+    float *x = k_work(d, Ts * (ld + C), FSDP_BF16, "activation", "--activation-dtype f32");
+    for (size_t b = 0; b < (size_t)B; b++) {
+        fsdp_cpu_bf16_to_f32(x, (const uint16_t *)qkv + b * Ts * ld, Ts * ld);
+        fsdp_cpu_gqa_attention_forward(x + Ts * ld, lse + b * (size_t)NH * Ts, scratch, x, 1, T, NH,
+                                       NKV, hs);
+        fsdp_cpu_f32_to_bf16((uint16_t *)out + b * Ts * C, x + Ts * ld, Ts * C);
+    }
+}
+
+static void k_att16_backward(struct fsdp_device *d, float *dqkv, float *scratch, const float *dout,
+                             const void *qkv, const void *out, const float *lse, int B, int T,
+                             int NH, int NKV, int hs)
+{
+    size_t C = (size_t)NH * (size_t)hs, ld = C + 2 * (size_t)NKV * (size_t)hs, Ts = (size_t)T;
+    float *x = k_work(d, Ts * (ld + C), FSDP_BF16, "activation", "--activation-dtype f32");
+    for (size_t b = 0; b < (size_t)B; b++) {
+        fsdp_cpu_bf16_to_f32(x, (const uint16_t *)qkv + b * Ts * ld, Ts * ld);
+        fsdp_cpu_bf16_to_f32(x + Ts * ld, (const uint16_t *)out + b * Ts * C, Ts * C);
+        fsdp_cpu_gqa_attention_backward(dqkv + b * Ts * ld, scratch, dout + b * Ts * C, x,
+                                        x + Ts * ld, lse + b * (size_t)NH * Ts, 1, T, NH, NKV, hs);
+    }
+}
+
+static void k_attention_forward(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                                const void *qkv, enum fsdp_dtype at, int B, int T, int C, int NH)
 {
     const void *p[] = {out, lse, scratch, qkv};
     k_enter(d, p, 3, 4);
-    fsdp_cpu_attention_forward(out, lse, scratch, qkv, B, T, C, NH);
+    if (at == FSDP_F32) {
+        fsdp_cpu_attention_forward(out, lse, scratch, qkv, B, T, C, NH);
+    } else {
+        k_att16_forward(d, out, lse, scratch, qkv, B, T, NH, NH, C / NH);
+    }
     k_leave(d);
 }
 
 static void k_attention_backward(struct fsdp_device *d, float *dqkv, float *scratch,
-                                 const float *dout, const float *qkv, const float *out,
-                                 const float *lse, int B, int T, int C, int NH)
+                                 const float *dout, const void *qkv, const void *out,
+                                 const float *lse, enum fsdp_dtype at, int B, int T, int C, int NH)
 {
     const void *p[] = {dqkv, scratch, dout, qkv, out, lse};
     k_enter(d, p, 2, 6);
-    fsdp_cpu_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
+    if (at == FSDP_F32) {
+        fsdp_cpu_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
+    } else {
+        k_att16_backward(d, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NH, C / NH);
+    }
     k_leave(d);
 }
 
-static void k_gelu_forward(struct fsdp_device *d, float *out, const float *inp, size_t n)
+static void k_gelu_forward(struct fsdp_device *d, void *out, const void *inp, enum fsdp_dtype at,
+                           size_t n)
 {
     const void *p[] = {out, inp};
     k_enter(d, p, 1, 2);
-    fsdp_cpu_gelu_forward(out, inp, n);
+    if (at == FSDP_F32) {
+        fsdp_cpu_gelu_forward(out, inp, n);
+    } else {
+        float x[K_TILE], y[K_TILE];
+        for (size_t i = 0; i < n; i += K_TILE) {
+            size_t t = n - i < K_TILE ? n - i : K_TILE;
+            fsdp_cpu_gelu_forward(y, k_tile_in(x, inp, i, t), t);
+            k_tile_out(out, y, i, t);
+        }
+    }
     k_leave(d);
 }
 
-static void k_gelu_backward(struct fsdp_device *d, float *dinp, const float *inp, const float *dout,
-                            size_t n)
+static void k_gelu_backward(struct fsdp_device *d, float *dinp, const void *inp, const float *dout,
+                            enum fsdp_dtype at, size_t n)
 {
     const void *p[] = {dinp, inp, dout};
     k_enter(d, p, 1, 3);
-    fsdp_cpu_gelu_backward(dinp, inp, dout, n);
+    if (at == FSDP_F32) {
+        fsdp_cpu_gelu_backward(dinp, inp, dout, n);
+    } else {
+        float x[K_TILE];
+        for (size_t i = 0; i < n; i += K_TILE) {
+            size_t t = n - i < K_TILE ? n - i : K_TILE;
+            fsdp_cpu_gelu_backward(dinp + i, k_tile_in(x, inp, i, t), dout + i, t);
+        }
+    }
     k_leave(d);
 }
 
@@ -402,14 +525,19 @@ static void k_rmsnorm_forward(struct fsdp_device *d, float *out, float *rstd, fl
 }
 
 static void k_rmsnorm_backward(struct fsdp_device *d, float *dinp, float *dweight,
-                               const float *dout, const float *inp, const void *weight,
-                               enum fsdp_dtype pt, const float *rstd, size_t N, size_t C)
+                               const float *dout, const void *inp, enum fsdp_dtype at,
+                               const void *weight, enum fsdp_dtype pt, const float *rstd, size_t N,
+                               size_t C)
 {
     const void *p[] = {dinp, dweight, dout, inp, weight, rstd};
     const float *weight_f;
     k_enter(d, p, 2, 6);
-    k_widen(d, pt, weight, C, &weight_f, NULL, 0, NULL);
-    fsdp_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight_f, rstd, N, C);
+    if (at == FSDP_F32) {
+        k_widen(d, pt, weight, C, &weight_f, NULL, 0, NULL);
+        fsdp_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight_f, rstd, N, C);
+    } else {
+        k_norm16_backward(d, dinp, dweight, NULL, dout, inp, weight, pt, NULL, rstd, N, C);
+    }
     k_leave(d);
 }
 
@@ -431,21 +559,39 @@ static void k_rope_backward(struct fsdp_device *d, float *dqkv, const float *cos
     k_leave(d);
 }
 
-static void k_swiglu_forward(struct fsdp_device *d, float *out, const float *gate, const float *up,
-                             size_t n)
+static void k_swiglu_forward(struct fsdp_device *d, void *out, const void *gate, const void *up,
+                             enum fsdp_dtype at, size_t n)
 {
     const void *p[] = {out, gate, up};
     k_enter(d, p, 1, 3);
-    fsdp_cpu_swiglu_forward(out, gate, up, n);
+    if (at == FSDP_F32) {
+        fsdp_cpu_swiglu_forward(out, gate, up, n);
+    } else {
+        float g[K_TILE], u[K_TILE], y[K_TILE];
+        for (size_t i = 0; i < n; i += K_TILE) {
+            size_t t = n - i < K_TILE ? n - i : K_TILE;
+            fsdp_cpu_swiglu_forward(y, k_tile_in(g, gate, i, t), k_tile_in(u, up, i, t), t);
+            k_tile_out(out, y, i, t);
+        }
+    }
     k_leave(d);
 }
 
 static void k_swiglu_backward(struct fsdp_device *d, float *dgate, float *dup, const float *dout,
-                              const float *gate, const float *up, size_t n)
+                              const void *gate, const void *up, enum fsdp_dtype at, size_t n)
 {
     const void *p[] = {dgate, dup, dout, gate, up};
     k_enter(d, p, 2, 5);
-    fsdp_cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
+    if (at == FSDP_F32) {
+        fsdp_cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
+    } else {
+        float g[K_TILE], u[K_TILE];
+        for (size_t i = 0; i < n; i += K_TILE) {
+            size_t t = n - i < K_TILE ? n - i : K_TILE;
+            fsdp_cpu_swiglu_backward(dgate + i, dup + i, dout + i, k_tile_in(g, gate, i, t),
+                                     k_tile_in(u, up, i, t), t);
+        }
+    }
     k_leave(d);
 }
 
@@ -455,22 +601,32 @@ static size_t k_gqa_attention_scratch_floats(struct fsdp_device *d, int T, int N
     return fsdp_cpu_gqa_attention_scratch_floats(T, NH, NKV, hs);
 }
 
-static void k_gqa_attention_forward(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                                    const float *qkv, int B, int T, int NH, int NKV, int hs)
+static void k_gqa_attention_forward(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                                    const void *qkv, enum fsdp_dtype at, int B, int T, int NH,
+                                    int NKV, int hs)
 {
     const void *p[] = {out, lse, scratch, qkv};
     k_enter(d, p, 3, 4);
-    fsdp_cpu_gqa_attention_forward(out, lse, scratch, qkv, B, T, NH, NKV, hs);
+    if (at == FSDP_F32) {
+        fsdp_cpu_gqa_attention_forward(out, lse, scratch, qkv, B, T, NH, NKV, hs);
+    } else {
+        k_att16_forward(d, out, lse, scratch, qkv, B, T, NH, NKV, hs);
+    }
     k_leave(d);
 }
 
 static void k_gqa_attention_backward(struct fsdp_device *d, float *dqkv, float *scratch,
-                                     const float *dout, const float *qkv, const float *out,
-                                     const float *lse, int B, int T, int NH, int NKV, int hs)
+                                     const float *dout, const void *qkv, const void *out,
+                                     const float *lse, enum fsdp_dtype at, int B, int T, int NH,
+                                     int NKV, int hs)
 {
     const void *p[] = {dqkv, scratch, dout, qkv, out, lse};
     k_enter(d, p, 2, 6);
-    fsdp_cpu_gqa_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    if (at == FSDP_F32) {
+        fsdp_cpu_gqa_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    } else {
+        k_att16_backward(d, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    }
     k_leave(d);
 }
 
@@ -612,176 +768,4 @@ static const struct fsdp_kernels cpu_kernels = {
 const struct fsdp_kernels *fsdp_cpu_kernels(void)
 {
     return &cpu_kernels;
-}
-
-// ----------------------------------------------------------------------------
-// ops
-
-/* Each block starts with a 64-byte header holding its size, for the counts. */
-#define CPU_HDR 64
-
-static void *cpu_alloc(struct fsdp_device *d, size_t bytes, const char *name)
-{
-    (void)name;
-    unsigned char *p = fsdp_calloc(bytes + CPU_HDR);
-    if (!p) {
-        return NULL;
-    }
-    memcpy(p, &bytes, sizeof(bytes));
-    fsdp_device_count_alloc(d, (long long)bytes);
-    return p + CPU_HDR;
-}
-
-static void cpu_free(struct fsdp_device *d, void *p)
-{
-    if (!p) {
-        return;
-    }
-    unsigned char *b = (unsigned char *)p - CPU_HDR;
-    size_t bytes;
-    memcpy(&bytes, b, sizeof(bytes));
-    fsdp_device_count_alloc(d, -(long long)bytes);
-    fsdp_free(b);
-}
-
-static int cpu_copy(struct fsdp_device *d, void *dst, const void *src, size_t bytes,
-                    enum fsdp_copy_dir dir, void *stream)
-{
-    (void)stream;
-    if (dir == FSDP_COPY_D2H) {
-        d->stats.d2h_copies++;
-    }
-    if (bytes > 0) {
-        memmove(dst, src, bytes);
-    }
-    return 0;
-}
-
-static int cpu_memset(struct fsdp_device *d, void *p, int value, size_t bytes, void *stream)
-{
-    (void)d;
-    (void)stream;
-    if (bytes > 0) {
-        memset(p, value, bytes);
-    }
-    return 0;
-}
-
-static int cpu_stream_create(struct fsdp_device *d, void **stream)
-{
-    (void)d;
-    *stream = NULL; /* one in-order stream: the calling thread */
-    return 0;
-}
-
-static void cpu_stream_destroy(struct fsdp_device *d, void *stream)
-{
-    (void)d;
-    (void)stream;
-}
-
-static int cpu_synchronize(struct fsdp_device *d, void *stream)
-{
-    (void)stream;
-    d->stats.host_waits++;
-    return 0; /* kernels return when done */
-}
-
-/* An event is a token: everything recorded before it is already done. */
-static int cpu_event_create(struct fsdp_device *d, void **ev)
-{
-    (void)d;
-    *ev = malloc(1);
-    return *ev ? 0 : fsdp_err(FSDP_ERR_NOMEM, "device event");
-}
-
-static void cpu_event_destroy(struct fsdp_device *d, void *ev)
-{
-    (void)d;
-    free(ev);
-}
-
-static int cpu_event_record(struct fsdp_device *d, void *ev, void *stream)
-{
-    (void)d;
-    (void)ev;
-    (void)stream;
-    return 0;
-}
-
-static int cpu_stream_wait(struct fsdp_device *d, void *stream, void *ev)
-{
-    (void)d;
-    (void)stream;
-    (void)ev;
-    return 0;
-}
-
-static int cpu_event_query(struct fsdp_device *d, void *ev)
-{
-    (void)d;
-    (void)ev;
-    return 1;
-}
-
-static int cpu_event_synchronize(struct fsdp_device *d, void *ev)
-{
-    (void)ev;
-    d->stats.host_waits++;
-    return 0;
-}
-
-static void *cpu_host_alloc(struct fsdp_device *d, size_t bytes)
-{
-    (void)d;
-    return fsdp_calloc(bytes);
-}
-
-static void cpu_host_free(struct fsdp_device *d, void *p)
-{
-    (void)d;
-    fsdp_free(p);
-}
-
-static int cpu_mem_info(struct fsdp_device *d, size_t *free_bytes, size_t *total_bytes)
-{
-    (void)d;
-    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
-    long page = sysconf(_SC_PAGESIZE);
-    *total_bytes = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
-    *free_bytes = avail > 0 && page > 0 ? (size_t)avail * (size_t)page : 0;
-    return 0;
-}
-
-const struct fsdp_device_ops fsdp_cpu_device_ops = {
-    .size = sizeof(struct fsdp_device_ops),
-    .name = "cpu",
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .copy = cpu_copy,
-    .stream_create = cpu_stream_create,
-    .stream_destroy = cpu_stream_destroy,
-    .synchronize = cpu_synchronize,
-    .memset = cpu_memset,
-    .event_create = cpu_event_create,
-    .event_destroy = cpu_event_destroy,
-    .event_record = cpu_event_record,
-    .stream_wait = cpu_stream_wait,
-    .event_query = cpu_event_query,
-    .event_synchronize = cpu_event_synchronize,
-    .host_alloc = cpu_host_alloc,
-    .host_free = cpu_host_free,
-    .mem_info = cpu_mem_info,
-    .buffers = NULL,
-};
-
-int fsdp_cpu_device_init(struct fsdp_device *d, int index)
-{
-    *d = (struct fsdp_device){
-        .ops = &fsdp_cpu_device_ops,
-        .k = &cpu_kernels,
-        .mem = FSDP_MEM_HOST,
-        .index = index,
-    };
-    return 0;
 }

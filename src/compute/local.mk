@@ -12,7 +12,8 @@ libfsdpc_a_SOURCES += \
 	src/compute/cpu/small.c \
 	src/compute/device.c \
 	src/compute/device_guarded.c \
-	src/compute/device_cpu.c
+	src/compute/device_cpu.c \
+	src/compute/device_cpu_ops.c
 noinst_HEADERS += src/compute/kernels.h src/compute/device.h src/compute/device_impl.h src/compute/cpu/simd.h
 
 PROGRAM_TESTS += tests/kernels/test_kernels_grad tests/kernels/test_llama_kernels \

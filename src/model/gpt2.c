@@ -116,42 +116,37 @@ static uint16_t *gpt2_take16(float *base, size_t *off, size_t n)
 
 /* lc and NH are this rank's heads' width and count (C and NH on one rank);
  * BR the rows of the residual stream it holds (BT, or BT / tp with
- * sequence parallelism). work NULL: the block's own f32 tensors; else
- * (bf16 activations) its tensors are stored in st and a points at work for
+ * sequence parallelism). work NULL: the block's own f32 tensors (scratch:
+ * the working set of bf16 activations, where qkv and fch share one
+ * buffer, since only the matmuls that make them write them: the attention
+ * and GELU read their stores, forward and backward); else (bf16
+ * activations) its tensors are stored in st and a points at work for
  * them, with its own f32 statistics. */
 static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, struct fsdp_gpt2_block_store *st,
-                              const struct fsdp_gpt2_block_acts *work, float *base, size_t *off,
-                              size_t BT, size_t BR, size_t C, size_t lc, size_t NH)
+                              const struct fsdp_gpt2_block_acts *work, int scratch, float *base,
+                              size_t *off, size_t BT, size_t BR, size_t C, size_t lc, size_t NH)
 {
+    const int h = work != NULL;
     *st = (struct fsdp_gpt2_block_store){NULL};
-    if (!work) { /* f32: the layout as it always was */
-        a->ln1 = fsdp_lm_take(base, off, BR * C);
-        a->ln1_mean = fsdp_lm_take(base, off, BR);
-        a->ln1_rstd = fsdp_lm_take(base, off, BR);
-        a->qkv = fsdp_lm_take(base, off, BT * 3 * lc);
-        a->atty = fsdp_lm_take(base, off, BT * lc);
-        a->att_lse = fsdp_lm_take(base, off, BT * NH);
-        a->res2 = fsdp_lm_take(base, off, BR * C);
-        a->ln2 = fsdp_lm_take(base, off, BR * C);
-        a->ln2_mean = fsdp_lm_take(base, off, BR);
-        a->ln2_rstd = fsdp_lm_take(base, off, BR);
-        a->fch = fsdp_lm_take(base, off, BT * 4 * lc);
-        a->fch_gelu = fsdp_lm_take(base, off, BT * 4 * lc);
-        return;
+    if (work) {
+        *a = *work;
     }
-    *a = *work;
-    st->ln1 = gpt2_take16(base, off, BR * C);
+    fsdp_lm_take_act(&a->ln1, &st->ln1, h, base, off, BR * C);
     a->ln1_mean = fsdp_lm_take(base, off, BR);
     a->ln1_rstd = fsdp_lm_take(base, off, BR);
-    st->qkv = gpt2_take16(base, off, BT * 3 * lc);
-    st->atty = gpt2_take16(base, off, BT * lc);
+    fsdp_lm_take_act(&a->qkv, &st->qkv, h, base, off, BT * (scratch ? 4 : 3) * lc);
+    fsdp_lm_take_act(&a->atty, &st->atty, h, base, off, BT * lc);
     a->att_lse = fsdp_lm_take(base, off, BT * NH);
-    st->res2 = gpt2_take16(base, off, BR * C);
-    st->ln2 = gpt2_take16(base, off, BR * C);
+    fsdp_lm_take_act(&a->res2, &st->res2, h, base, off, BR * C);
+    fsdp_lm_take_act(&a->ln2, &st->ln2, h, base, off, BR * C);
     a->ln2_mean = fsdp_lm_take(base, off, BR);
     a->ln2_rstd = fsdp_lm_take(base, off, BR);
-    st->fch = gpt2_take16(base, off, BT * 4 * lc);
-    st->fch_gelu = gpt2_take16(base, off, BT * 4 * lc);
+    if (scratch) {
+        a->fch = a->qkv;
+    } else {
+        fsdp_lm_take_act(&a->fch, &st->fch, h, base, off, BT * 4 * lc);
+    }
+    fsdp_lm_take_act(&a->fch_gelu, &st->fch_gelu, h, base, off, BT * 4 * lc);
 }
 
 /* The blocks' saved tensors (and, with bf16 activations, their working
@@ -164,7 +159,7 @@ static void gpt2_layout_blocks(const struct fsdp_gpt2 *m, float *base, size_t *o
     struct fsdp_gpt2_block_store st;
     int any_ckpt = 0;
     if (m->lm.adt == FSDP_BF16) {
-        gpt2_layout_block(&work, &st, NULL, base, off, BT, BR, C, m->lc, NH);
+        gpt2_layout_block(&work, &st, NULL, 1, base, off, BT, BR, C, m->lc, NH);
         w = &work;
     }
     for (size_t l = 0; l < L; l++) {
@@ -172,14 +167,14 @@ static void gpt2_layout_blocks(const struct fsdp_gpt2 *m, float *base, size_t *o
             any_ckpt = 1;
             continue;
         }
-        gpt2_layout_block(&blk, &st, w, base, off, BT, BR, C, m->lc, NH);
+        gpt2_layout_block(&blk, &st, w, 0, base, off, BT, BR, C, m->lc, NH);
         if (a->blocks) {
             a->blocks[l] = blk;
             a->store[l] = st;
         }
     }
     if (any_ckpt) { /* one set shared by all of them */
-        gpt2_layout_block(&blk, &st, w, base, off, BT, BR, C, m->lc, NH);
+        gpt2_layout_block(&blk, &st, w, 0, base, off, BT, BR, C, m->lc, NH);
         for (size_t l = 0; l < L && a->blocks; l++) {
             if (m->lm.checkpoint[l]) {
                 a->blocks[l] = blk;
@@ -466,18 +461,9 @@ int fsdp_gpt2_set_batch(struct fsdp_model *base, const int32_t *tokens, const in
 // ----------------------------------------------------------------------------
 // the blocks (tensor-parallel regions: model/lm.h)
 
-/* bf16 activations: x (n values) rounded to its store st, so that what the
- * next kernel reads is what the backward will read; nothing at f32. */
-static void gpt2_keep(struct fsdp_gpt2 *m, uint16_t *st, float *x, size_t n)
-{
-    if (st) {
-        m->lm.k->f32_to_bf16(m->lm.dev, st, x, n);
-        m->lm.k->bf16_to_f32(m->lm.dev, x, st, n);
-    }
-}
-
-/* bf16 activations: block l's stored tensors widened into the working set
- * its acts point at, with its input; nothing at f32. The norms' outputs and
+/* bf16 activations: block l's stored tensors that kernels read in f32
+ * widened into the working set its acts point at, with its input; nothing
+ * at f32. The norms' outputs and
  * res2 are the rows held here (BR), the rest this rank's heads and
  * features (lc wide). */
 static void gpt2_block_load(struct fsdp_gpt2 *m, int l)
@@ -491,11 +477,8 @@ static void gpt2_block_load(struct fsdp_gpt2 *m, int l)
         return;
     }
     m->lm.k->bf16_to_f32(d, a->ln1, st->ln1, BR * C);
-    m->lm.k->bf16_to_f32(d, a->qkv, st->qkv, BT * 3 * lc);
     m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * lc);
-    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BR * C);
     m->lm.k->bf16_to_f32(d, a->ln2, st->ln2, BR * C);
-    m->lm.k->bf16_to_f32(d, a->fch, st->fch, BT * 4 * lc);
     m->lm.k->bf16_to_f32(d, a->fch_gelu, st->fch_gelu, BT * 4 * lc);
     fsdp_lm_residual_load(&m->lm, l);
 }
@@ -521,24 +504,26 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     fsdp_lm_residual_load(&m->lm, l);
     m->lm.k->layernorm_forward(m->lm.dev, a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, w.pt,
                                BR, C, c->ln_eps);
-    gpt2_keep(m, st->ln1, a->ln1, BR * C);
+    fsdp_lm_act_keep(&m->lm, st->ln1, a->ln1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qkvw, w.qkvb, w.pt, NULL, BT, C, 3 * lc);
-    gpt2_keep(m, st->qkv, a->qkv, BT * 3 * lc);
-    m->lm.k->attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv, m->lm.B,
-                               m->lm.T, (int)lc, m->lnh);
-    gpt2_keep(m, st->atty, a->atty, BT * lc);
+    fsdp_lm_act_store(&m->lm, st->qkv, a->qkv, BT * 3 * lc);
+    m->lm.k->attention_forward(m->lm.dev, fsdp_lm_act(a->atty, st->atty), a->att_lse,
+                               m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), m->lm.adt,
+                               m->lm.B, m->lm.T, (int)lc, m->lnh);
+    fsdp_lm_act_widen(&m->lm, a->atty, st->atty, BT * lc);
     FSDP_CHECK(
         fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.attprojw, w.attprojb, w.pt, x, BT, lc));
-    gpt2_keep(m, st->res2, a->res2, BR * C);
+    fsdp_lm_act_keep(&m->lm, st->res2, a->res2, BR * C);
     m->lm.k->layernorm_forward(m->lm.dev, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b,
                                w.pt, BR, C, c->ln_eps);
-    gpt2_keep(m, st->ln2, a->ln2, BR * C);
+    fsdp_lm_act_keep(&m->lm, st->ln2, a->ln2, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->fch, in, w.fcw, w.fcb, w.pt, NULL, BT, C, 4 * lc);
-    gpt2_keep(m, st->fch, a->fch, BT * 4 * lc);
-    m->lm.k->gelu_forward(m->lm.dev, a->fch_gelu, a->fch, BT * 4 * lc);
-    gpt2_keep(m, st->fch_gelu, a->fch_gelu, BT * 4 * lc);
+    fsdp_lm_act_store(&m->lm, st->fch, a->fch, BT * 4 * lc);
+    m->lm.k->gelu_forward(m->lm.dev, fsdp_lm_act(a->fch_gelu, st->fch_gelu),
+                          fsdp_lm_act(a->fch, st->fch), m->lm.adt, BT * 4 * lc);
+    fsdp_lm_act_widen(&m->lm, a->fch_gelu, st->fch_gelu, BT * 4 * lc);
     if (full) {
         FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, fsdp_lm_residual(&m->lm, l + 1), a->fch_gelu,
                                         w.fcprojw, w.fcprojb, w.pt, a->res2, BT, 4 * lc));
@@ -639,6 +624,7 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     struct fsdp_gpt2_grad_acts *g = &m->gacts;
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
+    const struct fsdp_gpt2_block_store *st = &m->acts.store[l];
     struct fsdp_gpt2_block_view w, dw;
     const float *dout, *in, *din;
     /* sequence parallel: the norms' parameter gradients of this rank's rows
@@ -660,27 +646,29 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, g->dfch, dw.fcprojw, dw.fcprojb, dout, a->fch_gelu,
                              w.fcprojw, w.pt, BT, 4 * lc, C, 1.0f, 0);
-    m->lm.k->gelu_backward(m->lm.dev, g->dfch, a->fch, g->dfch, BT * 4 * lc);
+    m->lm.k->gelu_backward(m->lm.dev, g->dfch, fsdp_lm_act(a->fch, st->fch), g->dfch, m->lm.adt,
+                           BT * 4 * lc);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
     m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.fcw, dw.fcb, g->dfch, in, w.fcw, w.pt, BT, C,
                              4 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.ln2w,
-                                m->lm.sp ? spg + C : dw.ln2b, din, a->res2, w.ln2w, w.pt,
-                                a->ln2_mean, a->ln2_rstd, BR, C);
+                                m->lm.sp ? spg + C : dw.ln2b, din, fsdp_lm_act(a->res2, st->res2),
+                                m->lm.adt, w.ln2w, w.pt, a->ln2_mean, a->ln2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, datty, dw.attprojw, dw.attprojb, dout, a->atty, w.attprojw,
                              w.pt, BT, lc, C, 1.0f, 0);
-    m->lm.k->attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
-                                a->att_lse, m->lm.B, m->lm.T, (int)lc, m->lnh);
+    m->lm.k->attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty,
+                                fsdp_lm_act(a->qkv, st->qkv), fsdp_lm_act(a->atty, st->atty),
+                                a->att_lse, m->lm.adt, m->lm.B, m->lm.T, (int)lc, m->lnh);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
     m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, w.qkvw, w.pt, BT, C,
                              3 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + 2 * C : dw.ln1w,
                                 m->lm.sp ? spg + 3 * C : dw.ln1b, din, fsdp_lm_residual(&m->lm, l),
-                                w.ln1w, w.pt, a->ln1_mean, a->ln1_rstd, BR, C);
+                                FSDP_F32, w.ln1w, w.pt, a->ln1_mean, a->ln1_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[4] = {dw.ln2w, dw.ln2b, dw.ln1w, dw.ln1b};
         FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 4));

@@ -55,7 +55,7 @@ static int gpt2_decode_step(struct fsdp_decoder *d, int32_t token, float *logits
         k->matmul_forward(dev, x, g->att, w.attprojw, w.attprojb, w.pt, x, 1, C, C);
         k->layernorm_forward(dev, g->ln, mean, rstd, x, w.ln2w, w.ln2b, w.pt, 1, C, c->ln_eps);
         k->matmul_forward(dev, g->fch, g->ln, w.fcw, w.fcb, w.pt, NULL, 1, C, 4 * C);
-        k->gelu_forward(dev, g->fch, g->fch, 4 * C);
+        k->gelu_forward(dev, g->fch, g->fch, FSDP_F32, 4 * C);
         k->matmul_forward(dev, x, g->fch, w.fcprojw, w.fcprojb, w.pt, x, 1, 4 * C, C);
     }
     struct fsdp_gpt2_head_view h;

@@ -304,8 +304,7 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
         FSDP_CHECK(gpt2_reduce_scatter(m, dX, mine, BT * C));
         dlnf = mine;
     } else if (m->lm.tp) {
-        /* each rank's d(ln_f) is its vocabulary slice's part: summed over
-         * the ranks into the rows held here (dX is dbtc) */
+        /* d(ln_f): the vocabulary slices' parts summed into the rows held here (dX: dbtc) */
         FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &dlnf));
     }
     m->head_x_ready = 0;
@@ -318,9 +317,10 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
         if (m->lm.sp) {
             FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->spg, 2 * C * sizeof(float)));
         }
-        m->lm.k->layernorm_backward(
-            m->lm.dev, g->dres, m->lm.sp ? g->spg : dw.lnfw, m->lm.sp ? g->spg + C : dw.lnfb, dlnf,
-            fsdp_lm_residual(&m->lm, c->n_layer), w.lnfw, w.pt, a->lnf_mean, a->lnf_rstd, BR, C);
+        m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? g->spg : dw.lnfw,
+                                    m->lm.sp ? g->spg + C : dw.lnfb, dlnf,
+                                    fsdp_lm_residual(&m->lm, c->n_layer), FSDP_F32, w.lnfw, w.pt,
+                                    a->lnf_mean, a->lnf_rstd, BR, C);
         if (m->lm.sp) {
             float *const dst[2] = {dw.lnfw, dw.lnfb};
             FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 2));

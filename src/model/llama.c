@@ -318,18 +318,9 @@ static int llama_embed_forward(struct fsdp_llama *m)
     return 0;
 }
 
-/* bf16 activations: x (n values) rounded to its store st, so that what the
- * next kernel reads is what the backward will read; nothing at f32. */
-static void llama_keep(struct fsdp_llama *m, uint16_t *st, float *x, size_t n)
-{
-    if (st) {
-        m->lm.k->f32_to_bf16(m->lm.dev, st, x, n);
-        m->lm.k->bf16_to_f32(m->lm.dev, x, st, n);
-    }
-}
-
-/* bf16 activations: block l's stored tensors widened into the working set
- * its acts point at, with its input; nothing at f32. */
+/* bf16 activations: block l's stored tensors that kernels read in f32
+ * widened into the working set its acts point at, with its input; nothing
+ * at f32. */
 static void llama_block_load(struct fsdp_llama *m, int l)
 {
     const struct fsdp_llama_block_store *st = &m->acts.store[l];
@@ -341,12 +332,8 @@ static void llama_block_load(struct fsdp_llama *m, int l)
         return;
     }
     m->lm.k->bf16_to_f32(d, a->rms1, st->rms1, BR * C);
-    m->lm.k->bf16_to_f32(d, a->qkv, st->qkv, BT * (size_t)m->qkv_w);
     m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * m->lq);
-    m->lm.k->bf16_to_f32(d, a->res2, st->res2, BR * C);
     m->lm.k->bf16_to_f32(d, a->rms2, st->rms2, BR * C);
-    m->lm.k->bf16_to_f32(d, a->gate, st->gate, BT * F);
-    m->lm.k->bf16_to_f32(d, a->up, st->up, BT * F);
     m->lm.k->bf16_to_f32(d, a->h, st->h, BT * F);
     fsdp_lm_residual_load(&m->lm, l);
 }
@@ -378,30 +365,32 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     /* attention: one product for q, k and v (and their biases), RoPE in place */
     m->lm.k->rmsnorm_forward(m->lm.dev, a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, w.pt, BR, C,
                              c->norm_eps);
-    llama_keep(m, st->rms1, a->rms1, BR * C);
+    fsdp_lm_act_keep(&m->lm, st->rms1, a->rms1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, w.pt, NULL, BT, C, (size_t)m->qkv_w);
     m->lm.k->rope_forward(m->lm.dev, a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                           m->lnkv, m->hs);
-    llama_keep(m, st->qkv, a->qkv, BT * (size_t)m->qkv_w);
-    m->lm.k->gqa_attention_forward(m->lm.dev, a->atty, a->att_lse, m->acts.att_scratch, a->qkv,
+    fsdp_lm_act_store(&m->lm, st->qkv, a->qkv, BT * (size_t)m->qkv_w);
+    m->lm.k->gqa_attention_forward(m->lm.dev, fsdp_lm_act(a->atty, st->atty), a->att_lse,
+                                   m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), m->lm.adt,
                                    m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
-    llama_keep(m, st->atty, a->atty, BT * m->lq);
+    fsdp_lm_act_widen(&m->lm, a->atty, st->atty, BT * m->lq);
     FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.ow, NULL, w.pt, keep1 ? a->res2 : x,
                                     BT, m->lq));
-    llama_keep(m, st->res2, a->res2, BR * C);
+    fsdp_lm_act_keep(&m->lm, st->res2, a->res2, BR * C);
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
     m->lm.k->rmsnorm_forward(m->lm.dev, a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, w.pt, BR,
                              C, c->norm_eps);
-    llama_keep(m, st->rms2, a->rms2, BR * C);
+    fsdp_lm_act_keep(&m->lm, st->rms2, a->rms2, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->gate, in, w.gatew, NULL, w.pt, NULL, BT, C, F);
     m->lm.k->matmul_forward(m->lm.dev, a->up, in, w.upw, NULL, w.pt, NULL, BT, C, F);
-    llama_keep(m, st->gate, a->gate, BT * F);
-    llama_keep(m, st->up, a->up, BT * F);
-    m->lm.k->swiglu_forward(m->lm.dev, a->h, a->gate, a->up, BT * F);
-    llama_keep(m, st->h, a->h, BT * F);
+    fsdp_lm_act_store(&m->lm, st->gate, a->gate, BT * F);
+    fsdp_lm_act_store(&m->lm, st->up, a->up, BT * F);
+    m->lm.k->swiglu_forward(m->lm.dev, fsdp_lm_act(a->h, st->h), fsdp_lm_act(a->gate, st->gate),
+                            fsdp_lm_act(a->up, st->up), m->lm.adt, BT * F);
+    fsdp_lm_act_widen(&m->lm, a->h, st->h, BT * F);
     if (full) {
         float *out = fsdp_lm_residual(&m->lm, l + 1);
         FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, a->h, w.downw, NULL, w.pt,
@@ -590,8 +579,8 @@ static int llama_head_backward(struct fsdp_llama *m)
         FSDP_CHECK(fsdp_device_zero(m->lm.dev, g->spg, C * sizeof(float)));
     }
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? g->spg : dw.norm, dlnf,
-                              fsdp_lm_residual(&m->lm, c->n_layer), w.norm, w.pt, a->lnf_rstd, BR,
-                              C);
+                              fsdp_lm_residual(&m->lm, c->n_layer), FSDP_F32, w.norm, w.pt,
+                              a->lnf_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[1] = {dw.norm};
         FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 1));
@@ -609,6 +598,7 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     size_t BR = fsdp_lm_rows_here(&m->lm, BT);
     struct fsdp_llama_grad_acts *g = &m->gacts;
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
+    const struct fsdp_llama_block_store *st = &m->acts.store[l];
     struct fsdp_llama_block_view w, dw;
     const float *dout, *in, *din;
     /* sequence parallel: the norms' weight gradients of this rank's rows go
@@ -629,22 +619,27 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, g->dh, dw.downw, NULL, dout, a->h, w.downw, w.pt, BT, F, C,
                              1.0f, 0);
-    m->lm.k->swiglu_backward(m->lm.dev, a->gate, a->up, g->dh, a->gate, a->up,
-                             BT * F); /* in place */
+    /* d(gate), d(up) over the f32 gate and up (at f32 in place; at bf16
+     * their working set, read from the store) */
+    m->lm.k->swiglu_backward(m->lm.dev, a->gate, a->up, g->dh, fsdp_lm_act(a->gate, st->gate),
+                             fsdp_lm_act(a->up, st->up), m->lm.adt, BT * F);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
     m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, w.pt, BT, C,
                              F, 1.0f, 0);
     m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.upw, NULL, a->up, in, w.upw, w.pt, BT, C, F,
                              1.0f, 1);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
-    m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.mlp_norm, din, a->res2,
-                              w.mlp_norm, w.pt, a->rms2_rstd, BR, C);
+    m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.mlp_norm, din,
+                              fsdp_lm_act(a->res2, st->res2), m->lm.adt, w.mlp_norm, w.pt,
+                              a->rms2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, a->atty, w.ow, w.pt, BT, m->lq, C,
                              1.0f, 0);
-    m->lm.k->gqa_attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty, a->qkv, a->atty,
-                                    a->att_lse, m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
+    m->lm.k->gqa_attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty,
+                                    fsdp_lm_act(a->qkv, st->qkv), fsdp_lm_act(a->atty, st->atty),
+                                    a->att_lse, m->lm.adt, m->lm.B, m->lm.T, m->lnh, m->lnkv,
+                                    m->hs);
     m->lm.k->rope_backward(m->lm.dev, g->dqkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                            m->lnkv, m->hs);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
@@ -652,7 +647,8 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
                              (size_t)m->qkv_w, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + C : dw.attn_norm, din,
-                              fsdp_lm_residual(&m->lm, l), w.attn_norm, w.pt, a->rms1_rstd, BR, C);
+                              fsdp_lm_residual(&m->lm, l), FSDP_F32, w.attn_norm, w.pt,
+                              a->rms1_rstd, BR, C);
     if (m->lm.sp) {
         float *const dst[2] = {dw.mlp_norm, dw.attn_norm};
         FSDP_CHECK(fsdp_lm_sp_norm_grads(&m->lm, dst, 2));

@@ -66,7 +66,7 @@ static int llama_decode_step(struct fsdp_decoder *d, int32_t token, float *logit
         k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, w.mlp_norm, w.pt, 1, C, c->norm_eps);
         k->matmul_forward(dev, g->gate, g->r, w.gatew, NULL, w.pt, NULL, 1, C, F);
         k->matmul_forward(dev, g->up, g->r, w.upw, NULL, w.pt, NULL, 1, C, F);
-        k->swiglu_forward(dev, g->gate, g->gate, g->up, F);
+        k->swiglu_forward(dev, g->gate, g->gate, g->up, FSDP_F32, F);
         k->matmul_forward(dev, x, g->gate, w.downw, NULL, w.pt, x, 1, F, C);
     }
     struct fsdp_llama_head_view h;

@@ -141,6 +141,15 @@ float *fsdp_lm_take(float *base, size_t *off, size_t n)
     return p;
 }
 
+void fsdp_lm_take_act(float **f, uint16_t **h, int bf16, float *base, size_t *off, size_t n)
+{
+    if (bf16) {
+        *h = (uint16_t *)(void *)fsdp_lm_take(base, off, (n + 1) / 2);
+    } else {
+        *f = fsdp_lm_take(base, off, n);
+    }
+}
+
 int fsdp_lm_head_default_rows(const struct fsdp_lm *lm, size_t bytes)
 {
     size_t rows = bytes / (lm->V * sizeof(float));

@@ -125,6 +125,9 @@ int fsdp_lm_locate(const struct fsdp_model_spec *s, const char *name, int u, siz
                    size_t cols, size_t *off);
 /* Carves n floats (64-byte aligned) from base at *off; base NULL only counts. */
 float *fsdp_lm_take(float *base, size_t *off, size_t n);
+/* A saved activation of n values: f32 in *f, or (bf16) in the bf16 store
+ * *h, carved as fsdp_lm_take carves (n + 1) / 2 floats. */
+void fsdp_lm_take_act(float **f, uint16_t **h, int bf16, float *base, size_t *off, size_t n);
 /* Rows of a batch of BT rows that the residual stream holds here. */
 static inline size_t fsdp_lm_rows_here(const struct fsdp_lm *lm, size_t BT)
 {
@@ -250,6 +253,19 @@ float *fsdp_lm_residual(const struct fsdp_lm *lm, int l);
 void fsdp_lm_residual_load(const struct fsdp_lm *lm, int l);
 /* bf16 activations: residual[l]'s slot narrowed into the store; nothing at f32. */
 void fsdp_lm_residual_save(const struct fsdp_lm *lm, int l);
+/* A block's saved tensor x (n f32 values) and its bf16 store st (NULL at
+ * f32, where each does nothing): keep rounds x into st and widens it back
+ * (the kernels after it read x); store only rounds (they read st); widen
+ * fills x from st for a kernel that reads f32. */
+void fsdp_lm_act_keep(const struct fsdp_lm *lm, uint16_t *st, float *x, size_t n);
+void fsdp_lm_act_store(const struct fsdp_lm *lm, uint16_t *st, const float *x, size_t n);
+void fsdp_lm_act_widen(const struct fsdp_lm *lm, float *x, const uint16_t *st, size_t n);
+/* The tensor an entry that takes activations in lm->adt reads or writes:
+ * the store st at bf16, x at f32. */
+static inline void *fsdp_lm_act(float *x, uint16_t *st)
+{
+    return st ? (void *)st : (void *)x;
+}
 /* The final norm's output rows held here within lnf (every row): with
  * sequence parallelism this rank's block, else all of it. */
 float *fsdp_lm_lnf_mine(const struct fsdp_lm *lm, float *lnf, size_t BT);

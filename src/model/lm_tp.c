@@ -111,6 +111,28 @@ void fsdp_lm_residual_save(const struct fsdp_lm *lm, int l)
     lm->k->f32_to_bf16(lm->dev, lm->residual16 + (size_t)l * n, fsdp_lm_residual(lm, l), cur);
 }
 
+void fsdp_lm_act_keep(const struct fsdp_lm *lm, uint16_t *st, float *x, size_t n)
+{
+    if (st) {
+        lm->k->f32_to_bf16(lm->dev, st, x, n);
+        lm->k->bf16_to_f32(lm->dev, x, st, n);
+    }
+}
+
+void fsdp_lm_act_store(const struct fsdp_lm *lm, uint16_t *st, const float *x, size_t n)
+{
+    if (st) {
+        lm->k->f32_to_bf16(lm->dev, st, x, n);
+    }
+}
+
+void fsdp_lm_act_widen(const struct fsdp_lm *lm, float *x, const uint16_t *st, size_t n)
+{
+    if (st) {
+        lm->k->bf16_to_f32(lm->dev, x, st, n);
+    }
+}
+
 float *fsdp_lm_lnf_mine(const struct fsdp_lm *lm, float *lnf, size_t BT)
 {
     return lnf + (lm->sp ? (size_t)lm->tp->rank * fsdp_lm_rows_here(lm, BT) * lm->C : 0);

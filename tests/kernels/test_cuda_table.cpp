@@ -83,14 +83,20 @@ static void rel(pair p)
     free(p.b);
 }
 
-/* 1 when b matches a: bit for bit (bits), else within TOL of the tensor's scale */
-static int agree(const char *what, pair p, int bits)
+/* the root mean square of p.a: the tensor's scale */
+static double rms(pair p)
 {
     double ss = 0.0;
     for (size_t i = 0; i < p.n; i++) {
         ss += (double)p.a[i] * (double)p.a[i];
     }
-    double floor_ = sqrt(ss / (double)(p.n ? p.n : 1));
+    return sqrt(ss / (double)(p.n ? p.n : 1));
+}
+
+/* 1 when b matches a: bit for bit (bits), else within TOL of the tensor's scale */
+static int agree(const char *what, pair p, int bits)
+{
+    double floor_ = rms(p);
     for (size_t i = 0; i < p.n; i++) {
         double e = fabs((double)p.b[i] - (double)p.a[i]);
         int ok = bits ? memcmp(&p.a[i], &p.b[i], sizeof(float)) == 0
@@ -99,6 +105,22 @@ static int agree(const char *what, pair p, int bits)
         if (!ok) {
             tap_diag("%s: [%zu] %.9g (cuda) vs %.9g (cpu)%s", what, i, (double)p.b[i],
                      (double)p.a[i], bits ? ", bits differ" : "");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* p.a and p.b (bf16 values, widened) equal or one bf16 unit apart at the
+ * tensor's scale: two f32 results within TOL may round to neighbours */
+static int agree16(const char *what, pair p)
+{
+    double floor_ = rms(p);
+    for (size_t i = 0; i < p.n; i++) {
+        double e = fabs((double)p.b[i] - (double)p.a[i]);
+        if (e > ldexp(fmax(fabs((double)p.a[i]), floor_), -7)) {
+            tap_diag("%s: [%zu] %.9g (cuda) vs %.9g (cpu), more than a bf16 unit apart", what, i,
+                     (double)p.b[i], (double)p.a[i]);
             return 0;
         }
     }
@@ -204,17 +226,38 @@ static int norms(enum fsdp_dtype pt)
     emu.k->layernorm_forward(&emu, out.b, mean.b, rstd.b, inp, w.p, b.p, pt, N, C, 1e-5f);
     ok &= agree("layernorm_forward", out, 0) & agree("layernorm mean", mean, 0) &
           agree("layernorm rstd", rstd, 0);
-    cpu.k->layernorm_backward(&cpu, dinp.a, dw.a, db.a, dout, inp, w.p, pt, mean.a, rstd.a, N, C);
-    emu.k->layernorm_backward(&emu, dinp.b, dw.b, db.b, dout, inp, w.p, pt, mean.a, rstd.a, N, C);
+    const enum fsdp_dtype F = FSDP_F32;
+    cpu.k->layernorm_backward(&cpu, dinp.a, dw.a, db.a, dout, inp, F, w.p, pt, mean.a, rstd.a, N,
+                              C);
+    emu.k->layernorm_backward(&emu, dinp.b, dw.b, db.b, dout, inp, F, w.p, pt, mean.a, rstd.a, N,
+                              C);
     ok &= agree("layernorm_backward dinp", dinp, 0) & agree("layernorm_backward dweight", dw, 0) &
           agree("layernorm_backward dbias", db, 0);
     cpu.k->rmsnorm_forward(&cpu, out.a, rstd.a, keep.a, inp, w.p, pt, N, C, 1e-6f);
     emu.k->rmsnorm_forward(&emu, out.b, rstd.b, keep.b, inp, w.p, pt, N, C, 1e-6f);
     ok &= agree("rmsnorm_forward", out, 0) & agree("rmsnorm rstd", rstd, 0) &
           agree("rmsnorm keep", keep, 1);
-    cpu.k->rmsnorm_backward(&cpu, dinp.a, dw.a, dout, inp, w.p, pt, rstd.a, N, C);
-    emu.k->rmsnorm_backward(&emu, dinp.b, dw.b, dout, inp, w.p, pt, rstd.a, N, C);
+    cpu.k->rmsnorm_backward(&cpu, dinp.a, dw.a, dout, inp, F, w.p, pt, rstd.a, N, C);
+    emu.k->rmsnorm_backward(&emu, dinp.b, dw.b, dout, inp, F, w.p, pt, rstd.a, N, C);
     ok &= agree("rmsnorm_backward dinp", dinp, 0) & agree("rmsnorm_backward dweight", dw, 0);
+    /* the backwards from a bf16 input (a saved activation), gradients f32 */
+    uint16_t *i16 = (uint16_t *)calloc(N * C, 2);
+    const enum fsdp_dtype H = FSDP_BF16;
+    fsdp_cpu_f32_to_bf16(i16, inp, N * C);
+    sync(dinp), sync(dw), sync(db);
+    cpu.k->layernorm_backward(&cpu, dinp.a, dw.a, db.a, dout, i16, H, w.p, pt, mean.a, rstd.a, N,
+                              C);
+    emu.k->layernorm_backward(&emu, dinp.b, dw.b, db.b, dout, i16, H, w.p, pt, mean.a, rstd.a, N,
+                              C);
+    ok &= agree("layernorm_backward dinp (bf16 input)", dinp, 0) &
+          agree("layernorm_backward dweight (bf16 input)", dw, 0) &
+          agree("layernorm_backward dbias (bf16 input)", db, 0);
+    sync(dinp), sync(dw);
+    cpu.k->rmsnorm_backward(&cpu, dinp.a, dw.a, dout, i16, H, w.p, pt, rstd.a, N, C);
+    emu.k->rmsnorm_backward(&emu, dinp.b, dw.b, dout, i16, H, w.p, pt, rstd.a, N, C);
+    ok &= agree("rmsnorm_backward dinp (bf16 input)", dinp, 0) &
+          agree("rmsnorm_backward dweight (bf16 input)", dw, 0);
+    free(i16);
     cpu.k->bias_residual_forward(&cpu, out.a, inp, b.p, pt, dout, N, C);
     emu.k->bias_residual_forward(&emu, out.b, inp, b.p, pt, dout, N, C);
     ok &= agree("bias_residual_forward", out, 0);
@@ -269,21 +312,35 @@ static int attention(int B, int T, int NH, int NKV, int hs)
     size_t sb = emu.k->gqa_attention_scratch_floats(&emu, T, NH, NKV, hs);
     float *sca = randf(sa, 1.0, 0.0), *scb = randf(sb, 1.0, 0.0);
     int ok = 1;
-    cpu.k->gqa_attention_forward(&cpu, out.a, lse.a, sca, qkv, B, T, NH, NKV, hs);
-    emu.k->gqa_attention_forward(&emu, out.b, lse.b, scb, qkv, B, T, NH, NKV, hs);
+    const enum fsdp_dtype F = FSDP_F32, H = FSDP_BF16;
+    cpu.k->gqa_attention_forward(&cpu, out.a, lse.a, sca, qkv, F, B, T, NH, NKV, hs);
+    emu.k->gqa_attention_forward(&emu, out.b, lse.b, scb, qkv, F, B, T, NH, NKV, hs);
     ok &= agree("gqa_attention_forward", out, 0) & agree("gqa_attention lse", lse, 0);
-    cpu.k->gqa_attention_backward(&cpu, dqkv.a, sca, dout, qkv, out.a, lse.a, B, T, NH, NKV, hs);
-    emu.k->gqa_attention_backward(&emu, dqkv.b, scb, dout, qkv, out.a, lse.a, B, T, NH, NKV, hs);
+    cpu.k->gqa_attention_backward(&cpu, dqkv.a, sca, dout, qkv, out.a, lse.a, F, B, T, NH, NKV, hs);
+    emu.k->gqa_attention_backward(&emu, dqkv.b, scb, dout, qkv, out.a, lse.a, F, B, T, NH, NKV, hs);
     ok &= agree("gqa_attention_backward", dqkv, 0);
+    /* bf16 activations: qkv and out stored bf16 (out within a bf16 unit),
+     * lse and d(qkv) f32 */
+    uint16_t *q16 = (uint16_t *)calloc(N * QKV, 2), *oa = (uint16_t *)calloc(N * Cq, 2);
+    uint16_t *ob = (uint16_t *)calloc(N * Cq, 2);
+    fsdp_cpu_f32_to_bf16(q16, qkv, N * QKV);
+    cpu.k->gqa_attention_forward(&cpu, oa, lse.a, sca, q16, H, B, T, NH, NKV, hs);
+    emu.k->gqa_attention_forward(&emu, ob, lse.b, scb, q16, H, B, T, NH, NKV, hs);
+    fsdp_cpu_bf16_to_f32(out.a, oa, N * Cq), fsdp_cpu_bf16_to_f32(out.b, ob, N * Cq);
+    ok &= agree16("gqa_attention_forward (bf16)", out) & agree("gqa_attention lse (bf16)", lse, 0);
+    cpu.k->gqa_attention_backward(&cpu, dqkv.a, sca, dout, q16, oa, lse.a, H, B, T, NH, NKV, hs);
+    emu.k->gqa_attention_backward(&emu, dqkv.b, scb, dout, q16, oa, lse.a, H, B, T, NH, NKV, hs);
+    ok &= agree("gqa_attention_backward (bf16 activations)", dqkv, 0);
+    free(q16), free(oa), free(ob);
     if (NKV == NH) { /* the GPT-2 entries: the same layout with C = NH hs */
         size_t ma = cpu.k->attention_scratch_floats(&cpu, T);
         size_t mb = emu.k->attention_scratch_floats(&emu, T);
         float *mca = randf(ma, 1.0, 0.0), *mcb = randf(mb, 1.0, 0.0);
-        cpu.k->attention_forward(&cpu, out.a, lse.a, mca, qkv, B, T, (int)Cq, NH);
-        emu.k->attention_forward(&emu, out.b, lse.b, mcb, qkv, B, T, (int)Cq, NH);
+        cpu.k->attention_forward(&cpu, out.a, lse.a, mca, qkv, F, B, T, (int)Cq, NH);
+        emu.k->attention_forward(&emu, out.b, lse.b, mcb, qkv, F, B, T, (int)Cq, NH);
         ok &= agree("attention_forward", out, 0) & agree("attention lse", lse, 0);
-        cpu.k->attention_backward(&cpu, dqkv.a, mca, dout, qkv, out.a, lse.a, B, T, (int)Cq, NH);
-        emu.k->attention_backward(&emu, dqkv.b, mcb, dout, qkv, out.a, lse.a, B, T, (int)Cq, NH);
+        cpu.k->attention_backward(&cpu, dqkv.a, mca, dout, qkv, out.a, lse.a, F, B, T, (int)Cq, NH);
+        emu.k->attention_backward(&emu, dqkv.b, mcb, dout, qkv, out.a, lse.a, F, B, T, (int)Cq, NH);
         ok &= agree("attention_backward", dqkv, 0);
         free(mca);
         free(mcb);
@@ -311,14 +368,15 @@ static int elementwise(void)
     float *x = randf(n, 2.0, 0.0), *y = randf(n, 1.0, 0.0), *z = randf(n, 1.0, 0.0);
     pair o = mk(n), o2 = mk(n);
     int ok = 1;
-    cpu.k->gelu_forward(&cpu, o.a, x, n), emu.k->gelu_forward(&emu, o.b, x, n);
+    const enum fsdp_dtype F = FSDP_F32;
+    cpu.k->gelu_forward(&cpu, o.a, x, F, n), emu.k->gelu_forward(&emu, o.b, x, F, n);
     ok &= agree("gelu_forward", o, 0);
-    cpu.k->gelu_backward(&cpu, o.a, x, y, n), emu.k->gelu_backward(&emu, o.b, x, y, n);
+    cpu.k->gelu_backward(&cpu, o.a, x, y, F, n), emu.k->gelu_backward(&emu, o.b, x, y, F, n);
     ok &= agree("gelu_backward", o, 0);
-    cpu.k->swiglu_forward(&cpu, o.a, x, y, n), emu.k->swiglu_forward(&emu, o.b, x, y, n);
+    cpu.k->swiglu_forward(&cpu, o.a, x, y, F, n), emu.k->swiglu_forward(&emu, o.b, x, y, F, n);
     ok &= agree("swiglu_forward", o, 0);
-    cpu.k->swiglu_backward(&cpu, o.a, o2.a, z, x, y, n);
-    emu.k->swiglu_backward(&emu, o.b, o2.b, z, x, y, n);
+    cpu.k->swiglu_backward(&cpu, o.a, o2.a, z, x, y, F, n);
+    emu.k->swiglu_backward(&emu, o.b, o2.b, z, x, y, F, n);
     ok &= agree("swiglu_backward dgate", o, 0) & agree("swiglu_backward dup", o2, 0);
     size_t nq = (size_t)B * T * (NH + 2 * NKV) * hs;
     pair qkv = mk(nq);
@@ -342,6 +400,38 @@ static int elementwise(void)
 }
 
 /* casts out of place and in place (the chunked path: more than one chunk) */
+/* GELU and SwiGLU on bf16 activations (stored bf16, gradients f32), as
+ * the models call them with --activation-dtype bf16: the forwards' bf16
+ * outputs within a bf16 unit of the CPU table's, the backwards' f32
+ * gradients within TOL. */
+static int elementwise_act16(void)
+{
+    const size_t n = 1001;
+    const enum fsdp_dtype H = FSDP_BF16;
+    float *x = randf(n, 2.0, 0.0), *y = randf(n, 1.0, 0.0), *z = randf(n, 1.0, 0.0);
+    uint16_t *x16 = (uint16_t *)calloc(n, 2), *y16 = (uint16_t *)calloc(n, 2);
+    uint16_t *oa = (uint16_t *)calloc(n, 2), *ob = (uint16_t *)calloc(n, 2);
+    pair o = mk(n), o2 = mk(n);
+    int ok = 1;
+    fsdp_cpu_f32_to_bf16(x16, x, n), fsdp_cpu_f32_to_bf16(y16, y, n);
+    cpu.k->gelu_forward(&cpu, oa, x16, H, n), emu.k->gelu_forward(&emu, ob, x16, H, n);
+    fsdp_cpu_bf16_to_f32(o.a, oa, n), fsdp_cpu_bf16_to_f32(o.b, ob, n);
+    ok &= agree16("gelu_forward (bf16)", o);
+    cpu.k->gelu_backward(&cpu, o.a, x16, z, H, n), emu.k->gelu_backward(&emu, o.b, x16, z, H, n);
+    ok &= agree("gelu_backward (bf16 activations)", o, 0);
+    cpu.k->swiglu_forward(&cpu, oa, x16, y16, H, n),
+        emu.k->swiglu_forward(&emu, ob, x16, y16, H, n);
+    fsdp_cpu_bf16_to_f32(o.a, oa, n), fsdp_cpu_bf16_to_f32(o.b, ob, n);
+    ok &= agree16("swiglu_forward (bf16)", o);
+    cpu.k->swiglu_backward(&cpu, o.a, o2.a, z, x16, y16, H, n);
+    emu.k->swiglu_backward(&emu, o.b, o2.b, z, x16, y16, H, n);
+    ok &= agree("swiglu_backward dgate (bf16 activations)", o, 0) &
+          agree("swiglu_backward dup (bf16 activations)", o2, 0);
+    free(x), free(y), free(z), free(x16), free(y16), free(oa), free(ob);
+    rel(o), rel(o2);
+    return ok;
+}
+
 static int casts(void)
 {
     int ok = 1;
@@ -475,7 +565,7 @@ static void wide_heads(void)
         dup2(fds[1], 2);
         const int hs = 136;
         float *x = randf((size_t)3 * hs, 1.0, 0.0), *o = randf(hs, 1.0, 0.0), lse[1];
-        emu.k->gqa_attention_forward(&emu, o, lse, NULL, x, 1, 1, 1, 1, hs);
+        emu.k->gqa_attention_forward(&emu, o, lse, NULL, x, FSDP_F32, 1, 1, 1, 1, hs);
         _exit(0);
     }
     close(fds[1]);
@@ -510,6 +600,7 @@ int main(void)
                s[2], s[3], s[4]);
     }
     tap_ok(elementwise(), "cuda table: GELU, SwiGLU, RoPE, scale, accumulate, fill");
+    tap_ok(elementwise_act16(), "cuda table: GELU and SwiGLU on bf16 activations");
     casts();
     tap_ok(losses(), "cuda table: cross-entropy whole and by slices, the combination, loss rows");
     tap_ok(optimizer(), "cuda table: AdamW");

@@ -7,7 +7,11 @@
  * the device's memory is one error naming the buffer, the bytes and the
  * free memory, every kernel that reads parameters gives, from bf16 or
  * f16 parameters, bit for bit what it gives from the same values in f32,
- * and bf16 activation storage rounds as the host does.
+ * bf16 activation storage rounds as the host does, and every entry that
+ * takes activations in a storage dtype gives, from bf16 activations, the
+ * f32 entry's results from their widened values (rounded to bf16 where it
+ * stores bf16), within bf16's rounding of the f32 entry's from the
+ * unrounded values.
  */
 #include "config.h"
 #include "compute/device.h"
@@ -192,16 +196,17 @@ static int pkernels(struct pbufs *b, enum fsdp_dtype t)
                          1e-5f);
     k->layernorm_forward(d, b->out2, b->stat2, b->stat2 + PC, b->x, h, h + PC, t, PN, PC, 1e-5f);
     bad += !psame(d, b->out, b->out2, PN * PC);
-    k->layernorm_backward(d, b->out, b->stat + 2 * PC, b->stat + 3 * PC, b->x2, b->x, w, FSDP_F32,
-                          b->stat, b->stat + PC, 1, PC);
-    k->layernorm_backward(d, b->out2, b->stat2 + 2 * PC, b->stat2 + 3 * PC, b->x2, b->x, h, t,
-                          b->stat, b->stat + PC, 1, PC);
+    k->layernorm_backward(d, b->out, b->stat + 2 * PC, b->stat + 3 * PC, b->x2, b->x, FSDP_F32, w,
+                          FSDP_F32, b->stat, b->stat + PC, 1, PC);
+    k->layernorm_backward(d, b->out2, b->stat2 + 2 * PC, b->stat2 + 3 * PC, b->x2, b->x, FSDP_F32,
+                          h, t, b->stat, b->stat + PC, 1, PC);
     bad += !psame(d, b->out, b->out2, PC);
     k->rmsnorm_forward(d, b->out, b->stat, NULL, b->x, w, FSDP_F32, PN, PC, 1e-5f);
     k->rmsnorm_forward(d, b->out2, b->stat2, NULL, b->x, h, t, PN, PC, 1e-5f);
     bad += !psame(d, b->out, b->out2, PN * PC);
-    k->rmsnorm_backward(d, b->out, b->stat + PC, b->x2, b->x, w, FSDP_F32, b->stat, PN, PC);
-    k->rmsnorm_backward(d, b->out2, b->stat2 + PC, b->x2, b->x, h, t, b->stat, PN, PC);
+    k->rmsnorm_backward(d, b->out, b->stat + PC, b->x2, b->x, FSDP_F32, w, FSDP_F32, b->stat, PN,
+                        PC);
+    k->rmsnorm_backward(d, b->out2, b->stat2 + PC, b->x2, b->x, FSDP_F32, h, t, b->stat, PN, PC);
     bad += !psame(d, b->out, b->out2, PN * PC);
     k->matmul_forward(d, b->out, b->x, w, w + POC * PC, FSDP_F32, NULL, PN, PC, POC);
     k->matmul_forward(d, b->out2, b->x, h, h + POC * PC, t, NULL, PN, PC, POC);
@@ -306,6 +311,352 @@ static void test_act_storage(const char *name)
     fsdp_device_destroy(d);
 }
 
+// ----------------------------------------------------------------------------
+// activations in bf16 storage
+
+/* More than one CPU tile (2048 values) and odd: tiles and a tail. */
+enum { AN = 5001, AE = 4 };
+
+static const char *const aname[AE] = {"gelu_forward", "gelu_backward", "swiglu_forward",
+                                      "swiglu_backward"};
+
+struct abufs {
+    struct fsdp_device *d;
+    float *x[3][2];   /* [mode][input]: mode 1 rounded to bf16 and widened, 2 unrounded */
+    uint16_t *x16[2]; /* mode 0: the inputs rounded to bf16 */
+    float *dy;        /* an f32 gradient */
+    float *o[2];      /* f32 outputs */
+    uint16_t *o16;    /* a bf16 output */
+};
+
+/* The device's n values at p (bf16 when bf16) into h, as f32. */
+static void aread_n(struct fsdp_device *d, float *h, const void *p, int bf16, size_t n)
+{
+    if (!bf16) {
+        (void)fsdp_device_read(d, h, p, n * sizeof(float));
+        return;
+    }
+    uint16_t *t = malloc(n * sizeof(uint16_t));
+    if (t && fsdp_device_read(d, t, p, n * sizeof(uint16_t)) == 0) {
+        fsdp_cpu_bf16_to_f32(h, t, n);
+    }
+    free(t);
+}
+
+static void aread(struct fsdp_device *d, float *h, const void *p, int bf16)
+{
+    aread_n(d, h, p, bf16, AN);
+}
+
+/* Entry e over the inputs of mode (0: bf16, else f32 mode 1 or 2); its
+ * outputs into h[0] (and h[1]); returns whether the first is stored bf16. */
+static int arun(struct abufs *b, int e, int mode, float h[2][AN])
+{
+    struct fsdp_device *d = b->d;
+    const struct fsdp_kernels *k = d->k;
+    enum fsdp_dtype at = mode ? FSDP_F32 : FSDP_BF16;
+    const void *in0 = mode ? (const void *)b->x[mode][0] : b->x16[0];
+    const void *in1 = mode ? (const void *)b->x[mode][1] : b->x16[1];
+    void *out = mode ? (void *)b->o[0] : b->o16;
+    switch (e) {
+    case 0:
+        k->gelu_forward(d, out, in0, at, AN);
+        break;
+    case 1:
+        k->gelu_backward(d, b->o[0], in0, b->dy, at, AN);
+        break;
+    case 2:
+        k->swiglu_forward(d, out, in0, in1, at, AN);
+        break;
+    default:
+        k->swiglu_backward(d, b->o[0], b->o[1], b->dy, in0, in1, at, AN);
+        aread(d, h[1], b->o[1], 0);
+        break;
+    }
+    int bf16_out = !mode && (e == 0 || e == 2);
+    aread(d, h[0], bf16_out ? (const void *)b->o16 : b->o[0], bf16_out);
+    return e == 0 || e == 2;
+}
+
+/*
+ * n values of an entry from bf16 activations (got) against the f32 entry
+ * from their widened values (wide, rounded to bf16 where the output is
+ * stored so): equal bit for bit; and against the f32 entry from the
+ * unrounded inputs (ref): within bf16's rounding, |got - ref| <= units
+ * 2^-8 (|ref| + mean |ref|). Returns the values that break either;
+ * *worst: the largest |got - ref| / (2^-8 (|ref| + mean |ref|)).
+ */
+static int acheck_n(const float *got, float *wide, const float *ref, int bf16_out, double *worst,
+                    size_t n, double units)
+{
+    uint16_t *t = malloc(n * sizeof(uint16_t));
+    double mean = 0.0;
+    int bad = 0;
+    if (bf16_out && t) {
+        fsdp_cpu_f32_to_bf16(t, wide, n);
+        fsdp_cpu_bf16_to_f32(wide, t, n);
+    }
+    free(t);
+    for (size_t i = 0; i < n; i++) {
+        mean += fabs(ref[i]) / (double)n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]) / ((fabs(ref[i]) + mean) * ldexp(1.0, -8));
+        *worst = e > *worst ? e : *worst;
+        bad += memcmp(&got[i], &wide[i], sizeof(float)) != 0 || !(e <= units);
+    }
+    return bad;
+}
+
+static int acheck(const float *got, float *wide, const float *ref, int bf16_out, double *worst)
+{
+    return acheck_n(got, wide, ref, bf16_out, worst, AN, 4.0);
+}
+
+static void test_act_dtypes(const char *name)
+{
+    struct abufs b = {0};
+    static float hx[2][AN], hw[2][AN], hdy[AN], h[3][2][AN];
+    static uint16_t h16[2][AN];
+    if (fsdp_device_create(name, 0, &b.d) < 0) {
+        tap_ok(0, "%s: created for the activation-dtype checks", name);
+        return;
+    }
+    for (size_t i = 0; i < AN; i++) { /* gelu's and silu's curved range, and past it */
+        hx[0][i] = 3.0f * sinf(0.37f * (float)i) + 0.1f;
+        hx[1][i] = 0.5f + cosf(0.23f * (float)i);
+        hdy[i] = 0.25f * cosf(0.91f * (float)i);
+    }
+    for (int j = 0; j < 2; j++) {
+        fsdp_cpu_f32_to_bf16(h16[j], hx[j], AN);
+        fsdp_cpu_bf16_to_f32(hw[j], h16[j], AN);
+        b.x[1][j] = pdev(b.d, hw[j], sizeof(hw[j]));
+        b.x[2][j] = pdev(b.d, hx[j], sizeof(hx[j]));
+        b.x16[j] = pdev(b.d, h16[j], sizeof(h16[j]));
+        b.o[j] = pdev(b.d, NULL, AN * sizeof(float));
+    }
+    b.dy = pdev(b.d, hdy, sizeof(hdy));
+    b.o16 = pdev(b.d, NULL, AN * sizeof(uint16_t));
+    for (int e = 0; e < AE; e++) {
+        int bad = 0, bf16_out = 0;
+        double worst = 0.0;
+        for (int mode = 0; mode < 3 && b.o16; mode++) {
+            bf16_out = arun(&b, e, mode, h[mode]);
+        }
+        for (int j = 0; j < (e == 3 ? 2 : 1) && b.o16; j++) {
+            bad += acheck(h[0][j], h[1][j], h[2][j], bf16_out, &worst);
+        }
+        tap_ok(b.o16 && bad == 0,
+               "%s: %s from bf16 activations equals the f32 entry from their widened values "
+               "%s, and the f32 entry from unrounded ones within bf16's rounding (worst %.2f "
+               "of 4 units of 2^-8; %d values off)",
+               name, aname[e], bf16_out ? "rounded to bf16" : "bit for bit", worst, bad);
+    }
+    void *all[] = {b.x[1][0], b.x[1][1], b.x[2][0], b.x[2][1], b.x16[0],
+                   b.x16[1],  b.dy,      b.o[0],    b.o[1],    b.o16};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        b.d->ops->free(b.d, all[i]);
+    }
+    fsdp_device_destroy(b.d);
+}
+
+/*
+ * The attentions from bf16 activations (B sequences, odd T; GPT-2's entry
+ * and the grouped one): forward from bf16 qkv, from its widened values and
+ * from the unrounded ones; backward from bf16 qkv and out, from their
+ * widened values (with the bf16 forward's lse) and from the unrounded f32
+ * forward's. The outputs and lse as acheck_n checks them, the f32 ones
+ * within 16 units (the softmax's sums magnify an input's rounding).
+ */
+enum { TB = 2, TT = 37, TNH = 4, THS = 8 };
+
+static int att_run(struct fsdp_device *d, int gqa, int nkv, void *out, float *lse, float *sc,
+                   const void *qkv, enum fsdp_dtype at)
+{
+    if (gqa) {
+        d->k->gqa_attention_forward(d, out, lse, sc, qkv, at, TB, TT, TNH, nkv, THS);
+    } else {
+        d->k->attention_forward(d, out, lse, sc, qkv, at, TB, TT, TNH * THS, TNH);
+    }
+    return 0;
+}
+
+static void att_back(struct fsdp_device *d, int gqa, int nkv, float *dqkv, float *sc,
+                     const float *dout, const void *qkv, const void *out, const float *lse,
+                     enum fsdp_dtype at)
+{
+    if (gqa) {
+        d->k->gqa_attention_backward(d, dqkv, sc, dout, qkv, out, lse, at, TB, TT, TNH, nkv, THS);
+    } else {
+        d->k->attention_backward(d, dqkv, sc, dout, qkv, out, lse, at, TB, TT, TNH * THS, TNH);
+    }
+}
+
+static int test_act_attention_one(struct fsdp_device *d, int gqa, double *worst)
+{
+    int nkv = gqa ? 2 : TNH;
+    size_t nq = (size_t)TB * TT * (TNH + 2 * nkv) * THS, no = (size_t)TB * TT * TNH * THS;
+    size_t nl = (size_t)TB * TNH * TT,
+           nsc = d->k->gqa_attention_scratch_floats(d, TT, TNH, nkv, THS);
+    float *hq = malloc(nq * sizeof(float)), *hw = malloc(nq * sizeof(float));
+    float *hd = malloc(no * sizeof(float)), *h[3][3];
+    uint16_t *h16 = malloc(nq * sizeof(uint16_t));
+    for (size_t i = 0; i < nq; i++) {
+        hq[i] = 1.5f * sinf(0.29f * (float)i) + 0.05f * cosf(1.3f * (float)i);
+    }
+    for (size_t i = 0; i < no; i++) {
+        hd[i] = 0.5f * cosf(0.77f * (float)i);
+    }
+    fsdp_cpu_f32_to_bf16(h16, hq, nq);
+    fsdp_cpu_bf16_to_f32(hw, h16, nq);
+    for (int m = 0; m < 3; m++) { /* [mode][out, lse, dqkv] */
+        h[m][0] = malloc(no * sizeof(float)), h[m][1] = malloc(nl * sizeof(float));
+        h[m][2] = malloc(nq * sizeof(float));
+    }
+    void *q16 = pdev(d, h16, nq * sizeof(uint16_t)), *qw = pdev(d, hw, nq * sizeof(float));
+    void *qr = pdev(d, hq, nq * sizeof(float)), *dout = pdev(d, hd, no * sizeof(float));
+    void *o16 = pdev(d, NULL, no * sizeof(uint16_t)), *ow = pdev(d, NULL, no * sizeof(float));
+    void *orr = pdev(d, NULL, no * sizeof(float)), *sc = pdev(d, NULL, (nsc + 1) * sizeof(float));
+    float *l[3], *dq = pdev(d, NULL, nq * sizeof(float));
+    for (int m = 0; m < 3; m++) {
+        l[m] = pdev(d, NULL, nl * sizeof(float));
+    }
+    void *qin[3] = {q16, qw, qr}, *oo[3] = {o16, ow, orr};
+    for (int m = 0; m < 3; m++) {
+        att_run(d, gqa, nkv, oo[m], l[m], sc, qin[m], m ? FSDP_F32 : FSDP_BF16);
+        aread_n(d, h[m][0], oo[m], m == 0, no);
+        aread_n(d, h[m][1], l[m], 0, nl);
+    }
+    /* backward: mode 1 reads the bf16 forward's out, widened, and lse */
+    (void)fsdp_device_write(d, ow, h[0][0], no * sizeof(float));
+    for (int m = 0; m < 3; m++) {
+        att_back(d, gqa, nkv, dq, sc, dout, qin[m], oo[m], l[m == 2 ? 2 : 0],
+                 m ? FSDP_F32 : FSDP_BF16);
+        aread_n(d, h[m][2], dq, 0, nq);
+    }
+    int bad = acheck_n(h[0][0], h[1][0], h[2][0], 1, worst, no, 16.0);
+    bad += acheck_n(h[0][1], h[1][1], h[2][1], 0, worst, nl, 16.0);
+    bad += acheck_n(h[0][2], h[1][2], h[2][2], 0, worst, nq, 16.0);
+    void *all[] = {q16, qw, qr, dout, o16, ow, orr, sc, dq, l[0], l[1], l[2]};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        d->ops->free(d, all[i]);
+    }
+    for (int m = 0; m < 3; m++) {
+        free(h[m][0]), free(h[m][1]), free(h[m][2]);
+    }
+    free(hq), free(hw), free(hd), free(h16);
+    return bad;
+}
+
+static void test_act_attention(const char *name)
+{
+    struct fsdp_device *d = NULL;
+    if (fsdp_device_create(name, 0, &d) < 0) {
+        tap_ok(0, "%s: created for the attention activation-dtype checks", name);
+        return;
+    }
+    for (int gqa = 0; gqa < 2; gqa++) {
+        double worst = 0.0;
+        int bad = test_act_attention_one(d, gqa, &worst);
+        tap_ok(bad == 0,
+               "%s: %s forward and backward from bf16 activations equal the f32 entries from "
+               "their widened values (out rounded to bf16), and from unrounded ones within "
+               "bf16's rounding (worst %.2f of 16 units of 2^-8; %d values off)",
+               name, gqa ? "gqa_attention" : "attention", worst, bad);
+    }
+    fsdp_device_destroy(d);
+}
+
+/*
+ * The norms' backwards from a bf16 input (N rows of C: more than one of
+ * the CPU's row tiles), as acheck_n checks them (16 units: the mean's
+ * subtraction and the column sums magnify an input's rounding): from the bf16
+ * input, from its widened values (the statistics of the widened values'
+ * forward for both, as the model has them), and from the unrounded ones
+ * (their own statistics). dinp, dweight (and dbias) each.
+ */
+enum { NN = 1000, NC = 37 };
+
+static int norm_back(struct fsdp_device *d, int ln, void *x, enum fsdp_dtype at, float *w,
+                     float *st, float *dy, float *g)
+{
+    (void)fsdp_device_zero(d, g, (NN + 2) * NC * sizeof(float));
+    if (ln) {
+        d->k->layernorm_backward(d, g, g + NN * NC, g + (NN + 1) * NC, dy, x, at, w, FSDP_F32, st,
+                                 st + NN, NN, NC);
+    } else {
+        d->k->rmsnorm_backward(d, g, g + NN * NC, dy, x, at, w, FSDP_F32, st, NN, NC);
+    }
+    return 0;
+}
+
+static int test_act_norm_one(struct fsdp_device *d, int ln, double *worst)
+{
+    size_t n = (size_t)NN * NC, ng = (size_t)(NN + 2) * NC;
+    float *hx = malloc(n * sizeof(float)), *hw = malloc(n * sizeof(float));
+    float *hdy = malloc(n * sizeof(float)), *hwt = malloc(NC * sizeof(float)), *h[3];
+    uint16_t *h16 = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        hx[i] = 2.0f * sinf(0.31f * (float)i) + 0.3f;
+        hdy[i] = 0.5f * cosf(0.53f * (float)i);
+    }
+    for (size_t i = 0; i < NC; i++) {
+        hwt[i] = 0.9f + 0.2f * sinf((float)i);
+    }
+    fsdp_cpu_f32_to_bf16(h16, hx, n);
+    fsdp_cpu_bf16_to_f32(hw, h16, n);
+    void *x16 = pdev(d, h16, n * sizeof(uint16_t));
+    float *xw = pdev(d, hw, n * sizeof(float)), *xr = pdev(d, hx, n * sizeof(float));
+    float *dy = pdev(d, hdy, n * sizeof(float)), *w = pdev(d, hwt, NC * sizeof(float));
+    float *out = pdev(d, NULL, n * sizeof(float)), *g = pdev(d, NULL, ng * sizeof(float));
+    float *sw = pdev(d, NULL, 2 * NN * sizeof(float)), *sr = pdev(d, NULL, 2 * NN * sizeof(float));
+    float *bias = pdev(d, NULL, NC * sizeof(float));
+    if (ln) {
+        d->k->layernorm_forward(d, out, sw, sw + NN, xw, w, bias, FSDP_F32, NN, NC, 1e-5f);
+        d->k->layernorm_forward(d, out, sr, sr + NN, xr, w, bias, FSDP_F32, NN, NC, 1e-5f);
+    } else {
+        d->k->rmsnorm_forward(d, out, sw, NULL, xw, w, FSDP_F32, NN, NC, 1e-5f);
+        d->k->rmsnorm_forward(d, out, sr, NULL, xr, w, FSDP_F32, NN, NC, 1e-5f);
+    }
+    void *in[3] = {x16, xw, xr};
+    float *sts[3] = {sw, sw, sr};
+    for (int m = 0; m < 3; m++) {
+        h[m] = malloc(ng * sizeof(float));
+        norm_back(d, ln, in[m], m ? FSDP_F32 : FSDP_BF16, w, sts[m], dy, g);
+        aread_n(d, h[m], g, 0, ng);
+    }
+    int bad = acheck_n(h[0], h[1], h[2], 0, worst, n, 16.0);
+    bad += acheck_n(h[0] + n, h[1] + n, h[2] + n, 0, worst, (ln ? 2 : 1) * NC, 16.0);
+    void *all[] = {x16, xw, xr, dy, w, out, g, sw, sr, bias};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        d->ops->free(d, all[i]);
+    }
+    for (int m = 0; m < 3; m++) {
+        free(h[m]);
+    }
+    free(hx), free(hw), free(hdy), free(hwt), free(h16);
+    return bad;
+}
+
+static void test_act_norms(const char *name)
+{
+    struct fsdp_device *d = NULL;
+    if (fsdp_device_create(name, 0, &d) < 0) {
+        tap_ok(0, "%s: created for the norms' activation-dtype checks", name);
+        return;
+    }
+    for (int ln = 0; ln < 2; ln++) {
+        double worst = 0.0;
+        int bad = test_act_norm_one(d, ln, &worst);
+        tap_ok(bad == 0,
+               "%s: %s_backward from a bf16 input equals the f32 entry from its widened values "
+               "bit for bit, and from unrounded ones within bf16's rounding (worst %.2f of 16 "
+               "units of 2^-8; %d values off)",
+               name, ln ? "layernorm" : "rmsnorm", worst, bad);
+    }
+    fsdp_device_destroy(d);
+}
+
 int main(void)
 {
     /* the guarded device's reservation, small for the test */
@@ -316,6 +667,12 @@ int main(void)
     test_param_dtypes("guarded");
     test_act_storage("cpu");
     test_act_storage("guarded");
+    test_act_dtypes("cpu");
+    test_act_dtypes("guarded");
+    test_act_attention("cpu");
+    test_act_attention("guarded");
+    test_act_norms("cpu");
+    test_act_norms("guarded");
     struct fsdp_device *d = NULL;
     int rc = fsdp_device_create("gpu9", 0, &d);
     tap_ok(rc < 0 && strstr(fsdp_err_msg(), "(devices: cpu, guarded)"),

@@ -60,14 +60,15 @@
 
 struct fsdp_att_dims {
     int T, NH, NKV, hs, group;
+    int abf16;    /* qkv and out stored as bf16 (1) or f32 (0): converted in registers */
     size_t ld, C; /* row strides: qkv (C + 2 NKV hs), out (C = NH hs) */
     float scale;  /* 1 / sqrt(hs) */
 };
 
-static struct fsdp_att_dims fsdp_att_dims_of(int T, int NH, int NKV, int hs)
+static struct fsdp_att_dims fsdp_att_dims_of(int T, int NH, int NKV, int hs, int abf16)
 {
     struct fsdp_att_dims a;
-    a.T = T, a.NH = NH, a.NKV = NKV, a.hs = hs, a.group = NH / NKV;
+    a.T = T, a.NH = NH, a.NKV = NKV, a.hs = hs, a.group = NH / NKV, a.abf16 = abf16;
     a.C = (size_t)NH * (size_t)hs;
     a.ld = a.C + 2 * (size_t)NKV * (size_t)hs;
     a.scale = 1.0f / sqrtf((float)hs);
@@ -88,15 +89,28 @@ static __device__ __forceinline__ float fsdp_att_dot(const float *a, const float
     return s;
 }
 
-/* dst rows [0, nr) (stride ldd) <- rows [r0, r0 + nr) of src (stride lds),
- * zeros for rows at or past T; by the whole block, coalesced */
-static __device__ __forceinline__ void fsdp_att_load(float *dst, int ldd, const float *src,
-                                                     size_t lds, int r0, int nr, int T, int hs)
+/* dst rows [0, nr) (stride ldd) <- rows [r0, r0 + nr) of the tensor at
+ * element off of src (stride lds; bf16: stored as bf16), zeros for rows at
+ * or past T; by the whole block, coalesced */
+static __device__ __forceinline__ void fsdp_att_load(float *dst, int ldd, const void *src,
+                                                     size_t off, size_t lds, int r0, int nr, int T,
+                                                     int hs, int bf16)
 {
     for (int t = (int)threadIdx.x; t < nr * hs; t += (int)blockDim.x) {
         int r = t / hs, d = t - r * hs;
-        dst[r * ldd + d] = r0 + r < T ? src[(size_t)(r0 + r) * lds + d] : 0.0f;
+        dst[r * ldd + d] = r0 + r < T ? fsdp_ld(src, off + (size_t)(r0 + r) * lds + d, bf16) : 0.0f;
     }
+}
+
+/* a . (n values at element off of p, bf16: stored as bf16) */
+static __device__ __forceinline__ float fsdp_att_dot_at(const float *a, const void *p, size_t off,
+                                                        int n, int bf16)
+{
+    float s = 0.0f;
+    for (int d = 0; d < n; d++) {
+        s += a[d] * fsdp_ld(p, off + (size_t)d, bf16);
+    }
+    return s;
 }
 
 // ----------------------------------------------------------------------------
@@ -161,7 +175,7 @@ static __device__ __forceinline__ void fsdp_att_forward_tile(float (*o)[FSDP_ATT
 }
 
 static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
-    fsdp_att_forward_kernel(float *out, float *lse, const float *qkv, struct fsdp_att_dims a)
+    fsdp_att_forward_kernel(void *out, float *lse, const void *qkv, struct fsdp_att_dims a)
 {
     FSDP_CUDA_DYNAMIC_SHARED(float, sh);
     int hs = a.hs, ks = hs + 1, lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
@@ -171,9 +185,9 @@ static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
     float *kt = qs + FSDP_ATT_BR * hs;                           /* (BC, hs + 1) */
     float *vt = kt + FSDP_ATT_BC * ks;                           /* (BC, hs + 1) */
     float *w = vt + FSDP_ATT_BC * ks + warp * FSDP_ATT_RPW * 32; /* (RPW, 32) this warp's */
-    const float *row0 = qkv + (size_t)b * (size_t)a.T * a.ld;
-    const float *k = row0 + a.C + (size_t)(h / a.group) * (size_t)hs;
-    const float *v = k + (size_t)a.NKV * (size_t)hs;
+    size_t row0 = (size_t)b * (size_t)a.T * a.ld;                /* element offsets into qkv */
+    size_t k = row0 + a.C + (size_t)(h / a.group) * (size_t)hs;
+    size_t v = k + (size_t)a.NKV * (size_t)hs;
     float m[FSDP_ATT_RPW], l[FSDP_ATT_RPW], o[FSDP_ATT_RPW][FSDP_ATT_DPL];
     FSDP_ATT_UNROLL
     for (int kr = 0; kr < FSDP_ATT_RPW; kr++) {
@@ -183,12 +197,13 @@ static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
             o[kr][c] = 0.0f;
         }
     }
-    fsdp_att_load(qs, hs, row0 + (size_t)h * (size_t)hs, a.ld, i0, FSDP_ATT_BR, a.T, hs);
+    fsdp_att_load(qs, hs, qkv, row0 + (size_t)h * (size_t)hs, a.ld, i0, FSDP_ATT_BR, a.T, hs,
+                  a.abf16);
     int kend = fsdp_att_min(a.T, i0 + FSDP_ATT_BR); /* keys [0, kend): the causal bound */
     for (int j0 = 0; j0 < kend; j0 += FSDP_ATT_BC) {
         __syncthreads(); /* the previous tile is read (and q is loaded) */
-        fsdp_att_load(kt, ks, k, a.ld, j0, FSDP_ATT_BC, a.T, hs);
-        fsdp_att_load(vt, ks, v, a.ld, j0, FSDP_ATT_BC, a.T, hs);
+        fsdp_att_load(kt, ks, qkv, k, a.ld, j0, FSDP_ATT_BC, a.T, hs, a.abf16);
+        fsdp_att_load(vt, ks, qkv, v, a.ld, j0, FSDP_ATT_BC, a.T, hs, a.abf16);
         __syncthreads();
         fsdp_att_forward_tile(o, m, l, w, qs, kt, vt, i0, r0, j0, &a);
     }
@@ -199,11 +214,11 @@ static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
             break;
         }
         float inv = 1.0f / l[kr];
-        float *orow = out + ((size_t)b * (size_t)a.T + (size_t)i) * a.C + (size_t)h * (size_t)hs;
+        size_t orow = ((size_t)b * (size_t)a.T + (size_t)i) * a.C + (size_t)h * (size_t)hs;
         FSDP_ATT_UNROLL
         for (int c = 0; c < FSDP_ATT_DPL; c++) {
             if (lane + 32 * c < hs) {
-                orow[lane + 32 * c] = o[kr][c] * inv;
+                fsdp_st(out, orow + (size_t)(lane + 32 * c), o[kr][c] * inv, a.abf16);
             }
         }
         if (lane == 0) {
@@ -256,7 +271,7 @@ static __device__ __forceinline__ void fsdp_att_dq_tile(float (*dq)[FSDP_ATT_DPL
 
 /* D = dO . O and lse of the warp's rows, to every lane; w is free after */
 static __device__ __forceinline__ void fsdp_att_row_stats(float *L, float *D, float *w,
-                                                          const float *dos, const float *out,
+                                                          const float *dos, const void *out,
                                                           const float *lse, int i0, int r0, int b,
                                                           int h, const struct fsdp_att_dims *a)
 {
@@ -267,10 +282,9 @@ static __device__ __forceinline__ void fsdp_att_row_stats(float *L, float *D, fl
         float part = 0.0f;
         L[kr] = 0.0f;
         if (i < a->T) {
-            const float *orow =
-                out + ((size_t)b * (size_t)a->T + (size_t)i) * a->C + (size_t)h * (size_t)hs;
+            size_t orow = ((size_t)b * (size_t)a->T + (size_t)i) * a->C + (size_t)h * (size_t)hs;
             for (int d = lane; d < hs; d += 32) {
-                part += dos[(r0 + kr) * hs + d] * orow[d];
+                part += dos[(r0 + kr) * hs + d] * fsdp_ld(out, orow + (size_t)d, a->abf16);
             }
             L[kr] = lse[((size_t)b * (size_t)a->NH + (size_t)h) * (size_t)a->T + (size_t)i];
         }
@@ -288,7 +302,7 @@ static __device__ __forceinline__ void fsdp_att_row_stats(float *L, float *D, fl
 }
 
 static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
-    fsdp_att_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
+    fsdp_att_dq_kernel(float *dqkv, const float *dout, const void *qkv, const void *out,
                        const float *lse, struct fsdp_att_dims a)
 {
     FSDP_CUDA_DYNAMIC_SHARED(float, sh);
@@ -301,11 +315,12 @@ static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
     float *vt = kt + FSDP_ATT_BC * ks;                           /* (BC, hs + 1) */
     float *w = vt + FSDP_ATT_BC * ks + warp * FSDP_ATT_RPW * 32; /* (RPW, 32) this warp's */
     size_t qoff = (size_t)b * (size_t)a.T * a.ld;
-    const float *k = qkv + qoff + a.C + (size_t)(h / a.group) * (size_t)hs;
-    const float *v = k + (size_t)a.NKV * (size_t)hs;
-    fsdp_att_load(qs, hs, qkv + qoff + (size_t)h * (size_t)hs, a.ld, i0, FSDP_ATT_BR, a.T, hs);
-    fsdp_att_load(dos, hs, dout + (size_t)b * (size_t)a.T * a.C + (size_t)h * (size_t)hs, a.C, i0,
-                  FSDP_ATT_BR, a.T, hs);
+    size_t k = qoff + a.C + (size_t)(h / a.group) * (size_t)hs; /* element offsets into qkv */
+    size_t v = k + (size_t)a.NKV * (size_t)hs;
+    fsdp_att_load(qs, hs, qkv, qoff + (size_t)h * (size_t)hs, a.ld, i0, FSDP_ATT_BR, a.T, hs,
+                  a.abf16);
+    fsdp_att_load(dos, hs, dout, (size_t)b * (size_t)a.T * a.C + (size_t)h * (size_t)hs, a.C, i0,
+                  FSDP_ATT_BR, a.T, hs, 0);
     __syncthreads();
     float L[FSDP_ATT_RPW], D[FSDP_ATT_RPW], dq[FSDP_ATT_RPW][FSDP_ATT_DPL];
     fsdp_att_row_stats(L, D, w, dos, out, lse, i0, r0, b, h, &a);
@@ -319,8 +334,8 @@ static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
     int kend = fsdp_att_min(a.T, i0 + FSDP_ATT_BR);
     for (int j0 = 0; j0 < kend; j0 += FSDP_ATT_BC) {
         __syncthreads(); /* the previous tile and w are read */
-        fsdp_att_load(kt, ks, k, a.ld, j0, FSDP_ATT_BC, a.T, hs);
-        fsdp_att_load(vt, ks, v, a.ld, j0, FSDP_ATT_BC, a.T, hs);
+        fsdp_att_load(kt, ks, qkv, k, a.ld, j0, FSDP_ATT_BC, a.T, hs, a.abf16);
+        fsdp_att_load(vt, ks, qkv, v, a.ld, j0, FSDP_ATT_BC, a.T, hs, a.abf16);
         __syncthreads();
         fsdp_att_dq_tile(dq, L, D, w, qs, dos, kt, vt, i0, r0, j0, &a);
     }
@@ -348,14 +363,15 @@ static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
 static __device__ __forceinline__ void
 fsdp_att_dkv_tile(float (*dk)[FSDP_ATT_DPL], float (*dv)[FSDP_ATT_DPL], float *w, const float *qt,
                   const float *dot, const float *ls, const float *kt, const float *vt,
-                  const float *out, int i0, int j0, int b, int h, const struct fsdp_att_dims *a)
+                  const void *out, int i0, int j0, int b, int h, const struct fsdp_att_dims *a)
 {
     int hs = a->hs, ks = hs + 1, lane = (int)(threadIdx.x & 31u), i = i0 + lane;
     int k0 = (int)(threadIdx.x >> 5) * FSDP_ATT_KPW; /* the warp's first key row in kt */
     float D = 0.0f;
     if (i < a->T) {
-        D = fsdp_att_dot(dot + lane * ks,
-                         out + ((size_t)b * (size_t)a->T + (size_t)i) * a->C + (size_t)h * hs, hs);
+        D = fsdp_att_dot_at(dot + lane * ks, out,
+                            ((size_t)b * (size_t)a->T + (size_t)i) * a->C + (size_t)h * hs, hs,
+                            a->abf16);
     }
     FSDP_ATT_UNROLL
     for (int kk = 0; kk < FSDP_ATT_KPW; kk++) {
@@ -417,7 +433,7 @@ static __device__ __forceinline__ void fsdp_att_dkv_store(float *dqkv, float (*d
 }
 
 static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
-    fsdp_att_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
+    fsdp_att_dkv_kernel(float *dqkv, const float *dout, const void *qkv, const void *out,
                         const float *lse, struct fsdp_att_dims a)
 {
     FSDP_CUDA_DYNAMIC_SHARED(float, sh);
@@ -429,10 +445,11 @@ static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
     float *dot = qt + FSDP_ATT_BQ * ks;                     /* (BQ, hs + 1) */
     float *ls = dot + FSDP_ATT_BQ * ks;                     /* (BQ) */
     float *w = ls + FSDP_ATT_BQ + warp * FSDP_ATT_KPW * 64; /* (KPW, 2, 32) this warp's */
-    const float *row0 = qkv + (size_t)b * (size_t)a.T * a.ld;
-    const float *k = row0 + a.C + (size_t)g * (size_t)hs;
-    fsdp_att_load(kt, hs, k, a.ld, j0, FSDP_ATT_BK, a.T, hs);
-    fsdp_att_load(vt, hs, k + (size_t)a.NKV * (size_t)hs, a.ld, j0, FSDP_ATT_BK, a.T, hs);
+    size_t row0 = (size_t)b * (size_t)a.T * a.ld;           /* element offsets into qkv */
+    size_t k = row0 + a.C + (size_t)g * (size_t)hs;
+    fsdp_att_load(kt, hs, qkv, k, a.ld, j0, FSDP_ATT_BK, a.T, hs, a.abf16);
+    fsdp_att_load(vt, hs, qkv, k + (size_t)a.NKV * (size_t)hs, a.ld, j0, FSDP_ATT_BK, a.T, hs,
+                  a.abf16);
     float dk[FSDP_ATT_KPW][FSDP_ATT_DPL], dv[FSDP_ATT_KPW][FSDP_ATT_DPL];
     FSDP_ATT_UNROLL
     for (int kk = 0; kk < FSDP_ATT_KPW; kk++) {
@@ -444,12 +461,13 @@ static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
     /* the group's query heads in order, then query tiles from row j0 on
      * (rows above j0 see none of these keys): a fixed order of the sums */
     for (int h = g * a.group; h < (g + 1) * a.group; h++) {
-        const float *dorows = dout + (size_t)b * (size_t)a.T * a.C + (size_t)h * (size_t)hs;
+        size_t dorows = (size_t)b * (size_t)a.T * a.C + (size_t)h * (size_t)hs;
         const float *lrow = lse + ((size_t)b * (size_t)a.NH + (size_t)h) * (size_t)a.T;
         for (int i0 = j0; i0 < a.T; i0 += FSDP_ATT_BQ) {
             __syncthreads(); /* the previous tile is read (and k, v are loaded) */
-            fsdp_att_load(qt, ks, row0 + (size_t)h * (size_t)hs, a.ld, i0, FSDP_ATT_BQ, a.T, hs);
-            fsdp_att_load(dot, ks, dorows, a.C, i0, FSDP_ATT_BQ, a.T, hs);
+            fsdp_att_load(qt, ks, qkv, row0 + (size_t)h * (size_t)hs, a.ld, i0, FSDP_ATT_BQ, a.T,
+                          hs, a.abf16);
+            fsdp_att_load(dot, ks, dout, dorows, a.C, i0, FSDP_ATT_BQ, a.T, hs, 0);
             if (threadIdx.x < FSDP_ATT_BQ) {
                 int i = i0 + (int)threadIdx.x;
                 ls[threadIdx.x] = i < a.T ? lrow[i] : 0.0f;
@@ -559,11 +577,11 @@ static __global__ void __launch_bounds__(FSDP_ATT_THREADS)
 // ----------------------------------------------------------------------------
 // host wrappers
 
-static __global__ void fsdp_att_nan_kernel(float *x, size_t n)
+static __global__ void fsdp_att_nan_kernel(void *x, size_t n, int bf16)
 {
     FSDP_CUDA_GRID_FOR(i, n)
     {
-        x[i] = NAN;
+        fsdp_st(x, i, NAN, bf16);
     }
 }
 
@@ -585,9 +603,9 @@ static int fsdp_att_has_work(int B, int T, int NH, int NKV, int hs)
 }
 
 /* the outputs of a head too wide for the kernels: NaN, never stale values */
-static void fsdp_att_fill_nan(float *x, size_t n, void *stream)
+static void fsdp_att_fill_nan(void *x, size_t n, int bf16, void *stream)
 {
-    FSDP_CUDA_EW_LAUNCH(fsdp_att_nan_kernel, n, stream, x, n);
+    FSDP_CUDA_EW_LAUNCH(fsdp_att_nan_kernel, n, stream, x, n, bf16);
 }
 
 size_t fsdp_cuda_gqa_attention_scratch_floats(int T, int NH, int NKV, int hs)
@@ -601,17 +619,18 @@ size_t fsdp_cuda_attention_scratch_floats(int T)
     return fsdp_cuda_gqa_attention_scratch_floats(T, 1, 1, 1);
 }
 
-void fsdp_cuda_gqa_attention_forward(float *out, float *lse, float *scratch, const float *qkv,
-                                     int B, int T, int NH, int NKV, int hs, void *stream)
+void fsdp_cuda_gqa_attention_forward_at(void *out, float *lse, float *scratch, const void *qkv,
+                                        int bf16, int B, int T, int NH, int NKV, int hs,
+                                        void *stream)
 {
     (void)scratch;
     if (!fsdp_att_has_work(B, T, NH, NKV, hs)) {
         return;
     }
-    struct fsdp_att_dims a = fsdp_att_dims_of(T, NH, NKV, hs);
+    struct fsdp_att_dims a = fsdp_att_dims_of(T, NH, NKV, hs, bf16);
     if (hs > FSDP_CUDA_ATTENTION_MAX_HS) {
-        fsdp_att_fill_nan(out, (size_t)B * (size_t)T * a.C, stream);
-        fsdp_att_fill_nan(lse, (size_t)B * (size_t)NH * (size_t)T, stream);
+        fsdp_att_fill_nan(out, (size_t)B * (size_t)T * a.C, bf16, stream);
+        fsdp_att_fill_nan(lse, (size_t)B * (size_t)NH * (size_t)T, 0, stream);
         return;
     }
     size_t bytes =
@@ -623,17 +642,18 @@ void fsdp_cuda_gqa_attention_forward(float *out, float *lse, float *scratch, con
                      qkv, a);
 }
 
-void fsdp_cuda_gqa_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                      const float *qkv, const float *out, const float *lse, int B,
-                                      int T, int NH, int NKV, int hs, void *stream)
+void fsdp_cuda_gqa_attention_backward_at(float *dqkv, float *scratch, const float *dout,
+                                         const void *qkv, const void *out, const float *lse,
+                                         int bf16, int B, int T, int NH, int NKV, int hs,
+                                         void *stream)
 {
     (void)scratch;
     if (!fsdp_att_has_work(B, T, NH, NKV, hs)) {
         return;
     }
-    struct fsdp_att_dims a = fsdp_att_dims_of(T, NH, NKV, hs);
+    struct fsdp_att_dims a = fsdp_att_dims_of(T, NH, NKV, hs, bf16);
     if (hs > FSDP_CUDA_ATTENTION_MAX_HS) {
-        fsdp_att_fill_nan(dqkv, (size_t)B * (size_t)T * a.ld, stream);
+        fsdp_att_fill_nan(dqkv, (size_t)B * (size_t)T * a.ld, 0, stream);
         return;
     }
     size_t dq_bytes =
@@ -650,6 +670,20 @@ void fsdp_cuda_gqa_attention_backward(float *dqkv, float *scratch, const float *
     dim3 kgrid((unsigned)((T + FSDP_ATT_BK - 1) / FSDP_ATT_BK), (unsigned)NKV, (unsigned)B);
     FSDP_CUDA_LAUNCH(fsdp_att_dkv_kernel, kgrid, dim3(FSDP_ATT_THREADS), kv_bytes, stream, dqkv,
                      dout, qkv, out, lse, a);
+}
+
+void fsdp_cuda_gqa_attention_forward(float *out, float *lse, float *scratch, const float *qkv,
+                                     int B, int T, int NH, int NKV, int hs, void *stream)
+{
+    fsdp_cuda_gqa_attention_forward_at(out, lse, scratch, qkv, 0, B, T, NH, NKV, hs, stream);
+}
+
+void fsdp_cuda_gqa_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                      const float *qkv, const float *out, const float *lse, int B,
+                                      int T, int NH, int NKV, int hs, void *stream)
+{
+    fsdp_cuda_gqa_attention_backward_at(dqkv, scratch, dout, qkv, out, lse, 0, B, T, NH, NKV, hs,
+                                        stream);
 }
 
 void fsdp_cuda_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int B,
@@ -676,7 +710,7 @@ void fsdp_cuda_attention_decode(float *out, float *scores, const float *q, const
         return;
     }
     if (hs > FSDP_CUDA_ATTENTION_MAX_HS) {
-        fsdp_att_fill_nan(out, (size_t)NH * (size_t)hs, stream);
+        fsdp_att_fill_nan(out, (size_t)NH * (size_t)hs, 0, stream);
         return;
     }
     FSDP_CUDA_LAUNCH(fsdp_att_decode_kernel, dim3((unsigned)NH), dim3(FSDP_ATT_THREADS), 0, stream,

@@ -50,6 +50,15 @@ void fsdp_cuda_gqa_attention_forward(float *out, float *lse, float *scratch, con
 void fsdp_cuda_gqa_attention_backward(float *dqkv, float *scratch, const float *dout,
                                       const float *qkv, const float *out, const float *lse, int B,
                                       int T, int NH, int NKV, int hs, void *stream);
+/* The same with qkv and out stored as bf16 (bf16 1) or f32 (0), converted
+ * in registers as they are loaded and stored; lse, dout, dqkv f32. */
+void fsdp_cuda_gqa_attention_forward_at(void *out, float *lse, float *scratch, const void *qkv,
+                                        int bf16, int B, int T, int NH, int NKV, int hs,
+                                        void *stream);
+void fsdp_cuda_gqa_attention_backward_at(float *dqkv, float *scratch, const float *dout,
+                                         const void *qkv, const void *out, const float *lse,
+                                         int bf16, int B, int T, int NH, int NKV, int hs,
+                                         void *stream);
 
 /* q (NH hs) against n cached rows of kcache and vcache (NKV heads a row,
  * row stride ld floats); out (NH hs); scores: unused, may be NULL */

@@ -24,8 +24,11 @@ static __device__ __forceinline__ float fsdp_gelu_exp(float x)
 }
 
 /* Every element-wise kernel reads and writes through fsdp_ld / fsdp_st
- * with one storage flag for all its buffers (bf16 0: f32, 1: bf16, a
- * value the same for every thread); compute is f32 either way. */
+ * with storage flags (bf16 0: f32, 1: bf16, a value the same for every
+ * thread): one for the forwards' buffers; the backwards' activation
+ * inputs (abf16) and their gradients (gbf16) apart, since a model's saved
+ * activations may be bf16 while its gradients are f32. Compute is f32
+ * either way: values are converted in registers. */
 
 static __global__ void fsdp_gelu_forward_kernel(void *out, const void *inp, size_t n, int bf16)
 {
@@ -37,15 +40,15 @@ static __global__ void fsdp_gelu_forward_kernel(void *out, const void *inp, size
 }
 
 static __global__ void fsdp_gelu_backward_kernel(void *dinp, const void *inp, const void *dout,
-                                                 size_t n, int bf16)
+                                                 size_t n, int abf16, int gbf16)
 {
     FSDP_CUDA_GRID_FOR(i, n)
     {
-        float x = fsdp_ld(inp, i, bf16);
+        float x = fsdp_ld(inp, i, abf16);
         float e = fsdp_gelu_exp(x);
         float s = 1.0f / (1.0f + e);
         float du = FSDP_GELU_K * (1.0f + 3.0f * FSDP_GELU_C * x * x);
-        fsdp_st(dinp, i, fsdp_ld(dout, i, bf16) * (s + (2.0f * x * du) * (e * s) * s), bf16);
+        fsdp_st(dinp, i, fsdp_ld(dout, i, gbf16) * (s + (2.0f * x * du) * (e * s) * s), gbf16);
     }
 }
 
@@ -56,11 +59,11 @@ static void fsdp_gelu(void *out, const void *inp, size_t n, int bf16, void *stre
     }
 }
 
-static void fsdp_gelu_back(void *dinp, const void *inp, const void *dout, size_t n, int bf16,
-                           void *stream)
+static void fsdp_gelu_back(void *dinp, const void *inp, const void *dout, size_t n, int abf16,
+                           int gbf16, void *stream)
 {
     if (n) {
-        FSDP_CUDA_EW_LAUNCH(fsdp_gelu_backward_kernel, n, stream, dinp, inp, dout, n, bf16);
+        FSDP_CUDA_EW_LAUNCH(fsdp_gelu_backward_kernel, n, stream, dinp, inp, dout, n, abf16, gbf16);
     }
 }
 
@@ -72,7 +75,7 @@ void fsdp_cuda_gelu_forward(float *out, const float *inp, size_t n, void *stream
 void fsdp_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
                              void *stream)
 {
-    fsdp_gelu_back(dinp, inp, dout, n, 0, stream);
+    fsdp_gelu_back(dinp, inp, dout, n, 0, 0, stream);
 }
 
 void fsdp_cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, size_t n, void *stream)
@@ -83,7 +86,13 @@ void fsdp_cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, size_t n, v
 void fsdp_cuda_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
                                   size_t n, void *stream)
 {
-    fsdp_gelu_back(dinp, inp, dout, n, 1, stream);
+    fsdp_gelu_back(dinp, inp, dout, n, 1, 1, stream);
+}
+
+void fsdp_cuda_gelu_backward_act16(float *dinp, const uint16_t *inp, const float *dout, size_t n,
+                                   void *stream)
+{
+    fsdp_gelu_back(dinp, inp, dout, n, 1, 0, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -106,15 +115,15 @@ static __global__ void fsdp_swiglu_forward_kernel(void *out, const void *gate, c
 
 static __global__ void fsdp_swiglu_backward_kernel(void *dgate, void *dup, const void *dout,
                                                    const void *gate, const void *up, size_t n,
-                                                   int bf16)
+                                                   int abf16, int gbf16)
 {
     FSDP_CUDA_GRID_FOR(i, n)
     {
-        float g = fsdp_ld(gate, i, bf16), u = fsdp_ld(up, i, bf16);
-        float dy = fsdp_ld(dout, i, bf16);
+        float g = fsdp_ld(gate, i, abf16), u = fsdp_ld(up, i, abf16);
+        float dy = fsdp_ld(dout, i, gbf16);
         float sg = fsdp_sigmoid(g);
-        fsdp_st(dup, i, dy * g * sg, bf16);
-        fsdp_st(dgate, i, dy * u * sg * (1.0f + g * (1.0f - sg)), bf16);
+        fsdp_st(dup, i, dy * g * sg, gbf16);
+        fsdp_st(dgate, i, dy * u * sg * (1.0f + g * (1.0f - sg)), gbf16);
     }
 }
 
@@ -127,11 +136,11 @@ static void fsdp_swiglu(void *out, const void *gate, const void *up, size_t n, i
 }
 
 static void fsdp_swiglu_back(void *dgate, void *dup, const void *dout, const void *gate,
-                             const void *up, size_t n, int bf16, void *stream)
+                             const void *up, size_t n, int abf16, int gbf16, void *stream)
 {
     if (n) {
-        FSDP_CUDA_EW_LAUNCH(fsdp_swiglu_backward_kernel, n, stream, dgate, dup, dout, gate, up,
-                            n, bf16);
+        FSDP_CUDA_EW_LAUNCH(fsdp_swiglu_backward_kernel, n, stream, dgate, dup, dout, gate, up, n,
+                            abf16, gbf16);
     }
 }
 
@@ -144,7 +153,7 @@ void fsdp_cuda_swiglu_forward(float *out, const float *gate, const float *up, si
 void fsdp_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                                const float *up, size_t n, void *stream)
 {
-    fsdp_swiglu_back(dgate, dup, dout, gate, up, n, 0, stream);
+    fsdp_swiglu_back(dgate, dup, dout, gate, up, n, 0, 0, stream);
 }
 
 void fsdp_cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *gate, const uint16_t *up,
@@ -157,7 +166,14 @@ void fsdp_cuda_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const uint16
                                     const uint16_t *gate, const uint16_t *up, size_t n,
                                     void *stream)
 {
-    fsdp_swiglu_back(dgate, dup, dout, gate, up, n, 1, stream);
+    fsdp_swiglu_back(dgate, dup, dout, gate, up, n, 1, 1, stream);
+}
+
+void fsdp_cuda_swiglu_backward_act16(float *dgate, float *dup, const float *dout,
+                                     const uint16_t *gate, const uint16_t *up, size_t n,
+                                     void *stream)
+{
+    fsdp_swiglu_back(dgate, dup, dout, gate, up, n, 1, 0, stream);
 }
 
 // ----------------------------------------------------------------------------

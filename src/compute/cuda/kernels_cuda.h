@@ -53,6 +53,15 @@ void fsdp_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, flo
                                   const float *dout, const float *inp, const float *weight,
                                   const float *mean, const float *rstd, size_t N, size_t C,
                                   void *stream);
+/* The backwards with inp stored as bf16 (abf16 1) or f32 (0), loaded in
+ * registers; everything else f32. */
+void fsdp_cuda_rmsnorm_backward_at(float *dinp, float *dweight, float *scratch, const float *dout,
+                                   const void *inp, int abf16, const float *weight,
+                                   const float *rstd, size_t N, size_t C, void *stream);
+void fsdp_cuda_layernorm_backward_at(float *dinp, float *dweight, float *dbias, float *scratch,
+                                     const float *dout, const void *inp, int abf16,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     size_t N, size_t C, void *stream);
 
 // ----------------------------------------------------------------------------
 // element-wise (elementwise.cu)
@@ -76,6 +85,14 @@ void fsdp_cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *gate, const ui
 void fsdp_cuda_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
                                     const uint16_t *gate, const uint16_t *up, size_t n,
                                     void *stream);
+/* The backwards from bf16 saved activations with f32 gradients (dinp may
+ * equal dout; dgate, dup overwritten): the f32 kernels' results from the
+ * widened inputs. */
+void fsdp_cuda_gelu_backward_act16(float *dinp, const uint16_t *inp, const float *dout, size_t n,
+                                   void *stream);
+void fsdp_cuda_swiglu_backward_act16(float *dgate, float *dup, const float *dout,
+                                     const uint16_t *gate, const uint16_t *up, size_t n,
+                                     void *stream);
 /* in place on the q and k heads of qkv (B, T, (NH + 2 NKV) hs); cos_t, sin_t (T, hs / 2) */
 void fsdp_cuda_rope_forward(float *qkv, const float *cos_t, const float *sin_t, int B, int T,
                             int NH, int NKV, int hs, void *stream);

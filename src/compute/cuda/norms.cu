@@ -128,43 +128,44 @@ void fsdp_cuda_layernorm_forward(float *out, float *mean, float *rstd, const flo
 // backward: the input gradient, a block per row
 
 /* With xh = x * r, g = dout * w:  dx += r * (g - xh * mean(g * xh)) */
-static __global__ void fsdp_rmsnorm_dinp_kernel(float *dinp, const float *dout, const float *inp,
-                                                const float *weight, const float *rstd, size_t C)
+static __global__ void fsdp_rmsnorm_dinp_kernel(float *dinp, const float *dout, const void *inp,
+                                                const float *weight, const float *rstd, size_t C,
+                                                int abf16)
 {
     __shared__ float sh[32];
-    size_t row = blockIdx.x;
-    const float *x = inp + row * C, *dy = dout + row * C;
+    size_t row = blockIdx.x, x0 = row * C; /* inp's row, stored as f32 or bf16 (abf16) */
+    const float *dy = dout + row * C;
     float r = rstd[row];
     float dot = 0.0f;
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        dot += dy[c] * weight[c] * (x[c] * r);
+        dot += dy[c] * weight[c] * (fsdp_ld(inp, x0 + c, abf16) * r);
     }
     dot = fsdp_block_reduce(dot, sh, 0) / (float)C;
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float xh = x[c] * r;
+        float xh = fsdp_ld(inp, x0 + c, abf16) * r;
         dinp[row * C + c] += r * (dy[c] * weight[c] - xh * dot);
     }
 }
 
 /* With xh = (x - m) * r, g = dout * w:  dx += (g - mean(g) - xh * mean(g * xh)) * r */
-static __global__ void fsdp_layernorm_dinp_kernel(float *dinp, const float *dout, const float *inp,
+static __global__ void fsdp_layernorm_dinp_kernel(float *dinp, const float *dout, const void *inp,
                                                   const float *weight, const float *mean,
-                                                  const float *rstd, size_t C)
+                                                  const float *rstd, size_t C, int abf16)
 {
     __shared__ float sh[32];
-    size_t row = blockIdx.x;
-    const float *x = inp + row * C, *dy = dout + row * C;
+    size_t row = blockIdx.x, x0 = row * C; /* inp's row, stored as f32 or bf16 (abf16) */
+    const float *dy = dout + row * C;
     float m = mean[row], r = rstd[row];
     float sg = 0.0f, sgx = 0.0f;
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
         float g = dy[c] * weight[c];
         sg += g;
-        sgx += g * ((x[c] - m) * r);
+        sgx += g * ((fsdp_ld(inp, x0 + c, abf16) - m) * r);
     }
     float mg = fsdp_block_reduce(sg, sh, 0) / (float)C;
     float mgx = fsdp_block_reduce(sgx, sh, 0) / (float)C;
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float xh = (x[c] - m) * r;
+        float xh = (fsdp_ld(inp, x0 + c, abf16) - m) * r;
         dinp[row * C + c] += (dy[c] * weight[c] - mg - xh * mgx) * r;
     }
 }
@@ -174,9 +175,9 @@ static __global__ void fsdp_layernorm_dinp_kernel(float *dinp, const float *dout
 
 /* part (chunks, 2, C): row block blockIdx.y's sums of dout * xh and of
  * dout per column, xh = (x - mean) * rstd (mean NULL: 0). */
-static __global__ void fsdp_norm_partials_kernel(float *part, const float *dout, const float *inp,
+static __global__ void fsdp_norm_partials_kernel(float *part, const float *dout, const void *inp,
                                                  const float *mean, const float *rstd, size_t N,
-                                                 size_t C, size_t rows)
+                                                 size_t C, size_t rows, int abf16)
 {
     size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) {
@@ -185,7 +186,7 @@ static __global__ void fsdp_norm_partials_kernel(float *part, const float *dout,
     size_t r0 = (size_t)blockIdx.y * rows, r1 = r0 + rows < N ? r0 + rows : N;
     float sw = 0.0f, sb = 0.0f;
     for (size_t r = r0; r < r1; r++) {
-        float xh = (inp[r * C + c] - (mean ? mean[r] : 0.0f)) * rstd[r];
+        float xh = (fsdp_ld(inp, r * C + c, abf16) - (mean ? mean[r] : 0.0f)) * rstd[r];
         float d = dout[r * C + c];
         sw += d * xh;
         sb += d;
@@ -214,29 +215,49 @@ static __global__ void fsdp_norm_finish_kernel(float *dweight, float *dbias, con
 }
 
 static void fsdp_norm_param_grads(float *dweight, float *dbias, float *scratch, const float *dout,
-                                  const float *inp, const float *mean, const float *rstd, size_t N,
-                                  size_t C, void *stream)
+                                  const void *inp, int abf16, const float *mean, const float *rstd,
+                                  size_t N, size_t C, void *stream)
 {
     size_t chunks = fsdp_norm_chunks(N);
     size_t rows = (N + chunks - 1) / chunks;
     unsigned cols = (unsigned)((C + FSDP_CUDA_EW_THREADS - 1) / FSDP_CUDA_EW_THREADS);
     FSDP_CUDA_LAUNCH(fsdp_norm_partials_kernel, dim3(cols, (unsigned)chunks),
                      dim3(FSDP_CUDA_EW_THREADS), 0, stream, scratch, dout, inp, mean, rstd, N, C,
-                     rows);
+                     rows, abf16);
     FSDP_CUDA_LAUNCH(fsdp_norm_finish_kernel, dim3(cols), dim3(FSDP_CUDA_EW_THREADS), 0, stream,
                      dweight, dbias, scratch, chunks, C);
+}
+
+void fsdp_cuda_rmsnorm_backward_at(float *dinp, float *dweight, float *scratch, const float *dout,
+                                   const void *inp, int abf16, const float *weight,
+                                   const float *rstd, size_t N, size_t C, void *stream)
+{
+    if (N == 0 || C == 0) {
+        return;
+    }
+    FSDP_CUDA_LAUNCH(fsdp_rmsnorm_dinp_kernel, dim3((unsigned)N), dim3(fsdp_cuda_row_threads(C)), 0,
+                     stream, dinp, dout, inp, weight, rstd, C, abf16);
+    fsdp_norm_param_grads(dweight, NULL, scratch, dout, inp, abf16, NULL, rstd, N, C, stream);
+}
+
+void fsdp_cuda_layernorm_backward_at(float *dinp, float *dweight, float *dbias, float *scratch,
+                                     const float *dout, const void *inp, int abf16,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     size_t N, size_t C, void *stream)
+{
+    if (N == 0 || C == 0) {
+        return;
+    }
+    FSDP_CUDA_LAUNCH(fsdp_layernorm_dinp_kernel, dim3((unsigned)N), dim3(fsdp_cuda_row_threads(C)),
+                     0, stream, dinp, dout, inp, weight, mean, rstd, C, abf16);
+    fsdp_norm_param_grads(dweight, dbias, scratch, dout, inp, abf16, mean, rstd, N, C, stream);
 }
 
 void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, float *scratch, const float *dout,
                                 const float *inp, const float *weight, const float *rstd, size_t N,
                                 size_t C, void *stream)
 {
-    if (N == 0 || C == 0) {
-        return;
-    }
-    FSDP_CUDA_LAUNCH(fsdp_rmsnorm_dinp_kernel, dim3((unsigned)N), dim3(fsdp_cuda_row_threads(C)), 0,
-                     stream, dinp, dout, inp, weight, rstd, C);
-    fsdp_norm_param_grads(dweight, NULL, scratch, dout, inp, NULL, rstd, N, C, stream);
+    fsdp_cuda_rmsnorm_backward_at(dinp, dweight, scratch, dout, inp, 0, weight, rstd, N, C, stream);
 }
 
 void fsdp_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, float *scratch,
@@ -244,10 +265,6 @@ void fsdp_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, flo
                                   const float *mean, const float *rstd, size_t N, size_t C,
                                   void *stream)
 {
-    if (N == 0 || C == 0) {
-        return;
-    }
-    FSDP_CUDA_LAUNCH(fsdp_layernorm_dinp_kernel, dim3((unsigned)N), dim3(fsdp_cuda_row_threads(C)),
-                     0, stream, dinp, dout, inp, weight, mean, rstd, C);
-    fsdp_norm_param_grads(dweight, dbias, scratch, dout, inp, mean, rstd, N, C, stream);
+    fsdp_cuda_layernorm_backward_at(dinp, dweight, dbias, scratch, dout, inp, 0, weight, mean, rstd,
+                                    N, C, stream);
 }

@@ -191,15 +191,15 @@ static void c_layernorm_forward(struct fsdp_device *d, float *out, float *mean, 
 }
 
 static void c_layernorm_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *weight,
-                                 enum fsdp_dtype pt, const float *mean, const float *rstd, size_t N,
-                                 size_t C)
+                                 const float *dout, const void *inp, enum fsdp_dtype at,
+                                 const void *weight, enum fsdp_dtype pt, const float *mean,
+                                 const float *rstd, size_t N, size_t C)
 {
     const float *w;
     float *scratch = ks_norm(d, N, C);
     ks_params(d, pt, weight, C, &w, NULL, 0, NULL);
-    fsdp_cuda_layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, w, mean, rstd, N, C,
-                                 d->stream);
+    fsdp_cuda_layernorm_backward_at(dinp, dweight, dbias, scratch, dout, inp, at == FSDP_BF16, w,
+                                    mean, rstd, N, C, d->stream);
 }
 
 static void c_matmul_forward(struct fsdp_device *d, float *out, const float *inp,
@@ -253,13 +253,15 @@ static void c_rmsnorm_forward(struct fsdp_device *d, float *out, float *rstd, fl
 }
 
 static void c_rmsnorm_backward(struct fsdp_device *d, float *dinp, float *dweight,
-                               const float *dout, const float *inp, const void *weight,
-                               enum fsdp_dtype pt, const float *rstd, size_t N, size_t C)
+                               const float *dout, const void *inp, enum fsdp_dtype at,
+                               const void *weight, enum fsdp_dtype pt, const float *rstd, size_t N,
+                               size_t C)
 {
     const float *w;
     float *scratch = ks_norm(d, N, C);
     ks_params(d, pt, weight, C, &w, NULL, 0, NULL);
-    fsdp_cuda_rmsnorm_backward(dinp, dweight, scratch, dout, inp, w, rstd, N, C, d->stream);
+    fsdp_cuda_rmsnorm_backward_at(dinp, dweight, scratch, dout, inp, at == FSDP_BF16, w, rstd, N, C,
+                                  d->stream);
 }
 
 static void c_embed_rows_forward(struct fsdp_device *d, float *out, const int32_t *tokens,
@@ -322,19 +324,22 @@ static size_t c_attention_scratch_floats(struct fsdp_device *d, int T)
     return fsdp_cuda_attention_scratch_floats(T);
 }
 
-static void c_attention_forward(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                                const float *qkv, int B, int T, int C, int NH)
+/* qkv and out in at (f32 or bf16), converted in registers */
+static void c_attention_forward(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                                const void *qkv, enum fsdp_dtype at, int B, int T, int C, int NH)
 {
     ks_check_hs(d, C / NH);
-    fsdp_cuda_attention_forward(out, lse, scratch, qkv, B, T, C, NH, d->stream);
+    fsdp_cuda_gqa_attention_forward_at(out, lse, scratch, qkv, at == FSDP_BF16, B, T, NH, NH,
+                                       C / NH, d->stream);
 }
 
 static void c_attention_backward(struct fsdp_device *d, float *dqkv, float *scratch,
-                                 const float *dout, const float *qkv, const float *out,
-                                 const float *lse, int B, int T, int C, int NH)
+                                 const float *dout, const void *qkv, const void *out,
+                                 const float *lse, enum fsdp_dtype at, int B, int T, int C, int NH)
 {
     ks_check_hs(d, C / NH);
-    fsdp_cuda_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, d->stream);
+    fsdp_cuda_gqa_attention_backward_at(dqkv, scratch, dout, qkv, out, lse, at == FSDP_BF16, B, T,
+                                        NH, NH, C / NH, d->stream);
 }
 
 static size_t c_gqa_attention_scratch_floats(struct fsdp_device *d, int T, int NH, int NKV, int hs)
@@ -343,20 +348,23 @@ static size_t c_gqa_attention_scratch_floats(struct fsdp_device *d, int T, int N
     return fsdp_cuda_gqa_attention_scratch_floats(T, NH, NKV, hs);
 }
 
-static void c_gqa_attention_forward(struct fsdp_device *d, float *out, float *lse, float *scratch,
-                                    const float *qkv, int B, int T, int NH, int NKV, int hs)
+static void c_gqa_attention_forward(struct fsdp_device *d, void *out, float *lse, float *scratch,
+                                    const void *qkv, enum fsdp_dtype at, int B, int T, int NH,
+                                    int NKV, int hs)
 {
     ks_check_hs(d, hs);
-    fsdp_cuda_gqa_attention_forward(out, lse, scratch, qkv, B, T, NH, NKV, hs, d->stream);
+    fsdp_cuda_gqa_attention_forward_at(out, lse, scratch, qkv, at == FSDP_BF16, B, T, NH, NKV, hs,
+                                       d->stream);
 }
 
 static void c_gqa_attention_backward(struct fsdp_device *d, float *dqkv, float *scratch,
-                                     const float *dout, const float *qkv, const float *out,
-                                     const float *lse, int B, int T, int NH, int NKV, int hs)
+                                     const float *dout, const void *qkv, const void *out,
+                                     const float *lse, enum fsdp_dtype at, int B, int T, int NH,
+                                     int NKV, int hs)
 {
     ks_check_hs(d, hs);
-    fsdp_cuda_gqa_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs,
-                                     d->stream);
+    fsdp_cuda_gqa_attention_backward_at(dqkv, scratch, dout, qkv, out, lse, at == FSDP_BF16, B, T,
+                                        NH, NKV, hs, d->stream);
 }
 
 static void c_attention_decode(struct fsdp_device *d, float *out, float *scores, const float *q,
@@ -370,27 +378,49 @@ static void c_attention_decode(struct fsdp_device *d, float *out, float *scores,
 // ----------------------------------------------------------------------------
 // element-wise, loss, optimizer, casts
 
-static void c_gelu_forward(struct fsdp_device *d, float *out, const float *inp, size_t n)
+/* Saved activations in at (f32 or bf16), converted in registers. */
+static void c_gelu_forward(struct fsdp_device *d, void *out, const void *inp, enum fsdp_dtype at,
+                           size_t n)
 {
-    fsdp_cuda_gelu_forward(out, inp, n, d->stream);
+    if (at == FSDP_BF16) {
+        fsdp_cuda_gelu_forward_bf16((uint16_t *)out, (const uint16_t *)inp, n, d->stream);
+    } else {
+        fsdp_cuda_gelu_forward((float *)out, (const float *)inp, n, d->stream);
+    }
 }
 
-static void c_gelu_backward(struct fsdp_device *d, float *dinp, const float *inp, const float *dout,
-                            size_t n)
+static void c_gelu_backward(struct fsdp_device *d, float *dinp, const void *inp, const float *dout,
+                            enum fsdp_dtype at, size_t n)
 {
-    fsdp_cuda_gelu_backward(dinp, inp, dout, n, d->stream);
+    if (at == FSDP_BF16) {
+        fsdp_cuda_gelu_backward_act16(dinp, (const uint16_t *)inp, dout, n, d->stream);
+    } else {
+        fsdp_cuda_gelu_backward(dinp, (const float *)inp, dout, n, d->stream);
+    }
 }
 
-static void c_swiglu_forward(struct fsdp_device *d, float *out, const float *gate, const float *up,
-                             size_t n)
+static void c_swiglu_forward(struct fsdp_device *d, void *out, const void *gate, const void *up,
+                             enum fsdp_dtype at, size_t n)
 {
-    fsdp_cuda_swiglu_forward(out, gate, up, n, d->stream);
+    if (at == FSDP_BF16) {
+        fsdp_cuda_swiglu_forward_bf16((uint16_t *)out, (const uint16_t *)gate, (const uint16_t *)up,
+                                      n, d->stream);
+    } else {
+        fsdp_cuda_swiglu_forward((float *)out, (const float *)gate, (const float *)up, n,
+                                 d->stream);
+    }
 }
 
 static void c_swiglu_backward(struct fsdp_device *d, float *dgate, float *dup, const float *dout,
-                              const float *gate, const float *up, size_t n)
+                              const void *gate, const void *up, enum fsdp_dtype at, size_t n)
 {
-    fsdp_cuda_swiglu_backward(dgate, dup, dout, gate, up, n, d->stream);
+    if (at == FSDP_BF16) {
+        fsdp_cuda_swiglu_backward_act16(dgate, dup, dout, (const uint16_t *)gate,
+                                        (const uint16_t *)up, n, d->stream);
+    } else {
+        fsdp_cuda_swiglu_backward(dgate, dup, dout, (const float *)gate, (const float *)up, n,
+                                  d->stream);
+    }
 }
 
 static void c_rope_forward(struct fsdp_device *d, float *qkv, const float *cos_t,
