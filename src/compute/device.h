@@ -47,11 +47,12 @@ struct fsdp_device;
  * what a kernel fed widened values computes, then rounded; a GPU table
  * converts in registers. So far: gelu, swiglu, attention and
  * gqa_attention (the CPU widens one sequence at a time through a device
- * workspace: the kernels compute each sequence apart), and the norms'
- * backwards' input (a tile of rows at a time: the kernels add each row's
- * parameter gradients in row order). The other entries see f32
- * activations, which the model converts with f32_to_bf16 and bf16_to_f32
- * around f32 working buffers.
+ * workspace: the kernels compute each sequence apart), the norms'
+ * forwards' output and input (a tile of rows at a time: the kernels
+ * compute each row apart) and the norms' backwards' input (a tile of
+ * rows at a time: the kernels add each row's parameter gradients in row
+ * order). The other entries see f32 activations, which the model converts with f32_to_bf16 and
+ * bf16_to_f32 around f32 working buffers.
  */
 struct fsdp_kernels {
     size_t size; /* sizeof(struct fsdp_kernels) of the implementation */
@@ -60,9 +61,12 @@ struct fsdp_kernels {
                             int C);
     void (*encoder_backward)(struct fsdp_device *d, float *dwte, float *dwpe, const float *dout,
                              const int32_t *tokens, int B, int T, int C);
-    void (*layernorm_forward)(struct fsdp_device *d, float *out, float *mean, float *rstd,
-                              const float *inp, const void *weight, const void *bias,
-                              enum fsdp_dtype pt, size_t N, size_t C, float eps);
+    /* out an activation in at, inp one in it (the residual stream's f32
+     * slot or a store); mean and rstd f32 */
+    void (*layernorm_forward)(struct fsdp_device *d, void *out, float *mean, float *rstd,
+                              const void *inp, enum fsdp_dtype at, enum fsdp_dtype it,
+                              const void *weight, const void *bias, enum fsdp_dtype pt, size_t N,
+                              size_t C, float eps);
     /* inp an activation in at; dinp, dweight, dbias, dout f32 */
     void (*layernorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
                                const float *dout, const void *inp, enum fsdp_dtype at,
@@ -124,10 +128,11 @@ struct fsdp_kernels {
                                   const void *bias, enum fsdp_dtype pt, const float *residual,
                                   size_t N, size_t C);
     /* --- appended: the Llama family, the decoders, the engine's loops --- */
-    /* rmsnorm_forward with an optional copy of inp (keep may be NULL). */
-    void (*rmsnorm_forward)(struct fsdp_device *d, float *out, float *rstd, float *keep,
-                            const float *inp, const void *weight, enum fsdp_dtype pt, size_t N,
-                            size_t C, float eps);
+    /* rmsnorm_forward with an optional f32 copy of inp (keep may be
+     * NULL); out an activation in at, inp one in it, rstd f32 */
+    void (*rmsnorm_forward)(struct fsdp_device *d, void *out, float *rstd, float *keep,
+                            const void *inp, enum fsdp_dtype at, enum fsdp_dtype it,
+                            const void *weight, enum fsdp_dtype pt, size_t N, size_t C, float eps);
     /* inp an activation in at; dinp, dweight, dout f32 */
     void (*rmsnorm_backward)(struct fsdp_device *d, float *dinp, float *dweight, const float *dout,
                              const void *inp, enum fsdp_dtype at, const void *weight,

@@ -174,15 +174,64 @@ static void k_encoder_backward(struct fsdp_device *d, float *dwte, float *dwpe, 
     k_leave(d);
 }
 
-static void k_layernorm_forward(struct fsdp_device *d, float *out, float *mean, float *rstd,
-                                const float *inp, const void *weight, const void *bias,
-                                enum fsdp_dtype pt, size_t N, size_t C, float eps)
+/*
+ * A norm's forward with its input (it) or output (at) in bf16: the weight
+ * and bias widened (pt not f32) and a tile of rows at a time through the
+ * workspace: the input widened, the f32 kernel, the output rounded (the
+ * kernels compute each row apart, so the tiles give their bits). mean
+ * NULL: RMSNorm, whose keep (f32) gets the widened input.
+ */
+static void k_norm16_forward(struct fsdp_device *d, void *out, enum fsdp_dtype at, float *mean,
+                             float *rstd, float *keep, const void *inp, enum fsdp_dtype it,
+                             const void *weight, const void *bias, enum fsdp_dtype pt, size_t N,
+                             size_t C, float eps)
+{
+    size_t rows = C < 16 * K_TILE ? 16 * K_TILE / C : 1;
+    size_t wn = pt == FSDP_F32 ? 0 : (bias ? 2 * C : C);
+    float *ws = k_work(d, wn + 2 * rows * C, FSDP_BF16, "activation", "--activation-dtype f32");
+    float *xt = ws + wn, *yt = xt + rows * C;
+    const float *w = weight, *b = bias;
+    if (wn) {
+        k_widen_into(ws, weight, C, pt);
+        w = ws;
+        if (bias) {
+            k_widen_into(ws + C, bias, C, pt);
+            b = ws + C;
+        }
+    }
+    for (size_t r = 0; r < N; r += rows) {
+        size_t n = N - r < rows ? N - r : rows;
+        const float *x = it == FSDP_F32 ? (const float *)inp + r * C : xt;
+        float *y = at == FSDP_F32 ? (float *)out + r * C : yt;
+        float *kp = keep ? keep + r * C : NULL;
+        if (it != FSDP_F32) {
+            fsdp_cpu_bf16_to_f32(xt, (const uint16_t *)inp + r * C, n * C);
+        }
+        if (mean) {
+            fsdp_cpu_layernorm_forward(y, mean + r, rstd + r, x, w, b, n, C, eps);
+        } else {
+            fsdp_cpu_rmsnorm_forward_keep(y, rstd + r, kp, x, w, n, C, eps);
+        }
+        if (at != FSDP_F32) {
+            fsdp_cpu_f32_to_bf16((uint16_t *)out + r * C, yt, n * C);
+        }
+    }
+}
+
+static void k_layernorm_forward(struct fsdp_device *d, void *out, float *mean, float *rstd,
+                                const void *inp, enum fsdp_dtype at, enum fsdp_dtype it,
+                                const void *weight, const void *bias, enum fsdp_dtype pt, size_t N,
+                                size_t C, float eps)
 {
     const void *p[] = {out, mean, rstd, inp, weight, bias};
     const float *w, *b;
     k_enter(d, p, 3, 6);
-    k_widen(d, pt, weight, C, &w, bias, C, &b);
-    fsdp_cpu_layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps);
+    if (at == FSDP_F32 && it == FSDP_F32) {
+        k_widen(d, pt, weight, C, &w, bias, C, &b);
+        fsdp_cpu_layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps);
+    } else {
+        k_norm16_forward(d, out, at, mean, rstd, NULL, inp, it, weight, bias, pt, N, C, eps);
+    }
     k_leave(d);
 }
 
@@ -512,15 +561,19 @@ static void k_bias_residual_forward(struct fsdp_device *d, float *out, const flo
     k_leave(d);
 }
 
-static void k_rmsnorm_forward(struct fsdp_device *d, float *out, float *rstd, float *keep,
-                              const float *inp, const void *weight, enum fsdp_dtype pt, size_t N,
-                              size_t C, float eps)
+static void k_rmsnorm_forward(struct fsdp_device *d, void *out, float *rstd, float *keep,
+                              const void *inp, enum fsdp_dtype at, enum fsdp_dtype it,
+                              const void *weight, enum fsdp_dtype pt, size_t N, size_t C, float eps)
 {
     const void *p[] = {out, rstd, keep, inp, weight};
     const float *w;
     k_enter(d, p, 3, 5);
-    k_widen(d, pt, weight, C, &w, NULL, 0, NULL);
-    fsdp_cpu_rmsnorm_forward_keep(out, rstd, keep, inp, w, N, C, eps);
+    if (at == FSDP_F32 && it == FSDP_F32) {
+        k_widen(d, pt, weight, C, &w, NULL, 0, NULL);
+        fsdp_cpu_rmsnorm_forward_keep(out, rstd, keep, inp, w, N, C, eps);
+    } else {
+        k_norm16_forward(d, out, at, NULL, rstd, keep, inp, it, weight, NULL, pt, N, C, eps);
+    }
     k_leave(d);
 }
 

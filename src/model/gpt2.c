@@ -502,9 +502,9 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
         fsdp_lm_residual_save(&m->lm, l);
     }
     fsdp_lm_residual_load(&m->lm, l);
-    m->lm.k->layernorm_forward(m->lm.dev, a->ln1, a->ln1_mean, a->ln1_rstd, x, w.ln1w, w.ln1b, w.pt,
-                               BR, C, c->ln_eps);
-    fsdp_lm_act_keep(&m->lm, st->ln1, a->ln1, BR * C);
+    m->lm.k->layernorm_forward(m->lm.dev, fsdp_lm_act(a->ln1, st->ln1), a->ln1_mean, a->ln1_rstd, x,
+                               m->lm.adt, FSDP_F32, w.ln1w, w.ln1b, w.pt, BR, C, c->ln_eps);
+    fsdp_lm_act_widen(&m->lm, a->ln1, st->ln1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qkvw, w.qkvb, w.pt, NULL, BT, C, 3 * lc);
     fsdp_lm_act_store(&m->lm, st->qkv, a->qkv, BT * 3 * lc);
@@ -515,9 +515,10 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     FSDP_CHECK(
         fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.attprojw, w.attprojb, w.pt, x, BT, lc));
     fsdp_lm_act_keep(&m->lm, st->res2, a->res2, BR * C);
-    m->lm.k->layernorm_forward(m->lm.dev, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w.ln2w, w.ln2b,
+    m->lm.k->layernorm_forward(m->lm.dev, fsdp_lm_act(a->ln2, st->ln2), a->ln2_mean, a->ln2_rstd,
+                               fsdp_lm_act(a->res2, st->res2), m->lm.adt, m->lm.adt, w.ln2w, w.ln2b,
                                w.pt, BR, C, c->ln_eps);
-    fsdp_lm_act_keep(&m->lm, st->ln2, a->ln2, BR * C);
+    fsdp_lm_act_widen(&m->lm, a->ln2, st->ln2, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->fch, in, w.fcw, w.fcb, w.pt, NULL, BT, C, 4 * lc);
     fsdp_lm_act_store(&m->lm, st->fch, a->fch, BT * 4 * lc);

@@ -154,8 +154,8 @@ int fsdp_gpt2_head_forward(struct fsdp_gpt2 *m)
         fsdp_gpt2_head_view(m, fsdp_lm_params(&m->lm, c->n_layer + 1), fsdp_lm_params(&m->lm, 0),
                             &w);
         m->lm.k->layernorm_forward(m->lm.dev, mine, a->lnf_mean, a->lnf_rstd,
-                                   fsdp_lm_residual(&m->lm, c->n_layer), w.lnfw, w.lnfb, w.pt,
-                                   fsdp_lm_rows_here(&m->lm, BT), C, c->ln_eps);
+                                   fsdp_lm_residual(&m->lm, c->n_layer), FSDP_F32, FSDP_F32, w.lnfw,
+                                   w.lnfb, w.pt, fsdp_lm_rows_here(&m->lm, BT), C, c->ln_eps);
         FSDP_CHECK(fsdp_lm_lnf_gather(&m->lm, mine, a->lnf, BT));
     }
     m->bwd_next = -1;

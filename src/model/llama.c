@@ -363,9 +363,9 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     float *keep1 = m->lm.tp ? NULL : a->res2;
     float *keep2 = m->lm.tp || !full ? NULL : fsdp_lm_residual(&m->lm, l + 1);
     /* attention: one product for q, k and v (and their biases), RoPE in place */
-    m->lm.k->rmsnorm_forward(m->lm.dev, a->rms1, a->rms1_rstd, keep1, x, w.attn_norm, w.pt, BR, C,
-                             c->norm_eps);
-    fsdp_lm_act_keep(&m->lm, st->rms1, a->rms1, BR * C);
+    m->lm.k->rmsnorm_forward(m->lm.dev, fsdp_lm_act(a->rms1, st->rms1), a->rms1_rstd, keep1, x,
+                             m->lm.adt, FSDP_F32, w.attn_norm, w.pt, BR, C, c->norm_eps);
+    fsdp_lm_act_widen(&m->lm, a->rms1, st->rms1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, w.pt, NULL, BT, C, (size_t)m->qkv_w);
     m->lm.k->rope_forward(m->lm.dev, a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
@@ -380,9 +380,10 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     fsdp_lm_act_keep(&m->lm, st->res2, a->res2, BR * C);
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
-    m->lm.k->rmsnorm_forward(m->lm.dev, a->rms2, a->rms2_rstd, keep2, a->res2, w.mlp_norm, w.pt, BR,
-                             C, c->norm_eps);
-    fsdp_lm_act_keep(&m->lm, st->rms2, a->rms2, BR * C);
+    m->lm.k->rmsnorm_forward(m->lm.dev, fsdp_lm_act(a->rms2, st->rms2), a->rms2_rstd, keep2,
+                             fsdp_lm_act(a->res2, st->res2), m->lm.adt, m->lm.adt, w.mlp_norm, w.pt,
+                             BR, C, c->norm_eps);
+    fsdp_lm_act_widen(&m->lm, a->rms2, st->rms2, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
     m->lm.k->matmul_forward(m->lm.dev, a->gate, in, w.gatew, NULL, w.pt, NULL, BT, C, F);
     m->lm.k->matmul_forward(m->lm.dev, a->up, in, w.upw, NULL, w.pt, NULL, BT, C, F);
@@ -455,7 +456,7 @@ static int llama_head_forward(struct fsdp_llama *m)
     fsdp_llama_head_view(m, fsdp_lm_params(&m->lm, c->n_layer + 1), fsdp_lm_params(&m->lm, 0), &w);
     /* sequence parallel: this rank's rows, then every rank's gathered for the head */
     m->lm.k->rmsnorm_forward(m->lm.dev, mine, a->lnf_rstd, NULL,
-                             fsdp_lm_residual(&m->lm, c->n_layer), w.norm, w.pt,
+                             fsdp_lm_residual(&m->lm, c->n_layer), FSDP_F32, FSDP_F32, w.norm, w.pt,
                              fsdp_lm_rows_here(&m->lm, BT), C, c->norm_eps);
     FSDP_CHECK(fsdp_lm_lnf_gather(&m->lm, mine, a->lnf, BT));
     m->bwd_next = -1;

@@ -222,19 +222,19 @@ static int norms(enum fsdp_dtype pt)
     pair out = mk(N * C), mean = mk(N), rstd = mk(N), keep = mk(N * C);
     pair dinp = mk(N * C), dw = mk(C), db = mk(C);
     int ok = 1;
-    cpu.k->layernorm_forward(&cpu, out.a, mean.a, rstd.a, inp, w.p, b.p, pt, N, C, 1e-5f);
-    emu.k->layernorm_forward(&emu, out.b, mean.b, rstd.b, inp, w.p, b.p, pt, N, C, 1e-5f);
+    const enum fsdp_dtype F = FSDP_F32;
+    cpu.k->layernorm_forward(&cpu, out.a, mean.a, rstd.a, inp, F, F, w.p, b.p, pt, N, C, 1e-5f);
+    emu.k->layernorm_forward(&emu, out.b, mean.b, rstd.b, inp, F, F, w.p, b.p, pt, N, C, 1e-5f);
     ok &= agree("layernorm_forward", out, 0) & agree("layernorm mean", mean, 0) &
           agree("layernorm rstd", rstd, 0);
-    const enum fsdp_dtype F = FSDP_F32;
     cpu.k->layernorm_backward(&cpu, dinp.a, dw.a, db.a, dout, inp, F, w.p, pt, mean.a, rstd.a, N,
                               C);
     emu.k->layernorm_backward(&emu, dinp.b, dw.b, db.b, dout, inp, F, w.p, pt, mean.a, rstd.a, N,
                               C);
     ok &= agree("layernorm_backward dinp", dinp, 0) & agree("layernorm_backward dweight", dw, 0) &
           agree("layernorm_backward dbias", db, 0);
-    cpu.k->rmsnorm_forward(&cpu, out.a, rstd.a, keep.a, inp, w.p, pt, N, C, 1e-6f);
-    emu.k->rmsnorm_forward(&emu, out.b, rstd.b, keep.b, inp, w.p, pt, N, C, 1e-6f);
+    cpu.k->rmsnorm_forward(&cpu, out.a, rstd.a, keep.a, inp, F, F, w.p, pt, N, C, 1e-6f);
+    emu.k->rmsnorm_forward(&emu, out.b, rstd.b, keep.b, inp, F, F, w.p, pt, N, C, 1e-6f);
     ok &= agree("rmsnorm_forward", out, 0) & agree("rmsnorm rstd", rstd, 0) &
           agree("rmsnorm keep", keep, 1);
     cpu.k->rmsnorm_backward(&cpu, dinp.a, dw.a, dout, inp, F, w.p, pt, rstd.a, N, C);
@@ -396,6 +396,44 @@ static int elementwise(void)
     ok &= agree("fill (strided)", o, 1);
     free(x), free(y), free(z), free(cs), free(sn);
     rel(o), rel(o2), rel(qkv);
+    return ok;
+}
+
+/* The norms' forwards to a bf16 output (a saved activation) from a bf16
+ * input (a store) and an f32 one (the residual stream's slot): outputs
+ * within a bf16 unit of the CPU table's, statistics and RMSNorm's f32
+ * kept copy within TOL. */
+static int norms_act16(enum fsdp_dtype pt)
+{
+    const size_t N = 9, C = 45;
+    const enum fsdp_dtype F = FSDP_F32, H = FSDP_BF16;
+    param w = mkparam(C, pt), b = mkparam(C, pt);
+    float *inp = randf(N * C, 1.0, 0.2);
+    uint16_t *i16 = (uint16_t *)calloc(N * C, 2), *oa = (uint16_t *)calloc(N * C, 2);
+    uint16_t *ob = (uint16_t *)calloc(N * C, 2);
+    pair out = mk(N * C), mean = mk(N), rstd = mk(N), keep = mk(N * C);
+    int ok = 1;
+    fsdp_cpu_f32_to_bf16(i16, inp, N * C);
+    for (int m = 0; m < 2; m++) {
+        const void *x = m ? (const void *)inp : i16;
+        enum fsdp_dtype it = m ? F : H;
+        const char *in = m ? " from f32" : " from bf16";
+        char what[96];
+        cpu.k->layernorm_forward(&cpu, oa, mean.a, rstd.a, x, H, it, w.p, b.p, pt, N, C, 1e-5f);
+        emu.k->layernorm_forward(&emu, ob, mean.b, rstd.b, x, H, it, w.p, b.p, pt, N, C, 1e-5f);
+        fsdp_cpu_bf16_to_f32(out.a, oa, N * C), fsdp_cpu_bf16_to_f32(out.b, ob, N * C);
+        snprintf(what, sizeof(what), "layernorm_forward (bf16 output%s)", in);
+        ok &= agree16(what, out) & agree(what, mean, 0) & agree(what, rstd, 0);
+        cpu.k->rmsnorm_forward(&cpu, oa, rstd.a, keep.a, x, H, it, w.p, pt, N, C, 1e-6f);
+        emu.k->rmsnorm_forward(&emu, ob, rstd.b, keep.b, x, H, it, w.p, pt, N, C, 1e-6f);
+        fsdp_cpu_bf16_to_f32(out.a, oa, N * C), fsdp_cpu_bf16_to_f32(out.b, ob, N * C);
+        snprintf(what, sizeof(what), "rmsnorm_forward (bf16 output%s)", in);
+        ok &= agree16(what, out) & agree(what, rstd, 0) & agree(what, keep, 1);
+    }
+    free(inp), free(i16), free(oa), free(ob);
+    relparam(w);
+    relparam(b);
+    rel(out), rel(mean), rel(rstd), rel(keep);
     return ok;
 }
 
@@ -590,6 +628,8 @@ int main(void)
         tap_ok(embeddings(PTS[i]), "cuda table: embeddings from %s parameters%s", t,
                PTS[i] == FSDP_F32 ? ", and their gradients" : "");
         tap_ok(norms(PTS[i]), "cuda table: layer and RMS norms, the row-parallel bias (%s)", t);
+        tap_ok(norms_act16(PTS[i]),
+               "cuda table: the norms' forwards to bf16 activations from bf16 and f32 (%s)", t);
         tap_ok(matmuls(PTS[i]), "cuda table: matmuls (%s)", t);
     }
     const int shapes[][5] = {{1, 1, 2, 2, 8}, {2, 17, 4, 4, 8}, {1, 33, 6, 2, 16}, {2, 9, 3, 1, 24}};

@@ -192,17 +192,19 @@ static int pkernels(struct pbufs *b, enum fsdp_dtype t)
     k->embed_rows_forward(d, b->out, b->tok, w, 2, 5, w + PV * PC, 1, 2, FSDP_F32, PN, PT, PC);
     k->embed_rows_forward(d, b->out2, b->tok, h, 2, 5, h + PV * PC, 1, 2, t, PN, PT, PC);
     bad += !psame(d, b->out, b->out2, PN * PC);
-    k->layernorm_forward(d, b->out, b->stat, b->stat + PC, b->x, w, w + PC, FSDP_F32, PN, PC,
-                         1e-5f);
-    k->layernorm_forward(d, b->out2, b->stat2, b->stat2 + PC, b->x, h, h + PC, t, PN, PC, 1e-5f);
+    k->layernorm_forward(d, b->out, b->stat, b->stat + PC, b->x, FSDP_F32, FSDP_F32, w, w + PC,
+                         FSDP_F32, PN, PC, 1e-5f);
+    k->layernorm_forward(d, b->out2, b->stat2, b->stat2 + PC, b->x, FSDP_F32, FSDP_F32, h, h + PC,
+                         t, PN, PC, 1e-5f);
     bad += !psame(d, b->out, b->out2, PN * PC);
     k->layernorm_backward(d, b->out, b->stat + 2 * PC, b->stat + 3 * PC, b->x2, b->x, FSDP_F32, w,
                           FSDP_F32, b->stat, b->stat + PC, 1, PC);
     k->layernorm_backward(d, b->out2, b->stat2 + 2 * PC, b->stat2 + 3 * PC, b->x2, b->x, FSDP_F32,
                           h, t, b->stat, b->stat + PC, 1, PC);
     bad += !psame(d, b->out, b->out2, PC);
-    k->rmsnorm_forward(d, b->out, b->stat, NULL, b->x, w, FSDP_F32, PN, PC, 1e-5f);
-    k->rmsnorm_forward(d, b->out2, b->stat2, NULL, b->x, h, t, PN, PC, 1e-5f);
+    k->rmsnorm_forward(d, b->out, b->stat, NULL, b->x, FSDP_F32, FSDP_F32, w, FSDP_F32, PN, PC,
+                       1e-5f);
+    k->rmsnorm_forward(d, b->out2, b->stat2, NULL, b->x, FSDP_F32, FSDP_F32, h, t, PN, PC, 1e-5f);
     bad += !psame(d, b->out, b->out2, PN * PC);
     k->rmsnorm_backward(d, b->out, b->stat + PC, b->x2, b->x, FSDP_F32, w, FSDP_F32, b->stat, PN,
                         PC);
@@ -612,11 +614,13 @@ static int test_act_norm_one(struct fsdp_device *d, int ln, double *worst)
     float *sw = pdev(d, NULL, 2 * NN * sizeof(float)), *sr = pdev(d, NULL, 2 * NN * sizeof(float));
     float *bias = pdev(d, NULL, NC * sizeof(float));
     if (ln) {
-        d->k->layernorm_forward(d, out, sw, sw + NN, xw, w, bias, FSDP_F32, NN, NC, 1e-5f);
-        d->k->layernorm_forward(d, out, sr, sr + NN, xr, w, bias, FSDP_F32, NN, NC, 1e-5f);
+        d->k->layernorm_forward(d, out, sw, sw + NN, xw, FSDP_F32, FSDP_F32, w, bias, FSDP_F32, NN,
+                                NC, 1e-5f);
+        d->k->layernorm_forward(d, out, sr, sr + NN, xr, FSDP_F32, FSDP_F32, w, bias, FSDP_F32, NN,
+                                NC, 1e-5f);
     } else {
-        d->k->rmsnorm_forward(d, out, sw, NULL, xw, w, FSDP_F32, NN, NC, 1e-5f);
-        d->k->rmsnorm_forward(d, out, sr, NULL, xr, w, FSDP_F32, NN, NC, 1e-5f);
+        d->k->rmsnorm_forward(d, out, sw, NULL, xw, FSDP_F32, FSDP_F32, w, FSDP_F32, NN, NC, 1e-5f);
+        d->k->rmsnorm_forward(d, out, sr, NULL, xr, FSDP_F32, FSDP_F32, w, FSDP_F32, NN, NC, 1e-5f);
     }
     void *in[3] = {x16, xw, xr};
     float *sts[3] = {sw, sw, sr};
@@ -638,6 +642,69 @@ static int test_act_norm_one(struct fsdp_device *d, int ln, double *worst)
     return bad;
 }
 
+/*
+ * The norms' forwards with a bf16 output, from a bf16 input (mode 0) and
+ * from its widened values in f32 (mode 1, the first norm's case), against
+ * the f32 entry from the widened values (bit for bit, rounded: the output;
+ * exact: the statistics and RMSNorm's kept copy) and from the unrounded
+ * values (within bf16's rounding: 4 units). N rows of C: two row tiles.
+ */
+static void norm_fwd(struct fsdp_device *d, int ln, void *out, enum fsdp_dtype at, const void *x,
+                     enum fsdp_dtype it, float *w, float *st, float *keep)
+{
+    if (ln) {
+        d->k->layernorm_forward(d, out, st, st + NN, x, at, it, w, w + NC, FSDP_F32, NN, NC, 1e-5f);
+    } else {
+        d->k->rmsnorm_forward(d, out, st, keep, x, at, it, w, FSDP_F32, NN, NC, 1e-5f);
+    }
+}
+
+static int test_act_norm_fwd_one(struct fsdp_device *d, int ln, double *worst)
+{
+    size_t n = (size_t)NN * NC, nh = n + 2 * NN;
+    float *hx = malloc(n * sizeof(float)), *hw = malloc(n * sizeof(float)), hwt[2 * NC];
+    float *h[4], *ref = malloc(nh * sizeof(float)), *wide = malloc(nh * sizeof(float));
+    uint16_t *h16 = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        hx[i] = 2.0f * sinf(0.31f * (float)i) + 0.3f;
+    }
+    for (size_t i = 0; i < 2 * NC; i++) {
+        hwt[i] = 0.9f + 0.2f * sinf((float)i);
+    }
+    fsdp_cpu_f32_to_bf16(h16, hx, n);
+    fsdp_cpu_bf16_to_f32(hw, h16, n);
+    void *x16 = pdev(d, h16, n * sizeof(uint16_t)), *o16 = pdev(d, NULL, n * sizeof(uint16_t));
+    float *xw = pdev(d, hw, n * sizeof(float)), *xr = pdev(d, hx, n * sizeof(float));
+    float *w = pdev(d, hwt, 2 * NC * sizeof(float)), *out = pdev(d, NULL, n * sizeof(float));
+    float *st = pdev(d, NULL, 2 * NN * sizeof(float)), *keep = pdev(d, NULL, n * sizeof(float));
+    norm_fwd(d, ln, out, FSDP_F32, xw, FSDP_F32, w, st, NULL);
+    aread_n(d, wide, out, 0, n), aread_n(d, wide + n, st, 0, 2 * NN);
+    norm_fwd(d, ln, out, FSDP_F32, xr, FSDP_F32, w, st, NULL);
+    aread_n(d, ref, out, 0, n), aread_n(d, ref + n, st, 0, 2 * NN);
+    int bad = 0;
+    for (int m = 0; m < 2; m++) {
+        for (int i = 0; i < 2; i++) {
+            h[2 * m + i] = malloc(nh * sizeof(float));
+        }
+        norm_fwd(d, ln, o16, FSDP_BF16, m ? (void *)xw : x16, m ? FSDP_F32 : FSDP_BF16, w, st,
+                 keep);
+        aread_n(d, h[2 * m], o16, 1, n), aread_n(d, h[2 * m] + n, st, 0, 2 * NN);
+        aread_n(d, h[2 * m + 1], keep, 0, n);
+        bad += memcmp(h[2 * m] + n, wide + n, (ln ? 2 : 1) * NN * sizeof(float)) != 0;
+        bad += !ln && memcmp(h[2 * m + 1], hw, n * sizeof(float)) != 0;
+        bad += acheck_n(h[2 * m], wide, ref, 1, worst, n, 4.0);
+    }
+    void *all[] = {x16, o16, xw, xr, w, out, st, keep};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        d->ops->free(d, all[i]);
+    }
+    for (int m = 0; m < 4; m++) {
+        free(h[m]);
+    }
+    free(hx), free(hw), free(h16), free(ref), free(wide);
+    return bad;
+}
+
 static void test_act_norms(const char *name)
 {
     struct fsdp_device *d = NULL;
@@ -652,6 +719,14 @@ static void test_act_norms(const char *name)
                "%s: %s_backward from a bf16 input equals the f32 entry from its widened values "
                "bit for bit, and from unrounded ones within bf16's rounding (worst %.2f of 16 "
                "units of 2^-8; %d values off)",
+               name, ln ? "layernorm" : "rmsnorm", worst, bad);
+        worst = 0.0;
+        bad = test_act_norm_fwd_one(d, ln, &worst);
+        tap_ok(bad == 0,
+               "%s: %s_forward to a bf16 output from a bf16 and an f32 input equals the f32 "
+               "entry from the widened values bit for bit, rounded (statistics and kept copy "
+               "exact), and from unrounded ones within bf16's rounding (worst %.2f of 4 units "
+               "of 2^-8; %d off)",
                name, ln ? "layernorm" : "rmsnorm", worst, bad);
     }
     fsdp_device_destroy(d);

@@ -48,6 +48,14 @@ void fsdp_cuda_rmsnorm_backward(float *dinp, float *dweight, float *scratch, con
 void fsdp_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                  const float *weight, const float *bias, size_t N, size_t C,
                                  float eps, void *stream);
+/* The forwards with out and inp each stored as bf16 (its flag 1) or f32
+ * (0), converted in registers; weight, bias, keep and statistics f32. */
+void fsdp_cuda_layernorm_forward_at(void *out, int obf16, float *mean, float *rstd, const void *inp,
+                                    int ibf16, const float *weight, const float *bias, size_t N,
+                                    size_t C, float eps, void *stream);
+void fsdp_cuda_rmsnorm_forward_at(void *out, int obf16, float *rstd, float *keep, const void *inp,
+                                  int ibf16, const float *weight, size_t N, size_t C, float eps,
+                                  void *stream);
 /* dinp += ..., dweight += ..., dbias += ... */
 void fsdp_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, float *scratch,
                                   const float *dout, const float *inp, const float *weight,

@@ -33,26 +33,26 @@ size_t fsdp_cuda_norm_scratch_floats(size_t N, size_t C)
 // ----------------------------------------------------------------------------
 // forward
 
-/* inp, weight, out and keep stored as f32 or bf16 (common.cuh's fsdp_ld);
- * the sums and rstd in f32 */
+/* inp, out, weight and keep each stored as f32 or bf16 (its flag, for
+ * common.cuh's fsdp_ld and fsdp_st); the sums and rstd in f32 */
 static __global__ void fsdp_rmsnorm_forward_kernel(void *out, float *rstd, void *keep,
                                                    const void *inp, const void *weight, size_t C,
-                                                   float eps, int bf16)
+                                                   float eps, int ib, int ob, int wb, int kb)
 {
     __shared__ float sh[32];
     size_t row = blockIdx.x;
     float s = 0.0f;
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float v = fsdp_ld(inp, row * C + c, bf16);
+        float v = fsdp_ld(inp, row * C + c, ib);
         s += v * v;
     }
     s = fsdp_block_reduce(s, sh, 0);
     float r = 1.0f / sqrtf(s / (float)C + eps);
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float v = fsdp_ld(inp, row * C + c, bf16);
-        fsdp_st(out, row * C + c, fsdp_ld(weight, c, bf16) * (v * r), bf16);
+        float v = fsdp_ld(inp, row * C + c, ib);
+        fsdp_st(out, row * C + c, fsdp_ld(weight, c, wb) * (v * r), ob);
         if (keep) {
-            fsdp_st(keep, row * C + c, v, bf16);
+            fsdp_st(keep, row * C + c, v, kb);
         }
     }
     if (threadIdx.x == 0) {
@@ -60,27 +60,30 @@ static __global__ void fsdp_rmsnorm_forward_kernel(void *out, float *rstd, void 
     }
 }
 
-static __global__ void fsdp_layernorm_forward_kernel(float *out, float *mean, float *rstd,
-                                                     const float *inp, const float *weight,
-                                                     const float *bias, size_t C, float eps)
+/* inp and out stored as f32 or bf16 (ib, ob); weight, bias, the sums and
+ * the statistics f32 */
+static __global__ void fsdp_layernorm_forward_kernel(void *out, float *mean, float *rstd,
+                                                     const void *inp, const float *weight,
+                                                     const float *bias, size_t C, float eps, int ib,
+                                                     int ob)
 {
     __shared__ float sh[32];
     size_t row = blockIdx.x;
-    const float *x = inp + row * C;
     float s = 0.0f;
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        s += x[c];
+        s += fsdp_ld(inp, row * C + c, ib);
     }
     float m = fsdp_block_reduce(s, sh, 0) / (float)C;
     float q = 0.0f;
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float dv = x[c] - m;
+        float dv = fsdp_ld(inp, row * C + c, ib) - m;
         q += dv * dv;
     }
     float var = fsdp_block_reduce(q, sh, 0) / (float)C;
     float r = 1.0f / sqrtf(var + eps);
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-        out[row * C + c] = (x[c] - m) * r * weight[c] + bias[c];
+        float v = fsdp_ld(inp, row * C + c, ib);
+        fsdp_st(out, row * C + c, (v - m) * r * weight[c] + bias[c], ob);
     }
     if (threadIdx.x == 0) {
         mean[row] = m;
@@ -89,39 +92,53 @@ static __global__ void fsdp_layernorm_forward_kernel(float *out, float *mean, fl
 }
 
 static void fsdp_rmsnorm_forward(void *out, float *rstd, void *keep, const void *inp,
-                                 const void *weight, size_t N, size_t C, float eps, int bf16,
-                                 void *stream)
+                                 const void *weight, size_t N, size_t C, float eps, int ib, int ob,
+                                 int wb, int kb, void *stream)
 {
     if (N == 0 || C == 0) {
         return;
     }
     FSDP_CUDA_LAUNCH(fsdp_rmsnorm_forward_kernel, dim3((unsigned)N), dim3(fsdp_cuda_row_threads(C)),
-                     0, stream, out, rstd, keep, inp, weight, C, eps, bf16);
+                     0, stream, out, rstd, keep, inp, weight, C, eps, ib, ob, wb, kb);
 }
 
 void fsdp_cuda_rmsnorm_forward(float *out, float *rstd, float *keep, const float *inp,
                                const float *weight, size_t N, size_t C, float eps, void *stream)
 {
-    fsdp_rmsnorm_forward(out, rstd, keep, inp, weight, N, C, eps, 0, stream);
+    fsdp_rmsnorm_forward(out, rstd, keep, inp, weight, N, C, eps, 0, 0, 0, 0, stream);
 }
 
 void fsdp_cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, uint16_t *keep,
                                     const uint16_t *inp, const uint16_t *weight, size_t N,
                                     size_t C, float eps, void *stream)
 {
-    fsdp_rmsnorm_forward(out, rstd, keep, inp, weight, N, C, eps, 1, stream);
+    fsdp_rmsnorm_forward(out, rstd, keep, inp, weight, N, C, eps, 1, 1, 1, 1, stream);
 }
 
-void fsdp_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                 const float *weight, const float *bias, size_t N, size_t C,
-                                 float eps, void *stream)
+void fsdp_cuda_rmsnorm_forward_at(void *out, int obf16, float *rstd, float *keep, const void *inp,
+                                  int ibf16, const float *weight, size_t N, size_t C, float eps,
+                                  void *stream)
+{
+    fsdp_rmsnorm_forward(out, rstd, keep, inp, weight, N, C, eps, ibf16, obf16, 0, 0, stream);
+}
+
+void fsdp_cuda_layernorm_forward_at(void *out, int obf16, float *mean, float *rstd, const void *inp,
+                                    int ibf16, const float *weight, const float *bias, size_t N,
+                                    size_t C, float eps, void *stream)
 {
     if (N == 0 || C == 0) {
         return;
     }
     FSDP_CUDA_LAUNCH(fsdp_layernorm_forward_kernel, dim3((unsigned)N),
                      dim3(fsdp_cuda_row_threads(C)), 0, stream, out, mean, rstd, inp, weight, bias,
-                     C, eps);
+                     C, eps, ibf16, obf16);
+}
+
+void fsdp_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                 const float *weight, const float *bias, size_t N, size_t C,
+                                 float eps, void *stream)
+{
+    fsdp_cuda_layernorm_forward_at(out, 0, mean, rstd, inp, 0, weight, bias, N, C, eps, stream);
 }
 
 // ----------------------------------------------------------------------------

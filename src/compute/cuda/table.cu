@@ -181,13 +181,15 @@ static void c_encoder_backward(struct fsdp_device *d, float *dwte, float *dwpe, 
     fsdp_cuda_encoder_backward(dwte, dwpe, dout, tokens, B, T, C, d->stream);
 }
 
-static void c_layernorm_forward(struct fsdp_device *d, float *out, float *mean, float *rstd,
-                                const float *inp, const void *weight, const void *bias,
-                                enum fsdp_dtype pt, size_t N, size_t C, float eps)
+static void c_layernorm_forward(struct fsdp_device *d, void *out, float *mean, float *rstd,
+                                const void *inp, enum fsdp_dtype at, enum fsdp_dtype it,
+                                const void *weight, const void *bias, enum fsdp_dtype pt, size_t N,
+                                size_t C, float eps)
 {
     const float *w, *b;
     ks_params(d, pt, weight, C, &w, bias, C, &b);
-    fsdp_cuda_layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps, d->stream);
+    fsdp_cuda_layernorm_forward_at(out, at == FSDP_BF16, mean, rstd, inp, it == FSDP_BF16, w, b, N,
+                                   C, eps, d->stream);
 }
 
 static void c_layernorm_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
@@ -243,13 +245,14 @@ static void c_matmul_backward(struct fsdp_device *d, float *dinp, float *dweight
 #endif
 }
 
-static void c_rmsnorm_forward(struct fsdp_device *d, float *out, float *rstd, float *keep,
-                              const float *inp, const void *weight, enum fsdp_dtype pt, size_t N,
-                              size_t C, float eps)
+static void c_rmsnorm_forward(struct fsdp_device *d, void *out, float *rstd, float *keep,
+                              const void *inp, enum fsdp_dtype at, enum fsdp_dtype it,
+                              const void *weight, enum fsdp_dtype pt, size_t N, size_t C, float eps)
 {
     const float *w;
     ks_params(d, pt, weight, C, &w, NULL, 0, NULL);
-    fsdp_cuda_rmsnorm_forward(out, rstd, keep, inp, w, N, C, eps, d->stream);
+    fsdp_cuda_rmsnorm_forward_at(out, at == FSDP_BF16, rstd, keep, inp, it == FSDP_BF16, w, N, C,
+                                 eps, d->stream);
 }
 
 static void c_rmsnorm_backward(struct fsdp_device *d, float *dinp, float *dweight,
