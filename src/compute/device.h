@@ -49,7 +49,8 @@ struct fsdp_device;
  * gqa_attention (the CPU widens one sequence at a time through a device
  * workspace: the kernels compute each sequence apart), the norms'
  * forwards' output and input (a tile of rows at a time: the kernels
- * compute each row apart) and the norms' backwards' input (a tile of
+ * compute each row apart), the residual adds' output and residual
+ * (bias_residual_forward, tile by tile) and the norms' backwards' input (a tile of
  * rows at a time: the kernels add each row's parameter gradients in row
  * order). The other entries see f32 activations, which the model converts with f32_to_bf16 and
  * bf16_to_f32 around f32 working buffers.
@@ -124,9 +125,11 @@ struct fsdp_kernels {
     void (*crossentropy_slice_backward)(struct fsdp_device *d, float *dlogits, const float *logits,
                                         const float *stats, const int32_t *targets, size_t N,
                                         size_t n, size_t col0, int32_t ignore_index, float dscale);
-    void (*bias_residual_forward)(struct fsdp_device *d, float *out, const float *inp,
-                                  const void *bias, enum fsdp_dtype pt, const float *residual,
-                                  size_t N, size_t C);
+    /* out an activation in at, residual one in rt (a store or an f32
+     * slot); inp f32 (out may be inp at f32) */
+    void (*bias_residual_forward)(struct fsdp_device *d, void *out, const float *inp,
+                                  const void *bias, enum fsdp_dtype pt, const void *residual,
+                                  enum fsdp_dtype at, enum fsdp_dtype rt, size_t N, size_t C);
     /* --- appended: the Llama family, the decoders, the engine's loops --- */
     /* rmsnorm_forward with an optional f32 copy of inp (keep may be
      * NULL); out an activation in at, inp one in it, rstd f32 */

@@ -549,15 +549,49 @@ static void k_crossentropy_slice_backward(struct fsdp_device *d, float *dlogits,
     k_leave(d);
 }
 
-static void k_bias_residual_forward(struct fsdp_device *d, float *out, const float *inp,
-                                    const void *bias, enum fsdp_dtype pt, const float *residual,
-                                    size_t N, size_t C)
+/* The residual add with its output (at) or residual (rt) in bf16: a tile
+ * of rows at a time through the workspace (the kernel adds each value
+ * apart), the residual widened, the output rounded. */
+static void k_bias_residual16(struct fsdp_device *d, void *out, const float *inp, const void *bias,
+                              enum fsdp_dtype pt, const void *residual, enum fsdp_dtype at,
+                              enum fsdp_dtype rt, size_t N, size_t C)
+{
+    size_t rows = C < 16 * K_TILE ? 16 * K_TILE / C : 1, wn = pt == FSDP_F32 || !bias ? 0 : C;
+    float *ws = k_work(d, wn + 2 * rows * C, FSDP_BF16, "activation", "--activation-dtype f32");
+    float *rt_ = ws + wn, *yt = rt_ + rows * C;
+    const float *b = bias;
+    if (wn) {
+        k_widen_into(ws, bias, C, pt);
+        b = ws;
+    }
+    for (size_t r = 0; r < N; r += rows) {
+        size_t n = N - r < rows ? N - r : rows;
+        const float *res = residual && rt == FSDP_F32 ? (const float *)residual + r * C : NULL;
+        float *y = at == FSDP_F32 ? (float *)out + r * C : yt;
+        if (residual && rt != FSDP_F32) {
+            fsdp_cpu_bf16_to_f32(rt_, (const uint16_t *)residual + r * C, n * C);
+            res = rt_;
+        }
+        fsdp_cpu_bias_residual_forward(y, inp + r * C, b, res, n, C);
+        if (at != FSDP_F32) {
+            fsdp_cpu_f32_to_bf16((uint16_t *)out + r * C, yt, n * C);
+        }
+    }
+}
+
+static void k_bias_residual_forward(struct fsdp_device *d, void *out, const float *inp,
+                                    const void *bias, enum fsdp_dtype pt, const void *residual,
+                                    enum fsdp_dtype at, enum fsdp_dtype rt, size_t N, size_t C)
 {
     const void *p[] = {out, inp, bias, residual};
     const float *b;
     k_enter(d, p, 1, 4);
-    k_widen(d, pt, bias, C, &b, NULL, 0, NULL);
-    fsdp_cpu_bias_residual_forward(out, inp, b, residual, N, C);
+    if (at == FSDP_F32 && (rt == FSDP_F32 || !residual)) {
+        k_widen(d, pt, bias, C, &b, NULL, 0, NULL);
+        fsdp_cpu_bias_residual_forward(out, inp, b, residual, N, C);
+    } else {
+        k_bias_residual16(d, out, inp, bias, pt, residual, at, rt, N, C);
+    }
     k_leave(d);
 }
 

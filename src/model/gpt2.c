@@ -512,9 +512,8 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
                                m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), m->lm.adt,
                                m->lm.B, m->lm.T, (int)lc, m->lnh);
     fsdp_lm_act_widen(&m->lm, a->atty, st->atty, BT * lc);
-    FSDP_CHECK(
-        fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.attprojw, w.attprojb, w.pt, x, BT, lc));
-    fsdp_lm_act_keep(&m->lm, st->res2, a->res2, BR * C);
+    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, st->res2, a->atty, w.attprojw, w.attprojb,
+                                    w.pt, x, NULL, BT, lc));
     m->lm.k->layernorm_forward(m->lm.dev, fsdp_lm_act(a->ln2, st->ln2), a->ln2_mean, a->ln2_rstd,
                                fsdp_lm_act(a->res2, st->res2), m->lm.adt, m->lm.adt, w.ln2w, w.ln2b,
                                w.pt, BR, C, c->ln_eps);
@@ -526,8 +525,8 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
                           fsdp_lm_act(a->fch, st->fch), m->lm.adt, BT * 4 * lc);
     fsdp_lm_act_widen(&m->lm, a->fch_gelu, st->fch_gelu, BT * 4 * lc);
     if (full) {
-        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, fsdp_lm_residual(&m->lm, l + 1), a->fch_gelu,
-                                        w.fcprojw, w.fcprojb, w.pt, a->res2, BT, 4 * lc));
+        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, fsdp_lm_residual(&m->lm, l + 1), NULL, a->fch_gelu,
+                                        w.fcprojw, w.fcprojb, w.pt, a->res2, st->res2, BT, 4 * lc));
         fsdp_lm_residual_save(&m->lm, l + 1);
     }
     return 0;

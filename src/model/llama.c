@@ -375,9 +375,8 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
                                    m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), m->lm.adt,
                                    m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
     fsdp_lm_act_widen(&m->lm, a->atty, st->atty, BT * m->lq);
-    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, a->atty, w.ow, NULL, w.pt, keep1 ? a->res2 : x,
-                                    BT, m->lq));
-    fsdp_lm_act_keep(&m->lm, st->res2, a->res2, BR * C);
+    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, st->res2, a->atty, w.ow, NULL, w.pt,
+                                    keep1 ? a->res2 : x, NULL, BT, m->lq));
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
     m->lm.k->rmsnorm_forward(m->lm.dev, fsdp_lm_act(a->rms2, st->rms2), a->rms2_rstd, keep2,
@@ -394,8 +393,8 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     fsdp_lm_act_widen(&m->lm, a->h, st->h, BT * F);
     if (full) {
         float *out = fsdp_lm_residual(&m->lm, l + 1);
-        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, a->h, w.downw, NULL, w.pt,
-                                        keep2 ? out : a->res2, BT, F));
+        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, NULL, a->h, w.downw, NULL, w.pt,
+                                        keep2 ? out : a->res2, keep2 ? NULL : st->res2, BT, F));
         fsdp_lm_residual_save(&m->lm, l + 1);
     }
     return 0;

@@ -240,11 +240,14 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n);
  * parallelism reduce-scattered to the rows held here) before the bias and
  * the residual, which every rank holds, are added. The partial sums go
  * through dbtc, which no forward uses otherwise. out and residual have the
- * rows held here.
+ * rows held here. With bf16 activations st (not NULL) is out's store,
+ * written rounded and widened back into out (the residual add writes it,
+ * with tensor parallelism); rst (not NULL) is residual's store, which the
+ * residual add then reads (residual holds its widened values).
  */
-int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const void *w,
-                         const void *bias, enum fsdp_dtype pt, const float *residual, size_t BT,
-                         size_t K);
+int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const float *inp,
+                         const void *w, const void *bias, enum fsdp_dtype pt, const float *residual,
+                         const uint16_t *rst, size_t BT, size_t K);
 /* Block l's input, residual[l] (l = L: the final norm's); with bf16
  * activations its f32 slot, which holds residual[l] after
  * fsdp_lm_residual_load and is stored by fsdp_lm_residual_save. */

@@ -61,24 +61,28 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n)
     return 0;
 }
 
-int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, const float *inp, const void *w,
-                         const void *bias, enum fsdp_dtype pt, const float *residual, size_t BT,
-                         size_t K)
+int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const float *inp,
+                         const void *w, const void *bias, enum fsdp_dtype pt, const float *residual,
+                         const uint16_t *rst, size_t BT, size_t K)
 {
     size_t C = lm->C, BR = fsdp_lm_rows_here(lm, BT);
+    enum fsdp_dtype at = st ? lm->adt : FSDP_F32, rt = rst ? lm->adt : FSDP_F32;
+    const void *res = rst ? (const void *)rst : (const void *)residual;
     if (!lm->tp) {
         lm->k->matmul_forward(lm->dev, out, inp, w, bias, pt, residual, BT, K, C);
+        fsdp_lm_act_keep(lm, st, out, BT * C);
         return 0;
     }
     float *part = lm->dbtc;
     lm->k->matmul_forward(lm->dev, part, inp, w, NULL, pt, NULL, BT, K, C);
     if (lm->sp) {
         FSDP_CHECK(fsdp_tp_seq_scatter_forward(lm->tp, part, out, BR, C));
-        lm->k->bias_residual_forward(lm->dev, out, out, bias, pt, residual, BR, C);
-        return 0;
+        part = out;
+    } else {
+        FSDP_CHECK(fsdp_tp_reduce_out_forward(lm->tp, part, BT * C));
     }
-    FSDP_CHECK(fsdp_tp_reduce_out_forward(lm->tp, part, BT * C));
-    lm->k->bias_residual_forward(lm->dev, out, part, bias, pt, residual, BT, C);
+    lm->k->bias_residual_forward(lm->dev, fsdp_lm_act(out, st), part, bias, pt, res, at, rt, BR, C);
+    fsdp_lm_act_widen(lm, out, st, BR * C);
     return 0;
 }
 

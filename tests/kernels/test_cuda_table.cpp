@@ -258,11 +258,11 @@ static int norms(enum fsdp_dtype pt)
     ok &= agree("rmsnorm_backward dinp (bf16 input)", dinp, 0) &
           agree("rmsnorm_backward dweight (bf16 input)", dw, 0);
     free(i16);
-    cpu.k->bias_residual_forward(&cpu, out.a, inp, b.p, pt, dout, N, C);
-    emu.k->bias_residual_forward(&emu, out.b, inp, b.p, pt, dout, N, C);
+    cpu.k->bias_residual_forward(&cpu, out.a, inp, b.p, pt, dout, F, F, N, C);
+    emu.k->bias_residual_forward(&emu, out.b, inp, b.p, pt, dout, F, F, N, C);
     ok &= agree("bias_residual_forward", out, 0);
-    cpu.k->bias_residual_forward(&cpu, out.a, inp, NULL, pt, dout, N, C);
-    emu.k->bias_residual_forward(&emu, out.b, inp, NULL, pt, dout, N, C);
+    cpu.k->bias_residual_forward(&cpu, out.a, inp, NULL, pt, dout, F, F, N, C);
+    emu.k->bias_residual_forward(&emu, out.b, inp, NULL, pt, dout, F, F, N, C);
     ok &= agree("bias_residual_forward without a bias", out, 0);
     free(inp);
     free(dout);
@@ -430,6 +430,17 @@ static int norms_act16(enum fsdp_dtype pt)
         snprintf(what, sizeof(what), "rmsnorm_forward (bf16 output%s)", in);
         ok &= agree16(what, out) & agree(what, rstd, 0) & agree(what, keep, 1);
     }
+    /* the residual add: to a bf16 output from a bf16 residual, and to an
+     * f32 output from a bf16 residual (the f32 one within TOL) */
+    float *part = randf(N * C, 1.0, 0.0);
+    cpu.k->bias_residual_forward(&cpu, oa, part, b.p, pt, i16, H, H, N, C);
+    emu.k->bias_residual_forward(&emu, ob, part, b.p, pt, i16, H, H, N, C);
+    fsdp_cpu_bf16_to_f32(out.a, oa, N * C), fsdp_cpu_bf16_to_f32(out.b, ob, N * C);
+    ok &= agree16("bias_residual_forward (bf16 output and residual)", out);
+    cpu.k->bias_residual_forward(&cpu, out.a, part, b.p, pt, i16, F, H, N, C);
+    emu.k->bias_residual_forward(&emu, out.b, part, b.p, pt, i16, F, H, N, C);
+    ok &= agree("bias_residual_forward (bf16 residual)", out, 0);
+    free(part);
     free(inp), free(i16), free(oa), free(ob);
     relparam(w);
     relparam(b);
@@ -629,7 +640,7 @@ int main(void)
                PTS[i] == FSDP_F32 ? ", and their gradients" : "");
         tap_ok(norms(PTS[i]), "cuda table: layer and RMS norms, the row-parallel bias (%s)", t);
         tap_ok(norms_act16(PTS[i]),
-               "cuda table: the norms' forwards to bf16 activations from bf16 and f32 (%s)", t);
+               "cuda table: the norms' forwards and the residual add on bf16 activations (%s)", t);
         tap_ok(matmuls(PTS[i]), "cuda table: matmuls (%s)", t);
     }
     const int shapes[][5] = {{1, 1, 2, 2, 8}, {2, 17, 4, 4, 8}, {1, 33, 6, 2, 16}, {2, 9, 3, 1, 24}};

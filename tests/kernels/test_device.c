@@ -216,11 +216,11 @@ static int pkernels(struct pbufs *b, enum fsdp_dtype t)
     k->matmul_backward(d, b->out, NULL, NULL, b->x2, b->x, w, FSDP_F32, PN, PC, POC, 1.0f, 0);
     k->matmul_backward(d, b->out2, NULL, NULL, b->x2, b->x, h, t, PN, PC, POC, 1.0f, 0);
     bad += !psame(d, b->out, b->out2, PN * PC);
-    k->bias_residual_forward(d, b->out, b->x, w, FSDP_F32, b->x2, PN, PC);
-    k->bias_residual_forward(d, b->out2, b->x, h, t, b->x2, PN, PC);
+    k->bias_residual_forward(d, b->out, b->x, w, FSDP_F32, b->x2, FSDP_F32, FSDP_F32, PN, PC);
+    k->bias_residual_forward(d, b->out2, b->x, h, t, b->x2, FSDP_F32, FSDP_F32, PN, PC);
     bad += !psame(d, b->out, b->out2, PN * PC);
-    k->bias_residual_forward(d, b->out, b->x, NULL, FSDP_F32, b->x2, PN, PC);
-    k->bias_residual_forward(d, b->out2, b->x, NULL, t, b->x2, PN, PC);
+    k->bias_residual_forward(d, b->out, b->x, NULL, FSDP_F32, b->x2, FSDP_F32, FSDP_F32, PN, PC);
+    k->bias_residual_forward(d, b->out2, b->x, NULL, t, b->x2, FSDP_F32, FSDP_F32, PN, PC);
     bad += !psame(d, b->out, b->out2, PN * PC);
     return bad;
 }
@@ -705,6 +705,56 @@ static int test_act_norm_fwd_one(struct fsdp_device *d, int ln, double *worst)
     return bad;
 }
 
+/*
+ * The residual add (with a bias) to a bf16 output from a bf16 residual,
+ * to a bf16 output from an f32 one and to an f32 output from a bf16 one,
+ * against the f32 entry from the widened residual (bit for bit, rounded
+ * where the output is bf16) and from the unrounded one (within bf16's
+ * rounding: 4 units). N rows of C: two row tiles.
+ */
+static int test_act_residual_one(struct fsdp_device *d, double *worst)
+{
+    size_t n = (size_t)NN * NC;
+    float *hx = malloc(n * sizeof(float)), *hw = malloc(n * sizeof(float)), hb[NC];
+    float *hi = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    float *wide = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+    float *cp = malloc(n * sizeof(float));
+    uint16_t *h16 = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        hx[i] = 2.0f * sinf(0.31f * (float)i) + 0.3f;
+        hi[i] = 0.7f * cosf(0.17f * (float)i);
+    }
+    for (size_t i = 0; i < NC; i++) {
+        hb[i] = 0.1f * sinf((float)i);
+    }
+    fsdp_cpu_f32_to_bf16(h16, hx, n);
+    fsdp_cpu_bf16_to_f32(hw, h16, n);
+    void *r16 = pdev(d, h16, n * sizeof(uint16_t)), *o16 = pdev(d, NULL, n * sizeof(uint16_t));
+    float *rw = pdev(d, hw, n * sizeof(float)), *rr = pdev(d, hx, n * sizeof(float));
+    float *in = pdev(d, hi, n * sizeof(float)), *b = pdev(d, hb, NC * sizeof(float));
+    float *out = pdev(d, NULL, n * sizeof(float));
+    const enum fsdp_dtype F = FSDP_F32, H = FSDP_BF16;
+    d->k->bias_residual_forward(d, out, in, b, F, rw, F, F, NN, NC);
+    aread_n(d, wide, out, 0, n);
+    d->k->bias_residual_forward(d, out, in, b, F, rr, F, F, NN, NC);
+    aread_n(d, ref, out, 0, n);
+    int bad = 0;
+    for (int m = 0; m < 3; m++) {
+        enum fsdp_dtype at = m == 2 ? F : H, rt = m == 1 ? F : H;
+        void *o = at == H ? o16 : (void *)out;
+        d->k->bias_residual_forward(d, o, in, b, F, rt == H ? r16 : (void *)rw, at, rt, NN, NC);
+        aread_n(d, got, o, at == H, n);
+        memcpy(cp, wide, n * sizeof(float));
+        bad += acheck_n(got, cp, ref, at == H, worst, n, 4.0);
+    }
+    void *all[] = {r16, o16, rw, rr, in, b, out};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        d->ops->free(d, all[i]);
+    }
+    free(hx), free(hw), free(hi), free(got), free(wide), free(ref), free(cp), free(h16);
+    return bad;
+}
+
 static void test_act_norms(const char *name)
 {
     struct fsdp_device *d = NULL;
@@ -729,6 +779,13 @@ static void test_act_norms(const char *name)
                "of 2^-8; %d off)",
                name, ln ? "layernorm" : "rmsnorm", worst, bad);
     }
+    double worst = 0.0;
+    int bad = test_act_residual_one(d, &worst);
+    tap_ok(bad == 0,
+           "%s: bias_residual_forward with a bf16 output or residual equals the f32 entry from "
+           "the widened residual bit for bit, rounded where stored, and from the unrounded one "
+           "within bf16's rounding (worst %.2f of 4 units of 2^-8; %d off)",
+           name, worst, bad);
     fsdp_device_destroy(d);
 }
 

@@ -145,6 +145,11 @@ void fsdp_cuda_scale(float *x, size_t n, float s, void *stream);
 void fsdp_cuda_fill(float *x, size_t n, size_t stride, float value, void *stream);
 void fsdp_cuda_bias_residual_forward(float *out, const float *inp, const float *bias,
                                      const float *residual, size_t N, size_t C, void *stream);
+/* The same with out and residual each stored as bf16 (its flag 1) or f32
+ * (0), converted in registers. */
+void fsdp_cuda_bias_residual_forward_at(void *out, int obf16, const float *inp, const float *bias,
+                                        const void *residual, int rbf16, size_t N, size_t C,
+                                        void *stream);
 void fsdp_cuda_embed_gather(float *out, const int32_t *tokens, const float *table, size_t N,
                             size_t C, void *stream);
 /* rows in order per column: the CPU's sums */

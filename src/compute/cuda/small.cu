@@ -53,12 +53,16 @@ static __global__ void fsdp_fill_kernel(float *x, size_t n, size_t stride, float
     }
 }
 
-static __global__ void fsdp_bias_residual_kernel(float *out, const float *inp, const float *bias,
-                                                 const float *residual, size_t N, size_t C)
+/* out and residual stored as f32 or bf16 (ob, rb); inp and bias f32 */
+static __global__ void fsdp_bias_residual_kernel(void *out, const float *inp, const float *bias,
+                                                 const void *residual, size_t N, size_t C, int ob,
+                                                 int rb)
 {
     FSDP_CUDA_GRID_FOR(i, N * C)
     {
-        out[i] = inp[i] + (residual ? residual[i] : 0.0f) + (bias ? bias[i % C] : 0.0f);
+        float v =
+            inp[i] + (residual ? fsdp_ld(residual, i, rb) : 0.0f) + (bias ? bias[i % C] : 0.0f);
+        fsdp_st(out, i, v, ob);
     }
 }
 
@@ -91,13 +95,20 @@ void fsdp_cuda_fill(float *x, size_t n, size_t stride, float value, void *stream
     }
 }
 
+void fsdp_cuda_bias_residual_forward_at(void *out, int obf16, const float *inp, const float *bias,
+                                        const void *residual, int rbf16, size_t N, size_t C,
+                                        void *stream)
+{
+    if (N && C) {
+        FSDP_CUDA_EW_LAUNCH(fsdp_bias_residual_kernel, N * C, stream, out, inp, bias, residual, N,
+                            C, obf16, rbf16);
+    }
+}
+
 void fsdp_cuda_bias_residual_forward(float *out, const float *inp, const float *bias,
                                      const float *residual, size_t N, size_t C, void *stream)
 {
-    if (N && C) {
-        FSDP_CUDA_EW_LAUNCH(fsdp_bias_residual_kernel, N * C, stream, out, inp, bias, residual,
-                            N, C);
-    }
+    fsdp_cuda_bias_residual_forward_at(out, 0, inp, bias, residual, 0, N, C, stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -282,13 +282,14 @@ static void c_embed_rows_backward(struct fsdp_device *d, float *dwte, float *dwp
     fsdp_cuda_embed_rows_backward(dwte, dwpe, dout, tokens, v0, vn, p0, pn, N, T, C, d->stream);
 }
 
-static void c_bias_residual_forward(struct fsdp_device *d, float *out, const float *inp,
-                                    const void *bias, enum fsdp_dtype pt, const float *residual,
-                                    size_t N, size_t C)
+static void c_bias_residual_forward(struct fsdp_device *d, void *out, const float *inp,
+                                    const void *bias, enum fsdp_dtype pt, const void *residual,
+                                    enum fsdp_dtype at, enum fsdp_dtype rt, size_t N, size_t C)
 {
     const float *b;
     ks_params(d, pt, bias, C, &b, NULL, 0, NULL);
-    fsdp_cuda_bias_residual_forward(out, inp, b, residual, N, C, d->stream);
+    fsdp_cuda_bias_residual_forward_at(out, at == FSDP_BF16, inp, b, residual, rt == FSDP_BF16, N,
+                                       C, d->stream);
 }
 
 static void c_embed_gather(struct fsdp_device *d, float *out, const int32_t *tokens,
