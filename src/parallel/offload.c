@@ -195,6 +195,9 @@ int fsdp_offload_update(struct fsdp_shard_engine *se, float grad_scale)
         FSDP_CHECK(fsdp_offload_stage_grad(se, u));
     }
     FSDP_CHECK(offload_fetch_master(se));
+    if (se->send16) { /* the copies into grad come after the norm's reads of it */
+        FSDP_CHECK(offload_after_compute(se));
+    }
     FSDP_CHECK(d->ops->synchronize(d, se->copy_stream)); /* hgrad and hmaster are the host's */
     for (int u = 0; u < se->n_units; u++) {
         struct fsdp_unit *un = &se->units[u];
