@@ -91,6 +91,10 @@ else
         --mesh dp=2,tp=2 --backend mpi --clip 0.5
     same "gpt2 dp=2,tp=2 tcp, sequence parallel off" 4 --model "$W/gpt2.h5" \
         --data "$W/train.bin" --mesh dp=2,tp=2 --backend tcp --sequence-parallel off
+    # bf16 params on tp=2: under params,optim no f32 master on the device,
+    # the final model file gathered from the host master
+    same "gpt2 tp=2 mpi, bf16 params" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --mesh tp=2 --backend mpi --param-dtype bf16
 
     # checkpoints: written with and without offload at dp=2 (and dp=2,tp=2),
     # resumed on one rank (and tp=2) with each setting
