@@ -199,7 +199,7 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
     plan_row(fp,
              st->offload != FSDP_OFFLOAD_PARAMS_OPTIM ? "parameter shards (f32 master)"
              : pbytes < elems * 4 ? "parameter shards (16-bit, the all-gathers' send)"
-                                  : "parameter shards (f32, the all-gathers' send)",
+                                  : "parameter shards (f32: the send, or 1 rank's input)",
              pbytes);
     plan_row(fp, "gradient shards (f32)", elems * 4);
     plan_row(fp,
