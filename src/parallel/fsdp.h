@@ -166,7 +166,9 @@ struct fsdp_engine_stats {
                               time (the largest unit gathered whole); 0: none */
     int shards, replicas;  /* the shard group's size and the number of replicas */
     /* With offload (fsdp_shard_config.offload) state_bytes counts the
-     * device's shards only (parameter and gradient: 8 bytes per element)
+     * device's shards only (parameter and gradient: 8 bytes per element;
+     * 6 under params,optim with a 16-bit param dtype, the parameters
+     * being the all-gathers' send in that dtype)
      * and host_bytes the pinned host memory: AdamW moments and the staged
      * gradient and master shards (16 bytes per element); 0 without. */
     size_t host_bytes;

@@ -46,14 +46,18 @@ struct fsdp_unit {
     size_t cnt;    /* elements in this rank's shard (<= S; 0 possible) */
     size_t big;    /* spec index of the unit's largest parameter: moved in place when
                       the unit is packed or unpacked, the others through se->scratch */
-    float *master; /* (S,) f32 parameters; padding zero */
+    float *master; /* (S,) f32 parameters; padding zero. NULL under params,optim with a
+                      16-bit param dtype: the master is hmaster, the device keeps send */
     float *grad;   /* (S,) reduced gradient, accumulated over micro-batches */
     float *m;      /* (S,) AdamW first moment (pinned host memory with offload) */
     float *v;      /* (S,) AdamW second moment (pinned host memory with offload) */
     /* offload only (offload.c), pinned host memory: */
     float *hgrad;   /* (S,) the reduced gradient shard, copied from grad once final */
-    float *hmaster; /* (S,) f32 parameters: with params the master itself (master then being
-                       the device's copy the all-gathers send), else a staged copy */
+    float *hmaster; /* (S,) f32 parameters: with params the master itself (the device
+                       holding only what the all-gathers send), else a staged copy */
+    uint16_t *send; /* (S,) params,optim with a 16-bit param dtype (se->send16): the master
+                       in the param dtype on the device, what the all-gathers (and unit 0's
+                       rows) read; NULL otherwise */
     int staged;     /* this step's D2H copy of grad into hgrad is issued */
 };
 
@@ -218,6 +222,7 @@ struct fsdp_shard_engine {
     /* offload (offload.c) */
     int offload;       /* enum fsdp_offload */
     float *host_state; /* pinned: every unit's m, v, hgrad and hmaster */
+    void *state_mem;   /* the device's one state allocation (shard_state_alloc) */
     size_t host_bytes;
     void *copy_stream;       /* the offload's D2H and H2D copies */
     void *ev_grad, *ev_copy; /* compute -> copy, copy -> compute */
@@ -225,6 +230,8 @@ struct fsdp_shard_engine {
                                 final once reduced (or computed, direct) */
     int hmaster_stale;       /* optim: the device master was written (a load):
                                 hmaster is copied from it before the update */
+    int send16;              /* params,optim with a 16-bit param dtype: no f32 master on
+                                the device, units[u].send instead (offload.c) */
 };
 
 /* shard.c */

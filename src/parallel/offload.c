@@ -4,10 +4,16 @@
  *
  * Where the state lives, per unit shard of S elements:
  *   device  master (f32 parameters: the all-gathers' send, the direct and
- *           by-rows models' input), grad (the reduced gradient)
+ *           by-rows models' input), grad (the reduced gradient); under
+ *           params,optim with a 16-bit param dtype no master but send (the
+ *           parameters in that dtype: what the all-gathers, and unit 0 by
+ *           rows, read)
  *   host    m, v (AdamW moments), hgrad (grad staged), hmaster (optim: the
- *           master staged; params: the master itself, master on the device
- *           being its copy)
+ *           master staged; params: the master itself)
+ * In f32 the all-gathers send f32, so params keeps master on the device as
+ * that send (and as the direct model's input, one rank in f32); with a
+ * 16-bit param dtype the device's parameter shard drops from 4 to 2 bytes
+ * an element.
  *
  * One step with offload:
  *   backward      as each unit's gradient shard becomes final (its last
@@ -22,15 +28,21 @@
  *   update        one host wait for the copy stream; then unit by unit:
  *                 AdamW on the host (fsdp_optimizer_update_host, --threads)
  *                 over hmaster, hgrad, m, v, and the updated hmaster copied
- *                 H2D into master on the copy stream, so a unit's copy
- *                 overlaps the next unit's update
+ *                 H2D on the copy stream into master, or (send16) into
+ *                 grad, which nothing reads again before the next backward,
+ *                 so a unit's copy overlaps the next unit's update; send16:
+ *                 once the compute stream waited for the copies, every
+ *                 unit's grad cast into send (the device's cast, as the
+ *                 all-gathers' without offload: the same bits)
  *   next step     the compute stream waits for the copy stream (ev_copy)
- *                 before anything reads master (casts, all-gathers, the
- *                 direct model)
+ *                 before anything reads master or send (casts, all-gathers,
+ *                 the direct model)
  * With optim only, hmaster equals master after every update; only a load
  * of the pieces (state_changed) makes it stale, and the next update copies
  * master D2H first. With params the pieces are hmaster, and state_changed
- * copies it to the device.
+ * copies it to the device (send16: through grad and the cast, as an
+ * update). The final model file (gather_unit) copies hmaster H2D where the
+ * device has no master.
  *
  * What does not overlap: the update with the backward (it needs the norm,
  * as ZeRO-Offload's does), and the last units' D2H copies with compute (the
@@ -134,6 +146,48 @@ static int offload_fetch_master(struct fsdp_shard_engine *se)
     return 0;
 }
 
+/*
+ * Unit u's host master to the device on the copy stream: into master, or
+ * (send16) in f32 into the unit's gradient shard, free from the update to
+ * the next backward (its D2H copy to hgrad is done, the norm read it), for
+ * offload_cast_send to cast into the send shard. The whole S: the host
+ * padding is zero, as a master's is.
+ */
+static int offload_put_master(struct fsdp_shard_engine *se, int u)
+{
+    struct fsdp_device *d = se->dev;
+    const struct fsdp_unit *un = &se->units[u];
+    if (un->cnt == 0) {
+        return 0;
+    }
+    if (se->send16) {
+        return d->ops->copy(d, un->grad, un->hmaster, un->S * sizeof(float), FSDP_COPY_H2D,
+                            se->copy_stream);
+    }
+    return d->ops->copy(d, un->master, un->hmaster, un->cnt * sizeof(float), FSDP_COPY_H2D,
+                        se->copy_stream);
+}
+
+/* send16, after offload_join: every unit's master, put in its gradient
+ * shard, cast to the param dtype into its send shard on the compute
+ * stream (the device's cast, as the all-gathers' without offload). */
+static int offload_cast_send(struct fsdp_shard_engine *se)
+{
+    struct fsdp_device *d = se->dev;
+    for (int u = 0; se->send16 && u < se->n_units; u++) {
+        const struct fsdp_unit *un = &se->units[u];
+        if (un->cnt == 0) {
+            continue;
+        }
+        if (se->ec.param_dtype == FSDP_BF16) {
+            d->k->f32_to_bf16(d, un->send, un->grad, un->S);
+        } else {
+            d->k->f32_to_f16(d, un->send, un->grad, un->S);
+        }
+    }
+    return 0;
+}
+
 int fsdp_offload_update(struct fsdp_shard_engine *se, float grad_scale)
 {
     struct fsdp_device *d = se->dev;
@@ -141,6 +195,9 @@ int fsdp_offload_update(struct fsdp_shard_engine *se, float grad_scale)
         FSDP_CHECK(fsdp_offload_stage_grad(se, u));
     }
     FSDP_CHECK(offload_fetch_master(se));
+    if (se->send16) { /* the copies into grad come after the norm's reads of it */
+        FSDP_CHECK(offload_after_compute(se));
+    }
     FSDP_CHECK(d->ops->synchronize(d, se->copy_stream)); /* hgrad and hmaster are the host's */
     for (int u = 0; u < se->n_units; u++) {
         struct fsdp_unit *un = &se->units[u];
@@ -149,10 +206,10 @@ int fsdp_offload_update(struct fsdp_shard_engine *se, float grad_scale)
             continue;
         }
         FSDP_CHECK(fsdp_shard_update_unit(se, u, 1, grad_scale));
-        FSDP_CHECK(d->ops->copy(d, un->master, un->hmaster, un->cnt * sizeof(float), FSDP_COPY_H2D,
-                                se->copy_stream));
+        FSDP_CHECK(offload_put_master(se, u));
     }
-    return offload_join(se);
+    FSDP_CHECK(offload_join(se));
+    return offload_cast_send(se);
 }
 
 int fsdp_offload_skip(struct fsdp_shard_engine *se)
@@ -166,7 +223,6 @@ int fsdp_offload_skip(struct fsdp_shard_engine *se)
 
 int fsdp_offload_state_changed(struct fsdp_shard_engine *se)
 {
-    struct fsdp_device *d = se->dev;
     if (se->offload == FSDP_OFFLOAD_OPTIM) {
         se->hmaster_stale = 1;
         return 0;
@@ -178,11 +234,8 @@ int fsdp_offload_state_changed(struct fsdp_shard_engine *se)
      * compute stream's last reads of master, and compute after the copies */
     FSDP_CHECK(offload_after_compute(se));
     for (int u = 0; u < se->n_units; u++) {
-        const struct fsdp_unit *un = &se->units[u];
-        if (un->cnt > 0) {
-            FSDP_CHECK(d->ops->copy(d, un->master, un->hmaster, un->cnt * sizeof(float),
-                                    FSDP_COPY_H2D, se->copy_stream));
-        }
+        FSDP_CHECK(offload_put_master(se, u));
     }
-    return offload_join(se);
+    FSDP_CHECK(offload_join(se));
+    return offload_cast_send(se);
 }

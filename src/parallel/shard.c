@@ -120,12 +120,17 @@ static int shard_tp_pieces(struct fsdp_shard_engine *se)
  * The state shards of every unit (total elements each): one device
  * allocation for the four (master, gradient, moments), or with offload one
  * for the parameter and gradient shards and one of pinned host memory for
- * the moments and the staged gradient and master (offload.c).
+ * the moments and the staged gradient and master (offload.c). Under
+ * params,optim with a 16-bit param dtype the device's parameter shard is
+ * what the all-gathers send, in that dtype, after the gradient shards: the
+ * f32 master is on the host only.
  */
 static int shard_state_alloc(struct fsdp_shard_engine *se, size_t total)
 {
     const int off = se->offload != FSDP_OFFLOAD_NONE;
-    size_t bytes = (off ? 2 : 4) * total * sizeof(float);
+    se->send16 = se->offload == FSDP_OFFLOAD_PARAMS_OPTIM && se->ec.param_dtype != FSDP_F32;
+    size_t bytes = se->send16 ? total * (sizeof(float) + sizeof(uint16_t))
+                              : (off ? 2 : 4) * total * sizeof(float);
     se->state_bytes = bytes;
     se->host_bytes = off ? 4 * total * sizeof(float) : 0;
     if (se->sizing) {
@@ -133,10 +138,13 @@ static int shard_state_alloc(struct fsdp_shard_engine *se, size_t total)
     }
     void *mem;
     FSDP_CHECK(fsdp_device_alloc(se->dev, bytes,
-                                 off ? "fsdp parameter and gradient shards"
-                                     : "fsdp parameter, gradient and AdamW shards",
+                                 se->send16 ? "fsdp gradient shards and parameter send shards"
+                                 : off      ? "fsdp parameter and gradient shards"
+                                            : "fsdp parameter, gradient and AdamW shards",
                                  &mem));
+    se->state_mem = mem;
     float *p = mem, *h = NULL;
+    uint16_t *p16 = se->send16 ? (uint16_t *)(p + total) : NULL;
     if (off) {
         h = se->host_state = se->dev->ops->host_alloc(se->dev, se->host_bytes);
         if (!h) {
@@ -148,8 +156,14 @@ static int shard_state_alloc(struct fsdp_shard_engine *se, size_t total)
     }
     for (int u = 0; u < se->n_units; u++) {
         struct fsdp_unit *un = &se->units[u];
-        un->master = p;
-        un->grad = p + total;
+        if (se->send16) {
+            un->grad = p;
+            un->send = p16;
+            p16 += un->S;
+        } else {
+            un->master = p;
+            un->grad = p + total;
+        }
         if (off) {
             un->m = h;
             un->v = h + total;
@@ -456,8 +470,8 @@ void fsdp_shard_teardown(struct fsdp_shard_engine *se)
     if (se->scratch) {
         se->dev->ops->free(se->dev, se->scratch);
     }
-    if (se->units && se->units[0].master) {
-        se->dev->ops->free(se->dev, se->units[0].master); /* the one state allocation */
+    if (se->state_mem) {
+        se->dev->ops->free(se->dev, se->state_mem);
     }
     if (se->host_state) {
         se->dev->ops->host_free(se->dev, se->host_state);
@@ -590,7 +604,7 @@ static size_t shard_whole_floats(const struct fsdp_shard_engine *se, int u)
 
 size_t fsdp_shard_gather_floats(const struct fsdp_shard_engine *se, int u)
 {
-    int own = fsdp_shard_by_rows(se, u) || (se->shard_g && shard_gather_own(se, u));
+    int own = fsdp_shard_by_rows(se, u) || (se->shard_g && shard_gather_own(se, u)) || se->send16;
     return (own ? shard_whole_floats(se, u) : 0) + (se->plan ? shard_tp_gather_floats(se, u) : 0);
 }
 
@@ -603,12 +617,12 @@ int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **fu
     const struct fsdp_unit *un = &se->units[u];
     fsdp_unit_release_all(se);
     fsdp_shard_drop_saved(se);
-    if (!se->shard_g) {
+    if (!se->shard_g && !se->send16) {
         *full = un->master;
         return se->plan ? shard_gather_tp(se, u, un->master, full) : 0;
     }
     float *buf = se->pslots[fsdp_unit_pslot(se, u)].buf;
-    if (shard_gather_own(se, u)) {
+    if (se->send16 || shard_gather_own(se, u)) {
         size_t floats = shard_whole_floats(se, u);
         void *mem;
         FSDP_CHECK(
@@ -616,9 +630,20 @@ int fsdp_shard_gather_unit(struct fsdp_shard_engine *se, int u, const float **fu
         se->save_buf = mem;
         buf = se->save_buf;
     }
+    /* send16: the f32 master is on the host only; its shard goes into this
+     * rank's block, and the all-gather sends from there (in place) */
+    float *mine = se->send16 ? buf + (size_t)se->rs * un->S : un->master;
+    if (se->send16) {
+        FSDP_CHECK(se->dev->ops->copy(se->dev, mine, un->hmaster, un->S * sizeof(float),
+                                      FSDP_COPY_H2D, se->dev->stream));
+    }
+    if (!se->shard_g) { /* send16 on one rank: the shard is the unit */
+        *full = buf;
+        return se->plan ? shard_gather_tp(se, u, buf, full) : 0;
+    }
     struct fsdp_work *w;
     FSDP_CHECK(fsdp_unit_comm_begin(se));
-    FSDP_CHECK(fsdp_allgather(se->shard_g, un->master, buf, un->S, FSDP_F32, &se->attr, &w));
+    FSDP_CHECK(fsdp_allgather(se->shard_g, mine, buf, un->S, FSDP_F32, &se->attr, &w));
     int rc = fsdp_work_wait(w, -1.0);
     rc = rc < 0 ? rc : fsdp_unit_comm_end(se);
     fsdp_work_free(w);

@@ -157,6 +157,19 @@ static void unit_to16(const struct fsdp_shard_engine *se, enum fsdp_dtype t, uin
     }
 }
 
+/* Unit un's shard in the 16-bit param dtype into dst (S elements): cast
+ * from the f32 master, or under params,optim (send16) copied from the
+ * device's send shard, which the update leaves cast already. */
+static int unit_send16(const struct fsdp_shard_engine *se, const struct fsdp_unit *un,
+                       uint16_t *dst)
+{
+    if (se->send16) {
+        return fsdp_device_copy(se->dev, dst, un->send, un->S * sizeof(uint16_t));
+    }
+    unit_to16(se, se->ec.param_dtype, dst, un->master, un->S);
+    return 0;
+}
+
 /* Block r of S elements of t in buf. */
 static void *unit_block(float *buf, int r, size_t S, enum fsdp_dtype t)
 {
@@ -212,10 +225,11 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
         /* this rank's rows in the param dtype; even a joined rank's serve
          * the others */
         if (pt != FSDP_F32) {
-            unit_to16(se, pt, s->buf, un->master, un->S);
+            rc = unit_send16(se, un, s->buf);
         }
-        s->ready = 1;
-        return 0;
+        s->ready = rc == 0;
+        s->unit = rc == 0 ? u : -1;
+        return rc;
     }
     if (pt == FSDP_F32) {
         if (!se->shard_g) {
@@ -229,8 +243,8 @@ int fsdp_unit_gather_issue(struct fsdp_shard_engine *se, int u)
     } else {
         /* in place: this rank's block of the 16-bit receive buffer is the send */
         uint16_t *recv = s->buf, *mine = recv + (size_t)se->rs * un->S;
-        unit_to16(se, pt, mine, un->master, un->S);
-        if (se->shard_g) {
+        rc = unit_send16(se, un, mine);
+        if (se->shard_g && rc == 0) {
             rc = fsdp_unit_comm_begin(se);
             rc = rc < 0 ? rc
                         : fsdp_allgather(se->shard_g, mine, recv, un->S, pt, &se->attr, &s->work);

@@ -190,12 +190,17 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
                  w->tp_rank);
     }
     fprintf(fp, "%-54s %16s  %14s\n", head, "bytes", "");
-    /* elements of this rank's shards: 16 bytes each, 8 of them on the host with offload */
-    const size_t elems = st->state_bytes / (st->host_bytes ? 8 : 16);
+    /* elements of this rank's shards: 16 bytes each; with offload 16 on the
+     * host, and on the device the gradient (f32) and the parameters: the f32
+     * master, or under params,optim what the all-gathers send, 2 bytes in a
+     * 16-bit param dtype */
+    const size_t elems = st->host_bytes ? st->host_bytes / 16 : st->state_bytes / 16;
+    const size_t pbytes = st->host_bytes ? st->state_bytes - elems * 4 : elems * 4;
     plan_row(fp,
-             st->offload == FSDP_OFFLOAD_PARAMS_OPTIM ? "parameter shards (f32, the master's copy)"
-                                                      : "parameter shards (f32 master)",
-             elems * 4);
+             st->offload != FSDP_OFFLOAD_PARAMS_OPTIM ? "parameter shards (f32 master)"
+             : pbytes < elems * 4 ? "parameter shards (16-bit, the all-gathers' send)"
+                                  : "parameter shards (f32: the send, or 1 rank's input)",
+             pbytes);
     plan_row(fp, "gradient shards (f32)", elems * 4);
     plan_row(fp,
              st->host_bytes ? "AdamW moments (offloaded: on the host)" : "AdamW moments (2 x f32)",

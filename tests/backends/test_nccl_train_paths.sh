@@ -111,6 +111,8 @@ same pp2tp2 4 nccl "$D" --mesh pp=2,tp=2 --grad-accum 2
 same off.optim 2 nccl "$D" --mesh dp=2 --offload optim
 same off.params 2 nccl "$D" --mesh dp=2 --offload params,optim
 same off.tp 2 nccl "$D" --mesh tp=2 --offload params,optim
+# params,optim with bf16 params: the device's bf16 send, cast after the update's copies
+same off.bf16 2 nccl "$D" --mesh dp=2 --offload params,optim --param-dtype bf16
 # Join: rank 0 has 2 batches, rank 1 3; the third step is rank 1's alone
 same join 2 nccl "$W/uneven_{rank}.bin" --mesh dp=2 --epochs 1 --uneven join
 grep -q '"step":3' "$W/join.sim.jsonl" && ! grep -q '"step":4' "$W/join.sim.jsonl"

@@ -83,7 +83,8 @@ def take(*names):
 parts = [
     ("shards, gradients, moments",
      plan["parameter shards"] + plan["gradient shards"] + plan["AdamW moments"],
-     take("fsdp parameter, gradient and AdamW shards", "fsdp parameter and gradient shards")),
+     take("fsdp parameter, gradient and AdamW shards", "fsdp parameter and gradient shards",
+          "fsdp gradient shards and parameter send shards")),
     ("host, pinned: offloaded state (engine's count)",
      sum(v for k, v in plan.items() if k.startswith("+ host, pinned:") and "snapshot" not in k),
      host),

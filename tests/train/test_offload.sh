@@ -11,7 +11,8 @@
 # mpi and tcp); checkpoints written with offload equal those written
 # without (with tp: both re-layout methods, saved in the loop and in the
 # background), and resume across offload settings and meshes either way;
-# the memory plan with tp and offload equals the device's buffers; the
+# the memory plan with tp and offload equals the device's buffers, and with
+# bf16 params under params,optim holds no f32 master shard; the
 # step's host waits stay fixed; the flag's errors are one line.
 . "$top_srcdir/tests/tap.sh"
 
@@ -90,6 +91,10 @@ else
         --mesh dp=2,tp=2 --backend mpi --clip 0.5
     same "gpt2 dp=2,tp=2 tcp, sequence parallel off" 4 --model "$W/gpt2.h5" \
         --data "$W/train.bin" --mesh dp=2,tp=2 --backend tcp --sequence-parallel off
+    # bf16 params on tp=2: under params,optim no f32 master on the device,
+    # the final model file gathered from the host master
+    same "gpt2 tp=2 mpi, bf16 params" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --mesh tp=2 --backend mpi --param-dtype bf16
 
     # checkpoints: written with and without offload at dp=2 (and dp=2,tp=2),
     # resumed on one rank (and tp=2) with each setting
@@ -114,8 +119,9 @@ else
         fi
         r_ck=$1 r_off=$2
         shift 2
+        # shellcheck disable=SC2086
         "$@" --device guarded --model "$W/llama.h5" --data "$W/train.bin" --batch-size 4 \
-            --seq-len 64 --steps 4 --lr 3e-3 --clip 0.5 --resume "$W/ck.$r_ck/step_2" \
+            --seq-len 64 --steps 4 --lr 3e-3 --clip 0.5 --resume "$W/ck.$r_ck/step_2" ${R_ARGS:-} \
             --offload "$r_off" --out "$r_out.h5" --metrics "$r_out.jsonl" \
             > /dev/null 2>> "$W/ck.$r_ck.err" || {
             tap_diag "$(grep -h -m 1 'guarded device:' "$W/ck.$r_ck.err" || tail -n 3 "$W/ck.$r_ck.err")"
@@ -164,6 +170,22 @@ else
         same_res none.none "$1.$2" || ok=1
     done
     tap_ok $ok "resume across offload settings (none, optim, params,optim either way) = no offload"
+    # bf16 params: under params,optim the device holds the parameters only
+    # as the all-gathers' bf16 send, cast from the host master at the
+    # update and at a load
+    ok=0
+    ck none bf16.none --param-dtype bf16 || { ok=1; tap_diag "$(tail -n 3 "$W/ck.bf16.none.err")"; }
+    ck params,optim bf16.po --param-dtype bf16 || { ok=1; tap_diag "$(tail -n 3 "$W/ck.bf16.po.err")"; }
+    same_shards bf16.none 2 bf16.po || ok=1
+    export R_ARGS="--param-dtype bf16"
+    resume bf16.none none || ok=1
+    for pair in "bf16.none params,optim" "bf16.po none" "bf16.po params,optim"; do
+        # shellcheck disable=SC2086
+        set -- $pair
+        resume "$1" "$2" && same_res bf16.none.none "$1.$2" || ok=1
+    done
+    unset R_ARGS
+    tap_ok $ok "bf16 params: checkpoints with params,optim = without, and resume either way = no offload, bit for bit"
 
     # with tensor parallelism: saved at dp=2,tp=2 through the exchange and
     # the reduce-scatters, in the loop and in the background
@@ -207,6 +229,18 @@ else
         --offload optim
     plan "llama dp=2,tp=2, offload params,optim" 4 --model "$W/llama.h5" --mesh dp=2,tp=2 \
         --backend tcp --offload params,optim
+    # params,optim with a 16-bit param dtype: no f32 master shard on the
+    # device, only the all-gathers' send (2 bytes an element, half the f32
+    # gradient shard), in the plan and in the guarded device's buffers
+    plan "gpt2 dp=2 bf16, offload params,optim" 2 --model "$W/gpt2.h5" --mesh dp=2 \
+        --backend tcp --param-dtype bf16 --offload params,optim
+    ps=$(sed -n 's/^  parameter shards (16-bit, the all-gathers. send)  *\([0-9]*\) .*/\1/p' "$W/mem.plan")
+    gs=$(sed -n 's/^  gradient shards (f32)  *\([0-9]*\) .*/\1/p' "$W/mem.plan")
+    st=$(sed -n "s/.*\[fsdpc r0 .*device buffer after the first step: \([0-9]*\) bytes 'fsdp gradient shards and parameter send shards'.*/\1/p" "$W/mem.run")
+    tap_diag "bf16 params,optim: parameter shards '$ps', gradient shards '$gs', state buffer '$st' bytes"
+    [ -n "$ps" ] && [ -n "$gs" ] && [ -n "$st" ] && [ $((2 * ps)) -eq "$gs" ] &&
+        [ "$st" -eq $((ps + gs)) ] && ! grep -q "r0 .*bytes 'fsdp parameter \(and\|,\)" "$W/mem.run"
+    tap_ok $? "params,optim bf16: the device holds no f32 master shard (plan and guarded buffers: a 2-byte send, half the gradient shard)"
 fi
 
 # host waits of a step with offload: the loss, the norm and one wait for
