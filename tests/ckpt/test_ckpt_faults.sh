@@ -24,14 +24,16 @@ rank_pid() {
     return 1
 }
 
-# wait_lines FILE N: until FILE has N lines (10 s at most)
+# wait_lines FILE N: until FILE has N lines (60 s at most: a loaded
+# machine can take over 10 s to start two ranks; said when it runs out)
 wait_lines() {
     i=0
-    while [ "$(cat "$1" 2> /dev/null | wc -l)" -lt "$2" ] && [ $i -lt 200 ]; do
+    while [ "$(cat "$1" 2> /dev/null | wc -l)" -lt "$2" ] && [ $i -lt 1200 ]; do
         sleep 0.05
         i=$((i + 1))
     done
-    [ $i -lt 200 ]
+    [ $i -lt 1200 ] || tap_diag "$1: fewer than $2 lines after 60 s"
+    [ $i -lt 1200 ]
 }
 
 # ---------------------------------------------------------------------------
