@@ -9,14 +9,17 @@
  * recorded and stops at the first one that not all of them completed (or
  * that they recorded as different calls); members without a dump (stopped,
  * killed before they could write one) are listed with the finding. Of those per-group candidates
- * the one issued first is the culprit: the others are usually its fallout. It also reports members
- * whose records for the same (group, seq) disagree on the call. A pair's
- * point-to-point messages are a group of their own ("dp[0]:0>1": the send
- * on one side, the receive on the other, numbered alike). Exit status:
- * 0 when the dumps agree and nothing is pending, 1 when a stuck or
+ * the culprit is, in this order: a mismatch; a call waiting on members that did not all dump (one
+ * waiting only on dumped members waits behind what they are stuck in); a receive waiting for data
+ * over a send in flight; the one issued first. The others are usually its fallout. It also reports
+ * members whose records for the same (group, seq) disagree on the call. A pair's point-to-point
+ * messages are a group of their own ("dp[0]:0>1": the send on one side, the receive on the other,
+ * numbered alike). Exit status: 0 when the dumps agree and nothing is pending, 1 when a stuck or
  * mismatched collective was found, 2 on bad input.
  */
 #include "config.h"
+#include "programs/cli.h"
+#include "core/error.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MERGE_MAX_RANKS 65536
 #define MERGE_MAX_GROUPS 256
@@ -500,21 +504,38 @@ static int merge_main(const char *dir)
     return rc;
 }
 
+static const struct fsdp_cli_cmd merge_cmd = {
+    "DIR",
+    "Reads DIR/flight_<rank>.json (FSDPC_FLIGHT_DIR of the job) and names the first\n"
+    "collective that some ranks entered and others did not, with the ranks it\n"
+    "waits for. Exit status: 0 when the dumps agree and nothing is pending, 1 when\n"
+    "a stuck or mismatched collective was found, 2 on bad input.",
+    NULL, 0};
+
+static int cmd_merge(int argc, char **argv)
+{
+    struct fsdp_optset set;
+    if (fsdp_cli_command("fsdpc-flight", &merge_cmd, NULL, argc, argv, &set) == 1) {
+        return 0;
+    }
+    return merge_main(fsdp_cli_operand(&set, "dump directory"));
+}
+
+static const struct fsdp_cli_sub flight_cmds[] = {
+    {"merge", "name the collective a job's ranks are stuck in, from their dumps", cmd_merge},
+};
+
+/* A usage error ends the program with 2, as other bad input does (1 is a finding). */
+static void usage_exit(int exit_code, void *arg)
+{
+    (void)exit_code;
+    (void)arg;
+    _exit(2);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc == 2 && !strcmp(argv[1], "--version")) {
-        printf("fsdpc-flight fsdpc %s\n", PACKAGE_VERSION);
-        return 0;
-    }
-    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        printf("usage: fsdpc-flight merge DIR\n"
-               "Reads DIR/flight_<rank>.json (FSDPC_FLIGHT_DIR of the job) and names the first\n"
-               "collective that some ranks entered and others did not.\n");
-        return 0;
-    }
-    if (argc != 3 || strcmp(argv[1], "merge") != 0) {
-        fprintf(stderr, "usage: fsdpc-flight merge DIR\n");
-        return 2;
-    }
-    return merge_main(argv[2]);
+    fsdp_set_abort_hook(usage_exit, NULL);
+    static const struct fsdp_cli_program flight = {"fsdpc-flight", flight_cmds, 1, 6};
+    return fsdp_cli_main(&flight, argc, argv);
 }

@@ -12,8 +12,7 @@ ckpt_program_sources = src/programs/ckpt_program.c src/programs/ckpt_tool.c src/
 	src/programs/ckpt_tool.h src/programs/st_tool.c src/programs/ckpt_list.c \
 	src/programs/hf_tool.c src/programs/hf_map.c src/programs/hf_map.h \
 	src/programs/hf_tokens.c
-fsdpc_flight_SOURCES = src/programs/flight_main.c
-fsdpc_flight_LDADD =
+fsdpc_flight_SOURCES = src/programs/flight_main.c src/programs/cli.c
 
 # fsdpc-plot: training curves from metrics files, a Python script installed
 # with the programs (it needs matplotlib: Debian's python3-matplotlib)

@@ -87,4 +87,17 @@ st=$?
 [ $st -eq 2 ] && grep -q 'flight_0.json: line 1' "$T/merge"
 tap_ok $? "merge of a file fsdpc did not write: one clear error (status $st)"
 
+# the command line: generated help, and a usage error is bad input (2), not a finding (1)
+"$top_builddir/fsdpc-flight" merge --help > "$T/help" 2>&1 &&
+    grep -q '^usage: fsdpc-flight merge DIR' "$T/help" && grep -q -- '--help' "$T/help"
+tap_ok $? "fsdpc-flight merge --help prints its usage"
+"$top_builddir/fsdpc-flight" merge > "$T/merge" 2>&1
+st=$?
+[ $st -eq 2 ] && grep -q 'fsdpc-flight merge: expected one dump directory, got 0' "$T/merge"
+tap_ok $? "fsdpc-flight merge without a directory: one line, status 2 (status $st)"
+"$top_builddir/fsdpc-flight" merge "$T/bad" --dir x > "$T/merge" 2>&1
+st=$?
+[ $st -eq 2 ] && grep -q 'unknown option --dir' "$T/merge"
+tap_ok $? "fsdpc-flight merge with an unknown flag: one line, status 2 (status $st)"
+
 tap_done
