@@ -73,13 +73,17 @@ struct fsdp_kernels {
                                const float *dout, const void *inp, enum fsdp_dtype at,
                                const void *weight, enum fsdp_dtype pt, const float *mean,
                                const float *rstd, size_t N, size_t C);
-    void (*matmul_forward)(struct fsdp_device *d, float *out, const float *inp, const void *weight,
-                           const void *bias, enum fsdp_dtype pt, const float *residual, size_t N,
-                           size_t C, size_t OC);
+    /* out an activation in ot, inp one in it; residual f32 (a call with a
+     * residual has ot f32; residual may be out) */
+    void (*matmul_forward)(struct fsdp_device *d, void *out, enum fsdp_dtype ot, const void *inp,
+                           enum fsdp_dtype it, const void *weight, const void *bias,
+                           enum fsdp_dtype pt, const float *residual, size_t N, size_t C,
+                           size_t OC);
+    /* inp an activation in it; dinp, dweight, dbias, dout f32 */
     void (*matmul_backward)(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const void *weight,
-                            enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
-                            int accumulate_dinp);
+                            const float *dout, const void *inp, enum fsdp_dtype it,
+                            const void *weight, enum fsdp_dtype pt, size_t N, size_t C, size_t OC,
+                            float alpha, int accumulate_dinp);
     size_t (*attention_scratch_floats)(struct fsdp_device *d, int T);
     /* out and qkv (and the backward's out) activations in at; lse, scratch,
      * dqkv and dout f32 */

@@ -506,7 +506,8 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
                                m->lm.adt, FSDP_F32, w.ln1w, w.ln1b, w.pt, BR, C, c->ln_eps);
     fsdp_lm_act_widen(&m->lm, a->ln1, st->ln1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qkvw, w.qkvb, w.pt, NULL, BT, C, 3 * lc);
+    m->lm.k->matmul_forward(m->lm.dev, a->qkv, FSDP_F32, in, FSDP_F32, w.qkvw, w.qkvb, w.pt, NULL,
+                            BT, C, 3 * lc);
     fsdp_lm_act_store(&m->lm, st->qkv, a->qkv, BT * 3 * lc);
     m->lm.k->attention_forward(m->lm.dev, fsdp_lm_act(a->atty, st->atty), a->att_lse,
                                m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), m->lm.adt,
@@ -519,7 +520,8 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
                                w.pt, BR, C, c->ln_eps);
     fsdp_lm_act_widen(&m->lm, a->ln2, st->ln2, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->fch, in, w.fcw, w.fcb, w.pt, NULL, BT, C, 4 * lc);
+    m->lm.k->matmul_forward(m->lm.dev, a->fch, FSDP_F32, in, FSDP_F32, w.fcw, w.fcb, w.pt, NULL, BT,
+                            C, 4 * lc);
     fsdp_lm_act_store(&m->lm, st->fch, a->fch, BT * 4 * lc);
     m->lm.k->gelu_forward(m->lm.dev, fsdp_lm_act(a->fch_gelu, st->fch_gelu),
                           fsdp_lm_act(a->fch, st->fch), m->lm.adt, BT * 4 * lc);
@@ -645,26 +647,26 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     /* MLP */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
     m->lm.k->matmul_backward(m->lm.dev, g->dfch, dw.fcprojw, dw.fcprojb, dout, a->fch_gelu,
-                             w.fcprojw, w.pt, BT, 4 * lc, C, 1.0f, 0);
+                             FSDP_F32, w.fcprojw, w.pt, BT, 4 * lc, C, 1.0f, 0);
     m->lm.k->gelu_backward(m->lm.dev, g->dfch, fsdp_lm_act(a->fch, st->fch), g->dfch, m->lm.adt,
                            BT * 4 * lc);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.fcw, dw.fcb, g->dfch, in, w.fcw, w.pt, BT, C,
-                             4 * lc, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.fcw, dw.fcb, g->dfch, in, FSDP_F32, w.fcw, w.pt,
+                             BT, C, 4 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.ln2w,
                                 m->lm.sp ? spg + C : dw.ln2b, din, fsdp_lm_act(a->res2, st->res2),
                                 m->lm.adt, w.ln2w, w.pt, a->ln2_mean, a->ln2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(m->lm.dev, datty, dw.attprojw, dw.attprojb, dout, a->atty, w.attprojw,
-                             w.pt, BT, lc, C, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, datty, dw.attprojw, dw.attprojb, dout, a->atty, FSDP_F32,
+                             w.attprojw, w.pt, BT, lc, C, 1.0f, 0);
     m->lm.k->attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty,
                                 fsdp_lm_act(a->qkv, st->qkv), fsdp_lm_act(a->atty, st->atty),
                                 a->att_lse, m->lm.adt, m->lm.B, m->lm.T, (int)lc, m->lnh);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, w.qkvw, w.pt, BT, C,
-                             3 * lc, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, FSDP_F32, w.qkvw,
+                             w.pt, BT, C, 3 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + 2 * C : dw.ln1w,
                                 m->lm.sp ? spg + 3 * C : dw.ln1b, din, fsdp_lm_residual(&m->lm, l),

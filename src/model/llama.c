@@ -367,7 +367,8 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
                              m->lm.adt, FSDP_F32, w.attn_norm, w.pt, BR, C, c->norm_eps);
     fsdp_lm_act_widen(&m->lm, a->rms1, st->rms1, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, w.pt, NULL, BT, C, (size_t)m->qkv_w);
+    m->lm.k->matmul_forward(m->lm.dev, a->qkv, FSDP_F32, in, FSDP_F32, w.qw, w.qb, w.pt, NULL, BT,
+                            C, (size_t)m->qkv_w);
     m->lm.k->rope_forward(m->lm.dev, a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                           m->lnkv, m->hs);
     fsdp_lm_act_store(&m->lm, st->qkv, a->qkv, BT * (size_t)m->qkv_w);
@@ -384,8 +385,10 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
                              BR, C, c->norm_eps);
     fsdp_lm_act_widen(&m->lm, a->rms2, st->rms2, BR * C);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->gate, in, w.gatew, NULL, w.pt, NULL, BT, C, F);
-    m->lm.k->matmul_forward(m->lm.dev, a->up, in, w.upw, NULL, w.pt, NULL, BT, C, F);
+    m->lm.k->matmul_forward(m->lm.dev, a->gate, FSDP_F32, in, FSDP_F32, w.gatew, NULL, w.pt, NULL,
+                            BT, C, F);
+    m->lm.k->matmul_forward(m->lm.dev, a->up, FSDP_F32, in, FSDP_F32, w.upw, NULL, w.pt, NULL, BT,
+                            C, F);
     fsdp_lm_act_store(&m->lm, st->gate, a->gate, BT * F);
     fsdp_lm_act_store(&m->lm, st->up, a->up, BT * F);
     m->lm.k->swiglu_forward(m->lm.dev, fsdp_lm_act(a->h, st->h), fsdp_lm_act(a->gate, st->gate),
@@ -406,8 +409,9 @@ static void llama_head_logits(const struct fsdp_llama *m, const struct fsdp_llam
                               size_t r0, size_t rows, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd;
-    m->lm.k->matmul_forward(m->lm.dev, out, m->acts.lnf + r0 * C, w->lm_head, NULL, w->pt, NULL,
-                            rows, C, m->lm.tp ? m->lm.tvn : (size_t)m->cfg->vocab_size);
+    m->lm.k->matmul_forward(m->lm.dev, out, FSDP_F32, m->acts.lnf + r0 * C, FSDP_F32, w->lm_head,
+                            NULL, w->pt, NULL, rows, C,
+                            m->lm.tp ? m->lm.tvn : (size_t)m->cfg->vocab_size);
 }
 
 /* Tensor parallel: each row's loss over this rank's vocabulary slice, a
@@ -565,7 +569,8 @@ static int llama_head_backward(struct fsdp_llama *m)
                                            m->lm.ignore_index, 1.0f);
         }
         m->lm.k->matmul_backward(m->lm.dev, g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
-                                 a->lnf + r0 * C, w.lm_head, w.pt, rows, C, cols, alpha, 0);
+                                 a->lnf + r0 * C, FSDP_F32, w.lm_head, w.pt, rows, C, cols, alpha,
+                                 0);
     }
     /* tensor parallel: each rank's d(norm output) is its vocabulary slice's
      * part, summed over the ranks into the rows held here */
@@ -617,25 +622,25 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     }
     /* MLP */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(m->lm.dev, g->dh, dw.downw, NULL, dout, a->h, w.downw, w.pt, BT, F, C,
-                             1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dh, dw.downw, NULL, dout, a->h, FSDP_F32, w.downw, w.pt,
+                             BT, F, C, 1.0f, 0);
     /* d(gate), d(up) over the f32 gate and up (at f32 in place; at bf16
      * their working set, read from the store) */
     m->lm.k->swiglu_backward(m->lm.dev, a->gate, a->up, g->dh, fsdp_lm_act(a->gate, st->gate),
                              fsdp_lm_act(a->up, st->up), m->lm.adt, BT * F);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, w.pt, BT, C,
-                             F, 1.0f, 0);
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.upw, NULL, a->up, in, w.upw, w.pt, BT, C, F,
-                             1.0f, 1);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.gatew, NULL, a->gate, in, FSDP_F32, w.gatew,
+                             w.pt, BT, C, F, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.upw, NULL, a->up, in, FSDP_F32, w.upw, w.pt, BT,
+                             C, F, 1.0f, 1);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.mlp_norm, din,
                               fsdp_lm_act(a->res2, st->res2), m->lm.adt, w.mlp_norm, w.pt,
                               a->rms2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, a->atty, w.ow, w.pt, BT, m->lq, C,
-                             1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, a->atty, FSDP_F32, w.ow, w.pt, BT,
+                             m->lq, C, 1.0f, 0);
     m->lm.k->gqa_attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty,
                                     fsdp_lm_act(a->qkv, st->qkv), fsdp_lm_act(a->atty, st->atty),
                                     a->att_lse, m->lm.adt, m->lm.B, m->lm.T, m->lnh, m->lnkv,
@@ -643,8 +648,8 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     m->lm.k->rope_backward(m->lm.dev, g->dqkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                            m->lnkv, m->hs);
     FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qw, dw.qb, g->dqkv, in, w.qw, w.pt, BT, C,
-                             (size_t)m->qkv_w, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qw, dw.qb, g->dqkv, in, FSDP_F32, w.qw, w.pt,
+                             BT, C, (size_t)m->qkv_w, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + C : dw.attn_norm, din,
                               fsdp_lm_residual(&m->lm, l), FSDP_F32, w.attn_norm, w.pt,

@@ -69,12 +69,13 @@ int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const flo
     enum fsdp_dtype at = st ? lm->adt : FSDP_F32, rt = rst ? lm->adt : FSDP_F32;
     const void *res = rst ? (const void *)rst : (const void *)residual;
     if (!lm->tp) {
-        lm->k->matmul_forward(lm->dev, out, inp, w, bias, pt, residual, BT, K, C);
+        lm->k->matmul_forward(lm->dev, out, FSDP_F32, inp, FSDP_F32, w, bias, pt, residual, BT, K,
+                              C);
         fsdp_lm_act_keep(lm, st, out, BT * C);
         return 0;
     }
     float *part = lm->dbtc;
-    lm->k->matmul_forward(lm->dev, part, inp, w, NULL, pt, NULL, BT, K, C);
+    lm->k->matmul_forward(lm->dev, part, FSDP_F32, inp, FSDP_F32, w, NULL, pt, NULL, BT, K, C);
     if (lm->sp) {
         FSDP_CHECK(fsdp_tp_seq_scatter_forward(lm->tp, part, out, BR, C));
         part = out;

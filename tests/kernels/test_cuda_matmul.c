@@ -259,8 +259,8 @@ static int forward_case(size_t N, size_t C, size_t OC, enum fsdp_dtype pt, int w
                               : res_mode == RES_IN_PLACE ? d_out
                                                          : NULL;
     fsdp_err_clear();
-    int rc = fsdp_cuda_matmul_forward(blas, d_out, d_inp, d_w, d_b, pt, d_residual, N, C, OC,
-                                      dev->stream);
+    int rc = fsdp_cuda_matmul_forward(blas, d_out, FSDP_F32, d_inp, FSDP_F32, d_w, d_b, pt,
+                                      d_residual, N, C, OC, dev->stream);
     float *got = malloc(N * OC * 4);
     down(got, d_out, N * OC * 4);
 
@@ -324,8 +324,8 @@ static int backward_case(size_t N, size_t C, size_t OC, enum fsdp_dtype pt,
     float *d_dw = v->outs & B_DW ? up(dw, OC * C * 4) : NULL;
     float *d_db = v->outs & B_DB ? up(db, OC * 4) : NULL;
     fsdp_err_clear();
-    int rc = fsdp_cuda_matmul_backward(blas, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, pt, N, C, OC,
-                                       v->alpha, v->accumulate, dev->stream);
+    int rc = fsdp_cuda_matmul_backward(blas, d_dinp, d_dw, d_db, d_dout, d_inp, FSDP_F32, d_w, pt,
+                                       N, C, OC, v->alpha, v->accumulate, dev->stream);
     char what[96];
     snprintf(what, sizeof(what), "backward N=%zu C=%zu OC=%zu", N, C, OC);
     if (rc < 0) {
@@ -411,8 +411,8 @@ static void test_unaligned(void)
         fsdp_device_write(dev, i_big + 4, inp, N * C * 4);
         float *d_out = up(NULL, N * OC * 4);
         unsigned long made = fsdp_cuda_blas_plans_made(blas);
-        int rc = fsdp_cuda_matmul_forward(blas, d_out, (float *)(i_big + 4), w_big + es, NULL, pt,
-                                          NULL, N, C, OC, dev->stream);
+        int rc = fsdp_cuda_matmul_forward(blas, d_out, FSDP_F32, (float *)(i_big + 4), FSDP_F32,
+                                          w_big + es, NULL, pt, NULL, N, C, OC, dev->stream);
         down(got, d_out, N * OC * 4);
         round_to(inp, N * C, pt, NULL);
         fsdp_cpu_matmul_forward(want, inp, w, NULL, NULL, N, C, OC);
@@ -441,12 +441,14 @@ static void test_cache(void)
         unsigned long made = fsdp_cuda_blas_plans_made(blas);
         int heur = sim_lt_heuristics, mallocs = sim_mallocs;
         size_t live = dev->stats.bytes_now;
-        int rc = fsdp_cuda_matmul_forward(blas, out, x, w, bias, FSDP_F32, out, N, C, OC, s);
-        rc |=
-            fsdp_cuda_matmul_backward(blas, dx, dw, db, out, x, w, FSDP_F32, N, C, OC, 1.0f, 1, s);
-        rc |= fsdp_cuda_matmul_forward(blas, out, x, w16, b16, FSDP_BF16, NULL, N, C, OC, s);
-        rc |= fsdp_cuda_matmul_backward(blas, dx, dw, db, out, x, w16, FSDP_BF16, N, C, OC, 1.0f, 0,
-                                        s);
+        int rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, bias, FSDP_F32, out,
+                                          N, C, OC, s);
+        rc |= fsdp_cuda_matmul_backward(blas, dx, dw, db, out, x, FSDP_F32, w, FSDP_F32, N, C, OC,
+                                        1.0f, 1, s);
+        rc |= fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w16, b16, FSDP_BF16, NULL,
+                                       N, C, OC, s);
+        rc |= fsdp_cuda_matmul_backward(blas, dx, dw, db, out, x, FSDP_F32, w16, FSDP_BF16, N, C,
+                                        OC, 1.0f, 0, s);
         unsigned long added = fsdp_cuda_blas_plans_made(blas) - made;
         if (pass == 0) {
             tap_ok(rc == 0 && added == 6 && sim_lt_heuristics - heur == 6,
@@ -483,7 +485,8 @@ static void test_errors(void)
     fsdp_err_clear(); /* the first message stays until cleared */
     sim_lt_fail_call = "cublasLtMatmul";
     sim_lt_fail_status = CUBLAS_STATUS_EXECUTION_FAILED;
-    int rc = fsdp_cuda_matmul_forward(blas, out, x, w, NULL, FSDP_F32, NULL, N, C, OC, dev->stream);
+    int rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, NULL, FSDP_F32, NULL, N,
+                                      C, OC, dev->stream);
     tap_ok(rc == FSDP_ERR_BACKEND &&
                one_line(fsdp_err_msg(), "cublasLtMatmul failed", "CUBLAS_STATUS_EXECUTION_FAILED"),
            "a failing cublasLtMatmul: one line naming the call and the status");
@@ -491,15 +494,18 @@ static void test_errors(void)
     fsdp_err_clear();
     sim_lt_fail_call = "cublasLtMatmulAlgoGetHeuristic";
     sim_lt_fail_status = CUBLAS_STATUS_NOT_SUPPORTED;
-    rc = fsdp_cuda_matmul_forward(blas, out, x, w, NULL, FSDP_F32, NULL, N + 1, C, OC, dev->stream);
+    rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, NULL, FSDP_F32, NULL, N + 1,
+                                  C, OC, dev->stream);
     tap_ok(rc < 0 && one_line(fsdp_err_msg(), "cublasLtMatmulAlgoGetHeuristic failed",
                               "CUBLAS_STATUS_NOT_SUPPORTED"),
            "a failing heuristic: one line naming it");
-    rc = fsdp_cuda_matmul_forward(blas, out, x, w, NULL, FSDP_F32, NULL, N + 1, C, OC, dev->stream);
+    rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, NULL, FSDP_F32, NULL, N + 1,
+                                  C, OC, dev->stream);
     tap_ok(rc == 0 && fsdp_cuda_blas_plans_made(blas) == made + 1,
            "no half-made plan stays: the next call makes it whole");
     fsdp_err_clear();
-    rc = fsdp_cuda_matmul_forward(blas, out, x, w, NULL, FSDP_I32, NULL, N, C, OC, dev->stream);
+    rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, NULL, FSDP_I32, NULL, N, C,
+                                  OC, dev->stream);
     tap_ok(rc == FSDP_ERR_UNSUPPORTED && one_line(fsdp_err_msg(), "matmul", "i32"),
            "i32 weights: refused in one line");
     void *dbufs[] = {x, w, out};
@@ -522,15 +528,15 @@ static void test_tf32(void)
     float *d_inp = up(inp, N * C * 4), *d_w = up(w, OC * C * 4), *d_out = up(NULL, N * OC * 4);
     float *d_db = up(NULL, OC * 4);
     int tf32 = sim_lt_tf32;
-    rc =
-        fsdp_cuda_matmul_forward(t, d_out, d_inp, d_w, NULL, FSDP_F32, NULL, N, C, OC, dev->stream);
+    rc = fsdp_cuda_matmul_forward(t, d_out, FSDP_F32, d_inp, FSDP_F32, d_w, NULL, FSDP_F32, NULL, N,
+                                  C, OC, dev->stream);
     down(got, d_out, N * OC * 4);
     fsdp_cpu_matmul_forward(want, inp, w, NULL, NULL, N, C, OC);
     tap_ok(rc == 0 && sim_lt_tf32 == tf32 + 1 && close_to("tf32", got, want, N * OC, 1e-2),
            "TF32 on request: the f32 forward computes in TF32, within 1e-2 of f32");
     tf32 = sim_lt_tf32;
-    rc = fsdp_cuda_matmul_backward(t, NULL, NULL, d_db, d_out, d_inp, d_w, FSDP_F32, N, C, OC, 1.0f,
-                                   0, dev->stream);
+    rc = fsdp_cuda_matmul_backward(t, NULL, NULL, d_db, d_out, d_inp, FSDP_F32, d_w, FSDP_F32, N, C,
+                                   OC, 1.0f, 0, dev->stream);
     tap_ok(rc == 0 && sim_lt_tf32 == tf32, "the bias gradient stays exact f32 under TF32");
     fsdp_cuda_blas_destroy(t);
     void *dbufs[] = {d_inp, d_w, d_out, d_db};

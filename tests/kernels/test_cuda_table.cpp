@@ -282,11 +282,13 @@ static int matmuls(enum fsdp_dtype pt)
     float *inp = randf(N * C, 1.0, 0.0), *dout = randf(N * OC, 1.0, 0.0);
     pair out = mk(N * OC), dinp = mk(N * C), dw = mk(OC * C), db = mk(OC);
     int ok = 1;
-    cpu.k->matmul_forward(&cpu, out.a, inp, w.p, b.p, pt, NULL, N, C, OC);
-    emu.k->matmul_forward(&emu, out.b, inp, w.p, b.p, pt, NULL, N, C, OC);
+    cpu.k->matmul_forward(&cpu, out.a, FSDP_F32, inp, FSDP_F32, w.p, b.p, pt, NULL, N, C, OC);
+    emu.k->matmul_forward(&emu, out.b, FSDP_F32, inp, FSDP_F32, w.p, b.p, pt, NULL, N, C, OC);
     ok &= agree("matmul_forward", out, 1);
-    cpu.k->matmul_backward(&cpu, dinp.a, dw.a, db.a, dout, inp, w.p, pt, N, C, OC, 0.5f, 1);
-    emu.k->matmul_backward(&emu, dinp.b, dw.b, db.b, dout, inp, w.p, pt, N, C, OC, 0.5f, 1);
+    cpu.k->matmul_backward(&cpu, dinp.a, dw.a, db.a, dout, inp, FSDP_F32, w.p, pt, N, C, OC, 0.5f,
+                           1);
+    emu.k->matmul_backward(&emu, dinp.b, dw.b, db.b, dout, inp, FSDP_F32, w.p, pt, N, C, OC, 0.5f,
+                           1);
     ok &= agree("matmul_backward dinp", dinp, 1) & agree("matmul_backward dweight", dw, 1) &
           agree("matmul_backward dbias", db, 1);
     free(inp);

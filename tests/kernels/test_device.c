@@ -210,11 +210,13 @@ static int pkernels(struct pbufs *b, enum fsdp_dtype t)
                         PC);
     k->rmsnorm_backward(d, b->out2, b->stat2 + PC, b->x2, b->x, FSDP_F32, h, t, b->stat, PN, PC);
     bad += !psame(d, b->out, b->out2, PN * PC);
-    k->matmul_forward(d, b->out, b->x, w, w + POC * PC, FSDP_F32, NULL, PN, PC, POC);
-    k->matmul_forward(d, b->out2, b->x, h, h + POC * PC, t, NULL, PN, PC, POC);
+    k->matmul_forward(d, b->out, FSDP_F32, b->x, FSDP_F32, w, w + POC * PC, FSDP_F32, NULL, PN, PC,
+                      POC);
+    k->matmul_forward(d, b->out2, FSDP_F32, b->x, FSDP_F32, h, h + POC * PC, t, NULL, PN, PC, POC);
     bad += !psame(d, b->out, b->out2, PN * POC);
-    k->matmul_backward(d, b->out, NULL, NULL, b->x2, b->x, w, FSDP_F32, PN, PC, POC, 1.0f, 0);
-    k->matmul_backward(d, b->out2, NULL, NULL, b->x2, b->x, h, t, PN, PC, POC, 1.0f, 0);
+    k->matmul_backward(d, b->out, NULL, NULL, b->x2, b->x, FSDP_F32, w, FSDP_F32, PN, PC, POC, 1.0f,
+                       0);
+    k->matmul_backward(d, b->out2, NULL, NULL, b->x2, b->x, FSDP_F32, h, t, PN, PC, POC, 1.0f, 0);
     bad += !psame(d, b->out, b->out2, PN * PC);
     k->bias_residual_forward(d, b->out, b->x, w, FSDP_F32, b->x2, FSDP_F32, FSDP_F32, PN, PC);
     k->bias_residual_forward(d, b->out2, b->x, h, t, b->x2, FSDP_F32, FSDP_F32, PN, PC);
