@@ -50,10 +50,13 @@ struct fsdp_device;
  * workspace: the kernels compute each sequence apart), the norms'
  * forwards' output and input (a tile of rows at a time: the kernels
  * compute each row apart), the residual adds' output and residual
- * (bias_residual_forward, tile by tile) and the norms' backwards' input (a tile of
+ * (bias_residual_forward, tile by tile), the norms' backwards' input (a tile of
  * rows at a time: the kernels add each row's parameter gradients in row
- * order). The other entries see f32 activations, which the model converts with f32_to_bf16 and
- * bf16_to_f32 around f32 working buffers.
+ * order) and the matmuls' input and output (widened as a whole operand
+ * into the workspace, so the f32 kernel's call is the same and its bits
+ * cannot move; an output computed there, then rounded). The other entries
+ * (RoPE, in place on an f32 product; the embeddings, into the f32
+ * residual stream; cross-entropy, on f32 logits) see f32 activations.
  */
 struct fsdp_kernels {
     size_t size; /* sizeof(struct fsdp_kernels) of the implementation */

@@ -8,7 +8,9 @@
  * are; the norms, the bias of the row-parallel product and the matmuls'
  * f32 path widen them exactly into a workspace of the table first (the
  * matmuls' 16-bit path casts the activations instead and multiplies in
- * 16-bit with f32 accumulation, matmul_cuda.c).
+ * 16-bit with f32 accumulation, matmul_cuda.c, which also takes bf16
+ * activations; under the emulation the table widens them and rounds the
+ * output around the CPU's product).
  *
  * The table's state (d->kstate) holds its device workspaces: widened
  * parameters, the norms' partial sums, the squared norm's partials, a
