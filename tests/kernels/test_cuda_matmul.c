@@ -49,7 +49,8 @@ struct kjob {
     float value;
 };
 
-static int kernel_bad; /* kernel calls on memory that is not the device's */
+static int kernel_bad;   /* kernel calls on memory that is not the device's */
+static int kernel_calls; /* kernels enqueued so far */
 
 static void kjob_run(void *arg)
 {
@@ -83,6 +84,7 @@ static void kjob(enum kjob_kind kind, void *dst, size_t dst_bytes, const void *s
         kernel_bad++;
         return;
     }
+    kernel_calls++;
     struct kjob *j = calloc(1, sizeof(*j));
     *j = (struct kjob){.kind = kind, .dst = dst, .src = src, .n = n};
     sim_enqueue_fn(stream, kjob_run, j);
@@ -486,6 +488,11 @@ static void test_act_dtypes(void)
         }
     }
     float *x = up(NULL, 64), *w = up(NULL, 64), *out = up(NULL, 64);
+    int before = kernel_calls; /* bf16 weights meet a bf16 input as it is */
+    int rc0 = fsdp_cuda_matmul_forward(blas, out, F, x, H, w, NULL, H, NULL, 2, 2, 2, dev->stream);
+    tap_ok(rc0 == 0 && kernel_calls == before,
+           "a bf16 input meets bf16 weights as it is: no staging kernel (%d run)",
+           kernel_calls - before);
     fsdp_err_clear();
     int rc = fsdp_cuda_matmul_forward(blas, out, H, x, F, w, NULL, F, (float *)out, 2, 2, 2,
                                       dev->stream);
