@@ -50,10 +50,13 @@ struct fsdp_device;
  * workspace: the kernels compute each sequence apart), the norms'
  * forwards' output and input (a tile of rows at a time: the kernels
  * compute each row apart), the residual adds' output and residual
- * (bias_residual_forward, tile by tile) and the norms' backwards' input (a tile of
+ * (bias_residual_forward, tile by tile), the norms' backwards' input (a tile of
  * rows at a time: the kernels add each row's parameter gradients in row
- * order). The other entries see f32 activations, which the model converts with f32_to_bf16 and
- * bf16_to_f32 around f32 working buffers.
+ * order) and the matmuls' input and output (widened as a whole operand
+ * into the workspace, so the f32 kernel's call is the same and its bits
+ * cannot move; an output computed there, then rounded). The other entries
+ * (RoPE, in place on an f32 product; the embeddings, into the f32
+ * residual stream; cross-entropy, on f32 logits) see f32 activations.
  */
 struct fsdp_kernels {
     size_t size; /* sizeof(struct fsdp_kernels) of the implementation */
@@ -73,13 +76,17 @@ struct fsdp_kernels {
                                const float *dout, const void *inp, enum fsdp_dtype at,
                                const void *weight, enum fsdp_dtype pt, const float *mean,
                                const float *rstd, size_t N, size_t C);
-    void (*matmul_forward)(struct fsdp_device *d, float *out, const float *inp, const void *weight,
-                           const void *bias, enum fsdp_dtype pt, const float *residual, size_t N,
-                           size_t C, size_t OC);
+    /* out an activation in ot, inp one in it; residual f32 (a call with a
+     * residual has ot f32; residual may be out) */
+    void (*matmul_forward)(struct fsdp_device *d, void *out, enum fsdp_dtype ot, const void *inp,
+                           enum fsdp_dtype it, const void *weight, const void *bias,
+                           enum fsdp_dtype pt, const float *residual, size_t N, size_t C,
+                           size_t OC);
+    /* inp an activation in it; dinp, dweight, dbias, dout f32 */
     void (*matmul_backward)(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const void *weight,
-                            enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
-                            int accumulate_dinp);
+                            const float *dout, const void *inp, enum fsdp_dtype it,
+                            const void *weight, enum fsdp_dtype pt, size_t N, size_t C, size_t OC,
+                            float alpha, int accumulate_dinp);
     size_t (*attention_scratch_floats)(struct fsdp_device *d, int T);
     /* out and qkv (and the backward's out) activations in at; lse, scratch,
      * dqkv and dout f32 */

@@ -77,29 +77,27 @@ static float *k_work(struct fsdp_device *d, size_t need, enum fsdp_dtype dt, con
     return ks->wide;
 }
 
+/* p's n values (of dtype dt) as f32: p itself when dt is f32 or p is
+ * NULL, else widened exactly into *ws, which then moves past them. */
+static const float *k_wide(float **ws, const void *p, size_t n, enum fsdp_dtype dt)
+{
+    if (dt == FSDP_F32 || !p) {
+        return p;
+    }
+    float *w = *ws;
+    k_widen_into(w, p, n, dt);
+    *ws = w + n;
+    return w;
+}
+
 static void k_widen(struct fsdp_device *d, enum fsdp_dtype pt, const void *a, size_t na,
                     const float **wa, const void *b, size_t nb, const float **wb)
 {
-    if (pt == FSDP_F32) {
-        *wa = a;
-        if (wb) {
-            *wb = b;
-        }
-        return;
-    }
-    na = a ? na : 0;
-    float *wide = k_work(d, na + (b ? nb : 0), pt, "parameter", "--param-dtype f32");
-    *wa = NULL;
-    if (a) {
-        k_widen_into(wide, a, na, pt);
-        *wa = wide;
-    }
+    size_t need = (a ? na : 0) + (b && wb ? nb : 0);
+    float *ws = pt == FSDP_F32 ? NULL : k_work(d, need, pt, "parameter", "--param-dtype f32");
+    *wa = k_wide(&ws, a, na, pt);
     if (wb) {
-        *wb = NULL;
-        if (b) {
-            k_widen_into(wide + na, b, nb, pt);
-            *wb = wide + na;
-        }
+        *wb = k_wide(&ws, b, nb, pt);
     }
 }
 
@@ -190,15 +188,7 @@ static void k_norm16_forward(struct fsdp_device *d, void *out, enum fsdp_dtype a
     size_t wn = pt == FSDP_F32 ? 0 : (bias ? 2 * C : C);
     float *ws = k_work(d, wn + 2 * rows * C, FSDP_BF16, "activation", "--activation-dtype f32");
     float *xt = ws + wn, *yt = xt + rows * C;
-    const float *w = weight, *b = bias;
-    if (wn) {
-        k_widen_into(ws, weight, C, pt);
-        w = ws;
-        if (bias) {
-            k_widen_into(ws + C, bias, C, pt);
-            b = ws + C;
-        }
-    }
+    const float *w = k_wide(&ws, weight, C, pt), *b = k_wide(&ws, bias, C, pt);
     for (size_t r = 0; r < N; r += rows) {
         size_t n = N - r < rows ? N - r : rows;
         const float *x = it == FSDP_F32 ? (const float *)inp + r * C : xt;
@@ -248,20 +238,15 @@ static void k_norm16_backward(struct fsdp_device *d, float *dinp, float *dweight
 {
     size_t rows = C < 16 * K_TILE ? 16 * K_TILE / C : 1, wn = pt == FSDP_F32 ? 0 : C;
     float *ws = k_work(d, wn + rows * C, FSDP_BF16, "activation", "--activation-dtype f32");
-    const float *w = weight;
-    if (wn) {
-        k_widen_into(ws, weight, C, pt);
-        w = ws;
-    }
+    const float *w = k_wide(&ws, weight, C, pt);
     for (size_t r = 0; r < N; r += rows) {
         size_t n = N - r < rows ? N - r : rows;
-        fsdp_cpu_bf16_to_f32(ws + wn, (const uint16_t *)inp + r * C, n * C);
+        fsdp_cpu_bf16_to_f32(ws, (const uint16_t *)inp + r * C, n * C);
         if (mean) {
-            fsdp_cpu_layernorm_backward(dinp + r * C, dweight, dbias, dout + r * C, ws + wn, w,
-                                        mean + r, rstd + r, n, C);
+            fsdp_cpu_layernorm_backward(dinp + r * C, dweight, dbias, dout + r * C, ws, w, mean + r,
+                                        rstd + r, n, C);
         } else {
-            fsdp_cpu_rmsnorm_backward(dinp + r * C, dweight, dout + r * C, ws + wn, w, rstd + r, n,
-                                      C);
+            fsdp_cpu_rmsnorm_backward(dinp + r * C, dweight, dout + r * C, ws, w, rstd + r, n, C);
         }
     }
 }
@@ -283,28 +268,56 @@ static void k_layernorm_backward(struct fsdp_device *d, float *dinp, float *dwei
     k_leave(d);
 }
 
-static void k_matmul_forward(struct fsdp_device *d, float *out, const float *inp,
-                             const void *weight, const void *bias, enum fsdp_dtype pt,
-                             const float *residual, size_t N, size_t C, size_t OC)
+/*
+ * The products' operands as f32 for the f32 kernel: 16-bit parameters
+ * (weight wn values, bias bn) and a bf16 input (xn values) widened exactly
+ * into the workspace as whole operands, so the kernel's call is the one an
+ * f32 run makes and its bits cannot move; yn more floats after them for
+ * an output to round. NULL when nothing needs widening.
+ */
+static float *k_mm_work(struct fsdp_device *d, enum fsdp_dtype pt, size_t wn, enum fsdp_dtype it,
+                        size_t xn, size_t yn)
+{
+    size_t need = (pt == FSDP_F32 ? 0 : wn) + (it == FSDP_F32 ? 0 : xn) + yn;
+    if (!need) {
+        return NULL;
+    }
+    if (it == FSDP_F32 && !yn) {
+        return k_work(d, need, pt, "parameter", "--param-dtype f32");
+    }
+    return k_work(d, need, FSDP_BF16, "activation", "--activation-dtype f32");
+}
+
+static void k_matmul_forward(struct fsdp_device *d, void *out, enum fsdp_dtype ot, const void *inp,
+                             enum fsdp_dtype it, const void *weight, const void *bias,
+                             enum fsdp_dtype pt, const float *residual, size_t N, size_t C,
+                             size_t OC)
 {
     const void *p[] = {out, inp, weight, bias, residual};
-    const float *w, *b;
     k_enter(d, p, 1, 5);
-    k_widen(d, pt, weight, OC * C, &w, bias, OC, &b);
-    fsdp_cpu_matmul_forward(out, inp, w, b, residual, N, C, OC);
+    size_t yn = ot == FSDP_F32 ? 0 : N * OC;
+    float *ws = k_mm_work(d, pt, OC * C + (bias ? OC : 0), it, N * C, yn);
+    const float *w = k_wide(&ws, weight, OC * C, pt), *b = k_wide(&ws, bias, OC, pt);
+    const float *x = k_wide(&ws, inp, N * C, it);
+    fsdp_cpu_matmul_forward(yn ? ws : out, x, w, b, residual, N, C, OC);
+    if (yn) { /* rounded to nearest even */
+        fsdp_cpu_f32_to_bf16(out, ws, yn);
+    }
     k_leave(d);
 }
 
 static void k_matmul_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                              const float *dout, const float *inp, const void *weight,
-                              enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
-                              int accumulate_dinp)
+                              const float *dout, const void *inp, enum fsdp_dtype it,
+                              const void *weight, enum fsdp_dtype pt, size_t N, size_t C, size_t OC,
+                              float alpha, int accumulate_dinp)
 {
     const void *p[] = {dinp, dweight, dbias, dout, inp, weight};
-    const float *w;
     k_enter(d, p, 3, 6);
-    k_widen(d, pt, weight, dinp ? OC * C : 0, &w, NULL, 0, NULL);
-    fsdp_cpu_matmul_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC, alpha, accumulate_dinp);
+    size_t wn = dinp ? OC * C : 0, xn = dweight ? N * C : 0;
+    float *ws = k_mm_work(d, pt, wn, it, xn, 0);
+    const float *w = k_wide(&ws, dinp ? weight : NULL, wn, pt);
+    const float *x = k_wide(&ws, dweight ? inp : NULL, xn, it);
+    fsdp_cpu_matmul_backward(dinp, dweight, dbias, dout, x, w, N, C, OC, alpha, accumulate_dinp);
     k_leave(d);
 }
 
@@ -559,11 +572,7 @@ static void k_bias_residual16(struct fsdp_device *d, void *out, const float *inp
     size_t rows = C < 16 * K_TILE ? 16 * K_TILE / C : 1, wn = pt == FSDP_F32 || !bias ? 0 : C;
     float *ws = k_work(d, wn + 2 * rows * C, FSDP_BF16, "activation", "--activation-dtype f32");
     float *rt_ = ws + wn, *yt = rt_ + rows * C;
-    const float *b = bias;
-    if (wn) {
-        k_widen_into(ws, bias, C, pt);
-        b = ws;
-    }
+    const float *b = k_wide(&ws, bias, C, pt);
     for (size_t r = 0; r < N; r += rows) {
         size_t n = N - r < rows ? N - r : rows;
         const float *res = residual && rt == FSDP_F32 ? (const float *)residual + r * C : NULL;

@@ -116,15 +116,12 @@ static uint16_t *gpt2_take16(float *base, size_t *off, size_t n)
 
 /* lc and NH are this rank's heads' width and count (C and NH on one rank);
  * BR the rows of the residual stream it holds (BT, or BT / tp with
- * sequence parallelism). work NULL: the block's own f32 tensors (scratch:
- * the working set of bf16 activations, where qkv and fch share one
- * buffer, since only the matmuls that make them write them: the attention
- * and GELU read their stores, forward and backward); else (bf16
- * activations) its tensors are stored in st and a points at work for
- * them, with its own f32 statistics. */
+ * sequence parallelism). work NULL: the block's own f32 tensors; else
+ * (bf16 activations) its tensors are stored in st and a points at work
+ * for the f32 ones (gpt2_layout_work), with its own f32 statistics. */
 static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, struct fsdp_gpt2_block_store *st,
-                              const struct fsdp_gpt2_block_acts *work, int scratch, float *base,
-                              size_t *off, size_t BT, size_t BR, size_t C, size_t lc, size_t NH)
+                              const struct fsdp_gpt2_block_acts *work, float *base, size_t *off,
+                              size_t BT, size_t BR, size_t C, size_t lc, size_t NH)
 {
     const int h = work != NULL;
     *st = (struct fsdp_gpt2_block_store){NULL};
@@ -134,19 +131,33 @@ static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, struct fsdp_gpt2_b
     fsdp_lm_take_act(&a->ln1, &st->ln1, h, base, off, BR * C);
     a->ln1_mean = fsdp_lm_take(base, off, BR);
     a->ln1_rstd = fsdp_lm_take(base, off, BR);
-    fsdp_lm_take_act(&a->qkv, &st->qkv, h, base, off, BT * (scratch ? 4 : 3) * lc);
+    fsdp_lm_take_act(&a->qkv, &st->qkv, h, base, off, BT * 3 * lc);
     fsdp_lm_take_act(&a->atty, &st->atty, h, base, off, BT * lc);
     a->att_lse = fsdp_lm_take(base, off, BT * NH);
     fsdp_lm_take_act(&a->res2, &st->res2, h, base, off, BR * C);
     fsdp_lm_take_act(&a->ln2, &st->ln2, h, base, off, BR * C);
     a->ln2_mean = fsdp_lm_take(base, off, BR);
     a->ln2_rstd = fsdp_lm_take(base, off, BR);
-    if (scratch) {
-        a->fch = a->qkv;
-    } else {
-        fsdp_lm_take_act(&a->fch, &st->fch, h, base, off, BT * 4 * lc);
-    }
+    fsdp_lm_take_act(&a->fch, &st->fch, h, base, off, BT * 4 * lc);
     fsdp_lm_take_act(&a->fch_gelu, &st->fch_gelu, h, base, off, BT * 4 * lc);
+}
+
+/*
+ * bf16 activations: the f32 working set every block's acts point at. The
+ * products, the attention and GELU read and write the stores; f32 stay
+ * res2 (the MLP's product adds it as its f32 residual without tensor
+ * parallelism, and the row-parallel exit widens it back) and, with
+ * sequence parallelism, ln1 and ln2 (their rows are all-gathered in f32).
+ */
+static void gpt2_layout_work(const struct fsdp_gpt2 *m, struct fsdp_gpt2_block_acts *w, float *base,
+                             size_t *off, size_t BR, size_t C)
+{
+    *w = (struct fsdp_gpt2_block_acts){NULL};
+    w->res2 = fsdp_lm_take(base, off, BR * C);
+    if (m->lm.sp) {
+        w->ln1 = fsdp_lm_take(base, off, BR * C);
+        w->ln2 = fsdp_lm_take(base, off, BR * C);
+    }
 }
 
 /* The blocks' saved tensors (and, with bf16 activations, their working
@@ -159,7 +170,7 @@ static void gpt2_layout_blocks(const struct fsdp_gpt2 *m, float *base, size_t *o
     struct fsdp_gpt2_block_store st;
     int any_ckpt = 0;
     if (m->lm.adt == FSDP_BF16) {
-        gpt2_layout_block(&work, &st, NULL, 1, base, off, BT, BR, C, m->lc, NH);
+        gpt2_layout_work(m, &work, base, off, BR, C);
         w = &work;
     }
     for (size_t l = 0; l < L; l++) {
@@ -167,14 +178,14 @@ static void gpt2_layout_blocks(const struct fsdp_gpt2 *m, float *base, size_t *o
             any_ckpt = 1;
             continue;
         }
-        gpt2_layout_block(&blk, &st, w, 0, base, off, BT, BR, C, m->lc, NH);
+        gpt2_layout_block(&blk, &st, w, base, off, BT, BR, C, m->lc, NH);
         if (a->blocks) {
             a->blocks[l] = blk;
             a->store[l] = st;
         }
     }
     if (any_ckpt) { /* one set shared by all of them */
-        gpt2_layout_block(&blk, &st, w, 0, base, off, BT, BR, C, m->lc, NH);
+        gpt2_layout_block(&blk, &st, w, base, off, BT, BR, C, m->lc, NH);
         for (size_t l = 0; l < L && a->blocks; l++) {
             if (m->lm.checkpoint[l]) {
                 a->blocks[l] = blk;
@@ -461,28 +472,6 @@ int fsdp_gpt2_set_batch(struct fsdp_model *base, const int32_t *tokens, const in
 // ----------------------------------------------------------------------------
 // the blocks (tensor-parallel regions: model/lm.h)
 
-/* bf16 activations: block l's stored tensors that kernels read in f32
- * widened into the working set its acts point at, with its input; nothing
- * at f32. The norms' outputs and
- * res2 are the rows held here (BR), the rest this rank's heads and
- * features (lc wide). */
-static void gpt2_block_load(struct fsdp_gpt2 *m, int l)
-{
-    const struct fsdp_gpt2_block_store *st = &m->acts.store[l];
-    const struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
-    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd, lc = m->lc;
-    size_t BR = fsdp_lm_rows_here(&m->lm, BT);
-    struct fsdp_device *d = m->lm.dev;
-    if (!st->ln1) {
-        return;
-    }
-    m->lm.k->bf16_to_f32(d, a->ln1, st->ln1, BR * C);
-    m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * lc);
-    m->lm.k->bf16_to_f32(d, a->ln2, st->ln2, BR * C);
-    m->lm.k->bf16_to_f32(d, a->fch_gelu, st->fch_gelu, BT * 4 * lc);
-    fsdp_lm_residual_load(&m->lm, l);
-}
-
 /* Block l from residual[l]; full = 0 stops before c_proj of the MLP, which
  * only produces residual[l+1] (what a checkpointed backward does not need).
  * With tensor parallelism q, k, v, c_fc and their activations are this
@@ -496,37 +485,35 @@ static int gpt2_block_forward(struct fsdp_gpt2 *m, int l, int full)
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
     const struct fsdp_gpt2_block_store *st = &m->acts.store[l];
     float *x = fsdp_lm_residual(&m->lm, l);
-    const float *in;
+    const void *in;
+    enum fsdp_dtype it, adt = m->lm.adt;
     fsdp_gpt2_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
     if (full && l + 1 == m->lm.stage_lo) { /* a pipeline stage's input, written into x */
         fsdp_lm_residual_save(&m->lm, l);
     }
     fsdp_lm_residual_load(&m->lm, l);
     m->lm.k->layernorm_forward(m->lm.dev, fsdp_lm_act(a->ln1, st->ln1), a->ln1_mean, a->ln1_rstd, x,
-                               m->lm.adt, FSDP_F32, w.ln1w, w.ln1b, w.pt, BR, C, c->ln_eps);
-    fsdp_lm_act_widen(&m->lm, a->ln1, st->ln1, BR * C);
-    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qkvw, w.qkvb, w.pt, NULL, BT, C, 3 * lc);
-    fsdp_lm_act_store(&m->lm, st->qkv, a->qkv, BT * 3 * lc);
+                               adt, FSDP_F32, w.ln1w, w.ln1b, w.pt, BR, C, c->ln_eps);
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, st->ln1, BT, &in, &it));
+    m->lm.k->matmul_forward(m->lm.dev, fsdp_lm_act(a->qkv, st->qkv), adt, in, it, w.qkvw, w.qkvb,
+                            w.pt, NULL, BT, C, 3 * lc);
     m->lm.k->attention_forward(m->lm.dev, fsdp_lm_act(a->atty, st->atty), a->att_lse,
-                               m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), m->lm.adt,
-                               m->lm.B, m->lm.T, (int)lc, m->lnh);
-    fsdp_lm_act_widen(&m->lm, a->atty, st->atty, BT * lc);
-    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, st->res2, a->atty, w.attprojw, w.attprojb,
-                                    w.pt, x, NULL, BT, lc));
+                               m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), adt, m->lm.B,
+                               m->lm.T, (int)lc, m->lnh);
+    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, st->res2, fsdp_lm_act(a->atty, st->atty), adt,
+                                    w.attprojw, w.attprojb, w.pt, x, NULL, BT, lc));
     m->lm.k->layernorm_forward(m->lm.dev, fsdp_lm_act(a->ln2, st->ln2), a->ln2_mean, a->ln2_rstd,
-                               fsdp_lm_act(a->res2, st->res2), m->lm.adt, m->lm.adt, w.ln2w, w.ln2b,
-                               w.pt, BR, C, c->ln_eps);
-    fsdp_lm_act_widen(&m->lm, a->ln2, st->ln2, BR * C);
-    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->fch, in, w.fcw, w.fcb, w.pt, NULL, BT, C, 4 * lc);
-    fsdp_lm_act_store(&m->lm, st->fch, a->fch, BT * 4 * lc);
+                               fsdp_lm_act(a->res2, st->res2), adt, adt, w.ln2w, w.ln2b, w.pt, BR,
+                               C, c->ln_eps);
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, st->ln2, BT, &in, &it));
+    m->lm.k->matmul_forward(m->lm.dev, fsdp_lm_act(a->fch, st->fch), adt, in, it, w.fcw, w.fcb,
+                            w.pt, NULL, BT, C, 4 * lc);
     m->lm.k->gelu_forward(m->lm.dev, fsdp_lm_act(a->fch_gelu, st->fch_gelu),
-                          fsdp_lm_act(a->fch, st->fch), m->lm.adt, BT * 4 * lc);
-    fsdp_lm_act_widen(&m->lm, a->fch_gelu, st->fch_gelu, BT * 4 * lc);
+                          fsdp_lm_act(a->fch, st->fch), adt, BT * 4 * lc);
     if (full) {
-        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, fsdp_lm_residual(&m->lm, l + 1), NULL, a->fch_gelu,
-                                        w.fcprojw, w.fcprojb, w.pt, a->res2, st->res2, BT, 4 * lc));
+        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, fsdp_lm_residual(&m->lm, l + 1), NULL,
+                                        fsdp_lm_act(a->fch_gelu, st->fch_gelu), adt, w.fcprojw,
+                                        w.fcprojb, w.pt, a->res2, st->res2, BT, 4 * lc));
         fsdp_lm_residual_save(&m->lm, l + 1);
     }
     return 0;
@@ -626,7 +613,9 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     struct fsdp_gpt2_block_acts *a = &m->acts.blocks[l];
     const struct fsdp_gpt2_block_store *st = &m->acts.store[l];
     struct fsdp_gpt2_block_view w, dw;
-    const float *dout, *in, *din;
+    const float *dout, *din;
+    const void *in;
+    enum fsdp_dtype it, adt = m->lm.adt;
     /* sequence parallel: the norms' parameter gradients of this rank's rows
      * go through spg (summed over the ranks at the end), and the gathered
      * dres occupies dbtc, so d(attention output) goes to xfull */
@@ -634,8 +623,8 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     m->head_x_ready = 0; /* dqkv and dfch overwrite the head's scratch */
     if (m->lm.checkpoint[l]) {
         FSDP_CHECK(gpt2_block_forward(m, l, 0));
-    } else {
-        gpt2_block_load(m, l);
+    } else { /* the products read the stores; ln_1's backward reads x in f32 */
+        fsdp_lm_residual_load(&m->lm, l);
     }
     fsdp_gpt2_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
     fsdp_gpt2_block_view(m, fsdp_lm_grads(&m->lm, 1 + l), &dw);
@@ -644,27 +633,29 @@ static int gpt2_block_backward(struct fsdp_gpt2 *m, int l)
     }
     /* MLP */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(m->lm.dev, g->dfch, dw.fcprojw, dw.fcprojb, dout, a->fch_gelu,
-                             w.fcprojw, w.pt, BT, 4 * lc, C, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dfch, dw.fcprojw, dw.fcprojb, dout,
+                             fsdp_lm_act(a->fch_gelu, st->fch_gelu), adt, w.fcprojw, w.pt, BT,
+                             4 * lc, C, 1.0f, 0);
     m->lm.k->gelu_backward(m->lm.dev, g->dfch, fsdp_lm_act(a->fch, st->fch), g->dfch, m->lm.adt,
                            BT * 4 * lc);
-    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.fcw, dw.fcb, g->dfch, in, w.fcw, w.pt, BT, C,
-                             4 * lc, 1.0f, 0);
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln2, st->ln2, BT, &in, &it));
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.fcw, dw.fcb, g->dfch, in, it, w.fcw, w.pt, BT,
+                             C, 4 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.ln2w,
                                 m->lm.sp ? spg + C : dw.ln2b, din, fsdp_lm_act(a->res2, st->res2),
                                 m->lm.adt, w.ln2w, w.pt, a->ln2_mean, a->ln2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(m->lm.dev, datty, dw.attprojw, dw.attprojb, dout, a->atty, w.attprojw,
-                             w.pt, BT, lc, C, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, datty, dw.attprojw, dw.attprojb, dout,
+                             fsdp_lm_act(a->atty, st->atty), adt, w.attprojw, w.pt, BT, lc, C, 1.0f,
+                             0);
     m->lm.k->attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty,
                                 fsdp_lm_act(a->qkv, st->qkv), fsdp_lm_act(a->atty, st->atty),
                                 a->att_lse, m->lm.adt, m->lm.B, m->lm.T, (int)lc, m->lnh);
-    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, w.qkvw, w.pt, BT, C,
-                             3 * lc, 1.0f, 0);
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->ln1, st->ln1, BT, &in, &it));
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qkvw, dw.qkvb, g->dqkv, in, it, w.qkvw, w.pt,
+                             BT, C, 3 * lc, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->layernorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + 2 * C : dw.ln1w,
                                 m->lm.sp ? spg + 3 * C : dw.ln1b, din, fsdp_lm_residual(&m->lm, l),

@@ -88,11 +88,12 @@ struct fsdp_gpt2_block_acts {
 };
 
 /* With bf16 activations (lm.adt) a block's saved tensors are stored here,
- * the shapes of struct fsdp_gpt2_block_acts, and that struct's pointers to
- * them are one f32 working set shared by every block: the forward rounds
- * each tensor to its store as it is made (the next kernel reads the stored
- * value), the backward widens the block's store into the working set. The
- * norms' statistics and the log-sum-exps stay f32, per block. */
+ * the shapes of struct fsdp_gpt2_block_acts, which the kernels read and
+ * write as they are; that struct's pointers to them are NULL but for one
+ * small f32 working set shared by every block: res2 (widened back after
+ * the attention's exit, the MLP's f32 residual) and, with sequence
+ * parallelism, ln1 and ln2 (widened for the all-gather). The norms'
+ * statistics and the log-sum-exps stay f32, per block. */
 struct fsdp_gpt2_block_store {
     uint16_t *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu;
 };

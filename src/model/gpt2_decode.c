@@ -48,23 +48,28 @@ static int gpt2_decode_step(struct fsdp_decoder *d, int32_t token, float *logits
         float *kc = g->c.kv + (size_t)l * 2 * T * C, *vc = kc + T * C;
         k->layernorm_forward(dev, g->ln, mean, rstd, x, FSDP_F32, FSDP_F32, w.ln1w, w.ln1b, w.pt, 1,
                              C, c->ln_eps);
-        k->matmul_forward(dev, g->qkv, g->ln, w.qkvw, w.qkvb, w.pt, NULL, 1, C, 3 * C);
+        k->matmul_forward(dev, g->qkv, FSDP_F32, g->ln, FSDP_F32, w.qkvw, w.qkvb, w.pt, NULL, 1, C,
+                          3 * C);
         FSDP_CHECK(fsdp_device_copy(dev, kc + (size_t)pos * C, g->qkv + C, C * sizeof(float)));
         FSDP_CHECK(fsdp_device_copy(dev, vc + (size_t)pos * C, g->qkv + 2 * C, C * sizeof(float)));
         k->attention_decode(dev, g->att, g->scores, g->qkv, kc, vc, pos + 1, c->n_head, c->n_head,
                             (int)(C / (size_t)c->n_head), (int)C);
-        k->matmul_forward(dev, x, g->att, w.attprojw, w.attprojb, w.pt, x, 1, C, C);
+        k->matmul_forward(dev, x, FSDP_F32, g->att, FSDP_F32, w.attprojw, w.attprojb, w.pt, x, 1, C,
+                          C);
         k->layernorm_forward(dev, g->ln, mean, rstd, x, FSDP_F32, FSDP_F32, w.ln2w, w.ln2b, w.pt, 1,
                              C, c->ln_eps);
-        k->matmul_forward(dev, g->fch, g->ln, w.fcw, w.fcb, w.pt, NULL, 1, C, 4 * C);
+        k->matmul_forward(dev, g->fch, FSDP_F32, g->ln, FSDP_F32, w.fcw, w.fcb, w.pt, NULL, 1, C,
+                          4 * C);
         k->gelu_forward(dev, g->fch, g->fch, FSDP_F32, 4 * C);
-        k->matmul_forward(dev, x, g->fch, w.fcprojw, w.fcprojb, w.pt, x, 1, 4 * C, C);
+        k->matmul_forward(dev, x, FSDP_F32, g->fch, FSDP_F32, w.fcprojw, w.fcprojb, w.pt, x, 1,
+                          4 * C, C);
     }
     struct fsdp_gpt2_head_view h;
     fsdp_gpt2_head_view(m, fsdp_lm_params(&m->lm, L + 1), fsdp_lm_params(&m->lm, 0), &h);
     k->layernorm_forward(dev, g->ln, mean, rstd, x, FSDP_F32, FSDP_F32, h.lnfw, h.lnfb, h.pt, 1, C,
                          c->ln_eps);
-    k->matmul_forward(dev, g->c.logits, g->ln, h.lm_head, NULL, h.pt, NULL, 1, C, V);
+    k->matmul_forward(dev, g->c.logits, FSDP_F32, g->ln, FSDP_F32, h.lm_head, NULL, h.pt, NULL, 1,
+                      C, V);
     return fsdp_lm_decode_end(&m->lm, &g->c, logits);
 }
 

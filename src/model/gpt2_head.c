@@ -81,7 +81,8 @@ static void gpt2_head_tile_logits(const struct fsdp_gpt2 *m, const float *X, str
                                   size_t c0, size_t rows, size_t n, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd;
-    m->lm.k->matmul_forward(m->lm.dev, out, X, fsdp_lm_at(w, c0 * C), NULL, w.pt, NULL, rows, C, n);
+    m->lm.k->matmul_forward(m->lm.dev, out, FSDP_F32, X, FSDP_F32, fsdp_lm_at(w, c0 * C), NULL,
+                            w.pt, NULL, rows, C, n);
 }
 
 /*
@@ -294,8 +295,8 @@ int fsdp_gpt2_head_backward(struct fsdp_gpt2 *m)
                                                  a->ce_stats + 2 * i0, tgt + i0, rows, n, v0 + c0,
                                                  m->lm.ignore_index, 1.0f);
             m->lm.k->matmul_backward(m->lm.dev, dX + i0 * C, dW + c0 * C, NULL, a->head_logits,
-                                     X + i0 * C, fsdp_lm_at(W, c0 * C), W.pt, rows, C, n, alpha,
-                                     c0 > 0);
+                                     X + i0 * C, FSDP_F32, fsdp_lm_at(W, c0 * C), W.pt, rows, C, n,
+                                     alpha, c0 > 0);
         }
     }
     const float *dlnf = dX;

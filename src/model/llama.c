@@ -318,26 +318,6 @@ static int llama_embed_forward(struct fsdp_llama *m)
     return 0;
 }
 
-/* bf16 activations: block l's stored tensors that kernels read in f32
- * widened into the working set its acts point at, with its input; nothing
- * at f32. */
-static void llama_block_load(struct fsdp_llama *m, int l)
-{
-    const struct fsdp_llama_block_store *st = &m->acts.store[l];
-    const struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
-    size_t BT = (size_t)m->lm.B * (size_t)m->lm.T, C = (size_t)m->cfg->n_embd, F = m->lf;
-    size_t BR = fsdp_lm_rows_here(&m->lm, BT);
-    struct fsdp_device *d = m->lm.dev;
-    if (!st->rms1) {
-        return;
-    }
-    m->lm.k->bf16_to_f32(d, a->rms1, st->rms1, BR * C);
-    m->lm.k->bf16_to_f32(d, a->atty, st->atty, BT * m->lq);
-    m->lm.k->bf16_to_f32(d, a->rms2, st->rms2, BR * C);
-    m->lm.k->bf16_to_f32(d, a->h, st->h, BT * F);
-    fsdp_lm_residual_load(&m->lm, l);
-}
-
 /* Block l from residual[l]; full = 0 stops before down_proj, which only
  * produces residual[l+1] (what a checkpointed backward does not need).
  * With tensor parallelism the heads and the MLP features are this rank's
@@ -351,7 +331,8 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
     const struct fsdp_llama_block_store *st = &m->acts.store[l];
     float *x = fsdp_lm_residual(&m->lm, l);
-    const float *in;
+    const void *in;
+    enum fsdp_dtype it, adt = m->lm.adt;
     fsdp_llama_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
     if (full && l + 1 == m->lm.stage_lo) { /* a pipeline stage's input, written into x */
         fsdp_lm_residual_save(&m->lm, l);
@@ -365,36 +346,35 @@ static int llama_block_forward(struct fsdp_llama *m, int l, int full)
     /* attention: one product for q, k and v (and their biases), RoPE in place */
     m->lm.k->rmsnorm_forward(m->lm.dev, fsdp_lm_act(a->rms1, st->rms1), a->rms1_rstd, keep1, x,
                              m->lm.adt, FSDP_F32, w.attn_norm, w.pt, BR, C, c->norm_eps);
-    fsdp_lm_act_widen(&m->lm, a->rms1, st->rms1, BR * C);
-    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->qkv, in, w.qw, w.qb, w.pt, NULL, BT, C, (size_t)m->qkv_w);
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, st->rms1, BT, &in, &it));
+    /* the product in f32 (RoPE works on it in place), then stored */
+    m->lm.k->matmul_forward(m->lm.dev, a->qkv, FSDP_F32, in, it, w.qw, w.qb, w.pt, NULL, BT, C,
+                            (size_t)m->qkv_w);
     m->lm.k->rope_forward(m->lm.dev, a->qkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                           m->lnkv, m->hs);
     fsdp_lm_act_store(&m->lm, st->qkv, a->qkv, BT * (size_t)m->qkv_w);
     m->lm.k->gqa_attention_forward(m->lm.dev, fsdp_lm_act(a->atty, st->atty), a->att_lse,
                                    m->acts.att_scratch, fsdp_lm_act(a->qkv, st->qkv), m->lm.adt,
                                    m->lm.B, m->lm.T, m->lnh, m->lnkv, m->hs);
-    fsdp_lm_act_widen(&m->lm, a->atty, st->atty, BT * m->lq);
-    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, st->res2, a->atty, w.ow, NULL, w.pt,
-                                    keep1 ? a->res2 : x, NULL, BT, m->lq));
+    FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, a->res2, st->res2, fsdp_lm_act(a->atty, st->atty), adt,
+                                    w.ow, NULL, w.pt, keep1 ? a->res2 : x, NULL, BT, m->lq));
     /* MLP: gate and up as two products (as fast as one packed product, and
      * SwiGLU then runs over whole buffers rather than row by row) */
     m->lm.k->rmsnorm_forward(m->lm.dev, fsdp_lm_act(a->rms2, st->rms2), a->rms2_rstd, keep2,
                              fsdp_lm_act(a->res2, st->res2), m->lm.adt, m->lm.adt, w.mlp_norm, w.pt,
                              BR, C, c->norm_eps);
-    fsdp_lm_act_widen(&m->lm, a->rms2, st->rms2, BR * C);
-    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
-    m->lm.k->matmul_forward(m->lm.dev, a->gate, in, w.gatew, NULL, w.pt, NULL, BT, C, F);
-    m->lm.k->matmul_forward(m->lm.dev, a->up, in, w.upw, NULL, w.pt, NULL, BT, C, F);
-    fsdp_lm_act_store(&m->lm, st->gate, a->gate, BT * F);
-    fsdp_lm_act_store(&m->lm, st->up, a->up, BT * F);
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, st->rms2, BT, &in, &it));
+    m->lm.k->matmul_forward(m->lm.dev, fsdp_lm_act(a->gate, st->gate), adt, in, it, w.gatew, NULL,
+                            w.pt, NULL, BT, C, F);
+    m->lm.k->matmul_forward(m->lm.dev, fsdp_lm_act(a->up, st->up), adt, in, it, w.upw, NULL, w.pt,
+                            NULL, BT, C, F);
     m->lm.k->swiglu_forward(m->lm.dev, fsdp_lm_act(a->h, st->h), fsdp_lm_act(a->gate, st->gate),
-                            fsdp_lm_act(a->up, st->up), m->lm.adt, BT * F);
-    fsdp_lm_act_widen(&m->lm, a->h, st->h, BT * F);
+                            fsdp_lm_act(a->up, st->up), adt, BT * F);
     if (full) {
         float *out = fsdp_lm_residual(&m->lm, l + 1);
-        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, NULL, a->h, w.downw, NULL, w.pt,
-                                        keep2 ? out : a->res2, keep2 ? NULL : st->res2, BT, F));
+        FSDP_CHECK(fsdp_lm_row_parallel(&m->lm, out, NULL, fsdp_lm_act(a->h, st->h), adt, w.downw,
+                                        NULL, w.pt, keep2 ? out : a->res2, keep2 ? NULL : st->res2,
+                                        BT, F));
         fsdp_lm_residual_save(&m->lm, l + 1);
     }
     return 0;
@@ -406,8 +386,9 @@ static void llama_head_logits(const struct fsdp_llama *m, const struct fsdp_llam
                               size_t r0, size_t rows, float *out)
 {
     size_t C = (size_t)m->cfg->n_embd;
-    m->lm.k->matmul_forward(m->lm.dev, out, m->acts.lnf + r0 * C, w->lm_head, NULL, w->pt, NULL,
-                            rows, C, m->lm.tp ? m->lm.tvn : (size_t)m->cfg->vocab_size);
+    m->lm.k->matmul_forward(m->lm.dev, out, FSDP_F32, m->acts.lnf + r0 * C, FSDP_F32, w->lm_head,
+                            NULL, w->pt, NULL, rows, C,
+                            m->lm.tp ? m->lm.tvn : (size_t)m->cfg->vocab_size);
 }
 
 /* Tensor parallel: each row's loss over this rank's vocabulary slice, a
@@ -565,7 +546,8 @@ static int llama_head_backward(struct fsdp_llama *m)
                                            m->lm.ignore_index, 1.0f);
         }
         m->lm.k->matmul_backward(m->lm.dev, g->dbtc + r0 * C, dw.lm_head, NULL, a->head_logits,
-                                 a->lnf + r0 * C, w.lm_head, w.pt, rows, C, cols, alpha, 0);
+                                 a->lnf + r0 * C, FSDP_F32, w.lm_head, w.pt, rows, C, cols, alpha,
+                                 0);
     }
     /* tensor parallel: each rank's d(norm output) is its vocabulary slice's
      * part, summed over the ranks into the rows held here */
@@ -600,15 +582,17 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     struct fsdp_llama_block_acts *a = &m->acts.blocks[l];
     const struct fsdp_llama_block_store *st = &m->acts.store[l];
     struct fsdp_llama_block_view w, dw;
-    const float *dout, *in, *din;
+    const float *dout, *din;
+    const void *in;
+    enum fsdp_dtype it, adt = m->lm.adt;
     /* sequence parallel: the norms' weight gradients of this rank's rows go
      * through spg, and the gathered dres occupies dbtc, so d(attention
      * output) goes to xfull */
     float *spg = g->spg, *datty = m->lm.sp ? g->xfull : g->dbtc;
     if (m->lm.checkpoint[l]) {
         FSDP_CHECK(llama_block_forward(m, l, 0));
-    } else {
-        llama_block_load(m, l);
+    } else { /* the products read the stores; RMSNorm 1's backward reads x in f32 */
+        fsdp_lm_residual_load(&m->lm, l);
     }
     fsdp_llama_block_view(m, fsdp_lm_params(&m->lm, 1 + l), &w);
     fsdp_llama_block_view(m, fsdp_lm_grads(&m->lm, 1 + l), &dw);
@@ -617,16 +601,16 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
     }
     /* MLP */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(m->lm.dev, g->dh, dw.downw, NULL, dout, a->h, w.downw, w.pt, BT, F, C,
-                             1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dh, dw.downw, NULL, dout, fsdp_lm_act(a->h, st->h), adt,
+                             w.downw, w.pt, BT, F, C, 1.0f, 0);
     /* d(gate), d(up) over the f32 gate and up (at f32 in place; at bf16
      * their working set, read from the store) */
     m->lm.k->swiglu_backward(m->lm.dev, a->gate, a->up, g->dh, fsdp_lm_act(a->gate, st->gate),
                              fsdp_lm_act(a->up, st->up), m->lm.adt, BT * F);
-    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.gatew, NULL, a->gate, in, w.gatew, w.pt, BT, C,
-                             F, 1.0f, 0);
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.upw, NULL, a->up, in, w.upw, w.pt, BT, C, F,
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms2, st->rms2, BT, &in, &it));
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.gatew, NULL, a->gate, in, it, w.gatew, w.pt, BT,
+                             C, F, 1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.upw, NULL, a->up, in, it, w.upw, w.pt, BT, C, F,
                              1.0f, 1);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg : dw.mlp_norm, din,
@@ -634,16 +618,16 @@ static int llama_block_backward(struct fsdp_llama *m, int l)
                               a->rms2_rstd, BR, C);
     /* attention */
     FSDP_CHECK(fsdp_lm_tp_dout(&m->lm, BT, &dout));
-    m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, a->atty, w.ow, w.pt, BT, m->lq, C,
-                             1.0f, 0);
+    m->lm.k->matmul_backward(m->lm.dev, datty, dw.ow, NULL, dout, fsdp_lm_act(a->atty, st->atty),
+                             adt, w.ow, w.pt, BT, m->lq, C, 1.0f, 0);
     m->lm.k->gqa_attention_backward(m->lm.dev, g->dqkv, m->acts.att_scratch, datty,
                                     fsdp_lm_act(a->qkv, st->qkv), fsdp_lm_act(a->atty, st->atty),
                                     a->att_lse, m->lm.adt, m->lm.B, m->lm.T, m->lnh, m->lnkv,
                                     m->hs);
     m->lm.k->rope_backward(m->lm.dev, g->dqkv, m->rope_cos, m->rope_sin, m->lm.B, m->lm.T, m->lnh,
                            m->lnkv, m->hs);
-    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, BT, &in));
-    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qw, dw.qb, g->dqkv, in, w.qw, w.pt, BT, C,
+    FSDP_CHECK(fsdp_lm_tp_enter(&m->lm, a->rms1, st->rms1, BT, &in, &it));
+    m->lm.k->matmul_backward(m->lm.dev, g->dbtc, dw.qw, dw.qb, g->dqkv, in, it, w.qw, w.pt, BT, C,
                              (size_t)m->qkv_w, 1.0f, 0);
     FSDP_CHECK(fsdp_lm_tp_din(&m->lm, BT, &din));
     m->lm.k->rmsnorm_backward(m->lm.dev, g->dres, m->lm.sp ? spg + C : dw.attn_norm, din,

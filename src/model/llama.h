@@ -73,11 +73,11 @@ struct fsdp_llama_block_acts {
 };
 
 /* With bf16 activations (lm.adt) a block's saved tensors are stored here,
- * the shapes of struct fsdp_llama_block_acts, and that struct's pointers to
- * them are one f32 working set shared by every block: the forward rounds
- * each tensor to its store as it is made (the next kernel reads the stored
- * value), the backward widens the block's store into the working set. The
- * norms' rstd and the log-sum-exps stay f32, per block. */
+ * the shapes of struct fsdp_llama_block_acts, which the kernels read and
+ * write as they are; that struct's pointers to them are NULL but for one
+ * f32 working set shared by every block (llama_acts.c: qkv for RoPE, gate
+ * and up for their gradients, res2, and with sequence parallelism rms1 and
+ * rms2). The norms' rstd and the log-sum-exps stay f32, per block. */
 struct fsdp_llama_block_store {
     uint16_t *rms1, *qkv, *atty, *res2, *rms2, *gate, *up, *h;
 };

@@ -21,15 +21,13 @@ static uint16_t *llama_take16(float *base, size_t *off, size_t n)
     return (uint16_t *)(void *)fsdp_lm_take(base, off, (n + 1) / 2);
 }
 
-/* work NULL: the block's own f32 tensors (scratch: the working set of bf16
- * activations, where qkv shares gate's buffer: qkv is made, rotated and
- * stored before gate is made, and the attention reads its store, forward
- * and backward); else (bf16 activations) its tensors are stored in st and
- * a points at work for them, with its own f32 rstd and log-sum-exps. */
+/* work NULL: the block's own f32 tensors; else (bf16 activations) its
+ * tensors are stored in st and a points at work for the f32 ones
+ * (llama_layout_work), with its own f32 rstd and log-sum-exps. */
 static void llama_layout_block(const struct fsdp_llama *m, struct fsdp_llama_block_acts *a,
                                struct fsdp_llama_block_store *st,
-                               const struct fsdp_llama_block_acts *work, int scratch, float *base,
-                               size_t *off, size_t BT)
+                               const struct fsdp_llama_block_acts *work, float *base, size_t *off,
+                               size_t BT)
 {
     size_t C = (size_t)m->cfg->n_embd, F = m->lf, BR = fsdp_lm_rows_here(&m->lm, BT);
     size_t Q = (size_t)m->qkv_w;
@@ -40,20 +38,40 @@ static void llama_layout_block(const struct fsdp_llama *m, struct fsdp_llama_blo
     }
     fsdp_lm_take_act(&a->rms1, &st->rms1, h, base, off, BR * C);
     a->rms1_rstd = fsdp_lm_take(base, off, BR);
-    if (!scratch) { /* else taken with gate, below */
-        fsdp_lm_take_act(&a->qkv, &st->qkv, h, base, off, BT * Q);
-    }
+    fsdp_lm_take_act(&a->qkv, &st->qkv, h, base, off, BT * Q);
     fsdp_lm_take_act(&a->atty, &st->atty, h, base, off, BT * m->lq);
     a->att_lse = fsdp_lm_take(base, off, BT * (size_t)m->lnh);
     fsdp_lm_take_act(&a->res2, &st->res2, h, base, off, BR * C);
     fsdp_lm_take_act(&a->rms2, &st->rms2, h, base, off, BR * C);
     a->rms2_rstd = fsdp_lm_take(base, off, BR);
-    fsdp_lm_take_act(&a->gate, &st->gate, h, base, off, BT * (scratch && Q > F ? Q : F));
-    if (scratch) {
-        a->qkv = a->gate;
-    }
+    fsdp_lm_take_act(&a->gate, &st->gate, h, base, off, BT * F);
     fsdp_lm_take_act(&a->up, &st->up, h, base, off, BT * F);
     fsdp_lm_take_act(&a->h, &st->h, h, base, off, BT * F);
+}
+
+/*
+ * bf16 activations: the f32 working set every block's acts point at. The
+ * products, the attention and SwiGLU read and write the stores; f32 stay
+ * qkv (RoPE rotates the product in place before it is stored; it shares
+ * gate's buffer: stored before gate is used), gate and up (their
+ * gradients, in the backward), res2 (the f32 residual of the MLP's
+ * product) and, with sequence parallelism, rms1 and rms2 (their rows are
+ * all-gathered in f32).
+ */
+static void llama_layout_work(const struct fsdp_llama *m, struct fsdp_llama_block_acts *w,
+                              float *base, size_t *off, size_t BT)
+{
+    size_t C = (size_t)m->cfg->n_embd, F = m->lf, BR = fsdp_lm_rows_here(&m->lm, BT);
+    size_t Q = (size_t)m->qkv_w;
+    *w = (struct fsdp_llama_block_acts){NULL};
+    w->gate = fsdp_lm_take(base, off, BT * (Q > F ? Q : F));
+    w->qkv = w->gate;
+    w->up = fsdp_lm_take(base, off, BT * F);
+    w->res2 = fsdp_lm_take(base, off, BR * C);
+    if (m->lm.sp) {
+        w->rms1 = fsdp_lm_take(base, off, BR * C);
+        w->rms2 = fsdp_lm_take(base, off, BR * C);
+    }
 }
 
 /* The saved tensors of this stage's blocks (and, with bf16 activations,
@@ -67,7 +85,7 @@ static void llama_layout_blocks(const struct fsdp_llama *m, float *base, size_t 
     struct fsdp_llama_block_store st;
     int any_ckpt = 0;
     if (m->lm.adt == FSDP_BF16) {
-        llama_layout_block(m, &work, &st, NULL, 1, base, off, BT);
+        llama_layout_work(m, &work, base, off, BT);
         w = &work;
     }
     for (size_t l = 0; l < L; l++) {
@@ -78,14 +96,14 @@ static void llama_layout_blocks(const struct fsdp_llama *m, float *base, size_t 
             any_ckpt = 1;
             continue;
         }
-        llama_layout_block(m, &blk, &st, w, 0, base, off, BT);
+        llama_layout_block(m, &blk, &st, w, base, off, BT);
         if (a->blocks) {
             a->blocks[l] = blk;
             a->store[l] = st;
         }
     }
     if (any_ckpt) { /* one set shared by all of them */
-        llama_layout_block(m, &blk, &st, w, 0, base, off, BT);
+        llama_layout_block(m, &blk, &st, w, base, off, BT);
         for (size_t l = 0; l < L && a->blocks; l++) {
             if (m->lm.checkpoint[l]) {
                 a->blocks[l] = blk;

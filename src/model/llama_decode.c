@@ -56,26 +56,28 @@ static int llama_decode_step(struct fsdp_decoder *d, int32_t token, float *logit
         k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, FSDP_F32, FSDP_F32, w.attn_norm, w.pt, 1, C,
                            c->norm_eps);
         /* q, k, v (and their biases) are consecutive: one product */
-        k->matmul_forward(dev, g->qkv, g->r, w.qw, w.qb, w.pt, NULL, 1, C, QKV);
+        k->matmul_forward(dev, g->qkv, FSDP_F32, g->r, FSDP_F32, w.qw, w.qb, w.pt, NULL, 1, C, QKV);
         k->rope_forward(dev, g->qkv, g->cs, g->sn, 1, 1, c->n_head, c->n_kv_head, (int)hs);
         FSDP_CHECK(fsdp_device_copy(dev, kc + (size_t)pos * KV, g->qkv + C, KV * sizeof(float)));
         FSDP_CHECK(
             fsdp_device_copy(dev, vc + (size_t)pos * KV, g->qkv + C + KV, KV * sizeof(float)));
         k->attention_decode(dev, g->att, g->scores, g->qkv, kc, vc, pos + 1, c->n_head,
                             c->n_kv_head, (int)hs, (int)KV);
-        k->matmul_forward(dev, x, g->att, w.ow, NULL, w.pt, x, 1, C, C);
+        k->matmul_forward(dev, x, FSDP_F32, g->att, FSDP_F32, w.ow, NULL, w.pt, x, 1, C, C);
         k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, FSDP_F32, FSDP_F32, w.mlp_norm, w.pt, 1, C,
                            c->norm_eps);
-        k->matmul_forward(dev, g->gate, g->r, w.gatew, NULL, w.pt, NULL, 1, C, F);
-        k->matmul_forward(dev, g->up, g->r, w.upw, NULL, w.pt, NULL, 1, C, F);
+        k->matmul_forward(dev, g->gate, FSDP_F32, g->r, FSDP_F32, w.gatew, NULL, w.pt, NULL, 1, C,
+                          F);
+        k->matmul_forward(dev, g->up, FSDP_F32, g->r, FSDP_F32, w.upw, NULL, w.pt, NULL, 1, C, F);
         k->swiglu_forward(dev, g->gate, g->gate, g->up, FSDP_F32, F);
-        k->matmul_forward(dev, x, g->gate, w.downw, NULL, w.pt, x, 1, F, C);
+        k->matmul_forward(dev, x, FSDP_F32, g->gate, FSDP_F32, w.downw, NULL, w.pt, x, 1, F, C);
     }
     struct fsdp_llama_head_view h;
     fsdp_llama_head_view(m, fsdp_lm_params(&m->lm, L + 1), fsdp_lm_params(&m->lm, 0), &h);
     k->rmsnorm_forward(dev, g->r, g->rstd, NULL, x, FSDP_F32, FSDP_F32, h.norm, h.pt, 1, C,
                        c->norm_eps);
-    k->matmul_forward(dev, g->c.logits, g->r, h.lm_head, NULL, h.pt, NULL, 1, C, V);
+    k->matmul_forward(dev, g->c.logits, FSDP_F32, g->r, FSDP_F32, h.lm_head, NULL, h.pt, NULL, 1, C,
+                      V);
     return fsdp_lm_decode_end(&m->lm, &g->c, logits);
 }
 

@@ -218,10 +218,13 @@ float fsdp_lm_seed_alpha(const struct fsdp_lm *lm, size_t kept);
 // ----------------------------------------------------------------------------
 // tensor-parallel regions (lm_tp.c), over the rows of BT
 
-/* The input of a column-parallel product from a norm's output x (the rows
- * held here): x itself, or with sequence parallelism every rank's rows
- * gathered into xfull. */
-int fsdp_lm_tp_enter(struct fsdp_lm *lm, const float *x, size_t BT, const float **in);
+/* The input of a column-parallel product (*in, in *it) from a norm's
+ * output x, or its bf16 store st (not NULL with bf16 activations), the
+ * rows held here: the store or x itself, or with sequence parallelism
+ * every rank's rows gathered into xfull in f32 (the store widened into x
+ * first: the all-gather moves f32 rows). */
+int fsdp_lm_tp_enter(struct fsdp_lm *lm, float *x, const uint16_t *st, size_t BT, const void **in,
+                     enum fsdp_dtype *it);
 /* The gradient of the residual stream (dres, rows held here) as a
  * row-parallel product's output gradient: dres itself, or with sequence
  * parallelism every rank's rows gathered into dbtc. */
@@ -234,7 +237,7 @@ int fsdp_lm_tp_din(struct fsdp_lm *lm, size_t BT, const float **din);
  * (spg, n x C) summed over the ranks and added into dst[0..n). */
 int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n);
 /*
- * out = residual + inp (BT, K) @ w^T (+ bias), a row-parallel layer: w (C,
+ * out = residual + inp (BT, K, in it) @ w^T (+ bias), a row-parallel layer: w (C,
  * K) holds this rank's K input features, so with tensor parallelism the
  * partial products are summed over the ranks (reduce-out; with sequence
  * parallelism reduce-scattered to the rows held here) before the bias and
@@ -245,9 +248,9 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n);
  * with tensor parallelism); rst (not NULL) is residual's store, which the
  * residual add then reads (residual holds its widened values).
  */
-int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const float *inp,
-                         const void *w, const void *bias, enum fsdp_dtype pt, const float *residual,
-                         const uint16_t *rst, size_t BT, size_t K);
+int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const void *inp,
+                         enum fsdp_dtype it, const void *w, const void *bias, enum fsdp_dtype pt,
+                         const float *residual, const uint16_t *rst, size_t BT, size_t K);
 /* Block l's input, residual[l] (l = L: the final norm's); with bf16
  * activations its f32 slot, which holds residual[l] after
  * fsdp_lm_residual_load and is stored by fsdp_lm_residual_save. */
@@ -258,8 +261,9 @@ void fsdp_lm_residual_load(const struct fsdp_lm *lm, int l);
 void fsdp_lm_residual_save(const struct fsdp_lm *lm, int l);
 /* A block's saved tensor x (n f32 values) and its bf16 store st (NULL at
  * f32, where each does nothing): keep rounds x into st and widens it back
- * (the kernels after it read x); store only rounds (they read st); widen
- * fills x from st for a kernel that reads f32. */
+ * (the kernels after it read x); store only rounds (an f32 product worked
+ * on in place first: RoPE's); widen fills x from st for what reads f32 (a
+ * residual, an all-gather's rows). */
 void fsdp_lm_act_keep(const struct fsdp_lm *lm, uint16_t *st, float *x, size_t n);
 void fsdp_lm_act_store(const struct fsdp_lm *lm, uint16_t *st, const float *x, size_t n);
 void fsdp_lm_act_widen(const struct fsdp_lm *lm, float *x, const uint16_t *st, size_t n);

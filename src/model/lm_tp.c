@@ -15,14 +15,19 @@
 
 #include <stddef.h>
 
-int fsdp_lm_tp_enter(struct fsdp_lm *lm, const float *x, size_t BT, const float **in)
+int fsdp_lm_tp_enter(struct fsdp_lm *lm, float *x, const uint16_t *st, size_t BT, const void **in,
+                     enum fsdp_dtype *it)
 {
-    if (!lm->sp) {
-        *in = x;
+    if (!lm->sp) { /* the product reads the store */
+        *in = fsdp_lm_act(x, (uint16_t *)st);
+        *it = st ? lm->adt : FSDP_F32;
         return 0;
     }
+    /* the all-gather moves f32 rows: the store widened into x first */
+    fsdp_lm_act_widen(lm, x, st, fsdp_lm_rows_here(lm, BT) * lm->C);
     FSDP_CHECK(fsdp_tp_seq_gather_forward(lm->tp, x, lm->xfull, BT / (size_t)lm->tpn, lm->C));
     *in = lm->xfull;
+    *it = FSDP_F32;
     return 0;
 }
 
@@ -61,20 +66,20 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n)
     return 0;
 }
 
-int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const float *inp,
-                         const void *w, const void *bias, enum fsdp_dtype pt, const float *residual,
-                         const uint16_t *rst, size_t BT, size_t K)
+int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const void *inp,
+                         enum fsdp_dtype it, const void *w, const void *bias, enum fsdp_dtype pt,
+                         const float *residual, const uint16_t *rst, size_t BT, size_t K)
 {
     size_t C = lm->C, BR = fsdp_lm_rows_here(lm, BT);
     enum fsdp_dtype at = st ? lm->adt : FSDP_F32, rt = rst ? lm->adt : FSDP_F32;
     const void *res = rst ? (const void *)rst : (const void *)residual;
     if (!lm->tp) {
-        lm->k->matmul_forward(lm->dev, out, inp, w, bias, pt, residual, BT, K, C);
+        lm->k->matmul_forward(lm->dev, out, FSDP_F32, inp, it, w, bias, pt, residual, BT, K, C);
         fsdp_lm_act_keep(lm, st, out, BT * C);
         return 0;
     }
     float *part = lm->dbtc;
-    lm->k->matmul_forward(lm->dev, part, inp, w, NULL, pt, NULL, BT, K, C);
+    lm->k->matmul_forward(lm->dev, part, FSDP_F32, inp, it, w, NULL, pt, NULL, BT, K, C);
     if (lm->sp) {
         FSDP_CHECK(fsdp_tp_seq_scatter_forward(lm->tp, part, out, BR, C));
         part = out;

@@ -5,7 +5,8 @@
  * (cublaslt_sim.c), in every build and without a GPU: awkward shapes,
  * bias, residual (apart and in place), dinp, dweight and dbias each
  * present or not, accumulation on and off, alpha != 1; f32, bf16 and f16
- * weights; a weight at an unaligned offset; the plan cache; TF32 on
+ * weights; bf16 activations (input, output, both); a weight at an
+ * unaligned offset; the plan cache; TF32 on
  * request; a cuBLASLt error as one line naming the call.
  *
  * Tolerances: f32 within 1e-5 relative (|got - want| <= 1e-5 max(1,
@@ -48,7 +49,8 @@ struct kjob {
     float value;
 };
 
-static int kernel_bad; /* kernel calls on memory that is not the device's */
+static int kernel_bad;   /* kernel calls on memory that is not the device's */
+static int kernel_calls; /* kernels enqueued so far */
 
 static void kjob_run(void *arg)
 {
@@ -82,6 +84,7 @@ static void kjob(enum kjob_kind kind, void *dst, size_t dst_bytes, const void *s
         kernel_bad++;
         return;
     }
+    kernel_calls++;
     struct kjob *j = calloc(1, sizeof(*j));
     *j = (struct kjob){.kind = kind, .dst = dst, .src = src, .n = n};
     sim_enqueue_fn(stream, kjob_run, j);
@@ -259,8 +262,8 @@ static int forward_case(size_t N, size_t C, size_t OC, enum fsdp_dtype pt, int w
                               : res_mode == RES_IN_PLACE ? d_out
                                                          : NULL;
     fsdp_err_clear();
-    int rc = fsdp_cuda_matmul_forward(blas, d_out, d_inp, d_w, d_b, pt, d_residual, N, C, OC,
-                                      dev->stream);
+    int rc = fsdp_cuda_matmul_forward(blas, d_out, FSDP_F32, d_inp, FSDP_F32, d_w, d_b, pt,
+                                      d_residual, N, C, OC, dev->stream);
     float *got = malloc(N * OC * 4);
     down(got, d_out, N * OC * 4);
 
@@ -324,8 +327,8 @@ static int backward_case(size_t N, size_t C, size_t OC, enum fsdp_dtype pt,
     float *d_dw = v->outs & B_DW ? up(dw, OC * C * 4) : NULL;
     float *d_db = v->outs & B_DB ? up(db, OC * 4) : NULL;
     fsdp_err_clear();
-    int rc = fsdp_cuda_matmul_backward(blas, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, pt, N, C, OC,
-                                       v->alpha, v->accumulate, dev->stream);
+    int rc = fsdp_cuda_matmul_backward(blas, d_dinp, d_dw, d_db, d_dout, d_inp, FSDP_F32, d_w, pt,
+                                       N, C, OC, v->alpha, v->accumulate, dev->stream);
     char what[96];
     snprintf(what, sizeof(what), "backward N=%zu C=%zu OC=%zu", N, C, OC);
     if (rc < 0) {
@@ -392,6 +395,114 @@ static void test_backward(void)
 }
 
 // ----------------------------------------------------------------------------
+// activations in bf16 storage
+
+/* got (bf16 values, widened) is want rounded to nearest: within half a
+ * bf16 unit of it, plus tol relative for the simulation's order of sums
+ * (a truncated or unrounded result is a unit off for about half). */
+static int rounded_from(const char *what, const float *got, const float *want, size_t n, double tol)
+{
+    for (size_t i = 0; i < n; i++) {
+        int e;
+        frexp(want[i], &e);
+        double lim = ldexp(1.0, e - 9) + tol * fmax(1.0, fabs(want[i]));
+        if (!(fabs((double)got[i] - want[i]) <= lim)) {
+            tap_diag("%s: [%zu] got %.9g, want %.9g rounded to bf16 (within %.3g)", what, i,
+                     (double)got[i], (double)want[i], lim);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The forward with its input in it and output in ot (a bias), and with a
+ * bf16 input the backward (dinp and dweight: both use the staging), each
+ * against the CPU's on the widened input (rounded to pt where it meets a
+ * 16-bit weight), a bf16 output against the f32 result rounded. */
+static int act_case(size_t N, size_t C, size_t OC, enum fsdp_dtype pt, enum fsdp_dtype it,
+                    enum fsdp_dtype ot)
+{
+    const enum fsdp_dtype H = FSDP_BF16;
+    float *inp = rand_floats(N * C), *w = rand_floats(OC * C), *bias = rand_floats(OC);
+    float *dout = rand_floats(N * OC), *dw = calloc(OC * C + 1, 4), *dinp = malloc(N * C * 4 + 4);
+    float *got = malloc((N * OC + OC * C + N * C) * 4), *want = malloc(N * OC * 4);
+    uint16_t *i16 = malloc(2 * N * C + 2), *o16 = malloc(2 * N * OC + 2);
+    round_to(inp, N * C, it, i16); /* the widened input */
+    float *x = dup_floats(inp, N * C), *dout_r = dup_floats(dout, N * OC);
+    void *d_w = up_param(w, OC * C, pt), *d_b = up_param(bias, OC, pt);
+    void *d_inp = it == H ? up(i16, 2 * N * C) : up(inp, 4 * N * C);
+    void *d_out = up(NULL, N * OC * (ot == H ? 2 : 4)), *d_dout = up(dout, N * OC * 4);
+    float *d_dw = up(dw, OC * C * 4), *d_dinp = up(NULL, N * C * 4);
+    int rc = fsdp_cuda_matmul_forward(blas, d_out, ot, d_inp, it, d_w, d_b, pt, NULL, N, C, OC,
+                                      dev->stream);
+    if (ot == H) {
+        down(o16, d_out, 2 * N * OC);
+        fsdp_cpu_bf16_to_f32(got, o16, N * OC);
+    } else {
+        down(got, d_out, 4 * N * OC);
+    }
+    round_to(x, N * C, pt, NULL);
+    fsdp_cpu_matmul_forward(want, x, w, bias, NULL, N, C, OC);
+    int ok = rc == 0 && (ot == H ? rounded_from("forward (bf16 output)", got, want, N * OC, 1e-5)
+                                 : close_to("forward", got, want, N * OC, 1e-5));
+    if (it == H) {
+        rc = fsdp_cuda_matmul_backward(blas, d_dinp, d_dw, NULL, d_dout, d_inp, it, d_w, pt, N, C,
+                                       OC, 0.5f, 0, dev->stream);
+        round_to(dout_r, N * OC, pt, NULL);
+        fsdp_cpu_matmul_backward(dinp, NULL, NULL, dout_r, inp, w, N, C, OC, 0.5f, 0);
+        fsdp_cpu_matmul_backward(NULL, dw, NULL, dout, inp, w, N, C, OC, 0.5f, 0);
+        down(got, d_dinp, N * C * 4);
+        ok = ok && rc == 0 && close_to("dinp (bf16 input)", got, dinp, N * C, 1e-5);
+        down(got, d_dw, OC * C * 4);
+        ok = ok && close_to("dweight (bf16 input)", got, dw, OC * C, 1e-5);
+    }
+    if (rc < 0) {
+        tap_diag("N=%zu C=%zu OC=%zu: %s", N, C, OC, fsdp_err_msg());
+    }
+    void *dbufs[] = {d_w, d_b, d_inp, d_out, d_dout, d_dw, d_dinp};
+    drop_all(dbufs, COUNT(dbufs));
+    free(i16), free(o16);
+    float *hbufs[] = {inp, w, bias, dout, dw, dinp, got, want, x, dout_r};
+    free_all(hbufs, COUNT(hbufs));
+    return ok;
+}
+
+static void test_act_dtypes(void)
+{
+    static const enum fsdp_dtype pts[] = {FSDP_F32, FSDP_BF16, FSDP_F16};
+    static const char *modes[] = {"a bf16 input and output", "a bf16 input", "a bf16 output"};
+    const enum fsdp_dtype F = FSDP_F32, H = FSDP_BF16;
+    for (int p = 0; p < 3; p++) {
+        for (int m = 0; m < 3; m++) {
+            int bad = 0;
+            for (int i = 0; i < 3; i++) {
+                for (int j = 0; j < 3; j++) {
+                    for (int k = 0; k < 2; k++) {
+                        bad += !act_case(shape_n[i], shape_c[j], shape_oc[k], pts[p],
+                                         m == 2 ? F : H, m == 1 ? F : H);
+                    }
+                }
+            }
+            tap_ok(bad == 0, "%s weights, %s: forward%s, 18 shapes as the CPU's (%d bad)",
+                   fsdp_dtype_name(pts[p]), modes[m], m < 2 ? " and backward" : "", bad);
+        }
+    }
+    float *x = up(NULL, 64), *w = up(NULL, 64), *out = up(NULL, 64);
+    int before = kernel_calls; /* bf16 weights meet a bf16 input as it is */
+    int rc0 = fsdp_cuda_matmul_forward(blas, out, F, x, H, w, NULL, H, NULL, 2, 2, 2, dev->stream);
+    tap_ok(rc0 == 0 && kernel_calls == before,
+           "a bf16 input meets bf16 weights as it is: no staging kernel (%d run)",
+           kernel_calls - before);
+    fsdp_err_clear();
+    int rc = fsdp_cuda_matmul_forward(blas, out, H, x, F, w, NULL, F, (float *)out, 2, 2, 2,
+                                      dev->stream);
+    tap_ok(rc < 0 && strstr(fsdp_err_msg(), "residual writes f32, not bf16"),
+           "a bf16 output with a residual is refused in one line (%s)", fsdp_err_msg());
+    void *bufs[] = {x, w, out};
+    drop_all(bufs, COUNT(bufs));
+}
+
+// ----------------------------------------------------------------------------
 // alignment, the plan cache, TF32, errors
 
 /* A weight and an input one element past an aligned start, as a weight
@@ -411,8 +522,8 @@ static void test_unaligned(void)
         fsdp_device_write(dev, i_big + 4, inp, N * C * 4);
         float *d_out = up(NULL, N * OC * 4);
         unsigned long made = fsdp_cuda_blas_plans_made(blas);
-        int rc = fsdp_cuda_matmul_forward(blas, d_out, (float *)(i_big + 4), w_big + es, NULL, pt,
-                                          NULL, N, C, OC, dev->stream);
+        int rc = fsdp_cuda_matmul_forward(blas, d_out, FSDP_F32, (float *)(i_big + 4), FSDP_F32,
+                                          w_big + es, NULL, pt, NULL, N, C, OC, dev->stream);
         down(got, d_out, N * OC * 4);
         round_to(inp, N * C, pt, NULL);
         fsdp_cpu_matmul_forward(want, inp, w, NULL, NULL, N, C, OC);
@@ -441,12 +552,14 @@ static void test_cache(void)
         unsigned long made = fsdp_cuda_blas_plans_made(blas);
         int heur = sim_lt_heuristics, mallocs = sim_mallocs;
         size_t live = dev->stats.bytes_now;
-        int rc = fsdp_cuda_matmul_forward(blas, out, x, w, bias, FSDP_F32, out, N, C, OC, s);
-        rc |=
-            fsdp_cuda_matmul_backward(blas, dx, dw, db, out, x, w, FSDP_F32, N, C, OC, 1.0f, 1, s);
-        rc |= fsdp_cuda_matmul_forward(blas, out, x, w16, b16, FSDP_BF16, NULL, N, C, OC, s);
-        rc |= fsdp_cuda_matmul_backward(blas, dx, dw, db, out, x, w16, FSDP_BF16, N, C, OC, 1.0f, 0,
-                                        s);
+        int rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, bias, FSDP_F32, out,
+                                          N, C, OC, s);
+        rc |= fsdp_cuda_matmul_backward(blas, dx, dw, db, out, x, FSDP_F32, w, FSDP_F32, N, C, OC,
+                                        1.0f, 1, s);
+        rc |= fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w16, b16, FSDP_BF16, NULL,
+                                       N, C, OC, s);
+        rc |= fsdp_cuda_matmul_backward(blas, dx, dw, db, out, x, FSDP_F32, w16, FSDP_BF16, N, C,
+                                        OC, 1.0f, 0, s);
         unsigned long added = fsdp_cuda_blas_plans_made(blas) - made;
         if (pass == 0) {
             tap_ok(rc == 0 && added == 6 && sim_lt_heuristics - heur == 6,
@@ -483,7 +596,8 @@ static void test_errors(void)
     fsdp_err_clear(); /* the first message stays until cleared */
     sim_lt_fail_call = "cublasLtMatmul";
     sim_lt_fail_status = CUBLAS_STATUS_EXECUTION_FAILED;
-    int rc = fsdp_cuda_matmul_forward(blas, out, x, w, NULL, FSDP_F32, NULL, N, C, OC, dev->stream);
+    int rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, NULL, FSDP_F32, NULL, N,
+                                      C, OC, dev->stream);
     tap_ok(rc == FSDP_ERR_BACKEND &&
                one_line(fsdp_err_msg(), "cublasLtMatmul failed", "CUBLAS_STATUS_EXECUTION_FAILED"),
            "a failing cublasLtMatmul: one line naming the call and the status");
@@ -491,15 +605,18 @@ static void test_errors(void)
     fsdp_err_clear();
     sim_lt_fail_call = "cublasLtMatmulAlgoGetHeuristic";
     sim_lt_fail_status = CUBLAS_STATUS_NOT_SUPPORTED;
-    rc = fsdp_cuda_matmul_forward(blas, out, x, w, NULL, FSDP_F32, NULL, N + 1, C, OC, dev->stream);
+    rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, NULL, FSDP_F32, NULL, N + 1,
+                                  C, OC, dev->stream);
     tap_ok(rc < 0 && one_line(fsdp_err_msg(), "cublasLtMatmulAlgoGetHeuristic failed",
                               "CUBLAS_STATUS_NOT_SUPPORTED"),
            "a failing heuristic: one line naming it");
-    rc = fsdp_cuda_matmul_forward(blas, out, x, w, NULL, FSDP_F32, NULL, N + 1, C, OC, dev->stream);
+    rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, NULL, FSDP_F32, NULL, N + 1,
+                                  C, OC, dev->stream);
     tap_ok(rc == 0 && fsdp_cuda_blas_plans_made(blas) == made + 1,
            "no half-made plan stays: the next call makes it whole");
     fsdp_err_clear();
-    rc = fsdp_cuda_matmul_forward(blas, out, x, w, NULL, FSDP_I32, NULL, N, C, OC, dev->stream);
+    rc = fsdp_cuda_matmul_forward(blas, out, FSDP_F32, x, FSDP_F32, w, NULL, FSDP_I32, NULL, N, C,
+                                  OC, dev->stream);
     tap_ok(rc == FSDP_ERR_UNSUPPORTED && one_line(fsdp_err_msg(), "matmul", "i32"),
            "i32 weights: refused in one line");
     void *dbufs[] = {x, w, out};
@@ -522,15 +639,15 @@ static void test_tf32(void)
     float *d_inp = up(inp, N * C * 4), *d_w = up(w, OC * C * 4), *d_out = up(NULL, N * OC * 4);
     float *d_db = up(NULL, OC * 4);
     int tf32 = sim_lt_tf32;
-    rc =
-        fsdp_cuda_matmul_forward(t, d_out, d_inp, d_w, NULL, FSDP_F32, NULL, N, C, OC, dev->stream);
+    rc = fsdp_cuda_matmul_forward(t, d_out, FSDP_F32, d_inp, FSDP_F32, d_w, NULL, FSDP_F32, NULL, N,
+                                  C, OC, dev->stream);
     down(got, d_out, N * OC * 4);
     fsdp_cpu_matmul_forward(want, inp, w, NULL, NULL, N, C, OC);
     tap_ok(rc == 0 && sim_lt_tf32 == tf32 + 1 && close_to("tf32", got, want, N * OC, 1e-2),
            "TF32 on request: the f32 forward computes in TF32, within 1e-2 of f32");
     tf32 = sim_lt_tf32;
-    rc = fsdp_cuda_matmul_backward(t, NULL, NULL, d_db, d_out, d_inp, d_w, FSDP_F32, N, C, OC, 1.0f,
-                                   0, dev->stream);
+    rc = fsdp_cuda_matmul_backward(t, NULL, NULL, d_db, d_out, d_inp, FSDP_F32, d_w, FSDP_F32, N, C,
+                                   OC, 1.0f, 0, dev->stream);
     tap_ok(rc == 0 && sim_lt_tf32 == tf32, "the bias gradient stays exact f32 under TF32");
     fsdp_cuda_blas_destroy(t);
     void *dbufs[] = {d_inp, d_w, d_out, d_db};
@@ -555,6 +672,7 @@ int main(void)
     }
     test_forward();
     test_backward();
+    test_act_dtypes();
     test_unaligned();
     test_cache();
     tap_ok(sim_lt_refused == 0 && sim_bad_calls == 0 && kernel_bad == 0 && sim_legacy_uses == 0,

@@ -282,13 +282,43 @@ static int matmuls(enum fsdp_dtype pt)
     float *inp = randf(N * C, 1.0, 0.0), *dout = randf(N * OC, 1.0, 0.0);
     pair out = mk(N * OC), dinp = mk(N * C), dw = mk(OC * C), db = mk(OC);
     int ok = 1;
-    cpu.k->matmul_forward(&cpu, out.a, inp, w.p, b.p, pt, NULL, N, C, OC);
-    emu.k->matmul_forward(&emu, out.b, inp, w.p, b.p, pt, NULL, N, C, OC);
+    cpu.k->matmul_forward(&cpu, out.a, FSDP_F32, inp, FSDP_F32, w.p, b.p, pt, NULL, N, C, OC);
+    emu.k->matmul_forward(&emu, out.b, FSDP_F32, inp, FSDP_F32, w.p, b.p, pt, NULL, N, C, OC);
     ok &= agree("matmul_forward", out, 1);
-    cpu.k->matmul_backward(&cpu, dinp.a, dw.a, db.a, dout, inp, w.p, pt, N, C, OC, 0.5f, 1);
-    emu.k->matmul_backward(&emu, dinp.b, dw.b, db.b, dout, inp, w.p, pt, N, C, OC, 0.5f, 1);
+    cpu.k->matmul_backward(&cpu, dinp.a, dw.a, db.a, dout, inp, FSDP_F32, w.p, pt, N, C, OC, 0.5f,
+                           1);
+    emu.k->matmul_backward(&emu, dinp.b, dw.b, db.b, dout, inp, FSDP_F32, w.p, pt, N, C, OC, 0.5f,
+                           1);
     ok &= agree("matmul_backward dinp", dinp, 1) & agree("matmul_backward dweight", dw, 1) &
           agree("matmul_backward dbias", db, 1);
+    /* bf16 activations (the emulation's product is the CPU's: bit for bit):
+     * from a bf16 input to a bf16 and an f32 output, from an f32 input to
+     * a bf16 output; the backward from a bf16 input */
+    const enum fsdp_dtype F = FSDP_F32, H = FSDP_BF16;
+    uint16_t *i16 = (uint16_t *)calloc(N * C, 2), *oa = (uint16_t *)calloc(N * OC, 2);
+    uint16_t *ob = (uint16_t *)calloc(N * OC, 2);
+    fsdp_cpu_f32_to_bf16(i16, inp, N * C);
+    for (int m = 0; m < 3; m++) {
+        enum fsdp_dtype it = m == 2 ? F : H, ot = m == 1 ? F : H;
+        const void *x = it == H ? (const void *)i16 : (const void *)inp;
+        cpu.k->matmul_forward(&cpu, ot == H ? (void *)oa : out.a, ot, x, it, w.p, b.p, pt, NULL, N,
+                              C, OC);
+        emu.k->matmul_forward(&emu, ot == H ? (void *)ob : out.b, ot, x, it, w.p, b.p, pt, NULL, N,
+                              C, OC);
+        if (ot == H) {
+            fsdp_cpu_bf16_to_f32(out.a, oa, N * OC), fsdp_cpu_bf16_to_f32(out.b, ob, N * OC);
+        }
+        ok &= agree(m == 0   ? "matmul_forward (bf16 input and output)"
+                    : m == 1 ? "matmul_forward (bf16 input)"
+                             : "matmul_forward (bf16 output)",
+                    out, 1);
+    }
+    cpu.k->matmul_backward(&cpu, dinp.a, dw.a, db.a, dout, i16, H, w.p, pt, N, C, OC, 0.5f, 1);
+    emu.k->matmul_backward(&emu, dinp.b, dw.b, db.b, dout, i16, H, w.p, pt, N, C, OC, 0.5f, 1);
+    ok &= agree("matmul_backward dinp (bf16 input)", dinp, 1) &
+          agree("matmul_backward dweight (bf16 input)", dw, 1) &
+          agree("matmul_backward dbias (bf16 input)", db, 1);
+    free(i16), free(oa), free(ob);
     free(inp);
     free(dout);
     relparam(w);

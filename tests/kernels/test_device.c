@@ -210,11 +210,13 @@ static int pkernels(struct pbufs *b, enum fsdp_dtype t)
                         PC);
     k->rmsnorm_backward(d, b->out2, b->stat2 + PC, b->x2, b->x, FSDP_F32, h, t, b->stat, PN, PC);
     bad += !psame(d, b->out, b->out2, PN * PC);
-    k->matmul_forward(d, b->out, b->x, w, w + POC * PC, FSDP_F32, NULL, PN, PC, POC);
-    k->matmul_forward(d, b->out2, b->x, h, h + POC * PC, t, NULL, PN, PC, POC);
+    k->matmul_forward(d, b->out, FSDP_F32, b->x, FSDP_F32, w, w + POC * PC, FSDP_F32, NULL, PN, PC,
+                      POC);
+    k->matmul_forward(d, b->out2, FSDP_F32, b->x, FSDP_F32, h, h + POC * PC, t, NULL, PN, PC, POC);
     bad += !psame(d, b->out, b->out2, PN * POC);
-    k->matmul_backward(d, b->out, NULL, NULL, b->x2, b->x, w, FSDP_F32, PN, PC, POC, 1.0f, 0);
-    k->matmul_backward(d, b->out2, NULL, NULL, b->x2, b->x, h, t, PN, PC, POC, 1.0f, 0);
+    k->matmul_backward(d, b->out, NULL, NULL, b->x2, b->x, FSDP_F32, w, FSDP_F32, PN, PC, POC, 1.0f,
+                       0);
+    k->matmul_backward(d, b->out2, NULL, NULL, b->x2, b->x, FSDP_F32, h, t, PN, PC, POC, 1.0f, 0);
     bad += !psame(d, b->out, b->out2, PN * PC);
     k->bias_residual_forward(d, b->out, b->x, w, FSDP_F32, b->x2, FSDP_F32, FSDP_F32, PN, PC);
     k->bias_residual_forward(d, b->out2, b->x, h, t, b->x2, FSDP_F32, FSDP_F32, PN, PC);
@@ -755,6 +757,63 @@ static int test_act_residual_one(struct fsdp_device *d, double *worst)
     return bad;
 }
 
+/*
+ * The matmuls with bf16 activations, weights and bias f32 or bf16 (pt: one
+ * workspace then holds them and the activations): the forward from a bf16
+ * input to an f32 and a bf16 output and from an f32 input to a bf16 one,
+ * and the backward from a bf16 input (dinp, dweight, dbias), against the
+ * f32 entry from the widened input, bit for bit (rounded where stored).
+ */
+enum { MOC = 29 };
+
+static int test_act_matmul_one(struct fsdp_device *d, enum fsdp_dtype pt, double *worst)
+{
+    const enum fsdp_dtype F = FSDP_F32, H = FSDP_BF16;
+    size_t nx = (size_t)NN * NC, ny = (size_t)NN * MOC, nw = (size_t)MOC * NC + MOC;
+    float *hx = malloc(nx * 4), *hw = malloc(nw * 4), *hy = malloc(ny * 4), *ref = malloc(ny * 4);
+    float *got = malloc(ny * 4), *cp = malloc(ny * 4);
+    uint16_t *x16 = malloc(nx * 2), *w16 = malloc(nw * 2);
+    for (size_t i = 0; i < nx; i++) {
+        hx[i] = 2.0f * sinf(0.31f * (float)i) + 0.3f;
+    }
+    for (size_t i = 0; i < ny; i++) {
+        hy[i] = 0.5f * sinf(0.7f * (float)i);
+    }
+    for (size_t i = 0; i < nw; i++) {
+        hw[i] = 0.2f * cosf(0.13f * (float)i);
+    }
+    fsdp_cpu_f32_to_bf16(x16, hx, nx);
+    fsdp_cpu_bf16_to_f32(hx, x16, nx); /* the widened input */
+    fsdp_cpu_f32_to_bf16(w16, hw, nw);
+    void *xh = pdev(d, x16, nx * 2), *xw = pdev(d, hx, nx * 4), *y16 = pdev(d, NULL, ny * 2);
+    void *w = pt == F ? pdev(d, hw, nw * 4) : pdev(d, w16, nw * 2);
+    const void *b = (const char *)w + (size_t)MOC * NC * (pt == F ? 4 : 2);
+    float *y = pdev(d, NULL, ny * 4), *dy = pdev(d, hy, ny * 4), *g[2];
+    d->k->matmul_forward(d, y, F, xw, F, w, b, pt, NULL, NN, NC, MOC);
+    aread_n(d, ref, y, 0, ny);
+    int bad = 0;
+    for (int m = 0; m < 3; m++) {
+        enum fsdp_dtype it = m == 1 ? F : H, ot = m == 0 ? F : H;
+        void *o = ot == H ? y16 : (void *)y;
+        d->k->matmul_forward(d, o, ot, it == H ? xh : xw, it, w, b, pt, NULL, NN, NC, MOC);
+        aread_n(d, got, o, ot == H, ny);
+        memcpy(cp, ref, ny * 4);
+        bad += acheck_n(got, cp, ref, ot == H, worst, ny, 1.0);
+    }
+    for (int j = 0; j < 2; j++) { /* dinp (nx), dweight, dbias (nw) */
+        g[j] = pdev(d, NULL, (nx + nw) * 4);
+        d->k->matmul_backward(d, g[j], g[j] + nx, g[j] + nx + nw - MOC, dy, j ? xh : xw, j ? H : F,
+                              w, pt, NN, NC, MOC, 0.5f, 0);
+    }
+    bad += !psame(d, g[0], g[1], nx + nw);
+    void *all[] = {xh, xw, y16, w, y, dy, g[0], g[1]};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        d->ops->free(d, all[i]);
+    }
+    free(hx), free(hw), free(hy), free(ref), free(got), free(cp), free(x16), free(w16);
+    return bad;
+}
+
 static void test_act_norms(const char *name)
 {
     struct fsdp_device *d = NULL;
@@ -786,6 +845,16 @@ static void test_act_norms(const char *name)
            "the widened residual bit for bit, rounded where stored, and from the unrounded one "
            "within bf16's rounding (worst %.2f of 4 units of 2^-8; %d off)",
            name, worst, bad);
+    for (int j = 0; j < 2; j++) {
+        worst = 0.0;
+        bad = test_act_matmul_one(d, j ? FSDP_BF16 : FSDP_F32, &worst);
+        tap_ok(bad == 0,
+               "%s: matmul_forward from a bf16 input, to a bf16 output or both, and "
+               "matmul_backward from a bf16 input (%s weights) equal the f32 entries from the "
+               "widened input bit for bit, rounded where stored (worst %.2f of 1 unit of 2^-8; "
+               "%d off)",
+               name, j ? "bf16" : "f32", worst, bad);
+    }
     fsdp_device_destroy(d);
 }
 

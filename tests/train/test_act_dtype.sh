@@ -5,7 +5,8 @@
 # blocks, which recompute from the stored input, change nothing, bit for
 # bit; the memory plans of GPT-2 124M and Llama 1B at 4 x 1024 save
 # exactly the bytes that bf16 storage of the blocks' tensors and the
-# residual stream saves, less one block's f32 working set; pp=2 equals one
+# residual stream saves, less the f32 working set that remains (what the
+# products cannot read or write as stores); pp=2 equals one
 # rank; GPT-2 and Llama over tp=2 (with and without sequence
 # parallelism) keep the same bounds against tp=2 at f32. (cpu = guarded
 # bit for bit, the plan against the guarded device's buffers:
@@ -79,9 +80,9 @@ tap_ok $? "llama bf16 activations: activation checkpointing gives the same losse
 # the plan of GPT-2 124M (L 12, C 768, NH 12) at 4 x 1024: of each block's
 # 15 C values a row (ln_1, qkv 3C, attention output, res2, ln_2, c_fc 4C,
 # GELU 4C) and of the L+1 residual rows, bf16 saves 2 bytes each; it holds
-# one block's f32 working set (the statistics, 4 + NH a row, and 12 C: qkv
-# and c_fc's output, which only their matmuls write in f32, share one 4 C
-# buffer) and two f32 residual rows more
+# an f32 working set of one C a row (res2, the MLP product's f32 residual:
+# the products read and write the other tensors' stores) and two f32
+# residual rows more
 saved() {
     "$TRAIN" --print-memory --model "${MODEL:-gpt2}" --batch-size 4 --seq-len 1024 "$@" \
         2> /dev/null |
@@ -89,7 +90,7 @@ saved() {
 }
 f=$(saved) b=$(saved --activation-dtype bf16)
 BT=4096 C=768 L=12 NH=12
-want=$(((((L + 1) * 2 + L * 15 * 2 - 12 * 4 - 2 * 4) * C - (4 + NH) * 4) * BT))
+want=$((((L + 1) * 2 + L * 15 * 2 - 1 * 4 - 2 * 4) * C * BT))
 tap_diag "gpt2 124M 4 x 1024, saved activations: f32 $f, bf16 $b bytes; saved $((f - b)), planned $want"
 [ -n "$f" ] && [ -n "$b" ] && [ $((f - b)) -eq "$want" ]
 tap_ok $? "print-memory: bf16 activations save exactly what bf16 storage saves (gpt2 124M)"
@@ -97,13 +98,14 @@ tap_ok $? "print-memory: bf16 activations save exactly what bf16 storage saves (
 # llama-1b (L 16, C 2048, NH 32, NKV 8, F 8192): of each block's 4 C + QKV +
 # 3 F values a row (the two norms' outputs, q k v after RoPE (NH + 2 NKV)
 # hs, the attention output, res2, gate, up, SwiGLU's output) and of the L+1
-# residual rows, bf16 saves 2 bytes each; it holds one block's f32 working
-# set (those values but qkv, which shares gate's buffer, and the
-# statistics, 2 + NH a row) and two f32 residual rows more
+# residual rows, bf16 saves 2 bytes each; it holds an f32 working set of
+# gate and up (their gradients in the backward; qkv, rotated in place
+# before it is stored, shares gate's buffer) and res2 (the MLP product's
+# f32 residual), 2 F + C a row, and two f32 residual rows more
 f=$(MODEL=llama-1b saved) b=$(MODEL=llama-1b saved --activation-dtype bf16)
 C=2048 L=16 NH=32 QKV=$((2048 / 32 * (32 + 2 * 8))) F=8192
 K=$((4 * C + QKV + 3 * F))
-want=$((((L + 1) * C * 2 + L * K * 2 - (K - QKV) * 4 - 2 * C * 4 - (2 + NH) * 4) * BT))
+want=$((((L + 1) * C * 2 + L * K * 2 - (2 * F + C) * 4 - 2 * C * 4) * BT))
 tap_diag "llama-1b 4 x 1024, saved activations: f32 $f, bf16 $b bytes; saved $((f - b)), planned $want"
 [ -n "$f" ] && [ -n "$b" ] && [ $((f - b)) -eq "$want" ]
 tap_ok $? "print-memory: bf16 activations save exactly what bf16 storage saves (llama-1b)"

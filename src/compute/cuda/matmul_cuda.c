@@ -24,6 +24,14 @@
  * inputs to TF32 (the bias gradient excepted). 16-bit weights meet a
  * 16-bit copy of the activation, cast into a staging buffer.
  *
+ * Activations in bf16 storage (it, ot): a bf16 input meets bf16 weights
+ * as it is (the cast of its widened values would give the same bits);
+ * with f32 weights (and in the weight gradient, which stays f32) it is
+ * widened exactly into staging by a kernel, and with f16 weights widened,
+ * then rounded to f16. A bf16 output is D in f32 staging, rounded to
+ * nearest even into out by a cast kernel: never a bf16 D, so the result
+ * is the f32 product's rounded as on the CPU, whatever the epilogue.
+ *
  * A plan (descriptor, layouts, algorithm) is made once per key: shape,
  * transposes, leading dimensions, types, epilogue, compute type, and the
  * pointers' alignments (the heuristic is told them, as an algorithm may
@@ -417,28 +425,78 @@ static cudaDataType blas_type(enum fsdp_dtype pt)
 // ----------------------------------------------------------------------------
 // the linear layer
 
-int fsdp_cuda_matmul_forward(struct fsdp_cuda_blas *b, float *out, const float *inp,
-                             const void *weight, const void *bias, enum fsdp_dtype pt,
-                             const float *residual, size_t N, size_t C, size_t OC, void *stream)
+static int blas_check_act(const struct fsdp_cuda_blas *b, enum fsdp_dtype at)
+{
+    if (at != FSDP_F32 && at != FSDP_BF16) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "cuda device %d: matmul activations of dtype %s",
+                        b->d->index, fsdp_dtype_name(at));
+    }
+    return 0;
+}
+
+/*
+ * The forward's operands in staging, laid out as [16-bit input | f32 bias
+ * | f32 input | f32 output], each part present only when needed: the
+ * input as the product reads it (*x: inp itself, widened, or cast to pt),
+ * the bias widened, and *y the f32 D a bf16 output is rounded from.
+ */
+static int blas_forward_stage(struct fsdp_cuda_blas *b, const void **x, const float **bias32,
+                              float **y, enum fsdp_dtype ot, const void *inp, enum fsdp_dtype it,
+                              const void *bias, enum fsdp_dtype pt, size_t N, size_t C, size_t OC,
+                              void *stream)
+{
+    int cast = pt != FSDP_F32 && pt != it, widen = it != FSDP_F32 && pt != it;
+    size_t o16 = 0, ob = o16 + (cast ? blas_round(N * C * 2) : 0);
+    size_t ox = ob + (pt != FSDP_F32 && bias ? blas_round(OC * 4) : 0);
+    size_t oy = ox + (widen ? blas_round(N * C * 4) : 0);
+    size_t need = oy + (ot != FSDP_F32 ? N * OC * 4 : 0);
+    *x = inp;
+    *y = NULL;
+    if (need == 0) {
+        return 0;
+    }
+    FSDP_CHECK(blas_grow(b, &b->stage, &b->stage_bytes, need, "cuda matmul staging"));
+    char *st = b->stage;
+    if (widen) { /* bf16 activations, f32 or f16 weights */
+        blas_widen((float *)(st + ox), inp, N * C, it, stream);
+        *x = st + ox;
+    }
+    if (cast) { /* 16-bit weights, an f32 (or widened) input */
+        blas_narrow(st + o16, (const float *)*x, N * C, pt, stream);
+        *x = st + o16;
+    }
+    if (pt != FSDP_F32 && bias) {
+        *bias32 = (const float *)(st + ob);
+        blas_widen((float *)*bias32, bias, OC, pt, stream);
+    }
+    if (ot != FSDP_F32) {
+        *y = (float *)(st + oy);
+    }
+    return 0;
+}
+
+int fsdp_cuda_matmul_forward(struct fsdp_cuda_blas *b, void *out, enum fsdp_dtype ot,
+                             const void *inp, enum fsdp_dtype it, const void *weight,
+                             const void *bias, enum fsdp_dtype pt, const float *residual, size_t N,
+                             size_t C, size_t OC, void *stream)
 {
     FSDP_CHECK(blas_check_pt(b, pt));
+    FSDP_CHECK(blas_check_act(b, it));
+    FSDP_CHECK(blas_check_act(b, ot));
     FSDP_CHECK(blas_check_dims(b, C, OC));
+    if (residual && ot != FSDP_F32) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "cuda device %d: matmul with a residual writes f32, not %s; "
+                        "round the sum after the product",
+                        b->d->index, fsdp_dtype_name(ot));
+    }
     if (N == 0) {
         return 0;
     }
-    const void *x = inp;
+    const void *x;
     const float *bias32 = bias;
-    if (pt != FSDP_F32) {
-        size_t xbytes = blas_round(N * C * 2);
-        FSDP_CHECK(blas_grow(b, &b->stage, &b->stage_bytes, xbytes + (bias ? OC * 4 : 0),
-                             "cuda matmul staging"));
-        blas_narrow(b->stage, inp, N * C, pt, stream);
-        x = b->stage;
-        if (bias) {
-            bias32 = (const float *)((char *)b->stage + xbytes);
-            blas_widen((float *)bias32, bias, OC, pt, stream);
-        }
-    }
+    float *y;
+    FSDP_CHECK(blas_forward_stage(b, &x, &bias32, &y, ot, inp, it, bias, pt, N, C, OC, stream));
     struct blas_gemm g = {
         .ta = CUBLAS_OP_T,
         .tb = CUBLAS_OP_N,
@@ -452,13 +510,17 @@ int fsdp_cuda_matmul_forward(struct fsdp_cuda_blas *b, float *out, const float *
         .bt = blas_type(pt),
         .ldb = (int64_t)C,
         .C = residual,
-        .D = out,
+        .D = y ? y : (float *)out,
         .ldc = (int64_t)OC,
         .alpha = 1.0f,
         .beta = residual ? 1.0f : 0.0f,
         .bias = bias32,
     };
-    return blas_run(b, &g, stream);
+    FSDP_CHECK(blas_run(b, &g, stream));
+    if (y) { /* the f32 result rounded to nearest even */
+        fsdp_cuda_f32_to_bf16(out, y, N * OC, stream);
+    }
+    return 0;
 }
 
 /* dinp = alpha dout @ W (+ dinp), with dout rounded to pt when pt is 16-bit. */
@@ -494,11 +556,12 @@ static int blas_dinp(struct fsdp_cuda_blas *b, float *dinp, const float *dout, c
 }
 
 int fsdp_cuda_matmul_backward(struct fsdp_cuda_blas *b, float *dinp, float *dweight, float *dbias,
-                              const float *dout, const float *inp, const void *weight,
-                              enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
-                              int accumulate_dinp, void *stream)
+                              const float *dout, const void *inp, enum fsdp_dtype it,
+                              const void *weight, enum fsdp_dtype pt, size_t N, size_t C, size_t OC,
+                              float alpha, int accumulate_dinp, void *stream)
 {
     FSDP_CHECK(blas_check_pt(b, pt));
+    FSDP_CHECK(blas_check_act(b, it));
     FSDP_CHECK(blas_check_dims(b, C, OC));
     if (N == 0) {
         return 0;
@@ -507,6 +570,11 @@ int fsdp_cuda_matmul_backward(struct fsdp_cuda_blas *b, float *dinp, float *dwei
         FSDP_CHECK(blas_dinp(b, dinp, dout, weight, pt, N, C, OC, alpha, accumulate_dinp, stream));
     }
     if (dweight) {
+        if (it != FSDP_F32) { /* widened exactly: the weight gradient stays f32 */
+            FSDP_CHECK(blas_grow(b, &b->stage, &b->stage_bytes, N * C * 4, "cuda matmul staging"));
+            blas_widen(b->stage, inp, N * C, it, stream);
+            inp = b->stage;
+        }
         struct blas_gemm g = {
             .ta = CUBLAS_OP_N,
             .tb = CUBLAS_OP_T,

@@ -9,12 +9,16 @@
  *             dinp = G @ weight (overwrites, or adds when accumulate_dinp)
  *             dweight += G^T @ inp;  dbias += column sums of G
  *
- * Activations, gradients and residuals are f32; bias, dinp, dweight,
- * dbias and residual may be NULL as on the CPU, and residual may equal
- * out. With a 16-bit pt the f32 operand that meets the weight (inp in the
- * forward, dout for dinp) is rounded to pt first and the product is
- * 16-bit x 16-bit with f32 sums and an f32 result, as PyTorch's autocast
- * computes; the weight gradient meets no 16-bit operand and stays f32.
+ * inp (forward and backward) is an activation in it and the forward's
+ * out one in ot (FSDP_F32 or FSDP_BF16: a bf16 out is the f32 result
+ * rounded to nearest even; a call with a residual has ot f32); gradients
+ * and residuals are f32. bias, dinp, dweight, dbias and residual may be
+ * NULL as on the CPU, and residual may equal out. With a 16-bit pt the
+ * operand that meets the weight (inp in the forward, dout for dinp) is
+ * rounded to pt first (a bf16 inp with bf16 weights already is) and the
+ * product is 16-bit x 16-bit with f32 sums and an f32 result, as
+ * PyTorch's autocast computes; the weight gradient meets no 16-bit
+ * operand (a bf16 inp is widened exactly) and stays f32.
  *
  * Each call enqueues its work on stream (a cudaStream_t; NULL: the
  * legacy default stream, which the device never uses) and returns 0, or a
@@ -42,8 +46,10 @@ void fsdp_cuda_blas_destroy(struct fsdp_cuda_blas *b);
 unsigned long fsdp_cuda_blas_plans_made(const struct fsdp_cuda_blas *b);
 
 int fsdp_cuda_matmul_forward(struct fsdp_cuda_blas *b, /* the device's */
-                             float *out,               /* (N, OC) */
-                             const float *inp,         /* (N, C) */
+                             void *out,                /* (N, OC) of ot */
+                             enum fsdp_dtype ot,       /* FSDP_F32 or FSDP_BF16 */
+                             const void *inp,          /* (N, C) of it */
+                             enum fsdp_dtype it,       /* FSDP_F32 or FSDP_BF16 */
                              const void *weight,       /* (OC, C) of pt */
                              const void *bias,         /* (OC) of pt, or NULL */
                              enum fsdp_dtype pt,       /* FSDP_F32, FSDP_BF16 or FSDP_F16 */
@@ -55,7 +61,8 @@ int fsdp_cuda_matmul_backward(struct fsdp_cuda_blas *b, /* the device's */
                               float *dweight,           /* (OC, C), or NULL */
                               float *dbias,             /* (OC), or NULL */
                               const float *dout,        /* (N, OC) */
-                              const float *inp,         /* (N, C) */
+                              const void *inp,          /* (N, C) of it */
+                              enum fsdp_dtype it,       /* FSDP_F32 or FSDP_BF16 */
                               const void *weight,       /* (OC, C) of pt */
                               enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
                               int accumulate_dinp, void *stream);

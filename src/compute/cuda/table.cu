@@ -8,7 +8,9 @@
  * are; the norms, the bias of the row-parallel product and the matmuls'
  * f32 path widen them exactly into a workspace of the table first (the
  * matmuls' 16-bit path casts the activations instead and multiplies in
- * 16-bit with f32 accumulation, matmul_cuda.c).
+ * 16-bit with f32 accumulation, matmul_cuda.c, which also takes bf16
+ * activations; under the emulation the table widens them and rounds the
+ * output around the CPU's product).
  *
  * The table's state (d->kstate) holds its device workspaces: widened
  * parameters, the norms' partial sums, the squared norm's partials, a
@@ -204,44 +206,74 @@ static void c_layernorm_backward(struct fsdp_device *d, float *dinp, float *dwei
                                     mean, rstd, N, C, d->stream);
 }
 
-static void c_matmul_forward(struct fsdp_device *d, float *out, const float *inp,
-                             const void *weight, const void *bias, enum fsdp_dtype pt,
-                             const float *residual, size_t N, size_t C, size_t OC)
+#if !defined(__CUDACC__)
+/* The emulation's f32 operands: a bf16 input (xn values) widened and yn
+ * floats for an output to round, after the widened parameters (pn floats
+ * at the workspace's start, which ks_params fills). */
+static float *ks_mm_acts(struct fsdp_device *d, size_t pn, size_t xn, size_t yn)
+{
+    struct cuda_ks *k = ks_of(d);
+    float *w = (float *)ks_grow(d, (void **)&k->wide, &k->wide_floats, pn + xn + yn, sizeof(float),
+                                "widened parameters");
+    return w + pn;
+}
+#endif
+
+static void c_matmul_forward(struct fsdp_device *d, void *out, enum fsdp_dtype ot, const void *inp,
+                             enum fsdp_dtype it, const void *weight, const void *bias,
+                             enum fsdp_dtype pt, const float *residual, size_t N, size_t C,
+                             size_t OC)
 {
 #if defined(__CUDACC__)
     struct cuda_ks *k = ks_of(d);
     if (!k->blas && fsdp_cuda_blas_create(d, &k->blas) < 0) {
         ks_die(d, "cuBLASLt handle and workspace", 0);
     }
-    if (fsdp_cuda_matmul_forward(k->blas, out, inp, weight, bias, pt, residual, N, C, OC,
+    if (fsdp_cuda_matmul_forward(k->blas, out, ot, inp, it, weight, bias, pt, residual, N, C, OC,
                                  d->stream) < 0) {
         ks_die(d, "matmul", 0);
     }
 #else
-    const float *w, *b;
+    const float *w, *b, *x = (const float *)inp;
+    size_t pn = pt == FSDP_F32 ? 0 : OC * C + (bias ? OC : 0);
+    size_t xn = it == FSDP_F32 ? 0 : N * C, yn = ot == FSDP_F32 ? 0 : N * OC;
+    float *ws = xn + yn ? ks_mm_acts(d, pn, xn, yn) : NULL;
     ks_params(d, pt, weight, OC * C, &w, bias, OC, &b);
-    fsdp_cpu_matmul_forward(out, inp, w, b, residual, N, C, OC);
+    if (xn) {
+        fsdp_cuda_bf16_to_f32(ws, (const uint16_t *)inp, xn, d->stream);
+        x = ws;
+    }
+    fsdp_cpu_matmul_forward(yn ? ws + xn : (float *)out, x, w, b, residual, N, C, OC);
+    if (yn) {
+        fsdp_cuda_f32_to_bf16((uint16_t *)out, ws + xn, yn, d->stream);
+    }
 #endif
 }
 
 static void c_matmul_backward(struct fsdp_device *d, float *dinp, float *dweight, float *dbias,
-                              const float *dout, const float *inp, const void *weight,
-                              enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha,
-                              int accumulate_dinp)
+                              const float *dout, const void *inp, enum fsdp_dtype it,
+                              const void *weight, enum fsdp_dtype pt, size_t N, size_t C, size_t OC,
+                              float alpha, int accumulate_dinp)
 {
 #if defined(__CUDACC__)
     struct cuda_ks *k = ks_of(d);
     if (!k->blas && fsdp_cuda_blas_create(d, &k->blas) < 0) {
         ks_die(d, "cuBLASLt handle and workspace", 0);
     }
-    if (fsdp_cuda_matmul_backward(k->blas, dinp, dweight, dbias, dout, inp, weight, pt, N, C, OC,
-                                  alpha, accumulate_dinp, d->stream) < 0) {
+    if (fsdp_cuda_matmul_backward(k->blas, dinp, dweight, dbias, dout, inp, it, weight, pt, N, C,
+                                  OC, alpha, accumulate_dinp, d->stream) < 0) {
         ks_die(d, "matmul", 0);
     }
 #else
-    const float *w;
+    const float *w, *x = (const float *)inp;
+    size_t pn = pt == FSDP_F32 || !dinp ? 0 : OC * C, xn = it == FSDP_F32 ? 0 : N * C;
+    float *ws = xn ? ks_mm_acts(d, pn, xn, 0) : NULL;
     ks_params(d, pt, weight, dinp ? OC * C : 0, &w, NULL, 0, NULL);
-    fsdp_cpu_matmul_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC, alpha, accumulate_dinp);
+    if (xn) {
+        fsdp_cuda_bf16_to_f32(ws, (const uint16_t *)inp, xn, d->stream);
+        x = ws;
+    }
+    fsdp_cpu_matmul_backward(dinp, dweight, dbias, dout, x, w, N, C, OC, alpha, accumulate_dinp);
 #endif
 }
 
