@@ -113,8 +113,8 @@ static const struct fsdp_opt train_opts[] = {
     {"no-sync-accum", FSDP_OPT_FLAG, F(no_sync_accum), 0, 0, 0, NULL, "", 0,
      "keep unsharded gradients until the last micro-step (one reduction per step)", 0},
     {"activation-dtype", FSDP_OPT_CHOICE, F(activation_dtype), 0, 0, 0, "f32|bf16", "DTYPE", 0,
-     "storage of the activations saved for the backward (gpt2 without tp); bf16 halves them, "
-     "while master weights, optimizer state, gradients, the loss, norm statistics and "
+     "storage of the activations saved for the backward (gpt2 and llama, any mesh); bf16 "
+     "halves them, while master weights, optimizer state, gradients, the loss, norm statistics and "
      "reductions stay f32",
      0},
     {"activation-checkpointing", FSDP_OPT_FLAG, F(activation_checkpointing), 0, 0, 0, NULL, "", 0,

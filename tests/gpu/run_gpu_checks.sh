@@ -12,13 +12,18 @@
 #      found, whether the kit's fsdpc-train has the cuda device
 #   b. GPT-2 and Llama (tiny) trained 10 steps with --device cuda and with
 #      --device cpu: every step's loss and gradient norm within 1e-4
-#      (relative) in f32; with --param-dtype bf16, the loss within 2e-2
+#      (relative) in f32; with bf16 parameters, bf16 activations (f32
+#      parameters: the products widen the stores; bf16: the stores are
+#      cuBLASLt's operands as they are), and both with activation
+#      checkpointing, the loss within 2e-2
 #   b2. the sharded engine on device memory: dp=2 over tcp in two
 #      processes on the one GPU equal to one process (same global batch),
 #      the same staged in 4 KiB chunks bit for bit, and the nccl backend
 #      through fsdpc-train at one rank
-#   c. compute-sanitizer memcheck and racecheck on a 2-step GPT-2 run
-#   d. GPT-2 124M, bf16, batch 16 x 1024: fsdpc-train's tokens/s and MFU
+#   c. compute-sanitizer memcheck and racecheck on a 2-step GPT-2 run, and
+#      memcheck again with bf16 parameters and activations
+#   d. GPT-2 124M, bf16 parameters and activations, batch 16 x 1024:
+#      fsdpc-train's tokens/s, MFU and memory beside --print-memory's plan
 #      (against PEAK_FLOPS), and PyTorch's on the same GPU, eager and compiled
 #      (tests/peers/torch_gpt2_bench.py)
 #   d2. --offload optim and params,optim on gpt2-tiny (f32) equal to no
@@ -258,11 +263,13 @@ check fixtures 60 20 sh -c "'$bin/fsdpc-data' tokenize '$D/text' -o '$D/train.bi
     '$bin/fsdpc-ckpt' init --preset tiny --seed 1 -o '$D/gpt2-tiny.h5' &&
     '$bin/fsdpc-ckpt' init --preset llama-tiny --seed 3 -o '$D/llama-tiny.h5'"
 
-# train NAME MODEL DEVICE DTYPE STEPS: a run into $L/NAME.{log,jsonl}
+# train NAME MODEL DEVICE DTYPE STEPS [FLAGS...]: a run into $L/NAME.{log,jsonl}
 train() {
-    step "$1" 60 10 "$bin/fsdpc-train" --model "$D/$2.h5" --data "$D/train.bin" \
-        --device "$3" --param-dtype "$4" --steps "$5" --batch-size 4 --seq-len 64 \
-        --lr 1e-3 --seed 1 --peak-flops 1e12 --metrics "$L/$1.jsonl"
+    t_name=$1 t_model=$2 t_dev=$3 t_dt=$4 t_steps=$5
+    shift 5
+    step "$t_name" 60 10 "$bin/fsdpc-train" --model "$D/$t_model.h5" --data "$D/train.bin" \
+        --device "$t_dev" --param-dtype "$t_dt" --steps "$t_steps" --batch-size 4 --seq-len 64 \
+        --lr 1e-3 --seed 1 --peak-flops 1e12 --metrics "$L/$t_name.jsonl" "$@"
 }
 
 # step loss norm, one line per step of a metrics file
@@ -285,9 +292,16 @@ compare() {
               exit (bad || n < min) }'
 }
 
+# variants NAME:PARAM_DTYPE:ACTIVATION_DTYPE[:ckpt]
+variants="f32:f32:f32 bf16:bf16:f32 act16:f32:bf16 bf16-act16:bf16:bf16 bf16-act16-ckpt:bf16:bf16:ckpt"
 for model in gpt2-tiny llama-tiny; do
-    for dt_ in f32 bf16; do
-        train "$model-$dt_-cpu" "$model" cpu "$dt_" 10
+    for v in $variants; do
+        dt_=${v%%:*}
+        pdt=$(echo "$v" | cut -d: -f2)
+        adt=$(echo "$v" | cut -d: -f3)
+        set -- --activation-dtype "$adt"
+        [ "$(echo "$v" | cut -d: -f4)" = ckpt ] && set -- "$@" --activation-checkpointing
+        train "$model-$dt_-cpu" "$model" cpu "$pdt" 10 "$@"
         rc=$?
         [ $rc -eq 200 ] && continue
         if [ $rc -ne 0 ]; then
@@ -300,7 +314,7 @@ for model in gpt2-tiny llama-tiny; do
             say "SKIP  $model $dt_ cuda = cpu: $cuda"
             continue
         fi
-        train "$model-$dt_-cuda" "$model" cuda "$dt_" 10
+        train "$model-$dt_-cuda" "$model" cuda "$pdt" 10 "$@"
         rc=$?
         [ $rc -eq 200 ] && continue
         if [ $rc -ne 0 ]; then
@@ -390,30 +404,34 @@ else
 fi
 
 # -- c. compute-sanitizer --------------------------------------------------------
-say "== c. compute-sanitizer (2 steps of gpt2-tiny, f32)"
+say "== c. compute-sanitizer (2 steps of gpt2-tiny: f32, and memcheck with bf16 parameters and activations)"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ "$cuda" != yes ]; then
     say "SKIP  compute-sanitizer: $cuda"
 elif [ ! -x "$sanitizer" ]; then
     say "SKIP  compute-sanitizer: not installed"
 else
-    for tool in memcheck racecheck; do
-        step "sanitizer-$tool" 60 20 "$sanitizer" --tool $tool --error-exitcode 99 \
+    for run in memcheck racecheck memcheck:bf16; do
+        tool=${run%%:*}
+        set --
+        [ "$run" = memcheck:bf16 ] && set -- --param-dtype bf16 --activation-dtype bf16
+        name=sanitizer-$(echo "$run" | tr : -)
+        step "$name" 60 20 "$sanitizer" --tool $tool --error-exitcode 99 \
             "$bin/fsdpc-train" --model "$D/gpt2-tiny.h5" --data "$D/train.bin" --device cuda \
-            --steps 2 --batch-size 4 --seq-len 64 --lr 1e-3 --peak-flops 1e12
+            --steps 2 --batch-size 4 --seq-len 64 --lr 1e-3 --peak-flops 1e12 "$@"
         rc=$?
         [ $rc -eq 200 ] && continue
-        log=$L/sanitizer-$tool.log
+        log=$L/$name.log
         errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -n 1)
         hazards=$(sed -n 's/.*RACECHECK SUMMARY: \([0-9]*\) hazard.*/\1/p' "$log" | tail -n 1)
         [ $tool = racecheck ] && [ -n "$hazards" ] && errors=$(sed -n \
             's/.*RACECHECK SUMMARY: .*(\([0-9]*\) error.*/\1/p' "$log" | tail -n 1)
         if grep -q 'Device not supported' "$log"; then
-            say "SKIP  compute-sanitizer $tool: the device or runtime refuses it (Device not supported)"
+            say "SKIP  compute-sanitizer $run: the device or runtime refuses it (Device not supported)"
         elif [ $rc -eq 0 ] && [ "${errors:-x}" = 0 ]; then
-            say "PASS  compute-sanitizer $tool: 0 errors${hazards:+ ($hazards hazards)} (${dt} s)"
+            say "PASS  compute-sanitizer $run: 0 errors${hazards:+ ($hazards hazards)} (${dt} s)"
         else
-            fail "compute-sanitizer $tool: ${errors:-?} errors${hazards:+, $hazards hazards} (exit $rc, ${dt} s)"
+            fail "compute-sanitizer $run: ${errors:-?} errors${hazards:+, $hazards hazards} (exit $rc, ${dt} s)"
         fi
     done
 fi
@@ -440,13 +458,23 @@ bench_report() {
         [ -n "$b_fig" ] && say "      $2 so far: $b_fig"
     fi
 }
+# plan_report NAME MODEL B T: --print-memory's planned total for a benchmark
+# run's model and batch, beside the memory it measured (a figure, not a check)
+plan_report() {
+    "$bin/fsdpc-train" --model "$2" --data "$D/train.bin" --device cuda --param-dtype bf16 \
+        --activation-dtype bf16 --batch-size "$3" --seq-len "$4" --print-memory \
+        >"$L/$1-plan.log" 2>&1 &&
+        say "      $1: planned $(sed -n 's/^  total, held from the first step *[0-9]* *//p' \
+            "$L/$1-plan.log") (--print-memory) against $(median "$L/$1.jsonl" mem_mib) MiB measured"
+}
 if [ "$cuda" != yes ]; then
     say "SKIP  fsdpc-train GPT-2 124M: $cuda"
 elif check init-gpt2 60 20 "$bin/fsdpc-ckpt" init --preset gpt2 --seed 1 -o "$D/gpt2.h5"; then
     step bench-gpt2 90 30 "$bin/fsdpc-train" --model "$D/gpt2.h5" --data "$D/train.bin" \
-        --device cuda --param-dtype bf16 --batch-size 16 --seq-len 1024 --steps 8 \
-        --lr 6e-4 --peak-flops "$PEAK_FLOPS" --metrics "$L/bench-gpt2.jsonl"
+        --device cuda --param-dtype bf16 --activation-dtype bf16 --batch-size 16 --seq-len 1024 \
+        --steps 8 --lr 6e-4 --peak-flops "$PEAK_FLOPS" --metrics "$L/bench-gpt2.jsonl"
     bench_report bench-gpt2 "fsdpc-train GPT-2 124M" $?
+    plan_report bench-gpt2 "$D/gpt2.h5" 16 1024
 fi
 peer=$kit/share/torch_gpt2_bench.py
 [ -f "$peer" ] || peer=$here/../peers/torch_gpt2_bench.py
@@ -513,8 +541,9 @@ else
     done
     if [ -f "$D/gpt2.h5" ] && [ "$(grep -c '"loss"' "$L/bench-gpt2.jsonl" 2>/dev/null)" -ge 3 ]; then
         step bench-gpt2-offload 120 30 "$bin/fsdpc-train" --model "$D/gpt2.h5" --data "$D/train.bin" \
-            --device cuda --param-dtype bf16 --batch-size 16 --seq-len 1024 --steps 8 \
-            --lr 6e-4 --peak-flops "$PEAK_FLOPS" --offload optim --metrics "$L/bench-gpt2-offload.jsonl"
+            --device cuda --param-dtype bf16 --activation-dtype bf16 --batch-size 16 --seq-len 1024 \
+            --steps 8 --lr 6e-4 --peak-flops "$PEAK_FLOPS" --offload optim \
+            --metrics "$L/bench-gpt2-offload.jsonl"
         rc=$?
         bench_report bench-gpt2-offload "fsdpc-train GPT-2 124M --offload optim" $rc
         if [ $rc -eq 0 ]; then
@@ -580,9 +609,10 @@ elif [ "$(left)" -lt 120 ]; then
 elif check init-llama-1b 60 30 "$bin/fsdpc-ckpt" init --preset llama-1b --dtype bf16 --seed 1 \
     -o "$D/llama-1b.h5"; then
     step bench-llama-1b 120 40 "$bin/fsdpc-train" --model "$D/llama-1b.h5" --data "$D/train.bin" \
-        --device cuda --param-dtype bf16 --batch-size 4 --seq-len 2048 --steps 6 \
-        --lr 3e-4 --peak-flops "$PEAK_FLOPS" --metrics "$L/bench-llama-1b.jsonl"
+        --device cuda --param-dtype bf16 --activation-dtype bf16 --batch-size 4 --seq-len 2048 \
+        --steps 6 --lr 3e-4 --peak-flops "$PEAK_FLOPS" --metrics "$L/bench-llama-1b.jsonl"
     bench_report bench-llama-1b "fsdpc-train Llama 1B" $?
+    plan_report bench-llama-1b "$D/llama-1b.h5" 4 2048
 fi
 
 if [ $failed -eq 0 ]; then
