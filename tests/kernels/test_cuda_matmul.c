@@ -765,6 +765,51 @@ static void test_unaligned(void)
     }
 }
 
+/* An f32 bias 4 bytes off alignment (the BIAS epilogue reads it as it
+ * is): the heuristic reads the bias pointer's alignment, so it must be
+ * set before the heuristic is asked, and a plan made for an aligned bias
+ * must not serve a misaligned one. */
+static void test_bias_alignment(void)
+{
+    size_t N = 5, C = 20, OC = 36; /* a shape no other test uses */
+    float *inp = rand_floats(N * C), *w = rand_floats(OC * C), *bias = rand_floats(OC);
+    float *want = malloc(N * OC * 4), *got = malloc(N * OC * 4);
+    float *d_inp = up(inp, N * C * 4), *d_w = up(w, OC * C * 4), *d_out = up(NULL, N * OC * 4);
+    float *b_al = up(bias, OC * 4);
+    char *b_big = up(NULL, (OC + 1) * 4);
+    fsdp_device_write(dev, b_big + 4, bias, OC * 4);
+    const float *b_off = (const float *)(b_big + 4);
+    int refused = sim_lt_refused, ok[2];
+    fsdp_err_clear();
+    for (int t = 0; t < 2; t++) { /* N rows: misaligned first; N - 1: aligned, then misaligned */
+        size_t n = N - (size_t)t;
+        unsigned long made = fsdp_cuda_blas_plans_made(blas);
+        int rc = 0;
+        if (t) {
+            rc = fsdp_cuda_matmul_forward(blas, d_out, FSDP_F32, d_inp, FSDP_F32, d_w, b_al,
+                                          FSDP_F32, NULL, n, C, OC, dev->stream);
+        }
+        rc |= fsdp_cuda_matmul_forward(blas, d_out, FSDP_F32, d_inp, FSDP_F32, d_w, b_off, FSDP_F32,
+                                       NULL, n, C, OC, dev->stream);
+        down(got, d_out, n * OC * 4);
+        fsdp_cpu_matmul_forward(want, inp, w, bias, NULL, n, C, OC);
+        ok[t] = rc == 0 && sim_lt_refused == refused &&
+                fsdp_cuda_blas_plans_made(blas) == made + 1 + (unsigned long)t &&
+                close_to("misaligned bias", got, want, n * OC, 1e-5);
+        if (rc < 0) {
+            tap_diag("misaligned bias: %s", fsdp_err_msg());
+        }
+    }
+    tap_ok(ok[0], "a bias 4 bytes off alignment on a new shape: the heuristic sees its pointer, "
+                  "nothing refused, the CPU's result");
+    tap_ok(ok[1], "a bias 4 bytes off alignment after an aligned one of the same shape: a plan of "
+                  "its own, nothing refused, the CPU's result");
+    void *dbufs[] = {d_inp, d_w, d_out, b_al, b_big};
+    drop_all(dbufs, COUNT(dbufs));
+    float *hbufs[] = {inp, w, bias, want, got};
+    free_all(hbufs, COUNT(hbufs));
+}
+
 static void test_cache(void)
 {
     size_t N = 16, C = 40, OC = 24; /* a shape no other test uses */
@@ -906,6 +951,7 @@ int main(void)
     test_tiled_backward();
     fsdp_cuda_blas_destroy(tiny);
     test_unaligned();
+    test_bias_alignment();
     test_cache();
     tap_ok(sim_lt_refused == 0 && sim_bad_calls == 0 && kernel_bad == 0 && sim_legacy_uses == 0,
            "nothing refused (cuBLASLt calls %d, copies %d, kernels %d), nothing on the legacy "
