@@ -349,5 +349,10 @@ int fsdp_device_read(struct fsdp_device *d, void *dst, const void *src, size_t b
 int fsdp_device_write(struct fsdp_device *d, void *dst, const void *src, size_t bytes);
 /* Device to device on the compute stream. */
 int fsdp_device_copy(struct fsdp_device *d, void *dst, const void *src, size_t bytes);
+/* matmul_forward's contract, kept by every table: a residual is added in
+ * f32, so a call with one writes f32 (ot FSDP_F32). A call that breaks it
+ * ends the job with one line (fsdp_fatal), the same on every table. */
+void fsdp_device_check_matmul(const struct fsdp_device *d, enum fsdp_dtype ot,
+                              const void *residual);
 
 #endif
