@@ -77,7 +77,8 @@ struct fsdp_kernels {
                                const void *weight, enum fsdp_dtype pt, const float *mean,
                                const float *rstd, size_t N, size_t C);
     /* out an activation in ot, inp one in it; residual f32 (a call with a
-     * residual has ot f32; residual may be out) */
+     * residual has ot f32, or every table ends the job with the one line of
+     * fsdp_device_check_matmul; residual may be out) */
     void (*matmul_forward)(struct fsdp_device *d, void *out, enum fsdp_dtype ot, const void *inp,
                            enum fsdp_dtype it, const void *weight, const void *bias,
                            enum fsdp_dtype pt, const float *residual, size_t N, size_t C,
