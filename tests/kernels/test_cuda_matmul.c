@@ -5,8 +5,10 @@
  * (cublaslt_sim.c), in every build and without a GPU: awkward shapes,
  * bias, residual (apart and in place), dinp, dweight and dbias each
  * present or not, accumulation on and off, alpha != 1; f32, bf16 and f16
- * weights; bf16 activations (input, output, both); a weight at an
- * unaligned offset; the plan cache; TF32 on
+ * weights; bf16 activations (input, output, both); products in tiles of
+ * rows under a lowered staging limit against the untiled ones (the
+ * tolerance of the weight gradient's split sum at dweight_close); a
+ * weight at an unaligned offset; a bias at one; the plan cache; TF32 on
  * request; a cuBLASLt error as one line naming the call.
  *
  * Tolerances: f32 within 1e-5 relative (|got - want| <= 1e-5 max(1,
