@@ -160,6 +160,15 @@ int fsdp_device_write(struct fsdp_device *d, void *dst, const void *src, size_t 
     return d->ops->copy(d, dst, src, bytes, FSDP_COPY_H2D, d->stream);
 }
 
+void fsdp_device_check_matmul(const struct fsdp_device *d, enum fsdp_dtype ot, const void *residual)
+{
+    if (residual && ot != FSDP_F32) {
+        fsdp_fatal("device %s:%d: matmul_forward with a residual writes f32, not %s; round the "
+                   "sum after the product",
+                   d->ops->name, d->index, fsdp_dtype_name(ot));
+    }
+}
+
 int fsdp_device_copy(struct fsdp_device *d, void *dst, const void *src, size_t bytes)
 {
     return d->ops->copy(d, dst, src, bytes, FSDP_COPY_D2D, d->stream);

@@ -77,7 +77,8 @@ struct fsdp_kernels {
                                const void *weight, enum fsdp_dtype pt, const float *mean,
                                const float *rstd, size_t N, size_t C);
     /* out an activation in ot, inp one in it; residual f32 (a call with a
-     * residual has ot f32; residual may be out) */
+     * residual has ot f32, or every table ends the job with the one line of
+     * fsdp_device_check_matmul; residual may be out) */
     void (*matmul_forward)(struct fsdp_device *d, void *out, enum fsdp_dtype ot, const void *inp,
                            enum fsdp_dtype it, const void *weight, const void *bias,
                            enum fsdp_dtype pt, const float *residual, size_t N, size_t C,
@@ -349,5 +350,10 @@ int fsdp_device_read(struct fsdp_device *d, void *dst, const void *src, size_t b
 int fsdp_device_write(struct fsdp_device *d, void *dst, const void *src, size_t bytes);
 /* Device to device on the compute stream. */
 int fsdp_device_copy(struct fsdp_device *d, void *dst, const void *src, size_t bytes);
+/* matmul_forward's contract, kept by every table: a residual is added in
+ * f32, so a call with one writes f32 (ot FSDP_F32). A call that breaks it
+ * ends the job with one line (fsdp_fatal), the same on every table. */
+void fsdp_device_check_matmul(const struct fsdp_device *d, enum fsdp_dtype ot,
+                              const void *residual);
 
 #endif

@@ -55,26 +55,33 @@ struct cpu_kstate {
     size_t floats;
 };
 
+/* The workspace grown to need floats, or NULL when host memory ran out. */
+static float *k_grow(struct fsdp_device *d, size_t need)
+{
+    struct cpu_kstate *ks = d->kstate;
+    if (!ks && !(ks = d->kstate = calloc(1, sizeof(*ks)))) {
+        fsdp_fatal("device %s: no host memory for the kernels' state", d->ops->name);
+    }
+    if (!ks->wide || need > ks->floats) {
+        fsdp_free(ks->wide);
+        ks->wide = fsdp_alloc(need * sizeof(float));
+        ks->floats = ks->wide ? need : 0;
+    }
+    return ks->wide;
+}
+
 /* The workspace, grown to need floats: a kernel's widened 16-bit (dt)
  * parameter or activation (what) values; hint says how to do without. */
 static float *k_work(struct fsdp_device *d, size_t need, enum fsdp_dtype dt, const char *what,
                      const char *hint)
 {
-    struct cpu_kstate *ks = d->kstate;
-    if (!ks || need > ks->floats) {
-        if (!ks && !(ks = d->kstate = calloc(1, sizeof(*ks)))) {
-            fsdp_fatal("device %s: no host memory for the kernels' state", d->ops->name);
-        }
-        fsdp_free(ks->wide);
-        ks->wide = fsdp_alloc(need * sizeof(float));
-        ks->floats = ks->wide ? need : 0;
-        if (!ks->wide) {
-            fsdp_fatal("device %s: no host memory to widen %zu %s %s values for a kernel "
-                       "(%zu bytes); free memory or use %s",
-                       d->ops->name, need, fsdp_dtype_name(dt), what, need * sizeof(float), hint);
-        }
+    float *w = k_grow(d, need);
+    if (!w) {
+        fsdp_fatal("device %s: no host memory to widen %zu %s %s values for a kernel "
+                   "(%zu bytes); free memory or use %s",
+                   d->ops->name, need, fsdp_dtype_name(dt), what, need * sizeof(float), hint);
     }
-    return ks->wide;
+    return w;
 }
 
 /* p's n values (of dtype dt) as f32: p itself when dt is f32 or p is
@@ -273,19 +280,32 @@ static void k_layernorm_backward(struct fsdp_device *d, float *dinp, float *dwei
  * (weight wn values, bias bn) and a bf16 input (xn values) widened exactly
  * into the workspace as whole operands, so the kernel's call is the one an
  * f32 run makes and its bits cannot move; yn more floats after them for
- * an output to round. NULL when nothing needs widening.
+ * an output to round. NULL when nothing needs widening or rounding; out
+ * of host memory, one line naming what it widens and rounds.
  */
 static float *k_mm_work(struct fsdp_device *d, enum fsdp_dtype pt, size_t wn, enum fsdp_dtype it,
                         size_t xn, size_t yn)
 {
-    size_t need = (pt == FSDP_F32 ? 0 : wn) + (it == FSDP_F32 ? 0 : xn) + yn;
+    size_t pw = pt == FSDP_F32 ? 0 : wn, px = it == FSDP_F32 ? 0 : xn, need = pw + px + yn;
     if (!need) {
         return NULL;
     }
-    if (it == FSDP_F32 && !yn) {
-        return k_work(d, need, pt, "parameter", "--param-dtype f32");
+    float *ws = k_grow(d, need);
+    if (!ws) { /* name what it widens and rounds, and the flags that avoid each */
+        const char *part[3];
+        int n = 0;
+        part[n] = "widen 16-bit weights", n += pw != 0;
+        part[n] = "widen a bf16 input", n += px != 0;
+        part[n] = "round a bf16 output", n += yn != 0;
+        const char *acts =
+            pw ? "--param-dtype f32 and --activation-dtype f32" : "--activation-dtype f32";
+        fsdp_fatal("device %s: no host memory to %s%s%s%s%s for a matmul (%zu f32 values, %zu "
+                   "bytes); free memory or use %s",
+                   d->ops->name, part[0], n > 1 ? (n > 2 ? ", " : " and ") : "",
+                   n > 1 ? part[1] : "", n > 2 ? " and " : "", n > 2 ? part[2] : "", need,
+                   need * sizeof(float), px || yn ? acts : "--param-dtype f32");
     }
-    return k_work(d, need, FSDP_BF16, "activation", "--activation-dtype f32");
+    return ws;
 }
 
 static void k_matmul_forward(struct fsdp_device *d, void *out, enum fsdp_dtype ot, const void *inp,
@@ -294,6 +314,7 @@ static void k_matmul_forward(struct fsdp_device *d, void *out, enum fsdp_dtype o
                              size_t OC)
 {
     const void *p[] = {out, inp, weight, bias, residual};
+    fsdp_device_check_matmul(d, ot, residual);
     k_enter(d, p, 1, 5);
     size_t yn = ot == FSDP_F32 ? 0 : N * OC;
     float *ws = k_mm_work(d, pt, OC * C + (bias ? OC : 0), it, N * C, yn);

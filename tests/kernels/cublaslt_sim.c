@@ -339,8 +339,20 @@ static cublasStatus_t sim_lt_check(cublasLtHandle_t h, cublasLtMatmulDesc_t m,
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* algo.data: magic, workspace bytes, the four alignments, and the
- * descriptor and layouts it was chosen for (compared at the matmul). */
+/* The largest power of two up to 256 dividing p (NULL: 256, as the value
+ * 0 reads). */
+static uint64_t sim_lt_align_of(const void *p)
+{
+    uint64_t a = 256;
+    while (a > 1 && (uintptr_t)p % a) {
+        a /= 2;
+    }
+    return a;
+}
+
+/* algo.data: magic, workspace bytes, the four alignments, the descriptor
+ * and layouts it was chosen for (compared at the matmul), and the bias
+ * pointer's alignment the heuristic read off the descriptor. */
 static uint64_t sim_lt_fingerprint(cublasLtMatmulDesc_t m, cublasLtMatrixLayout_t a,
                                    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d)
 {
@@ -383,6 +395,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
         r->algo.data[2 + i] = preference->align[i];
     }
     r->algo.data[6] = sim_lt_fingerprint(operationDesc, Adesc, Bdesc, Ddesc);
+    r->algo.data[7] = operationDesc->epilogue == CUBLASLT_EPILOGUE_BIAS
+                          ? sim_lt_align_of(operationDesc->bias)
+                          : 0;
     r->state = CUBLAS_STATUS_SUCCESS;
     r->wavesCount = 1.0f;
     *returnAlgoCount = 1;
@@ -504,6 +519,7 @@ static cublasStatus_t sim_lt_check_call(cublasLtMatmulDesc_t m, cublasLtMatrixLa
     }
     if (m->epilogue == CUBLASLT_EPILOGUE_BIAS &&
         (!m->bias || (uintptr_t)m->bias % sim_lt_size(d->type) ||
+         sim_lt_align_of(m->bias) < algo->data[7] ||
          !sim_is_device(m->bias, d->rows * sim_lt_size(d->type)))) {
         return sim_lt_refuse(CUBLAS_STATUS_INVALID_VALUE);
     }

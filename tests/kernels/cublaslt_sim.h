@@ -31,9 +31,12 @@
  *     bias pointer (INVALID_VALUE / NOT_SUPPORTED);
  *   - cublasLtMatmul with an algorithm not from the heuristic for this
  *     descriptor's types and layouts, a workspace smaller than the
- *     algorithm asked for, or A, B, C, D less aligned than the
- *     preference's minimum alignments (256 bytes unless set) the algorithm
- *     was chosen under (INVALID_VALUE);
+ *     algorithm asked for, A, B, C, D less aligned than the preference's
+ *     minimum alignments (256 bytes unless set) the algorithm was chosen
+ *     under, or a bias pointer less aligned than the one the descriptor
+ *     held when the heuristic chose it (cublasLt.h: the heuristic reads
+ *     BIAS_POINTER for the alignment; none set reads as 0, aligned to
+ *     anything, capped at 256 bytes) (INVALID_VALUE);
  *   - A, B, C, D, bias or workspace not in one device allocation of the
  *     runtime simulation for their whole extent (the library would fault:
  *     an illegal address; here INVALID_VALUE, before anything runs).

@@ -5,8 +5,10 @@
  * (cublaslt_sim.c), in every build and without a GPU: awkward shapes,
  * bias, residual (apart and in place), dinp, dweight and dbias each
  * present or not, accumulation on and off, alpha != 1; f32, bf16 and f16
- * weights; bf16 activations (input, output, both); a weight at an
- * unaligned offset; the plan cache; TF32 on
+ * weights; bf16 activations (input, output, both); products in tiles of
+ * rows under a lowered staging limit against the untiled ones (the
+ * tolerance of the weight gradient's split sum at dweight_close); a
+ * weight at an unaligned offset; a bias at one; the plan cache; TF32 on
  * request; a cuBLASLt error as one line naming the call.
  *
  * Tolerances: f32 within 1e-5 relative (|got - want| <= 1e-5 max(1,
@@ -503,6 +505,232 @@ static void test_act_dtypes(void)
 }
 
 // ----------------------------------------------------------------------------
+// bounded staging: products in tiles of rows
+
+static struct fsdp_cuda_blas *tiny; /* a handle whose staging limit each product lowers */
+
+/* Bytes of the live buffers named "cuda matmul staging", as the device's
+ * allocator reports them. */
+static size_t stage_held(void)
+{
+    struct fsdp_device_buffer bufs[64];
+    size_t n = dev->ops->buffers(dev, bufs, 64), held = 0;
+    for (size_t i = 0; i < n && i < 64; i++) {
+        held += strcmp(bufs[i].name, "cuda matmul staging") == 0 ? bufs[i].bytes : 0;
+    }
+    return held;
+}
+
+#define TILE_N 23 /* prime: 2 to 11 rows a tile leave a remainder, in 3 to 12 tiles */
+
+struct tile_run {
+    int matmuls;
+    unsigned long plans;
+    size_t held, limit;
+};
+
+/* Lowers tiny's limit so a product staging row_bytes a row (beside fixed
+ * bytes, rounded up to 256 as each part of the staging is) takes tiles of
+ * 6 rows (4 tiles, the last 5); row_bytes 0: no staging per row, so no
+ * tiling. blas's staging is dropped, so what the allocator reports from
+ * here is tiny's. */
+static void tile_begin(struct tile_run *t, size_t fixed, size_t row_bytes)
+{
+    fsdp_cuda_blas_set_stage_limit(blas, 1);
+    fsdp_cuda_blas_set_stage_limit(blas, 0);
+    t->limit = row_bytes ? (fixed + 255) / 256 * 256 + 3 * 256 + 6 * row_bytes : 64 * MiB;
+    fsdp_cuda_blas_set_stage_limit(tiny, t->limit);
+    t->matmuls = sim_lt_matmuls;
+    t->plans = fsdp_cuda_blas_plans_made(tiny);
+}
+
+/* The tiled product ran in 3 to 12 tiles (a remainder), made at most two
+ * plans, and staged within the limit; extra matmuls not of the tiling
+ * (the bias gradient) are subtracted. */
+static int tile_end(struct tile_run *t, int tiled, int extra, const char *what)
+{
+    int mm = sim_lt_matmuls - t->matmuls - extra;
+    unsigned long plans = fsdp_cuda_blas_plans_made(tiny) - t->plans;
+    size_t held = stage_held();
+    int ok = (tiled ? mm >= 3 && mm <= 12 && held > 0 : mm == 1) && plans <= 2 && held <= t->limit;
+    if (!ok) {
+        tap_diag("%s: %d products, %lu plans, %zu staging bytes (limit %zu)", what, mm, plans, held,
+                 t->limit);
+    }
+    return ok;
+}
+
+static int same_bytes(const char *what, const void *a, const void *b, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i++) {
+        if (((const unsigned char *)a)[i] != ((const unsigned char *)b)[i]) {
+            tap_diag("%s: byte %zu differs", what, i);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The forward, untiled (blas) and tiled (tiny), from the same operands:
+ * the same bytes (a tile's rows are the same products). */
+static int tiled_forward(size_t C, size_t OC, enum fsdp_dtype pt, enum fsdp_dtype it,
+                         enum fsdp_dtype ot, int with_bias, int res_mode)
+{
+    const size_t N = TILE_N, oes = ot == FSDP_F32 ? 4 : 2, ies = it == FSDP_F32 ? 4 : 2;
+    float *inp = rand_floats(N * C), *w = rand_floats(OC * C), *bias = rand_floats(OC);
+    float *res = rand_floats(N * OC);
+    uint16_t *i16 = malloc(2 * N * C + 2);
+    round_to(inp, N * C, it, i16);
+    void *d_w = up_param(w, OC * C, pt), *d_b = with_bias ? up_param(bias, OC, pt) : NULL;
+    void *d_inp = up(it == FSDP_F32 ? (void *)inp : (void *)i16, N * C * ies);
+    void *d_out[2], *d_res[2];
+    char *got[2] = {NULL, NULL};
+    int rc = 0, ok = 1;
+    for (int t = 0; t < 2; t++) {
+        d_out[t] = up(res, N * OC * oes);
+        d_res[t] = res_mode == RES_APART ? up(res, N * OC * 4) : NULL;
+        const float *r = res_mode == RES_IN_PLACE ? d_out[t] : d_res[t];
+        struct tile_run tr;
+        int cast = pt != FSDP_F32 && pt != it, widen = it != FSDP_F32 && pt != it;
+        size_t row = (cast ? 2 * C : 0) + (widen ? 4 * C : 0) + (ot != FSDP_F32 ? 4 * OC : 0);
+        tile_begin(&tr, pt != FSDP_F32 && with_bias ? 4 * OC : 0, row);
+        rc |= fsdp_cuda_matmul_forward(t ? blas : tiny, d_out[t], ot, d_inp, it, d_w, d_b, pt, r, N,
+                                       C, OC, dev->stream);
+        if (!t) {
+            ok = tile_end(&tr, row != 0, 0, "tiled forward");
+        }
+        got[t] = malloc(N * OC * oes);
+        down(got[t], d_out[t], N * OC * oes);
+    }
+    ok = ok && rc == 0 && same_bytes("tiled forward", got[0], got[1], N * OC * oes);
+    if (rc < 0) {
+        tap_diag("tiled forward C=%zu OC=%zu: %s", C, OC, fsdp_err_msg());
+    }
+    void *dbufs[] = {d_w, d_b, d_inp, d_out[0], d_out[1], d_res[0], d_res[1]};
+    drop_all(dbufs, COUNT(dbufs));
+    float *hbufs[] = {inp, w, bias, res, (float *)got[0], (float *)got[1], (float *)i16};
+    free_all(hbufs, COUNT(hbufs));
+    return ok;
+}
+
+static void test_tiled_forward(void)
+{
+    static const enum fsdp_dtype pts[] = {FSDP_F32, FSDP_BF16, FSDP_F16};
+    const enum fsdp_dtype F = FSDP_F32, H = FSDP_BF16;
+    for (int p = 0; p < 3; p++) {
+        for (int m = 0; m < 4; m++) {
+            enum fsdp_dtype it = m & 1 ? H : F, ot = m & 2 ? H : F;
+            int bad = 0, n = 0;
+            for (int v = 0; v < 6; v++) {
+                int with_bias = v & 1, res_mode = v / 2;
+                if (res_mode != RES_NONE && ot != F) {
+                    continue; /* refused: a residual writes f32 */
+                }
+                bad += !tiled_forward(33, 48, pts[p], it, ot, with_bias, res_mode);
+                bad += !tiled_forward(24, 25, pts[p], it, ot, with_bias, res_mode);
+                n += 2;
+            }
+            tap_ok(bad == 0,
+                   "tiled forward, %s weights, %s input, %s output: %d cases (bias, residual) the "
+                   "untiled bytes, in 3+ tiles with a remainder where it stages, within the "
+                   "staging limit (%d bad)",
+                   fsdp_dtype_name(pts[p]), fsdp_dtype_name(it), fsdp_dtype_name(ot), n, bad);
+        }
+    }
+}
+
+/* |tiled - untiled| of the weight gradient, each within the first-order
+ * bound of two f32 sums of the same N products split differently: each
+ * is within (N + 2 tiles) u S of the exact value (u = 2^-24; S = |dw0| +
+ * sum |alpha g x|: N - 1 additions in a sum, alpha's product and the add
+ * into dweight per tile), so they differ by at most 2 (N + 2 T + 2) u S. */
+static int dweight_close(const float *got, const float *want, const float *dw0, const float *dout,
+                         const float *x, size_t C, size_t OC, float alpha, int tiles)
+{
+    const size_t N = TILE_N;
+    for (size_t o = 0; o < OC; o++) {
+        for (size_t c = 0; c < C; c++) {
+            double S = fabs(dw0[o * C + c]);
+            for (size_t l = 0; l < N; l++) {
+                S += fabs((double)alpha * dout[l * OC + o] * x[l * C + c]);
+            }
+            double lim = 2.0 * (double)(N + 2 * tiles + 2) * ldexp(1.0, -24) * S;
+            double err = fabs((double)got[o * C + c] - want[o * C + c]);
+            if (!(err <= lim)) {
+                tap_diag("tiled dweight [%zu, %zu]: got %.9g, untiled %.9g (bound %.3g)", o, c,
+                         (double)got[o * C + c], (double)want[o * C + c], lim);
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* The backward, untiled (blas) and tiled (tiny), accumulating with alpha
+ * 0.5: dinp (its own call, tiled when pt is 16-bit) the same bytes,
+ * dweight (tiled for a bf16 input) within dweight_close, dbias the same. */
+static int tiled_backward(size_t C, size_t OC, enum fsdp_dtype pt, enum fsdp_dtype it)
+{
+    const size_t N = TILE_N, ies = it == FSDP_F32 ? 4 : 2;
+    float *inp = rand_floats(N * C), *w = rand_floats(OC * C), *dout = rand_floats(N * OC);
+    float *dinp0 = rand_floats(N * C), *dw0 = rand_floats(OC * C), *db0 = rand_floats(OC);
+    uint16_t *i16 = malloc(2 * N * C + 2);
+    round_to(inp, N * C, it, i16);
+    void *d_w = up_param(w, OC * C, pt),
+         *d_inp = up(it == FSDP_F32 ? (void *)inp : i16, N * C * ies);
+    float *d_dout = up(dout, N * OC * 4), *d_dx[2], *d_dw[2], *d_db[2];
+    float *g_dx[2], *g_dw[2], *g_db[2];
+    int rc = 0, ok = 1, tiles = 0;
+    for (int t = 0; t < 2; t++) {
+        struct fsdp_cuda_blas *h = t ? blas : tiny;
+        d_dx[t] = up(dinp0, N * C * 4), d_dw[t] = up(dw0, OC * C * 4), d_db[t] = up(db0, OC * 4);
+        struct tile_run tr;
+        tile_begin(&tr, 0, pt != FSDP_F32 ? 2 * OC : 0);
+        rc |= fsdp_cuda_matmul_backward(h, d_dx[t], NULL, NULL, d_dout, d_inp, it, d_w, pt, N, C,
+                                        OC, 0.5f, 1, dev->stream);
+        ok = ok && (t || tile_end(&tr, pt != FSDP_F32, 0, "tiled dinp"));
+        tile_begin(&tr, 0, it != FSDP_F32 ? 4 * C : 0);
+        rc |= fsdp_cuda_matmul_backward(h, NULL, d_dw[t], d_db[t], d_dout, d_inp, it, d_w, pt, N, C,
+                                        OC, 0.5f, 1, dev->stream);
+        tiles = t ? tiles : sim_lt_matmuls - tr.matmuls - 1;
+        ok = ok && (t || tile_end(&tr, it != FSDP_F32, 1, "tiled dweight"));
+        g_dx[t] = malloc(N * C * 4), g_dw[t] = malloc(OC * C * 4), g_db[t] = malloc(OC * 4);
+        down(g_dx[t], d_dx[t], N * C * 4);
+        down(g_dw[t], d_dw[t], OC * C * 4);
+        down(g_db[t], d_db[t], OC * 4);
+    }
+    ok = ok && rc == 0 && same_bytes("tiled dinp", g_dx[0], g_dx[1], N * C * 4) &&
+         dweight_close(g_dw[0], g_dw[1], dw0, dout, inp, C, OC, 0.5f, tiles) &&
+         same_bytes("tiled dbias", g_db[0], g_db[1], OC * 4);
+    if (rc < 0) {
+        tap_diag("tiled backward C=%zu OC=%zu: %s", C, OC, fsdp_err_msg());
+    }
+    void *dbufs[] = {d_w, d_inp, d_dout, d_dx[0], d_dx[1], d_dw[0], d_dw[1], d_db[0], d_db[1]};
+    drop_all(dbufs, COUNT(dbufs));
+    float *hbufs[] = {inp,     w,       dout,    dinp0,   dw0,     db0,    (float *)i16,
+                      g_dx[0], g_dx[1], g_dw[0], g_dw[1], g_db[0], g_db[1]};
+    free_all(hbufs, COUNT(hbufs));
+    return ok;
+}
+
+static void test_tiled_backward(void)
+{
+    static const enum fsdp_dtype pts[] = {FSDP_F32, FSDP_BF16, FSDP_F16};
+    for (int p = 0; p < 3; p++) {
+        for (int m = 0; m < 2; m++) {
+            enum fsdp_dtype it = m ? FSDP_BF16 : FSDP_F32;
+            int bad = !tiled_backward(33, 48, pts[p], it) + !tiled_backward(24, 25, pts[p], it);
+            tap_ok(bad == 0,
+                   "tiled backward, %s weights, %s input, accumulating: dinp%s and dbias the "
+                   "untiled bytes, dweight%s within f32 rounding of the split, within the staging "
+                   "limit (%d bad)",
+                   fsdp_dtype_name(pts[p]), fsdp_dtype_name(it),
+                   pts[p] != FSDP_F32 ? " in 3+ tiles" : "", m ? " in 3+ tiles" : "", bad);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // alignment, the plan cache, TF32, errors
 
 /* A weight and an input one element past an aligned start, as a weight
@@ -537,6 +765,51 @@ static void test_unaligned(void)
         float *hbufs[] = {inp, w, want, got};
         free_all(hbufs, COUNT(hbufs));
     }
+}
+
+/* An f32 bias 4 bytes off alignment (the BIAS epilogue reads it as it
+ * is): the heuristic reads the bias pointer's alignment, so it must be
+ * set before the heuristic is asked, and a plan made for an aligned bias
+ * must not serve a misaligned one. */
+static void test_bias_alignment(void)
+{
+    size_t N = 5, C = 20, OC = 36; /* a shape no other test uses */
+    float *inp = rand_floats(N * C), *w = rand_floats(OC * C), *bias = rand_floats(OC);
+    float *want = malloc(N * OC * 4), *got = malloc(N * OC * 4);
+    float *d_inp = up(inp, N * C * 4), *d_w = up(w, OC * C * 4), *d_out = up(NULL, N * OC * 4);
+    float *b_al = up(bias, OC * 4);
+    char *b_big = up(NULL, (OC + 1) * 4);
+    fsdp_device_write(dev, b_big + 4, bias, OC * 4);
+    const float *b_off = (const float *)(b_big + 4);
+    int refused = sim_lt_refused, ok[2];
+    fsdp_err_clear();
+    for (int t = 0; t < 2; t++) { /* N rows: misaligned first; N - 1: aligned, then misaligned */
+        size_t n = N - (size_t)t;
+        unsigned long made = fsdp_cuda_blas_plans_made(blas);
+        int rc = 0;
+        if (t) {
+            rc = fsdp_cuda_matmul_forward(blas, d_out, FSDP_F32, d_inp, FSDP_F32, d_w, b_al,
+                                          FSDP_F32, NULL, n, C, OC, dev->stream);
+        }
+        rc |= fsdp_cuda_matmul_forward(blas, d_out, FSDP_F32, d_inp, FSDP_F32, d_w, b_off, FSDP_F32,
+                                       NULL, n, C, OC, dev->stream);
+        down(got, d_out, n * OC * 4);
+        fsdp_cpu_matmul_forward(want, inp, w, bias, NULL, n, C, OC);
+        ok[t] = rc == 0 && sim_lt_refused == refused &&
+                fsdp_cuda_blas_plans_made(blas) == made + 1 + (unsigned long)t &&
+                close_to("misaligned bias", got, want, n * OC, 1e-5);
+        if (rc < 0) {
+            tap_diag("misaligned bias: %s", fsdp_err_msg());
+        }
+    }
+    tap_ok(ok[0], "a bias 4 bytes off alignment on a new shape: the heuristic sees its pointer, "
+                  "nothing refused, the CPU's result");
+    tap_ok(ok[1], "a bias 4 bytes off alignment after an aligned one of the same shape: a plan of "
+                  "its own, nothing refused, the CPU's result");
+    void *dbufs[] = {d_inp, d_w, d_out, b_al, b_big};
+    drop_all(dbufs, COUNT(dbufs));
+    float *hbufs[] = {inp, w, bias, want, got};
+    free_all(hbufs, COUNT(hbufs));
 }
 
 static void test_cache(void)
@@ -673,7 +946,14 @@ int main(void)
     test_forward();
     test_backward();
     test_act_dtypes();
+    if (!tap_ok(fsdp_cuda_blas_create(dev, &tiny) == 0, "a second handle, for tiles")) {
+        return tap_done();
+    }
+    test_tiled_forward();
+    test_tiled_backward();
+    fsdp_cuda_blas_destroy(tiny);
     test_unaligned();
+    test_bias_alignment();
     test_cache();
     tap_ok(sim_lt_refused == 0 && sim_bad_calls == 0 && kernel_bad == 0 && sim_legacy_uses == 0,
            "nothing refused (cuBLASLt calls %d, copies %d, kernels %d), nothing on the legacy "

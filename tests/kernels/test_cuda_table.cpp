@@ -658,6 +658,60 @@ static void wide_heads(void)
            "cuda table: heads 136 wide end the process with one line (%s)", msg);
 }
 
+/* matmul_forward with a residual and a bf16 output: the child stops with
+ * the line every table says; and the backward without dweight widens no
+ * bf16 input (only the weight gradient reads it, as on the CPU) */
+static void matmul_contract(void)
+{
+    int fds[2];
+    char msg[512] = "";
+    if (pipe(fds) != 0) {
+        tap_ok(0, "cuda table: a pipe for the matmul contract check");
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        float *x = randf(8, 1.0, 0.0);
+        emu.k->matmul_forward(&emu, x, FSDP_BF16, x, FSDP_F32, x, NULL, FSDP_F32, x, 2, 2, 2);
+        _exit(0);
+    }
+    close(fds[1]);
+    ssize_t got = read(fds[0], msg, sizeof(msg) - 1);
+    msg[got > 0 ? got : 0] = 0;
+    close(fds[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    int one = WIFEXITED(st) && WEXITSTATUS(st) == 1 &&
+              strstr(msg, "matmul_forward with a residual writes f32, not bf16") &&
+              strchr(msg, '\n') == msg + strlen(msg) - 1;
+    msg[strcspn(msg, "\n")] = 0;
+    tap_ok(one,
+           "cuda table: a residual with a bf16 output ends the process with the CPU table's "
+           "line (%s)",
+           msg);
+    const size_t N = 7, C = 33, OC = 20;
+    float *w = randf(OC * C, 1.0, 0.0), *dout = randf(N * OC, 1.0, 0.0);
+    uint16_t *i16 = (uint16_t *)calloc(N * C, 2);
+    pair dinp = mk(N * C);
+    if (emu.kstate) {
+        emu.k->kstate_free(&emu);
+    }
+    size_t before = emu.stats.bytes_now;
+    cpu.k->matmul_backward(&cpu, dinp.a, NULL, NULL, dout, i16, FSDP_BF16, w, FSDP_F32, N, C, OC,
+                           1.0f, 0);
+    emu.k->matmul_backward(&emu, dinp.b, NULL, NULL, dout, i16, FSDP_BF16, w, FSDP_F32, N, C, OC,
+                           1.0f, 0);
+    size_t grew = emu.stats.bytes_now - before;
+    tap_ok(agree("matmul_backward dinp alone (bf16 input)", dinp, 1) & (grew == 0),
+           "cuda table: the backward without dweight widens no bf16 input (%zu bytes of "
+           "workspace), dinp the CPU's",
+           grew);
+    rel(dinp);
+    free(w), free(dout), free(i16);
+}
+
 int main(void)
 {
     fsdp_cpu_device_init(&cpu, 0);
@@ -686,6 +740,7 @@ int main(void)
     tap_ok(losses(), "cuda table: cross-entropy whole and by slices, the combination, loss rows");
     tap_ok(optimizer(), "cuda table: AdamW");
     wide_heads();
+    matmul_contract();
     /* the emulated table's workspaces go with its state */
     if (emu.kstate) {
         emu.k->kstate_free(&emu);

@@ -858,6 +858,59 @@ static void test_act_norms(const char *name)
     fsdp_device_destroy(d);
 }
 
+// ----------------------------------------------------------------------------
+// the matmul contract and its out-of-memory line, in a child
+
+struct mm_call {
+    struct fsdp_device *d;
+    size_t N;
+    int residual; /* 1: a residual with a bf16 output; 0: a bf16 output too large for memory */
+};
+
+static void mm_call_run(void *arg)
+{
+    const struct mm_call *c = arg;
+    static float buf[64];
+    c->d->k->matmul_forward(c->d, buf, FSDP_BF16, buf, FSDP_F32, buf, NULL, FSDP_F32,
+                            c->residual ? buf : NULL, c->N, 1, 4);
+}
+
+/* Whether the child stopped with one line holding want. */
+static int mm_stops(struct fsdp_device *d, size_t N, int residual, const char *want)
+{
+    char msg[1024];
+    struct mm_call c = {d, N, residual};
+    child_signal(mm_call_run, &c, msg, sizeof(msg));
+    char *nl = strchr(msg, '\n');
+    int ok = strstr(msg, want) && nl && nl[1] == '\0';
+    if (!ok) {
+        tap_diag("child said: %s", msg);
+    }
+    return ok;
+}
+
+static void test_matmul_contract(const char *name)
+{
+    struct fsdp_device *d = NULL;
+    if (fsdp_device_create(name, 0, &d) < 0) {
+        tap_ok(0, "%s: created for the matmul contract", name);
+        return;
+    }
+    tap_ok(mm_stops(d, 2, 1, "matmul_forward with a residual writes f32, not bf16; round the sum"),
+           "%s: matmul_forward with a residual and a bf16 output ends the job in one line, as "
+           "on the cuda tables",
+           name);
+    if (strcmp(name, "cpu") == 0) { /* 2^46 rows of 4: 2^50 bytes to round, past any host */
+        tap_ok(mm_stops(d, (size_t)1 << 46, 0,
+                        "no host memory to round a bf16 output for a matmul (281474976710656 "
+                        "f32 values"),
+               "%s: a bf16 output with no host memory to round it: one line saying so "
+               "(not widening an activation)",
+               name);
+    }
+    fsdp_device_destroy(d);
+}
+
 int main(void)
 {
     /* the guarded device's reservation, small for the test */
@@ -874,6 +927,8 @@ int main(void)
     test_act_attention("guarded");
     test_act_norms("cpu");
     test_act_norms("guarded");
+    test_matmul_contract("cpu");
+    test_matmul_contract("guarded");
     struct fsdp_device *d = NULL;
     int rc = fsdp_device_create("gpu9", 0, &d);
     tap_ok(rc < 0 && strstr(fsdp_err_msg(), "(devices: cpu, guarded)"),

@@ -32,14 +32,31 @@
  * nearest even into out by a cast kernel: never a bf16 D, so the result
  * is the f32 product's rounded as on the CPU, whatever the epilogue.
  *
+ * Staging is bounded: at most BLAS_STAGE_LIMIT bytes (64 MiB; a test
+ * lowers it with fsdp_cuda_blas_set_stage_limit), whatever the product.
+ * A product that would stage more runs in tiles of rows of N, each
+ * staged in turn into the same buffer: in the forward and dinp a tile of
+ * rows is a contiguous block of inp (dout) and of out (dinp), a product
+ * of its own (bias and residual per tile, the entry's beta on each, as
+ * the tiles are disjoint); in the weight gradient N is the reduction
+ * dimension, so the tiles' products add into dweight in row order (beta
+ * 1 on each, as dweight accumulates). Tiles of 256 rows or more are a
+ * multiple of 256 rows; a smaller tile's plan is told the alignment
+ * every tile keeps (its first pointer's and the step's, the lesser), so
+ * a tiled product makes at most two plans (full tile and remainder). The
+ * bound holds while one row fits (6 C + 4 OC bytes and a widened bias):
+ * a tile is never under one row.
+ *
  * A plan (descriptor, layouts, algorithm) is made once per key: shape,
  * transposes, leading dimensions, types, epilogue, compute type, and the
- * pointers' alignments (the heuristic is told them, as an algorithm may
- * need 16-byte aligned operands and a weight inside a gathered unit need
- * not be). The cache holds BLAS_PLANS, least recently used out first.
- * Staging, the ones vector and the workspace come from the device's
- * allocator, grown on first use of a larger shape and never in a step
- * that repeats a shape.
+ * pointers' alignments, the bias's included (the heuristic is told them:
+ * the operands' as preferences, the bias's by its pointer, set on the
+ * descriptor before the heuristic is asked, as cublasLt.h says it reads
+ * it; an algorithm may need 16-byte aligned operands and a weight inside
+ * a gathered unit need not be). The cache holds BLAS_PLANS, least
+ * recently used out first. Staging, the ones vector and the workspace
+ * come from the device's allocator, grown on first use of a larger shape
+ * and never in a step that repeats a shape.
  */
 #include "config.h"
 #include "compute/cuda/matmul_cuda.h"
@@ -57,12 +74,13 @@
 #define BLAS_PLANS 32
 #define BLAS_WORKSPACE ((size_t)32 << 20)
 #define BLAS_ALIGN 256
+#define BLAS_STAGE_LIMIT ((size_t)64 << 20)
 
 struct blas_key {
     uint64_t m, n, k;
     int64_t lda, ldb, ldc;
     int32_t ta, tb, at, bt, epilogue, compute;
-    uint32_t align[4]; /* A, B, C, D */
+    uint32_t align[5]; /* A, B, C, D, bias */
 };
 
 struct blas_plan {
@@ -79,6 +97,7 @@ struct fsdp_cuda_blas {
     void *workspace; /* BLAS_WORKSPACE bytes */
     void *stage;     /* 16-bit operand copies and a widened bias */
     size_t stage_bytes;
+    size_t stage_limit; /* the most stage_bytes grows to (while one row fits) */
     float *ones; /* (ones_n) of 1.0f */
     size_t ones_n;
     int tf32;
@@ -99,6 +118,7 @@ struct blas_gemm {
     float alpha, beta;
     const float *bias; /* (m) or NULL */
     int exact;         /* never TF32 */
+    size_t step[4];    /* bytes from a tile's A, B, C, D to the next tile's (0: the same) */
 };
 
 // ----------------------------------------------------------------------------
@@ -187,6 +207,7 @@ int fsdp_cuda_blas_create(struct fsdp_device *d, struct fsdp_cuda_blas **out)
         return fsdp_err(FSDP_ERR_NOMEM, "cuda matmul: handle");
     }
     b->d = d;
+    b->stage_limit = BLAS_STAGE_LIMIT;
     cublasStatus_t st = cublasLtCreate(&b->lt);
     if (st != CUBLAS_STATUS_SUCCESS) {
         int rc = blas_fail(b, "cublasLtCreate", st);
@@ -250,6 +271,16 @@ unsigned long fsdp_cuda_blas_plans_made(const struct fsdp_cuda_blas *b)
     return b->made;
 }
 
+void fsdp_cuda_blas_set_stage_limit(struct fsdp_cuda_blas *b, size_t bytes)
+{
+    b->stage_limit = bytes ? bytes : BLAS_STAGE_LIMIT;
+    if (b->stage && b->stage_bytes > b->stage_limit) {
+        b->d->ops->free(b->d, b->stage);
+        b->stage = NULL;
+        b->stage_bytes = 0;
+    }
+}
+
 // ----------------------------------------------------------------------------
 // plans
 
@@ -281,15 +312,19 @@ static struct blas_key blas_key_of(const struct fsdp_cuda_blas *b, const struct 
     k.epilogue = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     int tf32 = b->tf32 && !g->exact && g->at == CUDA_R_32F && g->bt == CUDA_R_32F;
     k.compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    k.align[0] = blas_alignment(g->A);
-    k.align[1] = blas_alignment(g->B);
-    k.align[2] = blas_alignment(g->C ? (const void *)g->C : (const void *)g->D);
-    k.align[3] = blas_alignment(g->D);
+    const void *ops[4] = {g->A, g->B, g->C ? (const void *)g->C : (const void *)g->D, g->D};
+    for (int i = 0; i < 4; i++) { /* what every tile keeps */
+        uint32_t a = blas_alignment(ops[i]), s = blas_alignment((const void *)g->step[i]);
+        k.align[i] = g->step[i] && s < a ? s : a;
+    }
+    k.align[4] = g->bias ? blas_alignment(g->bias) : 0;
     return k;
 }
 
-/* The descriptor and layouts of key (column-major, as stored). */
-static int blas_plan_describe(struct fsdp_cuda_blas *b, struct blas_plan *p)
+/* The descriptor and layouts of key (column-major, as stored); with the
+ * BIAS epilogue the bias pointer too, as the heuristic reads its
+ * alignment. */
+static int blas_plan_describe(struct fsdp_cuda_blas *b, struct blas_plan *p, const void *bias)
 {
     const struct blas_key *k = &p->key;
     int32_t ta = k->ta, tb = k->tb;
@@ -301,6 +336,10 @@ static int blas_plan_describe(struct fsdp_cuda_blas *b, struct blas_plan *p)
            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     LT_TRY(b, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                              sizeof(epi)));
+    if (bias) {
+        LT_TRY(b, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                 sizeof(bias)));
+    }
     uint64_t ar = ta == CUBLAS_OP_N ? k->m : k->k, ac = ta == CUBLAS_OP_N ? k->k : k->m;
     uint64_t br = tb == CUBLAS_OP_N ? k->k : k->n, bc = tb == CUBLAS_OP_N ? k->n : k->k;
     LT_TRY(b, cublasLtMatrixLayoutCreate(&p->a, (cudaDataType)k->at, ar, ac, k->lda));
@@ -347,7 +386,7 @@ static int blas_plan_choose(struct fsdp_cuda_blas *b, struct blas_plan *p)
 
 /* The cached plan of key, made (in the least recently used slot) when
  * there is none. */
-static int blas_plan_get(struct fsdp_cuda_blas *b, const struct blas_key *key,
+static int blas_plan_get(struct fsdp_cuda_blas *b, const struct blas_key *key, const void *bias,
                          struct blas_plan **out)
 {
     struct blas_plan *victim = &b->plans[0];
@@ -364,7 +403,7 @@ static int blas_plan_get(struct fsdp_cuda_blas *b, const struct blas_key *key,
     }
     blas_plan_clear(victim);
     victim->key = *key;
-    int rc = blas_plan_describe(b, victim);
+    int rc = blas_plan_describe(b, victim, bias);
     if (rc == 0) {
         rc = blas_plan_choose(b, victim);
     }
@@ -385,7 +424,7 @@ static int blas_run(struct fsdp_cuda_blas *b, const struct blas_gemm *g, void *s
 {
     struct blas_key key = blas_key_of(b, g);
     struct blas_plan *p;
-    FSDP_CHECK(blas_plan_get(b, &key, &p));
+    FSDP_CHECK(blas_plan_get(b, &key, g->bias, &p));
     if (g->bias) {
         const void *bias = g->bias;
         LT_TRY(b, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
@@ -434,43 +473,119 @@ static int blas_check_act(const struct fsdp_cuda_blas *b, enum fsdp_dtype at)
     return 0;
 }
 
-/*
- * The forward's operands in staging, laid out as [16-bit input | f32 bias
- * | f32 input | f32 output], each part present only when needed: the
- * input as the product reads it (*x: inp itself, widened, or cast to pt),
- * the bias widened, and *y the f32 D a bf16 output is rounded from.
- */
-static int blas_forward_stage(struct fsdp_cuda_blas *b, const void **x, const float **bias32,
-                              float **y, enum fsdp_dtype ot, const void *inp, enum fsdp_dtype it,
-                              const void *bias, enum fsdp_dtype pt, size_t N, size_t C, size_t OC,
-                              void *stream)
+/* Rows per tile: all N when they stage within the limit, else as many as
+ * fit beside fixed bytes at row_bytes a row (each of up to three parts
+ * rounded to BLAS_ALIGN), a multiple of 256 when 256 or more fit; at
+ * least one. */
+static size_t blas_tile_rows(const struct fsdp_cuda_blas *b, size_t N, size_t fixed,
+                             size_t row_bytes)
 {
-    int cast = pt != FSDP_F32 && pt != it, widen = it != FSDP_F32 && pt != it;
-    size_t o16 = 0, ob = o16 + (cast ? blas_round(N * C * 2) : 0);
-    size_t ox = ob + (pt != FSDP_F32 && bias ? blas_round(OC * 4) : 0);
-    size_t oy = ox + (widen ? blas_round(N * C * 4) : 0);
-    size_t need = oy + (ot != FSDP_F32 ? N * OC * 4 : 0);
-    *x = inp;
-    *y = NULL;
-    if (need == 0) {
-        return 0;
+    size_t slack = fixed + 3 * BLAS_ALIGN;
+    if (row_bytes == 0 || fixed + N * row_bytes <= b->stage_limit) {
+        return N;
     }
-    FSDP_CHECK(blas_grow(b, &b->stage, &b->stage_bytes, need, "cuda matmul staging"));
-    char *st = b->stage;
-    if (widen) { /* bf16 activations, f32 or f16 weights */
-        blas_widen((float *)(st + ox), inp, N * C, it, stream);
-        *x = st + ox;
+    size_t rows = b->stage_limit > slack ? (b->stage_limit - slack) / row_bytes : 0;
+    if (rows >= N) {
+        return N;
     }
-    if (cast) { /* 16-bit weights, an f32 (or widened) input */
-        blas_narrow(st + o16, (const float *)*x, N * C, pt, stream);
-        *x = st + o16;
+    if (rows >= BLAS_ALIGN) {
+        rows -= rows % BLAS_ALIGN;
     }
-    if (pt != FSDP_F32 && bias) {
-        *bias32 = (const float *)(st + ob);
-        blas_widen((float *)*bias32, bias, OC, pt, stream);
+    return rows ? rows : 1;
+}
+
+/*
+ * What the forward stages and where, for tiles of rows rows: [f32 bias |
+ * 16-bit input | f32 input | f32 output], each part present only when
+ * needed: the bias widened (16-bit weights), the input cast to pt (16-bit
+ * weights, an input of another dtype), widened (a bf16 input, weights not
+ * bf16), and y the f32 D a bf16 output is rounded from.
+ */
+struct blas_fwd_stage {
+    int cast, widen, y;
+    size_t rows, ob, o16, ox, oy, need;
+};
+
+static void blas_fwd_layout(const struct fsdp_cuda_blas *b, struct blas_fwd_stage *s,
+                            enum fsdp_dtype ot, enum fsdp_dtype it, int bias, enum fsdp_dtype pt,
+                            size_t N, size_t C, size_t OC)
+{
+    s->cast = pt != FSDP_F32 && pt != it;
+    s->widen = it != FSDP_F32 && pt != it;
+    s->y = ot != FSDP_F32;
+    size_t fixed = pt != FSDP_F32 && bias ? blas_round(OC * 4) : 0;
+    size_t row = (s->cast ? C * 2 : 0) + (s->widen ? C * 4 : 0) + (s->y ? OC * 4 : 0);
+    s->rows = blas_tile_rows(b, N, fixed, row);
+    s->ob = 0;
+    s->o16 = fixed;
+    s->ox = s->o16 + (s->cast ? blas_round(s->rows * C * 2) : 0);
+    s->oy = s->ox + (s->widen ? blas_round(s->rows * C * 4) : 0);
+    s->need = s->oy + (s->y ? s->rows * OC * 4 : 0);
+}
+
+/* A tile's input (n values of it) as the product reads it: itself, or
+ * widened and/or cast in staging. */
+static const void *blas_fwd_input(const struct blas_fwd_stage *s, char *st, const void *x,
+                                  enum fsdp_dtype it, enum fsdp_dtype pt, size_t n, void *stream)
+{
+    if (s->widen) { /* bf16 activations, f32 or f16 weights */
+        blas_widen((float *)(st + s->ox), x, n, it, stream);
+        x = st + s->ox;
     }
-    if (ot != FSDP_F32) {
-        *y = (float *)(st + oy);
+    if (s->cast) { /* 16-bit weights, an f32 (or widened) input */
+        blas_narrow(st + s->o16, (const float *)x, n, pt, stream);
+        x = st + s->o16;
+    }
+    return x;
+}
+
+/* The forward's operands that stay put across tiles (weight, the bias as
+ * D's type), and the layout. */
+struct blas_fwd {
+    struct blas_fwd_stage s;
+    char *st;
+    const void *weight;
+    const float *bias32;
+    enum fsdp_dtype ot, it, pt;
+    size_t C, OC;
+};
+
+/* Rows [r, r + n) of out: one product (bias and residual per tile). */
+static int blas_fwd_tile(struct fsdp_cuda_blas *b, const struct blas_fwd *f, void *out,
+                         const void *inp, const float *residual, size_t r, size_t n, int tiled,
+                         void *stream)
+{
+    size_t C = f->C, OC = f->OC, ies = f->it == FSDP_F32 ? 4 : 2, oes = f->ot == FSDP_F32 ? 4 : 2;
+    const char *xin = (const char *)inp + r * C * ies;
+    char *o = (char *)out + r * OC * oes;
+    const void *x = blas_fwd_input(&f->s, f->st, xin, f->it, f->pt, n * C, stream);
+    float *y = f->s.y ? (float *)(f->st + f->s.oy) : (float *)o;
+    size_t sx = tiled && x == xin ? f->s.rows * C * ies : 0,
+           sy = tiled && !f->s.y ? f->s.rows * OC * 4 : 0;
+    size_t sr = tiled && residual ? f->s.rows * OC * 4 : sy;
+    struct blas_gemm g = {
+        .ta = CUBLAS_OP_T,
+        .tb = CUBLAS_OP_N,
+        .m = OC,
+        .n = n,
+        .k = C,
+        .A = f->weight,
+        .at = blas_type(f->pt),
+        .lda = (int64_t)C,
+        .B = x,
+        .bt = blas_type(f->pt),
+        .ldb = (int64_t)C,
+        .C = residual ? residual + r * OC : NULL,
+        .D = y,
+        .ldc = (int64_t)OC,
+        .alpha = 1.0f,
+        .beta = residual ? 1.0f : 0.0f,
+        .bias = f->bias32,
+        .step = {0, sx, sr, sy},
+    };
+    FSDP_CHECK(blas_run(b, &g, stream));
+    if (f->s.y) { /* the f32 result rounded to nearest even */
+        fsdp_cuda_f32_to_bf16((uint16_t *)o, y, n * OC, stream);
     }
     return 0;
 }
@@ -493,66 +608,106 @@ int fsdp_cuda_matmul_forward(struct fsdp_cuda_blas *b, void *out, enum fsdp_dtyp
     if (N == 0) {
         return 0;
     }
-    const void *x;
-    const float *bias32 = bias;
-    float *y;
-    FSDP_CHECK(blas_forward_stage(b, &x, &bias32, &y, ot, inp, it, bias, pt, N, C, OC, stream));
-    struct blas_gemm g = {
-        .ta = CUBLAS_OP_T,
-        .tb = CUBLAS_OP_N,
-        .m = OC,
-        .n = N,
-        .k = C,
-        .A = weight,
-        .at = blas_type(pt),
-        .lda = (int64_t)C,
-        .B = x,
-        .bt = blas_type(pt),
-        .ldb = (int64_t)C,
-        .C = residual,
-        .D = y ? y : (float *)out,
-        .ldc = (int64_t)OC,
-        .alpha = 1.0f,
-        .beta = residual ? 1.0f : 0.0f,
-        .bias = bias32,
-    };
-    FSDP_CHECK(blas_run(b, &g, stream));
-    if (y) { /* the f32 result rounded to nearest even */
-        fsdp_cuda_f32_to_bf16(out, y, N * OC, stream);
+    struct blas_fwd f = {
+        .weight = weight, .bias32 = bias, .ot = ot, .it = it, .pt = pt, .C = C, .OC = OC};
+    blas_fwd_layout(b, &f.s, ot, it, bias != NULL, pt, N, C, OC);
+    if (f.s.need) {
+        FSDP_CHECK(blas_grow(b, &b->stage, &b->stage_bytes, f.s.need, "cuda matmul staging"));
+        f.st = b->stage;
+    }
+    if (pt != FSDP_F32 && bias) { /* D's type, widened once for every tile */
+        f.bias32 = (const float *)(f.st + f.s.ob);
+        blas_widen((float *)f.bias32, bias, OC, pt, stream);
+    }
+    for (size_t r = 0; r < N; r += f.s.rows) {
+        size_t n = N - r < f.s.rows ? N - r : f.s.rows;
+        FSDP_CHECK(blas_fwd_tile(b, &f, out, inp, residual, r, n, f.s.rows < N, stream));
     }
     return 0;
 }
 
-/* dinp = alpha dout @ W (+ dinp), with dout rounded to pt when pt is 16-bit. */
+/* dinp = alpha dout @ W (+ dinp), with dout rounded to pt when pt is
+ * 16-bit: in tiles of rows when that staging would pass the limit. */
 static int blas_dinp(struct fsdp_cuda_blas *b, float *dinp, const float *dout, const void *weight,
                      enum fsdp_dtype pt, size_t N, size_t C, size_t OC, float alpha, int accumulate,
                      void *stream)
 {
-    const void *g16 = dout;
+    size_t rows = pt == FSDP_F32 ? N : blas_tile_rows(b, N, 0, OC * 2);
     if (pt != FSDP_F32) {
-        FSDP_CHECK(blas_grow(b, &b->stage, &b->stage_bytes, blas_round(N * OC * 2),
+        FSDP_CHECK(blas_grow(b, &b->stage, &b->stage_bytes, blas_round(rows * OC * 2),
                              "cuda matmul staging"));
-        blas_narrow(b->stage, dout, N * OC, pt, stream);
-        g16 = b->stage;
     }
-    struct blas_gemm g = {
-        .ta = CUBLAS_OP_N,
-        .tb = CUBLAS_OP_N,
-        .m = C,
-        .n = N,
-        .k = OC,
-        .A = weight,
-        .at = blas_type(pt),
-        .lda = (int64_t)C,
-        .B = g16,
-        .bt = blas_type(pt),
-        .ldb = (int64_t)OC,
-        .D = dinp,
-        .ldc = (int64_t)C,
-        .alpha = alpha,
-        .beta = accumulate ? 1.0f : 0.0f,
-    };
-    return blas_run(b, &g, stream);
+    size_t sd = rows < N ? rows * C * 4 : 0;
+    for (size_t r = 0; r < N; r += rows) {
+        size_t n = N - r < rows ? N - r : rows;
+        const void *g16 = dout + r * OC;
+        if (pt != FSDP_F32) {
+            blas_narrow(b->stage, dout + r * OC, n * OC, pt, stream);
+            g16 = b->stage;
+        }
+        struct blas_gemm g = {
+            .ta = CUBLAS_OP_N,
+            .tb = CUBLAS_OP_N,
+            .m = C,
+            .n = n,
+            .k = OC,
+            .A = weight,
+            .at = blas_type(pt),
+            .lda = (int64_t)C,
+            .B = g16,
+            .bt = blas_type(pt),
+            .ldb = (int64_t)OC,
+            .D = dinp + r * C,
+            .ldc = (int64_t)C,
+            .alpha = alpha,
+            .beta = accumulate ? 1.0f : 0.0f, /* the tiles are disjoint rows */
+            .step = {0, 0, sd, sd},
+        };
+        FSDP_CHECK(blas_run(b, &g, stream));
+    }
+    return 0;
+}
+
+/* dweight += alpha inp^T dout, a bf16 inp widened exactly (the weight
+ * gradient stays f32) in tiles of rows when that would pass the limit:
+ * N is the reduction, so each tile's product adds into dweight in order. */
+static int blas_dweight(struct fsdp_cuda_blas *b, float *dweight, const float *dout,
+                        const void *inp, enum fsdp_dtype it, size_t N, size_t C, size_t OC,
+                        float alpha, void *stream)
+{
+    size_t rows = it == FSDP_F32 ? N : blas_tile_rows(b, N, 0, C * 4);
+    if (it != FSDP_F32) {
+        FSDP_CHECK(blas_grow(b, &b->stage, &b->stage_bytes, rows * C * 4, "cuda matmul staging"));
+    }
+    size_t sb = rows < N ? rows * OC * 4 : 0;
+    for (size_t r = 0; r < N; r += rows) {
+        size_t n = N - r < rows ? N - r : rows;
+        const void *x = (const float *)inp + r * C;
+        if (it != FSDP_F32) {
+            blas_widen(b->stage, (const uint16_t *)inp + r * C, n * C, it, stream);
+            x = b->stage;
+        }
+        struct blas_gemm g = {
+            .ta = CUBLAS_OP_N,
+            .tb = CUBLAS_OP_T,
+            .m = C,
+            .n = OC,
+            .k = n,
+            .A = x,
+            .at = CUDA_R_32F,
+            .lda = (int64_t)C,
+            .B = dout + r * OC,
+            .bt = CUDA_R_32F,
+            .ldb = (int64_t)OC,
+            .D = dweight,
+            .ldc = (int64_t)C,
+            .alpha = alpha,
+            .beta = 1.0f, /* dweight accumulates, and each later tile adds to it */
+            .step = {0, sb, 0, 0},
+        };
+        FSDP_CHECK(blas_run(b, &g, stream));
+    }
+    return 0;
 }
 
 int fsdp_cuda_matmul_backward(struct fsdp_cuda_blas *b, float *dinp, float *dweight, float *dbias,
@@ -570,29 +725,7 @@ int fsdp_cuda_matmul_backward(struct fsdp_cuda_blas *b, float *dinp, float *dwei
         FSDP_CHECK(blas_dinp(b, dinp, dout, weight, pt, N, C, OC, alpha, accumulate_dinp, stream));
     }
     if (dweight) {
-        if (it != FSDP_F32) { /* widened exactly: the weight gradient stays f32 */
-            FSDP_CHECK(blas_grow(b, &b->stage, &b->stage_bytes, N * C * 4, "cuda matmul staging"));
-            blas_widen(b->stage, inp, N * C, it, stream);
-            inp = b->stage;
-        }
-        struct blas_gemm g = {
-            .ta = CUBLAS_OP_N,
-            .tb = CUBLAS_OP_T,
-            .m = C,
-            .n = OC,
-            .k = N,
-            .A = inp,
-            .at = CUDA_R_32F,
-            .lda = (int64_t)C,
-            .B = dout,
-            .bt = CUDA_R_32F,
-            .ldb = (int64_t)OC,
-            .D = dweight,
-            .ldc = (int64_t)C,
-            .alpha = alpha,
-            .beta = 1.0f,
-        };
-        FSDP_CHECK(blas_run(b, &g, stream));
+        FSDP_CHECK(blas_dweight(b, dweight, dout, inp, it, N, C, OC, alpha, stream));
     }
     if (dbias) {
         FSDP_CHECK(blas_ones(b, N, stream));

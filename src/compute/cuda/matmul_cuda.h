@@ -33,17 +33,20 @@
 #include <stddef.h>
 
 /* A cuBLASLt handle, its workspace and staging buffers (device memory
- * from d, named), and the cached plans: one per (shape, types, epilogue,
- * pointer alignments), made on first use; a later call of the same
- * shape allocates nothing. One per device, not for concurrent use: calls
- * on different streams must be ordered by the caller, as they share the
- * staging buffer. */
+ * from d, named; the staging bounded, 64 MiB), and the cached plans: one per (shape, types,
+ * epilogue, pointer alignments), made on first use; a later call of the same shape allocates
+ * nothing. One per device, not for concurrent use: calls on different streams must be ordered by
+ * the caller, as they share the staging buffer. */
 struct fsdp_cuda_blas;
 
 int fsdp_cuda_blas_create(struct fsdp_device *d, struct fsdp_cuda_blas **out);
 void fsdp_cuda_blas_destroy(struct fsdp_cuda_blas *b);
 /* Plans made so far (heuristic queries), for tests and logs. */
 unsigned long fsdp_cuda_blas_plans_made(const struct fsdp_cuda_blas *b);
+/* The most bytes of staging the products take (0: the default, 64 MiB);
+ * a product that would stage more runs in tiles of rows (matmul_cuda.c).
+ * A staging buffer already larger is freed. For tests. */
+void fsdp_cuda_blas_set_stage_limit(struct fsdp_cuda_blas *b, size_t bytes);
 
 int fsdp_cuda_matmul_forward(struct fsdp_cuda_blas *b, /* the device's */
                              void *out,                /* (N, OC) of ot */

@@ -64,6 +64,15 @@ static void ks_die(struct fsdp_device *d, const char *what, size_t bytes)
                d->ops->name, d->index, what, bytes, free_b, total_b);
 }
 
+#if defined(__CUDACC__)
+/* A library call that failed (its error names the call and status, or
+ * the memory it could not get). */
+static void ks_fail(struct fsdp_device *d, const char *what)
+{
+    fsdp_fatal("device %s:%d: %s: %s", d->ops->name, d->index, what, fsdp_err_msg());
+}
+#endif
+
 static struct cuda_ks *ks_of(struct fsdp_device *d)
 {
     if (!d->kstate) {
@@ -224,6 +233,7 @@ static void c_matmul_forward(struct fsdp_device *d, void *out, enum fsdp_dtype o
                              enum fsdp_dtype pt, const float *residual, size_t N, size_t C,
                              size_t OC)
 {
+    fsdp_device_check_matmul(d, ot, residual);
 #if defined(__CUDACC__)
     struct cuda_ks *k = ks_of(d);
     if (!k->blas && fsdp_cuda_blas_create(d, &k->blas) < 0) {
@@ -231,7 +241,7 @@ static void c_matmul_forward(struct fsdp_device *d, void *out, enum fsdp_dtype o
     }
     if (fsdp_cuda_matmul_forward(k->blas, out, ot, inp, it, weight, bias, pt, residual, N, C, OC,
                                  d->stream) < 0) {
-        ks_die(d, "matmul", 0);
+        ks_fail(d, "matmul_forward");
     }
 #else
     const float *w, *b, *x = (const float *)inp;
@@ -262,11 +272,12 @@ static void c_matmul_backward(struct fsdp_device *d, float *dinp, float *dweight
     }
     if (fsdp_cuda_matmul_backward(k->blas, dinp, dweight, dbias, dout, inp, it, weight, pt, N, C,
                                   OC, alpha, accumulate_dinp, d->stream) < 0) {
-        ks_die(d, "matmul", 0);
+        ks_fail(d, "matmul_backward");
     }
 #else
-    const float *w, *x = (const float *)inp;
-    size_t pn = pt == FSDP_F32 || !dinp ? 0 : OC * C, xn = it == FSDP_F32 ? 0 : N * C;
+    /* the input is read by the weight gradient alone (as on the CPU) */
+    const float *w, *x = dweight ? (const float *)inp : NULL;
+    size_t pn = pt == FSDP_F32 || !dinp ? 0 : OC * C, xn = it == FSDP_F32 || !dweight ? 0 : N * C;
     float *ws = xn ? ks_mm_acts(d, pn, xn, 0) : NULL;
     ks_params(d, pt, weight, dinp ? OC * C : 0, &w, NULL, 0, NULL);
     if (xn) {
