@@ -55,7 +55,8 @@ static void llama_layout_block(const struct fsdp_llama *m, struct fsdp_llama_blo
  * qkv (RoPE rotates the product in place before it is stored; it shares
  * gate's buffer: stored before gate is used), gate and up (their
  * gradients, in the backward), res2 (the f32 residual of the MLP's
- * product) and, with sequence parallelism, rms1 and rms2 (their rows are
+ * product without tensor parallelism, the attention's reduce-scatter target
+ * with sequence parallelism) and, with sequence parallelism, rms1 and rms2 (their rows are
  * all-gathered in f32).
  */
 static void llama_layout_work(const struct fsdp_llama *m, struct fsdp_llama_block_acts *w,
@@ -67,7 +68,9 @@ static void llama_layout_work(const struct fsdp_llama *m, struct fsdp_llama_bloc
     w->gate = fsdp_lm_take(base, off, BT * (Q > F ? Q : F));
     w->qkv = w->gate;
     w->up = fsdp_lm_take(base, off, BT * F);
-    w->res2 = fsdp_lm_take(base, off, BR * C);
+    if (!m->lm.tp || m->lm.sp) {
+        w->res2 = fsdp_lm_take(base, off, BR * C);
+    }
     if (m->lm.sp) {
         w->rms1 = fsdp_lm_take(base, off, BR * C);
         w->rms2 = fsdp_lm_take(base, off, BR * C);

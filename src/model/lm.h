@@ -244,9 +244,11 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n);
  * the residual, which every rank holds, are added. The partial sums go
  * through dbtc, which no forward uses otherwise. out and residual have the
  * rows held here. With bf16 activations st (not NULL) is out's store,
- * written rounded and widened back into out (the residual add writes it,
- * with tensor parallelism); rst (not NULL) is residual's store, which the
- * residual add then reads (residual holds its widened values).
+ * written rounded: without tensor parallelism after the product into out,
+ * which holds the f32 values; with it by the residual add, and out is only
+ * the reduce-scatter's target (sequence parallelism; else unused, may be
+ * NULL). rst (not NULL) is residual's store, which the residual add then
+ * reads (residual holds its widened values).
  */
 int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const void *inp,
                          enum fsdp_dtype it, const void *w, const void *bias, enum fsdp_dtype pt,

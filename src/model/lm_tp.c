@@ -86,8 +86,9 @@ int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const voi
     } else {
         FSDP_CHECK(fsdp_tp_reduce_out_forward(lm->tp, part, BT * C));
     }
+    /* the sum goes to the store where there is one: nothing reads out's f32 copy after (it was the
+     * reduce-scatter's target with sequence parallelism) */
     lm->k->bias_residual_forward(lm->dev, fsdp_lm_act(out, st), part, bias, pt, res, at, rt, BR, C);
-    fsdp_lm_act_widen(lm, out, st, BR * C);
     return 0;
 }
 
