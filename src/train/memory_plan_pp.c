@@ -139,6 +139,7 @@ int fsdp_train_plan_pp(const struct fsdp_model_spec *spec, const struct fsdp_tra
                          : fsdp_pp_chunk_holds_of((enum fsdp_pp_kind)c->pp_schedule, P, out->V,
                                                   out->M, r, most);
     rc = n < 0 ? n : rc;
+    out->sets = n;
     rc = rc < 0 ? rc : plan_chunks(p, dev, &s2, first, most, out);
     free(most);
     if (rc == 0 && tied && (r == 0 || r == P - 1)) {
