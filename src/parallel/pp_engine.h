@@ -42,8 +42,9 @@
  * batch (join) is a shadow step of the whole pipeline: the stages run
  * their tables with the sharding engine's shadow passes and no boundary
  * messages (pp_step checks that the pipeline's stages agree). With
- * FSDPC_LOG=fsdp=debug each rank logs the order its passes ran in and the
- * most inputs it held, one line per step. Opens no file, reads no data.
+ * FSDPC_LOG=fsdp=debug each rank logs, per step, the order its passes ran
+ * in and the most inputs it held, and the stage forwards it ran (M V: none
+ * twice). Opens no file, reads no data.
  */
 #ifndef FSDP_PARALLEL_PP_ENGINE_H
 #define FSDP_PARALLEL_PP_ENGINE_H
