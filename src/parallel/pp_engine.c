@@ -86,20 +86,21 @@ static int pp_stage_of(const struct pp_engine *pe, int c)
     return c * pe->P + pe->stage;
 }
 
-/* Chunk c's model, bound to the sharding engine, its passes over its units. */
-static struct fsdp_model *pp_use(struct pp_engine *pe, int c)
+/* Instance i of chunk c, bound to the sharding engine, its passes over
+ * the chunk's units. */
+static struct fsdp_model *pp_use(struct pp_engine *pe, int c, int i)
 {
-    pe->se->model = pe->models[c];
+    pe->se->model = pe->models[i];
     pe->se->u_lo = pe->clo[c];
     pe->se->u_hi = pe->chi[c];
-    return pe->models[c];
+    return pe->models[i];
 }
 
-/* Chunk c's model's boundary buffers for the current batch. */
-static int pp_buffers(struct pp_engine *pe, int c, float **in, float **out, float **dres)
+/* Instance i's boundary buffers for its current batch. */
+static int pp_buffers(struct pp_engine *pe, int i, float **in, float **out, float **dres)
 {
     size_t count;
-    FSDP_CHECK(pe->models[c]->ops->stage_buffers(pe->models[c], in, out, dres, &count));
+    FSDP_CHECK(pe->models[i]->ops->stage_buffers(pe->models[i], in, out, dres, &count));
     if (count != pe->count) {
         return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: boundary of %zu floats, %zu expected", count,
                         pe->count);
@@ -141,22 +142,42 @@ static int pp_tie_sum(void *arg)
     return 0;
 }
 
-/* Chunk c's forward of micro-batch mb of b: from its held input (not
- * stage 0), through its units (the last stage: the loss). */
+/* A free instance of chunk c for micro-batch key's activations, into
+ * inst_of[key]: taken until its backward. */
+static int pp_take_inst(struct pp_engine *pe, int c, int key)
+{
+    for (int i = pe->inst0[c]; i < pe->inst0[c + 1]; i++) {
+        if (!pe->inst_busy[i]) {
+            pe->inst_busy[i] = 1;
+            pe->inst_of[key] = i;
+            return i;
+        }
+    }
+    return fsdp_err(FSDP_ERR_INTERNAL,
+                    "pipeline stage %d: more than %d micro-batches between forward and "
+                    "backward",
+                    pp_stage_of(pe, c), pe->inst0[c + 1] - pe->inst0[c]);
+}
+
+/* Chunk c's forward of micro-batch mb of b on a free instance, which keeps
+ * its activations until the backward: from its held input (not stage 0),
+ * through its units (the last stage: the loss). */
 static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int c)
 {
     const size_t bt = (size_t)b->B * (size_t)b->T;
     const int have = b->inputs != NULL; /* else a shadow pass (join): no compute, no input */
     const int32_t *in = have ? b->inputs + (size_t)mb * bt : NULL;
     const int32_t *tg = have ? b->targets + (size_t)mb * bt : NULL;
-    struct fsdp_model *m = pp_use(pe, c);
     const int key = c * pe->pc.M + mb;
+    const int i = pp_take_inst(pe, c, key);
+    FSDP_CHECK(i);
+    struct fsdp_model *m = pp_use(pe, c, i);
     if (have) {
         FSDP_CHECK(m->ops->set_batch(m, in, tg, b->B, b->T));
     }
     if (have && pp_stage_of(pe, c) > 0) {
         float *x, *y, *d;
-        FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
+        FSDP_CHECK(pp_buffers(pe, i, &x, &y, &d));
         if (pe->slot_of[key] < 0) {
             return fsdp_err(FSDP_ERR_INTERNAL,
                             "pipeline stage %d: forward of micro-batch %d "
@@ -172,25 +193,28 @@ static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, 
      * that follows at once in its own step; here another forward may come
      * first, and its units may need that buffer */
     fsdp_unit_release_all(pe->se);
-    pe->model_mb[c] = mb;
+    pe->n_fwd++;
     pp_synthetic(pe, 1);
     return 0;
 }
 
-/* Chunk c's backward of micro-batch mb: its forward again unless the model
- * still holds it, the received output gradient into the model (not the
- * last stage), then the units' backward with the step's reduction policy
- * (k: the chunk's backwards so far); the held buffers are freed. */
+/* Chunk c's backward of micro-batch mb on the instance its forward kept:
+ * the received output gradient into it (not the last stage), then the
+ * units' backward with the step's reduction policy (k: the chunk's
+ * backwards so far); the instance and the held buffers are freed. */
 static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int c)
 {
-    const int key = c * pe->pc.M + mb, k = pe->n_bwd[c];
-    if (pe->model_mb[c] != mb) {
-        FSDP_CHECK(pp_forward(pe, b, mb, c));
+    const int key = c * pe->pc.M + mb, k = pe->n_bwd[c], i = pe->inst_of[key];
+    if (i < 0 || !pe->inst_busy[i]) {
+        return fsdp_err(FSDP_ERR_INTERNAL,
+                        "pipeline stage %d: backward of micro-batch %d without its forward's "
+                        "activations",
+                        pp_stage_of(pe, c), mb);
     }
-    pp_use(pe, c);
+    pp_use(pe, c, i);
     if (b->inputs && pp_stage_of(pe, c) < pe->S - 1) {
         float *x, *y, *d;
-        FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
+        FSDP_CHECK(pp_buffers(pe, i, &x, &y, &d));
         if (pe->gbuf_of[key] < 0) {
             return fsdp_err(FSDP_ERR_INTERNAL,
                             "pipeline stage %d: backward of micro-batch %d "
@@ -215,7 +239,7 @@ static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb,
     }
     pp_synthetic(pe, 2);
     pe->n_bwd[c]++;
-    pe->model_mb[c] = -1;
+    pe->inst_busy[i] = 0; /* inst_of[key] stays: the send reads its input's gradient */
     if (pe->slot_of[key] >= 0) {
         pe->slot_busy[pe->slot_of[key]] = 0;
         pe->slot_of[key] = -1;
@@ -263,8 +287,13 @@ static int pp_send(struct pp_engine *pe, const struct fsdp_pp_step *st)
     if (pe->se->shadow) {
         return 0;
     }
+    const int i = pe->inst_of[a->chunk * pe->pc.M + a->mb];
+    if (i < 0) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: send of micro-batch %d before its pass",
+                        a->mb);
+    }
     float *x, *y, *d;
-    FSDP_CHECK(pp_buffers(pe, a->chunk, &x, &y, &d));
+    FSDP_CHECK(pp_buffers(pe, i, &x, &y, &d));
     fsdp_comm_count(&pe->bounds, FSDP_COLL_SEND, 2, (double)(pe->count * sizeof(float)));
     const int dir = a->op == FSDP_PP_BWD;
     return fsdp_pp_send_async(pe, dir, dir ? d : y, st->peer,
@@ -290,7 +319,8 @@ static int pp_run_step(struct pp_engine *pe, const struct fsdp_pp_step *st,
     pe->held_now++;
     pe->peak = pe->held_now > pe->peak ? pe->held_now : pe->peak;
     if (pp_stage_of(pe, a->chunk) == pe->S - 1 && b->inputs) {
-        *loss_sum += pe->models[a->chunk]->ops->loss(pe->models[a->chunk]);
+        const struct fsdp_model *m = pe->models[pe->inst_of[a->chunk * pe->pc.M + a->mb]];
+        *loss_sum += m->ops->loss(m);
     }
     return 0;
 }
@@ -301,12 +331,13 @@ static int pp_run_step(struct pp_engine *pe, const struct fsdp_pp_step *st,
 static void pp_reset(struct pp_engine *pe)
 {
     for (int i = 0; i < pe->V * pe->pc.M; i++) {
-        pe->slot_of[i] = pe->gbuf_of[i] = -1;
+        pe->slot_of[i] = pe->gbuf_of[i] = pe->inst_of[i] = -1;
     }
+    memset(pe->inst_busy, 0, (size_t)pe->n_models * sizeof(*pe->inst_busy));
+    pe->n_fwd = 0;
     memset(pe->slot_busy, 0, pe->n_held * sizeof(*pe->slot_busy));
     memset(pe->gbuf_busy, 0, pe->n_gbuf * sizeof(*pe->gbuf_busy));
     for (int c = 0; c < pe->V; c++) {
-        pe->model_mb[c] = -1;
         pe->n_bwd[c] = 0;
     }
     pe->held_now = pe->peak = 0;
@@ -354,8 +385,8 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     pe->idle_s = 0.0;
     const double t0 = fsdp_now();
     se->shadow = b->inputs == NULL;
-    for (int c = 0; c < pe->V; c++) {
-        pe->models[c]->ops->set_loss_seed(pe->models[c],
+    for (int i = 0; i < pe->n_models; i++) {
+        pe->models[i]->ops->set_loss_seed(pe->models[i],
                                           (double)b->K * (double)b->B * (double)b->T * n_contrib,
                                           se->scaler.scale);
     }
@@ -368,7 +399,7 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
         int w = fsdp_pp_slot_wait(pe, dir);
         rc = rc < 0 ? rc : w;
     }
-    pp_use(pe, 0);
+    pp_use(pe, 0, 0);
     if (rc < 0) {
         se->shadow = 0;
         fsdp_unit_release_all(se);
@@ -376,6 +407,8 @@ static int pp_step(struct fsdp_engine *e, const struct fsdp_batch *b, double lr,
     }
     FSDP_DEBUG(FSDP_SUB_FSDP, "pipeline rank %d step %ld: %s | peak %zu", pe->stage, pe->step_no,
                pe->order, pe->peak);
+    FSDP_DEBUG(FSDP_SUB_FSDP, "pipeline rank %d step %ld: %ld stage forwards run", pe->stage,
+               pe->step_no, pe->n_fwd);
     FSDP_DEBUG(FSDP_SUB_FSDP, "pipeline rank %d step %ld: waited %.3f ms of %.3f ms in messages",
                pe->stage, pe->step_no, 1e3 * pe->idle_s, 1e3 * (fsdp_now() - t0));
     FSDP_DEBUG(FSDP_SUB_FSDP,
@@ -401,17 +434,17 @@ static int pp_eval_chunk(struct pp_engine *pe, int c, const int32_t *inputs, con
     struct fsdp_shard_engine *se = pe->se;
     const struct fsdp_pp_action a = {.op = FSDP_PP_FWD, .mb = 0, .chunk = c};
     const int st = pp_stage_of(pe, c);
-    struct fsdp_model *m = pp_use(pe, c);
+    const int i = pe->inst0[c];
+    struct fsdp_model *m = pp_use(pe, c, i);
     float *x, *y, *d;
     FSDP_CHECK(m->ops->set_batch(m, inputs, targets, se->ec.B, se->ec.T));
-    FSDP_CHECK(pp_buffers(pe, c, &x, &y, &d));
+    FSDP_CHECK(pp_buffers(pe, i, &x, &y, &d));
     if (st > 0) {
         FSDP_CHECK(fsdp_pp_xfer(pe, 0, x, pe->count, (st - 1) % pe->P, fsdp_pp_tag(&a, st - 1)));
     }
     FSDP_CHECK(pp_tie_gather(pe, c));
     FSDP_CHECK(fsdp_shard_mb_forward(se, inputs, targets));
     fsdp_unit_release_all(se);
-    pe->model_mb[c] = -1;
     if (st < pe->S - 1) {
         FSDP_CHECK(fsdp_pp_xfer(pe, 1, y, pe->count, (st + 1) % pe->P, fsdp_pp_tag(&a, st)));
     }
@@ -429,10 +462,10 @@ static int pp_eval(struct fsdp_engine *e, const int32_t *inputs, const int32_t *
     for (int c = 0; c < pe->V && rc == 0; c++) {
         rc = pp_eval_chunk(pe, c, inputs, targets);
     }
-    pp_use(pe, 0);
+    pp_use(pe, 0, 0);
     fsdp_unit_release_all(se);
     FSDP_CHECK(rc);
-    struct fsdp_model *last = pe->models[pe->V - 1];
+    struct fsdp_model *last = pe->models[pe->inst0[pe->V - 1]];
     double l = pp_stage_of(pe, pe->V - 1) == pe->S - 1 ? last->ops->loss(last) : 0.0;
     FSDP_CHECK(fsdp_shard_loss_sum(se, &l));
     FSDP_CHECK(pp_sum(pe, &l));
@@ -452,8 +485,9 @@ static void pp_describe(const struct fsdp_engine *e, char *buf, size_t len)
     }
     snprintf(buf, len,
              "pipeline: %d stages on %d ranks, schedule %s, %d micro-batches, rank %d "
-             "holds units %s (stage inputs kept, forward recomputed in the backward) | %s",
-             pe->S, pe->P, fsdp_pp_kind_name(pe->pc.kind), pe->pc.M, pe->stage, units, inner);
+             "holds units %s (%d activation sets kept, no forward recomputed) | %s",
+             pe->S, pe->P, fsdp_pp_kind_name(pe->pc.kind), pe->pc.M, pe->stage, units, pe->n_models,
+             inner);
 }
 
 static void pp_destroy(struct fsdp_engine *e)
@@ -497,13 +531,15 @@ static void pp_destroy(struct fsdp_engine *e)
         pe->inner->ops->destroy(pe->inner);
     }
     fsdp_group_destroy(pe->pp_grad);
-    for (int c = 1; pe->models && c < pe->V; c++) {
-        fsdp_model_destroy(pe->models[c]); /* chunk 0's is the parts' */
+    for (int i = 1; pe->models && i < pe->n_models; i++) {
+        fsdp_model_destroy(pe->models[i]); /* the first is the parts' */
     }
     free(pe->models);
     free(pe->clo);
     free(pe->chi);
-    free(pe->model_mb);
+    free(pe->inst0);
+    free(pe->inst_of);
+    free(pe->inst_busy);
     free(pe->n_bwd);
     free(pe->gbuf_of);
     free(pe->gbuf_busy);
@@ -550,13 +586,14 @@ static int pp_alloc(struct pp_engine *pe)
     pe->gbuf_of = calloc(VM, sizeof(*pe->gbuf_of));
     pe->slot_busy = calloc(pe->n_held, sizeof(*pe->slot_busy));
     pe->gbuf_busy = calloc(pe->n_gbuf, sizeof(*pe->gbuf_busy));
-    pe->model_mb = calloc((size_t)pe->V, sizeof(*pe->model_mb));
+    pe->inst_of = calloc(VM, sizeof(*pe->inst_of));
+    pe->inst_busy = calloc((size_t)pe->n_models, sizeof(*pe->inst_busy));
     pe->n_bwd = calloc((size_t)pe->V, sizeof(*pe->n_bwd));
     pe->sums = calloc((size_t)pe->P, sizeof(*pe->sums));
     pe->order_cap = 16 * pe->sched.n + 16;
     pe->order = calloc(pe->order_cap, 1);
-    if (!pe->slot_of || !pe->gbuf_of || !pe->slot_busy || !pe->gbuf_busy || !pe->model_mb ||
-        !pe->n_bwd || !pe->sums || !pe->order) {
+    if (!pe->slot_of || !pe->gbuf_of || !pe->slot_busy || !pe->gbuf_busy || !pe->inst_of ||
+        !pe->inst_busy || !pe->n_bwd || !pe->sums || !pe->order) {
         return fsdp_err(FSDP_ERR_NOMEM, "pipeline tables");
     }
     FSDP_CHECK(fsdp_device_alloc(dev, pe->n_held * pe->count * sizeof(float),
@@ -602,7 +639,7 @@ static int pp_chunks(struct pp_engine *pe)
         return fsdp_err(FSDP_ERR_NOMEM, "pipeline chunks");
     }
     for (int c = 0; c < pe->V; c++) {
-        const struct fsdp_model_ops *ops = pe->models[c] ? pe->models[c]->ops : NULL;
+        const struct fsdp_model_ops *ops = pe->models[0] ? pe->models[0]->ops : NULL;
         if (!ops ||
             ops->size <
                 offsetof(struct fsdp_model_ops, stage_buffers) + sizeof(ops->stage_buffers) ||
@@ -643,8 +680,10 @@ static int pp_tie_setup(struct pp_engine *pe)
     }
     if (pe->tied_last) {
         se->norm_skip_root = 1;
-        se->model = pe->models[pe->V - 1];
-        FSDP_CHECK(fsdp_shard_bind_unit(se, 0));
+        for (int i = pe->inst0[pe->V - 1]; i < pe->inst0[pe->V]; i++) {
+            se->model = pe->models[i];
+            FSDP_CHECK(fsdp_shard_bind_unit(se, 0));
+        }
         se->model = pe->models[0];
     }
     void *mem;
@@ -654,8 +693,41 @@ static int pp_tie_setup(struct pp_engine *pe)
     return 0;
 }
 
-/* The schedule, its steps and the chunks' units; each chunk's model must
- * already be cut at its units. */
+/* Each chunk's instances, as many as it holds micro-batches at once (the
+ * schedule's): made like the parts' model, so chunk 0's take unit 0 by rows
+ * where it does; reserved (the first, the parts', is already). */
+static int pp_instances(struct pp_engine *pe)
+{
+    struct fsdp_shard_engine *se = pe->se;
+    pe->inst0 = calloc((size_t)pe->V + 1, sizeof(*pe->inst0));
+    if (!pe->inst0) {
+        return fsdp_err(FSDP_ERR_NOMEM, "pipeline instances");
+    }
+    const int n = fsdp_pp_chunk_holds(&pe->sched, pe->inst0 + 1);
+    if (n != pe->n_models) {
+        return fsdp_err(FSDP_ERR_INTERNAL,
+                        "pipeline rank %d: %d model instances, its schedule holds %d", pe->stage,
+                        pe->n_models, n);
+    }
+    for (int c = 0; c < pe->V; c++) {
+        pe->inst0[c + 1] += pe->inst0[c];
+    }
+    for (int i = 1; i < pe->n_models; i++) {
+        struct fsdp_model *m = pe->models[i];
+        if (i < pe->inst0[1] && se->rows_root) {
+            int rc = m->ops->set_unit_rows(m, 0, se->shard_g);
+            FSDP_CHECK(rc);
+            if (rc != 1) {
+                return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: an instance declined unit 0 by rows");
+            }
+        }
+        FSDP_CHECK(m->ops->reserve(m));
+    }
+    return 0;
+}
+
+/* The schedule, its steps and the chunks' units and instances; each
+ * instance must already be cut at its chunk's units. */
 static int pp_setup(struct pp_engine *pe)
 {
     const struct fsdp_pp_config *pc = &pe->pc;
@@ -663,6 +735,7 @@ static int pp_setup(struct pp_engine *pe)
     FSDP_CHECK(fsdp_pp_check(pc->kind, pe->P, pc->V, pc->M));
     FSDP_CHECK(fsdp_pp_schedule_create(pc->kind, pe->P, pc->V, pc->M, pe->stage, &pe->sched));
     FSDP_CHECK(fsdp_pp_steps_create(&pe->sched, 1, &pe->steps, &pe->n_steps));
+    FSDP_CHECK(pp_instances(pe));
     FSDP_CHECK(pp_tie_setup(pe));
     /* with sequence parallelism the residual stream holds this tp rank's rows */
     const size_t tp = pe->se->tp->sp ? (size_t)pe->se->tp->size : 1;
@@ -670,40 +743,44 @@ static int pp_setup(struct pp_engine *pe)
     return pp_alloc(pe);
 }
 
+/* What the engine takes, released where it cannot be made. */
+static void pp_drop_taken(struct fsdp_engine *inner, struct fsdp_model *const *models, int n,
+                          struct fsdp_group *grad)
+{
+    fsdp_group_destroy(grad);
+    if (inner) {
+        inner->ops->destroy(inner);
+    }
+    for (int i = 1; i < n; i++) {
+        fsdp_model_destroy(models[i]);
+    }
+}
+
 int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *models,
                           struct fsdp_group *pp, const struct fsdp_pp_config *pc,
                           struct fsdp_engine **out)
 {
     *out = NULL;
-    const int V = pc->V > 0 ? pc->V : 1;
-    if (!fsdp_shard_engine_is(inner) || !pp || !pc->grad || !pc->first) {
-        fsdp_group_destroy(pc->grad);
-        if (inner) {
-            inner->ops->destroy(inner);
-        }
-        for (int c = 1; c < V; c++) {
-            fsdp_model_destroy(models[c]);
-        }
-        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: needs a sharding engine, two groups and "
-                                           "a stage split");
+    const int V = pc->V > 0 ? pc->V : 1, n = pc->n_models;
+    if (!fsdp_shard_engine_is(inner) || !pp || !pc->grad || !pc->first || n < V) {
+        pp_drop_taken(inner, models, n, pc->grad);
+        return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: needs a sharding engine, two groups, "
+                                           "a stage split and an instance per chunk");
     }
     struct pp_engine *pe = calloc(1, sizeof(*pe));
-    struct fsdp_model **ms = calloc((size_t)V, sizeof(*ms));
+    struct fsdp_model **ms = calloc((size_t)n, sizeof(*ms));
     if (!pe || !ms) {
         free(pe);
         free(ms);
-        fsdp_group_destroy(pc->grad);
-        inner->ops->destroy(inner);
-        for (int c = 1; c < V; c++) {
-            fsdp_model_destroy(models[c]);
-        }
+        pp_drop_taken(inner, models, n, pc->grad);
         return fsdp_err(FSDP_ERR_NOMEM, "pipeline engine");
     }
-    memcpy(ms, models, (size_t)V * sizeof(*ms));
+    memcpy(ms, models, (size_t)n * sizeof(*ms));
     pe->base.impl = pe;
     pe->inner = inner;
     pe->se = inner->impl;
     pe->models = ms;
+    pe->n_models = n;
     pe->model = ms[0];
     pe->pp = pp;
     pe->pp_grad = pc->grad;

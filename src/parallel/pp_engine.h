@@ -20,14 +20,17 @@
  * flight while the rank computes, waited for before the slot is written
  * again and at the end of the step's passes (pp_comm.h: the order).
  *
- * Activations: a stage keeps, for each micro-batch between its forward and
- * its backward, only the residual stream at its input (stage-input
- * checkpointing); the backward runs the stage's forward again from it
- * (unless the model still holds that micro-batch, as the last stage under
- * 1f1b always does) and then its backward. One model instance per chunk
- * serves every micro-batch, bound to the one set of gathered parameters and
- * gradient buffers; forwards whose backward has not run peak at the
- * schedule's bound (fsdp_pp_peak_bound).
+ * Activations: each chunk keeps one model instance per micro-batch it may
+ * hold between its forward and its backward (the schedule's most,
+ * fsdp_pp_chunk_holds: 1f1b's stage s up to P - s, gpipe M), all cut at
+ * the chunk's units and bound at each use to the sharding engine's
+ * gathered parameters and gradient buffers. A forward takes a free
+ * instance and keeps its activations there; the micro-batch's backward
+ * runs on that instance and frees it, so no forward runs twice. With
+ * activation checkpointing each instance keeps only its checkpointed
+ * blocks' inputs, which their backward recomputes, as without pp. The
+ * received stage inputs stay in their slots until the backward, as the
+ * pool sizes count them (pp_comm.h).
  *
  * A head tied to the embedding: the last stage's rank holds a copy of unit
  * 0; the copies' gradients are summed before the update, the norm counts
@@ -39,8 +42,9 @@
  * batch (join) is a shadow step of the whole pipeline: the stages run
  * their tables with the sharding engine's shadow passes and no boundary
  * messages (pp_step checks that the pipeline's stages agree). With
- * FSDPC_LOG=fsdp=debug each rank logs the order its passes ran in and the
- * most inputs it held, one line per step. Opens no file, reads no data.
+ * FSDPC_LOG=fsdp=debug each rank logs, per step, the order its passes ran
+ * in and the most inputs it held, and the stage forwards it ran (M V: none
+ * twice). Opens no file, reads no data.
  */
 #ifndef FSDP_PARALLEL_PP_ENGINE_H
 #define FSDP_PARALLEL_PP_ENGINE_H
@@ -63,6 +67,7 @@ struct fsdp_pp_config {
                          last stage's rank holds a copy of unit 0 (its engine holds it
                          too), and the two copies' gradients are summed before the
                          update, so that both take the same step */
+    int n_models;     /* models' length: every chunk's instances (fsdp_pp_chunk_holds' sum) */
     struct fsdp_group *grad; /* the pipeline group's ranks again, a communicator of
                                 their own for the gradients (backward direction), so
                                 that they never queue behind activations; taken */
@@ -71,11 +76,14 @@ struct fsdp_pp_config {
 /*
  * The pipeline engine over the pipeline group pp (rank r runs stages
  * c P + r, c < V) around inner, a sharding engine made for those stages'
- * units, and models[c] for each chunk c (set_stage applied: chunk 0's is
- * the inner engine's parts' model, borrowed; the others, made like it and
- * reserved, become the engine's), with the gradients on pc->grad. Takes
- * inner, models[1 ..] and pc->grad: they are destroyed with the engine,
- * also on failure. Collective over pp.
+ * units, and pc->n_models model instances: chunk 0's, then chunk 1's, ...,
+ * as many of each as fsdp_pp_chunk_holds says for this rank, each cut at
+ * its chunk's units (set_stage applied, not reserved: the engine mirrors
+ * the inner engine's unit 0 by rows on chunk 0's and reserves them; the
+ * first is the inner engine's parts' model, borrowed, the others become
+ * the engine's), with the gradients on pc->grad. Takes inner, models[1 ..]
+ * and pc->grad: they are destroyed with the engine, also on failure.
+ * Collective over pp.
  */
 int fsdp_pp_engine_create(struct fsdp_engine *inner, struct fsdp_model *const *models,
                           struct fsdp_group *pp, const struct fsdp_pp_config *pc,

@@ -21,15 +21,20 @@ struct pp_engine {
     struct fsdp_engine base;
     struct fsdp_engine *inner;    /* the stage's sharding engine (owned) */
     struct fsdp_shard_engine *se; /* its state */
-    struct fsdp_model *model;     /* borrowed: the inner engine's parts (chunk 0's) */
-    struct fsdp_model **models;   /* (V,) each chunk's instance; [1 ..] owned */
+    struct fsdp_model *model;     /* borrowed: the inner engine's parts (chunk 0's first) */
+    struct fsdp_model **models;   /* (n_models) every chunk's instances, chunk after chunk:
+                                     one activation set per micro-batch it holds; [1 ..] owned */
+    int n_models;
+    int *inst0;                   /* (V + 1) each chunk's first instance in models */
+    int *inst_of;                 /* (V M) instance of each (chunk, micro-batch) since its
+                                     forward; kept after its backward for the send; -1 */
+    int *inst_busy;               /* (n_models) holds a micro-batch whose backward has not run */
     struct fsdp_group *pp;        /* activations (and the stage-to-stage state messages) */
     struct fsdp_group *pp_grad;   /* the same ranks' gradients, a queue of their own (owned) */
     struct fsdp_pp_config pc;
     int *first;                    /* (S + 1,) a copy of pc.first */
     int P, V, S, stage, lo, hi, L; /* stage: this rank in the pipeline group */
     int *clo, *chi;                /* (V,) each chunk's units */
-    int *model_mb;                 /* (V,) the micro-batch each chunk's model holds; -1 */
     int *n_bwd;                    /* (V,) backwards of each chunk so far this step */
     struct fsdp_pp_schedule sched;
     struct fsdp_pp_step *steps; /* (n_steps,) */
@@ -60,11 +65,12 @@ struct pp_engine {
     double *dsums;    /* (1 + P) device: its send and receive where the pp group's
                          backend takes no host memory (nccl); else NULL */
     size_t held_now, peak;
+    long n_fwd; /* this step: forward passes run (chunks' passes) */
     long step_no;
     double idle_s;                  /* this step: seconds blocked in the boundary messages */
     struct fsdp_comm_counts bounds; /* the step's boundary messages (sends, receives) */
-    double pass_s; /* FSDPC_PP_PASS_MS: a synthetic pass time added to each forward (the
-                      backward's recomputation too) and twice to each backward; 0: none */
+    double pass_s; /* FSDPC_PP_PASS_MS: a synthetic pass time added to each forward and
+                      twice to each backward; 0: none */
     char *order;   /* the executed passes of the step, for the log */
     size_t order_len, order_cap;
 };

@@ -156,6 +156,33 @@ size_t fsdp_pp_peak_bound(enum fsdp_pp_kind kind, int P, int V, int M, int rank)
     return w + 1 < total ? w + 1 : total;
 }
 
+int fsdp_pp_chunk_holds(const struct fsdp_pp_schedule *s, int *most)
+{
+    int sum = 0;
+    for (int c = 0; c < s->V; c++) {
+        int now = 0;
+        most[c] = 1;
+        for (size_t i = 0; i < s->n; i++) {
+            if (s->at[i].chunk == c) {
+                now += s->at[i].op == FSDP_PP_FWD ? 1 : -1;
+                most[c] = now > most[c] ? now : most[c];
+            }
+        }
+        sum += most[c];
+    }
+    return sum;
+}
+
+int fsdp_pp_chunk_holds_of(enum fsdp_pp_kind kind, int P, int V, int M, int rank, int *most)
+{
+    struct fsdp_pp_schedule s;
+    FSDP_CHECK(fsdp_pp_check(kind, P, V, M));
+    FSDP_CHECK(fsdp_pp_schedule_create(kind, P, V, M, rank, &s));
+    int n = fsdp_pp_chunk_holds(&s, most);
+    fsdp_pp_schedule_free(&s);
+    return n;
+}
+
 double fsdp_pp_bubble(enum fsdp_pp_kind kind, int P, int V, int M)
 {
     double v = kind == FSDP_PP_INTERLEAVED ? V : 1;

@@ -82,6 +82,15 @@ size_t fsdp_pp_schedule_peak(const struct fsdp_pp_schedule *s);
  * capped at V M. */
 size_t fsdp_pp_peak_bound(enum fsdp_pp_kind kind, int P, int V, int M, int rank);
 
+/* The most micro-batches each chunk of s's rank holds between their
+ * forward and their backward, into most (V entries, each at least 1):
+ * the activation sets a chunk keeps. Returns their sum. */
+int fsdp_pp_chunk_holds(const struct fsdp_pp_schedule *s, int *most);
+
+/* The same for rank `rank` of (kind, P, V, M), a schedule one can build
+ * (fsdp_pp_check); the sum, or < 0 on error. */
+int fsdp_pp_chunk_holds_of(enum fsdp_pp_kind kind, int P, int V, int M, int rank, int *most);
+
 /* The analytical bubble: the idle share of each rank's time. */
 double fsdp_pp_bubble(enum fsdp_pp_kind kind, int P, int V, int M);
 

@@ -278,11 +278,12 @@ static void plan_pp_ranks(const struct fsdp_train_config *c, const struct fsdp_p
     for (int r = 0; r < P; r++) {
         const struct fsdp_plan_pp *q = &most[r];
         fprintf(fp,
-                "  pp rank %d (units %d-%d%s): in flight at most %zu micro-batches; state %zu, "
+                "  pp rank %d (units %d-%d%s): in flight at most %zu micro-batches, %d activation "
+                "sets; state %zu, "
                 "activations and workspace %zu, boundary buffers %zu, total %zu\n",
-                r, q->lo, q->hi, V > 1 ? " and its later chunks'" : "", q->bound, q->st.state_bytes,
-                q->st.act_bytes + q->act, q->inputs + q->grads + q->sends + q->tie,
-                fsdp_plan_pp_total(q));
+                r, q->lo, q->hi, V > 1 ? " and its later chunks'" : "", q->bound, q->sets,
+                q->st.state_bytes, q->st.act_bytes + q->act,
+                q->inputs + q->grads + q->sends + q->tie, fsdp_plan_pp_total(q));
     }
     for (int r = 0; r < P; r++) {
         fsdp_shard_memory_line(&first[r].st, line, sizeof(line));

@@ -2,8 +2,9 @@
  * memory_plan_pp.c - one pipeline rank's memory plan (memory_plan_pp.h):
  * the parts a run builds on that rank (train/parts.h) with its stages'
  * units (pipeline.h), chunk 0's model cut at its stage and sized by the
- * sharding engine's own plan; the other chunks' models (interleaved) made
- * and cut as pipeline.c makes them, their activations counted; the boundary
+ * sharding engine's own plan; the other activation sets (one instance per
+ * micro-batch each chunk holds at once, made and cut as pipeline.c makes
+ * them) counted; the boundary
  * buffers at the most the rank's message order holds (pp_comm.h), as the
  * pipeline engine allocates them. Communicates nothing.
  */
@@ -22,13 +23,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The other chunks' models of rank r: made on the parts' table like
- * pipeline.c's, cut at their stages, sized, destroyed. */
+/* The activation sets of rank r beyond the parts' model's: one instance
+ * per micro-batch a chunk holds at once (fsdp_pp_chunk_holds), as
+ * pipeline.c makes them. Chunk 0's others are like the parts' model as
+ * the sharding engine's plan left it (unit 0 by rows where it takes it);
+ * the other chunks' made on the parts' table, cut at their stages, sized,
+ * destroyed. */
 static int plan_chunks(struct fsdp_train_parts *p, struct fsdp_device *dev,
-                       const struct fsdp_shard_config *sc, const int *first,
+                       const struct fsdp_shard_config *sc, const int *first, const int *most,
                        struct fsdp_plan_pp *out)
 {
     struct fsdp_model_opts mo = fsdp_train_parts_model_opts(p, sc, dev);
+    const struct fsdp_model *m0 = p->model;
+    out->saved = (size_t)(most[0] - 1) * m0->ops->activation_bytes(m0);
+    out->act =
+        (size_t)(most[0] - 1) * (m0->ops->activation_bytes(m0) + m0->ops->workspace_bytes(m0));
     for (int c = 1; c < out->V; c++) {
         struct fsdp_model *m;
         int lo, hi;
@@ -37,8 +46,9 @@ static int plan_chunks(struct fsdp_train_parts *p, struct fsdp_device *dev,
         int rc = sc->activation_checkpointing ? m->ops->set_checkpoint(m, -1, 1) : 0;
         rc = rc < 0 ? rc : m->ops->set_stage(m, lo, hi);
         if (rc == 0) {
-            out->saved += m->ops->activation_bytes(m);
-            out->act += m->ops->activation_bytes(m) + m->ops->workspace_bytes(m);
+            out->saved += (size_t)most[c] * m->ops->activation_bytes(m);
+            out->act +=
+                (size_t)most[c] * (m->ops->activation_bytes(m) + m->ops->workspace_bytes(m));
         }
         fsdp_model_destroy(m);
         FSDP_CHECK(rc);
@@ -123,7 +133,15 @@ int fsdp_train_plan_pp(const struct fsdp_model_spec *spec, const struct fsdp_tra
     int rc = fsdp_train_parts_create(spec, &tp, dev, oc, &s2, &p);
     rc = rc < 0 ? rc : p->model->ops->set_stage(p->model, s2.unit_lo, s2.unit_hi);
     rc = rc < 0 ? rc : fsdp_shard_engine_plan(&p->shard, sh, dev, &s2, &out->st);
-    rc = rc < 0 ? rc : plan_chunks(p, dev, &s2, first, out);
+    int *most = calloc((size_t)out->V, sizeof(int));
+    rc = rc < 0 || most ? rc : fsdp_err(FSDP_ERR_NOMEM, "pipeline plan instances");
+    const int n = rc < 0 ? rc
+                         : fsdp_pp_chunk_holds_of((enum fsdp_pp_kind)c->pp_schedule, P, out->V,
+                                                  out->M, r, most);
+    rc = n < 0 ? n : rc;
+    out->sets = n;
+    rc = rc < 0 ? rc : plan_chunks(p, dev, &s2, first, most, out);
+    free(most);
     if (rc == 0 && tied && (r == 0 || r == P - 1)) {
         size_t S = plan_unit0_shard(fsdp_shard_parts_table(&p->shard), sh->dp);
         out->tie = (S ? S : 1) * sizeof(float);

@@ -18,8 +18,10 @@ struct fsdp_plan_pp {
     int rank, lo, hi;            /* pipeline rank; its first stage's units [lo, hi] */
     struct fsdp_shard_shape sh;  /* its dp and tp coordinates */
     struct fsdp_engine_stats st; /* its sharding engine, chunk 0's model */
-    size_t act, saved;      /* the other chunks' models: activations and workspace, of it saved */
+    size_t act, saved;      /* the other instances (every chunk's activation sets but the parts'
+                               model's): activations and workspace, of it saved */
     size_t bound;           /* forwards in flight at most (the schedule's) */
+    int sets;               /* activation sets (model instances) of all its chunks */
     size_t n_held, n_grads; /* received stage inputs and output gradients held at most */
     size_t inputs, grads; /* their buffers: n x B T C f32 (1/tp of it with sequence parallelism) */
     int n_sends;          /* send slots: one per direction the rank sends in (0..2) */

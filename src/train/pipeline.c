@@ -78,28 +78,28 @@ void fsdp_train_pp_units(const int *first, int P, int V, int s, int tied, int n_
     sc->unit_mask = V > 1 || tied ? mask : NULL;
 }
 
-/* models[c] for each chunk c of rank s: the parts' model for chunk 0, and
- * instances made like it (activation checkpointing, reserved) for the
- * others, each cut at its stage's units. */
+/* The model instances of rank s, chunk after chunk, most[c] of chunk c
+ * (one per micro-batch it holds at once): the parts' model first, and
+ * instances made like it (activation checkpointing) for the others, each
+ * cut at its chunk's units; the pipeline engine reserves them. */
 static int pp_models(struct fsdp_trainer *t, const struct fsdp_shard_config *sc, const int *first,
-                     int P, int V, int s, struct fsdp_model **models)
+                     int P, int V, int s, const int *most, struct fsdp_model **models)
 {
     struct fsdp_train_parts *p = t->parts;
     struct fsdp_model_opts mo = fsdp_train_parts_model_opts(p, sc, t->dev);
-    int rc = 0;
+    int rc = 0, i = 0;
     models[0] = p->model;
     for (int c = 0; c < V && rc == 0; c++) {
         int lo, hi;
         fsdp_pp_stage_units(first, P * V, c * P + s, &lo, &hi);
-        if (c > 0) {
-            rc = fsdp_model_create(fsdp_shard_parts_table(&p->shard), &mo, &models[c]);
-            if (rc == 0 && sc->activation_checkpointing) {
-                rc = models[c]->ops->set_checkpoint(models[c], -1, 1);
+        for (int k = 0; k < most[c] && rc == 0; k++, i++) {
+            if (i > 0) {
+                rc = fsdp_model_create(fsdp_shard_parts_table(&p->shard), &mo, &models[i]);
+                if (rc == 0 && sc->activation_checkpointing) {
+                    rc = models[i]->ops->set_checkpoint(models[i], -1, 1);
+                }
             }
-        }
-        rc = rc < 0 ? rc : models[c]->ops->set_stage(models[c], lo, hi);
-        if (rc == 0 && c > 0) {
-            rc = models[c]->ops->reserve(models[c]);
+            rc = rc < 0 ? rc : models[i]->ops->set_stage(models[i], lo, hi);
         }
     }
     return rc;
@@ -131,10 +131,10 @@ int fsdp_train_pp_check_model(const struct fsdp_model_spec *spec, int P)
 }
 
 /* The sharding engine over rank s's stages (units [unit_lo, unit_hi], or
- * the mask of its V stages) and its chunks' models, into *inner and
- * models (the caller frees models[1 ..] on failure). */
+ * the mask of its V stages) and its chunks' instances (most[c] of chunk
+ * c), into *inner and models (the caller frees models[1 ..] on failure). */
 static int pp_stage_engine(struct fsdp_trainer *t, const int *first, int P, int V, int s,
-                           struct fsdp_engine **inner, struct fsdp_model **models)
+                           const int *most, struct fsdp_engine **inner, struct fsdp_model **models)
 {
     const struct fsdp_train_config *c = t->cfg;
     struct fsdp_optim_config oc;
@@ -155,7 +155,7 @@ static int pp_stage_engine(struct fsdp_trainer *t, const int *first, int P, int 
     fsdp_train_pp_units(first, P, V, s, t->spec->n_ties > 0, t->spec->n_units, mask, &sc);
     int rc = fsdp_train_parts_create(t->spec, fsdp_mesh_group(t->mesh, "tp"), t->dev, &oc, &sc,
                                      &t->parts);
-    rc = rc < 0 ? rc : pp_models(t, &sc, first, P, V, s, models);
+    rc = rc < 0 ? rc : pp_models(t, &sc, first, P, V, s, most, models);
     rc = rc < 0 ? rc : fsdp_shard_engine_create(&t->parts->shard, &g, t->dev, &sc, inner);
     free(mask);
     return rc;
@@ -189,13 +189,18 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
     struct fsdp_group *tp = fsdp_mesh_group(t->mesh, "tp");
     const int P = pp->size, s = pp->rank, V = (int)c->pp_virtual;
     int *first = calloc((size_t)(P * V) + 1, sizeof(int));
-    struct fsdp_model **models = calloc((size_t)V, sizeof(*models));
-    int rc = first && models ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
+    int *most = calloc((size_t)V, sizeof(int));
+    int rc = first && most ? 0 : fsdp_err(FSDP_ERR_NOMEM, "pipeline split");
     rc = rc < 0 ? rc : fsdp_train_pp_check_model(t->spec, P);
-    rc = rc < 0 ? rc : fsdp_pp_check((enum fsdp_pp_kind)c->pp_schedule, P, V, (int)c->grad_accum);
+    const int n = rc < 0 ? rc
+                         : fsdp_pp_chunk_holds_of((enum fsdp_pp_kind)c->pp_schedule, P, V,
+                                                  (int)c->grad_accum, s, most);
+    rc = n < 0 ? n : rc;
+    struct fsdp_model **models = rc < 0 ? NULL : calloc((size_t)n, sizeof(*models));
+    rc = rc < 0 || models ? rc : fsdp_err(FSDP_ERR_NOMEM, "pipeline model instances");
     rc = rc < 0 ? rc : fsdp_train_pp_split(t->spec, c, P, V, first);
     struct fsdp_engine *inner = NULL;
-    rc = rc < 0 ? rc : pp_stage_engine(t, first, P, V, s, &inner, models);
+    rc = rc < 0 ? rc : pp_stage_engine(t, first, P, V, s, most, &inner, models);
     struct fsdp_group *grad = NULL;
     rc = rc < 0 ? rc : pp_grad_group(pp, &grad);
     if (rc == 0) {
@@ -209,6 +214,7 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
             .root_line =
                 (!dp || dp->rank == 0) && (!rdp || rdp->rank == 0) && (!tp || tp->rank == 0),
             .tied = t->spec->n_ties > 0,
+            .n_models = n,
             .grad = grad,
         };
         rc = fsdp_pp_engine_create(inner, models, pp, &pc, out); /* takes models[1 ..] */
@@ -216,11 +222,12 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
         if (inner) {
             inner->ops->destroy(inner);
         }
-        for (int k = 1; models && k < V; k++) {
+        for (int k = 1; models && k < n; k++) {
             fsdp_model_destroy(models[k]);
         }
     }
     free(models);
+    free(most);
     free(first);
     return rc;
 }

@@ -5,12 +5,11 @@
 #
 # Four ranks on a machine with fewer cores than that would measure the
 # cores' sharing, not the schedule, so the passes' compute is synthetic:
-# FSDPC_PP_PASS_MS=T makes every forward (the backward's recomputation of
-# it too) take T ms more and every backward 2 T more, as sleeps, on a model
-# whose own compute is well under T. What it shows: the schedule and the
-# runtime's message order, with stages as unequal as the recomputation
-# makes them (a backward that recomputes takes 3 T, the last stage's under
-# 1f1b, which still holds its micro-batch, 2 T). What it cannot show: the
+# FSDPC_PP_PASS_MS=T makes every forward take T ms more and every backward
+# 2 T more, as sleeps, on a model whose own compute is well under T. Each
+# stage keeps its micro-batches' activations, so every stage runs one
+# forward and one backward per micro-batch (3 T). What it shows: the
+# schedule and the runtime's message order. What it cannot show: the
 # compute's own speed, memory traffic, or a real interconnect.
 #
 # Idle share of a rank: the milliseconds it waited in boundary messages

@@ -109,6 +109,19 @@ order() {
         s=$((s + 1))
     done
     tap_ok $o_ok "$1: each rank ran its $2 table (P $3, M $4, V ${5:-1}) and held at most its bound"
+    kept "$@"
+}
+
+# kept NAME KIND P M [V]: no stage forward ran twice: every rank's every
+# step ran M V stage forwards (its chunks' activations kept to the backward)
+kept() {
+    k_want=$(($4 * ${5:-1}))
+    k_got=$(sed -n "s/.*pipeline rank [0-9]* step [0-9]*: \([0-9]*\) stage forwards run.*/\1/p" \
+        "$W/$1.log" | sort -u | tr '\n' ' ')
+    k_n=$(grep -c "pipeline rank [0-9]* step [0-9]*: [0-9]* stage forwards run" "$W/$1.log")
+    tap_diag "$1: stage forwards a step '$k_got' in $k_n step lines"
+    [ "$k_got" = "$k_want " ] && [ "$k_n" -ge "$3" ]
+    tap_ok $? "$1: every rank ran $k_want stage forwards a step (M V): none recomputed"
 }
 
 run ref 1 untied 2 --grad-accum 4
@@ -160,10 +173,14 @@ same ppdp-g ref4 "pp=2,dp=2 gpipe with mixed backends equals one rank with batch
 # outside the device touches its memory: the boundary messages, the held
 # inputs, a checkpoint's rows)
 # shellcheck disable=SC2086
+export FSDPC_LOG=warn,fsdp=debug FSDPC_LOG_RANKS=all
 run pol 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --backend pp=tcp,dp=mpi --no-sync-accum \
     --sharding grad-op --activation-checkpointing --prefetch 2 $VAL
 tap_ok $? "pp=2,dp=2 with --no-sync-accum --sharding grad-op --activation-checkpointing --prefetch 2 ran"
 same pol ref4 "those policies under pp=2,dp=2 equal one rank with batch 4"
+kept pol 1f1b 2 4
+export FSDPC_LOG=warn
+unset FSDPC_LOG_RANKS
 # shellcheck disable=SC2086
 run grd 4 untied 2 --grad-accum 4 --mesh pp=2,dp=2 --backend pp=tcp,dp=mpi --device guarded \
     --ckpt-dir "$W/ckg" $VAL

@@ -3,7 +3,8 @@
  * promise: every rank runs each (micro-batch, chunk) forward and backward
  * exactly once, a backward after its forward; the tables of 1f1b and
  * interleaved at (P 4, M 8) are the published ones; the peak of held
- * activations equals the schedule's bound (gpipe M, 1f1b P - rank); run
+ * activations equals the schedule's bound (gpipe M, 1f1b P - rank), and each
+ * chunk's activation sets match tables counted by hand; run
  * against their dependencies no table deadlocks and every rank's idle share
  * equals the analytical bubble; settings that make no schedule are one
  * error each.
@@ -179,10 +180,45 @@ static void bad_settings(void)
            "a rank outside the pipeline");
 }
 
+/* The activation sets each chunk keeps (fsdp_pp_chunk_holds) for tables
+ * counted by hand: 1f1b P 4, M 8 (rank r: P - r), gpipe (M), interleaved
+ * P 2, V 2, M 4 (rank 0: F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1
+ * B0.0 ..., chunk 0 up to 4, chunk 1 up to 2; rank 1: 3 and 1) and P 4,
+ * V 2, M 8 (rank 0: 8 and 4). */
+static void chunk_holds(void)
+{
+    static const struct {
+        enum fsdp_pp_kind kind;
+        int P, V, M, rank, sum, most[2];
+    } cases[] = {
+        {FSDP_PP_1F1B, 4, 1, 8, 0, 4, {4, 0}},        {FSDP_PP_1F1B, 4, 1, 8, 1, 3, {3, 0}},
+        {FSDP_PP_1F1B, 4, 1, 8, 3, 1, {1, 0}},        {FSDP_PP_1F1B, 4, 1, 2, 0, 2, {2, 0}},
+        {FSDP_PP_GPIPE, 4, 1, 8, 2, 8, {8, 0}},       {FSDP_PP_INTERLEAVED, 2, 2, 4, 0, 6, {4, 2}},
+        {FSDP_PP_INTERLEAVED, 2, 2, 4, 1, 4, {3, 1}}, {FSDP_PP_INTERLEAVED, 4, 2, 8, 0, 12, {8, 4}},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int most[2] = {0, 0};
+        int n = fsdp_pp_chunk_holds_of(cases[i].kind, cases[i].P, cases[i].V, cases[i].M,
+                                       cases[i].rank, most);
+        int ok = n == cases[i].sum && most[0] == cases[i].most[0] &&
+                 (cases[i].V < 2 || most[1] == cases[i].most[1]);
+        if (!ok) {
+            tap_diag("got %d (%d, %d)", n, most[0], most[1]);
+        }
+        tap_ok(ok, "%s P=%d V=%d M=%d rank %d keeps %d activation sets (%d, %d by chunk)",
+               fsdp_pp_kind_name(cases[i].kind), cases[i].P, cases[i].V, cases[i].M, cases[i].rank,
+               cases[i].sum, cases[i].most[0], cases[i].most[1]);
+    }
+    int most[2];
+    tap_ok(fsdp_pp_chunk_holds_of(FSDP_PP_INTERLEAVED, 2, 2, 3, 0, most) < 0,
+           "activation sets of a schedule one cannot build: an error");
+}
+
 int main(void)
 {
     fsdp_log_quiet();
     published_tables();
+    chunk_holds();
     broken_table();
     bad_settings();
     const int Ps[] = {1, 2, 3, 4, 8}, Ms[] = {1, 2, 3, 4, 8, 16};

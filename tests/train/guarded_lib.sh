@@ -39,7 +39,8 @@ records() {
 # under pp the rank the plan names the largest, PP_D the mesh's dp after
 # pp, and every pipeline rank's total without dp). The plan's batches are
 # the step's K micro-batches (the trainer's arrays); the device holds one
-# for each model (PP_V of them under interleaved), and a loss scalar.
+# for each model, and a loss scalar (under pp a model per activation set,
+# as many as the plan's line of the rank says).
 plan() {
     name=$1 n=$2
     shift 2
@@ -64,6 +65,8 @@ for l in text.splitlines():
         plan[m.group(1).split(" (")[0]] = int(m.group(2))
 m = re.search(r"the largest: pp rank (\d+), dp rank (\d+)", text)
 rank = int(m.group(1)) * D + int(m.group(2)) if m else 0
+sets = {int(r): int(n) for r, n in re.findall(r"  pp rank (\d+) .*?, (\d+) activation sets;", text)}
+S = sets.get(int(m.group(1)), V) if m else V  # the planned rank's models
 bufs = {}
 host = 0  # pinned host bytes of --offload, as the engine counts them (the device names none)
 totals = {}
@@ -94,9 +97,9 @@ parts = [
     ("activations", plan["activations saved for the backward"], take(r"\w+ activations")),
     ("workspace", plan["activation gradients and workspace"],
      take(r"\w+ activation gradients", r"llama RoPE (cos|sin)")),
-    ("batches (one micro-batch a model)", plan["batches"] // K * V,
+    ("batches (one micro-batch a model)", plan["batches"] // K * S,
      take("batch tokens", "batch targets")),
-    ("the loss and norm scalars (not in the plan)", 8 * V + 8,
+    ("the loss and norm scalars (not in the plan)", 8 * S + 8,
      take("loss sum", "fsdp gradient norm")),
     ("pipeline boundary buffers", sum(v for k, v in plan.items() if k.startswith("pipeline")),
      take(r"pipeline .*")),
@@ -106,7 +109,7 @@ for l in text.splitlines():  # pipeline ranks without dp: world rank = pp rank
     if m and D == 1:
         r = int(m.group(1))
         parts.append(("pp rank %d: all it holds" % r, int(m.group(2)),
-                      totals.get(r, 0) - 8 * V - 8 - plan["batches"] // K * V))
+                      totals.get(r, 0) - 8 * sets.get(r, V) - 8 - plan["batches"] // K * sets.get(r, V)))
 bad = [p for p in parts if p[1] != p[2]]
 for p in parts:
     print("# %-45s plan %10d  held %10d" % p)
