@@ -163,12 +163,13 @@ static void gpt2_layout_work(const struct fsdp_gpt2 *m, struct fsdp_gpt2_block_a
     }
 }
 
-/* The blocks' saved tensors (and, with bf16 activations, their working
- * set), after the rest. */
+/* The saved tensors of this stage's blocks (and, with bf16 activations,
+ * their working set), after the rest. */
 static void gpt2_layout_blocks(const struct fsdp_gpt2 *m, float *base, size_t *off,
                                struct fsdp_gpt2_acts *a, size_t BT, size_t BR)
 {
     size_t L = (size_t)m->cfg->n_layer, C = (size_t)m->cfg->n_embd, NH = (size_t)m->lnh;
+    const size_t lo = (size_t)m->lm.stage_lo, hi = (size_t)m->lm.stage_hi;
     struct fsdp_gpt2_block_acts blk, work, *w = NULL;
     struct fsdp_gpt2_block_store st;
     int any_ckpt = 0;
@@ -177,6 +178,9 @@ static void gpt2_layout_blocks(const struct fsdp_gpt2 *m, float *base, size_t *o
         w = &work;
     }
     for (size_t l = 0; l < L; l++) {
+        if (l + 1 < lo || l + 1 > hi) {
+            continue; /* another pipeline stage's block */
+        }
         if (m->lm.checkpoint[l]) {
             any_ckpt = 1;
             continue;
@@ -206,15 +210,15 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
 {
     const struct fsdp_gpt2_config *c = m->cfg;
     size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)c->n_embd;
-    size_t L = (size_t)c->n_layer;
     size_t BR = fsdp_lm_rows_here(&m->lm, BT);
+    size_t slots = fsdp_lm_residual_slots(&m->lm);
     size_t off = 0;
     if (m->lm.adt == FSDP_BF16) {
-        a->residual16 = gpt2_take16(base, &off, (L + 1) * BR * C);
+        a->residual16 = gpt2_take16(base, &off, slots * BR * C);
         a->residual = fsdp_lm_take(base, &off, 2 * BR * C);
     } else {
         a->residual16 = NULL;
-        a->residual = fsdp_lm_take(base, &off, (L + 1) * BR * C);
+        a->residual = fsdp_lm_take(base, &off, slots * BR * C);
     }
     a->lnf = fsdp_lm_take(base, &off, BT * C);
     a->lnf_mean = fsdp_lm_take(base, &off, BR);

@@ -129,16 +129,17 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
     const struct fsdp_llama_config *c = m->cfg;
     size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)c->n_embd;
     size_t L = (size_t)c->n_layer, V = (size_t)c->vocab_size;
+    size_t slots = fsdp_lm_residual_slots(&m->lm);
     size_t off = 0, BR = fsdp_lm_rows_here(&m->lm, BT);
     /* a pipeline stage (set_stage) lays out its own blocks, and the head's
      * buffers only where it holds the head */
     const size_t head = (size_t)m->lm.stage_hi == L + 1;
     if (m->lm.adt == FSDP_BF16) {
-        a->residual16 = llama_take16(base, &off, (L + 1) * BR * C);
+        a->residual16 = llama_take16(base, &off, slots * BR * C);
         a->residual = fsdp_lm_take(base, &off, 2 * BR * C);
     } else {
         a->residual16 = NULL;
-        a->residual = fsdp_lm_take(base, &off, (L + 1) * BR * C);
+        a->residual = fsdp_lm_take(base, &off, slots * BR * C);
     }
     a->lnf = fsdp_lm_take(base, &off, head * BT * C);
     a->lnf_rstd = fsdp_lm_take(base, &off, head * BR);

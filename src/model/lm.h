@@ -85,8 +85,8 @@ struct fsdp_lm {
     int stage_lo, stage_hi;
 
     /* views of the model's activation memory (fsdp_lm_bind) */
-    float *residual; /* (L+1, B, T, C): [l] is block l's input, [L] feeds the final norm
-                        (sequence parallel: this rank's rows) */
+    float *residual; /* (slots, B, T, C): block l's input at l - fsdp_lm_residual_first, the
+                        final norm's at L (sequence parallel: this rank's rows) */
     float *dres;     /* (B, T, C) gradient of the residual stream (rows held here) */
     float *dbtc;     /* (B, T, C) every row: partial sums of the row-parallel products, the
                         gathered gradient of the residual, a column-parallel input gradient */
@@ -94,8 +94,9 @@ struct fsdp_lm {
                         rank, or this rank's rows of a reduce-scattered gradient */
     float *spg;      /* (n, C) sequence parallel: norm-parameter gradients of this rank's rows */
     /* activation storage (model.h opts.act_dtype): with bf16 the residual
-     * stream is stored here, (L+1, B, T, C) bf16, and residual is two f32
-     * slots of (B, T, C), block l's input widened into slot l & 1 */
+     * stream is stored here, (slots, B, T, C) bf16 as residual is without
+     * it, and residual is two f32 slots of (B, T, C), block l's input
+     * widened into slot l & 1 */
     enum fsdp_dtype adt; /* FSDP_F32 or FSDP_BF16 */
     uint16_t *residual16;
 };
@@ -253,9 +254,14 @@ int fsdp_lm_sp_norm_grads(struct fsdp_lm *lm, float *const *dst, int n);
 int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const void *inp,
                          enum fsdp_dtype it, const void *w, const void *bias, enum fsdp_dtype pt,
                          const float *residual, const uint16_t *rst, size_t BT, size_t K);
-/* Block l's input, residual[l] (l = L: the final norm's); with bf16
- * activations its f32 slot, which holds residual[l] after
- * fsdp_lm_residual_load and is stored by fsdp_lm_residual_save. */
+/* The residual-stream slots a model holds: a pipeline stage only those its
+ * units read or write, [first, first + slots) of 0 .. L (block l reads l and
+ * writes l + 1; the head reads L); all L + 1 without a stage. */
+int fsdp_lm_residual_first(const struct fsdp_lm *lm);
+size_t fsdp_lm_residual_slots(const struct fsdp_lm *lm);
+/* Block l's input, residual[l] (l = L: the final norm's; l one of the
+ * slots held); with bf16 activations its f32 slot, which holds residual[l]
+ * after fsdp_lm_residual_load and is stored by fsdp_lm_residual_save. */
 float *fsdp_lm_residual(const struct fsdp_lm *lm, int l);
 /* bf16 activations: the stored residual[l] widened into its slot; nothing at f32. */
 void fsdp_lm_residual_load(const struct fsdp_lm *lm, int l);

@@ -13,6 +13,7 @@
 #include "model/lm.h"
 #include "core/error.h"
 
+#include <assert.h>
 #include <stddef.h>
 
 int fsdp_lm_tp_enter(struct fsdp_lm *lm, float *x, const uint16_t *st, size_t BT, const void **in,
@@ -92,11 +93,32 @@ int fsdp_lm_row_parallel(struct fsdp_lm *lm, float *out, uint16_t *st, const voi
     return 0;
 }
 
+int fsdp_lm_residual_first(const struct fsdp_lm *lm)
+{
+    return lm->stage_lo > 0 ? lm->stage_lo - 1 : 0;
+}
+
+size_t fsdp_lm_residual_slots(const struct fsdp_lm *lm)
+{
+    int last = lm->stage_hi < lm->L ? lm->stage_hi : lm->L;
+    return (size_t)(last - fsdp_lm_residual_first(lm) + 1);
+}
+
 float *fsdp_lm_residual(const struct fsdp_lm *lm, int l)
 {
     size_t BT = (size_t)lm->max_B * (size_t)lm->max_T;
-    size_t at = (size_t)(lm->residual16 ? (l & 1) : l);
+    size_t at = (size_t)(lm->residual16 ? (l & 1) : l - fsdp_lm_residual_first(lm));
+    assert(l >= fsdp_lm_residual_first(lm) &&
+           (size_t)(l - fsdp_lm_residual_first(lm)) < fsdp_lm_residual_slots(lm));
     return lm->residual + at * fsdp_lm_rows_here(lm, BT) * lm->C;
+}
+
+/* Stored slot l of residual16 (bf16 activations). */
+static uint16_t *lm_residual16(const struct fsdp_lm *lm, int l, size_t n)
+{
+    assert(l >= fsdp_lm_residual_first(lm) &&
+           (size_t)(l - fsdp_lm_residual_first(lm)) < fsdp_lm_residual_slots(lm));
+    return lm->residual16 + (size_t)(l - fsdp_lm_residual_first(lm)) * n;
 }
 
 /* Only the current batch's rows move: a smaller batch uses the leading
@@ -108,7 +130,7 @@ void fsdp_lm_residual_load(const struct fsdp_lm *lm, int l)
     }
     size_t BT = (size_t)lm->max_B * (size_t)lm->max_T, n = fsdp_lm_rows_here(lm, BT) * lm->C;
     size_t cur = fsdp_lm_rows_here(lm, (size_t)lm->B * (size_t)lm->T) * lm->C;
-    lm->k->bf16_to_f32(lm->dev, fsdp_lm_residual(lm, l), lm->residual16 + (size_t)l * n, cur);
+    lm->k->bf16_to_f32(lm->dev, fsdp_lm_residual(lm, l), lm_residual16(lm, l, n), cur);
 }
 
 void fsdp_lm_residual_save(const struct fsdp_lm *lm, int l)
@@ -118,7 +140,7 @@ void fsdp_lm_residual_save(const struct fsdp_lm *lm, int l)
     }
     size_t BT = (size_t)lm->max_B * (size_t)lm->max_T, n = fsdp_lm_rows_here(lm, BT) * lm->C;
     size_t cur = fsdp_lm_rows_here(lm, (size_t)lm->B * (size_t)lm->T) * lm->C;
-    lm->k->f32_to_bf16(lm->dev, lm->residual16 + (size_t)l * n, fsdp_lm_residual(lm, l), cur);
+    lm->k->f32_to_bf16(lm->dev, lm_residual16(lm, l, n), fsdp_lm_residual(lm, l), cur);
 }
 
 void fsdp_lm_act_keep(const struct fsdp_lm *lm, uint16_t *st, float *x, size_t n)
