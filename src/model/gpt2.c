@@ -220,13 +220,16 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
         a->residual16 = NULL;
         a->residual = fsdp_lm_take(base, &off, slots * BR * C);
     }
-    a->lnf = fsdp_lm_take(base, &off, BT * C);
-    a->lnf_mean = fsdp_lm_take(base, &off, BR);
-    a->lnf_rstd = fsdp_lm_take(base, &off, BR);
+    /* a pipeline stage (set_stage) lays out its own blocks, and the head's
+     * buffers only where it holds the head */
+    const size_t head = (size_t)m->lm.stage_hi == (size_t)c->n_layer + 1;
+    a->lnf = fsdp_lm_take(base, &off, head * BT * C);
+    a->lnf_mean = fsdp_lm_take(base, &off, head * BR);
+    a->lnf_rstd = fsdp_lm_take(base, &off, head * BR);
     size_t R = gpt2_head_R(m, BT), rows_all = m->rows_on ? gpt2_rows_all(m, BT) : 0;
-    a->head_logits = fsdp_lm_take(base, &off, fsdp_gpt2_head_tile_floats(m));
-    a->ce_stats = fsdp_lm_take(base, &off, 2 * R);
-    a->losses = fsdp_lm_take(base, &off, BT);
+    a->head_logits = fsdp_lm_take(base, &off, head * fsdp_gpt2_head_tile_floats(m));
+    a->ce_stats = fsdp_lm_take(base, &off, head * 2 * R);
+    a->losses = fsdp_lm_take(base, &off, head * BT);
     /* token ids share the float buffer: 4 bytes each, only ever read as ids */
     a->tok_all = (int32_t *)(void *)fsdp_lm_take(base, &off, rows_all);
     a->tgt_all = (int32_t *)(void *)fsdp_lm_take(base, &off, gpt2_vp_head(m) ? rows_all : 0);
