@@ -147,8 +147,8 @@ static void gpt2_layout_block(struct fsdp_gpt2_block_acts *a, struct fsdp_gpt2_b
  * products, the attention and GELU read and write the stores; f32 stay
  * res2 (the MLP's product adds it as its f32 residual without tensor
  * parallelism; with sequence parallelism the attention's reduce-scatter
- * lands in it) and, with
- * sequence parallelism, ln1 and ln2 (their rows are all-gathered in f32).
+ * lands in it) and, with sequence parallelism, ln1 and ln2 (their rows
+ * are all-gathered in f32).
  */
 static void gpt2_layout_work(const struct fsdp_gpt2 *m, struct fsdp_gpt2_block_acts *w, float *base,
                              size_t *off, size_t BR, size_t C)

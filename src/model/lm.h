@@ -85,8 +85,9 @@ struct fsdp_lm {
     int stage_lo, stage_hi;
 
     /* views of the model's activation memory (fsdp_lm_bind) */
-    float *residual; /* (slots, B, T, C): block l's input at l - fsdp_lm_residual_first, the
-                        final norm's at L (sequence parallel: this rank's rows) */
+    float *residual; /* (slots, B, T, C): residual[l] (block l's input; l = L the final
+                        norm's) at l - fsdp_lm_residual_first (sequence parallel: this
+                        rank's rows) */
     float *dres;     /* (B, T, C) gradient of the residual stream (rows held here) */
     float *dbtc;     /* (B, T, C) every row: partial sums of the row-parallel products, the
                         gathered gradient of the residual, a column-parallel input gradient */

@@ -104,21 +104,25 @@ size_t fsdp_lm_residual_slots(const struct fsdp_lm *lm)
     return (size_t)(last - fsdp_lm_residual_first(lm) + 1);
 }
 
+/* residual[l]'s slot among those held (l must be one of them). */
+static size_t lm_residual_slot(const struct fsdp_lm *lm, int l)
+{
+    const int first = fsdp_lm_residual_first(lm);
+    assert(l >= first && (size_t)(l - first) < fsdp_lm_residual_slots(lm));
+    return (size_t)(l - first);
+}
+
 float *fsdp_lm_residual(const struct fsdp_lm *lm, int l)
 {
     size_t BT = (size_t)lm->max_B * (size_t)lm->max_T;
-    size_t at = (size_t)(lm->residual16 ? (l & 1) : l - fsdp_lm_residual_first(lm));
-    assert(l >= fsdp_lm_residual_first(lm) &&
-           (size_t)(l - fsdp_lm_residual_first(lm)) < fsdp_lm_residual_slots(lm));
+    size_t at = lm->residual16 ? (size_t)(l & 1) : lm_residual_slot(lm, l);
     return lm->residual + at * fsdp_lm_rows_here(lm, BT) * lm->C;
 }
 
-/* Stored slot l of residual16 (bf16 activations). */
+/* Stored residual[l] (bf16 activations), slots of n values. */
 static uint16_t *lm_residual16(const struct fsdp_lm *lm, int l, size_t n)
 {
-    assert(l >= fsdp_lm_residual_first(lm) &&
-           (size_t)(l - fsdp_lm_residual_first(lm)) < fsdp_lm_residual_slots(lm));
-    return lm->residual16 + (size_t)(l - fsdp_lm_residual_first(lm)) * n;
+    return lm->residual16 + lm_residual_slot(lm, l) * n;
 }
 
 /* Only the current batch's rows move: a smaller batch uses the leading

@@ -638,17 +638,15 @@ static int pp_chunks(struct pp_engine *pe)
     if (!pe->clo || !pe->chi) {
         return fsdp_err(FSDP_ERR_NOMEM, "pipeline chunks");
     }
+    /* every instance is of the parts' model's architecture */
+    const struct fsdp_model_ops *ops = pe->models[0] ? pe->models[0]->ops : NULL;
+    if (!ops ||
+        ops->size < offsetof(struct fsdp_model_ops, stage_buffers) + sizeof(ops->stage_buffers) ||
+        !ops->stage_buffers) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "pipeline: the %s model cannot be cut into stages",
+                        ops ? ops->name : "(no)");
+    }
     for (int c = 0; c < pe->V; c++) {
-        const struct fsdp_model_ops *ops = pe->models[0] ? pe->models[0]->ops : NULL;
-        if (!ops ||
-            ops->size <
-                offsetof(struct fsdp_model_ops, stage_buffers) + sizeof(ops->stage_buffers) ||
-            !ops->stage_buffers) {
-            return fsdp_err(FSDP_ERR_UNSUPPORTED,
-                            "pipeline: the %s model cannot be cut into "
-                            "stages",
-                            ops ? ops->name : "(no)");
-        }
         fsdp_pp_stage_units(pe->first, pe->S, pp_stage_of(pe, c), &pe->clo[c], &pe->chi[c]);
         for (int u = pe->clo[c]; u <= pe->chi[c]; u++) {
             if (!fsdp_shard_owns(pe->se, u)) {
