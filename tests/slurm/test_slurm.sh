@@ -94,19 +94,35 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-# port_free PORT: nothing listens on PORT (IPv4 or IPv6)
+# port_free PORT: no socket, listening or connected, IPv4 or IPv6, is bound
+# to PORT (a connection's local port blocks a bind as a listener does)
 port_free() {
-    hex=$(printf ':%04X ' "$1")
-    ! cat /proc/net/tcp /proc/net/tcp6 2> /dev/null | awk '$4 == "0A" { print $2 " " }' | grep -q "$hex"
+    hex=$(printf ':%04X$' "$1")
+    ! cat /proc/net/tcp /proc/net/tcp6 2> /dev/null | awk 'NR > 1 { print $2 }' | grep -q "$hex"
 }
-port=$((30000 + $$ % 20000))
-while ! port_free $port || ! port_free $((port + 1)); do
+# The daemons' two ports come from below the kernel's ephemeral range, which
+# every outgoing connection of the tests running beside this one draws from:
+# a port free when checked there can be a connection's a moment later.
+eph_lo=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2> /dev/null)
+[ "${eph_lo:-0}" -gt 12000 ] 2> /dev/null || eph_lo=32768
+port_lo=$((eph_lo > 22000 ? 20000 : 10000))
+port_span=$(((eph_lo - 2 - port_lo) / 2 * 2))
+# next_ports: set port to the next pair of free adjacent ports after $port
+next_ports() {
+    tries=0
     port=$((port + 2))
-    if [ $port -gt 65000 ]; then
-        echo "Bail out! no two free adjacent TCP ports above 30000 for slurmctld and slurmd"
-        exit 1
-    fi
-done
+    while ! port_free $port || ! port_free $((port + 1)); do
+        port=$((port + 2))
+        [ $port -ge $((port_lo + port_span)) ] && port=$port_lo
+        tries=$((tries + 1))
+        if [ $tries -gt $((port_span / 2)) ]; then
+            echo "Bail out! no two free adjacent TCP ports in $port_lo..$((port_lo + port_span)) for slurmctld and slurmd"
+            exit 1
+        fi
+    done
+}
+port=$((port_lo + $$ % port_span / 2 * 2 - 2))
+next_ports
 
 # ---------------------------------------------------------------------------
 # munge
@@ -137,6 +153,10 @@ mem=$(echo "$hw" | sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p')
 # (config_overrides: slurmd takes the declared counts over the hardware's)
 [ "${cpus:-0}" -ge 4 ] || cpus=4
 [ "${mem:-0}" -ge 1 ] || mem=2048
+# start_daemons: write slurm.conf for $port and $((port + 1)), start
+# slurmctld and slurmd, wait for the node to be idle; 0 when it is
+start_daemons() {
+    rm -rf "$W/state"/* "$W/spool"/* "$W/log"/slurm*
 cat > "$SLURM_CONF" << EOF
 # one-node test cluster of tests/slurm/test_slurm.sh
 ClusterName=fsdpctest
@@ -174,14 +194,36 @@ InactiveLimit=0
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=fsdpctest Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
-FSDPC_SLURM_TEST="$W" slurmctld -D -i -f "$SLURM_CONF" > "$W/log/slurmctld.out" 2>&1 &
-pids="$pids $!"
-FSDPC_SLURM_TEST="$W" slurmd -D -f "$SLURM_CONF" -N "$node" > "$W/log/slurmd.out" 2>&1 &
-pids="$pids $!"
-i=0
-until [ "$(sinfo -h -n "$node" -o %T 2> /dev/null)" = idle ] || [ $i -ge 150 ]; do
-    sleep 0.2
-    i=$((i + 1))
+    FSDPC_SLURM_TEST="$W" slurmctld -D -i -f "$SLURM_CONF" > "$W/log/slurmctld.out" 2>&1 &
+    ctld=$!
+    FSDPC_SLURM_TEST="$W" slurmd -D -f "$SLURM_CONF" -N "$node" > "$W/log/slurmd.out" 2>&1 &
+    slurmd_pid=$!
+    pids="$pids $ctld $slurmd_pid"
+    i=0
+    until [ "$(sinfo -h -n "$node" -o %T 2> /dev/null)" = idle ] || [ $i -ge 150 ]; do
+        sleep 0.2
+        i=$((i + 1))
+    done
+    [ "$(sinfo -h -n "$node" -o %T 2> /dev/null)" = idle ]
+}
+# stop_daemons: end the two daemons of a start that did not come up
+stop_daemons() {
+    kill -KILL $ctld $slurmd_pid 2> /dev/null
+    wait $ctld $slurmd_pid 2> /dev/null
+    pids=$(echo "$pids" | sed "s/ $ctld $slurmd_pid\$//")
+}
+# A port taken between the check and the daemon's bind is retried on the
+# next free pair; any other failure is the test's.
+attempt=1
+while ! start_daemons; do
+    if [ $attempt -lt 3 ] && grep -qs "Address already in use" "$W/log/slurmctld.out" "$W/log/slurmd.out"; then
+        echo "# ports $port, $((port + 1)) were taken before the daemons bound them; trying the next pair"
+        stop_daemons
+        next_ports
+        attempt=$((attempt + 1))
+        continue
+    fi
+    break
 done
 r=1
 [ "$(sinfo -h -n "$node" -o %T 2> /dev/null)" = idle ] && r=0
