@@ -240,8 +240,9 @@ static size_t gpt2_layout_acts(const struct fsdp_gpt2 *m, float *base, struct fs
 }
 
 /* The head and the embedding use the space of dqkv and dfch, which only a
- * block's backward needs: the workspace is the larger of the two uses. */
-static size_t gpt2_layout_grad_acts(const struct fsdp_gpt2 *m, float *base,
+ * block's backward needs: the workspace is the larger of the two uses. dres
+ * from base, the rest from shared (a donor's, fsdp_lm_reserve_ws) or base. */
+static size_t gpt2_layout_grad_acts(const struct fsdp_gpt2 *m, float *base, float *shared,
                                     struct fsdp_gpt2_grad_acts *g)
 {
     size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)m->cfg->n_embd;
@@ -249,14 +250,15 @@ static size_t gpt2_layout_grad_acts(const struct fsdp_gpt2 *m, float *base,
     int ex = m->rows_on && m->rows_W > 1, vp = ex && gpt2_vp_head(m);
     size_t off = 0;
     g->dres = fsdp_lm_take(base, &off, fsdp_lm_rows_here(&m->lm, BT) * C);
+    base = shared ? shared : base;
     g->dbtc = fsdp_lm_take(base, &off, BT * C);
     g->xfull = fsdp_lm_take(base, &off, m->lm.sp ? BT * C : 0);
     g->spg = fsdp_lm_take(base, &off, m->lm.sp ? 4 * C : 0);
-    size_t shared = off;
+    size_t split = off;
     g->dqkv = fsdp_lm_take(base, &off, BT * 3 * m->lc);
     g->dfch = fsdp_lm_take(base, &off, BT * 4 * m->lc);
     size_t blocks = off;
-    off = shared;
+    off = split;
     g->xall = fsdp_lm_take(base, &off, ex ? all * C : 0);
     g->dxall = fsdp_lm_take(base, &off, vp ? all * C : 0);
     g->zt = fsdp_lm_take(base, &off, R);
@@ -278,10 +280,11 @@ int fsdp_gpt2_reserve(struct fsdp_model *base)
         gpt2_layout_acts(m, lm->act_memory, &m->acts);
     }
     if (!lm->grad_act_memory) {
-        FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->grad_act_memory, &lm->grad_act_floats,
-                                       fsdp_gpt2_workspace_bytes(base) / sizeof(float),
-                                       "activation gradients", &fresh));
-        gpt2_layout_grad_acts(m, lm->grad_act_memory, &m->gacts);
+        struct fsdp_gpt2_grad_acts count;
+        float *shared;
+        size_t total = gpt2_layout_grad_acts(m, NULL, NULL, &count);
+        FSDP_CHECK(fsdp_lm_reserve_ws(lm, total, &shared, &fresh));
+        gpt2_layout_grad_acts(m, lm->grad_act_memory, shared, &m->gacts);
     }
     if (fresh) {
         fsdp_lm_bind(lm, m->acts.residual, m->gacts.dres, m->gacts.dbtc, m->gacts.xfull,
@@ -310,7 +313,7 @@ size_t fsdp_gpt2_workspace_bytes(const struct fsdp_model *base)
 {
     const struct fsdp_gpt2 *m = (const struct fsdp_gpt2 *)base;
     struct fsdp_gpt2_grad_acts count;
-    return gpt2_layout_grad_acts(m, NULL, &count) * sizeof(float);
+    return fsdp_lm_ws_own(&m->lm, gpt2_layout_grad_acts(m, NULL, NULL, &count)) * sizeof(float);
 }
 
 // ----------------------------------------------------------------------------
@@ -859,4 +862,5 @@ const struct fsdp_model_ops fsdp_gpt2_ops = {
     .comm_counts = gpt2_op_comm_counts,
     .set_stage = fsdp_lm_op_set_stage,
     .stage_buffers = fsdp_lm_op_stage_buffers,
+    .share_workspace = fsdp_lm_op_share_workspace,
 };

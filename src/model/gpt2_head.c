@@ -111,7 +111,7 @@ static int gpt2_head_gather_x(struct fsdp_gpt2 *m, size_t BT)
         FSDP_CHECK(fsdp_device_zero(m->lm.dev, m->acts.lnf, BT * C * sizeof(float)));
     }
     FSDP_CHECK(gpt2_allgather(m, m->acts.lnf, m->gacts.xall, BT * C, FSDP_F32));
-    m->head_x_ready = 1;
+    m->head_x_ready = !m->lm.ws_shared; /* a shared workspace is another set's meanwhile */
     return 0;
 }
 

@@ -778,4 +778,5 @@ const struct fsdp_model_ops fsdp_llama_ops = {
     .tp_cut = llama_op_tp_cut,
     .set_stage = fsdp_lm_op_set_stage,
     .stage_buffers = fsdp_lm_op_stage_buffers,
+    .share_workspace = fsdp_lm_op_share_workspace,
 };

@@ -155,12 +155,14 @@ static size_t llama_layout_acts(const struct fsdp_llama *m, float *base, struct 
     return off;
 }
 
-static size_t llama_layout_grad_acts(const struct fsdp_llama *m, float *base,
+/* dres from base, the rest from shared (a donor's, fsdp_lm_reserve_ws) or base */
+static size_t llama_layout_grad_acts(const struct fsdp_llama *m, float *base, float *shared,
                                      struct fsdp_llama_grad_acts *g)
 {
     size_t BT = (size_t)m->lm.max_B * (size_t)m->lm.max_T, C = (size_t)m->cfg->n_embd;
     size_t F = m->lf, off = 0;
     g->dres = fsdp_lm_take(base, &off, fsdp_lm_rows_here(&m->lm, BT) * C);
+    base = shared ? shared : base;
     g->dbtc = fsdp_lm_take(base, &off, BT * C);
     g->xfull = fsdp_lm_take(base, &off, m->lm.sp ? BT * C : 0);
     g->spg = fsdp_lm_take(base, &off, m->lm.sp ? 2 * C : 0);
@@ -187,10 +189,10 @@ int fsdp_llama_reserve(struct fsdp_model *base)
     }
     if (!lm->grad_act_memory) {
         struct fsdp_llama_grad_acts count;
-        FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->grad_act_memory, &lm->grad_act_floats,
-                                       llama_layout_grad_acts(m, NULL, &count),
-                                       "activation gradients", &fresh));
-        llama_layout_grad_acts(m, lm->grad_act_memory, &m->gacts);
+        float *shared;
+        size_t total = llama_layout_grad_acts(m, NULL, NULL, &count);
+        FSDP_CHECK(fsdp_lm_reserve_ws(lm, total, &shared, &fresh));
+        llama_layout_grad_acts(m, lm->grad_act_memory, shared, &m->gacts);
     }
     if (fresh) {
         fsdp_lm_bind(lm, m->acts.residual, m->gacts.dres, m->gacts.dbtc, m->gacts.xfull,
@@ -213,5 +215,6 @@ size_t fsdp_llama_workspace_bytes(const struct fsdp_model *base)
     const struct fsdp_llama *m = (const struct fsdp_llama *)base;
     struct fsdp_llama_grad_acts count;
     size_t rope = 2 * (size_t)m->lm.max_T * (size_t)(m->hs / 2);
-    return (llama_layout_grad_acts(m, NULL, &count) + rope) * sizeof(float);
+    return (fsdp_lm_ws_own(&m->lm, llama_layout_grad_acts(m, NULL, NULL, &count)) + rope) *
+           sizeof(float);
 }

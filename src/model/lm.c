@@ -176,6 +176,35 @@ int fsdp_lm_reserve_buf(struct fsdp_lm *lm, float **mem, size_t *floats, size_t 
     return 0;
 }
 
+size_t fsdp_lm_ws_own(const struct fsdp_lm *lm, size_t total)
+{
+    size_t BT = (size_t)lm->max_B * (size_t)lm->max_T, off = 0;
+    if (!lm->ws_donor) {
+        return total;
+    }
+    fsdp_lm_take(NULL, &off, fsdp_lm_rows_here(lm, BT) * lm->C); /* dres, as the layouts take it */
+    return off;
+}
+
+int fsdp_lm_reserve_ws(struct fsdp_lm *lm, size_t total, float **shared, int *fresh)
+{
+    const struct fsdp_lm *d = lm->ws_donor;
+    *shared = NULL;
+    if (d && !d->grad_act_memory) {
+        return fsdp_err(FSDP_ERR_INTERNAL, "%s: the shared workspace is not reserved yet",
+                        lm->name);
+    }
+    if (d && d->grad_act_floats != total) {
+        return fsdp_err(FSDP_ERR_INTERNAL,
+                        "%s: the shared workspace holds %zu floats, this instance's layout %zu",
+                        lm->name, d->grad_act_floats, total);
+    }
+    FSDP_CHECK(fsdp_lm_reserve_buf(lm, &lm->grad_act_memory, &lm->grad_act_floats,
+                                   fsdp_lm_ws_own(lm, total), "activation gradients", fresh));
+    *shared = d ? d->grad_act_memory : NULL;
+    return 0;
+}
+
 void fsdp_lm_log_reserve(const struct fsdp_lm *lm)
 {
     FSDP_DEBUG(FSDP_SUB_MODEL, "%s activations %.1f MiB, workspace %.1f MiB (B=%d T=%d)",
@@ -577,6 +606,25 @@ int fsdp_lm_op_set_stage(struct fsdp_model *m, int u0, int u1)
     }
     lm->stage_lo = u0;
     lm->stage_hi = u1;
+    return 0;
+}
+
+int fsdp_lm_op_share_workspace(struct fsdp_model *m, struct fsdp_model *donor)
+{
+    struct fsdp_lm *lm = (struct fsdp_lm *)m, *d = (struct fsdp_lm *)donor;
+    if (!donor || donor == m || donor->ops != m->ops || d->stage_lo != lm->stage_lo ||
+        d->stage_hi != lm->stage_hi || d->ws_donor || lm->ws_shared) {
+        return fsdp_err(FSDP_ERR_INVALID,
+                        "%s: a workspace is shared only by an instance that shares none yet, "
+                        "with another of the same architecture and stage that keeps its own",
+                        lm->name);
+    }
+    if (lm->grad_act_memory) {
+        return fsdp_err(FSDP_ERR_UNSUPPORTED, "%s: a workspace is shared before it is reserved",
+                        lm->name);
+    }
+    lm->ws_donor = d;
+    lm->ws_shared = d->ws_shared = 1;
     return 0;
 }
 

@@ -49,6 +49,11 @@ struct fsdp_lm {
     size_t act_floats;
     float *grad_act_memory;
     size_t grad_act_floats;
+    /* share_workspace (model.h): the instance whose workspace holds this
+     * one's past its dres (NULL: its own); ws_shared: this instance's
+     * workspace is shared either way, so nothing stays in it for a backward */
+    const struct fsdp_lm *ws_donor;
+    int ws_shared;
 
     /* current batch (borrowed until the backward ends): the host's arrays,
      * which host code reads (counts, checks), and the device's copies, which
@@ -145,6 +150,16 @@ int fsdp_lm_head_default_rows(const struct fsdp_lm *lm, size_t bytes);
  */
 int fsdp_lm_reserve_buf(struct fsdp_lm *lm, float **mem, size_t *floats, size_t n,
                         const char *what, int *fresh);
+/*
+ * The workspace (activation gradients) of a layout of total floats whose
+ * first part is the residual's gradient, dres (this rank's rows of
+ * max_B x max_T, C each): unless already there, the whole of it, or with a
+ * donor (share_workspace) only dres; *shared is then where the layout's
+ * other parts lie, the donor's, at the donor's offsets (else NULL: in
+ * lm->grad_act_memory). fsdp_lm_ws_own: the floats this instance keeps.
+ */
+int fsdp_lm_reserve_ws(struct fsdp_lm *lm, size_t total, float **shared, int *fresh);
+size_t fsdp_lm_ws_own(const struct fsdp_lm *lm, size_t total);
 /* Logs the activation and workspace sizes after a reserve that allocated. */
 void fsdp_lm_log_reserve(const struct fsdp_lm *lm);
 /* Activation memory from the model's device (host memory without one). */
@@ -307,6 +322,9 @@ float fsdp_lm_op_loss(const struct fsdp_model *m);
 int fsdp_lm_op_set_stage(struct fsdp_model *m, int u0, int u1);
 int fsdp_lm_op_stage_buffers(struct fsdp_model *m, float **in, float **out, float **dres,
                              size_t *count);
+/* model.h's share_workspace, for a model whose workspace layout starts with
+ * dres and is reserved through fsdp_lm_reserve_ws. */
+int fsdp_lm_op_share_workspace(struct fsdp_model *m, struct fsdp_model *donor);
 
 // ----------------------------------------------------------------------------
 // incremental decoding (gpt2_decode.c, llama_decode.c)

@@ -16,7 +16,7 @@ libfsdpc_a_SOURCES += src/model/llama_spec.c src/model/llama.c src/model/llama_a
 	src/model/llama_decode.c
 noinst_HEADERS += src/model/llama_spec.h src/model/llama.h
 
-PROGRAM_TESTS += tests/model/test_llama_grad tests/model/test_decode
+PROGRAM_TESTS += tests/model/test_llama_grad tests/model/test_decode tests/model/test_share_ws
 # fsdpc-sample end to end (cache against window, tokenizer text)
 dist_check_SCRIPTS += tests/model/test_sample.sh
 # against Hugging Face transformers 4.38 (skips without $(top_builddir)/hf-venv)

@@ -79,6 +79,18 @@ void fsdp_model_destroy(struct fsdp_model *m)
     }
 }
 
+int fsdp_model_share_workspace(struct fsdp_model *m, struct fsdp_model *donor)
+{
+    const struct fsdp_model_ops *ops = m->ops;
+    if (ops->size <
+            offsetof(struct fsdp_model_ops, share_workspace) + sizeof(ops->share_workspace) ||
+        !ops->share_workspace) {
+        return 0;
+    }
+    FSDP_CHECK(ops->share_workspace(m, donor));
+    return 1;
+}
+
 int fsdp_model_forward(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets, int B,
                        int T, float *loss)
 {

@@ -143,6 +143,17 @@ struct fsdp_model_ops {
      */
     int (*stage_buffers)(struct fsdp_model *m, float **in, float **out, float **dres,
                          size_t *count);
+    /*
+     * Optional (NULL: every instance keeps its whole workspace). Before
+     * reserve: m's workspace, but for the stage's *dres (stage_buffers),
+     * is donor's, an instance made with the same options and cut, not
+     * itself sharing another's, reserved before m is; m shares none yet. Nothing m or donor
+     * computes then carries in the workspace from a forward to its
+     * backward, and the two must never run a forward or backward at once
+     * (a pipeline chunk's activation sets run one at a time).
+     * workspace_bytes counts m's own part from then on.
+     */
+    int (*share_workspace)(struct fsdp_model *m, struct fsdp_model *donor);
 };
 
 /*
@@ -194,6 +205,9 @@ int fsdp_model_arch(const char *name, const struct fsdp_arch **out);
 int fsdp_model_create(const struct fsdp_model_spec *spec, const struct fsdp_model_opts *opts,
                       struct fsdp_model **out);
 void fsdp_model_destroy(struct fsdp_model *m);
+/* m's share_workspace(m, donor): 1 when shared, 0 when m's architecture
+ * does not share one (m keeps its whole workspace), <0 on error. */
+int fsdp_model_share_workspace(struct fsdp_model *m, struct fsdp_model *donor);
 /* set_batch + every unit's forward; *loss (may be NULL) as ops->loss. */
 int fsdp_model_forward(struct fsdp_model *m, const int32_t *tokens, const int32_t *targets, int B,
                        int T, float *loss);

@@ -693,7 +693,10 @@ static int pp_tie_setup(struct pp_engine *pe)
 
 /* Each chunk's instances, as many as it holds micro-batches at once (the
  * schedule's): made like the parts' model, so chunk 0's take unit 0 by rows
- * where it does; reserved (the first, the parts', is already). */
+ * where it does; each after a chunk's first shares that one's workspace
+ * (the chunk runs one forward or backward at a time, and a backward's
+ * scratch is dead when it returns; each keeps its own dres); reserved (the
+ * first, the parts', is already). */
 static int pp_instances(struct pp_engine *pe)
 {
     struct fsdp_shard_engine *se = pe->se;
@@ -710,14 +713,20 @@ static int pp_instances(struct pp_engine *pe)
     for (int c = 0; c < pe->V; c++) {
         pe->inst0[c + 1] += pe->inst0[c];
     }
-    for (int i = 1; i < pe->n_models; i++) {
+    for (int i = 1, c = 0; i < pe->n_models; i++) {
         struct fsdp_model *m = pe->models[i];
+        while (i >= pe->inst0[c + 1]) {
+            c++;
+        }
         if (i < pe->inst0[1] && se->rows_root) {
             int rc = m->ops->set_unit_rows(m, 0, se->shard_g);
             FSDP_CHECK(rc);
             if (rc != 1) {
                 return fsdp_err(FSDP_ERR_INTERNAL, "pipeline: an instance declined unit 0 by rows");
             }
+        }
+        if (i > pe->inst0[c]) {
+            FSDP_CHECK(fsdp_model_share_workspace(m, pe->models[pe->inst0[c]]));
         }
         FSDP_CHECK(m->ops->reserve(m));
     }

@@ -23,32 +23,52 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The workspace bytes of each of a chunk's activation sets after its first
+ * (pp_engine.c): its own part where the model shares the first's
+ * workspace (share_workspace), else the first's whole. */
+static int plan_set_ws(const struct fsdp_model_spec *t, const struct fsdp_model_opts *mo,
+                       struct fsdp_model *first, int lo, int hi, size_t *out)
+{
+    struct fsdp_model *m;
+    FSDP_CHECK(fsdp_model_create(t, mo, &m));
+    int rc = m->ops->set_stage(m, lo, hi);
+    rc = rc < 0 ? rc : fsdp_model_share_workspace(m, first);
+    *out = rc == 1 ? m->ops->workspace_bytes(m) : first->ops->workspace_bytes(first);
+    fsdp_model_destroy(m);
+    return rc < 0 ? rc : 0;
+}
+
 /* The activation sets of rank r beyond the parts' model's: one instance
  * per micro-batch a chunk holds at once (fsdp_pp_chunk_holds), as
- * pipeline.c makes them. Chunk 0's others are like the parts' model as
- * the sharding engine's plan left it (unit 0 by rows where it takes it);
- * the other chunks' made on the parts' table, cut at their stages, sized,
+ * pipeline.c makes them, those after a chunk's first sharing its
+ * workspace. Chunk 0's others are like the parts' model as the sharding
+ * engine's plan left it (unit 0 by rows where it takes it); the other
+ * chunks' made on the parts' table, cut at their stages, sized,
  * destroyed. */
 static int plan_chunks(struct fsdp_train_parts *p, struct fsdp_device *dev,
                        const struct fsdp_shard_config *sc, const int *first, const int *most,
                        struct fsdp_plan_pp *out)
 {
     struct fsdp_model_opts mo = fsdp_train_parts_model_opts(p, sc, dev);
-    const struct fsdp_model *m0 = p->model;
+    const struct fsdp_model_spec *t = fsdp_shard_parts_table(&p->shard);
+    struct fsdp_model *m0 = p->model;
+    size_t ws = 0;
+    int lo, hi;
+    fsdp_pp_stage_units(first, out->P * out->V, out->rank, &lo, &hi);
+    FSDP_CHECK(most[0] > 1 ? plan_set_ws(t, &mo, m0, lo, hi, &ws) : 0);
     out->saved = (size_t)(most[0] - 1) * m0->ops->activation_bytes(m0);
-    out->act =
-        (size_t)(most[0] - 1) * (m0->ops->activation_bytes(m0) + m0->ops->workspace_bytes(m0));
+    out->act = (size_t)(most[0] - 1) * (m0->ops->activation_bytes(m0) + ws);
     for (int c = 1; c < out->V; c++) {
         struct fsdp_model *m;
-        int lo, hi;
         fsdp_pp_stage_units(first, out->P * out->V, c * out->P + out->rank, &lo, &hi);
-        FSDP_CHECK(fsdp_model_create(fsdp_shard_parts_table(&p->shard), &mo, &m));
+        FSDP_CHECK(fsdp_model_create(t, &mo, &m));
         int rc = sc->activation_checkpointing ? m->ops->set_checkpoint(m, -1, 1) : 0;
         rc = rc < 0 ? rc : m->ops->set_stage(m, lo, hi);
+        rc = rc < 0 || most[c] < 2 ? rc : plan_set_ws(t, &mo, m, lo, hi, &ws);
         if (rc == 0) {
             out->saved += (size_t)most[c] * m->ops->activation_bytes(m);
-            out->act +=
-                (size_t)most[c] * (m->ops->activation_bytes(m) + m->ops->workspace_bytes(m));
+            out->act += (size_t)most[c] * m->ops->activation_bytes(m) + m->ops->workspace_bytes(m) +
+                        (size_t)(most[c] - 1) * ws;
         }
         fsdp_model_destroy(m);
         FSDP_CHECK(rc);
