@@ -349,9 +349,9 @@ void fsdp_pp_pool_sizes(const struct fsdp_pp_schedule *s, const struct fsdp_pp_s
         if (st->kind == FSDP_PP_RECV) {
             f += a->op == FSDP_PP_FWD;
             g += a->op == FSDP_PP_BWD;
-        } else if (st->kind == FSDP_PP_RUN && a->op == FSDP_PP_BWD) {
-            f -= stage > 0;
-            g -= stage < S - 1;
+        } else if (st->kind == FSDP_PP_RUN) { /* each pass copies its message out */
+            f -= a->op == FSDP_PP_FWD && stage > 0;
+            g -= a->op == FSDP_PP_BWD && stage < S - 1;
         }
         *held = f > *held ? f : *held;
         *grads = g > *grads ? g : *grads;

@@ -69,9 +69,11 @@ int fsdp_pp_steps_run(const struct fsdp_pp_schedule *ranks, struct fsdp_pp_step 
 /*
  * The most received stage inputs (*held) and received output gradients
  * (*grads) rank s->rank holds at once running steps (n of them), each at
- * least 1: the runtime's buffer slots, and the memory plan's. A receive may
- * come some passes before its pass, so this can exceed the schedule's bound
- * of forwards in flight by the receives taken early.
+ * least 1: the runtime's buffer slots, and the memory plan's. A message is
+ * held from its receive to its pass, which copies it into the model
+ * instance the pass runs on (an input into the activation set its forward
+ * takes, a gradient into the set its backward runs on); a receive may
+ * come some passes before its pass.
  */
 void fsdp_pp_pool_sizes(const struct fsdp_pp_schedule *s, const struct fsdp_pp_step *steps,
                         size_t n, size_t *held, size_t *grads);

@@ -161,7 +161,8 @@ static int pp_take_inst(struct pp_engine *pe, int c, int key)
 
 /* Chunk c's forward of micro-batch mb of b on a free instance, which keeps
  * its activations until the backward: from its held input (not stage 0),
- * through its units (the last stage: the loss). */
+ * copied in, its slot then freed, through its units (the last stage: the
+ * loss). */
 static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int c)
 {
     const size_t bt = (size_t)b->B * (size_t)b->T;
@@ -187,6 +188,10 @@ static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, 
         FSDP_CHECK(fsdp_device_copy(pp_dev(pe), x, pe->held + (size_t)pe->slot_of[key] * pe->count,
                                     pe->count * sizeof(float)));
     }
+    if (pe->slot_of[key] >= 0) { /* the set holds its copy: the next receive may take the slot */
+        pe->slot_busy[pe->slot_of[key]] = 0;
+        pe->slot_of[key] = -1;
+    }
     FSDP_CHECK(pp_tie_gather(pe, c));
     FSDP_CHECK(fsdp_shard_mb_forward(pe->se, in, tg));
     /* the sharding engine keeps the last unit gathered for the backward
@@ -201,7 +206,7 @@ static int pp_forward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, 
 /* Chunk c's backward of micro-batch mb on the instance its forward kept:
  * the received output gradient into it (not the last stage), then the
  * units' backward with the step's reduction policy (k: the chunk's
- * backwards so far); the instance and the held buffers are freed. */
+ * backwards so far); the instance and the gradient's slot are freed. */
 static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb, int c)
 {
     const int key = c * pe->pc.M + mb, k = pe->n_bwd[c], i = pe->inst_of[key];
@@ -240,10 +245,6 @@ static int pp_backward(struct pp_engine *pe, const struct fsdp_batch *b, int mb,
     pp_synthetic(pe, 2);
     pe->n_bwd[c]++;
     pe->inst_busy[i] = 0; /* inst_of[key] stays: the send reads its input's gradient */
-    if (pe->slot_of[key] >= 0) {
-        pe->slot_busy[pe->slot_of[key]] = 0;
-        pe->slot_of[key] = -1;
-    }
     pe->held_now--;
     return 0;
 }
