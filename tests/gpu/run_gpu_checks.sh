@@ -331,7 +331,7 @@ for model in gpt2-tiny llama-tiny; do
 done
 
 # -- b2. the sharded engine on device memory ------------------------------------
-say "== b2. sharded training on the one GPU: dp=2 over tcp in two processes, nccl at one rank"
+say "== b2. sharded training on the one GPU: dp=2 and pp=2 over tcp in two processes, nccl at one rank"
 # ranks N NAME ARGS...: N processes of fsdpc-train meeting through env://
 # (the kit has no mpiexec), every one on the same GPU; the first failure's
 # status, after all have ended
@@ -351,11 +351,14 @@ ranks() {
         for p in $pids; do wait $p || { [ $rc -eq 0 ] && rc=$?; }; done
         exit $rc' ranks "$r_n" $((20000 + $$ % 20000)) "$@"
 }
-# shard NAME BATCH MESH BACKEND N: gpt2-tiny on cuda, 10 steps, f32
+# shard NAME BATCH MESH BACKEND N [ARGS...]: gpt2-tiny on cuda, 10 steps, f32
 shard() {
-    ranks "$5" "$1" "$bin/fsdpc-train" --model "$D/gpt2-tiny.h5" --data "$D/train.bin" \
-        --device cuda --steps 10 --batch-size "$2" --seq-len 64 --lr 1e-3 --seed 1 \
-        --peak-flops 1e12 --init env:// --mesh "$3" --backend "$4" --metrics "$L/$1.jsonl"
+    s_name=$1 s_batch=$2 s_mesh=$3 s_backend=$4 s_n=$5
+    shift 5
+    ranks "$s_n" "$s_name" "$bin/fsdpc-train" --model "$D/gpt2-tiny.h5" --data "$D/train.bin" \
+        --device cuda --steps 10 --batch-size "$s_batch" --seq-len 64 --lr 1e-3 --seed 1 \
+        --peak-flops 1e12 --init env:// --mesh "$s_mesh" --backend "$s_backend" \
+        --metrics "$L/$s_name.jsonl" "$@"
 }
 if [ "$cuda" != yes ]; then
     say "SKIP  sharded training on the GPU: $cuda"
@@ -389,6 +392,23 @@ else
         elif [ $rc -ne 200 ]; then
             fail "dp=2 over tcp staged in 4 KiB chunks (exit $rc): ${res:-$(tail_msg "$L/shard-dp2-tcp-4k.log")}"
         fi
+    fi
+    # the pipeline on device memory: two stages over tcp, gpipe with 4
+    # micro-batches (each stage holds 4 activation sets, the later ones on
+    # their chunk's first's gradient workspace; sends in flight on their
+    # lanes' streams) = one process with 4 accumulation steps
+    shard shard-acc4 2 dp=1 tcp 1 --grad-accum 4
+    rc1=$?
+    shard shard-pp2-tcp 2 pp=2 tcp 2 --grad-accum 4 --pp-schedule gpipe
+    rc2=$?
+    if [ $rc1 -eq 200 ] || [ $rc2 -eq 200 ]; then
+        :
+    elif [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ]; then
+        fail "pp=2 over tcp on one GPU (exit $rc1/$rc2): $(tail_msg "$L/shard-pp2-tcp.log")"
+    elif res=$(compare "$L/shard-acc4.jsonl" "$L/shard-pp2-tcp.jsonl" 1e-4 1e-4); then
+        say "PASS  pp=2 gpipe over tcp, two processes on one GPU = one process: $res"
+    else
+        fail "pp=2 gpipe over tcp on one GPU = one process: $res (tolerance 1e-4)"
     fi
     if [ "$(info nccl)" != yes ]; then
         say "SKIP  fsdpc-train --backend nccl: this kit's build has no nccl backend"
