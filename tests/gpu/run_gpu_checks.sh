@@ -334,7 +334,8 @@ done
 say "== b2. sharded training on the one GPU: dp=2 and pp=2 over tcp in two processes, nccl at one rank"
 # ranks N NAME ARGS...: N processes of fsdpc-train meeting through env://
 # (the kit has no mpiexec), every one on the same GPU; the first failure's
-# status, after all have ended
+# status, after all have ended; the store's port below the kernel's
+# ephemeral range (32768 up), where no connection takes it meanwhile
 ranks() {
     r_n=$1 r_name=$2
     shift 2
@@ -349,7 +350,7 @@ ranks() {
         done
         rc=0
         for p in $pids; do wait $p || { [ $rc -eq 0 ] && rc=$?; }; done
-        exit $rc' ranks "$r_n" $((20000 + $$ % 20000)) "$@"
+        exit $rc' ranks "$r_n" $((20000 + $$ % 12000)) "$@"
 }
 # shard NAME BATCH MESH BACKEND N [ARGS...]: gpt2-tiny on cuda, 10 steps, f32
 shard() {
