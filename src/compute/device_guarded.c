@@ -437,6 +437,21 @@ static int guard_mem_info(struct fsdp_device *d, size_t *free_bytes, size_t *tot
     return 0;
 }
 
+/* A GPU's arena taken whole (ops->reserve): the address space is already
+ * there, so only a plan larger than it is refused, as a GPU refuses one
+ * larger than its memory. */
+static int guard_reserve(struct fsdp_device *d, size_t bytes)
+{
+    struct guarded *g = guard_of(d);
+    if (bytes > g->cap) {
+        return fsdp_err(FSDP_ERR_NOMEM,
+                        "out of memory on the guarded device: the memory plan reserves %zu bytes "
+                        "of %zu (FSDPC_GUARDED_BYTES)",
+                        bytes, g->cap);
+    }
+    return 0;
+}
+
 static int guard_stream_create(struct fsdp_device *d, void **stream)
 {
     struct guarded *g = guard_of(d);
@@ -549,6 +564,7 @@ static void guard_ops_make(void)
     guard_ops.copy = guard_copy;
     guard_ops.memset = guard_memset;
     guard_ops.mem_info = guard_mem_info;
+    guard_ops.reserve = guard_reserve;
     guard_ops.buffers = guard_buffers;
     guard_ops.stream_create = guard_stream_create;
     guard_ops.stream_destroy = guard_stream_destroy;

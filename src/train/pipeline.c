@@ -17,8 +17,10 @@
 #include "train/trainer_impl.h"
 #include "train/parts.h"
 #include "train/pipeline.h"
+#include "train/memory_plan_pp.h"
 #include "comm/group.h"
 #include "comm/mesh.h"
+#include "compute/device.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "parallel/pp_engine.h"
@@ -181,6 +183,32 @@ static int pp_grad_group(struct fsdp_group *pp, struct fsdp_group **out)
     return 0;
 }
 
+/* This pipeline rank's plan as --print-memory makes it (memory_plan_pp.h),
+ * reserved where the device keeps an arena (fsdp_trainer_reserve). */
+static int pp_reserve(struct fsdp_trainer *t, const int *first, int P, int s)
+{
+    if (!t->dev->ops->reserve) {
+        return 0;
+    }
+    const struct fsdp_train_config *c = t->cfg;
+    struct fsdp_group *dp = fsdp_mesh_group(t->mesh, "dp"), *rdp = fsdp_mesh_group(t->mesh, "rdp");
+    struct fsdp_group *tp = fsdp_mesh_group(t->mesh, "tp");
+    struct fsdp_shard_shape sh = {
+        .dp = dp ? dp->size : 1,
+        .rdp = rdp ? rdp->size : 1,
+        .tp = tp ? tp->size : 1,
+        .dp_rank = dp ? dp->rank : 0,
+        .tp_rank = tp ? tp->rank : 0,
+    };
+    struct fsdp_optim_config oc;
+    fsdp_train_config_optim(c, &oc);
+    struct fsdp_shard_config sc;
+    FSDP_CHECK(fsdp_train_config_shard(c, &sc));
+    struct fsdp_plan_pp plan;
+    FSDP_CHECK(fsdp_train_plan_pp(t->spec, c, first, P, s, &sh, t->dev, &oc, &sc, &plan));
+    return fsdp_trainer_reserve(t, fsdp_plan_pp_total(&plan) + plan.st.ckpt_bytes);
+}
+
 int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
 {
     const struct fsdp_train_config *c = t->cfg;
@@ -199,6 +227,7 @@ int fsdp_trainer_pp_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
     struct fsdp_model **models = rc < 0 ? NULL : calloc((size_t)n, sizeof(*models));
     rc = rc < 0 || models ? rc : fsdp_err(FSDP_ERR_NOMEM, "pipeline model instances");
     rc = rc < 0 ? rc : fsdp_train_pp_split(t->spec, c, P, V, first);
+    rc = rc < 0 ? rc : pp_reserve(t, first, P, s);
     struct fsdp_engine *inner = NULL;
     rc = rc < 0 ? rc : pp_stage_engine(t, first, P, V, s, most, &inner, models);
     struct fsdp_group *grad = NULL;

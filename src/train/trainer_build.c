@@ -286,8 +286,18 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
  * workspace and staging, the norms' partial sums, the cast chunk). */
 #define TRAINER_KERNEL_ROOM ((size_t)256 << 20)
 
-/* A device that keeps an arena (a GPU's) takes this rank's whole plan at
- * once, as --print-memory plans it, so no step allocates from the runtime. */
+int fsdp_trainer_reserve(struct fsdp_trainer *t, size_t plan)
+{
+    if (!t->dev->ops->reserve) {
+        return 0;
+    }
+    size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(t->cfg) * sizeof(int32_t);
+    FSDP_DEBUG(FSDP_SUB_TRAIN, "device reserve: %zu bytes of plan and batches, %zu for kernels",
+               plan + batch, TRAINER_KERNEL_ROOM);
+    return fsdp_device_reserve(t->dev, plan + batch + TRAINER_KERNEL_ROOM);
+}
+
+/* This rank's engine as --print-memory plans it, reserved. */
 static int trainer_reserve(struct fsdp_trainer *t, const struct fsdp_shard_groups *g,
                            struct fsdp_group *tp, const struct fsdp_optim_config *oc,
                            const struct fsdp_shard_config *sc)
@@ -304,8 +314,7 @@ static int trainer_reserve(struct fsdp_trainer *t, const struct fsdp_shard_group
     };
     struct fsdp_engine_stats st;
     FSDP_CHECK(fsdp_train_parts_plan(t->spec, &sh, t->dev, oc, sc, &st));
-    size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(t->cfg) * sizeof(int32_t);
-    return fsdp_device_reserve(t->dev, st.peak_bytes + st.ckpt_bytes + batch + TRAINER_KERNEL_ROOM);
+    return fsdp_trainer_reserve(t, st.peak_bytes + st.ckpt_bytes);
 }
 
 /*

@@ -26,6 +26,14 @@ int fsdp_trainer_rank(const struct fsdp_trainer *t);
  */
 void fsdp_trainer_data_place(struct fsdp_trainer *t);
 
+/*
+ * A device that keeps an arena (a GPU's) takes this rank's whole memory
+ * plan at once: plan bytes (its engine's, or its pipeline rank's, with the
+ * checkpoint re-layout), the step's batches and room for the kernel
+ * table's own workspaces; so no step allocates from the runtime. Nothing
+ * on a device without one.
+ */
+int fsdp_trainer_reserve(struct fsdp_trainer *t, size_t plan);
 /* Prefixes the recorded error message with the option it concerns. */
 int fsdp_trainer_blame(int rc, const char *what);
 

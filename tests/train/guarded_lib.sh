@@ -40,7 +40,9 @@ records() {
 # pp, and every pipeline rank's total without dp). The plan's batches are
 # the step's K micro-batches (the trainer's arrays); the device holds one
 # for each model, and a loss scalar (under pp a model per activation set,
-# as many as the plan's line of the rank says).
+# as many as the plan's line of the rank says). What the trainer reserved
+# for the device's arena (ops->reserve, logged) is the plan's total with
+# its checkpoint re-layout.
 plan() {
     name=$1 n=$2
     shift 2
@@ -69,6 +71,7 @@ sets = {int(r): int(n) for r, n in re.findall(r"  pp rank (\d+) .*?, (\d+) activ
 S = sets.get(int(m.group(1)), V) if m else V  # the planned rank's models
 bufs = {}
 host = 0  # pinned host bytes of --offload, as the engine counts them (the device names none)
+reserve = -1  # what the trainer reserved (the device's arena, ops->reserve)
 totals = {}
 run = open(sys.argv[2]).read().splitlines()
 for l in run:
@@ -78,6 +81,9 @@ for l in run:
     m = re.search(r"\[fsdpc r%d INFO fsdp\] fsdp: .*\| host pinned (\d+) bytes \(offload\)" % rank, l)
     if m:
         host = int(m.group(1))
+    m = re.search(r"\[fsdpc r%d .*device reserve: (\d+) bytes of plan and batches" % rank, l)
+    if m:
+        reserve = int(m.group(1))
     m = re.search(r"\[fsdpc r(\d+) .*device buffers after the first step: \d+, (\d+) bytes in all", l)
     if m:
         totals[int(m.group(1))] = int(m.group(2))
@@ -110,6 +116,9 @@ for l in text.splitlines():  # pipeline ranks without dp: world rank = pp rank
         r = int(m.group(1))
         parts.append(("pp rank %d: all it holds" % r, int(m.group(2)),
                       totals.get(r, 0) - 8 * sets.get(r, V) - 8 - plan["batches"] // K * sets.get(r, V)))
+parts.append(("device reserve: the total, checkpoint re-layout too",
+              plan["total, held from the first step"] + plan.get("+ from the first checkpoint on", 0),
+              reserve))
 bad = [p for p in parts if p[1] != p[2]]
 for p in parts:
     print("# %-45s plan %10d  held %10d" % p)
