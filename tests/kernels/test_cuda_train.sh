@@ -4,7 +4,8 @@
 # (train_cuda_emu: fsdpc-train with device cuda-emu), against --device cpu:
 # every step's loss and gradient norm within 1e-5 relative, and the final
 # weights within 1e-4 (f32), for GPT-2 and Llama on one rank and over
-# dp=2 (unit 0 by rows) and tp=2, with bf16 parameters and bf16 activations
+# dp=2 (unit 0 by rows), tp=2 and pp=2 (gpipe: four activation sets a
+# stage, sharing a gradient workspace), with bf16 parameters and bf16 activations
 # (GPT-2 and Llama) too; and the
 # sampler's greedy text with and without its key/value cache. The kernels
 # differ from the
@@ -128,5 +129,7 @@ else
     near "gpt2 dp=2, bf16 activations" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
         --activation-dtype bf16
     near "llama tp=2" 2 --model "$W/llama.h5" --data "$W/train.bin" --mesh tp=2
+    near "gpt2 pp=2 gpipe, 4 micro-batches" 2 --model "$W/gpt2.h5" --data "$W/train.bin" \
+        --mesh pp=2 --backend tcp --grad-accum 4 --pp-schedule gpipe
 fi
 tap_done
