@@ -14,6 +14,7 @@
 #include "train/memory_plan.h"
 #include "train/model_source.h"
 #include "train/trainer.h"
+#include "train/trainer_impl.h"
 #include "parallel/fsdp.h"
 #include "train/parts.h"
 #include "train/memory_plan_pp.h"
@@ -235,9 +236,17 @@ static void plan_print(const struct fsdp_train_config *c, const struct fsdp_mode
     if (st->gather_bytes && c->out[0]) {
         plan_row(fp, "+ while --out is written (one unit gathered whole)", st->gather_bytes);
     }
-    fprintf(fp, "not counted: the process itself (code, MPI and HDF5 buffers: tens of MiB), the "
-            "data loader's read-ahead, checkpoint and model-file I/O staging (a few MiB), "
-            "allocator overhead and fragmentation\n");
+    if (dev->ops
+            ->reserve) { /* a device's arena takes this beside the plan (fsdp_trainer_reserve) */
+        plan_row(fp, "+ kernel workspaces (reserved with the plan)", FSDP_TRAINER_KERNEL_ROOM);
+    }
+    fprintf(fp,
+            "not counted: the process itself (code, MPI and HDF5 buffers: tens of MiB), the "
+            "data loader's read-ahead, checkpoint and model-file I/O staging (a few MiB), %s"
+            "allocator overhead and fragmentation\n",
+            dev->ops->reserve ? ""
+                              : "the kernels' own workspaces (on the CPU, f32 copies of a "
+                                "product's bf16 operands), ");
     fsdp_shard_memory_line(st, line, sizeof(line));
     fprintf(fp, "engine line: %s\n", line);
 }

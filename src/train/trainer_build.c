@@ -282,10 +282,6 @@ static int trainer_build_mesh(struct fsdp_trainer *t)
     return 0;
 }
 
-/* Room the kernel table's own workspaces take beside the plan (cuBLASLt's
- * workspace and staging, the norms' partial sums, the cast chunk). */
-#define TRAINER_KERNEL_ROOM ((size_t)256 << 20)
-
 int fsdp_trainer_reserve(struct fsdp_trainer *t, size_t plan)
 {
     if (!t->dev->ops->reserve) {
@@ -293,8 +289,8 @@ int fsdp_trainer_reserve(struct fsdp_trainer *t, size_t plan)
     }
     size_t batch = 2 * (size_t)fsdp_train_config_step_tokens(t->cfg) * sizeof(int32_t);
     FSDP_DEBUG(FSDP_SUB_TRAIN, "device reserve: %zu bytes of plan and batches, %zu for kernels",
-               plan + batch, TRAINER_KERNEL_ROOM);
-    return fsdp_device_reserve(t->dev, plan + batch + TRAINER_KERNEL_ROOM);
+               plan + batch, FSDP_TRAINER_KERNEL_ROOM);
+    return fsdp_device_reserve(t->dev, plan + batch + FSDP_TRAINER_KERNEL_ROOM);
 }
 
 /* This rank's engine as --print-memory plans it, reserved. */

@@ -34,6 +34,10 @@ void fsdp_trainer_data_place(struct fsdp_trainer *t);
  * on a device without one.
  */
 int fsdp_trainer_reserve(struct fsdp_trainer *t, size_t plan);
+/* The room fsdp_trainer_reserve adds for the kernel table's own workspaces
+ * (cuBLASLt's workspace and staging, the norms' partial sums, the cast
+ * chunk). */
+#define FSDP_TRAINER_KERNEL_ROOM ((size_t)256 << 20)
 /* Prefixes the recorded error message with the option it concerns. */
 int fsdp_trainer_blame(int rc, const char *what);
 
