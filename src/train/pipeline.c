@@ -191,15 +191,7 @@ static int pp_reserve(struct fsdp_trainer *t, const int *first, int P, int s)
         return 0;
     }
     const struct fsdp_train_config *c = t->cfg;
-    struct fsdp_group *dp = fsdp_mesh_group(t->mesh, "dp"), *rdp = fsdp_mesh_group(t->mesh, "rdp");
-    struct fsdp_group *tp = fsdp_mesh_group(t->mesh, "tp");
-    struct fsdp_shard_shape sh = {
-        .dp = dp ? dp->size : 1,
-        .rdp = rdp ? rdp->size : 1,
-        .tp = tp ? tp->size : 1,
-        .dp_rank = dp ? dp->rank : 0,
-        .tp_rank = tp ? tp->rank : 0,
-    };
+    struct fsdp_shard_shape sh = fsdp_trainer_shard_shape(t);
     struct fsdp_optim_config oc;
     fsdp_train_config_optim(c, &oc);
     struct fsdp_shard_config sc;

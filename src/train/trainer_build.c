@@ -293,21 +293,29 @@ int fsdp_trainer_reserve(struct fsdp_trainer *t, size_t plan)
     return fsdp_device_reserve(t->dev, plan + batch + FSDP_TRAINER_KERNEL_ROOM);
 }
 
+struct fsdp_shard_shape fsdp_trainer_shard_shape(const struct fsdp_trainer *t)
+{
+    struct fsdp_group *dp = t->mesh ? fsdp_mesh_group(t->mesh, "dp") : NULL;
+    struct fsdp_group *rdp = t->mesh ? fsdp_mesh_group(t->mesh, "rdp") : NULL;
+    struct fsdp_group *tp = t->mesh ? fsdp_mesh_group(t->mesh, "tp") : NULL;
+    struct fsdp_shard_shape sh = {
+        .dp = dp ? dp->size : 1,
+        .rdp = rdp ? rdp->size : 1,
+        .tp = tp ? tp->size : 1,
+        .dp_rank = dp ? dp->rank : 0,
+        .tp_rank = tp ? tp->rank : 0,
+    };
+    return sh;
+}
+
 /* This rank's engine as --print-memory plans it, reserved. */
-static int trainer_reserve(struct fsdp_trainer *t, const struct fsdp_shard_groups *g,
-                           struct fsdp_group *tp, const struct fsdp_optim_config *oc,
+static int trainer_reserve(struct fsdp_trainer *t, const struct fsdp_optim_config *oc,
                            const struct fsdp_shard_config *sc)
 {
     if (!t->dev->ops->reserve) {
         return 0;
     }
-    struct fsdp_shard_shape sh = {
-        .dp = g->dp ? g->dp->size : 1,
-        .rdp = g->rdp ? g->rdp->size : 1,
-        .tp = tp ? tp->size : 1,
-        .dp_rank = g->dp ? g->dp->rank : 0,
-        .tp_rank = tp ? tp->rank : 0,
-    };
+    struct fsdp_shard_shape sh = fsdp_trainer_shard_shape(t);
     struct fsdp_engine_stats st;
     FSDP_CHECK(fsdp_train_parts_plan(t->spec, &sh, t->dev, oc, sc, &st));
     return fsdp_trainer_reserve(t, st.peak_bytes + st.ckpt_bytes);
@@ -339,7 +347,7 @@ int fsdp_trainer_shard_engine(struct fsdp_trainer *t, struct fsdp_engine **out)
         .backends = t->mesh ? t->mesh->backends : "no backend",
     };
     struct fsdp_group *tp = t->mesh ? fsdp_mesh_group(t->mesh, "tp") : NULL;
-    FSDP_CHECK(trainer_reserve(t, &g, tp, &oc, &sc));
+    FSDP_CHECK(trainer_reserve(t, &oc, &sc));
     FSDP_CHECK(fsdp_train_parts_create(t->spec, tp, t->dev, &oc, &sc, &t->parts));
     return fsdp_shard_engine_create(&t->parts->shard, &g, t->dev, &sc, out);
 }

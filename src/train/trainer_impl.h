@@ -34,6 +34,9 @@ void fsdp_trainer_data_place(struct fsdp_trainer *t);
  * on a device without one.
  */
 int fsdp_trainer_reserve(struct fsdp_trainer *t, size_t plan);
+/* This rank's place in its shard and tensor-parallel groups, the shape a
+ * memory plan is made for (one rank's without a mesh). */
+struct fsdp_shard_shape fsdp_trainer_shard_shape(const struct fsdp_trainer *t);
 /* The room fsdp_trainer_reserve adds for the kernel table's own workspaces
  * (cuBLASLt's workspace and staging, the norms' partial sums, the cast
  * chunk). */

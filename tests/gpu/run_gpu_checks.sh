@@ -367,19 +367,24 @@ else
     secret=$W/secret
     (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$secret")
     export FSDPC_SECRET_FILE=$secret
+    # same_run RC1 RC2 REF NAME WHAT: run NAME against the one-process run
+    # REF with the same global batch, within 1e-4 (a skip, 200, says itself)
+    same_run() {
+        if [ "$1" -eq 200 ] || [ "$2" -eq 200 ]; then
+            :
+        elif [ "$1" -ne 0 ] || [ "$2" -ne 0 ]; then
+            fail "$5 (exit $1/$2): $(tail_msg "$L/$4.log")"
+        elif res=$(compare "$L/$3.jsonl" "$L/$4.jsonl" 1e-4 1e-4); then
+            say "PASS  $5 = one process, same global batch: $res"
+        else
+            fail "$5 = one process: $res (tolerance 1e-4)"
+        fi
+    }
     shard shard-one 8 dp=1 tcp 1
     rc1=$?
     shard shard-dp2-tcp 4 dp=2 tcp 2
     rc2=$?
-    if [ $rc1 -eq 200 ] || [ $rc2 -eq 200 ]; then
-        :
-    elif [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ]; then
-        fail "dp=2 over tcp on one GPU (exit $rc1/$rc2): $(tail_msg "$L/shard-dp2-tcp.log")"
-    elif res=$(compare "$L/shard-one.jsonl" "$L/shard-dp2-tcp.jsonl" 1e-4 1e-4); then
-        say "PASS  dp=2 over tcp, two processes on one GPU = one process, same global batch: $res"
-    else
-        fail "dp=2 over tcp on one GPU = one process: $res (tolerance 1e-4)"
-    fi
+    same_run $rc1 $rc2 shard-one shard-dp2-tcp "dp=2 over tcp, two processes on one GPU"
     # the same staged in 4 KiB chunks (many per collective, copied on the
     # copy stream while the chunk before travels): the same bits
     if [ $rc2 -eq 0 ]; then
@@ -401,16 +406,7 @@ else
     shard shard-acc4 2 dp=1 tcp 1 --grad-accum 4
     rc1=$?
     shard shard-pp2-tcp 2 pp=2 tcp 2 --grad-accum 4 --pp-schedule gpipe
-    rc2=$?
-    if [ $rc1 -eq 200 ] || [ $rc2 -eq 200 ]; then
-        :
-    elif [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ]; then
-        fail "pp=2 over tcp on one GPU (exit $rc1/$rc2): $(tail_msg "$L/shard-pp2-tcp.log")"
-    elif res=$(compare "$L/shard-acc4.jsonl" "$L/shard-pp2-tcp.jsonl" 1e-4 1e-4); then
-        say "PASS  pp=2 gpipe over tcp, two processes on one GPU = one process: $res"
-    else
-        fail "pp=2 gpipe over tcp on one GPU = one process: $res (tolerance 1e-4)"
-    fi
+    same_run $rc1 $? shard-acc4 shard-pp2-tcp "pp=2 gpipe over tcp, two processes on one GPU"
     if [ "$(info nccl)" != yes ]; then
         say "SKIP  fsdpc-train --backend nccl: this kit's build has no nccl backend"
     else
